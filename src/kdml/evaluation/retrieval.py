@@ -1,0 +1,274 @@
+"""Retrieval metrics for metric learning: Recall@K, MAP@R, R-Precision and NMI."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import faiss
+import numpy as np
+import torch
+from sklearn.metrics import normalized_mutual_info_score
+
+from kdml.errors import KdmlError
+from kdml.evaluation.knn import (
+    DEFAULT_CHUNK_SIZE,
+    Metric,
+    check_metric,
+    prepare_vectors,
+    search_prepared,
+)
+
+
+def as_label_vector(labels: Any, name: str, expected_length: int) -> np.ndarray:
+    """Validate integer class labels of shape ``(expected_length,)``; return them as int64."""
+    if isinstance(labels, torch.Tensor):
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+            raise KdmlError(f"{name} must be integers, got dtype {labels.dtype}")
+        array = labels.detach().cpu().numpy()
+    else:
+        array = np.asarray(labels)
+        if array.dtype.kind not in "iu":
+            raise KdmlError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.ndim != 1 or len(array) != expected_length:
+        raise KdmlError(
+            f"{name} must have shape ({expected_length},) to match the embeddings, "
+            f"got {tuple(array.shape)}"
+        )
+    return array.astype(np.int64, copy=False)
+
+
+class LabelIndex(NamedTuple):
+    """Labels mapped to dense codes, plus each query's number of relevant references."""
+
+    query_codes: np.ndarray  # (Nq,)
+    reference_codes: np.ndarray  # (Nr,)
+    num_relevant: np.ndarray  # (Nq,) R: references sharing the query's label, self excluded
+
+
+def index_labels(query_labels: np.ndarray, reference_labels: np.ndarray | None) -> LabelIndex:
+    """Count R per query; ``reference_labels=None`` means the queries are the reference."""
+    if reference_labels is None:
+        _, codes = np.unique(query_labels, return_inverse=True)
+        codes = codes.ravel()
+        num_relevant = np.bincount(codes)[codes] - 1  # the query itself is not relevant
+        return LabelIndex(codes, codes, num_relevant)
+    _, codes = np.unique(np.concatenate([query_labels, reference_labels]), return_inverse=True)
+    codes = codes.ravel()
+    query_codes, reference_codes = codes[: len(query_labels)], codes[len(query_labels) :]
+    counts = np.bincount(reference_codes, minlength=int(codes.max()) + 1)
+    return LabelIndex(query_codes, reference_codes, counts[query_codes])
+
+
+def check_ks(ks: Sequence[int], available: int) -> tuple[int, ...]:
+    ks = tuple(ks)
+    if not ks:
+        raise KdmlError("ks must name at least one K")
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
+            raise KdmlError(f"every K in ks must be a positive integer, got {k!r}")
+        if k > available:
+            raise KdmlError(f"K={k} in ks is larger than the {available} available references")
+    return tuple(int(k) for k in ks)
+
+
+def clustering_nmi(
+    embeddings: Any,
+    labels: Any,
+    metric: Metric = "cosine",
+    niter: int = 20,
+    seed: int = 0,
+) -> float:
+    r"""Normalized mutual information between k-means clusters and class labels.
+
+    Runs faiss k-means (``niter`` iterations, seeded, one cluster per distinct label,
+    all points used for training) on the embeddings, L2-normalized first when
+    ``metric="cosine"``, assigns each sample to its nearest centroid and scores the
+    assignment with :func:`sklearn.metrics.normalized_mutual_info_score`.
+
+    Args:
+        embeddings: ``(N, D)`` float array or tensor.
+        labels: ``(N,)`` integer array or tensor.
+        metric: ``"cosine"`` or ``"euclidean"``.
+        niter: k-means iterations.
+        seed: k-means seed; the same inputs and seed give the same score.
+
+    Returns:
+        NMI in ``[0, 1]``.
+    """
+    check_metric(metric)
+    vectors = prepare_vectors(embeddings, metric, "embeddings")
+    return kmeans_nmi(vectors, as_label_vector(labels, "labels", len(vectors)), niter, seed)
+
+
+def kmeans_nmi(vectors: np.ndarray, labels: np.ndarray, niter: int = 20, seed: int = 0) -> float:
+    """:func:`clustering_nmi` on already prepared float32 vectors and int64 labels."""
+    num_clusters = len(np.unique(labels))
+    kmeans = faiss.Kmeans(
+        vectors.shape[1],
+        num_clusters,
+        niter=niter,
+        seed=seed,
+        # Train on every point (no subsampling) and skip faiss's "too few points per
+        # centroid" warning, which fires for any retrieval data set.
+        max_points_per_centroid=max(1, -(-len(vectors) // num_clusters)),
+        min_points_per_centroid=1,
+    )
+    kmeans.train(vectors)
+    _, assignments = kmeans.index.search(vectors, 1)
+    return float(normalized_mutual_info_score(labels, assignments.ravel()))
+
+
+def retrieval_metrics(
+    embeddings: Any,
+    labels: Any,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    metric: Metric = "cosine",
+    reference: Any | None = None,
+    reference_labels: Any | None = None,
+    nmi: bool = True,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> dict[str, float]:
+    r"""Recall@K, MAP@R, R-Precision and NMI of an embedding, by exact k-NN search.
+
+    Each embedding is a query. Without ``reference`` the queries are searched against
+    themselves with the query left out (leave-one-out); with ``reference`` they are
+    searched against that separate set. For a query with label :math:`y`, let
+    :math:`R` be the number of references labelled :math:`y` (the query itself
+    excluded), :math:`\mathrm{rel}(i) = 1` when its :math:`i`-th nearest neighbour is
+    labelled :math:`y`, and :math:`P(i) = \frac{1}{i}\sum_{j \le i} \mathrm{rel}(j)`.
+    Following Musgrave et al., "A Metric Learning Reality Check", ECCV 2020:
+
+    .. math::
+        \mathrm{Recall@K} = [\textstyle\sum_{i \le K} \mathrm{rel}(i) > 0], \quad
+        \mathrm{R\text{-}Precision} = \frac{1}{R}\sum_{i=1}^{R} \mathrm{rel}(i), \quad
+        \mathrm{MAP@R} = \frac{1}{R}\sum_{i=1}^{R} P(i)\,\mathrm{rel}(i),
+
+    each averaged over the queries. Queries whose label has no other sample in the
+    reference set (:math:`R = 0`, "lone" queries) are left out of these averages, as
+    pytorch-metric-learning's ``AccuracyCalculator`` does; if every query is lone a
+    :class:`~kdml.errors.KdmlError` is raised rather than returning NaN.
+
+    NMI (``nmi=True``) clusters the query embeddings with seeded faiss k-means into as
+    many clusters as there are query labels and compares clusters with labels, see
+    :func:`clustering_nmi`.
+
+    The search runs on chunks of ``chunk_size`` queries, each with
+    ``k = max(max(ks), largest R in the chunk)`` neighbours; per-query values are
+    reduced once at the end, so the result does not depend on ``chunk_size`` and
+    memory stays ``O(chunk_size * k)`` on top of the (normalized) embeddings.
+
+    Args:
+        embeddings: ``(N, D)`` query embeddings, numpy array or torch tensor of any
+            float dtype.
+        labels: ``(N,)`` integer class labels of the queries.
+        ks: the K values of Recall@K; each must be at most the number of references
+            available to a query (``N - 1`` without ``reference``).
+        metric: ``"cosine"`` (L2-normalize, rank by inner product) or ``"euclidean"``
+            (rank by squared L2 distance).
+        reference: optional ``(M, D)`` reference embeddings searched instead of the
+            queries themselves.
+        reference_labels: ``(M,)`` integer labels of ``reference``; required exactly
+            when ``reference`` is given.
+        nmi: also compute NMI (slow for many classes).
+        chunk_size: queries per k-NN search.
+
+    Returns:
+        ``{"recall@K": ... for each K, "map@r": ..., "r_precision": ..., "nmi": ...}``
+        as floats in ``[0, 1]``; ``"nmi"`` only when ``nmi=True``.
+
+    Raises:
+        KdmlError: on mismatched shapes, non-integer labels, non-finite or empty
+            embeddings, invalid ``ks``, an unknown ``metric``, ``reference`` without
+            ``reference_labels`` (or the reverse), or when every query is lone.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> labels = np.repeat(np.arange(10), 5)
+        >>> embeddings = rng.standard_normal((10, 32))[labels] + 0.1 * rng.standard_normal(
+        ...     (50, 32))
+        >>> retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False)
+        {'recall@1': 1.0, 'recall@4': 1.0, 'map@r': 1.0, 'r_precision': 1.0}
+    """
+    check_metric(metric)
+    if (reference is None) != (reference_labels is None):
+        raise KdmlError("reference and reference_labels must be given together")
+    if chunk_size < 1:
+        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
+    query_vectors = prepare_vectors(embeddings, metric, "embeddings")
+    query_labels = as_label_vector(labels, "labels", len(query_vectors))
+    same_set = reference is None
+    if same_set:
+        reference_vectors, reference_label_vector = query_vectors, None
+    else:
+        reference_vectors = prepare_vectors(reference, metric, "reference")
+        reference_label_vector = as_label_vector(
+            reference_labels, "reference_labels", len(reference_vectors)
+        )
+        if reference_vectors.shape[1] != query_vectors.shape[1]:
+            raise KdmlError(
+                f"embeddings have dimension {query_vectors.shape[1]} but reference has "
+                f"{reference_vectors.shape[1]}"
+            )
+    ks = check_ks(ks, len(reference_vectors) - int(same_set))
+    label_index = index_labels(query_labels, reference_label_vector)
+    num_relevant = label_index.num_relevant
+    is_counted = num_relevant > 0  # lone queries (R = 0) are left out, as in PML
+    if not is_counted.any():
+        raise KdmlError(
+            "no query has another sample of its class in the reference set, so "
+            "recall@K, map@r and r_precision are undefined"
+        )
+
+    scores = _RetrievalScores(len(query_vectors), ks)
+    neighbours_needed = np.maximum(max(ks), num_relevant)
+    chunks = search_prepared(
+        query_vectors, reference_vectors, neighbours_needed, metric, same_set, chunk_size
+    )
+    for chunk in chunks:
+        rows = slice(chunk.start, chunk.stop)
+        is_hit = label_index.reference_codes[chunk.indices] == label_index.query_codes[rows, None]
+        scores.add_chunk(rows, is_hit, num_relevant[rows])
+
+    results = scores.averages(is_counted)
+    if nmi:
+        results["nmi"] = kmeans_nmi(query_vectors, query_labels)
+    return results
+
+
+class _RetrievalScores:
+    """Per-query scores filled chunk by chunk, averaged once at the end.
+
+    Keeping per-query values (a few floats per query) rather than running sums makes
+    the averages bit-identical whatever the chunk size.
+    """
+
+    def __init__(self, num_queries: int, ks: tuple[int, ...]) -> None:
+        self.ks = ks
+        self.recall_hit = np.zeros((len(ks), num_queries), dtype=bool)
+        self.average_precision = np.zeros(num_queries)
+        self.r_precision = np.zeros(num_queries)
+
+    def add_chunk(self, rows: slice, is_hit: np.ndarray, num_relevant: np.ndarray) -> None:
+        """Score one chunk: ``is_hit`` is ``(n, k)``, neighbours' label == query label."""
+        for position, k in enumerate(self.ks):
+            self.recall_hit[position, rows] = is_hit[:, :k].any(axis=1)
+        width = int(num_relevant.max())
+        if width == 0:  # only lone queries in this chunk
+            return
+        # rel(i) for i <= R; later columns are beyond each query's R and do not count.
+        relevant = is_hit[:, :width] & (np.arange(width) < num_relevant[:, None])
+        hits_so_far = np.cumsum(relevant, axis=1)
+        precision_at_i = hits_so_far / np.arange(1, width + 1)
+        r = np.maximum(num_relevant, 1)  # lone rows score 0 and are masked out later
+        self.r_precision[rows] = hits_so_far[:, -1] / r
+        self.average_precision[rows] = (precision_at_i * relevant).sum(axis=1) / r
+
+    def averages(self, is_counted: np.ndarray) -> dict[str, float]:
+        results = {
+            f"recall@{k}": float(self.recall_hit[position, is_counted].mean())
+            for position, k in enumerate(self.ks)
+        }
+        results["map@r"] = float(self.average_precision[is_counted].mean())
+        results["r_precision"] = float(self.r_precision[is_counted].mean())
+        return results

@@ -1,0 +1,13 @@
+"""Backbones and heads."""
+
+from kdml.models.backbones import MLP, Conv1dNet, SmallCNN, build_backbone, freeze_batchnorm
+from kdml.models.heads import EmbeddingHead
+
+__all__ = [
+    "MLP",
+    "Conv1dNet",
+    "EmbeddingHead",
+    "SmallCNN",
+    "build_backbone",
+    "freeze_batchnorm",
+]

@@ -1,0 +1,149 @@
+"""Backbones: map a batch of inputs to pooled feature vectors of size ``feature_size``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from kdml.errors import KdmlError
+
+
+class SmallCNN(nn.Module):
+    """A compact CNN for 1- or 3-channel images from 8x8 to 64x64.
+
+    Conv-BN-ReLU blocks; the first blocks halve the resolution (while it stays at least 4x4),
+    then global average pooling gives the pooled feature.
+
+    Args:
+        in_channels: 1 or 3.
+        image_size: the input side length, 8 to 64.
+        widths: channels of the conv blocks; the last one is ``feature_size``.
+
+    Shape:
+        - Input: [B, in_channels, H, W].
+        - Output: [B, widths[-1]].
+    """
+
+    def __init__(self, in_channels: int = 1, image_size: int = 28,
+                 widths: tuple[int, ...] = (32, 64, 128)) -> None:
+        super().__init__()
+        if in_channels not in (1, 3):
+            raise KdmlError(f"SmallCNN takes 1- or 3-channel images, got {in_channels} channels")
+        if not 8 <= image_size <= 64:
+            raise KdmlError(f"SmallCNN takes images from 8x8 to 64x64, got side {image_size}")
+        # Halve while the map stays >= 4x4: 8x8 -> 1 pooling, 28x28 -> 2, 64x64 -> 3.
+        num_pools = min(len(widths), int(math.log2(image_size / 4)))
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for index, width in enumerate(widths):
+            layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False),
+                       nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            if index < num_pools:
+                layers.append(nn.MaxPool2d(2))
+            channels = width
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.layers = nn.Sequential(*layers)
+        self.feature_size = widths[-1]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images)
+
+
+class MLP(nn.Module):
+    """A ReLU MLP for vectors; ``feature_size`` is the last hidden width.
+
+    Shape:
+        - Input: [B, in_features] (extra dimensions are flattened).
+        - Output: [B, hidden[-1]].
+    """
+
+    def __init__(self, in_features: int, hidden: tuple[int, ...] = (256, 256)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.BatchNorm1d(size), nn.ReLU(inplace=True)]
+            width = size
+        self.layers = nn.Sequential(*layers)
+        self.feature_size = width
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.layers(inputs)
+
+
+class Conv1dNet(nn.Module):
+    """A 1-D CNN for signals such as MNIST-1D (length 40).
+
+    Shape:
+        - Input: [B, L] or [B, 1, L].
+        - Output: [B, widths[-1]].
+    """
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 1
+        for index, width in enumerate(widths):
+            layers += [nn.Conv1d(channels, width, 3, padding=1, bias=False),
+                       nn.BatchNorm1d(width), nn.ReLU(inplace=True)]
+            if index < len(widths) - 1:
+                layers.append(nn.MaxPool1d(2))
+            channels = width
+        layers += [nn.AdaptiveAvgPool1d(1), nn.Flatten()]
+        self.layers = nn.Sequential(*layers)
+        self.feature_size = widths[-1]
+
+    def forward(self, signals: torch.Tensor) -> torch.Tensor:
+        if signals.dim() == 2:
+            signals = signals.unsqueeze(1)
+        return self.layers(signals)
+
+
+BACKBONES = ("auto", "cnn", "mlp", "conv1d", "timm:<model>")
+
+
+def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp") -> nn.Module:
+    """Build a backbone for inputs of ``input_shape`` (one sample's shape).
+
+    ``"auto"`` picks the dataset's ``default``; ``"timm:<model>"`` needs the ``vision`` extra and
+    builds an untrained timm model (nothing is downloaded at run time).
+    """
+    if name == "auto":
+        name = default
+    if name == "cnn":
+        if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
+            raise KdmlError(f"backbone 'cnn' needs square images [C, H, W], got {input_shape}")
+        return SmallCNN(input_shape[0], input_shape[1])
+    if name == "mlp":
+        return MLP(math.prod(input_shape))
+    if name == "conv1d":
+        if len(input_shape) != 1:
+            raise KdmlError(f"backbone 'conv1d' needs 1-D signals, got shape {input_shape}")
+        return Conv1dNet()
+    if name.startswith("timm:"):
+        return _timm_backbone(name.removeprefix("timm:"))
+    raise KdmlError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}")
+
+
+def _timm_backbone(model_name: str) -> nn.Module:
+    try:
+        import timm
+    except ImportError as error:  # torchvision/timm are an optional extra
+        raise KdmlError(
+            "timm backbones need the vision extra: pip install 'kdml[vision]'"
+        ) from error
+    model = timm.create_model(model_name, pretrained=False, num_classes=0)
+    model.feature_size = model.num_features
+    return model
+
+
+def freeze_batchnorm(module: nn.Module) -> None:
+    """Keep BatchNorm running statistics fixed (Sec. 5.1 of Chu et al. 2020: pretrained backbones).
+
+    Call after every ``module.train()``; the affine parameters still train.
+    """
+    for layer in module.modules():
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+            layer.eval()

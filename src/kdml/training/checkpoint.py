@@ -1,0 +1,46 @@
+"""Checkpoints: written atomically, read with a clear error when missing or corrupt."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kdml.errors import KdmlError
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write ``state`` to ``path`` so that a crash at any moment leaves either the old file or
+    the new one, never a truncated file: write a temporary file in the same folder, flush it to
+    disk, then rename it over the target (an atomic replace on POSIX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as tmp_file:
+            torch.save(state, tmp_file)
+            tmp_file.flush()
+            os.fsync(tmp_file.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (tensors and plain data only)."""
+    if not path.is_file():
+        raise KdmlError(f"no checkpoint at {path}; the run never finished an epoch")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a damaged file
+        raise KdmlError(
+            f"checkpoint {path} is corrupt or unreadable ({type(error).__name__}); "
+            "delete it and train again"
+        ) from None
+    required = {"epoch", "method", "optimizer", "history"}
+    if not isinstance(state, dict) or not required <= state.keys():
+        raise KdmlError(f"checkpoint {path} is not a kdml checkpoint (missing {sorted(required)})")
+    return state

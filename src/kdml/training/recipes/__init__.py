@@ -1,0 +1,18 @@
+"""Recipe registry: each recipe picks a head, a loss and regularizers."""
+
+from __future__ import annotations
+
+from kdml.errors import KdmlError
+from kdml.training.recipes import amsoftmax
+from kdml.training.recipes.base import Recipe
+
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (amsoftmax.RECIPE,)}
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise KdmlError(f"unknown recipe {name!r}; choose one of: {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+__all__ = ["RECIPES", "Recipe", "get_recipe"]

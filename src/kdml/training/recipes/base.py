@@ -1,0 +1,24 @@
+"""The recipe record: a name, its hyperparameters and a builder. Recipes own no training loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from kdml.config import RunConfig
+from kdml.training.method import Method
+
+# build(config, backbone, num_train_classes) -> Method
+Builder = Callable[[RunConfig, nn.Module, int], Method]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    summary: str
+    params: type  # dataclass of the recipe's hyperparameters (the config's `method` section)
+    build: Builder
+    defaults: dict[str, Any] = field(default_factory=dict)  # overrides of other sections

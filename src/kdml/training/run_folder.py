@@ -1,0 +1,117 @@
+"""The run folder: config, metrics, checkpoints, logs, TensorBoard events and plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kdml.errors import KdmlError
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Paths inside one run folder.
+
+    Layout::
+
+        config.yaml        the resolved configuration
+        metrics.csv        one row per epoch
+        metrics.json       {"epochs": [...], "final": {...}}
+        train.log          the log of every session of this run
+        checkpoints/last.pt
+        tensorboard/       TensorBoard events
+        plots/*.png        training loss and test metrics over epochs
+    """
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def metrics_csv(self) -> Path:
+        return self.root / "metrics.csv"
+
+    @property
+    def metrics_json(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "train.log"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoints" / "last.pt"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @classmethod
+    def existing(cls, root: str | Path) -> RunFolder:
+        """An existing run folder; a clear error when it is missing or holds no config."""
+        run = cls(Path(root))
+        if not run.root.is_dir():
+            raise KdmlError(f"run folder {run.root} does not exist")
+        if not run.config.is_file():
+            raise KdmlError(f"{run.root} is not a kdml run folder (no config.yaml)")
+        return run
+
+    def write_metrics(self, history: list[dict[str, Any]], final: dict[str, Any] | None) -> None:
+        """Rewrite metrics.csv and metrics.json from the whole history (each atomically)."""
+        columns: list[str] = []
+        for row in history:
+            columns += [key for key in row if key not in columns]
+        lines = [columns] + [[_cell(row.get(key)) for key in columns] for row in history]
+        tmp = self.metrics_csv.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as handle:
+            csv.writer(handle).writerows(lines)
+        os.replace(tmp, self.metrics_csv)
+        write_json({"epochs": history, "final": final}, self.metrics_json)
+
+
+def write_json(values: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(values, indent=2))
+    os.replace(tmp, path)
+
+
+def default_run_dir(recipe: str, dataset: str, parent: Path = Path("runs")) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = parent / f"{recipe}-{dataset}-{stamp}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = parent / f"{recipe}-{dataset}-{stamp}-{suffix}"
+    return path
+
+
+def file_logger(path: Path) -> logging.Logger:
+    """A logger that appends to ``path`` (one per run folder)."""
+    logger = logging.getLogger(f"kdml.run.{path.resolve()}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    if not logger.handlers:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+    return logger
+
+
+def _cell(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value

@@ -1,0 +1,47 @@
+"""Plots written into run folders (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """``loss.png`` (every training loss term per epoch) and ``recall.png`` (test Recall@K and
+    MAP@R at the evaluated epochs). Returns the paths written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    epochs = [row["epoch"] for row in history]
+    loss_keys = [k for k in history[-1] if k.startswith("train/")]
+    if loss_keys:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key in loss_keys:
+            ax.plot(epochs, [row.get(key) for row in history], marker="o", label=key[6:])
+        ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
+        ax.legend()
+        written.append(_save(fig, folder / "loss.png"))
+    metric_keys = [k for k in history[-1] if k.startswith("test/recall@") or k == "test/map@r"]
+    if metric_keys:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key in metric_keys:
+            points = [(row["epoch"], row[key]) for row in history if key in row]
+            ax.plot(*zip(*points, strict=True), marker="o", label=key[5:])
+        ax.set(xlabel="epoch", ylabel="test metric", title="Test retrieval (unseen classes)",
+               ylim=(0, 1))
+        ax.legend()
+        written.append(_save(fig, folder / "recall.png"))
+    return written
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

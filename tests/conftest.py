@@ -1,0 +1,20 @@
+"""Shared fixtures: tiny, fast settings for end-to-end runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# Two cores: keep torch from oversubscribing them when pytest runs.
+torch.set_num_threads(2)
+
+TINY_RUN = [
+    "train.epochs=2", "data.batch_size=20", "data.samples_per_class=4",
+    "model.embedding_size=8", "eval.nmi=false",
+]
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """Overrides that make a run on ``digits`` take a few seconds."""
+    return list(TINY_RUN)

@@ -1,0 +1,177 @@
+"""End-to-end CLI runs on tiny settings, bad inputs, and resuming after an interruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from kdml import cli
+from kdml.training import trainer
+
+
+def run_cli(*args: str) -> int:
+    return cli.main([str(a) for a in args])
+
+
+def read_metrics(run_dir):
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_train_writes_the_run_folder(tmp_path, tiny_overrides, capsys):
+    out = tmp_path / "run"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out, "--no-progress",
+                   *tiny_overrides) == 0
+    printed = capsys.readouterr().out
+    for key in ("recall@1", "recall@8", "map@r"):
+        assert key in printed
+    for name in ("config.yaml", "metrics.csv", "metrics.json", "train.log",
+                 "checkpoints/last.pt", "plots/loss.png", "plots/recall.png"):
+        assert (out / name).is_file(), name
+    assert any((out / "tensorboard").iterdir())
+    metrics = read_metrics(out)
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
+    assert 0.0 <= metrics["final"]["recall@1"] <= 1.0
+    assert metrics["final"]["recall@1"] <= metrics["final"]["recall@8"]
+    csv_lines = (out / "metrics.csv").read_text().splitlines()
+    assert len(csv_lines) == 3 and "test/map@r" in csv_lines[0]
+    assert not list(out.rglob("*.tmp"))
+
+    assert run_cli("eval", out) == 0
+    evaluated = json.loads((out / "eval.json").read_text())
+    assert evaluated["test"]["recall@1"] == pytest.approx(metrics["final"]["recall@1"], abs=1e-6)
+
+
+def test_seed_makes_runs_repeatable(tmp_path, tiny_overrides):
+    finals = []
+    for name in ("a", "b"):
+        assert run_cli("train", "amsoftmax", "--dataset", "digits", "--seed", "3", "--out",
+                       tmp_path / name, "--no-progress", *tiny_overrides) == 0
+        finals.append(read_metrics(tmp_path / name))
+    assert finals[0] == finals[1]
+
+
+def test_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_overrides, monkeypatch):
+    overrides = [*tiny_overrides, "train.epochs=3", "optim.lr_step=2"]
+    full = tmp_path / "full"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
+                   *overrides) == 0
+
+    # Crash right after the first checkpoint has been written.
+    real_save = trainer.save_checkpoint
+    calls = []
+
+    def save_then_crash(state, path):
+        real_save(state, path)
+        calls.append(state["epoch"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_crash)
+    part = tmp_path / "part"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", part, "--no-progress",
+                   *overrides) == 130
+    assert calls == [1]
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    assert run_cli("train", "--resume", part, "--no-progress") == 0
+
+    resumed, uninterrupted = read_metrics(part), read_metrics(full)
+    assert resumed == uninterrupted
+    state_a = torch.load(part / "checkpoints/last.pt", weights_only=True)["method"]
+    state_b = torch.load(full / "checkpoints/last.pt", weights_only=True)["method"]
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(tmp_path, tiny_overrides):
+    """A real kill -9 in the middle of training loses nothing already written."""
+    overrides = [*tiny_overrides, "train.epochs=6"]
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "kdml.cli", "train", "amsoftmax", "--dataset", "digits",
+               "--out", str(run_dir), "--no-progress", *overrides]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists()
+    assert run_cli("train", "--resume", run_dir, "--no-progress") == 0
+    full = tmp_path / "full"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
+                   *overrides) == 0
+    assert read_metrics(run_dir)["final"] == read_metrics(full)["final"]
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["train", "nope", "--dataset", "digits"], "unknown recipe 'nope'; choose one of: amsoftmax"),
+    (["train", "amsoftmax", "--dataset", "cub"], "unknown dataset 'cub'; choose one of: mnist5k"),
+    (["train", "amsoftmax", "--dataset", "digits", "epochs"], "malformed override 'epochs'"),
+    (["train", "amsoftmax", "--dataset", "digits", "train.epoch=2"], "did you mean 'train.epochs'"),
+    (["train", "amsoftmax", "--dataset", "digits", "batch_size=2000"], "larger than the training"),
+    (["train", "epochs=3"], "must be a recipe name"),
+    (["train"], "name a recipe"),
+    (["eval", "/nonexistent/run"], "does not exist"),
+    (["train", "--resume", "/nonexistent/run"], "does not exist"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line(args, expected, capsys, tmp_path):
+    if args[0] == "train" and "--resume" not in args:
+        args = [*args, "--out", str(tmp_path / "run"), "--no-progress"]
+    with pytest.raises(SystemExit) if args == ["frobnicate"] else _no_raise():
+        assert run_cli(*args) == 2
+    assert expected in error_line(capsys)
+
+
+def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
+    out = tmp_path / "run"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out, "--no-progress",
+                   *tiny_overrides) == 0
+    capsys.readouterr()
+    checkpoint = out / "checkpoints" / "last.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    assert run_cli("eval", out) == 2
+    assert "corrupt" in error_line(capsys)
+    checkpoint.unlink()
+    assert run_cli("train", "--resume", out) == 2
+    assert "no checkpoint" in error_line(capsys)
+    (out / "config.yaml").unlink()
+    assert run_cli("eval", out) == 2
+    assert "not a kdml run folder" in error_line(capsys)
+
+
+def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("recipe: amsoftmax\n")
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out) == 2
+    assert "--resume" in error_line(capsys)
+
+
+def test_datasets_and_recipes_are_listed(capsys):
+    assert run_cli("datasets") == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("mnist5k", "digits", "mnist1d"))
+    assert run_cli("recipes") == 0
+    assert "amsoftmax" in capsys.readouterr().out
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

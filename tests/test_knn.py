@@ -1,0 +1,137 @@
+"""Exact chunked k-NN search (kdml.evaluation.knn_search) against a float64 brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kdml.errors import KdmlError
+from kdml.evaluation import knn_search
+
+
+def brute_force_knn(queries, reference, k, metric, exclude_self):
+    """Full float64 score matrix, sorted; self removed by masking it out."""
+    q, r = queries.astype(np.float64), reference.astype(np.float64)
+    if metric == "cosine":
+        q = q / np.linalg.norm(q, axis=1, keepdims=True)
+        r = r / np.linalg.norm(r, axis=1, keepdims=True)
+        order_key = -(q @ r.T)
+    else:
+        order_key = ((q[:, None, :] - r[None, :, :]) ** 2).sum(-1)
+    if exclude_self:
+        np.fill_diagonal(order_key, np.inf)
+    indices = np.argsort(order_key, axis=1, kind="stable")[:, :k]
+    scores = np.take_along_axis(order_key, indices, axis=1)
+    return (-scores if metric == "cosine" else scores), indices
+
+
+def collect(chunks):
+    chunks = list(chunks)
+    return np.concatenate([c.scores for c in chunks]), np.concatenate([c.indices for c in chunks])
+
+
+@pytest.fixture
+def points():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((53, 6)).astype(np.float32), rng.standard_normal((31, 6))
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+@pytest.mark.parametrize("chunk_size", [1, 7, 1000])
+def test_matches_brute_force_against_itself(points, metric, chunk_size):
+    queries, _ = points
+    scores, indices = collect(
+        knn_search(queries, k=9, metric=metric, exclude_self=True, chunk_size=chunk_size)
+    )
+    expected_scores, expected_indices = brute_force_knn(queries, queries, 9, metric, True)
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+    assert not (indices == np.arange(len(queries))[:, None]).any()
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_matches_brute_force_against_separate_reference(points, metric):
+    reference, queries = points  # float64 queries, float32 reference
+    scores, indices = collect(knn_search(queries, reference, k=53, metric=metric, chunk_size=4))
+    expected_scores, expected_indices = brute_force_knn(queries, reference, 53, metric, False)
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_cover_queries_in_order_with_per_query_k(points):
+    queries, _ = points
+    k_per_query = np.arange(len(queries)) % 5 + 1
+    chunks = list(knn_search(queries, k=k_per_query, exclude_self=True, chunk_size=10))
+    assert [(c.start, c.stop) for c in chunks] == [(s, min(s + 10, 53)) for s in range(0, 53, 10)]
+    for chunk in chunks:
+        width = k_per_query[chunk.start : chunk.stop].max()
+        assert chunk.indices.shape == chunk.scores.shape == (chunk.stop - chunk.start, width)
+
+
+def test_exact_duplicates_never_return_self():
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((6, 4)).astype(np.float32)
+    # Rows 0, 1, 2 are identical, so each ties with itself at the top.
+    points = np.concatenate([base[:1], base[:1], base[:1], base[1:]])
+    for metric in ("cosine", "euclidean"):
+        _, indices = collect(knn_search(points, k=2, metric=metric, exclude_self=True))
+        for row in range(3):
+            assert set(indices[row]) == {0, 1, 2} - {row}
+        assert not (indices == np.arange(len(points))[:, None]).any()
+
+
+def test_more_duplicates_than_k_drops_last_column():
+    points = np.ones((6, 3), dtype=np.float32)
+    points[5] = [1.0, -2.0, 0.5]
+    _, indices = collect(knn_search(points, k=2, metric="euclidean", exclude_self=True))
+    assert indices.shape == (6, 2)
+    assert not (indices == np.arange(6)[:, None]).any()
+    assert set(indices[:5].ravel()) <= {0, 1, 2, 3, 4}
+
+
+def test_torch_and_numpy_inputs_agree(points):
+    queries, _ = points
+    from_numpy = collect(knn_search(queries, k=4, exclude_self=True))
+    from_torch = collect(knn_search(torch.from_numpy(queries).double(), k=4, exclude_self=True))
+    np.testing.assert_array_equal(from_numpy[1], from_torch[1])
+    np.testing.assert_array_equal(from_numpy[0], from_torch[0])
+
+
+def test_inputs_are_not_modified(points):
+    queries, _ = points
+    before = queries.copy()
+    collect(knn_search(queries, k=3, metric="cosine", exclude_self=True))
+    np.testing.assert_array_equal(queries, before)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"k": 53},  # only 52 other points
+        {"k": 0},
+        {"k": 2.5},
+        {"k": 2, "metric": "manhattan"},
+        {"k": 2, "chunk_size": 0},
+        {"k": 2, "reference": np.zeros((53, 5), dtype=np.float32)},
+        {"k": 2, "reference": np.zeros((20, 6), dtype=np.float32)},
+    ],
+)
+def test_bad_arguments_raise_at_call_time(points, kwargs):
+    queries, _ = points
+    with pytest.raises(KdmlError):
+        knn_search(queries, exclude_self=True, **kwargs)  # not iterated: must raise eagerly
+
+
+@pytest.mark.parametrize(
+    "queries",
+    [
+        np.zeros((0, 4), dtype=np.float32),
+        np.zeros(4, dtype=np.float32),
+        np.array([[0.0, np.nan]]),
+        np.array([[1, 2], [3, 4]]),
+    ],
+)
+def test_bad_vectors_raise(queries):
+    with pytest.raises(KdmlError):
+        knn_search(queries, k=1)

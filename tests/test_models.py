@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from kdml.errors import KdmlError
+from kdml.models import EmbeddingHead, build_backbone, freeze_batchnorm
+
+
+@pytest.mark.parametrize(("shape", "name"), [
+    ((1, 8, 8), "cnn"), ((1, 28, 28), "cnn"), ((3, 32, 32), "cnn"), ((3, 64, 64), "cnn"),
+    ((40,), "conv1d"), ((40,), "mlp"), ((1, 8, 8), "mlp"),
+])
+def test_backbones_expose_feature_size(shape, name):
+    backbone = build_backbone(name, shape)
+    out = backbone(torch.randn(3, *shape))
+    assert out.shape == (3, backbone.feature_size)
+
+
+def test_auto_uses_dataset_default():
+    assert build_backbone("auto", (40,), default="conv1d").__class__.__name__ == "Conv1dNet"
+
+
+@pytest.mark.parametrize(("name", "shape"), [
+    ("cnn", (2, 8, 8)), ("cnn", (1, 4, 4)), ("cnn", (1, 8, 6)), ("conv1d", (1, 8, 8)),
+    ("resnet", (1, 8, 8)),
+])
+def test_bad_backbones(name, shape):
+    with pytest.raises(KdmlError):
+        build_backbone(name, shape)
+
+
+def test_timm_without_extra_says_which_extra():
+    try:
+        import timm  # noqa: F401
+    except Exception:
+        with pytest.raises(KdmlError, match=r"kdml\[vision\]"):
+            build_backbone("timm:resnet18", (3, 32, 32))
+    else:
+        pytest.skip("timm is installed here, so the missing-extra message cannot be triggered")
+
+
+def test_embedding_head_is_unit_norm():
+    head = EmbeddingHead(16, 4)
+    out = head(torch.randn(5, 16))
+    assert torch.allclose(out.norm(dim=1), torch.ones(5))
+
+
+def test_freeze_batchnorm_keeps_running_stats():
+    backbone = build_backbone("mlp", (6,))
+    backbone.train()
+    freeze_batchnorm(backbone)
+    before = [b.clone() for b in backbone.buffers()]
+    backbone(torch.randn(8, 6) * 5 + 3)
+    assert all(torch.equal(a, b) for a, b in zip(before, backbone.buffers(), strict=True))

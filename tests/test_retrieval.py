@@ -1,0 +1,295 @@
+"""retrieval_metrics against a plain-loop brute force, pytorch-metric-learning and sklearn."""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+import numpy as np
+import pytest
+import torch
+from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+from sklearn.metrics import normalized_mutual_info_score
+
+from kdml.errors import KdmlError
+from kdml.evaluation import retrieval_metrics
+from kdml.evaluation.retrieval import clustering_nmi
+
+KS = (1, 2, 5, 10, 20)  # 5..20 exceed several class sizes below
+
+
+def unit_length(row):
+    norm = math.sqrt(sum(v * v for v in row))
+    return [v / norm for v in row]
+
+
+def brute_force_metrics(embeddings, labels, ks, metric, reference=None, reference_labels=None):
+    """Recall@K, MAP@R, R-Precision with Python loops in float64, lone queries skipped."""
+    same_set = reference is None
+    queries = [[float(v) for v in row] for row in embeddings]
+    refs = queries if same_set else [[float(v) for v in row] for row in reference]
+    ref_labels = labels if same_set else reference_labels
+    if metric == "cosine":
+        queries = [unit_length(row) for row in queries]
+        refs = queries if same_set else [unit_length(row) for row in refs]
+
+    recall = dict.fromkeys(ks, 0.0)
+    map_at_r = r_precision = 0.0
+    counted = 0
+    for i, query in enumerate(queries):
+        ranked = []
+        for j, ref in enumerate(refs):
+            if same_set and j == i:
+                continue
+            if metric == "cosine":
+                order_key = -sum(a * b for a, b in zip(query, ref, strict=True))
+            else:
+                order_key = sum((a - b) ** 2 for a, b in zip(query, ref, strict=True))
+            ranked.append((order_key, int(ref_labels[j])))
+        ranked.sort()
+        ranked_labels = [label for _, label in ranked]
+        label = int(labels[i])
+        r = ranked_labels.count(label)
+        if r == 0:  # lone query
+            continue
+        counted += 1
+        for k in ks:
+            recall[k] += 1.0 if label in ranked_labels[:k] else 0.0
+        hits, precision_sum = 0, 0.0
+        for position in range(r):
+            if ranked_labels[position] == label:
+                hits += 1
+                precision_sum += hits / (position + 1)
+        map_at_r += precision_sum / r
+        r_precision += hits / r
+    result = {f"recall@{k}": recall[k] / counted for k in ks}
+    result["map@r"] = map_at_r / counted
+    result["r_precision"] = r_precision / counted
+    return result
+
+
+def clustered(class_sizes, dim=6, noise=0.9, seed=0):
+    """Gaussian class centres plus noise: neighbours are informative but not perfect."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(len(class_sizes)), class_sizes)
+    centres = rng.standard_normal((len(class_sizes), dim))
+    embeddings = centres[labels] + noise * rng.standard_normal((len(labels), dim))
+    order = rng.permutation(len(labels))
+    return embeddings[order].astype(np.float32), labels[order] * 3 + 7  # non-dense label values
+
+
+@pytest.fixture
+def same_set_data():
+    # Two classes of size 1: lone queries in the leave-one-out setting.
+    return clustered([1, 2, 3, 4, 5, 6, 8, 12, 1, 9, 2])
+
+
+@pytest.fixture
+def separate_data():
+    queries, query_labels = clustered([3, 4, 2, 5, 3, 6, 2], seed=1)
+    reference, reference_labels = clustered([5, 1, 7, 2, 9, 4, 3, 6], seed=2)
+    # Query class 6 (label 25) has no reference sample: lone. Reference class 7 is unqueried.
+    return queries, query_labels, reference, reference_labels
+
+
+def assert_metrics_close(actual, expected):
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        assert actual[key] == pytest.approx(expected[key], abs=1e-12), key
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+@pytest.mark.parametrize("chunk_size", [3, 4096])
+def test_same_set_matches_brute_force(same_set_data, metric, chunk_size):
+    embeddings, labels = same_set_data
+    actual = retrieval_metrics(
+        embeddings, labels, ks=KS, metric=metric, nmi=False, chunk_size=chunk_size
+    )
+    assert_metrics_close(actual, brute_force_metrics(embeddings, labels, KS, metric))
+    assert 0.2 < actual["map@r"] < 0.95  # the data is neither trivial nor random
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+@pytest.mark.parametrize("chunk_size", [2, 4096])
+def test_separate_reference_matches_brute_force(separate_data, metric, chunk_size):
+    queries, query_labels, reference, reference_labels = separate_data
+    actual = retrieval_metrics(
+        queries,
+        query_labels,
+        ks=KS,
+        metric=metric,
+        reference=reference,
+        reference_labels=reference_labels,
+        nmi=False,
+        chunk_size=chunk_size,
+    )
+    expected = brute_force_metrics(queries, query_labels, KS, metric, reference, reference_labels)
+    assert_metrics_close(actual, expected)
+
+
+def pml_metrics(metric, query, query_labels, reference=None, reference_labels=None):
+    if metric == "cosine":  # PML's default k-NN is L2; on unit vectors it ranks like cosine
+        query = query / np.linalg.norm(query, axis=1, keepdims=True)
+        if reference is not None:
+            reference = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    calculator = AccuracyCalculator(
+        include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
+        k="max_bin_count",
+        device=torch.device("cpu"),
+    )
+    # PML 2.x: reference=None means "query is the reference, leave self out"
+    # (ref_includes_query=True); a separate reference uses ref_includes_query=False.
+    return calculator.get_accuracy(
+        torch.from_numpy(query),
+        torch.from_numpy(query_labels),
+        None if reference is None else torch.from_numpy(reference),
+        None if reference_labels is None else torch.from_numpy(reference_labels),
+        ref_includes_query=False,
+    )
+
+
+def assert_matches_pml(ours, pml):
+    assert ours["recall@1"] == pytest.approx(pml["precision_at_1"], abs=1e-9)
+    assert ours["map@r"] == pytest.approx(pml["mean_average_precision_at_r"], abs=1e-9)
+    assert ours["r_precision"] == pytest.approx(pml["r_precision"], abs=1e-9)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_same_set_matches_pml(metric):
+    # 60 classes of 1..7 samples: includes lone queries, which PML leaves out.
+    rng = np.random.default_rng(3)
+    embeddings, labels = clustered(rng.integers(1, 8, size=60), dim=16, noise=1.2, seed=4)
+    ours = retrieval_metrics(embeddings, labels, ks=(1,), metric=metric, nmi=False)
+    assert_matches_pml(ours, pml_metrics(metric, embeddings, labels))
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_separate_reference_matches_pml(separate_data, metric):
+    queries, query_labels, reference, reference_labels = separate_data
+    ours = retrieval_metrics(
+        queries,
+        query_labels,
+        ks=(1,),
+        metric=metric,
+        reference=reference,
+        reference_labels=reference_labels,
+        nmi=False,
+    )
+    pml = pml_metrics(metric, queries, query_labels, reference, reference_labels)
+    assert_matches_pml(ours, pml)
+
+
+def test_lone_queries_do_not_count(same_set_data):
+    """Adding a lone query (a label seen nowhere else) leaves every metric unchanged."""
+    embeddings, labels = same_set_data
+    without = retrieval_metrics(embeddings, labels, ks=KS, metric="euclidean", nmi=False)
+    far_away = np.full((1, embeddings.shape[1]), 1e4, dtype=np.float32)  # nobody's neighbour
+    with_lone = retrieval_metrics(
+        np.concatenate([far_away, embeddings]),
+        np.concatenate([[-1], labels]),
+        ks=KS,
+        metric="euclidean",
+        nmi=False,
+    )
+    assert_metrics_close(with_lone, without)
+
+
+def test_nmi_is_one_for_well_separated_classes():
+    embeddings, labels = clustered([20] * 5, dim=8, noise=0.01, seed=5)
+    assert retrieval_metrics(embeddings, labels, ks=(1,))["nmi"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_nmi_matches_direct_faiss_kmeans_and_sklearn(metric):
+    embeddings, labels = clustered([25, 30, 20, 25, 30, 20], dim=8, noise=1.0, seed=6)
+    vectors = embeddings.astype(np.float32)
+    if metric == "cosine":
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    kmeans = faiss.Kmeans(vectors.shape[1], 6, niter=20, seed=0)
+    kmeans.train(vectors)
+    _, assignments = kmeans.index.search(vectors, 1)
+    expected = normalized_mutual_info_score(labels, assignments.ravel())
+
+    ours = retrieval_metrics(embeddings, labels, ks=(1,), metric=metric)["nmi"]
+    assert ours == pytest.approx(expected, abs=1e-12)
+    assert 0.2 < ours < 0.99
+    assert clustering_nmi(embeddings, labels, metric=metric) == ours
+
+
+def test_chunk_size_does_not_change_results(same_set_data):
+    embeddings, labels = same_set_data
+    small = retrieval_metrics(embeddings, labels, ks=KS, nmi=False, chunk_size=7)
+    large = retrieval_metrics(embeddings, labels, ks=KS, nmi=False, chunk_size=100_000)
+    assert small == large
+
+
+def test_torch_and_numpy_inputs_agree(same_set_data):
+    embeddings, labels = same_set_data
+    from_numpy = retrieval_metrics(embeddings.astype(np.float64), labels, ks=KS)
+    from_torch = retrieval_metrics(
+        torch.from_numpy(embeddings).double(), torch.from_numpy(labels).int(), ks=KS
+    )
+    assert from_numpy == from_torch
+
+
+def test_inputs_are_not_modified(same_set_data):
+    embeddings, labels = same_set_data
+    array_before, tensor = embeddings.copy(), torch.from_numpy(embeddings.copy())
+    retrieval_metrics(embeddings, labels, ks=(1,), metric="cosine", nmi=False)
+    retrieval_metrics(tensor, labels, ks=(1,), metric="cosine", nmi=False)
+    np.testing.assert_array_equal(embeddings, array_before)
+    np.testing.assert_array_equal(tensor.numpy(), array_before)
+
+
+def test_returns_only_requested_keys(same_set_data):
+    embeddings, labels = same_set_data
+    assert set(retrieval_metrics(embeddings, labels, ks=(1, 4))) == {
+        "recall@1",
+        "recall@4",
+        "map@r",
+        "r_precision",
+        "nmi",
+    }
+
+
+BAD_INPUTS = {
+    "labels length": lambda x, y: retrieval_metrics(x, y[:-1]),
+    "labels 2-D": lambda x, y: retrieval_metrics(x, y[:, None]),
+    "float labels": lambda x, y: retrieval_metrics(x, y.astype(np.float32)),
+    "1-D embeddings": lambda x, y: retrieval_metrics(x[:, 0], y),
+    "integer embeddings": lambda x, y: retrieval_metrics(x.astype(np.int64), y),
+    "nan": lambda x, y: retrieval_metrics(np.where(x > 1.5, np.nan, x), y),
+    "inf": lambda x, y: retrieval_metrics(np.where(x > 1.5, np.inf, x), y),
+    "empty": lambda x, y: retrieval_metrics(x[:0], y[:0]),
+    "zero dimensions": lambda x, y: retrieval_metrics(x[:, :0], y),
+    "k = 0": lambda x, y: retrieval_metrics(x, y, ks=(1, 0)),
+    "k < 0": lambda x, y: retrieval_metrics(x, y, ks=(-2,)),
+    "k not int": lambda x, y: retrieval_metrics(x, y, ks=(1.5,)),
+    "no ks": lambda x, y: retrieval_metrics(x, y, ks=()),
+    "k > N - 1": lambda x, y: retrieval_metrics(x, y, ks=(len(x),)),
+    "k > reference": lambda x, y: retrieval_metrics(
+        x, y, ks=(11,), reference=x[:10], reference_labels=y[:10]
+    ),
+    "reference without labels": lambda x, y: retrieval_metrics(x, y, reference=x),
+    "labels without reference": lambda x, y: retrieval_metrics(x, y, reference_labels=y),
+    "reference labels length": lambda x, y: retrieval_metrics(
+        x, y, reference=x, reference_labels=y[:-1]
+    ),
+    "reference dimension": lambda x, y: retrieval_metrics(
+        x, y, reference=x[:, :-1], reference_labels=y
+    ),
+    "metric": lambda x, y: retrieval_metrics(x, y, metric="manhattan"),
+    "chunk size": lambda x, y: retrieval_metrics(x, y, chunk_size=0),
+    "every query lone": lambda x, y: retrieval_metrics(x, np.arange(len(x))),
+    "every query lone vs reference": lambda x, y: retrieval_metrics(
+        x, y, reference=x, reference_labels=y + 1000
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise_kdml_error(same_set_data, case):
+    embeddings, labels = same_set_data
+    with pytest.raises(KdmlError) as error:
+        BAD_INPUTS[case](embeddings, labels)
+    assert "\n" not in str(error.value)
