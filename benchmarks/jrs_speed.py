@@ -1,0 +1,254 @@
+"""Speed benchmarks of kdml, printed as markdown tables.
+
+Section ``regularizer``: forward + backward of the JRS regularizer (JRD, Chu et al., ICML 2020,
+Eq. 10 / 11) at the paper's scale: a batch of M = 100 samples, 10 per class; pooled features
+1024-d (3-Gaussian mixture), embedding 512-d (3-Gaussian mixture), class level C = 100
+(cosines to 100 class proxies, 1 Gaussian). It compares ``kdml``'s
+:class:`~kdml.regularizers.JointRepresentationSimilarity` with
+
+- the authors' formulation: three full M x M kernel matrices, each with its own adaptive
+  bandwidth, multiplied, then a masked mean with a boolean mask built from the labels
+  (re-implemented here);
+- a literal Eq. 10 that loops over the ordered class pairs.
+
+Only the regularizer is timed (the representations are leaf tensors), not a network.
+
+Each section is a function ``(args) -> markdown`` registered in ``SECTIONS``; ``--sections``
+picks which ones run.
+
+Usage::
+
+    PYTHONPATH=src python benchmarks/jrs_speed.py [--device cpu|cuda] [--threads N]
+        [--clock wall|cpu] [--rounds 10] [--sections regularizer]
+
+On a machine shared with other jobs, ``--threads 1 --clock cpu`` gives the steadiest figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import timeit
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.benchmark import Timer
+
+from kdml.kernels import GaussianMixtureKernel
+from kdml.regularizers import JointIntra, JointMMD, JointRepresentationSimilarity
+
+MULTIPLIER = 2.0
+# wall: elapsed time (the usual figure, needs an idle machine); cpu: CPU time of this process,
+# all threads summed, which other processes on a shared machine barely disturb
+CLOCKS: dict[str, Callable[[], float]] = {"wall": timeit.default_timer, "cpu": time.process_time}
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def _mixture_from_sq_dists(sq_dists: Tensor, tau: Tensor, num_kernels: int) -> Tensor:
+    bandwidths = [tau * MULTIPLIER ** (i - num_kernels // 2) for i in range(num_kernels)]
+    return sum(torch.exp(-sq_dists / bw) for bw in bandwidths) / num_kernels
+
+
+def _sq_dists(a: Tensor, b: Tensor) -> Tensor:
+    """The usual expansion ||a||^2 + ||b||^2 - 2 a.b (as in the authors' code)."""
+    return a.pow(2).sum(dim=1)[:, None] + b.pow(2).sum(dim=1)[None, :] - 2.0 * a @ b.T
+
+
+def _adaptive_tau(sq_dists: Tensor) -> Tensor:
+    m = sq_dists.shape[0]
+    return sq_dists.detach().sum() / (m * m - m)
+
+
+def authors_formulation(
+    representations: Sequence[Tensor], labels: Tensor, kernel_counts: Sequence[int]
+) -> Tensor:
+    """One full M x M Gaussian-mixture matrix per layer (own adaptive bandwidth), their
+    element-wise product, and the mean over a boolean inter-class mask."""
+    joint = None
+    for rep, num_kernels in zip(representations, kernel_counts, strict=True):
+        sq_dists = _sq_dists(rep, rep)
+        layer = _mixture_from_sq_dists(sq_dists, _adaptive_tau(sq_dists), num_kernels)
+        joint = layer if joint is None else joint * layer
+    inter_class = labels[:, None] != labels[None, :]
+    return joint[inter_class].mean()
+
+
+def eq10_class_pair_loop(
+    representations: Sequence[Tensor], labels: Tensor, kernel_counts: Sequence[int]
+) -> Tensor:
+    """Eq. 10 / N_pairs literally: for every ordered class pair (I, J), I != J, the sum over
+    i in I, j in J of the product of the layer kernels (bandwidths from the whole batch)."""
+    taus = [_adaptive_tau(_sq_dists(rep, rep)) for rep in representations]
+    classes = labels.unique().tolist()
+    members = {c: (labels == c).nonzero().squeeze(1) for c in classes}
+    total, num_pairs = representations[0].new_zeros(()), 0
+    for class_i in classes:
+        for class_j in classes:
+            if class_i == class_j:
+                continue
+            block = None
+            for rep, tau, num_kernels in zip(representations, taus, kernel_counts, strict=True):
+                a, b = rep[members[class_i]], rep[members[class_j]]
+                sq_dists = _sq_dists(a, b)
+                layer = _mixture_from_sq_dists(sq_dists, tau, num_kernels)
+                block = layer if block is None else block * layer
+            total = total + block.sum()
+            num_pairs += block.numel()
+    return total / num_pairs
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def make_jrd_batch(args: argparse.Namespace) -> tuple[list[Tensor], Tensor]:
+    """Random representations shaped like JRD's: non-negative pooled features, L2-normalised
+    embeddings, and cosines to L2-normalised class proxies. All are leaf tensors."""
+    gen = torch.Generator().manual_seed(args.seed)
+    num_samples = args.classes_per_batch * args.samples_per_class
+    pooled = torch.randn(num_samples, args.pool_dim, generator=gen).relu()
+    embedding = F.normalize(torch.randn(num_samples, args.embedding_dim, generator=gen), dim=1)
+    proxies = F.normalize(torch.randn(args.num_classes, args.embedding_dim, generator=gen), dim=1)
+    class_level = embedding @ proxies.T
+    labels = torch.arange(args.classes_per_batch).repeat_interleave(args.samples_per_class)
+    reps = [t.to(args.device).requires_grad_() for t in (pooled, embedding, class_level)]
+    return reps, labels.to(args.device)
+
+
+def time_forward_backward(
+    cases: dict[str, Callable[[list[Tensor], Tensor], Tensor]],
+    reps: list[Tensor],
+    labels: Tensor,
+    args: argparse.Namespace,
+) -> dict[str, tuple[float, float, float]]:
+    """Median, first and third quartile (ms) of one forward + backward for every case.
+
+    The cases are timed round-robin (``args.rounds`` rounds of ``torch.utils.benchmark``'s
+    ``blocked_autorange``, after ``args.warmup`` untimed runs), so that load from other
+    processes and clock drift hit all of them alike; the figures summarise the per-round
+    medians.
+    """
+    steps = {}
+    for name, regularizer in cases.items():
+
+        def step(regularizer=regularizer) -> None:
+            torch.autograd.grad(regularizer(reps, labels), reps)
+
+        for _ in range(args.warmup):
+            step()
+        steps[name] = step
+    clock = CLOCKS[args.clock]
+    round_medians: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            timer = Timer(
+                stmt="step()", globals={"step": step}, num_threads=args.threads, timer=clock
+            )
+            measurement = timer.blocked_autorange(min_run_time=args.min_run_time)
+            round_medians[name].append(measurement.median * 1e3)
+    summary = {}
+    for name, values in round_medians.items():
+        q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+        summary[name] = (median, q1, q3)
+    return summary
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def regularizer_section(args: argparse.Namespace) -> str:
+    """JRS forward + backward: kdml vs the authors' formulation vs a class-pair loop."""
+    reps, labels = make_jrd_batch(args)
+    kernel_counts = (3, 3, 1)  # pooling, embedding, class level (JRD, Sec. 5.1)
+    kernels = [GaussianMixtureKernel(k, MULTIPLIER) for k in kernel_counts]
+    candidates: dict[str, Callable[[list[Tensor], Tensor], Tensor]] = {
+        "kdml `JointRepresentationSimilarity`": JointRepresentationSimilarity(kernels),
+        "authors' formulation (3 full kernels, masked mean)": lambda r, y: authors_formulation(
+            r, y, kernel_counts
+        ),
+        "literal Eq. 10, loop over class pairs": lambda r, y: eq10_class_pair_loop(
+            r, y, kernel_counts
+        ),
+    }
+    extras = {
+        "kdml `JointMMD` (baseline, Eq. 15)": JointMMD(kernels),
+        "kdml `JointIntra` (baseline, Eq. 16)": JointIntra(kernels),
+    }
+
+    # all JRS implementations must agree before their speed means anything
+    values = {name: fn(reps, labels).item() for name, fn in candidates.items()}
+    reference = values["kdml `JointRepresentationSimilarity`"]
+    for name, value in values.items():
+        if abs(value - reference) > 1e-4 * abs(reference) + 1e-7:
+            raise RuntimeError(f"{name} gives {value}, kdml gives {reference}")
+
+    timings = time_forward_backward({**candidates, **extras}, reps, labels, args)
+    kdml_ms = timings["kdml `JointRepresentationSimilarity`"][0]
+    rows = [
+        [name, f"{median:.3f}", f"{q1:.3f} - {q3:.3f}", f"{median / kdml_ms:.2f}x"]
+        for name, (median, q1, q3) in timings.items()
+    ]
+    setup = (
+        f"JRS forward + backward, M = {len(labels)} ({args.classes_per_batch} classes x "
+        f"{args.samples_per_class}), pooled {args.pool_dim}-d (3 Gaussians), embedding "
+        f"{args.embedding_dim}-d (3 Gaussians), class level {args.num_classes}-d (1 Gaussian); "
+        f"device {args.device}, float32, torch {torch.__version__}, {args.threads} thread(s), "
+        f"{args.clock} clock; "
+        f"JRS value {reference:.6f}. Median (and quartiles) over {args.rounds} interleaved "
+        f"rounds of per-round median times."
+    )
+    header = ["implementation", "median ms", "quartiles ms", "time / kdml JRS"]
+    return setup + "\n\n" + markdown_table(header, rows)
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], str]] = {
+    "regularizer": regularizer_section,
+}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument(
+        "--clock", choices=list(CLOCKS), default="wall", help="wall time or process CPU time"
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
+    parser.add_argument(
+        "--min-run-time", type=float, default=0.3, help="seconds per case and round"
+    )
+    parser.add_argument("--warmup", type=int, default=10, help="untimed runs per case")
+    parser.add_argument("--seed", type=int, default=0)
+
+    jrs = parser.add_argument_group("regularizer section (JRD paper scale)")
+    jrs.add_argument("--classes-per-batch", type=int, default=10)
+    jrs.add_argument("--samples-per-class", type=int, default=10)
+    jrs.add_argument("--pool-dim", type=int, default=1024)
+    jrs.add_argument("--embedding-dim", type=int, default=512)
+    jrs.add_argument("--num-classes", type=int, default=100, help="class-level dimension C")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for name in args.sections:
+        print(f"## {name}\n\n{SECTIONS[name](args)}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+r"""Kernel-embedding regularizers of JRD (Chu et al., ICML 2020) and its baselines.
+
+All four are :class:`torch.nn.Module` s called as ``reg(representations, labels)`` and return a
+scalar to be *added* to the loss (times a weight :math:`\alpha`):
+
+- :class:`JointRepresentationSimilarity`: the JRS regularizer (Eq. 10 / 11), the mean joint
+  kernel over inter-class sample pairs; minimising it diversifies the classes.
+- :class:`JointMMD` (Eq. 15) and :class:`JointIntra` (Eq. 16): the norm-based baselines of
+  Fig. 5 / Table 3.
+- :class:`IntraClassPenalty`: the explicit intra-class penalty of Eq. 4 (Fig. 2).
+
+``representations`` is a sequence of :math:`L` tensors of shape :math:`(M, D_l)`, the same
+batch seen at :math:`L` layers, with one kernel per layer given at construction. The joint
+kernel of two samples is the product of the layer kernels,
+:math:`K_{ij} = \prod_l k^l(x_i^l, x_j^l)`, the inner product of their tensor-product feature
+maps :math:`\otimes_l k^l(\cdot, x^l)`. JRD uses [pooling, embedding, class level]; MRD is
+[embedding]; JRD-C is [pooling, embedding]; JRD-Pooling is [embedding, class level].
+
+Everything is vectorised over samples and classes (only the layers are looped over). The
+regularizers work next to any metric-learning loss, e.g. from pytorch-metric-learning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kdml.errors import KdmlError
+from kdml.kernels import GaussianMixtureKernel, Kernel
+
+__all__ = ["IntraClassPenalty", "JointIntra", "JointMMD", "JointRepresentationSimilarity"]
+
+
+def _check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -> None:
+    if isinstance(representations, Tensor):
+        raise KdmlError(
+            f"{owner} takes a sequence of representations, e.g. reg([embeddings], labels), "
+            "not a bare tensor"
+        )
+    if len(representations) == 0:
+        raise KdmlError(f"{owner} needs at least one representation")
+    if labels.ndim != 1:
+        raise KdmlError(f"{owner}: labels must be 1-D [M], got shape {tuple(labels.shape)}")
+    for layer, rep in enumerate(representations):
+        if rep.ndim != 2 or rep.shape[0] != labels.shape[0]:
+            raise KdmlError(
+                f"{owner}: representation {layer} must be [M, D] with M = {labels.shape[0]} "
+                f"(the number of labels), got shape {tuple(rep.shape)}"
+            )
+
+
+def _mean_off_diagonal(matrix: Tensor) -> Tensor:
+    """Mean of the off-diagonal entries of a square matrix; exactly 0 (still attached to the
+    graph) for a 1 x 1 matrix, i.e. a batch with a single class."""
+    n = matrix.shape[0]
+    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=matrix.device)
+    return torch.where(off_diagonal, matrix, 0.0).sum() / max(n * n - n, 1)
+
+
+def _class_products(joint: Tensor, labels: Tensor) -> Tensor:
+    r"""Matrix :math:`S_{IJ} = \langle C(P_I), C(P_J) \rangle = \frac{1}{n_I n_J}
+    \sum_{i \in I, j \in J} K_{ij}` of the classes present in the batch (sorted by label).
+
+    Class means of the kernel blocks as :math:`Y^\top K Y / (n n^\top)` with the one-hot label
+    matrix :math:`Y`; the diagonal holds the squared norms :math:`\|C(P_I)\|^2` (V-statistic,
+    :math:`i = j` included)."""
+    _, class_index = torch.unique(labels, return_inverse=True)
+    one_hot = F.one_hot(class_index).to(joint.dtype)  # [M, C]
+    counts = one_hot.sum(dim=0)
+    return (one_hot.T @ joint @ one_hot) / (counts[:, None] * counts[None, :])
+
+
+class _JointKernelRegularizer(nn.Module):
+    """Holds one kernel per representation and computes the joint (product) kernel matrix."""
+
+    def __init__(self, kernels: Sequence[Kernel]) -> None:
+        super().__init__()
+        if isinstance(kernels, nn.Module):
+            raise KdmlError(
+                f"{type(self).__name__} takes a sequence of kernels, one per representation, "
+                "e.g. [GaussianMixtureKernel()]"
+            )
+        kernels = list(kernels)
+        if not kernels:
+            raise KdmlError(f"{type(self).__name__} needs at least one kernel")
+        for kernel in kernels:
+            if not isinstance(kernel, nn.Module):
+                raise KdmlError(f"kernels must be nn.Module kernels, got {type(kernel).__name__}")
+        self.kernels = nn.ModuleList(kernels)
+
+    def joint_kernel(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+        r""":math:`(M, M)` matrix :math:`K_{ij} = \prod_l k^l(x_i^l, x_j^l)`."""
+        owner = type(self).__name__
+        _check_batch(owner, representations, labels)
+        if len(representations) != len(self.kernels):
+            raise KdmlError(
+                f"{owner} was built with {len(self.kernels)} kernel(s) but got "
+                f"{len(representations)} representation(s); pass one kernel per representation"
+            )
+        joint = None
+        for kernel, rep in zip(self.kernels, representations, strict=True):
+            layer_kernel = kernel(rep)
+            joint = layer_kernel if joint is None else joint * layer_kernel
+        return joint
+
+
+class JointRepresentationSimilarity(_JointKernelRegularizer):
+    r"""Joint representation similarity (JRS) regularizer of JRD (Chu et al., *Distance
+    Metric Learning with Joint Representation Diversification*, ICML 2020): Eq. 10 divided by
+    :math:`N_{pairs}` as in Eq. 11.
+
+    The empirical joint representation similarity of two classes (Eq. 8) is the inner product
+    of their joint kernel embeddings,
+    :math:`\hat S(P, Q) = \frac{1}{n n'} \sum_{i, j} \prod_{l=1}^L k^l(x_i^l, x_j'^l)`. JRS sums
+    it over ordered class pairs weighted by :math:`n^I n^J` (Eq. 10), and JRD divides by the
+    number of inter-class sample pairs (Eq. 11):
+
+    .. math::
+        \frac{\mathcal{L}_{JRS}}{N_{pairs}} = \frac{1}{N_{pairs}} \sum_{I \neq J}
+        \sum_{i \in I} \sum_{j \in J} \prod_{l=1}^L k^l(x_i^l, x_j^l),
+
+    where :math:`N_{pairs}` is the number of ordered pairs :math:`(i, j)` with
+    :math:`y_i \neq y_j`. So the value is the mean joint kernel over inter-class sample pairs;
+    the JRD objective is ``ams_loss + alpha * jrs(representations, labels)``. A batch with
+    fewer than two classes gives 0 (still attached to the graph).
+
+    Args:
+        kernels: one kernel per representation, e.g. ``[GaussianMixtureKernel(3),
+            GaussianMixtureKernel(3), GaussianMixtureKernel(1)]`` for JRD's [pooling,
+            embedding, class level].
+
+    Inputs:
+        - representations: sequence of :math:`L` tensors, the :math:`l`-th of shape
+          :math:`(M, D_l)`.
+        - labels: :math:`(M,)` class labels.
+
+    Shape:
+        - Output: scalar.
+
+    Example::
+
+        >>> import torch
+        >>> from pytorch_metric_learning.losses import TripletMarginLoss
+        >>> from kdml.kernels import GaussianMixtureKernel
+        >>> from kdml.regularizers import JointRepresentationSimilarity
+        >>> _ = torch.manual_seed(0)
+        >>> emb = torch.randn(12, 8, requires_grad=True)
+        >>> y = torch.arange(4).repeat_interleave(3)
+        >>> triplet = TripletMarginLoss(margin=0.2)
+        >>> jrs = JointRepresentationSimilarity([GaussianMixtureKernel()])
+        >>> alpha = 1.0
+        >>> loss = triplet(emb, y) + alpha * jrs([emb], y)
+        >>> loss.backward()
+        >>> emb.grad.shape
+        torch.Size([12, 8])
+
+        JRD proper regularizes three layers jointly:
+
+        >>> jrd = JointRepresentationSimilarity(
+        ...     [GaussianMixtureKernel(3), GaussianMixtureKernel(3), GaussianMixtureKernel(1)])
+        >>> pooled, cls = torch.randn(12, 32), torch.randn(12, 5)
+        >>> jrd([pooled, emb, cls], y).shape
+        torch.Size([])
+    """
+
+    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+        joint = self.joint_kernel(representations, labels)
+        inter_class = labels[:, None] != labels[None, :]
+        # With < 2 classes the mask is empty: the masked sum is an exact 0 that keeps the graph.
+        num_pairs = inter_class.sum().clamp_min(1)
+        return torch.where(inter_class, joint, 0.0).sum() / num_pairs
+
+
+class JointMMD(_JointKernelRegularizer):
+    r"""Joint MMD regularizer, the norm-based baseline of JRD (Chu et al., *Distance
+    Metric Learning with Joint Representation Diversification*, ICML 2020), Eq. 15: the JMMD of
+    Long et al. (2017) between classes.
+
+    With the empirical joint embedding of class :math:`I`,
+    :math:`C_I = \frac{1}{n_I} \sum_{i \in I} \otimes_l k^l(\cdot, x_i^l)`, so that
+    :math:`\|C_I\|^2 = \frac{1}{n_I^2} \sum_{i, i' \in I} K_{ii'}` (V-statistic, diagonal
+    included) and :math:`\langle C_I, C_J \rangle = \frac{1}{n_I n_J}
+    \sum_{i \in I, j \in J} K_{ij}`, the value is
+
+    .. math::
+        \frac{1}{C (C - 1)} \sum_{I \neq J} -\|C_I - C_J\|^2
+        = \frac{1}{C (C - 1)} \sum_{I \neq J}
+          -\left(\|C_I\|^2 + \|C_J\|^2 - 2 \langle C_I, C_J \rangle\right)
+
+    over the :math:`C` classes present in the batch. Adding it to the loss maximises the joint
+    MMD between classes, which also maximises the within-class norms :math:`\|C_I\|^2`
+    (explicit intra-class compactness).
+
+    Normalisation (the paper is vague here): Eq. 15 prints :math:`-\|C(P), C(Q)\|` for one
+    pair of classes and does not say how pairs are combined; we read it as the squared MMD
+    (Eq. 14, and the JMMD of Long et al.) and take the unweighted mean over ordered class pairs
+    of the batch. The inner-product part then has the same scale as
+    :class:`JointRepresentationSimilarity` (which weights class pairs by :math:`n_I n_J`): for
+    a balanced batch, ``JointMMD = JointIntra + 2 * JointRepresentationSimilarity`` exactly. A
+    batch with fewer than two classes gives 0.
+
+    Args:
+        kernels: one kernel per representation.
+
+    Inputs:
+        - representations: sequence of :math:`L` tensors of shape :math:`(M, D_l)`.
+        - labels: :math:`(M,)` class labels.
+
+    Shape:
+        - Output: scalar.
+
+    Example::
+
+        >>> from kdml.kernels import GaussianMixtureKernel
+        >>> jmmd = JointMMD([GaussianMixtureKernel()])
+        >>> emb, y = torch.randn(12, 8), torch.arange(4).repeat_interleave(3)
+        >>> bool(jmmd([emb], y) <= 0)
+        True
+    """
+
+    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+        products = _class_products(self.joint_kernel(representations, labels), labels)
+        norms = products.diagonal()
+        sq_mmd = norms[:, None] + norms[None, :] - 2.0 * products
+        return -_mean_off_diagonal(sq_mmd)
+
+
+class JointIntra(_JointKernelRegularizer):
+    r"""Joint intra-class regularizer, the norm-only baseline of JRD (Chu et al.,
+    *Distance Metric Learning with Joint Representation Diversification*, ICML 2020), Eq. 16.
+
+    With the class embeddings :math:`C_I` and norms
+    :math:`\|C_I\|^2 = \frac{1}{n_I^2} \sum_{i, i' \in I} K_{ii'}` of :class:`JointMMD`,
+
+    .. math::
+        \frac{1}{C (C - 1)} \sum_{I \neq J} -\left(\|C_I\|^2 + \|C_J\|^2\right)
+        = -\frac{2}{C} \sum_I \|C_I\|^2
+
+    over the :math:`C` classes of the batch: only the norms, i.e. an explicit intra-class
+    compactness term. Eq. 16 prints unsquared norms; we use squared ones, consistent with
+    :class:`JointMMD` (``JointMMD = JointIntra + 2 * JointRepresentationSimilarity`` on a
+    balanced batch) and with the paper's Sec. 4.3.2. Normalised as :class:`JointMMD` (mean
+    over ordered class pairs). A batch with fewer than two classes gives 0.
+
+    Args:
+        kernels: one kernel per representation.
+
+    Inputs:
+        - representations: sequence of :math:`L` tensors of shape :math:`(M, D_l)`.
+        - labels: :math:`(M,)` class labels.
+
+    Shape:
+        - Output: scalar.
+
+    Example::
+
+        >>> from kdml.kernels import GaussianMixtureKernel
+        >>> jintra = JointIntra([GaussianMixtureKernel()])
+        >>> emb, y = torch.randn(12, 8), torch.arange(4).repeat_interleave(3)
+        >>> bool(jintra([emb], y) < 0)
+        True
+    """
+
+    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+        norms = _class_products(self.joint_kernel(representations, labels), labels).diagonal()
+        return -_mean_off_diagonal(norms[:, None] + norms[None, :])
+
+
+class IntraClassPenalty(nn.Module):
+    r"""Explicit intra-class penalty of JRD (Chu et al., *Distance Metric Learning with
+    Joint Representation Diversification*, ICML 2020), Eq. 4 (the study of Fig. 2).
+
+    .. math::
+        -\sum_I \frac{1}{N^I_{pairs}} \sum_{i \neq j \in I} k(x_i, x_j),
+        \qquad k(x, x') = \exp\left(-\tfrac12 \|x - x'\|^2\right) \text{ by default},
+
+    on one representation (the embedding). :math:`N^I_{pairs} = n_I (n_I - 1)` counts the
+    *ordered* pairs of different samples of class :math:`I`, so each class contributes the mean
+    kernel over its distinct pairs (the same value as with unordered pairs, the kernel being
+    symmetric); classes with one sample contribute 0. As in Eq. 4 the classes are summed, not
+    averaged. Eq. 4 reads ``ams_loss - alpha * sum(...)``, so the loss is
+    ``ams_loss + alpha * penalty(representations, labels)``: minimising it pulls same-class
+    points together.
+
+    Args:
+        kernels: ``None`` for :math:`\exp(-\frac12 \|x - x'\|^2)`
+            (``GaussianMixtureKernel(1, bandwidth=2.0)``), or one kernel (alone or in a
+            one-element sequence).
+
+    Inputs:
+        - representations: sequence of tensors of shape :math:`(M, D_l)`; only the last one is
+          used (pass ``[embeddings]``).
+        - labels: :math:`(M,)` class labels.
+
+    Shape:
+        - Output: scalar.
+
+    Example::
+
+        >>> penalty = IntraClassPenalty()
+        >>> emb, y = torch.randn(12, 8), torch.arange(4).repeat_interleave(3)
+        >>> bool(penalty([emb], y) < 0)
+        True
+    """
+
+    def __init__(self, kernels: Kernel | Sequence[Kernel] | None = None) -> None:
+        super().__init__()
+        if kernels is None:
+            kernel: nn.Module = GaussianMixtureKernel(num_kernels=1, bandwidth=2.0)
+        elif isinstance(kernels, nn.Module):
+            kernel = kernels
+        else:
+            kernels = list(kernels)
+            if len(kernels) != 1:
+                raise KdmlError(
+                    f"IntraClassPenalty works on one representation and takes one kernel, "
+                    f"got {len(kernels)}"
+                )
+            kernel = kernels[0]
+        self.kernel = kernel
+
+    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+        _check_batch(type(self).__name__, representations, labels)
+        gram = self.kernel(representations[-1])
+        same_class = labels[:, None] == labels[None, :]
+        same_class.fill_diagonal_(False)
+        classes, class_index, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+        per_sample = torch.where(same_class, gram, 0.0).sum(dim=1)  # [M]
+        per_class = gram.new_zeros(len(classes)).index_add(0, class_index, per_sample)
+        num_pairs = (counts * (counts - 1)).clamp_min(1)  # singleton classes: 0 / 1 = 0
+        return -(per_class / num_pairs).sum()

@@ -1,0 +1,315 @@
+"""Kernels against their formulas, written out with plain Python loops over pairs."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+
+from kdml import kernels as kernels_module
+from kdml.errors import KdmlError
+from kdml.kernels import (
+    GaussianMixtureKernel,
+    InverseMultiquadricKernel,
+    LaplaceKernel,
+    MomentGeneratingKernel,
+    PolynomialKernel,
+    adaptive_bandwidth,
+    build_kernel,
+    squared_distances,
+)
+
+# ----------------------------------------------------------------- literal references
+
+
+def sq_dist(a: list[float], b: list[float]) -> float:
+    return sum((ai - bi) ** 2 for ai, bi in zip(a, b, strict=True))
+
+
+def l1_dist(a: list[float], b: list[float]) -> float:
+    return sum(abs(ai - bi) for ai, bi in zip(a, b, strict=True))
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return sum(ai * bi for ai, bi in zip(a, b, strict=True))
+
+
+def mean_over_pairs(points: list[list[float]], dist) -> float:
+    """Mean distance over ordered pairs of different points (the adaptive bandwidth)."""
+    values = [dist(p, q) for i, p in enumerate(points) for j, q in enumerate(points) if i != j]
+    return sum(values) / len(values)
+
+
+def gaussian_mixture(a, b, tau: float, num_kernels: int, multiplier: float) -> float:
+    sigma2s = [tau * multiplier ** (i - num_kernels // 2) for i in range(num_kernels)]
+    return sum(math.exp(-sq_dist(a, b) / s2) for s2 in sigma2s) / num_kernels
+
+
+def loop_matrix(xs, ys, k) -> torch.Tensor:
+    return torch.tensor([[k(a, b) for b in ys] for a in xs], dtype=torch.float64)
+
+
+@pytest.fixture
+def x() -> torch.Tensor:
+    return torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+@pytest.fixture
+def y() -> torch.Tensor:
+    return torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+# ----------------------------------------------------------------- bandwidth
+
+
+def test_adaptive_bandwidth_is_mean_over_off_diagonal_pairs(x):
+    points = x.tolist()
+    sq_dists = loop_matrix(points, points, sq_dist)
+    expected = mean_over_pairs(points, sq_dist)
+    assert adaptive_bandwidth(sq_dists).item() == pytest.approx(expected, rel=1e-12)
+    assert adaptive_bandwidth(squared_distances(x, x)).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_adaptive_bandwidth_is_detached_and_floored(x):
+    x = x.clone().requires_grad_()
+    assert not adaptive_bandwidth(squared_distances(x, x)).requires_grad
+    eps = torch.finfo(torch.float64).eps
+    assert adaptive_bandwidth(torch.zeros(5, 5, dtype=torch.float64)).item() == eps
+    assert adaptive_bandwidth(torch.zeros(1, 1, dtype=torch.float64)).item() == eps
+    with pytest.raises(KdmlError):
+        adaptive_bandwidth(torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize(
+    ("num_kernels", "sigma2_over_tau"),
+    [(3, [0.5, 1.0, 2.0]), (1, [1.0]), (4, [0.25, 0.5, 1.0, 2.0])],
+)
+def test_mixture_bandwidths(num_kernels, sigma2_over_tau):
+    tau, d2 = 1.7, 0.9
+    pair = torch.tensor([[0.0, 0.0], [math.sqrt(d2), 0.0]], dtype=torch.float64)
+    kernel = GaussianMixtureKernel(num_kernels=num_kernels, multiplier=2.0, bandwidth=tau)
+    expected = sum(math.exp(-d2 / (tau * r)) for r in sigma2_over_tau) / len(sigma2_over_tau)
+    assert kernel(pair)[0, 1].item() == pytest.approx(expected, rel=1e-12)
+    assert kernel.scales == pytest.approx(sigma2_over_tau)
+
+
+# ----------------------------------------------------------------- values against loops
+
+
+@pytest.mark.parametrize("num_kernels", [1, 3])
+def test_gaussian_adaptive_matches_loops(x, num_kernels):
+    points = x.tolist()
+    tau = mean_over_pairs(points, sq_dist)
+    expected = loop_matrix(points, points, lambda a, b: gaussian_mixture(a, b, tau, num_kernels, 2))
+    kernel = GaussianMixtureKernel(num_kernels=num_kernels)
+    torch.testing.assert_close(kernel(x), expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(kernel(x, x), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_gaussian_cross_batch_bandwidth_is_over_the_concatenation(x, y):
+    joint = x.tolist() + y.tolist()
+    tau = mean_over_pairs(joint, sq_dist)
+    expected = loop_matrix(x.tolist(), y.tolist(), lambda a, b: gaussian_mixture(a, b, tau, 3, 2))
+    kernel = GaussianMixtureKernel()
+    torch.testing.assert_close(kernel(x, y), expected, rtol=1e-10, atol=1e-12)
+    # a copy of x is "another batch": its bandwidth is over [x; x], unlike kernel(x)
+    tau_doubled = mean_over_pairs(x.tolist() * 2, sq_dist)
+    expected_copy = loop_matrix(
+        x.tolist(), x.tolist(), lambda a, b: gaussian_mixture(a, b, tau_doubled, 3, 2)
+    )
+    torch.testing.assert_close(kernel(x, x.clone()), expected_copy, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(kernel(x, x.clone()), kernel(x))
+
+
+def test_gaussian_fixed_bandwidth_matches_loops(x, y):
+    expected = loop_matrix(x.tolist(), y.tolist(), lambda a, b: gaussian_mixture(a, b, 0.8, 3, 3))
+    kernel = GaussianMixtureKernel(num_kernels=3, multiplier=3.0, bandwidth=0.8)
+    torch.testing.assert_close(kernel(x, y), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_laplace_matches_loops(x, y):
+    points = x.tolist()
+    sigma = mean_over_pairs(points, l1_dist)
+    expected = loop_matrix(points, points, lambda a, b: math.exp(-l1_dist(a, b) / sigma))
+    torch.testing.assert_close(LaplaceKernel()(x), expected, rtol=1e-10, atol=1e-12)
+
+    joint_sigma = mean_over_pairs(points + y.tolist(), l1_dist)
+    expected_xy = loop_matrix(
+        points, y.tolist(), lambda a, b: math.exp(-l1_dist(a, b) / joint_sigma)
+    )
+    torch.testing.assert_close(LaplaceKernel()(x, y), expected_xy, rtol=1e-10, atol=1e-12)
+
+    expected_fixed = loop_matrix(points, y.tolist(), lambda a, b: math.exp(-l1_dist(a, b) / 1.3))
+    torch.testing.assert_close(LaplaceKernel(bandwidth=1.3)(x, y), expected_fixed)
+
+
+@pytest.mark.parametrize(("degree", "bias"), [(2, 1.0), (5, 1.0), (3, 0.0)])
+def test_polynomial_matches_loops(x, y, degree, bias):
+    expected = loop_matrix(x.tolist(), y.tolist(), lambda a, b: (dot(a, b) + bias) ** degree)
+    torch.testing.assert_close(PolynomialKernel(degree, bias)(x, y), expected)
+
+
+def test_moment_generating_matches_loops(x, y):
+    expected = loop_matrix(x.tolist(), y.tolist(), lambda a, b: math.exp(dot(a, b)))
+    torch.testing.assert_close(MomentGeneratingKernel()(x, y), expected)
+
+
+def test_inverse_multiquadric_matches_loops(x, y):
+    scale = 3 / 6  # Atlas: d / 6
+
+    def imq(a, b):
+        return scale / (scale + sq_dist(a, b))
+
+    kernel = InverseMultiquadricKernel(scale)
+    torch.testing.assert_close(kernel(x, y), loop_matrix(x.tolist(), y.tolist(), imq))
+    torch.testing.assert_close(kernel(x), loop_matrix(x.tolist(), x.tolist(), imq))
+
+
+def test_squared_distances_are_accurate_far_from_the_origin():
+    # un-normalised features with a large common offset: the plain expansion
+    # ||a||^2 + ||b||^2 - 2ab loses most digits in float32, centring keeps them
+    gen = torch.Generator().manual_seed(2)
+    x64 = 1000.0 + torch.randn(8, 16, generator=gen, dtype=torch.float64)
+    points = x64.tolist()
+    expected = loop_matrix(points, points, sq_dist)
+    got = squared_distances(x64.float(), x64.float()).double()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
+
+
+# ----------------------------------------------------------------- gradients
+
+
+FIXED_BANDWIDTH_KERNELS = [
+    GaussianMixtureKernel(num_kernels=3, bandwidth=1.5),
+    GaussianMixtureKernel(num_kernels=1, bandwidth=0.7),
+    LaplaceKernel(bandwidth=2.0),
+    PolynomialKernel(degree=2),
+    PolynomialKernel(degree=5),
+    MomentGeneratingKernel(),
+    InverseMultiquadricKernel(0.5),
+]
+
+
+@pytest.mark.parametrize("kernel", FIXED_BANDWIDTH_KERNELS, ids=lambda k: repr(k))
+def test_gradcheck(kernel, x, y):
+    x = x.clone().requires_grad_()
+    y = y.clone().requires_grad_()
+    assert gradcheck(lambda a: kernel(a), (x,))
+    assert gradcheck(lambda a, b: kernel(a, b), (x, y))
+
+
+def test_second_derivatives_of_squared_distances(x):
+    # the one-sample Gram matrix has a hand-written backward: check it twice
+    x = x.clone().requires_grad_()
+    assert gradgradcheck(lambda a: squared_distances(a, a), (x,))
+    assert gradgradcheck(lambda a: GaussianMixtureKernel(bandwidth=2.0)(a), (x,))
+
+
+@pytest.mark.parametrize("kernel_class", [GaussianMixtureKernel, LaplaceKernel])
+def test_adaptive_gradient_treats_bandwidth_as_constant(kernel_class, x):
+    """tau is detached: the gradient equals that of the fixed-bandwidth kernel at the same tau."""
+    weights = torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    points = x.tolist()
+    if kernel_class is GaussianMixtureKernel:
+        tau = mean_over_pairs(points, sq_dist)
+    else:
+        tau = mean_over_pairs(points, l1_dist)
+
+    def grad_of(kernel) -> torch.Tensor:
+        leaf = x.clone().requires_grad_()
+        (kernel(leaf) * weights).sum().backward()
+        return leaf.grad
+
+    torch.testing.assert_close(grad_of(kernel_class()), grad_of(kernel_class(bandwidth=tau)))
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [GaussianMixtureKernel(), LaplaceKernel(), InverseMultiquadricKernel(1.0)],
+    ids=lambda k: type(k).__name__,
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_coincident_points_are_finite(kernel, dtype):
+    x = torch.full((5, 4), 0.3, dtype=dtype, requires_grad=True)
+    values = kernel(x)
+    torch.testing.assert_close(values, torch.ones(5, 5, dtype=dtype))
+    values.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert x.grad.abs().max() < 1e-3
+
+
+def test_single_point_batch():
+    x = torch.randn(1, 3, requires_grad=True)
+    for kernel in (GaussianMixtureKernel(), LaplaceKernel()):
+        value = kernel(x)
+        assert value.item() == 1.0
+        (grad,) = torch.autograd.grad(value.sum(), x)
+        assert torch.isfinite(grad).all()
+
+
+# ----------------------------------------------------------------- factory and validation
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "expected_class"),
+    [
+        ("gaussian", {"num_kernels": 1}, GaussianMixtureKernel),
+        ("laplace", {}, LaplaceKernel),
+        ("polynomial", {"degree": 5}, PolynomialKernel),
+        ("mgf", {}, MomentGeneratingKernel),
+        ("imq", {"scale": 2.0}, InverseMultiquadricKernel),
+    ],
+)
+def test_build_kernel(name, kwargs, expected_class):
+    kernel = build_kernel(name, **kwargs)
+    assert type(kernel) is expected_class
+    for key, value in kwargs.items():
+        assert getattr(kernel, key) == value
+
+
+def test_build_kernel_unknown_name_lists_valid_names():
+    with pytest.raises(KdmlError) as info:
+        build_kernel("rbf")
+    for name in ("gaussian", "laplace", "polynomial", "mgf", "imq"):
+        assert name in str(info.value)
+
+
+def test_build_kernel_bad_argument():
+    with pytest.raises(KdmlError, match="num_kernels"):
+        build_kernel("gaussian", sigma=1.0)
+    with pytest.raises(KdmlError):
+        build_kernel("imq")  # scale is required
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GaussianMixtureKernel(num_kernels=0),
+        lambda: GaussianMixtureKernel(bandwidth=0.0),
+        lambda: GaussianMixtureKernel(multiplier=-2.0),
+        lambda: LaplaceKernel(bandwidth=-1.0),
+        lambda: PolynomialKernel(degree=0),
+        lambda: PolynomialKernel(bias=-1.0),
+        lambda: InverseMultiquadricKernel(0.0),
+    ],
+)
+def test_invalid_parameters(make):
+    with pytest.raises(KdmlError):
+        make()
+
+
+def test_invalid_shapes():
+    kernel = GaussianMixtureKernel()
+    with pytest.raises(KdmlError):
+        kernel(torch.randn(5))
+    with pytest.raises(KdmlError):
+        kernel(torch.randn(5, 3), torch.randn(4, 2))
+
+
+def test_docstring_examples():
+    results = doctest.testmod(kernels_module)
+    assert results.attempted > 0
+    assert results.failed == 0
