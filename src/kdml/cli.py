@@ -38,6 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="evaluate a run's last checkpoint")
     evaluate.add_argument("run_dir", type=Path)
 
+    analyze = commands.add_parser("analyze", help="analyses of a trained run")
+    analyses = analyze.add_subparsers(dest="analysis", required=True, parser_class=_Parser)
+    general = analyses.add_parser(
+        "generalization", help="H-divergence and lambda between seen and unseen classes",
+        description="Estimate the H-divergence and lambda of Chu et al. 2020 (Sec. 2) with "
+        "nearest-neighbour classifiers on a trained run's embeddings.")
+    general.add_argument("run_dir", type=Path)
+    general.add_argument("--repeats", type=int, default=10, help="random splits (default 10)")
+    general.add_argument("--labelled-fraction", type=float, default=0.5,
+                         help="share of each set the classifiers are fitted on (default 0.5)")
+    general.add_argument("--neighbors", type=int, default=1, help="k of the k-NN (default 1)")
+    general.add_argument("--seed", type=int, default=0)
+
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
     return parser
@@ -118,6 +131,35 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_generalization(args: argparse.Namespace) -> int:
+    import torch
+
+    from kdml.evaluation.evaluator import embed_dataset
+    from kdml.evaluation.generalization import generalization_terms
+    from kdml.training.run_folder import write_json
+    from kdml.training.trainer import load_run
+
+    trained = load_run(args.run_dir)
+    splits = trained.splits
+    seen_labels = torch.tensor(splits.train_classes)[splits.train.y]  # back to dataset labels
+    terms = generalization_terms(
+        embed_dataset(trained.method, splits.train).numpy(), seen_labels.numpy(),
+        embed_dataset(trained.method, splits.test).numpy(), splits.test.y.numpy(),
+        labelled_fraction=args.labelled_fraction, repeats=args.repeats,
+        neighbors=args.neighbors, seed=args.seed)
+    settings = {"repeats": args.repeats, "labelled_fraction": args.labelled_fraction,
+                "neighbors": args.neighbors, "seed": args.seed, "epoch": trained.epoch}
+    path = trained.run.root / "generalization.json"
+    write_json({"settings": settings, **{k: v.to_dict() for k, v in terms.items()}}, path)
+    print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
+          f"{args.neighbors}-NN classifiers, 95% CI):")
+    for name, label in (("h_divergence", "H-divergence d_H"), ("lambda", "lambda"),
+                        ("err_seen", "  err_s(h*)"), ("err_unseen", "  err_u(h*)")):
+        print(f"  {label:<18} {terms[name].mean:.4f} +- {terms[name].ci95:.4f}")
+    print(f"written to {path}")
+    return 0
+
+
 def _datasets(args: argparse.Namespace) -> int:
     from kdml.data import DATASETS
 
@@ -148,7 +190,9 @@ def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
     print(f"run folder: {run_dir}")
 
 
-_COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes}
+_COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
+             "analyze": lambda args: _ANALYSES[args.analysis](args)}
+_ANALYSES = {"generalization": _analyze_generalization}
 
 
 if __name__ == "__main__":

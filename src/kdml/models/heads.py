@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,3 +24,50 @@ class EmbeddingHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.linear(features), dim=1)
 
+
+class JRDRepresentations(NamedTuple):
+    """The three representations of Eq. 9 of Chu et al. 2020 for a batch of M samples."""
+
+    pooled: torch.Tensor  # x^-: [M, D] backbone feature, not normalized
+    embedding: torch.Tensor  # x: [M, d] L2-normalized affine embedding
+    class_level: torch.Tensor  # x^+: [M, C] cosines to the normalized class proxies
+
+
+class JRDHead(nn.Module):
+    r"""The JRD head (Chu et al., ICML 2020, Sec. 4, Eq. 9).
+
+    .. math::
+        x = \frac{W^\top x^- + b}{\|W^\top x^- + b\|}, \qquad
+        x^+ = \left[\frac{w'_1}{\|w'_1\|}, \dots, \frac{w'_C}{\|w'_C\|}\right]^\top x
+
+    The proxies :math:`w'_c` are stored as ``proxies`` of shape [d, C], the layout of PML's
+    ``CosFaceLoss.W``, so that the AM-Softmax loss can share them (``loss.W = head.proxies``):
+    the class-level representation is then exactly ``loss.get_cosine(embedding)``.
+
+    Args:
+        in_features: D, the backbone's pooled feature size.
+        embedding_size: d (512 in the paper).
+        num_classes: C, the number of training classes.
+
+    Shape:
+        - Input: [M, D] pooled features.
+        - Output: :class:`JRDRepresentations` with [M, D], [M, d] and [M, C].
+
+    Example::
+
+        >>> head = JRDHead(128, 64, 10)
+        >>> pooled, embedding, cosines = head(torch.randn(4, 128))
+        >>> cosines.shape
+        torch.Size([4, 10])
+    """
+
+    def __init__(self, in_features: int, embedding_size: int, num_classes: int) -> None:
+        super().__init__()
+        self.embedding = EmbeddingHead(in_features, embedding_size)
+        # PML's CosFaceLoss initialises its W with normal_; do the same for the shared proxies.
+        self.proxies = nn.Parameter(torch.randn(embedding_size, num_classes))
+
+    def forward(self, pooled: torch.Tensor) -> JRDRepresentations:
+        embedding = self.embedding(pooled)
+        cosines = embedding @ F.normalize(self.proxies, dim=0)
+        return JRDRepresentations(pooled, embedding, cosines)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kdml.errors import KdmlError
-from kdml.training.recipes import amsoftmax
+from kdml.training.recipes import jrd
 from kdml.training.recipes.base import Recipe
 
-RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (amsoftmax.RECIPE,)}
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (*jrd.RECIPES,)}
 
 
 def get_recipe(name: str) -> Recipe:

@@ -1,0 +1,104 @@
+"""Generalization analysis of Chu et al. 2020 (Sec. 2, Eq. 1-3; Table 3).
+
+The bound on the unseen-class error has two data terms, estimated with nearest-neighbour
+classifiers fitted on labelled splits and scored on the rest:
+
+- the H-divergence ``d_H = 1 - min_h err*(h)`` (Eq. 2), where h discriminates seen-class from
+  unseen-class embeddings;
+- ``lambda = err_s(h*) + err_u(h*)`` (Eq. 3), the error of the ideal joint hypothesis: one
+  multi-class classifier fitted on the labelled parts of both sets, over all their classes.
+
+Both are repeated over random splits and reported with 95% confidence intervals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+from sklearn.neighbors import KNeighborsClassifier
+
+from kdml.errors import KdmlError
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Mean over repeats and the half-width of its 95% confidence interval (Student t)."""
+
+    mean: float
+    ci95: float
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: list[float]) -> Estimate:
+        array = np.asarray(values, dtype=np.float64)
+        if len(array) < 2:
+            return cls(float(array.mean()), float("nan"), tuple(values))
+        sem = array.std(ddof=1) / np.sqrt(len(array))
+        return cls(float(array.mean()), float(stats.t.ppf(0.975, len(array) - 1) * sem),
+                   tuple(float(v) for v in values))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"mean": self.mean, "ci95": self.ci95, "values": list(self.values)}
+
+
+def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
+             neighbors: int = 1) -> float:
+    """Test error of a k-nearest-neighbour classifier (Euclidean) fitted on the train part."""
+    classifier = KNeighborsClassifier(n_neighbors=neighbors).fit(train_x, train_y)
+    return float(np.mean(classifier.predict(test_x) != test_y))
+
+
+def generalization_terms(
+    seen: np.ndarray, seen_labels: np.ndarray, unseen: np.ndarray, unseen_labels: np.ndarray,
+    labelled_fraction: float = 0.5, repeats: int = 10, neighbors: int = 1, seed: int = 0,
+) -> dict[str, Estimate]:
+    """Estimate the H-divergence and lambda between seen- and unseen-class embeddings.
+
+    Args:
+        seen: [Ns, d] embeddings of seen-class (training) samples; ``seen_labels`` [Ns].
+        unseen: [Nu, d] embeddings of unseen-class (test) samples; ``unseen_labels`` [Nu].
+            Seen and unseen label values must not overlap (class-disjoint split).
+        labelled_fraction: share of each set that the classifiers are fitted on.
+        repeats: number of random splits.
+        neighbors: k of the nearest-neighbour classifiers.
+
+    Returns:
+        ``{"h_divergence": Estimate, "lambda": Estimate, "err_seen": ..., "err_unseen": ...}``.
+    """
+    if not 0 < labelled_fraction < 1:
+        raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
+    if repeats < 1:
+        raise KdmlError(f"repeats must be at least 1, got {repeats}")
+    if np.intersect1d(seen_labels, unseen_labels).size:
+        raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes")
+    rng = np.random.default_rng(seed)
+    h_divergence, lam, err_seen, err_unseen = [], [], [], []
+    for _ in range(repeats):
+        s_fit, s_score = _split(len(seen), labelled_fraction, rng)
+        u_fit, u_score = _split(len(unseen), labelled_fraction, rng)
+        fit_x = np.concatenate([seen[s_fit], unseen[u_fit]])
+        score_x = np.concatenate([seen[s_score], unseen[u_score]])
+        # Eq. 2: discriminate seen (0) from unseen (1) samples.
+        domain_fit = np.r_[np.zeros(len(s_fit)), np.ones(len(u_fit))]
+        domain_score = np.r_[np.zeros(len(s_score)), np.ones(len(u_score))]
+        h_divergence.append(1.0 - nn_error(fit_x, domain_fit, score_x, domain_score, neighbors))
+        # Eq. 3: one classifier over the classes of both sets, scored on each set.
+        joint = KNeighborsClassifier(n_neighbors=neighbors).fit(
+            fit_x, np.concatenate([seen_labels[s_fit], unseen_labels[u_fit]]))
+        e_s = float(np.mean(joint.predict(seen[s_score]) != seen_labels[s_score]))
+        e_u = float(np.mean(joint.predict(unseen[u_score]) != unseen_labels[u_score]))
+        err_seen.append(e_s)
+        err_unseen.append(e_u)
+        lam.append(e_s + e_u)
+    return {"h_divergence": Estimate.of(h_divergence), "lambda": Estimate.of(lam),
+            "err_seen": Estimate.of(err_seen), "err_unseen": Estimate.of(err_unseen)}
+
+
+def _split(count: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if count < 2:
+        raise KdmlError("each set needs at least 2 samples to split into fitted and scored parts")
+    order = rng.permutation(count)
+    cut = min(max(int(round(fraction * count)), 1), count - 1)
+    return order[:cut], order[cut:]

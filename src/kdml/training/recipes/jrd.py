@@ -1,0 +1,189 @@
+"""The JRD family (Chu et al., ICML 2020): AM-Softmax plus a kernel regularizer over the
+pooling, embedding and class-level representations of Eq. 9.
+
+``L = L_AMS + alpha * R(representations, labels)`` where R is
+
+- ``jrd``: JRS over [pool, emb, cls] (Eq. 10/11); ``mrd``: [emb]; ``jrd-c``: [pool, emb];
+  ``jrd-pooling``: [emb, cls] (the variants of Table 2, named as in the paper);
+- ``jmmd`` (Eq. 15) and ``jintra`` (Eq. 16), the baselines of Fig. 5 / Table 3;
+- ``intra``: the explicit intra-class penalty of Eq. 4 (Fig. 2), on the embedding;
+- ``amsoftmax``: no regularizer (alpha = 0).
+
+The AM-Softmax loss is PML's ``CosFaceLoss`` and shares its proxies with the head's
+class-level representation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from pytorch_metric_learning.losses import CosFaceLoss
+from torch import nn
+
+from kdml.config import RunConfig
+from kdml.errors import KdmlError
+from kdml.kernels import KERNELS, Kernel, build_kernel
+from kdml.models.heads import JRDHead
+from kdml.regularizers import (
+    IntraClassPenalty,
+    JointIntra,
+    JointMMD,
+    JointRepresentationSimilarity,
+)
+from kdml.training.method import Method, StepOutput
+from kdml.training.recipes.base import Recipe
+
+LAYERS = ("pool", "emb", "cls")
+REGULARIZERS = {"jrs": JointRepresentationSimilarity, "jmmd": JointMMD, "jintra": JointIntra}
+
+
+@dataclass
+class AMSoftmaxParams:
+    scale: float = 20.0  # s of Eq. 12 (Sec. 5.1)
+    margin: float = 0.1  # m of Eq. 12 (0.1 for CUB and SOP, 0.05 for Cars)
+
+    def validate(self) -> None:
+        if self.scale <= 0:
+            raise KdmlError(f"method.scale must be positive, got {self.scale}")
+        if not 0 <= self.margin < 1:
+            raise KdmlError(f"method.margin must be in [0, 1), got {self.margin}")
+
+
+@dataclass
+class JRDParams(AMSoftmaxParams):
+    alpha: float = 1.0  # weight of the regularizer (1 for Gaussian/Laplace kernels, Table 4)
+    regularizer: str = "jrs"  # jrs | jmmd | jintra
+    layers: list[str] = field(default_factory=lambda: list(LAYERS))
+    # One kernel per layer: a name from kdml.kernels and, for Gaussian mixtures, K per layer
+    # (K = 3 for pooling and embedding, K' = 1 for the class level; Fig. 6).
+    pool_kernel: str = "gaussian"
+    emb_kernel: str = "gaussian"
+    cls_kernel: str = "gaussian"
+    pool_num_kernels: int = 3
+    emb_num_kernels: int = 3
+    cls_num_kernels: int = 1
+    kernel_multiplier: float = 2.0  # ratio of consecutive Gaussian bandwidths
+    polynomial_degree: int = 2
+
+    def validate(self) -> None:
+        super().validate()
+        if self.alpha < 0:
+            raise KdmlError(f"method.alpha must be >= 0, got {self.alpha}")
+        if self.regularizer not in REGULARIZERS:
+            raise KdmlError(f"method.regularizer must be one of {', '.join(REGULARIZERS)}, "
+                            f"got {self.regularizer!r}")
+        unknown = [layer for layer in self.layers if layer not in LAYERS]
+        if not self.layers or unknown or len(set(self.layers)) != len(self.layers):
+            raise KdmlError(f"method.layers must be distinct names from {', '.join(LAYERS)}, "
+                            f"got {self.layers}")
+        for layer in LAYERS:
+            name = getattr(self, f"{layer}_kernel")
+            if name not in KERNELS or name == "imq":
+                raise KdmlError(f"method.{layer}_kernel={name!r}; choose one of gaussian, "
+                                "laplace, polynomial, mgf")
+            if getattr(self, f"{layer}_num_kernels") < 1:
+                raise KdmlError(f"method.{layer}_num_kernels must be at least 1")
+
+    def kernel(self, layer: str) -> Kernel:
+        name = getattr(self, f"{layer}_kernel")
+        if name == "gaussian":
+            return build_kernel(name, num_kernels=getattr(self, f"{layer}_num_kernels"),
+                                multiplier=self.kernel_multiplier)
+        if name == "polynomial":
+            return build_kernel(name, degree=self.polynomial_degree)
+        return build_kernel(name)
+
+
+@dataclass
+class IntraParams(AMSoftmaxParams):
+    alpha: float = 1.0  # weight of the explicit intra-class penalty of Eq. 4
+
+    def validate(self) -> None:
+        super().validate()
+        if self.alpha < 0:
+            raise KdmlError(f"method.alpha must be >= 0, got {self.alpha}")
+
+
+class JRDMethod(Method):
+    """Backbone -> :class:`~kdml.models.JRDHead` -> AM-Softmax + alpha * regularizer.
+
+    Args:
+        backbone: a module with ``feature_size``.
+        embedding_size: d.
+        num_classes: C, the number of training classes.
+        params: AM-Softmax scale and margin (and alpha when there is a regularizer).
+        regularizer: called as ``regularizer(representations, labels)``, or ``None``.
+        layers: which of ``pool``, ``emb``, ``cls`` the regularizer sees, in order.
+    """
+
+    def __init__(self, backbone: nn.Module, embedding_size: int, num_classes: int,
+                 params: AMSoftmaxParams, regularizer: nn.Module | None = None,
+                 layers: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = JRDHead(backbone.feature_size, embedding_size, num_classes)
+        self.am_softmax = CosFaceLoss(num_classes, embedding_size, margin=params.margin,
+                                      scale=params.scale)
+        self.am_softmax.W = self.head.proxies  # one set of proxies for the loss and x^+
+        self.regularizer = regularizer
+        self.layer_indices = [LAYERS.index(layer) for layer in layers]
+        self.alpha = getattr(params, "alpha", 0.0)
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> StepOutput:
+        representations = self.head(self.backbone(inputs))
+        am_softmax = self.am_softmax(representations.embedding, labels)
+        if self.regularizer is None:
+            return StepOutput(am_softmax, {"loss": am_softmax.item()}, representations.embedding)
+        chosen = [representations[index] for index in self.layer_indices]
+        regularizer = self.regularizer(chosen, labels)
+        loss = am_softmax + self.alpha * regularizer
+        terms = {"loss": loss.item(), "am_softmax": am_softmax.item(),
+                 "regularizer": regularizer.item()}
+        return StepOutput(loss, terms, representations.embedding)
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(inputs)).embedding
+
+    def proxy_parameters(self) -> list[nn.Parameter]:
+        return [self.head.proxies]
+
+
+def _build_amsoftmax(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    return JRDMethod(backbone, config.model.embedding_size, num_classes, config.method)
+
+
+def _build_intra(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    return JRDMethod(backbone, config.model.embedding_size, num_classes, config.method,
+                     IntraClassPenalty(), ("emb",))
+
+
+def _build_joint(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    params: JRDParams = config.method
+    kernels = [params.kernel(layer) for layer in params.layers]
+    regularizer = REGULARIZERS[params.regularizer](kernels)
+    return JRDMethod(backbone, config.model.embedding_size, num_classes, params, regularizer,
+                     tuple(params.layers))
+
+
+def _joint_recipe(name: str, summary: str, layers: list[str], regularizer: str = "jrs") -> Recipe:
+    defaults = {"method": {"layers": layers, "regularizer": regularizer}}
+    return Recipe(name, summary, JRDParams, _build_joint, defaults)
+
+
+RECIPES = (
+    _joint_recipe("jrd", "JRD: AM-Softmax + JRS over pooling, embedding and class level",
+                  ["pool", "emb", "cls"]),
+    _joint_recipe("mrd", "MRD: JRS over the embedding only", ["emb"]),
+    _joint_recipe("jrd-c", "JRD-C: JRS over pooling and embedding", ["pool", "emb"]),
+    _joint_recipe("jrd-pooling", "JRD-Pooling: JRS over embedding and class level",
+                  ["emb", "cls"]),
+    _joint_recipe("jmmd", "JMMD baseline (Eq. 15) on the joint kernel", ["pool", "emb", "cls"],
+                  "jmmd"),
+    _joint_recipe("jintra", "JIntra baseline (Eq. 16) on the joint kernel",
+                  ["pool", "emb", "cls"], "jintra"),
+    Recipe("intra", "AM-Softmax + explicit intra-class penalty (Eq. 4)", IntraParams,
+           _build_intra),
+    Recipe("amsoftmax", "AM-Softmax (CosFace) baseline: JRD with alpha = 0", AMSoftmaxParams,
+           _build_amsoftmax),
+)

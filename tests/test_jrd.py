@@ -1,0 +1,181 @@
+"""The JRD head, AM-Softmax (Eq. 12), the recipe family and the generalization analysis."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from pytorch_metric_learning.losses import CosFaceLoss
+
+from kdml import cli
+from kdml.config import resolve_config
+from kdml.evaluation.generalization import generalization_terms
+from kdml.models import MLP, JRDHead
+from kdml.regularizers import JointRepresentationSimilarity
+from kdml.training.recipes import RECIPES, get_recipe
+from kdml.training.recipes.jrd import JRDMethod
+
+
+def literal_am_softmax(embeddings, proxies, labels, scale, margin) -> float:
+    """Eq. 12 with plain loops in float64: proxies [d, C], embeddings L2-normalized [M, d]."""
+    total = 0.0
+    num_classes = len(proxies[0])
+    for x, y in zip(embeddings, labels, strict=True):
+        cosines = []
+        for c in range(num_classes):
+            w = [proxies[k][c] for k in range(len(x))]
+            norm = math.sqrt(sum(v * v for v in w))
+            cosines.append(sum(a * b / norm for a, b in zip(x, w, strict=True)))
+        target = math.exp(scale * (cosines[y] - margin))
+        others = sum(math.exp(scale * cosines[c]) for c in range(num_classes) if c != y)
+        total += -math.log(target / (target + others))
+    return total / len(labels)
+
+
+def make_method(regularizer=None, layers=(), alpha=0.0, scale=20.0, margin=0.1):
+    overrides = [f"alpha={alpha}", f"scale={scale}", f"margin={margin}"]
+    params = resolve_config("jrd", get_recipe("jrd").params, overrides=overrides).method
+    torch.manual_seed(0)
+    return JRDMethod(MLP(6, (12,)), 5, 4, params, regularizer, layers).double()
+
+
+def test_head_shares_proxies_with_pml_cosface():
+    torch.manual_seed(0)
+    head = JRDHead(7, 5, 3)
+    loss = CosFaceLoss(3, 5)
+    loss.W = head.proxies
+    pooled, embedding, cosines = head(torch.randn(4, 7))
+    assert torch.allclose(cosines, loss.get_cosine(embedding), atol=1e-6)
+    assert torch.allclose(embedding.norm(dim=1), torch.ones(4))
+    assert pooled.shape == (4, 7)
+
+
+@pytest.mark.parametrize(("scale", "margin"), [(20.0, 0.1), (1.0, 0.0), (64.0, 0.35)])
+def test_am_softmax_matches_eq_12(scale, margin):
+    method = make_method(scale=scale, margin=margin)
+    inputs, labels = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    output = method(inputs, labels)
+    embeddings = method.embed(inputs).tolist()
+    expected = literal_am_softmax(embeddings, method.head.proxies.tolist(), labels.tolist(),
+                                  scale, margin)
+    assert output.loss.item() == pytest.approx(expected, rel=1e-9)
+
+
+def test_jrd_objective_adds_alpha_times_jrs():
+    kernels_reg = JointRepresentationSimilarity(
+        [get_recipe("jrd").params().kernel(layer) for layer in ("pool", "emb", "cls")])
+    method = make_method(kernels_reg, ("pool", "emb", "cls"), alpha=0.7)
+    inputs, labels = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    output = method(inputs, labels)
+    reps = method.head(method.backbone(inputs))
+    expected = method.am_softmax(reps.embedding, labels) + 0.7 * kernels_reg(list(reps), labels)
+    assert output.loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert output.terms["regularizer"] == pytest.approx(kernels_reg(list(reps), labels).item())
+
+
+@pytest.mark.parametrize(("name", "layers", "regularizer"), [
+    ("jrd", ["pool", "emb", "cls"], "JointRepresentationSimilarity"),
+    ("mrd", ["emb"], "JointRepresentationSimilarity"),
+    ("jrd-c", ["pool", "emb"], "JointRepresentationSimilarity"),
+    ("jrd-pooling", ["emb", "cls"], "JointRepresentationSimilarity"),
+    ("jmmd", ["pool", "emb", "cls"], "JointMMD"),
+    ("jintra", ["pool", "emb", "cls"], "JointIntra"),
+    ("intra", ["emb"], "IntraClassPenalty"),
+])
+def test_recipes_pick_their_layers(name, layers, regularizer):
+    recipe = get_recipe(name)
+    config = resolve_config(name, recipe.params, recipe.defaults)
+    method = recipe.build(config, MLP(6, (12,)), 4)
+    assert type(method.regularizer).__name__ == regularizer
+    assert [("pool", "emb", "cls")[i] for i in method.layer_indices] == layers
+    assert "amsoftmax" in RECIPES and get_recipe("amsoftmax").build(
+        resolve_config("amsoftmax", get_recipe("amsoftmax").params), MLP(6, (12,)), 4
+    ).regularizer is None
+
+
+def test_kernel_options_per_layer():
+    recipe = get_recipe("jrd")
+    config = resolve_config("jrd", recipe.params, recipe.defaults, overrides=[
+        "pool_num_kernels=5", "cls_kernel=laplace", "emb_kernel=polynomial",
+        "polynomial_degree=5"])
+    kernels = recipe.build(config, MLP(6, (12,)), 4).regularizer.kernels
+    assert kernels[0].num_kernels == 5
+    assert type(kernels[1]).__name__ == "PolynomialKernel" and kernels[1].degree == 5
+    assert type(kernels[2]).__name__ == "LaplaceKernel"
+
+
+@pytest.mark.parametrize("override", ["layers=[emb,fc]", "layers=[]", "regularizer=mmd",
+                                      "emb_kernel=rbf", "alpha=-1", "cls_num_kernels=0"])
+def test_bad_jrd_options(override):
+    from kdml.errors import KdmlError
+
+    with pytest.raises(KdmlError):
+        resolve_config("jrd", get_recipe("jrd").params, overrides=[override])
+
+
+def test_proxies_train_at_their_own_rate():
+    method = make_method()
+    config = resolve_config("jrd", get_recipe("jrd").params, overrides=["lr=0.5", "proxy_lr=3"])
+    groups = method.param_groups(config.optim)
+    assert [g["lr"] for g in groups] == [0.5, 3.0]
+    assert groups[1]["params"] == [method.head.proxies]
+    assert all(p is not method.head.proxies for p in groups[0]["params"])
+
+
+def literal_nn_error(train_x, train_y, test_x, test_y) -> float:
+    wrong = 0
+    for x, y in zip(test_x, test_y, strict=True):
+        dists = [sum((a - b) ** 2 for a, b in zip(x, t, strict=True)) for t in train_x]
+        wrong += train_y[int(np.argmin(dists))] != y
+    return wrong / len(test_y)
+
+
+def test_generalization_terms_match_literal_nearest_neighbours():
+    rng = np.random.default_rng(3)
+    seen, unseen = rng.normal(size=(30, 3)), rng.normal(size=(24, 3)) + 0.5
+    seen_y, unseen_y = rng.integers(0, 3, 30), rng.integers(10, 13, 24)
+    terms = generalization_terms(seen, seen_y, unseen, unseen_y, repeats=3, seed=7)
+    # Replay the same random splits and compute both terms with literal loops.
+    replay = np.random.default_rng(7)
+    h_values, lam_values = [], []
+    for _ in range(3):
+        s_order, u_order = replay.permutation(30), replay.permutation(24)
+        s_fit, s_score, u_fit, u_score = s_order[:15], s_order[15:], u_order[:12], u_order[12:]
+        fit_x = np.concatenate([seen[s_fit], unseen[u_fit]])
+        fit_domain = [0] * 15 + [1] * 12
+        score_x = np.concatenate([seen[s_score], unseen[u_score]])
+        h_values.append(1 - literal_nn_error(fit_x, fit_domain, score_x, [0] * 15 + [1] * 12))
+        fit_y = np.concatenate([seen_y[s_fit], unseen_y[u_fit]])
+        lam_values.append(literal_nn_error(fit_x, fit_y, seen[s_score], seen_y[s_score])
+                          + literal_nn_error(fit_x, fit_y, unseen[u_score], unseen_y[u_score]))
+    assert terms["h_divergence"].values == pytest.approx(h_values)
+    assert terms["lambda"].values == pytest.approx(lam_values)
+    half_width = 4.302652729911275 * np.std(lam_values, ddof=1) / math.sqrt(3)  # t_{0.975, 2}
+    assert terms["lambda"].ci95 == pytest.approx(half_width)
+
+
+def test_generalization_refuses_overlapping_classes():
+    from kdml.errors import KdmlError
+
+    x = np.zeros((4, 2))
+    with pytest.raises(KdmlError, match="overlap"):
+        generalization_terms(x, np.array([0, 0, 1, 1]), x, np.array([1, 1, 2, 2]))
+
+
+@pytest.mark.slow
+def test_jrd_end_to_end_and_analysis(tmp_path, tiny_overrides, capsys):
+    out = tmp_path / "jrd"
+    assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), "--no-progress",
+                     *tiny_overrides]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"train/am_softmax", "train/regularizer"} <= metrics["epochs"][-1].keys()
+    assert cli.main(["analyze", "generalization", str(out), "--repeats", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "H-divergence" in printed and "lambda" in printed
+    saved = json.loads((out / "generalization.json").read_text())
+    assert 0.0 <= saved["h_divergence"]["mean"] <= 1.0
+    assert 0.0 <= saved["lambda"]["mean"] <= 2.0
+    assert len(saved["lambda"]["values"]) == 3
