@@ -1,0 +1,342 @@
+r"""Evaluation of Atlas representations (Korman, Eq. 3): retrieval under the manifold distance
+and the piecewise linear probe of Table 2.
+
+At evaluation time a point is its compressed code :math:`(c(x), i)`: the pre-sigmoid
+coordinates of its most probable chart and that chart's index. With these one-hot memberships
+the manifold distance of Eq. 7 is
+
+.. math::
+    d_{\mathcal{M}}(x, y) = \begin{cases} \|c(x) - c(y)\| & i(x) = i(y) \\
+    \infty & \text{otherwise,} \end{cases}
+
+so retrieval decomposes into one exact Euclidean k-NN search per chart
+(:func:`chart_retrieval_metrics`) and classification into one linear classifier per chart
+(:func:`piecewise_linear_accuracy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import faiss
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import normalized_mutual_info_score
+
+from kdml.errors import KdmlError
+from kdml.evaluation.knn import DEFAULT_CHUNK_SIZE, as_float32_matrix, search_prepared
+from kdml.evaluation.retrieval import (
+    _RetrievalScores,
+    as_label_vector,
+    check_ks,
+    index_labels,
+)
+
+__all__ = [
+    "allocate_clusters",
+    "chart_clustering_nmi",
+    "chart_retrieval_metrics",
+    "piecewise_linear_accuracy",
+]
+
+
+def _chart_blocks(chart_index: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """The points sorted by chart (stable) and the ``(chart, start, stop)`` of each block."""
+    order = np.argsort(chart_index, kind="stable")
+    sorted_charts = chart_index[order]
+    starts = np.flatnonzero(np.r_[True, sorted_charts[1:] != sorted_charts[:-1]])
+    stops = np.r_[starts[1:], len(order)]
+    blocks = [(int(sorted_charts[a]), int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
+    return order, blocks
+
+
+def chart_retrieval_metrics(
+    chart_coords: Any,
+    chart_index: Any,
+    labels: Any,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    nmi: bool = True,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> dict[str, float]:
+    r"""Recall@K, MAP@R, R-Precision and NMI under the manifold distance with argmax charts.
+
+    Leave-one-out retrieval over the whole set, as
+    :func:`~kdml.evaluation.retrieval.retrieval_metrics`, but a point's neighbours are only
+    the other points of its own chart, ranked by Euclidean distance of their pre-sigmoid
+    coordinates (:math:`d_0` of MTriplet); every point of another chart is at :math:`+\infty`.
+    The metrics are those of ``retrieval_metrics`` (Musgrave et al. 2020) with:
+
+    - **Neighbours at infinity are misses.** A query whose chart holds :math:`m - 1 < K`
+      other points has :math:`m - 1` finite neighbours; ranks :math:`m, m+1, \dots` are all
+      at :math:`+\infty`, tied, so no specific point is retrieved there and
+      :math:`\mathrm{rel}(i) = 0`. Same-class points in other charts are never retrieved.
+    - **R counts every same-class reference of the whole set** (query excluded), not only
+      those in the query's chart. Then MAP@R and R-Precision penalise a class split over
+      several charts, as the infinite distance does, and each query has the same R as in the
+      Euclidean evaluation of a baseline, so the numbers are comparable. (Counting only the
+      same-chart references would give a perfect score to a model that puts every point alone
+      with its nearest same-class point in a chart.) This equals the brute-force definition:
+      sort the row of the full :math:`N \times N` manifold distance matrix and count
+      :math:`\mathrm{rel}(i) = 1` only for finite distances.
+    - Lone queries (:math:`R = 0`: the only member of their class) are left out of the
+      averages, as in ``retrieval_metrics``.
+
+    Exact and memory-light: points are grouped by chart and each chart runs one chunked exact
+    faiss search (:func:`~kdml.evaluation.knn.search_prepared`) with, per query,
+    :math:`\min(\max(K_{max}, R), m - 1)` neighbours; nothing of size :math:`N^2` or
+    :math:`n N^2` is built.
+
+    NMI (``nmi=True``): see :func:`chart_clustering_nmi`, a k-means clustering that respects
+    the manifold distance (no cluster spans two charts).
+
+    Args:
+        chart_coords: :math:`(N, d)` pre-sigmoid coordinates of each point's argmax chart
+            (``compressed_code`` / ``method.chart_codes``), array or tensor.
+        chart_index: :math:`(N,)` integer chart of each point.
+        labels: :math:`(N,)` integer class labels.
+        ks: the K of Recall@K, each at most :math:`N - 1`.
+        nmi: also compute :func:`chart_clustering_nmi`.
+        chunk_size: queries per k-NN search.
+
+    Returns:
+        ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` (floats in
+        :math:`[0, 1]`; ``"nmi"`` only when ``nmi=True``), the keys of ``retrieval_metrics``.
+
+    Raises:
+        KdmlError: on mismatched shapes, non-integer labels or chart indices, non-finite or
+            empty coordinates, invalid ``ks``, or when every query is lone.
+
+    Example:
+        >>> coords = np.array([[0.0], [0.1], [5.0], [0.0], [0.2]])
+        >>> charts = np.array([0, 0, 0, 1, 1])
+        >>> labels = np.array([0, 0, 1, 1, 0])
+        >>> chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=False)["recall@1"]
+        0.4
+    """
+    if chunk_size < 1:
+        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
+    vectors, _ = as_float32_matrix(chart_coords, "chart_coords")
+    num_points = len(vectors)
+    charts = as_label_vector(chart_index, "chart_index", num_points)
+    label_vector = as_label_vector(labels, "labels", num_points)
+    ks = check_ks(ks, num_points - 1)
+    label_index = index_labels(label_vector, None)
+    codes, num_relevant = label_index.query_codes, label_index.num_relevant
+    if not (num_relevant > 0).any():
+        raise KdmlError(
+            "no query has another sample of its class in the set, so recall@K, map@r and "
+            "r_precision are undefined"
+        )
+
+    order, blocks = _chart_blocks(charts)
+    scores = _RetrievalScores(num_points, ks)  # rows in chart-sorted order
+    for _, start, stop in blocks:
+        members = order[start:stop]
+        # Each query scores max(K_max, R) ranks; only the m - 1 chart mates are finite.
+        ranks_scored = np.maximum(max(ks), num_relevant[members])
+        if stop - start == 1:  # alone in its chart: every neighbour is at infinity
+            no_hits = np.zeros((1, int(ranks_scored[0])), dtype=bool)
+            scores.add_chunk(slice(start, stop), no_hits, num_relevant[members])
+            continue
+        chart_vectors = vectors[members]
+        searched = np.minimum(ranks_scored, stop - start - 1)
+        for chunk in search_prepared(chart_vectors, chart_vectors, searched, "euclidean",
+                                     True, chunk_size):
+            queries = members[chunk.start:chunk.stop]
+            is_hit = codes[members[chunk.indices]] == codes[queries, None]
+            width = int(ranks_scored[chunk.start:chunk.stop].max())
+            if is_hit.shape[1] < width:  # ranks beyond the chart: at infinity, misses
+                padding = np.zeros((len(queries), width - is_hit.shape[1]), dtype=bool)
+                is_hit = np.hstack([is_hit, padding])
+            scores.add_chunk(slice(start + chunk.start, start + chunk.stop), is_hit,
+                             num_relevant[queries])
+
+    results = scores.averages(num_relevant[order] > 0)
+    if nmi:
+        results["nmi"] = chart_clustering_nmi(vectors, charts, label_vector)
+    return results
+
+
+def allocate_clusters(chart_sizes: Sequence[int], num_clusters: int) -> np.ndarray:
+    r"""Number of k-means clusters per chart for :func:`chart_clustering_nmi`.
+
+    Proportional to the chart sizes :math:`m_c`, by largest remainder: chart :math:`c` gets
+    :math:`\lfloor K m_c / N \rfloor` clusters, at least 1 and at most :math:`m_c`, and the
+    clusters still missing to reach :math:`K` go one by one to the charts with the largest
+    fractional part :math:`K m_c / N - \lfloor K m_c / N \rfloor` that still have room. The
+    total is :math:`\max(K, \text{number of charts})` (capped at :math:`N`).
+
+    Example:
+        >>> allocate_clusters([10, 5, 5], 4).tolist()
+        [2, 1, 1]
+    """
+    sizes = np.asarray(chart_sizes, dtype=np.int64)
+    if sizes.ndim != 1 or len(sizes) == 0 or (sizes < 1).any() or num_clusters < 1:
+        raise KdmlError("allocate_clusters needs positive chart sizes and num_clusters >= 1")
+    shares = num_clusters * sizes / sizes.sum()
+    allocation = np.clip(np.floor(shares).astype(np.int64), 1, sizes)
+    remainders = shares - np.floor(shares)
+    while (missing := num_clusters - int(allocation.sum())) > 0:
+        has_room = np.flatnonzero(allocation < sizes)
+        if len(has_room) == 0:
+            break
+        # stable: equal remainders go to the lower chart first
+        chosen = has_room[np.argsort(-remainders[has_room], kind="stable")][:missing]
+        allocation[chosen] += 1
+        remainders[chosen] = -1.0  # a chart gets at most one extra per round
+    return allocation
+
+
+def chart_clustering_nmi(chart_coords: Any, chart_index: Any, labels: Any, niter: int = 20,
+                         seed: int = 0) -> float:
+    r"""NMI of a clustering of the compressed codes that respects the manifold distance.
+
+    Under :math:`d_{\mathcal{M}}` points of different charts are infinitely far apart, so
+    any finite-cost k-means clustering keeps each cluster inside one chart. With :math:`K`
+    the number of distinct labels, the :math:`K` clusters are split over the non-empty charts
+    by :func:`allocate_clusters` (proportional to chart size, at least one per chart); each
+    chart then runs seeded faiss k-means on its pre-sigmoid coordinates (all points used, as
+    :func:`~kdml.evaluation.retrieval.clustering_nmi`), and the (chart, cluster) assignments
+    are scored against the labels with ``sklearn.metrics.normalized_mutual_info_score``.
+    A chart with one cluster is one cluster; a chart with as many clusters as points puts each
+    point in its own.
+
+    Args:
+        chart_coords: :math:`(N, d)` pre-sigmoid coordinates of the argmax charts.
+        chart_index: :math:`(N,)` integer charts.
+        labels: :math:`(N,)` integer labels.
+        niter: k-means iterations.
+        seed: k-means seed.
+
+    Returns:
+        NMI in :math:`[0, 1]`.
+    """
+    vectors, _ = as_float32_matrix(chart_coords, "chart_coords")
+    charts = as_label_vector(chart_index, "chart_index", len(vectors))
+    label_vector = as_label_vector(labels, "labels", len(vectors))
+    order, blocks = _chart_blocks(charts)
+    allocation = allocate_clusters([stop - start for _, start, stop in blocks],
+                                   len(np.unique(label_vector)))
+    assignments = np.empty(len(vectors), dtype=np.int64)
+    offset = 0
+    for (_, start, stop), num_clusters in zip(blocks, allocation, strict=True):
+        members = order[start:stop]
+        if num_clusters == 1:
+            local = np.zeros(len(members), dtype=np.int64)
+        elif num_clusters == len(members):
+            local = np.arange(len(members))
+        else:
+            local = _kmeans_assign(vectors[members], int(num_clusters), niter, seed)
+        assignments[members] = offset + local
+        offset += int(num_clusters)
+    return float(normalized_mutual_info_score(label_vector, assignments))
+
+
+def _kmeans_assign(vectors: np.ndarray, num_clusters: int, niter: int, seed: int) -> np.ndarray:
+    kmeans = faiss.Kmeans(
+        vectors.shape[1], num_clusters, niter=niter, seed=seed,
+        max_points_per_centroid=max(1, -(-len(vectors) // num_clusters)),
+        min_points_per_centroid=1,
+    )
+    kmeans.train(vectors)
+    _, assigned = kmeans.index.search(vectors, 1)
+    return assigned.ravel().astype(np.int64)
+
+
+def piecewise_linear_accuracy(
+    train_codes: Any,
+    train_index: Any,
+    train_labels: Any,
+    test_codes: Any,
+    test_index: Any,
+    test_labels: Any,
+    sigmoid: bool = True,
+    C: float = 1.0,
+    max_iter: int = 1000,
+) -> dict[str, Any]:
+    r"""Piecewise linear evaluation (Korman, Sec. 3.1, Table 2): one linear classifier per chart.
+
+    Every test point is classified by the classifier of its argmax chart, fitted on the
+    training points assigned to that chart: a scikit-learn ``LogisticRegression(C=C,
+    max_iter=max_iter)`` (lbfgs, multinomial) on :math:`\phi = \sigma(\text{code})` in
+    :math:`[0, 1]^d`, the chart coordinates of Eq. 3 (the authors' probe also sees sigmoid
+    coordinates). Pass ``sigmoid=False`` to fit on the codes as given, e.g. the
+    :math:`\mathbb{R}^d` embeddings of a Euclidean baseline with every ``index`` 0 (one chart:
+    the ordinary linear probe).
+
+    Charts without a fitted classifier:
+
+    - a chart whose training points all share one label predicts that label;
+    - a chart with test points but no training points predicts the majority label of the
+      whole training set (the smallest such label on ties): the prior is the only
+      information the training set gives about an unseen chart.
+
+    Accuracy is ``correct / all test points``, so every test point counts once whichever
+    case its chart falls in.
+
+    Args:
+        train_codes: :math:`(N_{tr}, d)` training codes (pre-sigmoid for Atlas methods).
+        train_index: :math:`(N_{tr},)` integer charts of the training points.
+        train_labels: :math:`(N_{tr},)` integer labels.
+        test_codes: :math:`(N_{te}, d)` test codes.
+        test_index: :math:`(N_{te},)` integer charts of the test points.
+        test_labels: :math:`(N_{te},)` integer labels.
+        sigmoid: apply the sigmoid to the codes before fitting. Default: ``True``.
+        C: inverse L2 regularization strength of the logistic regressions.
+        max_iter: lbfgs iterations.
+
+    Returns:
+        ``{"accuracy": float, "num_test": int, "num_correct": int, "charts": [...]}`` where
+        ``charts`` lists, for each chart holding training or test points (sorted),
+        ``{"chart", "num_train", "num_test", "num_correct", "classifier"}`` with
+        ``classifier`` one of ``"logistic"``, ``"single-class"``, ``"majority"`` (no training
+        points) or ``"none"`` (no test points).
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> codes = rng.standard_normal((40, 2))
+        >>> labels, charts = (codes[:, 0] > 0).astype(int), (codes[:, 1] > 0).astype(int)
+        >>> piecewise_linear_accuracy(codes, charts, labels, codes, charts, labels,
+        ...                           sigmoid=False)["accuracy"]
+        1.0
+    """
+    train_x, _ = as_float32_matrix(train_codes, "train_codes")
+    test_x, _ = as_float32_matrix(test_codes, "test_codes")
+    if train_x.shape[1] != test_x.shape[1]:
+        raise KdmlError(f"train_codes have dimension {train_x.shape[1]} but test_codes have "
+                        f"{test_x.shape[1]}")
+    train_charts = as_label_vector(train_index, "train_index", len(train_x))
+    train_y = as_label_vector(train_labels, "train_labels", len(train_x))
+    test_charts = as_label_vector(test_index, "test_index", len(test_x))
+    test_y = as_label_vector(test_labels, "test_labels", len(test_x))
+    train_features, test_features = train_x.astype(np.float64), test_x.astype(np.float64)
+    if sigmoid:
+        train_features = 1.0 / (1.0 + np.exp(-train_features))
+        test_features = 1.0 / (1.0 + np.exp(-test_features))
+    values, counts = np.unique(train_y, return_counts=True)
+    majority_label = values[np.argmax(counts)]
+
+    charts, total_correct = [], 0
+    for chart in np.union1d(train_charts, test_charts):
+        in_train, in_test = train_charts == chart, test_charts == chart
+        chart_labels = np.unique(train_y[in_train])
+        if not in_test.any():
+            kind, correct = "none", 0
+        else:
+            if len(chart_labels) >= 2:
+                kind = "logistic"
+                classifier = LogisticRegression(C=C, max_iter=max_iter)
+                classifier.fit(train_features[in_train], train_y[in_train])
+                predicted = classifier.predict(test_features[in_test])
+            else:
+                kind = "single-class" if len(chart_labels) == 1 else "majority"
+                constant = chart_labels[0] if len(chart_labels) == 1 else majority_label
+                predicted = np.full(int(in_test.sum()), constant)
+            correct = int((predicted == test_y[in_test]).sum())
+        total_correct += correct
+        charts.append({"chart": int(chart), "num_train": int(in_train.sum()),
+                       "num_test": int(in_test.sum()), "num_correct": correct,
+                       "classifier": kind})
+    return {"accuracy": total_correct / len(test_x), "num_test": len(test_x),
+            "num_correct": total_correct, "charts": charts}

@@ -1,0 +1,123 @@
+"""Plots of a 2-D atlas (Korman, Sec. A.2): one panel per chart, each point at its chart
+coordinates, optionally drawn as its image thumbnail.
+
+Uses matplotlib's object API with the Agg canvas (no pyplot, no display, no global backend
+change).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.offsetbox import AnnotationBbox, OffsetImage
+
+from kdml.errors import KdmlError
+from kdml.evaluation.knn import as_float32_matrix
+from kdml.evaluation.retrieval import as_label_vector
+
+__all__ = ["plot_charts"]
+
+
+def _as_images(images: Any, num_points: int) -> np.ndarray:
+    """Images as a float array [N, H, W] (grayscale) or [N, H, W, 3], values in [0, 1]."""
+    array = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images,
+                       dtype=np.float32)
+    if array.ndim == 4 and array.shape[1] in (1, 3):  # [N, C, H, W] -> [N, H, W, C]
+        array = array.transpose(0, 2, 3, 1)
+    if array.ndim == 4 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if len(array) != num_points or array.ndim not in (3, 4):
+        raise KdmlError(
+            f"images must be [N, C, H, W] or [N, H, W] with N = {num_points} and 1 or 3 "
+            f"channels, got shape {tuple(np.shape(images))}"
+        )
+    return np.clip(array, 0.0, 1.0)
+
+
+def plot_charts(
+    chart_coords: Any,
+    chart_index: Any,
+    labels: Any,
+    path: str | Path,
+    images: Any | None = None,
+    max_thumbnails: int = 100,
+    thumbnail_zoom: float = 1.0,
+    seed: int = 0,
+) -> Path:
+    r"""Draw every non-empty chart of a :math:`d = 2` atlas as a panel (Sec. A.2).
+
+    Each point is drawn in the panel of its argmax chart at
+    :math:`\phi(x) = \sigma(\text{chart\_coords}) \in [0, 1]^2`, coloured by class. With
+    ``images``, up to ``max_thumbnails`` points per panel (a seeded random choice) are also
+    drawn as their image thumbnails, like the paper's figures.
+
+    Args:
+        chart_coords: :math:`(N, 2)` pre-sigmoid coordinates of the argmax charts.
+        chart_index: :math:`(N,)` integer charts.
+        labels: :math:`(N,)` integer labels (colours).
+        path: the PNG to write (parent folders are created).
+        images: optional :math:`(N, C, H, W)` or :math:`(N, H, W)` images in :math:`[0, 1]`.
+        max_thumbnails: thumbnails per panel at most.
+        thumbnail_zoom: size factor of the thumbnails.
+        seed: seed of the thumbnail choice.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        KdmlError: when the codes are not 2-D (:math:`d \ne 2`) or shapes disagree.
+
+    Example::
+
+        >>> import tempfile
+        >>> codes = np.random.default_rng(0).standard_normal((30, 2))
+        >>> charts, labels = np.arange(30) % 3, np.arange(30) % 5
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     plot_charts(codes, charts, labels, Path(folder) / "charts.png").name
+        'charts.png'
+    """
+    coords, _ = as_float32_matrix(chart_coords, "chart_coords")
+    if coords.shape[1] != 2:
+        raise KdmlError(
+            f"plot_charts draws 2-D charts only (d = 2), got d = {coords.shape[1]}; "
+            "train with method.dim=2"
+        )
+    charts = as_label_vector(chart_index, "chart_index", len(coords))
+    label_vector = as_label_vector(labels, "labels", len(coords))
+    thumbnails = None if images is None else _as_images(images, len(coords))
+    points = 1.0 / (1.0 + np.exp(-coords.astype(np.float64)))  # phi in [0, 1]^2
+
+    classes = np.unique(label_vector)
+    colour_map = "tab10" if len(classes) <= 10 else "tab20"
+    colour_of = {label: position for position, label in enumerate(classes)}
+    shown = np.unique(charts)
+    columns = math.ceil(math.sqrt(len(shown)))
+    rows = math.ceil(len(shown) / columns)
+    figure = Figure(figsize=(3.2 * columns, 3.2 * rows))
+    FigureCanvasAgg(figure)
+    rng = np.random.default_rng(seed)
+    for position, chart in enumerate(shown):
+        axes = figure.add_subplot(rows, columns, position + 1)
+        members = np.flatnonzero(charts == chart)
+        colours = [colour_of[label] for label in label_vector[members]]
+        axes.scatter(points[members, 0], points[members, 1], c=colours, cmap=colour_map,
+                     vmin=0, vmax=max(len(classes) - 1, 1), s=8)
+        if thumbnails is not None:
+            chosen = rng.permutation(members)[:max_thumbnails]
+            for index in chosen:
+                grey = thumbnails.ndim == 3
+                picture = OffsetImage(thumbnails[index], zoom=thumbnail_zoom,
+                                      cmap="gray" if grey else None)
+                axes.add_artist(AnnotationBbox(picture, tuple(points[index]), frameon=False))
+        axes.set(xlim=(0, 1), ylim=(0, 1), xticks=[], yticks=[], aspect="equal",
+                 title=f"chart {chart} ({len(members)} points)")
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path

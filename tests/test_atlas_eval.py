@@ -1,0 +1,283 @@
+"""Chart retrieval, chart clustering NMI, the piecewise linear probe and the chart plot.
+
+Chart retrieval is checked against a brute force on the full manifold distance matrix of
+Eq. 7 with one-hot memberships (literal loops, float64), scored by a literal implementation
+of Recall@K, MAP@R and R-Precision in which neighbours at infinite distance never count.
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import normalized_mutual_info_score
+
+from kdml import viz_charts as viz_charts_module
+from kdml.errors import KdmlError
+from kdml.evaluation import charts as charts_module
+from kdml.evaluation.charts import (
+    allocate_clusters,
+    chart_clustering_nmi,
+    chart_retrieval_metrics,
+    piecewise_linear_accuracy,
+)
+from kdml.evaluation.retrieval import retrieval_metrics
+from kdml.viz_charts import plot_charts
+
+# ----------------------------------------------------------------- brute force
+
+
+def full_manifold_distances(chart_coords, chart_index, n_charts, rng):
+    """Eq. 7 on the full representation: every point gets coordinates in every chart (random
+    in the charts it is not in) and a one-hot membership; sums over all charts."""
+    num_points, dim = chart_coords.shape
+    coords = rng.standard_normal((num_points, n_charts, dim))
+    coords[np.arange(num_points), chart_index] = chart_coords
+    q = np.eye(n_charts)[chart_index]
+    distances = [[0.0] * num_points for _ in range(num_points)]
+    for a in range(num_points):
+        for b in range(num_points):
+            numerator = denominator = 0.0
+            for i in range(n_charts):
+                weight = q[a, i] * q[b, i]
+                numerator += weight * math.dist(coords[a, i], coords[b, i])
+                denominator += weight
+            distances[a][b] = numerator / denominator if denominator else math.inf
+    return distances
+
+
+def brute_force_metrics(distances, labels, ks):
+    """Musgrave et al.'s metrics from sorted rows; rel(i) = 0 at infinite distance."""
+    recalls = {k: [] for k in ks}
+    average_precisions, r_precisions = [], []
+    for a, row in enumerate(distances):
+        neighbours = sorted((b for b in range(len(row)) if b != a), key=lambda b: row[b])
+        relevant = [labels[b] == labels[a] and math.isfinite(row[b]) for b in neighbours]
+        num_relevant = sum(labels[b] == labels[a] for b in range(len(row)) if b != a)
+        if num_relevant == 0:  # lone query: left out
+            continue
+        for k in ks:
+            recalls[k].append(float(any(relevant[:k])))
+        hits, precision_sum = 0, 0.0
+        for i in range(num_relevant):
+            if relevant[i]:
+                hits += 1
+                precision_sum += hits / (i + 1)
+        average_precisions.append(precision_sum / num_relevant)
+        r_precisions.append(hits / num_relevant)
+    results = {f"recall@{k}": sum(v) / len(v) for k, v in recalls.items()}
+    results["map@r"] = sum(average_precisions) / len(average_precisions)
+    results["r_precision"] = sum(r_precisions) / len(r_precisions)
+    return results
+
+
+def clustered_codes(num_points, n_charts, dim, num_classes, seed):
+    """Codes with class structure: each class has a home chart and a centre; a third of the
+    points land in random charts (classes split over charts, charts of 0, 1, 2 points)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_classes, num_points)
+    home = rng.integers(0, n_charts, num_classes)
+    charts = np.where(rng.random(num_points) < 0.67, home[labels],
+                      rng.integers(0, n_charts, num_points))
+    centres = rng.standard_normal((num_classes, dim)) * 2.0
+    coords = (centres[labels] + rng.standard_normal((num_points, dim))).astype(np.float32)
+    return coords, charts, labels, rng
+
+
+KS = (1, 2, 4, 8, 16, 32)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("chunk_size", [4096, 3])
+def test_chart_retrieval_matches_brute_force(seed, chunk_size):
+    coords, charts, labels, rng = clustered_codes(60, 7, 3, 9, seed)
+    # a chart holding a single point and a chart id far from the others
+    charts[0], charts[1] = 30, 31
+    sizes = np.bincount(charts)
+    assert (sizes[sizes > 0] < max(KS)).any()  # some queries have fewer than K chart mates
+    distances = full_manifold_distances(coords.astype(np.float64), charts, 32, rng)
+    expected = brute_force_metrics(distances, labels.tolist(), KS)
+    got = chart_retrieval_metrics(coords, charts, labels, ks=KS, nmi=False,
+                                  chunk_size=chunk_size)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-12), key
+
+
+def test_one_chart_is_euclidean_retrieval():
+    coords, _, labels, _ = clustered_codes(80, 1, 4, 10, seed=3)
+    charts = np.zeros(80, dtype=np.int64)
+    got = chart_retrieval_metrics(torch.from_numpy(coords), torch.from_numpy(charts),
+                                  torch.from_numpy(labels), ks=(1, 4, 16), nmi=False)
+    expected = retrieval_metrics(coords, labels, ks=(1, 4, 16), metric="euclidean", nmi=False)
+    assert got == pytest.approx(expected, abs=1e-12)
+
+
+def test_points_alone_in_their_chart_miss_everything():
+    coords = np.array([[0.0], [0.1], [0.2], [0.3]], dtype=np.float32)
+    labels = np.array([0, 0, 0, 0])
+    got = chart_retrieval_metrics(coords, np.array([0, 1, 2, 3]), labels, ks=(1, 3), nmi=False)
+    assert got == {"recall@1": 0.0, "recall@3": 0.0, "map@r": 0.0, "r_precision": 0.0}
+    got = chart_retrieval_metrics(coords, np.array([0, 0, 1, 1]), labels, ks=(1, 3), nmi=False)
+    # each query finds its one chart mate at rank 1 of R = 3: AP = (1/1) / 3
+    assert got["recall@1"] == 1.0 and got["map@r"] == pytest.approx(1 / 3)
+
+
+def test_chart_retrieval_rejects_bad_inputs():
+    coords, charts, labels, _ = clustered_codes(20, 3, 2, 4, seed=4)
+    with pytest.raises(KdmlError, match="chart_index"):
+        chart_retrieval_metrics(coords, charts[:-1], labels)
+    with pytest.raises(KdmlError, match="integers"):
+        chart_retrieval_metrics(coords, charts.astype(float), labels)
+    with pytest.raises(KdmlError, match="K="):
+        chart_retrieval_metrics(coords, charts, labels, ks=(20,))
+    with pytest.raises(KdmlError, match="no query"):
+        chart_retrieval_metrics(coords, charts, np.arange(20), nmi=False)
+
+
+# ----------------------------------------------------------------- NMI
+
+
+@pytest.mark.parametrize(("sizes", "num_clusters", "expected"), [
+    ([10, 5, 5], 4, [2, 1, 1]),
+    ([1, 1, 1, 1], 2, [1, 1, 1, 1]),  # more charts than clusters: one each
+    ([3, 100], 10, [1, 9]),
+    ([2, 2], 10, [2, 2]),  # capped at the chart sizes
+    ([5, 5, 5], 4, [2, 1, 1]),  # equal remainders: lower chart first
+])
+def test_allocate_clusters(sizes, num_clusters, expected):
+    assert allocate_clusters(sizes, num_clusters).tolist() == expected
+
+
+def test_allocate_clusters_properties():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sizes = rng.integers(1, 30, rng.integers(1, 12))
+        num_clusters = int(rng.integers(1, 80))
+        allocation = allocate_clusters(sizes, num_clusters)
+        assert (allocation >= 1).all() and (allocation <= sizes).all()
+        assert allocation.sum() == min(max(num_clusters, len(sizes)), sizes.sum())
+
+
+def test_nmi_with_one_cluster_per_chart_is_the_nmi_of_the_charts():
+    rng = np.random.default_rng(5)
+    charts = np.repeat([0, 4, 9], 12)
+    labels = rng.integers(0, 3, 36)
+    coords = rng.standard_normal((36, 2)).astype(np.float32)
+    expected = normalized_mutual_info_score(labels, charts)
+    assert chart_clustering_nmi(coords, charts, labels) == pytest.approx(expected, abs=1e-12)
+    got = chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=True)["nmi"]
+    assert got == pytest.approx(expected, abs=1e-12)
+
+
+def test_nmi_finds_separated_classes_inside_charts():
+    rng = np.random.default_rng(6)
+    labels = np.repeat(np.arange(4), 10)
+    charts = labels // 2  # classes 0, 1 in chart 0; 2, 3 in chart 1
+    centres = np.array([[-10.0, 0.0], [10.0, 0.0], [0.0, -10.0], [0.0, 10.0]])
+    coords = (centres[labels] + 0.1 * rng.standard_normal((40, 2))).astype(np.float32)
+    assert chart_clustering_nmi(coords, charts, labels) == pytest.approx(1.0)
+    # the same codes in one chart are also separable, but charts that mix classes are not
+    mixed = np.arange(40) % 2
+    assert chart_clustering_nmi(coords, mixed, labels) < 0.9
+
+
+# ----------------------------------------------------------------- piecewise linear probe
+
+
+def probe_data(seed):
+    """Charts 0, 1: mixed labels (logistic); 3: one label; 2: test points only (majority);
+    5: training points only. Labels follow a slanted boundary y = 2x, which is linear in
+    the codes but not in their sigmoids, so the two probes differ."""
+    rng = np.random.default_rng(seed)
+    train_codes = (3 * rng.standard_normal((120, 2))).astype(np.float32)
+    test_codes = (3 * rng.standard_normal((60, 2))).astype(np.float32)
+    train_labels = 2 * (train_codes[:, 1] > 2 * train_codes[:, 0]).astype(int)
+    test_labels = 2 * (test_codes[:, 1] > 2 * test_codes[:, 0]).astype(int)
+    train_labels[:5] = 7  # a rare third class
+    train_index = rng.integers(0, 2, 120)
+    test_index = rng.integers(0, 4, 60)
+    train_index[5:15] = 3
+    train_labels[5:15] = 2  # chart 3 holds label 2 only
+    train_index[-3:] = 5
+    return train_codes, train_index, train_labels, test_codes, test_index, test_labels
+
+
+def hand_probe(data, sigmoid):
+    """One LogisticRegression per chart, fitted by hand; returns (correct, kind per chart)."""
+    train_x, train_i, train_y, test_x, test_i, test_y = data
+
+    def features(x):
+        x = x.astype(np.float64)
+        return 1.0 / (1.0 + np.exp(-x)) if sigmoid else x
+
+    labels, counts = np.unique(train_y, return_counts=True)
+    majority = labels[np.argmax(counts)]
+    correct, kinds = 0, {}
+    for chart in sorted(set(train_i) | set(test_i)):
+        tr, te = train_i == chart, test_i == chart
+        if not te.any():
+            kinds[chart] = "none"
+            continue
+        classes = np.unique(train_y[tr])
+        if len(classes) >= 2:
+            model = LogisticRegression(C=1.0, max_iter=1000).fit(features(train_x[tr]),
+                                                                 train_y[tr])
+            predicted, kinds[chart] = model.predict(features(test_x[te])), "logistic"
+        elif len(classes) == 1:
+            predicted, kinds[chart] = np.full(te.sum(), classes[0]), "single-class"
+        else:
+            predicted, kinds[chart] = np.full(te.sum(), majority), "majority"
+        correct += int((predicted == test_y[te]).sum())
+    return correct, kinds
+
+
+@pytest.mark.parametrize("sigmoid", [True, False])
+def test_piecewise_linear_accuracy_matches_per_chart_fits(sigmoid):
+    data = probe_data(0)
+    train_x, train_i, train_y, test_x, test_i, test_y = data
+    got = piecewise_linear_accuracy(*data, sigmoid=sigmoid)
+    correct, kinds = hand_probe(data, sigmoid)
+    assert correct != hand_probe(data, not sigmoid)[0]  # the data tells the probes apart
+    assert set(kinds.values()) == {"logistic", "single-class", "majority", "none"}
+    assert got["accuracy"] == correct / len(test_y)
+    assert got["num_correct"] == correct and got["num_test"] == len(test_y)
+    for row in got["charts"]:
+        chart = row["chart"]
+        assert row["classifier"] == kinds[chart]
+        assert row["num_train"] == (train_i == chart).sum()
+        assert row["num_test"] == (test_i == chart).sum()
+    assert sum(row["num_correct"] for row in got["charts"]) == correct
+
+
+def test_piecewise_linear_accuracy_rejects_bad_inputs():
+    train_x, train_i, train_y, test_x, test_i, test_y = probe_data(1)
+    with pytest.raises(KdmlError, match="dimension"):
+        piecewise_linear_accuracy(train_x, train_i, train_y, test_x[:, :1], test_i, test_y)
+    with pytest.raises(KdmlError, match="test_labels"):
+        piecewise_linear_accuracy(train_x, train_i, train_y, test_x, test_i, test_y[:-1])
+
+
+# ----------------------------------------------------------------- plot
+
+
+def test_plot_charts_writes_a_png(tmp_path):
+    rng = np.random.default_rng(0)
+    codes, charts, labels = rng.standard_normal((40, 2)), rng.integers(0, 3, 40), np.arange(40) % 4
+    path = plot_charts(codes, charts, labels, tmp_path / "plots" / "charts.png",
+                       images=torch.rand(40, 1, 8, 8), max_thumbnails=3)
+    assert path == tmp_path / "plots" / "charts.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(KdmlError, match="d = 3"):
+        plot_charts(rng.standard_normal((40, 3)), charts, labels, tmp_path / "x.png")
+    with pytest.raises(KdmlError, match="images"):
+        plot_charts(codes, charts, labels, tmp_path / "x.png", images=torch.rand(39, 1, 8, 8))
+
+
+@pytest.mark.parametrize("module", [charts_module, viz_charts_module])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, raise_on_error=False).failed == 0

@@ -1,0 +1,230 @@
+"""The Atlas regularizers against literal float64 loops of Eq. 5 (Prop. 1) and of l_J.
+
+The references loop over charts, point pairs and prior samples, evaluate the inverse
+multiquadric kernel with plain floats and apply the logit to the prior sample by hand.
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from kdml.errors import KdmlError
+from kdml.regularizers import manifold as manifold_module
+from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny: one torch thread avoids OpenMP spin-waits, which slow such ops
+    down a hundredfold when other processes keep both cores busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+EPS = 1e-6  # ManifoldMMD's default clamp of the prior sample
+
+
+def literal_k0(a, b, dim) -> float:
+    """Inverse multiquadric with C = d / 6 on (pre-sigmoid) points."""
+    scale = dim / 6
+    return scale / (scale + sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
+
+
+def literal_logit(w: float) -> float:
+    w = min(max(w, EPS), 1.0 - EPS)
+    return math.log(w / (1.0 - w))
+
+
+def literal_eq5(coords, q, prior) -> float:
+    """Eq. 5 with N points, M prior samples (M = N in the paper), n charts."""
+    num_points, n_charts, dim = len(coords), len(coords[0]), len(coords[0][0])
+    pulled_back = [[literal_logit(v) for v in w] for w in prior]
+    num_prior = len(pulled_back)
+    data = 0.0
+    for j in range(num_points):
+        for k in range(num_points):
+            if j == k:
+                continue
+            for i in range(n_charts):
+                data += q[j][i] * q[k][i] * literal_k0(coords[j][i], coords[k][i], dim)
+    cross = 0.0
+    for j in range(num_points):
+        for k in range(num_prior):
+            for i in range(n_charts):
+                cross += q[j][i] * literal_k0(coords[j][i], pulled_back[k], dim)
+    prior_pairs = 0.0
+    for j in range(num_prior):
+        for k in range(num_prior):
+            if j != k:
+                prior_pairs += literal_k0(pulled_back[j], pulled_back[k], dim)
+    return (data / (num_points * (num_points - 1))
+            - 2.0 * cross / (n_charts * num_points * num_prior)
+            + prior_pairs / (n_charts * num_prior * (num_prior - 1)))
+
+
+def literal_euclidean_mmd(embeddings, prior) -> float:
+    """Sec. 3.2.2: the n = 1 estimator on plain embeddings f(x_j)."""
+    dim, num_points = len(embeddings[0]), len(embeddings)
+    pulled_back = [[literal_logit(v) for v in w] for w in prior]
+    data = sum(literal_k0(embeddings[j], embeddings[k], dim)
+               for j in range(num_points) for k in range(num_points) if j != k)
+    cross = sum(literal_k0(x, w, dim) for x in embeddings for w in pulled_back)
+    prior_pairs = sum(literal_k0(pulled_back[j], pulled_back[k], dim)
+                      for j in range(len(prior)) for k in range(len(prior)) if j != k)
+    return (data / (num_points * (num_points - 1)) - 2.0 * cross / (num_points * len(prior))
+            + prior_pairs / (len(prior) * (len(prior) - 1)))
+
+
+def make_batch(num_points, n_charts, dim, seed, memberships="random"):
+    gen = torch.Generator().manual_seed(seed)
+    coords = 1.5 * torch.randn(num_points, n_charts, dim, generator=gen, dtype=torch.float64)
+    if memberships == "random":
+        q = torch.softmax(torch.randn(num_points, n_charts, generator=gen, dtype=torch.float64), 1)
+    elif memberships == "one-chart":  # chart 0 takes every point
+        q = torch.zeros(num_points, n_charts, dtype=torch.float64)
+        q[:, 0] = 1.0
+    elif memberships == "empty-chart":  # the last chart holds no mass at all
+        q = torch.softmax(torch.randn(num_points, n_charts, generator=gen, dtype=torch.float64), 1)
+        q[:, -1] = 0.0
+        q = q / q.sum(dim=1, keepdim=True)
+    prior = torch.rand(num_points, dim, generator=gen, dtype=torch.float64)
+    return coords, q, prior
+
+
+# ----------------------------------------------------------------- Eq. 5
+
+
+SHAPES = [(2, 1, 1), (2, 3, 2), (5, 4, 3), (7, 2, 6), (6, 1, 4)]  # (N, n, d)
+EQ5_CASES = [(*shape, memberships) for shape in SHAPES
+             for memberships in ("random", "one-chart", "empty-chart")
+             if not (memberships == "empty-chart" and shape[1] == 1)]  # one chart is never empty
+
+
+@pytest.mark.parametrize(("num_points", "n_charts", "dim", "memberships"), EQ5_CASES)
+def test_manifold_mmd_matches_eq_5(num_points, n_charts, dim, memberships):
+    coords, q, prior = make_batch(num_points, n_charts, dim, seed=num_points + n_charts,
+                                  memberships=memberships)
+    got = ManifoldMMD(dim, n_charts)(coords, q, prior_sample=prior)
+    expected = literal_eq5(coords.tolist(), q.tolist(), prior.tolist())
+    assert got.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+def test_prior_sample_of_another_size_and_with_edge_values():
+    coords, q, _ = make_batch(4, 3, 2, seed=1)
+    prior = torch.tensor([[0.0, 1.0], [0.5, 0.25], [1.0, 0.9], [0.3, 0.0], [0.7, 0.6],
+                          [0.1, 0.2]], dtype=torch.float64)  # M = 6, exact 0 and 1 are clamped
+    got = ManifoldMMD(2, 3)(coords, q, prior_sample=prior)
+    assert got.item() == pytest.approx(
+        literal_eq5(coords.tolist(), q.tolist(), prior.tolist()), rel=1e-10)
+
+
+def test_one_chart_is_the_euclidean_mmd_of_sec_3_2_2():
+    gen = torch.Generator().manual_seed(3)
+    embeddings = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    prior = torch.rand(6, 4, generator=gen, dtype=torch.float64)
+    mmd = ManifoldMMD(dim=4, n_charts=1)
+    plain = mmd(embeddings, prior_sample=prior)  # [N, d], q = 1
+    as_atlas = mmd(embeddings[:, None, :], torch.ones(6, 1, dtype=torch.float64), prior)
+    expected = literal_euclidean_mmd(embeddings.tolist(), prior.tolist())
+    assert plain.item() == pytest.approx(expected, rel=1e-10)
+    assert as_atlas.item() == pytest.approx(expected, rel=1e-10)
+
+
+def test_prior_is_drawn_from_the_generator():
+    coords, q, _ = make_batch(5, 3, 2, seed=4)
+    values = [ManifoldMMD(2, 3, generator=torch.Generator().manual_seed(7))(coords, q).item()
+              for _ in range(2)]
+    assert values[0] == values[1]
+    other = ManifoldMMD(2, 3, generator=torch.Generator().manual_seed(8))(coords, q).item()
+    assert other != values[0]
+    drawn = torch.rand(5, 2, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    assert values[0] == pytest.approx(literal_eq5(coords.tolist(), q.tolist(), drawn.tolist()),
+                                      rel=1e-10)
+    # without a generator: torch's global generator, repeatable with torch.manual_seed
+    mmd = ManifoldMMD(2, 3)
+    torch.manual_seed(11)
+    first = mmd(coords, q).item()
+    torch.manual_seed(11)
+    assert mmd(coords, q).item() == first
+
+
+def test_degenerate_batches():
+    mmd = ManifoldMMD(2, 3)
+    coords, q, prior = make_batch(3, 3, 2, seed=5)
+    with pytest.raises(KdmlError, match="at least 2"):
+        mmd(coords[:1], q[:1], prior)
+    with pytest.raises(KdmlError, match="prior_sample"):
+        mmd(coords, q, prior[:1])
+    with pytest.raises(KdmlError, match="coords"):
+        mmd(coords[:, :2], q[:, :2], prior)
+    with pytest.raises(KdmlError, match="needs the memberships"):
+        mmd(coords)
+    # a batch of 2 identical points, all in one chart: finite, and finite gradients
+    same = torch.zeros(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    one_chart = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64,
+                             requires_grad=True)
+    value = mmd(same, one_chart, prior[:2])
+    value.backward()
+    assert math.isfinite(value.item())
+    assert torch.isfinite(same.grad).all() and torch.isfinite(one_chart.grad).all()
+
+
+def test_float32_default_prior_never_gives_nan():
+    torch.manual_seed(0)
+    coords = torch.randn(32, 16, 2, requires_grad=True)
+    q = torch.softmax(torch.randn(32, 16), 1).requires_grad_()
+    value = ManifoldMMD(2, 16)(coords, q)
+    value.backward()
+    assert math.isfinite(value.item()) and torch.isfinite(coords.grad).all()
+
+
+# ----------------------------------------------------------------- chart membership loss
+
+
+def literal_chart_loss(q) -> float:
+    n = len(q[0])
+    return -sum(sum((v - 1.0 / n) ** 2 for v in row) for row in q) / len(q)
+
+
+@pytest.mark.parametrize(("num_points", "n_charts"), [(1, 1), (1, 4), (6, 3), (9, 16)])
+def test_chart_membership_loss_matches_l_J(num_points, n_charts):
+    gen = torch.Generator().manual_seed(num_points)
+    q = torch.softmax(torch.randn(num_points, n_charts, generator=gen, dtype=torch.float64), 1)
+    got = ChartMembershipLoss()(q)
+    assert got.item() == pytest.approx(literal_chart_loss(q.tolist()), rel=1e-12, abs=1e-15)
+
+
+def test_chart_membership_loss_extremes():
+    loss = ChartMembershipLoss()
+    assert loss(torch.ones(3, 1)).item() == 0.0  # n = 1
+    n = 5
+    assert loss(torch.eye(n)).item() == pytest.approx(-(1 - 1 / n))  # one-hot: the minimum
+    assert loss(torch.full((4, n), 1 / n)).item() == pytest.approx(0.0, abs=1e-7)  # uniform
+    with pytest.raises(KdmlError):
+        loss(torch.ones(0, 3))
+
+
+# ----------------------------------------------------------------- gradients
+
+
+def test_manifold_mmd_gradcheck():
+    coords, q, prior = make_batch(4, 3, 2, seed=6)
+    mmd = ManifoldMMD(2, 3)
+    assert gradcheck(lambda c, m: mmd(c, m, prior_sample=prior),
+                     (coords.requires_grad_(), q.requires_grad_()))
+
+
+def test_chart_membership_loss_gradcheck():
+    q = torch.softmax(torch.randn(5, 4, dtype=torch.float64), 1).requires_grad_()
+    assert gradcheck(ChartMembershipLoss(), (q,))
+
+
+def test_docstring_examples():
+    assert doctest.testmod(manifold_module, raise_on_error=False).failed == 0
