@@ -101,7 +101,16 @@ class Conv1dNet(nn.Module):
         return self.layers(signals)
 
 
-BACKBONES = ("auto", "cnn", "mlp", "conv1d", "timm:<model>")
+class FlattenInputs(nn.Flatten):
+    """No learned layers: the flattened input is the feature (for models such as DTML's
+    network, which are the whole model and only need the input size)."""
+
+    def __init__(self, input_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.feature_size = math.prod(input_shape)
+
+
+BACKBONES = ("auto", "cnn", "mlp", "conv1d", "identity", "timm:<model>")
 
 
 def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp") -> nn.Module:
@@ -118,6 +127,8 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
         return SmallCNN(input_shape[0], input_shape[1])
     if name == "mlp":
         return MLP(math.prod(input_shape))
+    if name == "identity":
+        return FlattenInputs(input_shape)
     if name == "conv1d":
         if len(input_shape) != 1:
             raise KdmlError(f"backbone 'conv1d' needs 1-D signals, got shape {input_shape}")

@@ -1,0 +1,112 @@
+r"""Cross-domain evaluation: classify target samples by their nearest labelled source samples.
+
+This is how DTML (Hu, Lu & Tan, CVPR 2015) is scored in the transfer setting: the metric is
+learned with labelled source and unlabelled target data, and target samples are recognised
+against the labelled source set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kdml.errors import KdmlError
+from kdml.evaluation.knn import Metric, check_metric, knn_search, prepare_vectors
+from kdml.evaluation.retrieval import as_label_vector, retrieval_metrics
+
+
+def _labelled(labels: np.ndarray, name: str) -> np.ndarray:
+    """Mask of the labelled samples (label >= 0); -1 marks an unknown target label."""
+    mask = labels >= 0
+    if not mask.any():
+        raise KdmlError(f"{name} has no labelled sample (all < 0); nothing to evaluate")
+    return mask
+
+
+def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labels: Any,
+                       k: int = 1, metric: Metric = "euclidean") -> float:
+    r"""Accuracy of the :math:`k`-NN classifier of target samples against the source samples.
+
+    Each labelled target sample gets the majority label of its :math:`k` nearest source samples
+    (exact brute-force search, :func:`~kdml.evaluation.knn.knn_search`); a tie between labels
+    goes to the tied label with the nearest neighbour. Target samples labelled ``-1`` (unknown)
+    are left out of the accuracy.
+
+    .. math::
+        \mathrm{acc} = \frac{1}{N_t} \sum_{i=1}^{N_t}
+            \left[\hat y(t_i) = y_i\right], \qquad
+        \hat y(t) = \operatorname{mode}\{y_s(j) : j \in \mathrm{NN}_k(t)\}
+
+    Args:
+        source: :math:`(N_s, D)` embeddings of the labelled source samples.
+        source_labels: :math:`(N_s,)` integer labels, all >= 0.
+        target: :math:`(N_t, D)` embeddings of the target samples.
+        target_labels: :math:`(N_t,)` integer labels (-1 = unknown, not scored).
+        k: neighbours, between 1 and :math:`N_s`. Default: 1.
+        metric: ``"euclidean"`` (DTML's metric) or ``"cosine"``. Default: ``"euclidean"``.
+
+    Returns:
+        Accuracy in [0, 1].
+
+    Example::
+
+        >>> source = np.array([[0.0], [10.0]])
+        >>> source_nn_accuracy(source, [0, 1], np.array([[1.0], [9.0], [4.0]]), [0, 1, 1])
+        0.6666666666666666
+    """
+    check_metric(metric)
+    source_vectors = prepare_vectors(source, metric, "source")
+    source_y = as_label_vector(source_labels, "source_labels", len(source_vectors))
+    target_vectors = prepare_vectors(target, metric, "target")
+    target_y = as_label_vector(target_labels, "target_labels", len(target_vectors))
+    if (source_y < 0).any():
+        raise KdmlError("source_labels must all be >= 0 (the source domain is labelled)")
+    scored = _labelled(target_y, "target_labels")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= len(source_y):
+        raise KdmlError(f"k must be an integer from 1 to {len(source_y)}, got {k!r}")
+    chunks = knn_search(target_vectors[scored], source_vectors, int(k), metric)
+    neighbour_labels = source_y[np.concatenate([chunk.indices for chunk in chunks])]
+    predictions = _majority_vote(neighbour_labels)
+    return float((predictions == target_y[scored]).mean())
+
+
+def _majority_vote(neighbour_labels: np.ndarray) -> np.ndarray:
+    """Per row of ``(n, k)`` labels ordered nearest first: the most frequent label; ties go to
+    the label whose first occurrence is nearest (``argmax`` returns the first maximum)."""
+    votes = (neighbour_labels[:, :, None] == neighbour_labels[:, None, :]).sum(axis=2)
+    winner = votes.argmax(axis=1)
+    return neighbour_labels[np.arange(len(neighbour_labels)), winner]
+
+
+def target_metrics(source_emb: Any, source_labels: Any, target_emb: Any, target_labels: Any,
+                   ks: Sequence[int] = (1, 2, 4, 8), metric: Metric = "euclidean",
+                   nmi: bool = False) -> dict[str, float]:
+    """Retrieval metrics within the target domain plus the source-NN accuracy.
+
+    - ``recall@K``, ``map@r``, ``r_precision`` (and ``nmi``): the labelled target samples
+      searched against each other, leave-one-out
+      (:func:`~kdml.evaluation.retrieval.retrieval_metrics`);
+    - ``source_nn_accuracy``: :func:`source_nn_accuracy` with :math:`k = 1`.
+
+    Target samples labelled ``-1`` are left out of both.
+
+    Args:
+        source_emb, source_labels: labelled source embeddings :math:`(N_s, D)` and labels.
+        target_emb, target_labels: target embeddings :math:`(N_t, D)` and evaluation labels.
+        ks: the K of Recall@K (each at most :math:`N_t - 1`).
+        metric: ``"euclidean"`` or ``"cosine"``, for both. Default: ``"euclidean"``.
+        nmi: also cluster the target embeddings (NMI). Default: ``False``.
+
+    Returns:
+        ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "source_nn_accuracy": ...}``.
+    """
+    target_vectors = prepare_vectors(target_emb, "euclidean", "target_emb")  # validated copy
+    target_y = as_label_vector(target_labels, "target_labels", len(target_vectors))
+    scored = _labelled(target_y, "target_labels")
+    results = retrieval_metrics(target_vectors[scored], target_y[scored], ks=ks, metric=metric,
+                                nmi=nmi)
+    results["source_nn_accuracy"] = source_nn_accuracy(source_emb, source_labels, target_vectors,
+                                                       target_y, k=1, metric=metric)
+    return results

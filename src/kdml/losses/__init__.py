@@ -1,0 +1,6 @@
+"""Losses kdml adds to pytorch-metric-learning's (which it uses directly where it has them)."""
+
+from kdml.losses.dtml_objective import DTMLObjective
+from kdml.losses.marginal_fisher import MarginalFisherLoss
+
+__all__ = ["DTMLObjective", "MarginalFisherLoss"]

@@ -1,0 +1,165 @@
+r"""The objectives of DTML (Eq. 7) and DSTML (Hu, Lu & Tan, CVPR 2015).
+
+DTML: the marginal Fisher criterion and the domain MMD on the top layer, plus weight decay in
+the objective. DSTML adds the same criterion on every hidden layer behind a hinge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from kdml.errors import KdmlError
+from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.regularizers.domain import DomainMMD
+
+
+class ObjectiveOutput(NamedTuple):
+    """The total objective (differentiable) and its named terms (detached 0-dim tensors)."""
+
+    total: Tensor
+    terms: dict[str, Tensor]
+
+
+def _per_hidden_layer(name: str, value: float | Sequence[float], count: int) -> tuple[float, ...]:
+    values = (value,) * count if isinstance(value, (int, float)) else tuple(value)
+    if len(values) != count:
+        raise KdmlError(f"{name} needs one value per hidden layer ({count}), got {len(values)}")
+    return tuple(float(v) for v in values)
+
+
+class DTMLObjective(nn.Module):
+    r"""The DTML objective (Eq. 7) and, with ``hidden_weight`` > 0, the DSTML objective.
+
+    For layer :math:`m`, with :math:`S_c^{(m)}, S_b^{(m)}` of
+    :class:`~kdml.losses.marginal_fisher.MarginalFisherLoss` and :math:`D_{ts}^{(m)}` of
+    :class:`~kdml.regularizers.domain.DomainMMD`, all on layer :math:`m`'s outputs,
+
+    .. math::
+        J^{(m)} = S_c^{(m)} - \alpha S_b^{(m)} + \beta D_{ts}^{(m)}.
+
+    DTML (Eq. 7) minimises
+
+    .. math::
+        J = J^{(M)} + \gamma \sum_{m=1}^{M} \left(\|W^{(m)}\|_F^2 + \|b^{(m)}\|_2^2\right)
+
+    (:math:`\gamma` is weight decay *in the objective*; leave the optimiser's decay at 0), and
+    DSTML (full paper, Eq. 8) adds the hinged criteria of the hidden layers,
+
+    .. math::
+        J_{\mathrm{DSTML}} = J + \sum_{m=1}^{M-1} \omega^{(m)} \max\left(J^{(m)} - \tau^{(m)},
+        0\right).
+
+    As in the paper, a hidden layer's :math:`J^{(m)}` is the DTML criterion *without* the weight
+    penalty: the penalty covers every layer once, in the top term; repeating it per hidden layer
+    would count the first layers' weights several times and keep the hinge active for any
+    non-trivial weights. The neighbour graphs of :math:`S_c^{(m)}, S_b^{(m)}` are built on layer
+    :math:`m`'s own outputs.
+
+    ``beta = 0`` (the DDML baseline) needs no target batch; given one, :math:`D_{ts}` is still
+    reported (computed without gradient). ``beta > 0`` without a target batch raises
+    :class:`~kdml.errors.KdmlError`.
+
+    Args:
+        alpha: :math:`\alpha`, weight of :math:`S_b`. Default: 0.1.
+        beta: :math:`\beta`, weight of :math:`D_{ts}`. Default: 10.
+        gamma: :math:`\gamma`, weight decay. Default: 0.1.
+        k1: same-class neighbours. Default: 5.
+        k2: different-class neighbours. Default: 10.
+        mmd: the discrepancy; ``None`` is Eq. 6 (``DomainMMD()``). Default: ``None``.
+        hidden_weight: :math:`\omega^{(m)}`, one float for all hidden layers or one per hidden
+            layer; 0 gives DTML. Default: 0.
+        hidden_threshold: :math:`\tau^{(m)}`, likewise. Default: 0.
+
+    Inputs:
+        - ``source_layers``: list of the :math:`M` layer outputs of the labelled source batch,
+          :math:`(N_s, p^{(m)})` each (as returned by
+          :class:`~kdml.models.dtml.DTMLNetwork`).
+        - ``labels``: :math:`(N_s,)` source labels.
+        - ``target_layers``: the same list for the unlabelled target batch, or ``None``.
+        - ``network``: a module with ``weight_penalty()``; ``None`` only when ``gamma = 0``.
+
+    Returns: :class:`ObjectiveOutput` ``(total, terms)``; terms are ``s_c``, ``s_b``, ``d_ts``
+    (top layer; ``d_ts`` only with a target batch), ``weight_penalty``, ``j_top``
+    (:math:`J^{(M)}` without the penalty) and, for DSTML, ``j@m`` and ``hinge@m`` per hidden
+    layer :math:`m = 1..M-1`.
+
+    Example::
+
+        >>> from kdml.models.dtml import DTMLNetwork
+        >>> net = DTMLNetwork([4, 4, 3])
+        >>> objective = DTMLObjective(k1=1, k2=2, hidden_weight=1.0)
+        >>> source, target = net(torch.randn(6, 4)), net(torch.randn(5, 4))
+        >>> out = objective(source, torch.tensor([0, 0, 1, 1, 2, 2]), target, net)
+        >>> sorted(out.terms)
+        ['d_ts', 'hinge@1', 'j@1', 'j_top', 's_b', 's_c', 'weight_penalty']
+    """
+
+    def __init__(self, alpha: float = 0.1, beta: float = 10.0, gamma: float = 0.1,
+                 k1: int = 5, k2: int = 10, mmd: DomainMMD | None = None,
+                 hidden_weight: float | Sequence[float] = 0.0,
+                 hidden_threshold: float | Sequence[float] = 0.0) -> None:
+        super().__init__()
+        for name, value in (("beta", beta), ("gamma", gamma)):
+            if not value >= 0:
+                raise KdmlError(f"{name} must be >= 0, got {value}")
+        self.fisher = MarginalFisherLoss(k1, k2, alpha)
+        self.mmd = mmd if mmd is not None else DomainMMD()
+        self.beta, self.gamma = float(beta), float(gamma)
+        self.hidden_weight = hidden_weight
+        self.hidden_threshold = hidden_threshold
+
+    def layer_criterion(self, source: Tensor, labels: Tensor,
+                        target: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        r""":math:`J^{(m)} = S_c - \alpha S_b + \beta D_{ts}` of one layer, and its terms."""
+        compactness, separability = self.fisher.terms(source, labels)
+        criterion = compactness - self.fisher.alpha * separability
+        terms = {"s_c": compactness, "s_b": separability}
+        if target is None:
+            if self.beta > 0:
+                raise KdmlError(f"beta={self.beta} > 0 needs a target-domain batch; pass "
+                                "target inputs or set beta=0")
+            return criterion, terms
+        if self.beta > 0:
+            discrepancy = self.mmd(source, target)
+            criterion = criterion + self.beta * discrepancy
+        else:  # reported only (DDML baseline): no graph, no cost in the backward pass
+            with torch.no_grad():
+                discrepancy = self.mmd(source, target)
+        terms["d_ts"] = discrepancy
+        return criterion, terms
+
+    def forward(self, source_layers: Sequence[Tensor], labels: Tensor,
+                target_layers: Sequence[Tensor] | None = None,
+                network: nn.Module | None = None) -> ObjectiveOutput:
+        num_layers = len(source_layers)
+        if num_layers == 0:
+            raise KdmlError("DTMLObjective needs at least one layer output")
+        if target_layers is not None and len(target_layers) != num_layers:
+            raise KdmlError(f"{num_layers} source layer outputs but {len(target_layers)} target")
+        weights = _per_hidden_layer("hidden_weight", self.hidden_weight, num_layers - 1)
+        thresholds = _per_hidden_layer("hidden_threshold", self.hidden_threshold, num_layers - 1)
+
+        def target_at(m: int) -> Tensor | None:
+            return None if target_layers is None else target_layers[m]
+
+        top, terms = self.layer_criterion(source_layers[-1], labels, target_at(-1))
+        terms["j_top"] = top
+        total = top
+        if self.gamma > 0:
+            if network is None:
+                raise KdmlError(f"gamma={self.gamma} > 0 needs the network (weight_penalty())")
+            penalty = network.weight_penalty()
+            terms["weight_penalty"] = penalty
+            total = total + self.gamma * penalty
+        for m, (omega, tau) in enumerate(zip(weights, thresholds, strict=True)):
+            if omega == 0:
+                continue
+            hidden, _ = self.layer_criterion(source_layers[m], labels, target_at(m))
+            hinge = torch.relu(hidden - tau)
+            terms[f"j@{m + 1}"], terms[f"hinge@{m + 1}"] = hidden, hinge
+            total = total + omega * hinge
+        return ObjectiveOutput(total, {name: value.detach() for name, value in terms.items()})

@@ -1,0 +1,149 @@
+r"""The marginal Fisher analysis criterion of DTML (Hu, Lu & Tan, CVPR 2015, Eq. 3-5).
+
+Intra-class compactness over each sample's :math:`k_1` nearest same-class neighbours, and
+inter-class separability over its :math:`k_2` nearest different-class neighbours (Yan et al.'s
+graph embedding framework, T-PAMI 2007), both measured with the squared Euclidean distance of
+the embeddings.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from kdml.errors import KdmlError
+from kdml.kernels import squared_distances
+
+
+def _check_k(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KdmlError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def nearest_neighbour_graph(sq_dists: Tensor, candidates: Tensor, k: int) -> Tensor:
+    """0/1 matrix marking, in each row, the ``k`` nearest of that row's candidate columns.
+
+    Rows with fewer than ``k`` candidates mark all of them. Ties are broken by column index
+    (stable sort), so the graph is deterministic.
+
+    Args:
+        sq_dists: :math:`(N, N)` distances (only their order matters; not differentiated).
+        candidates: :math:`(N, N)` bool, which columns row :math:`i` may pick.
+        k: neighbours per row.
+
+    Returns:
+        :math:`(N, N)` matrix of the dtype of ``sq_dists``.
+    """
+    masked = sq_dists.detach().masked_fill(~candidates, float("inf"))
+    order = masked.sort(dim=1, stable=True).indices[:, :k]
+    # the first min(k, #candidates) sorted columns are candidates; the rest are the inf ones
+    picked = torch.arange(order.shape[1], device=order.device) < candidates.sum(1, keepdim=True)
+    graph = torch.zeros_like(sq_dists, dtype=sq_dists.dtype)
+    return graph.scatter(1, order, picked.to(sq_dists.dtype))
+
+
+class MarginalFisherLoss(nn.Module):
+    r"""The marginal Fisher criterion :math:`S_c - \alpha S_b` of DTML (Eq. 3-5).
+
+    .. math::
+        S_c = \frac{1}{N k_1} \sum_{i=1}^N \sum_{j=1}^N P_{ij}\, d^2(x_i, x_j), \qquad
+        S_b = \frac{1}{N k_2} \sum_{i=1}^N \sum_{j=1}^N Q_{ij}\, d^2(x_i, x_j)
+
+    with :math:`d^2(x_i, x_j) = \|f(x_i) - f(x_j)\|_2^2` on the embeddings, :math:`P_{ij} = 1`
+    when :math:`x_j` is one of the :math:`k_1` nearest same-class neighbours of :math:`x_i`
+    (:math:`i` itself excluded) and :math:`Q_{ij} = 1` when :math:`x_j` is one of its
+    :math:`k_2` nearest different-class neighbours. :math:`P` and :math:`Q` are rebuilt on every
+    call from the current embeddings of the batch, without gradient (ties: lower index first).
+
+    **Small batches.** A sample whose class has fewer than :math:`k_1 + 1` members in the batch
+    takes all its same-class samples; one with fewer than :math:`k_2` samples of other classes
+    takes all of those. A warning is issued the first time this happens (once per loss
+    object). :math:`S_c` and :math:`S_b` are divided by the number of neighbour pairs actually
+    used, :math:`\sum_{ij} P_{ij}` and :math:`\sum_{ij} Q_{ij}`: this *is* :math:`N k_1` and
+    :math:`N k_2` whenever the graphs are complete (so Eq. 4-5 hold exactly), and otherwise
+    keeps :math:`S_c, S_b` the mean squared distance to a neighbour, instead of shrinking them
+    by the share of samples that lack neighbours. A batch with no pair at all gives 0 (still
+    attached to the graph).
+
+    Args:
+        k1: same-class neighbours per sample (5 in the paper, 3 for re-id). Default: 5.
+        k2: different-class neighbours per sample. Default: 10.
+        alpha: weight :math:`\alpha > 0` of the separability. Default: 0.1.
+
+    Inputs: ``embeddings`` :math:`(N, D)` float, ``labels`` :math:`(N,)` int.
+    Shape: output is a scalar.
+
+    Example::
+
+        >>> loss = MarginalFisherLoss(k1=1, k2=1, alpha=0.1)
+        >>> x = torch.tensor([[0.0], [1.0], [3.0], [5.0]])
+        >>> loss.terms(x, torch.tensor([0, 0, 1, 1]))  # S_c = (1 + 1 + 4 + 4)/4, S_b = (9+4+4+16)/4
+        (tensor(2.5000), tensor(8.2500))
+        >>> loss(x, torch.tensor([0, 0, 1, 1]))
+        tensor(1.6750)
+    """
+
+    def __init__(self, k1: int = 5, k2: int = 10, alpha: float = 0.1) -> None:
+        super().__init__()
+        self.k1 = _check_k("k1", k1)
+        self.k2 = _check_k("k2", k2)
+        if not alpha >= 0:
+            raise KdmlError(f"alpha must be >= 0, got {alpha}")
+        self.alpha = float(alpha)
+        self._warned = False
+
+    def graphs(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """The neighbour graphs :math:`P` (intra-class) and :math:`Q` (inter-class), 0/1
+        :math:`(N, N)` matrices built on the detached embeddings."""
+        self._check_inputs(embeddings, labels)
+        detached = embeddings.detach()
+        return self._graphs(squared_distances(detached, detached), labels)
+
+    def terms(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The intra-class compactness :math:`S_c` and inter-class separability :math:`S_b`."""
+        self._check_inputs(embeddings, labels)
+        sq_dists = squared_distances(embeddings, embeddings)
+        intra_graph, inter_graph = self._graphs(sq_dists.detach(), labels)
+        return _graph_mean(intra_graph, sq_dists), _graph_mean(inter_graph, sq_dists)
+
+    def _graphs(self, sq_dists: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        same_class = labels[:, None] == labels[None, :]
+        not_self = ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+        same_candidates, other_candidates = same_class & not_self, ~same_class
+        self._warn_if_clamped(same_candidates.sum(1), other_candidates.sum(1))
+        return (nearest_neighbour_graph(sq_dists, same_candidates, self.k1),
+                nearest_neighbour_graph(sq_dists, other_candidates, self.k2))
+
+    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        compactness, separability = self.terms(embeddings, labels)
+        return compactness - self.alpha * separability
+
+    def _check_inputs(self, embeddings: Tensor, labels: Tensor) -> None:
+        if embeddings.ndim != 2 or labels.ndim != 1 or len(labels) != len(embeddings):
+            raise KdmlError(f"MarginalFisherLoss expects embeddings [N, D] and labels [N], got "
+                            f"{tuple(embeddings.shape)} and {tuple(labels.shape)}")
+
+    def _warn_if_clamped(self, num_same: Tensor, num_other: Tensor) -> None:
+        if self._warned or len(num_same) == 0:
+            return
+        fewest_same, fewest_other = int(num_same.min()), int(num_other.min())
+        if fewest_same < self.k1 or fewest_other < self.k2:
+            self._warned = True
+            warnings.warn(
+                f"MarginalFisherLoss: a batch has samples with only {fewest_same} same-class "
+                f"(k1={self.k1}) or {fewest_other} other-class (k2={self.k2}) neighbours; they "
+                "use all they have (use larger or class-balanced batches, e.g. "
+                f"data.samples_per_class >= {self.k1 + 1}). Warned once.",
+                stacklevel=3,
+            )
+
+    def extra_repr(self) -> str:
+        return f"k1={self.k1}, k2={self.k2}, alpha={self.alpha}"
+
+
+def _graph_mean(graph: Tensor, sq_dists: Tensor) -> Tensor:
+    """Mean of ``sq_dists`` over the graph's edges; 0 (attached to the graph) without edges."""
+    return (graph * sq_dists).sum() / graph.sum().clamp_min(1.0)

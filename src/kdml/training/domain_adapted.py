@@ -1,0 +1,78 @@
+"""The composition flag: any recipe's method plus a domain MMD between source and target."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from kdml.config import OptimConfig
+from kdml.errors import KdmlError
+from kdml.training.method import Method, StepOutput
+
+
+class DomainAdaptedMethod(Method):
+    r"""Any method plus :math:`\beta` times a domain MMD between source and target embeddings.
+
+    .. math::
+        L = L_{\mathrm{inner}}(x_s, y_s) + \beta\, D(f(x_s), f(x_t))
+
+    The inner method is called as ``inner(inputs, labels)``; its ``StepOutput.embeddings`` (the
+    source batch's) and ``inner.embed(target_inputs)`` enter ``mmd``. Everything else — test
+    embeddings, parameter groups, proxies, ``chart_codes`` where the inner method has them — is
+    the inner method's. Note that embedding the target batch in training mode also updates the
+    inner network's BatchNorm statistics with target samples.
+
+    Args:
+        inner: the wrapped :class:`~kdml.training.method.Method` (returning embeddings).
+        beta: weight of the discrepancy, >= 0.
+        mmd: e.g. :class:`~kdml.regularizers.domain.DomainMMD`.
+
+    Example::
+
+        >>> # method = DomainAdaptedMethod(jrd_method, beta=1.0, mmd=DomainMMD())
+        >>> # method(source_x, source_y, target_inputs=target_x).terms["d_ts"]
+    """
+
+    uses_target = True
+    _DELEGATED = ("chart_codes",)
+
+    def __init__(self, inner: Method, beta: float, mmd: nn.Module) -> None:
+        super().__init__()
+        if not beta >= 0:
+            raise KdmlError(f"beta must be >= 0, got {beta}")
+        self.inner = inner
+        self.beta = float(beta)
+        self.mmd = mmd
+
+    @property
+    def backbone(self) -> nn.Module:  # type: ignore[override]
+        return self.inner.backbone
+
+    def __getattr__(self, name: str):
+        if name in DomainAdaptedMethod._DELEGATED:
+            return getattr(self.inner, name)  # AttributeError when the inner method lacks it
+        return super().__getattr__(name)
+
+    def forward(self, inputs: Tensor, labels: Tensor,
+                target_inputs: Tensor | None = None) -> StepOutput:
+        output = self.inner(inputs, labels)
+        if target_inputs is None:
+            if self.beta > 0:
+                raise KdmlError(f"beta={self.beta} > 0 needs a target-domain batch")
+            return output
+        if output.embeddings is None:
+            raise KdmlError(f"{type(self.inner).__name__} returns no embeddings; it cannot be "
+                            "domain-adapted")
+        discrepancy = self.mmd(output.embeddings, self.inner.embed(target_inputs))
+        loss = output.loss + self.beta * discrepancy
+        terms = {**output.terms, "inner_loss": output.loss.item(), "d_ts": discrepancy.item(),
+                 "loss": loss.item()}
+        return StepOutput(loss, terms, output.embeddings)
+
+    def embed(self, inputs: Tensor) -> Tensor:
+        return self.inner.embed(inputs)
+
+    def proxy_parameters(self) -> list[nn.Parameter]:
+        return self.inner.proxy_parameters()
+
+    def param_groups(self, optim: OptimConfig) -> list[dict]:
+        return self.inner.param_groups(optim)

@@ -1,0 +1,233 @@
+"""Domain pairs: the MNIST -> optdigits conversion, the built-in pairs, the .npz feature
+format and the source-fitted PCA."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kdml.data.dataset import ArrayDataset
+from kdml.data.domains import (
+    BINARIZE_THRESHOLD,
+    DOMAIN_PAIRS,
+    DomainPair,
+    fit_source_pca,
+    load_domain_pair,
+    load_feature_domains,
+    mnist_to_optdigits,
+)
+from kdml.errors import KdmlError
+
+# ----------------------------------------------------------------- literal conversion
+
+
+def bilinear_profile(on_first: int, on_last: int, side: int, out: int = 32) -> list[float]:
+    """1-D bilinear resize (half-pixel centres, edge clamped) of a 0/1 profile of length
+    ``side`` that is 1 on [on_first, on_last], to ``out`` samples."""
+    values = []
+    for j in range(out):
+        x = min(max((j + 0.5) * side / out - 0.5, 0.0), side - 1.0)
+        left = math.floor(x)
+        right = min(left + 1, side - 1)
+        frac = x - left
+
+        def profile(i: int) -> float:
+            return 1.0 if on_first <= i <= on_last else 0.0
+
+        values.append((1 - frac) * profile(left) + frac * profile(right))
+    return values
+
+
+def literal_rectangle_counts(height: int, width: int, threshold: float) -> list[float]:
+    """optdigits counts of a filled height x width rectangle on a black frame, by hand:
+    crop = the rectangle; pad the short side to a square (smaller half first); bilinear
+    resize to 32x32 (a rectangle is separable: row profile x column profile); binarize;
+    count 4x4 blocks."""
+    side = max(height, width)
+    top, left = (side - height) // 2, (side - width) // 2
+    rows = bilinear_profile(top, top + height - 1, side)
+    cols = bilinear_profile(left, left + width - 1, side)
+    bitmap = [[1 if r * c >= threshold else 0 for c in cols] for r in rows]
+    return [float(sum(bitmap[4 * bi + a][4 * bj + b] for a in range(4) for b in range(4)))
+            for bi in range(8) for bj in range(8)]
+
+
+@pytest.mark.parametrize(("top", "left", "height", "width"),
+                         [(5, 17, 14, 7), (2, 1, 9, 20), (20, 20, 6, 6), (0, 3, 28, 11)])
+def test_conversion_of_an_off_centre_rectangle_matches_hand_computation(top, left, height, width):
+    image = np.zeros((28, 28), dtype=np.uint8)
+    image[top:top + height, left:left + width] = 255
+    got = mnist_to_optdigits(image[None])
+    expected = literal_rectangle_counts(height, width, BINARIZE_THRESHOLD)
+    assert got.shape == (1, 64)
+    assert got[0].tolist() == expected
+
+
+def test_tall_rectangle_worked_example():
+    # 14 x 7 box -> padded 3 left / 4 right in a 14 x 14 square -> on-columns 7..22 of 32:
+    # per block row the counts are [0, 4 (col 7), 16, 16, 16, 12 (cols 20-22), 0, 0]
+    image = torch.zeros(28, 28)
+    image[5:19, 17:24] = 1.0
+    counts = mnist_to_optdigits(image[None]).reshape(8, 8)
+    assert counts.tolist() == [[0.0, 4.0, 16.0, 16.0, 16.0, 12.0, 0.0, 0.0]] * 8
+
+
+def test_conversion_ignores_position_and_faint_pixels():
+    square = torch.zeros(2, 28, 28)
+    square[0, 2:10, 3:11] = 1.0
+    square[1, 15:23, 18:26] = 1.0
+    square[1, 0, 0] = BINARIZE_THRESHOLD / 2  # faint: outside the bounding box
+    counts = mnist_to_optdigits(square)
+    assert counts.tolist() == [[16.0] * 64, [16.0] * 64]  # a square fills the bitmap
+
+
+def test_conversion_of_grey_strokes_is_in_range_and_dtype_agnostic():
+    # grey, blurred random strokes in 28x28 frames (MNIST-like: uint8 with soft edges)
+    gen = torch.Generator().manual_seed(0)
+    strokes = (torch.rand(20, 1, 28, 28, generator=gen) > 0.93).float()
+    blurred = torch.nn.functional.avg_pool2d(strokes, 3, stride=1, padding=1) * 3
+    images = (blurred.clamp(0, 1)[:, 0] * 255).round().to(torch.uint8)
+    as_uint8 = mnist_to_optdigits(images)
+    as_float = mnist_to_optdigits((images.float() / 255).unsqueeze(1))
+    assert torch.equal(as_uint8, as_float)
+    assert as_uint8.shape == (20, 64)
+    assert as_uint8.min() >= 0 and as_uint8.max() <= 16
+    assert torch.equal(as_uint8, as_uint8.round())
+    assert as_uint8.sum(dim=1).min() > 0
+    assert mnist_to_optdigits(np.zeros((1, 28, 28), dtype=np.uint8)).tolist() == [[0.0] * 64]
+
+
+def test_conversion_rejects_bad_inputs():
+    with pytest.raises(KdmlError, match="\\[0, 1\\]"):
+        mnist_to_optdigits(torch.full((1, 28, 28), 200.0))
+    with pytest.raises(KdmlError, match="threshold"):
+        mnist_to_optdigits(torch.zeros(1, 28, 28), threshold=1.5)
+    with pytest.raises(KdmlError, match="images"):
+        mnist_to_optdigits(torch.zeros(3, 5))
+
+
+# ----------------------------------------------------------------- built-in pairs
+
+
+@pytest.mark.parametrize("name", list(DOMAIN_PAIRS))
+def test_domain_pairs_load(name):
+    pair = load_domain_pair(name)
+    assert pair.name == name and pair.feature_size == 64
+    sizes = {"mnist5k": 5000, "digits": 1797}
+    source_name, target_name = name.split("->")
+    assert len(pair.source) == sizes[source_name] and len(pair.target) == sizes[target_name]
+    for dataset in (pair.source, pair.target):
+        assert dataset.x.shape[1] == 64 and dataset.num_classes == 10
+        assert dataset.x.min() >= 0 and dataset.x.max() <= 1
+        counts = dataset.x * 16  # the same /16 scaling on both sides: integer block counts
+        assert torch.allclose(counts, counts.round())
+
+
+def test_unknown_domain_pair_lists_the_valid_names():
+    with pytest.raises(KdmlError, match="mnist5k->digits"):
+        load_domain_pair("mnist->usps")
+
+
+# ----------------------------------------------------------------- .npz features
+
+
+def write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def good_arrays(domain_style: str = "strings"):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    y = np.array([0, 1, 2, 0, -1, -1, 2])
+    if domain_style == "strings":
+        domain = np.array(["source", "source", "source", "source", "target", "target", "Target"])
+    else:
+        domain = np.array([0, 0, 0, 0, 1, 1, 1])
+    return {"X": x, "y": y, "domain": domain}
+
+
+@pytest.mark.parametrize("domain_style", ["strings", "ints"])
+def test_npz_loader_splits_the_domains(tmp_path, domain_style):
+    arrays = good_arrays(domain_style)
+    pair = load_feature_domains(write_npz(tmp_path / "lbp.npz", **arrays))
+    assert isinstance(pair, DomainPair) and pair.name == "lbp"
+    assert torch.equal(pair.source.x, torch.from_numpy(arrays["X"][:4]))
+    assert torch.equal(pair.target.x, torch.from_numpy(arrays["X"][4:]))
+    assert pair.source.y.tolist() == [0, 1, 2, 0]
+    assert pair.target.y.tolist() == [-1, -1, 2]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"X": None}, "lacks the array\\(s\\) X"),
+    ({"X": np.zeros((7,))}, "\\[N, D\\]"),
+    ({"y": np.zeros(6, dtype=int)}, "y must have shape \\(7,\\)"),
+    ({"domain": np.array(["source"] * 6)}, "domain must have shape"),
+    ({"y": np.array([0, -1, 2, 0, -1, -1, 2])}, "1 source samples are unlabelled"),
+    ({"y": np.arange(7, dtype=float)}, "y must be integers"),
+    ({"X": np.full((7, 3), np.nan)}, "NaN"),
+    ({"domain": np.array(["source"] * 6 + ["test"])}, "unknown domain value"),
+    ({"domain": np.array(["source"] * 7)}, "both domains"),
+    ({"y": np.array([0, 1, 2, 0, -1, -3, 2])}, "-1 for unlabelled"),
+])
+def test_npz_loader_errors(tmp_path, change, message):
+    arrays = good_arrays()
+    for key, value in change.items():
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value
+    with pytest.raises(KdmlError, match=message):
+        load_feature_domains(write_npz(tmp_path / "bad.npz", **arrays))
+
+
+def test_npz_loader_file_errors(tmp_path):
+    with pytest.raises(KdmlError, match="does not exist"):
+        load_feature_domains(tmp_path / "missing.npz")
+    (tmp_path / "junk.npz").write_text("not an archive")
+    with pytest.raises(KdmlError, match="not a readable .npz"):
+        load_feature_domains(tmp_path / "junk.npz")
+    arrays = good_arrays()
+    arrays["domain"] = np.array(["source"] * 4 + ["target"] * 3, dtype=object)
+    with pytest.raises(KdmlError, match="object arrays"):
+        load_feature_domains(write_npz(tmp_path / "objects.npz", **arrays))
+
+
+# ----------------------------------------------------------------- PCA
+
+
+def make_pair(source_x: torch.Tensor, target_x: torch.Tensor) -> DomainPair:
+    source = ArrayDataset("s", "", source_x, torch.zeros(len(source_x), dtype=torch.long))
+    target = ArrayDataset("t", "", target_x, torch.full((len(target_x),), -1))
+    return DomainPair(source, target, "toy", "toy pair")
+
+
+def test_pca_is_fitted_on_the_source_only():
+    gen = torch.Generator().manual_seed(0)
+    # source varies along axis 0 (and a little along 2), target mostly along axis 1
+    source = torch.randn(50, 3, generator=gen) * torch.tensor([5.0, 0.1, 1.0]) + 2.0
+    target = torch.randn(30, 3, generator=gen) * torch.tensor([0.1, 9.0, 0.1])
+    reduced = fit_source_pca(make_pair(source, target), 1)
+    assert reduced.name == "toy+pca1" and reduced.feature_size == 1
+    # literal reference: the source mean and the leading eigenvector of the source scatter
+    mean = source.double().mean(dim=0)
+    _, vectors = torch.linalg.eigh((source.double() - mean).T @ (source.double() - mean))
+    axis = vectors[:, -1]
+    for original, projected in ((source, reduced.source), (target, reduced.target)):
+        expected = (original.double() - mean) @ axis
+        assert torch.allclose(projected.x[:, 0].double().abs(), expected.abs(), atol=1e-4)
+    # changing the target changes nothing about the source projection
+    other = fit_source_pca(make_pair(source, target * 100), 1)
+    assert torch.equal(other.source.x, reduced.source.x)
+    assert torch.equal(reduced.target.y, torch.full((30,), -1))
+
+
+def test_pca_dim_is_checked():
+    pair = make_pair(torch.randn(4, 6), torch.randn(3, 6))
+    with pytest.raises(KdmlError, match="from 1 to 4"):
+        fit_source_pca(pair, 5)
+    with pytest.raises(KdmlError):
+        fit_source_pca(pair, 0)

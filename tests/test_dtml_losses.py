@@ -1,0 +1,356 @@
+"""Marginal Fisher criterion, domain MMD and the DTML / DSTML objectives (Hu et al., CVPR 2015)
+against literal float64 loops written from Eq. 3-7 and the DSTML hinge.
+
+The references build the neighbour sets by brute-force sorting (per sample: sort the other
+samples of its class by distance and take k1, sort the samples of other classes and take k2)
+and evaluate every distance with plain Python arithmetic; they share no code with the modules.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from kdml.errors import KdmlError
+from kdml.kernels import GaussianMixtureKernel, PolynomialKernel
+from kdml.losses.dtml_objective import DTMLObjective
+from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.models.dtml import DTMLNetwork
+from kdml.regularizers.domain import DomainMMD
+
+# ----------------------------------------------------------------- literal references
+
+
+def sq_dist(a, b) -> float:
+    return sum((ai - bi) ** 2 for ai, bi in zip(a, b, strict=True))
+
+
+def ref_neighbours(points, labels, k1: int, k2: int):
+    """Per sample i: the k1 nearest same-class others and the k2 nearest other-class samples,
+    by sorting (distance, index) pairs."""
+    intra, inter = [], []
+    for i, (p, y) in enumerate(zip(points, labels, strict=True)):
+        same = sorted((sq_dist(p, q), j) for j, q in enumerate(points) if j != i and labels[j] == y)
+        other = sorted((sq_dist(p, q), j) for j, q in enumerate(points) if labels[j] != y)
+        intra.append([j for _, j in same[:k1]])
+        inter.append([j for _, j in other[:k2]])
+    return intra, inter
+
+
+def ref_fisher_terms(points, labels, k1: int, k2: int) -> tuple[float, float]:
+    """S_c, S_b: sums of d2 over the neighbour pairs, divided by the number of pairs used
+    (N k1 and N k2 when every sample has enough neighbours, Eq. 4-5)."""
+    intra, inter = ref_neighbours(points, labels, k1, k2)
+    values = []
+    for neighbours in (intra, inter):
+        pairs = [(i, j) for i, js in enumerate(neighbours) for j in js]
+        total = sum(sq_dist(points[i], points[j]) for i, j in pairs)
+        values.append(total / len(pairs) if pairs else 0.0)
+    return values[0], values[1]
+
+
+def ref_linear_mmd(source, target) -> float:
+    """Eq. 6: || 1/Nt sum f(x_t) - 1/Ns sum f(x_s) ||^2."""
+    dim = len(source[0])
+    mean_s = [sum(p[d] for p in source) / len(source) for d in range(dim)]
+    mean_t = [sum(p[d] for p in target) / len(target) for d in range(dim)]
+    return sum((mt - ms) ** 2 for mt, ms in zip(mean_t, mean_s, strict=True))
+
+
+def ref_gaussian_mmd(source, target, num_kernels: int = 3) -> float:
+    """Biased MMD^2 with a Gaussian mixture whose tau is the mean d2 over the off-diagonal
+    pairs of the joint batch [s; t]."""
+    joint = list(source) + list(target)
+    pair_d2 = [sq_dist(a, b) for i, a in enumerate(joint) for j, b in enumerate(joint) if i != j]
+    tau = sum(pair_d2) / len(pair_d2)
+    sigma2s = [tau * 2.0 ** (i - num_kernels // 2) for i in range(num_kernels)]
+
+    def k(a, b):
+        return sum(math.exp(-sq_dist(a, b) / s2) for s2 in sigma2s) / num_kernels
+
+    def mean_k(xs, ys):
+        return sum(k(a, b) for a in xs for b in ys) / (len(xs) * len(ys))
+
+    return mean_k(source, source) + mean_k(target, target) - 2.0 * mean_k(source, target)
+
+
+def ref_weight_penalty(network: DTMLNetwork) -> float:
+    total = 0.0
+    for layer in network.layers:
+        total += sum(w * w for row in layer.weight.tolist() for w in row)
+        total += sum(b * b for b in layer.bias.tolist())
+    return total
+
+
+# ----------------------------------------------------------------- data
+
+# unbalanced: classes of 5, 4, 3 and 2 samples, non-contiguous label values
+LABELS = [4, 1, 4, 9, 1, 4, 7, 9, 4, 1, 9, 4, 1, 7]
+
+
+def random_points(num: int, dim: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(num, dim, generator=gen, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------- marginal Fisher
+
+
+@pytest.mark.parametrize(("k1", "k2"), [(1, 1), (2, 5), (3, 9)])
+def test_marginal_fisher_matches_literal_loops(k1, k2):
+    points = random_points(len(LABELS), 3)
+    labels = torch.tensor(LABELS)
+    loss = MarginalFisherLoss(k1=k1, k2=k2, alpha=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # k1 = 2, 3 exceed the 2-sample class
+        s_c, s_b = loss.terms(points, labels)
+        value = loss(points, labels)
+    ref_c, ref_b = ref_fisher_terms(points.tolist(), LABELS, k1, k2)
+    assert s_c.item() == pytest.approx(ref_c, rel=1e-12)
+    assert s_b.item() == pytest.approx(ref_b, rel=1e-12)
+    assert value.item() == pytest.approx(ref_c - 0.3 * ref_b, rel=1e-12)
+
+
+def test_marginal_fisher_graphs_are_the_brute_force_neighbour_sets():
+    points = random_points(len(LABELS), 4, seed=3)
+    intra, inter = ref_neighbours(points.tolist(), LABELS, 1, 4)
+    graph_p, graph_q = MarginalFisherLoss(k1=1, k2=4).graphs(points, torch.tensor(LABELS))
+    for i in range(len(LABELS)):
+        assert sorted(torch.nonzero(graph_p[i]).flatten().tolist()) == sorted(intra[i])
+        assert sorted(torch.nonzero(graph_q[i]).flatten().tolist()) == sorted(inter[i])
+
+
+def test_complete_graphs_use_the_n_k_normalisation_of_eq_4_and_5():
+    labels = [0] * 6 + [1] * 6 + [2] * 6  # every sample has 5 same-class and 12 other samples
+    points = random_points(len(labels), 2, seed=1)
+    intra, inter = ref_neighbours(points.tolist(), labels, 5, 10)
+    n = len(labels)
+    eq4 = sum(sq_dist(points[i].tolist(), points[j].tolist())
+              for i in range(n) for j in intra[i]) / (n * 5)
+    eq5 = sum(sq_dist(points[i].tolist(), points[j].tolist())
+              for i in range(n) for j in inter[i]) / (n * 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # complete graphs: no warning
+        s_c, s_b = MarginalFisherLoss().terms(points, torch.tensor(labels))
+    assert s_c.item() == pytest.approx(eq4, rel=1e-12)
+    assert s_b.item() == pytest.approx(eq5, rel=1e-12)
+
+
+def test_marginal_fisher_gradcheck():
+    points = random_points(len(LABELS), 3, seed=2).requires_grad_()
+    loss = MarginalFisherLoss(k1=1, k2=3, alpha=0.1)
+    assert gradcheck(lambda x: loss(x, torch.tensor(LABELS)), (points,))
+
+
+def test_small_class_clamps_k1_and_warns_once():
+    labels = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 2])  # class 1 has 2 samples
+    points = random_points(len(labels), 2, seed=4)
+    loss = MarginalFisherLoss(k1=5, k2=8)
+    with pytest.warns(UserWarning, match="k1=5") as record:
+        value = loss(points, labels)
+        loss(points, labels)
+    assert len([w for w in record if "MarginalFisherLoss" in str(w.message)]) == 1
+    ref_c, ref_b = ref_fisher_terms(points.tolist(), labels.tolist(), 5, 8)
+    assert value.item() == pytest.approx(ref_c - 0.1 * ref_b, rel=1e-12)
+
+
+def test_few_other_class_samples_clamp_k2_and_warn():
+    labels = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 1, 1])  # class 0 sees only 3 others < k2
+    points = random_points(len(labels), 2, seed=5)
+    loss = MarginalFisherLoss(k1=2, k2=10)
+    with pytest.warns(UserWarning, match="k2=10"):
+        s_c, s_b = loss.terms(points, labels)
+    ref_c, ref_b = ref_fisher_terms(points.tolist(), labels.tolist(), 2, 10)
+    assert (s_c.item(), s_b.item()) == pytest.approx((ref_c, ref_b), rel=1e-12)
+
+
+def test_batch_without_pairs_gives_zero_attached_to_the_graph():
+    points = random_points(3, 2).requires_grad_()
+    with pytest.warns(UserWarning):
+        value = MarginalFisherLoss()(points, torch.tensor([0, 1, 2]))  # singletons: no P pair
+    value.backward()
+    ref_c, ref_b = ref_fisher_terms(points.tolist(), [0, 1, 2], 5, 10)
+    assert ref_c == 0.0
+    assert value.item() == pytest.approx(-0.1 * ref_b, rel=1e-12)
+    with pytest.warns(UserWarning):
+        alone = MarginalFisherLoss()(points, torch.tensor([0, 0, 0]))  # one class: no Q pair
+    assert alone.requires_grad
+
+
+@pytest.mark.parametrize("kwargs", [{"k1": 0}, {"k2": -1}, {"k1": 2.5}, {"alpha": -0.1}])
+def test_marginal_fisher_rejects_bad_arguments(kwargs):
+    with pytest.raises(KdmlError):
+        MarginalFisherLoss(**kwargs)
+
+
+# ----------------------------------------------------------------- domain MMD
+
+
+@pytest.mark.parametrize(("num_source", "num_target"), [(7, 5), (1, 4), (6, 1)])
+def test_linear_mmd_matches_eq_6(num_source, num_target):
+    source = random_points(num_source, 3, seed=6)
+    target = random_points(num_target, 3, seed=7) + 0.5
+    got = DomainMMD()(source, target)
+    assert got.item() == pytest.approx(ref_linear_mmd(source.tolist(), target.tolist()),
+                                       rel=1e-12)
+
+
+def test_gaussian_mmd_matches_loops_with_one_joint_bandwidth():
+    source, target = random_points(6, 3, seed=8), random_points(4, 3, seed=9) + 1.0
+    got = DomainMMD(GaussianMixtureKernel(3))(source, target)
+    assert got.item() == pytest.approx(ref_gaussian_mmd(source.tolist(), target.tolist()),
+                                       rel=1e-12)
+    assert got.item() > 0
+
+
+def test_linear_kernel_mmd_equals_eq_6():
+    source, target = random_points(5, 4, seed=10), random_points(3, 4, seed=11)
+    via_kernel = DomainMMD(PolynomialKernel(degree=1, bias=0.0))(source, target)
+    assert via_kernel.item() == pytest.approx(DomainMMD()(source, target).item(), rel=1e-10)
+
+
+# the self-adaptive bandwidth is detached by design, so finite differences see it move:
+# gradcheck the Gaussian MMD with a fixed bandwidth
+@pytest.mark.parametrize("kernel", [None, GaussianMixtureKernel(3, bandwidth=2.0)],
+                         ids=["linear", "gaussian"])
+def test_mmd_gradcheck(kernel):
+    source = random_points(5, 3, seed=12).requires_grad_()
+    target = (random_points(4, 3, seed=13) + 0.3).requires_grad_()
+    assert gradcheck(DomainMMD(kernel), (source, target))
+
+
+@pytest.mark.parametrize("kernel", [None, GaussianMixtureKernel(3)], ids=["linear", "gaussian"])
+def test_mmd_empty_batch_is_a_clear_error(kernel):
+    source = random_points(5, 3)
+    with pytest.raises(KdmlError, match="0 target"):
+        DomainMMD(kernel)(source, source[:0])
+    with pytest.raises(KdmlError, match="0 source"):
+        DomainMMD(kernel)(source[:0], source)
+    with pytest.raises(KdmlError, match="expects"):
+        DomainMMD(kernel)(source, random_points(5, 2))
+
+
+# ----------------------------------------------------------------- DTML / DSTML objectives
+
+DSTML_LABELS = [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+
+
+def make_network(seed: int = 0) -> DTMLNetwork:
+    torch.manual_seed(seed)
+    return DTMLNetwork([4, 5, 3], init="standard").double()
+
+
+def ref_layer_criterion(source, labels, target, alpha, beta, k1, k2) -> float:
+    s_c, s_b = ref_fisher_terms(source, labels, k1, k2)
+    return s_c - alpha * s_b + beta * ref_linear_mmd(source, target)
+
+
+@pytest.mark.parametrize(("omega", "tau"), [(0.0, 0.0), (1.0, 0.0), (0.7, -0.5), (2.0, 1e6)])
+def test_objective_matches_hand_computation(omega, tau):
+    network = make_network()
+    source_x, target_x = random_points(10, 4, seed=14), random_points(6, 4, seed=15) + 0.4
+    source_layers, target_layers = network(source_x), network(target_x)
+    alpha, beta, gamma, k1, k2 = 0.1, 10.0, 0.1, 2, 4
+    objective = DTMLObjective(alpha, beta, gamma, k1, k2, hidden_weight=omega,
+                              hidden_threshold=tau)
+    total, terms = objective(source_layers, torch.tensor(DSTML_LABELS), target_layers, network)
+
+    top = ref_layer_criterion(source_layers[1].tolist(), DSTML_LABELS,
+                              target_layers[1].tolist(), alpha, beta, k1, k2)
+    hidden = ref_layer_criterion(source_layers[0].tolist(), DSTML_LABELS,
+                                 target_layers[0].tolist(), alpha, beta, k1, k2)
+    # J^(M) + gamma * penalty + omega * max(J^(1) - tau, 0); no penalty inside the hinge
+    expected = top + gamma * ref_weight_penalty(network) + omega * max(hidden - tau, 0.0)
+    assert total.item() == pytest.approx(expected, rel=1e-12)
+    assert terms["j_top"].item() == pytest.approx(top, rel=1e-12)
+    assert terms["weight_penalty"].item() == pytest.approx(ref_weight_penalty(network), rel=1e-12)
+    if omega:
+        assert terms["j@1"].item() == pytest.approx(hidden, rel=1e-12)
+        assert terms["hinge@1"].item() == pytest.approx(max(hidden - tau, 0.0), abs=1e-12)
+    else:
+        assert "j@1" not in terms
+
+
+def test_objective_gradcheck_through_the_network():
+    network = make_network(1)
+    labels = torch.tensor(DSTML_LABELS)
+    objective = DTMLObjective(k1=2, k2=4, hidden_weight=1.0, hidden_threshold=-10.0)
+
+    def total(source_x, target_x):
+        return objective(network(source_x), labels, network(target_x), network).total
+
+    source_x = random_points(10, 4, seed=16).requires_grad_()
+    target_x = random_points(5, 4, seed=17).requires_grad_()
+    assert gradcheck(total, (source_x, target_x))
+    # and with respect to the weights (the gamma term included)
+    params = list(network.parameters())
+    objective(network(source_x), labels, network(target_x), network).total.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+
+
+class _Penalty(torch.nn.Module):
+    """Calls the network's ``weight_penalty`` as ``forward``, for ``functional_call``."""
+
+    def __init__(self, network: DTMLNetwork) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self) -> torch.Tensor:
+        return self.network.weight_penalty()
+
+
+def test_objective_gradcheck_wrt_weights():
+    labels = torch.tensor(DSTML_LABELS)
+    source_x, target_x = random_points(10, 4, seed=18), random_points(5, 4, seed=19)
+    objective = DTMLObjective(k1=2, k2=4, hidden_weight=1.0, hidden_threshold=-10.0)
+    network = make_network(2)
+    names = [name for name, _ in network.named_parameters()]
+    penalty = _Penalty(network)
+
+    def total(*params):
+        values = dict(zip(names, params, strict=True))
+        source = torch.func.functional_call(network, values, (source_x,))
+        target = torch.func.functional_call(network, values, (target_x,))
+        weight_penalty = torch.func.functional_call(
+            penalty, {f"network.{name}": value for name, value in values.items()}, ())
+        return objective(source, labels, target, SimpleNamespace(
+            weight_penalty=lambda: weight_penalty)).total
+
+    params = tuple(p.detach().clone().requires_grad_() for p in network.parameters())
+    assert gradcheck(total, params)
+
+
+def test_ddml_needs_no_target_and_reports_d_ts_without_gradient():
+    network = make_network()
+    labels = torch.tensor(DSTML_LABELS)
+    source_x = random_points(10, 4, seed=20)
+    target_x = random_points(4, 4, seed=21).requires_grad_()
+    objective = DTMLObjective(beta=0.0, k1=2, k2=4)
+    without = objective(network(source_x), labels, None, network)
+    assert "d_ts" not in without.terms
+    with_target = objective(network(source_x), labels, network(target_x), network)
+    assert with_target.total.item() == pytest.approx(without.total.item(), rel=1e-12)
+    expected = ref_linear_mmd(network(source_x)[1].tolist(), network(target_x)[1].tolist())
+    assert with_target.terms["d_ts"].item() == pytest.approx(expected, rel=1e-12)
+    with_target.total.backward()
+    assert target_x.grad is None
+
+
+def test_objective_errors():
+    network = make_network()
+    labels = torch.tensor(DSTML_LABELS)
+    source = network(random_points(10, 4))
+    with pytest.raises(KdmlError, match="target-domain batch"):
+        DTMLObjective(k1=2, k2=4)(source, labels, None, network)
+    with pytest.raises(KdmlError, match="0 target"):
+        DTMLObjective(k1=2, k2=4)(source, labels, network(random_points(10, 4)[:0]), network)
+    with pytest.raises(KdmlError, match="weight_penalty"):
+        DTMLObjective(k1=2, k2=4, beta=0.0)(source, labels, None, None)
+    with pytest.raises(KdmlError, match="per hidden layer"):
+        DTMLObjective(k1=2, k2=4, beta=0.0, hidden_weight=[1.0, 1.0])(source, labels, None,
+                                                                      network)

@@ -1,0 +1,309 @@
+"""The DTML network (Eq. 1), the DTML-family recipes and the DomainAdaptedMethod wrapper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from kdml.config import OptimConfig, resolve_config
+from kdml.errors import KdmlError
+from kdml.models import MLP
+from kdml.models.backbones import FlattenInputs
+from kdml.models.dtml import DTMLNetwork
+from kdml.regularizers.domain import DomainMMD
+from kdml.training.domain_adapted import DomainAdaptedMethod
+from kdml.training.method import Method, StepOutput
+from kdml.training.recipes.dtml import RECIPES, DTMLMethod, PCAMethod
+
+RECIPE_BY_NAME = {recipe.name: recipe for recipe in RECIPES}
+
+
+def random_points(num: int, dim: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num, dim, generator=gen, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------- network
+
+
+def literal_layer(x_rows, weight, bias, phi):
+    return [[phi(sum(w * v for w, v in zip(w_row, row, strict=True)) + b)
+             for w_row, b in zip(weight, bias, strict=True)] for row in x_rows]
+
+
+def test_identity_init_puts_ones_on_the_rectangular_diagonals():
+    network = DTMLNetwork([5, 7, 3])
+    first, second = network.layers
+    assert first.weight.shape == (7, 5) and second.weight.shape == (3, 7)
+    for layer in network.layers:
+        rows, cols = layer.weight.shape
+        expected = [[1.0 if i == j else 0.0 for j in range(cols)] for i in range(rows)]
+        assert layer.weight.tolist() == expected
+        assert layer.bias.tolist() == [0.0] * rows
+    # identity init: the top layer is tanh(tanh(x)) of the first 3 coordinates
+    x = random_points(4, 5).float()
+    top = network.embed(x)
+    assert torch.allclose(top, torch.tanh(torch.tanh(x[:, :3])))
+    assert network.feature_size == 3 and network.num_layers == 2
+
+
+def test_standard_init_is_pytorchs_default():
+    torch.manual_seed(0)
+    network = DTMLNetwork([4, 4], init="standard")
+    torch.manual_seed(0)
+    reference = nn.Linear(4, 4)
+    assert torch.equal(network.layers[0].weight, reference.weight)
+    assert not torch.equal(network.layers[0].weight, torch.eye(4))
+
+
+@pytest.mark.parametrize(("activation", "phi"), [("tanh", math.tanh),
+                                                 ("sigmoid", lambda v: 1 / (1 + math.exp(-v)))])
+def test_layer_outputs_follow_eq_1(activation, phi):
+    torch.manual_seed(1)
+    network = DTMLNetwork([3, 4, 2, 2], activation=activation, init="standard").double()
+    x = random_points(5, 3, seed=2)
+    outputs = network(x)
+    assert [tuple(h.shape) for h in outputs] == [(5, 4), (5, 2), (5, 2)]
+    hidden = x.tolist()
+    for layer, output in zip(network.layers, outputs, strict=True):
+        hidden = literal_layer(hidden, layer.weight.tolist(), layer.bias.tolist(), phi)
+        assert torch.allclose(output, torch.tensor(hidden, dtype=torch.float64), rtol=1e-12,
+                              atol=1e-14)
+
+
+def test_weight_penalty_is_frobenius_plus_bias_norms():
+    torch.manual_seed(3)
+    network = DTMLNetwork([3, 4, 2], init="standard").double()
+    expected = sum(w * w for layer in network.layers for row in layer.weight.tolist() for w in row)
+    expected += sum(b * b for layer in network.layers for b in layer.bias.tolist())
+    assert network.weight_penalty().item() == pytest.approx(expected, rel=1e-12)
+    # identity init: ||I_{4x3}||^2 + ||I_{2x4}||^2 = 3 + 2
+    assert DTMLNetwork([3, 4, 2]).weight_penalty().item() == 5.0
+
+
+def test_network_flattens_images_and_rejects_bad_sizes():
+    network = DTMLNetwork([64, 8])
+    assert network(torch.zeros(2, 1, 8, 8))[0].shape == (2, 8)
+    with pytest.raises(KdmlError, match="64 input features"):
+        network(torch.zeros(2, 10))
+    for bad in ([5], [5, 0], [4, 2.0]):
+        with pytest.raises(KdmlError):
+            DTMLNetwork(bad)
+    with pytest.raises(KdmlError, match="activation"):
+        DTMLNetwork([2, 2], activation="gelu")
+
+
+# ----------------------------------------------------------------- recipes
+
+
+def build(name: str, *overrides: str, input_size: int = 6):
+    recipe = RECIPE_BY_NAME[name]
+    config = resolve_config(name, recipe.params, recipe.defaults, overrides=list(overrides))
+    return config, recipe.build(config, FlattenInputs((input_size,)), 3)
+
+
+def tiny_domains(seed: int = 0):
+    labels = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    gen = torch.Generator().manual_seed(seed)
+    source = torch.randn(9, 6, generator=gen) + labels[:, None].float()
+    target = torch.randn(5, 6, generator=gen) + 0.5
+    return source, labels, target
+
+
+@pytest.mark.parametrize("name", ["dtml", "dstml", "ddml"])
+def test_dtml_recipes_take_a_training_step(name):
+    config, method = build(name, "method.k1=2", "method.k2=3")
+    assert isinstance(method, DTMLMethod) and method.uses_target
+    assert config.eval.metric == "euclidean"
+    assert [layer.weight.shape[0] for layer in method.backbone.layers] == [6, 3]  # [d, d // 2]
+    source, labels, target = tiny_domains()
+    before = [p.detach().clone() for p in method.parameters()]
+    optimizer = torch.optim.Adam(method.param_groups(config.optim))
+    output = method(source, labels, target_inputs=target)
+    assert isinstance(output, StepOutput) and output.embeddings.shape == (9, 3)
+    assert output.terms["loss"] == pytest.approx(output.loss.item())
+    assert ("hinge@1" in output.terms) == (name == "dstml")
+    assert "d_ts" in output.terms
+    optimizer.zero_grad()
+    output.loss.backward()
+    optimizer.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, method.parameters(), strict=True))
+    assert method.embed(source).shape == (9, 3)
+
+
+def test_dtml_recipe_defaults_follow_the_paper():
+    dtml, dstml, ddml = (build(n, input_size=64)[0].method
+                         for n in ("dtml", "dstml", "ddml"))
+    assert (dtml.alpha, dtml.beta, dtml.gamma, dtml.k1, dtml.k2) == (0.1, 10.0, 0.1, 5, 10)
+    assert dtml.activation == "tanh" and dtml.init == "identity" and dtml.omega == 0.0
+    assert (dstml.omega, dstml.tau) == (1.0, 0.0)
+    assert ddml.beta == 0.0
+    assert dtml.network_sizes(64) == [64, 64, 32]
+
+
+def test_dtml_objective_value_is_the_objectives():
+    _, method = build("dstml", "method.k1=2", "method.k2=3")
+    source, labels, target = tiny_domains(1)
+    output = method(source, labels, target)
+    direct = method.objective(method.backbone(source), labels, method.backbone(target),
+                              method.backbone)
+    assert output.loss.item() == pytest.approx(direct.total.item(), rel=1e-6)
+
+
+def test_dtml_without_target_is_a_clear_error():
+    with pytest.raises(KdmlError, match="pca_dim=7 exceeds the input size 6"):
+        build("pca", "method.pca_dim=7")
+    _, method = build("dtml", "method.k1=2", "method.k2=3")
+    source, labels, _ = tiny_domains()
+    with pytest.raises(KdmlError, match="target"):
+        method(source, labels)
+    _, ddml = build("ddml", "method.k1=2", "method.k2=3")
+    assert "d_ts" not in ddml(source, labels).terms  # the baseline runs without a target
+
+
+def test_pca_recipe_is_fitted_on_the_source_and_has_no_parameters():
+    config, method = build("pca", "method.pca_dim=2")
+    assert isinstance(method, PCAMethod) and not method.needs_training
+    assert list(method.parameters()) == [] and method.param_groups(config.optim) == []
+    source, labels, target = tiny_domains()
+    with pytest.raises(KdmlError, match="fitted"):
+        method.embed(target)
+    method.fit(source)
+    # reference: the top-2 eigenvectors of the source scatter matrix (eigh, an independent
+    # route from the SVD the method uses)
+    centred = source.double() - source.double().mean(dim=0)
+    _, vectors = torch.linalg.eigh(centred.T @ centred)
+    top = vectors[:, [-1, -2]]
+    expected = (target.double() - source.double().mean(dim=0)) @ top
+    got = method.embed(target.double())
+    assert torch.allclose(got.abs(), expected.abs(), atol=1e-8)  # up to the sign of each axis
+    output = method(source, labels)
+    assert output.loss.item() == 0.0 and output.embeddings.shape == (9, 2)
+    # state survives a checkpoint round trip
+    _, restored = build("pca", "method.pca_dim=2")
+    restored.load_state_dict(method.state_dict())
+    assert torch.equal(restored.embed(target), method.embed(target))
+
+
+def test_pca_default_dim_keeps_euclidean_distances():
+    _, method = build("pca", input_size=6)
+    source, _, target = tiny_domains()
+    method.fit(source)
+    assert torch.allclose(torch.cdist(method.embed(target), method.embed(target)),
+                          torch.cdist(target, target), atol=1e-5)
+
+
+@pytest.mark.parametrize("override", ["method.alpha=-1", "method.mmd_kernel=rbf",
+                                      "method.activation=gelu", "method.k1=0",
+                                      "method.layer_sizes=[4,0]"])
+def test_dtml_params_validation(override):
+    with pytest.raises(KdmlError):
+        build("dtml", override)
+
+
+def test_gaussian_mmd_option():
+    _, method = build("dtml", "method.k1=2", "method.k2=3",
+                      "method.mmd_kernel=gaussian")
+    source, labels, target = tiny_domains()
+    output = method(source, labels, target)
+    assert output.terms["d_ts"] > 0
+    output.loss.backward()
+
+
+# ----------------------------------------------------------------- DomainAdaptedMethod
+
+
+class SquaredNormMethod(Method):
+    """A minimal inner method: linear embedding, loss = mean squared norm; has proxies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = nn.Linear(4, 3).double()
+        self.proxies = nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
+
+    def forward(self, inputs, labels):
+        embeddings = self.backbone(inputs)
+        loss = embeddings.pow(2).sum(dim=1).mean() + 0.0 * self.proxies.sum()
+        return StepOutput(loss, {"loss": loss.item()}, embeddings)
+
+    def embed(self, inputs):
+        return self.backbone(inputs)
+
+    def proxy_parameters(self):
+        return [self.proxies]
+
+    def chart_codes(self, inputs):
+        return torch.zeros(len(inputs), dtype=torch.long)
+
+
+def test_domain_adapted_method_adds_beta_times_eq_6():
+    inner = SquaredNormMethod()
+    method = DomainAdaptedMethod(inner, beta=2.5, mmd=DomainMMD())
+    source, target = random_points(6, 4, seed=4), random_points(3, 4, seed=5) + 1.0
+    labels = torch.tensor([0, 0, 0, 1, 1, 1])
+    output = method(source, labels, target_inputs=target)
+    emb_s, emb_t = inner.embed(source).tolist(), inner.embed(target).tolist()
+    inner_loss = sum(sum(v * v for v in row) for row in emb_s) / len(emb_s)
+    mean_s = [sum(row[d] for row in emb_s) / len(emb_s) for d in range(3)]
+    mean_t = [sum(row[d] for row in emb_t) / len(emb_t) for d in range(3)]
+    d_ts = sum((a - b) ** 2 for a, b in zip(mean_t, mean_s, strict=True))
+    assert output.loss.item() == pytest.approx(inner_loss + 2.5 * d_ts, rel=1e-12)
+    assert output.terms["d_ts"] == pytest.approx(d_ts, rel=1e-12)
+    assert output.terms["inner_loss"] == pytest.approx(inner_loss, rel=1e-12)
+    assert method.uses_target
+    output.loss.backward()
+    assert inner.backbone.weight.grad is not None
+
+
+def test_domain_adapted_method_delegates_to_the_inner_method():
+    inner = SquaredNormMethod()
+    method = DomainAdaptedMethod(inner, beta=1.0, mmd=DomainMMD())
+    x = random_points(5, 4)
+    assert torch.equal(method.embed(x), inner.embed(x))
+    assert method.backbone is inner.backbone
+    assert method.proxy_parameters() == [inner.proxies]
+    optim = OptimConfig(lr=0.1, proxy_lr=0.5)
+    groups = method.param_groups(optim)
+    assert [g["lr"] for g in groups] == [0.1, 0.5]
+    assert groups[1]["params"] == [inner.proxies]
+    assert torch.equal(method.chart_codes(x), inner.chart_codes(x))
+    plain = DomainAdaptedMethod(MLPMethod(), beta=1.0, mmd=DomainMMD())
+    assert not hasattr(plain, "chart_codes")
+    with pytest.raises(KdmlError, match="target"):
+        method(x, torch.tensor([0, 0, 1, 1, 1]))
+    without_transfer = DomainAdaptedMethod(inner, beta=0.0, mmd=DomainMMD())
+    assert without_transfer(x, torch.tensor([0, 0, 1, 1, 1])).terms == {
+        "loss": inner(x, torch.tensor([0, 0, 1, 1, 1])).loss.item()}
+
+
+class MLPMethod(Method):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = MLP(4, (3,)).double()
+
+    def forward(self, inputs, labels):
+        embeddings = self.backbone(inputs)
+        return StepOutput(embeddings.sum(), {"loss": embeddings.sum().item()}, embeddings)
+
+    def embed(self, inputs):
+        return self.backbone(inputs)
+
+
+def test_domain_adapted_jrd_method_trains():
+    from kdml.training.recipes import get_recipe
+    from kdml.training.recipes.jrd import JRDMethod
+
+    params = resolve_config("amsoftmax", get_recipe("amsoftmax").params).method
+    torch.manual_seed(0)
+    inner = JRDMethod(MLP(6, (12,)), 5, 3, params).double()
+    method = DomainAdaptedMethod(inner, beta=1.0, mmd=DomainMMD())
+    source, labels, target = tiny_domains()
+    output = method(source.double(), labels, target.double())
+    assert output.loss.item() == pytest.approx(output.terms["inner_loss"]
+                                               + output.terms["d_ts"], rel=1e-12)
+    output.loss.backward()
+    assert inner.head.proxies.grad is not None

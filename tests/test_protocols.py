@@ -1,0 +1,204 @@
+"""The LFW-style verification protocol and single-shot re-identification CMC, against hand
+computations and brute-force references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kdml.errors import KdmlError
+from kdml.evaluation.reid import cmc_curve, match_ranks, single_shot_cmc
+from kdml.evaluation.transfer import source_nn_accuracy, target_metrics
+from kdml.evaluation.verification import best_threshold, pair_scores, verification_accuracy
+
+# ----------------------------------------------------------------- verification
+
+# (score, same, fold); folds listed out of order on purpose
+PAIRS = [
+    (0.9, 1, 0), (0.8, 1, 1), (0.7, 1, 2), (0.6, 1, 0), (0.5, 0, 0), (0.45, 0, 1),
+    (0.4, 1, 1), (0.55, 0, 2), (0.2, 0, 0), (0.1, 0, 1), (0.3, 1, 2), (0.35, 0, 2),
+]
+
+
+def brute_force_protocol(pairs):
+    """For each fold: try every midpoint of the sorted distinct training scores (and one
+    below / above all), keep the smallest with the best training accuracy, apply it."""
+    results = []
+    for fold in sorted({f for _, _, f in pairs}):
+        train = [(s, y) for s, y, f in pairs if f != fold]
+        test = [(s, y) for s, y, f in pairs if f == fold]
+        values = sorted({s for s, _ in train})
+        candidates = [values[0] - 1.0] + [(a + b) / 2 for a, b in zip(values, values[1:],
+                                                                        strict=False)]
+        candidates.append(values[-1] + 1.0)
+        best_t, best_acc = None, -1.0
+        for t in candidates:
+            acc = sum((s >= t) == bool(y) for s, y in train) / len(train)
+            if acc > best_acc:
+                best_t, best_acc = t, acc
+        results.append((best_t, sum((s >= best_t) == bool(y) for s, y in test) / len(test)))
+    return results
+
+
+def test_verification_matches_hand_computation_and_brute_force():
+    scores, same, folds = (np.array(column) for column in zip(*PAIRS, strict=True))
+    result = verification_accuracy(scores, same, folds)
+    # fold 0 by hand: the other folds' best threshold is 0.625 (between 0.55 and 0.7: 6 of 8
+    # right); on fold 0 it calls 0.6 "different" by mistake -> 3 of 4
+    assert result.thresholds[0] == pytest.approx(0.625)
+    assert result.fold_accuracies[0] == 0.75
+    reference = brute_force_protocol(PAIRS)
+    assert result.thresholds == pytest.approx(tuple(t for t, _ in reference))
+    assert result.fold_accuracies == pytest.approx(tuple(a for _, a in reference))
+    accuracies = [a for _, a in reference]
+    mean = sum(accuracies) / 3
+    std = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / 2)
+    assert result.mean == pytest.approx(mean)
+    assert result.std == pytest.approx(std)
+    assert result.standard_error == pytest.approx(std / math.sqrt(3))
+    assert result.fold_ids == (0, 1, 2)
+
+
+def test_distances_give_the_same_decisions():
+    scores, same, folds = (np.array(column) for column in zip(*PAIRS, strict=True))
+    as_similarity = verification_accuracy(scores, same, folds)
+    as_distance = verification_accuracy(1.0 - scores, same, folds, scores_are_distances=True)
+    assert as_distance.fold_accuracies == pytest.approx(as_similarity.fold_accuracies)
+    assert as_distance.thresholds == pytest.approx(tuple(1.0 - t for t in
+                                                         as_similarity.thresholds))
+
+
+def test_default_folds_are_ten_consecutive_blocks():
+    rng = np.random.default_rng(0)
+    same = rng.integers(0, 2, 600).astype(bool)
+    scores = np.where(same, 1.0, 0.0) + rng.uniform(-0.4, 0.4, 600)  # separable
+    result = verification_accuracy(torch.from_numpy(scores), torch.from_numpy(same))
+    assert result.fold_ids == tuple(range(10))
+    assert result.mean == 1.0 and result.std == 0.0
+    assert all(0.4 < t < 0.6 for t in result.thresholds)
+
+
+def test_best_threshold_hand_case():
+    # sorted: 0.1 D, 0.3 S, 0.35 D, 0.4 S -> candidates 0.2 (3/4), 0.325 (2/4), 0.375 (3/4)...
+    threshold, accuracy = best_threshold(np.array([0.3, 0.1, 0.4, 0.35]),
+                                         np.array([True, False, True, False]))
+    assert threshold == pytest.approx(0.2) and accuracy == 0.75
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"scores": [0.1, np.nan], "same": [0, 1], "folds": [0, 1]}, "NaN"),
+    ({"scores": [0.1, 0.2], "same": [0, 2], "folds": [0, 1]}, "0/1"),
+    ({"scores": [0.1, 0.2], "same": [0, 1], "folds": [0, 0]}, "at least 2 folds"),
+    ({"scores": [0.1, 0.2], "same": [0, 1, 1]}, "one length"),
+    ({"scores": [0.1, 0.2], "same": [0, 1], "folds": [0.0, 1.0]}, "integers"),
+])
+def test_verification_errors(kwargs, message):
+    with pytest.raises(KdmlError, match=message):
+        verification_accuracy(**kwargs)
+
+
+def test_pair_scores_match_loops():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
+    cosine = pair_scores(a, b)
+    euclidean = pair_scores(torch.from_numpy(a), torch.from_numpy(b), metric="euclidean")
+    for i in range(5):
+        dot = sum(a[i, d] * b[i, d] for d in range(3))
+        norms = math.sqrt(sum(v * v for v in a[i])) * math.sqrt(sum(v * v for v in b[i]))
+        assert cosine[i] == pytest.approx(dot / norms)
+        assert euclidean[i] == pytest.approx(-math.sqrt(sum((a[i] - b[i]) ** 2)))
+    assert pair_scores(np.zeros((1, 2)), np.ones((1, 2)))[0] == 0.0
+    with pytest.raises(KdmlError):
+        pair_scores(a, b, metric="manhattan")
+
+
+# ----------------------------------------------------------------- re-identification
+
+
+def test_match_ranks_and_cmc_hand_case():
+    gallery, gallery_ids = np.array([[0.0], [1.0], [3.0]]), np.array([0, 1, 2])
+    probe, probe_ids = np.array([[1.1], [2.9], [3.5]]), np.array([0, 1, 2])
+    # probe 0: true 1.1, id 1 at 0.1 is closer -> 2; probe 1: true 1.9, id 2 at 0.1 -> 2;
+    # probe 2: true 0.5, the others at 2.5 and 3.5 -> 1
+    ranks = match_ranks(probe, probe_ids, gallery, gallery_ids)
+    assert ranks.tolist() == [2, 2, 1]
+    assert cmc_curve(ranks, 3).tolist() == pytest.approx([1 / 3, 1.0, 1.0])
+
+
+def test_ties_count_against_the_probe():
+    ranks = match_ranks(np.array([[0.0]]), [5], np.array([[1.0], [-1.0], [3.0]]), [7, 5, 9])
+    assert ranks.tolist() == [2]
+
+
+def test_single_shot_cmc_hand_case_with_ties_singletons_and_clamped_ranks():
+    # identities 0 and 1 sit on the same point (a tie), identity 2 far away, identity 3 has a
+    # single image (no probe/gallery pair: left out). Every split gives ranks [2, 2, 1].
+    x = np.array([[0.0], [0.0], [0.0], [0.0], [5.0], [5.0], [9.0]])
+    ids = np.array([0, 0, 1, 1, 2, 2, 3])
+    result = single_shot_cmc(x, ids, num_splits=4, ranks=(1, 2, 5))
+    assert result == pytest.approx({"cmc@1": 1 / 3, "cmc@2": 1.0, "cmc@5": 1.0,
+                                    "gallery_size": 3.0})
+
+
+def test_cameras_force_cross_camera_pairs():
+    # Same-camera images of an identity coincide; across cameras every probe ties or loses, so
+    # CMC@1 is 0 for every cross-camera split, and > 0 once same-camera pairs may be drawn.
+    x = np.array([[0.0], [0.0], [100.0], [100.0], [100.0], [0.0]])
+    ids = np.array([0, 0, 0, 1, 1, 1])
+    cams = np.array([0, 0, 1, 0, 0, 1])
+    across = single_shot_cmc(x, ids, cameras=cams, num_splits=30, ranks=(1, 2), seed=3)
+    assert across == {"cmc@1": 0.0, "cmc@2": 1.0, "gallery_size": 2.0}
+    anywhere = single_shot_cmc(x, ids, num_splits=30, ranks=(1,), seed=3)
+    assert anywhere["cmc@1"] > 0
+
+
+def test_single_shot_cmc_is_seeded():
+    rng = np.random.default_rng(0)
+    x, ids = rng.standard_normal((40, 4)), np.repeat(np.arange(10), 4)
+    first = single_shot_cmc(x, ids, num_splits=5, seed=1)
+    assert first == single_shot_cmc(x, ids, num_splits=5, seed=1)
+    assert first["gallery_size"] == 10.0
+    assert 0 <= first["cmc@1"] <= first["cmc@5"] <= first["cmc@10"] == first["cmc@20"] == 1.0
+
+
+def test_single_shot_cmc_errors():
+    with pytest.raises(KdmlError, match="two images"):
+        single_shot_cmc(np.zeros((3, 2)), [0, 1, 2])
+    with pytest.raises(KdmlError, match="two cameras"):
+        single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], cameras=[0, 0, 1, 1])
+    with pytest.raises(KdmlError, match="ranks"):
+        single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], ranks=(0,))
+
+
+# ----------------------------------------------------------------- transfer accuracy
+
+
+def test_source_nn_accuracy_matches_a_brute_force_vote():
+    rng = np.random.default_rng(2)
+    source, source_y = rng.standard_normal((30, 3)), rng.integers(0, 4, 30)
+    target, target_y = rng.standard_normal((12, 3)), rng.integers(0, 4, 12)
+    for k in (1, 3, 4):
+        correct = 0
+        for t, y in zip(target, target_y, strict=True):
+            nearest = sorted(range(30), key=lambda j, t=t: sum((t - source[j]) ** 2))[:k]
+            votes = {}
+            for j in nearest:
+                votes[source_y[j]] = votes.get(source_y[j], 0) + 1
+            best = max(votes.values())
+            # tie: the tied label seen first among the neighbours (nearest first)
+            predicted = next(source_y[j] for j in nearest if votes[source_y[j]] == best)
+            correct += predicted == y
+        got = source_nn_accuracy(source, source_y, target, target_y, k=k)
+        assert got == pytest.approx(correct / 12)
+
+
+def test_target_metrics_leave_out_unknown_labels():
+    source = np.array([[0.0], [10.0]])
+    target = np.array([[1.0], [2.0], [9.0], [8.0], [50.0]])
+    metrics = target_metrics(source, [0, 1], target, [0, 0, 1, 1, -1], ks=(1,))
+    assert metrics["source_nn_accuracy"] == 1.0 and metrics["recall@1"] == 1.0
+    with pytest.raises(KdmlError, match="no labelled"):
+        source_nn_accuracy(source, [0, 1], target, [-1] * 5)
