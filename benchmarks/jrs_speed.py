@@ -1,5 +1,8 @@
 """Speed benchmarks of kdml, printed as markdown tables.
 
+Section ``train_step``: a whole training step of the ``jrd`` recipe against ``amsoftmax``
+(JRD without the regularizer) on the default CPU backbone: the regularizer's overhead.
+
 Section ``regularizer``: forward + backward of the JRS regularizer (JRD, Chu et al., ICML 2020,
 Eq. 10 / 11) at the paper's scale: a batch of M = 100 samples, 10 per class; pooled features
 1024-d (3-Gaussian mixture), embedding 512-d (3-Gaussian mixture), class level C = 100
@@ -211,8 +214,55 @@ def regularizer_section(args: argparse.Namespace) -> str:
     return setup + "\n\n" + markdown_table(header, rows)
 
 
+def train_step_section(args: argparse.Namespace) -> str:
+    """Whole training step (forward, backward, Adam) of ``jrd`` vs ``amsoftmax``, as the
+    trainer builds them with their defaults on the default CPU backbone for mnist5k."""
+    from kdml.config import resolve_config
+    from kdml.models.backbones import build_backbone
+    from kdml.training.recipes import get_recipe
+
+    gen = torch.Generator().manual_seed(args.seed)
+    images = torch.rand(args.step_batch, 1, 28, 28, generator=gen)  # mnist5k's input shape
+    labels = torch.arange(args.step_batch) % args.step_classes
+    steps: dict[str, Callable[[], None]] = {}
+    for name in ("amsoftmax", "jrd"):
+        recipe = get_recipe(name)
+        config = resolve_config(name, recipe.params, recipe.defaults)
+        torch.manual_seed(args.seed)
+        method = recipe.build(config, build_backbone("cnn", (1, 28, 28)), args.step_classes)
+        optimizer = torch.optim.Adam(method.param_groups(config.optim))
+
+        def step(method=method, optimizer=optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            method(images, labels).loss.backward()
+            optimizer.step()
+
+        for _ in range(args.warmup):
+            step()
+        steps[name] = step
+    clock = CLOCKS[args.clock]
+    medians: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            timer = Timer(stmt="step()", globals={"step": step}, num_threads=args.threads,
+                          timer=clock)
+            medians[name].append(timer.blocked_autorange(min_run_time=args.min_run_time)
+                                 .median * 1e3)
+    base = statistics.median(medians["amsoftmax"])
+    rows = [[name, f"{statistics.median(values):.1f}",
+             f"{100 * (statistics.median(values) / base - 1):+.1f}%"]
+            for name, values in medians.items()]
+    setup = (f"One training step (forward, backward, Adam step) on the default CPU backbone "
+             f"(SmallCNN, 1x28x28 mnist5k inputs), batch {args.step_batch} of "
+             f"{args.step_classes} classes, recipe defaults (embedding 64, JRS over pool 128-d, "
+             f"emb 64-d, cls {args.step_classes}-d); {args.threads} thread(s), {args.clock} "
+             f"clock, median over {args.rounds} interleaved rounds.")
+    return setup + "\n\n" + markdown_table(["recipe", "median ms", "vs amsoftmax"], rows)
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], str]] = {
     "regularizer": regularizer_section,
+    "train_step": train_step_section,
 }
 
 
@@ -240,6 +290,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     jrs.add_argument("--pool-dim", type=int, default=1024)
     jrs.add_argument("--embedding-dim", type=int, default=512)
     jrs.add_argument("--num-classes", type=int, default=100, help="class-level dimension C")
+    step = parser.add_argument_group("train_step section (jrd vs amsoftmax)")
+    step.add_argument("--step-batch", type=int, default=64, help="the trainer's default batch")
+    step.add_argument("--step-classes", type=int, default=5, help="mnist5k's training classes")
     return parser.parse_args(argv)
 
 
