@@ -51,6 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     general.add_argument("--neighbors", type=int, default=1, help="k of the k-NN (default 1)")
     general.add_argument("--seed", type=int, default=0)
 
+    plot = commands.add_parser("plot", help="plots of a trained run")
+    plots = plot.add_subparsers(dest="plot", required=True, parser_class=_Parser)
+    charts = plots.add_parser(
+        "charts", help="d = 2 charts of an Atlas run: one panel per chart, test points by class",
+        description="Plot the test points of an Atlas run (d = 2) at their chart coordinates, "
+        "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
+    charts.add_argument("run_dir", type=Path)
+    charts.add_argument("--thumbnails", type=int, default=100,
+                        help="images drawn as thumbnails (0 = points only; default 100)")
+
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
     return parser
@@ -106,10 +116,11 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"train.seed={args.seed}")
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
     from kdml.data import DATASETS
+    from kdml.data.domains import DOMAIN_PAIRS, is_domain_dataset
 
-    if config.data.dataset not in DATASETS:
+    if config.data.dataset not in DATASETS and not is_domain_dataset(config.data.dataset):
         raise KdmlError(f"unknown dataset {config.data.dataset!r}; choose one of: "
-                        f"{', '.join(DATASETS)}")
+                        f"{', '.join([*DATASETS, *DOMAIN_PAIRS])}, or npz:PATH")
     run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
     if (run_dir / "config.yaml").exists():
         raise KdmlError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
@@ -125,7 +136,7 @@ def _eval(args: argparse.Namespace) -> int:
     from kdml.training.trainer import load_run
 
     trained = load_run(args.run_dir)
-    metrics = evaluate_method(trained.method, trained.splits.test, trained.config.eval)
+    metrics = evaluate_method(trained.method, trained.splits, trained.config.eval)
     write_json({"epoch": trained.epoch, "test": metrics}, trained.run.root / "eval.json")
     _print_results(trained.config, metrics, trained.run.root)
     return 0
@@ -160,12 +171,33 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_charts(args: argparse.Namespace) -> int:
+    from kdml.evaluation.evaluator import chart_codes_of
+    from kdml.training.trainer import load_run
+    from kdml.viz_charts import plot_charts
+
+    trained = load_run(args.run_dir)
+    if not hasattr(trained.method, "chart_codes"):
+        raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
+                        "recipe (mtriplet, msimclr)")
+    test = trained.splits.test
+    coords, index = chart_codes_of(trained.method, test)
+    path = plot_charts(coords, index, test.y, trained.run.plots / "charts.png",
+                       images=test.x if test.is_image else None,
+                       max_thumbnails=args.thumbnails)
+    print(f"chart plot written to {path}")
+    return 0
+
+
 def _datasets(args: argparse.Namespace) -> int:
     from kdml.data import DATASETS
+    from kdml.data.domains import DOMAIN_PAIRS
 
-    width = max(map(len, DATASETS))
-    for entry in DATASETS.values():
+    entries = [*DATASETS.values(), *DOMAIN_PAIRS.values()]
+    width = max(len(entry.name) for entry in entries)
+    for entry in entries:
         print(f"{entry.name:<{width}}  {entry.description}")
+    print(f"{'npz:PATH':<{width}}  pre-extracted features of two domains (X, y, domain)")
     return 0
 
 
@@ -191,8 +223,10 @@ def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
 
 
 _COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
-             "analyze": lambda args: _ANALYSES[args.analysis](args)}
+             "analyze": lambda args: _ANALYSES[args.analysis](args),
+             "plot": lambda args: _PLOTS[args.plot](args)}
 _ANALYSES = {"generalization": _analyze_generalization}
+_PLOTS = {"charts": _plot_charts}
 
 
 if __name__ == "__main__":

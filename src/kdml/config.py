@@ -23,10 +23,14 @@ from kdml.errors import KdmlError
 
 @dataclass
 class DataConfig:
+    # a dataset name, a domain pair "SOURCE->TARGET", or "npz:PATH" (features of two domains)
     dataset: str = "mnist5k"
-    train_classes: float = 0.5  # class-disjoint split: fraction (or count) of sorted classes
-    batch_size: int = 64
+    split: str = "class-disjoint"  # class-disjoint | seen-holdout (ignored for domain pairs)
+    train_classes: float = 0.5  # class-disjoint: fraction (or count) of the sorted classes
+    holdout_fraction: float = 0.2  # seen-holdout: share of every class held out for testing
+    batch_size: int = 64  # 0 = the whole training set in one batch
     samples_per_class: int = 0  # m of the class-balanced sampler; 0 = plain shuffled batches
+    pca_dim: int = 0  # domain pairs: PCA fitted on the source only (0 = none)
 
 
 @dataclass
@@ -38,11 +42,13 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = "adam"  # adam | sgd (plain gradient steps, as in DTML)
     lr: float = 1e-3  # network (backbone and head)
     proxy_lr: float = 1e-2  # class proxies, where the recipe has them
     weight_decay: float = 0.0
     lr_step: int = 0  # multiply the rates by lr_gamma every lr_step epochs; 0 = never
     lr_gamma: float = 0.1
+    lr_decay: float = 1.0  # and by lr_decay after every epoch (0.95 in DTML)
 
 
 @dataclass
@@ -51,6 +57,15 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto = cuda when available, else cpu
     eval_every: int = 1
+    tolerance: float = 0.0  # stop when |J_k - J_(k-1)| < tolerance (epoch-mean loss); 0 = never
+
+
+@dataclass
+class DomainConfig:
+    """Adds beta * MMD(source, target embeddings) to any recipe (needs a domain pair)."""
+
+    beta: float = 0.0
+    kernel: str = "linear"  # linear (Eq. 6 of DTML) | gaussian (multi-kernel, adaptive)
 
 
 @dataclass
@@ -68,13 +83,14 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    domain: DomainConfig = field(default_factory=DomainConfig)
     method: Any = None  # the recipe's hyperparameter dataclass
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-SECTIONS = ("data", "model", "optim", "train", "eval", "method")
+SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
 
 
 def resolve_config(
@@ -206,7 +222,18 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 def validate(config: RunConfig) -> None:
     """Range checks that need no data; the rest is checked where the data is known."""
     checks = [
-        (config.data.batch_size >= 2, "data.batch_size must be at least 2"),
+        (config.data.batch_size >= 2 or config.data.batch_size == 0,
+         "data.batch_size must be at least 2 (or 0 for full batches)"),
+        (config.data.split in ("class-disjoint", "seen-holdout"),
+         "data.split must be class-disjoint or seen-holdout"),
+        (0 < config.data.holdout_fraction < 1, "data.holdout_fraction must be in (0, 1)"),
+        (config.data.pca_dim >= 0, "data.pca_dim must be >= 0 (0 = no PCA)"),
+        (config.optim.name in ("adam", "sgd"), "optim.name must be adam or sgd"),
+        (0 < config.optim.lr_decay <= 1, "optim.lr_decay must be in (0, 1]"),
+        (config.train.tolerance >= 0, "train.tolerance must be >= 0"),
+        (config.domain.beta >= 0, "domain.beta must be >= 0"),
+        (config.domain.kernel in ("linear", "gaussian"),
+         "domain.kernel must be linear or gaussian"),
         (config.data.samples_per_class >= 0, "data.samples_per_class must be >= 0"),
         (config.train.epochs >= 1, "train.epochs must be at least 1"),
         (config.train.eval_every >= 1, "train.eval_every must be at least 1"),

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from kdml.data.dataset import ArrayDataset
 from kdml.errors import KdmlError
+
+
+@dataclass
+class DataSplits:
+    """What the trainer trains on and the evaluator scores.
+
+    ``train`` labels are remapped to 0..C-1 (``train_classes`` maps them back); ``test`` keeps
+    the dataset's labels. For a domain pair, ``train`` is the labelled source, ``target`` the
+    target samples whose labels the method never sees, and ``test`` the same target samples
+    with their labels, for evaluation only.
+    """
+
+    train: ArrayDataset
+    test: ArrayDataset
+    train_classes: list[int]
+    target: ArrayDataset | None = None
+    kind: str = "class-disjoint"  # class-disjoint | seen-holdout | domain
 
 
 def class_disjoint_split(

@@ -37,6 +37,11 @@ class Method(nn.Module):
         """Test-time embeddings, shape [B, d]."""
         raise NotImplementedError
 
+    def fit(self, train_inputs: torch.Tensor) -> None:
+        """Closed-form fitting for methods with nothing to optimise (e.g. PCA); called once
+        by the trainer instead of gradient steps when :meth:`param_groups` is empty."""
+        raise NotImplementedError(f"{type(self).__name__} has no parameters and no fit()")
+
     def proxy_parameters(self) -> list[nn.Parameter]:
         """Parameters trained at ``optim.proxy_lr`` (none by default)."""
         return []

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from kdml.errors import KdmlError
-from kdml.training.recipes import jrd
+from kdml.training.recipes import atlas, dtml, jrd
 from kdml.training.recipes.base import Recipe
 
-RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (*jrd.RECIPES,)}
+RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe for recipe in (*jrd.RECIPES, *atlas.RECIPES, *dtml.RECIPES)
+}
 
 
 def get_recipe(name: str) -> Recipe:

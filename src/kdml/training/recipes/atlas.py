@@ -1,0 +1,398 @@
+r"""The Atlas family (Korman, "Atlas Based Representation and Metric Learning on Manifolds").
+
+- ``mtriplet``: MTriplet (Sec. 3.2): :class:`~kdml.models.atlas_heads.AtlasHead`, batch-all
+  triplet loss on the manifold distance of Eq. 7, plus
+  :math:`\lambda_1 \ell_{\mathcal{Z}} + \lambda_2 \ell_{\mathcal{J}}` (Eq. 6).
+- ``triplet``: its baseline, normalized batch-all triplet training in :math:`\mathbb{R}^{d+1}`.
+- ``msimclr``: MSimCLR (Sec. 3.1): NT-Xent on the membership-weighted projections of two
+  augmented views, plus the same regularizer.
+- ``simclr``: its baseline, SimCLR with one projection head on :math:`f(x) \in \mathbb{R}^d`.
+
+The Atlas methods expose ``chart_codes(inputs)``, the compressed code of Eq. 3, for
+:func:`~kdml.evaluation.charts.chart_retrieval_metrics` and
+:func:`~kdml.evaluation.charts.piecewise_linear_accuracy`.
+
+Paper settings that differ from the defaults here: MTriplet batches of 8 classes x 4 images
+(the offline datasets have only 5 training classes, so the default is 5 x 4), RMSProp at
+1e-5 for 300 epochs with GoogLeNet; MSimCLR Adam 1e-4, batch 128, ResNet18/50, 100 (1,000 for
+CIFAR-10) epochs, tau = 0.5 for CIFAR-10.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.losses import NTXentLoss
+from torch import Tensor, nn
+
+from kdml.atlas import (
+    DISTANCE_VARIANTS,
+    ChartOutputs,
+    compressed_code,
+    manifold_distance,
+    safe_sqrt,
+)
+from kdml.config import RunConfig
+from kdml.data.augment import SimCLRAugment
+from kdml.errors import KdmlError
+from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
+from kdml.models.heads import EmbeddingHead
+from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
+from kdml.training.method import Method, StepOutput
+from kdml.training.recipes.base import Recipe
+
+TRIPLET_REDUCTIONS = ("all", "nonzero")
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.2,
+                           reduction: str = "all") -> tuple[Tensor, dict[str, float]]:
+    r"""Batch-all triplet loss on a given distance matrix (Schroff et al. 2015; Atlas Sec. 3.2).
+
+    .. math::
+        \ell = \operatorname{mean}_{(a, p, n)} \left[ D_{ap} - D_{an} + m \right]_+
+
+    over every triplet of the batch with :math:`y_a = y_p`, :math:`a \ne p`,
+    :math:`y_n \ne y_a`. Written here rather than with a PML miner because the manifold
+    distance is a precomputed matrix that may hold :math:`+\infty` (points sharing no chart),
+    which must not become NaN:
+
+    - :math:`D_{an} = \infty`: the negative is infinitely far, the triplet is satisfied
+      (loss 0, no gradient);
+    - :math:`D_{ap} = \infty`: the loss would be :math:`\infty` with no usable gradient, so
+      the triplet is left out and counted in ``infinite_positives`` (``inf - inf`` is never
+      formed).
+
+    ``reduction="all"`` averages over all counted triplets (the authors' code);
+    ``"nonzero"`` over those with a positive loss (Hermans et al.; PML's default reducer).
+    A batch without any triplet gives a zero loss that is still part of the graph.
+
+    Args:
+        distances: :math:`(B, B)` distances, :math:`+\infty` allowed.
+        labels: :math:`(B,)` integer labels.
+        margin: :math:`m`. Default: 0.2.
+        reduction: ``"all"`` or ``"nonzero"``.
+
+    Returns:
+        The loss (scalar) and ``{"active_triplets": fraction with a positive loss,
+        "infinite_positives": number of left-out triplets}``.
+    """
+    if reduction not in TRIPLET_REDUCTIONS:
+        raise KdmlError(f"reduction must be one of {', '.join(TRIPLET_REDUCTIONS)}, "
+                        f"got {reduction!r}")
+    if distances.ndim != 2 or distances.shape != (len(labels), len(labels)):
+        raise KdmlError(f"distances must be [B, B] for B = {len(labels)} labels, got "
+                        f"{tuple(distances.shape)}")
+    same = labels[:, None] == labels[None, :]
+    itself = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    finite_positive = torch.isfinite(distances) & same & ~itself  # [a, p]
+    infinite_positive = ~torch.isfinite(distances) & same & ~itself
+    positive_distance = torch.where(finite_positive, distances, 0.0)
+    # D_an = +inf gives -inf here and relu(-inf) = 0, with a zero gradient.
+    violation = torch.relu(positive_distance[:, :, None] - distances[:, None, :] + margin)
+    counted = finite_positive[:, :, None] & ~same[:, None, :]  # [a, p, n]
+    losses = torch.where(counted, violation, 0.0)
+    active = losses > 0
+    num_counted, num_active = int(counted.sum()), int(active.sum())
+    denominator = num_counted if reduction == "all" else num_active
+    loss = losses.sum() / max(denominator, 1)
+    num_infinite = int((infinite_positive[:, :, None] & ~same[:, None, :]).sum())
+    stats = {"active_triplets": num_active / max(num_counted, 1),
+             "infinite_positives": float(num_infinite)}
+    return loss, stats
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KdmlError(f"method.{name} must be a positive integer, got {value!r}")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if not value >= 0:
+        raise KdmlError(f"method.{name} must be >= 0, got {value}")
+
+
+@dataclass
+class TripletParams:
+    dim: int = 2  # d: the embedding is L2-normalized in R^(d+1), a d-sphere
+    margin: float = 0.2
+    triplet_reduction: str = "all"  # all (authors' code) | nonzero (PML / Hermans et al.)
+
+    def validate(self) -> None:
+        _check_positive_int("dim", self.dim)
+        _check_non_negative("margin", self.margin)
+        if self.triplet_reduction not in TRIPLET_REDUCTIONS:
+            raise KdmlError(f"method.triplet_reduction must be one of "
+                            f"{', '.join(TRIPLET_REDUCTIONS)}, got {self.triplet_reduction!r}")
+
+
+@dataclass
+class MTripletParams(TripletParams):
+    n_charts: int = 16  # n (the paper tunes at d = 2, n = 16)
+    lambda1: float = 1.0  # weight of the manifold MMD (Sec. 3.2.1)
+    lambda2: float = 0.1  # weight of the chart membership loss
+    distance: str = "paper"  # manifold distance of Eq. 7: paper | code (authors' code)
+
+    def validate(self) -> None:
+        super().validate()
+        _check_positive_int("n_charts", self.n_charts)
+        _check_non_negative("lambda1", self.lambda1)
+        _check_non_negative("lambda2", self.lambda2)
+        if self.distance not in DISTANCE_VARIANTS:
+            raise KdmlError(f"method.distance must be one of {', '.join(DISTANCE_VARIANTS)}, "
+                            f"got {self.distance!r}")
+
+
+@dataclass
+class SimCLRParams:
+    dim: int = 2  # d: the representation f(x) in R^d
+    tau: float = 1.0  # NT-Xent temperature (1 for MNIST / FashionMNIST, 0.5 for CIFAR-10)
+    proj_dim: int = 128  # output size of the projection head(s)
+    crop_scale_min: float = 0.08  # smallest crop area fraction of the random resized crop
+    horizontal_flip: bool = False  # off for digits
+
+    def validate(self) -> None:
+        _check_positive_int("dim", self.dim)
+        _check_positive_int("proj_dim", self.proj_dim)
+        if not self.tau > 0:
+            raise KdmlError(f"method.tau must be > 0, got {self.tau}")
+        if not 0 < self.crop_scale_min <= 1:
+            raise KdmlError(f"method.crop_scale_min must be in (0, 1], got {self.crop_scale_min}")
+
+
+@dataclass
+class MSimCLRParams(SimCLRParams):
+    n_charts: int = 16
+    lambda1: float = 20.0  # Sec. A.1
+    lambda2: float = 0.1
+    proj_input: str = "sigmoid"  # h_i(phi_i(x)) as in Table 1 | pre-sigmoid
+
+    def validate(self) -> None:
+        super().validate()
+        _check_positive_int("n_charts", self.n_charts)
+        _check_non_negative("lambda1", self.lambda1)
+        _check_non_negative("lambda2", self.lambda2)
+        if self.proj_input not in PROJECTION_INPUTS:
+            raise KdmlError(f"method.proj_input must be one of {', '.join(PROJECTION_INPUTS)}, "
+                            f"got {self.proj_input!r}")
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def atlas_embedding(outputs: ChartOutputs) -> Tensor:
+    r"""A vector for the plain (Euclidean) retrieval path: :math:`[\phi_i(x),
+    \sqrt{d}\, e_i]` with :math:`i` the argmax chart and :math:`e_i` its one-hot vector.
+
+    Under the Euclidean metric two points of one chart are at
+    :math:`\|\phi_i(x) - \phi_i(y)\| \le \sqrt{d}` and points of different charts at
+    :math:`\ge \sqrt{2d} > \sqrt{d}`, so a chart's points always rank before other charts'
+    (a finite stand-in for the infinite distance of Eq. 7, on sigmoid coordinates). Shape
+    :math:`(B, d + n)`. The faithful evaluation is ``chart_codes`` with
+    :func:`~kdml.evaluation.charts.chart_retrieval_metrics`.
+    """
+    chart_coords, chart_index = compressed_code(outputs)
+    n_charts, dim = outputs.coords.shape[1:]
+    one_hot = F.one_hot(chart_index, n_charts).to(chart_coords.dtype)
+    return torch.cat([torch.sigmoid(chart_coords), math.sqrt(dim) * one_hot], dim=1)
+
+
+class _AtlasMethod(Method):
+    """Shared parts of MTriplet and MSimCLR: backbone -> AtlasHead, regularizers, codes."""
+
+    def __init__(self, backbone: nn.Module, dim: int, n_charts: int, lambda1: float,
+                 lambda2: float) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = AtlasHead(backbone.feature_size, dim, n_charts)
+        self.mmd = ManifoldMMD(dim, n_charts)  # prior drawn from torch's seeded global RNG
+        self.chart_loss = ChartMembershipLoss()
+        self.lambda1, self.lambda2 = lambda1, lambda2
+
+    def charts(self, inputs: Tensor) -> ChartOutputs:
+        return self.head(self.backbone(inputs))
+
+    def embed(self, inputs: Tensor) -> Tensor:
+        """:func:`atlas_embedding` of the inputs, shape [B, d + n]."""
+        return atlas_embedding(self.charts(inputs))
+
+    def chart_codes(self, inputs: Tensor) -> tuple[Tensor, Tensor]:
+        """The compressed code of Eq. 3: pre-sigmoid coordinates [B, d] of the argmax chart
+        and its index [B]. Call in eval mode (as the evaluator does for ``embed``)."""
+        return compressed_code(self.charts(inputs))
+
+
+class MTripletMethod(_AtlasMethod):
+    r"""MTriplet: :math:`\ell_{triplet}(d_{\mathcal{M}}) + \lambda_1 \ell_{\mathcal{Z}} +
+    \lambda_2 \ell_{\mathcal{J}}` (Atlas, Sec. 3.2).
+
+    The manifold distance is computed from the head's ``log_q`` (``q_is_log=True``): same
+    values as from ``q``, but it stays finite and NaN-free when float32 memberships underflow.
+    """
+
+    def __init__(self, backbone: nn.Module, params: MTripletParams) -> None:
+        super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2)
+        self.params = params
+
+    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
+        outputs = self.charts(inputs)
+        distances = manifold_distance(outputs.log_q, outputs.coords, outputs.log_q,
+                                      outputs.coords, variant=self.params.distance,
+                                      q_is_log=True)
+        triplet, stats = batch_all_triplet_loss(distances, labels, self.params.margin,
+                                                self.params.triplet_reduction)
+        mmd = self.mmd(outputs.coords, outputs.q)
+        chart = self.chart_loss(outputs.q)
+        loss = triplet + self.lambda1 * mmd + self.lambda2 * chart
+        terms = {"loss": loss.item(), "triplet": triplet.item(), "mmd": mmd.item(),
+                 "chart": chart.item(), "q_max": outputs.q.max(dim=1).values.mean().item(),
+                 **stats}
+        return StepOutput(loss, terms, atlas_embedding(outputs))
+
+
+class TripletMethod(Method):
+    r"""Baseline: backbone -> ``Linear(D, d + 1)`` -> L2 normalisation, batch-all triplet loss
+    on Euclidean distances (Atlas, Sec. 3.2.1: the unit sphere in :math:`\mathbb{R}^{d+1}` is
+    :math:`d`-dimensional, a fair comparison with :math:`d`-dimensional charts). Uses the same
+    :func:`batch_all_triplet_loss` as MTriplet, so only the geometry differs."""
+
+    def __init__(self, backbone: nn.Module, params: TripletParams) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = EmbeddingHead(backbone.feature_size, params.dim + 1)
+        self.params = params
+
+    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
+        embeddings = self.embed(inputs)
+        # explicit differences: exact zeros on the diagonal, safe_sqrt keeps their gradient 0
+        distances = safe_sqrt((embeddings[:, None] - embeddings[None, :]).pow(2).sum(dim=-1))
+        loss, stats = batch_all_triplet_loss(distances, labels, self.params.margin,
+                                             self.params.triplet_reduction)
+        return StepOutput(loss, {"loss": loss.item(), **stats}, embeddings)
+
+    def embed(self, inputs: Tensor) -> Tensor:
+        return self.head(self.backbone(inputs))
+
+
+def _two_views(augment: SimCLRAugment, inputs: Tensor) -> tuple[Tensor, int]:
+    if inputs.ndim != 4:
+        raise KdmlError("the SimCLR recipes augment images [B, C, H, W]; this dataset has "
+                        f"inputs of shape {tuple(inputs.shape[1:])}")
+    if len(inputs) < 2:
+        raise KdmlError("the SimCLR recipes need batches of at least 2 images (negatives)")
+    view1, view2 = augment(inputs)
+    return torch.cat([view1, view2]), len(inputs)
+
+
+def _pair_labels(batch_size: int, device: torch.device) -> Tensor:
+    """Labels that make the two views of an image the only positive pair for NT-Xent."""
+    return torch.arange(batch_size, device=device).repeat(2)
+
+
+class MSimCLRMethod(_AtlasMethod):
+    r"""MSimCLR: :math:`\ell_{NT\text{-}Xent}(\sum_i q_i h_i(\phi_i)) + \lambda_1
+    \ell_{\mathcal{Z}} + \lambda_2 \ell_{\mathcal{J}}` (Atlas, Sec. 3.1, Table 1).
+
+    Two views of every image are made inside :meth:`forward` with
+    :class:`~kdml.data.augment.SimCLRAugment` (labels are unused). The backbone sees both views
+    as one batch; the MMD is the mean of the two views' MMDs (each view is a sample of the
+    data distribution; the pooled 2B points would hold correlated pairs), as in the authors'
+    code, and the chart loss is averaged over all 2B views.
+    """
+
+    def __init__(self, backbone: nn.Module, params: MSimCLRParams) -> None:
+        super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2)
+        self.projection = ProjectionHeads(params.dim, params.n_charts, params.proj_dim,
+                                          head_input=params.proj_input)
+        self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
+                                     horizontal_flip=params.horizontal_flip)
+        self.nt_xent = NTXentLoss(temperature=params.tau)
+
+    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
+        views, batch_size = _two_views(self.augment, inputs)
+        outputs = self.charts(views)
+        projections = self.projection(outputs.coords, outputs.q)
+        nt_xent = self.nt_xent(projections, _pair_labels(batch_size, inputs.device))
+        coords, q = outputs.coords, outputs.q
+        mmd = 0.5 * (self.mmd(coords[:batch_size], q[:batch_size])
+                     + self.mmd(coords[batch_size:], q[batch_size:]))
+        chart = self.chart_loss(q)
+        loss = nt_xent + self.lambda1 * mmd + self.lambda2 * chart
+        terms = {"loss": loss.item(), "nt_xent": nt_xent.item(), "mmd": mmd.item(),
+                 "chart": chart.item(), "q_max": q.max(dim=1).values.mean().item()}
+        return StepOutput(loss, terms, None)  # the views are not the batch: no embeddings
+
+
+class SimCLRMethod(Method):
+    r"""Baseline SimCLR: :math:`f(x) = W\,\mathrm{backbone}(x) + b \in \mathbb{R}^d`, projection
+    :math:`h(f(x))` (the MLP of :class:`~kdml.models.atlas_heads.ProjectionHeads` with one
+    chart, on :math:`f(x)` directly) and NT-Xent on two augmented views. ``embed`` is
+    :math:`f(x)`; its linear probe is ``piecewise_linear_accuracy(..., sigmoid=False)`` with
+    every chart index 0."""
+
+    def __init__(self, backbone: nn.Module, params: SimCLRParams) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.encoder_head = nn.Linear(backbone.feature_size, params.dim)
+        self.projection = ProjectionHeads(params.dim, 1, params.proj_dim,
+                                          head_input="pre-sigmoid")
+        self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
+                                     horizontal_flip=params.horizontal_flip)
+        self.nt_xent = NTXentLoss(temperature=params.tau)
+
+    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
+        views, batch_size = _two_views(self.augment, inputs)
+        representation = self.embed(views)
+        projections = self.projection(representation[:, None, :],
+                                      representation.new_ones(len(representation), 1))
+        loss = self.nt_xent(projections, _pair_labels(batch_size, inputs.device))
+        return StepOutput(loss, {"loss": loss.item()}, None)
+
+    def embed(self, inputs: Tensor) -> Tensor:
+        return self.encoder_head(self.backbone(inputs))
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def _build_mtriplet(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    return MTripletMethod(backbone, config.method)
+
+
+def _build_triplet(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    return TripletMethod(backbone, config.method)
+
+
+def _build_msimclr(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    return MSimCLRMethod(backbone, config.method)
+
+
+def _build_simclr(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    return SimCLRMethod(backbone, config.method)
+
+
+# Class-balanced batches of 4 images per class: the paper's 8 classes x 4 (batch 32) need 8
+# training classes; the offline datasets' class-disjoint split has 5, so 5 x 4 = 20.
+TRIPLET_BATCHES = {"batch_size": 20, "samples_per_class": 4}
+SIMCLR_DATA = {"split": "seen-holdout", "batch_size": 128}  # Sec. A.1: batch 128
+
+RECIPES = (
+    Recipe("mtriplet", "MTriplet (Atlas): batch-all triplet on the manifold distance + MMD + "
+           "chart loss", MTripletParams, _build_mtriplet,
+           {"data": dict(TRIPLET_BATCHES), "eval": {"metric": "euclidean"}}),
+    Recipe("triplet", "Normalized batch-all triplet baseline in R^(d+1) (Atlas Sec. 3.2)",
+           TripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)}),
+    Recipe("msimclr", "MSimCLR (Atlas): NT-Xent on chart-weighted projections + MMD + chart "
+           "loss", MSimCLRParams, _build_msimclr,
+           {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"}}),
+    Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
+           {"data": dict(SIMCLR_DATA)}),
+)

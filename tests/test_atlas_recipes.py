@@ -1,0 +1,345 @@
+"""The Atlas recipes: the batch-all triplet loss, the four methods' objectives, one training
+step each, the SimCLR augmentation and a tiny end-to-end MTriplet run.
+
+Losses are compared with literal float64 loops (triplets, NT-Xent); the regularizer terms are
+the modules checked against Eq. 5 / l_J in test_atlas_regularizers.py.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import math
+
+import pytest
+import torch
+
+from kdml.atlas import ChartOutputs, compressed_code, manifold_distance
+from kdml.config import RunConfig, resolve_config
+from kdml.data import augment as augment_module
+from kdml.data.augment import SimCLRAugment
+from kdml.errors import KdmlError
+from kdml.models.backbones import SmallCNN
+from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
+from kdml.training.recipes.atlas import (
+    RECIPES,
+    MSimCLRParams,
+    MTripletParams,
+    SimCLRParams,
+    TripletParams,
+    atlas_embedding,
+    batch_all_triplet_loss,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny: one torch thread avoids OpenMP spin-waits, which slow such ops
+    down a hundredfold when other processes keep both cores busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------- literal references
+
+
+def literal_triplet(distances, labels, margin, reduction):
+    """Batch-all: every (a, p, n), y_a = y_p, a != p, y_n != y_a; inf positives left out."""
+    losses = []
+    for a in range(len(labels)):
+        for p in range(len(labels)):
+            if p == a or labels[p] != labels[a] or math.isinf(distances[a][p]):
+                continue
+            for n in range(len(labels)):
+                if labels[n] == labels[a]:
+                    continue
+                losses.append(max(0.0, distances[a][p] - distances[a][n] + margin))
+    kept = losses if reduction == "all" else [v for v in losses if v > 0]
+    return sum(kept) / len(kept) if kept else 0.0
+
+
+def literal_nt_xent(projections, tau):
+    """SimCLR's NT-Xent: rows i and i + B are the two views of image i."""
+    num = len(projections)
+    norms = [math.sqrt(sum(v * v for v in z)) for z in projections]
+    total = 0.0
+    for a in range(num):
+        partner = (a + num // 2) % num
+        sims = [sum(x * y for x, y in zip(projections[a], projections[b], strict=True))
+                / (norms[a] * norms[b]) / tau for b in range(num)]
+        denominator = sum(math.exp(sims[b]) for b in range(num) if b != a)
+        total += -math.log(math.exp(sims[partner]) / denominator)
+    return total / num
+
+
+LABELS = [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def tiny_backbone():
+    return SmallCNN(in_channels=1, image_size=8, widths=(8, 16))
+
+
+def build(name, **params):
+    recipe = next(r for r in RECIPES if r.name == name)
+    config = RunConfig(recipe=name, method=recipe.params(**params))
+    config.method.validate()
+    torch.manual_seed(0)
+    return recipe.build(config, tiny_backbone(), 4)
+
+
+def images(seed=0, num=8):
+    return torch.rand(num, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------- batch-all triplet
+
+
+@pytest.mark.parametrize("reduction", ["all", "nonzero"])
+def test_batch_all_triplet_matches_literal_loops(reduction):
+    gen = torch.Generator().manual_seed(0)
+    distances = torch.rand(8, 8, generator=gen, dtype=torch.float64)
+    distances[0, 2] = distances[3, 1] = math.inf  # infinitely far negatives
+    distances[4, 5] = math.inf  # an infinitely far positive
+    labels = torch.tensor(LABELS)
+    loss, stats = batch_all_triplet_loss(distances, labels, 0.2, reduction)
+    expected = literal_triplet(distances.tolist(), LABELS, 0.2, reduction)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert stats["infinite_positives"] == 6.0  # (4, 5) with the 6 negatives of anchor 4
+
+
+def test_batch_all_triplet_gradient_is_finite_with_infinities():
+    distances = torch.rand(8, 8, dtype=torch.float64)
+    distances[0, 1] = distances[0, 2] = distances[2, 0] = math.inf
+    distances.requires_grad_()
+    loss, _ = batch_all_triplet_loss(distances, torch.tensor(LABELS), 0.2)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(distances.grad).all()
+    assert distances.grad[0, 1] == 0 and distances.grad[0, 2] == 0
+
+
+def test_batch_all_triplet_without_triplets_is_zero():
+    distances = torch.rand(4, 4, requires_grad=True)
+    loss, stats = batch_all_triplet_loss(distances, torch.tensor([0, 1, 2, 3]))
+    assert loss.item() == 0.0 and loss.requires_grad and stats["active_triplets"] == 0.0
+
+
+# ----------------------------------------------------------------- one step of every recipe
+
+
+@pytest.mark.parametrize("name", [r.name for r in RECIPES])
+def test_one_training_step_reaches_the_backbone(name):
+    small = {"n_charts": 4} if name in ("mtriplet", "msimclr") else {}
+    method = build(name, dim=2, **small)
+    method.train()
+    output = method(images(), torch.tensor(LABELS))
+    assert math.isfinite(output.loss.item())
+    assert all(math.isfinite(v) for v in output.terms.values())
+    output.loss.backward()
+    first_conv = method.backbone.layers[0].weight.grad
+    assert first_conv is not None and first_conv.abs().sum() > 0
+    for parameter in method.parameters():
+        assert parameter.grad is None or torch.isfinite(parameter.grad).all()
+    method.eval()
+    with torch.no_grad():
+        embeddings = method.embed(images(1))
+        expected_width = {"mtriplet": 2 + 4, "msimclr": 2 + 4, "triplet": 3, "simclr": 2}[name]
+        assert embeddings.shape == (8, expected_width)
+        if hasattr(method, "chart_codes"):
+            codes, index = method.chart_codes(images(1))
+            reference = compressed_code(method.head(method.backbone(images(1))))
+            assert torch.equal(codes, reference[0]) and torch.equal(index, reference[1])
+            assert codes.shape == (8, 2) and index.dtype == torch.int64
+
+
+def test_mtriplet_objective_is_triplet_plus_regularizers():
+    method = build("mtriplet", dim=3, n_charts=5, lambda1=0.7, lambda2=0.3).double()
+    x, labels = images().double(), torch.tensor(LABELS)
+    torch.manual_seed(3)
+    output = method(x, labels)
+    outputs = method.head(method.backbone(x))
+    distances = manifold_distance(outputs.q, outputs.coords, outputs.q, outputs.coords)
+    triplet = literal_triplet(distances.tolist(), LABELS, 0.2, "all")
+    torch.manual_seed(3)
+    prior = torch.rand(8, 3, dtype=torch.float64)  # the draw the forward made
+    mmd = ManifoldMMD(3, 5)(outputs.coords, outputs.q, prior).item()
+    chart = ChartMembershipLoss()(outputs.q).item()
+    assert output.terms["triplet"] == pytest.approx(triplet, rel=1e-9)
+    assert output.terms["mmd"] == pytest.approx(mmd, rel=1e-9)
+    assert output.loss.item() == pytest.approx(triplet + 0.7 * mmd + 0.3 * chart, rel=1e-9)
+
+
+def test_mtriplet_code_distance_variant():
+    method = build("mtriplet", dim=2, n_charts=3, distance="code", lambda1=0.0,
+                   lambda2=0.0).double()
+    x, labels = images().double(), torch.tensor(LABELS)
+    output = method(x, labels)
+    outputs = method.head(method.backbone(x))
+    distances = manifold_distance(outputs.q, outputs.coords, outputs.q, outputs.coords,
+                                  variant="code")
+    assert output.loss.item() == pytest.approx(
+        literal_triplet(distances.tolist(), LABELS, 0.2, "all"), rel=1e-9)
+
+
+def test_triplet_baseline_is_normalized_in_d_plus_one():
+    method = build("triplet", dim=4, triplet_reduction="nonzero").double()
+    x = images().double()
+    output = method(x, torch.tensor(LABELS))
+    embeddings = method.embed(x)
+    assert embeddings.shape == (8, 5)
+    assert torch.allclose(embeddings.norm(dim=1), torch.ones(8, dtype=torch.float64))
+    rows = embeddings.tolist()
+    distances = [[math.dist(a, b) for b in rows] for a in rows]
+    assert output.loss.item() == pytest.approx(
+        literal_triplet(distances, LABELS, 0.2, "nonzero"), rel=1e-9)
+
+
+def test_msimclr_objective_is_nt_xent_plus_regularizers():
+    method = build("msimclr", dim=2, n_charts=3, tau=0.5, lambda1=2.0, lambda2=0.5).double()
+    x = images().double()
+    torch.manual_seed(5)
+    output = method(x, torch.tensor(LABELS))
+    torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
+    view1, view2 = method.augment(x)
+    prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
+    outputs = method.head(method.backbone(torch.cat([view1, view2])))
+    projections = method.projection(outputs.coords, outputs.q)
+    nt_xent = literal_nt_xent(projections.tolist(), 0.5)
+    mmd = 0.5 * (ManifoldMMD(2, 3)(outputs.coords[:8], outputs.q[:8], prior1)
+                 + ManifoldMMD(2, 3)(outputs.coords[8:], outputs.q[8:], prior2)).item()
+    chart = ChartMembershipLoss()(outputs.q).item()
+    assert output.terms["nt_xent"] == pytest.approx(nt_xent, rel=1e-9)
+    assert output.loss.item() == pytest.approx(nt_xent + 2.0 * mmd + 0.5 * chart, rel=1e-9)
+
+
+def test_simclr_baseline_is_nt_xent_of_the_projection():
+    method = build("simclr", dim=3, tau=1.0, proj_dim=16).double()
+    x = images().double()
+    torch.manual_seed(6)
+    output = method(x, torch.tensor(LABELS))
+    torch.manual_seed(6)
+    views = torch.cat(method.augment(x))
+    representation = method.embed(views)
+    w1, w2 = method.projection.hidden_weight[0], method.projection.output_weight[0]
+    projections = torch.relu(representation @ w1) @ w2  # h(f(x)), no sigmoid
+    assert output.loss.item() == pytest.approx(literal_nt_xent(projections.tolist(), 1.0),
+                                               rel=1e-9)
+
+
+def test_simclr_recipes_need_image_batches():
+    method = build("simclr")
+    with pytest.raises(KdmlError, match="images"):
+        method(torch.rand(8, 40), torch.tensor(LABELS))
+    with pytest.raises(KdmlError, match="at least 2"):
+        method(images(num=1), torch.tensor([0]))
+
+
+def test_atlas_embedding_ranks_a_chart_before_the_others():
+    gen = torch.Generator().manual_seed(4)
+    coords = 20 * torch.randn(64, 3, 2, generator=gen, dtype=torch.float64)  # saturated too
+    q = torch.softmax(5 * torch.randn(64, 3, generator=gen, dtype=torch.float64), 1)
+    embeddings = atlas_embedding(ChartOutputs(coords, q))
+    chart_coords, index = compressed_code(ChartOutputs(coords, q))
+    assert embeddings.shape == (64, 5)
+    assert torch.equal(embeddings[:, :2], torch.sigmoid(chart_coords))
+    distances = torch.cdist(embeddings, embeddings)
+    same = index[:, None] == index[None, :]
+    assert (~same).any()
+    assert distances[same].max() <= math.sqrt(2) < 2.0 <= distances[~same].min()
+
+
+# ----------------------------------------------------------------- augmentation
+
+
+@pytest.mark.parametrize("shape", [(6, 1, 8, 8), (4, 1, 28, 28), (4, 3, 32, 32)])
+def test_augmentation_is_deterministic_under_a_seed(shape):
+    augment = SimCLRAugment()
+    batch = torch.rand(*shape, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    first = augment(batch)
+    torch.manual_seed(1)
+    again = augment(batch)
+    torch.manual_seed(2)
+    other = augment(batch)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], other[0])
+    assert not torch.equal(first[0], first[1])  # two different views
+    for view in first:
+        assert view.shape == batch.shape and view.min() >= 0 and view.max() <= 1
+
+
+def test_augmentation_options_and_errors():
+    batch = torch.rand(4, 1, 8, 8)
+    flipping = SimCLRAugment(horizontal_flip=True)
+    names = [type(step).__name__ for step in flipping.pipeline(1, 8, 8)]
+    assert names == ["RandomResizedCrop", "RandomHorizontalFlip", "ColorJitter"]
+    names = [type(step).__name__ for step in SimCLRAugment().pipeline(3, 8, 8)]
+    assert names == ["RandomResizedCrop", "ColorJitter", "RandomGrayscale"]
+    with pytest.raises(KdmlError, match="channels"):
+        SimCLRAugment()(torch.rand(4, 2, 8, 8))
+    with pytest.raises(KdmlError, match="crop_scale"):
+        SimCLRAugment(crop_scale=(0.5, 0.2))
+    # identity settings: full crops (no room for another aspect ratio), no jitter
+    identity = SimCLRAugment(crop_scale=(1.0, 1.0), jitter_p=0.0)
+    view1, _ = identity(batch)
+    assert torch.allclose(view1, batch, atol=1e-6)
+
+
+def test_augmentation_docstring_example():
+    assert doctest.testmod(augment_module, raise_on_error=False).failed == 0
+
+
+# ----------------------------------------------------------------- recipe records
+
+
+def test_recipe_records_and_defaults():
+    by_name = {recipe.name: recipe for recipe in RECIPES}
+    assert set(by_name) == {"mtriplet", "triplet", "msimclr", "simclr"}
+    for name in ("mtriplet", "triplet"):
+        assert by_name[name].defaults["data"] == {"batch_size": 20, "samples_per_class": 4}
+    for name in ("msimclr", "simclr"):
+        assert by_name[name].defaults["data"]["split"] == "seen-holdout"
+    assert MTripletParams().lambda1 == 1.0 and MTripletParams().lambda2 == 0.1
+    assert MSimCLRParams().lambda1 == 20.0 and MSimCLRParams().tau == 1.0
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    (MTripletParams(n_charts=0), "n_charts"),
+    (MTripletParams(lambda1=-1.0), "lambda1"),
+    (MTripletParams(distance="cosine"), "distance"),
+    (TripletParams(triplet_reduction="sum"), "triplet_reduction"),
+    (SimCLRParams(tau=0.0), "tau"),
+    (MSimCLRParams(proj_input="tanh"), "proj_input"),
+])
+def test_bad_parameters(params, message):
+    with pytest.raises(KdmlError, match=message):
+        params.validate()
+
+
+@pytest.mark.slow
+def test_mtriplet_end_to_end_on_digits(tmp_path, tiny_overrides):
+    from kdml.training.trainer import train
+
+    recipe = next(r for r in RECIPES if r.name == "mtriplet")
+    overrides = [o for o in tiny_overrides if not o.startswith("train.epochs")]
+    config = resolve_config("mtriplet", recipe.params, recipe.defaults, overrides=[
+        *overrides, "train.epochs=1", "data.dataset=digits", "method.n_charts=4",
+        "model.backbone=mlp"])
+    metrics = train(config, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert 0.0 <= metrics["recall@1"] <= 1.0 and math.isfinite(metrics["map@r"])
+    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"]
+    assert {"train/triplet", "train/mmd", "train/chart", "train/q_max"} <= history[-1].keys()
+
+
+@pytest.mark.slow
+def test_msimclr_end_to_end_with_the_piecewise_linear_probe(tmp_path):
+    from kdml.training.trainer import train
+
+    recipe = next(r for r in RECIPES if r.name == "msimclr")
+    config = resolve_config("msimclr", recipe.params, recipe.defaults, overrides=[
+        "train.epochs=1", "data.dataset=digits", "data.batch_size=64", "method.n_charts=4",
+        "eval.nmi=false"])
+    assert config.data.split == "seen-holdout"
+    metrics = train(config, tmp_path / "run", progress=False, echo=lambda _: None)
+    assert 0.0 <= metrics["linear_accuracy"] <= 1.0 and 0.0 <= metrics["recall@1"] <= 1.0

@@ -1,0 +1,77 @@
+"""Trainer options beyond the class-disjoint default: splits, domain pairs, optimisers, stopping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kdml import cli
+
+TINY = ["train.epochs=2", "data.batch_size=40", "model.embedding_size=8", "eval.nmi=false",
+        "--no-progress"]
+
+
+def train(tmp_path, *args: str) -> dict:
+    """``kdml train`` with the tiny settings; the test's own overrides come last and win."""
+    out = tmp_path / "run"
+    assert cli.main(["train", *args[:3], "--out", str(out), *TINY, *args[3:]]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_seen_holdout_split_adds_a_linear_probe(tmp_path):
+    metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "data.split=seen-holdout")
+    assert 0.5 < metrics["final"]["linear_accuracy"] <= 1.0  # 10 seen digit classes
+    assert "recall@1" in metrics["final"]
+
+
+def test_sgd_with_per_epoch_decay_and_step_decay(tmp_path):
+    metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "optim.name=sgd",
+                    "optim.lr=0.1", "optim.lr_decay=0.5", "optim.lr_step=2",
+                    "optim.lr_gamma=0.1", "train.epochs=3")
+    rates = [row["lr"] for row in metrics["epochs"]]
+    assert rates == pytest.approx([0.1, 0.05, 0.1 * 0.1 * 0.25])
+
+
+def test_tolerance_stops_early_and_resume_keeps_it_stopped(tmp_path):
+    metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "train.tolerance=1e9",
+                    "train.epochs=5")
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
+    assert "recall@1" in metrics["final"]
+    assert cli.main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    again = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [row["epoch"] for row in again["epochs"]] == [1, 2]
+
+
+@pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml"])
+def test_dtml_recipes_on_a_domain_pair(tmp_path, recipe):
+    metrics = train(tmp_path, recipe, "--dataset", "mnist5k->digits", "method.k1=2",
+                    "method.k2=3", "data.samples_per_class=4")
+    final = metrics["final"]
+    assert 0.0 <= final["source_nn_accuracy"] <= 1.0 and "recall@1" in final
+    assert "train/d_ts" in metrics["epochs"][-1]
+
+
+def test_pca_baseline_fits_once_without_an_optimiser(tmp_path):
+    metrics = train(tmp_path, "pca", "--dataset", "mnist5k->digits", "train.epochs=5")
+    assert [row["epoch"] for row in metrics["epochs"]] == [1]
+    assert metrics["final"]["source_nn_accuracy"] > 0.5  # raw 64-d transfer is ~0.8
+
+
+def test_domain_mmd_composes_with_any_recipe(tmp_path):
+    metrics = train(tmp_path, "jrd", "--dataset", "mnist5k->digits", "domain.beta=1.0",
+                    "domain.kernel=gaussian")
+    assert "train/d_ts" in metrics["epochs"][-1]
+    assert "source_nn_accuracy" in metrics["final"]
+
+
+def test_domain_options_need_a_domain_pair(tmp_path, capsys):
+    assert cli.main(["train", "jrd", "--dataset", "digits", "domain.beta=1",
+                     "--out", str(tmp_path / "a"), *TINY]) == 2
+    assert "domain pair" in capsys.readouterr().err
+    assert cli.main(["train", "dtml", "--dataset", "digits", "--out", str(tmp_path / "b"),
+                     *TINY]) == 2
+    assert "target domain" in capsys.readouterr().err
+    assert cli.main(["train", "dtml", "--dataset", "mnist5k->svhn", "--out",
+                     str(tmp_path / "c"), *TINY]) == 2
+    assert "unknown domain pair" in capsys.readouterr().err
