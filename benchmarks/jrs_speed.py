@@ -122,30 +122,21 @@ def make_jrd_batch(args: argparse.Namespace) -> tuple[list[Tensor], Tensor]:
     return reps, labels.to(args.device)
 
 
-def time_forward_backward(
-    cases: dict[str, Callable[[list[Tensor], Tensor], Tensor]],
-    reps: list[Tensor],
-    labels: Tensor,
-    args: argparse.Namespace,
+def time_interleaved(
+    steps: dict[str, Callable[[], None]], args: argparse.Namespace
 ) -> dict[str, tuple[float, float, float]]:
-    """Median, first and third quartile (ms) of one forward + backward for every case.
+    """Median, first and third quartile (ms) of every step.
 
-    The cases are timed round-robin (``args.rounds`` rounds of ``torch.utils.benchmark``'s
-    ``blocked_autorange``, after ``args.warmup`` untimed runs), so that load from other
+    The steps are timed round-robin (``args.rounds`` rounds of ``torch.utils.benchmark``'s
+    ``blocked_autorange``, after ``args.warmup`` untimed runs each), so that load from other
     processes and clock drift hit all of them alike; the figures summarise the per-round
     medians.
     """
-    steps = {}
-    for name, regularizer in cases.items():
-
-        def step(regularizer=regularizer) -> None:
-            torch.autograd.grad(regularizer(reps, labels), reps)
-
+    for step in steps.values():
         for _ in range(args.warmup):
             step()
-        steps[name] = step
     clock = CLOCKS[args.clock]
-    round_medians: dict[str, list[float]] = {name: [] for name in cases}
+    round_medians: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
             timer = Timer(
@@ -158,6 +149,20 @@ def time_forward_backward(
         q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
         summary[name] = (median, q1, q3)
     return summary
+
+
+def time_forward_backward(
+    cases: dict[str, Callable[[list[Tensor], Tensor], Tensor]],
+    reps: list[Tensor],
+    labels: Tensor,
+    args: argparse.Namespace,
+) -> dict[str, tuple[float, float, float]]:
+    """:func:`time_interleaved` of one forward + backward of every regularizer."""
+
+    def forward_backward(regularizer) -> Callable[[], None]:
+        return lambda: torch.autograd.grad(regularizer(reps, labels), reps)
+
+    return time_interleaved({name: forward_backward(reg) for name, reg in cases.items()}, args)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -237,27 +242,18 @@ def train_step_section(args: argparse.Namespace) -> str:
             method(images, labels).loss.backward()
             optimizer.step()
 
-        for _ in range(args.warmup):
-            step()
         steps[name] = step
-    clock = CLOCKS[args.clock]
-    medians: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            timer = Timer(stmt="step()", globals={"step": step}, num_threads=args.threads,
-                          timer=clock)
-            medians[name].append(timer.blocked_autorange(min_run_time=args.min_run_time)
-                                 .median * 1e3)
-    base = statistics.median(medians["amsoftmax"])
-    rows = [[name, f"{statistics.median(values):.1f}",
-             f"{100 * (statistics.median(values) / base - 1):+.1f}%"]
-            for name, values in medians.items()]
+    timings = time_interleaved(steps, args)
+    base = timings["amsoftmax"][0]
+    rows = [[name, f"{median:.1f}", f"{q1:.1f} - {q3:.1f}", f"{100 * (median / base - 1):+.1f}%"]
+            for name, (median, q1, q3) in timings.items()]
     setup = (f"One training step (forward, backward, Adam step) on the default CPU backbone "
              f"(SmallCNN, 1x28x28 mnist5k inputs), batch {args.step_batch} of "
              f"{args.step_classes} classes, recipe defaults (embedding 64, JRS over pool 128-d, "
              f"emb 64-d, cls {args.step_classes}-d); {args.threads} thread(s), {args.clock} "
              f"clock, median over {args.rounds} interleaved rounds.")
-    return setup + "\n\n" + markdown_table(["recipe", "median ms", "vs amsoftmax"], rows)
+    header = ["recipe", "median ms", "quartiles ms", "vs amsoftmax"]
+    return setup + "\n\n" + markdown_table(header, rows)
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], str]] = {

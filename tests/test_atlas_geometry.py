@@ -19,17 +19,6 @@ from kdml.errors import KdmlError
 from kdml.models import atlas_heads as heads_module
 from kdml.models.atlas_heads import AtlasHead, ProjectionHeads
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: one torch thread avoids OpenMP spin-waits, which slow such ops
-    down a hundredfold when other processes keep both cores busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ----------------------------------------------------------------- literal references
 
 

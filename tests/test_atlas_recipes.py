@@ -31,17 +31,6 @@ from kdml.training.recipes.atlas import (
     batch_all_triplet_loss,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: one torch thread avoids OpenMP spin-waits, which slow such ops
-    down a hundredfold when other processes keep both cores busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ----------------------------------------------------------------- literal references
 
 

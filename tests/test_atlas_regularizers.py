@@ -17,17 +17,6 @@ from kdml.errors import KdmlError
 from kdml.regularizers import manifold as manifold_module
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: one torch thread avoids OpenMP spin-waits, which slow such ops
-    down a hundredfold when other processes keep both cores busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 EPS = 1e-6  # ManifoldMMD's default clamp of the prior sample
 
 
