@@ -75,3 +75,6 @@ def test_domain_options_need_a_domain_pair(tmp_path, capsys):
     assert cli.main(["train", "dtml", "--dataset", "mnist5k->svhn", "--out",
                      str(tmp_path / "c"), *TINY]) == 2
     assert "unknown domain pair" in capsys.readouterr().err
+    assert cli.main(["train", "dtml", "--dataset", "mnist5k-", "--out", str(tmp_path / "d"),
+                     *TINY]) == 2
+    assert "quote domain pairs" in capsys.readouterr().err

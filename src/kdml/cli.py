@@ -119,8 +119,11 @@ def _train(args: argparse.Namespace) -> int:
     from kdml.data.domains import DOMAIN_PAIRS, is_domain_dataset
 
     if config.data.dataset not in DATASETS and not is_domain_dataset(config.data.dataset):
+        # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
+        hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
+                if config.data.dataset.endswith("-") else "")
         raise KdmlError(f"unknown dataset {config.data.dataset!r}; choose one of: "
-                        f"{', '.join([*DATASETS, *DOMAIN_PAIRS])}, or npz:PATH")
+                        f"{', '.join([*DATASETS, *DOMAIN_PAIRS])}, or npz:PATH{hint}")
     run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
     if (run_dir / "config.yaml").exists():
         raise KdmlError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
