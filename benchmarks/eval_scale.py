@@ -45,6 +45,7 @@ from kdml.evaluation import knn_search, retrieval_metrics
 from kdml.evaluation.retrieval import clustering_nmi
 
 RETRIEVAL_KS = (1, 10, 100)
+FAST_STAGES = ("faiss", "kdml", "knn_search", "torch_topk")  # repeated; nmi and pml run once
 TOP_K = max(RETRIEVAL_KS) + 1  # what a leave-one-out Recall@100 must search for
 
 
@@ -66,6 +67,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-nmi", action="store_true")
     parser.add_argument("--skip-pml", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        choices=list(STAGES),
+        default=list(STAGES),
+        help="stages to run (default: all); faiss always runs, as the reference time",
+    )
     return parser.parse_args()
 
 
@@ -257,10 +265,42 @@ def machine_description() -> str:
     return f"{model}, {os.cpu_count()} logical CPUs, {total_gib:.1f} GiB RAM"
 
 
+def print_table(results: dict[str, list[dict[str, Any]]]) -> None:
+    """Markdown summary. Other processes only ever add time, so the best run of a stage is
+    its least disturbed one; the per-round ratio compares each run with the bare faiss
+    run next to it, which cancels slow drifts in machine speed."""
+    best = {name: min(runs, key=lambda r: r["seconds"]) for name, runs in results.items()}
+    print(
+        "| stage | runs | best wall time (s) | median (s) | best / best bare faiss "
+        "| median per-round ratio to bare faiss | CPU time of best (s) "
+        "| peak RSS above data, max (MiB) | others' CPU load during best |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, runs in results.items():
+        median = statistics.median(r["seconds"] for r in runs)
+        peak = max(r["peak_mib"] for r in runs)
+        paired = "-"  # single-run stages have no round
+        if name in FAST_STAGES and len(runs) > 1:
+            ratios = [
+                r["seconds"] / f["seconds"] for r, f in zip(runs, results["faiss"], strict=True)
+            ]
+            paired = f"{statistics.median(ratios):.2f}"
+        print(
+            f"| {STAGES[name][0]} | {len(runs)} | {best[name]['seconds']:.1f} | {median:.1f} "
+            f"| {best[name]['seconds'] / best['faiss']['seconds']:.2f} | {paired} "
+            f"| {best[name]['cpu_seconds']:.1f} | {peak:.0f} | {best[name]['others_load']:.0%} |"
+        )
+
+
 def main() -> None:
     args = parse_args()
-    fast = ["kdml", "knn_search", "faiss"] + ([] if args.skip_torch else ["torch_topk"])
-    slow = ([] if args.skip_nmi else ["nmi"]) + ([] if args.skip_pml else ["pml"])
+    skipped = {"torch_topk": args.skip_torch, "nmi": args.skip_nmi, "pml": args.skip_pml}
+    chosen = [name for name in STAGES if name in args.stages + ["faiss"] and not skipped.get(name)]
+    # Fast stages run in rounds, faiss next to kdml and the order reversed every other
+    # round, so that drifting machine load hits them alike; slow stages run once.
+    fast = [name for name in FAST_STAGES if name in chosen]
+    slow = [name for name in ("nmi", "pml") if name in chosen]
+    rounds = [fast if r % 2 == 0 else fast[::-1] for r in range(args.repeats)]
 
     embeddings, labels, class_sizes = make_embeddings(args)
     print(f"machine: {machine_description()}")
@@ -282,9 +322,7 @@ def main() -> None:
         np.save(Path(data_dir) / "embeddings.npy", embeddings)
         np.save(Path(data_dir) / "labels.npy", labels)
         del embeddings
-        # Fast stages interleaved, so that drifting machine load hits all of them alike.
-        schedule = [name for _ in range(args.repeats) for name in fast] + slow
-        for name in schedule:
+        for name in [name for round_ in rounds for name in round_] + slow:
             result = in_fresh_process(name, data_dir, args)
             results[name].append(result)
             print(
@@ -296,28 +334,12 @@ def main() -> None:
 
     if not all(r["peak_was_reset"] for runs in results.values() for r in runs):
         print("note: peak RSS could not be reset; peaks include the data loading")
-    faiss_seconds = statistics.median(r["seconds"] for r in results["faiss"])
     print()
-    print(
-        "| stage | wall time (s), median [min-max] | x bare faiss | CPU time (s) "
-        "| peak RSS above data (MiB) | others' CPU load, max |"
-    )
-    print("|---|---|---|---|---|---|")
-    for name, runs in results.items():
-        times = [r["seconds"] for r in runs]
-        median = statistics.median(times)
-        spread = f" [{min(times):.1f}-{max(times):.1f}]" if len(times) > 1 else ""
-        cpu = statistics.median(r["cpu_seconds"] for r in runs)
-        peak = max(r["peak_mib"] for r in runs)
-        others = max(r["others_load"] for r in runs)
-        print(
-            f"| {STAGES[name][0]} | {median:.1f}{spread} | {median / faiss_seconds:.2f} "
-            f"| {cpu:.1f} | {peak:.0f} | {others:.0%} |"
-        )
+    print_table(results)
     print()
-    print(f"kdml metrics: {results['kdml'][0]['summary']}")
-    if "pml" in results:
-        print(f"PML metrics:  {results['pml'][0]['summary']}")
+    for name, label in (("kdml", "kdml metrics"), ("nmi", "kdml NMI"), ("pml", "PML metrics")):
+        if name in results:
+            print(f"{label}: {results[name][0]['summary']}")
 
 
 if __name__ == "__main__":

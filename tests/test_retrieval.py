@@ -266,6 +266,7 @@ BAD_INPUTS = {
     "k < 0": lambda x, y: retrieval_metrics(x, y, ks=(-2,)),
     "k not int": lambda x, y: retrieval_metrics(x, y, ks=(1.5,)),
     "no ks": lambda x, y: retrieval_metrics(x, y, ks=()),
+    "ks not a sequence": lambda x, y: retrieval_metrics(x, y, ks=5),
     "k > N - 1": lambda x, y: retrieval_metrics(x, y, ks=(len(x),)),
     "k > reference": lambda x, y: retrieval_metrics(
         x, y, ks=(11,), reference=x[:10], reference_labels=y[:10]

@@ -21,8 +21,8 @@ from kdml.errors import KdmlError
 Metric = Literal["cosine", "euclidean"]
 METRICS: tuple[str, ...] = ("cosine", "euclidean")
 
-# 4096 queries per chunk matches faiss's own query block for its BLAS path, so
-# chunking costs nothing in speed, and the per-chunk result (4096 x k) stays small.
+# faiss computes exact k-NN in query blocks of 4096 (faiss.cvar.distance_compute_blas_query_bs)
+# anyway, so chunks of that size cost no speed, and a chunk's result (4096 x k) stays small.
 DEFAULT_CHUNK_SIZE = 4096
 
 
@@ -96,7 +96,11 @@ def prepare_vectors(x: Any, metric: str, name: str) -> np.ndarray:
     return array
 
 
-def _search(queries: np.ndarray, reference: np.ndarray, k: int, metric: str):
+def _search(
+    queries: np.ndarray, reference: np.ndarray, k: int, metric: str
+) -> tuple[np.ndarray, np.ndarray]:
+    # faiss.knn is the brute-force search behind IndexFlatIP / IndexFlatL2, without
+    # copying the reference into an index first.
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2
     return faiss.knn(queries, reference, k, faiss_metric)
 

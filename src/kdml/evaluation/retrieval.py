@@ -61,6 +61,9 @@ def index_labels(query_labels: np.ndarray, reference_labels: np.ndarray | None) 
 
 
 def check_ks(ks: Sequence[int], available: int) -> tuple[int, ...]:
+    """Validate the K values of Recall@K against the references available to a query."""
+    if not isinstance(ks, Sequence | np.ndarray):
+        raise KdmlError(f"ks must be a sequence of positive integers, got {ks!r}")
     ks = tuple(ks)
     if not ks:
         raise KdmlError("ks must name at least one K")
@@ -81,16 +84,17 @@ def clustering_nmi(
 ) -> float:
     r"""Normalized mutual information between k-means clusters and class labels.
 
-    Runs faiss k-means (``niter`` iterations, seeded, one cluster per distinct label,
-    all points used for training) on the embeddings, L2-normalized first when
-    ``metric="cosine"``, assigns each sample to its nearest centroid and scores the
-    assignment with :func:`sklearn.metrics.normalized_mutual_info_score`.
+    Runs faiss k-means (seeded, one cluster per distinct label, all points used for
+    training, at most ``niter`` iterations: faiss stops early once the objective no
+    longer changes) on the embeddings, L2-normalized first when ``metric="cosine"``,
+    assigns each sample to its nearest centroid and scores the assignment with
+    :func:`sklearn.metrics.normalized_mutual_info_score`.
 
     Args:
         embeddings: ``(N, D)`` float array or tensor.
         labels: ``(N,)`` integer array or tensor.
         metric: ``"cosine"`` or ``"euclidean"``.
-        niter: k-means iterations.
+        niter: maximum k-means iterations.
         seed: k-means seed; the same inputs and seed give the same score.
 
     Returns:
