@@ -13,13 +13,16 @@ samples, class centre + noise), evaluated side by side by:
 Each stage runs in a fresh spawned process that loads the embeddings from disk, then
 resets the kernel's peak-RSS counter (``/proc/self/clear_refs``); the reported memory is
 the peak RSS reached during the stage minus the RSS right before it, i.e. on top of
-the loaded embeddings and imported libraries. Times are wall-clock seconds.
+the loaded embeddings and imported libraries. Times are wall-clock seconds. The fast
+stages repeat in rounds (faiss next to kdml, order reversed every other round) and the
+CPU time other processes used meanwhile is reported, since a shared 2-core machine
+makes single timings unreliable.
 
 Usage::
 
-    PYTHONPATH=src .venv/bin/python benchmarks/eval_scale.py            # full size
+    PYTHONPATH=src .venv/bin/python benchmarks/eval_scale.py --repeats 5   # docs/benchmarks.md
     PYTHONPATH=src .venv/bin/python benchmarks/eval_scale.py --num-samples 5000 \
-        --num-classes 900 --skip-nmi --skip-pml --repeats 1             # quick smoke run
+        --num-classes 900 --skip-nmi --skip-pml --repeats 1                # quick smoke run
 """
 
 from __future__ import annotations

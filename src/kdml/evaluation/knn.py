@@ -2,9 +2,11 @@
 
 Backend choice: ``benchmarks/eval_scale.py`` times faiss against a chunked torch
 ``matmul`` + ``topk`` at SOP scale (60,502 x 512, k = 101) on the 2-core development
-machine; faiss was about 2.5x faster there (its fused GEMM + top-k keeps the
-similarity block in cache, and torch's CPU matmul was slower than faiss's BLAS),
-so faiss is the only backend. See ``docs/benchmarks.md`` for the figures.
+machine. faiss took 22-28 s and 160-220 MiB; torch took 41-52 s (1.8x) and 540 MiB.
+Most of the gap is the matrix product itself (1024 queries: torch's matmul alone 0.75 s,
+the whole faiss search 0.54 s, topk 0.08 s more), and torch must also hold each chunk's
+full similarity rows, where faiss folds 4096 x 1024 blocks into its top-k buffers as it
+goes. So faiss is the only backend; see ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
