@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
 
 SOP_KS = (1, 10, 100)
 CUB_KS = (1, 2, 4, 8)
@@ -184,18 +184,6 @@ def available_mib() -> float:
     with open("/proc/meminfo") as meminfo:
         fields = dict(line.split(":", 1) for line in meminfo)
     return int(fields["MemAvailable"].split()[0]) / 1024
-
-
-def machine_description() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    with open("/proc/meminfo") as meminfo:
-        total_gib = int(meminfo.readline().split()[1]) / 2**20
-    return f"{model}, {os.cpu_count()} logical CPUs, {total_gib:.1f} GiB RAM"
 
 
 def measure(name: str, stage: str, data: Path, ks: tuple[int, ...], repeats: int,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import platform
 import resource
 import statistics
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 import faiss
 import numpy as np
 import torch
+from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
 
 from kdml.evaluation import knn_search, retrieval_metrics
 from kdml.evaluation.retrieval import clustering_nmi
@@ -254,18 +254,6 @@ def in_fresh_process(name: str, data_dir: str, args: argparse.Namespace) -> dict
 
 
 # --------------------------------------------------------------------------- report
-
-
-def machine_description() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    with open("/proc/meminfo") as meminfo:
-        total_gib = int(meminfo.readline().split()[1]) / 2**20
-    return f"{model}, {os.cpu_count()} logical CPUs, {total_gib:.1f} GiB RAM"
 
 
 def print_table(results: dict[str, list[dict[str, Any]]]) -> None:
