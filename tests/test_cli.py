@@ -121,7 +121,8 @@ def error_line(capsys) -> str:
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["train", "nope", "--dataset", "digits"], "unknown recipe 'nope'; choose one of: "),
-    (["train", "amsoftmax", "--dataset", "cub"], "unknown dataset 'cub'; choose one of: mnist5k"),
+    (["train", "amsoftmax", "--dataset", "imagenet"],
+     "unknown dataset 'imagenet'; choose one of: mnist5k"),
     (["train", "amsoftmax", "--dataset", "digits", "epochs"], "malformed override 'epochs'"),
     (["train", "amsoftmax", "--dataset", "digits", "train.epoch=2"], "did you mean 'train.epochs'"),
     (["train", "amsoftmax", "--dataset", "digits", "batch_size=2000"], "larger than the training"),

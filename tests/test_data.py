@@ -1,8 +1,23 @@
+"""The data path: datasets, splits, seeded samplers, loaders and the batch transforms."""
+
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from kdml.data import class_balanced_batches, class_disjoint_split, load_dataset, seen_holdout_split
+from kdml.data import (
+    ArrayDataset,
+    ClassBalancedBatches,
+    ImageFiles,
+    ShuffledBatches,
+    TargetBatches,
+    class_disjoint_split,
+    open_dataset,
+    seen_holdout_split,
+)
+from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
+from kdml.data.splits import SEEN, UNSEEN, make_splits
+from kdml.data.transforms import InputPipeline, Normalization, centre_crop
 from kdml.errors import KdmlError
 
 
@@ -10,18 +25,20 @@ from kdml.errors import KdmlError
     ("digits", (1, 8, 8), 1797), ("mnist5k", (1, 28, 28), 5000), ("mnist1d", (40,), 5000),
 ])
 def test_offline_datasets(name, shape, count):
-    dataset = load_dataset(name)
-    assert dataset.input_shape == shape
+    parts = open_dataset(name)
+    dataset = parts.dataset
+    assert dataset.sample_shape == shape
     assert len(dataset) == count
     assert dataset.num_classes == 10
-    assert dataset.x.dtype == torch.float32 and dataset.y.dtype == torch.int64
+    assert dataset.x.dtype == torch.float32 and dataset.labels.dtype == torch.int64
     assert torch.isfinite(dataset.x).all()
-    assert dataset.description
+    assert dataset.description and not dataset.is_file_backed
+    assert parts.parts == {} and parts.eval_ks == (1, 2, 4, 8)
 
 
 def test_unknown_dataset_lists_names():
-    with pytest.raises(KdmlError, match="mnist5k"):
-        load_dataset("cub")
+    with pytest.raises(KdmlError, match="mnist5k.*cub.*folder:DIR"):
+        open_dataset("imagenet")
 
 
 def test_class_disjoint_split_uses_first_half_of_sorted_classes():
@@ -51,15 +68,190 @@ def test_seen_holdout_split_keeps_every_class_on_both_sides():
     assert torch.equal(kept, again)
 
 
+def vectors(labels) -> ArrayDataset:
+    labels = torch.as_tensor(labels)
+    x = torch.arange(len(labels), dtype=torch.float32)[:, None].repeat(1, 3)  # row i = i
+    return ArrayDataset("toy", "toy vectors", x, labels)
+
+
+def test_make_splits_standard_uses_the_datasets_own_parts():
+    dataset = vectors([5, 5, 7, 7, 5, 7, 9, 9])
+    parts = {"train": torch.tensor([0, 1, 2, 3]), "test": torch.tensor([4, 5])}
+    splits = make_splits(dataset, parts, "standard")
+    assert splits.train.labels.tolist() == [0, 0, 1, 1] and splits.train_classes == [5, 7]
+    assert splits.test.x[:, 0].tolist() == [4, 5] and splits.test.labels.tolist() == [5, 7]
+    assert splits.kind == SEEN and splits.gallery is None and splits.reference_size == 1
+    # without parts of its own, "standard" is the class-disjoint split
+    splits = make_splits(dataset, {}, "standard", train_classes=1)
+    assert splits.kind == UNSEEN and splits.train_classes == [5]
+    # the split can be overridden for a dataset that has its own
+    splits = make_splits(dataset, parts, "class-disjoint", train_classes=2)
+    assert splits.test.labels.tolist() == [9, 9]
+
+
+def test_make_splits_query_and_gallery():
+    dataset = vectors([0, 0, 1, 1, 2, 2, 2])
+    parts = {"train": torch.tensor([0, 1, 2, 3]), "query": torch.tensor([4]),
+             "gallery": torch.tensor([5, 6])}
+    splits = make_splits(dataset, parts, "standard", eval_ks=(1, 10))
+    assert splits.test.x[:, 0].tolist() == [4] and splits.gallery.x[:, 0].tolist() == [5, 6]
+    assert splits.kind == UNSEEN and splits.reference_size == 2 and splits.eval_ks == (1, 10)
+    with pytest.raises(KdmlError, match="gallery part empty"):
+        make_splits(dataset, {**parts, "gallery": torch.tensor([], dtype=torch.long)},
+                    "standard")
+
+
+# ----------------------------------------------------------------------------- samplers
+
+
+def test_shuffled_batches_depend_on_seed_and_epoch_only():
+    sampler = ShuffledBatches(num_samples=10, batch_size=4, seed=3)
+    sampler.set_epoch(1)
+    first = list(sampler)
+    assert [len(batch) for batch in first] == [4, 4] and len(sampler) == 2
+    assert len(set(sum(first, []))) == 8  # no repeats within an epoch
+    sampler.set_epoch(2)
+    assert list(sampler) != first
+    fresh = ShuffledBatches(num_samples=10, batch_size=4, seed=3)  # as after a resume
+    fresh.set_epoch(1)
+    state = torch.random.get_rng_state()
+    assert list(fresh) == first
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG is untouched
+    other_seed = ShuffledBatches(num_samples=10, batch_size=4, seed=4)
+    other_seed.set_epoch(1)
+    assert list(other_seed) != first
+
+
+def test_full_batch_is_every_sample():
+    sampler = ShuffledBatches(num_samples=7, batch_size=0, seed=0)
+    (batch,) = list(sampler)
+    assert sorted(batch) == list(range(7))
+
+
 def test_class_balanced_batches():
     labels = torch.arange(6).repeat_interleave(10)
-    np.random.seed(0)
-    batches = list(class_balanced_batches(labels, samples_per_class=4, batch_size=12))
-    assert len(batches) == 5
+    sampler = ClassBalancedBatches(labels, samples_per_class=4, batch_size=12, seed=0)
+    sampler.set_epoch(1)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 5
     for batch in batches:
         counts = torch.bincount(labels[torch.tensor(batch)], minlength=6)
         assert sorted(counts[counts > 0].tolist()) == [4, 4, 4]
+        assert len(set(batch)) == 12  # without replacement when a class has >= m samples
+    sampler.set_epoch(1)
+    assert list(sampler) == batches
     with pytest.raises(KdmlError, match="multiple"):
-        class_balanced_batches(labels, 4, 10)
+        ClassBalancedBatches(labels, 4, 10, seed=0)
     with pytest.raises(KdmlError, match="classes"):
-        class_balanced_batches(labels, 2, 20)
+        ClassBalancedBatches(labels, 2, 20, seed=0)
+
+
+def test_class_balanced_batches_repeat_samples_of_small_classes():
+    labels = torch.tensor([0, 0, 0, 0, 1, 2, 2, 2, 2, 2])
+    sampler = ClassBalancedBatches(labels, samples_per_class=3, batch_size=9, seed=1)
+    (batch,) = list(sampler)
+    chosen = labels[torch.tensor(batch)]
+    assert torch.bincount(chosen).tolist() == [3, 3, 3]
+    assert [i for i in batch if labels[i] == 1] == [4, 4, 4]
+
+
+def test_target_batches_match_the_source_sizes():
+    sampler = TargetBatches(num_target=5, batch_sizes=[3, 3, 8], seed=0)
+    sampler.set_epoch(4)
+    batches = list(sampler)
+    assert [len(b) for b in batches] == [3, 3, 5]
+    assert all(len(set(b)) == len(b) and max(b) < 5 for b in batches)
+    sampler.set_epoch(4)
+    assert list(sampler) == batches
+
+
+# ----------------------------------------------------------------------------- loaders
+
+
+def write_images(folder, count, size=(40, 30)):
+    rng = np.random.default_rng(0)
+    paths = []
+    for index in range(count):
+        path = folder / f"{index}.png"
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_image_files_decode_to_squares_of_the_resize(tmp_path):
+    paths = write_images(tmp_path, 3, size=(40, 30))
+    dataset = ImageFiles("toy", "toy images", paths, torch.tensor([0, 1, 1]), resize=20)
+    image = dataset.load(0)
+    assert image.shape == (3, 20, 20) and image.dtype == torch.uint8
+    # short side 30 -> 20: the image becomes 27x20 (rounded) and its centre 20x20 is kept
+    source = Image.open(paths[0]).convert("RGB").resize((27, 20), Image.Resampling.BILINEAR)
+    expected = torch.from_numpy(np.asarray(source)[:, 3:23].copy()).permute(2, 0, 1)
+    assert torch.equal(image, expected)
+    batch = dataset.__getitems__([2, 0])
+    assert batch.inputs.shape == (2, 3, 20, 20) and batch.indices.tolist() == [2, 0]
+    assert batch.labels.tolist() == [1, 0] and not batch.unreadable.any()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loaders_yield_the_same_batches_with_or_without_workers(tmp_path, workers):
+    paths = write_images(tmp_path, 8)
+    dataset = ImageFiles("toy", "toy", paths, torch.arange(8) % 2, resize=16)
+    sampler = ShuffledBatches(8, 3, seed=0)
+    sampler.set_epoch(1)
+    with_workers = [b for b in batch_loader(dataset, sampler, num_workers=workers)]
+    reference = [dataset.__getitems__(indices) for indices in sampler]
+    for got, expected in zip(with_workers, reference, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_unreadable_images_stop_or_are_skipped(tmp_path):
+    paths = write_images(tmp_path, 4)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg at all")
+    dataset = ImageFiles("toy", "toy", [*paths, str(broken)], torch.arange(5), resize=16)
+    loader = sequential_loader(dataset, batch_size=3, num_workers=0)
+    with pytest.raises(KdmlError, match="cannot decode image .*broken.jpg") as error:
+        list(readable_batches(loader, dataset, "error"))
+    assert "\n" not in str(error.value)
+    kept = list(readable_batches(loader, dataset, "skip"))
+    assert torch.cat([batch.indices for batch in kept]).tolist() == [0, 1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- transforms
+
+
+def test_pipeline_crops_are_a_function_of_the_generator():
+    pipeline = InputPipeline(crop_size=24)
+    raw = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
+    state = torch.random.get_rng_state()
+    a = pipeline.train(raw, torch.Generator().manual_seed(1))
+    b = pipeline.train(raw, torch.Generator().manual_seed(1))
+    c = pipeline.train(raw, torch.Generator().manual_seed(2))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert a.shape == (6, 3, 24, 24) and a.dtype == torch.float32
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.min() >= 0.0 and a.max() <= 1.0
+
+
+def test_pipeline_test_inputs_are_the_centre_crop():
+    raw = torch.randint(0, 256, (2, 3, 9, 9), dtype=torch.uint8)
+    pipeline = InputPipeline(crop_size=5)
+    assert torch.equal(pipeline.test(raw), raw[:, :, 2:7, 2:7].float() / 255)
+    assert pipeline.output_shape((3, 9, 9)) == (3, 5, 5)
+    with pytest.raises(KdmlError, match="image_size"):
+        centre_crop(raw.float(), 10)
+    in_memory = InputPipeline()  # arrays: no crop, no flip, uint8 scaled to [0, 1]
+    assert torch.equal(in_memory.train(raw, torch.Generator()), raw.float() / 255)
+
+
+def test_normalization_follows_the_backbone_convention():
+    images = torch.rand(2, 3, 4, 4, dtype=torch.float64)
+    imagenet = Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    expected = (images - torch.tensor([0.485, 0.456, 0.406], dtype=torch.float64)[:, None, None]
+                ) / torch.tensor([0.229, 0.224, 0.225], dtype=torch.float64)[:, None, None]
+    assert torch.allclose(imagenet(images), expected)
+    bgr = Normalization((104.0, 117.0, 128.0), (1.0, 1.0, 1.0), scale=255.0, bgr=True)
+    out = bgr(images)
+    assert torch.allclose(out[:, 0], images[:, 2] * 255 - 104)  # blue first, 0-255
+    assert torch.allclose(out[:, 2], images[:, 0] * 255 - 128)
+    assert torch.equal(Normalization()(images), images)

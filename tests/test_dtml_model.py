@@ -13,9 +13,9 @@ from kdml.errors import KdmlError
 from kdml.models import MLP
 from kdml.models.backbones import FlattenInputs
 from kdml.models.dtml import DTMLNetwork
+from kdml.models.method import Method, StepOutput
 from kdml.regularizers.domain import DomainMMD
 from kdml.training.domain_adapted import DomainAdaptedMethod
-from kdml.training.method import Method, StepOutput
 from kdml.training.recipes.dtml import RECIPES, DTMLMethod, PCAMethod
 
 RECIPE_BY_NAME = {recipe.name: recipe for recipe in RECIPES}
@@ -124,7 +124,7 @@ def test_dtml_recipes_take_a_training_step(name):
     optimizer = torch.optim.Adam(method.param_groups(config.optim))
     output = method(source, labels, target_inputs=target)
     assert isinstance(output, StepOutput) and output.embeddings.shape == (9, 3)
-    assert output.terms["loss"] == pytest.approx(output.loss.item())
+    assert float(output.terms["loss"]) == pytest.approx(output.loss.item())
     assert ("hinge@1" in output.terms) == (name == "dstml")
     assert "d_ts" in output.terms
     optimizer.zero_grad()
@@ -166,20 +166,23 @@ def test_dtml_without_target_is_a_clear_error():
 
 def test_pca_recipe_is_fitted_on_the_source_and_has_no_parameters():
     config, method = build("pca", "method.pca_dim=2")
-    assert isinstance(method, PCAMethod) and not method.needs_training
+    assert isinstance(method, PCAMethod) and method.needs_fit
     assert list(method.parameters()) == [] and method.param_groups(config.optim) == []
     source, labels, target = tiny_domains()
     with pytest.raises(KdmlError, match="fitted"):
         method.embed(target)
     method.fit(source)
-    # reference: the top-2 eigenvectors of the source scatter matrix (eigh, an independent
-    # route from the SVD the method uses)
+    # reference: the top-2 right singular vectors of the centred source (SVD, an independent
+    # route from the streamed covariance and eigh the method uses)
     centred = source.double() - source.double().mean(dim=0)
-    _, vectors = torch.linalg.eigh(centred.T @ centred)
-    top = vectors[:, [-1, -2]]
+    top = torch.linalg.svd(centred, full_matrices=False).Vh[:2].T
     expected = (target.double() - source.double().mean(dim=0)) @ top
     got = method.embed(target.double())
     assert torch.allclose(got.abs(), expected.abs(), atol=1e-8)  # up to the sign of each axis
+    # fitted batch by batch (as the trainer streams the source), the same directions
+    _, streamed = build("pca", "method.pca_dim=2")
+    streamed.fit(iter(source.split(4)))
+    assert torch.allclose(streamed.embed(target.double()), got, atol=1e-10)
     output = method(source, labels)
     assert output.loss.item() == 0.0 and output.embeddings.shape == (9, 2)
     # state survives a checkpoint round trip
@@ -225,10 +228,10 @@ class SquaredNormMethod(Method):
         self.backbone = nn.Linear(4, 3).double()
         self.proxies = nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
 
-    def forward(self, inputs, labels):
+    def forward(self, inputs, labels, target_inputs=None, *, rng=None):
         embeddings = self.backbone(inputs)
         loss = embeddings.pow(2).sum(dim=1).mean() + 0.0 * self.proxies.sum()
-        return StepOutput(loss, {"loss": loss.item()}, embeddings)
+        return StepOutput(loss, {"loss": loss.detach()}, embeddings)
 
     def embed(self, inputs):
         return self.backbone(inputs)
@@ -252,8 +255,8 @@ def test_domain_adapted_method_adds_beta_times_eq_6():
     mean_t = [sum(row[d] for row in emb_t) / len(emb_t) for d in range(3)]
     d_ts = sum((a - b) ** 2 for a, b in zip(mean_t, mean_s, strict=True))
     assert output.loss.item() == pytest.approx(inner_loss + 2.5 * d_ts, rel=1e-12)
-    assert output.terms["d_ts"] == pytest.approx(d_ts, rel=1e-12)
-    assert output.terms["inner_loss"] == pytest.approx(inner_loss, rel=1e-12)
+    assert float(output.terms["d_ts"]) == pytest.approx(d_ts, rel=1e-12)
+    assert float(output.terms["inner_loss"]) == pytest.approx(inner_loss, rel=1e-12)
     assert method.uses_target
     output.loss.backward()
     assert inner.backbone.weight.grad is not None
@@ -272,12 +275,13 @@ def test_domain_adapted_method_delegates_to_the_inner_method():
     assert groups[1]["params"] == [inner.proxies]
     assert torch.equal(method.chart_codes(x), inner.chart_codes(x))
     plain = DomainAdaptedMethod(MLPMethod(), beta=1.0, mmd=DomainMMD())
-    assert not hasattr(plain, "chart_codes")
+    assert not plain.has_charts
     with pytest.raises(KdmlError, match="target"):
         method(x, torch.tensor([0, 0, 1, 1, 1]))
     without_transfer = DomainAdaptedMethod(inner, beta=0.0, mmd=DomainMMD())
-    assert without_transfer(x, torch.tensor([0, 0, 1, 1, 1])).terms == {
-        "loss": inner(x, torch.tensor([0, 0, 1, 1, 1])).loss.item()}
+    terms = without_transfer(x, torch.tensor([0, 0, 1, 1, 1])).terms
+    assert list(terms) == ["loss"]
+    assert terms["loss"].item() == inner(x, torch.tensor([0, 0, 1, 1, 1])).loss.item()
 
 
 class MLPMethod(Method):
@@ -285,9 +289,9 @@ class MLPMethod(Method):
         super().__init__()
         self.backbone = MLP(4, (3,)).double()
 
-    def forward(self, inputs, labels):
+    def forward(self, inputs, labels, target_inputs=None, *, rng=None):
         embeddings = self.backbone(inputs)
-        return StepOutput(embeddings.sum(), {"loss": embeddings.sum().item()}, embeddings)
+        return StepOutput(embeddings.sum(), {"loss": embeddings.sum().detach()}, embeddings)
 
     def embed(self, inputs):
         return self.backbone(inputs)
@@ -303,7 +307,7 @@ def test_domain_adapted_jrd_method_trains():
     method = DomainAdaptedMethod(inner, beta=1.0, mmd=DomainMMD())
     source, labels, target = tiny_domains()
     output = method(source.double(), labels, target.double())
-    assert output.loss.item() == pytest.approx(output.terms["inner_loss"]
-                                               + output.terms["d_ts"], rel=1e-12)
+    assert output.loss.item() == pytest.approx(float(output.terms["inner_loss"]
+                                                     + output.terms["d_ts"]), rel=1e-12)
     output.loss.backward()
     assert inner.head.proxies.grad is not None

@@ -7,12 +7,22 @@ from kdml.models import EmbeddingHead, build_backbone, freeze_batchnorm
 
 @pytest.mark.parametrize(("shape", "name"), [
     ((1, 8, 8), "cnn"), ((1, 28, 28), "cnn"), ((3, 32, 32), "cnn"), ((3, 64, 64), "cnn"),
+    ((3, 224, 224), "cnn"), ((3, 100, 100), "cnn"),
     ((40,), "conv1d"), ((40,), "mlp"), ((1, 8, 8), "mlp"),
 ])
 def test_backbones_expose_feature_size(shape, name):
     backbone = build_backbone(name, shape)
     out = backbone(torch.randn(3, *shape))
     assert out.shape == (3, backbone.feature_size)
+
+
+def test_small_cnn_stem_brings_photos_to_at_most_64_pixels():
+    layers = build_backbone("cnn", (3, 224, 224)).layers
+    strided = [layer for layer in layers if isinstance(layer, torch.nn.Conv2d)
+               and layer.stride == (2, 2)]
+    assert len(strided) == 1  # 224 -> 56 after one stride-2 conv and one max-pool
+    assert not any(isinstance(layer, torch.nn.Conv2d) and layer.stride == (2, 2)
+                   for layer in build_backbone("cnn", (3, 64, 64)).layers)
 
 
 def test_auto_uses_dataset_default():

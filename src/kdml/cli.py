@@ -27,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "arguments override the config, e.g. train.epochs=5 or epochs=5.")
     train.add_argument("recipe", nargs="?", help="recipe name (see 'kdml recipes')")
     train.add_argument("overrides", nargs="*", metavar="key=value")
-    train.add_argument("--dataset", help="dataset name (see 'kdml datasets')")
+    train.add_argument("--dataset", help="dataset name, folder:DIR or csv:FILE "
+                       "(see 'kdml datasets')")
+    train.add_argument("--data-root", metavar="DIR",
+                       help="folder of an on-disk dataset (data.root)")
     train.add_argument("--config", type=Path, help="YAML file with config values")
     train.add_argument("--seed", type=int, help="random seed (train.seed)")
     train.add_argument("--out", type=Path, help="run folder (default: runs/RECIPE-DATASET-TIME)")
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate a run's last checkpoint")
     evaluate.add_argument("run_dir", type=Path)
+    _add_data_root(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")
     analyses = analyze.add_subparsers(dest="analysis", required=True, parser_class=_Parser)
@@ -45,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Estimate the H-divergence and lambda of Chu et al. 2020 (Sec. 2) with "
         "nearest-neighbour classifiers on a trained run's embeddings.")
     general.add_argument("run_dir", type=Path)
+    _add_data_root(general)
     general.add_argument("--repeats", type=int, default=10, help="random splits (default 10)")
     general.add_argument("--labelled-fraction", type=float, default=0.5,
                          help="share of each set the classifiers are fitted on (default 0.5)")
@@ -58,12 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plot the test points of an Atlas run (d = 2) at their chart coordinates, "
         "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
     charts.add_argument("run_dir", type=Path)
+    _add_data_root(charts)
     charts.add_argument("--thumbnails", type=int, default=100,
                         help="images drawn as thumbnails (0 = points only; default 100)")
 
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
     return parser
+
+
+def _add_data_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-root", metavar="DIR",
+                        help="where the run's on-disk dataset is now, if it moved")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,7 +104,8 @@ def _train(args: argparse.Namespace) -> int:
     from kdml.training.trainer import train
 
     if args.resume is not None:
-        if args.recipe or args.overrides or args.dataset or args.config or args.seed is not None:
+        if (args.recipe or args.overrides or args.dataset or args.config
+                or args.seed is not None or args.data_root):
             raise KdmlError("--resume takes only the run folder: the run keeps its own config")
         run = RunFolder.existing(args.resume)
         file_values = load_config_file(run.config)
@@ -112,18 +124,21 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.dataset:
         overrides.append(f"data.dataset={args.dataset}")
+    if args.data_root:
+        overrides.append(f"data.root={args.data_root}")
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
-    from kdml.data import DATASETS
     from kdml.data.domains import DOMAIN_PAIRS, is_domain_dataset
+    from kdml.data.registry import DATASETS, FORMATS, is_known_dataset
 
-    if config.data.dataset not in DATASETS and not is_domain_dataset(config.data.dataset):
+    if not is_known_dataset(config.data.dataset) and not is_domain_dataset(config.data.dataset):
         # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
         hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
                 if config.data.dataset.endswith("-") else "")
         raise KdmlError(f"unknown dataset {config.data.dataset!r}; choose one of: "
-                        f"{', '.join([*DATASETS, *DOMAIN_PAIRS])}, or npz:PATH{hint}")
+                        f"{', '.join([*DATASETS, *FORMATS, *DOMAIN_PAIRS])}, folder:DIR, "
+                        f"csv:FILE or npz:PATH{hint}")
     run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
     if (run_dir / "config.yaml").exists():
         raise KdmlError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
@@ -138,27 +153,27 @@ def _eval(args: argparse.Namespace) -> int:
     from kdml.training.run_folder import write_json
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir)
-    metrics = evaluate_method(trained.method, trained.splits, trained.config.eval)
+    trained = load_run(args.run_dir, args.data_root)
+    metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
+                              trained.embedder)
     write_json({"epoch": trained.epoch, "test": metrics}, trained.run.root / "eval.json")
     _print_results(trained.config, metrics, trained.run.root)
     return 0
 
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
-    import torch
-
-    from kdml.evaluation.evaluator import embed_dataset
+    from kdml.evaluation.evaluator import dataset_labels, embed_dataset
     from kdml.evaluation.generalization import generalization_terms
     from kdml.training.run_folder import write_json
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir)
+    trained = load_run(args.run_dir, args.data_root)
     splits = trained.splits
-    seen_labels = torch.tensor(splits.train_classes)[splits.train.y]  # back to dataset labels
+    seen = embed_dataset(trained.method, splits.train, trained.embedder)
+    unseen = embed_dataset(trained.method, splits.test, trained.embedder)
     terms = generalization_terms(
-        embed_dataset(trained.method, splits.train).numpy(), seen_labels.numpy(),
-        embed_dataset(trained.method, splits.test).numpy(), splits.test.y.numpy(),
+        seen.values.numpy(), dataset_labels(splits, seen.labels).numpy(),
+        unseen.values.numpy(), unseen.labels.numpy(),
         labelled_fraction=args.labelled_fraction, repeats=args.repeats,
         neighbors=args.neighbors, seed=args.seed)
     settings = {"repeats": args.repeats, "labelled_fraction": args.labelled_fraction,
@@ -175,32 +190,51 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
 
 def _plot_charts(args: argparse.Namespace) -> int:
+    from kdml.data.transforms import to_unit_float
     from kdml.evaluation.evaluator import chart_codes_of
     from kdml.training.trainer import load_run
     from kdml.viz_charts import plot_charts
 
-    trained = load_run(args.run_dir)
-    if not hasattr(trained.method, "chart_codes"):
+    trained = load_run(args.run_dir, args.data_root)
+    if not trained.method.has_charts:
         raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
                         "recipe (mtriplet, msimclr)")
     test = trained.splits.test
-    coords, index = chart_codes_of(trained.method, test)
-    path = plot_charts(coords, index, test.y, trained.run.plots / "charts.png",
-                       images=test.x if test.is_image else None,
+    codes = chart_codes_of(trained.method, test, trained.embedder)
+    coords, index = codes.values
+
+    def thumbnail(row: int):
+        return to_unit_float(test.load(int(codes.indices[row])))
+
+    path = plot_charts(coords, index, codes.labels, trained.run.plots / "charts.png",
+                       images=thumbnail if test.is_image else None,
                        max_thumbnails=args.thumbnails)
     print(f"chart plot written to {path}")
     return 0
 
 
 def _datasets(args: argparse.Namespace) -> int:
-    from kdml.data import DATASETS
     from kdml.data.domains import DOMAIN_PAIRS
+    from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE, candidate_roots
 
-    entries = [*DATASETS.values(), *DOMAIN_PAIRS.values()]
-    width = max(len(entry.name) for entry in entries)
-    for entry in entries:
-        print(f"{entry.name:<{width}}  {entry.description}")
-    print(f"{'npz:PATH':<{width}}  pre-extracted features of two domains (X, y, domain)")
+    rows = [(entry.name, entry.description) for entry in DATASETS.values()]
+    rows += [(entry.name, entry.description) for entry in DOMAIN_PAIRS.values()]
+    rows += [("npz:PATH", "pre-extracted features of two domains (X, y, domain)")]
+    rows += [(f"{prefix}{'DIR' if prefix == 'folder:' else 'FILE'}", text)
+             for prefix, text in PREFIXES.items()]
+    on_disk = []
+    for entry in FORMATS.values():
+        roots = [folder for root in candidate_roots(entry)
+                 if (folder := entry.located(root)) is not None]
+        on_disk.append((entry.name, entry.description,
+                        f"found in {roots[0]}" if roots else "not found"))
+    width = max(len(name) for name, *_ in rows + on_disk)
+    print("Offline and your own data:")
+    for name, description in rows:
+        print(f"  {name:<{width}}  {description}")
+    print(f"On-disk datasets (--data-root DIR, or ${ROOT_VARIABLE}/<name>):")
+    for name, description, where in on_disk:
+        print(f"  {name:<{width}}  {description}; {where}")
     return 0
 
 

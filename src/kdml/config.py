@@ -23,14 +23,22 @@ from kdml.errors import KdmlError
 
 @dataclass
 class DataConfig:
-    # a dataset name, a domain pair "SOURCE->TARGET", or "npz:PATH" (features of two domains)
+    # a dataset name (see `kdml datasets`), folder:DIR, csv:FILE, a domain pair
+    # "SOURCE->TARGET", or "npz:PATH" (features of two domains)
     dataset: str = "mnist5k"
-    split: str = "class-disjoint"  # class-disjoint | seen-holdout (ignored for domain pairs)
+    root: str = ""  # folder of an on-disk dataset; "" = $KDML_DATA_ROOT/<name>, then system
+    # standard (the dataset's own split; class-disjoint where it has none) | class-disjoint |
+    # seen-holdout (ignored for domain pairs)
+    split: str = "standard"
     train_classes: float = 0.5  # class-disjoint: fraction (or count) of the sorted classes
     holdout_fraction: float = 0.2  # seen-holdout: share of every class held out for testing
     batch_size: int = 64  # 0 = the whole training set in one batch
     samples_per_class: int = 0  # m of the class-balanced sampler; 0 = plain shuffled batches
     pca_dim: int = 0  # domain pairs: PCA fitted on the source only (0 = none)
+    num_workers: int = -1  # loader processes; -1 = one per core (at most 8) for image files
+    resize: int = 256  # image files: short side after decoding (then a centred square)
+    image_size: int = 224  # image files: side of the training and test crops
+    on_bad_image: str = "error"  # an undecodable image file: error (stop) | skip (leave out)
 
 
 @dataclass
@@ -70,9 +78,10 @@ class DomainConfig:
 
 @dataclass
 class EvalConfig:
-    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    ks: list[int] = field(default_factory=list)  # Recall@K; [] = the dataset's usual ones
     metric: str = "cosine"
     nmi: bool = True
+    embed_batch_size: int = 256  # samples embedded at once
 
 
 @dataclass
@@ -224,8 +233,14 @@ def validate(config: RunConfig) -> None:
     checks = [
         (config.data.batch_size >= 2 or config.data.batch_size == 0,
          "data.batch_size must be at least 2 (or 0 for full batches)"),
-        (config.data.split in ("class-disjoint", "seen-holdout"),
-         "data.split must be class-disjoint or seen-holdout"),
+        (config.data.split in ("standard", "class-disjoint", "seen-holdout"),
+         "data.split must be standard, class-disjoint or seen-holdout"),
+        (config.data.num_workers >= -1, "data.num_workers must be >= 0 (or -1 = automatic)"),
+        (config.data.resize >= 8, "data.resize must be at least 8 pixels"),
+        (1 <= config.data.image_size <= config.data.resize,
+         "data.image_size must be from 1 to data.resize"),
+        (config.data.on_bad_image in ("error", "skip"), "data.on_bad_image must be error or skip"),
+        (config.eval.embed_batch_size >= 1, "eval.embed_batch_size must be at least 1"),
         (0 < config.data.holdout_fraction < 1, "data.holdout_fraction must be in (0, 1)"),
         (config.data.pca_dim >= 0, "data.pca_dim must be >= 0 (0 = no PCA)"),
         (config.optim.name in ("adam", "sgd"), "optim.name must be adam or sgd"),
@@ -240,7 +255,7 @@ def validate(config: RunConfig) -> None:
         (config.optim.lr > 0 and config.optim.proxy_lr > 0, "learning rates must be positive"),
         (config.optim.lr_step >= 0, "optim.lr_step must be >= 0 (0 = no decay)"),
         (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
-        (len(config.eval.ks) > 0 and min(config.eval.ks) >= 1, "eval.ks must be positive ints"),
+        (all(k >= 1 for k in config.eval.ks), "eval.ks must be positive ints"),
         (config.eval.metric in ("cosine", "euclidean"), "eval.metric must be cosine or euclidean"),
         (config.train.device == "auto" or config.train.device.startswith(("cpu", "cuda")),
          "train.device must be auto, cpu or cuda[:N]"),

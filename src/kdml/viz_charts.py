@@ -8,6 +8,7 @@ change).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,16 @@ from kdml.evaluation.retrieval import as_label_vector
 __all__ = ["plot_charts"]
 
 
-def _as_images(images: Any, num_points: int) -> np.ndarray:
-    """Images as a float array [N, H, W] (grayscale) or [N, H, W, 3], values in [0, 1]."""
+def _as_images(images: Any, num_points: int) -> Callable[[int], np.ndarray]:
+    """Image ``i`` as a float array [H, W] (grayscale) or [H, W, 3] in [0, 1], from an array
+    of all images or from a function that loads one (only the drawn ones are loaded)."""
+    if callable(images):
+        return lambda index: _as_picture(images(index)[None], 1)[0]
+    array = _as_picture(images, num_points)
+    return lambda index: array[index]
+
+
+def _as_picture(images: Any, num_points: int) -> np.ndarray:
     array = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images,
                        dtype=np.float32)
     if array.ndim == 4 and array.shape[1] in (1, 3):  # [N, C, H, W] -> [N, H, W, C]
@@ -61,7 +70,9 @@ def plot_charts(
         chart_index: :math:`(N,)` integer charts.
         labels: :math:`(N,)` integer labels (colours).
         path: the PNG to write (parent folders are created).
-        images: optional :math:`(N, C, H, W)` or :math:`(N, H, W)` images in :math:`[0, 1]`.
+        images: optional :math:`(N, C, H, W)` or :math:`(N, H, W)` images in :math:`[0, 1]`,
+            or a function ``index -> image`` (:math:`(C, H, W)` or :math:`(H, W)`) that loads
+            only the images drawn.
         max_thumbnails: thumbnails per panel at most.
         thumbnail_zoom: size factor of the thumbnails.
         seed: seed of the thumbnail choice.
@@ -110,9 +121,9 @@ def plot_charts(
         if thumbnails is not None:
             chosen = rng.permutation(members)[:max_thumbnails]
             for index in chosen:
-                grey = thumbnails.ndim == 3
-                picture = OffsetImage(thumbnails[index], zoom=thumbnail_zoom,
-                                      cmap="gray" if grey else None)
+                pixels = thumbnails(int(index))
+                picture = OffsetImage(pixels, zoom=thumbnail_zoom,
+                                      cmap="gray" if pixels.ndim == 2 else None)
                 axes.add_artist(AnnotationBbox(picture, tuple(points[index]), frameon=False))
         axes.set(xlim=(0, 1), ylim=(0, 1), xticks=[], yticks=[], aspect="equal",
                  title=f"chart {chart} ({len(members)} points)")

@@ -1,15 +1,24 @@
-"""Datasets, splits and samplers. Nothing here downloads."""
+"""Datasets, splits, samplers, loaders and batch transforms. Nothing here downloads."""
 
-from kdml.data.dataset import ArrayDataset
-from kdml.data.registry import DATASETS, load_dataset
-from kdml.data.sampling import class_balanced_batches
+from kdml.data.dataset import ArrayDataset, Batch, DmlDataset
+from kdml.data.formats.common import DatasetParts
+from kdml.data.images import ImageFiles
+from kdml.data.registry import DATASETS, FORMATS, open_dataset
+from kdml.data.samplers import ClassBalancedBatches, ShuffledBatches, TargetBatches
 from kdml.data.splits import class_disjoint_split, seen_holdout_split
 
 __all__ = [
     "DATASETS",
+    "FORMATS",
     "ArrayDataset",
-    "class_balanced_batches",
+    "Batch",
+    "ClassBalancedBatches",
+    "DatasetParts",
+    "DmlDataset",
+    "ImageFiles",
+    "ShuffledBatches",
+    "TargetBatches",
     "class_disjoint_split",
-    "load_dataset",
+    "open_dataset",
     "seen_holdout_split",
 ]

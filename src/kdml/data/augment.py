@@ -3,8 +3,9 @@ r"""SimCLR's two-view augmentation on a batch of images, with kornia.
 The pipeline of SimCLR's CIFAR-10 experiments (Chen et al. 2020), which Atlas uses for
 MSimCLR (Korman, Sec. A.1): random resized crop, colour jitter of strength 0.5 applied with
 probability 0.8, random grayscale with probability 0.2. It runs on whole batches on the
-batch's device, with a different random draw for every image and every view, and draws from
-torch's global generator, so ``torch.manual_seed`` makes it repeatable.
+batch's device, with a different random draw for every image and every view. The draws come
+from a given ``torch.Generator`` (the trainer's step generator), or else from torch's global
+generator, so ``torch.manual_seed`` makes them repeatable.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from kdml.errors import KdmlError
+from kdml.seeding import seed_stream, with_cpu_seed
 
 __all__ = ["SimCLRAugment"]
 
@@ -43,7 +45,8 @@ class SimCLRAugment(nn.Module):
         grayscale_p: probability of grayscale (3-channel images). Default: 0.2.
         horizontal_flip: add random horizontal flips. Default: ``False``.
 
-    Inputs: ``images`` :math:`(B, C, H, W)`, :math:`C \in \{1, 3\}`.
+    Inputs: ``images`` :math:`(B, C, H, W)`, :math:`C \in \{1, 3\}`; optional ``generator``
+    (a CPU ``torch.Generator``) for the random parameters.
 
     Shape: returns two tensors shaped like ``images``.
 
@@ -71,9 +74,9 @@ class SimCLRAugment(nn.Module):
         self.crop_scale = (float(low), float(high))
         self.jitter_strength, self.jitter_p = jitter_strength, jitter_p
         self.grayscale_p, self.horizontal_flip = grayscale_p, horizontal_flip
-        self._pipelines: dict[tuple[int, int, int], nn.Sequential] = {}
+        self._pipelines: dict[tuple[int, int, int], K.AugmentationSequential] = {}
 
-    def pipeline(self, channels: int, height: int, width: int) -> nn.Sequential:
+    def pipeline(self, channels: int, height: int, width: int) -> K.AugmentationSequential:
         """The kornia pipeline for images of this shape (built once, then cached)."""
         key = (channels, height, width)
         if key not in self._pipelines:
@@ -85,12 +88,13 @@ class SimCLRAugment(nn.Module):
             steps.append(K.ColorJitter(0.8 * s, 0.8 * s, *colour, p=self.jitter_p))
             if channels == 3:
                 steps.append(K.RandomGrayscale(p=self.grayscale_p))
-            self._pipelines[key] = nn.Sequential(*steps)
+            self._pipelines[key] = K.AugmentationSequential(*steps, data_keys=["input"])
         return self._pipelines[key]
 
     @torch.no_grad()
-    def view(self, images: Tensor) -> Tensor:
-        """One augmented view of ``images``."""
+    def view(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """One augmented view of ``images``; random parameters from ``generator`` (CPU) when
+        given, else from torch's global generator."""
         if images.ndim != 4 or images.shape[1] not in (1, 3):
             raise KdmlError(
                 "SimCLR augmentation needs images [B, C, H, W] with 1 or 3 channels, got shape "
@@ -99,10 +103,16 @@ class SimCLRAugment(nn.Module):
         if not images.is_floating_point():
             raise KdmlError(f"SimCLR augmentation needs float images in [0, 1], got {images.dtype}")
         channels, height, width = images.shape[1:]
-        return self.pipeline(channels, height, width)(images)
+        pipeline = self.pipeline(channels, height, width)
+        if generator is None:
+            return pipeline(images)
+        params = with_cpu_seed(seed_stream(generator),
+                               lambda: pipeline.forward_parameters(images.shape))
+        return pipeline(images, params=params)
 
-    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        return self.view(images), self.view(images)
+    def forward(self, images: Tensor, generator: torch.Generator | None = None
+                ) -> tuple[Tensor, Tensor]:
+        return self.view(images, generator), self.view(images, generator)
 
     def extra_repr(self) -> str:
         return (f"crop_scale={self.crop_scale}, jitter_strength={self.jitter_strength}, "

@@ -1,59 +1,161 @@
-"""One in-memory dataset type for images and vectors."""
+"""A dataset is samples plus an integer label array.
+
+Labels are known without decoding anything, so splits, class counts and samplers never touch
+pixels. A sample is either a row of an in-memory array (:class:`ArrayDataset`: the offline
+datasets, MNIST's IDX files, CIFAR's pickles) or an image file decoded on demand
+(:class:`~kdml.data.images.ImageFiles`: CUB, Cars196, SOP, In-Shop, a folder, a CSV list).
+
+Datasets hand whole batches to a ``DataLoader`` through ``__getitems__`` and return a
+:class:`Batch`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 from torch.utils.data import Dataset
+
+from kdml.errors import KdmlError
+
+
+class Batch(NamedTuple):
+    """One batch as the loader yields it (raw samples: no augmentation, no normalisation).
+
+    Args:
+        inputs: ``[B, ...]``: float rows, or uint8 images ``[B, C, H, W]``.
+        labels: ``[B]`` int64.
+        indices: ``[B]`` int64 positions of the samples in their dataset.
+        unreadable: ``[B]`` bool, True where an image file could not be decoded (its row of
+            ``inputs`` is zeros); the trainer stops or skips as ``data.on_bad_image`` says.
+    """
+
+    inputs: Tensor
+    labels: Tensor
+    indices: Tensor
+    unreadable: Tensor
+
+
+def collate_batch(batch: Batch) -> Batch:
+    """The ``collate_fn`` for datasets whose ``__getitems__`` already returns a :class:`Batch`."""
+    return batch
+
+
+class DmlDataset(Dataset):
+    """Base of every dataset: ``labels`` [N] int64 and ``len(labels)`` samples.
+
+    Subclasses implement :meth:`load` (one sample) and :meth:`subset`; they may override
+    ``__getitems__`` to fetch a batch at once.
+    """
+
+    name: str
+    description: str
+    labels: Tensor
+    default_backbone: str
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def load(self, index: int) -> Tensor:
+        """Sample ``index`` as the loader yields it."""
+        raise NotImplementedError
+
+    def source_of(self, index: int) -> str:
+        """Where sample ``index`` comes from, for messages (a file path or a row number)."""
+        return f"{self.name}[{index}]"
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one sample as the loader yields it, e.g. (1, 28, 28), (3, 256, 256)."""
+        raise NotImplementedError
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.sample_shape) == 3
+
+    @property
+    def is_file_backed(self) -> bool:
+        """True when samples are decoded from files (worth worker processes)."""
+        return False
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.labels.unique().numel())
+
+    def subset(self, indices: Tensor, name: str | None = None) -> DmlDataset:
+        """The samples at ``indices``, in that order (labels unchanged)."""
+        raise NotImplementedError
+
+    def relabelled(self, labels: Tensor) -> DmlDataset:
+        """The same samples with other labels (e.g. remapped to 0..C-1)."""
+        if labels.shape != self.labels.shape:
+            raise KdmlError(f"{self.name}: {len(labels)} new labels for {len(self)} samples")
+        return dataclasses.replace(self, labels=labels.long())
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.load(index), int(self.labels[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        index_tensor = torch.as_tensor(indices, dtype=torch.long)
+        samples = [self.load(int(i)) for i in index_tensor]
+        return Batch(torch.stack(samples), self.labels[index_tensor], index_tensor,
+                     torch.zeros(len(index_tensor), dtype=torch.bool))
 
 
 @dataclass
-class ArrayDataset(Dataset):
-    """Samples and integer labels held as tensors.
+class ArrayDataset(DmlDataset):
+    """Samples held in memory as one tensor.
 
     Args:
         name: registry name, e.g. ``"mnist5k"``.
         description: one line for ``kdml datasets``.
-        x: samples, float32, shape [N, C, H, W] for images or [N, D] for vectors.
-        y: integer labels, shape [N].
+        x: samples ``[N, ...]``: float32 (images in [0, 1], or vectors) or uint8 images
+            ``[N, C, H, W]`` (converted to [0, 1] on the training device).
+        labels: integer labels ``[N]``.
         default_backbone: the backbone ``"auto"`` resolves to for this data.
     """
 
     name: str
     description: str
-    x: torch.Tensor
-    y: torch.Tensor
+    x: Tensor
+    labels: Tensor
     default_backbone: str = "mlp"
 
     def __post_init__(self) -> None:
-        if self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(f"{self.name}: {self.x.shape[0]} samples but {self.y.shape[0]} labels")
-        self.x = self.x.float()
-        self.y = self.y.long()
-
-    def __len__(self) -> int:
-        return int(self.y.shape[0])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
+        if self.x.shape[0] != self.labels.shape[0]:
+            raise KdmlError(f"{self.name}: {self.x.shape[0]} samples but "
+                            f"{self.labels.shape[0]} labels")
+        if self.x.dtype != torch.uint8:
+            self.x = self.x.float()
+        self.labels = self.labels.long()
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample, e.g. (1, 28, 28) or (40,)."""
+    def y(self) -> Tensor:
+        """The labels (the name the array datasets have always used)."""
+        return self.labels
+
+    def load(self, index: int) -> Tensor:
+        return self.x[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        # One indexing operation instead of B: in-memory batches cost one gather.
+        index_tensor = torch.as_tensor(indices, dtype=torch.long)
+        return Batch(self.x[index_tensor], self.labels[index_tensor], index_tensor,
+                     torch.zeros(len(index_tensor), dtype=torch.bool))
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
     @property
-    def is_image(self) -> bool:
-        return self.x.dim() == 4
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one sample (the same as :attr:`sample_shape` for in-memory data)."""
+        return self.sample_shape
 
-    @property
-    def num_classes(self) -> int:
-        return int(self.y.unique().numel())
-
-    def subset(self, indices: torch.Tensor, name: str | None = None) -> ArrayDataset:
-        """A new dataset holding the samples at ``indices`` (labels unchanged)."""
-        return ArrayDataset(
-            name or self.name, self.description, self.x[indices], self.y[indices],
-            self.default_backbone,
-        )
+    def subset(self, indices: Tensor, name: str | None = None) -> ArrayDataset:
+        return dataclasses.replace(self, name=name or self.name, x=self.x[indices],
+                                   labels=self.labels[indices])

@@ -1,19 +1,36 @@
-"""Name -> loader registry behind ``--dataset`` and ``kdml datasets``."""
+"""``--dataset`` names -> datasets: the offline sets, the on-disk formats, ``folder:DIR`` and
+``csv:FILE``.
+
+An on-disk dataset is read from the first of these roots:
+
+1. ``data.root`` (the command line's ``--data-root DIR``);
+2. ``$KDML_DATA_ROOT/<name>``;
+3. the format's system folder, where a distribution installs one (Debian's and Ubuntu's
+   ``dataset-fashion-mnist`` package: ``/usr/share/datasets/fashion-mnist``).
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
+from kdml.data.formats.common import DatasetParts
 from kdml.errors import KdmlError
+
+ROOT_VARIABLE = "KDML_DATA_ROOT"
 
 
 @dataclass(frozen=True)
 class DatasetEntry:
+    """An offline dataset that ships with an installed package."""
+
     name: str
     description: str
     default_backbone: str
@@ -33,10 +50,125 @@ DATASETS: dict[str, DatasetEntry] = {
 }
 
 
-def load_dataset(name: str) -> ArrayDataset:
-    """Load a registered dataset by name; an unknown name lists the valid ones."""
-    if name not in DATASETS:
-        raise KdmlError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    entry = DATASETS[name]
-    x, y = entry.loader()
-    return ArrayDataset(entry.name, entry.description, x, y, entry.default_backbone)
+@dataclass(frozen=True)
+class DiskFormat:
+    """A dataset read from its standard extracted layout.
+
+    Args:
+        name: the ``--dataset`` name.
+        description: one line for ``kdml datasets``.
+        loader: ``"module:function"``, a function ``(root: Path) -> DatasetParts`` (imported
+            only when used).
+        markers: files that show the dataset is in a folder (any one of them).
+        archive_folder: the folder its archive extracts to (``CUB_200_2011``), also looked
+            for inside a root.
+        system_root: a folder where an operating-system package installs the files.
+    """
+
+    name: str
+    description: str
+    loader: str
+    markers: tuple[str, ...]
+    archive_folder: str = ""
+    system_root: str = ""
+
+    def load(self, root: Path) -> DatasetParts:
+        module, function = self.loader.split(":")
+        return getattr(importlib.import_module(module), function)(root)
+
+    def located(self, folder: Path) -> Path | None:
+        """``folder`` or its archive folder, whichever holds the dataset's files."""
+        for candidate in (folder, folder / self.archive_folder) if self.archive_folder else (
+                folder,):
+            if any((candidate / marker).is_file() for marker in self.markers):
+                return candidate
+        return None
+
+
+def _format(name: str, description: str, module: str, function: str, *markers: str,
+            archive_folder: str = "", system_root: str = "") -> DiskFormat:
+    return DiskFormat(name, description, f"kdml.data.formats.{module}:{function}", markers,
+                      archive_folder, system_root)
+
+
+FORMATS: dict[str, DiskFormat] = {
+    entry.name: entry
+    for entry in (
+        _format("cub", "CUB-200-2011, 11,788 bird photos, 200 classes (100 train / 100 test)",
+                "cub", "load_cub", "images.txt", archive_folder="CUB_200_2011"),
+        _format("cars196", "Cars196, 16,185 car photos, 196 classes (98 train / 98 test)",
+                "cars", "load_cars196", "cars_annos.mat"),
+        _format("sop", "Stanford Online Products, 120,053 photos, 22,634 classes (files' split)",
+                "sop", "load_sop", "Ebay_train.txt", archive_folder="Stanford_Online_Products"),
+        _format("inshop", "In-Shop Clothes Retrieval, 52,712 photos; query vs gallery",
+                "inshop", "load_inshop", "list_eval_partition.txt",
+                "Eval/list_eval_partition.txt"),
+        _format("cifar10", "CIFAR-10, 60,000 3x32x32 images, 10 classes (files' split)",
+                "cifar", "load_cifar10", "data_batch_1", archive_folder="cifar-10-batches-py"),
+        _format("cifar100", "CIFAR-100, 60,000 3x32x32 images, 100 classes (files' split)",
+                "cifar", "load_cifar100", "train", archive_folder="cifar-100-python"),
+        _format("mnist", "MNIST, 70,000 1x28x28 digits (IDX files, files' split)",
+                "idx", "load_mnist", "train-labels-idx1-ubyte", "train-labels-idx1-ubyte.gz"),
+        _format("fashion-mnist", "Fashion-MNIST, 70,000 1x28x28 clothing images (IDX files)",
+                "idx", "load_fashion_mnist", "train-labels-idx1-ubyte",
+                "train-labels-idx1-ubyte.gz", system_root="/usr/share/datasets/fashion-mnist"),
+    )
+}
+
+PREFIXES = {"folder:": "a folder of images, one sub-folder per class",
+            "csv:": "a CSV list of images: path, label, split[, is_query, is_gallery]"}
+
+
+def candidate_roots(entry: DiskFormat, configured: str = "") -> list[Path]:
+    """The folders searched for ``entry``, in order (see the module docstring)."""
+    if configured:
+        return [Path(configured).expanduser()]
+    roots = []
+    if os.environ.get(ROOT_VARIABLE):
+        roots.append(Path(os.environ[ROOT_VARIABLE]).expanduser() / entry.name)
+    if entry.system_root:
+        roots.append(Path(entry.system_root))
+    return roots
+
+
+def find_root(entry: DiskFormat, configured: str = "") -> Path:
+    """The folder to read ``entry`` from, or a one-line error saying where to put it."""
+    roots = candidate_roots(entry, configured)
+    if configured:
+        if not roots[0].is_dir():
+            raise KdmlError(f"{entry.name}: data root {roots[0]} is not a folder; pass the "
+                            "folder that holds the extracted dataset to --data-root")
+        return entry.located(roots[0]) or roots[0]  # the reader names what is missing
+    for root in roots:
+        found = entry.located(root)
+        if found is not None:
+            return found
+    searched = ", ".join(str(root) for root in roots) or f"${ROOT_VARIABLE} is not set"
+    raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); pass its folder "
+                    f"with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml datasets')")
+
+
+def is_known_dataset(name: str) -> bool:
+    return name in DATASETS or name in FORMATS or name.startswith(tuple(PREFIXES))
+
+
+def open_dataset(name: str, root: str = "") -> DatasetParts:
+    """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``."""
+    if name in DATASETS:
+        entry = DATASETS[name]
+        x, y = entry.loader()
+        return DatasetParts(ArrayDataset(entry.name, entry.description, x, y,
+                                         entry.default_backbone))
+    if name in FORMATS:
+        entry_format = FORMATS[name]
+        return entry_format.load(find_root(entry_format, root))
+    if name.startswith("folder:"):
+        from kdml.data.formats.folder import load_folder
+
+        return load_folder(Path(name.removeprefix("folder:")).expanduser())
+    if name.startswith("csv:"):
+        from kdml.data.formats.csv_list import load_csv
+
+        return load_csv(Path(name.removeprefix("csv:")).expanduser())
+    raise KdmlError(f"unknown dataset {name!r}; choose one of: "
+                    f"{', '.join([*DATASETS, *FORMATS])}, folder:DIR or csv:FILE")

@@ -1,13 +1,27 @@
-"""Train/test splits used in deep metric learning."""
+"""Train/test splits used in deep metric learning, and the splits a run trains and scores on.
+
+Splits work on the label array alone (no sample is decoded):
+
+- ``standard``: the dataset's own split (CUB and Cars196: the first half of the class ids;
+  SOP, CIFAR, MNIST: the files' train/test; In-Shop: train, query and gallery), or, for
+  datasets without one (the offline sets, ``folder:DIR``), the class-disjoint split;
+- ``class-disjoint``: the sorted classes cut in two (``data.train_classes``);
+- ``seen-holdout``: every class on both sides, ``data.holdout_fraction`` of each class's
+  samples held out (the Atlas experiments).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
-from kdml.data.dataset import ArrayDataset
+from kdml.data.dataset import DmlDataset
 from kdml.errors import KdmlError
+
+SPLITS = ("standard", "class-disjoint", "seen-holdout")
+UNSEEN, SEEN, DOMAIN = "unseen", "seen", "domain"
 
 
 @dataclass
@@ -15,21 +29,33 @@ class DataSplits:
     """What the trainer trains on and the evaluator scores.
 
     ``train`` labels are remapped to 0..C-1 (``train_classes`` maps them back); ``test`` keeps
-    the dataset's labels. For a domain pair, ``train`` is the labelled source, ``target`` the
-    target samples whose labels the method never sees, and ``test`` the same target samples
-    with their labels, for evaluation only.
+    the dataset's labels. With a ``gallery`` (In-Shop), ``test`` holds the queries and each is
+    searched in the gallery; otherwise the test samples are searched among themselves
+    (leave-one-out). For a domain pair, ``train`` is the labelled source, ``target`` the target
+    samples whose labels the method never sees, and ``test`` the same target samples with their
+    labels, for evaluation only.
+
+    ``kind`` is ``"unseen"`` when the test classes are not training classes, ``"seen"`` when
+    they all are (the linear probe is then scored too), ``"domain"`` for a domain pair.
     """
 
-    train: ArrayDataset
-    test: ArrayDataset
+    train: DmlDataset
+    test: DmlDataset
     train_classes: list[int]
-    target: ArrayDataset | None = None
-    kind: str = "class-disjoint"  # class-disjoint | seen-holdout | domain
+    kind: str = UNSEEN
+    gallery: DmlDataset | None = None
+    target: DmlDataset | None = None
+    eval_ks: tuple[int, ...] = (1, 2, 4, 8)
+
+    @property
+    def reference_size(self) -> int:
+        """How many references a test query is searched among."""
+        return len(self.gallery) if self.gallery is not None else len(self.test) - 1
 
 
 def class_disjoint_split(
-    labels: torch.Tensor, train_classes: float | int = 0.5
-) -> tuple[torch.Tensor, torch.Tensor]:
+    labels: Tensor, train_classes: float | int = 0.5
+) -> tuple[Tensor, Tensor]:
     """Split by class, as in DML benchmarks (CUB: classes 1-100 train, 101-200 test).
 
     The sorted classes are cut in two: the first ``train_classes`` go to training and the rest to
@@ -49,8 +75,8 @@ def class_disjoint_split(
 
 
 def seen_holdout_split(
-    labels: torch.Tensor, holdout_fraction: float = 0.2, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
+    labels: Tensor, holdout_fraction: float = 0.2, seed: int = 0
+) -> tuple[Tensor, Tensor]:
     """Hold out a fraction of every class's samples: both parts contain the same (seen) classes.
 
     Each class keeps at least one sample on each side when it has two or more.
@@ -72,6 +98,42 @@ def seen_holdout_split(
     is_held = torch.zeros_like(labels, dtype=torch.bool)
     is_held[held_out_idx] = True
     return (~is_held).nonzero().squeeze(1), held_out_idx
+
+
+def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
+                train_classes: float | int = 0.5, holdout_fraction: float = 0.2,
+                eval_ks: tuple[int, ...] = (1, 2, 4, 8)) -> DataSplits:
+    """The :class:`DataSplits` of ``dataset`` under ``split`` (see the module docstring).
+
+    Args:
+        dataset: every sample, with its labels.
+        parts: the dataset's own split (index tensors ``train`` and ``test``, or ``train``,
+            ``query`` and ``gallery``); empty when it has none.
+        split: one of :data:`SPLITS`.
+    """
+    if split not in SPLITS:
+        raise KdmlError(f"data.split must be one of {', '.join(SPLITS)}, got {split!r}")
+    gallery_idx = None
+    if split == "standard" and parts:
+        train_idx = parts["train"]
+        test_idx = parts.get("test", parts.get("query"))
+        gallery_idx = parts.get("gallery")
+    elif split == "seen-holdout":
+        train_idx, test_idx = seen_holdout_split(dataset.labels, holdout_fraction, seed=0)
+    else:
+        train_idx, test_idx = class_disjoint_split(dataset.labels, train_classes)
+    for part, indices in (("training", train_idx), ("test", test_idx),
+                          ("gallery", gallery_idx)):
+        if indices is not None and len(indices) == 0:
+            raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty")
+    train = dataset.subset(train_idx, f"{dataset.name}/train")
+    classes, remapped = torch.unique(train.labels, return_inverse=True)
+    test = dataset.subset(test_idx, f"{dataset.name}/test")
+    gallery = None if gallery_idx is None else dataset.subset(gallery_idx,
+                                                              f"{dataset.name}/gallery")
+    seen = bool(torch.isin(test.labels, classes).all())
+    return DataSplits(train.relabelled(remapped), test, classes.tolist(),
+                      SEEN if seen else UNSEEN, gallery=gallery, eval_ks=eval_ks)
 
 
 def _num_train_classes(num_classes: int, train_classes: float | int) -> int:

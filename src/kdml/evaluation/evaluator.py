@@ -1,91 +1,172 @@
 """Embed the evaluation data with a trained method and score it. The evaluator never trains.
 
-What is scored depends on the split and the method:
+Samples reach the method batch by batch through a loader (:class:`Embedder`); only the
+embeddings are kept. What is scored depends on the split and the method:
 
-- class-disjoint split: retrieval on the unseen test classes (Recall@K, MAP@R, R-Precision,
-  NMI);
+- test classes not seen in training: retrieval on the test set (Recall@K, MAP@R,
+  R-Precision, NMI), leave-one-out, or each query against the gallery (In-Shop);
 - methods with charts (Atlas): the same metrics under the manifold distance with argmax charts
   (:func:`~kdml.evaluation.charts.chart_retrieval_metrics`);
-- seen-holdout split: also ``linear_accuracy``, the piecewise-linear probe of Atlas (Table 2),
-  one chart for methods without charts (the ordinary linear probe), fitted on the training
-  split and scored on the held-out samples;
+- test classes seen in training: also ``linear_accuracy``, the piecewise-linear probe of Atlas
+  (Table 2), one chart for methods without charts (the ordinary linear probe), fitted on the
+  training split and scored on the test samples;
 - domain pairs: retrieval within the target plus ``source_nn_accuracy``, the accuracy of
   labelling target samples by their nearest source samples.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
 from kdml.config import EvalConfig
-from kdml.data.dataset import ArrayDataset
-from kdml.data.splits import DataSplits
+from kdml.data.dataset import DmlDataset
+from kdml.data.loaders import (
+    readable_batches,
+    resolve_num_workers,
+    sequential_loader,
+    to_device,
+)
+from kdml.data.splits import DOMAIN, SEEN, DataSplits
+from kdml.data.transforms import to_unit_float
+from kdml.errors import KdmlError
 from kdml.evaluation.charts import chart_retrieval_metrics, piecewise_linear_accuracy
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import target_metrics
-from kdml.training.method import Method
+from kdml.models.method import Method
 
-Output = torch.Tensor | tuple[torch.Tensor, ...]
+Output = Tensor | tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Embedder:
+    """How samples reach a method at test time.
+
+    Args:
+        transform: raw batch -> model input on ``device`` (the input pipeline's ``test``).
+        device: where the method runs.
+        batch_size: samples per batch.
+        num_workers: loader processes (``-1``: automatic, see :mod:`kdml.data.loaders`).
+        on_bad_image: ``"error"`` or ``"skip"`` for undecodable image files.
+    """
+
+    transform: Callable[[Tensor], Tensor] = to_unit_float
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    batch_size: int = 256
+    num_workers: int = 0
+    on_bad_image: str = "error"
+
+    def inputs(self, dataset: DmlDataset) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """``(model inputs, labels, indices)`` of every readable sample, in dataset order."""
+        workers = resolve_num_workers(self.num_workers, dataset)
+        loader = sequential_loader(dataset, self.batch_size, workers,
+                                   pin_memory=self.device.type == "cuda")
+        for batch in readable_batches(loader, dataset, self.on_bad_image):
+            yield (self.transform(to_device(batch.inputs, self.device)), batch.labels,
+                   batch.indices)
+
+
+class Embedded(NamedTuple):
+    """A method's outputs for a dataset (on the CPU), with the labels and dataset positions of
+    the samples (an unreadable image skipped under ``on_bad_image=skip`` has no row)."""
+
+    values: Output
+    labels: Tensor
+    indices: Tensor
 
 
 @torch.no_grad()
-def embed_dataset(method: Method, dataset: ArrayDataset, batch_size: int = 512,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """Test-time embeddings of every sample, in order, shape [N, d] (on the CPU)."""
-    return _batched(method, method.embed, dataset, batch_size, device)
+def embed_dataset(method: Method, dataset: DmlDataset,
+                  embedder: Embedder | None = None) -> Embedded:
+    """Test-time embeddings of every sample, in order: ``values`` is [N, d]."""
+    return _run(method, method.embed, dataset, embedder or Embedder())
 
 
 @torch.no_grad()
-def chart_codes_of(method: Method, dataset: ArrayDataset, batch_size: int = 512,
-                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Compressed codes of every sample: chart coordinates [N, d] and chart index [N]."""
-    return _batched(method, method.chart_codes, dataset, batch_size, device)
+def chart_codes_of(method: Method, dataset: DmlDataset,
+                   embedder: Embedder | None = None) -> Embedded:
+    """Compressed codes of every sample: ``values`` is (chart coordinates [N, d], chart [N])."""
+    return _run(method, method.chart_codes, dataset, embedder or Embedder())
 
 
 def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
-                    device: torch.device | str = "cpu") -> dict[str, float]:
-    """Score ``method`` on ``splits.test`` (see the module docstring for what is scored)."""
-    ks, test = tuple(config.ks), splits.test
-    if splits.kind == "domain":
-        return target_metrics(embed_dataset(method, splits.train, device=device), splits.train.y,
-                              embed_dataset(method, test, device=device), test.y, ks=ks,
-                              metric=config.metric, nmi=config.nmi)
-    if hasattr(method, "chart_codes"):
-        coords, index = chart_codes_of(method, test, device=device)
-        metrics = chart_retrieval_metrics(coords, index, test.y, ks=ks, nmi=config.nmi)
-        if splits.kind == "seen-holdout":
-            train_coords, train_index = chart_codes_of(method, splits.train, device=device)
-            metrics["linear_accuracy"] = piecewise_linear_accuracy(
-                train_coords, train_index, splits.train.y, coords, index,
-                _train_space(splits, test.y))["accuracy"]
-        return metrics
-    embeddings = embed_dataset(method, test, device=device)
-    metrics = retrieval_metrics(embeddings, test.y, ks=ks, metric=config.metric, nmi=config.nmi)
-    if splits.kind == "seen-holdout":
-        train_embeddings = embed_dataset(method, splits.train, device=device)
+                    embedder: Embedder | None = None) -> dict[str, float]:
+    """Score ``method`` on ``splits`` (see the module docstring for what is scored)."""
+    embedder = embedder or Embedder()
+    ks = tuple(config.ks) or splits.eval_ks
+    if splits.kind == DOMAIN:
+        source, target = (embed_dataset(method, part, embedder)
+                          for part in (splits.train, splits.test))
+        return target_metrics(source.values, dataset_labels(splits, source.labels),
+                              target.values, target.labels, ks=ks, metric=config.metric,
+                              nmi=config.nmi)
+    if method.has_charts:
+        return _chart_metrics(method, splits, ks, config, embedder)
+    test = embed_dataset(method, splits.test, embedder)
+    gallery = None if splits.gallery is None else embed_dataset(method, splits.gallery,
+                                                                embedder)
+    metrics = retrieval_metrics(test.values, test.labels, ks=ks, metric=config.metric,
+                                reference=None if gallery is None else gallery.values,
+                                reference_labels=None if gallery is None else gallery.labels,
+                                nmi=config.nmi)
+    if splits.kind == SEEN:
+        train = embed_dataset(method, splits.train, embedder)
+        one_chart = torch.zeros(len(train.labels), dtype=torch.long)
         metrics["linear_accuracy"] = piecewise_linear_accuracy(
-            train_embeddings, torch.zeros(len(train_embeddings), dtype=torch.long),
-            splits.train.y, embeddings, torch.zeros(len(embeddings), dtype=torch.long),
-            _train_space(splits, test.y), sigmoid=False)["accuracy"]
+            train.values, one_chart, train.labels, test.values,
+            torch.zeros(len(test.labels), dtype=torch.long),
+            _train_space(splits, test.labels), sigmoid=False)["accuracy"]
     return metrics
 
 
-def _train_space(splits: DataSplits, labels: torch.Tensor) -> torch.Tensor:
-    """Dataset labels -> the training split's remapped labels (same classes when seen)."""
+def _chart_metrics(method: Method, splits: DataSplits, ks: tuple[int, ...], config: EvalConfig,
+                   embedder: Embedder) -> dict[str, float]:
+    test = chart_codes_of(method, splits.test, embedder)
+    coords, index = test.values
+    metrics = chart_retrieval_metrics(coords, index, test.labels, ks=ks, nmi=config.nmi)
+    if splits.kind == SEEN:
+        train = chart_codes_of(method, splits.train, embedder)
+        train_coords, train_index = train.values
+        metrics["linear_accuracy"] = piecewise_linear_accuracy(
+            train_coords, train_index, train.labels, coords, index,
+            _train_space(splits, test.labels))["accuracy"]
+    return metrics
+
+
+def dataset_labels(splits: DataSplits, train_labels: Tensor) -> Tensor:
+    """The training split's remapped labels (0..C-1) -> the dataset's labels."""
+    return torch.tensor(splits.train_classes, dtype=torch.long)[train_labels]
+
+
+def _train_space(splits: DataSplits, labels: Tensor) -> Tensor:
+    """Dataset labels -> the training split's remapped labels (-1 for a class not trained)."""
     lookup = {label: index for index, label in enumerate(splits.train_classes)}
     return torch.tensor([lookup.get(int(label), -1) for label in labels])
 
 
-def _batched(method: Method, function: Callable[[torch.Tensor], Output], dataset: ArrayDataset,
-             batch_size: int, device: torch.device | str) -> Output:
+def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDataset,
+         embedder: Embedder) -> Embedded:
     was_training = method.training
     method.eval()
-    chunks = [function(dataset.x[start:start + batch_size].to(device))
-              for start in range(0, len(dataset), batch_size)]
-    method.train(was_training)
+    chunks, labels, indices = [], [], []
+    try:
+        for inputs, batch_labels, batch_indices in embedder.inputs(dataset):
+            output = function(inputs)
+            chunks.append(tuple(part.cpu() for part in output) if isinstance(output, tuple)
+                          else output.cpu())
+            labels.append(batch_labels)
+            indices.append(batch_indices)
+    finally:
+        method.train(was_training)
+    if not chunks:
+        raise KdmlError(f"{dataset.name}: no readable sample to evaluate")
     if isinstance(chunks[0], tuple):
-        return tuple(torch.cat([chunk[i].cpu() for chunk in chunks])
-                     for i in range(len(chunks[0])))
-    return torch.cat([chunk.cpu() for chunk in chunks])
+        values: Output = tuple(torch.cat([chunk[i] for chunk in chunks])
+                               for i in range(len(chunks[0])))
+    else:
+        values = torch.cat(chunks)
+    return Embedded(values, torch.cat(labels), torch.cat(indices))

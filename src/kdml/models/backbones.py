@@ -7,18 +7,25 @@ import math
 import torch
 from torch import nn
 
+from kdml.data.transforms import Normalization
 from kdml.errors import KdmlError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class SmallCNN(nn.Module):
-    """A compact CNN for 1- or 3-channel images from 8x8 to 64x64.
+    """A compact CNN for 1- or 3-channel images of side 8 and up, trained from scratch.
 
     Conv-BN-ReLU blocks; the first blocks halve the resolution (while it stays at least 4x4),
-    then global average pooling gives the pooled feature.
+    then global average pooling gives the pooled feature. Images larger than 64x64 (photos
+    cropped to 224) first pass a stem of stride-2 convolutions and max-pools, each dividing the
+    side by 4, until it is at most 64, as ResNet's stem does: a quick CPU baseline, far from
+    the pretrained backbones of the papers.
 
     Args:
         in_channels: 1 or 3.
-        image_size: the input side length, 8 to 64.
+        image_size: the input side length, at least 8.
         widths: channels of the conv blocks; the last one is ``feature_size``.
 
     Shape:
@@ -31,12 +38,16 @@ class SmallCNN(nn.Module):
         super().__init__()
         if in_channels not in (1, 3):
             raise KdmlError(f"SmallCNN takes 1- or 3-channel images, got {in_channels} channels")
-        if not 8 <= image_size <= 64:
-            raise KdmlError(f"SmallCNN takes images from 8x8 to 64x64, got side {image_size}")
-        # Halve while the map stays >= 4x4: 8x8 -> 1 pooling, 28x28 -> 2, 64x64 -> 3.
-        num_pools = min(len(widths), int(math.log2(image_size / 4)))
+        if image_size < 8:
+            raise KdmlError(f"SmallCNN takes images of side 8 or more, got side {image_size}")
         layers: list[nn.Module] = []
         channels = in_channels
+        while image_size > 64:
+            layers += [nn.Conv2d(channels, widths[0], 3, stride=2, padding=1, bias=False),
+                       nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+            channels, image_size = widths[0], image_size // 4
+        # Halve while the map stays >= 4x4: 8x8 -> 1 pooling, 28x28 -> 2, 64x64 -> 3.
+        num_pools = min(len(widths), int(math.log2(image_size / 4)))
         for index, width in enumerate(widths):
             layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False),
                        nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
@@ -147,6 +158,9 @@ def _timm_backbone(model_name: str) -> nn.Module:
         ) from error
     model = timm.create_model(model_name, pretrained=False, num_classes=0)
     model.feature_size = model.num_features
+    config = getattr(model, "pretrained_cfg", None) or {}
+    model.normalization = Normalization(tuple(config.get("mean", IMAGENET_MEAN)),
+                                        tuple(config.get("std", IMAGENET_STD)))
     return model
 
 

@@ -50,8 +50,9 @@ class ManifoldMMD(nn.Module):
     MMD² estimate (it can be slightly negative).
 
     The prior sample is ``prior_sample`` when given (tests, reproducible evaluation),
-    otherwise :math:`N` fresh points drawn from ``generator`` (or torch's global generator
-    when ``None``, seeded by ``torch.manual_seed``) on every call.
+    otherwise :math:`N` fresh points drawn on every call from the call's ``generator``, else
+    the module's, else torch's global generator (seeded by ``torch.manual_seed``). The
+    trainer passes each step's own generator, seeded from (seed, epoch, step).
 
     With ``n_charts=1`` the call also accepts plain embeddings ``mmd(embeddings)`` of shape
     :math:`(N, d)` (membership 1): the Euclidean regularizer of Sec. 3.2.2.
@@ -69,6 +70,7 @@ class ManifoldMMD(nn.Module):
         - ``q``: :math:`(N, n)` chart memberships (``None`` only when :math:`n = 1`).
         - ``prior_sample``: optional :math:`(M, d)` uniform sample in :math:`[0, 1]^d`,
           :math:`M \ge 2`.
+        - ``generator``: optional ``torch.Generator`` for this call's prior sample.
 
     Shape: output is a scalar.
 
@@ -99,11 +101,12 @@ class ManifoldMMD(nn.Module):
         self.kernel = InverseMultiquadricKernel(dim / 6)
 
     def forward(self, coords: Tensor, q: Tensor | None = None,
-                prior_sample: Tensor | None = None) -> Tensor:
+                prior_sample: Tensor | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
         coords, q = self._check_batch(coords, q)
         num_points = len(coords)
         if prior_sample is None:
-            prior_sample = self.sample_prior(num_points, coords)
+            prior_sample = self.sample_prior(num_points, coords, generator)
         elif prior_sample.ndim != 2 or prior_sample.shape[1] != self.dim or len(prior_sample) < 2:
             raise KdmlError(
                 f"ManifoldMMD: prior_sample must be [M, {self.dim}] with M >= 2, "
@@ -127,10 +130,13 @@ class ManifoldMMD(nn.Module):
             + prior_pairs / (n * num_prior * (num_prior - 1))
         )
 
-    def sample_prior(self, num_points: int, like: Tensor) -> Tensor:
-        """``num_points`` uniform points in :math:`[0, 1]^d` with the dtype/device of ``like``."""
-        device = self.generator.device if self.generator is not None else like.device
-        sample = torch.rand(num_points, self.dim, generator=self.generator, device=device,
+    def sample_prior(self, num_points: int, like: Tensor,
+                     generator: torch.Generator | None = None) -> Tensor:
+        """``num_points`` uniform points in :math:`[0, 1]^d` with the dtype/device of ``like``,
+        drawn from ``generator`` (default: the module's)."""
+        generator = generator if generator is not None else self.generator
+        device = generator.device if generator is not None else like.device
+        sample = torch.rand(num_points, self.dim, generator=generator, device=device,
                             dtype=like.dtype)
         return sample.to(like.device)
 

@@ -6,7 +6,8 @@ from torch import Tensor, nn
 
 from kdml.config import OptimConfig
 from kdml.errors import KdmlError
-from kdml.training.method import Method, StepOutput
+from kdml.models.method import Method, StepOutput, detached
+from kdml.seeding import StepRandom
 
 
 class DomainAdaptedMethod(Method):
@@ -22,7 +23,7 @@ class DomainAdaptedMethod(Method):
     inner network's BatchNorm statistics with target samples.
 
     Args:
-        inner: the wrapped :class:`~kdml.training.method.Method` (returning embeddings).
+        inner: the wrapped :class:`~kdml.models.method.Method` (returning embeddings).
         beta: weight of the discrepancy, >= 0.
         mmd: e.g. :class:`~kdml.regularizers.domain.DomainMMD`.
 
@@ -33,7 +34,6 @@ class DomainAdaptedMethod(Method):
     """
 
     uses_target = True
-    _DELEGATED = ("chart_codes",)
 
     def __init__(self, inner: Method, beta: float, mmd: nn.Module) -> None:
         super().__init__()
@@ -47,14 +47,16 @@ class DomainAdaptedMethod(Method):
     def backbone(self) -> nn.Module:  # type: ignore[override]
         return self.inner.backbone
 
-    def __getattr__(self, name: str):
-        if name in DomainAdaptedMethod._DELEGATED:
-            return getattr(self.inner, name)  # AttributeError when the inner method lacks it
-        return super().__getattr__(name)
+    @property
+    def has_charts(self) -> bool:  # type: ignore[override]
+        return self.inner.has_charts
 
-    def forward(self, inputs: Tensor, labels: Tensor,
-                target_inputs: Tensor | None = None) -> StepOutput:
-        output = self.inner(inputs, labels)
+    def chart_codes(self, inputs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.inner.chart_codes(inputs)
+
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
+        output = self.inner(inputs, labels, rng=rng)
         if target_inputs is None:
             if self.beta > 0:
                 raise KdmlError(f"beta={self.beta} > 0 needs a target-domain batch")
@@ -64,8 +66,8 @@ class DomainAdaptedMethod(Method):
                             "domain-adapted")
         discrepancy = self.mmd(output.embeddings, self.inner.embed(target_inputs))
         loss = output.loss + self.beta * discrepancy
-        terms = {**output.terms, "inner_loss": output.loss.item(), "d_ts": discrepancy.item(),
-                 "loss": loss.item()}
+        terms = {**output.terms, **detached(inner_loss=output.loss, d_ts=discrepancy,
+                                            loss=loss)}
         return StepOutput(loss, terms, output.embeddings)
 
     def embed(self, inputs: Tensor) -> Tensor:

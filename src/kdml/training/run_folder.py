@@ -7,6 +7,10 @@ import json
 import logging
 import math
 import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -89,8 +93,19 @@ def write_json(values: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def safe_name(dataset: str) -> str:
+    """A folder-name form of a ``--dataset`` value: ``folder:/data/my photos`` ->
+    ``folder-my-photos``, ``mnist5k->digits`` -> ``mnist5k-digits``. A path never nests
+    folders and no character needs quoting in a shell."""
+    if ":" in dataset:
+        prefix, path = dataset.split(":", 1)
+        dataset = f"{prefix}-{Path(path.rstrip('/')).stem}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", dataset).strip("-.") or "data"
+
+
 def default_run_dir(recipe: str, dataset: str, parent: Path = Path("runs")) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    dataset = safe_name(dataset)
     path = parent / f"{recipe}-{dataset}-{stamp}"
     suffix = 1
     while path.exists():
@@ -99,16 +114,28 @@ def default_run_dir(recipe: str, dataset: str, parent: Path = Path("runs")) -> P
     return path
 
 
-def file_logger(path: Path) -> logging.Logger:
-    """A logger that appends to ``path`` (one per run folder)."""
-    logger = logging.getLogger(f"kdml.run.{path.resolve()}")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    if not logger.handlers:
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        logger.addHandler(handler)
-    return logger
+@contextmanager
+def run_logging(path: Path) -> Iterator[logging.Logger]:
+    """While a run trains, kdml's log records (``kdml.*``: the trainer's, and the data
+    loaders' warnings such as a skipped image) are appended to the run's ``train.log``, and
+    warnings are also shown on stderr. Yields the trainer's logger."""
+    package = logging.getLogger("kdml")
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    to_screen = logging.StreamHandler(sys.stderr)
+    to_screen.setLevel(logging.WARNING)
+    to_screen.setFormatter(logging.Formatter("kdml: warning: %(message)s"))
+    level = package.level
+    package.setLevel(logging.INFO)
+    package.addHandler(to_file)
+    package.addHandler(to_screen)
+    try:
+        yield logging.getLogger("kdml.train")
+    finally:
+        package.removeHandler(to_file)
+        package.removeHandler(to_screen)
+        package.setLevel(level)
+        to_file.close()
 
 
 def _cell(value: Any) -> Any:

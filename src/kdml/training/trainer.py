@@ -1,73 +1,69 @@
-"""The one training loop. Recipes only assemble parts; the evaluator computes the metrics."""
+"""The one training loop. Recipes only assemble parts; the evaluator computes the metrics.
+
+Data flows one way: a batch sampler picks indices, a ``DataLoader`` (worker processes for image
+files) yields raw batches, the input pipeline augments and normalises them on the training
+device, the method returns its loss terms as tensors, and the trainer reduces them once per
+epoch.
+"""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from kdml.config import RunConfig, load_config_file, resolve_config, save_config
-from kdml.data import (
-    ArrayDataset,
-    class_balanced_batches,
-    class_disjoint_split,
-    load_dataset,
-    seen_holdout_split,
+from kdml.data.dataset import Batch, DmlDataset
+from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
+from kdml.data.prepare import prepare_data
+from kdml.data.samplers import (
+    ClassBalancedBatches,
+    ShuffledBatches,
+    TargetBatches,
+    check_batching,
 )
-from kdml.data.domains import fit_source_pca, is_domain_dataset, load_domain_data
-from kdml.data.sampling import check_batching
-from kdml.data.splits import DataSplits
+from kdml.data.splits import DOMAIN, DataSplits
+from kdml.data.transforms import InputPipeline, Normalization
 from kdml.errors import KdmlError
-from kdml.evaluation.evaluator import evaluate_method
+from kdml.evaluation.evaluator import Embedder, evaluate_method
 from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone, freeze_batchnorm
+from kdml.models.method import Method
 from kdml.regularizers.domain import DomainMMD
+from kdml.seeding import AUGMENT, StepRandom, with_cpu_seed
 from kdml.training.checkpoint import load_checkpoint, save_checkpoint
 from kdml.training.domain_adapted import DomainAdaptedMethod
-from kdml.training.method import Method
+from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, file_logger
+from kdml.training.run_folder import RunFolder, run_logging
 from kdml.viz import plot_training
 
-
-def prepare_data(config: RunConfig) -> DataSplits:
-    """Split the configured dataset (or domain pair) as ``config.data`` asks."""
-    data = config.data
-    if is_domain_dataset(data.dataset):
-        pair = load_domain_data(data.dataset)
-        if data.pca_dim:
-            pair = fit_source_pca(pair, data.pca_dim)
-        train, classes = _remap_labels(pair.source)
-        return DataSplits(train, pair.target, classes, target=pair.target, kind="domain")
-    if data.pca_dim:
-        raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")
-    dataset = load_dataset(data.dataset)
-    if data.split == "seen-holdout":
-        train_idx, test_idx = seen_holdout_split(dataset.y, data.holdout_fraction, seed=0)
-    else:
-        train_idx, test_idx = class_disjoint_split(dataset.y, data.train_classes)
-    train, classes = _remap_labels(dataset.subset(train_idx, f"{dataset.name}/train"))
-    return DataSplits(train, dataset.subset(test_idx, f"{dataset.name}/test"), classes,
-                      kind=data.split)
+# Steps between reads of the non-finite flag on a GPU (each read is a host sync).
+NONFINITE_CHECK_EVERY = 50
 
 
-def _remap_labels(dataset: ArrayDataset) -> tuple[ArrayDataset, list[int]]:
-    classes, dataset.y = torch.unique(dataset.y, return_inverse=True)
-    return dataset, classes.tolist()
+def model_input_shape(config: RunConfig, dataset: DmlDataset) -> tuple[int, ...]:
+    """What the backbone takes: the crop of file-decoded images, else the sample itself."""
+    if dataset.is_file_backed:
+        return (dataset.sample_shape[0], config.data.image_size, config.data.image_size)
+    return dataset.sample_shape
 
 
 def build_method(config: RunConfig, splits: DataSplits) -> Method:
-    torch.manual_seed(config.train.seed)
-    backbone = build_backbone(config.model.backbone, splits.train.input_shape,
-                              splits.train.default_backbone)
-    method = get_recipe(config.recipe).build(config, backbone, len(splits.train_classes))
+    """The recipe's method for ``splits``, its initial weights drawn from ``train.seed``."""
+
+    def build() -> Method:
+        backbone = build_backbone(config.model.backbone,
+                                  model_input_shape(config, splits.train),
+                                  splits.train.default_backbone)
+        return get_recipe(config.recipe).build(config, backbone, len(splits.train_classes))
+
+    method = with_cpu_seed(config.train.seed, build)
     if config.domain.beta > 0:
         if splits.target is None:
             raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
@@ -75,6 +71,19 @@ def build_method(config: RunConfig, splits: DataSplits) -> Method:
         kernel = GaussianMixtureKernel() if config.domain.kernel == "gaussian" else None
         method = DomainAdaptedMethod(method, config.domain.beta, DomainMMD(kernel))
     return method
+
+
+def build_pipeline(config: RunConfig, splits: DataSplits, method: Method) -> InputPipeline:
+    """The input pipeline: crops for file-decoded images, the backbone's normalisation."""
+    normalization = getattr(method.backbone, "normalization", None) or Normalization()
+    crop = config.data.image_size if splits.train.is_file_backed else None
+    return InputPipeline(crop, normalization)
+
+
+def build_embedder(config: RunConfig, pipeline: InputPipeline,
+                   device: torch.device) -> Embedder:
+    return Embedder(pipeline.test, device, config.eval.embed_batch_size, config.data.num_workers,
+                    config.data.on_bad_image)
 
 
 Schedule = torch.optim.lr_scheduler.LRScheduler
@@ -106,22 +115,29 @@ class TrainedRun:
     splits: DataSplits
     method: Method
     epoch: int
+    embedder: Embedder
 
 
-def load_run(run_dir: Path) -> TrainedRun:
-    """Rebuild a run's method from its config and load its last checkpoint (on the CPU)."""
+def load_run(run_dir: Path, data_root: str | None = None) -> TrainedRun:
+    """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
+
+    ``data_root`` replaces the run's ``data.root`` (a dataset moved since training)."""
     run = RunFolder.existing(run_dir)
     file_values = load_config_file(run.config)
     recipe = get_recipe(str(file_values.get("recipe")))
-    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    overrides = [] if data_root is None else [f"data.root={data_root}"]
+    config = resolve_config(recipe.name, recipe.params, file_values=file_values,
+                            overrides=overrides)
     state = load_checkpoint(run.checkpoint)
-    splits = prepare_data(config)
+    splits = prepare_data(config.data)
     method = build_method(config, splits)
     try:
         method.load_state_dict(state["method"])
     except RuntimeError:
         raise KdmlError(f"checkpoint {run.checkpoint} does not match the run's config") from None
-    return TrainedRun(run, config, splits, method, state["epoch"])
+    embedder = build_embedder(config, build_pipeline(config, splits, method),
+                              torch.device("cpu"))
+    return TrainedRun(run, config, splits, method, state["epoch"], embedder)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -132,59 +148,170 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class TrainingBatches:
+    """The training split's batches, epoch by epoch, with a target batch for each when the
+    method uses a target domain. Sampling is seeded from (seed, epoch) and decoding happens in
+    the loader's workers."""
+
+    def __init__(self, config: RunConfig, splits: DataSplits, uses_target: bool,
+                 device: torch.device) -> None:
+        data, seed = config.data, config.train.seed
+        train = splits.train
+        if data.batch_size and data.samples_per_class:
+            self.sampler: ShuffledBatches | ClassBalancedBatches = ClassBalancedBatches(
+                train.labels, data.samples_per_class, data.batch_size, seed)
+        else:
+            self.sampler = ShuffledBatches(len(train), data.batch_size, seed)
+        self.dataset, self.on_bad_image = train, data.on_bad_image
+        pin = device.type == "cuda"
+        self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
+                                                                            train),
+                                   pin_memory=pin, persistent=True)
+        self.target_sampler = self.target_loader = None
+        if uses_target:
+            if splits.target is None:
+                raise KdmlError("this recipe needs a target domain: set data.dataset to a "
+                                "domain pair such as mnist5k->digits")
+            self.target_sampler = TargetBatches(
+                len(splits.target), [self.sampler.batch_size] * len(self.sampler), seed)
+            self.target_loader = batch_loader(
+                splits.target, self.target_sampler,
+                resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
+        self.sampler.set_epoch(epoch)
+        source = readable_batches(self.loader, self.dataset, self.on_bad_image)
+        if self.target_loader is None:
+            for batch in source:
+                yield batch, None
+            return
+        self.target_sampler.set_epoch(epoch)
+        # not strict: skipped unreadable images can leave the source a batch short
+        yield from zip(source, self.target_loader, strict=False)
+
+
+def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
+    """Refuse a test set that cannot be scored, before anything is trained: Recall@K values
+    beyond the references, or no query with a relevant reference (labels only)."""
+    ks = config.eval.ks or splits.eval_ks
+    if max(ks) > splits.reference_size:
+        raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
+                        f"{splits.reference_size} references; lower eval.ks")
+    if splits.kind == DOMAIN:
+        return
+    if splits.gallery is not None:
+        scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
+    else:
+        scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
+    if not scorable:
+        raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
+                        "to retrieve, so Recall@K is undefined; use a split with at least two "
+                        "test samples per class")
+
+
+@dataclass
+class Session:
+    """Everything one training session works with, built and checked before the run folder is
+    touched."""
+
+    config: RunConfig
+    device: torch.device
+    splits: DataSplits
+    method: Method
+    pipeline: InputPipeline
+    embedder: Embedder
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Schedule | None
+    batches: TrainingBatches
+
+    @classmethod
+    def build(cls, config: RunConfig) -> Session:
+        device = resolve_device(config.train.device)
+        splits = prepare_data(config.data)
+        if not config.eval.ks:
+            config.eval.ks = list(splits.eval_ks)
+        check_batching(splits.train.labels, config.data.samples_per_class,
+                       config.data.batch_size)
+        check_evaluation(config, splits)
+        method = build_method(config, splits).to(device)
+        pipeline = build_pipeline(config, splits, method)
+        optimizer, scheduler = build_optimizer(method, config)
+        return cls(config, device, splits, method, pipeline,
+                   build_embedder(config, pipeline, device), optimizer, scheduler,
+                   TrainingBatches(config, splits, method.uses_target, device))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.method.load_state_dict(state["method"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def run_epoch(self, epoch: int, history: list[dict[str, Any]],
+                  progress: bool | None) -> tuple[dict[str, Any], bool]:
+        """Train (or fit) one epoch and evaluate when due; returns the epoch's row and whether
+        training is over (converged, or nothing to train)."""
+        config, method = self.config, self.method
+        row: dict[str, Any] = {"epoch": epoch}
+        if method.needs_fit:  # e.g. PCA: fitted once on the training inputs, no steps
+            method.fit(inputs for inputs, _, _ in self.embedder.inputs(self.splits.train))
+        else:
+            row["lr"] = self.optimizer.param_groups[0]["lr"]
+            terms = train_one_epoch(method, self.optimizer, self.batches, self.pipeline, config,
+                                    epoch, self.device, progress)
+            row.update({f"train/{name}": value for name, value in terms.items()})
+            self.scheduler.step()
+        converged = _converged(history, row, config.train.tolerance) or method.needs_fit
+        if epoch % config.train.eval_every == 0 or epoch == config.train.epochs or converged:
+            metrics = evaluate_method(method, self.splits, config.eval, self.embedder)
+            row.update({f"test/{name}": value for name, value in metrics.items()})
+        return row, converged
+
+    def checkpoint(self, epoch: int, history: list[dict[str, Any]],
+                   finished: bool) -> dict[str, Any]:
+        return {"epoch": epoch, "method": self.method.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "history": history, "config": self.config.to_dict(), "finished": finished}
+
+
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
           progress: bool | None = None, echo: Callable[[str], None] = print) -> dict[str, float]:
     """Train ``config`` into ``run_dir`` and return the final test metrics.
 
-    With ``resume=True`` the run continues from ``checkpoints/last.pt``; epochs are seeded from
-    (seed, epoch), so a resumed run ends where an uninterrupted one would (same seed, CPU).
-    ``progress=None`` shows progress bars only on a terminal.
+    With ``resume=True`` the run continues from ``checkpoints/last.pt``; batches, augmentations
+    and prior samples are drawn from (seed, epoch, step), so a resumed run ends where an
+    uninterrupted one would (same seed, CPU). ``progress=None`` shows progress bars only on a
+    terminal.
     """
-    device = resolve_device(config.train.device)
-    splits = prepare_data(config)
-    check_batching(splits.train.y, config.data.samples_per_class, config.data.batch_size)
-    method = build_method(config, splits).to(device)
-    optimizer, scheduler = build_optimizer(method, config)
+    session = Session.build(config)
     run = RunFolder(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     if not resume:
         save_config(config, run.config)
-    log = file_logger(run.log)
     history: list[dict[str, Any]] = []
     start_epoch = 1
     if resume:
         state = load_checkpoint(run.checkpoint)
-        method.load_state_dict(state["method"])
-        if optimizer is not None:
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
+        session.restore(state)
         history, start_epoch = state["history"], state["epoch"] + 1
         if state.get("finished"):  # stopped early by the tolerance rule: nothing left to do
             start_epoch = config.train.epochs + 1
         echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
-    log.info("start epoch %d of %d, device %s, %d train / %d test samples", start_epoch,
-             config.train.epochs, device, len(splits.train), len(splits.test))
 
     from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
 
-    with SummaryWriter(str(run.tensorboard)) as writer:
+    with run_logging(run.log) as log, SummaryWriter(str(run.tensorboard)) as writer:
+        log.info("start epoch %d of %d, device %s, %d train / %d test samples, %d loader "
+                 "workers", start_epoch, config.train.epochs, session.device,
+                 len(session.splits.train), len(session.splits.test),
+                 session.batches.loader.num_workers)
         epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
                       initial=start_epoch - 1, total=config.train.epochs, disable=_no_bar(progress))
         for epoch in epochs:
-            row: dict[str, Any] = {"epoch": epoch}
-            if optimizer is None:  # e.g. PCA: fitted once on the training inputs, no steps
-                method.fit(splits.train.x.to(device))
-            else:
-                row["lr"] = optimizer.param_groups[0]["lr"]
-                terms = train_one_epoch(method, optimizer, splits, config, epoch, device,
-                                        progress)
-                row.update({f"train/{name}": value for name, value in terms.items()})
-                scheduler.step()
-            converged = _converged(history, row, config.train.tolerance) or optimizer is None
-            if (epoch % config.train.eval_every == 0 or epoch == config.train.epochs
-                    or converged):
-                metrics = evaluate_method(method, splits, config.eval, device)
-                row.update({f"test/{name}": value for name, value in metrics.items()})
+            row, over = session.run_epoch(epoch, history, progress)
             history.append(row)
             for key, value in row.items():
                 if key != "epoch":
@@ -192,74 +319,60 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             log.info("epoch %d: %s", epoch, _format_row(row))
             epochs.set_postfix({k[6:]: f"{v:.3f}" for k, v in row.items()
                                 if k.startswith("test/recall@1") or k == "train/loss"})
-            save_checkpoint({"epoch": epoch, "method": method.state_dict(),
-                             "optimizer": optimizer.state_dict() if optimizer else None,
-                             "scheduler": scheduler.state_dict() if scheduler else None,
-                             "history": history, "config": config.to_dict(),
-                             "finished": converged or epoch == config.train.epochs},
+            save_checkpoint(session.checkpoint(epoch, history,
+                                               over or epoch == config.train.epochs),
                             run.checkpoint)
             run.write_metrics(history, None)
             plot_training(history, run.plots)
-            if converged:
+            if over:
                 log.info("stopping after epoch %d: converged or nothing to train", epoch)
                 break
-    final = {key[5:]: value for key, value in history[-1].items() if key.startswith("test/")}
-    run.write_metrics(history, final)
-    log.info("final test metrics: %s", final)
+        final = {key[5:]: value for key, value in history[-1].items()
+                 if key.startswith("test/")}
+        run.write_metrics(history, final)
+        log.info("final test metrics: %s", final)
     return final
 
 
-def train_one_epoch(method: Method, optimizer: torch.optim.Optimizer, splits: DataSplits,
-                    config: RunConfig, epoch: int, device: torch.device,
-                    progress: bool | None) -> dict[str, float]:
-    """One pass over the training split; returns each loss term's mean over the batches.
+def train_one_epoch(method: Method, optimizer: torch.optim.Optimizer, batches: TrainingBatches,
+                    pipeline: InputPipeline, config: RunConfig, epoch: int,
+                    device: torch.device, progress: bool | None) -> dict[str, float]:
+    """One pass over the training split; returns each loss term's mean over the steps.
 
     Methods that use a target domain get a random target batch of the same size with each
-    source batch (the target labels are never passed on)."""
-    _seed_epoch(config.train.seed, epoch)
+    source batch (the target labels are never passed on). The terms stay on the device until
+    the epoch ends: one host sync per epoch, plus the periodic non-finite check."""
     method.train()
     if config.model.freeze_bn:
         freeze_batchnorm(method)
-    train_set = splits.train
-    sums: dict[str, float] = defaultdict(float)
-    batches = list(_batches(train_set, config))
-    target_batches = (_target_batches(splits.target, [len(b) for b in batches])
-                      if method.uses_target else [None] * len(batches))
-    for indices, target_indices in tqdm(list(zip(batches, target_batches, strict=True)),
-                                        desc=f"epoch {epoch}", leave=False,
-                                        disable=_no_bar(progress)):
-        inputs, labels = train_set.x[indices].to(device), train_set.y[indices].to(device)
-        if target_indices is None:
-            output = method(inputs, labels)
-        else:
-            target_inputs = splits.target.x[target_indices].to(device)
-            output = method(inputs, labels, target_inputs=target_inputs)
-        if not torch.isfinite(output.loss):
-            raise KdmlError(f"the loss became {output.loss.item()} at epoch {epoch}; "
-                            "lower the learning rates or the regularizer weight")
+    sums: dict[str, torch.Tensor] = {}
+    watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY)
+    steps = 0
+    bar = tqdm(batches.epoch(epoch), total=len(batches), desc=f"epoch {epoch}", leave=False,
+               disable=_no_bar(progress))
+    for step, (batch, target_batch) in enumerate(bar):
+        rng = StepRandom(config.train.seed, epoch, step)
+        inputs = pipeline.train(to_device(batch.inputs, device), rng.generator("cpu", AUGMENT))
+        labels = to_device(batch.labels, device)
+        target_inputs = None
+        if target_batch is not None:
+            target_inputs = pipeline.test(to_device(target_batch.inputs, device))
+        output = method(inputs, labels, target_inputs=target_inputs, rng=rng)
+        watch.observe(step, output.terms)
+        if watch.due(step):
+            watch.check(epoch)
         optimizer.zero_grad(set_to_none=True)
         output.loss.backward()
         optimizer.step()
         for name, value in output.terms.items():
-            sums[name] += value
-    return {name: total / len(batches) for name, total in sums.items()}
-
-
-def _batches(train_set: ArrayDataset, config: RunConfig) -> list[torch.Tensor]:
-    batch_size = config.data.batch_size or len(train_set)  # 0 = full batch
-    if config.data.samples_per_class:
-        return [torch.as_tensor(batch) for batch in class_balanced_batches(
-            train_set.y, config.data.samples_per_class, batch_size)]
-    order = torch.randperm(len(train_set))
-    return [order[start:start + batch_size]
-            for start in range(0, len(order) - batch_size + 1, batch_size)]
-
-
-def _target_batches(target: ArrayDataset | None, sizes: list[int]) -> list[torch.Tensor]:
-    if target is None:
-        raise KdmlError("this recipe needs a target domain: set data.dataset to a domain pair "
-                        "such as mnist5k->digits")
-    return [torch.randperm(len(target))[:size] for size in sizes]
+            value = value.double()  # accumulate in float64, as Python floats would
+            sums[name] = sums[name] + value if name in sums else value
+        steps += 1
+    watch.check(epoch)
+    if not steps:
+        raise KdmlError(f"epoch {epoch} had no training batch (every image unreadable?)")
+    means = (torch.stack(list(sums.values())) / steps).tolist()
+    return dict(zip(sums, means, strict=True))
 
 
 def _converged(history: list[dict[str, Any]], row: dict[str, Any], tolerance: float) -> bool:
@@ -267,14 +380,6 @@ def _converged(history: list[dict[str, Any]], row: dict[str, Any], tolerance: fl
     if tolerance <= 0 or not history or "train/loss" not in row:
         return False
     return abs(row["train/loss"] - history[-1]["train/loss"]) < tolerance
-
-
-def _seed_epoch(seed: int, epoch: int) -> None:
-    """Seed every generator from (seed, epoch) so an epoch is the same whether or not the run
-    was interrupted before it."""
-    epoch_seed = seed * 100_003 + epoch
-    torch.manual_seed(epoch_seed)
-    np.random.seed(epoch_seed % 2**32)  # PML's samplers draw from NumPy's global generator
 
 
 def _no_bar(progress: bool | None) -> bool | None:

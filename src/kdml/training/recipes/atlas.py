@@ -40,8 +40,9 @@ from kdml.data.augment import SimCLRAugment
 from kdml.errors import KdmlError
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
 from kdml.models.heads import EmbeddingHead
+from kdml.models.method import Method, StepOutput, detached
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
-from kdml.training.method import Method, StepOutput
+from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
 TRIPLET_REDUCTIONS = ("all", "nonzero")
@@ -51,7 +52,7 @@ TRIPLET_REDUCTIONS = ("all", "nonzero")
 
 
 def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.2,
-                           reduction: str = "all") -> tuple[Tensor, dict[str, float]]:
+                           reduction: str = "all") -> tuple[Tensor, dict[str, Tensor]]:
     r"""Batch-all triplet loss on a given distance matrix (Schroff et al. 2015; Atlas Sec. 3.2).
 
     .. math::
@@ -80,7 +81,7 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
 
     Returns:
         The loss (scalar) and ``{"active_triplets": fraction with a positive loss,
-        "infinite_positives": number of left-out triplets}``.
+        "infinite_positives": number of left-out triplets}`` (scalar tensors).
     """
     if reduction not in TRIPLET_REDUCTIONS:
         raise KdmlError(f"reduction must be one of {', '.join(TRIPLET_REDUCTIONS)}, "
@@ -98,12 +99,13 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
     counted = finite_positive[:, :, None] & ~same[:, None, :]  # [a, p, n]
     losses = torch.where(counted, violation, 0.0)
     active = losses > 0
-    num_counted, num_active = int(counted.sum()), int(active.sum())
+    # Counts stay tensors: no host sync inside a training step.
+    num_counted, num_active = counted.sum(), active.sum()
     denominator = num_counted if reduction == "all" else num_active
-    loss = losses.sum() / max(denominator, 1)
-    num_infinite = int((infinite_positive[:, :, None] & ~same[:, None, :]).sum())
-    stats = {"active_triplets": num_active / max(num_counted, 1),
-             "infinite_positives": float(num_infinite)}
+    loss = losses.sum() / denominator.clamp(min=1)
+    num_infinite = (infinite_positive[:, :, None] & ~same[:, None, :]).sum()
+    stats = {"active_triplets": num_active / num_counted.clamp(min=1),
+             "infinite_positives": num_infinite.to(distances.dtype)}
     return loss, stats
 
 
@@ -208,12 +210,14 @@ def atlas_embedding(outputs: ChartOutputs) -> Tensor:
 class _AtlasMethod(Method):
     """Shared parts of MTriplet and MSimCLR: backbone -> AtlasHead, regularizers, codes."""
 
+    has_charts = True
+
     def __init__(self, backbone: nn.Module, dim: int, n_charts: int, lambda1: float,
                  lambda2: float) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = AtlasHead(backbone.feature_size, dim, n_charts)
-        self.mmd = ManifoldMMD(dim, n_charts)  # prior drawn from torch's seeded global RNG
+        self.mmd = ManifoldMMD(dim, n_charts)  # prior drawn from the step's generator
         self.chart_loss = ChartMembershipLoss()
         self.lambda1, self.lambda2 = lambda1, lambda2
 
@@ -229,6 +233,11 @@ class _AtlasMethod(Method):
         and its index [B]. Call in eval mode (as the evaluator does for ``embed``)."""
         return compressed_code(self.charts(inputs))
 
+    def prior_generator(self, rng: StepRandom | None, like: Tensor) -> torch.Generator | None:
+        """The step's generator on ``like``'s device for the prior samples (``None``: torch's
+        global generator)."""
+        return None if rng is None else rng.generator(like.device)
+
 
 class MTripletMethod(_AtlasMethod):
     r"""MTriplet: :math:`\ell_{triplet}(d_{\mathcal{M}}) + \lambda_1 \ell_{\mathcal{Z}} +
@@ -242,19 +251,20 @@ class MTripletMethod(_AtlasMethod):
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2)
         self.params = params
 
-    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
         outputs = self.charts(inputs)
         distances = manifold_distance(outputs.log_q, outputs.coords, outputs.log_q,
                                       outputs.coords, variant=self.params.distance,
                                       q_is_log=True)
         triplet, stats = batch_all_triplet_loss(distances, labels, self.params.margin,
                                                 self.params.triplet_reduction)
-        mmd = self.mmd(outputs.coords, outputs.q)
+        mmd = self.mmd(outputs.coords, outputs.q,
+                       generator=self.prior_generator(rng, outputs.coords))
         chart = self.chart_loss(outputs.q)
         loss = triplet + self.lambda1 * mmd + self.lambda2 * chart
-        terms = {"loss": loss.item(), "triplet": triplet.item(), "mmd": mmd.item(),
-                 "chart": chart.item(), "q_max": outputs.q.max(dim=1).values.mean().item(),
-                 **stats}
+        terms = detached(loss=loss, triplet=triplet, mmd=mmd, chart=chart,
+                         q_max=outputs.q.max(dim=1).values.mean(), **stats)
         return StepOutput(loss, terms, atlas_embedding(outputs))
 
 
@@ -270,25 +280,27 @@ class TripletMethod(Method):
         self.head = EmbeddingHead(backbone.feature_size, params.dim + 1)
         self.params = params
 
-    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
         embeddings = self.embed(inputs)
         # explicit differences: exact zeros on the diagonal, safe_sqrt keeps their gradient 0
         distances = safe_sqrt((embeddings[:, None] - embeddings[None, :]).pow(2).sum(dim=-1))
         loss, stats = batch_all_triplet_loss(distances, labels, self.params.margin,
                                              self.params.triplet_reduction)
-        return StepOutput(loss, {"loss": loss.item(), **stats}, embeddings)
+        return StepOutput(loss, detached(loss=loss, **stats), embeddings)
 
     def embed(self, inputs: Tensor) -> Tensor:
         return self.head(self.backbone(inputs))
 
 
-def _two_views(augment: SimCLRAugment, inputs: Tensor) -> tuple[Tensor, int]:
+def _two_views(augment: SimCLRAugment, inputs: Tensor,
+               rng: StepRandom | None) -> tuple[Tensor, int]:
     if inputs.ndim != 4:
         raise KdmlError("the SimCLR recipes augment images [B, C, H, W]; this dataset has "
                         f"inputs of shape {tuple(inputs.shape[1:])}")
     if len(inputs) < 2:
         raise KdmlError("the SimCLR recipes need batches of at least 2 images (negatives)")
-    view1, view2 = augment(inputs)
+    view1, view2 = augment(inputs, generator=None if rng is None else rng.generator("cpu"))
     return torch.cat([view1, view2]), len(inputs)
 
 
@@ -316,18 +328,20 @@ class MSimCLRMethod(_AtlasMethod):
                                      horizontal_flip=params.horizontal_flip)
         self.nt_xent = NTXentLoss(temperature=params.tau)
 
-    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
-        views, batch_size = _two_views(self.augment, inputs)
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
+        views, batch_size = _two_views(self.augment, inputs, rng)
         outputs = self.charts(views)
         projections = self.projection(outputs.coords, outputs.q)
         nt_xent = self.nt_xent(projections, _pair_labels(batch_size, inputs.device))
         coords, q = outputs.coords, outputs.q
-        mmd = 0.5 * (self.mmd(coords[:batch_size], q[:batch_size])
-                     + self.mmd(coords[batch_size:], q[batch_size:]))
+        generator = self.prior_generator(rng, coords)
+        mmd = 0.5 * (self.mmd(coords[:batch_size], q[:batch_size], generator=generator)
+                     + self.mmd(coords[batch_size:], q[batch_size:], generator=generator))
         chart = self.chart_loss(q)
         loss = nt_xent + self.lambda1 * mmd + self.lambda2 * chart
-        terms = {"loss": loss.item(), "nt_xent": nt_xent.item(), "mmd": mmd.item(),
-                 "chart": chart.item(), "q_max": q.max(dim=1).values.mean().item()}
+        terms = detached(loss=loss, nt_xent=nt_xent, mmd=mmd, chart=chart,
+                         q_max=q.max(dim=1).values.mean())
         return StepOutput(loss, terms, None)  # the views are not the batch: no embeddings
 
 
@@ -348,13 +362,14 @@ class SimCLRMethod(Method):
                                      horizontal_flip=params.horizontal_flip)
         self.nt_xent = NTXentLoss(temperature=params.tau)
 
-    def forward(self, inputs: Tensor, labels: Tensor) -> StepOutput:
-        views, batch_size = _two_views(self.augment, inputs)
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
+        views, batch_size = _two_views(self.augment, inputs, rng)
         representation = self.embed(views)
         projections = self.projection(representation[:, None, :],
                                       representation.new_ones(len(representation), 1))
         loss = self.nt_xent(projections, _pair_labels(batch_size, inputs.device))
-        return StepOutput(loss, {"loss": loss.item()}, None)
+        return StepOutput(loss, detached(loss=loss), None)
 
     def embed(self, inputs: Tensor) -> Tensor:
         return self.encoder_head(self.backbone(inputs))

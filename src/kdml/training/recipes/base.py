@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from kdml.config import RunConfig
-from kdml.training.method import Method
+from kdml.models.method import Method
 
 # build(config, backbone, num_train_classes) -> Method
 Builder = Callable[[RunConfig, nn.Module, int], Method]

@@ -16,6 +16,7 @@ other recipe's method.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,8 +27,9 @@ from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel
 from kdml.losses.dtml_objective import DTMLObjective
 from kdml.models.dtml import ACTIVATIONS, INITS, DTMLNetwork
+from kdml.models.method import Method, StepOutput, detached
 from kdml.regularizers.domain import DomainMMD
-from kdml.training.method import Method, StepOutput
+from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
 MMD_KERNELS = ("linear", "gaussian")
@@ -114,13 +116,12 @@ class DTMLMethod(Method):
         self.objective = DTMLObjective(params.alpha, params.beta, params.gamma, params.k1,
                                        params.k2, params.domain_mmd(), params.omega, params.tau)
 
-    def forward(self, inputs: Tensor, labels: Tensor,
-                target_inputs: Tensor | None = None) -> StepOutput:
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
         source_layers = self.backbone(inputs)
         target_layers = None if target_inputs is None else self.backbone(target_inputs)
         total, terms = self.objective(source_layers, labels, target_layers, self.backbone)
-        logged = {"loss": total.item(), **{name: value.item() for name, value in terms.items()}}
-        return StepOutput(total, logged, source_layers[-1])
+        return StepOutput(total, detached(loss=total, **terms), source_layers[-1])
 
     def embed(self, inputs: Tensor) -> Tensor:
         return self.backbone(inputs)[-1]
@@ -131,7 +132,7 @@ class PCAMethod(Method):
 
     Nothing is trained: the method has no parameters, only buffers (the source mean
     :math:`\mu` and the top ``dim`` principal directions :math:`V`, saved in checkpoints), and
-    ``needs_training = False`` tells a trainer to call :meth:`fit` once on the source inputs
+    ``needs_fit = True`` tells a trainer to call :meth:`fit` once on the source inputs
     instead of running an optimiser. ``forward`` returns a constant zero loss (no gradient) and
     the embeddings, so code that logs a forward pass still works; calling ``backward`` on it is
     an error.
@@ -141,7 +142,7 @@ class PCAMethod(Method):
         dim: output size (1..d); ``d`` keeps every component, i.e. the plain Euclidean distance.
     """
 
-    needs_training = False
+    needs_fit = True
 
     def __init__(self, input_size: int, dim: int) -> None:
         super().__init__()
@@ -153,19 +154,36 @@ class PCAMethod(Method):
         self.register_buffer("fitted", torch.tensor(False))
 
     @torch.no_grad()
-    def fit(self, source_inputs: Tensor) -> PCAMethod:
-        """Fit the mean and principal directions on the source inputs [Ns, d] (in float64)."""
-        x = source_inputs.flatten(1).double()
+    def fit(self, batches: Iterable[Tensor] | Tensor) -> PCAMethod:
+        """Fit the mean and principal directions on the source inputs, given as one tensor
+        [Ns, d] or batch by batch.
+
+        The batches are reduced to the sum and the scatter matrix in float64, so memory does
+        not grow with the number of samples; the directions are the top eigenvectors of the
+        covariance (the right singular vectors of the centred data), each signed so that its
+        largest-magnitude entry is positive.
+        """
+        if isinstance(batches, Tensor):
+            batches = [batches]
         dim, input_size = self.components.shape
-        if x.shape[1] != input_size:
-            raise KdmlError(f"PCA expects {input_size} input features, got {x.shape[1]}")
-        if len(x) < dim:
+        count, total, scatter = 0, torch.zeros(input_size, dtype=torch.float64), None
+        for batch in batches:
+            x = batch.flatten(1).double().cpu()
+            if x.shape[1] != input_size:
+                raise KdmlError(f"PCA expects {input_size} input features, got {x.shape[1]}")
+            count += len(x)
+            total += x.sum(dim=0)
+            scatter = x.T @ x if scatter is None else scatter + x.T @ x
+        if count < dim:
             raise KdmlError(f"PCA to {dim} dimensions needs at least {dim} source samples, "
-                            f"got {len(x)}")
-        mean = x.mean(dim=0)
-        _, _, directions = torch.linalg.svd(x - mean, full_matrices=False)
+                            f"got {count}")
+        mean = total / count
+        covariance = scatter / count - torch.outer(mean, mean)
+        _, vectors = torch.linalg.eigh(covariance)  # ascending eigenvalues
+        directions = vectors.flip(1)[:, :dim].T
+        signs = directions.gather(1, directions.abs().argmax(dim=1, keepdim=True)).sign()
         self.mean.copy_(mean)
-        self.components.copy_(directions[:dim])
+        self.components.copy_(directions * signs)
         self.fitted.fill_(True)
         return self
 
@@ -175,10 +193,11 @@ class PCAMethod(Method):
         return (inputs.flatten(1) - self.mean.to(inputs.dtype)) @ self.components.to(
             inputs.dtype).T
 
-    def forward(self, inputs: Tensor, labels: Tensor,
-                target_inputs: Tensor | None = None) -> StepOutput:
+    def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
         embeddings = self.embed(inputs)
-        return StepOutput(embeddings.new_zeros(()), {"loss": 0.0}, embeddings)
+        zero = embeddings.new_zeros(())
+        return StepOutput(zero, {"loss": zero}, embeddings)
 
     def param_groups(self, optim: OptimConfig) -> list[dict]:
         return []  # nothing to optimise

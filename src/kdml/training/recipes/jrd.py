@@ -25,13 +25,14 @@ from kdml.config import RunConfig
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
 from kdml.models.heads import JRDHead
+from kdml.models.method import Method, StepOutput, detached
 from kdml.regularizers import (
     IntraClassPenalty,
     JointIntra,
     JointMMD,
     JointRepresentationSimilarity,
 )
-from kdml.training.method import Method, StepOutput
+from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
 LAYERS = ("pool", "emb", "cls")
@@ -130,16 +131,17 @@ class JRDMethod(Method):
         self.layer_indices = [LAYERS.index(layer) for layer in layers]
         self.alpha = getattr(params, "alpha", 0.0)
 
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> StepOutput:
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                target_inputs: torch.Tensor | None = None, *,
+                rng: StepRandom | None = None) -> StepOutput:
         representations = self.head(self.backbone(inputs))
         am_softmax = self.am_softmax(representations.embedding, labels)
         if self.regularizer is None:
-            return StepOutput(am_softmax, {"loss": am_softmax.item()}, representations.embedding)
+            return StepOutput(am_softmax, detached(loss=am_softmax), representations.embedding)
         chosen = [representations[index] for index in self.layer_indices]
         regularizer = self.regularizer(chosen, labels)
         loss = am_softmax + self.alpha * regularizer
-        terms = {"loss": loss.item(), "am_softmax": am_softmax.item(),
-                 "regularizer": regularizer.item()}
+        terms = detached(loss=loss, am_softmax=am_softmax, regularizer=regularizer)
         return StepOutput(loss, terms, representations.embedding)
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:

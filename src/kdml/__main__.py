@@ -1,0 +1,7 @@
+"""``python -m kdml``: the ``kdml`` command (also what ``torchrun -m kdml`` runs)."""
+
+import sys
+
+from kdml.cli import main
+
+sys.exit(main())

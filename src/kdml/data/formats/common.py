@@ -1,0 +1,118 @@
+"""What every on-disk format shares: the parts it returns and its one-line errors.
+
+A format reads its standard extracted layout from a root folder and returns
+:class:`DatasetParts`: every sample with its label, plus the dataset's own split. Every problem
+with the files is a :class:`~kdml.errors.KdmlError` of one line that names the file, what was
+wrong, the expected layout and the root that was searched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kdml.data.dataset import DmlDataset
+from kdml.data.images import missing_files
+from kdml.errors import KdmlError
+
+DEFAULT_KS = (1, 2, 4, 8)
+PART_NAMES = ("train", "test", "query", "gallery")
+
+
+@dataclass
+class DatasetParts:
+    """A dataset as read from disk.
+
+    Args:
+        dataset: every sample with its label: the files' class ids where they have them,
+            else classes numbered 0..C-1 in sorted order.
+        parts: the dataset's own split as index tensors into ``dataset``: ``train`` and
+            ``test``, or ``train``, ``query`` and ``gallery`` (In-Shop). Empty when the
+            dataset has no split of its own (the split then follows ``data.split``).
+        eval_ks: the Recall@K values papers report for this dataset (``eval.ks`` default).
+    """
+
+    dataset: DmlDataset
+    parts: dict[str, Tensor] = field(default_factory=dict)
+    eval_ks: tuple[int, ...] = DEFAULT_KS
+
+    def __post_init__(self) -> None:
+        unknown = set(self.parts) - set(PART_NAMES)
+        if unknown:
+            raise ValueError(f"unknown part names {sorted(unknown)}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How to report problems with one format's files.
+
+    Args:
+        dataset: the ``--dataset`` name, e.g. ``"cub"``.
+        root: the folder that was searched.
+        expected: the expected layout in a few words, e.g. ``"CUB-200-2011's images.txt,
+            image_class_labels.txt and images/"``.
+    """
+
+    dataset: str
+    root: Path
+    expected: str
+
+    def error(self, problem: str) -> KdmlError:
+        return KdmlError(f"{self.dataset}: {problem} (searched {self.root}; expected "
+                         f"{self.expected})")
+
+    def file(self, relative: str) -> Path:
+        """``root / relative``, which must be an existing file."""
+        path = self.root / relative
+        if not path.is_file():
+            raise self.error(f"missing {relative}")
+        return path
+
+    def read_rows(self, relative: str, columns: int, header_lines: int = 0,
+                  example: str = "") -> list[tuple[int, list[str]]]:
+        """The whitespace-separated rows of a text file, each with its 1-based line number.
+
+        Blank lines are skipped; a row with another number of fields than ``columns`` is a
+        malformed line (``example`` shows a good one).
+        """
+        path = self.file(relative)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise self.error(f"{relative} is not UTF-8 text") from None
+        rows = []
+        for number, line in enumerate(lines[header_lines:], start=header_lines + 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != columns:
+                hint = f", e.g. {example!r}" if example else ""
+                raise self.error(f"{relative} line {number} is malformed: expected {columns} "
+                                 f"fields{hint}, got {line.strip()[:80]!r}")
+            rows.append((number, fields))
+        if not rows:
+            raise self.error(f"{relative} lists nothing")
+        return rows
+
+    def integer(self, text: str, relative: str, line: int) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise self.error(f"{relative} line {line} is malformed: {text!r} is not an "
+                             "integer") from None
+
+    def check_images(self, paths: Sequence[str]) -> None:
+        """Every listed image must exist; report the first missing one and the count."""
+        missing = missing_files(paths)
+        if missing:
+            raise self.error(f"missing image {missing[0]} ({len(missing)} of {len(paths)} "
+                             "listed images are missing)")
+
+
+def indices_where(mask: Sequence[bool] | Tensor) -> Tensor:
+    """Positions of the True entries, as a sorted int64 tensor."""
+    return torch.as_tensor(mask, dtype=torch.bool).nonzero().squeeze(1)

@@ -1,0 +1,53 @@
+"""CUB-200-2011 (Wah et al., 2011): 11,788 photos of 200 bird species.
+
+The extracted archive (``CUB_200_2011/``)::
+
+    images.txt               <image_id> <class_folder>/<file>.jpg, e.g.
+                             1 001.Black_footed_Albatross/Black_Footed_Albatross_0046_18.jpg
+    image_class_labels.txt   <image_id> <class_id>, class ids 1-200
+    images/<class_folder>/<file>.jpg
+
+Split of deep metric learning (Oh Song et al. 2016; JRD Sec. 5.1): the first half of the class
+ids (1-100, 5,864 images) train, the second half (101-200, 5,924 images) test. The dataset's own
+``train_test_split.txt`` (a split of every class's images, for classification) is not used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.images import ImageFiles
+
+EXPECTED = ("CUB-200-2011's extracted layout: images.txt, image_class_labels.txt and "
+            "images/<class>/<file>.jpg")
+
+
+def load_cub(root: Path) -> DatasetParts:
+    """Read CUB-200-2011 from its extracted folder ``root``."""
+    layout = Layout("cub", root, EXPECTED)
+    images = layout.read_rows(
+        "images.txt", 2,
+        example="1 001.Black_footed_Albatross/Black_Footed_Albatross_0046_18.jpg")
+    classes = layout.read_rows("image_class_labels.txt", 2, example="1 1")
+    path_of = {layout.integer(f[0], "images.txt", n): f[1] for n, f in images}
+    class_of = {layout.integer(f[0], "image_class_labels.txt", n):
+                layout.integer(f[1], "image_class_labels.txt", n) for n, f in classes}
+    if len(path_of) != len(images):
+        raise layout.error("images.txt lists an image id twice")
+    unlabelled = sorted(set(path_of) - set(class_of))
+    if unlabelled:
+        raise layout.error(f"image id {unlabelled[0]} of images.txt has no line in "
+                           "image_class_labels.txt")
+    ids = sorted(path_of)
+    paths = [str(root / "images" / path_of[image_id]) for image_id in ids]
+    layout.check_images(paths)
+    labels = torch.tensor([class_of[image_id] for image_id in ids])
+    class_ids = labels.unique(sorted=True)
+    is_train = torch.isin(labels, class_ids[: len(class_ids) // 2])
+    dataset = ImageFiles("cub", "CUB-200-2011 birds, 200 classes; classes 1-100 train",
+                         paths, labels, default_backbone="cnn")
+    return DatasetParts(dataset, {"train": indices_where(is_train),
+                                  "test": indices_where(~is_train)})

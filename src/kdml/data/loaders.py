@@ -1,0 +1,88 @@
+"""DataLoaders over kdml datasets: worker processes decode, the main process moves batches.
+
+Datasets return whole :class:`~kdml.data.dataset.Batch` es from ``__getitems__``, so the
+loaders use batch samplers (:mod:`kdml.data.samplers`) and no per-sample collation. Workers are
+worth their start-up only for file-backed datasets: ``data.num_workers = -1`` (the default)
+gives one per core, at most 8, for those and none for in-memory arrays, whose batches are a
+single gather.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Sampler, SequentialSampler
+
+from kdml.data.dataset import Batch, DmlDataset, collate_batch
+from kdml.errors import KdmlError
+
+MAX_AUTO_WORKERS = 8
+BAD_IMAGE_POLICIES = ("error", "skip")
+
+logger = logging.getLogger("kdml.data")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(setting: int, dataset: DmlDataset) -> int:
+    """``data.num_workers``: a count, or -1 for the default described in the module doc."""
+    if setting >= 0:
+        return setting
+    return min(available_cores(), MAX_AUTO_WORKERS) if dataset.is_file_backed else 0
+
+
+def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_workers: int,
+                 pin_memory: bool = False, persistent: bool = False) -> DataLoader:
+    """A ``DataLoader`` yielding :class:`Batch` es of ``dataset`` as ``batch_sampler`` says.
+
+    ``pin_memory`` puts batches in page-locked memory, for non-blocking copies to a GPU;
+    ``persistent`` keeps the workers alive between passes (a training loader).
+    """
+    return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                      collate_fn=collate_batch, pin_memory=pin_memory,
+                      persistent_workers=persistent and num_workers > 0)
+
+
+def sequential_loader(dataset: DmlDataset, batch_size: int, num_workers: int,
+                      pin_memory: bool = False) -> DataLoader:
+    """Every sample once, in dataset order (for embedding and fitting)."""
+    sampler: Sampler[int] = SequentialSampler(range(len(dataset)))
+    return batch_loader(dataset, BatchSampler(sampler, batch_size, drop_last=False),
+                        num_workers, pin_memory)
+
+
+def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
+                     on_bad_image: str) -> Iterator[Batch]:
+    """``batches`` with undecodable images handled as ``data.on_bad_image`` says.
+
+    ``"error"`` stops with a one-line error naming the file; ``"skip"`` drops those samples
+    from their batch (logging each file once) and drops batches left empty.
+    """
+    if on_bad_image not in BAD_IMAGE_POLICIES:
+        raise KdmlError(f"data.on_bad_image must be error or skip, got {on_bad_image!r}")
+    for batch in batches:
+        if batch.unreadable.any():
+            sources = [dataset.source_of(int(i)) for i in batch.indices[batch.unreadable]]
+            if on_bad_image == "error":
+                raise KdmlError(f"cannot decode image {sources[0]}: not a readable image file; "
+                                "replace or remove it, or set data.on_bad_image=skip")
+            for source in sources:
+                logger.warning("skipping unreadable image %s", source)
+            batch = Batch(*(field[~batch.unreadable] for field in batch))
+            if not len(batch.labels):
+                continue
+        yield batch
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy to ``device`` without waiting (the copy is asynchronous from pinned memory)."""
+    return tensor.to(device, non_blocking=True)

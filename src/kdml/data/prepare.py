@@ -1,0 +1,37 @@
+"""``data`` config -> the splits of a run. Reads metadata and labels only: no image is decoded."""
+
+from __future__ import annotations
+
+import torch
+
+from kdml.config import DataConfig
+from kdml.data.dataset import DmlDataset
+from kdml.data.domains import fit_source_pca, is_domain_dataset, load_domain_data
+from kdml.data.images import ImageFiles
+from kdml.data.registry import open_dataset
+from kdml.data.splits import DOMAIN, DataSplits, make_splits
+from kdml.errors import KdmlError
+
+
+def prepare_data(data: DataConfig) -> DataSplits:
+    """Open ``data.dataset`` (or a domain pair) and split it as ``data.split`` asks."""
+    if is_domain_dataset(data.dataset):
+        pair = load_domain_data(data.dataset)
+        if data.pca_dim:
+            pair = fit_source_pca(pair, data.pca_dim)
+        return domain_splits(pair.source, pair.target)
+    if data.pca_dim:
+        raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")
+    parts = open_dataset(data.dataset, data.root)
+    dataset = parts.dataset
+    if isinstance(dataset, ImageFiles):
+        dataset = dataset.resized(data.resize)
+    return make_splits(dataset, parts.parts, data.split, data.train_classes,
+                       data.holdout_fraction, parts.eval_ks)
+
+
+def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:
+    """Train on the labelled source (labels remapped to 0..C-1), score on the target."""
+    classes, remapped = torch.unique(source.labels, return_inverse=True)
+    return DataSplits(source.relabelled(remapped), target, classes.tolist(), DOMAIN,
+                      target=target)

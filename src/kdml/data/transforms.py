@@ -1,0 +1,125 @@
+"""Batch transforms on the training device: uint8 -> float, augmentation, normalisation.
+
+The loader yields raw batches (:class:`~kdml.data.dataset.Batch`); :class:`InputPipeline`
+turns them into what the backbone takes:
+
+- images decoded from files (uint8 squares of side ``data.resize``): for training, kornia's
+  random resized crop to ``data.image_size`` (area 8-100%, aspect ratio 3/4-4/3) and a
+  horizontal flip with probability 0.5; for testing, the centre crop of ``data.image_size``
+  (the usual ``Resize(256)`` + ``CenterCrop(224)`` of DML papers);
+- in-memory datasets: no augmentation (uint8 images are scaled to [0, 1]);
+- then the backbone's :class:`Normalization` (mean, std, 0-255 scale, BGR order).
+
+The augmentation's random parameters come from the step's generator, so a step's crops are a
+function of (seed, epoch, step) alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kornia.augmentation as K
+import torch
+from torch import Tensor
+
+from kdml.errors import KdmlError
+from kdml.seeding import seed_stream, with_cpu_seed
+
+CROP_SCALE = (0.08, 1.0)  # torchvision's RandomResizedCrop defaults
+CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """How a backbone wants its input: ``(x * scale - mean) / std`` per channel, channels in
+    RGB or BGR order, from images in [0, 1].
+
+    The default is the identity (the small from-scratch backbones take [0, 1] inputs).
+    ImageNet models take ``Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``;
+    BN-Inception takes ``Normalization((104, 117, 128), (1, 1, 1), scale=255, bgr=True)``.
+    """
+
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    scale: float = 1.0
+    bgr: bool = False
+
+    def __call__(self, images: Tensor) -> Tensor:
+        if self.bgr:
+            images = images.flip(1)
+        if self.scale != 1.0:
+            images = images * self.scale
+        if self.mean:
+            shape = (1, -1) + (1,) * (images.ndim - 2)
+            mean = torch.tensor(self.mean, dtype=images.dtype).to(images.device, non_blocking=True)
+            std = torch.tensor(self.std, dtype=images.dtype).to(images.device, non_blocking=True)
+            images = (images - mean.view(shape)) / std.view(shape)
+        return images
+
+
+def to_unit_float(inputs: Tensor) -> Tensor:
+    """uint8 images -> float32 in [0, 1]; float inputs unchanged."""
+    if inputs.dtype == torch.uint8:
+        return inputs.float().div_(255.0)  # a new tensor: safe to divide in place
+    return inputs
+
+
+def centre_crop(images: Tensor, size: int) -> Tensor:
+    """The central ``size x size`` window of ``[B, C, H, W]`` images (torchvision's rounding)."""
+    height, width = images.shape[-2:]
+    if size > min(height, width):
+        raise KdmlError(f"cannot centre-crop {size}x{size} from {height}x{width} images; "
+                        "data.image_size must be at most data.resize")
+    top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
+    return images[..., top:top + size, left:left + size]
+
+
+class InputPipeline:
+    """Raw batch -> backbone input, for training (augmented) and testing.
+
+    Args:
+        crop_size: side of the crops of file-decoded images (``data.image_size``); ``None``
+            for in-memory data, which is neither cropped nor flipped.
+        normalization: the backbone's :class:`Normalization`.
+
+    Example::
+
+        >>> pipeline = InputPipeline(crop_size=24)
+        >>> raw = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+        >>> pipeline.train(raw, torch.Generator().manual_seed(0)).shape
+        torch.Size([4, 3, 24, 24])
+        >>> pipeline.test(raw).shape
+        torch.Size([4, 3, 24, 24])
+    """
+
+    def __init__(self, crop_size: int | None = None,
+                 normalization: Normalization | None = None) -> None:
+        self.crop_size = crop_size
+        self.normalization = normalization or Normalization()
+        self.augment = None
+        if crop_size is not None:
+            self.augment = K.AugmentationSequential(
+                K.RandomResizedCrop((crop_size, crop_size), scale=CROP_SCALE, ratio=CROP_RATIO),
+                K.RandomHorizontalFlip(p=0.5), data_keys=["input"])
+
+    def output_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The backbone's input shape for raw samples of ``sample_shape``."""
+        if self.crop_size is None:
+            return sample_shape
+        return (sample_shape[0], self.crop_size, self.crop_size)
+
+    def train(self, inputs: Tensor, generator: torch.Generator) -> Tensor:
+        """Augmented training inputs; the random draws come from ``generator`` (CPU)."""
+        images = to_unit_float(inputs)
+        if self.augment is not None:
+            augment = self.augment
+            params = with_cpu_seed(seed_stream(generator),
+                                   lambda: augment.forward_parameters(images.shape))
+            images = augment(images, params=params)
+        return self.normalization(images)
+
+    def test(self, inputs: Tensor) -> Tensor:
+        """Deterministic test inputs (centre crop for file-decoded images)."""
+        if self.crop_size is not None:
+            inputs = centre_crop(inputs, self.crop_size)  # before the float copy: 4x smaller
+        return self.normalization(to_unit_float(inputs))

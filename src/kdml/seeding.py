@@ -1,0 +1,93 @@
+"""Explicit random streams derived from (seed, epoch, step, rank).
+
+Nothing in a training step draws from torch's or NumPy's global generators: samplers,
+augmentations and prior samples each take a generator seeded from the run's seed and their
+position in the run, so an epoch is the same whether or not the run was interrupted before it,
+and whatever the number of data-loading workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+T = TypeVar("T")
+
+# Named streams of one step, so that e.g. changing the augmentation does not change the prior
+# samples of the same step.
+AUGMENT, METHOD = 0, 1
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """A 63-bit seed for the stream ``(seed, *keys)``.
+
+    NumPy's ``SeedSequence`` hashes the whole tuple, so neighbouring keys (epochs 1 and 2,
+    steps 7 and 8) give unrelated streams, unlike ``seed + epoch``.
+    """
+    words = np.random.SeedSequence(entropy=seed, spawn_key=keys).generate_state(1, np.uint64)
+    return int(words[0]) >> 1
+
+
+class StepRandom:
+    """The random streams of one training step.
+
+    Args:
+        seed: the run's seed (``train.seed``), non-negative.
+        epoch, step: the step's position in the run.
+        rank: the process's rank under ``torch.distributed`` (0 otherwise).
+
+    Example::
+
+        >>> rng = StepRandom(seed=0, epoch=1, step=3)
+        >>> a = torch.rand(2, generator=rng.generator("cpu", METHOD))
+        >>> b = torch.rand(2, generator=StepRandom(0, 1, 3).generator("cpu", METHOD))
+        >>> torch.equal(a, b)
+        True
+    """
+
+    def __init__(self, seed: int, epoch: int, step: int, rank: int = 0) -> None:
+        self.keys = (seed, epoch, step, rank)
+        self._generators: dict[tuple[str, int], torch.Generator] = {}
+
+    def seed(self, stream: int) -> int:
+        seed, *position = self.keys
+        return derive_seed(seed, *position, stream)
+
+    def generator(self, device: torch.device | str = "cpu", stream: int = METHOD
+                  ) -> torch.Generator:
+        """A generator on ``device`` for ``stream``, created and seeded on first use."""
+        device = torch.device(device)
+        key = (str(device), stream)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device).manual_seed(self.seed(stream))
+        return self._generators[key]
+
+
+def with_cpu_seed(seed: int, draw: Callable[[], T]) -> T:
+    """Run ``draw`` with torch's CPU generator seeded to ``seed``, restoring its state after.
+
+    For libraries that can only draw from the global generator (kornia's augmentation
+    parameters): the draw is then a function of ``seed`` alone and leaves no trace in the
+    global state.
+    """
+    with _forked_cpu_rng():
+        torch.default_generator.manual_seed(seed)  # the CPU generator only, not CUDA's
+        return draw()
+
+
+@contextmanager
+def _forked_cpu_rng():
+    state = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def seed_stream(generator: torch.Generator) -> int:
+    """A fresh 63-bit seed drawn from a CPU ``generator`` (to seed :func:`with_cpu_seed`)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator))

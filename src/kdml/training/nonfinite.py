@@ -1,0 +1,55 @@
+"""Find the first step whose loss is not finite, without a host sync on every step."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kdml.errors import KdmlError
+
+
+class NonFiniteWatch:
+    """Records, on the terms' device, the first step at which a loss term was NaN or infinite;
+    :meth:`check` reads it back (one sync) and stops training with a one-line error.
+
+    The trainer calls :meth:`check` every ``check_every`` steps and at the end of each epoch,
+    before the checkpoint is written, so the last checkpoint always holds finite parameters.
+
+    Args:
+        check_every: steps between reads (1 on the CPU, where a read costs nothing).
+    """
+
+    def __init__(self, check_every: int) -> None:
+        self.check_every = check_every
+        self.names: list[str] = []
+        self.first_step: Tensor | None = None  # -1 until a step goes non-finite
+        self.first_bad: Tensor | None = None  # [T] bool: which terms were non-finite then
+
+    def observe(self, step: int, terms: dict[str, Tensor]) -> None:
+        values = torch.stack([value.detach().float() for value in terms.values()])
+        bad = ~torch.isfinite(values)
+        if self.first_step is None:
+            self.names = list(terms)
+            self.first_step = torch.full((), -1, dtype=torch.long, device=values.device)
+            self.first_bad = torch.zeros_like(bad)
+        is_first = (self.first_step < 0) & bad.any()
+        self.first_step = torch.where(is_first, step, self.first_step)
+        self.first_bad = torch.where(is_first, bad, self.first_bad)
+
+    def due(self, step: int) -> bool:
+        return (step + 1) % self.check_every == 0
+
+    def check(self, epoch: int) -> None:
+        """Raise if a step so far went non-finite (a host sync)."""
+        if self.first_step is None:
+            return
+        step = int(self.first_step)
+        if step < 0:
+            return
+        bad = [name for name, is_bad in zip(self.names, self.first_bad.tolist(), strict=True)
+               if is_bad]
+        culprit = next((name for name in bad if name != "loss"), bad[0])
+        raise KdmlError(f"training stopped: the {culprit!r} term became NaN or infinite at "
+                        f"epoch {epoch}, step {step + 1}; the run folder keeps the checkpoint "
+                        "of the last finished epoch. Lower the learning rates or the "
+                        "regularizer weight and train again")
