@@ -98,6 +98,11 @@ class Layout:
             raise self.error(f"{relative} lists nothing")
         return rows
 
+    def header(self, relative: str, count: int) -> list[str]:
+        """The first ``count`` lines of a text file (the header lines ``read_rows`` skips)."""
+        with self.file(relative).open(encoding="utf-8", errors="replace") as handle:
+            return [handle.readline().strip() for _ in range(count)]
+
     def integer(self, text: str, relative: str, line: int) -> int:
         try:
             return int(text)

@@ -1,0 +1,66 @@
+"""Cars196 (Krause et al., 2013, "3D object representations for fine-grained categorization"):
+16,185 photos of 196 car models.
+
+The extracted archive::
+
+    cars_annos.mat   MATLAB file: ``annotations``, a 1 x N struct array with the fields
+                     relative_im_path ('car_ims/000001.jpg'), bbox_x1, bbox_y1, bbox_x2,
+                     bbox_y2, class (1-196) and test (0/1); ``class_names``, 1 x 196 cell
+    car_ims/<file>.jpg
+
+Split of deep metric learning (Oh Song et al. 2016): the first half of the class ids (1-98,
+8,054 images) train, the second half (99-196, 8,131 images) test. The ``test`` flag (a split of
+every class's images, for classification) and the bounding boxes are not used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import scipy.io
+import torch
+
+from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.images import ImageFiles
+
+EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
+FILE = "cars_annos.mat"
+FIELDS = ("relative_im_path", "class")
+
+
+def load_cars196(root: Path) -> DatasetParts:
+    """Read Cars196 from its extracted folder ``root``."""
+    layout = Layout("cars196", root, EXPECTED)
+    path = layout.file(FILE)
+    try:
+        contents = scipy.io.loadmat(str(path))
+    except Exception as error:  # scipy raises many types for a damaged or non-MATLAB file
+        reason = " ".join(str(error).split())[:80]
+        raise layout.error(f"{FILE} is not a readable MATLAB file "
+                           f"({type(error).__name__}: {reason})") from None
+    annotations = contents.get("annotations")
+    if annotations is None:
+        raise layout.error(f"{FILE} has no 'annotations' variable")
+    names = annotations.dtype.names or ()
+    for field in FIELDS:
+        if field not in names:
+            raise layout.error(f"{FILE}: 'annotations' has no field {field!r}")
+    paths, labels = [], []
+    for number, record in enumerate(annotations.ravel(), start=1):
+        image, label = (np.asarray(record[field]).ravel() for field in FIELDS)
+        if (image.size != 1 or label.size != 1 or not isinstance(image[0], str)
+                or label.dtype.kind not in "iuf"):
+            raise layout.error(f"{FILE}: annotation {number} has no single path and class id")
+        paths.append(str(root / image[0]))
+        labels.append(int(label[0]))
+    if not paths:
+        raise layout.error(f"{FILE} lists nothing")
+    layout.check_images(paths)
+    label_tensor = torch.tensor(labels)
+    class_ids = label_tensor.unique(sorted=True)
+    is_train = torch.isin(label_tensor, class_ids[: len(class_ids) // 2])
+    dataset = ImageFiles("cars196", "Cars196 car photos, 196 classes; classes 1-98 train",
+                         paths, label_tensor, default_backbone="cnn")
+    return DatasetParts(dataset, {"train": indices_where(is_train),
+                                  "test": indices_where(~is_train)}, eval_ks=(1, 2, 4, 8))

@@ -1,0 +1,115 @@
+"""A CSV list of the user's images (``--dataset csv:FILE``), one row per image after a header::
+
+    path,label,split[,is_query,is_gallery]
+    birds/0001.jpg,sparrow,train
+    birds/0107.jpg,finch,test,1,0
+
+``path`` is relative to the CSV file's folder (or absolute); ``label`` is an integer or a
+string, the sorted distinct labels (integers in numeric order) becoming 0..C-1; ``split`` is
+``train`` or ``test``. Column names and values are read without regard to case and
+surrounding spaces; the columns may come in any order and extra columns are ignored.
+
+Split: the ``split`` column's ``train`` and ``test`` rows. With ``is_query`` and ``is_gallery``
+columns (0/1 or true/false, empty meaning 0) the test rows are divided instead into a query
+part and a gallery part (a row may be in both), as for In-Shop; train rows' flags are ignored.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+
+from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.images import ImageFiles, missing_files
+
+EXPECTED = "a header 'path,label,split[,is_query,is_gallery]' then one row per image"
+REQUIRED = ("path", "label", "split")
+FLAGS = ("is_query", "is_gallery")
+FLAG_VALUES = {"0": False, "1": True, "false": False, "true": True, "": False}
+
+
+def read_table(layout: Layout, csv_file: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """The lower-cased header and the non-blank rows, each with its line number."""
+    if not csv_file.is_file():
+        raise layout.error("no such file")
+    with csv_file.open(newline="", encoding="utf-8-sig") as stream:
+        reader = csv.reader(stream, strict=True)
+        try:
+            table = [(reader.line_num, row) for row in reader if any(f.strip() for f in row)]
+        except UnicodeDecodeError:
+            raise layout.error("the file is not UTF-8 text") from None
+        except csv.Error as error:
+            raise layout.error(f"line {reader.line_num} is malformed CSV: {error}") from None
+    if not table:
+        raise layout.error("the file is empty")
+    header = [name.strip().lower() for name in table[0][1]]
+    for column in REQUIRED:
+        if column not in header:
+            raise layout.error(f"line {table[0][0]}: the header has no {column!r} column "
+                               f"(found {header})")
+    if sum(flag in header for flag in FLAGS) == 1:
+        raise layout.error(f"line {table[0][0]}: is_query and is_gallery come together")
+    for line, row in table[1:]:
+        if len(row) != len(header):
+            raise layout.error(f"line {line}: expected {len(header)} fields as in the header, "
+                               f"got {len(row)}")
+    if len(table) == 1:
+        raise layout.error("the file lists no images after its header")
+    return header, table[1:]
+
+
+def flag(layout: Layout, value: str, column: str, line: int) -> bool:
+    """An is_query / is_gallery value as a bool."""
+    try:
+        return FLAG_VALUES[value.strip().lower()]
+    except KeyError:
+        raise layout.error(f"line {line}: {column} must be 0, 1, true or false, got "
+                           f"{value!r}") from None
+
+
+def label_ids(names: list[str]) -> list[int]:
+    """``names`` mapped to 0..C-1 in sorted order (numeric order when all are integers)."""
+    try:
+        keys: list[int] | list[str] = [int(name) for name in names]
+    except ValueError:
+        keys = names
+    index = {key: position for position, key in enumerate(sorted(set(keys)))}
+    return [index[key] for key in keys]
+
+
+def load_csv(csv_file: Path) -> DatasetParts:
+    """Read the images listed in ``csv_file`` with their labels and split."""
+    csv_file = Path(csv_file).expanduser().resolve()
+    layout = Layout(f"csv:{csv_file.name}", csv_file, EXPECTED)
+    header, rows = read_table(layout, csv_file)
+    column = {name: header.index(name) for name in (*REQUIRED, *FLAGS) if name in header}
+    paths, names, is_train, is_query, is_gallery = [], [], [], [], []
+    for line, row in rows:
+        path, name, split = (row[column[key]].strip() for key in REQUIRED)
+        if not path or not name:
+            raise layout.error(f"line {line}: empty {'path' if not path else 'label'}")
+        if split.lower() not in ("train", "test"):
+            raise layout.error(f"line {line}: split must be train or test, got {split!r}")
+        paths.append(str(csv_file.parent / path))
+        names.append(name)
+        is_train.append(split.lower() == "train")
+        if "is_query" in column:
+            is_query.append(flag(layout, row[column["is_query"]], "is_query", line))
+            is_gallery.append(flag(layout, row[column["is_gallery"]], "is_gallery", line))
+    missing = missing_files(paths)
+    if missing:
+        line = rows[paths.index(missing[0])][0]
+        raise layout.error(f"line {line}: missing image {missing[0]} ({len(missing)} of "
+                           f"{len(paths)} listed images are missing)")
+    train = torch.tensor(is_train)
+    if is_query:
+        parts = {"train": indices_where(train),
+                 "query": indices_where(~train & torch.tensor(is_query)),
+                 "gallery": indices_where(~train & torch.tensor(is_gallery))}
+    else:
+        parts = {"train": indices_where(train), "test": indices_where(~train)}
+    dataset = ImageFiles(layout.dataset, f"images listed in {csv_file}", paths,
+                         torch.tensor(label_ids(names)))
+    return DatasetParts(dataset, parts)

@@ -1,0 +1,58 @@
+"""A folder of the user's own images, one sub-folder per class (``--dataset folder:DIR``)::
+
+    DIR/<class>/<image>.jpg          e.g. photos/cat/001.jpg, photos/dog/park/017.png
+
+As torchvision's ``ImageFolder``: the classes are the sorted sub-folder names, labelled
+0..C-1; a class's images are the files found at any depth inside its folder whose extension
+(in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`; other files, and files
+directly in ``DIR``, are ignored. Unlike ``ImageFolder``, hidden folders and files (names
+starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's ``._photo.jpg``) are ignored too.
+
+Split: none of its own; ``data.split`` decides.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from kdml.data.formats.common import DatasetParts, Layout
+from kdml.data.images import IMAGE_EXTENSIONS, ImageFiles
+
+EXPECTED = "one sub-folder per class holding its images, e.g. DIR/<class>/<image>.jpg"
+
+
+def class_images(folder: Path) -> list[str]:
+    """The image files at any depth inside ``folder``, sorted, hidden entries skipped."""
+    found = []
+    for parent, folders, files in os.walk(folder, followlinks=True):
+        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        found.extend(os.path.join(parent, name) for name in sorted(files)
+                     if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
+    return found
+
+
+def load_folder(folder: Path) -> DatasetParts:
+    """Read the images of ``folder``, labelled by the sorted names of its sub-folders."""
+    folder = Path(folder).expanduser().resolve()
+    layout = Layout(f"folder:{folder.name}", folder, EXPECTED)
+    if not folder.is_dir():
+        raise layout.error("no such folder")
+    classes = sorted(entry.name for entry in os.scandir(folder)
+                     if entry.is_dir() and not entry.name.startswith("."))
+    if not classes:
+        raise layout.error("no class sub-folders")
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        images = class_images(folder / name)
+        if not images:
+            raise layout.error(f"class folder {name}/ holds no images (extensions: "
+                               f"{' '.join(IMAGE_EXTENSIONS)})")
+        paths.extend(images)
+        labels.extend([label] * len(images))
+    dataset = ImageFiles(layout.dataset, f"images in {folder}, {len(classes)} classes "
+                         "(one sub-folder each)", paths, torch.tensor(labels))
+    return DatasetParts(dataset)

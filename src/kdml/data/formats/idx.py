@@ -1,0 +1,101 @@
+"""MNIST (LeCun et al., 1998) and Fashion-MNIST (Xiao et al., 2017): 70,000 grey 28x28 images
+of 10 classes, in IDX files.
+
+The four files, each as distributed (``.gz``) or decompressed::
+
+    train-images-idx3-ubyte   60,000 images     train-labels-idx1-ubyte   60,000 labels
+    t10k-images-idx3-ubyte    10,000 images     t10k-labels-idx1-ubyte    10,000 labels
+
+An IDX file is a big-endian header, the magic number ``0x00000803`` (uint8, 3 dimensions:
+images) or ``0x00000801`` (uint8, 1 dimension: labels) then one uint32 per dimension, followed
+by the uint8 values in row-major order.
+
+Split: the files' own, the 60,000 train images then the 10,000 t10k images.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kdml.data.dataset import ArrayDataset
+from kdml.data.formats.common import DatasetParts, Layout
+
+EXPECTED = ("the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+            "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each may end in .gz)")
+IMAGES_MAGIC = 0x00000803
+LABELS_MAGIC = 0x00000801
+MEANING = {IMAGES_MAGIC: "uint8 images, 3 dimensions", LABELS_MAGIC: "uint8 labels, 1 dimension"}
+
+
+def find_file(layout: Layout, name: str) -> Path:
+    """``root/name`` or, failing that, ``root/name.gz``."""
+    for candidate in (name, f"{name}.gz"):
+        if (layout.root / candidate).is_file():
+            return layout.root / candidate
+    raise layout.error(f"missing {name} (or {name}.gz)")
+
+
+def read_idx(layout: Layout, name: str, magic: int) -> np.ndarray:
+    """The uint8 array of the IDX file ``name`` (``magic`` says how many dimensions)."""
+    path = find_file(layout, name)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as error:
+        raise layout.error(f"{path.name} is not a readable gzip file: {error}") from None
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise layout.error(f"{path.name} is too short for an IDX header ({len(raw)} bytes)")
+    found = int.from_bytes(raw[:4], "big")
+    if found != magic:
+        raise layout.error(f"{path.name} has magic number 0x{found:08x}, expected "
+                           f"0x{magic:08x} ({MEANING[magic]})")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    size = math.prod(dims)
+    if len(raw) - header != size:
+        raise layout.error(f"{path.name}: header says {'x'.join(map(str, dims))} = {size} "
+                           f"values but the file holds {len(raw) - header}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def read_part(layout: Layout, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``[n, rows, cols]`` and labels ``[n]`` of ``train`` or ``t10k``."""
+    images = read_idx(layout, f"{prefix}-images-idx3-ubyte", IMAGES_MAGIC)
+    labels = read_idx(layout, f"{prefix}-labels-idx1-ubyte", LABELS_MAGIC)
+    if len(images) != len(labels):
+        raise layout.error(f"{prefix}-images-idx3-ubyte holds {len(images)} images but "
+                           f"{prefix}-labels-idx1-ubyte holds {len(labels)} labels")
+    return images, labels
+
+
+def load_idx(root: Path, name: str, description: str) -> DatasetParts:
+    """The train then t10k images of the IDX files in ``root``, as uint8 ``[N, 1, H, W]``."""
+    layout = Layout(name, root, EXPECTED)
+    train_images, train_labels = read_part(layout, "train")
+    test_images, test_labels = read_part(layout, "t10k")
+    if train_images.shape[1:] != test_images.shape[1:]:
+        raise layout.error(f"train images are {train_images.shape[1:]} but t10k images are "
+                           f"{test_images.shape[1:]}")
+    x = np.concatenate([train_images, test_images])[:, None]  # a fresh, writable copy
+    labels = np.concatenate([train_labels, test_labels]).astype(np.int64)
+    dataset = ArrayDataset(name, description, torch.from_numpy(x), torch.from_numpy(labels),
+                           default_backbone="cnn")
+    return DatasetParts(dataset, {"train": torch.arange(len(train_labels)),
+                                  "test": torch.arange(len(train_labels), len(labels))})
+
+
+def load_mnist(root: Path) -> DatasetParts:
+    """Read MNIST's four IDX files from ``root``."""
+    return load_idx(root, "mnist", "MNIST handwritten digits, 1x28x28, 10 classes; files' split")
+
+
+def load_fashion_mnist(root: Path) -> DatasetParts:
+    """Read Fashion-MNIST's four IDX files from ``root``."""
+    return load_idx(root, "fashion-mnist",
+                    "Fashion-MNIST clothing images, 1x28x28, 10 classes; files' split")

@@ -1,0 +1,60 @@
+"""In-Shop Clothes Retrieval (Liu et al., 2016, "DeepFashion: powering robust clothes
+recognition and retrieval with rich annotations"): 52,712 photos of 7,982 clothing items.
+
+The extracted benchmark::
+
+    list_eval_partition.txt   (or Eval/list_eval_partition.txt, as in the original archive)
+                              line 1: the number of images, e.g. 52712
+                              line 2: the header ``image_name item_id evaluation_status``
+                              then lines like
+                              img/WOMEN/Blouses_Shirts/id_00000001/02_1_front.jpg id_00000001 train
+    img/<MEN|WOMEN>/<category>/<item_id>/<file>.jpg
+
+Split: the file's own: ``train`` (3,997 items, 25,882 images), and the other 3,985 items'
+images as ``query`` (14,218) and ``gallery`` (12,612). Labels are the item ids, sorted and
+numbered 0..C-1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.images import ImageFiles
+
+EXPECTED = ("In-Shop's layout: list_eval_partition.txt (or Eval/list_eval_partition.txt) and "
+            "img/<MEN|WOMEN>/<category>/<item_id>/<file>.jpg")
+HEADER = "image_name item_id evaluation_status"
+EXAMPLE = "img/WOMEN/Blouses_Shirts/id_00000001/02_1_front.jpg id_00000001 train"
+STATUSES = ("train", "query", "gallery")
+
+
+def load_inshop(root: Path) -> DatasetParts:
+    """Read In-Shop Clothes Retrieval from its folder ``root``."""
+    layout = Layout("inshop", root, EXPECTED)
+    relative = next((name for name in ("list_eval_partition.txt", "Eval/list_eval_partition.txt")
+                     if (root / name).is_file()), None)
+    if relative is None:
+        raise layout.error("missing list_eval_partition.txt (or Eval/list_eval_partition.txt)")
+    rows = layout.read_rows(relative, 3, header_lines=2, example=EXAMPLE)
+    count, header = layout.header(relative, 2)
+    if layout.integer(count, relative, 1) != len(rows):
+        raise layout.error(f"{relative} line 1 says {count} images but {len(rows)} are listed")
+    if header.split() != HEADER.split():
+        raise layout.error(f"{relative} line 2 is not the header {HEADER!r}: "
+                           f"{header[:80]!r}")
+    for number, (_, _, status) in rows:
+        if status not in STATUSES:
+            raise layout.error(f"{relative} line {number}: unknown evaluation_status "
+                               f"{status!r} (expected train, query or gallery)")
+    paths = [str(root / path) for _, (path, _, _) in rows]
+    layout.check_images(paths)
+    number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
+    labels = torch.tensor([number_of[item] for _, (_, item, _) in rows])
+    statuses = [status for _, (_, _, status) in rows]
+    parts = {part: indices_where([status == part for status in statuses]) for part in STATUSES}
+    dataset = ImageFiles("inshop", "In-Shop Clothes Retrieval, 7,982 items; query vs gallery",
+                         paths, labels, default_backbone="cnn")
+    return DatasetParts(dataset, parts, eval_ks=(1, 10, 20, 30, 40, 50))

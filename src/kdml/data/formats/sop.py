@@ -1,0 +1,50 @@
+"""Stanford Online Products (Oh Song et al., 2016, "Deep metric learning via lifted structured
+feature embedding"): 120,053 photos of 22,634 products sold on eBay.
+
+The extracted archive (``Stanford_Online_Products/``)::
+
+    Ebay_train.txt   header ``image_id class_id super_class_id path``, then lines like
+                     1 1 1 bicycle_final/111085122871_0.JPG
+    Ebay_test.txt    the same columns
+    <super_class>_final/<file>.JPG   12 folders: bicycle_final/, cabinet_final/, ...
+
+Split: the files' own, class-disjoint: Ebay_train.txt (11,318 classes, 59,551 images) train,
+Ebay_test.txt (11,316 classes, 60,502 images) test. Labels are the class ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdml.data.formats.common import DatasetParts, Layout
+from kdml.data.images import ImageFiles
+
+EXPECTED = ("Stanford Online Products' extracted layout: Ebay_train.txt, Ebay_test.txt and "
+            "<super_class>_final/<file>.JPG")
+HEADER = "image_id class_id super_class_id path"
+EXAMPLE = "1 1 1 bicycle_final/111085122871_0.JPG"
+
+
+def load_sop(root: Path) -> DatasetParts:
+    """Read Stanford Online Products from its extracted folder ``root``."""
+    layout = Layout("sop", root, EXPECTED)
+    paths: list[str] = []
+    labels: list[int] = []
+    parts = {}
+    for part, relative in (("train", "Ebay_train.txt"), ("test", "Ebay_test.txt")):
+        rows = layout.read_rows(relative, 4, header_lines=1, example=EXAMPLE)
+        (header,) = layout.header(relative, 1)
+        if header.split() != HEADER.split():
+            raise layout.error(f"{relative} line 1 is not the header {HEADER!r}: "
+                               f"{header[:80]!r}")
+        start = len(paths)
+        for number, (_, class_id, _, path) in rows:
+            labels.append(layout.integer(class_id, relative, number))
+            paths.append(str(root / path))
+        parts[part] = torch.arange(start, len(paths))
+    layout.check_images(paths)
+    dataset = ImageFiles("sop", "Stanford Online Products, 22,634 products; files' split",
+                         paths, torch.tensor(labels), default_backbone="cnn")
+    return DatasetParts(dataset, parts, eval_ks=(1, 10, 100, 1000))

@@ -1,0 +1,381 @@
+"""The CIFAR, IDX, folder and CSV readers on tiny files in their real formats."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fixtures_array_sets import (
+    idx_bytes,
+    make_cifar10,
+    make_cifar100,
+    make_csv_list,
+    make_idx,
+    make_image_folder,
+    write_cifar_file,
+)
+
+from kdml.data import ArrayDataset, ImageFiles, open_dataset
+from kdml.data.formats.cifar import load_cifar10, load_cifar100
+from kdml.data.formats.common import DEFAULT_KS
+from kdml.data.formats.csv_list import load_csv
+from kdml.data.formats.folder import load_folder
+from kdml.data.formats.idx import load_fashion_mnist, load_mnist
+from kdml.errors import KdmlError
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def one_line_error(call, *fragments: str) -> str:
+    """Run ``call``, which must raise a one-line KdmlError containing every fragment."""
+    with pytest.raises(KdmlError) as caught:
+        call()
+    message = str(caught.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+def unpickle(path: Path) -> dict:
+    """A fixture's own pickle, read back with the standard unpickler (trusted: we wrote it)."""
+    with path.open("rb") as stream:
+        return pickle.load(stream, encoding="bytes")
+
+
+# CIFAR ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar10_images_labels_and_split(tmp_path, protocol):
+    folder = make_cifar10(tmp_path, per_batch=6, test=4, protocol=protocol)
+    parts = load_cifar10(folder)
+    data = parts.dataset
+    assert isinstance(data, ArrayDataset) and data.name == "cifar10"
+    assert data.x.shape == (34, 3, 32, 32) and data.x.dtype == torch.uint8
+    assert data.labels.dtype == torch.int64 and data.default_backbone == "cnn"
+    assert torch.equal(parts.parts["train"], torch.arange(30))
+    assert torch.equal(parts.parts["test"], torch.arange(30, 34))
+    assert set(parts.parts) == {"train", "test"} and parts.eval_ks == DEFAULT_KS
+    files = [f"data_batch_{n}" for n in range(1, 6)] + ["test_batch"]
+    rows = np.concatenate([unpickle(folder / name)[b"data"] for name in files])
+    labels = sum((unpickle(folder / name)[b"labels"] for name in files), [])
+    assert data.labels.tolist() == labels
+    # A row is the red, green and blue planes, each 32 rows of 32 pixels.
+    image, row = data.x[31].numpy(), rows[31]
+    assert image[0, 0, 0] == row[0] and image[0, 0, 5] == row[5] and image[0, 1, 0] == row[32]
+    assert image[1, 0, 0] == row[1024] and image[2, 31, 31] == row[3071]
+    assert np.array_equal(data.x.numpy().reshape(34, -1), rows)
+    assert data.x.numpy().flags.writeable
+
+
+def python2_pickle(rows: np.ndarray, labels: list[int]) -> bytes:
+    """A CIFAR batch as Python 2's cPickle wrote the real files: protocol 2, byte strings
+    (SHORT_BINSTRING / BINSTRING) and NumPy 1's ``numpy.core.multiarray`` name."""
+
+    def string(value: bytes) -> bytes:
+        if len(value) < 256:
+            return b"U" + bytes([len(value)]) + value
+        return b"T" + struct.pack("<I", len(value)) + value
+
+    dtype = (b"cnumpy\ndtype\n" + string(b"u1") + b"\x89\x88\x87R"
+             b"(K\x03" + string(b"|") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
+    array = (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85" + string(b"b")
+             + b"\x87R(K\x01M" + struct.pack("<H", rows.shape[0]) + b"M"
+             + struct.pack("<H", rows.shape[1]) + b"\x86" + dtype + b"\x89"
+             + string(rows.tobytes()) + b"tb")
+    label_list = b"](" + b"".join(b"K" + bytes([label]) for label in labels) + b"e"
+    return (b"\x80\x02}(" + string(b"data") + array + string(b"labels") + label_list
+            + b"u.")
+
+
+def test_cifar10_reads_python2_pickles(tmp_path):
+    folder = make_cifar10(tmp_path, per_batch=3, test=2)
+    rows = np.random.default_rng(5).integers(0, 256, (2, 3072), dtype=np.uint8)
+    (folder / "test_batch").write_bytes(python2_pickle(rows, [7, 2]))
+    data = load_cifar10(folder).dataset
+    assert data.labels[-2:].tolist() == [7, 2]
+    assert np.array_equal(data.x[-2:].numpy(), rows.reshape(2, 3, 32, 32))
+
+
+def test_cifar100_uses_fine_labels(tmp_path):
+    folder = make_cifar100(tmp_path, train=12, test=5, classes=100)
+    parts = open_dataset("cifar100", root=str(folder))
+    data = parts.dataset
+    assert data.name == "cifar100" and data.x.shape == (17, 3, 32, 32)
+    train, test = unpickle(folder / "train"), unpickle(folder / "test")
+    assert data.labels.tolist() == train[b"fine_labels"] + test[b"fine_labels"]
+    assert data.labels.tolist() != train[b"coarse_labels"] + test[b"coarse_labels"]
+    assert np.array_equal(data.x[12:].numpy().reshape(5, -1), test[b"data"])
+    assert parts.parts["train"].tolist() == list(range(12))
+    assert parts.parts["test"].tolist() == list(range(12, 17))
+
+
+def test_cifar_through_the_registry(tmp_path):
+    folder = make_cifar10(tmp_path, per_batch=2, test=2)
+    parts = open_dataset("cifar10", root=str(folder))
+    assert len(parts.dataset) == 12 and parts.dataset.sample_shape == (3, 32, 32)
+
+
+class Planted:
+    """Pickles as a call of ``os.system``: what a malicious "CIFAR" file would hold."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_cifar_refuses_pickles_that_load_other_globals(tmp_path):
+    folder = make_cifar10(tmp_path, per_batch=2, test=2)
+    marker = tmp_path / "ran"
+    with (folder / "data_batch_2").open("wb") as stream:
+        pickle.dump({b"data": Planted(f"touch {marker}"), b"labels": [0]}, stream)
+    message = one_line_error(lambda: load_cifar10(folder), "data_batch_2", "refused",
+                             "system", str(folder))
+    assert not marker.exists(), message
+
+
+def test_cifar_refuses_other_codecs(tmp_path):
+    folder = make_cifar10(tmp_path, per_batch=2, test=2)
+    import codecs  # pickled as _codecs.encode, the one allowed non-NumPy global
+
+    class Encoded:
+        def __reduce__(self):
+            return codecs.encode, ("x", "rot13")
+
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": Encoded()}, protocol=2))
+    one_line_error(lambda: load_cifar10(folder), "test_batch", "rot13")
+
+
+def test_cifar_file_errors(tmp_path):
+    folder = make_cifar10(tmp_path, per_batch=4, test=4)
+    (folder / "data_batch_3").unlink()
+    one_line_error(lambda: load_cifar10(folder), "missing data_batch_3", str(folder),
+                   "cifar-10-batches-py")
+    (folder / "data_batch_3").write_bytes((folder / "data_batch_4").read_bytes()[:500])
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3", "not a readable CIFAR pickle")
+    rows = np.zeros((4, 3072), dtype=np.uint8)
+    write_cifar_file(folder / "data_batch_3", rows, np.zeros(3), b"labels")
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3", "4 images but 3 labels")
+    write_cifar_file(folder / "data_batch_3", rows, np.full(4, 10), b"labels")
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3", "0..9")
+    write_cifar_file(folder / "data_batch_3", rows[:, :3000], np.zeros(4), b"labels")
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3", "[n, 3072]")
+    write_cifar_file(folder / "data_batch_3", rows, np.zeros(4), b"fine_labels")
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3", "b'labels'")
+
+
+def test_cifar100_missing_file(tmp_path):
+    folder = make_cifar100(tmp_path, train=4, test=4)
+    (folder / "test").unlink()
+    one_line_error(lambda: load_cifar100(folder), "cifar100: missing test", "cifar-100-python")
+
+
+# IDX ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_idx_images_labels_and_split(tmp_path, gzipped):
+    folder = make_idx(tmp_path, train=30, test=10, gzipped=gzipped)
+    parts = load_mnist(folder)
+    data = parts.dataset
+    assert isinstance(data, ArrayDataset) and data.name == "mnist"
+    assert data.x.shape == (40, 1, 28, 28) and data.x.dtype == torch.uint8
+    assert data.labels.dtype == torch.int64 and data.default_backbone == "cnn"
+    assert parts.parts["train"].tolist() == list(range(30))
+    assert parts.parts["test"].tolist() == list(range(30, 40))
+    assert parts.eval_ks == DEFAULT_KS
+
+    def raw(name: str) -> bytes:
+        path = folder / (name + ".gz" if gzipped else name)
+        return gzip.decompress(path.read_bytes()) if gzipped else path.read_bytes()
+
+    pixels = raw("train-images-idx3-ubyte")[16:] + raw("t10k-images-idx3-ubyte")[16:]
+    labels = raw("train-labels-idx1-ubyte")[8:] + raw("t10k-labels-idx1-ubyte")[8:]
+    assert data.x.numpy().tobytes() == pixels
+    assert data.labels.tolist() == list(labels)
+    assert torch.bincount(data.labels[:30]).tolist() == [3] * 10
+    assert data.x.numpy().flags.writeable
+
+
+def test_idx_through_the_registry(tmp_path):
+    folder = make_idx(tmp_path, train=20, test=10, name="fashion")
+    parts = open_dataset("fashion-mnist", root=str(folder))
+    assert parts.dataset.name == "fashion-mnist" and len(parts.dataset) == 30
+    assert len(load_fashion_mnist(folder).dataset) == 30
+
+
+def test_idx_file_errors(tmp_path):
+    folder = make_idx(tmp_path, train=10, test=5, gzipped=False)
+    images = folder / "t10k-images-idx3-ubyte"
+    labels = folder / "train-labels-idx1-ubyte"
+    good_images, good_labels = images.read_bytes(), labels.read_bytes()
+
+    labels.unlink()
+    one_line_error(lambda: load_mnist(folder), "missing train-labels-idx1-ubyte", str(folder))
+    labels.write_bytes(good_images)  # images where labels belong
+    one_line_error(lambda: load_mnist(folder), "train-labels-idx1-ubyte", "0x00000803",
+                   "expected 0x00000801")
+    labels.write_bytes(idx_bytes(np.zeros(9, dtype=np.uint8)))
+    one_line_error(lambda: load_mnist(folder), "10 images", "9 labels",
+                   "train-labels-idx1-ubyte")
+    labels.write_bytes(good_labels)
+
+    images.write_bytes(good_images[:-7])
+    one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte", "5x28x28",
+                   "holds 3913")
+    images.write_bytes(good_images + b"\0")
+    one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte", "5x28x28 = 3920",
+                   "holds 3921")
+    images.write_bytes(good_images[:10])
+    one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte", "too short")
+    images.write_bytes(b"\x00\x00\x0d\x03" + good_images[4:])  # float32 images
+    one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte", "0x00000d03")
+    images.unlink()
+    Path(f"{images}.gz").write_bytes(b"not gzip at all")
+    one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte.gz", "gzip")
+    Path(f"{images}.gz").write_bytes(gzip.compress(good_images)[:-30])
+    one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte.gz", "gzip")
+
+
+def test_real_fashion_mnist(monkeypatch):
+    if not FASHION_MNIST.is_dir():
+        pytest.skip("real Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
+    monkeypatch.delenv("KDML_DATA_ROOT", raising=False)
+    parts = open_dataset("fashion-mnist")
+    data = parts.dataset
+    assert data.x.shape == (70_000, 1, 28, 28) and data.x.dtype == torch.uint8
+    assert len(parts.parts["train"]) == 60_000 and len(parts.parts["test"]) == 10_000
+    assert data.num_classes == 10
+    assert torch.bincount(data.labels[parts.parts["train"]]).tolist() == [6_000] * 10
+    assert torch.bincount(data.labels[parts.parts["test"]]).tolist() == [1_000] * 10
+    assert 0 < data.x.float().mean() < 255
+
+
+# Folder ---------------------------------------------------------------------------------------
+
+
+def test_folder_classes_files_and_labels(tmp_path):
+    folder = make_image_folder(tmp_path, classes=3, per_class=3, size=20)
+    (folder / "c01" / "nested").mkdir()
+    (folder / "c01" / "nested" / "deep.PNG").write_bytes((folder / "c01" / "001.png")
+                                                         .read_bytes())
+    (folder / "c01" / "notes.txt").write_text("not an image")
+    (folder / "c01" / "._000.jpg").write_bytes(b"macOS metadata")
+    (folder / "top.jpg").write_bytes((folder / "c00" / "000.jpg").read_bytes())
+    (folder / ".cache").mkdir()
+    (folder / ".cache" / "x.jpg").write_bytes((folder / "c00" / "000.jpg").read_bytes())
+    parts = load_folder(folder)
+    data = parts.dataset
+    assert isinstance(data, ImageFiles) and data.name == "folder:images"
+    assert parts.parts == {} and parts.eval_ks == DEFAULT_KS
+    relative = [str(Path(path).relative_to(folder)) for path in data.paths]
+    assert relative == ["c00/000.jpg", "c00/001.png", "c00/002.JPEG", "c01/000.jpg",
+                        "c01/001.png", "c01/002.JPEG", "c01/nested/deep.PNG", "c02/000.jpg",
+                        "c02/001.png", "c02/002.JPEG"]
+    assert data.labels.tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    assert all(Path(path).is_absolute() for path in data.paths)
+    batch = data.resized(16).__getitems__([0, 6])
+    assert batch.inputs.shape == (2, 3, 16, 16) and not batch.unreadable.any()
+
+
+def test_folder_through_the_registry(tmp_path):
+    folder = make_image_folder(tmp_path, classes=4, per_class=2)
+    parts = open_dataset("folder:" + str(folder))
+    assert len(parts.dataset) == 8 and parts.dataset.num_classes == 4
+
+
+def test_folder_errors(tmp_path):
+    missing = tmp_path / "nowhere"
+    one_line_error(lambda: load_folder(missing), "folder:nowhere", "no such folder",
+                   str(missing))
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "a.jpg").write_bytes(b"")
+    one_line_error(lambda: load_folder(flat), "no class sub-folders", str(flat))
+    folder = make_image_folder(tmp_path, classes=2, per_class=1)
+    (folder / "c02_empty").mkdir()
+    (folder / "c02_empty" / "readme.md").write_text("no images here")
+    one_line_error(lambda: load_folder(folder), "c02_empty/", "no images")
+
+
+# CSV ------------------------------------------------------------------------------------------
+
+
+def test_csv_train_test(tmp_path):
+    csv_file = make_csv_list(tmp_path, classes=4, per_class=3)
+    parts = load_csv(csv_file)
+    data = parts.dataset
+    assert isinstance(data, ImageFiles) and data.name == "csv:list.csv"
+    assert data.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert parts.parts["train"].tolist() == list(range(6))
+    assert parts.parts["test"].tolist() == list(range(6, 12))
+    assert set(parts.parts) == {"train", "test"} and parts.eval_ks == DEFAULT_KS
+    assert data.paths[4] == str(tmp_path.resolve() / "photos" / "c01" / "001.png")
+    assert not data.__getitems__([0, 11]).unreadable.any()
+
+
+def test_csv_query_gallery(tmp_path):
+    csv_file = make_csv_list(tmp_path, classes=4, per_class=3, query_gallery=True)
+    parts = open_dataset("csv:" + str(csv_file))
+    assert set(parts.parts) == {"train", "query", "gallery"}
+    assert parts.parts["train"].tolist() == list(range(6))
+    # Test rows 6..11 are c02/000-002 and c03/000-002: 000 both, 001 gallery, 002 query.
+    assert parts.parts["query"].tolist() == [6, 8, 9, 11]
+    assert parts.parts["gallery"].tolist() == [6, 7, 9, 10]
+
+
+def write_csv(tmp_path: Path, text: str | bytes) -> Path:
+    """``text`` as ``tmp_path/list.csv`` beside the images of :func:`make_csv_list`."""
+    make_csv_list(tmp_path, classes=2, per_class=2)
+    csv_file = tmp_path / "list.csv"
+    data = text if isinstance(text, bytes) else text.encode("utf-8")
+    csv_file.write_bytes(data)
+    return csv_file
+
+
+def test_csv_labels_absolute_paths_and_leniency(tmp_path):
+    absolute = tmp_path.resolve() / "photos" / "c01" / "000.jpg"
+    csv_file = write_csv(tmp_path, "\ufeffSplit, Path ,LABEL,notes\n"
+                                   "train,photos/c00/000.jpg,10,x\n"
+                                   "\n"
+                                   " Test ,photos/c00/001.png, 9,y\n"
+                                   f"train,{absolute},100,z\n")
+    parts = load_csv(csv_file)
+    assert parts.dataset.labels.tolist() == [1, 0, 2]  # 9 < 10 < 100, not "10" < "100" < "9"
+    assert parts.dataset.paths[2] == str(absolute)
+    assert parts.parts["test"].tolist() == [1]
+
+
+@pytest.mark.parametrize(("text", "fragments"), [
+    ("", ["the file is empty"]),
+    ("path,label,split\n", ["no images"]),
+    ("path,label\nphotos/c00/000.jpg,a\n", ["line 1", "'split' column"]),
+    ("path,label,split\nphotos/c00/000.jpg,a,train\nphotos/c00/001.png,a,val\n",
+     ["line 3", "train or test", "'val'"]),
+    ("path,label,split\nphotos/c00/000.jpg,a,train,extra\n", ["line 2", "got 4"]),
+    ("path,label,split\nphotos/c00/000.jpg,,train\n", ["line 2", "empty label"]),
+    ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,test,yes,0\n",
+     ["line 2", "is_query", "'yes'"]),
+    ("path,label,split,is_query\nphotos/c00/000.jpg,a,test,1\n", ["line 1", "is_gallery"]),
+    ("path,label,split\nphotos/c00/000.jpg,a,train\nphotos/c00/gone.jpg,a,test\n",
+     ["line 3", "missing image", "gone.jpg", "1 of 2"]),
+    ('path,label,split\n"photos/c00/000.jpg,a,train\n', ["line 2", "malformed CSV"]),
+    (b"path,label,split\nphotos/c00/\xe9.jpg,a,train\n", ["not UTF-8"]),
+])
+def test_csv_errors(tmp_path, text, fragments):
+    csv_file = write_csv(tmp_path, text)
+    one_line_error(lambda: load_csv(csv_file), "csv:list.csv", str(csv_file), *fragments)
+
+
+def test_csv_missing_file(tmp_path):
+    one_line_error(lambda: open_dataset("csv:" + str(tmp_path / "none.csv")), "csv:none.csv",
+                   "no such file")

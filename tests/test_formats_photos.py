@@ -1,0 +1,305 @@
+"""The readers of the photo datasets' layouts (CUB, Cars196, SOP, In-Shop) on tiny real-format
+fixtures: what they read, and the one-line errors for broken folders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop
+
+from kdml.data.formats.cars import load_cars196
+from kdml.data.formats.common import DatasetParts
+from kdml.data.formats.cub import load_cub
+from kdml.data.formats.inshop import load_inshop
+from kdml.data.formats.sop import load_sop
+from kdml.data.images import ImageFiles
+from kdml.data.registry import ROOT_VARIABLE, open_dataset
+from kdml.errors import KdmlError
+
+
+def one_line_error(load: Callable[[Path], DatasetParts], root: Path, match: str) -> str:
+    """``load(root)`` fails with a one-line KdmlError matching ``match`` that names ``root``."""
+    with pytest.raises(KdmlError, match=match) as info:
+        load(root)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"searched {root}" in message
+    return message
+
+
+def check_images(parts: DatasetParts, root: Path) -> None:
+    """Paths are existing files under ``root``; images decode; the parts cover each sample once."""
+    dataset = parts.dataset
+    assert isinstance(dataset, ImageFiles)
+    assert dataset.labels.dtype == torch.int64
+    assert all(Path(path).is_file() and Path(path).is_relative_to(root)
+               for path in dataset.paths)
+    image = dataset.load(0)
+    assert image.dtype == torch.uint8 and image.shape == (3, 256, 256)
+    assert dataset.resized(32).load(len(dataset) - 1).shape == (3, 32, 32)
+    covered = torch.cat(list(parts.parts.values())).sort().values
+    assert torch.equal(covered, torch.arange(len(dataset)))
+
+
+def set_line(path: Path, number: int, text: str | None) -> None:
+    """Replace line ``number`` (1-based) of ``path`` with ``text``, or delete it if None."""
+    lines = path.read_text().splitlines()
+    if text is None:
+        del lines[number - 1]
+    else:
+        lines[number - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+def labels_of(parts: DatasetParts, part: str) -> set[int]:
+    return set(parts.dataset.labels[parts.parts[part]].tolist())
+
+
+# CUB-200-2011
+
+
+def test_cub_reads_classes_and_splits_by_class_id(tmp_path):
+    parts = load_cub(make_cub(tmp_path, classes=4, per_class=3))
+    dataset = parts.dataset
+    assert len(dataset) == 12 and dataset.num_classes == 4
+    assert set(parts.parts) == {"train", "test"}
+    assert labels_of(parts, "train") == {1, 2} and labels_of(parts, "test") == {3, 4}
+    assert len(parts.parts["train"]) == 6
+    for path, label in zip(dataset.paths, dataset.labels.tolist(), strict=True):
+        assert Path(path).parent.name.startswith(f"{label:03d}.")  # e.g. 001.Black_footed_...
+    assert parts.eval_ks == (1, 2, 4, 8)
+    check_images(parts, tmp_path)
+
+
+def test_cub_grayscale_photos_decode_to_three_equal_channels(tmp_path):
+    dataset = load_cub(make_cub(tmp_path)).dataset
+    gray, colour = dataset.load(3), dataset.load(0)  # the fixture makes image id 4 grayscale
+    assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
+    assert not torch.equal(colour[0], colour[1])
+
+
+def test_cub_odd_class_count_trains_on_the_smaller_half(tmp_path):
+    parts = load_cub(make_cub(tmp_path, classes=5, per_class=2))
+    assert labels_of(parts, "train") == {1, 2} and labels_of(parts, "test") == {3, 4, 5}
+
+
+@pytest.mark.parametrize(("break_it", "match"), [
+    (lambda root: (root / "images.txt").unlink(), "missing images.txt"),
+    (lambda root: (root / "image_class_labels.txt").unlink(), "missing image_class_labels.txt"),
+    (lambda root: next((root / "images" / "002.Laysan_Albatross").iterdir()).unlink(),
+     r"missing image .*002\.Laysan_Albatross.*\(1 of 12 listed"),
+    (lambda root: set_line(root / "images.txt", 5, "5 a b"), r"images\.txt line 5 is malformed"),
+    (lambda root: set_line(root / "images.txt", 2, "two 001.X/y.jpg"),
+     r"images\.txt line 2 is malformed: 'two' is not an integer"),
+    (lambda root: set_line(root / "image_class_labels.txt", 3, "3 three"),
+     r"image_class_labels\.txt line 3 is malformed"),
+    (lambda root: set_line(root / "image_class_labels.txt", 12, None),
+     "image id 12 of images.txt has no line in image_class_labels.txt"),
+    (lambda root: set_line(root / "images.txt", 3, "1 001.X/y.jpg"),
+     "images.txt lists an image id twice"),
+    (lambda root: (root / "images.txt").write_text("\n\n"), "images.txt lists nothing"),
+])
+def test_cub_broken_layouts(tmp_path, break_it, match):
+    make_cub(tmp_path)
+    break_it(tmp_path)
+    one_line_error(load_cub, tmp_path, match)
+
+
+# Cars196
+
+
+def test_cars196_labels_are_class_ids_and_split_ignores_test_flag(tmp_path):
+    parts = load_cars196(make_cars196(tmp_path, classes=4, per_class=3))
+    dataset = parts.dataset
+    assert len(dataset) == 12
+    assert labels_of(parts, "train") == {1, 2} and labels_of(parts, "test") == {3, 4}
+    annotations = scipy.io.loadmat(tmp_path / "cars_annos.mat")["annotations"].ravel()
+    expected = {str(tmp_path / record["relative_im_path"].item()): int(record["class"].item())
+                for record in annotations}
+    assert dict(zip(dataset.paths.tolist(), dataset.labels.tolist(), strict=True)) == expected
+    assert dataset.paths[0].endswith("car_ims/000001.jpg")  # the .mat's order
+    flags = torch.tensor([int(record["test"].item()) for record in annotations])
+    assert set(flags[parts.parts["train"]].tolist()) == {0, 1}
+    assert parts.eval_ks == (1, 2, 4, 8)
+    check_images(parts, tmp_path)
+
+
+def rewrite_annotations(root: Path, change: Callable[[np.ndarray], np.ndarray]) -> None:
+    path = root / "cars_annos.mat"
+    contents = scipy.io.loadmat(path)
+    scipy.io.savemat(path, {"annotations": change(contents["annotations"]),
+                            "class_names": contents["class_names"]})
+
+
+def without_field(annotations: np.ndarray, field: str) -> np.ndarray:
+    kept = [name for name in annotations.dtype.names if name != field]
+    smaller = np.zeros(annotations.shape, dtype=[(name, object) for name in kept])
+    for name in kept:
+        smaller[name] = annotations[name]
+    return smaller
+
+
+def without_path(annotations: np.ndarray) -> np.ndarray:
+    annotations[0, 2]["relative_im_path"] = np.zeros((0, 0))
+    return annotations
+
+
+@pytest.mark.parametrize(("break_it", "match"), [
+    (lambda root: (root / "cars_annos.mat").unlink(), "missing cars_annos.mat"),
+    (lambda root: (root / "cars_annos.mat").write_bytes(b"not a MATLAB file" * 20),
+     "cars_annos.mat is not a readable MATLAB file"),
+    (lambda root: (root / "cars_annos.mat").write_bytes(
+        (root / "cars_annos.mat").read_bytes()[:300]),
+     "cars_annos.mat is not a readable MATLAB file"),
+    (lambda root: scipy.io.savemat(root / "cars_annos.mat", {"class_names": np.zeros(3)}),
+     "cars_annos.mat has no 'annotations' variable"),
+    (lambda root: rewrite_annotations(root, lambda a: without_field(a, "class")),
+     "cars_annos.mat: 'annotations' has no field 'class'"),
+    (lambda root: rewrite_annotations(root, lambda a: without_field(a, "relative_im_path")),
+     "cars_annos.mat: 'annotations' has no field 'relative_im_path'"),
+    (lambda root: rewrite_annotations(root, without_path),
+     "cars_annos.mat: annotation 3 has no single path and class id"),
+    (lambda root: (root / "car_ims" / "000005.jpg").unlink(),
+     r"missing image \S*car_ims/000005\.jpg \(1 of 12"),
+])
+def test_cars196_broken_layouts(tmp_path, break_it, match):
+    make_cars196(tmp_path)
+    break_it(tmp_path)
+    one_line_error(load_cars196, tmp_path, match)
+
+
+# Stanford Online Products
+
+
+def test_sop_uses_the_files_split_and_class_ids(tmp_path):
+    parts = load_sop(make_sop(tmp_path, classes=6, per_class=3))
+    dataset = parts.dataset
+    assert len(dataset) == 18
+    assert parts.parts["train"].tolist() == list(range(9))
+    assert parts.parts["test"].tolist() == list(range(9, 18))
+    assert labels_of(parts, "train") == {1, 2, 3} and labels_of(parts, "test") == {4, 5, 6}
+    rows = [line.split() for file in ("Ebay_train.txt", "Ebay_test.txt")
+            for line in (tmp_path / file).read_text().splitlines()[1:]]
+    assert dataset.paths.tolist() == [str(tmp_path / row[3]) for row in rows]
+    assert dataset.labels.tolist() == [int(row[1]) for row in rows]
+    folders = {Path(path).parent.name for path in dataset.paths}
+    assert len(folders) >= 2 and all(folder.endswith("_final") for folder in folders)
+    assert torch.bincount(dataset.labels).tolist()[1:] == [3] * 6
+    assert parts.eval_ks == (1, 10, 100, 1000)
+    check_images(parts, tmp_path)
+
+
+@pytest.mark.parametrize(("break_it", "match"), [
+    (lambda root: (root / "Ebay_test.txt").unlink(), "missing Ebay_test.txt"),
+    (lambda root: set_line(root / "Ebay_train.txt", 1, "id class super path"),
+     r"Ebay_train\.txt line 1 is not the header 'image_id class_id super_class_id path'"),
+    (lambda root: set_line(root / "Ebay_test.txt", 1, None),
+     r"Ebay_test\.txt line 1 is not the header .*: '5 3 3 "),
+    (lambda root: set_line(root / "Ebay_test.txt", 3, "6 3 bicycle_final/1_1.JPG"),
+     r"Ebay_test\.txt line 3 is malformed: expected 4 fields"),
+    (lambda root: set_line(root / "Ebay_train.txt", 2, "1 one 1 bicycle_final/1_0.JPG"),
+     r"Ebay_train\.txt line 2 is malformed: 'one' is not an integer"),
+    (lambda root: next((root / "cabinet_final").iterdir()).unlink(),
+     r"missing image \S*cabinet_final/\S+\.JPG \(1 of 8"),
+])
+def test_sop_broken_layouts(tmp_path, break_it, match):
+    make_sop(tmp_path)
+    break_it(tmp_path)
+    one_line_error(load_sop, tmp_path, match)
+
+
+# In-Shop Clothes Retrieval
+
+
+def test_inshop_parts_and_item_labels(tmp_path):
+    parts = load_inshop(make_inshop(tmp_path, items=6, per_item=3))
+    dataset = parts.dataset
+    assert len(dataset) == 18
+    assert set(parts.parts) == {"train", "query", "gallery"}
+    assert [len(parts.parts[part]) for part in ("train", "query", "gallery")] == [9, 6, 3]
+    items = [Path(path).parent.name for path in dataset.paths]  # img/.../<item_id>/<file>
+    assert items != sorted(items)  # the list is in path order, not item order
+    numbered = {item: label for label, item in enumerate(sorted(set(items)))}
+    assert dataset.labels.tolist() == [numbered[item] for item in items]
+    assert labels_of(parts, "query") == labels_of(parts, "gallery")
+    assert not labels_of(parts, "train") & labels_of(parts, "query")
+    assert len(labels_of(parts, "train")) == 3 and len(labels_of(parts, "query")) == 3
+    assert parts.eval_ks == (1, 10, 20, 30, 40, 50)
+    check_images(parts, tmp_path)
+
+
+def test_inshop_reads_the_original_archives_eval_folder(tmp_path):
+    at_root = load_inshop(make_inshop(tmp_path / "a"))
+    in_eval = load_inshop(make_inshop(tmp_path / "b", eval_folder=True))
+    assert not (tmp_path / "b" / "list_eval_partition.txt").exists()
+    assert torch.equal(at_root.dataset.labels, in_eval.dataset.labels)
+    assert all(torch.equal(at_root.parts[part], in_eval.parts[part]) for part in at_root.parts)
+    assert all(Path(path).is_file() for path in in_eval.dataset.paths)
+
+
+LIST = "list_eval_partition.txt"
+
+
+@pytest.mark.parametrize(("break_it", "match"), [
+    (lambda root: (root / LIST).unlink(), r"missing list_eval_partition\.txt"),
+    (lambda root: set_line(root / LIST, 1, "52712"),
+     r"list_eval_partition\.txt line 1 says 52712 images but 18 are listed"),
+    (lambda root: set_line(root / LIST, 1, "many"),
+     r"list_eval_partition\.txt line 1 is malformed: 'many' is not an integer"),
+    (lambda root: set_line(root / LIST, 2, "image_name item_id status"),
+     r"list_eval_partition\.txt line 2 is not the header"),
+    (lambda root: set_line(root / LIST, 5, "img/MEN/Denim/id_00000004/01_1_front.jpg "
+                                           "id_00000004 val"),
+     r"list_eval_partition\.txt line 5: unknown evaluation_status 'val'"),
+    (lambda root: set_line(root / LIST, 7, "img/MEN/Denim/id_00000004/01_1_front.jpg train"),
+     r"list_eval_partition\.txt line 7 is malformed: expected 3 fields"),
+    (lambda root: next((root / "img" / "MEN" / "Denim" / "id_00000004").iterdir()).unlink(),
+     r"missing image \S*img/MEN/Denim/id_00000004/\S+\.jpg \(1 of 18"),
+])
+def test_inshop_broken_layouts(tmp_path, break_it, match):
+    make_inshop(tmp_path)
+    break_it(tmp_path)
+    one_line_error(load_inshop, tmp_path, match)
+
+
+def test_inshop_errors_name_the_eval_folders_file(tmp_path):
+    make_inshop(tmp_path, eval_folder=True)
+    set_line(tmp_path / "Eval" / LIST, 2, "name item status")
+    one_line_error(load_inshop, tmp_path, r"Eval/list_eval_partition\.txt line 2")
+
+
+# Through the registry
+
+
+MAKERS = {"cub": make_cub, "cars196": make_cars196, "sop": make_sop, "inshop": make_inshop}
+
+
+@pytest.mark.parametrize("name", MAKERS)
+def test_open_dataset_reads_each_format(tmp_path, name):
+    expected = {"cub": 12, "cars196": 12, "sop": 8, "inshop": 18}[name]
+    parts = open_dataset(name, root=str(MAKERS[name](tmp_path)))
+    assert len(parts.dataset) == expected and parts.dataset.name == name
+
+
+@pytest.mark.parametrize(("name", "file"), [
+    ("cub", "images.txt"), ("cars196", "cars_annos.mat"), ("sop", "Ebay_train.txt"),
+    ("inshop", "list_eval_partition.txt"),
+])
+def test_open_dataset_on_an_empty_folder(tmp_path, name, file):
+    with pytest.raises(KdmlError, match=f"{name}: missing {file}") as info:
+        open_dataset(name, root=str(tmp_path))
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+
+
+def test_open_dataset_finds_the_folder_under_the_data_root_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
+    make_inshop(tmp_path / "inshop", eval_folder=True)  # found by Eval/list_eval_partition.txt
+    assert len(open_dataset("inshop").dataset) == 18
+    with pytest.raises(KdmlError, match="cub: no dataset found") as info:
+        open_dataset("cub")
+    assert "\n" not in str(info.value)
