@@ -1,0 +1,235 @@
+"""End to end on real on-disk formats: every named dataset trains from its fixture through the
+CLI, broken layouts stop with one line and leave no run folder, runs do not depend on the
+number of loader workers, and memory stays flat as the number of images grows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_array_sets import make_cifar10, make_cifar100, make_csv_list, make_idx
+from fixtures_array_sets import make_image_folder as make_folder
+from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop
+
+from kdml import cli
+
+# Small crops keep the photo runs to a second or two on a CPU.
+TINY = ["train.epochs=1", "model.embedding_size=8", "eval.nmi=false", "--no-progress",
+        "data.resize=40", "data.image_size=32", "eval.ks=[1,2]"]
+
+# name -> (fixture builder returning the data root, batch size that the training split fills)
+FORMATS = {
+    "cub": (lambda root: make_cub(root, classes=4, per_class=4), 4),
+    "cars196": (lambda root: make_cars196(root, classes=4, per_class=4), 4),
+    "sop": (lambda root: make_sop(root, classes=4, per_class=3), 4),
+    "inshop": (lambda root: make_inshop(root, items=6, per_item=4), 4),
+    "cifar10": (make_cifar10, 20),
+    "cifar100": (lambda root: make_cifar100(root, classes=10), 20),
+    "mnist": (make_idx, 20),
+    "fashion-mnist": (lambda root: make_idx(root, name="fashion-mnist", gzipped=False), 20),
+}
+
+
+def train(*args: str | Path) -> int:
+    return cli.main([str(arg) for arg in args])
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_every_format_trains_from_its_fixture(tmp_path, name, capsys):
+    build, batch_size = FORMATS[name]
+    root = build(tmp_path / "data")
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", name, "--data-root", root, "--out", out,
+                 f"data.batch_size={batch_size}", *TINY) == 0
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    assert 0.0 <= final["recall@1"] <= final["recall@2"] <= 1.0
+    assert f"root: {root}" in (out / "config.yaml").read_text()
+    if name in ("cifar10", "cifar100", "mnist", "fashion-mnist"):  # the files' split: seen
+        assert 0.0 <= final["linear_accuracy"] <= 1.0
+    else:
+        assert "linear_accuracy" not in final
+    assert "recall@1" in capsys.readouterr().out
+
+
+def test_folder_of_images_trains_with_the_default_crops(tmp_path):
+    """``--dataset folder:DIR`` with the default 256-pixel decode and 224-pixel crops."""
+    folder = make_folder(tmp_path, classes=4, per_class=4, size=48)
+    out = tmp_path / "run"
+    assert train("train", "jrd", "--dataset", f"folder:{folder}", "--out", out, "--no-progress",
+                 "data.batch_size=4", "train.epochs=1", "eval.nmi=false", "eval.ks=[1,2]",
+                 "model.embedding_size=8") == 0
+    run = json.loads((out / "metrics.json").read_text())
+    assert 0.0 <= run["final"]["recall@1"] <= 1.0 and "train/regularizer" in run["epochs"][0]
+    checkpoint = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    first_conv = next(v for k, v in checkpoint["method"].items() if k.endswith("0.weight"))
+    assert first_conv.shape[1] == 3  # RGB photos
+
+
+@pytest.mark.parametrize("query_gallery", [False, True])
+def test_csv_list_trains(tmp_path, query_gallery):
+    csv_file = make_csv_list(tmp_path, classes=4, per_class=4, query_gallery=query_gallery)
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", f"csv:{csv_file}", "--out", out,
+                 "data.batch_size=4", *TINY) == 0
+    assert 0.0 <= json.loads((out / "metrics.json").read_text())["final"]["recall@1"] <= 1.0
+
+
+def test_eval_finds_a_moved_dataset_with_data_root(tmp_path, capsys):
+    root = make_cub(tmp_path / "data", classes=4, per_class=4)
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", "cub", "--data-root", root, "--out", out,
+                 "data.batch_size=4", *TINY) == 0
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    moved = shutil.move(root, tmp_path / "elsewhere")
+    assert train("eval", out) == 2
+    assert "is not a folder" in error_line(capsys)
+    assert train("eval", out, "--data-root", moved) == 0
+    assert json.loads((out / "eval.json").read_text())["test"] == pytest.approx(final)
+
+
+# ----------------------------------------------------------------------------- broken layouts
+
+
+def _remove(relative: str):
+    return lambda root: (root / relative).unlink()
+
+
+def _first_image(pattern: str):
+    return lambda root: sorted(root.glob(pattern))[0].unlink()
+
+
+def _append(relative: str, line: str):
+    def append(root: Path) -> None:
+        with (root / relative).open("a") as stream:
+            stream.write(line)
+    return append
+
+
+def _truncate(relative: str):
+    return lambda root: (root / relative).write_bytes((root / relative).read_bytes()[:100])
+
+
+BROKEN = {
+    "cub": [(_remove("image_class_labels.txt"), "missing image_class_labels.txt"),
+            (_first_image("images/*/*.jpg"), "missing image"),
+            (_append("images.txt", "42\n"), "images.txt line 17 is malformed")],
+    "cars196": [(_remove("cars_annos.mat"), "missing cars_annos.mat"),
+                (_first_image("car_ims/*.jpg"), "missing image"),
+                (_truncate("cars_annos.mat"), "not a readable MATLAB file")],
+    "sop": [(_remove("Ebay_test.txt"), "missing Ebay_test.txt"),
+            (_first_image("*_final/*.JPG"), "missing image"),
+            (_append("Ebay_train.txt", "7 1 1\n"), "Ebay_train.txt line")],
+    "inshop": [(_remove("list_eval_partition.txt"), "missing list_eval_partition.txt"),
+               (_first_image("img/*/*/*/*.jpg"), "missing image"),
+               (_append("list_eval_partition.txt", "img/x.jpg id_1\n"), "malformed")],
+    "cifar10": [(_remove("test_batch"), "test_batch"), (_truncate("data_batch_3"), "data_batch_3")],
+    "mnist": [(_remove("t10k-labels-idx1-ubyte.gz"), "t10k-labels-idx1-ubyte"),
+              (_truncate("train-images-idx3-ubyte.gz"), "train-images-idx3-ubyte")],
+}
+CASES = [(name, index) for name, cases in BROKEN.items() for index in range(len(cases))]
+
+
+@pytest.mark.parametrize(("name", "case"), CASES)
+def test_broken_layouts_give_one_line_and_no_run_folder(tmp_path, capsys, name, case):
+    build, batch_size = FORMATS[name]
+    root = build(tmp_path / "data")
+    breaks, message = BROKEN[name][case]
+    breaks(root)
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", name, "--data-root", root, "--out", out,
+                 f"data.batch_size={batch_size}", *TINY) == 2
+    line = error_line(capsys)
+    assert message in line and name in line, line
+    assert not out.exists()
+
+
+def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
+    folder = make_folder(tmp_path, classes=4, per_class=4, size=24)
+    broken = sorted((folder / "c03").iterdir())[0]
+    broken.write_bytes(b"\xff\xd8 this is not really a JPEG")
+    stopped = tmp_path / "stopped"
+    args = ["--dataset", f"folder:{folder}", "data.batch_size=4", *TINY]
+    assert train("train", "amsoftmax", "--out", stopped, *args) == 2
+    line = error_line(capsys)
+    assert str(broken) in line and "data.on_bad_image=skip" in line
+    skipped = tmp_path / "skipped"
+    assert train("train", "amsoftmax", "--out", skipped, *args, "data.on_bad_image=skip") == 0
+    assert str(broken) in (skipped / "train.log").read_text()
+
+
+def test_dataset_without_a_root_says_where_to_put_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KDML_DATA_ROOT", raising=False)
+    assert train("train", "amsoftmax", "--dataset", "cub", "--out", tmp_path / "run",
+                 *TINY) == 2
+    assert "--data-root DIR" in error_line(capsys)
+    root = make_cub(tmp_path / "data" / "cub" / "CUB_200_2011", classes=4, per_class=4)
+    monkeypatch.setenv("KDML_DATA_ROOT", str(tmp_path / "data"))  # found in its archive folder
+    assert train("train", "amsoftmax", "--dataset", "cub", "--out", tmp_path / "run",
+                 "data.batch_size=4", *TINY) == 0
+    assert root.name == "CUB_200_2011"
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_runs_are_identical_with_zero_or_two_workers(tmp_path):
+    """Crops, flips, batches and prior samples come from (seed, epoch, step), not from the
+    loader's processes."""
+    folder = make_folder(tmp_path, classes=4, per_class=6, size=40)
+    runs = []
+    for workers in (0, 2):
+        out = tmp_path / f"workers{workers}"
+        assert train("train", "mtriplet", "--dataset", f"folder:{folder}", "--out", out,
+                     "data.batch_size=8", "data.samples_per_class=4", "train.epochs=2",
+                     f"data.num_workers={workers}", "method.n_charts=2", *TINY[1:]) == 0
+        checkpoint = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+        runs.append((json.loads((out / "metrics.json").read_text()), checkpoint["method"]))
+    (metrics0, weights0), (metrics2, weights2) = runs
+    assert metrics0 == metrics2
+    assert all(torch.equal(weights0[key], weights2[key]) for key in weights0)
+
+
+# ----------------------------------------------------------------------------- memory
+
+# VmHWM, not getrusage's ru_maxrss: a child started by fork + exec inherits the parent's peak in
+# ru_maxrss, so under pytest it would report the test runner's own size.
+MEMORY_SCRIPT = """
+import sys
+from kdml.cli import main
+code = main(sys.argv[1:])
+status = open("/proc/self/status").read()
+print("peak_kib", status.split("VmHWM:")[1].split()[0])
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+def test_peak_memory_stays_flat_as_images_quadruple(tmp_path):
+    """Images are decoded batch by batch and only embeddings are kept: 4x the images must not
+    raise the peak by 25%. Decoded at 512 px, each image is a 768 KiB uint8 square, so
+    holding the extra 300 of them would exceed that margin."""
+    peaks = {}
+    for count in (100, 400):
+        folder = make_folder(tmp_path / str(count), classes=4, per_class=count // 4, size=48)
+        result = subprocess.run(
+            [sys.executable, "-c", MEMORY_SCRIPT, "train", "amsoftmax", "--dataset",
+             f"folder:{folder}", "--out", str(tmp_path / f"run{count}"), "--no-progress",
+             "data.num_workers=0", "data.resize=512", "data.image_size=32",
+             "data.batch_size=20", "train.epochs=1", "eval.nmi=false",
+             "eval.embed_batch_size=20", "model.embedding_size=8"],
+            capture_output=True, text=True, timeout=300, check=True)
+        peaks[count] = int(result.stdout.split("peak_kib")[-1])
+    extra_decoded = 300 * 3 * 512 * 512 / 1024  # KiB the 300 extra images would hold
+    assert extra_decoded > 0.25 * peaks[100]  # so the check below could fail
+    assert peaks[400] <= 1.25 * peaks[100], peaks
