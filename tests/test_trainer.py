@@ -78,3 +78,22 @@ def test_domain_options_need_a_domain_pair(tmp_path, capsys):
     assert cli.main(["train", "dtml", "--dataset", "mnist5k-", "--out", str(tmp_path / "d"),
                      *TINY]) == 2
     assert "quote domain pairs" in capsys.readouterr().err
+
+
+def test_training_leaves_the_global_generators_untouched(tmp_path):
+    """Batches, initial weights and prior samples come from their own seeded generators."""
+    import numpy as np
+    import torch
+
+    torch_state, numpy_state = torch.random.get_rng_state(), np.random.get_state()[1].copy()
+    train(tmp_path, "mtriplet", "--dataset", "digits", "data.batch_size=20",
+          "data.samples_per_class=4", "method.n_charts=2", "data.num_workers=2")
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+    assert np.array_equal(np.random.get_state()[1], numpy_state)
+
+
+def test_seen_holdout_split_of_a_dataset_with_its_own_split(tmp_path):
+    """data.split=seen-holdout pools the dataset's parts and holds out samples of every class."""
+    metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "data.split=seen-holdout",
+                    "data.holdout_fraction=0.3")
+    assert "linear_accuracy" in metrics["final"]

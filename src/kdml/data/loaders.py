@@ -47,9 +47,12 @@ def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_wo
     ``pin_memory`` puts batches in page-locked memory, for non-blocking copies to a GPU;
     ``persistent`` keeps the workers alive between passes (a training loader).
     """
+    # The loader's own generator only seeds the workers, which draw nothing; giving it one
+    # keeps it from drawing that seed from torch's global generator.
     return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
                       collate_fn=collate_batch, pin_memory=pin_memory,
-                      persistent_workers=persistent and num_workers > 0)
+                      persistent_workers=persistent and num_workers > 0,
+                      generator=torch.Generator().manual_seed(0))
 
 
 def sequential_loader(dataset: DmlDataset, batch_size: int, num_workers: int,

@@ -1,0 +1,48 @@
+"""The package's shape: data flows one way, and training steps do not sync with the host."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "kdml"
+
+
+def imported_modules(package: str) -> dict[str, set[str]]:
+    """Every module a package's files import (absolute names), by file."""
+    found = {}
+    for path in sorted((SRC / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        found[str(path.relative_to(SRC))] = names
+    return found
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    ("evaluation", "kdml.training"),  # the evaluator never trains
+    ("models", "kdml.training"),  # the method interface lives in models/
+    ("data", "kdml.training"),
+    ("data", "kdml.evaluation"),
+])
+def test_packages_do_not_import_downstream(package, forbidden):
+    offenders = {path: sorted(name for name in names if name.startswith(forbidden))
+                 for path, names in imported_modules(package).items()}
+    assert not {path: names for path, names in offenders.items() if names}
+
+
+@pytest.mark.parametrize("folder", ["training/recipes", "regularizers", "losses", "kernels.py",
+                                    "atlas.py", "models"])
+def test_no_host_sync_in_the_maths_and_the_steps(folder):
+    """Steps return tensor terms: no ``.item()`` in what runs inside a training step
+    (docstring examples are string literals, not calls, so they do not count)."""
+    paths = [SRC / folder] if folder.endswith(".py") else sorted((SRC / folder).rglob("*.py"))
+    calls = [f"{path.name}:{node.lineno}" for path in paths
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr == "item"]
+    assert calls == []
