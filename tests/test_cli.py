@@ -135,8 +135,7 @@ def error_line(capsys) -> str:
 def test_bad_input_is_one_line(args, expected, capsys, tmp_path):
     if args[0] == "train" and "--resume" not in args:
         args = [*args, "--out", str(tmp_path / "run"), "--no-progress"]
-    with pytest.raises(SystemExit) if args == ["frobnicate"] else _no_raise():
-        assert run_cli(*args) == 2
+    assert run_cli(*args) == 2
     assert expected in error_line(capsys)
 
 
@@ -150,7 +149,7 @@ def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
     assert run_cli("eval", out) == 2
     assert "corrupt" in error_line(capsys)
     checkpoint.unlink()
-    assert run_cli("train", "--resume", out) == 2
+    assert run_cli("eval", out) == 2
     assert "no checkpoint" in error_line(capsys)
     (out / "config.yaml").unlink()
     assert run_cli("eval", out) == 2
@@ -172,10 +171,3 @@ def test_datasets_and_recipes_are_listed(capsys):
     assert run_cli("recipes") == 0
     assert "amsoftmax" in capsys.readouterr().out
 
-
-class _no_raise:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

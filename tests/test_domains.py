@@ -169,6 +169,7 @@ def test_npz_loader_splits_the_domains(tmp_path, domain_style):
     ({"y": np.array([0, -1, 2, 0, -1, -1, 2])}, "1 source samples are unlabelled"),
     ({"y": np.arange(7, dtype=float)}, "y must be integers"),
     ({"X": np.full((7, 3), np.nan)}, "NaN"),
+    ({"X": np.full((7, 3), 1e39)}, "beyond float32's range"),  # finite in float64 only
     ({"domain": np.array(["source"] * 6 + ["test"])}, "unknown domain value"),
     ({"domain": np.array(["source"] * 7)}, "both domains"),
     ({"y": np.array([0, 1, 2, 0, -1, -3, 2])}, "-1 for unlabelled"),

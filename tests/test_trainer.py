@@ -97,3 +97,12 @@ def test_seen_holdout_split_of_a_dataset_with_its_own_split(tmp_path):
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "data.split=seen-holdout",
                     "data.holdout_fraction=0.3")
     assert "linear_accuracy" in metrics["final"]
+
+
+def test_a_collapsed_embedding_warns_on_screen_and_in_the_log(tmp_path, capsys):
+    metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "optim.lr=1e10",
+                    "optim.proxy_lr=1e10", "train.epochs=1")
+    warning = "collapsed to a single point"
+    assert warning in capsys.readouterr().err
+    assert warning in (tmp_path / "run" / "train.log").read_text()
+    assert metrics["final"]["recall@1"] < 0.5

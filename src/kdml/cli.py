@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kdml.errors import KdmlError
@@ -18,8 +18,47 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n")
 
 
+def _integer(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer from ``minimum`` (to ``maximum``), else a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
+def _folder(text: str) -> Path:
+    """An argparse type: a folder path, never empty (an empty one would mean the current
+    folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty path")
+    return Path(text).expanduser()
+
+
+MAX_SEED = 2**63 - 1  # seeds feed NumPy's SeedSequence and torch generators
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from kdml import __version__
+
     parser = _Parser(prog="kdml", description="Kernel-regularized deep metric learning.")
+    parser.add_argument("--version", action="version", version=f"kdml {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = commands.add_parser("train", help="train a recipe into a run folder",
@@ -29,12 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="key=value")
     train.add_argument("--dataset", help="dataset name, folder:DIR or csv:FILE "
                        "(see 'kdml datasets')")
-    train.add_argument("--data-root", metavar="DIR",
+    train.add_argument("--data-root", metavar="DIR", type=_folder,
                        help="folder of an on-disk dataset (data.root)")
     train.add_argument("--config", type=Path, help="YAML file with config values")
-    train.add_argument("--seed", type=int, help="random seed (train.seed)")
-    train.add_argument("--out", type=Path, help="run folder (default: runs/RECIPE-DATASET-TIME)")
-    train.add_argument("--resume", type=Path, metavar="RUN_DIR",
+    train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
+    train.add_argument("--out", type=_folder,
+                       help="run folder, new or empty (default: runs/RECIPE-DATASET-TIME)")
+    train.add_argument("--resume", type=_folder, metavar="RUN_DIR",
                        help="continue an interrupted run from its last checkpoint")
     train.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -50,11 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         "nearest-neighbour classifiers on a trained run's embeddings.")
     general.add_argument("run_dir", type=Path)
     _add_data_root(general)
-    general.add_argument("--repeats", type=int, default=10, help="random splits (default 10)")
-    general.add_argument("--labelled-fraction", type=float, default=0.5,
+    general.add_argument("--repeats", type=_integer(1), default=10,
+                         help="random splits (default 10)")
+    general.add_argument("--labelled-fraction", type=_fraction, default=0.5,
                          help="share of each set the classifiers are fitted on (default 0.5)")
-    general.add_argument("--neighbors", type=int, default=1, help="k of the k-NN (default 1)")
-    general.add_argument("--seed", type=int, default=0)
+    general.add_argument("--neighbors", type=_integer(1), default=1,
+                         help="k of the k-NN (default 1)")
+    general.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
 
     plot = commands.add_parser("plot", help="plots of a trained run")
     plots = plot.add_subparsers(dest="plot", required=True, parser_class=_Parser)
@@ -64,16 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
         "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
     charts.add_argument("run_dir", type=Path)
     _add_data_root(charts)
-    charts.add_argument("--thumbnails", type=int, default=100,
+    charts.add_argument("--thumbnails", type=_integer(0), default=100,
                         help="images drawn as thumbnails (0 = points only; default 100)")
 
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
+    config = commands.add_parser(
+        "config", help="print a recipe's configuration: every key with its value",
+        description="Print the configuration RECIPE resolves to (defaults < --config < "
+        "key=value), as YAML: every key 'kdml train' accepts.")
+    config.add_argument("recipe", help="recipe name (see 'kdml recipes')")
+    config.add_argument("overrides", nargs="*", metavar="key=value")
+    config.add_argument("--config", type=Path, help="YAML file with config values")
     return parser
 
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-root", metavar="DIR",
+    parser.add_argument("--data-root", metavar="DIR", type=_folder,
                         help="where the run's on-disk dataset is now, if it moved")
 
 
@@ -81,10 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
     # matching does not allow, so collect the leftovers and accept only overrides among them.
-    args, extras = parser.parse_known_args(argv)
-    unknown = [item for item in extras if item.startswith("-") or args.command != "train"]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:  # argparse exits on --help, --version and bad arguments; return its status instead
+        args, extras = parser.parse_known_args(argv)
+        unknown = [item for item in extras
+                   if item.startswith("-") or args.command not in ("train", "config")]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as exit_request:
+        return int(exit_request.code or 0)
     if extras:
         args.overrides = [*args.overrides, *extras]
     try:
@@ -93,34 +146,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kdml: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("kdml: interrupted; continue with --resume RUN_DIR", file=sys.stderr)
+        print("kdml: interrupted", file=sys.stderr)
         return 130
 
 
 def _train(args: argparse.Namespace) -> int:
     from kdml.config import load_config_file, resolve_config
     from kdml.training.recipes import get_recipe
-    from kdml.training.run_folder import RunFolder, default_run_dir
+    from kdml.training.run_folder import RunFolder, check_new_run_folder, default_run_dir
     from kdml.training.trainer import train
 
     if args.resume is not None:
         if (args.recipe or args.overrides or args.dataset or args.config
-                or args.seed is not None or args.data_root):
+                or args.seed is not None or args.data_root or args.out):
             raise KdmlError("--resume takes only the run folder: the run keeps its own config")
         run = RunFolder.existing(args.resume)
         file_values = load_config_file(run.config)
         recipe = get_recipe(str(file_values.get("recipe")))
         config = resolve_config(recipe.name, recipe.params, file_values=file_values)
-        final = train(config, run.root, resume=True, progress=_progress(args))
-        _print_results(config, final, run.root)
-        return 0
+        return _run_training(lambda: train(config, run.root, resume=True,
+                                           progress=_progress(args)), config, run.root)
 
-    if not args.recipe:
-        raise KdmlError("name a recipe, e.g. 'kdml train jrd --dataset mnist5k'")
-    if "=" in args.recipe:
-        raise KdmlError(f"the first argument must be a recipe name, got {args.recipe!r}")
-    recipe = get_recipe(args.recipe)
     file_values = load_config_file(args.config) if args.config else {}
+    recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
     overrides = list(args.overrides)
     if args.dataset:
         overrides.append(f"data.dataset={args.dataset}")
@@ -129,22 +177,66 @@ def _train(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
+    _check_dataset_name(config.data.dataset)
+    run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
+    check_new_run_folder(run_dir)
+    print(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
+    return _run_training(lambda: train(config, run_dir, progress=_progress(args)), config,
+                         run_dir)
+
+
+def _recipe_name(given: str | None, in_file: object, config_file: Path | None) -> str:
+    """The recipe named on the command line, else by the --config file; never two."""
+    if given and "=" in given:
+        raise KdmlError(f"the first argument must be a recipe name, got {given!r}")
+    if given and in_file is not None and str(in_file) != given:
+        raise KdmlError(f"{config_file} is a config for recipe {in_file!r} but the command "
+                        f"names {given!r}; drop one of them")
+    if not given and in_file is None:
+        raise KdmlError("name a recipe, e.g. 'kdml train jrd --dataset mnist5k' (or a "
+                        "--config file with a recipe: line)")
+    return given or str(in_file)
+
+
+def _check_dataset_name(dataset: str) -> None:
     from kdml.data.domains import DOMAIN_PAIRS, is_domain_dataset
     from kdml.data.registry import DATASETS, FORMATS, is_known_dataset
 
-    if not is_known_dataset(config.data.dataset) and not is_domain_dataset(config.data.dataset):
+    if not is_known_dataset(dataset) and not is_domain_dataset(dataset):
         # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
         hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
-                if config.data.dataset.endswith("-") else "")
-        raise KdmlError(f"unknown dataset {config.data.dataset!r}; choose one of: "
+                if dataset.endswith("-") else "")
+        raise KdmlError(f"unknown dataset {dataset!r}; choose one of: "
                         f"{', '.join([*DATASETS, *FORMATS, *DOMAIN_PAIRS])}, folder:DIR, "
                         f"csv:FILE or npz:PATH{hint}")
-    run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
-    if (run_dir / "config.yaml").exists():
-        raise KdmlError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
-    print(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
-    final = train(config, run_dir, progress=_progress(args))
+
+
+def _run_training(run: Callable[[], dict[str, float]], config, run_dir: Path) -> int:
+    try:
+        final = run()
+    except KeyboardInterrupt:
+        if (run_dir / "config.yaml").is_file():
+            print(f"kdml: interrupted; continue with: kdml train --resume {run_dir}",
+                  file=sys.stderr)
+        else:
+            print("kdml: interrupted before training started; nothing was written",
+                  file=sys.stderr)
+        return 130
     _print_results(config, final, run_dir)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from kdml.config import load_config_file, resolve_config
+    from kdml.training.recipes import get_recipe
+
+    file_values = load_config_file(args.config) if args.config else {}
+    recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
+    config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                            list(args.overrides))
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     return 0
 
 
@@ -260,6 +352,7 @@ def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
 
 
 _COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
+             "config": _config,
              "analyze": lambda args: _ANALYSES[args.analysis](args),
              "plot": lambda args: _PLOTS[args.plot](args)}
 _ANALYSES = {"generalization": _analyze_generalization}

@@ -129,7 +129,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise KdmlError(f"config file {path} does not exist")
     try:
-        values = yaml.safe_load(path.read_text())
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise KdmlError(f"config file {path} is not UTF-8 text; save it as a YAML file") from None
     except yaml.YAMLError as error:
         first_line = str(error).splitlines()[0]
         raise KdmlError(f"config file {path} is not valid YAML: {first_line}") from None
@@ -183,7 +185,8 @@ def resolve_key(config: RunConfig, key: str) -> str:
         raise KdmlError(f"config key {key!r} is ambiguous; write one of: {', '.join(by_leaf)}")
     leaves = [k.split(".", 1)[1] for k in keys]
     guesses = difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.5)
-    hint = f"; did you mean {guesses[0]!r}?" if guesses else "; run with --help-config to list keys"
+    hint = (f"; did you mean {guesses[0]!r}?" if guesses
+            else f"; 'kdml config {config.recipe}' lists every key")
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
 
 
@@ -251,6 +254,7 @@ def validate(config: RunConfig) -> None:
          "domain.kernel must be linear or gaussian"),
         (config.data.samples_per_class >= 0, "data.samples_per_class must be >= 0"),
         (config.train.epochs >= 1, "train.epochs must be at least 1"),
+        (0 <= config.train.seed < 2**63, "train.seed must be from 0 to 2**63 - 1"),
         (config.train.eval_every >= 1, "train.eval_every must be at least 1"),
         (config.optim.lr > 0 and config.optim.proxy_lr > 0, "learning rates must be positive"),
         (config.optim.lr_step >= 0, "optim.lr_step must be >= 0 (0 = no decay)"),

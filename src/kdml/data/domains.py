@@ -230,7 +230,15 @@ def load_feature_domains(path: str | Path) -> DomainPair:
     if not path.is_file():
         raise KdmlError(f"feature file {path} does not exist")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise KdmlError(f"{path} is not a readable .npz file without object arrays "
+                        f"({str(error).splitlines()[0] if str(error) else 'empty'})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
+        raise KdmlError(f"{path} is a single .npy array, not an .npz archive; save the features "
+                        "with numpy.savez(path, X=..., y=..., domain=...)")
+    try:
+        with loaded as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (OSError, ValueError) as error:
         raise KdmlError(f"{path} is not a readable .npz file without object arrays "
@@ -252,6 +260,10 @@ def load_feature_domains(path: str | Path) -> DomainPair:
         raise KdmlError(f"{path}: y must be integers (-1 = unlabelled), got dtype {labels.dtype}")
     if not np.isfinite(features).all():
         raise KdmlError(f"{path}: X contains NaN or infinite values")
+    features = features.astype(np.float32)  # what training uses: check it after the cast
+    if not np.isfinite(features).all():
+        raise KdmlError(f"{path}: X holds values beyond float32's range (|x| > 3.4e38); "
+                        "rescale the features")
     if (labels < -1).any():
         raise KdmlError(f"{path}: labels must be >= 0, or -1 for unlabelled")
     is_source = _parse_domains(domains, path)
@@ -261,7 +273,7 @@ def load_feature_domains(path: str | Path) -> DomainPair:
     if (labels[is_source] < 0).any():
         raise KdmlError(f"{path}: {int((labels[is_source] < 0).sum())} source samples are "
                         "unlabelled (y < 0); every source sample needs a label")
-    x = torch.from_numpy(features.astype(np.float32))
+    x = torch.from_numpy(features)
     y = torch.from_numpy(labels.astype(np.int64))
     description = f"features from {path.name}"
     source = ArrayDataset(f"{path.stem}/source", description, x[is_source], y[is_source])

@@ -25,8 +25,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import normalized_mutual_info_score
 
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import DEFAULT_CHUNK_SIZE, as_float32_matrix, search_prepared
+from kdml.evaluation.knn import DEFAULT_CHUNK_SIZE, as_float32_matrix, prepare_vectors
 from kdml.evaluation.retrieval import (
+    RankedSearch,
     _RetrievalScores,
     as_label_vector,
     check_ks,
@@ -83,7 +84,7 @@ def chart_retrieval_metrics(
       averages, as in ``retrieval_metrics``.
 
     Exact and memory-light: points are grouped by chart and each chart runs one chunked exact
-    faiss search (:func:`~kdml.evaluation.knn.search_prepared`) with, per query,
+    faiss search (:class:`~kdml.evaluation.retrieval.RankedSearch`) with, per query,
     :math:`\min(\max(K_{max}, R), m - 1)` neighbours; nothing of size :math:`N^2` or
     :math:`n N^2` is built.
 
@@ -116,7 +117,7 @@ def chart_retrieval_metrics(
     """
     if chunk_size < 1:
         raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
-    vectors, _ = as_float32_matrix(chart_coords, "chart_coords")
+    vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
     num_points = len(vectors)
     charts = as_label_vector(chart_index, "chart_index", num_points)
     label_vector = as_label_vector(labels, "labels", num_points)
@@ -137,20 +138,21 @@ def chart_retrieval_metrics(
         ranks_scored = np.maximum(max(ks), num_relevant[members])
         if stop - start == 1:  # alone in its chart: every neighbour is at infinity
             no_hits = np.zeros((1, int(ranks_scored[0])), dtype=bool)
-            scores.add_chunk(slice(start, stop), no_hits, num_relevant[members])
+            scores.add(slice(start, stop), no_hits, num_relevant[members])
             continue
-        chart_vectors = vectors[members]
-        searched = np.minimum(ranks_scored, stop - start - 1)
-        for chunk in search_prepared(chart_vectors, chart_vectors, searched, "euclidean",
-                                     True, chunk_size):
-            queries = members[chunk.start:chunk.stop]
-            is_hit = codes[members[chunk.indices]] == codes[queries, None]
-            width = int(ranks_scored[chunk.start:chunk.stop].max())
-            if is_hit.shape[1] < width:  # ranks beyond the chart: at infinity, misses
-                padding = np.zeros((len(queries), width - is_hit.shape[1]), dtype=bool)
-                is_hit = np.hstack([is_hit, padding])
-            scores.add_chunk(slice(start + chunk.start, start + chunk.stop), is_hit,
-                             num_relevant[queries])
+        search = RankedSearch(vectors[members], vectors[members], "euclidean", True,
+                              chunk_size)
+        for rows, ranked in search.ranked(np.minimum(ranks_scored, stop - start - 1)):
+            queries = members[rows]
+            is_hit = codes[members[ranked.indices]] == codes[queries, None]
+            # Ranks beyond the chart are at infinity: misses, in no finite tie group.
+            missing = int(ranks_scored[rows].max()) - is_hit.shape[1]
+            if missing > 0:
+                is_hit = np.pad(is_hit, ((0, 0), (0, missing)))
+                continues = np.pad(ranked.continues, ((0, 0), (0, missing)))
+            else:
+                continues = ranked.continues
+            scores.add(start + rows, is_hit, num_relevant[queries], continues)
 
     results = scores.averages(num_relevant[order] > 0)
     if nmi:

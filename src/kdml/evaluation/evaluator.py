@@ -16,6 +16,7 @@ embeddings are kept. What is scored depends on the split and the method:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -40,6 +41,7 @@ from kdml.evaluation.transfer import target_metrics
 from kdml.models.method import Method
 
 Output = Tensor | tuple[Tensor, ...]
+logger = logging.getLogger("kdml.evaluation")
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
     if method.has_charts:
         return _chart_metrics(method, splits, ks, config, embedder)
     test = embed_dataset(method, splits.test, embedder)
+    warn_if_collapsed(test.values, config.metric)
     gallery = None if splits.gallery is None else embed_dataset(method, splits.gallery,
                                                                 embedder)
     metrics = retrieval_metrics(test.values, test.labels, ks=ks, metric=config.metric,
@@ -135,6 +138,28 @@ def _chart_metrics(method: Method, splits: DataSplits, ks: tuple[int, ...], conf
             train_coords, train_index, train.labels, coords, index,
             _train_space(splits, test.labels))["accuracy"]
     return metrics
+
+
+# Embeddings whose spread is below this share of their size have collapsed to one point.
+COLLAPSE_SPREAD = 1e-6
+
+
+def is_collapsed(embeddings: Tensor, metric: str) -> bool:
+    """True when every embedding is (numerically) the same point: the same direction for
+    ``metric="cosine"``; then every neighbour is tied and retrieval scores sit at chance."""
+    vectors = embeddings.double()
+    if metric == "cosine":
+        vectors = torch.nn.functional.normalize(vectors, dim=1)
+    size = vectors.abs().max()
+    spread = (vectors - vectors[:1]).abs().max()
+    return bool(spread <= COLLAPSE_SPREAD * size) or bool(size == 0)
+
+
+def warn_if_collapsed(embeddings: Tensor, metric: str) -> None:
+    if len(embeddings) > 1 and is_collapsed(embeddings, metric):
+        logger.warning("the test embeddings have collapsed to a single point: the model "
+                       "maps every input alike, so the metrics are those of chance; lower the "
+                       "learning rates (or check the loss terms in train.log)")
 
 
 def dataset_labels(splits: DataSplits, train_labels: Tensor) -> Tensor:

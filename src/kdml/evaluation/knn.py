@@ -48,19 +48,19 @@ def check_metric(metric: str) -> None:
         raise KdmlError(f"metric must be one of {METRICS}, got {metric!r}")
 
 
-def as_float32_matrix(x: Any, name: str) -> tuple[np.ndarray, bool]:
-    """Return ``x`` as a C-contiguous float32 ``(N, D)`` array and whether it is a new buffer.
+def as_float_matrix(x: Any, name: str) -> np.ndarray:
+    """``x`` as a validated 2-D NumPy float array, without copying where possible.
 
-    Accepts numpy arrays and torch tensors of any floating dtype (float16/bfloat16
-    included); checks shape, emptiness and finiteness.
+    NumPy arrays keep their float dtype; tensors come to the CPU, float16 and bfloat16 as
+    float32. Checks the dtype, the shape, emptiness and finiteness (in the input's precision:
+    a float64 value too large for float32 is finite here; :func:`search_scale` handles it).
     """
-    owned = False  # whether `array` is a buffer made here, safe to modify in place
     if isinstance(x, torch.Tensor):
         if not x.is_floating_point():
             raise KdmlError(f"{name} must have a floating dtype, got {x.dtype}")
-        tensor = x.detach()
-        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
-            tensor, owned = tensor.to("cpu", torch.float32), True
+        tensor = x.detach().cpu()
+        if tensor.dtype not in (torch.float32, torch.float64):
+            tensor = tensor.float()
         array = tensor.numpy()
     else:
         array = np.asarray(x)
@@ -70,11 +70,42 @@ def as_float32_matrix(x: Any, name: str) -> tuple[np.ndarray, bool]:
         raise KdmlError(f"{name} must be 2-D (N, D), got shape {tuple(array.shape)}")
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise KdmlError(f"{name} is empty (shape {tuple(array.shape)})")
-    converted = np.ascontiguousarray(array, dtype=np.float32)
-    owned = owned or not np.may_share_memory(converted, array)
-    if not np.isfinite(converted).all():
+    if not np.isfinite(array).all():
         raise KdmlError(f"{name} contains NaN or infinite values")
-    return converted, owned
+    return array
+
+
+def as_float32_matrix(x: Any, name: str) -> tuple[np.ndarray, bool]:
+    """Return ``x`` as a C-contiguous float32 ``(N, D)`` array and whether it is a new buffer.
+
+    As :func:`as_float_matrix`, and the values must fit float32 (one-line error otherwise).
+    """
+    array = as_float_matrix(x, name)
+    converted = np.ascontiguousarray(array, dtype=np.float32)
+    if converted.dtype != array.dtype and not np.isfinite(converted).all():
+        raise KdmlError(f"{name} holds values beyond float32's range (|x| > 3.4e38); "
+                        "rescale them")
+    return converted, not np.may_share_memory(converted, array)
+
+
+# Largest absolute values searched without rescaling: within them, squared distances and norms
+# of vectors of up to 2^20 dimensions stay far from float32's overflow and underflow.
+SAFE_MAGNITUDE = (2.0**-30, 2.0**30)
+
+
+def search_scale(*arrays: np.ndarray) -> float:
+    """A power of two to divide vectors by before a float32 search: 1 when their largest
+    absolute value is within :data:`SAFE_MAGNITUDE`, else the power of two nearest to it.
+
+    Dividing by a power of two is exact, so the ranking of the rescaled vectors is that of the
+    originals; without it, squared distances of values around 1e19 overflow float32 and
+    values around 1e-25 underflow it.
+    """
+    largest = max(max(float(array.max()), -float(array.min())) for array in arrays)
+    low, high = SAFE_MAGNITUDE
+    if largest == 0.0 or low <= largest <= high:
+        return 1.0
+    return float(2.0 ** np.round(np.log2(largest)))
 
 
 def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
@@ -86,16 +117,40 @@ def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     return out
 
 
-def prepare_vectors(x: Any, metric: str, name: str) -> np.ndarray:
-    """Validated float32 array ready for faiss; L2-normalized when ``metric="cosine"``.
+def to_search_vectors(array: np.ndarray, scale: float, metric: str) -> np.ndarray:
+    """``array / scale`` as C-contiguous float32, L2-normalized when ``metric="cosine"``.
 
-    Copies at most once: an input that already is a float32 array is normalized into
-    a new array, a converted copy is normalized in place.
+    Copies at most once: a float32 input that needs no change is returned as it is.
     """
-    array, owned = as_float32_matrix(x, name)
+    owned = False
+    if scale != 1.0:
+        array, owned = array / scale, True
+    converted = np.ascontiguousarray(array, dtype=np.float32)
+    owned = owned or not np.may_share_memory(converted, array)
     if metric == "cosine":
-        array = l2_normalize(array, inplace=owned)
-    return array
+        converted = l2_normalize(converted, inplace=owned)
+    return converted
+
+
+def prepare_vectors(x: Any, metric: str, name: str) -> np.ndarray:
+    """Validated float32 array ready for faiss: rescaled by :func:`search_scale` and
+    L2-normalized when ``metric="cosine"``."""
+    array = as_float_matrix(x, name)
+    return to_search_vectors(array, search_scale(array), metric)
+
+
+def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, str] = (
+        "queries", "reference")) -> tuple[np.ndarray, np.ndarray]:
+    """Queries and reference ready for faiss, rescaled by one common factor (Euclidean
+    distances between the two sets must keep their ratios)."""
+    query_array, reference_array = (as_float_matrix(x, name)
+                                    for x, name in zip((queries, reference), names, strict=True))
+    if reference_array.shape[1] != query_array.shape[1]:
+        raise KdmlError(f"{names[0]} have dimension {query_array.shape[1]} but {names[1]} has "
+                        f"{reference_array.shape[1]}")
+    scale = search_scale(query_array, reference_array)
+    return (to_search_vectors(query_array, scale, metric),
+            to_search_vectors(reference_array, scale, metric))
 
 
 def _search(
@@ -167,17 +222,11 @@ def knn_search(
     check_metric(metric)
     if chunk_size < 1:
         raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
-    query_vectors = prepare_vectors(queries, metric, "queries")
     if reference is None:
-        reference_vectors = query_vectors
+        query_vectors = reference_vectors = prepare_vectors(queries, metric, "queries")
     else:
-        reference_vectors = prepare_vectors(reference, metric, "reference")
+        query_vectors, reference_vectors = prepare_pair(queries, reference, metric)
     num_queries, num_reference = len(query_vectors), len(reference_vectors)
-    if reference_vectors.shape[1] != query_vectors.shape[1]:
-        raise KdmlError(
-            f"queries have dimension {query_vectors.shape[1]} but reference has "
-            f"{reference_vectors.shape[1]}"
-        )
     if exclude_self and num_reference != num_queries:
         raise KdmlError(
             f"exclude_self needs the reference to be the queries, got {num_queries} "
@@ -218,3 +267,14 @@ def search_prepared(
         if exclude_self:
             scores, indices = drop_self(scores, indices, np.arange(start, stop))
         yield KnnChunk(start, stop, scores, indices)
+
+
+def search_rows(query_vectors: np.ndarray, rows: np.ndarray, reference_vectors: np.ndarray,
+                k: int, metric: str, exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` of the queries at ``rows`` (their own row left out with
+    ``exclude_self``): scores and indices ``(len(rows), k)``."""
+    scores, indices = _search(query_vectors[rows], reference_vectors, k + int(exclude_self),
+                              metric)
+    if exclude_self:
+        scores, indices = drop_self(scores, indices, rows)
+    return scores, indices

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import faiss
@@ -15,8 +15,16 @@ from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     Metric,
     check_metric,
+    prepare_pair,
     prepare_vectors,
     search_prepared,
+    search_rows,
+)
+from kdml.evaluation.ties import (
+    continues_group,
+    expected_scores,
+    group_reaches_last_column,
+    tie_tolerance,
 )
 
 
@@ -153,6 +161,19 @@ def retrieval_metrics(
     pytorch-metric-learning's ``AccuracyCalculator`` does; if every query is lone a
     :class:`~kdml.errors.KdmlError` is raised rather than returning NaN.
 
+    **Ties.** Neighbours whose scores differ by at most a few float32 ulps of the query's
+    score scale (:func:`~kdml.evaluation.ties.tie_tolerance`) are tied, and each metric is
+    its expectation over random orders of the tied neighbours
+    (:mod:`kdml.evaluation.ties`): exact for Recall@K, R-Precision and MAP@R. So the scores
+    never depend on the order of the samples: 500 identical embeddings in 50 classes of 10
+    give Recall@1 = 9/499 and Recall@8 = 1 - C(490, 8) / C(499, 8). Queries without ties
+    take the plain path, at no extra cost.
+
+    **Scale.** Both metrics are invariant to a positive scaling of all embeddings: vectors
+    whose largest absolute value is beyond 2^30 or below 2^-30 are divided by a power of two
+    before the float32 search (:func:`~kdml.evaluation.knn.search_scale`), so values up to
+    float64's range are searched without overflow.
+
     NMI (``nmi=True``) clusters the query embeddings with seeded faiss k-means into as
     many clusters as there are query labels and compares clusters with labels, see
     :func:`clustering_nmi`.
@@ -199,22 +220,18 @@ def retrieval_metrics(
         raise KdmlError("reference and reference_labels must be given together")
     if chunk_size < 1:
         raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
-    query_vectors = prepare_vectors(embeddings, metric, "embeddings")
-    query_labels = as_label_vector(labels, "labels", len(query_vectors))
     same_set = reference is None
     if same_set:
-        reference_vectors, reference_label_vector = query_vectors, None
+        query_vectors = reference_vectors = prepare_vectors(embeddings, metric, "embeddings")
+        reference_label_vector = None
     else:
-        reference_vectors = prepare_vectors(reference, metric, "reference")
+        query_vectors, reference_vectors = prepare_pair(embeddings, reference, metric,
+                                                        ("embeddings", "reference"))
         reference_label_vector = as_label_vector(
-            reference_labels, "reference_labels", len(reference_vectors)
-        )
-        if reference_vectors.shape[1] != query_vectors.shape[1]:
-            raise KdmlError(
-                f"embeddings have dimension {query_vectors.shape[1]} but reference has "
-                f"{reference_vectors.shape[1]}"
-            )
-    ks = check_ks(ks, len(reference_vectors) - int(same_set))
+            reference_labels, "reference_labels", len(reference_vectors))
+    query_labels = as_label_vector(labels, "labels", len(query_vectors))
+    available = len(reference_vectors) - int(same_set)
+    ks = check_ks(ks, available)
     label_index = index_labels(query_labels, reference_label_vector)
     num_relevant = label_index.num_relevant
     is_counted = num_relevant > 0  # lone queries (R = 0) are left out, as in PML
@@ -224,15 +241,12 @@ def retrieval_metrics(
             "recall@K, map@r and r_precision are undefined"
         )
 
+    search = RankedSearch(query_vectors, reference_vectors, metric, same_set, chunk_size)
     scores = _RetrievalScores(len(query_vectors), ks)
-    neighbours_needed = np.maximum(max(ks), num_relevant)
-    chunks = search_prepared(
-        query_vectors, reference_vectors, neighbours_needed, metric, same_set, chunk_size
-    )
-    for chunk in chunks:
-        rows = slice(chunk.start, chunk.stop)
-        is_hit = label_index.reference_codes[chunk.indices] == label_index.query_codes[rows, None]
-        scores.add_chunk(rows, is_hit, num_relevant[rows])
+    for rows, ranked in search.ranked(np.maximum(max(ks), num_relevant)):
+        is_hit = label_index.reference_codes[ranked.indices] == label_index.query_codes[rows,
+                                                                                      None]
+        scores.add(rows, is_hit, num_relevant[rows], ranked.continues)
 
     results = scores.averages(is_counted)
     if nmi:
@@ -240,21 +254,116 @@ def retrieval_metrics(
     return results
 
 
+class Ranked(NamedTuple):
+    """Ranked neighbours of some queries: ``indices`` and ``continues`` (tie flags, see
+    :func:`~kdml.evaluation.ties.continues_group`), both ``(n, w)``."""
+
+    indices: np.ndarray
+    continues: np.ndarray
+
+
+class RankedSearch:
+    """Exact k-NN in query chunks that also returns tie groups, complete where they matter.
+
+    For each query it retrieves one neighbour more than the ranks scored, so it can see
+    whether the tie group holding the last scored rank goes on; when it does (and more
+    references exist), that query is searched again with twice as many neighbours, until the
+    group ends or every reference is retrieved. A collapsed embedding of N points therefore
+    costs an N x N search; without ties nothing is searched twice.
+    """
+
+    # Widened searches run in batches of at most this many (query, neighbour) results.
+    WIDEN_BUDGET = 2**24
+
+    def __init__(self, query_vectors: np.ndarray, reference_vectors: np.ndarray, metric: str,
+                 exclude_self: bool, chunk_size: int) -> None:
+        self.queries, self.reference = query_vectors, reference_vectors
+        self.metric, self.exclude_self, self.chunk_size = metric, exclude_self, chunk_size
+        self.available = len(reference_vectors) - int(exclude_self)
+        self.reference_norms = _norms(reference_vectors)
+        self.query_norms = self.reference_norms if exclude_self else _norms(query_vectors)
+
+    def _continues(self, rows: np.ndarray, scores: np.ndarray,
+                   indices: np.ndarray) -> np.ndarray:
+        tolerance = tie_tolerance(self.query_norms[rows], self.reference_norms[indices],
+                                  self.metric)
+        return continues_group(scores, tolerance)
+
+    def ranked(self, needed: np.ndarray) -> Iterator[tuple[np.ndarray, Ranked]]:
+        """``(rows, Ranked)`` covering every query once, in chunks; ``needed[i]`` ranks of
+        query ``i`` are scored, so its tie groups up to that rank are complete."""
+        searched = np.minimum(needed + 1, self.available)
+        for chunk in search_prepared(self.queries, self.reference, searched, self.metric,
+                                     self.exclude_self, self.chunk_size):
+            rows = np.arange(chunk.start, chunk.stop)
+            continues = self._continues(rows, chunk.scores, chunk.indices)
+            incomplete = np.zeros(len(rows), dtype=bool)
+            if continues.any() and chunk.indices.shape[1] < self.available:
+                incomplete = group_reaches_last_column(continues, needed[rows])
+            done = ~incomplete
+            if done.any():
+                yield rows[done], Ranked(chunk.indices[done], continues[done])
+            if incomplete.any():
+                yield from self._widen(rows[incomplete], needed, chunk.indices.shape[1])
+
+    def _widen(self, rows: np.ndarray, needed: np.ndarray,
+               width: int) -> Iterator[tuple[np.ndarray, Ranked]]:
+        while len(rows):
+            width = min(2 * width, self.available)
+            batch = max(1, self.WIDEN_BUDGET // width)
+            pending = []
+            for start in range(0, len(rows), batch):
+                part = rows[start:start + batch]
+                scores, indices = search_rows(self.queries, part, self.reference, width,
+                                              self.metric, self.exclude_self)
+                continues = self._continues(part, scores, indices)
+                done = np.ones(len(part), dtype=bool)
+                if width < self.available:
+                    done = ~group_reaches_last_column(continues, needed[part])
+                if done.any():
+                    yield part[done], Ranked(indices[done], continues[done])
+                pending.append(part[~done])
+            rows = np.concatenate(pending)
+
+
+def _norms(vectors: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
+
+
 class _RetrievalScores:
     """Per-query scores filled chunk by chunk, averaged once at the end.
 
     Keeping per-query values (a few floats per query) rather than running sums makes
-    the averages bit-identical whatever the chunk size.
+    the averages bit-identical whatever the chunk size. Queries with tied neighbours get the
+    expected scores of :func:`~kdml.evaluation.ties.expected_scores`; the others (all of them,
+    usually) take the plain path.
     """
 
     def __init__(self, num_queries: int, ks: tuple[int, ...]) -> None:
         self.ks = ks
-        self.recall_hit = np.zeros((len(ks), num_queries), dtype=bool)
+        self.recall_hit = np.zeros((len(ks), num_queries))
         self.average_precision = np.zeros(num_queries)
         self.r_precision = np.zeros(num_queries)
 
-    def add_chunk(self, rows: slice, is_hit: np.ndarray, num_relevant: np.ndarray) -> None:
-        """Score one chunk: ``is_hit`` is ``(n, k)``, neighbours' label == query label."""
+    def add(self, rows: np.ndarray | slice, is_hit: np.ndarray, num_relevant: np.ndarray,
+            continues: np.ndarray | None = None) -> None:
+        """Score some queries: ``is_hit`` is ``(n, k)``, neighbours' label == query label;
+        ``continues`` flags tied neighbours (``None``: no ties)."""
+        if continues is not None and continues.any():
+            tied = continues.any(axis=1)
+            rows = np.arange(self.r_precision.size)[rows]
+            recall, average_precision, r_precision = expected_scores(
+                is_hit[tied], continues[tied], self.ks, num_relevant[tied])
+            self.recall_hit[:, rows[tied]] = recall
+            self.average_precision[rows[tied]] = average_precision
+            self.r_precision[rows[tied]] = r_precision
+            rows, is_hit, num_relevant = rows[~tied], is_hit[~tied], num_relevant[~tied]
+        self._add_untied(rows, is_hit, num_relevant)
+
+    def _add_untied(self, rows: np.ndarray | slice, is_hit: np.ndarray,
+                    num_relevant: np.ndarray) -> None:
+        if not len(num_relevant):
+            return
         for position, k in enumerate(self.ks):
             self.recall_hit[position, rows] = is_hit[:, :k].any(axis=1)
         width = int(num_relevant.max())

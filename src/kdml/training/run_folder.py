@@ -87,6 +87,33 @@ class RunFolder:
         write_json({"epochs": history, "final": final}, self.metrics_json)
 
 
+def check_new_run_folder(root: Path) -> None:
+    """Refuse a folder a new run must not write into, with one line: an existing run, a
+    non-empty folder that is not a run (kdml never overwrites a file it did not create), a
+    file, or a place where no folder can be made."""
+    if (root / "config.yaml").is_file():
+        raise KdmlError(f"{root} already holds a run; continue it with 'kdml train --resume "
+                        f"{root}' or choose another --out")
+    if root.exists() and not root.is_dir():
+        raise KdmlError(f"--out {root} is a file, not a folder; choose another --out")
+    if root.is_dir() and any(root.iterdir()):
+        raise KdmlError(f"--out {root} is a folder with other files in it; a run goes into a "
+                        "new or empty folder: choose another --out")
+    parent = next((folder for folder in (root, *root.parents) if folder.exists()), Path("."))
+    if not parent.is_dir():
+        raise KdmlError(f"cannot make the run folder {root}: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise KdmlError(f"cannot make the run folder {root}: {parent} is not writable")
+
+
+def make_folder(root: Path) -> None:
+    """``mkdir -p`` with a one-line error."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise KdmlError(f"cannot make the run folder {root}: {error.strerror}") from None
+
+
 def write_json(values: Any, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(values, indent=2))

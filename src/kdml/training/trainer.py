@@ -8,6 +8,7 @@ epoch.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from kdml.training.checkpoint import load_checkpoint, save_checkpoint
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, run_logging
+from kdml.training.run_folder import RunFolder, make_folder, run_logging
 from kdml.viz import plot_training
 
 # Steps between reads of the non-finite flag on a GPU (each read is a host sync).
@@ -243,11 +244,20 @@ class Session:
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device))
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.method.load_state_dict(state["method"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+    def restore(self, state: dict[str, Any], path: Path) -> None:
+        """Load a checkpoint; one line when it is another recipe's or another shape's."""
+        saved_recipe = (state.get("config") or {}).get("recipe")
+        if saved_recipe not in (None, self.config.recipe):
+            raise KdmlError(f"checkpoint {path} is a {saved_recipe!r} run but the run folder's "
+                            f"config is {self.config.recipe!r}; it belongs to another run")
+        try:
+            self.method.load_state_dict(state["method"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError, TypeError):
+            raise KdmlError(f"checkpoint {path} does not match the run's config (another model "
+                            "shape or recipe); it belongs to another run") from None
 
     def run_epoch(self, epoch: int, history: list[dict[str, Any]],
                   progress: bool | None) -> tuple[dict[str, Any], bool]:
@@ -277,6 +287,16 @@ class Session:
                 "history": history, "config": self.config.to_dict(), "finished": finished}
 
 
+def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
+    """Warn about data that trains but means little: a single class."""
+    if splits.kind != DOMAIN and splits.test.num_classes == 1:
+        log.warning("every test sample of %s has the same class: Recall@K, MAP@R and "
+                    "R-Precision are trivially 1", splits.test.name)
+    if splits.train.num_classes == 1:
+        log.warning("the training split of %s has a single class: class-based losses have "
+                    "nothing to separate", splits.train.name)
+
+
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
           progress: bool | None = None, echo: Callable[[str], None] = print) -> dict[str, float]:
     """Train ``config`` into ``run_dir`` and return the final test metrics.
@@ -288,14 +308,17 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     """
     session = Session.build(config)
     run = RunFolder(run_dir)
-    run.root.mkdir(parents=True, exist_ok=True)
+    make_folder(run.root)
     if not resume:
         save_config(config, run.config)
     history: list[dict[str, Any]] = []
     start_epoch = 1
-    if resume:
+    if resume and not run.checkpoint.exists():
+        # Stopped before its first checkpoint: nothing to continue, so start over.
+        echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
+    elif resume:
         state = load_checkpoint(run.checkpoint)
-        session.restore(state)
+        session.restore(state, run.checkpoint)
         history, start_epoch = state["history"], state["epoch"] + 1
         if state.get("finished"):  # stopped early by the tolerance rule: nothing left to do
             start_epoch = config.train.epochs + 1
@@ -308,6 +331,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
                  "workers", start_epoch, config.train.epochs, session.device,
                  len(session.splits.train), len(session.splits.test),
                  session.batches.loader.num_workers)
+        warn_about_splits(session.splits, log)
         epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
                       initial=start_epoch - 1, total=config.train.epochs, disable=_no_bar(progress))
         for epoch in epochs:

@@ -1,0 +1,222 @@
+"""Bad input from a user, one case per class: exit status 2, one line on stderr, no traceback,
+and no file that existed before is changed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kdml import __version__, cli
+from kdml.training import trainer
+
+TINY = ["train.epochs=1", "data.batch_size=20", "data.samples_per_class=4",
+        "model.embedding_size=8", "eval.nmi=false", "--no-progress"]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def refused(tmp_path: Path, capsys, *args: str | Path) -> str:
+    """Run ``kdml ARGS``; assert exit 2, one line, and tmp_path's files untouched."""
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert cli.main([str(arg) for arg in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kdml: error:") and "\n" not in err and "Traceback" not in err, err
+    after = snapshot(tmp_path)
+    assert {name: after.get(name) for name in before} == before
+    return err
+
+
+@pytest.fixture
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     *TINY]) == 0
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_a_folder_with_a_users_files_is_never_written_into(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "metrics.csv").write_text("my,own,numbers\n")
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out", out,
+                  *TINY)
+    assert "other files" in err
+    assert (out / "metrics.csv").read_text() == "my,own,numbers\n"
+
+
+def test_an_empty_out_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out", "",
+                  *TINY)
+    assert "empty path" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_under_a_file(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  tmp_path / "notes.txt" / "run", *TINY)
+    assert "is a file" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
+def test_out_in_an_unwritable_place(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  locked / "run", *TINY)
+    assert "not writable" in err
+
+
+def test_default_run_folder_names_are_single_safe_folders():
+    from kdml.training.run_folder import default_run_dir
+
+    for dataset in ("folder:/data/my photos/", "csv:../lists/train.csv", "npz:/x/y/f.npz",
+                    "mnist5k->digits"):
+        path = default_run_dir("jrd", dataset, parent=Path("runs"))
+        assert path.parent == Path("runs") and re.fullmatch(r"[\w.-]+", path.name), path
+
+
+def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    real = trainer.train_one_epoch
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     *TINY]) == 130
+    assert f"kdml train --resume {out}" in capsys.readouterr().err
+    monkeypatch.setattr(trainer, "train_one_epoch", real)
+    refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out", out, *TINY)
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert "recall@1" in capsys.readouterr().out
+
+
+def test_a_non_finite_loss_stops_with_its_epoch_step_and_term(tmp_path, capsys, monkeypatch):
+    from kdml.training.recipes.jrd import JRDMethod
+
+    out = tmp_path / "run"
+    real_forward = JRDMethod.forward
+    steps = []
+
+    def poisoned(self, *args, **kwargs):
+        output = real_forward(self, *args, **kwargs)
+        steps.append(1)
+        if len(steps) == 50:  # in the second epoch (45 steps per epoch)
+            output.terms["regularizer"] = output.terms["regularizer"] * float("nan")
+            output.loss = output.loss * float("nan")
+        return output
+
+    monkeypatch.setattr(JRDMethod, "forward", poisoned)
+    assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.epochs=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'regularizer' term became NaN or infinite at epoch 2, step 5" in err, err
+    state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert state["epoch"] == 1
+    assert all(torch.isfinite(value).all() for value in state["method"].values()
+               if value.is_floating_point())
+
+
+# ----------------------------------------------------------------------------- one line
+
+
+def test_config_that_is_not_utf8(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_bytes(b"recipe: jrd\ndata:\n  dataset: \xff\xfe\n")
+    assert "not UTF-8" in refused(tmp_path, capsys, "train", "jrd", "--config",
+                                  tmp_path / "config.yaml")
+
+
+def test_config_for_another_recipe(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("recipe: mtriplet\n")
+    assert "recipe 'mtriplet'" in refused(tmp_path, capsys, "train", "jrd", "--config",
+                                          tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["analyze", "generalization", "RUN", "--repeats", "0"], "--repeats: must be >= 1"),
+    (["analyze", "generalization", "RUN", "--neighbors", "-2"], "--neighbors: must be >= 1"),
+    (["analyze", "generalization", "RUN", "--labelled-fraction", "1.5"], "between 0 and 1"),
+    (["plot", "charts", "RUN", "--thumbnails", "-1"], "--thumbnails: must be >= 0"),
+    (["train", "jrd", "--seed", "-1"], "--seed: must be from 0"),
+    (["train", "jrd", "--seed", str(2**64)], "--seed: must be from 0"),
+    (["train", "jrd", "train.seed=-5"], "train.seed must be from 0"),
+])
+def test_out_of_range_options(tmp_path, capsys, finished_run, args, message):
+    args = [str(finished_run) if arg == "RUN" else arg for arg in args]
+    assert message in refused(tmp_path, capsys, *args)
+
+
+def test_resume_with_a_checkpoint_of_another_recipe_or_shape(tmp_path, capsys, finished_run):
+    other = tmp_path / "other"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(other), *TINY,
+                     "model.embedding_size=16"]) == 0
+    (other / "checkpoints" / "last.pt").write_bytes(
+        (finished_run / "checkpoints" / "last.pt").read_bytes())
+    assert "does not match" in refused(tmp_path, capsys, "train", "--resume", other)
+    triplet = tmp_path / "triplet"
+    assert cli.main(["train", "triplet", "--dataset", "digits", "--out", str(triplet),
+                     *TINY]) == 0
+    (triplet / "checkpoints" / "last.pt").write_bytes(
+        (finished_run / "checkpoints" / "last.pt").read_bytes())
+    assert "'amsoftmax' run" in refused(tmp_path, capsys, "train", "--resume", triplet)
+
+
+def test_feature_file_that_is_not_an_npz(tmp_path, capsys):
+    np.save(tmp_path / "features.npy", np.zeros((4, 3)))
+    assert "not an .npz" in refused(tmp_path, capsys, "train", "dtml", "--dataset",
+                                    f"npz:{tmp_path / 'features.npy'}", "--out",
+                                    tmp_path / "run")
+
+
+def test_version_is_printed(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kdml {__version__}"
+
+
+def test_config_command_lists_every_key(capsys):
+    assert cli.main(["config", "jrd", "epochs=3"]) == 0
+    printed = capsys.readouterr().out
+    assert "epochs: 3" in printed and "emb_num_kernels: 3" in printed
+
+
+def test_error_messages_advise_only_flags_that_exist():
+    """Every ``--flag`` quoted in the source's messages is an option of some command."""
+    options = set()
+    parsers = [cli.build_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            options.update(action.option_strings)
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                parsers.extend(action.choices.values())
+    source = "\n".join(path.read_text() for path in
+                       (Path(cli.__file__).parent).rglob("*.py"))
+    quoted = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", source))
+    assert quoted - options == set()
+
+
+def test_a_single_class_test_split_warns(tmp_path, capsys):
+    from fixtures_array_sets import make_csv_list
+
+    csv_file = make_csv_list(tmp_path, classes=2, per_class=6)
+    assert cli.main(["train", "amsoftmax", "--dataset", f"csv:{csv_file}", "--out",
+                     str(tmp_path / "run"), "data.batch_size=4", "train.epochs=1",
+                     "eval.nmi=false", "eval.ks=[1]", "data.resize=32", "data.image_size=24",
+                     "--no-progress"]) == 0
+    assert "trivially 1" in capsys.readouterr().err

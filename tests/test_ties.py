@@ -1,0 +1,151 @@
+"""Tied neighbours count as their expectation over random orders; metrics do not depend on the
+order of the samples nor on a positive scaling of the embeddings."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from kdml.evaluation import retrieval, retrieval_metrics
+from kdml.evaluation.charts import chart_retrieval_metrics
+from kdml.evaluation.ties import expected_scores
+
+
+def literal_scores(hits: list[int], groups: list[int], ks, r: int):
+    """Recall@K, AP@R and R-Precision averaged over every order of every tie group: the
+    definition, by enumeration (float64, plain loops)."""
+    members = [[i for i, g in enumerate(groups) if g == group] for group in sorted(set(groups))]
+    totals = np.zeros(len(ks) + 2)
+    count = 0
+    for orders in itertools.product(*(itertools.permutations(m) for m in members)):
+        ranked = [hits[i] for order in orders for i in order]
+        recall = [float(any(ranked[:k])) for k in ks]
+        found, precision_sum = 0, 0.0
+        for position in range(r):
+            if ranked[position]:
+                found += 1
+                precision_sum += found / (position + 1)
+        totals += recall + [precision_sum / r, found / r]
+        count += 1
+    return totals / count
+
+
+CASES = [  # hits, tie group of each rank (consecutive ranks share a group), ks, R
+    ([1, 0, 1, 0, 0, 1], [0, 0, 0, 1, 1, 2], (1, 2, 4), 3),
+    ([0, 0, 1, 1, 0, 0, 1], [0, 1, 1, 1, 1, 2, 3], (1, 2, 3), 3),
+    ([0, 1, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0], (1, 2, 5), 3),
+    ([1, 1, 0, 1, 0], [0, 1, 2, 3, 4], (1, 3), 3),  # no ties: the plain values
+    ([0, 0, 0, 1, 0], [0, 0, 1, 1, 1], (2, 4), 1),
+]
+
+
+@pytest.mark.parametrize(("hits", "groups", "ks", "r"), CASES)
+def test_expected_scores_equal_the_average_over_all_orders(hits, groups, ks, r):
+    is_hit = np.array([hits], dtype=bool)
+    continues = np.array([[j > 0 and groups[j] == groups[j - 1] for j in range(len(groups))]])
+    recall, average_precision, r_precision = expected_scores(is_hit, continues, ks,
+                                                             np.array([r]))
+    expected = literal_scores(hits, groups, ks, r)
+    assert recall[:, 0] == pytest.approx(expected[:len(ks)], abs=1e-12)
+    assert average_precision[0] == pytest.approx(expected[-2], abs=1e-12)
+    assert r_precision[0] == pytest.approx(expected[-1], abs=1e-12)
+
+
+def test_identical_embeddings_score_the_expectation_whatever_their_order():
+    embeddings = np.ones((500, 4), dtype=np.float32)
+    labels = np.repeat(np.arange(50), 10)
+    results = []
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(500)
+        results.append(retrieval_metrics(embeddings[order], labels[order], ks=(1, 8),
+                                         nmi=False))
+    assert results[0] == results[1] == results[2]
+    assert results[0]["recall@1"] == pytest.approx(9 / 499, rel=1e-9)
+    assert results[0]["recall@8"] == pytest.approx(1 - math.comb(490, 8) / math.comb(499, 8),
+                                                   rel=1e-9)
+    assert results[0]["r_precision"] == pytest.approx(9 / 499, rel=1e-9)
+    # MAP@R of one query, by the definition: E[rel(p) hits(p)] = h/g + p h(h-1)/(g(g-1))
+    g, h = 499, 9
+    average_precision = sum((h / g + p * h * (h - 1) / (g * (g - 1))) / (p + 1)
+                            for p in range(9)) / 9
+    assert results[0]["map@r"] == pytest.approx(average_precision, rel=1e-9)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_duplicated_points_do_not_make_metrics_depend_on_order(metric):
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((12, 8))
+    points = centres[rng.integers(0, 12, 40)]  # 40 distinct points ...
+    embeddings = points[rng.integers(0, 40, 240)].astype(np.float32)  # ... each repeated
+    labels = rng.integers(0, 6, 240)
+    reference = retrieval_metrics(embeddings, labels, ks=(1, 2, 4, 8), metric=metric,
+                                  nmi=False)
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(240)
+        shuffled = retrieval_metrics(embeddings[order], labels[order], ks=(1, 2, 4, 8),
+                                     metric=metric, nmi=False)
+        assert shuffled == pytest.approx(reference, abs=1e-12)
+
+
+def test_scaled_copies_tie_under_the_cosine_metric():
+    rng = np.random.default_rng(0)
+    direction = rng.standard_normal(16)
+    embeddings = np.stack([direction * c for c in rng.uniform(0.1, 100, 30)])
+    labels = np.repeat([0, 1, 2], 10)
+    scores = [retrieval_metrics(embeddings[order], labels[order], ks=(1,), nmi=False)
+              for order in (np.arange(30), rng.permutation(30))]
+    assert scores[0] == scores[1]
+    assert scores[0]["recall@1"] == pytest.approx(9 / 29)
+
+
+def well_separated(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(40), 5)
+    embeddings = rng.standard_normal((40, 16))[labels] + 0.05 * rng.standard_normal((200, 16))
+    return embeddings, labels
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+@pytest.mark.parametrize("factor", [1e19, 1e20, 1e-30, 3.7, 1e200])
+def test_metrics_are_invariant_to_a_positive_scaling(metric, factor):
+    embeddings, labels = well_separated()
+    reference = retrieval_metrics(embeddings, labels, ks=(1, 4), metric=metric)
+    scaled = retrieval_metrics(embeddings * factor, labels, ks=(1, 4), metric=metric)
+    assert scaled == pytest.approx(reference, abs=1e-12)
+    assert reference["recall@1"] == 1.0
+
+
+def test_a_gallery_is_rescaled_with_its_queries():
+    embeddings, labels = well_separated(1)
+    queries, gallery = embeddings[::2] * 1e25, embeddings[1::2] * 1e25
+    scores = retrieval_metrics(queries, labels[::2], ks=(1,), metric="euclidean",
+                               reference=gallery, reference_labels=labels[1::2], nmi=False)
+    assert scores["recall@1"] == 1.0
+
+
+def test_searches_without_ties_are_not_repeated(monkeypatch):
+    calls = []
+    real = retrieval.search_rows
+    monkeypatch.setattr(retrieval, "search_rows", lambda *a, **k: calls.append(1) or real(*a,
+                                                                                         **k))
+    embeddings, labels = well_separated(2)
+    retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False)
+    assert calls == []
+    retrieval_metrics(np.ones((30, 3)), np.repeat(np.arange(3), 10), ks=(1,), nmi=False)
+    assert calls  # a tie group running past the retrieved neighbours is searched further
+
+
+def test_chart_retrieval_ties_count_as_their_expectation():
+    coords = np.zeros((60, 2))  # every point at one spot of chart 0 ...
+    charts = np.zeros(60, dtype=np.int64)
+    charts[50:] = 1  # ... but the last ten in chart 1
+    labels = np.repeat(np.arange(6), 10)
+    results = [chart_retrieval_metrics(coords[order], charts[order], labels[order], ks=(1, 2),
+                                       nmi=False)
+               for order in (np.arange(60), np.random.default_rng(0).permutation(60))]
+    assert results[0] == pytest.approx(results[1], abs=1e-12)
+    # chart 0 queries: 49 tied mates, 9 of them relevant; chart 1: all 9 mates relevant
+    assert results[0]["recall@1"] == pytest.approx((50 * 9 / 49 + 10 * 1.0) / 60)
