@@ -271,8 +271,8 @@ def test_domain_adapted_method_delegates_to_the_inner_method():
     assert method.proxy_parameters() == [inner.proxies]
     optim = OptimConfig(lr=0.1, proxy_lr=0.5)
     groups = method.param_groups(optim)
-    assert [g["lr"] for g in groups] == [0.1, 0.5]
-    assert groups[1]["params"] == [inner.proxies]
+    assert [g["lr"] for g in groups] == [0.1, 0.1, 0.5]
+    assert groups[2]["params"] == [inner.proxies]
     assert torch.equal(method.chart_codes(x), inner.chart_codes(x))
     plain = DomainAdaptedMethod(MLPMethod(), beta=1.0, mmd=DomainMMD())
     assert not plain.has_charts

@@ -116,13 +116,19 @@ def test_bad_jrd_options(override):
         resolve_config("jrd", get_recipe("jrd").params, overrides=[override])
 
 
-def test_proxies_train_at_their_own_rate():
+def test_backbone_head_and_proxies_train_at_their_own_rates():
     method = make_method()
-    config = resolve_config("jrd", get_recipe("jrd").params, overrides=["lr=0.5", "proxy_lr=3"])
+    config = resolve_config("jrd", get_recipe("jrd").params,
+                            overrides=["lr=0.5", "head_lr=2", "proxy_lr=3"])
     groups = method.param_groups(config.optim)
-    assert [g["lr"] for g in groups] == [0.5, 3.0]
-    assert groups[1]["params"] == [method.head.proxies]
-    assert all(p is not method.head.proxies for p in groups[0]["params"])
+    assert [g["lr"] for g in groups] == [0.5, 2.0, 3.0]
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in method.backbone.parameters()}
+    assert {id(p) for p in groups[1]["params"]} == {
+        id(p) for name, p in method.named_parameters()
+        if name.startswith("head.") and p is not method.head.proxies}
+    assert groups[2]["params"] == [method.head.proxies]
+    default = resolve_config("jrd", get_recipe("jrd").params, overrides=["lr=0.5"])
+    assert method.param_groups(default.optim)[1]["lr"] == 0.5  # head_lr defaults to lr
 
 
 def literal_nn_error(train_x, train_y, test_x, test_y) -> float:

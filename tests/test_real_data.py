@@ -20,7 +20,7 @@ from kdml import cli
 
 # Small crops keep the photo runs to a second or two on a CPU.
 TINY = ["train.epochs=1", "model.embedding_size=8", "eval.nmi=false", "--no-progress",
-        "data.resize=40", "data.image_size=32", "eval.ks=[1,2]"]
+        "data.resize=40", "data.image_size=32", "eval.ks=[1,2]", "train.device=cpu"]
 
 # name -> (fixture builder returning the data root, batch size that the training split fills)
 FORMATS = {

@@ -9,7 +9,7 @@ import pytest
 from kdml import cli
 
 TINY = ["train.epochs=2", "data.batch_size=40", "model.embedding_size=8", "eval.nmi=false",
-        "--no-progress"]
+        "--no-progress", "train.device=cpu"]
 
 
 def train(tmp_path, *args: str) -> dict:

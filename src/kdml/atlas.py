@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from kdml.errors import KdmlError
+from kdml.precision import full_precision
 
 __all__ = [
     "D0_CHOICES",
@@ -95,6 +96,7 @@ def safe_sqrt(x: Tensor) -> Tensor:
     return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))), 0.0)
 
 
+@full_precision
 def chart_distances(c1: Tensor, c2: Tensor, d0: str = "euclidean") -> Tensor:
     r"""Chart-wise distances :math:`d_0(\phi_i(x_a), \phi_i(y_b))` on pre-sigmoid coordinates.
 
@@ -129,6 +131,7 @@ def _log_membership(q: Tensor) -> Tensor:
                        -torch.inf)
 
 
+@full_precision
 def manifold_distance(
     q1: Tensor,
     c1: Tensor,

@@ -44,10 +44,9 @@ def _fraction(text: str) -> float:
 
 
 def _folder(text: str) -> Path:
-    """An argparse type: a folder path, never empty (an empty one would mean the current
-    folder)."""
+    """An argparse type: a path, never empty (an empty one would mean the current folder)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a folder, got an empty path")
+        raise argparse.ArgumentTypeError("expected a path, got an empty one")
     return Path(text).expanduser()
 
 
@@ -71,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data-root", metavar="DIR", type=_folder,
                        help="folder of an on-disk dataset (data.root)")
     train.add_argument("--config", type=Path, help="YAML file with config values")
+    train.add_argument("--weights", metavar="FILE", type=_folder,
+                       help="pretrained backbone weights, a local .pth or .safetensors file "
+                       "(model.weights)")
     train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
     train.add_argument("--out", type=_folder,
                        help="run folder, new or empty (default: runs/RECIPE-DATASET-TIME)")
@@ -157,7 +159,7 @@ def _train(args: argparse.Namespace) -> int:
     from kdml.training.trainer import train
 
     if args.resume is not None:
-        if (args.recipe or args.overrides or args.dataset or args.config
+        if (args.recipe or args.overrides or args.dataset or args.config or args.weights
                 or args.seed is not None or args.data_root or args.out):
             raise KdmlError("--resume takes only the run folder: the run keeps its own config")
         run = RunFolder.existing(args.resume)
@@ -174,8 +176,12 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"data.dataset={args.dataset}")
     if args.data_root:
         overrides.append(f"data.root={args.data_root}")
+    if args.weights:
+        overrides.append(f"model.weights={args.weights}")
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
+    if "grid" in file_values:
+        return _train_grid(recipe, file_values, overrides, args)
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
     _check_dataset_name(config.data.dataset)
     run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
@@ -183,6 +189,64 @@ def _train(args: argparse.Namespace) -> int:
     print(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
     return _run_training(lambda: train(config, run_dir, progress=_progress(args)), config,
                          run_dir)
+
+
+def _train_grid(recipe, file_values: dict, overrides: list[str],
+                args: argparse.Namespace) -> int:
+    """One run per cell of the config file's grid (see kdml.training.grid)."""
+    from kdml.config import resolve_config
+    from kdml.training.grid import check_grid_folder, grid_cells, write_marker
+    from kdml.training.run_folder import RunFolder, default_run_dir
+    from kdml.training.trainer import train
+
+    cells = grid_cells(file_values["grid"])
+    configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                              [*overrides, *cell.overrides]) for cell in cells]
+    _check_dataset_name(configs[0].data.dataset)
+    root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
+    if not check_grid_folder(root, cells):
+        write_marker(root, cells, file_values["grid"])
+    print(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
+    finals = []
+    for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
+        run = RunFolder(root / cell.name)
+        done = _finished_metrics(run)
+        if done is not None:
+            print(f"[{number}/{len(cells)}] {cell.name}: finished earlier")
+            finals.append(done)
+            continue
+        print(f"[{number}/{len(cells)}] {cell.name}")
+        try:
+            finals.append(train(config, run.root, resume=run.config.is_file(),
+                                progress=_progress(args)))
+        except KdmlError as error:
+            raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
+                            f"before it are kept; continue with the same command and --out "
+                            f"{root}") from None
+        except KeyboardInterrupt:
+            print(f"kdml: interrupted in cell {cell.name}; continue with the same command and "
+                  f"--out {root}", file=sys.stderr)
+            return 130
+    print(f"\nTest metrics per cell ({recipe.name}, {configs[0].data.dataset}):")
+    names = list(finals[0])
+    print("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
+    for cell, final in zip(cells, finals, strict=True):
+        print("  " + "  ".join([f"{cell.name:<24}",
+                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
+    print(f"grid folder: {root}")
+    return 0
+
+
+def _finished_metrics(run) -> dict[str, float] | None:
+    """The final metrics of a finished run folder, else ``None``."""
+    import json
+
+    if not run.metrics_json.is_file():
+        return None
+    try:
+        return json.loads(run.metrics_json.read_text()).get("final")
+    except ValueError:
+        return None
 
 
 def _recipe_name(given: str | None, in_file: object, config_file: Path | None) -> str:
@@ -264,8 +328,8 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
     terms = generalization_terms(
-        seen.values.numpy(), dataset_labels(splits, seen.labels).numpy(),
-        unseen.values.numpy(), unseen.labels.numpy(),
+        seen.values.float().cpu().numpy(), dataset_labels(splits, seen.labels).numpy(),
+        unseen.values.float().cpu().numpy(), unseen.labels.numpy(),
         labelled_fraction=args.labelled_fraction, repeats=args.repeats,
         neighbors=args.neighbors, seed=args.seed)
     settings = {"repeats": args.repeats, "labelled_fraction": args.labelled_fraction,

@@ -43,17 +43,23 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    # auto | cnn | mlp | conv1d | identity | bninception | timm:NAME | torchvision:NAME
     backbone: str = "auto"
     embedding_size: int = 64
     freeze_bn: bool = False  # keep BatchNorm statistics fixed (pretrained backbones)
+    pooling: str = "avg"  # global pooling of the last feature map: avg | max | avg+max
+    small_input: bool = False  # timm/torchvision ResNets: 3x3 stride-1 stem, no max-pool
+    weights: str = ""  # a local .pth or .safetensors state dict for the backbone
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # adam | sgd (plain gradient steps, as in DTML)
-    lr: float = 1e-3  # network (backbone and head)
+    name: str = "adam"  # adam | sgd (plain gradient steps, as in DTML) | rmsprop
+    lr: float = 1e-3  # the backbone
+    head_lr: float = 0.0  # the layers on top of the backbone; 0 = lr
     proxy_lr: float = 1e-2  # class proxies, where the recipe has them
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8  # Adam's epsilon (the JRD authors' code uses 0.01)
     lr_step: int = 0  # multiply the rates by lr_gamma every lr_step epochs; 0 = never
     lr_gamma: float = 0.1
     lr_decay: float = 1.0  # and by lr_decay after every epoch (0.95 in DTML)
@@ -66,6 +72,9 @@ class TrainConfig:
     device: str = "auto"  # auto = cuda when available, else cpu
     eval_every: int = 1
     tolerance: float = 0.0  # stop when |J_k - J_(k-1)| < tolerance (epoch-mean loss); 0 = never
+    steps_per_epoch: int = 0  # stop each epoch after this many steps; 0 = the whole split
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; a gradient scaler for fp16)
+    deterministic: bool = False  # bit-repeatable on a GPU (deterministic kernels, no autotune)
 
 
 @dataclass
@@ -100,6 +109,9 @@ class RunConfig:
 
 
 SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
+# Top-level keys of a config file that are not settings: the recipe's name, a description of
+# the paper table it mirrors, and a grid of settings to run one by one.
+FILE_ONLY_KEYS = ("recipe", "paper", "grid")
 
 
 def resolve_config(
@@ -113,7 +125,7 @@ def resolve_config(
     config = RunConfig(recipe=recipe, method=method_params())
     for source in (recipe_defaults or {}, file_values or {}):
         for key, value in flatten(source).items():
-            if key == "recipe":
+            if key.split(".")[0] in FILE_ONLY_KEYS:
                 continue
             set_key(config, key, value)
     for item in overrides or []:
@@ -246,7 +258,11 @@ def validate(config: RunConfig) -> None:
         (config.eval.embed_batch_size >= 1, "eval.embed_batch_size must be at least 1"),
         (0 < config.data.holdout_fraction < 1, "data.holdout_fraction must be in (0, 1)"),
         (config.data.pca_dim >= 0, "data.pca_dim must be >= 0 (0 = no PCA)"),
-        (config.optim.name in ("adam", "sgd"), "optim.name must be adam or sgd"),
+        (config.optim.name in ("adam", "sgd", "rmsprop"),
+         "optim.name must be adam, sgd or rmsprop"),
+        (config.optim.adam_eps > 0, "optim.adam_eps must be positive"),
+        (config.train.steps_per_epoch >= 0,
+         "train.steps_per_epoch must be >= 0 (0 = the whole training split)"),
         (0 < config.optim.lr_decay <= 1, "optim.lr_decay must be in (0, 1]"),
         (config.train.tolerance >= 0, "train.tolerance must be >= 0"),
         (config.domain.beta >= 0, "domain.beta must be >= 0"),
@@ -256,7 +272,12 @@ def validate(config: RunConfig) -> None:
         (config.train.epochs >= 1, "train.epochs must be at least 1"),
         (0 <= config.train.seed < 2**63, "train.seed must be from 0 to 2**63 - 1"),
         (config.train.eval_every >= 1, "train.eval_every must be at least 1"),
-        (config.optim.lr > 0 and config.optim.proxy_lr > 0, "learning rates must be positive"),
+        (config.optim.lr > 0 and config.optim.proxy_lr > 0 and config.optim.head_lr >= 0,
+         "learning rates must be positive (optim.head_lr = 0 means optim.lr)"),
+        (config.train.precision in ("fp32", "bf16", "fp16"),
+         "train.precision must be fp32, bf16 or fp16"),
+        (config.model.pooling in ("avg", "max", "avg+max"),
+         "model.pooling must be avg, max or avg+max"),
         (config.optim.lr_step >= 0, "optim.lr_step must be >= 0 (0 = no decay)"),
         (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
         (all(k >= 1 for k in config.eval.ks), "eval.ks must be positive ints"),

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from kdml.errors import KdmlError
+from kdml.precision import full_precision
 
 __all__ = [
     "KERNELS",
@@ -66,6 +67,7 @@ class _SelfGram(torch.autograd.Function):
         return (grad + grad.T) @ x
 
 
+@full_precision
 def squared_distances(x: Tensor, y: Tensor) -> Tensor:
     r"""Matrix of squared Euclidean distances :math:`\|x_i - y_j\|^2`, shape :math:`(M, N)`.
 
@@ -161,6 +163,7 @@ class Kernel(nn.Module):
     Shape: output :math:`(M, N)` (:math:`(M, M)` without ``y``).
     """
 
+    @full_precision
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         if y is None:
             y = x

@@ -81,6 +81,8 @@ class InputPipeline:
         crop_size: side of the crops of file-decoded images (``data.image_size``); ``None``
             for in-memory data, which is neither cropped nor flipped.
         normalization: the backbone's :class:`Normalization`.
+        channels: the backbone's input channels; grayscale images are repeated to 3 when
+            it takes RGB (``None``: as they come).
 
     Example::
 
@@ -93,9 +95,11 @@ class InputPipeline:
     """
 
     def __init__(self, crop_size: int | None = None,
-                 normalization: Normalization | None = None) -> None:
+                 normalization: Normalization | None = None,
+                 channels: int | None = None) -> None:
         self.crop_size = crop_size
         self.normalization = normalization or Normalization()
+        self.channels = channels
         self.augment = None
         if crop_size is not None:
             self.augment = K.AugmentationSequential(
@@ -104,9 +108,12 @@ class InputPipeline:
 
     def output_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The backbone's input shape for raw samples of ``sample_shape``."""
-        if self.crop_size is None:
+        if len(sample_shape) != 3:
             return sample_shape
-        return (sample_shape[0], self.crop_size, self.crop_size)
+        channels = self.channels or sample_shape[0]
+        if self.crop_size is None:
+            return (channels, *sample_shape[1:])
+        return (channels, self.crop_size, self.crop_size)
 
     def train(self, inputs: Tensor, generator: torch.Generator) -> Tensor:
         """Augmented training inputs; the random draws come from ``generator`` (CPU)."""
@@ -116,10 +123,15 @@ class InputPipeline:
             params = with_cpu_seed(seed_stream(generator),
                                    lambda: augment.forward_parameters(images.shape))
             images = augment(images, params=params)
-        return self.normalization(images)
+        return self.normalization(self._channels(images))
 
     def test(self, inputs: Tensor) -> Tensor:
         """Deterministic test inputs (centre crop for file-decoded images)."""
         if self.crop_size is not None:
             inputs = centre_crop(inputs, self.crop_size)  # before the float copy: 4x smaller
-        return self.normalization(to_unit_float(inputs))
+        return self.normalization(self._channels(to_unit_float(inputs)))
+
+    def _channels(self, images: Tensor) -> Tensor:
+        if self.channels == 3 and images.ndim == 4 and images.shape[1] == 1:
+            return images.expand(-1, 3, -1, -1)
+        return images

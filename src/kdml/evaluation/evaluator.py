@@ -39,6 +39,7 @@ from kdml.evaluation.charts import chart_retrieval_metrics, piecewise_linear_acc
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import target_metrics
 from kdml.models.method import Method
+from kdml.precision import autocast
 
 Output = Tensor | tuple[Tensor, ...]
 logger = logging.getLogger("kdml.evaluation")
@@ -54,6 +55,7 @@ class Embedder:
         batch_size: samples per batch.
         num_workers: loader processes (``-1``: automatic, see :mod:`kdml.data.loaders`).
         on_bad_image: ``"error"`` or ``"skip"`` for undecodable image files.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the autocast of the forward pass.
     """
 
     transform: Callable[[Tensor], Tensor] = to_unit_float
@@ -61,6 +63,7 @@ class Embedder:
     batch_size: int = 256
     num_workers: int = 0
     on_bad_image: str = "error"
+    precision: str = "fp32"
 
     def inputs(self, dataset: DmlDataset) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``(model inputs, labels, indices)`` of every readable sample, in dataset order."""
@@ -73,8 +76,9 @@ class Embedder:
 
 
 class Embedded(NamedTuple):
-    """A method's outputs for a dataset (on the CPU), with the labels and dataset positions of
-    the samples (an unreadable image skipped under ``on_bad_image=skip`` has no row)."""
+    """A method's outputs for a dataset, on the embedder's device (so a GPU's embeddings are
+    searched on the GPU), with the labels and dataset positions of the samples (on the CPU; an
+    unreadable image skipped under ``on_bad_image=skip`` has no row)."""
 
     values: Output
     labels: Tensor
@@ -180,9 +184,9 @@ def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDatas
     chunks, labels, indices = [], [], []
     try:
         for inputs, batch_labels, batch_indices in embedder.inputs(dataset):
-            output = function(inputs)
-            chunks.append(tuple(part.cpu() for part in output) if isinstance(output, tuple)
-                          else output.cpu())
+            with autocast(embedder.device, embedder.precision):
+                output = function(inputs)
+            chunks.append(output)
             labels.append(batch_labels)
             indices.append(batch_indices)
     finally:

@@ -1,12 +1,16 @@
-"""Exact, chunked k-nearest-neighbour search on CPU with faiss.
+"""Exact, chunked k-nearest-neighbour search: faiss on the CPU, torch on a GPU.
 
-Backend choice: ``benchmarks/eval_scale.py`` times faiss against a chunked torch
+Backend choice on the CPU: ``benchmarks/eval_scale.py`` times faiss against a chunked torch
 ``matmul`` + ``topk`` at SOP scale (60,502 x 512, k = 101) on the 2-core development
 machine. faiss took 22-28 s and 160-220 MiB; torch took 41-52 s (1.8x) and 540 MiB.
 Most of the gap is the matrix product itself (1024 queries: torch's matmul alone 0.75 s,
 the whole faiss search 0.54 s, topk 0.08 s more), and torch must also hold each chunk's
 full similarity rows, where faiss folds 4096 x 1024 blocks into its top-k buffers as it
-goes. So faiss is the only backend; see ``docs/benchmarks.md``.
+goes. So vectors on the CPU are searched with faiss (see ``docs/benchmarks.md``).
+
+Embeddings that live on a GPU are searched there (``backend="auto"``): a chunked float32
+``matmul`` + ``topk`` of the same exact scores, without copying the embeddings to the host
+(an H100 did the SOP-size search in 0.12 s where faiss on 16 CPU cores took 20 s).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from kdml.errors import KdmlError
 
 Metric = Literal["cosine", "euclidean"]
 METRICS: tuple[str, ...] = ("cosine", "euclidean")
+BACKENDS = ("auto", "faiss", "torch")
+# Prepared vectors: a float32 NumPy array (faiss) or a float32 tensor on its device (torch).
+Vectors = np.ndarray | torch.Tensor
 
 # faiss computes exact k-NN in query blocks of 4096 (faiss.cvar.distance_compute_blas_query_bs)
 # anyway, so chunks of that size cost no speed, and a chunk's result (4096 x k) stays small.
@@ -93,7 +100,36 @@ def as_float32_matrix(x: Any, name: str) -> tuple[np.ndarray, bool]:
 SAFE_MAGNITUDE = (2.0**-30, 2.0**30)
 
 
-def search_scale(*arrays: np.ndarray) -> float:
+def resolve_backend(backend: str, *inputs: Any) -> str:
+    """``"auto"``: torch for tensors on a GPU, else faiss."""
+    if backend not in BACKENDS:
+        raise KdmlError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in inputs)
+    return "torch" if on_gpu else "faiss"
+
+
+def as_float_tensor(x: Any, name: str) -> torch.Tensor:
+    """``x`` as a validated 2-D float tensor on its device (NumPy arrays on the CPU), with the
+    checks of :func:`as_float_matrix`."""
+    if not isinstance(x, torch.Tensor):
+        return torch.from_numpy(as_float_matrix(x, name))
+    if not x.is_floating_point():
+        raise KdmlError(f"{name} must have a floating dtype, got {x.dtype}")
+    tensor = x.detach()
+    if tensor.dtype not in (torch.float32, torch.float64):
+        tensor = tensor.float()
+    if tensor.ndim != 2:
+        raise KdmlError(f"{name} must be 2-D (N, D), got shape {tuple(tensor.shape)}")
+    if tensor.shape[0] == 0 or tensor.shape[1] == 0:
+        raise KdmlError(f"{name} is empty (shape {tuple(tensor.shape)})")
+    if not bool(torch.isfinite(tensor).all()):
+        raise KdmlError(f"{name} contains NaN or infinite values")
+    return tensor
+
+
+def search_scale(*arrays: Vectors) -> float:
     """A power of two to divide vectors by before a float32 search: 1 when their largest
     absolute value is within :data:`SAFE_MAGNITUDE`, else the power of two nearest to it.
 
@@ -117,11 +153,15 @@ def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     return out
 
 
-def to_search_vectors(array: np.ndarray, scale: float, metric: str) -> np.ndarray:
+def to_search_vectors(array: Vectors, scale: float, metric: str) -> Vectors:
     """``array / scale`` as C-contiguous float32, L2-normalized when ``metric="cosine"``.
 
     Copies at most once: a float32 input that needs no change is returned as it is.
     """
+    if isinstance(array, torch.Tensor):
+        vectors = (array / scale if scale != 1.0 else array).float().contiguous()
+        # F.normalize leaves all-zero rows at zero, as l2_normalize does
+        return torch.nn.functional.normalize(vectors, dim=1) if metric == "cosine" else vectors
     owned = False
     if scale != 1.0:
         array, owned = array / scale, True
@@ -132,19 +172,23 @@ def to_search_vectors(array: np.ndarray, scale: float, metric: str) -> np.ndarra
     return converted
 
 
-def prepare_vectors(x: Any, metric: str, name: str) -> np.ndarray:
-    """Validated float32 array ready for faiss: rescaled by :func:`search_scale` and
-    L2-normalized when ``metric="cosine"``."""
-    array = as_float_matrix(x, name)
+def prepare_vectors(x: Any, metric: str, name: str, backend: str = "faiss") -> Vectors:
+    """Validated float32 vectors ready for the search (a NumPy array for faiss, a tensor on
+    its device for torch): rescaled by :func:`search_scale` and L2-normalized when
+    ``metric="cosine"``."""
+    array = as_float_tensor(x, name) if backend == "torch" else as_float_matrix(x, name)
     return to_search_vectors(array, search_scale(array), metric)
 
 
 def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, str] = (
-        "queries", "reference")) -> tuple[np.ndarray, np.ndarray]:
-    """Queries and reference ready for faiss, rescaled by one common factor (Euclidean
+        "queries", "reference"), backend: str = "faiss") -> tuple[Vectors, Vectors]:
+    """Queries and reference ready for the search, rescaled by one common factor (Euclidean
     distances between the two sets must keep their ratios)."""
-    query_array, reference_array = (as_float_matrix(x, name)
+    convert = as_float_tensor if backend == "torch" else as_float_matrix
+    query_array, reference_array = (convert(x, name)
                                     for x, name in zip((queries, reference), names, strict=True))
+    if backend == "torch" and reference_array.device != query_array.device:
+        reference_array = reference_array.to(query_array.device)
     if reference_array.shape[1] != query_array.shape[1]:
         raise KdmlError(f"{names[0]} have dimension {query_array.shape[1]} but {names[1]} has "
                         f"{reference_array.shape[1]}")
@@ -154,12 +198,28 @@ def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, st
 
 
 def _search(
-    queries: np.ndarray, reference: np.ndarray, k: int, metric: str
+    queries: Vectors, reference: Vectors, k: int, metric: str
 ) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(queries, torch.Tensor):
+        return _torch_search(queries, reference, k, metric)
     # faiss.knn is the brute-force search behind IndexFlatIP / IndexFlatL2, without
     # copying the reference into an index first.
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2
     return faiss.knn(queries, reference, k, faiss_metric)
+
+
+def _torch_search(queries: torch.Tensor, reference: torch.Tensor, k: int,
+                  metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """faiss's results with torch: inner products (descending) or squared L2 distances
+    (ascending, as ``|q|^2 + |r|^2 - 2 q.r``), float32, top ``k`` of each row."""
+    products = queries @ reference.T
+    if metric == "cosine":
+        scores, indices = products.topk(k, dim=1)
+    else:
+        distances = (queries.pow(2).sum(1)[:, None] + reference.pow(2).sum(1)[None, :]
+                     - 2.0 * products).clamp_min_(0.0)
+        scores, indices = distances.topk(k, dim=1, largest=False)
+    return scores.cpu().numpy(), indices.cpu().numpy()
 
 
 def drop_self(
@@ -245,8 +305,8 @@ def knn_search(
 
 
 def search_prepared(
-    query_vectors: np.ndarray,
-    reference_vectors: np.ndarray,
+    query_vectors: Vectors,
+    reference_vectors: Vectors,
     ks: np.ndarray,
     metric: str,
     exclude_self: bool,
@@ -269,12 +329,15 @@ def search_prepared(
         yield KnnChunk(start, stop, scores, indices)
 
 
-def search_rows(query_vectors: np.ndarray, rows: np.ndarray, reference_vectors: np.ndarray,
+def search_rows(query_vectors: Vectors, rows: np.ndarray, reference_vectors: Vectors,
                 k: int, metric: str, exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` of the queries at ``rows`` (their own row left out with
     ``exclude_self``): scores and indices ``(len(rows), k)``."""
-    scores, indices = _search(query_vectors[rows], reference_vectors, k + int(exclude_self),
-                              metric)
+    if isinstance(query_vectors, torch.Tensor):
+        selected = query_vectors[torch.as_tensor(rows, device=query_vectors.device)]
+    else:
+        selected = query_vectors[rows]
+    scores, indices = _search(selected, reference_vectors, k + int(exclude_self), metric)
     if exclude_self:
         scores, indices = drop_self(scores, indices, rows)
     return scores, indices

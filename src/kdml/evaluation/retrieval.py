@@ -17,6 +17,7 @@ from kdml.evaluation.knn import (
     check_metric,
     prepare_pair,
     prepare_vectors,
+    resolve_backend,
     search_prepared,
     search_rows,
 )
@@ -140,6 +141,7 @@ def retrieval_metrics(
     reference_labels: Any | None = None,
     nmi: bool = True,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    backend: str = "auto",
 ) -> dict[str, float]:
     r"""Recall@K, MAP@R, R-Precision and NMI of an embedding, by exact k-NN search.
 
@@ -197,6 +199,9 @@ def retrieval_metrics(
             when ``reference`` is given.
         nmi: also compute NMI (slow for many classes).
         chunk_size: queries per k-NN search.
+        backend: ``"faiss"`` (CPU), ``"torch"`` (a chunked matmul + topk on the embeddings'
+            device) or ``"auto"``: torch for tensors on a GPU, faiss otherwise. Both give the
+            same metrics, up to float32 near-ties.
 
     Returns:
         ``{"recall@K": ... for each K, "map@r": ..., "r_precision": ..., "nmi": ...}``
@@ -221,12 +226,14 @@ def retrieval_metrics(
     if chunk_size < 1:
         raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
     same_set = reference is None
+    backend = resolve_backend(backend, embeddings, reference)
     if same_set:
-        query_vectors = reference_vectors = prepare_vectors(embeddings, metric, "embeddings")
+        query_vectors = reference_vectors = prepare_vectors(embeddings, metric, "embeddings",
+                                                            backend)
         reference_label_vector = None
     else:
         query_vectors, reference_vectors = prepare_pair(embeddings, reference, metric,
-                                                        ("embeddings", "reference"))
+                                                        ("embeddings", "reference"), backend)
         reference_label_vector = as_label_vector(
             reference_labels, "reference_labels", len(reference_vectors))
     query_labels = as_label_vector(labels, "labels", len(query_vectors))
@@ -250,8 +257,12 @@ def retrieval_metrics(
 
     results = scores.averages(is_counted)
     if nmi:
-        results["nmi"] = kmeans_nmi(query_vectors, query_labels)
+        results["nmi"] = kmeans_nmi(_on_host(query_vectors), query_labels)
     return results
+
+
+def _on_host(vectors: np.ndarray | torch.Tensor) -> np.ndarray:
+    return vectors.cpu().numpy() if isinstance(vectors, torch.Tensor) else vectors
 
 
 class Ranked(NamedTuple):
@@ -326,7 +337,10 @@ class RankedSearch:
             rows = np.concatenate(pending)
 
 
-def _norms(vectors: np.ndarray) -> np.ndarray:
+def _norms(vectors: np.ndarray | torch.Tensor) -> np.ndarray:
+    """L2 norms of the rows, float64, on the host (the tie tolerances use them)."""
+    if isinstance(vectors, torch.Tensor):
+        return torch.linalg.vector_norm(vectors.double(), dim=1).cpu().numpy()
     return np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
 
 

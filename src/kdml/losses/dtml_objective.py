@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from kdml.errors import KdmlError
 from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.precision import full_precision
 from kdml.regularizers.domain import DomainMMD
 
 
@@ -132,6 +133,7 @@ class DTMLObjective(nn.Module):
         terms["d_ts"] = discrepancy
         return criterion, terms
 
+    @full_precision
     def forward(self, source_layers: Sequence[Tensor], labels: Tensor,
                 target_layers: Sequence[Tensor] | None = None,
                 network: nn.Module | None = None) -> ObjectiveOutput:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
+from kdml.precision import full_precision
 
 
 def _check_k(name: str, value: int) -> int:
@@ -117,6 +118,7 @@ class MarginalFisherLoss(nn.Module):
         return (nearest_neighbour_graph(sq_dists, same_candidates, self.k1),
                 nearest_neighbour_graph(sq_dists, other_candidates, self.k2))
 
+    @full_precision
     def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         compactness, separability = self.terms(embeddings, labels)
         return compactness - self.alpha * separability

@@ -7,11 +7,7 @@ import math
 import torch
 from torch import nn
 
-from kdml.data.transforms import Normalization
 from kdml.errors import KdmlError
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class SmallCNN(nn.Module):
@@ -121,17 +117,26 @@ class FlattenInputs(nn.Flatten):
         self.feature_size = math.prod(input_shape)
 
 
-BACKBONES = ("auto", "cnn", "mlp", "conv1d", "identity", "timm:<model>")
+BACKBONES = ("auto", "cnn", "mlp", "conv1d", "identity", "bninception", "timm:NAME",
+             "torchvision:NAME")
 
 
-def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp") -> nn.Module:
-    """Build a backbone for inputs of ``input_shape`` (one sample's shape).
+def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp",
+                   pooling: str = "avg", small_input: bool = False) -> nn.Module:
+    """Build a backbone for inputs of ``input_shape`` (one sample's shape, as the backbone
+    receives it), untrained.
 
-    ``"auto"`` picks the dataset's ``default``; ``"timm:<model>"`` needs the ``vision`` extra and
-    builds an untrained timm model (nothing is downloaded at run time).
+    ``"auto"`` picks the dataset's ``default``. ``"bninception"`` is defined in kdml;
+    ``"timm:NAME"`` and ``"torchvision:NAME"`` need the ``vision`` extra. ``pooling`` (``avg``,
+    ``max``, ``avg+max``) and ``small_input`` apply to the pretrained-style backbones. Every
+    backbone has ``feature_size``; those with their own input convention also have
+    ``normalization`` (and ``input_channels`` when it is fixed).
     """
     if name == "auto":
         name = default
+    if small_input and not name.startswith(("timm:", "torchvision:")):
+        raise KdmlError(f"model.small_input swaps the stem of timm and torchvision ResNets; "
+                        f"backbone {name!r} has none to swap")
     if name == "cnn":
         if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
             raise KdmlError(f"backbone 'cnn' needs square images [C, H, W], got {input_shape}")
@@ -144,24 +149,22 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
         if len(input_shape) != 1:
             raise KdmlError(f"backbone 'conv1d' needs 1-D signals, got shape {input_shape}")
         return Conv1dNet()
-    if name.startswith("timm:"):
-        return _timm_backbone(name.removeprefix("timm:"))
+    if name in ("bninception", "timm", "torchvision") or name.startswith(
+            ("timm:", "torchvision:")):
+        if len(input_shape) != 3:
+            raise KdmlError(f"backbone {name!r} needs images [C, H, W], got shape {input_shape}")
+        if name == "bninception":
+            from kdml.models.bninception import BNInception
+
+            return BNInception(pooling)
+        from kdml.models import vision
+
+        library, _, model = name.partition(":")
+        if not model:
+            raise KdmlError(f"name the model, e.g. {library}:resnet50")
+        build = vision.timm_backbone if library == "timm" else vision.torchvision_backbone
+        return build(model, input_shape[0], pooling, small_input)
     raise KdmlError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}")
-
-
-def _timm_backbone(model_name: str) -> nn.Module:
-    try:
-        import timm
-    except ImportError as error:  # torchvision/timm are an optional extra
-        raise KdmlError(
-            "timm backbones need the vision extra: pip install 'kdml[vision]'"
-        ) from error
-    model = timm.create_model(model_name, pretrained=False, num_classes=0)
-    model.feature_size = model.num_features
-    config = getattr(model, "pretrained_cfg", None) or {}
-    model.normalization = Normalization(tuple(config.get("mean", IMAGENET_MEAN)),
-                                        tuple(config.get("std", IMAGENET_STD)))
-    return model
 
 
 def freeze_batchnorm(module: nn.Module) -> None:

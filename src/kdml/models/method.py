@@ -86,10 +86,16 @@ class Method(nn.Module):
         return []
 
     def param_groups(self, optim: OptimConfig) -> list[dict]:
+        """Three learning rates: the backbone (``optim.lr``), the new layers on top of it
+        (``optim.head_lr``, default ``optim.lr``) and the class proxies (``optim.proxy_lr``,
+        no weight decay). Empty groups are left out by the trainer."""
         proxy_ids = {id(p) for p in self.proxy_parameters()}
-        network = [p for p in self.parameters() if id(p) not in proxy_ids]
-        groups = [{"params": network, "lr": optim.lr, "weight_decay": optim.weight_decay}]
-        if proxy_ids:
-            groups.append({"params": self.proxy_parameters(), "lr": optim.proxy_lr,
-                           "weight_decay": 0.0})
-        return groups
+        backbone_ids = {id(p) for p in self.backbone.parameters()}
+        head = [p for p in self.parameters() if id(p) not in proxy_ids | backbone_ids]
+        return [
+            {"params": list(self.backbone.parameters()), "lr": optim.lr,
+             "weight_decay": optim.weight_decay},
+            {"params": head, "lr": optim.head_lr or optim.lr,
+             "weight_decay": optim.weight_decay},
+            {"params": self.proxy_parameters(), "lr": optim.proxy_lr, "weight_decay": 0.0},
+        ]

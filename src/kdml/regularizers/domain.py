@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from kdml.errors import KdmlError
 from kdml.kernels import Kernel
+from kdml.precision import full_precision
 
 
 class DomainMMD(nn.Module):
@@ -53,6 +54,7 @@ class DomainMMD(nn.Module):
         super().__init__()
         self.kernel = kernel
 
+    @full_precision
     def forward(self, source: Tensor, target: Tensor) -> Tensor:
         if source.ndim != 2 or target.ndim != 2 or source.shape[1] != target.shape[1]:
             raise KdmlError(f"DomainMMD expects source [Ns, D] and target [Nt, D] embeddings, "

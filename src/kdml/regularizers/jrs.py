@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel, Kernel
+from kdml.precision import full_precision
 
 __all__ = ["IntraClassPenalty", "JointIntra", "JointMMD", "JointRepresentationSimilarity"]
 
@@ -166,6 +167,7 @@ class JointRepresentationSimilarity(_JointKernelRegularizer):
         torch.Size([])
     """
 
+    @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
         joint = self.joint_kernel(representations, labels)
         inter_class = labels[:, None] != labels[None, :]
@@ -221,6 +223,7 @@ class JointMMD(_JointKernelRegularizer):
         True
     """
 
+    @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
         products = _class_products(self.joint_kernel(representations, labels), labels)
         norms = products.diagonal()
@@ -264,6 +267,7 @@ class JointIntra(_JointKernelRegularizer):
         True
     """
 
+    @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
         norms = _class_products(self.joint_kernel(representations, labels), labels).diagonal()
         return -_mean_off_diagonal(norms[:, None] + norms[None, :])
@@ -322,6 +326,7 @@ class IntraClassPenalty(nn.Module):
             kernel = kernels[0]
         self.kernel = kernel
 
+    @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
         _check_batch(type(self).__name__, representations, labels)
         gram = self.kernel(representations[-1])

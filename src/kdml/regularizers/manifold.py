@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from kdml.errors import KdmlError
 from kdml.kernels import InverseMultiquadricKernel
+from kdml.precision import full_precision
 
 __all__ = ["ChartMembershipLoss", "ManifoldMMD"]
 
@@ -100,6 +101,7 @@ class ManifoldMMD(nn.Module):
         self.generator = generator
         self.kernel = InverseMultiquadricKernel(dim / 6)
 
+    @full_precision
     def forward(self, coords: Tensor, q: Tensor | None = None,
                 prior_sample: Tensor | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
@@ -186,6 +188,7 @@ class ChartMembershipLoss(nn.Module):
         tensor(-0.2500)
     """
 
+    @full_precision
     def forward(self, q: Tensor) -> Tensor:
         if q.ndim != 2 or q.shape[0] == 0 or q.shape[1] == 0:
             raise KdmlError(f"ChartMembershipLoss expects q [N, n] with N, n >= 1, "

@@ -8,6 +8,7 @@ epoch.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -35,9 +36,12 @@ from kdml.evaluation.evaluator import Embedder, evaluate_method
 from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone, freeze_batchnorm
 from kdml.models.method import Method
+from kdml.models.weights import load_weights
+from kdml.precision import autocast, gradient_scaler
 from kdml.regularizers.domain import DomainMMD
 from kdml.seeding import AUGMENT, StepRandom, with_cpu_seed
 from kdml.training.checkpoint import load_checkpoint, save_checkpoint
+from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
@@ -48,20 +52,33 @@ from kdml.viz import plot_training
 NONFINITE_CHECK_EVERY = 50
 
 
+# Backbones made for RGB images (BN-Inception) get grayscale images as three equal channels.
+RGB_ONLY = ("bninception",)
+
+
 def model_input_shape(config: RunConfig, dataset: DmlDataset) -> tuple[int, ...]:
-    """What the backbone takes: the crop of file-decoded images, else the sample itself."""
+    """What the backbone takes: the crop of file-decoded images, else the sample itself;
+    three channels for a grayscale image into an RGB-only backbone."""
+    shape = dataset.sample_shape
     if dataset.is_file_backed:
-        return (dataset.sample_shape[0], config.data.image_size, config.data.image_size)
-    return dataset.sample_shape
+        shape = (shape[0], config.data.image_size, config.data.image_size)
+    if len(shape) == 3 and shape[0] == 1 and config.model.backbone in RGB_ONLY:
+        shape = (3, *shape[1:])
+    return shape
 
 
-def build_method(config: RunConfig, splits: DataSplits) -> Method:
-    """The recipe's method for ``splits``, its initial weights drawn from ``train.seed``."""
+def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
+                 echo: Callable[[str], None] = print) -> Method:
+    """The recipe's method for ``splits``, its initial weights drawn from ``train.seed``, and
+    the backbone's from ``model.weights`` when ``pretrained``."""
 
     def build() -> Method:
-        backbone = build_backbone(config.model.backbone,
-                                  model_input_shape(config, splits.train),
-                                  splits.train.default_backbone)
+        model = config.model
+        backbone = build_backbone(model.backbone, model_input_shape(config, splits.train),
+                                  splits.train.default_backbone, model.pooling,
+                                  model.small_input)
+        if pretrained and model.weights:
+            load_weights(backbone, model.weights, report=echo)
         return get_recipe(config.recipe).build(config, backbone, len(splits.train_classes))
 
     method = with_cpu_seed(config.train.seed, build)
@@ -75,16 +92,18 @@ def build_method(config: RunConfig, splits: DataSplits) -> Method:
 
 
 def build_pipeline(config: RunConfig, splits: DataSplits, method: Method) -> InputPipeline:
-    """The input pipeline: crops for file-decoded images, the backbone's normalisation."""
+    """The input pipeline: crops for file-decoded images, the backbone's channels and
+    normalisation."""
     normalization = getattr(method.backbone, "normalization", None) or Normalization()
     crop = config.data.image_size if splits.train.is_file_backed else None
-    return InputPipeline(crop, normalization)
+    channels = model_input_shape(config, splits.train)[0]
+    return InputPipeline(crop, normalization, channels=channels)
 
 
 def build_embedder(config: RunConfig, pipeline: InputPipeline,
                    device: torch.device) -> Embedder:
     return Embedder(pipeline.test, device, config.eval.embed_batch_size, config.data.num_workers,
-                    config.data.on_bad_image)
+                    config.data.on_bad_image, config.train.precision)
 
 
 Schedule = torch.optim.lr_scheduler.LRScheduler
@@ -92,15 +111,19 @@ Schedule = torch.optim.lr_scheduler.LRScheduler
 
 def build_optimizer(method: Method, config: RunConfig
                     ) -> tuple[torch.optim.Optimizer | None, Schedule | None]:
-    """Adam or plain gradient steps over the method's parameter groups, with step decay
+    """Adam, RMSProp or plain gradient steps over the method's parameter groups, with step decay
     (``lr_step``, ``lr_gamma``; Sec. 5.1 of Chu et al.) and per-epoch decay (``lr_decay``;
     DTML's lambda <- 0.95 lambda). ``(None, None)`` for a method with nothing to train."""
     groups = [group for group in method.param_groups(config.optim) if group["params"]]
     if not groups:
         return None, None
     optim = config.optim
-    optimizer = (torch.optim.Adam(groups) if optim.name == "adam"
-                 else torch.optim.SGD(groups, lr=optim.lr))
+    if optim.name == "adam":
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(groups, eps=optim.adam_eps)
+    elif optim.name == "rmsprop":
+        optimizer = torch.optim.RMSprop(groups)
+    else:
+        optimizer = torch.optim.SGD(groups, lr=optim.lr)
 
     def factor(epoch: int) -> float:
         steps = epoch // optim.lr_step if optim.lr_step else 0
@@ -131,7 +154,7 @@ def load_run(run_dir: Path, data_root: str | None = None) -> TrainedRun:
                             overrides=overrides)
     state = load_checkpoint(run.checkpoint)
     splits = prepare_data(config.data)
-    method = build_method(config, splits)
+    method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
     try:
         method.load_state_dict(state["method"])
     except RuntimeError:
@@ -164,6 +187,7 @@ class TrainingBatches:
         else:
             self.sampler = ShuffledBatches(len(train), data.batch_size, seed)
         self.dataset, self.on_bad_image = train, data.on_bad_image
+        self.max_steps = config.train.steps_per_epoch
         pin = device.type == "cuda"
         self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
                                                                             train),
@@ -180,18 +204,18 @@ class TrainingBatches:
                 resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        return min(len(self.sampler), self.max_steps or len(self.sampler))
 
     def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
         self.sampler.set_epoch(epoch)
         source = readable_batches(self.loader, self.dataset, self.on_bad_image)
         if self.target_loader is None:
-            for batch in source:
-                yield batch, None
-            return
-        self.target_sampler.set_epoch(epoch)
-        # not strict: skipped unreadable images can leave the source a batch short
-        yield from zip(source, self.target_loader, strict=False)
+            pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
+        else:
+            self.target_sampler.set_epoch(epoch)
+            # not strict: skipped unreadable images can leave the source a batch short
+            pairs = zip(source, self.target_loader, strict=False)
+        yield from itertools.islice(pairs, len(self))
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
@@ -227,22 +251,26 @@ class Session:
     optimizer: torch.optim.Optimizer | None
     scheduler: Schedule | None
     batches: TrainingBatches
+    scaler: torch.amp.GradScaler
 
     @classmethod
-    def build(cls, config: RunConfig) -> Session:
+    def build(cls, config: RunConfig, echo: Callable[[str], None] = print) -> Session:
         device = resolve_device(config.train.device)
+        if config.train.deterministic:
+            make_deterministic()
         splits = prepare_data(config.data)
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
         check_batching(splits.train.labels, config.data.samples_per_class,
                        config.data.batch_size)
         check_evaluation(config, splits)
-        method = build_method(config, splits).to(device)
+        method = build_method(config, splits, echo=echo).to(device)
         pipeline = build_pipeline(config, splits, method)
         optimizer, scheduler = build_optimizer(method, config)
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
-                   TrainingBatches(config, splits, method.uses_target, device))
+                   TrainingBatches(config, splits, method.uses_target, device),
+                   gradient_scaler(device, config.train.precision))
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint; one line when it is another recipe's or another shape's."""
@@ -255,6 +283,8 @@ class Session:
             if self.optimizer is not None:
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
+            if state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
         except (RuntimeError, ValueError, KeyError, TypeError):
             raise KdmlError(f"checkpoint {path} does not match the run's config (another model "
                             "shape or recipe); it belongs to another run") from None
@@ -269,8 +299,7 @@ class Session:
             method.fit(inputs for inputs, _, _ in self.embedder.inputs(self.splits.train))
         else:
             row["lr"] = self.optimizer.param_groups[0]["lr"]
-            terms = train_one_epoch(method, self.optimizer, self.batches, self.pipeline, config,
-                                    epoch, self.device, progress)
+            terms = train_one_epoch(self, epoch, progress)
             row.update({f"train/{name}": value for name, value in terms.items()})
             self.scheduler.step()
         converged = _converged(history, row, config.train.tolerance) or method.needs_fit
@@ -284,7 +313,8 @@ class Session:
         return {"epoch": epoch, "method": self.method.state_dict(),
                 "optimizer": self.optimizer.state_dict() if self.optimizer else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                "history": history, "config": self.config.to_dict(), "finished": finished}
+                "scaler": self.scaler.state_dict(), "history": history,
+                "config": self.config.to_dict(), "finished": finished}
 
 
 def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
@@ -306,7 +336,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     uninterrupted one would (same seed, CPU). ``progress=None`` shows progress bars only on a
     terminal.
     """
-    session = Session.build(config)
+    session = Session.build(config, echo)
     run = RunFolder(run_dir)
     make_folder(run.root)
     if not resume:
@@ -358,36 +388,41 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     return final
 
 
-def train_one_epoch(method: Method, optimizer: torch.optim.Optimizer, batches: TrainingBatches,
-                    pipeline: InputPipeline, config: RunConfig, epoch: int,
-                    device: torch.device, progress: bool | None) -> dict[str, float]:
+def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:
     """One pass over the training split; returns each loss term's mean over the steps.
 
     Methods that use a target domain get a random target batch of the same size with each
-    source batch (the target labels are never passed on). The terms stay on the device until
-    the epoch ends: one host sync per epoch, plus the periodic non-finite check."""
+    source batch (the target labels are never passed on). The forward runs under the
+    configured autocast, the backward through the loss scaler (float16 only). The terms stay
+    on the device until the epoch ends: one host sync per epoch, plus the periodic non-finite
+    check."""
+    method, optimizer, config, device = (session.method, session.optimizer, session.config,
+                                         session.device)
     method.train()
     if config.model.freeze_bn:
         freeze_batchnorm(method)
     sums: dict[str, torch.Tensor] = {}
     watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY)
     steps = 0
-    bar = tqdm(batches.epoch(epoch), total=len(batches), desc=f"epoch {epoch}", leave=False,
-               disable=_no_bar(progress))
+    bar = tqdm(session.batches.epoch(epoch), total=len(session.batches), desc=f"epoch {epoch}",
+               leave=False, disable=_no_bar(progress))
     for step, (batch, target_batch) in enumerate(bar):
         rng = StepRandom(config.train.seed, epoch, step)
-        inputs = pipeline.train(to_device(batch.inputs, device), rng.generator("cpu", AUGMENT))
+        inputs = session.pipeline.train(to_device(batch.inputs, device),
+                                        rng.generator("cpu", AUGMENT))
         labels = to_device(batch.labels, device)
         target_inputs = None
         if target_batch is not None:
-            target_inputs = pipeline.test(to_device(target_batch.inputs, device))
-        output = method(inputs, labels, target_inputs=target_inputs, rng=rng)
+            target_inputs = session.pipeline.test(to_device(target_batch.inputs, device))
+        with autocast(device, config.train.precision):
+            output = method(inputs, labels, target_inputs=target_inputs, rng=rng)
         watch.observe(step, output.terms)
         if watch.due(step):
             watch.check(epoch)
         optimizer.zero_grad(set_to_none=True)
-        output.loss.backward()
-        optimizer.step()
+        session.scaler.scale(output.loss).backward()
+        session.scaler.step(optimizer)
+        session.scaler.update()
         for name, value in output.terms.items():
             value = value.double()  # accumulate in float64, as Python floats would
             sums[name] = sums[name] + value if name in sums else value

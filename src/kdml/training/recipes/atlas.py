@@ -41,6 +41,7 @@ from kdml.errors import KdmlError
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
 from kdml.models.heads import EmbeddingHead
 from kdml.models.method import Method, StepOutput, detached
+from kdml.precision import full_precision
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
 from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
@@ -51,6 +52,7 @@ TRIPLET_REDUCTIONS = ("all", "nonzero")
 # ----------------------------------------------------------------------------- the loss
 
 
+@full_precision
 def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.2,
                            reduction: str = "all") -> tuple[Tensor, dict[str, Tensor]]:
     r"""Batch-all triplet loss on a given distance matrix (Schroff et al. 2015; Atlas Sec. 3.2).

@@ -26,6 +26,7 @@ from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
 from kdml.models.heads import JRDHead
 from kdml.models.method import Method, StepOutput, detached
+from kdml.precision import full_precision
 from kdml.regularizers import (
     IntraClassPenalty,
     JointIntra,
@@ -135,7 +136,7 @@ class JRDMethod(Method):
                 target_inputs: torch.Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         representations = self.head(self.backbone(inputs))
-        am_softmax = self.am_softmax(representations.embedding, labels)
+        am_softmax = self._am_softmax(representations.embedding, labels)
         if self.regularizer is None:
             return StepOutput(am_softmax, detached(loss=am_softmax), representations.embedding)
         chosen = [representations[index] for index in self.layer_indices]
@@ -143,6 +144,12 @@ class JRDMethod(Method):
         loss = am_softmax + self.alpha * regularizer
         terms = detached(loss=loss, am_softmax=am_softmax, regularizer=regularizer)
         return StepOutput(loss, terms, representations.embedding)
+
+    @full_precision
+    def _am_softmax(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # PML casts its weights to the embeddings' dtype in place: under autocast the shared
+        # proxies would silently become float16/bfloat16 parameters. Float32 in, float32 kept.
+        return self.am_softmax(embeddings, labels)
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(inputs)).embedding

@@ -1,0 +1,133 @@
+"""Backbones from timm (``timm:NAME``) and torchvision (``torchvision:NAME``), built untrained:
+weights come only from local files (:mod:`kdml.models.weights`).
+
+Both libraries are the optional ``vision`` extra and are imported only here, when such a
+backbone is asked for. The networks are cut before their classifier; convolutional feature
+maps are pooled by ``model.pooling`` (``avg``, ``max``, ``avg+max``). The input channels follow
+the data (1 for MNIST), and ``model.small_input`` swaps a ResNet's stem for a 3x3 stride-1
+convolution without max-pool, as SimCLR's CIFAR ResNets (the Atlas Table 2 runs use it).
+Normalisation follows the model's own config (timm's ``pretrained_cfg``), else ImageNet's.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from kdml.data.transforms import Normalization
+from kdml.errors import KdmlError
+from kdml.models.bninception import global_pool
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET = Normalization(IMAGENET_MEAN, IMAGENET_STD)
+VISION_EXTRA = "pip install -c constraints.txt 'kdml[vision]'"
+
+
+def _small_stem(network: nn.Module, in_channels: int, name: str) -> None:
+    """Replace a ResNet's 7x7 stride-2 convolution and max-pool with a 3x3 stride-1
+    convolution (SimCLR's CIFAR variant; Atlas App. A.1)."""
+    if not isinstance(getattr(network, "conv1", None), nn.Conv2d) or not hasattr(network,
+                                                                                 "maxpool"):
+        raise KdmlError(f"model.small_input needs a ResNet-style model with a conv1 and a "
+                        f"maxpool; {name} has none")
+    network.conv1 = nn.Conv2d(in_channels, network.conv1.out_channels, 3, 1, 1, bias=False)
+    network.maxpool = nn.Identity()
+
+
+class TimmBackbone(nn.Module):
+    """A timm model without its classifier: ``forward_features`` then global pooling.
+
+    ``network`` holds the timm model, so a timm checkpoint loads into it as it is.
+    """
+
+    def __init__(self, network: nn.Module, pooling: str, normalization: Normalization) -> None:
+        super().__init__()
+        self.network, self.pooling, self.normalization = network, pooling, normalization
+        self.feature_size = network.num_features
+
+    def forward(self, images: Tensor) -> Tensor:
+        features = self.network.forward_features(images)
+        if features.ndim == 4:  # a convolutional map: pooled as model.pooling says
+            return global_pool(features, self.pooling)
+        return self.network.forward_head(features, pre_logits=True)  # tokens: timm's pooling
+
+    def weights_target(self) -> nn.Module:
+        return self.network
+
+
+def timm_backbone(name: str, in_channels: int, pooling: str, small_input: bool) -> nn.Module:
+    try:
+        import timm
+    except ImportError as error:  # an optional extra, absent from this environment
+        raise KdmlError(f"timm:{name} needs timm, which is not importable here ({error}); "
+                        f"install the vision extra: {VISION_EXTRA}") from None
+    try:
+        network = timm.create_model(name, pretrained=False, num_classes=0,
+                                    in_chans=in_channels)
+    except RuntimeError as error:
+        raise KdmlError(f"timm cannot build {name!r}: {str(error).splitlines()[0]}") from None
+    if small_input:
+        _small_stem(network, in_channels, f"timm:{name}")
+    config = getattr(network, "pretrained_cfg", None) or {}
+    normalization = Normalization(tuple(config.get("mean", IMAGENET_MEAN)),
+                                  tuple(config.get("std", IMAGENET_STD)))
+    return TimmBackbone(network, pooling, normalization)
+
+
+class TorchvisionBackbone(nn.Module):
+    """A torchvision ResNet (also ResNeXt, Wide ResNet) without ``avgpool`` and ``fc``, pooled
+    by ``model.pooling``; ``network`` keeps torchvision's names for its checkpoints."""
+
+    normalization = IMAGENET
+
+    def __init__(self, network: nn.Module, pooling: str) -> None:
+        super().__init__()
+        self.feature_size = network.fc.in_features
+        network.fc = nn.Identity()  # classifier keys of a checkpoint are ignored
+        self.network, self.pooling = network, pooling
+
+    def forward(self, images: Tensor) -> Tensor:
+        net = self.network
+        x = net.maxpool(net.relu(net.bn1(net.conv1(images))))
+        x = net.layer4(net.layer3(net.layer2(net.layer1(x))))
+        return global_pool(x, self.pooling)
+
+    def weights_target(self) -> nn.Module:
+        return self.network
+
+
+def torchvision_backbone(name: str, in_channels: int, pooling: str,
+                         small_input: bool) -> nn.Module:
+    try:
+        import torchvision
+    except ImportError as error:  # an optional extra, absent from this environment
+        raise KdmlError(f"torchvision:{name} needs torchvision, which is not importable here "
+                        f"({error}); install the vision extra: {VISION_EXTRA}") from None
+    try:
+        network = torchvision.models.get_model(name, weights=None)
+    except ValueError as error:
+        raise KdmlError(f"torchvision has no model {name!r} ({error})") from None
+    if not all(hasattr(network, part) for part in ("conv1", "layer4", "fc")):
+        raise KdmlError(f"torchvision:{name} is not a ResNet-style model; kdml takes "
+                        "torchvision's ResNet, ResNeXt and Wide ResNet (use timm:NAME for others)")
+    if small_input:
+        _small_stem(network, in_channels, f"torchvision:{name}")
+    elif in_channels != 3:
+        old = network.conv1
+        network.conv1 = nn.Conv2d(in_channels, old.out_channels, old.kernel_size, old.stride,
+                                  old.padding, bias=old.bias is not None)
+    return TorchvisionBackbone(network, pooling)
+
+
+def vision_available() -> tuple[bool, str]:
+    """Whether timm and torchvision import here, and why not (for test skips)."""
+    try:
+        import timm  # noqa: F401
+        import torchvision  # noqa: F401
+    except Exception as error:  # a broken install raises more than ImportError
+        return False, f"timm/torchvision do not import here ({type(error).__name__}: {error})"
+    return True, ""
+
+
+__all__ = ["TimmBackbone", "TorchvisionBackbone", "timm_backbone", "torchvision_backbone",
+           "vision_available"]

@@ -1,0 +1,109 @@
+"""Pretrained backbone weights from a local file (``--weights PATH`` / ``model.weights``).
+
+kdml never downloads weights. A ``.pth``/``.pt`` file (a state dict, possibly under
+``state_dict`` or ``model``, keys possibly prefixed ``module.``) or a ``.safetensors`` file is
+loaded into the backbone (for timm and torchvision backbones, into the library's own network,
+so their checkpoints load as they are):
+
+- classifier keys the backbone does not have (``last_linear``, ``fc``, ``classifier``,
+  ``head``) are ignored, with a note;
+- other missing and unexpected keys are reported in one line;
+- a first convolution trained on RGB loads into a 1-channel backbone by summing its input
+  channels (as timm adapts pretrained stems for grayscale);
+- BatchNorm tensors stored as ``[1, C]`` (some copies of the BN-Inception file) load as
+  ``[C]``;
+- any other shape mismatch is a one-line error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kdml.errors import KdmlError
+
+CLASSIFIER_PREFIXES = ("last_linear.", "fc.", "classifier.", "head.", "heads.")
+WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_inception-52deb4733.pth"
+                " of Cadene's pretrainedmodels (or bn_inception-239d2248.pth), for timm and "
+                "torchvision models the checkpoint files their model pages list; then pass the "
+                "file's path")
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.pth``/``.pt`` or ``.safetensors`` file, keys without ``module.``."""
+    if not path.is_file():
+        raise KdmlError(f"weights file {path} does not exist; {WHERE_TO_GET}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch and safetensors raise many types for a bad file
+        raise KdmlError(f"weights file {path} is not a readable state dict "
+                        f"({type(error).__name__}); expected a .pth or .safetensors file") from None
+    for key in ("state_dict", "model"):  # training checkpoints nest the weights
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
+                                              for v in state.values()):
+        raise KdmlError(f"weights file {path} holds no state dict of tensors")
+    return {key.removeprefix("module."): value for key, value in state.items()}
+
+
+def load_weights(backbone: nn.Module, path: str | Path,
+                 report: Callable[[str], None] = print) -> None:
+    """Load ``path`` into ``backbone`` (see the module docstring); ``report`` gets one line."""
+    path = Path(path).expanduser()
+    target = backbone.weights_target() if hasattr(backbone, "weights_target") else backbone
+    state = read_state_dict(path)
+    own = target.state_dict()
+    ignored = sorted(key for key in state if key not in own and key.startswith(
+        CLASSIFIER_PREFIXES))
+    state = {key: value for key, value in state.items() if key not in ignored}
+    adapted = []
+    for key, value in state.items():
+        if key in own and value.shape != own[key].shape:
+            if _is_rgb_to_gray_conv(value, own[key]):
+                state[key] = value.sum(dim=1, keepdim=True)
+                adapted.append(key)
+                continue
+            if own[key].ndim == 1 and value.numel() == own[key].numel() and value.ndim == 2:
+                state[key] = value.reshape(own[key].shape)  # BatchNorm stored as [1, C]
+                continue
+            raise KdmlError(f"weights file {path}: {key} has shape {tuple(value.shape)} but the "
+                            f"backbone expects {tuple(own[key].shape)}; it is for another model")
+    missing = sorted(set(own) - set(state) - _num_batches_tracked(own))
+    unexpected = sorted(set(state) - set(own))
+    if not set(state) & set(own):
+        raise KdmlError(f"weights file {path} shares no key with the backbone (its first keys: "
+                        f"{', '.join(list(state)[:3])}); it is for another model")
+    target.load_state_dict(state, strict=False)
+    notes = [f"loaded {len(set(state) & set(own))} tensors from {path}"]
+    if missing:
+        notes.append(f"missing {len(missing)}: {_few(missing)}")
+    if unexpected:
+        notes.append(f"unexpected {len(unexpected)}: {_few(unexpected)}")
+    if ignored:
+        notes.append(f"ignored the classifier ({_few(ignored)})")
+    if adapted:
+        notes.append(f"summed RGB channels for 1-channel input ({_few(adapted)})")
+    report("; ".join(notes))
+
+
+def _is_rgb_to_gray_conv(saved: torch.Tensor, own: torch.Tensor) -> bool:
+    return (saved.ndim == own.ndim == 4 and saved.shape[1] == 3 and own.shape[1] == 1
+            and saved.shape[0] == own.shape[0] and saved.shape[2:] == own.shape[2:])
+
+
+def _num_batches_tracked(own: dict[str, torch.Tensor]) -> set[str]:
+    """BatchNorm counters, absent from older checkpoints and irrelevant to the weights."""
+    return {key for key in own if key.endswith("num_batches_tracked")}
+
+
+def _few(keys: list[str], count: int = 3) -> str:
+    return ", ".join(keys[:count]) + (", ..." if len(keys) > count else "")

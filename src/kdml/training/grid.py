@@ -1,0 +1,74 @@
+"""Config grids: ``grid: {method.dim: [2, 4, 8], method.n_charts: [1, 4, 16, 32]}`` in a config
+file runs one training per cell, each into its own sub-folder of the grid's folder.
+
+A grid's folder holds ``grid.yaml`` (the cells) and one run folder per cell, named after its
+settings (``dim=2-n_charts=4``). Running the same command again continues the grid: finished
+cells are kept, an interrupted cell resumes from its checkpoint, and the rest start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kdml.errors import KdmlError
+
+MARKER = "grid.yaml"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of grid values."""
+
+    values: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        parts = [f"{key.rsplit('.', 1)[-1]}={value}" for key, value in self.values.items()]
+        return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
+                for key, value in self.values.items()]
+
+
+def grid_cells(grid: Any) -> list[Cell]:
+    """Every cell of ``grid`` (a mapping of config keys to lists of values), in order."""
+    if not isinstance(grid, dict) or not grid:
+        raise KdmlError("grid must map config keys to lists of values, e.g. "
+                        "grid: {method.dim: [2, 4, 8]}")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise KdmlError(f"grid.{key} must be a non-empty list of values, got {values!r}")
+    keys = list(grid)
+    return [Cell(dict(zip(keys, combination, strict=True)))
+            for combination in itertools.product(*(grid[key] for key in keys))]
+
+
+def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
+    """Whether ``root`` continues an earlier run of the same grid (``False``: a new grid).
+
+    A non-empty folder that is not a grid folder, or one of another grid, is refused."""
+    marker = root / MARKER
+    if marker.is_file():
+        earlier = yaml.safe_load(marker.read_text()) or {}
+        if earlier.get("cells") != [cell.name for cell in cells]:
+            raise KdmlError(f"{root} holds another grid's runs; choose another --out")
+        return True
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise KdmlError(f"--out {root} is not empty and holds no grid; a grid goes into a new "
+                        "or empty folder: choose another --out")
+    return False
+
+
+def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text(yaml.safe_dump({"grid": grid,
+                                               "cells": [cell.name for cell in cells]},
+                                              sort_keys=False))

@@ -1,0 +1,274 @@
+"""BN-Inception: the published definition's state-dict layout, its features, and local weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kdml.errors import KdmlError
+from kdml.models.backbones import build_backbone
+from kdml.models.bninception import BNInception
+from kdml.models.weights import load_weights
+
+# Every convolution of Cadene's pretrainedmodels bninception.py (the model behind
+# bn_inception-52deb4733.pth), as (name, in channels, out channels, kernel, stride); each has a
+# bias and a BatchNorm2d "<name>_bn". Transcribed from that file.
+PUBLISHED_CONVS = [
+    ("conv1_7x7_s2", 3, 64, 7, 2),
+    ("conv2_3x3_reduce", 64, 64, 1, 1),
+    ("conv2_3x3", 64, 192, 3, 1),
+    ("inception_3a_1x1", 192, 64, 1, 1),
+    ("inception_3a_3x3_reduce", 192, 64, 1, 1),
+    ("inception_3a_3x3", 64, 64, 3, 1),
+    ("inception_3a_double_3x3_reduce", 192, 64, 1, 1),
+    ("inception_3a_double_3x3_1", 64, 96, 3, 1),
+    ("inception_3a_double_3x3_2", 96, 96, 3, 1),
+    ("inception_3a_pool_proj", 192, 32, 1, 1),
+    ("inception_3b_1x1", 256, 64, 1, 1),
+    ("inception_3b_3x3_reduce", 256, 64, 1, 1),
+    ("inception_3b_3x3", 64, 96, 3, 1),
+    ("inception_3b_double_3x3_reduce", 256, 64, 1, 1),
+    ("inception_3b_double_3x3_1", 64, 96, 3, 1),
+    ("inception_3b_double_3x3_2", 96, 96, 3, 1),
+    ("inception_3b_pool_proj", 256, 64, 1, 1),
+    ("inception_3c_3x3_reduce", 320, 128, 1, 1),
+    ("inception_3c_3x3", 128, 160, 3, 2),
+    ("inception_3c_double_3x3_reduce", 320, 64, 1, 1),
+    ("inception_3c_double_3x3_1", 64, 96, 3, 1),
+    ("inception_3c_double_3x3_2", 96, 96, 3, 2),
+    ("inception_4a_1x1", 576, 224, 1, 1),
+    ("inception_4a_3x3_reduce", 576, 64, 1, 1),
+    ("inception_4a_3x3", 64, 96, 3, 1),
+    ("inception_4a_double_3x3_reduce", 576, 96, 1, 1),
+    ("inception_4a_double_3x3_1", 96, 128, 3, 1),
+    ("inception_4a_double_3x3_2", 128, 128, 3, 1),
+    ("inception_4a_pool_proj", 576, 128, 1, 1),
+    ("inception_4b_1x1", 576, 192, 1, 1),
+    ("inception_4b_3x3_reduce", 576, 96, 1, 1),
+    ("inception_4b_3x3", 96, 128, 3, 1),
+    ("inception_4b_double_3x3_reduce", 576, 96, 1, 1),
+    ("inception_4b_double_3x3_1", 96, 128, 3, 1),
+    ("inception_4b_double_3x3_2", 128, 128, 3, 1),
+    ("inception_4b_pool_proj", 576, 128, 1, 1),
+    ("inception_4c_1x1", 576, 160, 1, 1),
+    ("inception_4c_3x3_reduce", 576, 128, 1, 1),
+    ("inception_4c_3x3", 128, 160, 3, 1),
+    ("inception_4c_double_3x3_reduce", 576, 128, 1, 1),
+    ("inception_4c_double_3x3_1", 128, 160, 3, 1),
+    ("inception_4c_double_3x3_2", 160, 160, 3, 1),
+    ("inception_4c_pool_proj", 576, 128, 1, 1),
+    ("inception_4d_1x1", 608, 96, 1, 1),
+    ("inception_4d_3x3_reduce", 608, 128, 1, 1),
+    ("inception_4d_3x3", 128, 192, 3, 1),
+    ("inception_4d_double_3x3_reduce", 608, 160, 1, 1),
+    ("inception_4d_double_3x3_1", 160, 192, 3, 1),
+    ("inception_4d_double_3x3_2", 192, 192, 3, 1),
+    ("inception_4d_pool_proj", 608, 128, 1, 1),
+    ("inception_4e_3x3_reduce", 608, 128, 1, 1),
+    ("inception_4e_3x3", 128, 192, 3, 2),
+    ("inception_4e_double_3x3_reduce", 608, 192, 1, 1),
+    ("inception_4e_double_3x3_1", 192, 256, 3, 1),
+    ("inception_4e_double_3x3_2", 256, 256, 3, 2),
+    ("inception_5a_1x1", 1056, 352, 1, 1),
+    ("inception_5a_3x3_reduce", 1056, 192, 1, 1),
+    ("inception_5a_3x3", 192, 320, 3, 1),
+    ("inception_5a_double_3x3_reduce", 1056, 160, 1, 1),
+    ("inception_5a_double_3x3_1", 160, 224, 3, 1),
+    ("inception_5a_double_3x3_2", 224, 224, 3, 1),
+    ("inception_5a_pool_proj", 1056, 128, 1, 1),
+    ("inception_5b_1x1", 1024, 352, 1, 1),
+    ("inception_5b_3x3_reduce", 1024, 192, 1, 1),
+    ("inception_5b_3x3", 192, 320, 3, 1),
+    ("inception_5b_double_3x3_reduce", 1024, 192, 1, 1),
+    ("inception_5b_double_3x3_1", 192, 224, 3, 1),
+    ("inception_5b_double_3x3_2", 224, 224, 3, 1),
+    ("inception_5b_pool_proj", 1024, 128, 1, 1),
+]
+REDUCTION_BLOCKS = ("3c", "4e")
+BLOCKS = ("3a", "3b", "3c", "4a", "4b", "4c", "4d", "4e", "5a", "5b")
+
+
+def published_shapes() -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for name, in_channels, out_channels, kernel, _ in PUBLISHED_CONVS:
+        shapes[f"{name}.weight"] = (out_channels, in_channels, kernel, kernel)
+        shapes[f"{name}.bias"] = (out_channels,)
+        for buffer in ("weight", "bias", "running_mean", "running_var"):
+            shapes[f"{name}_bn.{buffer}"] = (out_channels,)
+    return shapes
+
+
+def test_state_dict_names_and_shapes_are_the_published_ones():
+    backbone = build_backbone("bninception", (3, 224, 224))
+    own = {key: tuple(value.shape) for key, value in backbone.state_dict().items()
+           if not key.endswith("num_batches_tracked")}
+    assert own == published_shapes()
+    assert backbone.feature_size == 1024
+
+
+def randomised() -> BNInception:
+    """A BN-Inception whose BatchNorm statistics and affine parameters are not trivial."""
+    generator = torch.Generator().manual_seed(0)
+    net = BNInception().eval()
+    for module in net.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            for tensor, low, high in ((module.running_mean, -0.5, 0.5),
+                                      (module.running_var, 0.5, 2.0),
+                                      (module.weight.data, 0.5, 1.5),
+                                      (module.bias.data, -0.5, 0.5)):
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) * (high - low) + low)
+    return net
+
+
+def reference_features(state: dict[str, torch.Tensor], images: torch.Tensor) -> torch.Tensor:
+    """The published forward, literally: conv -> BN (eval) -> ReLU everywhere, the port's
+    pools (max 3/2 with ceil after the stem and in 3c/4e, avg 3/1/1 in the other blocks but
+    max 3/1/1 in 5b), branches concatenated as 1x1, 3x3, double 3x3, pool."""
+    def unit(name: str, x: torch.Tensor) -> torch.Tensor:
+        conv = next(row for row in PUBLISHED_CONVS if row[0] == name)
+        x = F.conv2d(x, state[f"{name}.weight"], state[f"{name}.bias"], stride=conv[4],
+                     padding=conv[3] // 2)
+        x = F.batch_norm(x, state[f"{name}_bn.running_mean"], state[f"{name}_bn.running_var"],
+                         state[f"{name}_bn.weight"], state[f"{name}_bn.bias"], eps=1e-5)
+        return F.relu(x)
+
+    x = F.max_pool2d(unit("conv1_7x7_s2", images), 3, 2, ceil_mode=True)
+    x = F.max_pool2d(unit("conv2_3x3", unit("conv2_3x3_reduce", x)), 3, 2, ceil_mode=True)
+    for block in BLOCKS:
+        p = f"inception_{block}"
+        three = unit(f"{p}_3x3", unit(f"{p}_3x3_reduce", x))
+        double = unit(f"{p}_double_3x3_2",
+                      unit(f"{p}_double_3x3_1", unit(f"{p}_double_3x3_reduce", x)))
+        if block in REDUCTION_BLOCKS:
+            x = torch.cat([three, double, F.max_pool2d(x, 3, 2, ceil_mode=True)], 1)
+            continue
+        pooled = (F.max_pool2d(x, 3, 1, 1, ceil_mode=True) if block == "5b"
+                  else F.avg_pool2d(x, 3, 1, 1, ceil_mode=True, count_include_pad=True))
+        x = torch.cat([unit(f"{p}_1x1", x), three, double, unit(f"{p}_pool_proj", pooled)], 1)
+    return x.mean(dim=(2, 3))
+
+
+@pytest.mark.slow
+def test_pooled_features_equal_the_published_forward():
+    """(Also checked once against pretrainedmodels' own bninception.py with the same random
+    weights: largest difference 3.6e-7 at 224 px.)"""
+    net = randomised()
+    images = 50 * torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, reference = net(images), reference_features(net.state_dict(), images)
+    assert ours.shape == (2, 1024)
+    assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-5)
+    assert (ours >= 0).all()  # every branch ends in a ReLU that takes effect
+
+
+def test_pooling_options():
+    net = randomised()
+    images = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        feature_map = net.features(images)
+        avg, maximum = feature_map.mean(dim=(2, 3)), feature_map.amax(dim=(2, 3))
+        net.pooling = "max"
+        assert torch.equal(net(images), maximum)
+        net.pooling = "avg+max"
+        assert torch.allclose(net(images), avg + maximum)
+    with pytest.raises(KdmlError, match="pooling"):
+        build_backbone("bninception", (3, 64, 64), pooling="median")
+
+
+def save_published_checkpoint(path, net: BNInception) -> dict[str, torch.Tensor]:
+    """A file shaped like bn_inception-52deb4733.pth: the backbone plus last_linear."""
+    state = {key: value.clone() for key, value in net.state_dict().items()
+             if not key.endswith("num_batches_tracked")}
+    state["last_linear.weight"] = torch.randn(1000, 1024)
+    state["last_linear.bias"] = torch.randn(1000)
+    torch.save(state, path)
+    return state
+
+
+def test_a_published_checkpoint_loads_and_its_classifier_is_ignored(tmp_path):
+    saved = save_published_checkpoint(tmp_path / "bn_inception.pth", randomised())
+    fresh = BNInception()
+    lines = []
+    load_weights(fresh, tmp_path / "bn_inception.pth", report=lines.append)
+    assert torch.equal(fresh.inception_5b_pool_proj.weight, saved["inception_5b_pool_proj.weight"])
+    assert len(lines) == 1 and "ignored the classifier (last_linear" in lines[0]
+    assert "missing" not in lines[0] and "unexpected" not in lines[0]
+
+
+def test_weights_from_safetensors_and_nested_checkpoints(tmp_path):
+    from safetensors.torch import save_file
+
+    net = randomised()
+    state = {key: value.contiguous() for key, value in net.state_dict().items()}
+    save_file(state, str(tmp_path / "weights.safetensors"))
+    torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}},
+               tmp_path / "training.pth")
+    for name in ("weights.safetensors", "training.pth"):
+        fresh = BNInception()
+        load_weights(fresh, tmp_path / name, report=lambda line: None)
+        assert torch.equal(fresh.conv1_7x7_s2.weight, net.conv1_7x7_s2.weight)
+
+
+def test_weights_errors_are_one_line(tmp_path):
+    with pytest.raises(KdmlError, match="never downloads weights.*pretrainedmodels") as error:
+        load_weights(BNInception(), tmp_path / "bn_inception-52deb4733.pth")
+    assert "\n" not in str(error.value)
+    state = BNInception().state_dict()
+    state["inception_4a_1x1.weight"] = torch.zeros(10, 576, 1, 1)
+    torch.save(state, tmp_path / "other.pth")
+    with pytest.raises(KdmlError, match="inception_4a_1x1.weight has shape"):
+        load_weights(BNInception(), tmp_path / "other.pth")
+    torch.save({"encoder.weight": torch.zeros(3)}, tmp_path / "unrelated.pth")
+    with pytest.raises(KdmlError, match="shares no key"):
+        load_weights(BNInception(), tmp_path / "unrelated.pth")
+    (tmp_path / "junk.pth").write_bytes(b"junk")
+    with pytest.raises(KdmlError, match="not a readable state dict"):
+        load_weights(BNInception(), tmp_path / "junk.pth")
+
+
+def test_batchnorm_tensors_stored_as_rows_load(tmp_path):
+    net = randomised()
+    state = {key: value.reshape(1, -1) if key.endswith(("_bn.weight", "_bn.bias",
+                                                        "running_mean", "running_var"))
+             else value for key, value in net.state_dict().items()}
+    torch.save(state, tmp_path / "rows.pth")
+    fresh = BNInception()
+    load_weights(fresh, tmp_path / "rows.pth", report=lambda line: None)
+    assert torch.equal(fresh.conv2_3x3_bn.running_var, net.conv2_3x3_bn.running_var)
+
+
+def test_missing_and_unexpected_keys_are_reported_in_one_line(tmp_path):
+    state = BNInception().state_dict()
+    del state["conv1_7x7_s2.bias"]
+    state["extra_layer.weight"] = torch.zeros(2)
+    torch.save(state, tmp_path / "partial.pth")
+    lines = []
+    load_weights(BNInception(), tmp_path / "partial.pth", report=lines.append)
+    assert len(lines) == 1
+    assert "missing 1: conv1_7x7_s2.bias" in lines[0] and "unexpected 1: extra_layer" in lines[0]
+
+
+def test_an_rgb_first_convolution_loads_into_a_grayscale_backbone(tmp_path):
+    from kdml.models.backbones import SmallCNN
+
+    rgb, gray = SmallCNN(3, 28), SmallCNN(1, 28)
+    torch.save(rgb.state_dict(), tmp_path / "rgb.pth")
+    lines = []
+    load_weights(gray, tmp_path / "rgb.pth", report=lines.append)
+    assert torch.allclose(gray.layers[0].weight, rgb.layers[0].weight.sum(dim=1, keepdim=True))
+    assert "summed RGB channels" in lines[0]
+
+
+def test_vision_backbones_say_which_extra_they_need():
+    from kdml.models.vision import vision_available
+
+    available, reason = vision_available()
+    if available:
+        pytest.skip("timm and torchvision import here; tests/test_vision.py covers them")
+    with pytest.raises(KdmlError, match="vision extra"):
+        build_backbone("timm:resnet18", (1, 28, 28))
+    with pytest.raises(KdmlError, match="vision extra"):
+        build_backbone("torchvision:resnet18", (3, 32, 32))
+    with pytest.raises(KdmlError, match="small_input"):
+        build_backbone("bninception", (3, 32, 32), small_input=True)

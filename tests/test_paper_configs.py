@@ -1,0 +1,113 @@
+"""Every paper config names its table and target, every grid cell resolves, and each config
+trains one step on the fixture of its dataset through ``kdml train --config``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from fixtures_array_sets import make_cifar10, make_idx
+from fixtures_photo_sets import make_cars196, make_cub, make_sop
+
+from kdml import cli
+from kdml.config import load_config_file, resolve_config
+from kdml.models.vision import vision_available
+from kdml.training.grid import grid_cells
+from kdml.training.recipes import get_recipe
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+PAPER_CONFIGS = sorted(path for path in CONFIGS.glob("*.yaml")
+                       if "paper" in load_config_file(path))
+FIXTURES = {
+    "cub": lambda root: make_cub(root, classes=4, per_class=4),
+    "cars196": lambda root: make_cars196(root, classes=4, per_class=4),
+    "sop": lambda root: make_sop(root, classes=4, per_class=4),
+    "mnist": lambda root: make_idx(root, train=60, test=20),
+    "fashion-mnist": lambda root: make_idx(root, train=60, test=20, name="fashion-mnist"),
+    "cifar10": lambda root: make_cifar10(root, per_batch=12, test=20),
+}
+VISION, WHY_NOT = vision_available()
+
+
+def test_the_paper_tables_have_configs():
+    names = {path.name for path in PAPER_CONFIGS}
+    assert {"jrd-cub.yaml", "jrd-cars.yaml", "jrd-sop.yaml", "mtriplet-cub.yaml",
+            "mtriplet-cars.yaml", "mtriplet-d64-cub.yaml", "msimclr-mnist.yaml",
+            "msimclr-fashion-mnist.yaml", "msimclr-cifar10.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
+def test_paper_config_names_its_table_and_every_cell_resolves(path):
+    values = load_config_file(path)
+    assert values["paper"]["table"] and values["paper"]["target"]
+    recipe = get_recipe(values["recipe"])
+    cells = grid_cells(values["grid"]) if "grid" in values else [None]
+    for cell in cells:
+        config = resolve_config(recipe.name, recipe.params, recipe.defaults, values,
+                                cell.overrides if cell else [])
+        assert config.data.dataset in FIXTURES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
+def test_paper_config_trains_one_step_on_its_fixture(path, tmp_path, capsys):
+    values = load_config_file(path)
+    root = FIXTURES[values["data"]["dataset"]](tmp_path / "data")
+    config = dict(values)
+    if "grid" in config:  # the first cell: one run is enough to show the config works
+        config["grid"] = {key: cells[:1] for key, cells in config["grid"].items()}
+    tiny = {"data": {"resize": 40, "image_size": 32, "batch_size": 8, "num_workers": 0},
+            "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu"},
+            "eval": {"ks": [1], "nmi": False}}
+    if str(values["model"]["backbone"]).startswith("timm:") and not VISION:
+        tiny["model"] = {"backbone": "cnn", "small_input": False}  # timm runs on a GPU machine
+    for section, settings in tiny.items():
+        config[section] = {**config.get(section, {}), **settings}
+    if values["data"].get("samples_per_class"):
+        config["data"]["batch_size"] = 2 * values["data"]["samples_per_class"]
+    file = tmp_path / path.name
+    file.write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    assert cli.main(["train", "--config", str(file), "--data-root", str(root), "--out",
+                     str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    metrics = sorted(out.rglob("metrics.json"))
+    assert len(metrics) == 1
+    final = json.loads(metrics[0].read_text())["final"]
+    assert 0.0 <= final["recall@1"] <= 1.0
+
+
+def test_a_grid_continues_where_it_stopped_and_keeps_finished_cells(tmp_path, capsys,
+                                                                    monkeypatch):
+    from kdml.training import trainer
+
+    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": [4, 8, 16]},
+              "data": {"dataset": "digits", "batch_size": 40},
+              "train": {"epochs": 1, "device": "cpu"}, "eval": {"nmi": False}}
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    out = tmp_path / "grid"
+    real = trainer.train_one_epoch
+    calls = []
+
+    def fails_in_the_second_cell(session, epoch, progress):
+        calls.append(session.config.model.embedding_size)
+        if session.config.model.embedding_size == 8:
+            raise trainer.KdmlError("disk full")
+        return real(session, epoch, progress)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", fails_in_the_second_cell)
+    args = ["train", "--config", str(file), "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "grid cell embedding_size=8 failed: disk full" in err and f"--out {out}" in err
+    first = (out / "embedding_size=4" / "metrics.json").read_text()
+    monkeypatch.setattr(trainer, "train_one_epoch", real)
+    assert cli.main(args) == 0
+    assert (out / "embedding_size=4" / "metrics.json").read_text() == first  # kept as it was
+    printed = capsys.readouterr().out
+    assert "embedding_size=4: finished earlier" in printed
+    assert all((out / f"embedding_size={size}" / "metrics.json").is_file()
+               for size in (4, 8, 16))
+    assert printed.count("embedding_size=") >= 6  # progress lines and the summary table
