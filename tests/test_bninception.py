@@ -272,3 +272,22 @@ def test_vision_backbones_say_which_extra_they_need():
         build_backbone("torchvision:resnet18", (3, 32, 32))
     with pytest.raises(KdmlError, match="small_input"):
         build_backbone("bninception", (3, 32, 32), small_input=True)
+
+
+@pytest.mark.slow
+def test_jrd_trains_on_a_folder_with_bninception_weights(tmp_path, capsys):
+    from fixtures_array_sets import make_image_folder
+
+    from kdml import cli
+
+    save_published_checkpoint(tmp_path / "bn_inception-52deb4733.pth", randomised())
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=48)
+    out = tmp_path / "run"
+    assert cli.main(["train", "jrd", "--dataset", f"folder:{folder}", "model.backbone=bninception",
+                     "--weights", str(tmp_path / "bn_inception-52deb4733.pth"), "--out", str(out),
+                     "--no-progress", "data.batch_size=4", "data.resize=72", "data.image_size=64",
+                     "model.freeze_bn=true", "train.epochs=1", "eval.nmi=false",
+                     "eval.ks=[1,2]", "train.device=cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "ignored the classifier (last_linear" in printed  # the one-line weights report
+    assert "recall@1" in printed

@@ -1,0 +1,57 @@
+"""CUDA: deterministic runs, mixed precision and evaluation on the GPU. Skipped without one."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from kdml import cli
+from kdml.evaluation import retrieval_metrics
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device here; these run on a GPU machine")
+
+RUN = ["--dataset", "digits", "--no-progress", "train.device=cuda", "train.epochs=2",
+       "data.batch_size=20", "data.samples_per_class=4", "model.embedding_size=8",
+       "eval.nmi=false"]
+
+
+def train(tmp_path, name, *overrides):
+    out = tmp_path / name
+    assert cli.main(["train", "jrd", "--out", str(out), *RUN, *overrides]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_deterministic_gpu_runs_repeat_bit_for_bit(tmp_path):
+    first = train(tmp_path, "a", "train.deterministic=true")
+    second = train(tmp_path, "b", "train.deterministic=true")
+    assert first == second
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_jrd_trains_in_mixed_precision_on_the_gpu(tmp_path, precision):
+    final = train(tmp_path, precision, f"train.precision={precision}")["final"]
+    assert 0.5 < final["recall@1"] <= 1.0
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_gpu_search_gives_the_cpu_metrics(metric):
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(300), 4)
+    embeddings = rng.standard_normal((300, 64))[labels] + rng.standard_normal((1200, 64))
+    cpu = retrieval_metrics(embeddings, labels, ks=(1, 10), metric=metric, backend="faiss")
+    gpu = retrieval_metrics(torch.tensor(embeddings, device="cuda"), labels, ks=(1, 10),
+                            metric=metric)  # auto: torch on the GPU
+    assert gpu == pytest.approx(cpu, abs=1e-6)
+
+
+def test_bninception_runs_on_the_gpu():
+    from kdml.models.bninception import BNInception
+
+    net = BNInception().cuda().eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        features = net(torch.randn(2, 3, 224, 224, device="cuda"))
+    assert features.shape == (2, 1024) and torch.isfinite(features).all()
