@@ -177,6 +177,13 @@ def test_resume_with_a_checkpoint_of_another_recipe_or_shape(tmp_path, capsys, f
     assert "'amsoftmax' run" in refused(tmp_path, capsys, "train", "--resume", triplet)
 
 
+def test_settings_for_many_gpus_are_refused_where_they_cannot_work(tmp_path, capsys):
+    assert "SyncBatchNorm" in refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits",
+                                      "--out", tmp_path / "a", "model.sync_bn=true", *TINY)
+    assert "torchrun" in refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits",
+                                 "--out", tmp_path / "b", "train.sharded_kernels=true", *TINY)
+
+
 def test_feature_file_that_is_not_an_npz(tmp_path, capsys):
     np.save(tmp_path / "features.npy", np.zeros((4, 3)))
     assert "not an .npz" in refused(tmp_path, capsys, "train", "dtml", "--dataset",

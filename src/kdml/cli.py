@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, QuietExit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,15 +144,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     try:
         return _COMMANDS[args.command](args)
+    except QuietExit:  # rank 0 reported it
+        return 2
     except KdmlError as error:
-        print(f"kdml: error: {error}", file=sys.stderr)
+        if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
+            print(f"kdml: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kdml: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if "kdml.distributed" in sys.modules:  # imported only by commands that train
+            sys.modules["kdml.distributed"].teardown()
+
+
+def _is_main_process() -> bool:
+    module = sys.modules.get("kdml.distributed")
+    return module is None or module.world().is_main
 
 
 def _train(args: argparse.Namespace) -> int:
+    from kdml import distributed
     from kdml.config import load_config_file, resolve_config
     from kdml.training.recipes import get_recipe
     from kdml.training.run_folder import RunFolder, check_new_run_folder, default_run_dir
@@ -166,6 +178,7 @@ def _train(args: argparse.Namespace) -> int:
         file_values = load_config_file(run.config)
         recipe = get_recipe(str(file_values.get("recipe")))
         config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+        _join_processes(config)
         return _run_training(lambda: train(config, run.root, resume=True,
                                            progress=_progress(args)), config, run.root)
 
@@ -184,16 +197,41 @@ def _train(args: argparse.Namespace) -> int:
         return _train_grid(recipe, file_values, overrides, args)
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
     _check_dataset_name(config.data.dataset)
-    run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
-    check_new_run_folder(run_dir)
-    print(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
+    _join_processes(config)
+
+    def new_run_folder() -> Path:  # rank 0 names and checks it (its time stamp for all)
+        run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
+        check_new_run_folder(run_dir)
+        return run_dir
+
+    run_dir = distributed.from_main(new_run_folder)
+    _say(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
     return _run_training(lambda: train(config, run_dir, progress=_progress(args)), config,
                          run_dir)
+
+
+def _join_processes(config) -> None:
+    """Under torchrun: join the process group (NCCL when training on GPUs, else gloo)."""
+    from kdml import distributed
+    from kdml.training.trainer import resolve_device
+
+    if distributed.launched_by_torchrun():
+        device = resolve_device(distributed.device_for(config.train.device))
+        distributed.setup(use_cuda=device.type == "cuda")
+
+
+def _say(message: str) -> None:
+    """Print on rank 0 only (the only process under a single launch)."""
+    from kdml import distributed
+
+    if distributed.world().is_main:
+        print(message)
 
 
 def _train_grid(recipe, file_values: dict, overrides: list[str],
                 args: argparse.Namespace) -> int:
     """One run per cell of the config file's grid (see kdml.training.grid)."""
+    from kdml import distributed
     from kdml.config import resolve_config
     from kdml.training.grid import check_grid_folder, grid_cells, write_marker
     from kdml.training.run_folder import RunFolder, default_run_dir
@@ -203,37 +241,44 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                               [*overrides, *cell.overrides]) for cell in cells]
     _check_dataset_name(configs[0].data.dataset)
-    root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
-    if not check_grid_folder(root, cells):
-        write_marker(root, cells, file_values["grid"])
-    print(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
+    _join_processes(configs[0])
+
+    def grid_folder() -> Path:  # rank 0 names, checks and marks it
+        root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
+        if not check_grid_folder(root, cells):
+            write_marker(root, cells, file_values["grid"])
+        return root
+
+    root = distributed.from_main(grid_folder)
+    _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
     finals = []
     for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
         run = RunFolder(root / cell.name)
-        done = _finished_metrics(run)
+        done, started = distributed.from_main(lambda run=run: (_finished_metrics(run),
+                                                               run.config.is_file()))
         if done is not None:
-            print(f"[{number}/{len(cells)}] {cell.name}: finished earlier")
+            _say(f"[{number}/{len(cells)}] {cell.name}: finished earlier")
             finals.append(done)
             continue
-        print(f"[{number}/{len(cells)}] {cell.name}")
+        _say(f"[{number}/{len(cells)}] {cell.name}")
         try:
-            finals.append(train(config, run.root, resume=run.config.is_file(),
-                                progress=_progress(args)))
+            finals.append(train(config, run.root, resume=started, progress=_progress(args)))
         except KdmlError as error:
             raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
                             f"before it are kept; continue with the same command and --out "
                             f"{root}") from None
         except KeyboardInterrupt:
-            print(f"kdml: interrupted in cell {cell.name}; continue with the same command and "
-                  f"--out {root}", file=sys.stderr)
+            if distributed.world().is_main:
+                print(f"kdml: interrupted in cell {cell.name}; continue with the same command "
+                      f"and --out {root}", file=sys.stderr)
             return 130
-    print(f"\nTest metrics per cell ({recipe.name}, {configs[0].data.dataset}):")
     names = list(finals[0])
-    print("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
+    _say(f"\nTest metrics per cell ({recipe.name}, {configs[0].data.dataset}):")
+    _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
     for cell, final in zip(cells, finals, strict=True):
-        print("  " + "  ".join([f"{cell.name:<24}",
-                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
-    print(f"grid folder: {root}")
+        _say("  " + "  ".join([f"{cell.name:<24}",
+                              *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
+    _say(f"grid folder: {root}")
     return 0
 
 
@@ -276,9 +321,13 @@ def _check_dataset_name(dataset: str) -> None:
 
 
 def _run_training(run: Callable[[], dict[str, float]], config, run_dir: Path) -> int:
+    from kdml import distributed
+
     try:
         final = run()
     except KeyboardInterrupt:
+        if not distributed.world().is_main:
+            return 130
         if (run_dir / "config.yaml").is_file():
             print(f"kdml: interrupted; continue with: kdml train --resume {run_dir}",
                   file=sys.stderr)
@@ -286,7 +335,8 @@ def _run_training(run: Callable[[], dict[str, float]], config, run_dir: Path) ->
             print("kdml: interrupted before training started; nothing was written",
                   file=sys.stderr)
         return 130
-    _print_results(config, final, run_dir)
+    if distributed.world().is_main:
+        _print_results(config, final, run_dir)
     return 0
 
 

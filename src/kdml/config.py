@@ -48,6 +48,7 @@ class ModelConfig:
     embedding_size: int = 64
     freeze_bn: bool = False  # keep BatchNorm statistics fixed (pretrained backbones)
     pooling: str = "avg"  # global pooling of the last feature map: avg | max | avg+max
+    sync_bn: bool = False  # under torchrun on GPUs: BatchNorm statistics over the global batch
     small_input: bool = False  # timm/torchvision ResNets: 3x3 stride-1 stem, no max-pool
     weights: str = ""  # a local .pth or .safetensors state dict for the backbone
 
@@ -75,6 +76,8 @@ class TrainConfig:
     steps_per_epoch: int = 0  # stop each epoch after this many steps; 0 = the whole split
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; a gradient scaler for fp16)
     deterministic: bool = False  # bit-repeatable on a GPU (deterministic kernels, no autotune)
+    # under torchrun: each rank computes only its rows of JRS's global kernel matrices
+    sharded_kernels: bool = False
 
 
 @dataclass

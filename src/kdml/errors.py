@@ -3,3 +3,8 @@
 
 class KdmlError(ValueError):
     """Bad input from the user: the message says what was wrong and what to do."""
+
+
+class QuietExit(KdmlError):
+    """A failure that another process (rank 0 under torchrun) reports; this one stops without
+    printing it again."""

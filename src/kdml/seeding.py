@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -32,13 +32,23 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int(words[0]) >> 1
 
 
+class BatchShare(NamedTuple):
+    """Where a rank's share sits in the global batch: rows ``offset .. offset + local`` of a
+    batch of ``size`` (see :func:`kdml.data.transforms.draw_parameters`)."""
+
+    offset: int
+    size: int
+
+
 class StepRandom:
     """The random streams of one training step.
 
     Args:
         seed: the run's seed (``train.seed``), non-negative.
         epoch, step: the step's position in the run.
-        rank: the process's rank under ``torch.distributed`` (0 otherwise).
+        rank: a key for draws that should differ between processes (the trainer passes 0:
+            every rank draws the global batch's randomness and keeps its ``share``).
+        share: this process's rows of the global batch (``None``: the whole batch).
 
     Example::
 
@@ -49,8 +59,10 @@ class StepRandom:
         True
     """
 
-    def __init__(self, seed: int, epoch: int, step: int, rank: int = 0) -> None:
+    def __init__(self, seed: int, epoch: int, step: int, rank: int = 0,
+                 share: BatchShare | None = None) -> None:
         self.keys = (seed, epoch, step, rank)
+        self.share = share
         self._generators: dict[tuple[str, int], torch.Generator] = {}
 
     def seed(self, stream: int) -> int:

@@ -14,8 +14,9 @@ import kornia.augmentation as K
 import torch
 from torch import Tensor, nn
 
+from kdml.data.transforms import draw_parameters
 from kdml.errors import KdmlError
-from kdml.seeding import seed_stream, with_cpu_seed
+from kdml.seeding import BatchShare
 
 __all__ = ["SimCLRAugment"]
 
@@ -92,9 +93,11 @@ class SimCLRAugment(nn.Module):
         return self._pipelines[key]
 
     @torch.no_grad()
-    def view(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def view(self, images: Tensor, generator: torch.Generator | None = None,
+             share: BatchShare | None = None) -> Tensor:
         """One augmented view of ``images``; random parameters from ``generator`` (CPU) when
-        given, else from torch's global generator."""
+        given (those of the global batch when ``share`` says these are a rank's rows), else
+        from torch's global generator."""
         if images.ndim != 4 or images.shape[1] not in (1, 3):
             raise KdmlError(
                 "SimCLR augmentation needs images [B, C, H, W] with 1 or 3 channels, got shape "
@@ -106,13 +109,11 @@ class SimCLRAugment(nn.Module):
         pipeline = self.pipeline(channels, height, width)
         if generator is None:
             return pipeline(images)
-        params = with_cpu_seed(seed_stream(generator),
-                               lambda: pipeline.forward_parameters(images.shape))
-        return pipeline(images, params=params)
+        return pipeline(images, params=draw_parameters(pipeline, images.shape, generator, share))
 
-    def forward(self, images: Tensor, generator: torch.Generator | None = None
-                ) -> tuple[Tensor, Tensor]:
-        return self.view(images, generator), self.view(images, generator)
+    def forward(self, images: Tensor, generator: torch.Generator | None = None,
+                share: BatchShare | None = None) -> tuple[Tensor, Tensor]:
+        return self.view(images, generator, share), self.view(images, generator, share)
 
     def extra_repr(self) -> str:
         return (f"crop_scale={self.crop_scale}, jitter_strength={self.jitter_strength}, "

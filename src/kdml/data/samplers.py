@@ -153,3 +153,35 @@ def check_batching(labels: torch.Tensor, samples_per_class: int, batch_size: int
             f"{batch_size // samples_per_class} classes but the training split has {num_classes}; "
             "lower batch_size or raise samples_per_class"
         )
+
+
+class RankShare(Sampler[list[int]]):
+    """This rank's share of each global batch of ``batches``: the ``rank``-th of ``world``
+    equal, contiguous slices, so the ranks' shares concatenated in rank order are the global
+    batch. Every rank draws the same global batches (the same seeded sampler), so no
+    communication is needed.
+
+    Example::
+
+        >>> global_batches = ShuffledBatches(num_samples=12, batch_size=6, seed=0)
+        >>> [len(b) for b in RankShare(global_batches, rank=1, world=3)]
+        [2, 2]
+    """
+
+    def __init__(self, batches: Sampler[list[int]], rank: int, world: int) -> None:
+        self.batches, self.rank, self.world = batches, rank, world
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches:
+            if len(batch) % self.world:
+                raise KdmlError(f"a global batch of {len(batch)} does not split into "
+                                f"{self.world} equal shares; make data.batch_size a multiple "
+                                "of the number of processes")
+            share = len(batch) // self.world
+            yield batch[self.rank * share:(self.rank + 1) * share]

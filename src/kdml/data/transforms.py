@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from kdml.errors import KdmlError
-from kdml.seeding import seed_stream, with_cpu_seed
+from kdml.seeding import BatchShare, seed_stream, with_cpu_seed
 
 CROP_SCALE = (0.08, 1.0)  # torchvision's RandomResizedCrop defaults
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -115,14 +115,14 @@ class InputPipeline:
             return (channels, *sample_shape[1:])
         return (channels, self.crop_size, self.crop_size)
 
-    def train(self, inputs: Tensor, generator: torch.Generator) -> Tensor:
-        """Augmented training inputs; the random draws come from ``generator`` (CPU)."""
+    def train(self, inputs: Tensor, generator: torch.Generator,
+              share: BatchShare | None = None) -> Tensor:
+        """Augmented training inputs; the random draws come from ``generator`` (CPU), for the
+        global batch when ``share`` says these are a rank's rows of it."""
         images = to_unit_float(inputs)
         if self.augment is not None:
-            augment = self.augment
-            params = with_cpu_seed(seed_stream(generator),
-                                   lambda: augment.forward_parameters(images.shape))
-            images = augment(images, params=params)
+            params = draw_parameters(self.augment, images.shape, generator, share)
+            images = self.augment(images, params=params)
         return self.normalization(self._channels(images))
 
     def test(self, inputs: Tensor) -> Tensor:
@@ -135,3 +135,33 @@ class InputPipeline:
         if self.channels == 3 and images.ndim == 4 and images.shape[1] == 1:
             return images.expand(-1, 3, -1, -1)
         return images
+
+
+# Parameters of a kornia augmentation that are not one row per image.
+BATCH_WIDE_PARAMETERS = ("order", "forward_input_shape")
+
+
+def draw_parameters(augment: K.AugmentationSequential, shape: torch.Size,
+                    generator: torch.Generator, share: BatchShare | None = None) -> list:
+    """kornia's random parameters for a batch of ``shape``, drawn from ``generator``.
+
+    With ``share``, the parameters of the whole global batch are drawn and this rank's rows
+    kept, so each image gets the same augmentation whatever the number of processes.
+    """
+    local = shape[0]
+    global_shape = shape if share is None else torch.Size((share.size, *shape[1:]))
+    params = with_cpu_seed(seed_stream(generator),
+                           lambda: augment.forward_parameters(global_shape))
+    if share is None:
+        return params
+    rows = slice(share.offset, share.offset + local)
+    for item in params:
+        for key, value in item.data.items():
+            if key == "forward_input_shape":
+                value = value.clone()
+                value[0] = local
+                item.data[key] = value
+            elif key not in BATCH_WIDE_PARAMETERS and torch.is_tensor(value) and value.ndim and (
+                    len(value) == share.size):
+                item.data[key] = value[rows]
+    return params

@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from kdml import distributed
 from kdml.config import EvalConfig
 from kdml.data.dataset import DmlDataset
 from kdml.data.loaders import (
@@ -65,14 +67,29 @@ class Embedder:
     on_bad_image: str = "error"
     precision: str = "fp32"
 
-    def inputs(self, dataset: DmlDataset) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        """``(model inputs, labels, indices)`` of every readable sample, in dataset order."""
-        workers = resolve_num_workers(self.num_workers, dataset)
-        loader = sequential_loader(dataset, self.batch_size, workers,
+    def inputs(self, dataset: DmlDataset,
+               shard: bool = False) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """``(model inputs, labels, indices)`` of every readable sample, in dataset order;
+        with ``shard`` under torchrun, only this rank's share (:func:`rank_share`)."""
+        positions = rank_share(len(dataset)) if shard else None
+        part = dataset if positions is None else dataset.subset(positions)
+        workers = resolve_num_workers(self.num_workers, part)
+        loader = sequential_loader(part, self.batch_size, workers,
                                    pin_memory=self.device.type == "cuda")
-        for batch in readable_batches(loader, dataset, self.on_bad_image):
-            yield (self.transform(to_device(batch.inputs, self.device)), batch.labels,
-                   batch.indices)
+        for batch in readable_batches(loader, part, self.on_bad_image):
+            indices = batch.indices if positions is None else positions[batch.indices]
+            yield self.transform(to_device(batch.inputs, self.device)), batch.labels, indices
+
+
+def rank_share(count: int) -> Tensor | None:
+    """This rank's contiguous share of ``count`` samples, all shares of equal length (the last
+    padded with its final index, removed again after the gather); ``None`` in one process."""
+    world = distributed.world()
+    if not world.is_distributed:
+        return None
+    share = -(-count // world.size)
+    positions = torch.arange(world.rank * share, (world.rank + 1) * share)
+    return positions.clamp(max=count - 1)
 
 
 class Embedded(NamedTuple):
@@ -101,46 +118,62 @@ def chart_codes_of(method: Method, dataset: DmlDataset,
 
 def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
                     embedder: Embedder | None = None) -> dict[str, float]:
-    """Score ``method`` on ``splits`` (see the module docstring for what is scored)."""
-    embedder = embedder or Embedder()
-    ks = tuple(config.ks) or splits.eval_ks
+    """Score ``method`` on ``splits`` (see the module docstring for what is scored).
+
+    Under torchrun every rank embeds its share of each set; rank 0 scores the gathered
+    embeddings and every rank returns its metrics."""
+    embedded = _embed_for_evaluation(method, splits, embedder or Embedder())
+    metrics = None
+    if distributed.world().is_main:
+        metrics = _score(embedded, splits, config, method.has_charts)
+    return distributed.broadcast(metrics)
+
+
+def _embed_for_evaluation(method: Method, splits: DataSplits,
+                          embedder: Embedder) -> dict[str, Embedded]:
+    """The embeddings (chart codes, for Atlas methods) each metric needs, by role."""
+    parts = {"test": splits.test}
     if splits.kind == DOMAIN:
-        source, target = (embed_dataset(method, part, embedder)
-                          for part in (splits.train, splits.test))
+        parts["source"] = splits.train
+    elif splits.kind == SEEN:
+        parts["train"] = splits.train
+    if splits.gallery is not None and not method.has_charts:
+        parts["gallery"] = splits.gallery
+    function = method.chart_codes if method.has_charts else method.embed
+    return {role: _run(method, function, dataset, embedder, shard=True)
+            for role, dataset in parts.items()}
+
+
+def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
+           charts: bool) -> dict[str, float]:
+    ks = tuple(config.ks) or splits.eval_ks
+    test = embedded["test"]
+    if splits.kind == DOMAIN:
+        source = embedded["source"]
         return target_metrics(source.values, dataset_labels(splits, source.labels),
-                              target.values, target.labels, ks=ks, metric=config.metric,
+                              test.values, test.labels, ks=ks, metric=config.metric,
                               nmi=config.nmi)
-    if method.has_charts:
-        return _chart_metrics(method, splits, ks, config, embedder)
-    test = embed_dataset(method, splits.test, embedder)
+    if charts:
+        coords, index = test.values
+        metrics = chart_retrieval_metrics(coords, index, test.labels, ks=ks, nmi=config.nmi)
+        if splits.kind == SEEN:
+            train_coords, train_index = embedded["train"].values
+            metrics["linear_accuracy"] = piecewise_linear_accuracy(
+                train_coords, train_index, embedded["train"].labels, coords, index,
+                _train_space(splits, test.labels))["accuracy"]
+        return metrics
     warn_if_collapsed(test.values, config.metric)
-    gallery = None if splits.gallery is None else embed_dataset(method, splits.gallery,
-                                                                embedder)
+    gallery = embedded.get("gallery")
     metrics = retrieval_metrics(test.values, test.labels, ks=ks, metric=config.metric,
                                 reference=None if gallery is None else gallery.values,
                                 reference_labels=None if gallery is None else gallery.labels,
                                 nmi=config.nmi)
     if splits.kind == SEEN:
-        train = embed_dataset(method, splits.train, embedder)
-        one_chart = torch.zeros(len(train.labels), dtype=torch.long)
+        train = embedded["train"]
         metrics["linear_accuracy"] = piecewise_linear_accuracy(
-            train.values, one_chart, train.labels, test.values,
-            torch.zeros(len(test.labels), dtype=torch.long),
+            train.values, torch.zeros(len(train.labels), dtype=torch.long), train.labels,
+            test.values, torch.zeros(len(test.labels), dtype=torch.long),
             _train_space(splits, test.labels), sigmoid=False)["accuracy"]
-    return metrics
-
-
-def _chart_metrics(method: Method, splits: DataSplits, ks: tuple[int, ...], config: EvalConfig,
-                   embedder: Embedder) -> dict[str, float]:
-    test = chart_codes_of(method, splits.test, embedder)
-    coords, index = test.values
-    metrics = chart_retrieval_metrics(coords, index, test.labels, ks=ks, nmi=config.nmi)
-    if splits.kind == SEEN:
-        train = chart_codes_of(method, splits.train, embedder)
-        train_coords, train_index = train.values
-        metrics["linear_accuracy"] = piecewise_linear_accuracy(
-            train_coords, train_index, train.labels, coords, index,
-            _train_space(splits, test.labels))["accuracy"]
     return metrics
 
 
@@ -178,12 +211,12 @@ def _train_space(splits: DataSplits, labels: Tensor) -> Tensor:
 
 
 def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDataset,
-         embedder: Embedder) -> Embedded:
+         embedder: Embedder, shard: bool = False) -> Embedded:
     was_training = method.training
     method.eval()
     chunks, labels, indices = [], [], []
     try:
-        for inputs, batch_labels, batch_indices in embedder.inputs(dataset):
+        for inputs, batch_labels, batch_indices in embedder.inputs(dataset, shard):
             with autocast(embedder.device, embedder.precision):
                 output = function(inputs)
             chunks.append(output)
@@ -198,4 +231,19 @@ def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDatas
                                for i in range(len(chunks[0])))
     else:
         values = torch.cat(chunks)
-    return Embedded(values, torch.cat(labels), torch.cat(indices))
+    embedded = Embedded(values, torch.cat(labels), torch.cat(indices))
+    return _gathered(embedded) if shard and distributed.world().is_distributed else embedded
+
+
+def _gathered(local: Embedded) -> Embedded:
+    """Every rank's share, back in dataset order with the padding's duplicates removed."""
+    parts = local.values if isinstance(local.values, tuple) else (local.values,)
+    device = parts[0].device  # NCCL gathers device tensors only
+    indices = distributed.gather(local.indices.to(device)).cpu()
+    labels = distributed.gather(local.labels.to(device)).cpu()
+    values = tuple(distributed.gather(part) for part in parts)
+    positions, first = np.unique(indices.numpy(), return_index=True)
+    keep = torch.from_numpy(first)
+    kept = tuple(value[keep.to(value.device)] for value in values)
+    return Embedded(kept if isinstance(local.values, tuple) else kept[0], labels[keep],
+                    torch.from_numpy(positions))

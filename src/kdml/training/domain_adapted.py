@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from kdml.config import OptimConfig
+from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.models.method import Method, StepOutput, detached
 from kdml.seeding import StepRandom
@@ -64,7 +65,8 @@ class DomainAdaptedMethod(Method):
         if output.embeddings is None:
             raise KdmlError(f"{type(self.inner).__name__} returns no embeddings; it cannot be "
                             "domain-adapted")
-        discrepancy = self.mmd(output.embeddings, self.inner.embed(target_inputs))
+        discrepancy = self.mmd(gather(output.embeddings),
+                               gather(self.inner.embed(target_inputs)))
         loss = output.loss + self.beta * discrepancy
         terms = {**output.terms, **detached(inner_loss=output.loss, d_ts=discrepancy,
                                             loss=loss)}

@@ -8,6 +8,8 @@ epoch.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -17,20 +19,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Sampler
 from tqdm.auto import tqdm
 
+from kdml import distributed
 from kdml.config import RunConfig, load_config_file, resolve_config, save_config
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data
 from kdml.data.samplers import (
     ClassBalancedBatches,
+    RankShare,
     ShuffledBatches,
     TargetBatches,
     check_batching,
 )
 from kdml.data.splits import DOMAIN, DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
+from kdml.distributed import World
 from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import Embedder, evaluate_method
 from kdml.kernels import GaussianMixtureKernel
@@ -39,7 +47,7 @@ from kdml.models.method import Method
 from kdml.models.weights import load_weights
 from kdml.precision import autocast, gradient_scaler
 from kdml.regularizers.domain import DomainMMD
-from kdml.seeding import AUGMENT, StepRandom, with_cpu_seed
+from kdml.seeding import AUGMENT, BatchShare, StepRandom, with_cpu_seed
 from kdml.training.checkpoint import load_checkpoint, save_checkpoint
 from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
@@ -178,14 +186,19 @@ class TrainingBatches:
     the loader's workers."""
 
     def __init__(self, config: RunConfig, splits: DataSplits, uses_target: bool,
-                 device: torch.device) -> None:
-        data, seed = config.data, config.train.seed
+                 device: torch.device, world: World | None = None) -> None:
+        data, seed, world = config.data, config.train.seed, world or World()
         train = splits.train
+        global_batches: ShuffledBatches | ClassBalancedBatches
         if data.batch_size and data.samples_per_class:
-            self.sampler: ShuffledBatches | ClassBalancedBatches = ClassBalancedBatches(
-                train.labels, data.samples_per_class, data.batch_size, seed)
+            global_batches = ClassBalancedBatches(train.labels, data.samples_per_class,
+                                                  data.batch_size, seed)
         else:
-            self.sampler = ShuffledBatches(len(train), data.batch_size, seed)
+            global_batches = ShuffledBatches(len(train), data.batch_size, seed)
+        self.batch_size = global_batches.batch_size  # the global batch
+        # Under torchrun every rank draws the same global batches and loads its share.
+        self.sampler: Sampler[list[int]] = (RankShare(global_batches, world.rank, world.size)
+                                            if world.is_distributed else global_batches)
         self.dataset, self.on_bad_image = train, data.on_bad_image
         self.max_steps = config.train.steps_per_epoch
         pin = device.type == "cuda"
@@ -198,7 +211,9 @@ class TrainingBatches:
                 raise KdmlError("this recipe needs a target domain: set data.dataset to a "
                                 "domain pair such as mnist5k->digits")
             self.target_sampler = TargetBatches(
-                len(splits.target), [self.sampler.batch_size] * len(self.sampler), seed)
+                len(splits.target), [self.batch_size] * len(self.sampler), seed)
+            if world.is_distributed:
+                self.target_sampler = RankShare(self.target_sampler, world.rank, world.size)
             self.target_loader = batch_loader(
                 splits.target, self.target_sampler,
                 resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
@@ -216,6 +231,24 @@ class TrainingBatches:
             # not strict: skipped unreadable images can leave the source a batch short
             pairs = zip(source, self.target_loader, strict=False)
         yield from itertools.islice(pairs, len(self))
+
+
+def check_distributed(config: RunConfig, world: World, device: torch.device) -> None:
+    """Refuse, before anything runs, settings that cannot work over several processes."""
+    if config.model.sync_bn and device.type != "cuda":
+        raise KdmlError("model.sync_bn needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
+                        "drop it on CPUs")
+    if config.train.sharded_kernels and not world.is_distributed:
+        raise KdmlError("train.sharded_kernels splits JRS's kernel rows over torchrun's "
+                        "processes; launch with torchrun or drop it")
+    if not world.is_distributed:
+        return
+    if config.data.batch_size % world.size:
+        raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
+                        f"split evenly over the {world.size} processes")
+    if config.data.on_bad_image == "skip":
+        raise KdmlError("data.on_bad_image=skip would leave the processes' batches unequal; "
+                        "use error under torchrun")
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
@@ -252,10 +285,14 @@ class Session:
     scheduler: Schedule | None
     batches: TrainingBatches
     scaler: torch.amp.GradScaler
+    model: nn.Module  # what the steps call: the method, or its DistributedDataParallel
+    world: World
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print) -> Session:
-        device = resolve_device(config.train.device)
+        world = distributed.world()
+        device = resolve_device(distributed.device_for(config.train.device))
+        check_distributed(config, world, device)
         if config.train.deterministic:
             make_deterministic()
         splits = prepare_data(config.data)
@@ -264,13 +301,20 @@ class Session:
         check_batching(splits.train.labels, config.data.samples_per_class,
                        config.data.batch_size)
         check_evaluation(config, splits)
-        method = build_method(config, splits, echo=echo).to(device)
+        method = build_method(config, splits, echo=echo)
+        if config.model.sync_bn:
+            method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+        method = method.to(device)
         pipeline = build_pipeline(config, splits, method)
         optimizer, scheduler = build_optimizer(method, config)
+        model: nn.Module = method
+        if world.is_distributed and not method.needs_fit:
+            model = DistributedDataParallel(
+                method, device_ids=[device.index] if device.type == "cuda" else None)
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
-                   TrainingBatches(config, splits, method.uses_target, device),
-                   gradient_scaler(device, config.train.precision))
+                   TrainingBatches(config, splits, method.uses_target, device, world),
+                   gradient_scaler(device, config.train.precision), model, world)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint; one line when it is another recipe's or another shape's."""
@@ -334,58 +378,107 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     With ``resume=True`` the run continues from ``checkpoints/last.pt``; batches, augmentations
     and prior samples are drawn from (seed, epoch, step), so a resumed run ends where an
     uninterrupted one would (same seed, CPU). ``progress=None`` shows progress bars only on a
-    terminal.
+    terminal. Under torchrun every rank trains and only rank 0 writes the run folder and
+    prints.
     """
+    main = distributed.world().is_main
+    echo = echo if main else _silent
     session = Session.build(config, echo)
     run = RunFolder(run_dir)
-    make_folder(run.root)
-    if not resume:
-        save_config(config, run.config)
+    distributed.from_main(lambda: _open_run_folder(run, config, resume))
     history: list[dict[str, Any]] = []
     start_epoch = 1
-    if resume and not run.checkpoint.exists():
-        # Stopped before its first checkpoint: nothing to continue, so start over.
+    state = distributed.from_main(lambda: _checkpoint_to_resume(run) if resume else None)
+    if resume and state is None:  # stopped before its first checkpoint: start over
         echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
     elif resume:
-        state = load_checkpoint(run.checkpoint)
         session.restore(state, run.checkpoint)
         history, start_epoch = state["history"], state["epoch"] + 1
         if state.get("finished"):  # stopped early by the tolerance rule: nothing left to do
             start_epoch = config.train.epochs + 1
         echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
 
-    from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
-
-    with run_logging(run.log) as log, SummaryWriter(str(run.tensorboard)) as writer:
-        log.info("start epoch %d of %d, device %s, %d train / %d test samples, %d loader "
-                 "workers", start_epoch, config.train.epochs, session.device,
-                 len(session.splits.train), len(session.splits.test),
-                 session.batches.loader.num_workers)
-        warn_about_splits(session.splits, log)
+    with Recorder(run, main) as recorder:
+        recorder.log.info("start epoch %d of %d, device %s, %d train / %d test samples, %d "
+                          "loader workers, %d process(es)", start_epoch, config.train.epochs,
+                          session.device, len(session.splits.train), len(session.splits.test),
+                          session.batches.loader.num_workers, session.world.size)
+        warn_about_splits(session.splits, recorder.log)
         epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
-                      initial=start_epoch - 1, total=config.train.epochs, disable=_no_bar(progress))
+                      initial=start_epoch - 1, total=config.train.epochs,
+                      disable=_no_bar(progress) or not main)
         for epoch in epochs:
             row, over = session.run_epoch(epoch, history, progress)
             history.append(row)
-            for key, value in row.items():
-                if key != "epoch":
-                    writer.add_scalar(key, value, epoch)
-            log.info("epoch %d: %s", epoch, _format_row(row))
             epochs.set_postfix({k[6:]: f"{v:.3f}" for k, v in row.items()
                                 if k.startswith("test/recall@1") or k == "train/loss"})
-            save_checkpoint(session.checkpoint(epoch, history,
-                                               over or epoch == config.train.epochs),
-                            run.checkpoint)
-            run.write_metrics(history, None)
-            plot_training(history, run.plots)
+            finished = over or epoch == config.train.epochs
+            recorder.epoch(row, history,
+                           functools.partial(session.checkpoint, epoch, history, finished))
             if over:
-                log.info("stopping after epoch %d: converged or nothing to train", epoch)
+                recorder.log.info("stopping after epoch %d: converged or nothing to train",
+                                  epoch)
                 break
         final = {key[5:]: value for key, value in history[-1].items()
                  if key.startswith("test/")}
-        run.write_metrics(history, final)
-        log.info("final test metrics: %s", final)
+        recorder.finish(history, final)
     return final
+
+
+def _silent(message: str) -> None:
+    """The echo of the ranks other than 0: they print nothing."""
+
+
+def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool) -> None:
+    make_folder(run.root)
+    if not resume:
+        save_config(config, run.config)
+
+
+def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
+    return load_checkpoint(run.checkpoint) if run.checkpoint.exists() else None
+
+
+class Recorder:
+    """What a run writes: ``train.log``, TensorBoard events, the checkpoint, the metrics and
+    the plots, once per epoch. Only rank 0 writes; on the others every call does nothing."""
+
+    def __init__(self, run: RunFolder, writes: bool) -> None:
+        self.run, self.writes = run, writes
+        self._stack = contextlib.ExitStack()
+        self.log = logging.getLogger("kdml.train")
+        self.writer = None
+
+    def __enter__(self) -> Recorder:
+        if self.writes:
+            from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
+
+            self.log = self._stack.enter_context(run_logging(self.run.log))
+            self.writer = self._stack.enter_context(SummaryWriter(str(self.run.tensorboard)))
+        else:
+            self.log.disabled = True
+            self._stack.callback(setattr, self.log, "disabled", False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
+              checkpoint: Callable[[], dict[str, Any]]) -> None:
+        if not self.writes:
+            return
+        for key, value in row.items():
+            if key != "epoch":
+                self.writer.add_scalar(key, value, row["epoch"])
+        self.log.info("epoch %d: %s", row["epoch"], _format_row(row))
+        save_checkpoint(checkpoint(), self.run.checkpoint)
+        self.run.write_metrics(history, None)
+        plot_training(history, self.run.plots)
+
+    def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
+        if self.writes:
+            self.run.write_metrics(history, final)
+            self.log.info("final test metrics: %s", final)
 
 
 def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:
@@ -405,17 +498,21 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY)
     steps = 0
     bar = tqdm(session.batches.epoch(epoch), total=len(session.batches), desc=f"epoch {epoch}",
-               leave=False, disable=_no_bar(progress))
+               leave=False, disable=_no_bar(progress) or not session.world.is_main)
+    world = session.world
     for step, (batch, target_batch) in enumerate(bar):
-        rng = StepRandom(config.train.seed, epoch, step)
+        local = len(batch.labels)
+        share = (BatchShare(world.rank * local, world.size * local) if world.is_distributed
+                 else None)
+        rng = StepRandom(config.train.seed, epoch, step, share=share)
         inputs = session.pipeline.train(to_device(batch.inputs, device),
-                                        rng.generator("cpu", AUGMENT))
+                                        rng.generator("cpu", AUGMENT), share)
         labels = to_device(batch.labels, device)
         target_inputs = None
         if target_batch is not None:
             target_inputs = session.pipeline.test(to_device(target_batch.inputs, device))
         with autocast(device, config.train.precision):
-            output = method(inputs, labels, target_inputs=target_inputs, rng=rng)
+            output = session.model(inputs, labels, target_inputs=target_inputs, rng=rng)
         watch.observe(step, output.terms)
         if watch.due(step):
             watch.check(epoch)

@@ -37,6 +37,7 @@ from kdml.atlas import (
 )
 from kdml.config import RunConfig
 from kdml.data.augment import SimCLRAugment
+from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
 from kdml.models.heads import EmbeddingHead
@@ -256,17 +257,17 @@ class MTripletMethod(_AtlasMethod):
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         outputs = self.charts(inputs)
-        distances = manifold_distance(outputs.log_q, outputs.coords, outputs.log_q,
-                                      outputs.coords, variant=self.params.distance,
+        # the global batch under torchrun (kdml.distributed.gather); the local one otherwise
+        log_q, coords, q = gather(outputs.log_q), gather(outputs.coords), gather(outputs.q)
+        distances = manifold_distance(log_q, coords, log_q, coords, variant=self.params.distance,
                                       q_is_log=True)
-        triplet, stats = batch_all_triplet_loss(distances, labels, self.params.margin,
+        triplet, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
                                                 self.params.triplet_reduction)
-        mmd = self.mmd(outputs.coords, outputs.q,
-                       generator=self.prior_generator(rng, outputs.coords))
-        chart = self.chart_loss(outputs.q)
+        mmd = self.mmd(coords, q, generator=self.prior_generator(rng, coords))
+        chart = self.chart_loss(q)
         loss = triplet + self.lambda1 * mmd + self.lambda2 * chart
         terms = detached(loss=loss, triplet=triplet, mmd=mmd, chart=chart,
-                         q_max=outputs.q.max(dim=1).values.mean(), **stats)
+                         q_max=q.max(dim=1).values.mean(), **stats)
         return StepOutput(loss, terms, atlas_embedding(outputs))
 
 
@@ -285,9 +286,10 @@ class TripletMethod(Method):
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         embeddings = self.embed(inputs)
+        batch = gather(embeddings)
         # explicit differences: exact zeros on the diagonal, safe_sqrt keeps their gradient 0
-        distances = safe_sqrt((embeddings[:, None] - embeddings[None, :]).pow(2).sum(dim=-1))
-        loss, stats = batch_all_triplet_loss(distances, labels, self.params.margin,
+        distances = safe_sqrt((batch[:, None] - batch[None, :]).pow(2).sum(dim=-1))
+        loss, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
                                              self.params.triplet_reduction)
         return StepOutput(loss, detached(loss=loss, **stats), embeddings)
 
@@ -302,8 +304,15 @@ def _two_views(augment: SimCLRAugment, inputs: Tensor,
                         f"inputs of shape {tuple(inputs.shape[1:])}")
     if len(inputs) < 2:
         raise KdmlError("the SimCLR recipes need batches of at least 2 images (negatives)")
-    view1, view2 = augment(inputs, generator=None if rng is None else rng.generator("cpu"))
+    generator = None if rng is None else rng.generator("cpu")
+    view1, view2 = augment(inputs, generator, None if rng is None else rng.share)
     return torch.cat([view1, view2]), len(inputs)
+
+
+def _global_views(local: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+    """The two views' rows of ``local`` ([view 1; view 2] of this rank's images), each
+    gathered over the ranks: the layout of a single process's global batch."""
+    return gather(local[:batch_size]), gather(local[batch_size:])
 
 
 def _pair_labels(batch_size: int, device: torch.device) -> Tensor:
@@ -334,12 +343,15 @@ class MSimCLRMethod(_AtlasMethod):
                 rng: StepRandom | None = None) -> StepOutput:
         views, batch_size = _two_views(self.augment, inputs, rng)
         outputs = self.charts(views)
-        projections = self.projection(outputs.coords, outputs.q)
-        nt_xent = self.nt_xent(projections, _pair_labels(batch_size, inputs.device))
-        coords, q = outputs.coords, outputs.q
-        generator = self.prior_generator(rng, coords)
-        mmd = 0.5 * (self.mmd(coords[:batch_size], q[:batch_size], generator=generator)
-                     + self.mmd(coords[batch_size:], q[batch_size:], generator=generator))
+        projections = torch.cat(_global_views(self.projection(outputs.coords, outputs.q),
+                                              batch_size))
+        nt_xent = self.nt_xent(projections, _pair_labels(len(projections) // 2, inputs.device))
+        coords1, coords2 = _global_views(outputs.coords, batch_size)
+        q1, q2 = _global_views(outputs.q, batch_size)
+        generator = self.prior_generator(rng, coords1)
+        mmd = 0.5 * (self.mmd(coords1, q1, generator=generator)
+                     + self.mmd(coords2, q2, generator=generator))
+        q = torch.cat([q1, q2])
         chart = self.chart_loss(q)
         loss = nt_xent + self.lambda1 * mmd + self.lambda2 * chart
         terms = detached(loss=loss, nt_xent=nt_xent, mmd=mmd, chart=chart,
@@ -368,9 +380,10 @@ class SimCLRMethod(Method):
                 rng: StepRandom | None = None) -> StepOutput:
         views, batch_size = _two_views(self.augment, inputs, rng)
         representation = self.embed(views)
-        projections = self.projection(representation[:, None, :],
-                                      representation.new_ones(len(representation), 1))
-        loss = self.nt_xent(projections, _pair_labels(batch_size, inputs.device))
+        projections = torch.cat(_global_views(self.projection(
+            representation[:, None, :], representation.new_ones(len(representation), 1)),
+            batch_size))
+        loss = self.nt_xent(projections, _pair_labels(len(projections) // 2, inputs.device))
         return StepOutput(loss, detached(loss=loss), None)
 
     def embed(self, inputs: Tensor) -> Tensor:

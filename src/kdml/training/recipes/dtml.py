@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from kdml.config import OptimConfig, RunConfig
+from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel
 from kdml.losses.dtml_objective import DTMLObjective
@@ -119,8 +120,11 @@ class DTMLMethod(Method):
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         source_layers = self.backbone(inputs)
-        target_layers = None if target_inputs is None else self.backbone(target_inputs)
-        total, terms = self.objective(source_layers, labels, target_layers, self.backbone)
+        target_layers = None if target_inputs is None else [
+            gather(layer) for layer in self.backbone(target_inputs)]
+        # the global batch under torchrun: neighbour graphs and MMD over every rank's samples
+        total, terms = self.objective([gather(layer) for layer in source_layers], gather(labels),
+                                      target_layers, self.backbone)
         return StepOutput(total, detached(loss=total, **terms), source_layers[-1])
 
     def embed(self, inputs: Tensor) -> Tensor:

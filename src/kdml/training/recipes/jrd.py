@@ -22,6 +22,7 @@ from pytorch_metric_learning.losses import CosFaceLoss
 from torch import nn
 
 from kdml.config import RunConfig
+from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
 from kdml.models.heads import JRDHead
@@ -33,6 +34,7 @@ from kdml.regularizers import (
     JointMMD,
     JointRepresentationSimilarity,
 )
+from kdml.regularizers.sharded import sharded_jrs
 from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
@@ -117,11 +119,15 @@ class JRDMethod(Method):
         params: AM-Softmax scale and margin (and alpha when there is a regularizer).
         regularizer: called as ``regularizer(representations, labels)``, or ``None``.
         layers: which of ``pool``, ``emb``, ``cls`` the regularizer sees, in order.
+        sharded: under torchrun, compute JRS from this rank's kernel rows
+            (:func:`~kdml.regularizers.sharded.sharded_jrs`) instead of the gathered batch.
+
+    Under torchrun both terms see the global batch (:func:`kdml.distributed.gather`).
     """
 
     def __init__(self, backbone: nn.Module, embedding_size: int, num_classes: int,
                  params: AMSoftmaxParams, regularizer: nn.Module | None = None,
-                 layers: tuple[str, ...] = ()) -> None:
+                 layers: tuple[str, ...] = (), sharded: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = JRDHead(backbone.feature_size, embedding_size, num_classes)
@@ -131,16 +137,23 @@ class JRDMethod(Method):
         self.regularizer = regularizer
         self.layer_indices = [LAYERS.index(layer) for layer in layers]
         self.alpha = getattr(params, "alpha", 0.0)
+        if sharded and not isinstance(regularizer, JointRepresentationSimilarity):
+            raise KdmlError("train.sharded_kernels applies to the JRS regularizer only")
+        self.sharded = sharded
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 target_inputs: torch.Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         representations = self.head(self.backbone(inputs))
-        am_softmax = self._am_softmax(representations.embedding, labels)
+        all_labels = gather(labels)
+        am_softmax = self._am_softmax(gather(representations.embedding), all_labels)
         if self.regularizer is None:
             return StepOutput(am_softmax, detached(loss=am_softmax), representations.embedding)
         chosen = [representations[index] for index in self.layer_indices]
-        regularizer = self.regularizer(chosen, labels)
+        if self.sharded:
+            regularizer = sharded_jrs(self.regularizer.kernels, chosen, labels)
+        else:
+            regularizer = self.regularizer([gather(layer) for layer in chosen], all_labels)
         loss = am_softmax + self.alpha * regularizer
         terms = detached(loss=loss, am_softmax=am_softmax, regularizer=regularizer)
         return StepOutput(loss, terms, representations.embedding)
@@ -172,7 +185,7 @@ def _build_joint(config: RunConfig, backbone: nn.Module, num_classes: int) -> Me
     kernels = [params.kernel(layer) for layer in params.layers]
     regularizer = REGULARIZERS[params.regularizer](kernels)
     return JRDMethod(backbone, config.model.embedding_size, num_classes, params, regularizer,
-                     tuple(params.layers))
+                     tuple(params.layers), sharded=config.train.sharded_kernels)
 
 
 def _joint_recipe(name: str, summary: str, layers: list[str], regularizer: str = "jrs") -> Recipe:

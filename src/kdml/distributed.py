@@ -1,0 +1,165 @@
+r"""Many processes (``torchrun``) with torch.distributed: the one place that knows about ranks.
+
+kdml's regularizers are functions of the whole batch: kernel matrices with adaptive bandwidths,
+neighbour graphs, MMDs. Split across processes, each would see only its share and the
+objective would silently change. So every rank :func:`gather` s the representations of the
+global batch, in rank order, and computes the *same* global objective; the gradient reaches
+each rank's own rows only, scaled so that DistributedDataParallel's averaging gives exactly the
+single-process gradient (see :class:`_GatherWithGradient`).
+
+Nothing here does anything in a single process: :func:`gather` returns its input, the world
+has one rank, and rank 0 is the only rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from kdml.errors import KdmlError, QuietExit
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that writes the run folder and prints."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.size > 1
+
+
+def world() -> World:
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size(),
+                     int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return World()
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def setup(use_cuda: bool) -> World:
+    """Join the process group torchrun set up the environment for (NCCL on GPUs, gloo on
+    CPUs); a single process stays as it is."""
+    if not launched_by_torchrun() or dist.is_initialized():
+        return world()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
+    return world()
+
+
+def device_for(name: str) -> str:
+    """``cuda`` becomes this process's own GPU (``cuda:LOCAL_RANK``) under torchrun."""
+    if name in ("cuda", "auto") and torch.cuda.is_available() and launched_by_torchrun():
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return name
+
+
+class _GatherWithGradient(torch.autograd.Function):
+    r"""All ranks' ``x`` concatenated in rank order; the backward returns ``world_size`` times
+    the gradient of this rank's rows.
+
+    Why the scaling is right: every rank computes the same global loss :math:`L` from the same
+    gathered tensor, so the incoming gradient on rank :math:`r` is the exact
+    :math:`\partial L / \partial x_r` for its rows :math:`x_r`; the other ranks' rows are
+    constants here, their own ranks backpropagate them. Rank :math:`r`'s parameter gradient is
+    then :math:`\sum_{i \in r} \partial L / \partial x_i \cdot \partial x_i / \partial
+    \theta`, and the single-process gradient is the sum of these over the ranks. DDP
+    *averages* the ranks' gradients, dividing that sum by the world size; multiplying by it
+    here gives back the sum. (Parameters used after the gather, such as AM-Softmax's proxies,
+    get the full gradient on every rank, which DDP's average leaves unchanged.)
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        size, rank = dist.get_world_size(), dist.get_rank()
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous())
+        ctx.rows, ctx.size = (rank * len(x), (rank + 1) * len(x)), size
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        start, stop = ctx.rows
+        return grad[start:stop] * ctx.size
+
+
+def gather(x: Tensor) -> Tensor:
+    """The global batch of ``x`` (every rank's rows, in rank order), keeping the gradient of
+    this rank's rows (:class:`_GatherWithGradient`); ``x`` itself in a single process. Every
+    rank must pass the same number of rows."""
+    if not world().is_distributed:
+        return x
+    if x.requires_grad:
+        return _GatherWithGradient.apply(x)
+    parts = [torch.empty_like(x) for _ in range(world().size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """The sum of ``tensor`` over the ranks (a new tensor; ``tensor`` in a single process)."""
+    if not world().is_distributed:
+        return tensor
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total
+
+
+def broadcast(value: T) -> T:
+    """Rank 0's ``value`` on every rank (any picklable object)."""
+    if not world().is_distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def from_main(function: Callable[[], T]) -> T:
+    """Run ``function`` on rank 0 only and return its result on every rank. If it raises a
+    :class:`~kdml.errors.KdmlError`, rank 0 raises it and the other ranks a
+    :class:`QuietExit`, so no rank waits forever on the others."""
+    if not world().is_distributed:
+        return function()
+    outcome: tuple[str, object] = ("ok", None)
+    if world().is_main:
+        try:
+            outcome = ("ok", function())
+        except KdmlError as error:
+            outcome = ("error", error)
+    kind, value = broadcast(outcome if world().is_main else None)
+    if kind == "error":
+        if world().is_main:
+            raise value  # type: ignore[misc]
+        raise QuietExit(str(value))
+    return value  # type: ignore[return-value]
+
+
+def barrier() -> None:
+    if world().is_distributed:
+        dist.barrier()
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,84 @@
+r"""JRS over a global batch too large for every rank to hold its kernel matrices (the
+memory-saving mode of multi-process training, ``train.sharded_kernels=true``).
+
+Each rank computes only its rows of the global :math:`(M, M)` kernel matrices: its :math:`m`
+local samples against all :math:`M` gathered ones. The adaptive bandwidths need the mean of
+all :math:`M^2 - M` pairwise distances, and JRS the sum over all inter-class pairs; both are
+sums over rows, so the ranks all-reduce their partial sums. Memory per rank falls from
+:math:`O(M^2)` to :math:`O(mM)`.
+
+The value equals :class:`~kdml.regularizers.JointRepresentationSimilarity` on the gathered
+batch. So does the gradient: the joint kernel is symmetric, so the full gradient of the pair
+sum with respect to a local row is twice its derivative through the row's own block,
+:math:`\partial S / \partial x_i = 2 \sum_j \partial_1 f(x_i, x_j)`, where the other rows
+enter as constants; that block's gradient is doubled here, and multiplied by the world size as
+in :func:`kdml.distributed.gather`, for DistributedDataParallel's average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kdml import distributed
+from kdml.errors import KdmlError
+from kdml.kernels import (
+    GaussianMixtureKernel,
+    Kernel,
+    LaplaceKernel,
+    l1_distances,
+    squared_distances,
+)
+from kdml.precision import full_precision
+
+
+def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -> Tensor:
+    """Kernel rows ``[m, M]``; adaptive bandwidths from the all-reduced distance sums."""
+    adaptive = isinstance(kernel, GaussianMixtureKernel | LaplaceKernel) and (
+        kernel.bandwidth is None)
+    if not adaptive:
+        return kernel(rows, columns)
+    if isinstance(kernel, GaussianMixtureKernel):
+        distances = squared_distances(rows, columns)
+    else:
+        distances = l1_distances(rows, columns)
+    total = distributed.all_reduce_sum(distances.detach().sum())
+    tau = (total / max(num_points * num_points - num_points, 1)).clamp_min(
+        torch.finfo(distances.dtype).eps)
+    if isinstance(kernel, LaplaceKernel):
+        return torch.exp(distances * (-1.0 / tau))
+    return sum(torch.exp(distances * (-1.0 / (tau * s))) for s in kernel.scales) / len(
+        kernel.scales)
+
+
+@full_precision
+def sharded_jrs(kernels: Sequence[Kernel], local_representations: Sequence[Tensor],
+                local_labels: Tensor) -> Tensor:
+    """JRS of the global batch from this rank's rows (see the module docstring).
+
+    Args:
+        kernels: one kernel per representation (as for JRS).
+        local_representations: this rank's :math:`(m, D_l)` representations.
+        local_labels: this rank's :math:`(m,)` labels.
+
+    Returns:
+        The global JRS value on every rank, with this rank's share of the gradient.
+    """
+    if len(kernels) != len(local_representations):
+        raise KdmlError(f"sharded JRS got {len(local_representations)} representations for "
+                        f"{len(kernels)} kernels")
+    labels = distributed.gather(local_labels)
+    num_points = len(labels)
+    joint = None
+    for kernel, rows in zip(kernels, local_representations, strict=True):
+        columns = distributed.gather(rows.detach())
+        block = _row_block(kernel, rows, columns, num_points)
+        joint = block if joint is None else joint * block
+    inter_class = local_labels[:, None] != labels[None, :]
+    partial = torch.where(inter_class, joint, 0.0).sum()
+    num_pairs = (labels[:, None] != labels[None, :]).sum().clamp_min(1)
+    total = distributed.all_reduce_sum(partial.detach())
+    scale = 2.0 * distributed.world().size
+    return (total + scale * (partial - partial.detach())) / num_pairs

@@ -1,0 +1,88 @@
+"""Run kdml's training steps and evaluation in several gloo processes, for the tests.
+
+``run_ranks(world, task, *args)`` starts ``world`` processes (torch.multiprocessing, gloo on
+the CPU, as torchrun would) that each call ``task(*args)`` after joining the process group;
+what rank 0 returns comes back. ``world = 1`` runs the task in this process, without a group.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from kdml.config import resolve_config
+from kdml.evaluation.evaluator import evaluate_method
+from kdml.training.recipes import get_recipe
+from kdml.training.trainer import Session, train_one_epoch
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out: str, task, args) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = task(*args)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world: int, task, *args: Any, tmp_path: Path) -> Any:
+    if world == 1:
+        return task(*args)
+    out = str(tmp_path / f"result-{task.__name__}-{free_port()}.pt")
+    mp.start_processes(_worker, args=(world, free_port(), out, task, args), nprocs=world,
+                       start_method="fork")
+    return torch.load(out, weights_only=False)
+
+
+def config_of(recipe_name: str, overrides: list[str]):
+    recipe = get_recipe(recipe_name)
+    return resolve_config(recipe.name, recipe.params, recipe.defaults,
+                          overrides=[*overrides, "train.device=cpu", "data.num_workers=0"])
+
+
+def train_steps(recipe_name: str, overrides: list[str]) -> dict[str, Any]:
+    """One epoch of ``train.steps_per_epoch`` steps: the epoch's loss terms and the
+    parameters after it."""
+    session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+    terms = train_one_epoch(session, 1, progress=False)
+    state = {key: value.detach().double().clone()
+             for key, value in session.method.state_dict().items()
+             if value.is_floating_point()}
+    return {"terms": terms, "state": state}
+
+
+def evaluate_untrained(recipe_name: str, overrides: list[str]) -> dict[str, float]:
+    """The test metrics of the freshly built (seeded) method."""
+    session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+    return evaluate_method(session.method, session.splits, session.config.eval,
+                           session.embedder)
+
+
+def write_domains(path: Path, seed: int = 0) -> Path:
+    """A two-domain feature file: 4 source classes of 20, a shifted target of 60."""
+    rng = np.random.default_rng(seed)
+    source_y = np.repeat(np.arange(4), 20)
+    source = rng.standard_normal((4, 16))[source_y] + 0.5 * rng.standard_normal((80, 16))
+    target_y = rng.integers(0, 4, 60)
+    target = rng.standard_normal((4, 16))[target_y] + 0.3
+    np.savez(path, X=np.concatenate([source, target]).astype(np.float32),
+             y=np.concatenate([source_y, target_y]),
+             domain=np.array(["source"] * 80 + ["target"] * 60))
+    return path
