@@ -146,21 +146,46 @@ def test_generalization_terms_match_literal_nearest_neighbours():
     terms = generalization_terms(seen, seen_y, unseen, unseen_y, repeats=3, seed=7)
     # Replay the same random splits and compute both terms with literal loops.
     replay = np.random.default_rng(7)
-    h_values, lam_values = [], []
+    h_values, bd_values, lam_values = [], [], []
     for _ in range(3):
         s_order, u_order = replay.permutation(30), replay.permutation(24)
         s_fit, s_score, u_fit, u_score = s_order[:15], s_order[15:], u_order[:12], u_order[12:]
         fit_x = np.concatenate([seen[s_fit], unseen[u_fit]])
         fit_domain = [0] * 15 + [1] * 12
-        score_x = np.concatenate([seen[s_score], unseen[u_score]])
-        h_values.append(1 - literal_nn_error(fit_x, fit_domain, score_x, [0] * 15 + [1] * 12))
+        e_s = literal_nn_error(fit_x, fit_domain, seen[s_score], [0] * 15)
+        e_u = literal_nn_error(fit_x, fit_domain, unseen[u_score], [1] * 12)
+        balanced = min((e_s + e_u) / 2, 1 - (e_s + e_u) / 2)  # better of h and its complement
+        h_values.append(1 - balanced)
+        bd_values.append(1 - 2 * balanced)
         fit_y = np.concatenate([seen_y[s_fit], unseen_y[u_fit]])
         lam_values.append(literal_nn_error(fit_x, fit_y, seen[s_score], seen_y[s_score])
                           + literal_nn_error(fit_x, fit_y, unseen[u_score], unseen_y[u_score]))
     assert terms["h_divergence"].values == pytest.approx(h_values)
+    assert terms["h_divergence_bd"].values == pytest.approx(bd_values)
     assert terms["lambda"].values == pytest.approx(lam_values)
     half_width = 4.302652729911275 * np.std(lam_values, ddof=1) / math.sqrt(3)  # t_{0.975, 2}
     assert terms["lambda"].ci95 == pytest.approx(half_width)
+
+
+@pytest.mark.parametrize(("seen_count", "unseen_count"), [(300, 300), (450, 150)])
+def test_h_divergence_is_at_chance_for_one_distribution_whatever_the_set_sizes(seen_count,
+                                                                              unseen_count):
+    """Two samples of one distribution: the balanced error is ~0.5 whatever their sizes (the
+    pooled error moved from 0.49 to 0.63 between these two size ratios)."""
+    rng = np.random.default_rng(0)
+    points = rng.normal(size=(seen_count + unseen_count, 4))
+    labels = np.arange(seen_count + unseen_count) % 5
+    terms = generalization_terms(points[:seen_count], labels[:seen_count],
+                                 points[seen_count:], labels[seen_count:] + 10, repeats=5)
+    assert terms["h_divergence"].mean == pytest.approx(0.5, abs=0.04)
+    assert terms["h_divergence_bd"].mean == pytest.approx(0.0, abs=0.08)
+
+
+def test_h_divergence_is_one_for_separated_sets():
+    rng = np.random.default_rng(1)
+    seen, unseen = rng.normal(size=(60, 2)), rng.normal(size=(40, 2)) + 50
+    terms = generalization_terms(seen, np.arange(60) % 3, unseen, np.arange(40) % 2 + 5)
+    assert terms["h_divergence"].mean == 1.0 and terms["h_divergence_bd"].mean == 1.0
 
 
 def test_generalization_refuses_overlapping_classes():

@@ -167,8 +167,10 @@ def test_single_shot_cmc_is_seeded():
 def test_single_shot_cmc_errors():
     with pytest.raises(KdmlError, match="two images"):
         single_shot_cmc(np.zeros((3, 2)), [0, 1, 2])
-    with pytest.raises(KdmlError, match="two cameras"):
+    with pytest.raises(KdmlError, match="an image in each camera"):
         single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], cameras=[0, 0, 1, 1])
+    with pytest.raises(KdmlError, match="exactly two cameras"):
+        single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], cameras=[0, 1, 2, 1])
     with pytest.raises(KdmlError, match="ranks"):
         single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], ranks=(0,))
 
@@ -202,3 +204,37 @@ def test_target_metrics_leave_out_unknown_labels():
     assert metrics["source_nn_accuracy"] == 1.0 and metrics["recall@1"] == 1.0
     with pytest.raises(KdmlError, match="no labelled"):
         source_nn_accuracy(source, [0, 1], target, [-1] * 5)
+
+
+def test_all_same_and_all_different_thresholds_hold_beyond_the_training_scores():
+    """Training folds whose pairs are all "same" give the threshold -inf: a held-out "same"
+    pair far below the training scores is still called same (min - 1 called it different)."""
+    scores = np.array([0.5, 0.55, 0.6, 0.58, -40.0, 0.52])
+    same = np.ones(6, dtype=bool)
+    result = verification_accuracy(scores, same, folds=[0, 0, 0, 1, 1, 1])
+    assert result.thresholds[1] == -np.inf and result.mean == 1.0
+    as_distance = verification_accuracy(-scores, same, folds=[0, 0, 0, 1, 1, 1],
+                                        scores_are_distances=True)
+    assert as_distance.thresholds[1] == np.inf and as_distance.mean == 1.0
+    different = verification_accuracy(scores, ~same, folds=[0, 0, 0, 1, 1, 1])
+    assert different.thresholds[0] == np.inf and different.mean == 1.0
+
+
+def test_camera_roles_are_fixed_and_both_directions_averaged():
+    """VIPeR's protocol: probes from camera A against a camera-B gallery, then the reverse.
+    Here identity 0's camera-A image sits next to identity 1's camera-B image, so A->B ranks
+    identity 0's match second, while every B->A probe finds its match first."""
+    x = np.array([[0.0], [10.0], [0.9], [5.0]])  # id 0: A at 0, B at 10; id 1: A at 0.9, B at 5
+    ids, cams = np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])
+    result = single_shot_cmc(x, ids, cameras=cams, num_splits=2, ranks=(1,))
+    # A->B: probe 0 (at 0) is nearer 5 (id 1) than 10 (id 0): rank 2; probe 1 (0.9): rank 1.
+    # B->A: probe 10 -> nearest 0.9 (id 1): rank 2; probe 5 -> 0.9 (id 1): rank 1.
+    assert result["cmc@1"] == pytest.approx((0.5 + 0.5) / 2)
+
+
+def test_cosine_ties_equal_in_exact_arithmetic_count_against_the_probe():
+    """A gallery vector and its double have the same cosine distance to any probe: a tie."""
+    direction = np.array([0.3, -1.7, 2.9])
+    gallery = np.stack([direction, 2 * direction])
+    ranks = match_ranks(np.array([[1.0, 0.2, 0.5]]), [1], gallery, [0, 1], metric="cosine")
+    assert ranks.tolist() == [2]

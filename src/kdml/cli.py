@@ -388,9 +388,11 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     write_json({"settings": settings, **{k: v.to_dict() for k, v in terms.items()}}, path)
     print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
           f"{args.neighbors}-NN classifiers, 95% CI):")
-    for name, label in (("h_divergence", "H-divergence d_H"), ("lambda", "lambda"),
+    for name, label in (("h_divergence", "H-divergence d_H"),
+                        ("h_divergence_bd", "  Ben-David form"), ("lambda", "lambda"),
                         ("err_seen", "  err_s(h*)"), ("err_unseen", "  err_u(h*)")):
         print(f"  {label:<18} {terms[name].mean:.4f} +- {terms[name].ci95:.4f}")
+    print("(chance, sets a classifier cannot tell apart: d_H 0.5, Ben-David form 0)")
     print(f"written to {path}")
     return 0
 

@@ -37,13 +37,20 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
+# Distances within this share of the largest distance are equal: float64 arithmetic leaves
+# distances that are equal in exact arithmetic up to ~1e-16 apart (x and 2x, normalised).
+TIE_TOLERANCE = 1e-12
+
+
 def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
                 metric: str = "euclidean") -> np.ndarray:
     r"""1-based rank of each probe's true match in the gallery ordered by distance.
 
     Ties count against the probe: the rank is :math:`1 +` the number of *other* gallery entries
-    at a distance :math:`\le` the true match's. Each probe identity must appear exactly once in
-    the gallery (single shot).
+    at a distance :math:`\le` the true match's, where distances within
+    :data:`TIE_TOLERANCE` of the largest distance count as equal (so distances equal in exact
+    arithmetic, such as the cosine distances to a vector and to its double, tie). Each probe
+    identity must appear exactly once in the gallery (single shot).
 
     Args:
         probe, gallery: :math:`(P, D)` and :math:`(G, D)` embeddings.
@@ -67,7 +74,8 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
         raise KdmlError("every probe identity must appear exactly once in the gallery")
     distances = _pairwise_distances(probe_x, gallery_x, metric)
     true_distance = distances[is_match][:, None]
-    return 1 + ((distances <= true_distance) & ~is_match).sum(axis=1)
+    tolerance = TIE_TOLERANCE * max(float(np.abs(distances).max()), np.finfo(float).tiny)
+    return 1 + ((distances <= true_distance + tolerance) & ~is_match).sum(axis=1)
 
 
 def cmc_curve(ranks: np.ndarray, gallery_size: int) -> np.ndarray:
@@ -75,22 +83,20 @@ def cmc_curve(ranks: np.ndarray, gallery_size: int) -> np.ndarray:
     return (np.asarray(ranks)[:, None] <= np.arange(1, gallery_size + 1)[None, :]).mean(axis=0)
 
 
-def _draw_split(images_by_identity: list[np.ndarray], cameras: np.ndarray | None,
+def _draw_split(images_by_identity: list[np.ndarray], probe_images: list[np.ndarray] | None,
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One gallery and one (different) probe image index per identity."""
+    """One gallery and one (different) probe image index per identity: drawn from the
+    identity's gallery-camera and probe-camera images when ``probe_images`` is given, else two
+    of its images."""
     gallery, probe = [], []
-    for images in images_by_identity:
-        if cameras is None:
+    for number, images in enumerate(images_by_identity):
+        if probe_images is None:
             chosen = rng.choice(images, size=2, replace=False)
             gallery.append(chosen[0])
             probe.append(chosen[1])
-            continue
-        # gallery: any image that has a partner in another camera; probe: from another camera
-        with_partner = [i for i in images if (cameras[images] != cameras[i]).any()]
-        gallery_index = rng.choice(with_partner)
-        others = images[cameras[images] != cameras[gallery_index]]
-        gallery.append(gallery_index)
-        probe.append(rng.choice(others))
+        else:
+            gallery.append(rng.choice(images))
+            probe.append(rng.choice(probe_images[number]))
     return np.array(gallery), np.array(probe)
 
 
@@ -99,22 +105,24 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
                     metric: str = "euclidean", seed: int = 0) -> dict[str, float]:
     r"""Mean single-shot CMC over ``num_splits`` random probe/gallery splits.
 
-    In each split, for every eligible identity one gallery image and one different probe image
-    are drawn uniformly (with ``cameras``: the probe from a different camera than the gallery
-    image). Each probe ranks the :math:`G` gallery images (:func:`match_ranks`, ties counted
-    against it), and
+    Without ``cameras``, every split draws for each identity one gallery image and one
+    different probe image. With ``cameras`` (exactly two, as VIPeR's A and B), the roles are
+    fixed, as in the VIPeR protocol: the probes come from camera A and the gallery from camera
+    B, then the reverse, and the two CMCs are averaged; each split draws one image per identity
+    and camera. Each probe ranks the :math:`G` gallery images (:func:`match_ranks`, ties
+    counted against it), and
 
     .. math::
         \mathrm{CMC}(r) = \frac{1}{G}\sum_{p=1}^{G} [\mathrm{rank}_p \le r],
 
-    averaged over the splits. Identities with a single image (with ``cameras``: images from a
-    single camera) cannot form a probe/gallery pair and are left out. A requested rank larger
-    than the gallery is clamped to :math:`G`, where the CMC is 1.
+    averaged over the splits (and the two directions). Identities with a single image (with
+    ``cameras``: without an image in each camera) cannot form a probe/gallery pair and are left
+    out. A requested rank larger than the gallery is clamped to :math:`G`, where the CMC is 1.
 
     Args:
         embeddings: :math:`(N, D)` test embeddings.
         identities: :math:`(N,)` identity labels.
-        cameras: optional :math:`(N,)` camera ids.
+        cameras: optional :math:`(N,)` camera ids, two distinct values (A = the smaller).
         num_splits: random splits :math:`R`. Default: 10.
         ranks: the ranks to report. Default: ``(1, 5, 10, 20)``.
         metric: ``"euclidean"`` or ``"cosine"``. Default: ``"euclidean"``.
@@ -136,29 +144,40 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
     camera_array = None if cameras is None else _as_array(cameras)
     if camera_array is not None and camera_array.shape != ids.shape:
         raise KdmlError(f"cameras must have shape {ids.shape}, got {camera_array.shape}")
+    if camera_array is not None and len(np.unique(camera_array)) != 2:
+        raise KdmlError(f"single-shot CMC with camera roles needs exactly two cameras, got "
+                        f"{len(np.unique(camera_array))}; pass cameras=None for other sets")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise KdmlError(f"num_splits must be a positive integer, got {num_splits!r}")
     if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks):
         raise KdmlError(f"ranks must be positive integers, got {list(ranks)}")
 
-    images_by_identity = []
-    for identity in np.unique(ids):
-        images = np.flatnonzero(ids == identity)
-        usable = (len(images) >= 2 if camera_array is None
-                  else len(np.unique(camera_array[images])) >= 2)
-        if usable:
-            images_by_identity.append(images)
-    if not images_by_identity:
-        need = "images from two cameras" if camera_array is not None else "two images"
+    # (gallery images, probe images or None) per identity, for each direction
+    directions: list[tuple[list[np.ndarray], list[np.ndarray] | None]] = []
+    if camera_array is None:
+        usable = [images for identity in np.unique(ids)
+                  if len(images := np.flatnonzero(ids == identity)) >= 2]
+        directions.append((usable, None))
+    else:
+        camera_a, camera_b = np.unique(camera_array)
+        per_camera = [(np.flatnonzero((ids == identity) & (camera_array == camera_a)),
+                       np.flatnonzero((ids == identity) & (camera_array == camera_b)))
+                      for identity in np.unique(ids)]
+        pairs = [(a, b) for a, b in per_camera if len(a) and len(b)]
+        directions.append(([b for _, b in pairs], [a for a, _ in pairs]))  # probe A, gallery B
+        directions.append(([a for a, _ in pairs], [b for _, b in pairs]))  # the reverse
+    gallery_size = len(directions[0][0])
+    if not gallery_size:
+        need = "an image in each camera" if camera_array is not None else "two images"
         raise KdmlError(f"no identity has {need}; single-shot CMC needs probe/gallery pairs")
-    gallery_size = len(images_by_identity)
 
     rng = np.random.default_rng(seed)
     curves = []
     for _ in range(num_splits):
-        gallery, probe = _draw_split(images_by_identity, camera_array, rng)
-        split_ranks = match_ranks(x[probe], ids[probe], x[gallery], ids[gallery], metric)
-        curves.append(cmc_curve(split_ranks, gallery_size))
+        for gallery_images, probe_images in directions:
+            gallery, probe = _draw_split(gallery_images, probe_images, rng)
+            split_ranks = match_ranks(x[probe], ids[probe], x[gallery], ids[gallery], metric)
+            curves.append(cmc_curve(split_ranks, gallery_size))
     mean_curve = np.mean(curves, axis=0)
     results = {f"cmc@{r}": float(mean_curve[min(r, gallery_size) - 1]) for r in ranks}
     results["gallery_size"] = float(gallery_size)

@@ -44,17 +44,18 @@ class VerificationResult:
 def best_threshold(similarities: np.ndarray, same: np.ndarray) -> tuple[float, float]:
     r"""The threshold :math:`t` maximising the accuracy of "same iff similarity :math:`\ge t`".
 
-    Candidates are the midpoints between consecutive distinct sorted similarities, plus one
-    below the smallest and one above the largest (all pairs "same" / all "different"): every
-    distinct decision on these pairs is reached by exactly one candidate. Ties in accuracy go
-    to the smallest candidate.
+    Candidates are the midpoints between consecutive distinct sorted similarities, plus
+    :math:`-\infty` (every pair "same") and :math:`+\infty` (every pair "different"): every
+    distinct decision on these pairs is reached by exactly one candidate, and the two extreme
+    decisions stay extreme on any held-out pair, however far outside this range its score
+    lies. Ties in accuracy go to the smallest candidate, i.e. the rule that calls the most
+    pairs "same" (for distances, given negated, that is the *largest* distance threshold).
 
     Returns:
         ``(threshold, accuracy on these pairs)``.
     """
     values = np.unique(similarities)
-    candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2,
-                                 [values[-1] + 1.0]])
+    candidates = np.concatenate([[-np.inf], (values[:-1] + values[1:]) / 2, [np.inf]])
     # pairs strictly below each candidate are called "different"
     order = np.argsort(similarities, kind="stable")
     sorted_sims, sorted_same = similarities[order], same[order]
@@ -79,7 +80,10 @@ def verification_accuracy(scores: Any, same: Any, folds: Any | None = None, num_
     For each fold :math:`f`: choose the threshold on the pairs of all other folds with
     :func:`best_threshold` (maximum accuracy; candidates are midpoints of sorted scores), call
     a held-out pair "same" iff its similarity is :math:`\ge` the threshold (for distances: iff
-    its distance is :math:`\le` it), and record the accuracy on fold :math:`f`.
+    its distance is :math:`\le` it), and record the accuracy on fold :math:`f`. Equally good
+    thresholds are broken towards calling more pairs "same": the lowest similarity threshold,
+    or the highest distance threshold. A threshold can be :math:`\pm\infty` (all pairs "same"
+    or all "different").
 
     .. math::
         \mathrm{mean} = \frac{1}{F}\sum_f \mathrm{acc}_f, \qquad
