@@ -6,6 +6,7 @@ Every user error becomes one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -111,6 +112,51 @@ def build_parser() -> argparse.ArgumentParser:
     charts.add_argument("--thumbnails", type=_integer(0), default=100,
                         help="images drawn as thumbnails (0 = points only; default 100)")
 
+    embed = commands.add_parser(
+        "embed", help="write a run's embeddings of a split to an .npz",
+        description="Embed a split (or another dataset) with a trained run's model; writes "
+        "embeddings, labels, positions, sources and, for Atlas runs, chart codes.")
+    embed.add_argument("run_dir", type=Path)
+    _add_split_options(embed)
+    embed.add_argument("--out", type=_folder, required=True, help="the .npz to write")
+
+    index = commands.add_parser(
+        "index", help="build a faiss index of a run's embeddings",
+        description="Build a search index of a split's embeddings: exact by default, IVF or "
+        "HNSW for large galleries; Atlas runs get one index per chart.")
+    index.add_argument("run_dir", type=Path)
+    _add_split_options(index)
+    index.add_argument("--out", type=_folder, required=True, help="a new index folder")
+    index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact")
+
+    search = commands.add_parser(
+        "search", help="the nearest indexed items of a query image or .npz",
+        description="Embed a query (an image file, or an .npz with 'embeddings' or raw "
+        "'inputs') with the run's model and print its nearest items in the index.")
+    search.add_argument("run_dir", type=Path)
+    search.add_argument("--index", type=_folder, required=True, metavar="DIR")
+    search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")
+    search.add_argument("-k", type=_integer(1), default=10, help="neighbours (default 10)")
+    search.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_data_root(search)
+
+    retrieval = plots.add_parser(
+        "retrieval", help="queries and their nearest test images, hits and misses marked",
+        description="Draw random test queries and their top-K test images into "
+        "plots/retrieval.png, each result framed green (same class) or red.")
+    retrieval.add_argument("run_dir", type=Path)
+    _add_data_root(retrieval)
+    retrieval.add_argument("--queries", type=_integer(1), default=8)
+    retrieval.add_argument("-k", type=_integer(1), default=8)
+    retrieval.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
+    embedding = plots.add_parser(
+        "embedding", help="a 2-D map of the test embeddings, by class (UMAP or t-SNE)",
+        description="Map the test embeddings to 2-D with UMAP when umap-learn is installed, "
+        "else t-SNE (scikit-learn), into plots/embedding.png.")
+    embedding.add_argument("run_dir", type=Path)
+    _add_data_root(embedding)
+    embedding.add_argument("--max-points", type=_integer(3), default=5000)
+
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
     config = commands.add_parser(
@@ -123,12 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_split_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split", choices=("test", "train", "gallery"), default="test")
+    parser.add_argument("--dataset", help="embed another dataset with the run's model")
+    _add_data_root(parser)
+
+
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", metavar="DIR", type=_folder,
                         help="where the run's on-disk dataset is now, if it moved")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
     # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
     # matching does not allow, so collect the leftovers and accept only overrides among them.
@@ -421,6 +475,69 @@ def _plot_charts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _embed(args: argparse.Namespace) -> int:
+    from kdml.inspection import embed_part, run_part, write_npz
+    from kdml.training.trainer import load_run
+
+    trained = load_run(args.run_dir, None if args.dataset else args.data_root)
+    part = run_part(trained, args.split, args.dataset, args.data_root)
+    arrays = embed_part(trained, part)
+    path = write_npz(args.out, arrays)
+    print(f"{len(arrays['labels'])} embeddings of size {arrays['embeddings'].shape[1]} "
+          f"written to {path}")
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from kdml.inspection import index_part, run_part
+    from kdml.training.trainer import load_run
+
+    trained = load_run(args.run_dir, None if args.dataset else args.data_root)
+    part = run_part(trained, args.split, args.dataset, args.data_root)
+    info = index_part(trained, part, args.out, args.kind)
+    charts = f", {len(info.charts)} charts" if info.charts is not None else ""
+    print(f"{info.kind} {info.metric} index of {info.count} {info.dim}-d vectors{charts} "
+          f"written to {args.out}")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from kdml.inspection import results_as_json, search
+    from kdml.training.trainer import load_run
+
+    trained = load_run(args.run_dir, args.data_root)
+    results = search(trained, args.index, args.query, args.k)
+    if args.json:
+        print(results_as_json(results))
+        return 0
+    for result in results:
+        print(f"query {result['query']}:")
+        print(f"  {'rank':>4}  {'score':>10}  {'label':>6}  source")
+        for item in result["neighbours"]:
+            print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  "
+                  f"{item['source']}")
+    return 0
+
+
+def _plot_retrieval(args: argparse.Namespace) -> int:
+    from kdml.inspection import plot_retrieval
+    from kdml.training.trainer import load_run
+
+    path = plot_retrieval(load_run(args.run_dir, args.data_root), args.queries, args.k,
+                          args.seed)
+    print(f"retrieval grid written to {path}")
+    return 0
+
+
+def _plot_embedding(args: argparse.Namespace) -> int:
+    from kdml.inspection import plot_embedding
+    from kdml.training.trainer import load_run
+
+    path = plot_embedding(load_run(args.run_dir, args.data_root), args.max_points)
+    print(f"embedding map written to {path}")
+    return 0
+
+
 def _datasets(args: argparse.Namespace) -> int:
     from kdml.data.domains import DOMAIN_PAIRS
     from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE, candidate_roots
@@ -468,11 +585,12 @@ def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
 
 
 _COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
-             "config": _config,
+             "config": _config, "embed": _embed, "index": _index, "search": _search,
              "analyze": lambda args: _ANALYSES[args.analysis](args),
              "plot": lambda args: _PLOTS[args.plot](args)}
 _ANALYSES = {"generalization": _analyze_generalization}
-_PLOTS = {"charts": _plot_charts}
+_PLOTS = {"charts": _plot_charts, "retrieval": _plot_retrieval,
+          "embedding": _plot_embedding}
 
 
 if __name__ == "__main__":

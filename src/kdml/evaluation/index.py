@@ -1,0 +1,170 @@
+"""Search indexes of a trained run's embeddings, with faiss (``kdml index``, ``kdml search``).
+
+An index folder holds ``index.faiss`` (or, for an Atlas run, ``chart_<i>.faiss``, one per
+chart, since points of different charts are infinitely far apart), ``items.npz`` (the labels,
+dataset positions and sources of the indexed samples) and ``index.json``: the metric, the
+dimension, the kind, the vectors' rescaling factor and the fingerprint of the run's checkpoint,
+so that a query embedded by another model is refused.
+
+Kinds: ``exact`` (brute force, the evaluation's results), ``ivf`` (an inverted file: k-means
+cells, ``4 sqrt(N)`` of them but at least 39 points each, searching 16) and ``hnsw`` (a graph,
+32 links per node), the usual faiss choices for galleries of millions; both approximate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from kdml.errors import KdmlError
+from kdml.evaluation.knn import as_float_matrix, search_scale, to_search_vectors
+
+INDEX_KINDS = ("exact", "ivf", "hnsw")
+IVF_PROBES = 16
+HNSW_LINKS = 32
+
+
+@dataclass
+class IndexInfo:
+    """What ``index.json`` records about an index."""
+
+    run: str
+    checkpoint_sha256: str
+    metric: str  # cosine | euclidean
+    dim: int
+    kind: str
+    count: int
+    scale: float  # the vectors were divided by it before indexing (kdml.evaluation.knn)
+    charts: list[int] | None = None  # Atlas: the charts with an index file
+
+
+def checkpoint_fingerprint(path: Path) -> str:
+    """sha256 of a checkpoint file: ties an index to the model that embedded it."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
+    dim = vectors.shape[1]
+    faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2
+    if kind == "exact":
+        index = faiss.IndexFlatIP(dim) if metric == "cosine" else faiss.IndexFlatL2(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_LINKS, faiss_metric)
+    else:
+        # faiss's rule of thumb, 4 sqrt(N) cells, with the 39 points per cell its k-means asks
+        cells = max(1, min(int(4 * math.sqrt(len(vectors))), len(vectors) // 39))
+        quantizer = faiss.IndexFlatIP(dim) if metric == "cosine" else faiss.IndexFlatL2(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss_metric)
+        index.train(vectors)
+        index.nprobe = min(IVF_PROBES, cells)
+    index.add(vectors)
+    return index
+
+
+def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], info: IndexInfo,
+                chart_index: np.ndarray | None = None) -> IndexInfo:
+    """Index ``embeddings`` [N, d] into ``folder`` (one index per chart with ``chart_index``);
+    ``items`` holds per-sample arrays (labels, positions, sources) saved beside it."""
+    if info.kind not in INDEX_KINDS:
+        raise KdmlError(f"the index kind must be one of {', '.join(INDEX_KINDS)}, got "
+                        f"{info.kind!r}")
+    array = as_float_matrix(embeddings, "embeddings")
+    info.scale = search_scale(array)
+    vectors = to_search_vectors(array, info.scale, info.metric)
+    info.dim, info.count = int(vectors.shape[1]), len(vectors)
+    folder.mkdir(parents=True, exist_ok=True)
+    if chart_index is None:
+        faiss.write_index(_faiss_index(vectors, info.kind, info.metric),
+                          str(folder / "index.faiss"))
+    else:
+        info.charts = sorted(int(chart) for chart in np.unique(chart_index))
+        for chart in info.charts:
+            members = np.flatnonzero(chart_index == chart)
+            faiss.write_index(_faiss_index(vectors[members], info.kind, info.metric),
+                              str(folder / f"chart_{chart}.faiss"))
+        items = {**items, "chart": chart_index}
+    np.savez(folder / "items.npz", **items)
+    (folder / "index.json").write_text(json.dumps(asdict(info), indent=2))
+    return info
+
+
+@dataclass
+class LoadedIndex:
+    info: IndexInfo
+    items: dict[str, np.ndarray]
+    indexes: dict[int, faiss.Index]  # chart -> index (key -1: the single index)
+
+
+def load_index(folder: Path) -> LoadedIndex:
+    """Read an index folder written by :func:`build_index` (one-line errors)."""
+    meta = folder / "index.json"
+    if not meta.is_file():
+        raise KdmlError(f"{folder} is not a kdml index (no index.json); build one with "
+                        "'kdml index RUN_DIR --out DIR'")
+    try:
+        info = IndexInfo(**json.loads(meta.read_text()))
+        with np.load(folder / "items.npz", allow_pickle=False) as archive:
+            items = {key: archive[key] for key in archive.files}
+        names = ([f"chart_{chart}.faiss" for chart in info.charts] if info.charts is not None
+                 else ["index.faiss"])
+        keys = info.charts if info.charts is not None else [-1]
+        indexes = {key: faiss.read_index(str(folder / name))
+                   for key, name in zip(keys, names, strict=True)}
+    except (OSError, ValueError, TypeError, RuntimeError) as error:
+        raise KdmlError(f"{folder} holds a damaged index ({type(error).__name__}); build it "
+                        "again with 'kdml index'") from None
+    return LoadedIndex(info, items, indexes)
+
+
+def search_index(loaded: LoadedIndex, queries: Any, k: int,
+                 query_charts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` nearest indexed items of each query: scores ``[Q, k]`` (cosine
+    similarities, or Euclidean distances in the embeddings' units; NaN where fewer items exist)
+    and item positions ``[Q, k]`` (-1 where none). Atlas indexes search each query's own chart
+    (``query_charts``) only."""
+    info = loaded.info
+    array = as_float_matrix(queries, "queries")
+    if array.shape[1] != info.dim:
+        raise KdmlError(f"the queries have dimension {array.shape[1]} but the index holds "
+                        f"{info.dim}-d vectors; embed them with the run the index was built from")
+    if k < 1:
+        raise KdmlError(f"-k must be at least 1, got {k}")
+    vectors = to_search_vectors(array, info.scale, info.metric)
+    scores = np.full((len(vectors), k), np.nan, dtype=np.float32)
+    positions = np.full((len(vectors), k), -1, dtype=np.int64)
+    if info.charts is None:
+        found_scores, found = loaded.indexes[-1].search(vectors, min(k, info.count))
+        scores[:, :found.shape[1]], positions[:, :found.shape[1]] = found_scores, found
+        return _in_units(scores, positions, info), positions
+    if query_charts is None:
+        raise KdmlError("an Atlas index is searched chart by chart: give the queries' charts")
+    chart_of_item = loaded.items["chart"]
+    for chart, index in loaded.indexes.items():
+        rows = np.flatnonzero(query_charts == chart)
+        members = np.flatnonzero(chart_of_item == chart)
+        if not len(rows):
+            continue
+        found_scores, found = index.search(vectors[rows], min(k, len(members)))
+        width = found.shape[1]
+        scores[rows, :width] = found_scores
+        positions[rows, :width] = np.where(found >= 0, members[np.maximum(found, 0)], -1)
+    return _in_units(scores, positions, info), positions
+
+
+def _in_units(scores: np.ndarray, positions: np.ndarray, info: IndexInfo) -> np.ndarray:
+    """faiss's scores as similarities (cosine) or distances in the embeddings' own units."""
+    scores = np.where(positions >= 0, scores, np.nan)
+    if info.metric == "cosine":
+        return scores
+    return np.sqrt(np.maximum(scores, 0.0)) * info.scale

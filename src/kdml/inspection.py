@@ -1,0 +1,232 @@
+"""Looking at a trained run: its embeddings of a split (``kdml embed``), a search index of them
+(``kdml index``), queries against that index (``kdml search``) and pictures (``kdml plot
+retrieval``, ``kdml plot embedding``). The command line calls these; they return data and write
+files, and print nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kdml.config import RunConfig
+from kdml.data.dataset import DmlDataset
+from kdml.data.images import IMAGE_EXTENSIONS, load_image
+from kdml.data.prepare import prepare_data
+from kdml.data.transforms import to_unit_float
+from kdml.errors import KdmlError
+from kdml.evaluation.evaluator import (
+    Embedded,
+    Embedder,
+    chart_codes_of,
+    dataset_labels,
+    embed_dataset,
+)
+from kdml.evaluation.index import (
+    IndexInfo,
+    build_index,
+    checkpoint_fingerprint,
+    load_index,
+    search_index,
+)
+from kdml.evaluation.knn import knn_search
+from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
+from kdml.viz_retrieval import embedding_map, plot_embedding_map, plot_retrieval_grid
+
+SPLITS = ("test", "train", "gallery")
+
+
+@dataclasses.dataclass
+class Part:
+    """A split of a run's data, as the run's model sees it."""
+
+    dataset: DmlDataset
+    labels: torch.Tensor  # the dataset's own labels
+    embedder: Embedder
+
+
+def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = None,
+             data_root: str | None = None) -> Part:
+    """The run's ``split`` (or that of another dataset, embedded by the run's model)."""
+    if split not in SPLITS:
+        raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+    config: RunConfig = trained.config
+    splits, embedder = trained.splits, trained.embedder
+    if dataset is not None:
+        data = dataclasses.replace(config.data, dataset=dataset, root=data_root or "")
+        splits = prepare_data(data)
+        other = dataclasses.replace(config, data=data)
+        embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
+                                  embedder.device)
+    chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
+    if chosen is None:
+        raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")
+    labels = (dataset_labels(splits, chosen.labels) if split == "train" else chosen.labels)
+    return Part(chosen.relabelled(labels), labels, embedder)
+
+
+def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
+    """Embeddings (and, for Atlas runs, chart codes), labels, positions and sources."""
+    embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    arrays = _items(part.dataset, embedded)
+    arrays["embeddings"] = embedded.values.float().cpu().numpy()
+    if trained.method.has_charts:
+        codes = chart_codes_of(trained.method, part.dataset, part.embedder)
+        arrays["chart_coords"] = codes.values[0].float().cpu().numpy()
+        arrays["chart_index"] = codes.values[1].cpu().numpy()
+    return arrays
+
+
+def _items(dataset: DmlDataset, embedded: Embedded) -> dict[str, np.ndarray]:
+    positions = embedded.indices.numpy()
+    return {"labels": embedded.labels.numpy(), "positions": positions,
+            "sources": np.array([dataset.source_of(int(i)) for i in positions], dtype=str)}
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``arrays`` to a new ``.npz`` file (an existing file is never replaced)."""
+    if path.suffix != ".npz":
+        raise KdmlError(f"--out {path} must end in .npz")
+    if path.exists():
+        raise KdmlError(f"{path} exists; kdml does not overwrite files: choose another --out")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
+    return path
+
+
+def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> IndexInfo:
+    """A faiss index of the part's embeddings (Atlas: one per chart, on chart coordinates)."""
+    if folder.exists() and any(folder.iterdir()):
+        raise KdmlError(f"--out {folder} is not empty; an index goes into a new folder")
+    arrays = embed_part(trained, part)
+    items = {key: arrays[key] for key in ("labels", "positions", "sources")}
+    charts = trained.method.has_charts
+    info = IndexInfo(str(trained.run.root), checkpoint_fingerprint(trained.run.checkpoint),
+                     "euclidean" if charts else trained.config.eval.metric, 0, kind, 0, 1.0)
+    vectors = arrays["chart_coords"] if charts else arrays["embeddings"]
+    return build_index(folder, vectors, items, info,
+                       arrays["chart_index"] if charts else None)
+
+
+def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndarray | None,
+                                                                 list[str]]:
+    """The query's vectors (embeddings, or chart coordinates for Atlas runs), their charts and
+    names, from an image file (runs on image files) or an ``.npz`` with ``embeddings`` (and
+    ``chart_index``) or raw ``inputs`` shaped like the run's samples."""
+    if not query.is_file():
+        raise KdmlError(f"query {query} does not exist")
+    method, embedder = trained.method, trained.embedder
+    if query.suffix.lower() == ".npz":
+        try:
+            with np.load(query, allow_pickle=False) as archive:
+                arrays = {key: archive[key] for key in archive.files}
+        except (OSError, ValueError) as error:
+            raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
+        names = [f"{query.name}[{i}]" for i in range(len(next(iter(arrays.values()), [])))]
+        if "embeddings" in arrays:
+            key = "chart_coords" if method.has_charts else "embeddings"
+            if key not in arrays:
+                raise KdmlError(f"query {query} needs '{key}' for this Atlas run")
+            return arrays[key], arrays.get("chart_index"), names
+        if "inputs" not in arrays:
+            raise KdmlError(f"query {query} holds neither 'embeddings' nor 'inputs'")
+        inputs = torch.from_numpy(arrays["inputs"])
+        expected = trained.splits.train.sample_shape
+        if tuple(inputs.shape[1:]) != tuple(expected):
+            raise KdmlError(f"query inputs have shape {tuple(inputs.shape[1:])} per sample but "
+                            f"the run's samples are {tuple(expected)}")
+    elif query.suffix.lower() in IMAGE_EXTENSIONS:
+        if not trained.splits.train.is_file_backed:
+            raise KdmlError("image queries need a run trained on image files; give an .npz "
+                            "with 'inputs' or 'embeddings'")
+        try:
+            inputs = load_image(query, trained.config.data.resize)[None]
+        except OSError as error:
+            raise KdmlError(f"cannot decode image {query} ({error})") from None
+        names = [query.name]
+    else:
+        raise KdmlError(f"query {query} must be an image file or an .npz")
+    method.eval()
+    with torch.no_grad():
+        batch = embedder.transform(inputs.to(embedder.device))
+        if method.has_charts:
+            coords, charts = method.chart_codes(batch)
+            return coords.float().cpu().numpy(), charts.cpu().numpy(), names
+        return method.embed(batch).float().cpu().numpy(), None, names
+
+
+def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list[dict[str, Any]]:
+    """Each query's ``k`` nearest indexed items: rank, score, label, source."""
+    loaded = load_index(index_folder)
+    if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(trained.run.checkpoint):
+        raise KdmlError(f"index {index_folder} was built from another checkpoint "
+                        f"({loaded.info.run}); build it from this run with "
+                        f"'kdml index {trained.run.root}'")
+    vectors, charts, names = query_vectors(trained, query)
+    scores, positions = search_index(loaded, vectors, k, charts)
+    results = []
+    for name, row_scores, row_positions in zip(names, scores, positions, strict=True):
+        neighbours = [{"rank": rank, "score": float(score),
+                       "label": int(loaded.items["labels"][position]),
+                       "source": str(loaded.items["sources"][position])}
+                      for rank, (score, position) in enumerate(zip(row_scores, row_positions,
+                                                                   strict=True), start=1)
+                      if position >= 0]
+        results.append({"query": name, "neighbours": neighbours})
+    return results
+
+
+def results_as_json(results: list[dict[str, Any]]) -> str:
+    return json.dumps(results, indent=2)
+
+
+def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> Path:
+    """``plots/retrieval.png``: random test queries (with at least one same-class test sample)
+    and their ``k`` nearest test images, hits and misses marked."""
+    part = run_part(trained)
+    if not part.dataset.is_image:
+        raise KdmlError("plot retrieval draws images; this run's samples are not images")
+    embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    labels = embedded.labels.numpy()
+    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    eligible = np.flatnonzero(counts[codes] > 1)
+    if not len(eligible):
+        raise KdmlError("no test sample has another of its class to retrieve")
+    k = min(k, len(labels) - 1)
+    chosen = np.random.default_rng(seed).choice(eligible, min(queries, len(eligible)),
+                                                replace=False)
+    metric = trained.config.eval.metric
+    neighbours = np.concatenate([chunk.indices for chunk in knn_search(
+        embedded.values, k=k, metric=metric, exclude_self=True)])[chosen]
+    positions = embedded.indices.numpy()
+    hits = labels[neighbours] == labels[chosen][:, None]
+
+    def image(position: int) -> torch.Tensor:
+        return to_unit_float(part.dataset.load(position))
+
+    def title(position: int) -> str:
+        return str(int(part.dataset.labels[position]))
+
+    return plot_retrieval_grid(positions[chosen], positions[neighbours], hits, image,
+                               trained.run.plots / "retrieval.png", title)
+
+
+def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
+    """``plots/embedding.png``: the test embeddings in 2-D (UMAP, else t-SNE), by class."""
+    part = run_part(trained)
+    embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    values = embedded.values.float().cpu().numpy()
+    labels = embedded.labels.numpy()
+    if len(values) > max_points:
+        keep = np.random.default_rng(seed).choice(len(values), max_points, replace=False)
+        values, labels = values[keep], labels[keep]
+    if len(values) < 3:
+        raise KdmlError("a 2-D map needs at least 3 test samples")
+    coordinates, method = embedding_map(values, seed)
+    return plot_embedding_map(coordinates, labels, trained.run.plots / "embedding.png", method,
+                              f"{trained.config.recipe} on {trained.config.data.dataset}")

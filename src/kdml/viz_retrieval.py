@@ -1,0 +1,114 @@
+"""Pictures of a trained embedding: a grid of queries and their nearest test images (hits and
+misses marked, as DML papers show retrieval) and a 2-D map of the test embeddings by class.
+
+matplotlib's object API with the Agg canvas: no display, no global backend change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from kdml.errors import KdmlError
+
+HIT, MISS = "#1a9850", "#d73027"
+
+
+def _picture(image: Any) -> tuple[np.ndarray, str | None]:
+    """[C, H, W] or [H, W] in [0, 1] -> an array imshow takes, and its colour map."""
+    array = np.asarray(image.detach().cpu() if hasattr(image, "detach") else image,
+                       dtype=np.float32)
+    if array.ndim == 3 and array.shape[0] in (1, 3):
+        array = array.transpose(1, 2, 0)
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3):
+        raise KdmlError(f"cannot draw a sample of shape {tuple(np.shape(image))} as an image")
+    return np.clip(array, 0.0, 1.0), "gray" if array.ndim == 2 else None
+
+
+def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.ndarray,
+                        image: Callable[[int], Any], path: Path,
+                        titles: Callable[[int], str] | None = None) -> Path:
+    """One row per query: the query image, then its nearest neighbours, each framed green
+    (same class) or red (another class).
+
+    Args:
+        queries: ``[Q]`` dataset positions of the queries.
+        neighbours: ``[Q, K]`` dataset positions of their nearest neighbours, nearest first.
+        hits: ``[Q, K]`` bool, the neighbour has the query's class.
+        image: position -> image ``[C, H, W]`` or ``[H, W]`` in [0, 1].
+        path: the PNG to write.
+        titles: position -> a short caption (e.g. the class).
+    """
+    rows, columns = neighbours.shape[0], neighbours.shape[1] + 1
+    figure = Figure(figsize=(1.3 * columns, 1.45 * rows))
+    FigureCanvasAgg(figure)
+    for row, query in enumerate(queries):
+        for column, position in enumerate([query, *neighbours[row]]):
+            axes = figure.add_subplot(rows, columns, row * columns + column + 1)
+            pixels, colour_map = _picture(image(int(position)))
+            axes.imshow(pixels, cmap=colour_map, vmin=0.0, vmax=1.0)
+            axes.set_xticks([])
+            axes.set_yticks([])
+            colour, width = "black", 1.0
+            if column:
+                colour, width = (HIT if hits[row, column - 1] else MISS), 3.0
+            for spine in axes.spines.values():
+                spine.set_edgecolor(colour)
+                spine.set_linewidth(width)
+            caption = "query" if column == 0 else f"{column}"
+            if titles is not None:
+                caption = f"{caption}: {titles(int(position))}"
+            axes.set_title(caption, fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def embedding_map(embeddings: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
+    """2-D coordinates of ``embeddings`` [N, d]: UMAP when ``umap-learn`` is installed, else
+    scikit-learn's t-SNE; and the method's name."""
+    if embeddings.shape[1] == 2:
+        return embeddings, "the embedding itself (d = 2)"
+    try:
+        import umap  # optional: not a dependency of kdml
+    except ImportError:
+        from sklearn.manifold import TSNE
+
+        perplexity = float(min(30.0, max(2.0, (len(embeddings) - 1) / 3)))
+        coordinates = TSNE(n_components=2, init="pca", perplexity=perplexity,
+                           random_state=seed).fit_transform(embeddings)
+        return coordinates, "t-SNE"
+    return umap.UMAP(n_components=2, random_state=seed).fit_transform(embeddings), "UMAP"
+
+
+def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
+                       method: str, title: str) -> Path:
+    """Scatter of 2-D ``coordinates``, coloured by class."""
+    classes = np.unique(labels)
+    figure = Figure(figsize=(6, 6))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    if len(classes) <= 20:  # one colour and legend entry per class
+        colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
+        for number, label in enumerate(classes):
+            members = labels == label
+            axes.scatter(coordinates[members, 0], coordinates[members, 1], s=6, linewidths=0,
+                         color=colours(number), label=str(label))
+        axes.legend(title="class", fontsize=7, markerscale=2, loc="best")
+    else:  # too many classes for a legend: colours only tell neighbours apart
+        axes.scatter(coordinates[:, 0], coordinates[:, 1], c=np.searchsorted(classes, labels),
+                     s=6, cmap="tab20", linewidths=0)
+    axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path

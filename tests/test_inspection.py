@@ -1,0 +1,139 @@
+"""kdml embed, index, search and the retrieval and embedding plots, on tiny runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from fixtures_array_sets import make_image_folder
+
+from kdml import cli
+from kdml.evaluation.knn import knn_search
+
+TINY = ["--no-progress", "train.epochs=1", "eval.nmi=false", "model.embedding_size=8",
+        "train.device=cpu"]
+
+
+def kdml(*args) -> int:
+    return cli.main([str(arg) for arg in args])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inspect")
+    assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", root / "plain", *TINY) == 0
+    assert kdml("train", "mtriplet", "--dataset", "digits", "--out", root / "atlas", *TINY,
+                "method.n_charts=3", "data.batch_size=20", "data.samples_per_class=4") == 0
+    return root
+
+
+def test_embed_writes_embeddings_labels_and_sources(runs, tmp_path, capsys):
+    out = tmp_path / "test.npz"
+    assert kdml("embed", runs / "plain", "--out", out) == 0
+    arrays = np.load(out)
+    assert arrays["embeddings"].shape == (896, 8) and arrays["labels"].min() == 5
+    assert arrays["positions"].tolist() == list(range(896))
+    assert arrays["sources"][3] == "digits/test[3]"
+    train = tmp_path / "train.npz"
+    assert kdml("embed", runs / "plain", "--split", "train", "--out", train) == 0
+    assert set(np.load(train)["labels"].tolist()) == {0, 1, 2, 3, 4}  # the dataset's labels
+    capsys.readouterr()
+    assert kdml("embed", runs / "plain", "--out", out) == 2  # never overwritten
+    assert "exists" in capsys.readouterr().err
+    assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0
+    atlas = np.load(tmp_path / "atlas.npz")
+    assert atlas["chart_coords"].shape == (896, 2) and atlas["chart_index"].max() <= 2
+
+
+@pytest.mark.parametrize("kind", ["exact", "ivf", "hnsw"])
+def test_index_and_search_find_the_nearest_test_samples(runs, tmp_path, capsys, kind):
+    index = tmp_path / "index"
+    assert kdml("index", runs / "plain", "--out", index, "--kind", kind) == 0
+    assert kdml("embed", runs / "plain", "--out", tmp_path / "test.npz") == 0
+    embeddings = np.load(tmp_path / "test.npz")["embeddings"]
+    np.savez(tmp_path / "query.npz", embeddings=embeddings[:3])
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", index, "--query", tmp_path / "query.npz",
+                "-k", "5", "--json") == 0
+    results = json.loads(capsys.readouterr().out)
+    assert len(results) == 3 and all(len(r["neighbours"]) == 5 for r in results)
+    exact = np.concatenate([c.indices for c in knn_search(embeddings[:3], embeddings, k=5)])
+    found = [[int(item["source"].split("[")[1][:-1]) for item in r["neighbours"]]
+             for r in results]
+    if kind == "exact":
+        assert found == exact.tolist()
+    else:  # approximate indexes: the query itself, and most exact neighbours, are found
+        assert all(row[0] == query for query, row in enumerate(found))
+
+
+def test_atlas_index_searches_the_query_chart_only(runs, tmp_path, capsys):
+    index = tmp_path / "index"
+    assert kdml("index", runs / "atlas", "--out", index) == 0
+    assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
+    codes = np.load(tmp_path / "codes.npz")
+    np.savez(tmp_path / "query.npz", embeddings=codes["embeddings"][:4],
+             chart_coords=codes["chart_coords"][:4], chart_index=codes["chart_index"][:4])
+    capsys.readouterr()
+    assert kdml("search", runs / "atlas", "--index", index, "--query", tmp_path / "query.npz",
+                "-k", "3", "--json") == 0
+    for query, result in enumerate(json.loads(capsys.readouterr().out)):
+        charts = {int(codes["chart_index"][int(item["source"].split("[")[1][:-1])])
+                  for item in result["neighbours"]}
+        assert charts == {int(codes["chart_index"][query])}
+
+
+def test_queries_of_raw_inputs_and_images(tmp_path, capsys):
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1,2]") == 0
+    assert kdml("index", run, "--out", tmp_path / "index") == 0
+    image = sorted((folder / "c03").iterdir())[0]
+    capsys.readouterr()
+    assert kdml("search", run, "--index", tmp_path / "index", "--query", image, "-k", "2") == 0
+    printed = capsys.readouterr().out
+    assert f"query {image.name}:" in printed and "c03" in printed
+    np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 3, 36, 36), dtype=np.uint8))
+    assert kdml("search", run, "--index", tmp_path / "index", "--query",
+                tmp_path / "raw.npz") == 0
+    np.savez(tmp_path / "bad.npz", inputs=np.zeros((2, 3, 20, 20), dtype=np.uint8))
+    capsys.readouterr()
+    assert kdml("search", run, "--index", tmp_path / "index", "--query",
+                tmp_path / "bad.npz") == 2
+    assert "shape (3, 20, 20) per sample" in capsys.readouterr().err
+
+
+def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
+    assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
+    np.savez(tmp_path / "query.npz", embeddings=np.zeros((1, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "atlas-index", "--query",
+                tmp_path / "query.npz") == 2
+    assert "another checkpoint" in capsys.readouterr().err
+    assert kdml("index", runs / "plain", "--out", tmp_path / "plain-index") == 0
+    np.savez(tmp_path / "wide.npz", embeddings=np.zeros((1, 5), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "plain-index", "--query",
+                tmp_path / "wide.npz") == 2
+    err = capsys.readouterr().err
+    assert "dimension 5" in err and err.count("\n") == 1
+
+
+def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
+    assert kdml("plot", "retrieval", runs / "plain", "--queries", "3", "-k", "4") == 0
+    assert kdml("plot", "embedding", runs / "plain", "--max-points", "300") == 0
+    for name in ("retrieval.png", "embedding.png"):
+        path = runs / "plain" / "plots" / name
+        assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_retrieval_needs_images(tmp_path, capsys):
+    run = tmp_path / "signals"
+    assert kdml("train", "amsoftmax", "--dataset", "mnist1d", "--out", run, *TINY) == 0
+    capsys.readouterr()
+    assert kdml("plot", "retrieval", run) == 2
+    assert "not images" in capsys.readouterr().err
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1
