@@ -137,7 +137,7 @@ def test_one_training_step_reaches_the_backbone(name):
         assert embeddings.shape == (8, expected_width)
         if method.has_charts:
             codes, index = method.chart_codes(images(1))
-            reference = compressed_code(method.head(method.backbone(images(1))))
+            reference = compressed_code(method.charts(images(1)))
             assert torch.equal(codes, reference[0]) and torch.equal(index, reference[1])
             assert codes.shape == (8, 2) and index.dtype == torch.int64
 
@@ -192,11 +192,12 @@ def test_msimclr_objective_is_nt_xent_plus_regularizers():
     torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
     view1, view2 = method.augment(x)
     prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
-    outputs = method.head(method.backbone(torch.cat([view1, view2])))
-    projections = method.projection(outputs.coords, outputs.q)
+    outputs = method.charts(torch.cat([view1, view2]))
+    coords = outputs.coords.clamp(-10, 10)  # the authors' clamp (method.coordinate_clamp)
+    projections = method.projection(coords, outputs.q)
     nt_xent = literal_nt_xent(projections.tolist(), 0.5)
-    mmd = 0.5 * (ManifoldMMD(2, 3)(outputs.coords[:8], outputs.q[:8], prior1)
-                 + ManifoldMMD(2, 3)(outputs.coords[8:], outputs.q[8:], prior2)).item()
+    mmd = 0.5 * (ManifoldMMD(2, 3)(coords[:8], outputs.q[:8], prior1)
+                 + ManifoldMMD(2, 3)(coords[8:], outputs.q[8:], prior2)).item()
     chart = ChartMembershipLoss()(outputs.q).item()
     assert float(output.terms["nt_xent"]) == pytest.approx(nt_xent, rel=1e-9)
     assert output.loss.item() == pytest.approx(nt_xent + 2.0 * mmd + 0.5 * chart, rel=1e-9)
@@ -328,7 +329,35 @@ def test_msimclr_end_to_end_with_the_piecewise_linear_probe(tmp_path):
     recipe = next(r for r in RECIPES if r.name == "msimclr")
     config = resolve_config("msimclr", recipe.params, recipe.defaults, overrides=[
         "train.epochs=1", "data.dataset=digits", "data.batch_size=64", "method.n_charts=4",
-        "eval.nmi=false"])
+        "eval.nmi=false", "model.backbone=cnn", "model.small_input=false"])
     assert config.data.split == "seen-holdout"
     metrics = train(config, tmp_path / "run", progress=False, echo=lambda _: None)
     assert 0.0 <= metrics["linear_accuracy"] <= 1.0 and 0.0 <= metrics["recall@1"] <= 1.0
+
+
+def test_msimclr_follows_appendix_a1_and_the_authors_code_by_default():
+    recipe = next(r for r in RECIPES if r.name == "msimclr")
+    config = resolve_config("msimclr", recipe.params, recipe.defaults)
+    assert (config.model.backbone, config.model.small_input) == ("torchvision:resnet18", True)
+    assert (config.optim.lr, config.optim.weight_decay) == (1e-4, 2e-6)
+    assert (config.data.batch_size, config.train.epochs) == (128, 100)
+    params = config.method
+    assert (params.proj_dim, params.crop_size, params.feature_dim) == (64, 32, 2048)
+    assert params.coordinate_clamp == 10.0
+    method = build("msimclr", dim=2, n_charts=3)
+    assert method.features.out_features == 2048 and method.head.coordinates.in_features == 2048
+    view1, _ = method.augment(images())
+    assert view1.shape[-2:] == (32, 32)  # crops of 32 also from smaller images
+
+
+def test_msimclr_clamps_coordinates_before_the_mmd():
+    method = build("msimclr", dim=2, n_charts=3, lambda1=1.0, lambda2=0.0).double()
+    with torch.no_grad():
+        method.head.coordinates.bias.fill_(50.0)  # every coordinate far beyond the clamp
+    x = images().double()
+    torch.manual_seed(1)
+    clamped = method(x, torch.tensor(LABELS)).terms["mmd"]
+    method.clamp = 0.0
+    torch.manual_seed(1)
+    free = method(x, torch.tensor(LABELS)).terms["mmd"]
+    assert float(clamped) != pytest.approx(float(free))

@@ -42,7 +42,8 @@ def assert_same_training(single, double, tolerance=1e-5):
     ("jrd", ["--dataset=digits", "data.batch_size=40"]),
     ("mtriplet", ["--dataset=digits", "data.batch_size=20", "data.samples_per_class=4",
                   "method.n_charts=3"]),
-    ("msimclr", ["--dataset=digits", "data.batch_size=32", "method.n_charts=3"]),
+    ("msimclr", ["--dataset=digits", "data.batch_size=32", "method.n_charts=3",
+                 "model.backbone=cnn", "model.small_input=false"]),
     ("dtml", ["--dataset=NPZ", "data.batch_size=16", "data.samples_per_class=4",
               "method.k1=2", "method.k2=3"]),
 ])
@@ -84,8 +85,10 @@ def test_sharded_jrs_value_and_gradient_in_one_process(kernel):
 
 @pytest.mark.parametrize("recipe", ["amsoftmax", "mtriplet", "msimclr"])
 def test_distributed_evaluation_equals_the_single_process_one(tmp_path, recipe):
-    overrides = ["data.dataset=digits", "model.embedding_size=8", "method.n_charts=3"
-                 if recipe != "amsoftmax" else "model.freeze_bn=false"]
+    overrides = ["data.dataset=digits", "model.embedding_size=8", "model.backbone=cnn",
+                 "method.n_charts=3" if recipe != "amsoftmax" else "model.freeze_bn=false"]
+    if recipe == "msimclr":
+        overrides.append("model.small_input=false")
     single = run_ranks(1, evaluate_untrained, recipe, overrides, tmp_path=tmp_path)
     double = run_ranks(2, evaluate_untrained, recipe, overrides, tmp_path=tmp_path)
     assert double == single

@@ -26,8 +26,8 @@ class SimCLRAugment(nn.Module):
 
     Per view and image, in order:
 
-    1. ``RandomResizedCrop`` back to the input size, area fraction in ``crop_scale``, aspect
-       ratio in :math:`[3/4, 4/3]`;
+    1. ``RandomResizedCrop`` to ``size`` (default: back to the input size), area fraction in
+       ``crop_scale``, aspect ratio in :math:`[3/4, 4/3]`;
     2. horizontal flip with probability 0.5, only when ``horizontal_flip`` (off by default:
        mirrored digits are other symbols);
     3. with probability ``jitter_p``, colour jitter of strength :math:`s`: brightness,
@@ -45,6 +45,8 @@ class SimCLRAugment(nn.Module):
         jitter_p: probability of the colour jitter. Default: 0.8.
         grayscale_p: probability of grayscale (3-channel images). Default: 0.2.
         horizontal_flip: add random horizontal flips. Default: ``False``.
+        size: side of the square crops; ``None`` keeps the input's size. The authors of Atlas
+            crop to 32 (also for 28-pixel MNIST). Default: ``None``.
 
     Inputs: ``images`` :math:`(B, C, H, W)`, :math:`C \in \{1, 3\}`; optional ``generator``
     (a CPU ``torch.Generator``) for the random parameters.
@@ -62,7 +64,7 @@ class SimCLRAugment(nn.Module):
 
     def __init__(self, crop_scale: tuple[float, float] = (0.08, 1.0),
                  jitter_strength: float = 0.5, jitter_p: float = 0.8, grayscale_p: float = 0.2,
-                 horizontal_flip: bool = False) -> None:
+                 horizontal_flip: bool = False, size: int | None = None) -> None:
         super().__init__()
         low, high = crop_scale
         if not 0 < low <= high <= 1:
@@ -75,6 +77,9 @@ class SimCLRAugment(nn.Module):
         self.crop_scale = (float(low), float(high))
         self.jitter_strength, self.jitter_p = jitter_strength, jitter_p
         self.grayscale_p, self.horizontal_flip = grayscale_p, horizontal_flip
+        if size is not None and size < 1:
+            raise KdmlError(f"size must be a positive crop side, got {size}")
+        self.size = size
         self._pipelines: dict[tuple[int, int, int], K.AugmentationSequential] = {}
 
     def pipeline(self, channels: int, height: int, width: int) -> K.AugmentationSequential:
@@ -82,7 +87,8 @@ class SimCLRAugment(nn.Module):
         key = (channels, height, width)
         if key not in self._pipelines:
             s = self.jitter_strength
-            steps: list[nn.Module] = [K.RandomResizedCrop((height, width), scale=self.crop_scale)]
+            side = (height, width) if self.size is None else (self.size, self.size)
+            steps: list[nn.Module] = [K.RandomResizedCrop(side, scale=self.crop_scale)]
             if self.horizontal_flip:
                 steps.append(K.RandomHorizontalFlip(p=0.5))
             colour = (0.8 * s, 0.2 * s) if channels == 3 else (0.0, 0.0)  # saturation, hue
@@ -118,4 +124,4 @@ class SimCLRAugment(nn.Module):
     def extra_repr(self) -> str:
         return (f"crop_scale={self.crop_scale}, jitter_strength={self.jitter_strength}, "
                 f"jitter_p={self.jitter_p}, grayscale_p={self.grayscale_p}, "
-                f"horizontal_flip={self.horizontal_flip}")
+                f"horizontal_flip={self.horizontal_flip}, size={self.size}")

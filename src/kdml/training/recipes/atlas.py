@@ -12,10 +12,15 @@ The Atlas methods expose ``chart_codes(inputs)``, the compressed code of Eq. 3, 
 :func:`~kdml.evaluation.charts.chart_retrieval_metrics` and
 :func:`~kdml.evaluation.charts.piecewise_linear_accuracy`.
 
-Paper settings that differ from the defaults here: MTriplet batches of 8 classes x 4 images
-(the offline datasets have only 5 training classes, so the default is 5 x 4), RMSProp at
-1e-5 for 300 epochs with GoogLeNet; MSimCLR Adam 1e-4, batch 128, ResNet18/50, 100 (1,000 for
-CIFAR-10) epochs, tau = 0.5 for CIFAR-10.
+MSimCLR and SimCLR follow Appendix A.1 and the authors' code (github.com/ekorman/neurve) by
+default: a ResNet-18 with a small-input stem, its features mapped to 2048-d, per-chart
+projection heads d -> d -> 64 without bias, random resized crops to 32 with colour jitter 0.5
+(p 0.8) and grayscale (p 0.2), coordinates clamped to [-10, 10] before the MMD, the MMD averaged
+over the two views, Adam 1e-4 with weight decay 2e-6, batch 128, 100 epochs (CIFAR-10: ResNet-50,
+1,000 epochs, tau 0.5: configs/msimclr-cifar10.yaml). MTriplet's paper settings that differ
+from the defaults here: batches of 8 classes x 4 images (the offline datasets have only 5
+training classes, so the default is 5 x 4), RMSProp at 1e-5 for 300 epochs with GoogLeNet
+(configs/mtriplet-cub.yaml).
 """
 
 from __future__ import annotations
@@ -160,13 +165,18 @@ class MTripletParams(TripletParams):
 class SimCLRParams:
     dim: int = 2  # d: the representation f(x) in R^d
     tau: float = 1.0  # NT-Xent temperature (1 for MNIST / FashionMNIST, 0.5 for CIFAR-10)
-    proj_dim: int = 128  # output size of the projection head(s)
+    proj_dim: int = 64  # projection heads d -> d -> proj_dim, no bias (the authors' runs)
+    crop_size: int = 32  # side of the random resized crops (the authors' code: 32, also for
+    # 28-pixel MNIST); 0 = the input's own size
     crop_scale_min: float = 0.08  # smallest crop area fraction of the random resized crop
     horizontal_flip: bool = False  # off for digits
 
     def validate(self) -> None:
         _check_positive_int("dim", self.dim)
         _check_positive_int("proj_dim", self.proj_dim)
+        if isinstance(self.crop_size, bool) or not self.crop_size >= 0:
+            raise KdmlError(f"method.crop_size must be >= 0 (0 = the input size), got "
+                            f"{self.crop_size!r}")
         if not self.tau > 0:
             raise KdmlError(f"method.tau must be > 0, got {self.tau}")
         if not 0 < self.crop_scale_min <= 1:
@@ -179,10 +189,19 @@ class MSimCLRParams(SimCLRParams):
     lambda1: float = 20.0  # Sec. A.1
     lambda2: float = 0.1
     proj_input: str = "sigmoid"  # h_i(phi_i(x)) as in Table 1 | pre-sigmoid
+    # the authors' code maps the backbone's features to 2048-d before the chart heads and q
+    # (0 = the heads read the backbone's features directly)
+    feature_dim: int = 2048
+    # pre-sigmoid chart coordinates are clamped to [-c, c] before the MMD and the projection,
+    # as in the authors' code (the paper does not say); 0 = no clamp
+    coordinate_clamp: float = 10.0
 
     def validate(self) -> None:
         super().validate()
         _check_positive_int("n_charts", self.n_charts)
+        _check_non_negative("coordinate_clamp", self.coordinate_clamp)
+        if isinstance(self.feature_dim, bool) or not self.feature_dim >= 0:
+            raise KdmlError(f"method.feature_dim must be >= 0, got {self.feature_dim!r}")
         _check_non_negative("lambda1", self.lambda1)
         _check_non_negative("lambda2", self.lambda2)
         if self.proj_input not in PROJECTION_INPUTS:
@@ -216,16 +235,20 @@ class _AtlasMethod(Method):
     has_charts = True
 
     def __init__(self, backbone: nn.Module, dim: int, n_charts: int, lambda1: float,
-                 lambda2: float) -> None:
+                 lambda2: float, feature_dim: int = 0) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = AtlasHead(backbone.feature_size, dim, n_charts)
+        # an optional linear map of the backbone's features (MSimCLR: to 2048-d, as the
+        # authors' code) before the chart heads and the membership head
+        self.features = (nn.Linear(backbone.feature_size, feature_dim) if feature_dim
+                         else nn.Identity())
+        self.head = AtlasHead(feature_dim or backbone.feature_size, dim, n_charts)
         self.mmd = ManifoldMMD(dim, n_charts)  # prior drawn from the step's generator
         self.chart_loss = ChartMembershipLoss()
         self.lambda1, self.lambda2 = lambda1, lambda2
 
     def charts(self, inputs: Tensor) -> ChartOutputs:
-        return self.head(self.backbone(inputs))
+        return self.head(self.features(self.backbone(inputs)))
 
     def embed(self, inputs: Tensor) -> Tensor:
         """:func:`atlas_embedding` of the inputs, shape [B, d + n]."""
@@ -332,21 +355,24 @@ class MSimCLRMethod(_AtlasMethod):
     """
 
     def __init__(self, backbone: nn.Module, params: MSimCLRParams) -> None:
-        super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2)
+        super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2,
+                         params.feature_dim)
         self.projection = ProjectionHeads(params.dim, params.n_charts, params.proj_dim,
                                           head_input=params.proj_input)
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
-                                     horizontal_flip=params.horizontal_flip)
+                                     horizontal_flip=params.horizontal_flip,
+                                     size=params.crop_size or None)
         self.nt_xent = NTXentLoss(temperature=params.tau)
+        self.clamp = params.coordinate_clamp
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         views, batch_size = _two_views(self.augment, inputs, rng)
         outputs = self.charts(views)
-        projections = torch.cat(_global_views(self.projection(outputs.coords, outputs.q),
-                                              batch_size))
+        coords = outputs.coords.clamp(-self.clamp, self.clamp) if self.clamp else outputs.coords
+        projections = torch.cat(_global_views(self.projection(coords, outputs.q), batch_size))
         nt_xent = self.nt_xent(projections, _pair_labels(len(projections) // 2, inputs.device))
-        coords1, coords2 = _global_views(outputs.coords, batch_size)
+        coords1, coords2 = _global_views(coords, batch_size)
         q1, q2 = _global_views(outputs.q, batch_size)
         generator = self.prior_generator(rng, coords1)
         mmd = 0.5 * (self.mmd(coords1, q1, generator=generator)
@@ -373,7 +399,8 @@ class SimCLRMethod(Method):
         self.projection = ProjectionHeads(params.dim, 1, params.proj_dim,
                                           head_input="pre-sigmoid")
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
-                                     horizontal_flip=params.horizontal_flip)
+                                     horizontal_flip=params.horizontal_flip,
+                                     size=params.crop_size or None)
         self.nt_xent = NTXentLoss(temperature=params.tau)
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
@@ -413,6 +440,12 @@ def _build_simclr(config: RunConfig, backbone: nn.Module, num_classes: int) -> M
 # training classes; the offline datasets' class-disjoint split has 5, so 5 x 4 = 20.
 TRIPLET_BATCHES = {"batch_size": 20, "samples_per_class": 4}
 SIMCLR_DATA = {"split": "seen-holdout", "batch_size": 128}  # Sec. A.1: batch 128
+# App. A.1: ResNet-18 with SimCLR's small-input stem (ResNet-50 for CIFAR-10), Adam 1e-4,
+# 100 epochs; weight decay 2e-6 as in the authors' runs. `model.backbone=cnn
+# model.small_input=false` is a quick CPU setting, much weaker (docs/reproduction.md).
+SIMCLR_MODEL = {"backbone": "torchvision:resnet18", "small_input": True}
+SIMCLR_OPTIM = {"lr": 1e-4, "weight_decay": 2e-6}
+SIMCLR_TRAIN = {"epochs": 100}
 
 RECIPES = (
     Recipe("mtriplet", "MTriplet (Atlas): batch-all triplet on the manifold distance + MMD + "
@@ -422,7 +455,10 @@ RECIPES = (
            TripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)}),
     Recipe("msimclr", "MSimCLR (Atlas): NT-Xent on chart-weighted projections + MMD + chart "
            "loss", MSimCLRParams, _build_msimclr,
-           {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"}}),
+           {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},
+            "model": dict(SIMCLR_MODEL), "optim": dict(SIMCLR_OPTIM),
+            "train": dict(SIMCLR_TRAIN)}),
     Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
-           {"data": dict(SIMCLR_DATA)}),
+           {"data": dict(SIMCLR_DATA), "model": dict(SIMCLR_MODEL),
+            "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}),
 )
