@@ -205,10 +205,26 @@ def test_nmi_matches_direct_faiss_kmeans_and_sklearn(metric):
     vectors = embeddings.astype(np.float32)
     if metric == "cosine":
         vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    # the documented route, literally: order the points by two seeded projections, seed
+    # k-means++ with plain loops, run faiss k-means from those centres
+    projections = np.random.default_rng(0).standard_normal((vectors.shape[1], 2))
+    keys = vectors.astype(np.float64) @ projections
+    order = sorted(range(len(vectors)), key=lambda i: (keys[i, 0], keys[i, 1]))
+    ordered = vectors[order]
+    rng = np.random.default_rng(0)
+    centres = [int(rng.integers(len(ordered)))]
+    for _ in range(5):
+        nearest = [min(float(((ordered[i].astype(np.float64) - ordered[c]) ** 2).sum())
+                       for c in centres) for i in range(len(ordered))]
+        threshold, running = rng.random() * sum(nearest), 0.0
+        chosen = next(i for i, d in enumerate(nearest) if (running := running + d) >= threshold)
+        centres.append(chosen)
     kmeans = faiss.Kmeans(vectors.shape[1], 6, niter=20, seed=0)
-    kmeans.train(vectors)
-    _, assignments = kmeans.index.search(vectors, 1)
-    expected = normalized_mutual_info_score(labels, assignments.ravel())
+    kmeans.train(np.ascontiguousarray(ordered), init_centroids=ordered[centres])
+    _, assigned = kmeans.index.search(np.ascontiguousarray(ordered), 1)
+    assignments = np.empty(len(vectors), dtype=np.int64)
+    assignments[order] = assigned.ravel()
+    expected = normalized_mutual_info_score(labels, assignments)
 
     ours = retrieval_metrics(embeddings, labels, ks=(1,), metric=metric)["nmi"]
     assert ours == pytest.approx(expected, abs=1e-12)

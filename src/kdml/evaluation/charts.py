@@ -19,10 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import faiss
 import numpy as np
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import normalized_mutual_info_score
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import DEFAULT_CHUNK_SIZE, as_float32_matrix, prepare_vectors
@@ -32,6 +30,8 @@ from kdml.evaluation.retrieval import (
     as_label_vector,
     check_ks,
     index_labels,
+    kmeans_assign,
+    nmi_score,
 )
 
 __all__ = [
@@ -229,21 +229,10 @@ def chart_clustering_nmi(chart_coords: Any, chart_index: Any, labels: Any, niter
         elif num_clusters == len(members):
             local = np.arange(len(members))
         else:
-            local = _kmeans_assign(vectors[members], int(num_clusters), niter, seed)
+            local = kmeans_assign(vectors[members], int(num_clusters), niter, seed)
         assignments[members] = offset + local
         offset += int(num_clusters)
-    return float(normalized_mutual_info_score(label_vector, assignments))
-
-
-def _kmeans_assign(vectors: np.ndarray, num_clusters: int, niter: int, seed: int) -> np.ndarray:
-    kmeans = faiss.Kmeans(
-        vectors.shape[1], num_clusters, niter=niter, seed=seed,
-        max_points_per_centroid=max(1, -(-len(vectors) // num_clusters)),
-        min_points_per_centroid=1,
-    )
-    kmeans.train(vectors)
-    _, assigned = kmeans.index.search(vectors, 1)
-    return assigned.ravel().astype(np.int64)
+    return nmi_score(label_vector, assignments)
 
 
 def piecewise_linear_accuracy(

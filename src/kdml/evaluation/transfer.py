@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import Metric, check_metric, knn_search, prepare_vectors
-from kdml.evaluation.retrieval import as_label_vector, retrieval_metrics
+from kdml.evaluation.knn import Metric, check_metric, knn_search, prepare_pair, prepare_vectors
+from kdml.evaluation.retrieval import RankedSearch, as_label_vector, retrieval_metrics
 
 
 def _labelled(labels: np.ndarray, name: str) -> np.ndarray:
@@ -31,8 +31,13 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
 
     Each labelled target sample gets the majority label of its :math:`k` nearest source samples
     (exact brute-force search, :func:`~kdml.evaluation.knn.knn_search`); a tie between labels
-    goes to the tied label with the nearest neighbour. Target samples labelled ``-1`` (unknown)
-    are left out of the accuracy.
+    goes to the tied label with the nearest neighbour. With :math:`k = 1`, source samples tied
+    for nearest (within a few float32 ulps, as :mod:`kdml.evaluation.ties`) count as their
+    expectation: the share of them with the target's label, so the accuracy does not depend on
+    the order of the samples. (For :math:`k > 1`, neighbours tied at the :math:`k`-th place
+    are taken in index order.) Source and target are rescaled together, so the accuracy is
+    invariant to a positive scaling of both. Target samples labelled ``-1`` (unknown) are left
+    out of the accuracy.
 
     .. math::
         \mathrm{acc} = \frac{1}{N_t} \sum_{i=1}^{N_t}
@@ -57,19 +62,34 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
         0.6666666666666666
     """
     check_metric(metric)
-    source_vectors = prepare_vectors(source, metric, "source")
+    target_vectors, source_vectors = prepare_pair(target, source, metric, ("target", "source"))
     source_y = as_label_vector(source_labels, "source_labels", len(source_vectors))
-    target_vectors = prepare_vectors(target, metric, "target")
     target_y = as_label_vector(target_labels, "target_labels", len(target_vectors))
     if (source_y < 0).any():
         raise KdmlError("source_labels must all be >= 0 (the source domain is labelled)")
     scored = _labelled(target_y, "target_labels")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= len(source_y):
         raise KdmlError(f"k must be an integer from 1 to {len(source_y)}, got {k!r}")
+    if k == 1:
+        return _nearest_neighbour_accuracy(target_vectors[scored], target_y[scored],
+                                           source_vectors, source_y, metric)
     chunks = knn_search(target_vectors[scored], source_vectors, int(k), metric)
     neighbour_labels = source_y[np.concatenate([chunk.indices for chunk in chunks])]
     predictions = _majority_vote(neighbour_labels)
     return float((predictions == target_y[scored]).mean())
+
+
+def _nearest_neighbour_accuracy(targets: np.ndarray, target_y: np.ndarray,
+                                sources: np.ndarray, source_y: np.ndarray,
+                                metric: str) -> float:
+    """1-NN accuracy with ties for the nearest source sample counted as their expectation."""
+    search = RankedSearch(targets, sources, metric, False, len(targets) or 1)
+    correct = np.zeros(len(targets))
+    for rows, ranked in search.ranked(np.ones(len(targets), dtype=np.int64)):
+        first_group = np.cumsum(~ranked.continues, axis=1) == 1  # the nearest tie group
+        hits = source_y[ranked.indices] == target_y[rows, None]
+        correct[rows] = (hits & first_group).sum(axis=1) / first_group.sum(axis=1)
+    return float(correct.mean())
 
 
 def _majority_vote(neighbour_labels: np.ndarray) -> np.ndarray:
