@@ -102,14 +102,12 @@ class Embedded(NamedTuple):
     indices: Tensor
 
 
-@torch.no_grad()
 def embed_dataset(method: Method, dataset: DmlDataset,
                   embedder: Embedder | None = None) -> Embedded:
     """Test-time embeddings of every sample, in order: ``values`` is [N, d]."""
     return _run(method, method.embed, dataset, embedder or Embedder())
 
 
-@torch.no_grad()
 def chart_codes_of(method: Method, dataset: DmlDataset,
                    embedder: Embedder | None = None) -> Embedded:
     """Compressed codes of every sample: ``values`` is (chart coordinates [N, d], chart [N])."""
@@ -210,6 +208,8 @@ def _train_space(splits: DataSplits, labels: Tensor) -> Tensor:
     return torch.tensor([lookup.get(int(label), -1) for label in labels])
 
 
+# Every embedding path goes through here, so no autograd graph is ever kept for test data.
+@torch.no_grad()
 def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDataset,
          embedder: Embedder, shard: bool = False) -> Embedded:
     was_training = method.training
