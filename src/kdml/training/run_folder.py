@@ -74,6 +74,15 @@ class RunFolder:
             raise KdmlError(f"{run.root} is not a kdml run folder (no config.yaml)")
         return run
 
+    def final_metrics(self) -> dict[str, float] | None:
+        """The test metrics of a finished run (``metrics.json``'s ``final``), else ``None``."""
+        if not self.metrics_json.is_file():
+            return None
+        try:
+            return json.loads(self.metrics_json.read_text()).get("final")
+        except ValueError:
+            return None
+
     def write_metrics(self, history: list[dict[str, Any]], final: dict[str, Any] | None) -> None:
         """Rewrite metrics.csv and metrics.json from the whole history (each atomically)."""
         columns: list[str] = []

@@ -1,0 +1,75 @@
+"""Retrieval over disjoint parts of the test set, the protocol of Chu et al. 2020, Table 2.
+
+The paper divides the CUB and Cars test sets "into ten disjoint smaller sets, with each smaller
+set contains examples from all the classes", scores retrieval within each part and reports the
+mean with a 95% confidence interval. :func:`stratified_parts` deals every class's samples, in a
+seeded random order, round-robin into the parts, so each part holds every class and the part
+sizes of a class differ by at most one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from kdml.errors import KdmlError
+from kdml.evaluation.estimate import Estimate
+from kdml.evaluation.retrieval import retrieval_metrics
+
+
+def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[np.ndarray]:
+    """Sample indices of ``num_parts`` disjoint parts that each hold every class.
+
+    Args:
+        labels: ``[N]`` class labels.
+        num_parts: how many parts (10 in the paper).
+        seed: seeds the order in which each class's samples are dealt.
+
+    Returns:
+        ``num_parts`` sorted index arrays that together cover ``range(N)`` once.
+    """
+    labels = np.asarray(labels)
+    if num_parts < 1:
+        raise KdmlError(f"the number of test parts must be at least 1, got {num_parts}")
+    classes, counts = np.unique(labels, return_counts=True)
+    # Two samples per class and part, so every query of a part has a relevant neighbour.
+    too_small = classes[counts < 2 * num_parts]
+    if len(too_small):
+        raise KdmlError(
+            f"{len(too_small)} test classes have fewer than {2 * num_parts} samples (e.g. class "
+            f"{too_small[0]}), too few for {num_parts} parts that each hold every class at least "
+            "twice; use fewer parts")
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_parts)]
+    for label in classes:
+        members = rng.permutation(np.flatnonzero(labels == label))
+        for part in range(num_parts):
+            parts[part].append(members[part::num_parts])
+    return [np.sort(np.concatenate(chosen)) for chosen in parts]
+
+
+def retrieval_over_parts(vectors: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
+                         ks: Sequence[int], num_parts: int = 10, metric: str = "cosine",
+                         seed: int = 0) -> dict[str, Estimate]:
+    """Recall@K, MAP@R and R-Precision scored within each part (leave-one-out), as
+    :class:`~kdml.evaluation.estimate.Estimate` over the parts.
+
+    Args:
+        vectors: ``[N, d]`` test embeddings.
+        labels: ``[N]`` their classes.
+        ks: the K of Recall@K.
+        num_parts: parts of :func:`stratified_parts`.
+        metric: ``"cosine"`` or ``"euclidean"``.
+        seed: seeds the parts.
+    """
+    label_array = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    per_part: dict[str, list[float]] = {}
+    for indices in stratified_parts(label_array, num_parts, seed):
+        rows = torch.as_tensor(indices) if isinstance(vectors, torch.Tensor) else indices
+        scores = retrieval_metrics(vectors[rows], label_array[indices], ks=ks, metric=metric,
+                                   nmi=False)
+        for name, value in scores.items():
+            per_part.setdefault(name, []).append(value)
+    return {name: Estimate.of(values) for name, values in per_part.items()}

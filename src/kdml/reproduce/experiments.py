@@ -1,0 +1,124 @@
+"""What a reproduction experiment is: trained cells, the metrics read from them, the paper's
+numbers beside them, and the claims they test.
+
+An :class:`Experiment` mirrors one table or figure of a paper on one dataset. Each of its
+:class:`Cell` objects is one configuration (a recipe and ``key=value`` overrides), trained once
+per seed. A :class:`Claim` compares two cells on one metric, paired by seed, and
+:func:`verdict` says in one line whether the claim holds at this scale, and by how much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdml.evaluation.estimate import Estimate
+
+# How the cells of an experiment are scored beyond their run's own test metrics.
+PROTOCOLS = ("test", "parts", "generalization")
+# ``parts``: Recall@K within 10 disjoint parts of the test set (Chu et al. 2020, Table 2).
+NUM_PARTS = 10
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of an experiment.
+
+    Args:
+        label: its row name in the report, unique within the experiment.
+        recipe: a kdml recipe.
+        overrides: ``key=value`` settings on top of the recipe's defaults (and the
+            experiment's ``common`` ones).
+        paper: the paper's value of each metric for this row, as fractions (not percent).
+        series: the line of a sweep plot this cell belongs to.
+        x: its position on the sweep's x axis.
+        plot_charts: draw the chart plot of its first seed (Atlas at d = 2).
+    """
+
+    label: str
+    recipe: str
+    overrides: tuple[str, ...] = ()
+    paper: Mapping[str, float] = field(default_factory=dict)
+    series: str = ""
+    x: float | None = None
+    plot_charts: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The paper's claim that cell ``better`` beats cell ``worse`` on ``metric``."""
+
+    text: str
+    better: str
+    worse: str
+    metric: str
+    lower_is_better: bool = False
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One paper table or figure, on one dataset.
+
+    Args:
+        key: unique name, e.g. ``jrd-table2-mnist5k`` (``kdml reproduce --only``).
+        paper: ``jrd``, ``atlas`` or ``dtml``.
+        mirrors: the table or figure it mirrors, e.g. ``"Chu et al. 2020, Table 2"``.
+        title: one line on what is compared.
+        dataset: the ``data.dataset`` of every cell.
+        cells: the configurations.
+        metrics: the columns of the report's table.
+        paper_data: what the paper's numbers were measured on.
+        claims: the claims tested.
+        protocol: one of :data:`PROTOCOLS`.
+        common: overrides of every cell.
+        sweep: x-axis label when the cells form a sweep (a PNG plot per metric).
+        note: what the reader should know (a departure, why a number cannot match).
+    """
+
+    key: str
+    paper: str
+    mirrors: str
+    title: str
+    dataset: str
+    cells: tuple[Cell, ...]
+    metrics: tuple[str, ...]
+    paper_data: str = ""
+    claims: tuple[Claim, ...] = ()
+    protocol: str = "test"
+    common: tuple[str, ...] = ()
+    sweep: str = ""
+    note: str = ""
+
+    def cell(self, label: str) -> Cell:
+        for cell in self.cells:
+            if cell.label == label:
+                return cell
+        raise KeyError(f"{self.key} has no cell {label!r}")
+
+
+def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> str:
+    """One line: does ``better`` beat ``worse`` (per-seed values, paired by seed)?
+
+    The difference is paired by seed (the two runs of a seed share their data order and
+    initial weights where the recipes allow) and judged by its 95% confidence interval: it
+    holds when the interval lies above 0, does not hold when it lies below, and is not shown
+    when it contains 0.
+    """
+    count = min(len(better), len(worse))
+    sign = -1.0 if claim.lower_is_better else 1.0
+    difference = sign * (np.asarray(better[:count], float) - np.asarray(worse[:count], float))
+    estimate = Estimate.of(list(difference))
+    margin = f"{estimate.mean:+.3f}"
+    direction = "lower" if claim.lower_is_better else "higher"
+    if count < 2:
+        return f"not testable with one seed ({claim.better} {direction} by {margin})"
+    interval = f"{margin} +- {estimate.ci95:.3f}, {count} seeds"
+    if estimate.mean - estimate.ci95 > 0:
+        return f"holds: {claim.better} is {direction} by {interval}"
+    if estimate.mean + estimate.ci95 < 0:
+        opposite = "higher" if claim.lower_is_better else "lower"
+        return (f"does not hold: {claim.better} is {opposite} by {-estimate.mean:.3f} +- "
+                f"{estimate.ci95:.3f}, {count} seeds")
+    return f"not shown: the difference, {interval}, is within the seeds' spread"

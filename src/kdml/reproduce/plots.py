@@ -1,0 +1,40 @@
+"""The report's sweep plots: one metric over a swept setting, a line per series, with 95%
+confidence bars over seeds (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kdml.evaluation.estimate import Estimate
+from kdml.reproduce.experiments import Experiment
+from kdml.viz import plt, save_figure
+
+
+def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: str,
+               path: Path) -> Path:
+    """``values[cell label]``: the per-seed values of ``metric``; cells without an ``x`` are
+    left out. A cell whose series is ``""`` joins every series (a shared baseline)."""
+    series: dict[str, list[tuple[float, Estimate]]] = {}
+    shared = []
+    for cell in experiment.cells:
+        if cell.x is None or cell.label not in values:
+            continue
+        point = (cell.x, Estimate.of(values[cell.label]))
+        if cell.series:
+            series.setdefault(cell.series, []).append(point)
+        else:
+            shared.append(point)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in series.items():
+        points = sorted(points + shared, key=lambda point: point[0])
+        x = [point[0] for point in points]
+        mean = np.array([point[1].mean for point in points])
+        error = np.nan_to_num(np.array([point[1].ci95 for point in points]))
+        ax.errorbar(x, mean, yerr=error, marker="o", capsize=3, label=name)
+    ax.set(xlabel=experiment.sweep, ylabel=metric,
+           title=f"{experiment.mirrors}: {experiment.dataset}")
+    if len(series) > 1:
+        ax.legend()
+    return save_figure(fig, path)

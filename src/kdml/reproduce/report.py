@@ -1,0 +1,222 @@
+"""The reproduction report: Markdown tables of mean +- 95% CI over seeds, the paper's numbers
+beside them, a one-line verdict per claim, and PNG plots in a folder next to the report.
+
+The report and its plot folder carry a marker, and kdml overwrites only files that carry it
+(:func:`check_outputs`): a hand-written ``docs/reproduction.md`` is never replaced.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdml.errors import KdmlError
+from kdml.evaluation.estimate import Estimate
+from kdml.reproduce.experiments import Experiment, verdict
+from kdml.reproduce.plots import plot_sweep
+from kdml.reproduce.runner import ExperimentResult
+
+MARKER = "<!-- Written by kdml reproduce; it rewrites this file on every run. -->"
+PLOTS_MARKER = ".written-by-kdml-reproduce"
+PAPER_TITLES = {
+    "jrd": "JRD (Chu et al., ICML 2020)",
+    "atlas": "Atlas (Korman)",
+    "dtml": "DTML (Hu, Lu and Tan, CVPR 2015)",
+}
+METRIC_NAMES = {
+    "map@r": "MAP@R", "r_precision": "R-Prec.", "nmi": "NMI", "linear_accuracy": "linear acc.",
+    "source_nn_accuracy": "source-NN acc.", "lambda": "lambda", "h_divergence": "d_H",
+    "bound": "lambda + d_H", "lfw_accuracy": "LFW acc.",
+}
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What the report's header says about the run."""
+
+    command: str  # the command that wrote it
+    machine: str  # the device and host, in words
+    versions: str  # torch and kdml versions
+    wall_minutes: float  # total training wall time of the runs the report reads
+    seeds: int
+    quick: bool
+
+
+def plots_folder(report: Path) -> Path:
+    return report.with_name(report.stem + "-plots")
+
+
+def check_outputs(report: Path) -> None:
+    """Refuse, before anything trains, to overwrite a report or plot folder kdml did not write.
+    """
+    if report.exists():
+        if not report.is_file():
+            raise KdmlError(f"--out {report} is not a file; choose another --out")
+        with report.open(errors="replace") as handle:
+            if handle.readline().strip() != MARKER:
+                raise KdmlError(f"{report} was not written by kdml reproduce and would be "
+                                "replaced; choose another --out")
+    plots = plots_folder(report)
+    if plots.exists() and (not plots.is_dir() or (any(plots.iterdir())
+                                                  and not (plots / PLOTS_MARKER).is_file())):
+        raise KdmlError(f"{plots} holds files kdml reproduce did not write; move it or choose "
+                        "another --out")
+
+
+def write_report(results: Sequence[ExperimentResult], report: Path, context: ReportContext,
+                 not_run: Sequence[Experiment] = ()) -> Path:
+    """Write the Markdown report (atomically) and its plots; returns the report's path.
+    ``not_run`` lists the experiments left out (``--only``), each with its command."""
+    check_outputs(report)
+    plots = plots_folder(report)
+    plots.mkdir(parents=True, exist_ok=True)
+    (plots / PLOTS_MARKER).touch()
+    lines = [MARKER, "", "# Reproduction", "", *_header(context)]
+    for paper, title in PAPER_TITLES.items():
+        chosen = [result for result in results if result.experiment.paper == paper]
+        if not chosen:
+            continue
+        lines += ["", f"## {title}"]
+        for result in chosen:
+            lines += ["", *_experiment_section(result, plots, report.parent, context)]
+    if not_run:
+        lines += ["", "## Not run for this report", "",
+                  "Each runs with its command (the same `--seeds` and, where given, `--quick`):",
+                  ""]
+        lines += [f"- `{experiment.key}` ({experiment.mirrors}, {experiment.dataset}): "
+                  f"`kdml reproduce {experiment.paper} --only {experiment.key}`"
+                  for experiment in not_run]
+    tmp = report.with_name(report.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, report)
+    return report
+
+
+def _header(context: ReportContext) -> list[str]:
+    setting = ("the quick setting (a few steps per run: it checks the pipeline, its numbers "
+               "say nothing about the methods)" if context.quick else
+               "the recipes' defaults, which follow the papers")
+    return [
+        f"Written by `{context.command}` on {context.machine} ({context.versions}); "
+        f"{context.wall_minutes:.1f} minutes of training in all. Settings: {setting}.",
+        "",
+        "The papers' datasets (CUB-200-2011, Cars196, SOP, LFW, CIFAR-10) are not offline, so "
+        "no row is a reproduction of a paper's table on its own data: each table runs the "
+        "offline dataset named in its heading, and the `paper` columns give the paper's "
+        "numbers on its data, for orientation only. Values are means over "
+        f"{context.seeds} seeds (0 to {context.seeds - 1}) +- the half-width of their 95% "
+        "confidence interval (Student t). A claim holds when the 95% interval of the "
+        "seed-paired difference lies above 0, does not hold when it lies below, and is not "
+        "shown otherwise. Nothing was tuned: every setting is the recipe's default.",
+    ]
+
+
+def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
+                        context: ReportContext) -> list[str]:
+    experiment = result.experiment
+    command = (f"kdml reproduce {experiment.paper} --only {experiment.key} --seeds "
+               f"{context.seeds}{' --quick' if context.quick else ''}")
+    lines = [f"### {experiment.mirrors}: {experiment.dataset}", "",
+             f"{experiment.title}. Command: `{command}`."]
+    if result.error:
+        return [*lines, "", f"Not run here: {result.error}"]
+    lines += [f"Settings: {_settings(result)}. Paper column: {experiment.paper_data}.", ""]
+    lines += _table(result)
+    if any(result.cells[label].part_ci95 for label in result.cells):
+        lines += ["", "Recall@K is the mean over 10 disjoint test parts that each hold every "
+                  "class (the paper's protocol); +- is over seeds. The mean 95% half-width "
+                  "over the parts, as the paper reports it: "
+                  + ", ".join(f"{_metric_name(name)} {_mean_part_ci(result, name):.3f}"
+                              for name in experiment.metrics) + "."]
+    if experiment.claims:
+        lines += ["", "Claims:"]
+        for claim in experiment.claims:
+            better = result.cells[claim.better].values[claim.metric]
+            worse = result.cells[claim.worse].values[claim.metric]
+            lines.append(f"- {claim.text} ({_metric_name(claim.metric)}): "
+                         f"{verdict(claim, better, worse)}.")
+    if experiment.note:
+        lines += ["", experiment.note]
+    lines += _figures(result, plots, report_dir)
+    return lines
+
+
+def _settings(result: ExperimentResult) -> str:
+    config = result.config
+    assert config is not None
+    split = config.data.split
+    return (f"backbone `{config.model.backbone}`, batch {config.data.batch_size}, "
+            f"{config.train.epochs} epochs"
+            + (f" of at most {config.train.steps_per_epoch} steps"
+               if config.train.steps_per_epoch else "")
+            + f", {config.optim.name} lr {config.optim.lr:g}, split `{split}`, "
+            f"{_minutes(result):.1f} min of training")
+
+
+def _minutes(result: ExperimentResult) -> float:
+    seen: dict[Path, float] = {}
+    for cell in result.cells.values():
+        for run_dir, wall in zip(cell.run_dirs, cell.wall_s, strict=True):
+            seen[run_dir] = wall
+    return sum(wall for wall in seen.values() if math.isfinite(wall)) / 60
+
+
+def _table(result: ExperimentResult) -> list[str]:
+    experiment = result.experiment
+    paper_keys: list[str] = []
+    for cell in experiment.cells:
+        paper_keys += [key for key in cell.paper if key not in paper_keys]
+    header = ["", *(_metric_name(name) for name in experiment.metrics),
+              *(f"paper {_metric_name(key)}" for key in paper_keys)]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in experiment.cells:
+        values = result.cells[cell.label].values
+        entries = [cell.label, *(_format(Estimate.of(values[name]))
+                                 for name in experiment.metrics),
+                   *(f"{cell.paper[key]:.3f}" if key in cell.paper else "-"
+                     for key in paper_keys)]
+        rows.append("| " + " | ".join(entries) + " |")
+    return rows
+
+
+def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[str]:
+    experiment = result.experiment
+    lines = []
+    if experiment.sweep:
+        metric = experiment.metrics[0]
+        values = {label: cell.values[metric] for label, cell in result.cells.items()}
+        path = plot_sweep(experiment, values, metric, plots / f"{experiment.key}.png")
+        lines += ["", f"![{experiment.key}]({_relative(path, report_dir)})"]
+    for label, cell in result.cells.items():
+        if cell.charts is not None:
+            path = plots / f"{experiment.key}-charts.png"
+            shutil.copyfile(cell.charts, path)
+            lines += ["", f"Charts of {label}, seed 0 (Sec. A.2):", "",
+                      f"![charts]({_relative(path, report_dir)})"]
+    return lines
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def _mean_part_ci(result: ExperimentResult, metric: str) -> float:
+    widths = [width for cell in result.cells.values()
+              for width in cell.part_ci95.get(metric, [])]
+    return sum(widths) / len(widths) if widths else float("nan")
+
+
+def _metric_name(name: str) -> str:
+    if name.startswith("recall@"):
+        return "R@" + name.split("@")[1]
+    return METRIC_NAMES.get(name, name)
+
+
+def _format(estimate: Estimate) -> str:
+    if math.isnan(estimate.ci95):
+        return f"{estimate.mean:.3f}"
+    return f"{estimate.mean:.3f} +- {estimate.ci95:.3f}"

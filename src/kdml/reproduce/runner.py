@@ -1,0 +1,210 @@
+"""Train every (experiment, cell, seed) of ``kdml reproduce`` and collect its numbers.
+
+Each distinct configuration is trained once per seed into
+``RUNS/<recipe>-<dataset>-<config hash>/seed-<seed>``: a cell shared by several experiments
+(JRD at alpha = 1 appears in five) is trained once, and a second ``kdml reproduce`` reuses
+finished runs and resumes interrupted ones, so a long reproduction can be stopped and continued
+with the same command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdml.config import RunConfig, resolve_config
+from kdml.errors import KdmlError
+from kdml.evaluation.evaluator import embed_dataset
+from kdml.evaluation.parts import retrieval_over_parts
+from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
+from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
+from kdml.training.recipes import get_recipe
+from kdml.training.run_folder import RunFolder, safe_name, write_json
+from kdml.training.trainer import load_run, train
+
+# Written by kdml into each run folder it trains: the wall time and device of the training.
+TIMING_FILE = "reproduce.json"
+PARTS_FILE = "parts.json"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training run: a cell's configuration at one seed."""
+
+    config: RunConfig
+    run_dir: Path
+
+
+@dataclass
+class CellResult:
+    """A cell's numbers, one per seed (in seed order)."""
+
+    values: dict[str, list[float]] = field(default_factory=dict)
+    part_ci95: dict[str, list[float]] = field(default_factory=dict)  # parts protocol only
+    wall_s: list[float] = field(default_factory=list)
+    charts: Path | None = None
+    run_dirs: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class ExperimentResult:
+    experiment: Experiment
+    cells: dict[str, CellResult]
+    config: RunConfig | None  # the first cell's, to describe the settings
+    error: str = ""  # why the experiment could not run ("" when it did)
+
+
+def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> RunConfig:
+    recipe = get_recipe(cell.recipe)
+    overrides = [f"data.dataset={experiment.dataset}", *experiment.common, *cell.overrides,
+                 f"train.seed={seed}", f"train.device={device}"]
+    return resolve_config(recipe.name, recipe.params, recipe.defaults, None, overrides)
+
+
+def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
+    """``RUNS/<recipe>-<dataset>-<hash of the config without its seed>/seed-<seed>``."""
+    values = config.to_dict()
+    seed = values["train"].pop("seed")
+    digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+    name = f"{config.recipe}-{safe_name(config.data.dataset)}-{digest[:10]}"
+    return runs_root / name / f"seed-{seed}"
+
+
+def plan(experiments: list[Experiment], seeds: int, runs_root: Path,
+         device: str) -> dict[tuple[str, str], list[PlannedRun]]:
+    """The runs of every (experiment key, cell label), ``seeds`` each (seeds 0..N-1).
+
+    Every configuration is resolved (and so checked) before anything trains."""
+    planned = {}
+    for experiment in experiments:
+        for cell in experiment.cells:
+            runs = []
+            for seed in range(seeds):
+                config = cell_config(experiment, cell, seed, device)
+                runs.append(PlannedRun(config, run_folder_of(config, runs_root)))
+            planned[experiment.key, cell.label] = runs
+    return planned
+
+
+def unique_runs(planned: dict[tuple[str, str], list[PlannedRun]]) -> list[PlannedRun]:
+    seen: dict[Path, PlannedRun] = {}
+    for runs in planned.values():
+        for run in runs:
+            seen.setdefault(run.run_dir, run)
+    return list(seen.values())
+
+
+def train_planned(run: PlannedRun, progress: bool | None) -> float:
+    """Train ``run`` unless it finished earlier (resuming it if it started); its wall time."""
+    folder = RunFolder(run.run_dir)
+    timing = run.run_dir / TIMING_FILE
+    if folder.final_metrics() is not None and timing.is_file():
+        return float(json.loads(timing.read_text())["wall_s"])
+    start = time.perf_counter()
+    train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
+          echo=lambda line: None)
+    wall = time.perf_counter() - start
+    write_json({"wall_s": wall, "device": run.config.train.device}, timing)
+    return wall
+
+
+def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedRun]],
+            wall: dict[Path, float]) -> ExperimentResult:
+    """Read every cell's metrics from its finished runs, adding the experiment's protocol."""
+    cells: dict[str, CellResult] = {}
+    for cell in experiment.cells:
+        result = CellResult()
+        for seed, run in enumerate(planned[experiment.key, cell.label]):
+            metrics = dict(RunFolder(run.run_dir).final_metrics() or {})
+            if experiment.protocol == "parts":
+                parts = _parts(experiment, run.run_dir)
+                for name, estimate in parts.items():
+                    metrics[name] = estimate["mean"]
+                    result.part_ci95.setdefault(name, []).append(estimate["ci95"])
+            elif experiment.protocol == "generalization":
+                metrics.update(_generalization(run.run_dir))
+            for name in experiment.metrics:
+                if name not in metrics:
+                    raise KdmlError(f"{run.run_dir} has no {name!r}; the recipe "
+                                    f"{cell.recipe} does not report it")
+                result.values.setdefault(name, []).append(float(metrics[name]))
+            result.wall_s.append(wall.get(run.run_dir, float("nan")))
+            result.run_dirs.append(run.run_dir)
+            if cell.plot_charts and seed == 0:
+                result.charts = draw_charts(load_run(run.run_dir))
+        cells[cell.label] = result
+    first = planned[experiment.key, experiment.cells[0].label][0].config
+    return ExperimentResult(experiment, cells, first)
+
+
+def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]:
+    """Retrieval within 10 disjoint test parts (Chu et al. 2020, Table 2), kept in the run
+    folder's ``parts.json``."""
+    path = run_dir / PARTS_FILE
+    if path.is_file():
+        return json.loads(path.read_text())["metrics"]
+    trained = load_run(run_dir)
+    embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
+    ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
+    estimates = retrieval_over_parts(embedded.values, embedded.labels, ks, NUM_PARTS,
+                                     trained.config.eval.metric)
+    metrics = {name: {"mean": e.mean, "ci95": e.ci95} for name, e in estimates.items()}
+    write_json({"num_parts": NUM_PARTS, "metrics": metrics}, path)
+    return metrics
+
+
+def _generalization(run_dir: Path) -> dict[str, float]:
+    """lambda, d_H and their sum with ``kdml analyze generalization``'s defaults, kept in the
+    run folder's ``generalization.json``."""
+    path = run_dir / "generalization.json"
+    settings = GeneralizationSettings()
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    wanted = {**vars(settings)}
+    if {key: stored.get("settings", {}).get(key) for key in wanted} != wanted:
+        analyze_generalization(load_run(run_dir), settings)
+        stored = json.loads(path.read_text())
+    lam, h_divergence = stored["lambda"]["mean"], stored["h_divergence"]["mean"]
+    return {"lambda": lam, "h_divergence": h_divergence, "bound": lam + h_divergence}
+
+
+def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device: str,
+              progress: bool | None = None,
+              echo: Callable[[str], None] = print) -> list[ExperimentResult]:
+    """Train what is missing and collect every experiment's numbers. An experiment that
+    cannot run here (a dataset or extra missing) is reported with its reason; the others go on.
+    """
+    planned: dict[tuple[str, str], list[PlannedRun]] = {}
+    failed: dict[str, str] = {}
+    for experiment in experiments:
+        try:
+            planned.update(plan([experiment], seeds, runs_root, device))
+        except KdmlError as error:
+            failed[experiment.key] = str(error)
+    runs = unique_runs(planned)
+    wall: dict[Path, float] = {}
+    broken: dict[Path, str] = {}
+    for number, run in enumerate(runs, start=1):
+        echo(f"[{number}/{len(runs)}] {run.config.recipe} on {run.config.data.dataset}, seed "
+             f"{run.config.train.seed}: {run.run_dir}")
+        try:
+            wall[run.run_dir] = train_planned(run, progress)
+        except KdmlError as error:
+            broken[run.run_dir] = str(error)
+            echo(f"  failed: {error}")
+    results = []
+    for experiment in experiments:
+        error = failed.get(experiment.key) or next(
+            (broken[run.run_dir] for cell in experiment.cells
+             for run in planned[experiment.key, cell.label] if run.run_dir in broken), "")
+        if not error:
+            try:
+                results.append(collect(experiment, planned, wall))
+                continue
+            except KdmlError as problem:
+                error = str(problem)
+        results.append(ExperimentResult(experiment, {}, None, error))
+    return results

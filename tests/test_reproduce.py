@@ -1,0 +1,245 @@
+"""kdml reproduce: the test-part protocol, the claim verdicts, the catalog, the runner's reuse of
+finished runs, and the report (end to end on tiny grids)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from kdml import cli
+from kdml.errors import KdmlError
+from kdml.evaluation.parts import retrieval_over_parts, stratified_parts
+from kdml.reproduce.catalog import PAPERS, experiments
+from kdml.reproduce.experiments import PROTOCOLS, Cell, Claim, Experiment, verdict
+from kdml.reproduce.report import MARKER, ReportContext, plots_folder, write_report
+from kdml.reproduce.runner import cell_config, plan, reproduce, run_folder_of
+
+
+def test_parts_are_disjoint_cover_every_class_and_are_balanced():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 7, size=500)
+    labels[:140] = np.repeat(np.arange(7), 20)  # every class has at least 20 samples
+    parts = stratified_parts(labels, 10, seed=3)
+    joined = np.concatenate(parts)
+    assert sorted(joined.tolist()) == list(range(500))
+    for part in parts:
+        assert set(labels[part].tolist()) == set(range(7))
+    for label in range(7):
+        sizes = [int(np.sum(labels[part] == label)) for part in parts]
+        assert max(sizes) - min(sizes) <= 1
+    assert [p.tolist() for p in parts] == [p.tolist() for p in stratified_parts(labels, 10, 3)]
+    assert [p.tolist() for p in parts] != [p.tolist() for p in stratified_parts(labels, 10, 4)]
+
+
+def test_parts_refuse_classes_too_small_for_every_part():
+    labels = np.array([0] * 30 + [1] * 19)
+    with pytest.raises(KdmlError, match="fewer than 20 samples.*use fewer parts"):
+        stratified_parts(labels, 10)
+    with pytest.raises(KdmlError, match="at least 1"):
+        stratified_parts(labels, 0)
+
+
+def _literal_recall(vectors: np.ndarray, labels: np.ndarray, k: int) -> float:
+    """Recall@K with plain loops, float64, cosine similarity, query left out."""
+    normed = [v / math.sqrt(sum(x * x for x in v)) for v in vectors.astype(np.float64)]
+    hits = 0
+    for i in range(len(normed)):
+        scores = [(-float(np.dot(normed[i], normed[j])), j) for j in range(len(normed)) if j != i]
+        scores.sort()
+        hits += any(labels[j] == labels[i] for _, j in scores[:k])
+    return hits / len(normed)
+
+
+def test_retrieval_over_parts_is_the_mean_of_each_parts_literal_recall():
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(4), 12)
+    vectors = rng.normal(size=(48, 5)) + labels[:, None] * 0.4
+    estimates = retrieval_over_parts(torch.from_numpy(vectors).float(), torch.from_numpy(labels),
+                                     ks=(1, 2), num_parts=3, seed=5)
+    for k in (1, 2):
+        per_part = [_literal_recall(vectors[part], labels[part], k)
+                    for part in stratified_parts(labels, 3, seed=5)]
+        assert estimates[f"recall@{k}"].mean == pytest.approx(np.mean(per_part), abs=1e-12)
+        expected_ci = stats.t.ppf(0.975, 2) * np.std(per_part, ddof=1) / math.sqrt(3)
+        assert estimates[f"recall@{k}"].ci95 == pytest.approx(expected_ci, abs=1e-12)
+
+
+@pytest.mark.parametrize(("better", "worse", "lower", "expected"), [
+    ([0.8, 0.82, 0.81], [0.7, 0.71, 0.72], False, "holds: A is higher by +0.100"),
+    ([0.7, 0.71, 0.72], [0.8, 0.82, 0.81], False, "does not hold: A is lower by 0.100"),
+    ([0.80, 0.70, 0.75], [0.75, 0.75, 0.74], False, "not shown"),
+    ([0.3, 0.31], [0.5, 0.52], True, "holds: A is lower by +0.205"),
+    ([0.9], [0.8], False, "not testable with one seed"),
+])
+def test_verdict(better, worse, lower, expected):
+    claim = Claim("A beats B", "A", "B", "recall@1", lower_is_better=lower)
+    assert verdict(claim, better, worse).startswith(expected)
+
+
+def test_verdict_interval_is_the_paired_student_t_interval():
+    claim = Claim("A beats B", "A", "B", "recall@1")
+    better, worse = [0.80, 0.85, 0.83, 0.90], [0.79, 0.80, 0.84, 0.82]
+    differences = np.subtract(better, worse)
+    half_width = stats.t.ppf(0.975, 3) * differences.std(ddof=1) / 2
+    assert f"{differences.mean():+.3f} +- {half_width:.3f}, 4 seeds" in verdict(claim, better,
+                                                                               worse)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_catalog_is_consistent_and_every_cell_resolves(quick, tmp_path):
+    found = experiments("all", quick)
+    keys = [experiment.key for experiment in found]
+    assert len(keys) == len(set(keys))
+    assert {experiment.paper for experiment in found} == set(PAPERS)
+    for experiment in found:
+        assert experiment.protocol in PROTOCOLS
+        labels = [cell.label for cell in experiment.cells]
+        assert len(labels) == len(set(labels)), experiment.key
+        for claim in experiment.claims:
+            assert claim.better in labels and claim.worse in labels, (experiment.key, claim)
+            assert claim.metric in experiment.metrics
+        for cell in experiment.cells:
+            assert all(0 <= value <= 2 for value in cell.paper.values()), cell
+    planned = plan(found, 1, tmp_path, "cpu")  # every config resolves (and so validates)
+    assert len(planned) == sum(len(experiment.cells) for experiment in found)
+
+
+def test_full_catalog_covers_the_issue_s_grids():
+    found = {experiment.key: experiment for experiment in experiments("all")}
+    table2 = found["atlas-table2-fashion-mnist"]
+    assert len(table2.cells) == 3 + 4 * 3  # SimCLR at d = 2, 4, 8; MSimCLR n x d
+    alpha = found["jrd-alpha-mnist1d"]
+    assert [cell.x for cell in alpha.cells] == [0.0, 0.25, 0.5, 1.0, 1.5, 2.0]
+    assert {found[f"dtml-{pair}"].dataset for pair in ("mnist5k-to-digits",
+                                                        "digits-to-mnist5k")} == {
+        "mnist5k->digits", "digits->mnist5k"}
+    assert [cell.recipe for cell in found["dtml-mnist5k-to-digits"].cells] == [
+        "pca", "ddml-logistic", "ddml", "dtml", "dstml"]
+
+
+def test_identical_configurations_share_one_run_folder(tmp_path):
+    jrd = experiments("jrd")
+    table2 = next(e for e in jrd if e.key == "jrd-table2-mnist5k")
+    sweep = next(e for e in jrd if e.key == "jrd-alpha-mnist5k")
+    default = run_folder_of(cell_config(table2, table2.cell("JRD"), 0, "cpu"), tmp_path)
+    explicit = run_folder_of(cell_config(sweep, sweep.cell("alpha = 1"), 0, "cpu"), tmp_path)
+    other_seed = run_folder_of(cell_config(sweep, sweep.cell("alpha = 1"), 1, "cpu"), tmp_path)
+    other_alpha = run_folder_of(cell_config(sweep, sweep.cell("alpha = 2"), 0, "cpu"), tmp_path)
+    assert default == explicit
+    assert other_seed.parent == explicit.parent and other_seed != explicit
+    assert other_alpha.parent != explicit.parent
+
+
+TINY = ("train.epochs=1", "train.steps_per_epoch=3", "eval.nmi=false", "data.batch_size=40",
+        "model.embedding_size=8")
+
+
+def _tiny_experiments() -> list[Experiment]:
+    jrd_cells = (Cell("alpha = 0", "jrd", ("method.alpha=0",), series="JRD", x=0.0),
+                 Cell("alpha = 1", "jrd", ("method.alpha=1",), paper={"recall@1": 0.5},
+                      series="JRD", x=1.0))
+    claim = Claim("JRS helps", "alpha = 1", "alpha = 0", "recall@1")
+    return [
+        Experiment("tiny-parts", "jrd", "Table 2", "parts", "digits", jrd_cells,
+                   ("recall@1", "recall@2"), "CUB", (claim,), protocol="parts", common=TINY,
+                   sweep="alpha"),
+        Experiment("tiny-generalization", "jrd", "Table 3", "terms", "digits", jrd_cells[1:],
+                   ("recall@1", "lambda", "h_divergence", "bound"), "CUB",
+                   protocol="generalization", common=TINY),
+        Experiment("tiny-charts", "atlas", "Table 3", "charts", "digits",
+                   (Cell("MTriplet", "mtriplet", ("method.n_charts=2",), plot_charts=True),),
+                   ("recall@1",), "CUB", common=(*TINY, "data.batch_size=20")),
+        Experiment("tiny-missing", "dtml", "LFW", "cannot run", "digits",
+                   (Cell("nothing", "jrd", ("data.dataset=cub",)),), ("recall@1",),
+                   common=TINY),
+    ]
+
+
+def test_runner_and_report_end_to_end(tmp_path):
+    runs = tmp_path / "runs"
+    results = reproduce(_tiny_experiments(), 2, runs, "cpu", progress=False,
+                        echo=lambda line: None)
+    by_key = {result.experiment.key: result for result in results}
+    parts = by_key["tiny-parts"].cells["alpha = 1"]
+    assert len(parts.values["recall@1"]) == 2 and len(parts.part_ci95["recall@1"]) == 2
+    stored = json.loads((parts.run_dirs[0] / "parts.json").read_text())
+    assert stored["metrics"]["recall@1"]["mean"] == parts.values["recall@1"][0]
+    # the generalization cell is the parts experiment's "alpha = 1" run, trained once
+    general = by_key["tiny-generalization"].cells["alpha = 1"]
+    assert general.run_dirs == parts.run_dirs
+    assert general.values["bound"][0] == pytest.approx(
+        general.values["lambda"][0] + general.values["h_divergence"][0])
+    assert by_key["tiny-charts"].cells["MTriplet"].charts.is_file()
+    assert "not found" in by_key["tiny-missing"].error or "cub" in by_key["tiny-missing"].error
+
+    report = tmp_path / "docs" / "reproduction.md"
+    context = ReportContext("kdml reproduce all", "a test machine", "torch", 0.1, 2, True)
+    write_report(results, report, context, not_run=experiments("dtml", quick=True))
+    text = report.read_text()
+    assert "## Not run for this report" in text
+    assert "`kdml reproduce dtml --only dtml-mnist5k-to-digits`" in text
+    assert text.startswith(MARKER)
+    assert "| alpha = 1 |" in text and "| 0.500 |" in text  # kdml's numbers and the paper's
+    assert "- JRS helps (R@1): " in text
+    assert "Not run here:" in text
+    plots = plots_folder(report)
+    assert (plots / "tiny-parts.png").is_file() and (plots / "tiny-charts-charts.png").is_file()
+    assert "](reproduction-plots/tiny-parts.png)" in text
+
+    # a second run reuses every finished run: nothing is trained again
+    metrics = parts.run_dirs[0] / "metrics.json"
+    before = metrics.stat().st_mtime_ns
+    again = reproduce(_tiny_experiments()[:1], 2, runs, "cpu", progress=False,
+                      echo=lambda line: None)
+    assert metrics.stat().st_mtime_ns == before
+    assert again[0].cells["alpha = 1"].values == parts.values
+    write_report(again, report, context)  # its own report: rewritten
+
+
+def test_report_never_replaces_a_file_kdml_did_not_write(tmp_path, capsys):
+    report = tmp_path / "reproduction.md"
+    report.write_text("# my notes\n")
+    code = cli.main(["reproduce", "dtml", "--quick", "--out", str(report), "--runs",
+                     str(tmp_path / "runs")])
+    assert code == 2
+    assert "was not written by kdml reproduce" in capsys.readouterr().err
+    assert report.read_text() == "# my notes\n"
+    assert not (tmp_path / "runs").exists()  # refused before anything trained
+    plots = plots_folder(tmp_path / "other.md")
+    plots.mkdir()
+    (plots / "mine.png").write_bytes(b"")
+    assert cli.main(["reproduce", "dtml", "--quick", "--out", str(tmp_path / "other.md")]) == 2
+    assert "did not write" in capsys.readouterr().err
+
+
+def test_only_that_matches_nothing_lists_the_keys(capsys):
+    assert cli.main(["reproduce", "jrd", "--only", "nope-*", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "matches no experiment" in err and "jrd-table2-mnist5k" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_list_prints_experiments_and_cells(capsys):
+    assert cli.main(["reproduce", "dtml", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "dtml-mnist5k-to-digits" in out and "ddml-logistic" in out
+
+
+def test_quick_dtml_from_the_command_line(tmp_path, capsys):
+    report = tmp_path / "report.md"
+    code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "2", "--out", str(report),
+                     "--runs", str(tmp_path / "runs"), "--no-progress", "--device", "cpu"])
+    assert code == 0, capsys.readouterr().err
+    text = report.read_text()
+    assert "kdml reproduce dtml --seeds 2 --quick" in text
+    for label in ("PCA", "DDML (2014)", "DTML, beta = 0", "DTML", "DSTML"):
+        assert f"| {label} |" in text
+    assert "| 0.856 |" in text  # the paper's DTML on LFW, beside kdml's numbers
+    assert text.count("- DTML beats") == 2
+    assert Path(tmp_path / "runs").is_dir()
