@@ -361,3 +361,46 @@ def test_msimclr_clamps_coordinates_before_the_mmd():
     torch.manual_seed(1)
     free = method(x, torch.tensor(LABELS)).terms["mmd"]
     assert float(clamped) != pytest.approx(float(free))
+
+
+@pytest.mark.parametrize("name", ["msimclr", "simclr"])
+def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
+    """The colour jitter works on [0, 1] images; the backbone's normalisation comes after it
+    (and the trainer leaves training batches unnormalised for these methods)."""
+    from kdml.data.transforms import Normalization
+    from kdml.training.trainer import build_pipeline
+
+    method = build(name)
+    method.backbone.normalization = Normalization((0.5,), (0.25,))
+    seen = {}
+    augment_forward = method.augment.forward
+
+    def recording_augment(inputs, *args):
+        seen["augmented"] = inputs
+        views = augment_forward(inputs, *args)
+        seen["views"] = torch.cat(views)
+        return views
+
+    original_forward = method.backbone.forward
+
+    def recording_forward(inputs):
+        seen["backbone"] = inputs
+        return original_forward(inputs)
+
+    monkeypatch.setattr(method.augment, "forward", recording_augment)
+    monkeypatch.setattr(method.backbone, "forward", recording_forward)
+    x = images()
+    method(x, torch.tensor(LABELS))
+    assert seen["augmented"] is x
+    assert torch.allclose(seen["backbone"], (seen["views"] - 0.5) / 0.25)
+    assert method.augments_inputs
+
+    class Splits:  # what build_pipeline reads of the data splits
+        class train:  # noqa: N801
+            is_file_backed = False
+            sample_shape = (1, 8, 8)
+
+    recipe = next(r for r in RECIPES if r.name == name)
+    config = resolve_config(name, recipe.params, recipe.defaults)
+    assert not build_pipeline(config, Splits, method).normalize_train
+    assert build_pipeline(config, Splits, build("mtriplet")).normalize_train

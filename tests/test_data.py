@@ -255,3 +255,29 @@ def test_normalization_follows_the_backbone_convention():
     assert torch.allclose(out[:, 0], images[:, 2] * 255 - 104)  # blue first, 0-255
     assert torch.allclose(out[:, 2], images[:, 0] * 255 - 128)
     assert torch.equal(Normalization()(images), images)
+
+
+def test_normalization_for_grayscale_backbones_averages_the_rgb_statistics():
+    imagenet = Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    gray = imagenet.for_channels(1)
+    images = torch.rand(2, 1, 4, 4, dtype=torch.float64)
+    out = gray(images)
+    assert out.shape == images.shape  # not broadcast to 3 channels
+    mean, std = (0.485 + 0.456 + 0.406) / 3, (0.229 + 0.224 + 0.225) / 3
+    assert torch.allclose(out, (images - mean) / std)
+    assert imagenet.for_channels(3) is imagenet
+    assert Normalization().for_channels(1) == Normalization()
+    with pytest.raises(KdmlError, match="3 channels cannot take 2-channel"):
+        imagenet.for_channels(2)
+
+
+def test_pipeline_can_leave_training_batches_unnormalised():
+    normalization = Normalization((0.5,), (0.25,))
+    raw = torch.randint(0, 256, (4, 1, 6, 6), dtype=torch.uint8)
+    unit = raw.float() / 255
+    pipeline = InputPipeline(normalization=normalization, normalize_train=False)
+    assert torch.equal(pipeline.train(raw, torch.Generator().manual_seed(0)), unit)
+    assert torch.allclose(pipeline.test(raw), (unit - 0.5) / 0.25)
+    normalizing = InputPipeline(normalization=normalization)
+    assert torch.allclose(normalizing.train(raw, torch.Generator().manual_seed(0)),
+                          (unit - 0.5) / 0.25)

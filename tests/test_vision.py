@@ -24,6 +24,18 @@ def test_grayscale_inputs_and_small_input_stem(name):
     assert isinstance(backbone.network.maxpool, torch.nn.Identity)
 
 
+@pytest.mark.parametrize("name", ["timm:resnet18", "torchvision:resnet18"])
+def test_grayscale_backbones_normalise_one_channel(name):
+    """ImageNet's 3-channel statistics would broadcast a grayscale batch to 3 channels in
+    front of a 1-channel stem."""
+    backbone = build_backbone(name, (1, 28, 28), small_input=True).eval()
+    assert len(backbone.normalization.mean) == 1
+    inputs = backbone.normalization(torch.rand(2, 1, 28, 28))
+    assert inputs.shape == (2, 1, 28, 28)
+    with torch.no_grad():
+        assert backbone(inputs).shape == (2, 512)
+
+
 @pytest.mark.parametrize("pooling", ["avg", "max", "avg+max"])
 def test_pooling_of_the_feature_map(pooling):
     backbone = build_backbone("timm:resnet18", (3, 64, 64), pooling=pooling).eval()

@@ -44,6 +44,18 @@ class Normalization:
     scale: float = 1.0
     bgr: bool = False
 
+    def for_channels(self, channels: int) -> Normalization:
+        """The statistics for ``channels``-channel inputs: a backbone built for grayscale
+        images (``in_chans=1``) takes the means of its RGB means and standard deviations,
+        the usual convention for grayscale inputs to ImageNet-style models."""
+        if not self.mean or len(self.mean) == channels:
+            return self
+        if channels == 1:
+            return Normalization((sum(self.mean) / len(self.mean),),
+                                 (sum(self.std) / len(self.std),), self.scale, bgr=False)
+        raise KdmlError(f"a backbone normalised for {len(self.mean)} channels cannot take "
+                        f"{channels}-channel images")
+
     def __call__(self, images: Tensor) -> Tensor:
         if self.bgr:
             images = images.flip(1)
@@ -83,6 +95,9 @@ class InputPipeline:
         normalization: the backbone's :class:`Normalization`.
         channels: the backbone's input channels; grayscale images are repeated to 3 when
             it takes RGB (``None``: as they come).
+        normalize_train: normalise training batches too; ``False`` for methods that augment
+            their [0, 1] inputs themselves and normalise afterwards
+            (:attr:`~kdml.models.method.Method.augments_inputs`).
 
     Example::
 
@@ -96,10 +111,11 @@ class InputPipeline:
 
     def __init__(self, crop_size: int | None = None,
                  normalization: Normalization | None = None,
-                 channels: int | None = None) -> None:
+                 channels: int | None = None, normalize_train: bool = True) -> None:
         self.crop_size = crop_size
         self.normalization = normalization or Normalization()
         self.channels = channels
+        self.normalize_train = normalize_train
         self.augment = None
         if crop_size is not None:
             self.augment = K.AugmentationSequential(
@@ -123,7 +139,8 @@ class InputPipeline:
         if self.augment is not None:
             params = draw_parameters(self.augment, images.shape, generator, share)
             images = self.augment(images, params=params)
-        return self.normalization(self._channels(images))
+        images = self._channels(images)
+        return self.normalization(images) if self.normalize_train else images
 
     def test(self, inputs: Tensor) -> Tensor:
         """Deterministic test inputs (centre crop for file-decoded images)."""

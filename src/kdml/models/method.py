@@ -61,6 +61,10 @@ class Method(nn.Module):
     # True for methods fitted in closed form (e.g. PCA): the trainer calls ``fit`` instead of
     # running an optimiser.
     needs_fit: bool = False
+    # True for methods that augment their training inputs themselves (the SimCLR recipes'
+    # colour jitter expects [0, 1] images): the trainer then hands them unnormalised batches,
+    # and they apply ``backbone.normalization`` after augmenting.
+    augments_inputs: bool = False
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 target_inputs: torch.Tensor | None = None, *,

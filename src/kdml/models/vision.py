@@ -72,17 +72,17 @@ def timm_backbone(name: str, in_channels: int, pooling: str, small_input: bool) 
     config = getattr(network, "pretrained_cfg", None) or {}
     normalization = Normalization(tuple(config.get("mean", IMAGENET_MEAN)),
                                   tuple(config.get("std", IMAGENET_STD)))
-    return TimmBackbone(network, pooling, normalization)
+    return TimmBackbone(network, pooling, normalization.for_channels(in_channels))
 
 
 class TorchvisionBackbone(nn.Module):
     """A torchvision ResNet (also ResNeXt, Wide ResNet) without ``avgpool`` and ``fc``, pooled
     by ``model.pooling``; ``network`` keeps torchvision's names for its checkpoints."""
 
-    normalization = IMAGENET
-
-    def __init__(self, network: nn.Module, pooling: str) -> None:
+    def __init__(self, network: nn.Module, pooling: str,
+                 normalization: Normalization = IMAGENET) -> None:
         super().__init__()
+        self.normalization = normalization
         self.feature_size = network.fc.in_features
         network.fc = nn.Identity()  # classifier keys of a checkpoint are ignored
         self.network, self.pooling = network, pooling
@@ -117,7 +117,7 @@ def torchvision_backbone(name: str, in_channels: int, pooling: str,
         old = network.conv1
         network.conv1 = nn.Conv2d(in_channels, old.out_channels, old.kernel_size, old.stride,
                                   old.padding, bias=old.bias is not None)
-    return TorchvisionBackbone(network, pooling)
+    return TorchvisionBackbone(network, pooling, IMAGENET.for_channels(in_channels))
 
 
 def vision_available() -> tuple[bool, str]:

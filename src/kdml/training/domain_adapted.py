@@ -52,6 +52,10 @@ class DomainAdaptedMethod(Method):
     def has_charts(self) -> bool:  # type: ignore[override]
         return self.inner.has_charts
 
+    @property
+    def augments_inputs(self) -> bool:  # type: ignore[override]
+        return self.inner.augments_inputs
+
     def chart_codes(self, inputs: Tensor) -> tuple[Tensor, Tensor]:
         return self.inner.chart_codes(inputs)
 

@@ -101,11 +101,12 @@ def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
 
 def build_pipeline(config: RunConfig, splits: DataSplits, method: Method) -> InputPipeline:
     """The input pipeline: crops for file-decoded images, the backbone's channels and
-    normalisation."""
+    normalisation (of test batches only, for methods that augment their inputs themselves)."""
     normalization = getattr(method.backbone, "normalization", None) or Normalization()
     crop = config.data.image_size if splits.train.is_file_backed else None
     channels = model_input_shape(config, splits.train)[0]
-    return InputPipeline(crop, normalization, channels=channels)
+    return InputPipeline(crop, normalization, channels=channels,
+                         normalize_train=not method.augments_inputs)
 
 
 def build_embedder(config: RunConfig, pipeline: InputPipeline,

@@ -17,10 +17,15 @@ default: a ResNet-18 with a small-input stem, its features mapped to 2048-d, per
 projection heads d -> d -> 64 without bias, random resized crops to 32 with colour jitter 0.5
 (p 0.8) and grayscale (p 0.2), coordinates clamped to [-10, 10] before the MMD, the MMD averaged
 over the two views, Adam 1e-4 with weight decay 2e-6, batch 128, 100 epochs (CIFAR-10: ResNet-50,
-1,000 epochs, tau 0.5: configs/msimclr-cifar10.yaml). MTriplet's paper settings that differ
-from the defaults here: batches of 8 classes x 4 images (the offline datasets have only 5
-training classes, so the default is 5 x 4), RMSProp at 1e-5 for 300 epochs with GoogLeNet
-(configs/mtriplet-cub.yaml).
+1,000 epochs, tau 0.5: configs/msimclr-cifar10.yaml). The backbone sees the augmented [0, 1]
+images without normalisation, as in the authors' code (see :func:`_unnormalized`).
+
+MTriplet's and the triplet baseline's paper settings that differ from the defaults here, which
+serve the offline small-CNN demo: batches of 8 classes x 4 images (the offline datasets have
+only 5 training classes, so the default is 5 x 4), RMSProp at 1e-5 for 300 epochs with an
+ImageNet-pretrained GoogLeNet, random resized crops of 227 (configs/mtriplet-cub.yaml,
+configs/triplet-cub.yaml). The recipe-by-recipe comparison with the paper and the authors' code
+is docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from kdml.atlas import (
 )
 from kdml.config import RunConfig
 from kdml.data.augment import SimCLRAugment
+from kdml.data.transforms import Normalization
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
@@ -142,6 +148,15 @@ class TripletParams:
         if self.triplet_reduction not in TRIPLET_REDUCTIONS:
             raise KdmlError(f"method.triplet_reduction must be one of "
                             f"{', '.join(TRIPLET_REDUCTIONS)}, got {self.triplet_reduction!r}")
+
+
+@dataclass
+class NormalizedTripletParams(TripletParams):
+    # the loss on squared distances ||a - b||^2, as the authors' code (neurve/metric_learning/
+    # loss.py: TripletLoss on distance.pdist, which is squared) and Schroff et al. 2015, whom the
+    # paper cites for "standard" triplet training; the default ||a - b|| is MTriplet's d0
+    # (Sec. 3.2), so that the two recipes differ only in geometry. configs/triplet-*.yaml: true
+    squared_distance: bool = False
 
 
 @dataclass
@@ -300,18 +315,22 @@ class TripletMethod(Method):
     :math:`d`-dimensional, a fair comparison with :math:`d`-dimensional charts). Uses the same
     :func:`batch_all_triplet_loss` as MTriplet, so only the geometry differs."""
 
-    def __init__(self, backbone: nn.Module, params: TripletParams) -> None:
+    def __init__(self, backbone: nn.Module,
+                 params: NormalizedTripletParams | TripletParams) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = EmbeddingHead(backbone.feature_size, params.dim + 1)
         self.params = params
+        # plain TripletParams (no squared_distance field): Euclidean distances
+        self.squared = getattr(params, "squared_distance", False)
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         embeddings = self.embed(inputs)
         batch = gather(embeddings)
         # explicit differences: exact zeros on the diagonal, safe_sqrt keeps their gradient 0
-        distances = safe_sqrt((batch[:, None] - batch[None, :]).pow(2).sum(dim=-1))
+        squared = (batch[:, None] - batch[None, :]).pow(2).sum(dim=-1)
+        distances = squared if self.squared else safe_sqrt(squared)
         loss, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
                                              self.params.triplet_reduction)
         return StepOutput(loss, detached(loss=loss, **stats), embeddings)
@@ -320,8 +339,11 @@ class TripletMethod(Method):
         return self.head(self.backbone(inputs))
 
 
-def _two_views(augment: SimCLRAugment, inputs: Tensor,
-               rng: StepRandom | None) -> tuple[Tensor, int]:
+def _two_views(augment: SimCLRAugment, inputs: Tensor, rng: StepRandom | None,
+               backbone: nn.Module) -> tuple[Tensor, int]:
+    """Two augmented views of the unnormalised batch, then the backbone's normalisation (the
+    trainer leaves it to these methods: ``augments_inputs``), as one batch [view 1; view 2].
+    """
     if inputs.ndim != 4:
         raise KdmlError("the SimCLR recipes augment images [B, C, H, W]; this dataset has "
                         f"inputs of shape {tuple(inputs.shape[1:])}")
@@ -329,7 +351,8 @@ def _two_views(augment: SimCLRAugment, inputs: Tensor,
         raise KdmlError("the SimCLR recipes need batches of at least 2 images (negatives)")
     generator = None if rng is None else rng.generator("cpu")
     view1, view2 = augment(inputs, generator, None if rng is None else rng.share)
-    return torch.cat([view1, view2]), len(inputs)
+    normalization = getattr(backbone, "normalization", None) or Normalization()
+    return normalization(torch.cat([view1, view2])), len(inputs)
 
 
 def _global_views(local: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
@@ -354,6 +377,8 @@ class MSimCLRMethod(_AtlasMethod):
     code, and the chart loss is averaged over all 2B views.
     """
 
+    augments_inputs = True
+
     def __init__(self, backbone: nn.Module, params: MSimCLRParams) -> None:
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2,
                          params.feature_dim)
@@ -367,7 +392,7 @@ class MSimCLRMethod(_AtlasMethod):
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
-        views, batch_size = _two_views(self.augment, inputs, rng)
+        views, batch_size = _two_views(self.augment, inputs, rng, self.backbone)
         outputs = self.charts(views)
         coords = outputs.coords.clamp(-self.clamp, self.clamp) if self.clamp else outputs.coords
         projections = torch.cat(_global_views(self.projection(coords, outputs.q), batch_size))
@@ -392,6 +417,8 @@ class SimCLRMethod(Method):
     :math:`f(x)`; its linear probe is ``piecewise_linear_accuracy(..., sigmoid=False)`` with
     every chart index 0."""
 
+    augments_inputs = True
+
     def __init__(self, backbone: nn.Module, params: SimCLRParams) -> None:
         super().__init__()
         self.backbone = backbone
@@ -405,7 +432,7 @@ class SimCLRMethod(Method):
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
-        views, batch_size = _two_views(self.augment, inputs, rng)
+        views, batch_size = _two_views(self.augment, inputs, rng, self.backbone)
         representation = self.embed(views)
         projections = torch.cat(_global_views(self.projection(
             representation[:, None, :], representation.new_ones(len(representation), 1)),
@@ -428,12 +455,23 @@ def _build_triplet(config: RunConfig, backbone: nn.Module, num_classes: int) -> 
     return TripletMethod(backbone, config.method)
 
 
+def _unnormalized(config: RunConfig, backbone: nn.Module) -> nn.Module:
+    """The SimCLR recipes feed a from-scratch backbone the augmented [0, 1] images as they
+    are, as the authors' code does for its ResNets (neurve/contrastive/dataset.py: ``ToTensor``
+    and no ``Normalize``; App. A.1 names no normalisation). Pretrained weights
+    (``model.weights``) keep their backbone's normalisation, which the methods apply after
+    their augmentation (``augments_inputs``)."""
+    if not config.model.weights:
+        backbone.normalization = Normalization()
+    return backbone
+
+
 def _build_msimclr(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
-    return MSimCLRMethod(backbone, config.method)
+    return MSimCLRMethod(_unnormalized(config, backbone), config.method)
 
 
 def _build_simclr(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
-    return SimCLRMethod(backbone, config.method)
+    return SimCLRMethod(_unnormalized(config, backbone), config.method)
 
 
 # Class-balanced batches of 4 images per class: the paper's 8 classes x 4 (batch 32) need 8
@@ -452,7 +490,7 @@ RECIPES = (
            "chart loss", MTripletParams, _build_mtriplet,
            {"data": dict(TRIPLET_BATCHES), "eval": {"metric": "euclidean"}}),
     Recipe("triplet", "Normalized batch-all triplet baseline in R^(d+1) (Atlas Sec. 3.2)",
-           TripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)}),
+           NormalizedTripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)}),
     Recipe("msimclr", "MSimCLR (Atlas): NT-Xent on chart-weighted projections + MMD + chart "
            "loss", MSimCLRParams, _build_msimclr,
            {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},

@@ -11,17 +11,26 @@ pooling, embedding and class-level representations of Eq. 9.
 
 The AM-Softmax loss is PML's ``CosFaceLoss`` and shares its proxies with the head's
 class-level representation.
+
+The recipe-level defaults of the data, model, optim and train sections serve the offline
+small-CNN demo (embedding 64, Adam 1e-3 with Adam's epsilon, no weight decay, 10 epochs). The
+paper's settings (Sec. 5.1: BN-Inception with frozen BN statistics, embedding 512, Adam 1e-4 with
+1e-2 for the proxies, decay by 10 every 20 epochs, 50 epochs) and those of the authors' code
+where the paper is silent (Adam epsilon 0.01, weight decay 1e-4 also on the proxies, their
+initialisation) are in configs/jrd-cub.yaml, jrd-cars.yaml and jrd-sop.yaml; docs/recipes.md
+compares them setting by setting.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 from pytorch_metric_learning.losses import CosFaceLoss
 from torch import nn
 
-from kdml.config import RunConfig
+from kdml.config import OptimConfig, RunConfig
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
@@ -39,6 +48,7 @@ from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
 LAYERS = ("pool", "emb", "cls")
+PROXY_INITS = ("normal", "kaiming")
 REGULARIZERS = {"jrs": JointRepresentationSimilarity, "jmmd": JointMMD, "jintra": JointIntra}
 
 
@@ -46,12 +56,24 @@ REGULARIZERS = {"jrs": JointRepresentationSimilarity, "jmmd": JointMMD, "jintra"
 class AMSoftmaxParams:
     scale: float = 20.0  # s of Eq. 12 (Sec. 5.1)
     margin: float = 0.1  # m of Eq. 12 (0.1 for CUB and SOP, 0.05 for Cars)
+    # Initial class proxies (the paper does not say): normal = N(0, 1) entries, as PML's
+    # CosFaceLoss; kaiming = the authors' loss.py, kaiming_uniform_(a=sqrt(5)) on the [d, C]
+    # matrix, i.e. U(-1/sqrt(C), 1/sqrt(C)). The proxies are normalised before use, but under
+    # Adam their norm sets how fast their directions move: the authors' are ~17x shorter at
+    # d = 512, C = 100. configs/jrd-*.yaml: kaiming
+    proxy_init: str = "normal"
+    # also apply optim.weight_decay to the proxies, as the authors' train.py (one Adam weight
+    # decay for every parameter group; the paper names none). configs/jrd-*.yaml: true
+    decay_proxies: bool = False
 
     def validate(self) -> None:
         if self.scale <= 0:
             raise KdmlError(f"method.scale must be positive, got {self.scale}")
         if not 0 <= self.margin < 1:
             raise KdmlError(f"method.margin must be in [0, 1), got {self.margin}")
+        if self.proxy_init not in PROXY_INITS:
+            raise KdmlError(f"method.proxy_init must be one of {', '.join(PROXY_INITS)}, "
+                            f"got {self.proxy_init!r}")
 
 
 @dataclass
@@ -116,7 +138,8 @@ class JRDMethod(Method):
         backbone: a module with ``feature_size``.
         embedding_size: d.
         num_classes: C, the number of training classes.
-        params: AM-Softmax scale and margin (and alpha when there is a regularizer).
+        params: AM-Softmax scale and margin, the proxies' initialisation and weight decay
+            (``proxy_init``, ``decay_proxies``), and alpha when there is a regularizer.
         regularizer: called as ``regularizer(representations, labels)``, or ``None``.
         layers: which of ``pool``, ``emb``, ``cls`` the regularizer sees, in order.
         sharded: under torchrun, compute JRS from this rank's kernel rows
@@ -131,6 +154,9 @@ class JRDMethod(Method):
         super().__init__()
         self.backbone = backbone
         self.head = JRDHead(backbone.feature_size, embedding_size, num_classes)
+        if params.proxy_init == "kaiming":  # the authors' CosineSoftmax.fc (loss.py)
+            nn.init.kaiming_uniform_(self.head.proxies, a=math.sqrt(5))
+        self.decay_proxies = params.decay_proxies
         self.am_softmax = CosFaceLoss(num_classes, embedding_size, margin=params.margin,
                                       scale=params.scale)
         self.am_softmax.W = self.head.proxies  # one set of proxies for the loss and x^+
@@ -169,6 +195,17 @@ class JRDMethod(Method):
 
     def proxy_parameters(self) -> list[nn.Parameter]:
         return [self.head.proxies]
+
+    def param_groups(self, optim: OptimConfig) -> list[dict]:
+        """The three groups of :meth:`Method.param_groups`; with ``method.decay_proxies`` the
+        proxies' group gets ``optim.weight_decay`` too (the authors' code)."""
+        groups = super().param_groups(optim)
+        if self.decay_proxies:
+            proxies = {id(p) for p in self.proxy_parameters()}
+            for group in groups:
+                if group["params"] and all(id(p) in proxies for p in group["params"]):
+                    group["weight_decay"] = optim.weight_decay
+        return groups
 
 
 def _build_amsoftmax(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
