@@ -74,6 +74,21 @@ def test_identical_embeddings_score_the_expectation_whatever_their_order():
     assert results[0]["map@r"] == pytest.approx(average_precision, rel=1e-9)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 7, 100_000])
+def test_ties_widened_across_chunks_score_as_in_one_chunk(chunk_size):
+    """Rows of many chunks whose tie group runs past the searched neighbours are widened
+    together at the end; the scores are those of the expectation, whatever the chunking."""
+    embeddings = np.repeat(np.eye(3, dtype=np.float32), 40, axis=0)  # 3 groups of 40 copies
+    labels = np.tile(np.arange(4), 30)
+    results = retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False,
+                                chunk_size=chunk_size)
+    g, h = 39, 9  # each query: 39 tied neighbours, 9 of its class
+    assert results["recall@1"] == pytest.approx(h / g, rel=1e-9)
+    assert results["recall@4"] == pytest.approx(1 - math.comb(g - h, 4) / math.comb(g, 4),
+                                                rel=1e-9)
+    assert results["r_precision"] == pytest.approx(h / g, rel=1e-9)
+
+
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
 def test_duplicated_points_do_not_make_metrics_depend_on_order(metric):
     rng = np.random.default_rng(3)

@@ -357,6 +357,9 @@ class RankedSearch:
         """``(rows, Ranked)`` covering every query once, in chunks; ``needed[i]`` ranks of
         query ``i`` are scored, so its tie groups up to that rank are complete."""
         searched = np.minimum(needed + 1, self.available)
+        # Widened at the end, all in one search: each search reads the whole reference, so
+        # a few rows per chunk searched chunk by chunk cost a full pass each.
+        incomplete_rows, width = [], 0
         for chunk in search_prepared(self.queries, self.reference, searched, self.metric,
                                      self.exclude_self, self.chunk_size):
             rows = np.arange(chunk.start, chunk.stop)
@@ -368,7 +371,10 @@ class RankedSearch:
             if done.any():
                 yield rows[done], Ranked(chunk.indices[done], continues[done])
             if incomplete.any():
-                yield from self._widen(rows[incomplete], needed, chunk.indices.shape[1])
+                incomplete_rows.append(rows[incomplete])
+                width = max(width, chunk.indices.shape[1])
+        if incomplete_rows:
+            yield from self._widen(np.concatenate(incomplete_rows), needed, width)
 
     def _widen(self, rows: np.ndarray, needed: np.ndarray,
                width: int) -> Iterator[tuple[np.ndarray, Ranked]]:
