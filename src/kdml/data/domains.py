@@ -260,7 +260,8 @@ def load_feature_domains(path: str | Path) -> DomainPair:
         raise KdmlError(f"{path}: y must be integers (-1 = unlabelled), got dtype {labels.dtype}")
     if not np.isfinite(features).all():
         raise KdmlError(f"{path}: X contains NaN or infinite values")
-    features = features.astype(np.float32)  # what training uses: check it after the cast
+    with np.errstate(over="ignore"):  # an overflow is reported just below, in one line
+        features = features.astype(np.float32)  # what training uses: check it after the cast
     if not np.isfinite(features).all():
         raise KdmlError(f"{path}: X holds values beyond float32's range (|x| > 3.4e38); "
                         "rescale the features")
