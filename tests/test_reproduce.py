@@ -243,3 +243,9 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
     assert "| 0.856 |" in text  # the paper's DTML on LFW, beside kdml's numbers
     assert text.count("- DTML beats") == 2
     assert Path(tmp_path / "runs").is_dir()
+
+
+def test_reproduce_refuses_torchrun(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["reproduce", "dtml", "--list"]) == 2
+    assert "without torchrun" in capsys.readouterr().err

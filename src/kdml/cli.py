@@ -565,13 +565,16 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     import torch
 
-    from kdml import __version__
+    from kdml import __version__, distributed
     from kdml.machine import machine_description
     from kdml.reproduce.catalog import experiments
     from kdml.reproduce.report import ReportContext, check_outputs, write_report
     from kdml.reproduce.runner import reproduce
     from kdml.training.trainer import resolve_device
 
+    if distributed.launched_by_torchrun():
+        raise KdmlError("kdml reproduce trains its runs one after another in one process; "
+                        "run it without torchrun (each run may use one GPU via --device)")
     chosen = experiments(args.paper, args.quick)
     if args.only:
         chosen = [experiment for experiment in chosen
