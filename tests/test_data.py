@@ -217,6 +217,20 @@ def test_unreadable_images_stop_or_are_skipped(tmp_path):
     assert torch.cat([batch.indices for batch in kept]).tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_unreadable_images_row_is_zeros(tmp_path, workers):
+    """A row whose file cannot be decoded reads as zeros, in every pass, with or without
+    workers (freed memory may hold an earlier batch's pixels)."""
+    paths = write_images(tmp_path, 3)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg at all")
+    dataset = ImageFiles("toy", "toy", [*paths, str(broken)], torch.arange(4), resize=16)
+    for _ in range(2):  # a second pass reuses freed memory, which holds the earlier pixels
+        (batch,) = list(sequential_loader(dataset, batch_size=4, num_workers=workers))
+        assert batch.unreadable.tolist() == [False, False, False, True]
+        assert not batch.inputs[3].any() and batch.inputs[:3].any()
+
+
 # ----------------------------------------------------------------------------- transforms
 
 
