@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import resource
 import statistics
 import tempfile
 import time
@@ -43,6 +42,7 @@ import faiss
 import numpy as np
 import torch
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
+from measure import busy_cpu_seconds, cpu_seconds, proc_status_kib, reset_peak_rss
 
 from kdml.evaluation import knn_search, retrieval_metrics
 from kdml.evaluation.retrieval import clustering_nmi
@@ -188,37 +188,6 @@ STAGES: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
 # --------------------------------------------------------------------------- measuring
 
 
-def proc_status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False if the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        return False
-    return proc_status_kib("VmHWM") <= proc_status_kib("VmRSS") + 1024
-
-
-def busy_cpu_seconds() -> float:
-    """CPU time spent by everything on the machine (all cores), from /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_stage(name: str, data_dir: str, args: argparse.Namespace) -> dict[str, Any]:
     """Body of one fresh process: load the data, measure one stage.
 
@@ -230,12 +199,12 @@ def run_stage(name: str, data_dir: str, args: argparse.Namespace) -> dict[str, A
     labels = np.load(Path(data_dir) / "labels.npy")
     peak_was_reset = reset_peak_rss()
     baseline_kib = proc_status_kib("VmRSS")
-    machine_cpu, process_cpu = busy_cpu_seconds(), own_cpu_seconds()
+    machine_cpu, process_cpu = busy_cpu_seconds(), cpu_seconds()
     start = time.perf_counter()
     summary = STAGES[name][1](embeddings, labels, args)
     seconds = time.perf_counter() - start
     peak_growth_kib = proc_status_kib("VmHWM") - baseline_kib
-    stage_cpu = own_cpu_seconds() - process_cpu
+    stage_cpu = cpu_seconds() - process_cpu
     others_cpu = busy_cpu_seconds() - machine_cpu - stage_cpu
     return {
         "seconds": seconds,
