@@ -90,6 +90,14 @@ def test_default_run_folder_names_are_single_safe_folders():
         assert path.parent == Path("runs") and re.fullmatch(r"[\w.-]+", path.name), path
 
 
+def test_safe_name_examples_of_its_docstring():
+    from kdml.training.run_folder import safe_name
+
+    assert safe_name("folder:/data/my photos") == "folder-my-photos"
+    assert safe_name("mnist5k->digits") == "mnist5k--digits"
+    assert safe_name("npz:/x/y/f.npz") == "npz-f"
+
+
 def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     real = trainer.train_one_epoch

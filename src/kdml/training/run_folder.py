@@ -131,8 +131,9 @@ def write_json(values: Any, path: Path) -> None:
 
 def safe_name(dataset: str) -> str:
     """A folder-name form of a ``--dataset`` value: ``folder:/data/my photos`` ->
-    ``folder-my-photos``, ``mnist5k->digits`` -> ``mnist5k-digits``. A path never nests
-    folders and no character needs quoting in a shell."""
+    ``folder-my-photos``, ``mnist5k->digits`` -> ``mnist5k--digits`` (the arrow's ``-`` is
+    kept and ``>`` becomes another). A path never nests folders and no character needs quoting
+    in a shell."""
     if ":" in dataset:
         prefix, path = dataset.split(":", 1)
         dataset = f"{prefix}-{Path(path.rstrip('/')).stem}"
