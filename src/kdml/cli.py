@@ -10,8 +10,13 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kdml.errors import KdmlError, QuietExit
+
+if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
+    from kdml.inspection import Part
+    from kdml.training.trainer import TrainedRun
 
 
 class _Parser(argparse.ArgumentParser):
@@ -462,12 +467,20 @@ def _plot_charts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _embed(args: argparse.Namespace) -> int:
-    from kdml.inspection import embed_part, run_part, write_npz
+def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
+    """The run of ``args.run_dir`` and the ``--split`` part of its data, or of ``--dataset``
+    (then ``--data-root`` is that dataset's root, not the run's)."""
+    from kdml.inspection import run_part
     from kdml.training.trainer import load_run
 
     trained = load_run(args.run_dir, None if args.dataset else args.data_root)
-    part = run_part(trained, args.split, args.dataset, args.data_root)
+    return trained, run_part(trained, args.split, args.dataset, args.data_root)
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from kdml.inspection import embed_part, write_npz
+
+    trained, part = _run_and_part(args)
     arrays = embed_part(trained, part)
     path = write_npz(args.out, arrays)
     print(f"{len(arrays['labels'])} embeddings of size {arrays['embeddings'].shape[1]} "
@@ -476,11 +489,9 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    from kdml.inspection import index_part, run_part
-    from kdml.training.trainer import load_run
+    from kdml.inspection import index_part
 
-    trained = load_run(args.run_dir, None if args.dataset else args.data_root)
-    part = run_part(trained, args.split, args.dataset, args.data_root)
+    trained, part = _run_and_part(args)
     info = index_part(trained, part, args.out, args.kind)
     charts = f", {len(info.charts)} charts" if info.charts is not None else ""
     print(f"{info.kind} {info.metric} index of {info.count} {info.dim}-d vectors{charts} "
