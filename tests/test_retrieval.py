@@ -239,6 +239,20 @@ def test_chunk_size_does_not_change_results(same_set_data):
     assert small == large
 
 
+@pytest.mark.parametrize("chunk_size", [0, -3, 2.5, True, "64"])
+def test_bad_chunk_size_is_a_one_line_error(same_set_data, chunk_size):
+    embeddings, labels = same_set_data
+    with pytest.raises(KdmlError, match="chunk_size must be a positive integer"):
+        retrieval_metrics(embeddings, labels, ks=KS, nmi=False, chunk_size=chunk_size)
+
+
+def test_numpy_integer_chunk_size_is_accepted(same_set_data):
+    embeddings, labels = same_set_data
+    assert retrieval_metrics(embeddings, labels, ks=KS, nmi=False,
+                             chunk_size=np.int64(7)) == retrieval_metrics(
+        embeddings, labels, ks=KS, nmi=False, chunk_size=7)
+
+
 def test_torch_and_numpy_inputs_agree(same_set_data):
     embeddings, labels = same_set_data
     from_numpy = retrieval_metrics(embeddings.astype(np.float64), labels, ks=KS)

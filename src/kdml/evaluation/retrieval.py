@@ -276,8 +276,9 @@ def retrieval_metrics(
     check_metric(metric)
     if (reference is None) != (reference_labels is None):
         raise KdmlError("reference and reference_labels must be given together")
-    if chunk_size < 1:
-        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) \
+            or chunk_size < 1:
+        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     same_set = reference is None
     backend = resolve_backend(backend, embeddings, reference)
     if same_set:
