@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The checks issue 10 asks for whenever a GPU machine is lent, one part per command so that
+# each fits a 10-minute call. Logs go to $OUT (the device tool's folder) or ./gpu-checks.
+#
+#   bash benchmarks/gpu_checks.sh tests       # the whole test suite, CUDA and vision tests included
+#   bash benchmarks/gpu_checks.sh throughput  # BN-Inception and timm ResNet-50, fp32 and bf16,
+#                                             # and exact evaluation at SOP size on the GPU
+#   bash benchmarks/gpu_checks.sh torchrun    # distributed_scaling.py, 1 GPU under torchrun
+#   QUICK=1 bash benchmarks/gpu_checks.sh throughput   # tiny sizes, any device: a smoke test
+#
+# The GPU image lacks faiss, PML, kornia, mlxtend and mnist1d: fetch their wheels here with
+# ../shared/tools/gpu-wheels.sh and install them there first (that script prints how).
+# Record what it prints, with the GPU model from the log's first lines, in docs/benchmarks.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?"name a part: tests, throughput or torchrun"}
+logs=${OUT:-gpu-checks}
+mkdir -p "$logs"
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+quick=()
+if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
+    || echo "nvidia-smi: none"
+  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"available", torch.cuda.is_available())'
+} | tee "$logs/$part-machine.txt"
+
+case "$part" in
+  tests)
+    # The suite as `make test` runs it, minus ruff (lint does not depend on the machine).
+    "$python" -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$logs/tests.txt"
+    ;;
+  throughput)
+    for backbone in bninception timm:resnet50; do
+      "$python" benchmarks/train_throughput.py --backbone "$backbone" --channels-last \
+        --precisions fp32 bf16 "${quick[@]}" 2>&1 | tee "$logs/throughput-${backbone/:/-}.txt"
+    done
+    ;;
+  torchrun)
+    # One process under torchrun (NCCL): the step and the share of the batch gathers on a GPU.
+    "$python" -m torch.distributed.run --standalone --nproc_per_node=1 \
+      benchmarks/distributed_scaling.py --device cuda 2>&1 | tee "$logs/torchrun.txt"
+    ;;
+  *)
+    echo "unknown part '$part': name tests, throughput or torchrun" >&2
+    exit 2
+    ;;
+esac
