@@ -16,6 +16,11 @@ Eq. 10 / 11) at the paper's scale: a batch of M = 100 samples, 10 per class; poo
 
 Only the regularizer is timed (the representations are leaf tensors), not a network.
 
+Section ``ops``: how many operators one step dispatches, counted below autograd (so backward
+ops count too), split into views (no kernel) and the rest (at least one kernel each on a
+GPU): JRS alone at the paper's scale, and whole ``amsoftmax`` and ``jrd`` steps. A count does
+not depend on the machine's load; what the launches cost on a GPU must be measured there.
+
 Each section is a function ``(args) -> markdown`` registered in ``SECTIONS``; ``--sections``
 picks which ones run.
 
@@ -30,6 +35,7 @@ On a machine shared with other jobs, ``--threads 1 --clock cpu`` gives the stead
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 import timeit
@@ -38,6 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.benchmark import Timer
 
 from kdml.kernels import GaussianMixtureKernel
@@ -165,6 +172,30 @@ def time_forward_backward(
     return time_interleaved({name: forward_backward(reg) for name, reg in cases.items()}, args)
 
 
+class OperatorCounter(TorchDispatchMode):
+    """Counts the operators that reach the backend, views apart. torch's FlopCounterMode is
+    built the same way but counts only FLOPs, not calls, so it cannot serve here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views = 0
+        self.kernels: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view:
+            self.views += 1
+        else:
+            self.kernels[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operators(step: Callable[[], None]) -> OperatorCounter:
+    step()  # a first call builds lazy state (optimizer moments) that later steps do not
+    with OperatorCounter() as counter:
+        step()
+    return counter
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -219,8 +250,8 @@ def regularizer_section(args: argparse.Namespace) -> str:
     return setup + "\n\n" + markdown_table(header, rows)
 
 
-def train_step_section(args: argparse.Namespace) -> str:
-    """Whole training step (forward, backward, Adam) of ``jrd`` vs ``amsoftmax``, as the
+def recipe_steps(args: argparse.Namespace) -> dict[str, Callable[[], None]]:
+    """One training step (forward, backward, Adam) of ``amsoftmax`` and of ``jrd``, as the
     trainer builds them with their defaults on the default CPU backbone for mnist5k."""
     from kdml.config import resolve_config
     from kdml.models.backbones import build_backbone
@@ -243,7 +274,12 @@ def train_step_section(args: argparse.Namespace) -> str:
             optimizer.step()
 
         steps[name] = step
-    timings = time_interleaved(steps, args)
+    return steps
+
+
+def train_step_section(args: argparse.Namespace) -> str:
+    """Whole training step of ``jrd`` vs ``amsoftmax`` (see :func:`recipe_steps`)."""
+    timings = time_interleaved(recipe_steps(args), args)
     base = timings["amsoftmax"][0]
     rows = [[name, f"{median:.1f}", f"{q1:.1f} - {q3:.1f}", f"{100 * (median / base - 1):+.1f}%"]
             for name, (median, q1, q3) in timings.items()]
@@ -256,9 +292,30 @@ def train_step_section(args: argparse.Namespace) -> str:
     return setup + "\n\n" + markdown_table(header, rows)
 
 
+def ops_section(args: argparse.Namespace) -> str:
+    """Operators dispatched by JRS alone (paper scale) and by whole amsoftmax / jrd steps."""
+    reps, labels = make_jrd_batch(args)
+    jrs = JointRepresentationSimilarity([GaussianMixtureKernel(k, MULTIPLIER) for k in (3, 3, 1)])
+    cases = {"JRS forward + backward (paper scale)":
+             lambda: torch.autograd.grad(jrs(reps, labels), reps)}
+    cases |= {f"`{name}` training step (SmallCNN, batch {args.step_batch})": step
+              for name, step in recipe_steps(args).items()}
+    rows = []
+    for name, step in cases.items():
+        counter = count_operators(step)
+        common = ", ".join(f"{op} {n}" for op, n in counter.kernels.most_common(5))
+        rows.append([name, str(sum(counter.kernels.values())), str(counter.views), common])
+    setup = ("Operators dispatched in one call, counted below autograd (forward and backward), "
+             f"on {args.device}, torch {torch.__version__}. Every non-view operator launches at "
+             "least one kernel on a GPU; views launch none.")
+    header = ["step", "operators (kernels)", "views", "most frequent"]
+    return setup + "\n\n" + markdown_table(header, rows)
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], str]] = {
     "regularizer": regularizer_section,
     "train_step": train_step_section,
+    "ops": ops_section,
 }
 
 
