@@ -26,7 +26,7 @@ from kdml.evaluation.charts import (
     piecewise_linear_accuracy,
 )
 from kdml.evaluation.retrieval import retrieval_metrics
-from kdml.viz_charts import plot_charts
+from kdml.viz_charts import chart_figure, plot_charts
 
 # ----------------------------------------------------------------- brute force
 
@@ -276,6 +276,26 @@ def test_plot_charts_writes_a_png(tmp_path):
         plot_charts(rng.standard_normal((40, 3)), charts, labels, tmp_path / "x.png")
     with pytest.raises(KdmlError, match="images"):
         plot_charts(codes, charts, labels, tmp_path / "x.png", images=torch.rand(39, 1, 8, 8))
+
+
+@pytest.mark.parametrize("zoom", [1.0, 3.0])
+def test_thumbnails_of_border_points_stay_inside_their_panel(zoom):
+    # sigmoid coordinates saturate, so trained charts put many points on the border; their
+    # thumbnails once covered the panel titles
+    codes = np.array([[0.0, 30.0], [-30.0, -30.0], [30.0, 0.0], [0.0, 0.0]])
+    figure = chart_figure(codes, np.zeros(4, dtype=int), np.arange(4),
+                          images=np.zeros((4, 28, 28)), thumbnail_zoom=zoom)
+    (axes,) = figure.axes
+    assert len(axes.images) == 4
+    (x_low, x_high), (y_low, y_high) = axes.get_xlim(), axes.get_ylim()
+    assert x_low < 0.0 and x_high > 1.0 and y_low < 0.0 and y_high > 1.0
+    inside = []
+    for image in axes.images:
+        assert image.get_clip_on() and image.get_clip_box() is not None
+        left, right, bottom, top = image.get_extent()
+        inside.append(x_low <= left and right <= x_high and y_low <= bottom and top <= y_high)
+    # at zoom 1 every thumbnail shows whole; larger border ones reach out and are clipped
+    assert all(inside) == (zoom == 1.0)
 
 
 @pytest.mark.parametrize("module", [charts_module, viz_charts_module])

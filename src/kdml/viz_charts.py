@@ -15,13 +15,16 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.offsetbox import AnnotationBbox, OffsetImage
+from matplotlib.patches import Rectangle
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.retrieval import as_label_vector
 
-__all__ = ["plot_charts"]
+__all__ = ["chart_figure", "plot_charts"]
+
+THUMBNAIL_HALF_SIZE = 0.05  # at zoom 1 a thumbnail spans a tenth of the chart's side
+BORDER = 0.06  # margin around [0, 1]^2, so that thumbnails of border points show whole
 
 
 def _as_images(images: Any, num_points: int) -> Callable[[int], np.ndarray]:
@@ -74,7 +77,8 @@ def plot_charts(
             or a function ``index -> image`` (:math:`(C, H, W)` or :math:`(H, W)`) that loads
             only the images drawn.
         max_thumbnails: thumbnails per panel at most.
-        thumbnail_zoom: size factor of the thumbnails.
+        thumbnail_zoom: size factor of the thumbnails; at 1 a thumbnail spans a tenth of
+            the chart's side.
         seed: seed of the thumbnail choice.
 
     Returns:
@@ -92,6 +96,25 @@ def plot_charts(
         ...     plot_charts(codes, charts, labels, Path(folder) / "charts.png").name
         'charts.png'
     """
+    figure = chart_figure(chart_coords, chart_index, labels, images, max_thumbnails,
+                          thumbnail_zoom, seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def chart_figure(
+    chart_coords: Any,
+    chart_index: Any,
+    labels: Any,
+    images: Any | None = None,
+    max_thumbnails: int = 100,
+    thumbnail_zoom: float = 1.0,
+    seed: int = 0,
+) -> Figure:
+    """The figure :func:`plot_charts` saves, with the same arguments but ``path``: one panel
+    (``Axes``) per non-empty chart, its limits ``[0, 1]^2`` plus a margin."""
     coords, _ = as_float32_matrix(chart_coords, "chart_coords")
     if coords.shape[1] != 2:
         raise KdmlError(
@@ -120,15 +143,17 @@ def plot_charts(
                      vmin=0, vmax=max(len(classes) - 1, 1), s=8)
         if thumbnails is not None:
             chosen = rng.permutation(members)[:max_thumbnails]
+            half = THUMBNAIL_HALF_SIZE * thumbnail_zoom
             for index in chosen:
                 pixels = thumbnails(int(index))
-                picture = OffsetImage(pixels, zoom=thumbnail_zoom,
-                                      cmap="gray" if pixels.ndim == 2 else None)
-                axes.add_artist(AnnotationBbox(picture, tuple(points[index]), frameon=False))
-        axes.set(xlim=(0, 1), ylim=(0, 1), xticks=[], yticks=[], aspect="equal",
-                 title=f"chart {chart} ({len(members)} points)")
+                x, y = points[index]
+                # imshow in data coordinates is clipped to the panel, so thumbnails of points
+                # on the border (sigmoids saturate) cannot cover the title or the next panel
+                axes.imshow(pixels, cmap="gray" if pixels.ndim == 2 else None, vmin=0.0,
+                            vmax=1.0, extent=(x - half, x + half, y - half, y + half),
+                            interpolation="nearest", zorder=3)
+        axes.add_patch(Rectangle((0, 0), 1, 1, fill=False, edgecolor="0.6", linewidth=0.8))
+        axes.set(xlim=(-BORDER, 1 + BORDER), ylim=(-BORDER, 1 + BORDER), xticks=[],
+                 yticks=[], aspect="equal", title=f"chart {chart} ({len(members)} points)")
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return path
+    return figure
