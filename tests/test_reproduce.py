@@ -13,6 +13,7 @@ import torch
 from scipy import stats
 
 from kdml import cli
+from kdml.data.registry import DATASETS
 from kdml.errors import KdmlError
 from kdml.evaluation.parts import retrieval_over_parts, stratified_parts
 from kdml.reproduce.catalog import PAPERS, experiments
@@ -121,6 +122,16 @@ def test_full_catalog_covers_the_issue_s_grids():
         "mnist5k->digits", "digits->mnist5k"}
     assert [cell.recipe for cell in found["dtml-mnist5k-to-digits"].cells] == [
         "pca", "ddml-logistic", "ddml", "dtml", "dstml"]
+
+
+def test_jrd_experiments_are_class_disjoint_on_every_dataset():
+    # Issue 12: JRD on mnist5k, mnist1d and Fashion-MNIST, class-disjoint. `standard` is
+    # class-disjoint only on the offline sets, which have no split of their own.
+    for experiment in experiments("jrd"):
+        for cell in experiment.cells:
+            split = cell_config(experiment, cell, 0, "cpu").data.split
+            assert split == "class-disjoint" or (
+                split == "standard" and experiment.dataset in DATASETS), experiment.key
 
 
 def test_identical_configurations_share_one_run_folder(tmp_path):
