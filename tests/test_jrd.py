@@ -13,6 +13,7 @@ from pytorch_metric_learning.losses import CosFaceLoss
 from kdml import cli
 from kdml.config import resolve_config
 from kdml.evaluation.generalization import generalization_terms
+from kdml.losses import am_softmax_loss
 from kdml.models import MLP, JRDHead
 from kdml.regularizers import JointRepresentationSimilarity
 from kdml.training.recipes import RECIPES, get_recipe
@@ -54,6 +55,31 @@ def test_head_shares_proxies_with_pml_cosface():
 
 
 @pytest.mark.parametrize(("scale", "margin"), [(20.0, 0.1), (1.0, 0.0), (64.0, 0.35)])
+def test_am_softmax_loss_equals_pml_cosface(scale, margin):
+    torch.manual_seed(0)
+    head = JRDHead(7, 5, 6).double()
+    pml = CosFaceLoss(6, 5, margin=margin, scale=scale).double()
+    pml.W = head.proxies
+    features, labels = torch.randn(10, 7, dtype=torch.float64), torch.randint(0, 6, (10,))
+    ours = am_softmax_loss(head(features).class_level, labels, scale, margin)
+    theirs = pml(head(features).embedding, labels)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-12)
+    grads = [torch.autograd.grad(value, head.parameters()) for value in (ours, theirs)]
+    for mine, peer in zip(*grads, strict=True):
+        assert torch.allclose(mine, peer, rtol=1e-10, atol=1e-12)
+
+
+def test_checkpoints_holding_pml_s_proxy_copy_still_load():
+    method = make_method()
+    state = {**method.state_dict(), "am_softmax.W": method.head.proxies.detach().clone()}
+    fresh = make_method()
+    fresh.load_state_dict(state)  # strict: only the old duplicate is dropped
+    assert torch.equal(fresh.head.proxies, method.head.proxies)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        fresh.load_state_dict({**state, "am_softmax.other": torch.zeros(1)})
+
+
+@pytest.mark.parametrize(("scale", "margin"), [(20.0, 0.1), (1.0, 0.0), (64.0, 0.35)])
 def test_am_softmax_matches_eq_12(scale, margin):
     method = make_method(scale=scale, margin=margin)
     inputs, labels = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
@@ -71,7 +97,8 @@ def test_jrd_objective_adds_alpha_times_jrs():
     inputs, labels = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
     output = method(inputs, labels)
     reps = method.head(method.backbone(inputs))
-    expected = method.am_softmax(reps.embedding, labels) + 0.7 * kernels_reg(list(reps), labels)
+    expected = (am_softmax_loss(reps.class_level, labels, 20.0, 0.1)
+                + 0.7 * kernels_reg(list(reps), labels))
     assert output.loss.item() == pytest.approx(expected.item(), rel=1e-12)
     assert output.terms["regularizer"] == pytest.approx(kernels_reg(list(reps), labels).item())
 

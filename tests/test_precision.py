@@ -19,6 +19,7 @@ from kdml.kernels import (
     PolynomialKernel,
     squared_distances,
 )
+from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.regularizers import (
     IntraClassPenalty,
@@ -79,6 +80,8 @@ CASES = {
         lambda g: [torch.randn(16, 6, generator=g), torch.randn(10, 6, generator=g)],
         lambda s, t: DomainMMD(GaussianMixtureKernel(3))(s, t)),
     "marginal Fisher": (normal(16, 6), lambda x: MarginalFisherLoss(k1=2, k2=3)(x, LABELS)),
+    "AM-Softmax": (lambda g: torch.rand(16, 5, generator=g) * 2 - 1,
+                   lambda cosines: am_softmax_loss(cosines, LABELS % 5, 20.0, 0.1)),
     "manifold distance": (chart_inputs, lambda coords, q: weighted(manifold_distance(
         q, coords, q, coords))),
 }

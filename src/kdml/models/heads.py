@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kdml.precision import full_precision
+
 
 class EmbeddingHead(nn.Module):
     """Affine map followed by L2 normalisation: ``x = (W^T f + b) / ||W^T f + b||``.
@@ -69,5 +71,12 @@ class JRDHead(nn.Module):
 
     def forward(self, pooled: torch.Tensor) -> JRDRepresentations:
         embedding = self.embedding(pooled)
-        cosines = embedding @ F.normalize(self.proxies, dim=0)
-        return JRDRepresentations(pooled, embedding, cosines)
+        return JRDRepresentations(pooled, embedding, _cosines(embedding, self.proxies))
+
+
+@full_precision
+def _cosines(embedding: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
+    """[M, C] cosines of unit embeddings [M, d] to the proxies [d, C], in float32 or wider even
+    under autocast: AM-Softmax multiplies them by its scale (20), which would magnify a
+    bfloat16 rounding of the cosines (about 4e-3) into the logits."""
+    return embedding @ F.normalize(proxies, dim=0)

@@ -9,8 +9,8 @@ pooling, embedding and class-level representations of Eq. 9.
 - ``intra``: the explicit intra-class penalty of Eq. 4 (Fig. 2), on the embedding;
 - ``amsoftmax``: no regularizer (alpha = 0).
 
-The AM-Softmax loss is PML's ``CosFaceLoss`` and shares its proxies with the head's
-class-level representation.
+The AM-Softmax loss (:func:`~kdml.losses.am_softmax_loss`, equal to PML's ``CosFaceLoss``)
+takes its cosines from the head's class-level representation: one set of proxies for both.
 
 The recipe-level defaults of the data, model, optim and train sections serve the offline
 small-CNN demo (embedding 64, Adam 1e-3 with Adam's epsilon, no weight decay, 10 epochs). The
@@ -27,16 +27,15 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from pytorch_metric_learning.losses import CosFaceLoss
 from torch import nn
 
 from kdml.config import OptimConfig, RunConfig
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
+from kdml.losses.am_softmax import am_softmax_loss
 from kdml.models.heads import JRDHead
 from kdml.models.method import Method, StepOutput, detached
-from kdml.precision import full_precision
 from kdml.regularizers import (
     IntraClassPenalty,
     JointIntra,
@@ -48,6 +47,7 @@ from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
 LAYERS = ("pool", "emb", "cls")
+CLS = LAYERS.index("cls")
 PROXY_INITS = ("normal", "kaiming")
 REGULARIZERS = {"jrs": JointRepresentationSimilarity, "jmmd": JointMMD, "jintra": JointIntra}
 
@@ -131,6 +131,10 @@ class IntraParams(AMSoftmaxParams):
             raise KdmlError(f"method.alpha must be >= 0, got {self.alpha}")
 
 
+def _drop_pml_proxy_copy(state_dict: dict, prefix: str, *args: object) -> None:
+    state_dict.pop(f"{prefix}am_softmax.W", None)
+
+
 class JRDMethod(Method):
     """Backbone -> :class:`~kdml.models.JRDHead` -> AM-Softmax + alpha * regularizer.
 
@@ -157,9 +161,10 @@ class JRDMethod(Method):
         if params.proxy_init == "kaiming":  # the authors' CosineSoftmax.fc (loss.py)
             nn.init.kaiming_uniform_(self.head.proxies, a=math.sqrt(5))
         self.decay_proxies = params.decay_proxies
-        self.am_softmax = CosFaceLoss(num_classes, embedding_size, margin=params.margin,
-                                      scale=params.scale)
-        self.am_softmax.W = self.head.proxies  # one set of proxies for the loss and x^+
+        self.scale, self.margin = params.scale, params.margin
+        # Run folders written before kdml 0.2 hold the proxies twice, also as PML's
+        # CosFaceLoss.W; drop that copy so that they still resume.
+        self._register_load_state_dict_pre_hook(_drop_pml_proxy_copy)
         self.regularizer = regularizer
         self.layer_indices = [LAYERS.index(layer) for layer in layers]
         self.alpha = getattr(params, "alpha", 0.0)
@@ -172,23 +177,20 @@ class JRDMethod(Method):
                 rng: StepRandom | None = None) -> StepOutput:
         representations = self.head(self.backbone(inputs))
         all_labels = gather(labels)
-        am_softmax = self._am_softmax(gather(representations.embedding), all_labels)
+        all_cosines = gather(representations.class_level)
+        am_softmax = am_softmax_loss(all_cosines, all_labels, self.scale, self.margin)
         if self.regularizer is None:
             return StepOutput(am_softmax, detached(loss=am_softmax), representations.embedding)
         chosen = [representations[index] for index in self.layer_indices]
         if self.sharded:
             regularizer = sharded_jrs(self.regularizer.kernels, chosen, labels)
         else:
-            regularizer = self.regularizer([gather(layer) for layer in chosen], all_labels)
+            regularizer = self.regularizer(
+                [all_cosines if index == CLS else gather(layer)
+                 for index, layer in zip(self.layer_indices, chosen, strict=True)], all_labels)
         loss = am_softmax + self.alpha * regularizer
         terms = detached(loss=loss, am_softmax=am_softmax, regularizer=regularizer)
         return StepOutput(loss, terms, representations.embedding)
-
-    @full_precision
-    def _am_softmax(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # PML casts its weights to the embeddings' dtype in place: under autocast the shared
-        # proxies would silently become float16/bfloat16 parameters. Float32 in, float32 kept.
-        return self.am_softmax(embeddings, labels)
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(inputs)).embedding

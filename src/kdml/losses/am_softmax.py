@@ -1,0 +1,52 @@
+r"""The additive-margin softmax (AM-Softmax; Wang et al., 2018), JRD's classification loss
+(Chu et al., ICML 2020, Eq. 12).
+
+.. math::
+    L_{AMS} = -\frac{1}{M} \sum_{i=1}^{M} \log
+        \frac{e^{s (\cos\theta_{i y_i} - m)}}
+             {e^{s (\cos\theta_{i y_i} - m)} + \sum_{c \neq y_i} e^{s \cos\theta_{i c}}}
+
+with :math:`\cos\theta_{ic}` the cosine between sample :math:`i`'s embedding and the proxy of
+class :math:`c`, scale :math:`s` and margin :math:`m`.
+
+PML ships the same loss as ``CosFaceLoss``, and the tests check that this one equals it. It is
+written here because PML's version picks the target cosines with a boolean mask and indexes a
+GPU tensor with a CPU ``arange``: two host-device synchronisations per step, which stall a
+GPU step that the host must keep fed (docs/benchmarks.md, "On a GPU"). This one takes the
+cosines the JRD head already computes, so it also skips a second normalisation and matmul.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdml.precision import full_precision
+
+
+@full_precision
+def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float) -> Tensor:
+    r"""Mean AM-Softmax loss of Eq. 12 from the cosines to the class proxies.
+
+    Computed in float32 or wider whatever the input dtype, with no host-device
+    synchronisation (the label range is not checked here; the data path checks it).
+
+    Args:
+        cosines: :math:`(M, C)` cosines :math:`\cos\theta_{ic}`, e.g.
+            :class:`~kdml.models.heads.JRDHead`'s class-level representation.
+        labels: :math:`(M,)` integer class indices in :math:`[0, C)`.
+        scale: :math:`s` (20 in the JRD paper).
+        margin: :math:`m` (0.1 for CUB and SOP, 0.05 for Cars in the JRD paper).
+
+    Returns:
+        A scalar tensor.
+
+    Example::
+
+        >>> import torch
+        >>> cosines = torch.tensor([[0.5, 0.3], [0.1, 0.4]])
+        >>> round(am_softmax_loss(cosines, torch.tensor([0, 1]), 20.0, 0.1).item(), 4)
+        0.0725
+    """
+    target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
+    return F.cross_entropy(scale * (cosines - target_margin), labels)
