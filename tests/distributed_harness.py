@@ -42,12 +42,22 @@ def _worker(rank: int, world: int, port: int, out: str, task, args) -> None:
         dist.destroy_process_group()
 
 
+# fork starts ranks fastest, but a process that has run autograd on a GPU cannot fork children
+# that run autograd (PyTorch's "Autograd and Fork" note); on a GPU machine the CUDA tests have.
+# Then the ranks come from a fork server, a clean process that imports torch and kdml once.
+mp.set_forkserver_preload(["torch", "kdml.training.trainer", __name__])
+
+
+def start_method() -> str:
+    return "forkserver" if torch.cuda.is_initialized() else "fork"
+
+
 def run_ranks(world: int, task, *args: Any, tmp_path: Path) -> Any:
     if world == 1:
         return task(*args)
     out = str(tmp_path / f"result-{task.__name__}-{free_port()}.pt")
     mp.start_processes(_worker, args=(world, free_port(), out, task, args), nprocs=world,
-                       start_method="fork")
+                       start_method=start_method())
     return torch.load(out, weights_only=False)
 
 

@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from kdml import cli
+from kdml.config import resolve_config
 from kdml.evaluation import retrieval_metrics
+from kdml.models.backbones import build_backbone
+from kdml.precision import autocast
+from kdml.training.recipes import get_recipe
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device here; these run on a GPU machine")
@@ -55,3 +59,32 @@ def test_bninception_runs_on_the_gpu():
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         features = net(torch.randn(2, 3, 224, 224, device="cuda"))
     assert features.shape == (2, 1024) and torch.isfinite(features).all()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("recipe_name", ["amsoftmax", "jrd"])
+def test_a_training_step_makes_no_host_device_synchronisation(recipe_name, precision):
+    """A GPU step the host must wait on loses the overlap of launching and computing: the
+    forward, backward and optimizer step must queue without one."""
+    recipe = get_recipe(recipe_name)
+    config = resolve_config(recipe_name, recipe.params, recipe.defaults,
+                            overrides=["model.embedding_size=16"])
+    model = recipe.build(config, build_backbone("cnn", (3, 32, 32)), 5).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    images = torch.randn(20, 3, 32, 32, device="cuda")
+    labels = torch.arange(20, device="cuda") % 5
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(images.device, precision):
+            loss = model(images, labels).loss
+        loss.backward()
+        optimizer.step()
+
+    step()  # the optimizer's state is created here
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

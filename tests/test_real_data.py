@@ -216,9 +216,10 @@ sys.exit(code)
 
 @pytest.mark.slow
 def test_peak_memory_stays_flat_as_images_quadruple(tmp_path):
-    """Images are decoded batch by batch and only embeddings are kept: 4x the images must not
-    raise the peak by 25%. Decoded at 512 px, each image is a 768 KiB uint8 square, so
-    holding the extra 300 of them would exceed that margin."""
+    """Images are decoded batch by batch and only embeddings are kept: 4x the images must raise
+    the peak by less than half of what holding the extra 300 decoded images would take (at
+    512 px each is a 768 KiB uint8 square). A difference rather than a ratio, so that the
+    test means the same whatever the baseline: a CUDA build of torch alone maps ~1 GB."""
     peaks = {}
     for count in (100, 400):
         folder = make_folder(tmp_path / str(count), classes=4, per_class=count // 4, size=48)
@@ -227,9 +228,9 @@ def test_peak_memory_stays_flat_as_images_quadruple(tmp_path):
              f"folder:{folder}", "--out", str(tmp_path / f"run{count}"), "--no-progress",
              "data.num_workers=0", "data.resize=512", "data.image_size=32",
              "data.batch_size=20", "train.epochs=1", "eval.nmi=false",
-             "eval.embed_batch_size=20", "model.embedding_size=8"],
+             "eval.embed_batch_size=20", "model.embedding_size=8",
+             "train.device=cpu"],  # host memory: CUDA's libraries would dwarf the images
             capture_output=True, text=True, timeout=300, check=True)
         peaks[count] = int(result.stdout.split("peak_kib")[-1])
     extra_decoded = 300 * 3 * 512 * 512 / 1024  # KiB the 300 extra images would hold
-    assert extra_decoded > 0.25 * peaks[100]  # so the check below could fail
-    assert peaks[400] <= 1.25 * peaks[100], peaks
+    assert peaks[400] - peaks[100] < 0.5 * extra_decoded, peaks
