@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/gpu_checks.sh tests       # the whole test suite, CUDA and vision tests included
 #   bash benchmarks/gpu_checks.sh throughput  # BN-Inception and timm ResNet-50, fp32 and bf16,
-#                                             # and exact evaluation at SOP size on the GPU
+#                                             # a profile of each, and exact evaluation at SOP
+#                                             # size on the GPU
 #   bash benchmarks/gpu_checks.sh torchrun    # distributed_scaling.py, 1 GPU under torchrun
 #   QUICK=1 bash benchmarks/gpu_checks.sh throughput   # tiny sizes, any device: a smoke test
 #
@@ -32,12 +33,17 @@ if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
 case "$part" in
   tests)
     # The suite as `make test` runs it, minus ruff (lint does not depend on the machine).
-    "$python" -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$logs/tests.txt"
+    "$python" -m pytest -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$logs/tests.txt"
     ;;
   throughput)
+    # Exact evaluation does not depend on the backbone: it runs once. The profile says where
+    # each step's device time goes, and how many host-device synchronisations it makes.
     for backbone in bninception timm:resnet50; do
+      sections=(train profile)
+      if [[ $backbone == bninception ]]; then sections=(train eval profile); fi
       "$python" benchmarks/train_throughput.py --backbone "$backbone" --channels-last \
-        --precisions fp32 bf16 "${quick[@]}" 2>&1 | tee "$logs/throughput-${backbone/:/-}.txt"
+        --precisions bf16 fp32 --sections "${sections[@]}" "${quick[@]}" 2>&1 \
+        | tee "$logs/throughput-${backbone/:/-}.txt"
     done
     ;;
   torchrun)

@@ -13,6 +13,11 @@ Section ``eval``: ``retrieval_metrics`` (Recall@1/10/100, MAP@R, R-Precision) on
 embeddings on the GPU against the bare chunked matmul + topk of the same k. Target: 0.5 s on
 an H100, within 4x of the bare search.
 
+Section ``profile``: ``torch.profiler`` over a few ``amsoftmax`` and ``jrd`` steps (the first
+of ``--precisions``): the operators with the most device time, and the host-device
+synchronisations and copies per step (``cudaStreamSynchronize``, ``cudaMemcpy*``), which is
+where a per-step overhead on a GPU hides.
+
 Needs no data and no weights. Run on a GPU machine:
 
     PYTHONPATH=src python benchmarks/train_throughput.py --backbone bninception
@@ -85,11 +90,12 @@ def recipe_step(name: str, args: argparse.Namespace, device: torch.device,
         model = model.to(memory_format=torch.channels_last)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
+    compute_loss = torch.compile(loss) if args.compile else loss
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with autocast(device, precision):
-            value = loss()
+            value = compute_loss()
         value.backward()
         optimizer.step()
 
@@ -99,7 +105,7 @@ def recipe_step(name: str, args: argparse.Namespace, device: torch.device,
 def train_section(args: argparse.Namespace, device: torch.device) -> None:
     print(f"\n### Training step: {args.backbone}, {args.size} px, batch {args.batch}, "
           f"embedding {args.embedding}, {args.classes} classes, channels_last "
-          f"{args.channels_last}\n")
+          f"{args.channels_last}, torch.compile {args.compile}\n")
     print("| step | precision | ms / step | images / s | peak GPU memory (GiB) | vs |")
     print("|---|---|---|---|---|---|")
     for precision in args.precisions:
@@ -150,6 +156,36 @@ def eval_section(args: argparse.Namespace, device: torch.device) -> None:
           f"{kdml_seconds / bare_seconds:.2f}x |")
 
 
+def profile_section(args: argparse.Namespace, device: torch.device) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    precision = args.precisions[0]
+    steps = max(args.repeats // 4, 2)
+    sort_key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name in ("amsoftmax", "jrd"):
+        step = recipe_step(name, args, device, precision)
+        for _ in range(args.warmup):
+            step()
+        synchronize(device)
+        with profile(activities=activities) as profiler:
+            for _ in range(steps):
+                step()
+            synchronize(device)
+        events = profiler.key_averages()
+        host_syncs = {event.key: event.count / steps for event in events
+                      if "Synchronize" in event.key or "Memcpy" in event.key}
+        print(f"\n### Profile: {name}, {precision}, {steps} steps\n")
+        print("host-device synchronisations and copies per step (CUDA runtime calls): "
+              + (", ".join(f"{key} {count:g}" for key, count in sorted(host_syncs.items()))
+                 or "none"))
+        print("\n```")
+        print(events.table(sort_by=sort_key, row_limit=args.profile_rows, max_name_column_width=48))
+        print("```")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", nargs="+", default=["train", "eval"])
@@ -165,6 +201,11 @@ def main() -> None:
     parser.add_argument("--eval-points", type=int, default=60502)
     parser.add_argument("--eval-classes", type=int, default=11316)
     parser.add_argument("--eval-dim", type=int, default=512)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each step's forward (its backward follows); the "
+                             "compilation happens in the warm-up steps")
+    parser.add_argument("--profile-rows", type=int, default=15,
+                        help="profile section: operators listed per recipe")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     args = parser.parse_args()
     if args.quick:
@@ -178,6 +219,8 @@ def main() -> None:
         train_section(args, device)
     if "eval" in args.sections:
         eval_section(args, device)
+    if "profile" in args.sections:
+        profile_section(args, device)
 
 
 if __name__ == "__main__":
