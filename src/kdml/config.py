@@ -76,6 +76,9 @@ class TrainConfig:
     steps_per_epoch: int = 0  # stop each epoch after this many steps; 0 = the whole split
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; a gradient scaler for fp16)
     deterministic: bool = False  # bit-repeatable on a GPU (deterministic kernels, no autotune)
+    # torch.compile the training step's forward (its backward follows): fewer, fused kernels
+    # for a GPU step that the host cannot keep fed. The first steps compile (about a minute).
+    compile: bool = False
     # under torchrun: each rank computes only its rows of JRS's global kernel matrices
     sharded_kernels: bool = False
 

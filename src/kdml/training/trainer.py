@@ -286,7 +286,8 @@ class Session:
     scheduler: Schedule | None
     batches: TrainingBatches
     scaler: torch.amp.GradScaler
-    model: nn.Module  # what the steps call: the method, or its DistributedDataParallel
+    model: nn.Module  # what the steps call: the method or its DistributedDataParallel, compiled
+    # with train.compile
     world: World
 
     @classmethod
@@ -312,6 +313,8 @@ class Session:
         if world.is_distributed and not method.needs_fit:
             model = DistributedDataParallel(
                 method, device_ids=[device.index] if device.type == "cuda" else None)
+        if config.train.compile:
+            model = torch.compile(model)  # the method's own parameters: checkpoints unchanged
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device, world),
