@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_checks.sh throughput  # BN-Inception and timm ResNet-50, fp32 and bf16,
 #                                             # a profile of each, and exact evaluation at SOP
 #                                             # size on the GPU
-#   bash benchmarks/gpu_checks.sh torchrun    # distributed_scaling.py, 1 GPU under torchrun
+#   bash benchmarks/gpu_checks.sh torchrun    # distributed_scaling.py, one process per GPU
 #   QUICK=1 bash benchmarks/gpu_checks.sh throughput   # tiny sizes, any device: a smoke test
 #
 # The GPU image lacks faiss, PML, kornia, mlxtend and mnist1d: fetch their wheels here with
@@ -47,9 +47,22 @@ case "$part" in
     done
     ;;
   torchrun)
-    # One process under torchrun (NCCL): the step and the share of the batch gathers on a GPU.
-    "$python" -m torch.distributed.run --standalone --nproc_per_node=1 \
-      benchmarks/distributed_scaling.py --device cuda 2>&1 | tee "$logs/torchrun.txt"
+    # One process per GPU under torchrun (NCCL): the step and the share of the batch gathers.
+    # NCCL takes one GPU per process, and torchrun with one process is a plain run (kdml joins
+    # no group), so a 1-GPU machine measures no scaling: it trains one short run instead.
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+    if (( gpus >= 2 )); then
+      "$python" -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
+        benchmarks/distributed_scaling.py --device cuda --batch $((100 * gpus)) 2>&1 \
+        | tee "$logs/torchrun.txt"
+    else
+      echo "$gpus GPU(s): NCCL scaling needs 2 or more; one torchrun process trains instead" \
+        | tee "$logs/torchrun.txt"
+      run_dir=$(mktemp -d)/run
+      "$python" -m torch.distributed.run --standalone --nproc_per_node=1 -m kdml train jrd \
+        --dataset mnist5k --no-progress --out "$run_dir" train.epochs=1 2>&1 \
+        | tee -a "$logs/torchrun.txt"
+    fi
     ;;
   *)
     echo "unknown part '$part': name tests, throughput or torchrun" >&2
