@@ -158,3 +158,20 @@ def test_compiled_steps_train_as_the_eager_ones(tmp_path):
     assert compiled_keys == eager_keys
     for term in ("train/loss", "train/am_softmax", "train/regularizer"):
         assert compiled_row[term] == pytest.approx(eager_row[term], rel=1e-4), term
+
+
+def test_a_compiler_failure_is_one_line(tmp_path, monkeypatch, capsys):
+    def no_compiler(graph, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: real_compile(model, backend=no_compiler))
+    torch._dynamo.reset()
+    code = cli.main(["train", "jrd", "--dataset", "digits", "--no-progress", "--out",
+                     str(tmp_path / "run"), "train.compile=true", "train.device=cpu",
+                     "train.epochs=1", "train.steps_per_epoch=1", "eval.nmi=false"])
+    torch._dynamo.reset()
+    assert code != 0
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == ["kdml: error: train.compile=true: torch.compile failed (no C++ compiler "
+                     "found); train without it: train.compile=false"]

@@ -271,6 +271,23 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
                         "test samples per class")
 
 
+class CompiledSteps(nn.Module):
+    """``torch.compile`` of a model whose compiler failures (no C++ compiler for a CPU run,
+    say) end the run with one line instead of inductor's traceback."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.compiled = torch.compile(model)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            reason = str(error.inner_exception).strip().splitlines()[0][:200]
+            raise KdmlError(f"train.compile=true: torch.compile failed ({reason}); train "
+                            "without it: train.compile=false") from None
+
+
 @dataclass
 class Session:
     """Everything one training session works with, built and checked before the run folder is
@@ -314,7 +331,7 @@ class Session:
             model = DistributedDataParallel(
                 method, device_ids=[device.index] if device.type == "cuda" else None)
         if config.train.compile:
-            model = torch.compile(model)  # the method's own parameters: checkpoints unchanged
+            model = CompiledSteps(model)  # the method keeps its parameters' names: checkpoints
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device, world),
