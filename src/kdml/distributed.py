@@ -86,8 +86,9 @@ class _GatherWithGradient(torch.autograd.Function):
     then :math:`\sum_{i \in r} \partial L / \partial x_i \cdot \partial x_i / \partial
     \theta`, and the single-process gradient is the sum of these over the ranks. DDP
     *averages* the ranks' gradients, dividing that sum by the world size; multiplying by it
-    here gives back the sum. (Parameters used after the gather, such as AM-Softmax's proxies,
-    get the full gradient on every rank, which DDP's average leaves unchanged.)
+    here gives back the sum. (Parameters used only after the gather get the full gradient on
+    every rank, which DDP's average leaves unchanged. JRD's proxies enter before it, through
+    the class-level cosines, and follow the rule above.)
     """
 
     @staticmethod

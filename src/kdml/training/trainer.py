@@ -283,7 +283,8 @@ class CompiledSteps(nn.Module):
         try:
             return self.compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
-            reason = str(error.inner_exception).strip().splitlines()[0][:200]
+            inner = error.inner_exception
+            reason = (str(inner).strip().splitlines() or [type(inner).__name__])[0][:200]
             raise KdmlError(f"train.compile=true: torch.compile failed ({reason}); train "
                             "without it: train.compile=false") from None
 
@@ -331,7 +332,7 @@ class Session:
             model = DistributedDataParallel(
                 method, device_ids=[device.index] if device.type == "cuda" else None)
         if config.train.compile:
-            model = CompiledSteps(model)  # the method keeps its parameters' names: checkpoints
+            model = CompiledSteps(model)  # checkpoints save the method: its names unchanged
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device, world),

@@ -162,8 +162,8 @@ class JRDMethod(Method):
             nn.init.kaiming_uniform_(self.head.proxies, a=math.sqrt(5))
         self.decay_proxies = params.decay_proxies
         self.scale, self.margin = params.scale, params.margin
-        # Run folders written before kdml 0.2 hold the proxies twice, also as PML's
-        # CosFaceLoss.W; drop that copy so that they still resume.
+        # Checkpoints from when the loss was PML's CosFaceLoss hold the proxies twice, also
+        # as its W; drop that copy so that those runs still resume.
         self._register_load_state_dict_pre_hook(_drop_pml_proxy_copy)
         self.regularizer = regularizer
         self.layer_indices = [LAYERS.index(layer) for layer in layers]
