@@ -164,3 +164,27 @@ def test_chart_retrieval_ties_count_as_their_expectation():
     assert results[0] == pytest.approx(results[1], abs=1e-12)
     # chart 0 queries: 49 tied mates, 9 of them relevant; chart 1: all 9 mates relevant
     assert results[0]["recall@1"] == pytest.approx((50 * 9 / 49 + 10 * 1.0) / 60)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_tie_flags_skip_exact_tolerances_only_where_no_gap_could_be_a_tie(metric):
+    """The search checks each query's gaps against an upper bound of its tolerances first;
+    its tie flags must equal those of the exact per-neighbour tolerances everywhere."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((40, 6))
+    # near-duplicates at several norms, so exact tolerances vary along a row
+    nudged = base[:20] + 2e-7 * rng.standard_normal((20, 6))  # near ties, not exact ones
+    vectors = np.concatenate([base, nudged, 3.0 * base[:10], base[:10]])
+    vectors = vectors.astype(np.float32)
+    prepared = retrieval.prepare_vectors(vectors, metric, "embeddings", "faiss")
+    search = retrieval.RankedSearch(prepared, prepared, metric, True, 32)
+    needed = np.full(len(prepared), 12)
+    flagged = 0
+    for chunk in retrieval.search_prepared(prepared, prepared, needed + 1, metric, True, 32):
+        rows = np.arange(chunk.start, chunk.stop)
+        exact = retrieval.continues_group(chunk.scores, retrieval.tie_tolerance(
+            search.query_norms[rows], search.reference_norms[chunk.indices], metric))
+        np.testing.assert_array_equal(search._continues(rows, chunk.scores, chunk.indices),
+                                      exact)
+        flagged += exact.sum()
+    assert flagged > 0  # the data has ties, so the check compared both paths
