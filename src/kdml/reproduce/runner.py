@@ -65,10 +65,17 @@ def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> R
     return resolve_config(recipe.name, recipe.params, recipe.defaults, None, overrides)
 
 
+# Settings that change how a run executes, not what it computes, and were added after runs
+# existed: left out of the folder's hash, so that those runs keep their folders.
+EXECUTION_ONLY = (("train", "compile"),)
+
+
 def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
     """``RUNS/<recipe>-<dataset>-<hash of the config without its seed>/seed-<seed>``."""
     values = config.to_dict()
     seed = values["train"].pop("seed")
+    for section, key in EXECUTION_ONLY:
+        values[section].pop(key)
     digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
     name = f"{config.recipe}-{safe_name(config.data.dataset)}-{digest[:10]}"
     return runs_root / name / f"seed-{seed}"
