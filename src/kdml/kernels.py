@@ -244,10 +244,13 @@ class GaussianMixtureKernel(Kernel):
                          ).mean(dim=-1)
 
     def _coefficients(self, like: Tensor) -> Tensor:
+        values = [-1.0 / scale for scale in self.scales]
+        if torch.compiler.is_compiling():  # a constant of the graph; a cache would recompile it
+            return torch.tensor(values, dtype=torch.float64).to(like.device, like.dtype)
         key = (like.device, like.dtype)
         if key not in self._neg_inverse_scales:
-            values = torch.tensor([-1.0 / scale for scale in self.scales], dtype=torch.float64)
-            self._neg_inverse_scales[key] = values.to(like.device, like.dtype)
+            self._neg_inverse_scales[key] = torch.tensor(values, dtype=torch.float64).to(
+                like.device, like.dtype)
         return self._neg_inverse_scales[key]
 
     def extra_repr(self) -> str:
