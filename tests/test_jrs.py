@@ -389,3 +389,18 @@ def test_all_docstring_examples_run():
     results = doctest.testmod(jrs_module)
     assert results.attempted > 0
     assert results.failed == 0
+
+
+def test_jrs_compiles_to_one_graph_that_is_not_recompiled():
+    """train.compile: JRS traces without a graph break and later calls reuse the graph."""
+    torch._dynamo.reset()
+    jrs = JointRepresentationSimilarity([GaussianMixtureKernel(3), GaussianMixtureKernel(1)])
+    compiled = torch.compile(jrs)
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(4).repeat_interleave(3)
+    for _ in range(3):
+        reps = [torch.randn(12, 8, generator=generator), torch.randn(12, 4, generator=generator)]
+        assert compiled(reps, labels).item() == pytest.approx(jrs(reps, labels).item(), rel=1e-5)
+    stats = torch._dynamo.utils.counters["stats"]
+    assert stats["unique_graphs"] == 1
+    torch._dynamo.reset()
