@@ -62,7 +62,7 @@ def test_bninception_runs_on_the_gpu():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("recipe_name", ["amsoftmax", "jrd"])
+@pytest.mark.parametrize("recipe_name", ["amsoftmax", "jrd", "jmmd", "intra"])
 def test_a_training_step_makes_no_host_device_synchronisation(recipe_name, precision):
     """A GPU step the host must wait on loses the overlap of launching and computing: the
     forward, backward and optimizer step must queue without one."""

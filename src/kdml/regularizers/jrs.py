@@ -23,9 +23,9 @@ regularizers work next to any metric-learning loss, e.g. from pytorch-metric-lea
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kdml.errors import KdmlError
@@ -53,25 +53,32 @@ def _check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) 
             )
 
 
-def _mean_off_diagonal(matrix: Tensor) -> Tensor:
-    """Mean of the off-diagonal entries of a square matrix; exactly 0 (still attached to the
-    graph) for a 1 x 1 matrix, i.e. a batch with a single class."""
-    n = matrix.shape[0]
-    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=matrix.device)
-    return torch.where(off_diagonal, matrix, 0.0).sum() / max(n * n - n, 1)
+class _ClassSums(NamedTuple):
+    """Sums over the classes present in a batch (see :func:`_class_sums`)."""
+
+    products: Tensor  # sum over all ordered class pairs (I, J), I = J included, of S_IJ
+    norms: Tensor  # sum over the classes of S_II = ||C(P_I)||^2
+    classes: Tensor  # C, the number of classes present (a float tensor holding an integer)
 
 
-def _class_products(joint: Tensor, labels: Tensor) -> Tensor:
-    r"""Matrix :math:`S_{IJ} = \langle C(P_I), C(P_J) \rangle = \frac{1}{n_I n_J}
-    \sum_{i \in I, j \in J} K_{ij}` of the classes present in the batch (sorted by label).
+def _class_sums(joint: Tensor, labels: Tensor) -> _ClassSums:
+    r"""With :math:`S_{IJ} = \langle C(P_I), C(P_J) \rangle = \frac{1}{n_I n_J}
+    \sum_{i \in I, j \in J} K_{ij}` (V-statistic, :math:`i = j` included), the sums
+    :math:`\sum_{I, J} S_{IJ} = w^\top K w`, :math:`\sum_I S_{II} = w^\top (K \circ
+    [y_i = y_j]) w` and :math:`C = \sum_i w_i`, with :math:`w_i = 1 / n_{y_i}`.
 
-    Class means of the kernel blocks as :math:`Y^\top K Y / (n n^\top)` with the one-hot label
-    matrix :math:`Y`; the diagonal holds the squared norms :math:`\|C(P_I)\|^2` (V-statistic,
-    :math:`i = j` included)."""
-    _, class_index = torch.unique(labels, return_inverse=True)
-    one_hot = F.one_hot(class_index).to(joint.dtype)  # [M, C]
-    counts = one_hot.sum(dim=0)
-    return (one_hot.T @ joint @ one_hot) / (counts[:, None] * counts[None, :])
+    Written through per-sample weights rather than by listing the classes (``torch.unique``),
+    which would make a GPU step wait for the host."""
+    same_class = labels[:, None] == labels[None, :]
+    weights = 1.0 / same_class.sum(dim=1).to(joint.dtype)  # 1 / n_{y_i}
+    weighted = joint * (weights[:, None] * weights[None, :])
+    return _ClassSums(weighted.sum(), torch.where(same_class, weighted, 0.0).sum(),
+                      weights.sum().round())
+
+
+def _mean_over_class_pairs(total: Tensor, classes: Tensor) -> Tensor:
+    """``total`` over the C (C - 1) ordered pairs of different classes; 0 when C < 2."""
+    return total / (classes * (classes - 1)).clamp_min(1)
 
 
 class _JointKernelRegularizer(nn.Module):
@@ -225,10 +232,10 @@ class JointMMD(_JointKernelRegularizer):
 
     @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
-        products = _class_products(self.joint_kernel(representations, labels), labels)
-        norms = products.diagonal()
-        sq_mmd = norms[:, None] + norms[None, :] - 2.0 * products
-        return -_mean_off_diagonal(sq_mmd)
+        sums = _class_sums(self.joint_kernel(representations, labels), labels)
+        # sum over I != J of ||C_I||^2 + ||C_J||^2 - 2 <C_I, C_J>
+        total = 2.0 * (sums.classes - 1) * sums.norms - 2.0 * (sums.products - sums.norms)
+        return -_mean_over_class_pairs(total, sums.classes)
 
 
 class JointIntra(_JointKernelRegularizer):
@@ -269,8 +276,9 @@ class JointIntra(_JointKernelRegularizer):
 
     @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
-        norms = _class_products(self.joint_kernel(representations, labels), labels).diagonal()
-        return -_mean_off_diagonal(norms[:, None] + norms[None, :])
+        sums = _class_sums(self.joint_kernel(representations, labels), labels)
+        # sum over I != J of ||C_I||^2 + ||C_J||^2
+        return -_mean_over_class_pairs(2.0 * (sums.classes - 1) * sums.norms, sums.classes)
 
 
 class IntraClassPenalty(nn.Module):
@@ -331,9 +339,9 @@ class IntraClassPenalty(nn.Module):
         _check_batch(type(self).__name__, representations, labels)
         gram = self.kernel(representations[-1])
         same_class = labels[:, None] == labels[None, :]
+        counts = same_class.sum(dim=1)  # n_{y_i}
         same_class.fill_diagonal_(False)
-        classes, class_index, counts = torch.unique(labels, return_inverse=True, return_counts=True)
         per_sample = torch.where(same_class, gram, 0.0).sum(dim=1)  # [M]
-        per_class = gram.new_zeros(len(classes)).index_add(0, class_index, per_sample)
-        num_pairs = (counts * (counts - 1)).clamp_min(1)  # singleton classes: 0 / 1 = 0
-        return -(per_class / num_pairs).sum()
+        # Each sample's share of its class's mean, without listing the classes (a host sync
+        # on a GPU); singleton classes: 0 / 1 = 0.
+        return -(per_sample / (counts * (counts - 1)).clamp_min(1)).sum()
