@@ -13,12 +13,14 @@ import math
 
 import pytest
 import torch
+from pytorch_metric_learning.losses import NTXentLoss
 
 from kdml.atlas import ChartOutputs, compressed_code, manifold_distance
 from kdml.config import RunConfig, resolve_config
 from kdml.data import augment as augment_module
 from kdml.data.augment import SimCLRAugment
 from kdml.errors import KdmlError
+from kdml.losses import nt_xent_loss
 from kdml.models.backbones import SmallCNN
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
 from kdml.training.recipes.atlas import (
@@ -61,6 +63,23 @@ def literal_nt_xent(projections, tau):
         denominator = sum(math.exp(sims[b]) for b in range(num) if b != a)
         total += -math.log(math.exp(sims[partner]) / denominator)
     return total / num
+
+
+@pytest.mark.parametrize("tau", [0.5, 1.0])
+def test_nt_xent_loss_equals_the_literal_sum_and_pml(tau):
+    generator = torch.Generator().manual_seed(0)
+    projections = torch.randn(12, 5, dtype=torch.float64, generator=generator)
+    ours = nt_xent_loss(projections.requires_grad_(), tau)
+    assert ours.item() == pytest.approx(literal_nt_xent(projections.tolist(), tau), rel=1e-12)
+    theirs = NTXentLoss(temperature=tau)(projections, torch.arange(6).repeat(2))
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-12)
+    mine, peer = (torch.autograd.grad(value, projections) for value in (ours, theirs))
+    assert torch.allclose(mine[0], peer[0], rtol=1e-10, atol=1e-12)
+
+
+def test_nt_xent_loss_needs_two_views_per_image():
+    with pytest.raises(KdmlError, match="two views per image"):
+        nt_xent_loss(torch.randn(5, 3), 1.0)
 
 
 LABELS = [0, 0, 1, 1, 2, 2, 3, 3]

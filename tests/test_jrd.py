@@ -15,7 +15,6 @@ from kdml.config import resolve_config
 from kdml.evaluation.generalization import generalization_terms
 from kdml.losses import am_softmax_loss
 from kdml.models import MLP, JRDHead
-from kdml.models.backbones import build_backbone
 from kdml.regularizers import JointRepresentationSimilarity
 from kdml.training.recipes import RECIPES, get_recipe
 from kdml.training.recipes.jrd import JRDMethod
@@ -239,27 +238,3 @@ def test_jrd_end_to_end_and_analysis(tmp_path, tiny_overrides, capsys):
     assert 0.0 <= saved["lambda"]["mean"] <= 2.0
     assert len(saved["lambda"]["values"]) == 3
 
-
-@pytest.mark.parametrize("recipe_name", ["amsoftmax", "jrd", "mrd", "jrd-c", "jrd-pooling",
-                                         "jmmd", "jintra", "intra"])
-def test_steps_make_no_data_dependent_operation(recipe_name):
-    """A step runs on PyTorch's meta device (shapes, no values) only if none of its operators
-    needs to see the data: no ``.item()``, ``torch.unique``, boolean-mask indexing or CPU
-    tensor mixed in, the operations that make a GPU step wait for the host. PML's
-    ``CosFaceLoss`` fails here; tests/test_cuda.py checks the same on a GPU."""
-    recipe = get_recipe(recipe_name)
-    config = resolve_config(recipe_name, recipe.params, recipe.defaults,
-                            overrides=["model.embedding_size=16"])
-    model = recipe.build(config, build_backbone("cnn", (3, 32, 32)), 5).to("meta")
-    images = torch.randn(20, 3, 32, 32, device="meta")
-    labels = torch.arange(20, device="meta") % 5
-    model(images, labels).loss.backward()
-    assert all(parameter.grad is not None for parameter in model.parameters()
-               if parameter.requires_grad)
-
-
-def test_pml_cosface_needs_the_data_on_the_meta_device():
-    """The check above can fail: PML's AM-Softmax picks its targets with a boolean mask."""
-    loss = CosFaceLoss(5, 16).to("meta")
-    with pytest.raises(NotImplementedError):
-        loss(torch.randn(8, 16, device="meta"), torch.arange(8, device="meta") % 5)

@@ -21,6 +21,7 @@ from kdml.kernels import (
 )
 from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.losses.nt_xent import nt_xent_loss
 from kdml.regularizers import (
     IntraClassPenalty,
     JointIntra,
@@ -82,6 +83,7 @@ CASES = {
     "marginal Fisher": (normal(16, 6), lambda x: MarginalFisherLoss(k1=2, k2=3)(x, LABELS)),
     "AM-Softmax": (lambda g: torch.rand(16, 5, generator=g) * 2 - 1,
                    lambda cosines: am_softmax_loss(cosines, LABELS % 5, 20.0, 0.1)),
+    "NT-Xent": (normal(16, 6), lambda x: nt_xent_loss(x, 0.5)),
     "manifold distance": (chart_inputs, lambda coords, q: weighted(manifold_distance(
         q, coords, q, coords))),
 }

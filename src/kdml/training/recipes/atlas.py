@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning.losses import NTXentLoss
 from torch import Tensor, nn
 
 from kdml.atlas import (
@@ -50,6 +49,7 @@ from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
 from kdml.distributed import gather
 from kdml.errors import KdmlError
+from kdml.losses.nt_xent import nt_xent_loss
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
 from kdml.models.heads import EmbeddingHead
 from kdml.models.method import Method, StepOutput, detached
@@ -361,11 +361,6 @@ def _global_views(local: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
     return gather(local[:batch_size]), gather(local[batch_size:])
 
 
-def _pair_labels(batch_size: int, device: torch.device) -> Tensor:
-    """Labels that make the two views of an image the only positive pair for NT-Xent."""
-    return torch.arange(batch_size, device=device).repeat(2)
-
-
 class MSimCLRMethod(_AtlasMethod):
     r"""MSimCLR: :math:`\ell_{NT\text{-}Xent}(\sum_i q_i h_i(\phi_i)) + \lambda_1
     \ell_{\mathcal{Z}} + \lambda_2 \ell_{\mathcal{J}}` (Atlas, Sec. 3.1, Table 1).
@@ -387,7 +382,7 @@ class MSimCLRMethod(_AtlasMethod):
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
                                      horizontal_flip=params.horizontal_flip,
                                      size=params.crop_size or None)
-        self.nt_xent = NTXentLoss(temperature=params.tau)
+        self.tau = params.tau
         self.clamp = params.coordinate_clamp
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
@@ -396,7 +391,7 @@ class MSimCLRMethod(_AtlasMethod):
         outputs = self.charts(views)
         coords = outputs.coords.clamp(-self.clamp, self.clamp) if self.clamp else outputs.coords
         projections = torch.cat(_global_views(self.projection(coords, outputs.q), batch_size))
-        nt_xent = self.nt_xent(projections, _pair_labels(len(projections) // 2, inputs.device))
+        nt_xent = nt_xent_loss(projections, self.tau)
         coords1, coords2 = _global_views(coords, batch_size)
         q1, q2 = _global_views(outputs.q, batch_size)
         generator = self.prior_generator(rng, coords1)
@@ -428,7 +423,7 @@ class SimCLRMethod(Method):
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
                                      horizontal_flip=params.horizontal_flip,
                                      size=params.crop_size or None)
-        self.nt_xent = NTXentLoss(temperature=params.tau)
+        self.tau = params.tau
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
@@ -437,7 +432,7 @@ class SimCLRMethod(Method):
         projections = torch.cat(_global_views(self.projection(
             representation[:, None, :], representation.new_ones(len(representation), 1)),
             batch_size))
-        loss = self.nt_xent(projections, _pair_labels(len(projections) // 2, inputs.device))
+        loss = nt_xent_loss(projections, self.tau)
         return StepOutput(loss, detached(loss=loss), None)
 
     def embed(self, inputs: Tensor) -> Tensor:

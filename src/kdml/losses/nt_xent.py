@@ -1,0 +1,58 @@
+r"""NT-Xent (Chen et al., SimCLR, ICML 2020), the contrastive loss of MSimCLR and SimCLR (Atlas,
+Sec. 3.1), for a batch of two views per image.
+
+With :math:`2N` projections laid out as [view 1 of images 1..N; view 2 of images 1..N],
+:math:`s_{ij}` the cosine similarity of projections :math:`i` and :math:`j`, temperature
+:math:`\tau` and :math:`p(i)` the other view of :math:`i`'s image:
+
+.. math::
+    \ell = \frac{1}{2N} \sum_{i=1}^{2N} -\log
+        \frac{e^{s_{i p(i)} / \tau}}{\sum_{k \neq i} e^{s_{ik} / \tau}}
+
+PML ships the same loss as ``NTXentLoss`` (with labels that make the two views the only
+positive pair), and the tests check that this one equals it. It is written here because PML's
+finds its pairs with ``torch.where`` on the label matrix: a host-device synchronisation per
+step, which stalls a GPU step that the host must keep fed (docs/benchmarks.md, "On a GPU").
+The pairs of this layout are known in advance, so here it is one softmax cross-entropy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdml.errors import KdmlError
+from kdml.precision import full_precision
+
+
+@full_precision
+def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
+    r"""Mean NT-Xent loss of two views per image, computed in float32 or wider whatever the
+    input dtype, with no host-device synchronisation.
+
+    Args:
+        projections: :math:`(2N, D)` projections, [view 1; view 2] (not necessarily
+            normalised: the similarity is the cosine).
+        temperature: :math:`\tau` (the Atlas paper: 1 for MNIST and Fashion-MNIST, 0.5 for
+            CIFAR-10).
+
+    Returns:
+        A scalar tensor.
+
+    Example::
+
+        >>> views = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [0.1, 1.0]])
+        >>> round(nt_xent_loss(views, 0.5).item(), 4)
+        0.2899
+    """
+    if projections.ndim != 2 or len(projections) % 2:
+        raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image), got "
+                        f"{tuple(projections.shape)}")
+    unit = F.normalize(projections, dim=1)
+    logits = (unit @ unit.T) / temperature
+    itself = torch.eye(len(unit), dtype=torch.bool, device=unit.device)
+    logits = logits.masked_fill(itself, float("-inf"))  # k != i in the denominator
+    half = len(unit) // 2
+    other_view = torch.arange(len(unit), device=unit.device).roll(half)
+    return F.cross_entropy(logits, other_view)
