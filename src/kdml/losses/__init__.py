@@ -1,4 +1,5 @@
-"""Losses kdml adds to pytorch-metric-learning's (which it uses directly where it has them)."""
+"""Losses kdml adds to pytorch-metric-learning's. It uses PML's directly where PML has them,
+except where PML's would make a GPU step wait for the host (AM-Softmax, NT-Xent)."""
 
 from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.dtml_objective import DTMLObjective
