@@ -6,7 +6,8 @@ backward, Adam) on synthetic 224-pixel images, batch 100, embedding 512, for
 - ``backbone``: the bare backbone with a linear classifier (the floor);
 - ``amsoftmax`` and ``jrd``: kdml's recipes as the trainer builds them,
 
-in fp32 and bf16 (autocast), optionally channels_last. Targets: JRD within 5% of AM-Softmax,
+in fp32 and bf16 (autocast), optionally channels_last. The three are timed in interleaved
+rounds and compared round by round (``--rounds``). Targets: JRD within 5% of AM-Softmax,
 AM-Softmax within 5% of the bare backbone.
 
 Section ``eval``: ``retrieval_metrics`` (Recall@1/10/100, MAP@R, R-Precision) on 60,502 x 512
@@ -102,31 +103,49 @@ def recipe_step(name: str, args: argparse.Namespace, device: torch.device,
     return step
 
 
+STEPS = ("backbone", "amsoftmax", "jrd")
+BASELINE = {"amsoftmax": "backbone", "jrd": "amsoftmax"}
+
+
 def train_section(args: argparse.Namespace, device: torch.device) -> None:
+    """The three steps are built side by side and timed in ``--rounds`` interleaved rounds
+    (order rotated each round), so that a drift of the machine's speed, which on a host-bound
+    step is several percent between runs, hits them alike; each comparison is the median of
+    its per-round ratios, with their range."""
     print(f"\n### Training step: {args.backbone}, {args.size} px, batch {args.batch}, "
           f"embedding {args.embedding}, {args.classes} classes, channels_last "
-          f"{args.channels_last}, torch.compile {args.compile}\n")
-    print("| step | precision | ms / step | images / s | peak GPU memory (GiB) | vs |")
-    print("|---|---|---|---|---|---|")
+          f"{args.channels_last}, torch.compile {args.compile}, {args.rounds} rounds of "
+          f"{args.repeats} steps\n")
+    print("| step | precision | ms / step | images / s | peak GPU memory (GiB) | vs | "
+          "range over rounds |")
+    print("|---|---|---|---|---|---|---|")
     for precision in args.precisions:
-        baseline = None
-        for name in ("backbone", "amsoftmax", "jrd"):
+        steps, peaks = {}, {}
+        for name in STEPS:  # built and warmed one at a time: each peak is its own
+            before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds = timed(recipe_step(name, args, device, precision), device, args.warmup,
-                            args.repeats)
-            peak = (torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
-                    else float("nan"))
-            versus = "" if baseline is None else f"{100 * (seconds / baseline - 1):+.1f}%"
-            if name == "backbone":
-                baseline = seconds
-            elif name == "amsoftmax":
-                versus = f"{versus} vs backbone"
-                baseline = seconds
-            else:
-                versus = f"{versus} vs amsoftmax"
+            steps[name] = recipe_step(name, args, device, precision)
+            for _ in range(args.warmup):
+                steps[name]()
+            synchronize(device)
+            peaks[name] = ((torch.cuda.max_memory_allocated(device) - before) / 2**30
+                           if device.type == "cuda" else float("nan"))
+        rounds: dict[str, list[float]] = {name: [] for name in STEPS}
+        for index in range(args.rounds):
+            for name in STEPS[index % 3:] + STEPS[:index % 3]:
+                rounds[name].append(timed(steps[name], device, 1, args.repeats))
+        for name in STEPS:
+            seconds = statistics.median(rounds[name])
+            versus = spread = ""
+            if name in BASELINE:
+                ratios = [mine / base - 1 for mine, base in
+                          zip(rounds[name], rounds[BASELINE[name]], strict=True)]
+                versus = f"{100 * statistics.median(ratios):+.1f}% vs {BASELINE[name]}"
+                spread = f"{100 * min(ratios):+.1f}% to {100 * max(ratios):+.1f}%"
             print(f"| {name} | {precision} | {1000 * seconds:.1f} | "
-                  f"{args.batch / seconds:,.0f} | {peak:.2f} | {versus} |")
+                  f"{args.batch / seconds:,.0f} | {peaks[name]:.2f} | {versus} | {spread} |")
+        del steps
 
 
 def eval_section(args: argparse.Namespace, device: torch.device) -> None:
@@ -197,7 +216,9 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="train section: interleaved rounds of the three steps")
     parser.add_argument("--eval-points", type=int, default=60502)
     parser.add_argument("--eval-classes", type=int, default=11316)
     parser.add_argument("--eval-dim", type=int, default=512)
@@ -210,7 +231,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.size, args.batch, args.embedding, args.classes = 32, 8, 16, 4
-        args.warmup, args.repeats = 1, 2
+        args.warmup, args.repeats, args.rounds = 1, 2, 2
         args.eval_points, args.eval_classes, args.eval_dim = 2000, 400, 32
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
