@@ -244,14 +244,17 @@ class GaussianMixtureKernel(Kernel):
                          ).mean(dim=-1)
 
     def _coefficients(self, like: Tensor) -> Tensor:
-        values = [-1.0 / scale for scale in self.scales]
         if torch.compiler.is_compiling():  # a constant of the graph; a cache would recompile it
-            return torch.tensor(values, dtype=torch.float64).to(like.device, like.dtype)
+            return self._new_coefficients(like)
         key = (like.device, like.dtype)
         if key not in self._neg_inverse_scales:
-            self._neg_inverse_scales[key] = torch.tensor(values, dtype=torch.float64).to(
-                like.device, like.dtype)
+            self._neg_inverse_scales[key] = self._new_coefficients(like)
         return self._neg_inverse_scales[key]
+
+    def _new_coefficients(self, like: Tensor) -> Tensor:
+        """-tau / sigma_i^2 for i = 0..K-1, made in float64, on ``like``'s device and dtype."""
+        values = torch.tensor([-1.0 / scale for scale in self.scales], dtype=torch.float64)
+        return values.to(like.device, like.dtype)
 
     def extra_repr(self) -> str:
         bw = "adaptive" if self.bandwidth is None else self.bandwidth
