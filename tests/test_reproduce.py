@@ -124,6 +124,31 @@ def test_full_catalog_covers_the_issue_s_grids():
         "pca", "ddml-logistic", "ddml", "dtml", "dstml"]
 
 
+def test_the_cpu_setting_of_atlas_table2_changes_only_backbone_and_epochs(tmp_path):
+    # Issue 12 keeps a small-CNN setting for CPU runs; its rows must differ from the paper's
+    # setting (Appendix A.1) only where the catalog says so, and the ablation's base must be
+    # Table 2's n = 16 run, trained once.
+    found = {experiment.key: experiment for experiment in experiments("atlas")}
+    table2 = found["atlas-table2-mnist5k"]
+    cpu_table2 = found["atlas-table2-cnn-mnist5k"]
+    ablation = found["atlas-ablation-mnist5k"]
+    cpu_ablation = found["atlas-ablation-cnn-mnist5k"]
+    paper_config = cell_config(table2, table2.cell("MSimCLR, n = 16, d = 2"), 0, "cpu")
+    cpu_config = cell_config(cpu_table2, cpu_table2.cell("MSimCLR, n = 16, d = 2"), 0, "cpu")
+    paper_values, cpu_values = paper_config.to_dict(), cpu_config.to_dict()
+    changed = {(section, key) for section, values in paper_values.items()
+               if isinstance(values, dict) for key in values
+               if values[key] != cpu_values[section][key]}
+    assert changed == {("model", "backbone"), ("model", "small_input"), ("train", "epochs")}
+    assert (cpu_config.model.backbone, cpu_config.train.epochs) == ("cnn", 10)
+    assert [cell.label for cell in cpu_ablation.cells] == [
+        cell.label for cell in ablation.cells if cell.label != "small CNN instead of ResNet-18"]
+    base = run_folder_of(cell_config(cpu_ablation, cpu_ablation.cell("Appendix A.1"), 0, "cpu"),
+                         tmp_path)
+    assert base == run_folder_of(cpu_config, tmp_path)
+    assert "cnn" not in " ".join(experiment.key for experiment in experiments("atlas", True))
+
+
 def test_jrd_experiments_are_class_disjoint_on_every_dataset():
     # Issue 12: JRD on mnist5k, mnist1d and Fashion-MNIST, class-disjoint. `standard` is
     # class-disjoint only on the offline sets, which have no split of their own.
