@@ -31,6 +31,8 @@ def test_train_writes_the_run_folder(tmp_path, tiny_overrides, capsys):
     printed = capsys.readouterr().out
     for key in ("recall@1", "recall@8", "map@r"):
         assert key in printed
+    # digits' standard split is class-disjoint: 5 of its 10 classes are tested
+    assert "test set: 896 samples of classes not seen in training" in printed
     for name in ("config.yaml", "metrics.csv", "metrics.json", "train.log",
                  "checkpoints/last.pt", "plots/loss.png", "plots/recall.png"):
         assert (out / name).is_file(), name
@@ -44,8 +46,16 @@ def test_train_writes_the_run_folder(tmp_path, tiny_overrides, capsys):
     assert not list(out.rglob("*.tmp"))
 
     assert run_cli("eval", out) == 0
+    assert "test set: 896 samples of classes not seen in training" in capsys.readouterr().out
     evaluated = json.loads((out / "eval.json").read_text())
     assert evaluated["test"]["recall@1"] == pytest.approx(metrics["final"]["recall@1"], abs=1e-6)
+
+
+def test_a_seen_holdout_run_says_its_test_classes_were_seen(tmp_path, tiny_overrides, capsys):
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "data.split=seen-holdout",
+                   "--out", tmp_path / "run", "--no-progress", *tiny_overrides) == 0
+    printed = capsys.readouterr().out
+    assert "samples of the training classes, held out from training" in printed
 
 
 def test_seed_makes_runs_repeatable(tmp_path, tiny_overrides):

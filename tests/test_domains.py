@@ -19,6 +19,7 @@ from kdml.data.domains import (
     load_feature_domains,
     mnist_to_optdigits,
 )
+from kdml.data.prepare import domain_splits
 from kdml.errors import KdmlError
 
 # ----------------------------------------------------------------- literal conversion
@@ -124,6 +125,12 @@ def test_domain_pairs_load(name):
         assert dataset.x.min() >= 0 and dataset.x.max() <= 1
         counts = dataset.x * 16  # the same /16 scaling on both sides: integer block counts
         assert torch.allclose(counts, counts.round())
+
+
+def test_domain_splits_describe_their_test_set_as_the_target():
+    pair = load_domain_pair("mnist5k->digits")
+    splits = domain_splits(pair.source, pair.target)
+    assert splits.test_set == "1,797 samples of the target domain, whose labels training never sees"
 
 
 def test_unknown_domain_pair_lists_the_valid_names():

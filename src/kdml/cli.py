@@ -433,6 +433,7 @@ def _eval(args: argparse.Namespace) -> int:
     from kdml.training.trainer import load_run
 
     trained = load_run(args.run_dir, args.data_root)
+    print(f"test set: {trained.splits.test_set}")
     metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
                               trained.embedder)
     write_json({"epoch": trained.epoch, "test": metrics}, trained.run.root / "eval.json")
@@ -636,7 +637,7 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
-    print(f"\nTest metrics on unseen classes ({config.recipe}, {config.data.dataset}):")
+    print(f"\nTest metrics ({config.recipe}, {config.data.dataset}):")
     print(f"  {'metric':<12} value")
     for name, value in metrics.items():
         print(f"  {name:<12} {value:.4f}")

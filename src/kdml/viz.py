@@ -31,7 +31,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
         for key in metric_keys:
             points = [(row["epoch"], row[key]) for row in history if key in row]
             ax.plot(*zip(*points, strict=True), marker="o", label=key[5:])
-        ax.set(xlabel="epoch", ylabel="test metric", title="Test retrieval (unseen classes)",
+        ax.set(xlabel="epoch", ylabel="test metric", title="Test retrieval",
                ylim=(0, 1))
         ax.legend()
         written.append(save_figure(fig, folder / "recall.png"))

@@ -22,6 +22,10 @@ from kdml.errors import KdmlError
 
 SPLITS = ("standard", "class-disjoint", "seen-holdout")
 UNSEEN, SEEN, DOMAIN = "unseen", "seen", "domain"
+# What the test samples are, by split kind: the words a user reads next to the test metrics.
+TEST_SETS = {UNSEEN: "classes not seen in training",
+             SEEN: "the training classes, held out from training",
+             DOMAIN: "the target domain, whose labels training never sees"}
 
 
 @dataclass
@@ -46,6 +50,12 @@ class DataSplits:
     gallery: DmlDataset | None = None
     target: DmlDataset | None = None
     eval_ks: tuple[int, ...] = (1, 2, 4, 8)
+
+    @property
+    def test_set(self) -> str:
+        """One line on the test samples, e.g. ``"1,000 samples of classes not seen in
+        training"``."""
+        return f"{len(self.test):,} samples of {TEST_SETS[self.kind]}"
 
     @property
     def reference_size(self) -> int:

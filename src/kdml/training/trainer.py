@@ -408,6 +408,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     session = Session.build(config, echo)
     run = RunFolder(run_dir)
     distributed.from_main(lambda: _open_run_folder(run, config, resume))
+    echo(f"test set: {session.splits.test_set}")
     history: list[dict[str, Any]] = []
     start_epoch = 1
     state = distributed.from_main(lambda: _checkpoint_to_resume(run) if resume else None)
