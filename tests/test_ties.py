@@ -11,7 +11,7 @@ import pytest
 
 from kdml.evaluation import retrieval, retrieval_metrics
 from kdml.evaluation.charts import chart_retrieval_metrics
-from kdml.evaluation.ties import expected_scores
+from kdml.evaluation.ties import continues_group, expected_scores, tie_tolerance
 
 
 def literal_scores(hits: list[int], groups: list[int], ks, r: int):
@@ -182,7 +182,7 @@ def test_tie_flags_skip_exact_tolerances_only_where_no_gap_could_be_a_tie(metric
     flagged = 0
     for chunk in retrieval.search_prepared(prepared, prepared, needed + 1, metric, True, 32):
         rows = np.arange(chunk.start, chunk.stop)
-        exact = retrieval.continues_group(chunk.scores, retrieval.tie_tolerance(
+        exact = continues_group(chunk.scores, tie_tolerance(
             search.query_norms[rows], search.reference_norms[chunk.indices], metric))
         np.testing.assert_array_equal(search._continues(rows, chunk.scores, chunk.indices),
                                       exact)

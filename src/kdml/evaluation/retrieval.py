@@ -22,9 +22,10 @@ from kdml.evaluation.knn import (
     search_rows,
 )
 from kdml.evaluation.ties import (
-    continues_group,
+    continues_from_gaps,
     expected_scores,
     group_reaches_last_column,
+    score_gaps,
     tie_tolerance,
 )
 
@@ -356,13 +357,13 @@ class RankedSearch:
         # gathers [n, w] norms: only queries with a gap under the bound need it. Same result.
         query_norms = self.query_norms[rows]
         bound = tie_tolerance(query_norms, self.largest_reference_norm, self.metric)
-        gaps = np.abs(np.diff(scores.astype(np.float64), axis=1))
+        gaps = score_gaps(scores)
         maybe = (gaps <= bound).any(axis=1)
         continues = np.zeros(scores.shape, dtype=bool)
         if maybe.any():
             tolerance = tie_tolerance(query_norms[maybe], self.reference_norms[indices[maybe]],
                                       self.metric)
-            continues[maybe] = continues_group(scores[maybe], tolerance)
+            continues[maybe] = continues_from_gaps(gaps[maybe], tolerance)
         return continues
 
     def ranked(self, needed: np.ndarray) -> Iterator[tuple[np.ndarray, Ranked]]:

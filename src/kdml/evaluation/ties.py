@@ -60,10 +60,18 @@ def tie_tolerance(query_norms: np.ndarray, neighbour_norms: np.ndarray,
 def continues_group(scores: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
     """``[n, w]`` bool: neighbour ``j`` is tied with neighbour ``j - 1`` (column 0: False);
     ``tolerance`` is ``[n, w]`` (:func:`tie_tolerance`)."""
-    continues = np.zeros(scores.shape, dtype=bool)
-    if scores.shape[1] > 1:
-        gaps = np.abs(np.diff(scores.astype(np.float64), axis=1))
-        continues[:, 1:] = gaps <= tolerance[:, 1:]
+    return continues_from_gaps(score_gaps(scores), tolerance)
+
+
+def score_gaps(scores: np.ndarray) -> np.ndarray:
+    """``[n, w - 1]`` float64: the gap between each neighbour's score and the one before."""
+    return np.abs(np.diff(scores.astype(np.float64), axis=1))
+
+
+def continues_from_gaps(gaps: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
+    """:func:`continues_group` from :func:`score_gaps` already computed."""
+    continues = np.zeros((len(gaps), gaps.shape[1] + 1), dtype=bool)
+    continues[:, 1:] = gaps <= tolerance[:, 1:]
     return continues
 
 
