@@ -7,6 +7,9 @@
 #                                             # a profile of each, and exact evaluation at SOP
 #                                             # size on the GPU
 #   bash benchmarks/gpu_checks.sh torchrun    # distributed_scaling.py, one process per GPU
+#   bash benchmarks/gpu_checks.sh neurve      # issue 12: the authors' MSimCLR and SimCLR next
+#                                             # to kdml's on mnist5k (ResNet-18, d = 2); needs
+#                                             # neurve's source in .neurve (carry it)
 #   QUICK=1 bash benchmarks/gpu_checks.sh throughput   # tiny sizes, any device: a smoke test
 #
 # The GPU image lacks faiss, PML, kornia, mlxtend and mnist1d: fetch their wheels here with
@@ -14,7 +17,7 @@
 # Record what it prints, with the GPU model from the log's first lines, in docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?"name a part: tests, throughput or torchrun"}
+part=${1:?"name a part: tests, throughput, torchrun or neurve"}
 logs=${OUT:-gpu-checks}
 mkdir -p "$logs"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -64,8 +67,19 @@ case "$part" in
         | tee -a "$logs/torchrun.txt"
     fi
     ;;
+  neurve)
+    # Get the source where there is internet (git clone https://github.com/ekorman/neurve
+    # .neurve), or from a mirror: git --git-dir=MIRROR archive 1ea5661 | tar -x -C .neurve.
+    # EPOCHS=100 is the paper's; SEEDS="0 1 2" its three runs, if the time allows.
+    for charts in 16 0; do
+      "$python" benchmarks/neurve_side_by_side.py --neurve "${NEURVE:-.neurve}" \
+        --dataset "${DATASET:-mnist5k}" --dim 2 --charts "$charts" --epochs "${EPOCHS:-100}" \
+        --seeds ${SEEDS:-0} --out "$logs/neurve-charts$charts.json" 2>&1 \
+        | tee -a "$logs/neurve.txt"
+    done
+    ;;
   *)
-    echo "unknown part '$part': name tests, throughput or torchrun" >&2
+    echo "unknown part '$part': name tests, throughput, torchrun or neurve" >&2
     exit 2
     ;;
 esac
