@@ -43,8 +43,8 @@ class JRDHead(nn.Module):
         x^+ = \left[\frac{w'_1}{\|w'_1\|}, \dots, \frac{w'_C}{\|w'_C\|}\right]^\top x
 
     The proxies :math:`w'_c` are stored as ``proxies`` of shape [d, C], the layout of PML's
-    ``CosFaceLoss.W``, so that the AM-Softmax loss can share them (``loss.W = head.proxies``):
-    the class-level representation is then exactly ``loss.get_cosine(embedding)``.
+    ``CosFaceLoss.W``. The class-level representation :math:`x^+` is the matrix of cosines the
+    AM-Softmax loss takes (:func:`kdml.losses.am_softmax_loss`), so the two share the proxies.
 
     Args:
         in_features: D, the backbone's pooled feature size.
@@ -66,7 +66,8 @@ class JRDHead(nn.Module):
     def __init__(self, in_features: int, embedding_size: int, num_classes: int) -> None:
         super().__init__()
         self.embedding = EmbeddingHead(in_features, embedding_size)
-        # PML's CosFaceLoss initialises its W with normal_; do the same for the shared proxies.
+        # N(0, 1), as PML's CosFaceLoss initialises its W (method.proxy_init=kaiming: the
+        # authors' initialisation).
         self.proxies = nn.Parameter(torch.randn(embedding_size, num_classes))
 
     def forward(self, pooled: torch.Tensor) -> JRDRepresentations:
