@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from recipe_step import training_step
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.benchmark import Timer
@@ -253,27 +254,16 @@ def regularizer_section(args: argparse.Namespace) -> str:
 def recipe_steps(args: argparse.Namespace) -> dict[str, Callable[[], None]]:
     """One training step (forward, backward, Adam) of ``amsoftmax`` and of ``jrd``, as the
     trainer builds them with their defaults on the default CPU backbone for mnist5k."""
-    from kdml.config import resolve_config
     from kdml.models.backbones import build_backbone
-    from kdml.training.recipes import get_recipe
 
     gen = torch.Generator().manual_seed(args.seed)
     images = torch.rand(args.step_batch, 1, 28, 28, generator=gen)  # mnist5k's input shape
     labels = torch.arange(args.step_batch) % args.step_classes
     steps: dict[str, Callable[[], None]] = {}
     for name in ("amsoftmax", "jrd"):
-        recipe = get_recipe(name)
-        config = resolve_config(name, recipe.params, recipe.defaults)
         torch.manual_seed(args.seed)
-        method = recipe.build(config, build_backbone("cnn", (1, 28, 28)), args.step_classes)
-        optimizer = torch.optim.Adam(method.param_groups(config.optim))
-
-        def step(method=method, optimizer=optimizer) -> None:
-            optimizer.zero_grad(set_to_none=True)
-            method(images, labels).loss.backward()
-            optimizer.step()
-
-        steps[name] = step
+        steps[name] = training_step(name, build_backbone("cnn", (1, 28, 28)), images, labels,
+                                    args.step_classes)
     return steps
 
 

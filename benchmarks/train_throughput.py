@@ -37,12 +37,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from machine import machine_description
+from recipe_step import BARE_BACKBONE, training_step
 
-from kdml.config import resolve_config
 from kdml.evaluation import retrieval_metrics
 from kdml.models.backbones import build_backbone
-from kdml.precision import autocast
-from kdml.training.recipes import get_recipe
 
 
 def synchronize(device: torch.device) -> None:
@@ -66,45 +64,20 @@ def timed(step: Callable[[], None], device: torch.device, warmup: int, repeats: 
 
 def recipe_step(name: str, args: argparse.Namespace, device: torch.device,
                 precision: str) -> Callable[[], None]:
-    """One training step of a kdml recipe (``backbone``: the bare backbone + a classifier)."""
+    """One training step of a kdml recipe (``backbone``: the bare backbone + a classifier) on
+    synthetic images."""
     generator = torch.Generator(device=device).manual_seed(0)
     images = torch.randn(args.batch, 3, args.size, args.size, device=device, generator=generator)
     labels = torch.arange(args.batch, device=device) % args.classes
     if args.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    backbone = build_backbone(args.backbone, (3, args.size, args.size))
-    if name == "backbone":
-        model = torch.nn.Sequential(backbone, torch.nn.Linear(backbone.feature_size,
-                                                              args.classes)).to(device)
-
-        def loss() -> torch.Tensor:
-            return torch.nn.functional.cross_entropy(model(images), labels)
-    else:
-        recipe = get_recipe(name)
-        config = resolve_config(name, recipe.params, recipe.defaults,
-                                overrides=[f"model.embedding_size={args.embedding}"])
-        model = recipe.build(config, backbone, args.classes).to(device)
-
-        def loss() -> torch.Tensor:
-            return model(images, labels).loss
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
-    compute_loss = torch.compile(loss) if args.compile else loss
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(device, precision):
-            value = compute_loss()
-        value.backward()
-        optimizer.step()
-
-    return step
+    return training_step(name, build_backbone(args.backbone, (3, args.size, args.size)), images,
+                         labels, args.classes, [f"model.embedding_size={args.embedding}"],
+                         precision, args.channels_last, args.compile)
 
 
-STEPS = ("backbone", "amsoftmax", "jrd")
-BASELINE = {"amsoftmax": "backbone", "jrd": "amsoftmax"}
+STEPS = (BARE_BACKBONE, "amsoftmax", "jrd")
+BASELINE = {"amsoftmax": BARE_BACKBONE, "jrd": "amsoftmax"}
 
 
 def train_section(args: argparse.Namespace, device: torch.device) -> None:
