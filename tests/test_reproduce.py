@@ -297,3 +297,22 @@ def test_reproduce_refuses_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["reproduce", "dtml", "--list"]) == 2
     assert "without torchrun" in capsys.readouterr().err
+
+
+def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, monkeypatch):
+    """Runs trained with --device cpu must be found again by the same command without it (on a
+    CPU machine 'auto' is the CPU): the folder name hashes the resolved device."""
+    from kdml.reproduce import runner
+
+    seen = []
+
+    def record(chosen, seeds, runs, device, progress):
+        seen.append(device)
+        raise KeyboardInterrupt  # stop before training anything
+
+    monkeypatch.setattr(runner, "reproduce", record)
+    monkeypatch.setattr("kdml.training.trainer.resolve_device",
+                        lambda name: torch.device("cpu" if name == "auto" else name))
+    assert cli.main(["reproduce", "dtml", "--quick", "--device", "auto", "--out",
+                     str(tmp_path / "r.md"), "--runs", str(tmp_path / "runs")]) == 130
+    assert seen == ["cpu"]

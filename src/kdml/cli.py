@@ -606,7 +606,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     check_outputs(args.out)
     device = resolve_device(args.device)
     try:
-        results = reproduce(chosen, seeds, runs, args.device, _progress(args))
+        results = reproduce(chosen, seeds, runs, str(device), _progress(args))
     except KeyboardInterrupt:
         print("kdml: interrupted; finished runs are kept, and the same command continues",
               file=sys.stderr)
