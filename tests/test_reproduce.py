@@ -293,6 +293,20 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
     assert Path(tmp_path / "runs").is_dir()
 
 
+def test_plan_hashes_the_device_auto_resolves_to(tmp_path):
+    """A library caller passing 'auto' must find the runs its device trained under that
+    device's own name (the CLI is not the only caller of the runner)."""
+    from kdml.training.trainer import resolve_device
+
+    found = experiments("dtml", quick=True)[:1]
+    resolved = str(resolve_device("auto"))
+    auto = plan(found, 2, tmp_path, "auto")
+    named = plan(found, 2, tmp_path, resolved)
+    assert [run.run_dir for runs in auto.values() for run in runs] == [
+        run.run_dir for runs in named.values() for run in runs]
+    assert {run.config.train.device for runs in auto.values() for run in runs} == {resolved}
+
+
 def test_reproduce_refuses_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["reproduce", "dtml", "--list"]) == 2

@@ -24,7 +24,7 @@ from kdml.inspection import GeneralizationSettings, analyze_generalization, draw
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import RunFolder, safe_name, write_json
-from kdml.training.trainer import load_run, train
+from kdml.training.trainer import load_run, resolve_device, train
 
 # Written by kdml into each run folder it trains: the wall time and device of the training.
 TIMING_FILE = "reproduce.json"
@@ -85,7 +85,10 @@ def plan(experiments: list[Experiment], seeds: int, runs_root: Path,
          device: str) -> dict[tuple[str, str], list[PlannedRun]]:
     """The runs of every (experiment key, cell label), ``seeds`` each (seeds 0..N-1).
 
-    Every configuration is resolved (and so checked) before anything trains."""
+    Every configuration is resolved (and so checked) before anything trains. ``device`` is
+    resolved too (``auto`` -> ``cpu`` or ``cuda``): a run folder's name hashes the device its
+    run trains on, so ``auto`` finds the runs that the same device trained under its name."""
+    device = str(resolve_device(device))
     planned = {}
     for experiment in experiments:
         for cell in experiment.cells:
