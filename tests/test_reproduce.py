@@ -19,7 +19,14 @@ from kdml.evaluation.parts import retrieval_over_parts, stratified_parts
 from kdml.reproduce.catalog import PAPERS, experiments
 from kdml.reproduce.experiments import PROTOCOLS, Cell, Claim, Experiment, verdict
 from kdml.reproduce.report import MARKER, ReportContext, plots_folder, write_report
-from kdml.reproduce.runner import cell_config, plan, reproduce, run_folder_of
+from kdml.reproduce.runner import (
+    CellResult,
+    ExperimentResult,
+    cell_config,
+    plan,
+    reproduce,
+    run_folder_of,
+)
 
 
 def test_parts_are_disjoint_cover_every_class_and_are_balanced():
@@ -248,6 +255,27 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert metrics.stat().st_mtime_ns == before
     assert again[0].cells["alpha = 1"].values == parts.values
     write_report(again, report, context)  # its own report: rewritten
+
+
+def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):
+    """One seed (a long CPU run) gives values without +- and says so: no '1 seeds (0 to 0)
+    +- ...' header, no '+- is over seeds', and every claim 'not testable'."""
+    experiment = _tiny_experiments()[0]
+    config = cell_config(experiment, experiment.cells[0], 0, "cpu")
+    cells = {cell.label: CellResult(values={"recall@1": [0.5 + index / 10],
+                                            "recall@2": [0.7 + index / 10]},
+                                    part_ci95={"recall@1": [0.03], "recall@2": [0.02]},
+                                    wall_s=[60.0], run_dirs=[tmp_path / cell.label])
+             for index, cell in enumerate(experiment.cells)}
+    context = ReportContext("kdml reproduce jrd --seeds 1", "a test machine", "torch", 1.0, 1,
+                            False)
+    report = write_report([ExperimentResult(experiment, cells, config)],
+                          tmp_path / "one.md", context)
+    text = report.read_text()
+    assert "Values are from one seed (0)" in text and "1 seeds" not in text
+    assert "| alpha = 1 | 0.600 | 0.800 | 0.500 |" in text  # no +- without a second seed
+    assert "+- is over seeds" not in text and "the paper reports it: R@1 0.030" in text
+    assert "- JRS helps (R@1): not testable with one seed (alpha = 1 higher by +0.100)." in text
 
 
 def test_report_never_replaces_a_file_kdml_did_not_write(tmp_path, capsys):

@@ -100,6 +100,15 @@ def _header(context: ReportContext) -> list[str]:
     setting = ("the quick setting (a few steps per run: it checks the pipeline, its numbers "
                "say nothing about the methods)" if context.quick else
                "the recipes' defaults, which follow the papers")
+    if context.seeds == 1:
+        values = ("Values are from one seed (0): with one seed there is no interval over "
+                  "seeds, and no claim can be tested (a difference between two runs does not "
+                  "say whether it would survive another seed).")
+    else:
+        values = (f"Values are means over {context.seeds} seeds (0 to {context.seeds - 1}) +- "
+                  "the half-width of their 95% confidence interval (Student t). A claim holds "
+                  "when the 95% interval of the seed-paired difference lies above 0, does not "
+                  "hold when it lies below, and is not shown otherwise.")
     return [
         f"Written by `{context.command}` on {context.machine} ({context.versions}); "
         f"{context.wall_minutes:.1f} minutes of training in all. Settings: {setting}.",
@@ -107,11 +116,8 @@ def _header(context: ReportContext) -> list[str]:
         "The papers' datasets (CUB-200-2011, Cars196, SOP, LFW, CIFAR-10) are not offline, so "
         "no row is a reproduction of a paper's table on its own data: each table runs the "
         "offline dataset named in its heading, and the `paper` columns give the paper's "
-        "numbers on its data, for orientation only. Values are means over "
-        f"{context.seeds} seeds (0 to {context.seeds - 1}) +- the half-width of their 95% "
-        "confidence interval (Student t). A claim holds when the 95% interval of the "
-        "seed-paired difference lies above 0, does not hold when it lies below, and is not "
-        "shown otherwise. Nothing was tuned: every setting is the recipe's default.",
+        f"numbers on its data, for orientation only. {values} Nothing was tuned: every "
+        "setting is the recipe's default.",
     ]
 
 
@@ -127,9 +133,10 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
     lines += [f"Settings: {_settings(result)}. Paper column: {experiment.paper_data}.", ""]
     lines += _table(result)
     if any(result.cells[label].part_ci95 for label in result.cells):
+        spread = "" if context.seeds == 1 else "; +- is over seeds"
         lines += ["", "Recall@K is the mean over 10 disjoint test parts that each hold every "
-                  "class (the paper's protocol); +- is over seeds. The mean 95% half-width "
-                  "over the parts, as the paper reports it: "
+                  f"class (the paper's protocol){spread}. The mean 95% half-width over the "
+                  "parts, as the paper reports it: "
                   + ", ".join(f"{_metric_name(name)} {_mean_part_ci(result, name):.3f}"
                               for name in experiment.metrics) + "."]
     if experiment.claims:
