@@ -57,6 +57,7 @@ def _folder(text: str) -> Path:
 
 
 MAX_SEED = 2**63 - 1  # seeds feed NumPy's SeedSequence and torch generators
+DEFAULT_REPORT = Path("docs/reproduction.md")  # kdml reproduce --out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a few steps per run and a small grid: checks the pipeline in "
                            "minutes on a CPU; its numbers say nothing about the methods")
     reproduce.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    reproduce.add_argument("--out", type=Path, default=Path("docs/reproduction.md"),
+    reproduce.add_argument("--out", type=Path, default=DEFAULT_REPORT,
                            help="the report (default docs/reproduction.md); plots go to "
                            "OUT-plots/ beside it")
     reproduce.add_argument("--runs", type=Path, default=None,
@@ -614,13 +615,17 @@ def _reproduce(args: argparse.Namespace) -> int:
     minutes = sum(cell_wall for result in results for cell in result.cells.values()
                   for cell_wall in cell.wall_s if cell_wall == cell_wall) / 60
 
+    # A report written elsewhere names its path, so that its command rewrites it and not
+    # the default report.
+    out = "" if args.out == DEFAULT_REPORT else str(args.out)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
                *(["--quick"] if args.quick else []),
-               *(item for pattern in args.only for item in ("--only", pattern))]
+               *(item for pattern in args.only for item in ("--only", pattern)),
+               *(["--out", out] if out else [])]
     context = ReportContext(
         command=shlex.join(command), machine=machine_description(device),
         versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
-        seeds=seeds, quick=args.quick)
+        seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "")
     not_run = [experiment for experiment in experiments(args.paper, args.quick)
                if experiment not in chosen]
     path = write_report(results, args.out, context, not_run)

@@ -44,6 +44,7 @@ class ReportContext:
     wall_minutes: float  # total training wall time of the runs the report reads
     seeds: int
     quick: bool
+    out: str = ""  # a report path other than the default: the commands it prints name it
 
 
 def plots_folder(report: Path) -> Path:
@@ -125,7 +126,8 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
                         context: ReportContext) -> list[str]:
     experiment = result.experiment
     command = (f"kdml reproduce {experiment.paper} --only {experiment.key} --seeds "
-               f"{context.seeds}{' --quick' if context.quick else ''}")
+               f"{context.seeds}{' --quick' if context.quick else ''}"
+               + (f" --out {context.out}" if context.out else ""))
     lines = [f"### {experiment.mirrors}: {experiment.dataset}", "",
              f"{experiment.title}. Command: `{command}`."]
     if result.error:
