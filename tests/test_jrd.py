@@ -103,6 +103,14 @@ def test_jrd_objective_adds_alpha_times_jrs():
     assert output.terms["regularizer"] == pytest.approx(kernels_reg(list(reps), labels).item())
 
 
+def test_jmmd_defaults_to_the_weight_of_the_paper_s_table3():
+    # Chu et al. 2020, Table 3 reports JMMD at alpha = 0.1 (JRD at 1); JIntra has no value.
+    alphas = {name: resolve_config(name, get_recipe(name).params,
+                                   get_recipe(name).defaults).method.alpha
+              for name in ("jrd", "jmmd", "jintra")}
+    assert alphas == {"jrd": 1.0, "jmmd": 0.1, "jintra": 1.0}
+
+
 @pytest.mark.parametrize(("name", "layers", "regularizer"), [
     ("jrd", ["pool", "emb", "cls"], "JointRepresentationSimilarity"),
     ("mrd", ["emb"], "JointRepresentationSimilarity"),
