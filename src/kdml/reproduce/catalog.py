@@ -3,8 +3,9 @@ scale the offline data allows.
 
 The papers' own datasets (CUB-200-2011, Cars196, SOP, LFW, CIFAR-10) are not offline, so each
 experiment runs on the offline sets named in issue 12 and shows the paper's number, measured on
-its own data, in a column beside kdml's. Settings are the recipes' defaults (the papers'); the
-only changes are the data and, with ``quick``, fewer epochs and cells. No setting is chosen on
+its own data, in a column beside kdml's. Settings are the recipes' defaults (the papers', except
+where docs/recipes.md says why not); the changes are the data, the CPU settings their tables
+name and, with ``quick``, fewer epochs and cells. No setting is chosen on
 test classes: nothing here is tuned at all.
 """
 
@@ -406,4 +407,6 @@ def _dtml_pair(pair: str, quick: bool) -> Experiment:
              "its \"DTML, beta = 0\" row (83.80) is the marginal-Fisher objective without the "
              "domain term (`ddml`). The objective rewards shrinking the embedding: scaling it "
              "by c scales S_c - alpha S_b by c^2, so with alpha = 0.1 the optimum shrinks it "
-             "whenever S_c > alpha S_b.")
+             "whenever S_c > alpha S_b. The recipes train with Adam on class-balanced batches "
+             "of 80, not the paper's gradient descent with a decaying rate, whose initial rate "
+             "the paper does not give (`configs/dtml-paper.yaml` is that procedure).")

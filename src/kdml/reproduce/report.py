@@ -100,7 +100,8 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
 def _header(context: ReportContext) -> list[str]:
     setting = ("the quick setting (a few steps per run: it checks the pipeline, its numbers "
                "say nothing about the methods)" if context.quick else
-               "the recipes' defaults, which follow the papers")
+               "the recipes' defaults (docs/recipes.md sets each beside its paper's and says "
+               "why where they differ), with the changes each table names")
     if context.seeds == 1:
         values = ("Values are from one seed (0): with one seed there is no interval over "
                   "seeds, and no claim can be tested (a difference between two runs does not "
@@ -117,8 +118,7 @@ def _header(context: ReportContext) -> list[str]:
         "The papers' datasets (CUB-200-2011, Cars196, SOP, LFW, CIFAR-10) are not offline, so "
         "no row is a reproduction of a paper's table on its own data: each table runs the "
         "offline dataset named in its heading, and the `paper` columns give the paper's "
-        f"numbers on its data, for orientation only. {values} Nothing was tuned: every "
-        "setting is the recipe's default.",
+        f"numbers on its data, for orientation only. {values} Nothing was tuned.",
     ]
 
 
