@@ -106,6 +106,34 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys):
     assert "shape (3, 20, 20) per sample" in capsys.readouterr().err
 
 
+def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
+    """A PNG of a digits sample finds what the same sample as raw inputs finds, in grey or
+    RGB; an image of another size and mode is fitted to the samples' 1x8x8 grey."""
+    from PIL import Image
+
+    from kdml.data.offline import load_digits
+
+    images, _ = load_digits()
+    sample = images[1000].numpy()  # [1, 8, 8] in [0, 1]
+    np.savez(tmp_path / "raw.npz", inputs=sample[None])
+    Image.fromarray(np.round(sample[0] * 255).astype(np.uint8)).save(tmp_path / "grey.png")
+    Image.fromarray(np.stack([np.round(sample[0] * 255).astype(np.uint8)] * 3, -1)).save(
+        tmp_path / "rgb.png")
+    Image.new("RGB", (40, 24), (90, 30, 200)).save(tmp_path / "wide.jpg")
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    found = {}
+    for name in ("raw.npz", "grey.png", "rgb.png", "wide.jpg"):
+        capsys.readouterr()
+        assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                    tmp_path / name, "-k", "3", "--json") == 0
+        found[name] = json.loads(capsys.readouterr().out)[0]["neighbours"]
+    assert len(found["wide.jpg"]) == 3  # fitted to 8x8: centre-cropped, resized
+    for name in ("grey.png", "rgb.png"):
+        assert [n["source"] for n in found[name]] == [n["source"] for n in found["raw.npz"]]
+        assert np.allclose([n["score"] for n in found[name]],
+                           [n["score"] for n in found["raw.npz"]], atol=0.02)
+
+
 def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
     assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
     np.savez(tmp_path / "query.npz", embeddings=np.zeros((1, 8), dtype=np.float32))
@@ -130,10 +158,18 @@ def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_retrieval_needs_images(tmp_path, capsys):
+def test_plot_retrieval_and_image_queries_need_images(tmp_path, capsys):
+    from PIL import Image
+
     run = tmp_path / "signals"
     assert kdml("train", "amsoftmax", "--dataset", "mnist1d", "--out", run, *TINY) == 0
     capsys.readouterr()
     assert kdml("plot", "retrieval", run) == 2
     assert "not images" in capsys.readouterr().err
+    assert kdml("index", run, "--out", tmp_path / "index") == 0
+    Image.new("L", (40, 1)).save(tmp_path / "query.png")
+    capsys.readouterr()
+    assert kdml("search", run, "--index", tmp_path / "index", "--query",
+                tmp_path / "query.png") == 2
+    assert "need a run trained on images" in capsys.readouterr().err
     assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1

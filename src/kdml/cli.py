@@ -138,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     search = commands.add_parser(
         "search", help="the nearest indexed items of a query image or .npz",
         description="Embed a query (an image file, or an .npz with 'embeddings' or raw "
-        "'inputs') with the run's model and print its nearest items in the index.")
+        "'inputs') with the run's model and print its nearest items in the index. For runs on "
+        "in-memory images (e.g. Fashion-MNIST) an image is fitted to the samples' size and "
+        "channels.")
     search.add_argument("run_dir", type=Path)
     search.add_argument("--index", type=_folder, required=True, metavar="DIR")
     search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")

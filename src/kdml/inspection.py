@@ -17,7 +17,7 @@ import torch
 
 from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset
-from kdml.data.images import IMAGE_EXTENSIONS, load_image
+from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
@@ -121,8 +121,10 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
 def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndarray | None,
                                                                  list[str]]:
     """The query's vectors (embeddings, or chart coordinates for Atlas runs), their charts and
-    names, from an image file (runs on image files) or an ``.npz`` with ``embeddings`` (and
-    ``chart_index``) or raw ``inputs`` shaped like the run's samples."""
+    names, from an image file (decoded as the run's data loader decodes image files, or
+    fitted to the samples' ``(C, H, W)`` for in-memory image datasets such as Fashion-MNIST)
+    or an ``.npz`` with ``embeddings`` (and ``chart_index``) or raw ``inputs`` shaped like the
+    run's samples."""
     if not query.is_file():
         raise KdmlError(f"query {query} does not exist")
     method, embedder = trained.method, trained.embedder
@@ -146,12 +148,15 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
             raise KdmlError(f"query inputs have shape {tuple(inputs.shape[1:])} per sample but "
                             f"the run's samples are {tuple(expected)}")
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
-        if not trained.splits.train.is_file_backed:
-            raise KdmlError("image queries need a run trained on image files; give an .npz "
-                            "with 'inputs' or 'embeddings'")
+        train = trained.splits.train
+        shape = tuple(train.sample_shape)
+        if not train.is_file_backed and not (train.is_image and shape[0] in (1, 3)):
+            raise KdmlError(f"image queries need a run trained on images; this run's samples "
+                            f"are {shape}: give an .npz with 'inputs' or 'embeddings'")
         try:
-            inputs = load_image(query, trained.config.data.resize)[None]
-        except OSError as error:
+            inputs = (load_image(query, trained.config.data.resize) if train.is_file_backed
+                      else load_image_as(query, shape))[None]
+        except DECODE_ERRORS as error:
             raise KdmlError(f"cannot decode image {query} ({error})") from None
         names = [query.name]
     else:

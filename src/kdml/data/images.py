@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from kdml.data.dataset import Batch, DmlDataset
@@ -65,6 +65,25 @@ def load_image(path: str | Path, size: int) -> Tensor:
         image = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
         pixels = np.array(image, dtype=np.uint8)  # a writable copy, so no second one
     return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def load_image_as(path: str | Path, shape: tuple[int, ...]) -> Tensor:
+    """Decode ``path`` like the samples of an in-memory image dataset of ``shape``.
+
+    Args:
+        path: any image Pillow reads.
+        shape: ``(C, H, W)`` with C = 1 (decoded to grey) or 3 (RGB).
+
+    Returns:
+        uint8 ``[C, H, W]``: scaled to the target's aspect ratio, centre-cropped and resized
+        (Pillow's ``ImageOps.fit``), so the batch transform scales it to [0, 1] like the data.
+    """
+    channels, height, width = shape
+    with Image.open(path) as image:
+        image = ImageOps.fit(image.convert("L" if channels == 1 else "RGB"), (width, height),
+                             Image.Resampling.BILINEAR)
+        pixels = np.array(image, dtype=np.uint8).reshape(height, width, channels)
+    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
 @dataclass
