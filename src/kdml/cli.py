@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         "else t-SNE (scikit-learn), into plots/embedding.png.")
     embedding.add_argument("run_dir", type=Path)
     _add_data_root(embedding)
-    embedding.add_argument("--max-points", type=_integer(3), default=5000)
+    embedding.add_argument("--max-points", type=_integer(3), default=5000,
+                           help="plot a random sample of at most this many (default 5000)")
 
     reproduce = commands.add_parser(
         "reproduce", help="run the papers' experiments and write a report",
