@@ -173,3 +173,18 @@ def test_plot_retrieval_and_image_queries_need_images(tmp_path, capsys):
                 tmp_path / "query.png") == 2
     assert "need a run trained on images" in capsys.readouterr().err
     assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1
+
+
+def test_only_pixel_samples_take_image_queries():
+    """A decoded image matches uint8 or [0, 1] float samples of 1 or 3 channels, and nothing
+    else shaped like an image (standardised features would be compared on the wrong scale)."""
+    from kdml.data.dataset import ArrayDataset
+    from kdml.inspection import _holds_pixels
+
+    labels = torch.zeros(4, dtype=torch.long)
+    unit = torch.rand(4, 1, 5, 5, generator=torch.Generator().manual_seed(0))
+    cases = {"uint8": ((unit * 255).to(torch.uint8), True), "unit float": (unit, True),
+             "rgb": (unit.expand(4, 3, 5, 5), True), "standardised": (unit * 4 - 2, False),
+             "two channels": (unit.expand(4, 2, 5, 5), False), "vectors": (unit[:, 0, 0], False)}
+    for name, (x, expected) in cases.items():
+        assert _holds_pixels(ArrayDataset("t", "t", x, labels)) is expected, name

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kdml.config import RunConfig
-from kdml.data.dataset import DmlDataset
+from kdml.data.dataset import ArrayDataset, DmlDataset
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
 from kdml.data.transforms import to_unit_float
@@ -118,6 +118,16 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
                        arrays["chart_index"] if charts else None)
 
 
+def _holds_pixels(dataset: DmlDataset) -> bool:
+    """Whether in-memory samples are grey or RGB images that a decoded file matches: uint8, or
+    float in [0, 1] (features shaped like images, e.g. standardised, are not)."""
+    if not (isinstance(dataset, ArrayDataset) and dataset.is_image
+            and dataset.sample_shape[0] in (1, 3)):
+        return False
+    x = dataset.x
+    return x.dtype == torch.uint8 or bool(x.min() >= 0 and x.max() <= 1)
+
+
 def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndarray | None,
                                                                  list[str]]:
     """The query's vectors (embeddings, or chart coordinates for Atlas runs), their charts and
@@ -150,9 +160,10 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
         train = trained.splits.train
         shape = tuple(train.sample_shape)
-        if not train.is_file_backed and not (train.is_image and shape[0] in (1, 3)):
-            raise KdmlError(f"image queries need a run trained on images; this run's samples "
-                            f"are {shape}: give an .npz with 'inputs' or 'embeddings'")
+        if not train.is_file_backed and not _holds_pixels(train):
+            raise KdmlError(f"image queries need a run trained on images (uint8, or float in "
+                            f"[0, 1]); this run's samples are {shape}: give an .npz with "
+                            f"'inputs' or 'embeddings'")
         try:
             inputs = (load_image(query, trained.config.data.resize) if train.is_file_backed
                       else load_image_as(query, shape))[None]
