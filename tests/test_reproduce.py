@@ -83,7 +83,10 @@ def test_retrieval_over_parts_is_the_mean_of_each_parts_literal_recall():
     ([0.7, 0.71, 0.72], [0.8, 0.82, 0.81], False, "does not hold: A is lower by 0.100"),
     ([0.80, 0.70, 0.75], [0.75, 0.75, 0.74], False, "not shown"),
     ([0.3, 0.31], [0.5, 0.52], True, "holds: A is lower by +0.205"),
-    ([0.9], [0.8], False, "not testable with one seed"),
+    ([0.9], [0.8], False, "not testable with one seed (A higher by 0.100)"),
+    ([0.8], [0.9], False, "not testable with one seed (A lower by 0.100)"),
+    ([0.3], [0.5], True, "not testable with one seed (A lower by 0.200)"),
+    ([0.5], [0.3], True, "not testable with one seed (A higher by 0.200)"),
 ])
 def test_verdict(better, worse, lower, expected):
     claim = Claim("A beats B", "A", "B", "recall@1", lower_is_better=lower)
@@ -275,7 +278,7 @@ def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):
     assert "Values are from one seed (0)" in text and "1 seeds" not in text
     assert "| alpha = 1 | 0.600 | 0.800 | 0.500 |" in text  # no +- without a second seed
     assert "+- is over seeds" not in text and "the paper reports it: R@1 0.030" in text
-    assert "- JRS helps (R@1): not testable with one seed (alpha = 1 higher by +0.100)." in text
+    assert "- JRS helps (R@1): not testable with one seed (alpha = 1 higher by 0.100)." in text
 
 
 def test_report_never_replaces_a_file_kdml_did_not_write(tmp_path, capsys):

@@ -112,13 +112,15 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
     estimate = Estimate.of(list(difference))
     margin = f"{estimate.mean:+.3f}"
     direction = "lower" if claim.lower_is_better else "higher"
-    if count < 2:
-        return f"not testable with one seed ({claim.better} {direction} by {margin})"
+    opposite = "higher" if claim.lower_is_better else "lower"
+    if count < 2:  # the plain observed difference, in the direction it went
+        moved = direction if estimate.mean >= 0 else opposite
+        return (f"not testable with one seed ({claim.better} {moved} by "
+                f"{abs(estimate.mean):.3f})")
     interval = f"{margin} +- {estimate.ci95:.3f}, {count} seeds"
     if estimate.mean - estimate.ci95 > 0:
         return f"holds: {claim.better} is {direction} by {interval}"
     if estimate.mean + estimate.ci95 < 0:
-        opposite = "higher" if claim.lower_is_better else "lower"
         return (f"does not hold: {claim.better} is {opposite} by {-estimate.mean:.3f} +- "
                 f"{estimate.ci95:.3f}, {count} seeds")
     return f"not shown: the difference, {interval}, is within the seeds' spread"
