@@ -116,9 +116,9 @@ def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
     images, _ = load_digits()
     sample = images[1000].numpy()  # [1, 8, 8] in [0, 1]
     np.savez(tmp_path / "raw.npz", inputs=sample[None])
-    Image.fromarray(np.round(sample[0] * 255).astype(np.uint8)).save(tmp_path / "grey.png")
-    Image.fromarray(np.stack([np.round(sample[0] * 255).astype(np.uint8)] * 3, -1)).save(
-        tmp_path / "rgb.png")
+    pixels = np.round(sample[0] * 255).astype(np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "grey.png")
+    Image.fromarray(np.stack([pixels] * 3, -1)).save(tmp_path / "rgb.png")
     Image.new("RGB", (40, 24), (90, 30, 200)).save(tmp_path / "wide.jpg")
     assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
     found = {}
