@@ -40,8 +40,8 @@ def write_cifar_file(path: Path, images: np.ndarray, labels: np.ndarray, label_k
 def make_cifar10(root: Path, per_batch: int = 20, test: int = 20, seed: int = 0,
                  protocol: int = 2) -> Path:
     """``root/cifar-10-batches-py`` with five train batches of ``per_batch`` images and a
-    ``test_batch`` of ``test``, random uint8 pixels, labels in 0..9; ``protocol`` is the
-    pickle protocol (the real files use 2)."""
+    ``test_batch`` of ``test``, random uint8 pixels, labels in 0..9, and ``batches.meta`` with
+    the class names; ``protocol`` is the pickle protocol (the real files use 2)."""
     rng = np.random.default_rng(seed)
     folder = Path(root) / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
@@ -51,13 +51,27 @@ def make_cifar10(root: Path, per_batch: int = 20, test: int = 20, seed: int = 0,
         images = rng.integers(0, 256, (count, 3072), dtype=np.uint8)
         write_cifar_file(folder / name, images, balanced_labels(count, 10, rng), b"labels",
                          protocol)
+    write_cifar_meta(folder / "batches.meta", {b"label_names": list(CIFAR10_CLASSES),
+                                               b"num_cases_per_batch": per_batch,
+                                               b"num_vis": 3072}, protocol)
     return folder
+
+
+CIFAR10_CLASSES = (b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog",
+                   b"horse", b"ship", b"truck")
+
+
+def write_cifar_meta(path: Path, meta: dict[bytes, object], protocol: int = 2) -> None:
+    """A pickled metadata dict (``batches.meta``, ``meta``) with bytes keys and names."""
+    with path.open("wb") as stream:
+        pickle.dump(meta, stream, protocol=protocol)
 
 
 def make_cifar100(root: Path, train: int = 200, test: int = 100, classes: int = 100,
                   seed: int = 0) -> Path:
     """``root/cifar-100-python`` with ``train`` and ``test`` files of that many images, fine
-    labels in 0..classes-1 (at most 100) and coarse labels (fine // 5)."""
+    labels in 0..classes-1 (at most 100) and coarse labels (fine // 5), and ``meta`` naming
+    the 100 fine classes ``fine_00`` ... ``fine_99``."""
     rng = np.random.default_rng(seed)
     folder = Path(root) / "cifar-100-python"
     folder.mkdir(parents=True, exist_ok=True)
@@ -66,6 +80,9 @@ def make_cifar100(root: Path, train: int = 200, test: int = 100, classes: int = 
         fine = balanced_labels(count, classes, rng)
         write_cifar_file(folder / name, images, fine, b"fine_labels",
                          extra={b"coarse_labels": [int(v) // 5 for v in fine]})
+    write_cifar_meta(folder / "meta", {
+        b"fine_label_names": [f"fine_{label:02d}".encode() for label in range(100)],
+        b"coarse_label_names": [f"coarse_{label:02d}".encode() for label in range(20)]})
     return folder
 
 

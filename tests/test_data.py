@@ -89,6 +89,20 @@ def test_make_splits_standard_uses_the_datasets_own_parts():
     assert splits.test.labels.tolist() == [9, 9]
 
 
+def test_class_names_follow_the_training_splits_new_labels():
+    names = {5: "cat", 7: "dog", 9: "eel"}
+    dataset = vectors([5, 5, 7, 7, 9, 9])
+    dataset = dataset.relabelled(dataset.labels, names)
+    splits = make_splits(dataset, {}, "class-disjoint", train_classes=2)
+    assert splits.train.labels.tolist() == [0, 0, 1, 1] and splits.train_classes == [5, 7]
+    assert splits.train.class_names == {0: "cat", 1: "dog"}
+    assert splits.test.class_names == names and splits.test.class_name(9) == "eel"
+    # Other labels without their names lose the names: a name never describes another class.
+    shuffled = splits.test.relabelled(torch.tensor([0, 1]))
+    assert shuffled.class_names is None and shuffled.class_name(0) is None
+    assert vectors([0, 1]).class_name(0) is None
+
+
 def test_make_splits_query_and_gallery():
     dataset = vectors([0, 0, 1, 1, 2, 2, 2])
     parts = {"train": torch.tensor([0, 1, 2, 3]), "query": torch.tensor([4]),

@@ -19,6 +19,7 @@ from fixtures_array_sets import (
     make_idx,
     make_image_folder,
     write_cifar_file,
+    write_cifar_meta,
 )
 
 from kdml.data import ArrayDataset, ImageFiles, open_dataset
@@ -26,7 +27,7 @@ from kdml.data.formats.cifar import load_cifar10, load_cifar100
 from kdml.data.formats.common import DEFAULT_KS
 from kdml.data.formats.csv_list import load_csv
 from kdml.data.formats.folder import load_folder
-from kdml.data.formats.idx import load_fashion_mnist, load_mnist
+from kdml.data.formats.idx import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
 from kdml.errors import KdmlError
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -115,6 +116,27 @@ def test_cifar100_uses_fine_labels(tmp_path):
     assert np.array_equal(data.x[12:].numpy().reshape(5, -1), test[b"data"])
     assert parts.parts["train"].tolist() == list(range(12))
     assert parts.parts["test"].tolist() == list(range(12, 17))
+
+
+def test_cifar_class_names_come_from_the_metadata_file(tmp_path):
+    cifar10 = load_cifar10(make_cifar10(tmp_path / "10", per_batch=2, test=2)).dataset
+    assert cifar10.class_names == {0: "airplane", 1: "automobile", 2: "bird", 3: "cat",
+                                   4: "deer", 5: "dog", 6: "frog", 7: "horse", 8: "ship",
+                                   9: "truck"}
+    cifar100 = load_cifar100(make_cifar100(tmp_path / "100", train=4, test=2)).dataset
+    assert len(cifar100.class_names) == 100 and cifar100.class_name(37) == "fine_37"
+
+
+def test_cifar_without_metadata_has_no_names_and_a_broken_one_is_an_error(tmp_path):
+    folder = make_cifar10(tmp_path, per_batch=2, test=2)
+    (folder / "batches.meta").unlink()
+    data = load_cifar10(folder).dataset
+    assert data.class_names is None and data.class_name(3) is None
+    write_cifar_meta(folder / "batches.meta", {b"label_names": [b"cat", b"dog"]})
+    one_line_error(lambda: load_cifar10(folder), "batches.meta",
+                   "b'label_names' lists 10 class names")
+    (folder / "batches.meta").write_bytes(b"not a pickle")
+    one_line_error(lambda: load_cifar10(folder), "batches.meta is not a readable CIFAR pickle")
 
 
 def test_cifar_through_the_registry(tmp_path):
@@ -211,6 +233,15 @@ def test_idx_through_the_registry(tmp_path):
     parts = open_dataset("fashion-mnist", root=str(folder))
     assert parts.dataset.name == "fashion-mnist" and len(parts.dataset) == 30
     assert len(load_fashion_mnist(folder).dataset) == 30
+    names = parts.dataset.class_names
+    assert names[0] == "T-shirt/top" and names[9] == "Ankle boot" and len(names) == 10
+    assert open_dataset("mnist", root=str(folder)).dataset.class_names is None  # the digits
+
+
+def test_fashion_mnist_refuses_labels_beyond_its_ten_classes(tmp_path):
+    folder = make_idx(tmp_path, train=24, test=12, classes=12, name="fashion")
+    one_line_error(lambda: load_fashion_mnist(folder), "labels must lie in 0..9, got 11")
+    assert len(load_mnist(folder).dataset) == 36  # MNIST names no classes, so checks none
 
 
 def test_idx_file_errors(tmp_path):
@@ -258,6 +289,7 @@ def test_real_fashion_mnist(monkeypatch):
     assert torch.bincount(data.labels[parts.parts["train"]]).tolist() == [6_000] * 10
     assert torch.bincount(data.labels[parts.parts["test"]]).tolist() == [1_000] * 10
     assert 0 < data.x.float().mean() < 255
+    assert [data.class_names[label] for label in range(10)] == list(FASHION_MNIST_CLASSES)
 
 
 # Folder ---------------------------------------------------------------------------------------
@@ -282,6 +314,7 @@ def test_folder_classes_files_and_labels(tmp_path):
                         "c01/001.png", "c01/002.JPEG", "c01/nested/deep.PNG", "c02/000.jpg",
                         "c02/001.png", "c02/002.JPEG"]
     assert data.labels.tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    assert data.class_names == {0: "c00", 1: "c01", 2: "c02"}
     assert all(Path(path).is_absolute() for path in data.paths)
     batch = data.resized(16).__getitems__([0, 6])
     assert batch.inputs.shape == (2, 3, 16, 16) and not batch.unreadable.any()
@@ -316,6 +349,7 @@ def test_csv_train_test(tmp_path):
     data = parts.dataset
     assert isinstance(data, ImageFiles) and data.name == "csv:list.csv"
     assert data.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert data.class_names == {label: f"label_{label:02d}" for label in range(4)}
     assert parts.parts["train"].tolist() == list(range(6))
     assert parts.parts["test"].tolist() == list(range(6, 12))
     assert set(parts.parts) == {"train", "test"} and parts.eval_ks == DEFAULT_KS
@@ -351,6 +385,7 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
                                    f"train,{absolute},100,z\n")
     parts = load_csv(csv_file)
     assert parts.dataset.labels.tolist() == [1, 0, 2]  # 9 < 10 < 100, not "10" < "100" < "9"
+    assert parts.dataset.class_names == {0: "9", 1: "10", 2: "100"}
     assert parts.dataset.paths[2] == str(absolute)
     assert parts.parts["test"].tolist() == [1]
 

@@ -72,6 +72,8 @@ def test_cub_reads_classes_and_splits_by_class_id(tmp_path):
     assert len(parts.parts["train"]) == 6
     for path, label in zip(dataset.paths, dataset.labels.tolist(), strict=True):
         assert Path(path).parent.name.startswith(f"{label:03d}.")  # e.g. 001.Black_footed_...
+    assert dataset.class_names == {1: "Black footed Albatross", 2: "Laysan Albatross",
+                                   3: "Sooty Albatross", 4: "Groove billed Ani"}
     assert parts.eval_ks == (1, 2, 4, 8)
     check_images(parts, tmp_path)
 
@@ -126,7 +128,19 @@ def test_cars196_labels_are_class_ids_and_split_ignores_test_flag(tmp_path):
     flags = torch.tensor([int(record["test"].item()) for record in annotations])
     assert set(flags[parts.parts["train"]].tolist()) == {0, 1}
     assert parts.eval_ks == (1, 2, 4, 8)
+    assert dataset.class_names == {1: "AM General Hummer SUV 2000", 2: "Acura RL Sedan 2012",
+                                   3: "Acura TL Sedan 2012", 4: "Acura TL Type-S 2008"}
     check_images(parts, tmp_path)
+
+
+def test_cars196_class_names_are_optional_but_must_be_strings(tmp_path):
+    make_cars196(tmp_path)
+    path = tmp_path / "cars_annos.mat"
+    annotations = scipy.io.loadmat(path)["annotations"]
+    scipy.io.savemat(path, {"annotations": annotations})
+    assert load_cars196(tmp_path).dataset.class_names is None
+    scipy.io.savemat(path, {"annotations": annotations, "class_names": np.zeros((1, 4))})
+    one_line_error(load_cars196, tmp_path, "'class_names' must be a cell array of strings")
 
 
 def rewrite_annotations(root: Path, change: Callable[[np.ndarray], np.ndarray]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_atlas_index_searches_the_query_chart_only(runs, tmp_path, capsys):
         assert charts == {int(codes["chart_index"][query])}
 
 
-def test_queries_of_raw_inputs_and_images(tmp_path, capsys):
+def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
     folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
     run = tmp_path / "run"
     assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
@@ -96,6 +97,35 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys):
     assert kdml("search", run, "--index", tmp_path / "index", "--query", image, "-k", "2") == 0
     printed = capsys.readouterr().out
     assert f"query {image.name}:" in printed and "c03" in printed
+    assert "  label  class  source" in printed  # the folders name the classes
+    assert kdml("search", run, "--index", tmp_path / "index", "--query", image, "-k", "8",
+                "--json") == 0
+    neighbours = json.loads(capsys.readouterr().out)[0]["neighbours"]
+    assert {item["label"] for item in neighbours} == {2, 3}  # the unseen classes c02 and c03
+    for item in neighbours:
+        assert item["class_name"] == f"c{item['label']:02d}" == Path(item["source"]).parent.name
+    assert kdml("embed", run, "--split", "train", "--out", tmp_path / "train.npz") == 0
+    train = np.load(tmp_path / "train.npz")
+    assert set(train["labels"].tolist()) == {0, 1}
+    assert [f"c{label:02d}" for label in train["labels"]] == train["class_names"].tolist()
+    # The pictures caption the classes by name too.
+    import kdml.inspection as inspection
+
+    drawn = {}
+
+    def grid(queries, neighbours, hits, image, path, titles):
+        drawn["titles"] = {titles(int(p)) for p in [*queries, *neighbours.ravel()]}
+        return path
+
+    def embedding_map(coordinates, labels, path, method, title, class_names):
+        drawn["legend"] = class_names
+        return path
+
+    monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
+    monkeypatch.setattr(inspection, "plot_embedding_map", embedding_map)
+    assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "3") == 0  # every test image
+    assert kdml("plot", "embedding", run) == 0
+    assert drawn == {"titles": {"c02", "c03"}, "legend": {2: "c02", 3: "c03"}}
     np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 3, 36, 36), dtype=np.uint8))
     assert kdml("search", run, "--index", tmp_path / "index", "--query",
                 tmp_path / "raw.npz") == 0

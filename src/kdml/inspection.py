@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kdml.config import RunConfig
-from kdml.data.dataset import ArrayDataset, DmlDataset
+from kdml.data.dataset import ArrayDataset, DmlDataset, renamed_classes
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
 from kdml.data.transforms import to_unit_float
@@ -41,7 +41,12 @@ from kdml.evaluation.knn import knn_search
 from kdml.training.run_folder import write_json
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
 from kdml.viz_charts import plot_charts
-from kdml.viz_retrieval import embedding_map, plot_embedding_map, plot_retrieval_grid
+from kdml.viz_retrieval import (
+    embedding_map,
+    plot_embedding_map,
+    plot_retrieval_grid,
+    short_name,
+)
 
 SPLITS = ("test", "train", "gallery")
 
@@ -71,8 +76,12 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
     if chosen is None:
         raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")
-    labels = (dataset_labels(splits, chosen.labels) if split == "train" else chosen.labels)
-    return Part(chosen.relabelled(labels), labels, embedder)
+    if split != "train":
+        return Part(chosen, chosen.labels, embedder)
+    # Back from the training split's 0..C-1 to the dataset's labels, names following them.
+    labels = dataset_labels(splits, chosen.labels)
+    names = renamed_classes(chosen.class_names, dict(enumerate(splits.train_classes)))
+    return Part(chosen.relabelled(labels, names), labels, embedder)
 
 
 def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
@@ -88,9 +97,26 @@ def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
 
 
 def _items(dataset: DmlDataset, embedded: Embedded) -> dict[str, np.ndarray]:
+    """Per-sample arrays: labels, positions, sources and, where the classes are named,
+    ``class_names`` (each sample's class name)."""
     positions = embedded.indices.numpy()
-    return {"labels": embedded.labels.numpy(), "positions": positions,
-            "sources": np.array([dataset.source_of(int(i)) for i in positions], dtype=str)}
+    items = {"labels": embedded.labels.numpy(), "positions": positions,
+             "sources": np.array([dataset.source_of(int(i)) for i in positions], dtype=str)}
+    names = _class_names_of(dataset, items["labels"])
+    if names is not None:
+        items["class_names"] = names
+    return items
+
+
+def _class_names_of(dataset: DmlDataset, labels: np.ndarray) -> np.ndarray | None:
+    """Each label's class name ``[N]`` (str), or None unless every class has a name."""
+    if dataset.class_names is None:
+        return None
+    classes, codes = np.unique(labels, return_inverse=True)
+    names = [dataset.class_name(int(label)) for label in classes]
+    if any(name is None for name in names):
+        return None
+    return np.array(names, dtype=str)[codes.reshape(-1)]
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
@@ -109,7 +135,8 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
     if folder.exists() and any(folder.iterdir()):
         raise KdmlError(f"--out {folder} is not empty; an index goes into a new folder")
     arrays = embed_part(trained, part)
-    items = {key: arrays[key] for key in ("labels", "positions", "sources")}
+    items = {key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
+             if key in arrays}
     charts = trained.method.has_charts
     info = IndexInfo(str(trained.run.root), checkpoint_fingerprint(trained.run.checkpoint),
                      "euclidean" if charts else trained.config.eval.metric, 0, kind, 0, 1.0)
@@ -190,14 +217,20 @@ def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list
                         f"'kdml index {trained.run.root}'")
     vectors, charts, names = query_vectors(trained, query)
     scores, positions = search_index(loaded, vectors, k, charts)
+    class_names = loaded.items.get("class_names")
     results = []
     for name, row_scores, row_positions in zip(names, scores, positions, strict=True):
-        neighbours = [{"rank": rank, "score": float(score),
-                       "label": int(loaded.items["labels"][position]),
-                       "source": str(loaded.items["sources"][position])}
-                      for rank, (score, position) in enumerate(zip(row_scores, row_positions,
-                                                                   strict=True), start=1)
-                      if position >= 0]
+        neighbours = []
+        for rank, (score, position) in enumerate(zip(row_scores, row_positions, strict=True),
+                                                 start=1):
+            if position < 0:  # fewer indexed items than k
+                continue
+            neighbour = {"rank": rank, "score": float(score),
+                         "label": int(loaded.items["labels"][position]),
+                         "source": str(loaded.items["sources"][position])}
+            if class_names is not None:
+                neighbour["class_name"] = str(class_names[position])
+            neighbours.append(neighbour)
         results.append({"query": name, "neighbours": neighbours})
     return results
 
@@ -231,7 +264,8 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
         return to_unit_float(part.dataset.load(position))
 
     def title(position: int) -> str:
-        return str(int(part.dataset.labels[position]))
+        label = int(part.dataset.labels[position])
+        return short_name(part.dataset.class_name(label) or str(label))
 
     return plot_retrieval_grid(positions[chosen], positions[neighbours], hits, image,
                                trained.run.plots / "retrieval.png", title)
@@ -249,8 +283,11 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     if len(values) < 3:
         raise KdmlError("a 2-D map needs at least 3 test samples")
     coordinates, method = embedding_map(values, seed)
+    names = {int(label): part.dataset.class_name(int(label)) or str(label)
+             for label in np.unique(labels)}
     return plot_embedding_map(coordinates, labels, trained.run.plots / "embedding.png", method,
-                              f"{trained.config.recipe} on {trained.config.data.dataset}")
+                              f"{trained.config.recipe} on {trained.config.data.dataset}",
+                              names)
 
 
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:

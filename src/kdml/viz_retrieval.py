@@ -90,9 +90,21 @@ def embedding_map(embeddings: np.ndarray, seed: int = 0) -> tuple[np.ndarray, st
     return umap.UMAP(n_components=2, random_state=seed).fit_transform(embeddings), "UMAP"
 
 
+def short_name(name: str, width: int = 16) -> str:
+    """``name`` cut to ``width`` characters (an ellipsis marks a cut), for captions.
+
+    >>> short_name("Black footed Albatross", 12)
+    'Black foote…'
+    """
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
 def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
-                       method: str, title: str) -> Path:
-    """Scatter of 2-D ``coordinates``, coloured by class."""
+                       method: str, title: str,
+                       class_names: dict[int, str] | None = None) -> Path:
+    """Scatter of 2-D ``coordinates`` ``[N, 2]``, coloured by class (``labels`` ``[N]``); the
+    legend, drawn for up to 20 classes, names them by ``class_names`` (label -> name) or by
+    their numbers."""
     classes = np.unique(labels)
     figure = Figure(figsize=(6, 6))
     FigureCanvasAgg(figure)
@@ -102,7 +114,8 @@ def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
         for number, label in enumerate(classes):
             members = labels == label
             axes.scatter(coordinates[members, 0], coordinates[members, 1], s=6, linewidths=0,
-                         color=colours(number), label=str(label))
+                         color=colours(number),
+                         label=short_name((class_names or {}).get(int(label), str(label)), 24))
         axes.legend(title="class", fontsize=7, markerscale=2, loc="best")
     else:  # too many classes for a legend: colours only tell neighbours apart
         axes.scatter(coordinates[:, 0], coordinates[:, 1], c=np.searchsorted(classes, labels),

@@ -48,6 +48,11 @@ def collate_batch(batch: Batch) -> Batch:
 class DmlDataset(Dataset):
     """Base of every dataset: ``labels`` [N] int64 and ``len(labels)`` samples.
 
+    ``class_names`` maps a label to the class's name where the files name their classes (a
+    folder's sub-folders, a CSV's label column, Fashion-MNIST's, CIFAR's, CUB's and Cars196's
+    class lists); it is None otherwise, and :meth:`relabelled` drops it unless it is given
+    the names under the new labels, so a name can never describe another class.
+
     Subclasses implement :meth:`load` (one sample) and :meth:`subset`; they may override
     ``__getitems__`` to fetch a batch at once.
     """
@@ -56,6 +61,7 @@ class DmlDataset(Dataset):
     description: str
     labels: Tensor
     default_backbone: str
+    class_names: dict[int, str] | None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -90,11 +96,17 @@ class DmlDataset(Dataset):
         """The samples at ``indices``, in that order (labels unchanged)."""
         raise NotImplementedError
 
-    def relabelled(self, labels: Tensor) -> DmlDataset:
-        """The same samples with other labels (e.g. remapped to 0..C-1)."""
+    def relabelled(self, labels: Tensor,
+                   class_names: dict[int, str] | None = None) -> DmlDataset:
+        """The same samples with other labels (e.g. remapped to 0..C-1), and the classes'
+        names under those labels (None: unnamed; see :func:`renamed_classes`)."""
         if labels.shape != self.labels.shape:
             raise KdmlError(f"{self.name}: {len(labels)} new labels for {len(self)} samples")
-        return dataclasses.replace(self, labels=labels.long())
+        return dataclasses.replace(self, labels=labels.long(), class_names=class_names)
+
+    def class_name(self, label: int) -> str | None:
+        """The name of class ``label``, or None where the classes have no names."""
+        return None if self.class_names is None else self.class_names.get(int(label))
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         return self.load(index), int(self.labels[index])
@@ -104,6 +116,18 @@ class DmlDataset(Dataset):
         samples = [self.load(int(i)) for i in index_tensor]
         return Batch(torch.stack(samples), self.labels[index_tensor], index_tensor,
                      torch.zeros(len(index_tensor), dtype=torch.bool))
+
+
+def renamed_classes(class_names: dict[int, str] | None,
+                    new_label_of: dict[int, int]) -> dict[int, str] | None:
+    """``class_names`` keyed by the new labels that ``new_label_of`` gives the old ones.
+
+    >>> renamed_classes({3: "cat", 7: "dog"}, {3: 0, 7: 1})
+    {0: 'cat', 1: 'dog'}
+    """
+    if class_names is None:
+        return None
+    return {new: class_names[old] for old, new in new_label_of.items() if old in class_names}
 
 
 @dataclass
@@ -117,6 +141,7 @@ class ArrayDataset(DmlDataset):
             ``[N, C, H, W]`` (converted to [0, 1] on the training device).
         labels: integer labels ``[N]``.
         default_backbone: the backbone ``"auto"`` resolves to for this data.
+        class_names: label -> class name, where the data names its classes.
     """
 
     name: str
@@ -124,6 +149,7 @@ class ArrayDataset(DmlDataset):
     x: Tensor
     labels: Tensor
     default_backbone: str = "mlp"
+    class_names: dict[int, str] | None = None
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.labels.shape[0]:

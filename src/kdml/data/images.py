@@ -98,6 +98,7 @@ class ImageFiles(DmlDataset):
         labels: integer labels ``[N]``.
         resize: side of the square uint8 images the loader yields (``data.resize``).
         default_backbone: the backbone ``"auto"`` resolves to.
+        class_names: label -> class name, where the files name their classes.
     """
 
     name: str
@@ -106,6 +107,7 @@ class ImageFiles(DmlDataset):
     labels: Tensor
     resize: int = DEFAULT_RESIZE
     default_backbone: str = "cnn"
+    class_names: dict[int, str] | None = None
 
     def __post_init__(self) -> None:
         self.paths = np.asarray(self.paths, dtype=str)

@@ -9,7 +9,7 @@ from kdml.data.dataset import DmlDataset
 from kdml.data.domains import fit_source_pca, is_domain_dataset, load_domain_data
 from kdml.data.images import ImageFiles
 from kdml.data.registry import open_dataset
-from kdml.data.splits import DOMAIN, DataSplits, make_splits
+from kdml.data.splits import DOMAIN, DataSplits, make_splits, remapped_to_training
 from kdml.errors import KdmlError
 
 
@@ -33,5 +33,5 @@ def prepare_data(data: DataConfig) -> DataSplits:
 def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:
     """Train on the labelled source (labels remapped to 0..C-1), score on the target."""
     classes, remapped = torch.unique(source.labels, return_inverse=True)
-    return DataSplits(source.relabelled(remapped), target, classes.tolist(), DOMAIN,
-                      target=target)
+    return DataSplits(remapped_to_training(source, classes, remapped), target, classes.tolist(),
+                      DOMAIN, target=target)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kdml.data.dataset import DmlDataset
+from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.errors import KdmlError
 
 SPLITS = ("standard", "class-disjoint", "seen-holdout")
@@ -142,8 +142,15 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
     gallery = None if gallery_idx is None else dataset.subset(gallery_idx,
                                                               f"{dataset.name}/gallery")
     seen = bool(torch.isin(test.labels, classes).all())
-    return DataSplits(train.relabelled(remapped), test, classes.tolist(),
+    return DataSplits(remapped_to_training(train, classes, remapped), test, classes.tolist(),
                       SEEN if seen else UNSEEN, gallery=gallery, eval_ks=eval_ks)
+
+
+def remapped_to_training(train: DmlDataset, classes: Tensor, remapped: Tensor) -> DmlDataset:
+    """``train`` with labels 0..C-1 (``remapped``; ``classes`` [C] are the old labels), its
+    class names following them."""
+    new_label_of = {old: new for new, old in enumerate(classes.tolist())}
+    return train.relabelled(remapped, renamed_classes(train.class_names, new_label_of))
 
 
 def _num_train_classes(num_classes: int, train_classes: float | int) -> int:

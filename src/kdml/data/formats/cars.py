@@ -10,7 +10,8 @@ The extracted archive::
 
 Split of deep metric learning (Oh Song et al. 2016): the first half of the class ids (1-98,
 8,054 images) train, the second half (99-196, 8,131 images) test. The ``test`` flag (a split of
-every class's images, for classification) and the bounding boxes are not used.
+every class's images, for classification) and the bounding boxes are not used; ``class_names``,
+where present, names the classes.
 """
 
 from __future__ import annotations
@@ -58,9 +59,22 @@ def load_cars196(root: Path) -> DatasetParts:
         raise layout.error(f"{FILE} lists nothing")
     layout.check_images(paths)
     label_tensor = torch.tensor(labels)
+    class_names = read_class_names(contents, layout)
     class_ids = label_tensor.unique(sorted=True)
     is_train = torch.isin(label_tensor, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cars196", "Cars196 car photos, 196 classes; classes 1-98 train",
-                         paths, label_tensor, default_backbone="cnn")
+                         paths, label_tensor, default_backbone="cnn", class_names=class_names)
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)}, eval_ks=(1, 2, 4, 8))
+
+
+def read_class_names(contents: dict, layout: Layout) -> dict[int, str] | None:
+    """Class id (1-based) -> model name from ``class_names``, or None if the file has none."""
+    names = contents.get("class_names")
+    if names is None:
+        return None
+    cells = np.asarray(names, dtype=object).ravel()
+    texts = [np.asarray(cell).ravel() for cell in cells]
+    if not all(text.size == 1 and isinstance(text[0], str) for text in texts):
+        raise layout.error(f"{FILE}: 'class_names' must be a cell array of strings")
+    return {number: str(text[0]) for number, text in enumerate(texts, start=1)}

@@ -7,7 +7,9 @@ The extracted Python archives::
 
 Each file is a pickled dict with bytes keys: ``b"data"``, a uint8 array [10,000, 3,072] whose
 row is an image's red, green and blue 32x32 planes in row-major order, and ``b"labels"``
-(CIFAR-10, 10 classes) or ``b"fine_labels"`` (CIFAR-100, 100 classes), a list of ints.
+(CIFAR-10, 10 classes) or ``b"fine_labels"`` (CIFAR-100, 100 classes), a list of ints. The
+classes' names, where the metadata file is there, come from ``batches.meta``'s
+``b"label_names"`` (CIFAR-10) or ``meta``'s ``b"fine_label_names"`` (CIFAR-100).
 
 Split: the files' own, train files then test file. The pickles are read by an unpickler that
 builds NumPy arrays and nothing else, so a file planted in the data folder cannot run code.
@@ -65,16 +67,38 @@ class ArrayUnpickler(pickle.Unpickler):
                                          "arrays are allowed)") from None
 
 
-def read_batch(layout: Layout, relative: str, label_key: bytes,
-               classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """The images ``[n, 3, 32, 32]`` uint8 and labels ``[n]`` int64 of one pickled file."""
+def read_pickle(layout: Layout, relative: str) -> object:
+    """The object pickled in ``relative``, read by :class:`ArrayUnpickler`."""
     path = layout.file(relative)
     try:
         with path.open("rb") as stream:
-            batch = ArrayUnpickler(stream, encoding="bytes").load()
+            return ArrayUnpickler(stream, encoding="bytes").load()
     except Exception as error:  # a corrupt pickle can raise almost anything
         detail = " ".join(str(error).split()) or type(error).__name__
         raise layout.error(f"{relative} is not a readable CIFAR pickle: {detail}") from None
+
+
+def read_class_names(layout: Layout, relative: str, key: bytes,
+                     classes: int) -> dict[int, str] | None:
+    """Label -> class name from the metadata pickle ``relative`` (``batches.meta`` or ``meta``:
+    a dict whose ``key`` holds the ``classes`` names in label order); None if the file is
+    absent, since the images and labels do not need it."""
+    if not (layout.root / relative).is_file():
+        return None
+    meta = read_pickle(layout, relative)
+    names = meta.get(key) if isinstance(meta, dict) else None
+    if not (isinstance(names, list) and len(names) == classes
+            and all(isinstance(name, bytes | str) for name in names)):
+        raise layout.error(f"{relative}: expected a dict whose {key!r} lists {classes} class "
+                           "names")
+    return {label: name.decode("latin1") if isinstance(name, bytes) else name
+            for label, name in enumerate(names)}
+
+
+def read_batch(layout: Layout, relative: str, label_key: bytes,
+               classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The images ``[n, 3, 32, 32]`` uint8 and labels ``[n]`` int64 of one pickled file."""
+    batch = read_pickle(layout, relative)
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
         raise layout.error(f"{relative} is not a CIFAR batch: expected a dict with keys "
                            f"b'data' and {label_key!r}")
@@ -97,14 +121,16 @@ def read_batch(layout: Layout, relative: str, label_key: bytes,
 
 
 def load_batches(layout: Layout, train: list[str], test: list[str], label_key: bytes,
-                 classes: int, description: str) -> DatasetParts:
+                 classes: int, description: str,
+                 class_names: dict[int, str] | None = None) -> DatasetParts:
     """The train files then the test files as one dataset, split as the files are."""
     batches = [read_batch(layout, relative, label_key, classes) for relative in [*train, *test]]
     x = np.concatenate([images for images, _ in batches])  # a fresh, writable copy
     labels = np.concatenate([labels for _, labels in batches])
     num_train = sum(len(labels) for _, labels in batches[: len(train)])
     dataset = ArrayDataset(layout.dataset, description, torch.from_numpy(x),
-                           torch.from_numpy(labels), default_backbone="cnn")
+                           torch.from_numpy(labels), default_backbone="cnn",
+                           class_names=class_names)
     return DatasetParts(dataset, {"train": torch.arange(num_train),
                                   "test": torch.arange(num_train, len(labels))})
 
@@ -114,11 +140,13 @@ def load_cifar10(root: Path) -> DatasetParts:
     layout = Layout("cifar10", root, EXPECTED_10)
     train = [f"data_batch_{number}" for number in range(1, 6)]
     return load_batches(layout, train, ["test_batch"], b"labels", 10,
-                        "CIFAR-10, 3x32x32 images, 10 classes; files' train/test split")
+                        "CIFAR-10, 3x32x32 images, 10 classes; files' train/test split",
+                        read_class_names(layout, "batches.meta", b"label_names", 10))
 
 
 def load_cifar100(root: Path) -> DatasetParts:
     """Read CIFAR-100 (its 100 fine labels) from its extracted folder ``root``."""
     layout = Layout("cifar100", root, EXPECTED_100)
     return load_batches(layout, ["train"], ["test"], b"fine_labels", 100,
-                        "CIFAR-100, 3x32x32 images, 100 fine classes; files' train/test split")
+                        "CIFAR-100, 3x32x32 images, 100 fine classes; files' train/test split",
+                        read_class_names(layout, "meta", b"fine_label_names", 100))

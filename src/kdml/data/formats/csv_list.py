@@ -5,9 +5,10 @@
     birds/0107.jpg,finch,test,1,0
 
 ``path`` is relative to the CSV file's folder (or absolute); ``label`` is an integer or a
-string, the sorted distinct labels (integers in numeric order) becoming 0..C-1; ``split`` is
-``train`` or ``test``. Column names and values are read without regard to case and
-surrounding spaces; the columns may come in any order and extra columns are ignored.
+string, the sorted distinct labels (integers in numeric order) becoming 0..C-1 and their text
+the classes' names; ``split`` is ``train`` or ``test``. Column names and values are read
+without regard to case and surrounding spaces; the columns may come in any order and extra
+columns are ignored.
 
 Split: the ``split`` column's ``train`` and ``test`` rows. With ``is_query`` and ``is_gallery``
 columns (0/1 or true/false, empty meaning 0) the test rows are divided instead into a query
@@ -69,14 +70,18 @@ def flag(layout: Layout, value: str, column: str, line: int) -> bool:
                            f"{value!r}") from None
 
 
-def label_ids(names: list[str]) -> list[int]:
-    """``names`` mapped to 0..C-1 in sorted order (numeric order when all are integers)."""
+def label_ids(names: list[str]) -> tuple[list[int], dict[int, str]]:
+    """``names`` mapped to 0..C-1 in sorted order (numeric order when all are integers), and
+    each id's label as the file writes it (its first spelling, for integers such as 07)."""
     try:
         keys: list[int] | list[str] = [int(name) for name in names]
     except ValueError:
         keys = names
     index = {key: position for position, key in enumerate(sorted(set(keys)))}
-    return [index[key] for key in keys]
+    spelling: dict[int, str] = {}
+    for key, name in zip(keys, names, strict=True):
+        spelling.setdefault(index[key], name)
+    return [index[key] for key in keys], spelling
 
 
 def load_csv(csv_file: Path) -> DatasetParts:
@@ -110,6 +115,7 @@ def load_csv(csv_file: Path) -> DatasetParts:
                  "gallery": indices_where(~train & torch.tensor(is_gallery))}
     else:
         parts = {"train": indices_where(train), "test": indices_where(~train)}
+    labels, class_names = label_ids(names)
     dataset = ImageFiles(layout.dataset, f"images listed in {csv_file}", paths,
-                         torch.tensor(label_ids(names)))
+                         torch.tensor(labels), class_names=class_names)
     return DatasetParts(dataset, parts)

@@ -7,6 +7,8 @@ The extracted archive (``CUB_200_2011/``)::
     image_class_labels.txt   <image_id> <class_id>, class ids 1-200
     images/<class_folder>/<file>.jpg
 
+The classes are named by their image folders (``Black footed Albatross``).
+
 Split of deep metric learning (Oh Song et al. 2016; JRD Sec. 5.1): the first half of the class
 ids (1-100, 5,864 images) train, the second half (101-200, 5,924 images) test. The dataset's own
 ``train_test_split.txt`` (a split of every class's images, for classification) is not used.
@@ -45,9 +47,23 @@ def load_cub(root: Path) -> DatasetParts:
     paths = [str(root / "images" / path_of[image_id]) for image_id in ids]
     layout.check_images(paths)
     labels = torch.tensor([class_of[image_id] for image_id in ids])
+    class_names: dict[int, str] = {}
+    for image_id in ids:  # each class's folder, e.g. 001.Black_footed_Albatross
+        folder = path_of[image_id].split("/")[0]
+        class_names.setdefault(class_of[image_id], folder_class_name(folder))
     class_ids = labels.unique(sorted=True)
     is_train = torch.isin(labels, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cub", "CUB-200-2011 birds, 200 classes; classes 1-100 train",
-                         paths, labels, default_backbone="cnn")
+                         paths, labels, default_backbone="cnn", class_names=class_names)
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)})
+
+
+def folder_class_name(folder: str) -> str:
+    """A CUB class folder's species name.
+
+    >>> folder_class_name("001.Black_footed_Albatross")
+    'Black footed Albatross'
+    """
+    number, dot, name = folder.partition(".")
+    return (name if dot and number.isdigit() else folder).replace("_", " ")

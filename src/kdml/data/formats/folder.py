@@ -3,10 +3,11 @@
     DIR/<class>/<image>.jpg          e.g. photos/cat/001.jpg, photos/dog/park/017.png
 
 As torchvision's ``ImageFolder``: the classes are the sorted sub-folder names, labelled
-0..C-1; a class's images are the files found at any depth inside its folder whose extension
-(in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`; other files, and files
-directly in ``DIR``, are ignored. Unlike ``ImageFolder``, hidden folders and files (names
-starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's ``._photo.jpg``) are ignored too.
+0..C-1 and named by their folders; a class's images are the files found at any depth inside its
+folder whose extension (in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`;
+other files, and files directly in ``DIR``, are ignored. Unlike ``ImageFolder``, hidden folders
+and files (names starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's
+``._photo.jpg``) are ignored too.
 
 Split: none of its own; ``data.split`` decides.
 """
@@ -54,5 +55,6 @@ def load_folder(folder: Path) -> DatasetParts:
         paths.extend(images)
         labels.extend([label] * len(images))
     dataset = ImageFiles(layout.dataset, f"images in {folder}, {len(classes)} classes "
-                         "(one sub-folder each)", paths, torch.tensor(labels))
+                         "(one sub-folder each)", paths, torch.tensor(labels),
+                         class_names=dict(enumerate(classes)))
     return DatasetParts(dataset)

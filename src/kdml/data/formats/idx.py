@@ -31,6 +31,10 @@ EXPECTED = ("the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 MEANING = {IMAGES_MAGIC: "uint8 images, 3 dimensions", LABELS_MAGIC: "uint8 labels, 1 dimension"}
+# Label -> class, from the dataset's README (github.com/zalandoresearch/fashion-mnist); MNIST's
+# classes are the digits their labels already are.
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot")
 
 
 def find_file(layout: Layout, name: str) -> Path:
@@ -74,7 +78,8 @@ def read_part(layout: Layout, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def load_idx(root: Path, name: str, description: str) -> DatasetParts:
+def load_idx(root: Path, name: str, description: str,
+             class_names: dict[int, str] | None = None) -> DatasetParts:
     """The train then t10k images of the IDX files in ``root``, as uint8 ``[N, 1, H, W]``."""
     layout = Layout(name, root, EXPECTED)
     train_images, train_labels = read_part(layout, "train")
@@ -84,8 +89,10 @@ def load_idx(root: Path, name: str, description: str) -> DatasetParts:
                            f"{test_images.shape[1:]}")
     x = np.concatenate([train_images, test_images])[:, None]  # a fresh, writable copy
     labels = np.concatenate([train_labels, test_labels]).astype(np.int64)
+    if class_names is not None and labels.size and labels.max() >= len(class_names):
+        raise layout.error(f"labels must lie in 0..{len(class_names) - 1}, got {labels.max()}")
     dataset = ArrayDataset(name, description, torch.from_numpy(x), torch.from_numpy(labels),
-                           default_backbone="cnn")
+                           default_backbone="cnn", class_names=class_names)
     return DatasetParts(dataset, {"train": torch.arange(len(train_labels)),
                                   "test": torch.arange(len(train_labels), len(labels))})
 
@@ -98,4 +105,5 @@ def load_mnist(root: Path) -> DatasetParts:
 def load_fashion_mnist(root: Path) -> DatasetParts:
     """Read Fashion-MNIST's four IDX files from ``root``."""
     return load_idx(root, "fashion-mnist",
-                    "Fashion-MNIST clothing images, 1x28x28, 10 classes; files' split")
+                    "Fashion-MNIST clothing images, 1x28x28, 10 classes; files' split",
+                    dict(enumerate(FASHION_MNIST_CLASSES)))
