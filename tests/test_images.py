@@ -44,3 +44,33 @@ def test_load_image_equals_resize_then_crop(tmp_path, width, height, size, fmt):
     # Same filter taps; only Pillow's fixed-point rounding differs when it resamples a box, by
     # one grey level at most (a shifted or rescaled square would differ by tens on this noise)
     assert difference.max() <= 1 and difference.mean() < 0.5
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped(tmp_path):
+    """Pillow's own conversion clips 16-bit grey at 255 (almost all white); kdml scales it."""
+    from kdml.data.images import load_image_as
+
+    values = (np.arange(64).reshape(8, 8) * 1040).astype(np.uint16)  # 0 .. 65,520
+    path = tmp_path / "grey16.png"
+    Image.fromarray(values).save(path)
+    assert Image.open(path).mode == "I;16"
+    expected = np.array([[round(int(v) / 257) for v in row] for row in values], dtype=np.uint8)
+    grey = load_image_as(path, (1, 8, 8))
+    assert np.array_equal(grey[0].numpy(), expected)
+    rgb = load_image(path, 8)
+    assert all(np.array_equal(rgb[channel].numpy(), expected) for channel in range(3))
+
+
+@pytest.mark.parametrize(("pixels", "match"), [
+    (np.full((8, 8), 0.5, dtype=np.float32), "32-bit float pixels"),
+    (np.full((8, 8), 70_000, dtype=np.int32), "beyond 0..65535"),
+])
+def test_images_without_a_standard_range_are_refused(tmp_path, pixels, match):
+    from kdml.data.images import DECODE_ERRORS, load_image_as
+
+    path = tmp_path / "wide.tif"
+    Image.fromarray(pixels).save(path)
+    with pytest.raises(DECODE_ERRORS, match=match):
+        load_image(path, 8)
+    with pytest.raises(DECODE_ERRORS, match=match):
+        load_image_as(path, (1, 8, 8))

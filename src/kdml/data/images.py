@@ -38,6 +38,29 @@ DEFAULT_RESIZE = 256
 DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError)
 
 
+# The modes Pillow opens 16-bit grey images in ("I" also holds 32-bit integers).
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def eight_bit(image: Image.Image) -> Image.Image:
+    """``image`` with 8-bit values: 16-bit grey is scaled by 255 / 65535 and rounded.
+
+    Pillow's own ``convert("L")`` or ``convert("RGB")`` clips 16-bit values at 255, which
+    turns all but the darkest pixels white. Images of 32-bit floats, and 32-bit integers beyond
+    16 bits, have no standard range, so they are refused (ValueError, a decode error).
+    """
+    if image.mode == "F":
+        raise ValueError("32-bit float pixels have no standard range: save the image with 8 or "
+                         "16 bits per channel")
+    if image.mode not in SIXTEEN_BIT_MODES:
+        return image
+    values = np.asarray(image).astype(np.int64)
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise ValueError("32-bit integer pixels beyond 0..65535 have no standard range: save "
+                         "the image with 8 or 16 bits per channel")
+    return Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L")
+
+
 def load_image(path: str | Path, size: int) -> Tensor:
     """Decode ``path`` to RGB, resize its short side to ``size`` and centre-crop a square.
 
@@ -52,7 +75,7 @@ def load_image(path: str | Path, size: int) -> Tensor:
     """
     with Image.open(path) as image:
         image.draft("RGB", (size, size))
-        image = image.convert("RGB")
+        image = eight_bit(image).convert("RGB")
         width, height = image.size
         scale = size / min(width, height)
         new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
@@ -80,8 +103,8 @@ def load_image_as(path: str | Path, shape: tuple[int, ...]) -> Tensor:
     """
     channels, height, width = shape
     with Image.open(path) as image:
-        image = ImageOps.fit(image.convert("L" if channels == 1 else "RGB"), (width, height),
-                             Image.Resampling.BILINEAR)
+        image = ImageOps.fit(eight_bit(image).convert("L" if channels == 1 else "RGB"),
+                             (width, height), Image.Resampling.BILINEAR)
         pixels = np.array(image, dtype=np.uint8).reshape(height, width, channels)
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
