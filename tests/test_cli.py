@@ -58,6 +58,21 @@ def test_a_seen_holdout_run_says_its_test_classes_were_seen(tmp_path, tiny_overr
     assert "samples of the training classes, held out from training" in printed
 
 
+def test_a_validation_run_scores_held_out_training_classes(tmp_path, tiny_overrides, capsys):
+    """digits trains on classes 0-4; data.validation=0.4 trains on 0-2 and scores 3-4."""
+    out = tmp_path / "run"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "data.validation=0.4",
+                   "--out", out, "--no-progress", *tiny_overrides, "data.batch_size=12") == 0
+    printed = capsys.readouterr().out
+    assert ("test set: 364 validation samples of classes not seen in training, carved from the "
+            "training part") in printed
+    assert "validation: 0.4" in (out / "config.yaml").read_text()
+    assert run_cli("embed", out, "--out", tmp_path / "validation.npz") == 0
+    import numpy as np
+
+    assert set(np.load(tmp_path / "validation.npz")["labels"].tolist()) == {3, 4}
+
+
 def test_seed_makes_runs_repeatable(tmp_path, tiny_overrides):
     finals = []
     for name in ("a", "b"):

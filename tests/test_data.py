@@ -103,6 +103,53 @@ def test_class_names_follow_the_training_splits_new_labels():
     assert vectors([0, 1]).class_name(0) is None
 
 
+def test_validation_holds_out_the_last_training_classes_and_never_touches_the_test_part():
+    dataset = vectors(torch.arange(10).repeat_interleave(3))  # classes 0..9, 3 samples each
+    splits = make_splits(dataset, {}, "class-disjoint", train_classes=0.5, validation=0.4)
+    assert splits.validation and splits.kind == UNSEEN and splits.gallery is None
+    assert splits.train_classes == [0, 1, 2] and splits.train.labels.unique().tolist() == [0, 1, 2]
+    assert splits.test.labels.tolist() == [3, 3, 3, 4, 4, 4]
+    assert splits.test.name == "toy/validation"
+    assert splits.test_set.startswith("6 validation samples of classes not seen in training")
+    # the dataset's own parts: validation comes from its train part, and a gallery is dropped
+    parts = {"train": torch.arange(15), "query": torch.arange(15, 30, 2),
+             "gallery": torch.arange(16, 30, 2)}
+    splits = make_splits(dataset, parts, "standard", validation=0.2)
+    assert splits.gallery is None and splits.test.labels.unique().tolist() == [4]
+    with pytest.raises(KdmlError, match=r"data.validation=0.05 of the 5 training classes"):
+        make_splits(dataset, {}, "class-disjoint", validation=0.05)
+
+
+def test_validation_of_a_seen_split_holds_out_samples_of_every_training_class():
+    dataset = vectors(torch.arange(4).repeat_interleave(10))
+    plain = make_splits(dataset, {}, "seen-holdout", holdout_fraction=0.2)
+    splits = make_splits(dataset, {}, "seen-holdout", holdout_fraction=0.2, validation=0.25)
+    assert splits.validation and splits.kind == SEEN
+    trained = set(dataset_positions(splits.train)) | set(dataset_positions(splits.test))
+    assert trained == set(dataset_positions(plain.train))  # only the training part is used
+    assert not trained & set(dataset_positions(plain.test))
+    assert torch.bincount(splits.test.labels).tolist() == [2, 2, 2, 2]  # 25% of each class's 8
+
+
+def dataset_positions(part: ArrayDataset) -> list[int]:
+    return part.x[:, 0].long().tolist()  # vectors() sets row i to i
+
+
+def test_validation_is_refused_for_domain_pairs_and_out_of_range():
+    from kdml.config import resolve_config
+    from kdml.data.prepare import prepare_data
+    from kdml.training.recipes import get_recipe
+
+    def config(name: str, *overrides: str):
+        recipe = get_recipe(name)
+        return resolve_config(name, recipe.params, recipe.defaults, None, list(overrides))
+
+    with pytest.raises(KdmlError, match=r"data.validation must be in \[0, 1\)"):
+        config("amsoftmax", "data.validation=1")
+    with pytest.raises(KdmlError, match="not to domain pairs"):
+        prepare_data(config("dtml", "data.dataset=mnist5k->digits", "data.validation=0.2").data)
+
+
 def test_make_splits_query_and_gallery():
     dataset = vectors([0, 0, 1, 1, 2, 2, 2])
     parts = {"train": torch.tensor([0, 1, 2, 3]), "query": torch.tensor([4]),

@@ -185,13 +185,16 @@ def test_identical_configurations_share_one_run_folder(tmp_path):
 def test_run_folders_keep_their_names_when_settings_are_added():
     """Runs from earlier versions are reused only if their folder names stay put. A new
     setting changes every name (this literal fails), unless it only says how a run executes
-    and goes into EXECUTION_ONLY; otherwise update the literal knowingly: every earlier run
-    is then trained again."""
+    and goes into EXECUTION_ONLY, or keeps what earlier runs computed at one value and goes into
+    ADDED_LATER; otherwise update the literal knowingly: every earlier run is then trained
+    again."""
     table2 = next(e for e in experiments("jrd") if e.key == "jrd-table2-mnist5k")
     config = cell_config(table2, table2.cell("JRD"), 0, "cpu")
     assert run_folder_of(config, Path("runs")).parent.name == "jrd-mnist5k-b414363802"
     config.train.compile = True
     assert run_folder_of(config, Path("runs")).parent.name == "jrd-mnist5k-b414363802"
+    config.data.validation = 0.2  # added later: a new folder only away from its old value
+    assert run_folder_of(config, Path("runs")).parent.name != "jrd-mnist5k-b414363802"
 
 
 TINY = ("train.epochs=1", "train.steps_per_epoch=3", "eval.nmi=false", "data.batch_size=40",

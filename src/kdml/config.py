@@ -32,6 +32,10 @@ class DataConfig:
     split: str = "standard"
     train_classes: float = 0.5  # class-disjoint: fraction (or count) of the sorted classes
     holdout_fraction: float = 0.2  # seen-holdout: share of every class held out for testing
+    # > 0: train on the rest of the training part and score this share of it instead of the
+    # test part, for choosing hyperparameters (the last training classes where the test classes
+    # are unseen, else this share of every class's samples)
+    validation: float = 0.0
     batch_size: int = 64  # 0 = the whole training set in one batch
     samples_per_class: int = 0  # m of the class-balanced sampler; 0 = plain shuffled batches
     pca_dim: int = 0  # domain pairs: PCA fitted on the source only (0 = none)
@@ -263,6 +267,9 @@ def validate(config: RunConfig) -> None:
         (config.data.on_bad_image in ("error", "skip"), "data.on_bad_image must be error or skip"),
         (config.eval.embed_batch_size >= 1, "eval.embed_batch_size must be at least 1"),
         (0 < config.data.holdout_fraction < 1, "data.holdout_fraction must be in (0, 1)"),
+        (0 <= config.data.validation < 1,
+         "data.validation must be in [0, 1) (0 = test; e.g. 0.2 validates on a fifth of the "
+         "training part)"),
         (config.data.pca_dim >= 0, "data.pca_dim must be >= 0 (0 = no PCA)"),
         (config.optim.name in ("adam", "sgd", "rmsprop"),
          "optim.name must be adam, sgd or rmsprop"),

@@ -16,6 +16,9 @@ from kdml.errors import KdmlError
 def prepare_data(data: DataConfig) -> DataSplits:
     """Open ``data.dataset`` (or a domain pair) and split it as ``data.split`` asks."""
     if is_domain_dataset(data.dataset):
+        if data.validation:
+            raise KdmlError("data.validation applies to single datasets, not to domain pairs "
+                            "(the target's labels are for evaluation only)")
         pair = load_domain_data(data.dataset)
         if data.pca_dim:
             pair = fit_source_pca(pair, data.pca_dim)
@@ -27,7 +30,7 @@ def prepare_data(data: DataConfig) -> DataSplits:
     if isinstance(dataset, ImageFiles):
         dataset = dataset.resized(data.resize)
     return make_splits(dataset, parts.parts, data.split, data.train_classes,
-                       data.holdout_fraction, parts.eval_ks)
+                       data.holdout_fraction, parts.eval_ks, data.validation)
 
 
 def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:

@@ -8,6 +8,13 @@ Splits work on the label array alone (no sample is decoded):
 - ``class-disjoint``: the sorted classes cut in two (``data.train_classes``);
 - ``seen-holdout``: every class on both sides, ``data.holdout_fraction`` of each class's
   samples held out (the Atlas experiments).
+
+``data.validation`` > 0 carves a validation part out of the training part, for choosing
+hyperparameters without the test part (the papers' protocol: Korman's ``triplet.py`` holds out
+the last 20% of the training classes): where the test classes are unseen, the last
+``validation`` share of the sorted training classes; where they are seen, that share of every
+training class's samples. The run then trains on the rest and scores the validation part in
+place of the test part, which it never touches.
 """
 
 from __future__ import annotations
@@ -50,11 +57,15 @@ class DataSplits:
     gallery: DmlDataset | None = None
     target: DmlDataset | None = None
     eval_ks: tuple[int, ...] = (1, 2, 4, 8)
+    validation: bool = False  # ``test`` is a validation part carved from the training part
 
     @property
     def test_set(self) -> str:
         """One line on the test samples, e.g. ``"1,000 samples of classes not seen in
         training"``."""
+        if self.validation:
+            return (f"{len(self.test):,} validation samples of {TEST_SETS[self.kind]}, carved "
+                    "from the training part (data.validation; the test part is not used)")
         return f"{len(self.test):,} samples of {TEST_SETS[self.kind]}"
 
     @property
@@ -112,7 +123,7 @@ def seen_holdout_split(
 
 def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
                 train_classes: float | int = 0.5, holdout_fraction: float = 0.2,
-                eval_ks: tuple[int, ...] = (1, 2, 4, 8)) -> DataSplits:
+                eval_ks: tuple[int, ...] = (1, 2, 4, 8), validation: float = 0.0) -> DataSplits:
     """The :class:`DataSplits` of ``dataset`` under ``split`` (see the module docstring).
 
     Args:
@@ -120,6 +131,8 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
         parts: the dataset's own split (index tensors ``train`` and ``test``, or ``train``,
             ``query`` and ``gallery``); empty when it has none.
         split: one of :data:`SPLITS`.
+        validation: in [0, 1): the share of the training part to validate on instead of
+            testing (0: test as usual).
     """
     if split not in SPLITS:
         raise KdmlError(f"data.split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -136,14 +149,39 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
                           ("gallery", gallery_idx)):
         if indices is not None and len(indices) == 0:
             raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty")
+    test_name = "test"
+    if validation:
+        seen = bool(torch.isin(dataset.labels[test_idx], dataset.labels[train_idx]).all())
+        keep, held = validation_split(dataset.labels[train_idx], validation, seen)
+        train_idx, test_idx, gallery_idx = train_idx[keep], train_idx[held], None
+        test_name = "validation"
     train = dataset.subset(train_idx, f"{dataset.name}/train")
     classes, remapped = torch.unique(train.labels, return_inverse=True)
-    test = dataset.subset(test_idx, f"{dataset.name}/test")
+    test = dataset.subset(test_idx, f"{dataset.name}/{test_name}")
     gallery = None if gallery_idx is None else dataset.subset(gallery_idx,
                                                               f"{dataset.name}/gallery")
     seen = bool(torch.isin(test.labels, classes).all())
     return DataSplits(remapped_to_training(train, classes, remapped), test, classes.tolist(),
-                      SEEN if seen else UNSEEN, gallery=gallery, eval_ks=eval_ks)
+                      SEEN if seen else UNSEEN, gallery=gallery, eval_ks=eval_ks,
+                      validation=bool(validation))
+
+
+def validation_split(labels: Tensor, share: float, seen: bool) -> tuple[Tensor, Tensor]:
+    """Positions in the training part ``labels`` [N] to keep training on and to validate on.
+
+    ``seen``: the test classes are training classes, so the validation part holds out ``share``
+    of every class's samples (as ``seen-holdout``); otherwise the last ``share`` of the sorted
+    classes (as ``class-disjoint``), so validation classes are unseen too.
+    """
+    if seen:
+        return seen_holdout_split(labels, share, seed=0)
+    classes = labels.unique(sorted=True)
+    held = int(round(share * classes.numel()))
+    if not 1 <= held < classes.numel():
+        raise KdmlError(f"data.validation={share} of the {classes.numel()} training classes "
+                        f"holds out {held}; choose a share that leaves at least one class on "
+                        "each side")
+    return class_disjoint_split(labels, classes.numel() - held)
 
 
 def remapped_to_training(train: DmlDataset, classes: Tensor, remapped: Tensor) -> DmlDataset:

@@ -68,6 +68,9 @@ def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> R
 # Settings that change how a run executes, not what it computes, and were added after runs
 # existed: left out of the folder's hash, so that those runs keep their folders.
 EXECUTION_ONLY = (("train", "compile"),)
+# Settings added after runs existed, with the value that computes what those runs computed:
+# left out of the hash at that value (another value is another run, in another folder).
+ADDED_LATER = {("data", "validation"): 0.0}
 
 
 def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
@@ -76,6 +79,9 @@ def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
     seed = values["train"].pop("seed")
     for section, key in EXECUTION_ONLY:
         values[section].pop(key)
+    for (section, key), earlier in ADDED_LATER.items():
+        if values[section][key] == earlier:
+            values[section].pop(key)
     digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
     name = f"{config.recipe}-{safe_name(config.data.dataset)}-{digest[:10]}"
     return runs_root / name / f"seed-{seed}"
