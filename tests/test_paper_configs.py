@@ -112,3 +112,20 @@ def test_a_grid_continues_where_it_stopped_and_keeps_finished_cells(tmp_path, ca
     assert all((out / f"embedding_size={size}" / "metrics.json").is_file()
                for size in (4, 8, 16))
     assert printed.count("embedding_size=") >= 6  # progress lines and the summary table
+
+
+def test_a_validation_grid_says_so_and_names_its_best_cell(tmp_path, capsys):
+    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": [2, 8]},
+              "data": {"dataset": "digits", "batch_size": 12, "validation": 0.4},
+              "train": {"epochs": 1, "device": "cpu"}, "eval": {"nmi": False}}
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    out = tmp_path / "grid"
+    assert cli.main(["train", "--config", str(file), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert ("Validation metrics per cell (data.validation=0.4; the test part was not used)"
+            in printed)
+    finals = {size: json.loads((out / f"embedding_size={size}" / "metrics.json").read_text())
+              ["final"]["recall@1"] for size in (2, 8)}
+    best = max(finals, key=finals.get)
+    assert f"best on validation by recall@1: embedding_size={best};" in printed

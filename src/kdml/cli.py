@@ -362,11 +362,18 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
                       f"and --out {root}", file=sys.stderr)
             return 130
     names = list(finals[0])
-    _say(f"\nTest metrics per cell ({recipe.name}, {configs[0].data.dataset}):")
+    validation = configs[0].data.validation
+    scored = (f"Validation metrics per cell (data.validation={validation}; the test part was "
+              "not used)" if validation else "Test metrics per cell")
+    _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
     _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
     for cell, final in zip(cells, finals, strict=True):
         _say("  " + "  ".join([f"{cell.name:<24}",
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
+    if validation:  # the choice the validation part exists for; on test scores it is not made
+        best = max(range(len(cells)), key=lambda i: finals[i].get(names[0], float("-inf")))
+        _say(f"best on validation by {names[0]}: {cells[best].name}; train it without "
+             "data.validation to test it")
     _say(f"grid folder: {root}")
     return 0
 
