@@ -657,7 +657,8 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
-    print(f"\nTest metrics ({config.recipe}, {config.data.dataset}):")
+    scored = "Validation" if config.data.validation else "Test"
+    print(f"\n{scored} metrics ({config.recipe}, {config.data.dataset}):")
     print(f"  {'metric':<12} value")
     for name, value in metrics.items():
         print(f"  {name:<12} {value:.4f}")

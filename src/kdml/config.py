@@ -85,6 +85,10 @@ class TrainConfig:
     compile: bool = False
     # under torchrun: each rank computes only its rows of JRS's global kernel matrices
     sharded_kernels: bool = False
+    # choosing an epoch on the validation part (both need data.validation > 0):
+    keep_best: bool = False  # also keep checkpoints/best.pt, the best-scoring epoch
+    patience: int = 0  # stop after this many evaluations without a better score; 0 = never
+    select_metric: str = "recall@1"  # the score they compare (higher is better)
 
 
 @dataclass
@@ -278,6 +282,10 @@ def validate(config: RunConfig) -> None:
          "train.steps_per_epoch must be >= 0 (0 = the whole training split)"),
         (0 < config.optim.lr_decay <= 1, "optim.lr_decay must be in (0, 1]"),
         (config.train.tolerance >= 0, "train.tolerance must be >= 0"),
+        (config.train.patience >= 0, "train.patience must be >= 0 (0 = never stop early)"),
+        (config.data.validation > 0 or not (config.train.keep_best or config.train.patience),
+         "train.keep_best and train.patience choose an epoch by its scores, so they need "
+         "data.validation > 0: chosen on the test part, the number would be tuned on it"),
         (config.domain.beta >= 0, "domain.beta must be >= 0"),
         (config.domain.kernel in ("linear", "gaussian"),
          "domain.kernel must be linear or gaussian"),

@@ -70,7 +70,8 @@ def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> R
 EXECUTION_ONLY = (("train", "compile"),)
 # Settings added after runs existed, with the value that computes what those runs computed:
 # left out of the hash at that value (another value is another run, in another folder).
-ADDED_LATER = {("data", "validation"): 0.0}
+ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
+               ("train", "patience"): 0, ("train", "select_metric"): "recall@1"}
 
 
 def run_folder_of(config: RunConfig, runs_root: Path) -> Path:

@@ -30,6 +30,7 @@ class RunFolder:
         metrics.json       {"epochs": [...], "final": {...}}
         train.log          the log of every session of this run
         checkpoints/last.pt
+        checkpoints/best.pt  the best validation epoch's (train.keep_best)
         tensorboard/       TensorBoard events
         plots/*.png        training loss and test metrics over epochs
     """
@@ -55,6 +56,11 @@ class RunFolder:
     @property
     def checkpoint(self) -> Path:
         return self.root / "checkpoints" / "last.pt"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        """The best-scoring epoch's checkpoint (``train.keep_best``)."""
+        return self.root / "checkpoints" / "best.pt"
 
     @property
     def tensorboard(self) -> Path:

@@ -54,6 +54,7 @@ from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import RunFolder, make_folder, run_logging
+from kdml.training.selection import best_epoch, check_scored, patience_exhausted, scores
 from kdml.viz import plot_training
 
 # Steps between reads of the non-finite flag on a GPU (each read is a host sync).
@@ -421,7 +422,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             start_epoch = config.train.epochs + 1
         echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
 
-    with Recorder(run, main) as recorder:
+    with Recorder(run, main, "validation" if session.splits.validation else "test") as recorder:
         recorder.log.info("start epoch %d of %d, device %s, %d train / %d test samples, %d "
                           "loader workers, %d process(es)", start_epoch, config.train.epochs,
                           session.device, len(session.splits.train), len(session.splits.test),
@@ -430,21 +431,38 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
         epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
                       initial=start_epoch - 1, total=config.train.epochs,
                       disable=_no_bar(progress) or not main)
+        metric = config.train.select_metric
         for epoch in epochs:
             row, over = session.run_epoch(epoch, history, progress)
             history.append(row)
             epochs.set_postfix({k[6:]: f"{v:.3f}" for k, v in row.items()
                                 if k.startswith("test/recall@1") or k == "train/loss"})
-            finished = over or epoch == config.train.epochs
+            if config.train.keep_best or config.train.patience:
+                check_scored(row, metric)
+            out_of_patience = patience_exhausted(history, metric, config.train.patience)
+            finished = over or out_of_patience or epoch == config.train.epochs
             recorder.epoch(row, history,
-                           functools.partial(session.checkpoint, epoch, history, finished))
+                           functools.partial(session.checkpoint, epoch, history, finished),
+                           keep_as_best=(config.train.keep_best
+                                         and best_epoch(history, metric) == epoch))
             if over:
                 recorder.log.info("stopping after epoch %d: converged or nothing to train",
                                   epoch)
                 break
+            if out_of_patience:
+                recorder.log.info("stopping after epoch %d: %d evaluations without a better "
+                                  "validation %s than epoch %d's (train.patience)", epoch,
+                                  config.train.patience, metric, best_epoch(history, metric))
+                break
         final = {key[5:]: value for key, value in history[-1].items()
                  if key.startswith("test/")}
         recorder.finish(history, final)
+        if config.train.keep_best or config.train.patience:
+            best = best_epoch(history, metric)
+            if best is not None:
+                score = dict(scores(history, metric))[best]
+                kept = f"; {run.best_checkpoint} holds it" if config.train.keep_best else ""
+                echo(f"best validation {metric}: {score:.4f} at epoch {best}{kept}")
     return final
 
 
@@ -466,8 +484,8 @@ class Recorder:
     """What a run writes: ``train.log``, TensorBoard events, the checkpoint, the metrics and
     the plots, once per epoch. Only rank 0 writes; on the others every call does nothing."""
 
-    def __init__(self, run: RunFolder, writes: bool) -> None:
-        self.run, self.writes = run, writes
+    def __init__(self, run: RunFolder, writes: bool, scored: str = "test") -> None:
+        self.run, self.writes, self.scored = run, writes, scored  # scored: test or validation
         self._stack = contextlib.ExitStack()
         self.log = logging.getLogger("kdml.train")
         self.writer = None
@@ -487,21 +505,26 @@ class Recorder:
         self._stack.close()
 
     def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
-              checkpoint: Callable[[], dict[str, Any]]) -> None:
+              checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False) -> None:
         if not self.writes:
             return
         for key, value in row.items():
             if key != "epoch":
                 self.writer.add_scalar(key, value, row["epoch"])
         self.log.info("epoch %d: %s", row["epoch"], _format_row(row))
-        save_checkpoint(checkpoint(), self.run.checkpoint)
+        state = checkpoint()
+        save_checkpoint(state, self.run.checkpoint)
+        if keep_as_best:
+            save_checkpoint(state, self.run.best_checkpoint)
+            self.log.info("epoch %d has the best validation score so far: kept as %s",
+                          row["epoch"], self.run.best_checkpoint.name)
         self.run.write_metrics(history, None)
         plot_training(history, self.run.plots)
 
     def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
         if self.writes:
             self.run.write_metrics(history, final)
-            self.log.info("final test metrics: %s", final)
+            self.log.info("final %s metrics: %s", self.scored, final)
 
 
 def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:

@@ -1,0 +1,93 @@
+"""Choosing an epoch on the validation part: keep_best, patience and their refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kdml import cli
+from kdml.errors import KdmlError
+from kdml.training import trainer
+from kdml.training.selection import (
+    best_epoch,
+    check_scored,
+    evaluations_since_best,
+    patience_exhausted,
+)
+
+KEY = "test/recall@1"
+
+
+def history_of(values: list[float | None]) -> list[dict]:
+    """Epochs 1..N; None = an epoch that was not evaluated."""
+    return [{"epoch": epoch, **({} if value is None else {KEY: value})}
+            for epoch, value in enumerate(values, start=1)]
+
+
+@pytest.mark.parametrize(("values", "best", "since"), [
+    ([], None, 0),
+    ([None, None], None, 0),
+    ([0.5], 1, 0),
+    ([0.5, 0.7, 0.6, 0.65], 2, 2),
+    ([0.5, None, 0.7, None, 0.7], 3, 1),  # a tie is not better: the first best stays
+    ([math.nan, 0.2, math.nan], 2, 1),  # NaN never wins
+])
+def test_best_epoch_and_evaluations_since(values, best, since):
+    history = history_of(values)
+    assert best_epoch(history, "recall@1") == best
+    assert evaluations_since_best(history, "recall@1") == since
+    assert patience_exhausted(history, "recall@1", since) == (since > 0)
+    assert not patience_exhausted(history, "recall@1", since + 1)
+    assert not patience_exhausted(history, "recall@1", 0)  # 0: never
+
+
+def test_an_unscored_metric_is_named_with_the_scored_ones():
+    check_scored({"epoch": 1, "train/loss": 1.0}, "nmi")  # not evaluated: nothing to check
+    with pytest.raises(KdmlError, match="select_metric='nmi' is not scored.*recall@1, map@r"):
+        check_scored({"epoch": 1, KEY: 0.5, "test/map@r": 0.2}, "nmi")
+
+
+SCRIPT = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]  # the validation recall@1 of epochs 1-6
+
+
+def scripted_scores(monkeypatch) -> None:
+    """Replace evaluation by SCRIPT, epoch by epoch, so the choice is known in advance."""
+    calls = iter(SCRIPT)
+    monkeypatch.setattr(trainer, "evaluate_method",
+                        lambda *args: {"recall@1": next(calls), "map@r": 0.0})
+
+
+def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overrides, capsys,
+                                                           monkeypatch):
+    scripted_scores(monkeypatch)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "data.batch_size=12",
+                     "data.validation=0.4", "train.epochs=6", "train.patience=2",
+                     "train.keep_best=true"]) == 0
+    printed = capsys.readouterr().out
+    # epochs 3 and 4 do not beat epoch 2: stop after epoch 4, never reaching 0.9
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3, 4]
+    assert metrics["final"]["recall@1"] == 0.65
+    assert "Validation metrics (amsoftmax, digits)" in printed
+    assert "best validation recall@1: 0.7000 at epoch 2" in printed
+    best = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
+    last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert best["epoch"] == 2 and last["epoch"] == 4 and last["finished"]
+    assert any(not torch.equal(best["method"][key], last["method"][key]) for key in best["method"])
+    assert "without a better validation recall@1 than epoch 2's" in (out / "train.log").read_text()
+    # resuming a run that stopped early trains nothing more
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 4
+
+
+@pytest.mark.parametrize("setting", ["train.patience=3", "train.keep_best=true"])
+def test_choosing_an_epoch_on_the_test_part_is_refused(setting, tmp_path, capsys):
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(tmp_path / "r"),
+                     setting]) == 2
+    err = capsys.readouterr().err
+    assert "need data.validation > 0" in err and err.count("\n") == 1
