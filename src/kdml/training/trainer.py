@@ -513,11 +513,11 @@ class Recorder:
                 self.writer.add_scalar(key, value, row["epoch"])
         self.log.info("epoch %d: %s", row["epoch"], _format_row(row))
         state = checkpoint()
-        save_checkpoint(state, self.run.checkpoint)
-        if keep_as_best:
+        if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
             save_checkpoint(state, self.run.best_checkpoint)
             self.log.info("epoch %d has the best validation score so far: kept as %s",
                           row["epoch"], self.run.best_checkpoint.name)
+        save_checkpoint(state, self.run.checkpoint)
         self.run.write_metrics(history, None)
         plot_training(history, self.run.plots)
 
