@@ -83,6 +83,30 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     # resuming a run that stopped early trains nothing more
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 4
+    capsys.readouterr()
+    # the chosen model, scored on the validation part, then on the test part it never saw
+    assert cli.main(["eval", str(out), "--best"]) == 0
+    printed = capsys.readouterr().out
+    assert "best checkpoint: epoch 2" in printed and "364 validation samples" in printed
+    assert "Validation metrics" in printed
+    assert json.loads((out / "eval.json").read_text())["scored"] == "validation"
+    assert cli.main(["eval", str(out), "--best", "--test"]) == 0
+    printed = capsys.readouterr().out
+    assert "test set: 896 samples of classes not seen in training" in printed
+    assert "Test metrics" in printed
+    evaluated = json.loads((out / "eval.json").read_text())
+    assert evaluated["scored"] == "test" and evaluated["checkpoint"] == "best"
+    assert evaluated["epoch"] == 2 and 0 <= evaluated["test"]["recall@1"] <= 1
+
+
+def test_eval_best_needs_a_kept_best_checkpoint(tmp_path, tiny_overrides, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "train.epochs=1"]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", str(out), "--best"]) == 2
+    err = capsys.readouterr().err
+    assert "has no best.pt: only runs trained with train.keep_best=true keep one" in err
 
 
 @pytest.mark.parametrize("setting", ["train.patience=3", "train.keep_best=true"])

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate a run's last checkpoint")
     evaluate.add_argument("run_dir", type=Path)
+    evaluate.add_argument("--best", action="store_true",
+                          help="evaluate checkpoints/best.pt (runs with train.keep_best)")
+    evaluate.add_argument("--test", action="store_true",
+                          help="for a run that validated (data.validation): score the test "
+                               "part, which its training and choices never saw")
     _add_data_root(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")
@@ -443,12 +448,16 @@ def _eval(args: argparse.Namespace) -> int:
     from kdml.training.run_folder import write_json
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir, args.data_root)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    validated = trained.splits.validation
+    print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
     print(f"test set: {trained.splits.test_set}")
     metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
                               trained.embedder)
-    write_json({"epoch": trained.epoch, "test": metrics}, trained.run.root / "eval.json")
-    _print_results(trained.config, metrics, trained.run.root)
+    write_json({"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
+                "scored": "validation" if validated else "test", "test": metrics},
+               trained.run.root / "eval.json")
+    _print_results(trained.config, metrics, trained.run.root, validated)
     return 0
 
 
@@ -656,8 +665,11 @@ def _progress(args: argparse.Namespace) -> bool | None:
     return False if args.no_progress else None
 
 
-def _print_results(config, metrics: dict[str, float], run_dir: Path) -> None:
-    scored = "Validation" if config.data.validation else "Test"
+def _print_results(config, metrics: dict[str, float], run_dir: Path,
+                   validated: bool | None = None) -> None:
+    """The metrics table; ``validated`` (default: whether the run validates) names the part."""
+    validated = bool(config.data.validation) if validated is None else validated
+    scored = "Validation" if validated else "Test"
     print(f"\n{scored} metrics ({config.recipe}, {config.data.dataset}):")
     print(f"  {'metric':<12} value")
     for name, value in metrics.items():

@@ -9,6 +9,7 @@ epoch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -152,25 +153,35 @@ class TrainedRun:
     embedder: Embedder
 
 
-def load_run(run_dir: Path, data_root: str | None = None) -> TrainedRun:
+def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
+             test_part: bool = False) -> TrainedRun:
     """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
 
-    ``data_root`` replaces the run's ``data.root`` (a dataset moved since training)."""
+    ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
+    loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
+    validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
+    model on the classes it was never chosen on; the model is built as trained."""
     run = RunFolder.existing(run_dir)
     file_values = load_config_file(run.config)
     recipe = get_recipe(str(file_values.get("recipe")))
     overrides = [] if data_root is None else [f"data.root={data_root}"]
     config = resolve_config(recipe.name, recipe.params, file_values=file_values,
                             overrides=overrides)
-    state = load_checkpoint(run.checkpoint)
+    checkpoint = run.best_checkpoint if best else run.checkpoint
+    if best and not checkpoint.is_file():
+        raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
+                        "train.keep_best=true keep one")
+    state = load_checkpoint(checkpoint)
     splits = prepare_data(config.data)
     method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
     try:
         method.load_state_dict(state["method"])
     except RuntimeError:
-        raise KdmlError(f"checkpoint {run.checkpoint} does not match the run's config") from None
+        raise KdmlError(f"checkpoint {checkpoint} does not match the run's config") from None
     embedder = build_embedder(config, build_pipeline(config, splits, method),
                               torch.device("cpu"))
+    if test_part and config.data.validation:
+        splits = prepare_data(dataclasses.replace(config.data, validation=0.0))
     return TrainedRun(run, config, splits, method, state["epoch"], embedder)
 
 
