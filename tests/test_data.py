@@ -114,10 +114,13 @@ def test_validation_holds_out_the_last_training_classes_and_never_touches_the_te
     # the dataset's own parts: validation comes from its train part, and a gallery is dropped
     parts = {"train": torch.arange(15), "query": torch.arange(15, 30, 2),
              "gallery": torch.arange(16, 30, 2)}
-    splits = make_splits(dataset, parts, "standard", validation=0.2)
-    assert splits.gallery is None and splits.test.labels.unique().tolist() == [4]
-    with pytest.raises(KdmlError, match=r"data.validation=0.05 of the 5 training classes"):
-        make_splits(dataset, {}, "class-disjoint", validation=0.05)
+    splits = make_splits(dataset, parts, "standard", validation=0.4)
+    assert splits.gallery is None and splits.test.labels.unique().tolist() == [3, 4]
+    # one validation class would score every Recall@K 1; none, or all of them, nothing
+    for share, held in ((0.2, 1), (0.05, 0), (0.95, 5)):
+        with pytest.raises(KdmlError, match=rf"data.validation={share} of the 5 training "
+                                            rf"classes holds out {held}; .* at least 2"):
+            make_splits(dataset, {}, "class-disjoint", validation=share)
 
 
 def test_validation_of_a_seen_split_holds_out_samples_of_every_training_class():

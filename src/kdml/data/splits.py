@@ -177,10 +177,10 @@ def validation_split(labels: Tensor, share: float, seen: bool) -> tuple[Tensor, 
         return seen_holdout_split(labels, share, seed=0)
     classes = labels.unique(sorted=True)
     held = int(round(share * classes.numel()))
-    if not 1 <= held < classes.numel():
+    if not 2 <= held < classes.numel():  # one class would make every Recall@K trivially 1
         raise KdmlError(f"data.validation={share} of the {classes.numel()} training classes "
-                        f"holds out {held}; choose a share that leaves at least one class on "
-                        "each side")
+                        f"holds out {held}; choose a share that holds out at least 2 classes "
+                        "and trains on at least 1")
     return class_disjoint_split(labels, classes.numel() - held)
 
 
