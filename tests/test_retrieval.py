@@ -324,3 +324,13 @@ def test_bad_inputs_raise_kdml_error(same_set_data, case):
     with pytest.raises(KdmlError) as error:
         BAD_INPUTS[case](embeddings, labels)
     assert "\n" not in str(error.value)
+
+
+def test_uint64_labels_beyond_int64_are_refused_not_wrapped():
+    """2**64 - 1 cast to int64 is -1, which would match a reference label -1."""
+    embeddings = torch.tensor([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [0.1, 1.0]])
+    fine = np.array([0, 0, 2**62, 2**62], dtype=np.uint64)
+    assert retrieval_metrics(embeddings, fine, ks=(1,), nmi=False)["recall@1"] == 1.0
+    with pytest.raises(KdmlError, match=r"holds 18446744073709551615, beyond int64"):
+        retrieval_metrics(embeddings, np.array([0, 0, 2**64 - 1, 2**64 - 1], dtype=np.uint64),
+                          ks=(1,), nmi=False)

@@ -45,6 +45,10 @@ def as_label_vector(labels: Any, name: str, expected_length: int) -> np.ndarray:
             f"{name} must have shape ({expected_length},) to match the embeddings, "
             f"got {tuple(array.shape)}"
         )
+    # uint64 beyond int64 would wrap to negatives and could equal another set's labels
+    if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+        raise KdmlError(f"{name} holds {array.max()}, beyond int64: renumber the classes "
+                        "(e.g. with numpy.unique(..., return_inverse=True))")
     return array.astype(np.int64, copy=False)
 
 
