@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from kdml import cli
+from kdml.data.prepare import prepare_data
+from kdml.errors import KdmlError
 
 TINY = ["train.epochs=2", "data.batch_size=40", "model.embedding_size=8", "eval.nmi=false",
         "--no-progress", "train.device=cpu"]
@@ -32,6 +34,44 @@ def test_sgd_with_per_epoch_decay_and_step_decay(tmp_path):
                     "optim.lr_gamma=0.1", "train.epochs=3")
     rates = [row["lr"] for row in metrics["epochs"]]
     assert rates == pytest.approx([0.1, 0.05, 0.1 * 0.1 * 0.25])
+
+
+def test_lr_milestones_follow_torchs_multistep_schedule():
+    """[19, 39] is the JRD authors' schedule: rates / 10 from 0-based epochs 19 and 39."""
+    from kdml.config import resolve_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import build_method, build_optimizer
+
+    recipe = get_recipe("amsoftmax")
+    config = resolve_config("amsoftmax", recipe.params, recipe.defaults, None,
+                            ["optim.lr_milestones=[19, 39]", "optim.lr=0.5", "optim.name=sgd"])
+    splits = prepare_data(config.data)
+    optimizer, scheduler = build_optimizer(build_method(config, splits, pretrained=False),
+                                           config)
+    reference_optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    reference = torch.optim.lr_scheduler.MultiStepLR(reference_optimizer, [19, 39], 0.1)
+    ours, theirs = [], []
+    for _ in range(50):
+        ours.append(optimizer.param_groups[0]["lr"])
+        theirs.append(reference_optimizer.param_groups[0]["lr"])
+        for stepped in (optimizer, scheduler, reference_optimizer, reference):
+            stepped.step()
+    assert ours == pytest.approx(theirs)
+    assert ours[18] == 0.5 and ours[19] == pytest.approx(0.05) and ours[39] == pytest.approx(5e-3)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    (["optim.lr_milestones=[20, 10]"], "must be increasing epoch numbers"),
+    (["optim.lr_milestones=[0]"], "must be increasing epoch numbers"),
+    (["optim.lr_milestones=[19]", "optim.lr_step=20"], "not both"),
+])
+def test_bad_lr_milestones_are_refused(setting, message):
+    from kdml.config import resolve_config
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("amsoftmax")
+    with pytest.raises(KdmlError, match=message):
+        resolve_config("amsoftmax", recipe.params, recipe.defaults, None, setting)
 
 
 def test_tolerance_stops_early_and_resume_keeps_it_stopped(tmp_path):

@@ -66,6 +66,9 @@ class OptimConfig:
     weight_decay: float = 0.0
     adam_eps: float = 1e-8  # Adam's epsilon (the JRD authors' code uses 0.01)
     lr_step: int = 0  # multiply the rates by lr_gamma every lr_step epochs; 0 = never
+    # or at the start of each of these 0-based epochs (torch's MultiStepLR milestones; the
+    # JRD authors' schedule is [19, 39]); set, it replaces lr_step
+    lr_milestones: list[int] = field(default_factory=list)
     lr_gamma: float = 0.1
     lr_decay: float = 1.0  # and by lr_decay after every epoch (0.95 in DTML)
 
@@ -300,6 +303,11 @@ def validate(config: RunConfig) -> None:
         (config.model.pooling in ("avg", "max", "avg+max"),
          "model.pooling must be avg, max or avg+max"),
         (config.optim.lr_step >= 0, "optim.lr_step must be >= 0 (0 = no decay)"),
+        (all(isinstance(m, int) and m >= 1 for m in config.optim.lr_milestones)
+         and list(config.optim.lr_milestones) == sorted(set(config.optim.lr_milestones)),
+         "optim.lr_milestones must be increasing epoch numbers >= 1, e.g. [19, 39]"),
+        (not (config.optim.lr_step and config.optim.lr_milestones),
+         "set optim.lr_step or optim.lr_milestones, not both"),
         (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
         (all(k >= 1 for k in config.eval.ks), "eval.ks must be positive ints"),
         (config.eval.metric in ("cosine", "euclidean"), "eval.metric must be cosine or euclidean"),

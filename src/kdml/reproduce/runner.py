@@ -71,7 +71,8 @@ EXECUTION_ONLY = (("train", "compile"),)
 # Settings added after runs existed, with the value that computes what those runs computed:
 # left out of the hash at that value (another value is another run, in another folder).
 ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
-               ("train", "patience"): 0, ("train", "select_metric"): "recall@1"}
+               ("train", "patience"): 0, ("train", "select_metric"): "recall@1",
+               ("optim", "lr_milestones"): []}
 
 
 def run_folder_of(config: RunConfig, runs_root: Path) -> Path:

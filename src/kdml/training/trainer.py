@@ -8,6 +8,7 @@ epoch.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -123,8 +124,9 @@ Schedule = torch.optim.lr_scheduler.LRScheduler
 def build_optimizer(method: Method, config: RunConfig
                     ) -> tuple[torch.optim.Optimizer | None, Schedule | None]:
     """Adam, RMSProp or plain gradient steps over the method's parameter groups, with step decay
-    (``lr_step``, ``lr_gamma``; Sec. 5.1 of Chu et al.) and per-epoch decay (``lr_decay``;
-    DTML's lambda <- 0.95 lambda). ``(None, None)`` for a method with nothing to train."""
+    (``lr_step`` or ``lr_milestones``, ``lr_gamma``; Sec. 5.1 of Chu et al.) and per-epoch decay
+    (``lr_decay``; DTML's lambda <- 0.95 lambda). ``(None, None)`` for a method with nothing to
+    train."""
     groups = [group for group in method.param_groups(config.optim) if group["params"]]
     if not groups:
         return None, None
@@ -136,8 +138,11 @@ def build_optimizer(method: Method, config: RunConfig
     else:
         optimizer = torch.optim.SGD(groups, lr=optim.lr)
 
-    def factor(epoch: int) -> float:
-        steps = epoch // optim.lr_step if optim.lr_step else 0
+    def factor(epoch: int) -> float:  # epoch: 0-based, the epochs finished so far
+        if optim.lr_milestones:
+            steps = bisect.bisect_right(optim.lr_milestones, epoch)
+        else:
+            steps = epoch // optim.lr_step if optim.lr_step else 0
         return optim.lr_gamma ** steps * optim.lr_decay ** epoch
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
