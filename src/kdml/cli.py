@@ -375,9 +375,10 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
     for cell, final in zip(cells, finals, strict=True):
         _say("  " + "  ".join([f"{cell.name:<24}",
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
-    if validation:  # the choice the validation part exists for; on test scores it is not made
-        best = max(range(len(cells)), key=lambda i: finals[i].get(names[0], float("-inf")))
-        _say(f"best on validation by {names[0]}: {cells[best].name}; train it without "
+    metric = configs[0].train.select_metric
+    if validation and metric in names:  # the choice validation exists for; not made on test
+        best = max(range(len(cells)), key=lambda i: finals[i].get(metric, float("-inf")))
+        _say(f"best on validation by {metric}: {cells[best].name}; train it without "
              "data.validation to test it")
     _say(f"grid folder: {root}")
     return 0
