@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue an interrupted run from its last checkpoint")
     train.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
-    evaluate = commands.add_parser("eval", help="evaluate a run's last checkpoint")
+    evaluate = commands.add_parser("eval", help="evaluate a run's last (or --best) checkpoint")
     evaluate.add_argument("run_dir", type=Path)
     evaluate.add_argument("--best", action="store_true",
                           help="evaluate checkpoints/best.pt (runs with train.keep_best)")
