@@ -46,3 +46,22 @@ def test_no_host_sync_in_the_maths_and_the_steps(folder):
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Attribute) and node.attr == "item"]
     assert calls == []
+
+
+def test_every_docstring_example_runs():
+    """The ``>>>`` examples in kdml's docstrings are run, so none can drift from the code."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import kdml
+
+    attempted, failures = 0, []
+    for module in pkgutil.walk_packages(kdml.__path__, "kdml."):
+        if module.name.endswith("__main__"):  # runs the command line on import
+            continue
+        result = doctest.testmod(importlib.import_module(module.name), report=False)
+        attempted += result.attempted
+        if result.failed:
+            failures.append(module.name)
+    assert failures == [] and attempted >= 100

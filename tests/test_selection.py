@@ -115,3 +115,4 @@ def test_choosing_an_epoch_on_the_test_part_is_refused(setting, tmp_path, capsys
                      setting]) == 2
     err = capsys.readouterr().err
     assert "need data.validation > 0" in err and err.count("\n") == 1
+
