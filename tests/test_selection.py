@@ -97,6 +97,18 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     evaluated = json.loads((out / "eval.json").read_text())
     assert evaluated["scored"] == "test" and evaluated["checkpoint"] == "best"
     assert evaluated["epoch"] == 2 and 0 <= evaluated["test"]["recall@1"] <= 1
+    # the chosen model's index answers only queries embedded by that same model
+    index = tmp_path / "best-index"
+    assert cli.main(["index", str(out), "--best", "--out", str(index)]) == 0
+    assert cli.main(["embed", str(out), "--best", "--out", str(tmp_path / "q.npz")]) == 0
+    capsys.readouterr()
+    assert cli.main(["search", str(out), "--best", "--index", str(index), "--query",
+                     str(tmp_path / "q.npz"), "-k", "1", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert all(r["neighbours"][0]["score"] == pytest.approx(1.0, abs=1e-5) for r in found)
+    assert cli.main(["search", str(out), "--index", str(index), "--query",
+                     str(tmp_path / "q.npz")]) == 2
+    assert "built from another checkpoint" in capsys.readouterr().err
 
 
 def test_eval_best_needs_a_kept_best_checkpoint(tmp_path, tiny_overrides, capsys):

@@ -89,8 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate a run's last (or --best) checkpoint")
     evaluate.add_argument("run_dir", type=Path)
-    evaluate.add_argument("--best", action="store_true",
-                          help="evaluate checkpoints/best.pt (runs with train.keep_best)")
+    _add_best(evaluate)
     evaluate.add_argument("--test", action="store_true",
                           help="for a run that validated (data.validation): score the test "
                                "part, which its training and choices never saw")
@@ -129,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embeddings, labels, positions, sources and, for Atlas runs, chart codes.")
     embed.add_argument("run_dir", type=Path)
     _add_split_options(embed)
+    _add_best(embed)
     embed.add_argument("--out", type=_folder, required=True, help="the .npz to write")
 
     index = commands.add_parser(
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         "HNSW for large galleries; Atlas runs get one index per chart.")
     index.add_argument("run_dir", type=Path)
     _add_split_options(index)
+    _add_best(index)
     index.add_argument("--out", type=_folder, required=True, help="a new index folder")
     index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact")
 
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")
     search.add_argument("-k", type=_integer(1), default=10, help="neighbours (default 10)")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_best(search)
     _add_data_root(search)
 
     retrieval = plots.add_parser(
@@ -213,6 +215,11 @@ def _add_split_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("test", "train", "gallery"), default="test")
     parser.add_argument("--dataset", help="embed another dataset with the run's model")
     _add_data_root(parser)
+
+
+def _add_best(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--best", action="store_true",
+                        help="use checkpoints/best.pt (runs with train.keep_best), not last.pt")
 
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
@@ -495,7 +502,7 @@ def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
     from kdml.inspection import run_part
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir, None if args.dataset else args.data_root)
+    trained = load_run(args.run_dir, None if args.dataset else args.data_root, best=args.best)
     return trained, run_part(trained, args.split, args.dataset, args.data_root)
 
 
@@ -525,7 +532,7 @@ def _search(args: argparse.Namespace) -> int:
     from kdml.inspection import results_as_json, search
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir, args.data_root)
+    trained = load_run(args.run_dir, args.data_root, best=args.best)
     results = search(trained, args.index, args.query, args.k)
     if args.json:
         print(results_as_json(results))

@@ -138,7 +138,7 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
     items = {key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
              if key in arrays}
     charts = trained.method.has_charts
-    info = IndexInfo(str(trained.run.root), checkpoint_fingerprint(trained.run.checkpoint),
+    info = IndexInfo(str(trained.run.root), checkpoint_fingerprint(trained.checkpoint),
                      "euclidean" if charts else trained.config.eval.metric, 0, kind, 0, 1.0)
     vectors = arrays["chart_coords"] if charts else arrays["embeddings"]
     return build_index(folder, vectors, items, info,
@@ -211,7 +211,7 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
 def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list[dict[str, Any]]:
     """Each query's ``k`` nearest indexed items: rank, score, label, source."""
     loaded = load_index(index_folder)
-    if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(trained.run.checkpoint):
+    if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(trained.checkpoint):
         raise KdmlError(f"index {index_folder} was built from another checkpoint "
                         f"({loaded.info.run}); build it from this run with "
                         f"'kdml index {trained.run.root}'")

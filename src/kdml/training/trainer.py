@@ -156,6 +156,7 @@ class TrainedRun:
     method: Method
     epoch: int
     embedder: Embedder
+    checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
 
 
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
@@ -187,7 +188,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
                               torch.device("cpu"))
     if test_part and config.data.validation:
         splits = prepare_data(dataclasses.replace(config.data, validation=0.0))
-    return TrainedRun(run, config, splits, method, state["epoch"], embedder)
+    return TrainedRun(run, config, splits, method, state["epoch"], embedder, checkpoint)
 
 
 def resolve_device(name: str) -> torch.device:
