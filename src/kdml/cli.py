@@ -537,17 +537,19 @@ def _search(args: argparse.Namespace) -> int:
     if args.json:
         print(results_as_json(results))
         return 0
-    named = [item["class_name"] for result in results for item in result["neighbours"]
-             if "class_name" in item]
-    width = max([5, *map(len, named)]) if named else 0  # a class column where classes have names
+    class_names = [item["class_name"] for result in results for item in result["neighbours"]
+                   if "class_name" in item]
+    width = max([5, *map(len, class_names)]) if class_names else 0
+
+    def named(text: str) -> str:  # a column only where the classes have names
+        return f"{text:<{width}}  " if width else ""
+
     for result in results:
         print(f"query {result['query']}:")
-        print(f"  {'rank':>4}  {'score':>10}  {'label':>6}  {'class':<{width}}  source"
-              if width else f"  {'rank':>4}  {'score':>10}  {'label':>6}  source")
+        print(f"  {'rank':>4}  {'score':>10}  {'label':>6}  {named('class')}source")
         for item in result["neighbours"]:
-            name = f"{item.get('class_name', ''):<{width}}  " if width else ""
-            print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  {name}"
-                  f"{item['source']}")
+            print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  "
+                  f"{named(item.get('class_name', ''))}{item['source']}")
     return 0
 
 
