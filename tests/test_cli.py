@@ -48,7 +48,7 @@ def test_train_writes_the_run_folder(tmp_path, tiny_overrides, capsys):
     assert run_cli("eval", out) == 0
     assert "test set: 896 samples of classes not seen in training" in capsys.readouterr().out
     evaluated = json.loads((out / "eval.json").read_text())
-    assert evaluated["test"]["recall@1"] == pytest.approx(metrics["final"]["recall@1"], abs=1e-6)
+    assert evaluated["metrics"]["recall@1"] == pytest.approx(metrics["final"]["recall@1"], abs=1e-6)
 
 
 def test_a_seen_holdout_run_says_its_test_classes_were_seen(tmp_path, tiny_overrides, capsys):

@@ -95,7 +95,7 @@ def test_eval_finds_a_moved_dataset_with_data_root(tmp_path, capsys):
     assert train("eval", out) == 2
     assert "is not a folder" in error_line(capsys)
     assert train("eval", out, "--data-root", moved) == 0
-    assert json.loads((out / "eval.json").read_text())["test"] == pytest.approx(final)
+    assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
 
 
 # ----------------------------------------------------------------------------- broken layouts

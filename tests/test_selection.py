@@ -7,18 +7,20 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from kdml import cli
 from kdml.errors import KdmlError
 from kdml.training import trainer
 from kdml.training.selection import (
     best_epoch,
+    best_scores,
     check_scored,
     evaluations_since_best,
     patience_exhausted,
 )
 
-KEY = "test/recall@1"
+KEY = "val/recall@1"
 
 
 def history_of(values: list[float | None]) -> list[dict]:
@@ -47,15 +49,22 @@ def test_best_epoch_and_evaluations_since(values, best, since):
 def test_an_unscored_metric_is_named_with_the_scored_ones():
     check_scored({"epoch": 1, "train/loss": 1.0}, "nmi")  # not evaluated: nothing to check
     with pytest.raises(KdmlError, match="select_metric='nmi' is not scored.*recall@1, map@r"):
-        check_scored({"epoch": 1, KEY: 0.5, "test/map@r": 0.2}, "nmi")
+        check_scored({"epoch": 1, KEY: 0.5, "val/map@r": 0.2}, "nmi")
 
 
 SCRIPT = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]  # the validation recall@1 of epochs 1-6
 
 
-def scripted_scores(monkeypatch) -> None:
-    """Replace evaluation by SCRIPT, epoch by epoch, so the choice is known in advance."""
-    calls = iter(SCRIPT)
+def test_scores_on_the_test_part_are_never_chosen_from():
+    history = [{"epoch": 1, "test/recall@1": 0.9}, {"epoch": 2, KEY: 0.4}]
+    assert best_epoch(history, "recall@1") == 2
+    assert best_scores(history, "recall@1") == {"recall@1": 0.4}
+    assert best_scores([{"epoch": 1, "train/loss": 1.0}], "recall@1") is None
+
+
+def scripted_scores(monkeypatch, script: list[float] = SCRIPT) -> None:
+    """Replace evaluation by a script, epoch by epoch, so the choice is known in advance."""
+    calls = iter(script)
     monkeypatch.setattr(trainer, "evaluate_method",
                         lambda *args: {"recall@1": next(calls), "map@r": 0.0})
 
@@ -72,6 +81,12 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     # epochs 3 and 4 do not beat epoch 2: stop after epoch 4, never reaching 0.9
     metrics = json.loads((out / "metrics.json").read_text())
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3, 4]
+    # the scores are the validation part's and say so, in both metrics files
+    assert metrics["scored"] == "validation"
+    assert all("val/recall@1" in row and not any(key.startswith("test/") for key in row)
+               for row in metrics["epochs"])
+    header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "val/recall@1" in header and not any(key.startswith("test/") for key in header)
     assert metrics["final"]["recall@1"] == 0.65
     assert "Validation metrics (amsoftmax, digits)" in printed
     assert "best validation recall@1: 0.7000 at epoch 2" in printed
@@ -96,7 +111,7 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert "Test metrics" in printed
     evaluated = json.loads((out / "eval.json").read_text())
     assert evaluated["scored"] == "test" and evaluated["checkpoint"] == "best"
-    assert evaluated["epoch"] == 2 and 0 <= evaluated["test"]["recall@1"] <= 1
+    assert evaluated["epoch"] == 2 and 0 <= evaluated["metrics"]["recall@1"] <= 1
     # the chosen model's index answers only queries embedded by that same model
     index = tmp_path / "best-index"
     assert cli.main(["index", str(out), "--best", "--out", str(index)]) == 0
@@ -109,6 +124,11 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert cli.main(["search", str(out), "--index", str(index), "--query",
                      str(tmp_path / "q.npz")]) == 2
     assert "built from another checkpoint" in capsys.readouterr().err
+    # the chosen model's plots go beside the last one's, never over them
+    assert cli.main(["plot", "embedding", str(out), "--best", "--max-points", "60"]) == 0
+    assert "embedding-best.png" in capsys.readouterr().out
+    assert (out / "plots" / "embedding-best.png").is_file()
+    assert not (out / "plots" / "embedding.png").exists()
 
 
 def test_eval_best_needs_a_kept_best_checkpoint(tmp_path, tiny_overrides, capsys):
@@ -128,3 +148,22 @@ def test_choosing_an_epoch_on_the_test_part_is_refused(setting, tmp_path, capsys
     err = capsys.readouterr().err
     assert "need data.validation > 0" in err and err.count("\n") == 1
 
+
+
+def test_a_grid_keeping_best_epochs_compares_them_not_the_last(tmp_path, capsys, monkeypatch):
+    # cell 2: best 0.9 at epoch 2, last 0.6; cell 8: best 0.8, last 0.75. By the last epoch
+    # cell 8 would win; by the kept (best) epochs, cell 2 does.
+    scripted_scores(monkeypatch, [0.5, 0.9, 0.6, 0.7, 0.8, 0.75])
+    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": [2, 8]},
+              "data": {"dataset": "digits", "batch_size": 12, "validation": 0.4},
+              "train": {"epochs": 3, "device": "cpu", "keep_best": True},
+              "eval": {"nmi": False}}
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    out = tmp_path / "grid"
+    assert cli.main(["train", "--config", str(file), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "at each cell's best epoch by recall@1 (train.keep_best)" in printed
+    assert "best on validation by recall@1: embedding_size=2;" in printed
+    table = printed[printed.index("Validation metrics per cell"):]
+    assert "0.9000" in table and "0.8000" in table and "0.6000" not in table

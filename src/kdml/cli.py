@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plot the test points of an Atlas run (d = 2) at their chart coordinates, "
         "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
     charts.add_argument("run_dir", type=Path)
+    _add_best(charts)
     _add_data_root(charts)
     charts.add_argument("--thumbnails", type=_integer(0), default=100,
                         help="images drawn as thumbnails (0 = points only; default 100)")
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draw random test queries and their top-K test images into "
         "plots/retrieval.png, each result framed green (same class) or red.")
     retrieval.add_argument("run_dir", type=Path)
+    _add_best(retrieval)
     _add_data_root(retrieval)
     retrieval.add_argument("--queries", type=_integer(1), default=8)
     retrieval.add_argument("-k", type=_integer(1), default=8)
@@ -169,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Map the test embeddings to 2-D with UMAP when umap-learn is installed, "
         "else t-SNE (scikit-learn), into plots/embedding.png.")
     embedding.add_argument("run_dir", type=Path)
+    _add_best(embedding)
     _add_data_root(embedding)
     embedding.add_argument("--max-points", type=_integer(3), default=5000,
                            help="plot a random sample of at most this many (default 5000)")
@@ -336,6 +339,7 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
     from kdml.config import resolve_config
     from kdml.training.grid import check_grid_folder, grid_cells, write_marker
     from kdml.training.run_folder import RunFolder, default_run_dir
+    from kdml.training.selection import best_scores
     from kdml.training.trainer import train
 
     cells = grid_cells(file_values["grid"])
@@ -373,16 +377,20 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
                 print(f"kdml: interrupted in cell {cell.name}; continue with the same command "
                       f"and --out {root}", file=sys.stderr)
             return 130
-    names = list(finals[0])
     validation = configs[0].data.validation
+    metric = configs[0].train.select_metric
     scored = (f"Validation metrics per cell (data.validation={validation}; the test part was "
               "not used)" if validation else "Test metrics per cell")
+    if configs[0].train.keep_best:  # each cell's kept model is its best epoch: compare those
+        finals = [best_scores(RunFolder(root / cell.name).history(), metric) or final
+                  for cell, final in zip(cells, finals, strict=True)]
+        scored += f", at each cell's best epoch by {metric} (train.keep_best)"
+    names = list(finals[0])
     _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
     _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
     for cell, final in zip(cells, finals, strict=True):
         _say("  " + "  ".join([f"{cell.name:<24}",
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
-    metric = configs[0].train.select_metric
     if validation and metric in names:  # the choice validation exists for; not made on test
         best = max(range(len(cells)), key=lambda i: finals[i].get(metric, float("-inf")))
         _say(f"best on validation by {metric}: {cells[best].name}; train it without "
@@ -463,7 +471,7 @@ def _eval(args: argparse.Namespace) -> int:
     metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
                               trained.embedder)
     write_json({"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
-                "scored": "validation" if validated else "test", "test": metrics},
+                "scored": "validation" if validated else "test", "metrics": metrics},
                trained.run.root / "eval.json")
     _print_results(trained.config, metrics, trained.run.root, validated)
     return 0
@@ -491,7 +499,7 @@ def _plot_charts(args: argparse.Namespace) -> int:
     from kdml.inspection import draw_charts
     from kdml.training.trainer import load_run
 
-    path = draw_charts(load_run(args.run_dir, args.data_root), args.thumbnails)
+    path = draw_charts(load_run(args.run_dir, args.data_root, best=args.best), args.thumbnails)
     print(f"chart plot written to {path}")
     return 0
 
@@ -557,8 +565,8 @@ def _plot_retrieval(args: argparse.Namespace) -> int:
     from kdml.inspection import plot_retrieval
     from kdml.training.trainer import load_run
 
-    path = plot_retrieval(load_run(args.run_dir, args.data_root), args.queries, args.k,
-                          args.seed)
+    path = plot_retrieval(load_run(args.run_dir, args.data_root, best=args.best), args.queries,
+                          args.k, args.seed)
     print(f"retrieval grid written to {path}")
     return 0
 
@@ -567,7 +575,8 @@ def _plot_embedding(args: argparse.Namespace) -> int:
     from kdml.inspection import plot_embedding
     from kdml.training.trainer import load_run
 
-    path = plot_embedding(load_run(args.run_dir, args.data_root), args.max_points)
+    path = plot_embedding(load_run(args.run_dir, args.data_root, best=args.best),
+                          args.max_points)
     print(f"embedding map written to {path}")
     return 0
 

@@ -240,8 +240,9 @@ def results_as_json(results: list[dict[str, Any]]) -> str:
 
 
 def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> Path:
-    """``plots/retrieval.png``: random test queries (with at least one same-class test sample)
-    and their ``k`` nearest test images, hits and misses marked."""
+    """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
+    queries (with at least one same-class test sample) and their ``k`` nearest test images,
+    hits and misses marked."""
     part = run_part(trained)
     if not part.dataset.is_image:
         raise KdmlError("plot retrieval draws images; this run's samples are not images")
@@ -268,11 +269,12 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
         return short_name(part.dataset.class_name(label) or str(label))
 
     return plot_retrieval_grid(positions[chosen], positions[neighbours], hits, image,
-                               trained.run.plots / "retrieval.png", title)
+                               trained.plot_path("retrieval"), title)
 
 
 def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
-    """``plots/embedding.png``: the test embeddings in 2-D (UMAP, else t-SNE), by class."""
+    """``plots/embedding.png`` (``embedding-best.png`` with the best checkpoint): the test
+    embeddings in 2-D (UMAP, else t-SNE), by class."""
     part = run_part(trained)
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     values = embedded.values.float().cpu().numpy()
@@ -285,14 +287,15 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     coordinates, method = embedding_map(values, seed)
     names = {int(label): part.dataset.class_name(int(label)) or str(label)
              for label in np.unique(labels)}
-    return plot_embedding_map(coordinates, labels, trained.run.plots / "embedding.png", method,
+    return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}",
                               names)
 
 
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
-    """``plots/charts.png``: the test samples in each chart of an Atlas run, by class, with
-    up to ``thumbnails`` images drawn (Korman, Sec. A.2)."""
+    """``plots/charts.png`` (``charts-best.png`` with the best checkpoint): the test samples in
+    each chart of an Atlas run, by class, with up to ``thumbnails``
+    images drawn (Korman, Sec. A.2)."""
     if not trained.method.has_charts:
         raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
                         "recipe (mtriplet, msimclr)")
@@ -303,7 +306,7 @@ def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     def thumbnail(row: int) -> torch.Tensor:
         return to_unit_float(test.load(int(codes.indices[row])))
 
-    return plot_charts(coords, index, codes.labels, trained.run.plots / "charts.png",
+    return plot_charts(coords, index, codes.labels, trained.plot_path("charts"),
                        images=thumbnail if test.is_image else None, max_thumbnails=thumbnails)
 
 

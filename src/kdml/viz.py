@@ -10,10 +10,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
+
 
 def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
-    """``loss.png`` (every training loss term per epoch) and ``recall.png`` (test Recall@K and
-    MAP@R at the evaluated epochs). Returns the paths written."""
+    """``loss.png`` (every training loss term per epoch) and ``recall.png`` (Recall@K and
+    MAP@R at the evaluated epochs: of the test part, or of the validation part when the run
+    scores one). Returns the paths written."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     epochs = [row["epoch"] for row in history]
@@ -25,13 +28,16 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
         ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
         ax.legend()
         written.append(save_figure(fig, folder / "loss.png"))
-    metric_keys = [k for k in history[-1] if k.startswith("test/recall@") or k == "test/map@r"]
+    prefix = VALIDATION if any(k.startswith(f"{VALIDATION}/") for k in history[-1]) else TEST
+    metric_keys = [k for k in history[-1]
+                   if k.startswith(f"{prefix}/recall@") or k == f"{prefix}/map@r"]
     if metric_keys:
+        part = SCORED_PARTS[prefix]
         fig, ax = plt.subplots(figsize=(6, 4))
         for key in metric_keys:
             points = [(row["epoch"], row[key]) for row in history if key in row]
-            ax.plot(*zip(*points, strict=True), marker="o", label=key[5:])
-        ax.set(xlabel="epoch", ylabel="test metric", title="Test retrieval",
+            ax.plot(*zip(*points, strict=True), marker="o", label=key.split("/", 1)[1])
+        ax.set(xlabel="epoch", ylabel=f"{part} metric", title=f"{part.capitalize()} retrieval",
                ylim=(0, 1))
         ax.legend()
         written.append(save_figure(fig, folder / "recall.png"))

@@ -26,13 +26,14 @@ class RunFolder:
     Layout::
 
         config.yaml        the resolved configuration
-        metrics.csv        one row per epoch
-        metrics.json       {"epochs": [...], "final": {...}}
+        metrics.csv        one row per epoch: train/<loss term>, then test/<metric> (or
+                           val/<metric> when data.validation is scored instead)
+        metrics.json       {"epochs": [...], "final": {...}, "scored": "test" or "validation"}
         train.log          the log of every session of this run
         checkpoints/last.pt
         checkpoints/best.pt  the best validation epoch's (train.keep_best)
         tensorboard/       TensorBoard events
-        plots/*.png        training loss and test metrics over epochs
+        plots/*.png        training loss and test (or validation) metrics over epochs
     """
 
     root: Path
@@ -81,7 +82,8 @@ class RunFolder:
         return run
 
     def final_metrics(self) -> dict[str, float] | None:
-        """The test metrics of a finished run (``metrics.json``'s ``final``), else ``None``."""
+        """The last epoch's scores of a finished run (``metrics.json``'s ``final``: of the test
+        part, or of the validation part with data.validation), else ``None``."""
         if not self.metrics_json.is_file():
             return None
         try:
@@ -89,8 +91,19 @@ class RunFolder:
         except ValueError:
             return None
 
-    def write_metrics(self, history: list[dict[str, Any]], final: dict[str, Any] | None) -> None:
-        """Rewrite metrics.csv and metrics.json from the whole history (each atomically)."""
+    def history(self) -> list[dict[str, Any]]:
+        """``metrics.json``'s rows, one per epoch trained so far (none when it is missing)."""
+        if not self.metrics_json.is_file():
+            return []
+        try:
+            return json.loads(self.metrics_json.read_text()).get("epochs") or []
+        except ValueError:
+            return []
+
+    def write_metrics(self, history: list[dict[str, Any]], final: dict[str, Any] | None,
+                      scored: str = "test") -> None:
+        """Rewrite metrics.csv and metrics.json from the whole history (each atomically).
+        ``scored`` names the part the scores are of: ``test`` or ``validation``."""
         columns: list[str] = []
         for row in history:
             columns += [key for key in row if key not in columns]
@@ -99,7 +112,7 @@ class RunFolder:
         with tmp.open("w", newline="") as handle:
             csv.writer(handle).writerows(lines)
         os.replace(tmp, self.metrics_csv)
-        write_json({"epochs": history, "final": final}, self.metrics_json)
+        write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json)
 
 
 def check_new_run_folder(root: Path) -> None:

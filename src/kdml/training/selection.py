@@ -1,9 +1,10 @@
 """Choosing an epoch by its validation scores: ``train.keep_best`` and ``train.patience``.
 
-Both read the run's history (one row per epoch, with ``test/<metric>`` where the epoch was
-evaluated), so a resumed run decides exactly as an uninterrupted one. Both need
-``data.validation``: an epoch chosen on the test part would make the reported number one tuned
-on the test classes. Higher scores are better (Recall@K, MAP@R, R-Precision, NMI, accuracy).
+Both read the run's history (one row per epoch, with ``val/<metric>`` where the epoch was
+evaluated on the validation part), so a resumed run decides exactly as an uninterrupted one.
+Both need ``data.validation``: an epoch chosen on the test part would make the reported number
+one tuned on the test classes. A run without a validation part keys its scores ``test/``.
+Higher scores are better (Recall@K, MAP@R, R-Precision, NMI, accuracy).
 """
 
 from __future__ import annotations
@@ -11,20 +12,30 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kdml.data.splits import DataSplits
 from kdml.errors import KdmlError
+
+VALIDATION, TEST = "val", "test"
+SCORED_PARTS = {VALIDATION: "validation", TEST: "test"}  # history prefix -> what it scores
+
+
+def scored_prefix(splits: DataSplits) -> str:
+    """The history key prefix of the scores a run records: ``val`` when it scores a
+    validation part carved from its training classes, else ``test``."""
+    return VALIDATION if splits.validation else TEST
 
 
 def scores(history: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
     """``(epoch, score)`` of every evaluated epoch, in order."""
-    key = f"test/{metric}"
+    key = f"{VALIDATION}/{metric}"
     return [(row["epoch"], float(row[key])) for row in history if key in row]
 
 
 def best_epoch(history: list[dict[str, Any]], metric: str) -> int | None:
     """The first epoch with the highest (finite) score; None before one is scored.
 
-    >>> best_epoch([{"epoch": 1, "test/recall@1": 0.5}, {"epoch": 2},
-    ...             {"epoch": 3, "test/recall@1": 0.7}, {"epoch": 4, "test/recall@1": 0.7}],
+    >>> best_epoch([{"epoch": 1, "val/recall@1": 0.5}, {"epoch": 2},
+    ...             {"epoch": 3, "val/recall@1": 0.7}, {"epoch": 4, "val/recall@1": 0.7}],
     ...            "recall@1")
     3
     """
@@ -33,6 +44,22 @@ def best_epoch(history: list[dict[str, Any]], metric: str) -> int | None:
         if score > best_score:  # NaN is never better
             best, best_score = epoch, score
     return best
+
+
+def best_scores(history: list[dict[str, Any]], metric: str) -> dict[str, float] | None:
+    """Every validation score of the best epoch by ``metric`` (the epoch ``train.keep_best``
+    keeps), keyed without the ``val/`` prefix; None before one is scored.
+
+    >>> best_scores([{"epoch": 1, "val/recall@1": 0.5, "val/map@r": 0.3},
+    ...              {"epoch": 2, "val/recall@1": 0.4, "val/map@r": 0.4}], "recall@1")
+    {'recall@1': 0.5, 'map@r': 0.3}
+    """
+    best = best_epoch(history, metric)
+    if best is None:
+        return None
+    row = next(row for row in history if row["epoch"] == best)
+    return {key.split("/", 1)[1]: value for key, value in row.items()
+            if key.startswith(f"{VALIDATION}/")}
 
 
 def evaluations_since_best(history: list[dict[str, Any]], metric: str) -> int:
@@ -48,7 +75,7 @@ def patience_exhausted(history: list[dict[str, Any]], metric: str, patience: int
 
 def check_scored(row: dict[str, Any], metric: str) -> None:
     """A one-line error if an evaluated ``row`` lacks ``metric``."""
-    scored = [key[5:] for key in row if key.startswith("test/")]
+    scored = [key.split("/", 1)[1] for key in row if key.startswith(f"{VALIDATION}/")]
     if scored and metric not in scored:
         raise KdmlError(f"train.select_metric={metric!r} is not scored by this run; choose one "
                         f"of {', '.join(scored)}")

@@ -56,7 +56,14 @@ from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import RunFolder, make_folder, run_logging
-from kdml.training.selection import best_epoch, check_scored, patience_exhausted, scores
+from kdml.training.selection import (
+    SCORED_PARTS,
+    best_epoch,
+    check_scored,
+    patience_exhausted,
+    scored_prefix,
+    scores,
+)
 from kdml.viz import plot_training
 
 # Steps between reads of the non-finite flag on a GPU (each read is a host sync).
@@ -157,6 +164,12 @@ class TrainedRun:
     epoch: int
     embedder: Embedder
     checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
+
+    def plot_path(self, name: str) -> Path:
+        """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
+        the kept best epoch, so the two never overwrite each other."""
+        best = self.checkpoint == self.run.best_checkpoint
+        return self.run.plots / f"{name}{'-best' if best else ''}.png"
 
 
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
@@ -389,7 +402,8 @@ class Session:
         converged = _converged(history, row, config.train.tolerance) or method.needs_fit
         if epoch % config.train.eval_every == 0 or epoch == config.train.epochs or converged:
             metrics = evaluate_method(method, self.splits, config.eval, self.embedder)
-            row.update({f"test/{name}": value for name, value in metrics.items()})
+            prefix = scored_prefix(self.splits)
+            row.update({f"{prefix}/{name}": value for name, value in metrics.items()})
         return row, converged
 
     def checkpoint(self, epoch: int, history: list[dict[str, Any]],
@@ -439,7 +453,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             start_epoch = config.train.epochs + 1
         echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
 
-    with Recorder(run, main, "validation" if session.splits.validation else "test") as recorder:
+    prefix = scored_prefix(session.splits)
+    with Recorder(run, main, prefix) as recorder:
         recorder.log.info("start epoch %d of %d, device %s, %d train / %d test samples, %d "
                           "loader workers, %d process(es)", start_epoch, config.train.epochs,
                           session.device, len(session.splits.train), len(session.splits.test),
@@ -452,8 +467,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
         for epoch in epochs:
             row, over = session.run_epoch(epoch, history, progress)
             history.append(row)
-            epochs.set_postfix({k[6:]: f"{v:.3f}" for k, v in row.items()
-                                if k.startswith("test/recall@1") or k == "train/loss"})
+            epochs.set_postfix({k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items()
+                                if k == f"{prefix}/recall@1" or k == "train/loss"})
             if config.train.keep_best or config.train.patience:
                 check_scored(row, metric)
             out_of_patience = patience_exhausted(history, metric, config.train.patience)
@@ -471,8 +486,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
                                   "validation %s than epoch %d's (train.patience)", epoch,
                                   config.train.patience, metric, best_epoch(history, metric))
                 break
-        final = {key[5:]: value for key, value in history[-1].items()
-                 if key.startswith("test/")}
+        final = {key.split("/", 1)[1]: value for key, value in history[-1].items()
+                 if key.startswith(f"{prefix}/")}
         recorder.finish(history, final)
         if config.train.keep_best or config.train.patience:
             best = best_epoch(history, metric)
@@ -502,7 +517,7 @@ class Recorder:
     the plots, once per epoch. Only rank 0 writes; on the others every call does nothing."""
 
     def __init__(self, run: RunFolder, writes: bool, scored: str = "test") -> None:
-        self.run, self.writes, self.scored = run, writes, scored  # scored: test or validation
+        self.run, self.writes, self.scored = run, writes, scored  # scored: "test" or "val"
         self._stack = contextlib.ExitStack()
         self.log = logging.getLogger("kdml.train")
         self.writer = None
@@ -535,13 +550,13 @@ class Recorder:
             self.log.info("epoch %d has the best validation score so far: kept as %s",
                           row["epoch"], self.run.best_checkpoint.name)
         save_checkpoint(state, self.run.checkpoint)
-        self.run.write_metrics(history, None)
+        self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
         plot_training(history, self.run.plots)
 
     def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
         if self.writes:
-            self.run.write_metrics(history, final)
-            self.log.info("final %s metrics: %s", self.scored, final)
+            self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
+            self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
 
 
 def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:
