@@ -10,6 +10,7 @@ from __future__ import annotations
 import doctest
 import math
 
+import matplotlib.colors
 import numpy as np
 import pytest
 import torch
@@ -301,3 +302,25 @@ def test_thumbnails_of_border_points_stay_inside_their_panel(zoom):
 @pytest.mark.parametrize("module", [charts_module, viz_charts_module])
 def test_docstring_examples(module):
     assert doctest.testmod(module, raise_on_error=False).failed == 0
+
+
+def test_the_chart_legend_names_each_class_in_its_points_colour():
+    rng = np.random.default_rng(1)
+    codes, charts = rng.standard_normal((30, 2)), np.arange(30) % 5  # 5 panels: 3 columns
+    labels = np.arange(30) % 3
+    figure = chart_figure(codes, charts, labels, class_names={0: "T-shirt/top", 1: "Trouser"})
+    figure.canvas.draw()  # the points get their colours when drawn
+    legends = [axes.get_legend() for axes in figure.axes]
+    # one legend, beside the first row's last panel
+    assert [legend is not None for legend in legends] == [False, False, True, False, False]
+    legend = legends[2]
+    assert [text.get_text() for text in legend.get_texts()] == ["T-shirt/top", "Trouser", "2"]
+    # each entry has the colour of its class's points
+    for handle, label in zip(legend.legend_handles, range(3), strict=True):
+        for axes in figure.axes:
+            (points,) = axes.collections
+            members = labels[charts == int(axes.get_title().split()[1])]
+            drawn = points.get_facecolors()[members == label]
+            assert np.allclose(drawn, matplotlib.colors.to_rgba(handle.get_color()))
+    many = chart_figure(codes, charts, np.arange(30))  # 30 classes: no legend
+    assert all(axes.get_legend() is None for axes in many.axes)

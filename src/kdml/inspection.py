@@ -294,7 +294,7 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
 
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     """``plots/charts.png`` (``charts-best.png`` with the best checkpoint): the test samples in
-    each chart of an Atlas run, by class, with up to ``thumbnails``
+    each chart of an Atlas run, by class (named in the legend), with up to ``thumbnails``
     images drawn (Korman, Sec. A.2)."""
     if not trained.method.has_charts:
         raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
@@ -306,8 +306,11 @@ def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     def thumbnail(row: int) -> torch.Tensor:
         return to_unit_float(test.load(int(codes.indices[row])))
 
+    names = {int(label): test.class_name(int(label)) or str(int(label))
+             for label in np.unique(np.asarray(codes.labels))}
     return plot_charts(coords, index, codes.labels, trained.plot_path("charts"),
-                       images=thumbnail if test.is_image else None, max_thumbnails=thumbnails)
+                       images=thumbnail if test.is_image else None, max_thumbnails=thumbnails,
+                       class_names=names)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,17 +12,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.retrieval import as_label_vector
+from kdml.viz_retrieval import short_name
 
 __all__ = ["chart_figure", "plot_charts"]
 
+LEGEND_MAX_CLASSES = 20  # beyond, colours only tell neighbouring classes apart
 THUMBNAIL_HALF_SIZE = 0.05  # at zoom 1 a thumbnail spans a tenth of the chart's side
 BORDER = 0.06  # margin around [0, 1]^2, so that thumbnails of border points show whole
 
@@ -60,6 +65,7 @@ def plot_charts(
     max_thumbnails: int = 100,
     thumbnail_zoom: float = 1.0,
     seed: int = 0,
+    class_names: dict[int, str] | None = None,
 ) -> Path:
     r"""Draw every non-empty chart of a :math:`d = 2` atlas as a panel (Sec. A.2).
 
@@ -80,6 +86,8 @@ def plot_charts(
         thumbnail_zoom: size factor of the thumbnails; at 1 a thumbnail spans a tenth of
             the chart's side.
         seed: seed of the thumbnail choice.
+        class_names: label -> name for the legend, drawn for up to 20 classes (by their
+            numbers without it).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -97,7 +105,7 @@ def plot_charts(
         'charts.png'
     """
     figure = chart_figure(chart_coords, chart_index, labels, images, max_thumbnails,
-                          thumbnail_zoom, seed)
+                          thumbnail_zoom, seed, class_names)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
@@ -112,6 +120,7 @@ def chart_figure(
     max_thumbnails: int = 100,
     thumbnail_zoom: float = 1.0,
     seed: int = 0,
+    class_names: dict[int, str] | None = None,
 ) -> Figure:
     """The figure :func:`plot_charts` saves, with the same arguments but ``path``: one panel
     (``Axes``) per non-empty chart, its limits ``[0, 1]^2`` plus a margin."""
@@ -129,6 +138,7 @@ def chart_figure(
     classes = np.unique(label_vector)
     colour_map = "tab10" if len(classes) <= 10 else "tab20"
     colour_of = {label: position for position, label in enumerate(classes)}
+    colour_scale = Normalize(0, max(len(classes) - 1, 1))
     shown = np.unique(charts)
     columns = math.ceil(math.sqrt(len(shown)))
     rows = math.ceil(len(shown) / columns)
@@ -140,7 +150,7 @@ def chart_figure(
         members = np.flatnonzero(charts == chart)
         colours = [colour_of[label] for label in label_vector[members]]
         axes.scatter(points[members, 0], points[members, 1], c=colours, cmap=colour_map,
-                     vmin=0, vmax=max(len(classes) - 1, 1), s=8)
+                     norm=colour_scale, s=8)
         if thumbnails is not None:
             chosen = rng.permutation(members)[:max_thumbnails]
             half = THUMBNAIL_HALF_SIZE * thumbnail_zoom
@@ -155,5 +165,15 @@ def chart_figure(
         axes.add_patch(Rectangle((0, 0), 1, 1, fill=False, edgecolor="0.6", linewidth=0.8))
         axes.set(xlim=(-BORDER, 1 + BORDER), ylim=(-BORDER, 1 + BORDER), xticks=[],
                  yticks=[], aspect="equal", title=f"chart {chart} ({len(members)} points)")
+        if position == min(columns, len(shown)) - 1 and len(classes) <= LEGEND_MAX_CLASSES:
+            # beside the first row's last panel, where tight_layout makes room for it
+            palette = matplotlib.colormaps[colour_map]
+            names = class_names or {}
+            handles = [Line2D([], [], marker="o", linestyle="", markersize=5,
+                              color=palette(colour_scale(colour_of[label])),
+                              label=short_name(names.get(int(label), str(label)), 24))
+                       for label in classes]
+            axes.legend(handles=handles, title="class", fontsize=7, loc="upper left",
+                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     figure.tight_layout()
     return figure
