@@ -118,7 +118,7 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
         return path
 
     def embedding_map(coordinates, labels, path, method, title, class_names):
-        drawn["legend"] = class_names
+        drawn["legend"] = {int(label): class_names[int(label)] for label in set(labels)}
         return path
 
     monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)

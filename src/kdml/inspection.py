@@ -285,11 +285,9 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     if len(values) < 3:
         raise KdmlError("a 2-D map needs at least 3 test samples")
     coordinates, method = embedding_map(values, seed)
-    names = {int(label): part.dataset.class_name(int(label)) or str(label)
-             for label in np.unique(labels)}
     return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}",
-                              names)
+                              part.dataset.class_names)
 
 
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
@@ -306,11 +304,9 @@ def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     def thumbnail(row: int) -> torch.Tensor:
         return to_unit_float(test.load(int(codes.indices[row])))
 
-    names = {int(label): test.class_name(int(label)) or str(int(label))
-             for label in np.unique(np.asarray(codes.labels))}
     return plot_charts(coords, index, codes.labels, trained.plot_path("charts"),
                        images=thumbnail if test.is_image else None, max_thumbnails=thumbnails,
-                       class_names=names)
+                       class_names=test.class_names)
 
 
 @dataclasses.dataclass(frozen=True)
