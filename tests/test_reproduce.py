@@ -3,6 +3,7 @@ finished runs, and the report (end to end on tiny grids)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -241,10 +242,16 @@ def test_runner_and_report_end_to_end(tmp_path):
 
     report = tmp_path / "docs" / "reproduction.md"
     context = ReportContext("kdml reproduce all", "a test machine", "torch", 0.1, 2, True)
-    write_report(results, report, context, not_run=experiments("dtml", quick=True))
+    on_digits = dataclasses.replace(experiments("jrd", quick=True)[0], dataset="digits")
+    write_report(results, report, context,
+                 not_run=[on_digits, *experiments("dtml", quick=True),
+                          experiments("atlas", quick=True)[0]])
     text = report.read_text()
     assert "## Not run for this report" in text
-    assert "`kdml reproduce dtml --only dtml-mnist5k-to-digits`" in text
+    # left out on this report's dataset: listed with its command; on others: only counted
+    assert f"`kdml reproduce jrd --only {on_digits.key}`" in text
+    assert "dtml-mnist5k-to-digits" not in text
+    assert "2 experiments on other datasets (mnist5k, mnist5k->digits) are not listed" in text
     assert text.startswith(MARKER)
     assert "| alpha = 1 |" in text and "| 0.500 |" in text  # kdml's numbers and the paper's
     assert "- JRS helps (R@1): " in text

@@ -84,17 +84,35 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
         lines += ["", f"## {title}"]
         for result in chosen:
             lines += ["", *_experiment_section(result, plots, report.parent, context)]
-    if not_run:
-        lines += ["", "## Not run for this report", "",
-                  "Each runs with its command (the same `--seeds` and, where given, `--quick`):",
-                  ""]
-        lines += [f"- `{experiment.key}` ({experiment.mirrors}, {experiment.dataset}): "
-                  f"`kdml reproduce {experiment.paper} --only {experiment.key}`"
-                  for experiment in not_run]
+    lines += _not_run_section(not_run, {result.experiment.dataset for result in results})
     tmp = report.with_name(report.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, report)
     return report
+
+
+def _not_run_section(not_run: Sequence[Experiment], datasets: set[str]) -> list[str]:
+    """The experiments left out on this report's datasets, each with its command. Those on
+    other datasets are only counted: they may be in another report (as Fashion-MNIST's are
+    beside the offline digits')."""
+    if not not_run:
+        return []
+    listed = [experiment for experiment in not_run if experiment.dataset in datasets]
+    elsewhere = sorted({experiment.dataset for experiment in not_run} - datasets)
+    lines = ["", "## Not run for this report", ""]
+    if listed:
+        lines += ["Each runs with its command (the same `--seeds` and, where given, "
+                  "`--quick`):", ""]
+        lines += [f"- `{experiment.key}` ({experiment.mirrors}, {experiment.dataset}): "
+                  f"`kdml reproduce {experiment.paper} --only {experiment.key}`"
+                  for experiment in listed]
+    if elsewhere:
+        count = len(not_run) - len(listed)
+        lines += [*([""] if listed else []),
+                  f"{count} experiment{'s' if count > 1 else ''} on other datasets "
+                  f"({', '.join(elsewhere)}) {'are' if count > 1 else 'is'} not listed here; "
+                  "`kdml reproduce all --list` names every experiment."]
+    return lines
 
 
 def _header(context: ReportContext) -> list[str]:
