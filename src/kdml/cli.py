@@ -626,6 +626,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml.reproduce.catalog import experiments
     from kdml.reproduce.report import ReportContext, check_outputs, write_report
     from kdml.reproduce.runner import reproduce
+    from kdml.training.run_folder import hold_folder
     from kdml.training.trainer import resolve_device
 
     if distributed.launched_by_torchrun():
@@ -649,8 +650,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     runs = args.runs or Path("runs/reproduce-quick" if args.quick else "runs/reproduce")
     check_outputs(args.out)
     device = resolve_device(args.device)
+    busy = (f"{runs} is in use by another kdml reproduce (it trains its runs one at a time); "
+            "wait for it to finish, or give this one other --runs")
     try:
-        results = reproduce(chosen, seeds, runs, str(device), _progress(args))
+        with hold_folder(runs / ".reproduce.lock", busy):
+            results = reproduce(chosen, seeds, runs, str(device), _progress(args))
     except KeyboardInterrupt:
         print("kdml: interrupted; finished runs are kept, and the same command continues",
               file=sys.stderr)

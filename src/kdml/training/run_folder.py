@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -32,6 +33,7 @@ class RunFolder:
         train.log          the log of every session of this run
         checkpoints/last.pt
         checkpoints/best.pt  the best validation epoch's (train.keep_best)
+        .training.lock     held by the process training the run
         tensorboard/       TensorBoard events
         plots/*.png        training loss and test (or validation) metrics over epochs
     """
@@ -70,6 +72,18 @@ class RunFolder:
     @property
     def plots(self) -> Path:
         return self.root / "plots"
+
+    @property
+    def lock_file(self) -> Path:
+        """Held (``flock``) by the process training the run; see :meth:`held`."""
+        return self.root / ".training.lock"
+
+    def held(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the run folder for this process while it trains: a second process that tries
+        (another ``kdml train --resume``, a grid or reproduction reaching the same run) gets a
+        one-line error instead of interleaving its writes with the first's."""
+        return hold_folder(self.lock_file, f"{self.root} is being trained by another process; "
+                           "let it finish (or stop it), then resume")
 
     @classmethod
     def existing(cls, root: str | Path) -> RunFolder:
@@ -132,6 +146,25 @@ def check_new_run_folder(root: Path) -> None:
         raise KdmlError(f"cannot make the run folder {root}: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise KdmlError(f"cannot make the run folder {root}: {parent} is not writable")
+
+
+@contextmanager
+def hold_folder(lock_file: Path, busy: str) -> Iterator[None]:
+    """Hold ``lock_file``'s folder for this process (``flock``), or raise ``busy`` as a
+    one-line error when another process holds it. The operating system drops the lock when
+    the process ends, however it ends, so a crash or a kill never leaves the folder held."""
+    make_folder(lock_file.parent)
+    try:
+        import fcntl
+    except ImportError:  # no flock on Windows: the folder goes unguarded there
+        yield
+        return
+    with lock_file.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise KdmlError(busy) from None
+        yield
 
 
 def make_folder(root: Path) -> None:

@@ -55,7 +55,7 @@ from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, make_folder, run_logging
+from kdml.training.run_folder import RunFolder, run_logging
 from kdml.training.selection import (
     SCORED_PARTS,
     best_epoch,
@@ -439,7 +439,15 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     echo = echo if main else _silent
     session = Session.build(config, echo)
     run = RunFolder(run_dir)
-    distributed.from_main(lambda: _open_run_folder(run, config, resume))
+    with contextlib.ExitStack() as held:  # the run folder, held while this process trains
+        distributed.from_main(lambda: _open_run_folder(run, config, resume, held))
+        return _train_session(session, run, resume, progress, echo)
+
+
+def _train_session(session: Session, run: RunFolder, resume: bool, progress: bool | None,
+                   echo: Callable[[str], None]) -> dict[str, float]:
+    """The epochs of :func:`train`, once the run folder is open and held."""
+    config, main = session.config, session.world.is_main
     echo(f"test set: {session.splits.test_set}")
     history: list[dict[str, Any]] = []
     start_epoch = 1
@@ -502,8 +510,9 @@ def _silent(message: str) -> None:
     """The echo of the ranks other than 0: they print nothing."""
 
 
-def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool) -> None:
-    make_folder(run.root)
+def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
+                     held: contextlib.ExitStack) -> None:
+    held.enter_context(run.held())
     if not resume:
         save_config(config, run.config)
 

@@ -1,0 +1,59 @@
+"""One process at a time trains a run folder, and one ``kdml reproduce`` at a time uses a runs
+folder: a second one gets a one-line error instead of interleaving its writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kdml import cli
+from kdml.errors import KdmlError
+from kdml.training.run_folder import RunFolder, hold_folder
+
+
+def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overrides, capsys):
+    out = tmp_path / "run"
+    args = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out), "--no-progress",
+            *tiny_overrides, "train.epochs=2"]
+    assert cli.main([*args[:-1], "train.epochs=1"]) == 0
+    capsys.readouterr()
+    # another process holds it (flock: a second open file of this process counts as another)
+    with RunFolder(out).held():
+        assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"{out} is being trained by another process" in err and err.count("\n") == 1
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 1  # untouched
+    # once it is let go, the run resumes
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+
+
+def test_a_killed_process_leaves_nothing_held(tmp_path):
+    lock = tmp_path / "run" / ".training.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from kdml.training.run_folder import hold_folder\n"
+         f"with hold_folder(Path({str(lock)!r}), 'busy'):\n"
+         "    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(KdmlError, match="^busy$"), hold_folder(lock, "busy"):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with hold_folder(lock, "busy"):  # the kill let it go
+        pass
+
+
+def test_a_second_reproduce_on_the_same_runs_folder_is_refused(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    with hold_folder(runs / ".reproduce.lock", "held by this test"):
+        assert cli.main(["reproduce", "dtml", "--quick", "--out", str(tmp_path / "r.md"),
+                         "--runs", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{runs} is in use by another kdml reproduce" in err and err.count("\n") == 1
+    assert not (tmp_path / "r.md").exists()
