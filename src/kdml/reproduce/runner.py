@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from kdml.config import RunConfig, resolve_config
@@ -122,12 +123,45 @@ def train_planned(run: PlannedRun, progress: bool | None) -> float:
     timing = run.run_dir / TIMING_FILE
     if folder.final_metrics() is not None and timing.is_file():
         return float(json.loads(timing.read_text())["wall_s"])
+    earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
     train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
           echo=lambda line: None)
-    wall = time.perf_counter() - start
+    wall = earlier + time.perf_counter() - start
     write_json({"wall_s": wall, "device": run.config.train.device}, timing)
     return wall
+
+
+def logged_seconds(log: Path) -> float:
+    r"""The training time ``train.log`` records: for each session, from its ``start epoch``
+    line to its last line (an epoch cut short by a kill is not counted). 0 without a log.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     log = Path(folder) / "train.log"
+    ...     _ = log.write_text("2026-01-01 10:00:00,000 start epoch 1 of 3\n"
+    ...                        "2026-01-01 10:01:30,500 epoch 1: train/loss=1\n"
+    ...                        "2026-01-01 11:00:00,000 start epoch 2 of 3\n"
+    ...                        "2026-01-01 11:00:10,000 epoch 2: train/loss=1\n")
+    ...     logged_seconds(log)
+    100.5
+    """
+    if not log.is_file():
+        return 0.0
+    total, started, last = 0.0, None, None
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:  # a line of a multi-line message
+            continue
+        if line[24:].startswith("start epoch"):
+            if started is not None:
+                total += (last - started).total_seconds()
+            started = stamp
+        last = stamp
+    if started is not None:
+        total += (last - started).total_seconds()
+    return total
 
 
 def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedRun]],
