@@ -57,3 +57,12 @@ def test_a_second_reproduce_on_the_same_runs_folder_is_refused(tmp_path, capsys)
     err = capsys.readouterr().err
     assert f"{runs} is in use by another kdml reproduce" in err and err.count("\n") == 1
     assert not (tmp_path / "r.md").exists()
+
+
+def test_a_folder_holding_only_a_lock_file_takes_a_new_run(tmp_path, tiny_overrides):
+    out = tmp_path / "run"
+    with RunFolder(out).held():  # as a run that stopped before writing its config leaves it
+        pass
+    assert [path.name for path in out.iterdir()] == [".training.lock"]
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "train.epochs=1"]) == 0

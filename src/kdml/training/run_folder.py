@@ -19,6 +19,8 @@ from typing import Any
 
 from kdml.errors import KdmlError
 
+LOCK_NAME = ".training.lock"
+
 
 @dataclass(frozen=True)
 class RunFolder:
@@ -76,7 +78,7 @@ class RunFolder:
     @property
     def lock_file(self) -> Path:
         """Held (``flock``) by the process training the run; see :meth:`held`."""
-        return self.root / ".training.lock"
+        return self.root / LOCK_NAME
 
     def held(self) -> contextlib.AbstractContextManager[None]:
         """Hold the run folder for this process while it trains: a second process that tries
@@ -138,7 +140,8 @@ def check_new_run_folder(root: Path) -> None:
                         f"{root}' or choose another --out")
     if root.exists() and not root.is_dir():
         raise KdmlError(f"--out {root} is a file, not a folder; choose another --out")
-    if root.is_dir() and any(root.iterdir()):
+    # a lock file alone is what a run that stopped before writing its config leaves
+    if root.is_dir() and any(path.name != LOCK_NAME for path in root.iterdir()):
         raise KdmlError(f"--out {root} is a folder with other files in it; a run goes into a "
                         "new or empty folder: choose another --out")
     parent = next((folder for folder in (root, *root.parents) if folder.exists()), Path("."))
