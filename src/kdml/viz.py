@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
 
@@ -26,6 +27,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
         for key in loss_keys:
             ax.plot(epochs, [row.get(key) for row in history], marker="o", label=key[6:])
         ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not 1.5
         ax.legend()
         written.append(save_figure(fig, folder / "loss.png"))
     prefix = VALIDATION if any(k.startswith(f"{VALIDATION}/") for k in history[-1]) else TEST
@@ -39,6 +41,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.plot(*zip(*points, strict=True), marker="o", label=key.split("/", 1)[1])
         ax.set(xlabel="epoch", ylabel=f"{part} metric", title=f"{part.capitalize()} retrieval",
                ylim=(0, 1))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         written.append(save_figure(fig, folder / "recall.png"))
     return written
