@@ -43,6 +43,7 @@ def test_train_writes_the_run_folder(tmp_path, tiny_overrides, capsys):
     assert metrics["final"]["recall@1"] <= metrics["final"]["recall@8"]
     csv_lines = (out / "metrics.csv").read_text().splitlines()
     assert len(csv_lines) == 3 and "test/map@r" in csv_lines[0]
+    assert metrics["scored"] == "test"
     assert not list(out.rglob("*.tmp"))
 
     assert run_cli("eval", out) == 0

@@ -23,10 +23,12 @@ from kdml.reproduce.report import MARKER, ReportContext, plots_folder, write_rep
 from kdml.reproduce.runner import (
     CellResult,
     ExperimentResult,
+    PlannedRun,
     cell_config,
     plan,
     reproduce,
     run_folder_of,
+    train_planned,
 )
 
 
@@ -373,3 +375,20 @@ def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, mo
     assert cli.main(["reproduce", "dtml", "--quick", "--device", "auto", "--out",
                      str(tmp_path / "r.md"), "--runs", str(tmp_path / "runs")]) == 130
     assert seen == ["cpu"]
+
+
+def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
+    from kdml.reproduce import runner
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("recipe: jrd\n")  # started in an earlier session
+    (run_dir / "train.log").write_text(
+        "2026-01-01 10:00:00,000 start epoch 1 of 2, device cpu\n"
+        "2026-01-01 10:02:00,000 epoch 1: lr=0.001, train/loss=1.0\n")
+    monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
+    experiment = experiments("jrd", quick=True)[0]
+    config = cell_config(experiment, experiment.cells[0], 0, "cpu")
+    wall = train_planned(PlannedRun(config, run_dir), False)
+    assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's instant
+    assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall

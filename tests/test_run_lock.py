@@ -66,3 +66,39 @@ def test_a_folder_holding_only_a_lock_file_takes_a_new_run(tmp_path, tiny_overri
     assert [path.name for path in out.iterdir()] == [".training.lock"]
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "train.epochs=1"]) == 0
+
+
+def test_a_file_system_without_locks_trains_unguarded_and_an_unwritable_folder_says_so(
+        tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with hold_folder(tmp_path / "nfs" / ".training.lock", "busy"):
+        pass
+    monkeypatch.undo()
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / ".training.lock").mkdir()  # cannot be opened as a file
+    with (pytest.raises(KdmlError, match=r"^cannot write .*\.training\.lock: Is a directory$"),
+          hold_folder(tmp_path / "locked" / ".training.lock", "busy")):
+        pass
+
+
+def test_a_new_run_never_writes_over_one_started_since_its_folder_was_checked(tmp_path,
+                                                                              tiny_overrides):
+    from kdml.config import resolve_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import train
+
+    recipe = get_recipe("amsoftmax")
+    config = resolve_config(recipe.name, recipe.params, recipe.defaults,
+                            {"data": {"dataset": "digits"}}, [*tiny_overrides, "train.epochs=1"])
+    out = tmp_path / "run"
+    train(config, out, progress=False, echo=lambda line: None)
+    before = (out / "config.yaml").read_text()
+    with pytest.raises(KdmlError, match="already holds a run"):
+        train(config, out, progress=False, echo=lambda line: None)  # as if its check was passed
+    assert (out / "config.yaml").read_text() == before

@@ -129,6 +129,9 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert "embedding-best.png" in capsys.readouterr().out
     assert (out / "plots" / "embedding-best.png").is_file()
     assert not (out / "plots" / "embedding.png").exists()
+    assert cli.main(["plot", "retrieval", str(out), "--best", "--queries", "2", "-k", "2"]) == 0
+    assert sorted(path.name for path in (out / "plots").glob("retrieval*")) == [
+        "retrieval-best.png"]
 
 
 def test_eval_best_needs_a_kept_best_checkpoint(tmp_path, tiny_overrides, capsys):
@@ -167,3 +170,33 @@ def test_a_grid_keeping_best_epochs_compares_them_not_the_last(tmp_path, capsys,
     assert "best on validation by recall@1: embedding_size=2;" in printed
     table = printed[printed.index("Validation metrics per cell"):]
     assert "0.9000" in table and "0.8000" in table and "0.6000" not in table
+
+
+def test_a_validation_run_from_before_the_val_keys_resumes_with_its_earlier_choice(
+        tmp_path, tiny_overrides, capsys, monkeypatch):
+    # runs trained before scores were keyed val/ recorded validation scores as test/
+    scripted_scores(monkeypatch, [0.9, 0.5, 0.6])
+    real = trainer.train_one_epoch
+
+    def stops_in_epoch_3(session, epoch, progress):
+        if epoch == 3:
+            raise trainer.KdmlError("stopped")
+        return real(session, epoch, progress)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", stops_in_epoch_3)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "data.batch_size=12",
+                     "data.validation=0.4", "train.epochs=3", "train.keep_best=true"]) == 2
+    last = out / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=False)
+    state["history"] = [{key.replace("val/", "test/"): value for key, value in row.items()}
+                        for row in state["history"]]
+    torch.save(state, last)
+    monkeypatch.setattr(trainer, "train_one_epoch", real)
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert "best validation recall@1: 0.9000 at epoch 1" in capsys.readouterr().out
+    assert torch.load(out / "checkpoints" / "best.pt", weights_only=True)["epoch"] == 1
+    header = (out / "metrics.csv").read_text().splitlines()[0]
+    assert "val/recall@1" in header and "test/" not in header

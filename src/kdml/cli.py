@@ -339,7 +339,7 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
     from kdml.config import resolve_config
     from kdml.training.grid import check_grid_folder, grid_cells, write_marker
     from kdml.training.run_folder import RunFolder, default_run_dir
-    from kdml.training.selection import best_scores
+    from kdml.training.selection import as_validation_history, best_scores
     from kdml.training.trainer import train
 
     cells = grid_cells(file_values["grid"])
@@ -381,9 +381,10 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
     metric = configs[0].train.select_metric
     scored = (f"Validation metrics per cell (data.validation={validation}; the test part was "
               "not used)" if validation else "Test metrics per cell")
-    if configs[0].train.keep_best:  # each cell's kept model is its best epoch: compare those
-        finals = [best_scores(RunFolder(root / cell.name).history(), metric) or final
-                  for cell, final in zip(cells, finals, strict=True)]
+    if all(config.train.keep_best for config in configs):  # each cell's kept model is its
+        # best epoch: compare those (keep_best needs data.validation: the history is validation)
+        finals = [best_scores(as_validation_history(RunFolder(root / cell.name).history()),
+                              metric) or final for cell, final in zip(cells, finals, strict=True)]
         scored += f", at each cell's best epoch by {metric} (train.keep_best)"
     names = list(finals[0])
     _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
@@ -393,8 +394,10 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
     if validation and metric in names:  # the choice validation exists for; not made on test
         best = max(range(len(cells)), key=lambda i: finals[i].get(metric, float("-inf")))
-        _say(f"best on validation by {metric}: {cells[best].name}; train it without "
-             "data.validation to test it")
+        test_it = (f"kdml eval {root / cells[best].name} --best --test tests its kept epoch"
+                   if configs[best].train.keep_best else
+                   "train it without data.validation to test it")
+        _say(f"best on validation by {metric}: {cells[best].name}; {test_it}")
     _say(f"grid folder: {root}")
     return 0
 

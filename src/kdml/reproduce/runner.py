@@ -156,11 +156,11 @@ def logged_seconds(log: Path) -> float:
             continue
         if line[24:].startswith("start epoch"):
             if started is not None:
-                total += (last - started).total_seconds()
+                total += max((last - started).total_seconds(), 0.0)  # local time: DST
             started = stamp
         last = stamp
     if started is not None:
-        total += (last - started).total_seconds()
+        total += max((last - started).total_seconds(), 0.0)
     return total
 
 

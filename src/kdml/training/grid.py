@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from kdml.errors import KdmlError
+from kdml.training.run_folder import LOCK_NAME
 
 MARKER = "grid.yaml"
 
@@ -61,7 +62,8 @@ def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
         if earlier.get("cells") != [cell.name for cell in cells]:
             raise KdmlError(f"{root} holds another grid's runs; choose another --out")
         return True
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+    if root.exists() and (not root.is_dir()
+                          or any(path.name != LOCK_NAME for path in root.iterdir())):
         raise KdmlError(f"--out {root} is not empty and holds no grid; a grid goes into a new "
                         "or empty folder: choose another --out")
     return False

@@ -85,7 +85,7 @@ class RunFolder:
         (another ``kdml train --resume``, a grid or reproduction reaching the same run) gets a
         one-line error instead of interleaving its writes with the first's."""
         return hold_folder(self.lock_file, f"{self.root} is being trained by another process; "
-                           "let it finish (or stop it), then resume")
+                           "let it finish or stop it first")
 
     @classmethod
     def existing(cls, root: str | Path) -> RunFolder:
@@ -162,11 +162,17 @@ def hold_folder(lock_file: Path, busy: str) -> Iterator[None]:
     except ImportError:  # no flock on Windows: the folder goes unguarded there
         yield
         return
-    with lock_file.open("a") as handle:
+    try:
+        handle = lock_file.open("a")
+    except OSError as error:
+        raise KdmlError(f"cannot write {lock_file}: {error.strerror}") from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             raise KdmlError(busy) from None
+        except OSError:  # a file system without locks (some NFS, FUSE): go on unguarded
+            pass
         yield
 
 

@@ -10,10 +10,12 @@ Higher scores are better (Recall@K, MAP@R, R-Precision, NMI, accuracy).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kdml.data.splits import DataSplits
 from kdml.errors import KdmlError
+
+if TYPE_CHECKING:  # only for the annotation: plots import this module without the data code
+    from kdml.data.splits import DataSplits
 
 VALIDATION, TEST = "val", "test"
 SCORED_PARTS = {VALIDATION: "validation", TEST: "test"}  # history prefix -> what it scores
@@ -23,6 +25,18 @@ def scored_prefix(splits: DataSplits) -> str:
     """The history key prefix of the scores a run records: ``val`` when it scores a
     validation part carved from its training classes, else ``test``."""
     return VALIDATION if splits.validation else TEST
+
+
+def as_validation_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A validation run's history with every score keyed ``val/``: runs trained before the
+    ``val/`` keys recorded their validation scores as ``test/``.
+
+    >>> as_validation_history([{"epoch": 1, "train/loss": 2.0, "test/recall@1": 0.5}])
+    [{'epoch': 1, 'train/loss': 2.0, 'val/recall@1': 0.5}]
+    """
+    prefix = f"{TEST}/"
+    return [{(f"{VALIDATION}/{key[len(prefix):]}" if key.startswith(prefix) else key): value
+             for key, value in row.items()} for row in history]
 
 
 def scores(history: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:

@@ -58,6 +58,8 @@ from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import RunFolder, run_logging
 from kdml.training.selection import (
     SCORED_PARTS,
+    VALIDATION,
+    as_validation_history,
     best_epoch,
     check_scored,
     patience_exhausted,
@@ -457,6 +459,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
     elif resume:
         session.restore(state, run.checkpoint)
         history, start_epoch = state["history"], state["epoch"] + 1
+        if scored_prefix(session.splits) == VALIDATION:
+            history = as_validation_history(history)
         if state.get("finished"):  # stopped early by the tolerance rule: nothing left to do
             start_epoch = config.train.epochs + 1
         echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
@@ -514,6 +518,9 @@ def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
                      held: contextlib.ExitStack) -> None:
     held.enter_context(run.held())
     if not resume:
+        if run.config.is_file():  # another process started a run here after the first check
+            raise KdmlError(f"{run.root} already holds a run; continue it with 'kdml train "
+                            f"--resume {run.root}' or choose another --out")
         save_config(config, run.config)
 
 
