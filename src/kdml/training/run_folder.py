@@ -181,7 +181,7 @@ def make_folder(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise KdmlError(f"cannot make the run folder {root}: {error.strerror}") from None
+        raise KdmlError(f"cannot make the folder {root}: {error.strerror}") from None
 
 
 def write_json(values: Any, path: Path) -> None:
