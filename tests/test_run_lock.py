@@ -11,17 +11,21 @@ import pytest
 
 from kdml import cli
 from kdml.errors import KdmlError
+from kdml.training import trainer
 from kdml.training.run_folder import RunFolder, hold_folder
 
 
-def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overrides, capsys):
+def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overrides, capsys,
+                                                            monkeypatch):
     out = tmp_path / "run"
     args = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out), "--no-progress",
             *tiny_overrides, "train.epochs=2"]
     assert cli.main([*args[:-1], "train.epochs=1"]) == 0
     capsys.readouterr()
     # another process holds it (flock: a second open file of this process counts as another)
-    with RunFolder(out).held():
+    with RunFolder(out).held(), monkeypatch.context() as patched:
+        # refused before any data is loaded (a large dataset takes a while to open)
+        patched.setattr(trainer.Session, "build", lambda *args: pytest.fail("data loaded"))
         assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert f"{out} is being trained by another process" in err and err.count("\n") == 1

@@ -439,10 +439,17 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     """
     main = distributed.world().is_main
     echo = echo if main else _silent
-    session = Session.build(config, echo)
     run = RunFolder(run_dir)
     with contextlib.ExitStack() as held:  # the run folder, held while this process trains
-        distributed.from_main(lambda: _open_run_folder(run, config, resume, held))
+        def hold() -> None:
+            held.enter_context(run.held())
+
+        if resume:  # the folder exists: refuse one another process trains before loading data
+            distributed.from_main(hold)
+        session = Session.build(config, echo)  # checks everything before a new folder is made
+        if not resume:
+            distributed.from_main(hold)
+        distributed.from_main(lambda: _open_run_folder(run, config, resume))
         return _train_session(session, run, resume, progress, echo)
 
 
@@ -514,9 +521,7 @@ def _silent(message: str) -> None:
     """The echo of the ranks other than 0: they print nothing."""
 
 
-def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
-                     held: contextlib.ExitStack) -> None:
-    held.enter_context(run.held())
+def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool) -> None:
     if not resume:
         if run.config.is_file():  # another process started a run here after the first check
             raise KdmlError(f"{run.root} already holds a run; continue it with 'kdml train "
