@@ -218,3 +218,19 @@ def test_only_pixel_samples_take_image_queries():
              "two channels": (unit.expand(4, 2, 5, 5), False), "vectors": (unit[:, 0, 0], False)}
     for name, (x, expected) in cases.items():
         assert _holds_pixels(ArrayDataset("t", "t", x, labels)) is expected, name
+
+
+def test_embeddings_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    import kdml.inspection as inspection
+
+    path = inspection.write_npz(tmp_path / "emb.npz", {"labels": np.arange(3)})
+    assert np.load(path)["labels"].tolist() == [0, 1, 2]
+
+    def killed_mid_write(handle, **arrays):
+        handle.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspection.np, "savez", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        inspection.write_npz(tmp_path / "cut.npz", {"labels": np.arange(3)})
+    assert list(tmp_path.iterdir()) == [path]  # nothing of the cut one: run it again

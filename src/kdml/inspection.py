@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,14 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     if path.exists():
         raise KdmlError(f"{path} exists; kdml does not overwrite files: choose another --out")
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **arrays)
+    partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves no broken .npz
+    try:
+        with partial.open("wb") as handle:
+            np.savez(handle, **arrays)
+    except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, path)
     return path
 
 
