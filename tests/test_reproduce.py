@@ -152,7 +152,8 @@ def test_the_cpu_setting_of_atlas_table2_changes_only_backbone_and_epochs(tmp_pa
     changed = {(section, key) for section, values in paper_values.items()
                if isinstance(values, dict) for key in values
                if values[key] != cpu_values[section][key]}
-    assert changed == {("model", "backbone"), ("model", "small_input"), ("train", "epochs")}
+    assert changed == {("model", "backbone"), ("model", "small_input"), ("train", "epochs"),
+                       ("train", "eval_every")}  # scored after the last epoch: follows epochs
     assert (cpu_config.model.backbone, cpu_config.train.epochs) == ("cnn", 10)
     assert [cell.label for cell in cpu_ablation.cells] == [
         cell.label for cell in ablation.cells if cell.label != "small CNN instead of ResNet-18"]
@@ -392,3 +393,26 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
     wall = train_planned(PlannedRun(config, run_dir), False)
     assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's instant
     assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
+
+
+def test_reproduction_runs_score_once_and_keep_the_folders_of_runs_that_scored_every_epoch():
+    experiment = experiments("jrd", quick=False)[0]
+    config = cell_config(experiment, experiment.cells[0], 0, "cpu")
+    assert config.train.eval_every == config.train.epochs  # the tables need the last scores
+    every_epoch = dataclasses.replace(config, train=dataclasses.replace(config.train,
+                                                                        eval_every=1))
+    assert run_folder_of(config, Path("runs")) == run_folder_of(every_epoch, Path("runs"))
+
+
+def test_scoring_less_often_trains_the_same_model(tmp_path, tiny_overrides):
+    # why eval_every may leave the run folder's hash: it changes what is recorded, not the run
+    finals, weights = [], []
+    for every in (1, 3):
+        out = tmp_path / f"every-{every}"
+        assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
+                         "--no-progress", *tiny_overrides, "train.epochs=3",
+                         f"train.eval_every={every}"]) == 0
+        finals.append(json.loads((out / "metrics.json").read_text())["final"])
+        weights.append(torch.load(out / "checkpoints" / "last.pt", weights_only=True)["method"])
+    assert finals[0] == finals[1]
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
