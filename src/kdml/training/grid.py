@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from kdml.errors import KdmlError
-from kdml.training.run_folder import LOCK_NAME
+from kdml.training.run_folder import holds_files
 
 MARKER = "grid.yaml"
 
@@ -62,8 +62,7 @@ def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
         if earlier.get("cells") != [cell.name for cell in cells]:
             raise KdmlError(f"{root} holds another grid's runs; choose another --out")
         return True
-    if root.exists() and (not root.is_dir()
-                          or any(path.name != LOCK_NAME for path in root.iterdir())):
+    if root.exists() and (not root.is_dir() or holds_files(root)):
         raise KdmlError(f"--out {root} is not empty and holds no grid; a grid goes into a new "
                         "or empty folder: choose another --out")
     return False

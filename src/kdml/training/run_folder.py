@@ -131,6 +131,12 @@ class RunFolder:
         write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json)
 
 
+def holds_files(folder: Path) -> bool:
+    """Whether ``folder`` holds anything but a run's lock file (alone, it is what a run that
+    stopped before writing its config leaves: such a folder still takes a new run or grid)."""
+    return any(path.name != LOCK_NAME for path in folder.iterdir())
+
+
 def check_new_run_folder(root: Path) -> None:
     """Refuse a folder a new run must not write into, with one line: an existing run, a
     non-empty folder that is not a run (kdml never overwrites a file it did not create), a
@@ -140,8 +146,7 @@ def check_new_run_folder(root: Path) -> None:
                         f"{root}' or choose another --out")
     if root.exists() and not root.is_dir():
         raise KdmlError(f"--out {root} is a file, not a folder; choose another --out")
-    # a lock file alone is what a run that stopped before writing its config leaves
-    if root.is_dir() and any(path.name != LOCK_NAME for path in root.iterdir()):
+    if root.is_dir() and holds_files(root):
         raise KdmlError(f"--out {root} is a folder with other files in it; a run goes into a "
                         "new or empty folder: choose another --out")
     parent = next((folder for folder in (root, *root.parents) if folder.exists()), Path("."))

@@ -39,6 +39,16 @@ def as_validation_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]
              for key, value in row.items()} for row in history]
 
 
+def part_scores(row: dict[str, Any], prefix: str = VALIDATION) -> dict[str, float]:
+    """One history row's scores of a part (``val`` or ``test``), keyed by metric name.
+
+    >>> part_scores({"epoch": 3, "train/loss": 0.2, "val/recall@1": 0.7}, "val")
+    {'recall@1': 0.7}
+    """
+    return {key[len(prefix) + 1:]: value for key, value in row.items()
+            if key.startswith(f"{prefix}/")}
+
+
 def scores(history: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
     """``(epoch, score)`` of every evaluated epoch, in order."""
     key = f"{VALIDATION}/{metric}"
@@ -71,9 +81,7 @@ def best_scores(history: list[dict[str, Any]], metric: str) -> dict[str, float] 
     best = best_epoch(history, metric)
     if best is None:
         return None
-    row = next(row for row in history if row["epoch"] == best)
-    return {key.split("/", 1)[1]: value for key, value in row.items()
-            if key.startswith(f"{VALIDATION}/")}
+    return part_scores(next(row for row in history if row["epoch"] == best))
 
 
 def evaluations_since_best(history: list[dict[str, Any]], metric: str) -> int:
@@ -89,7 +97,7 @@ def patience_exhausted(history: list[dict[str, Any]], metric: str, patience: int
 
 def check_scored(row: dict[str, Any], metric: str) -> None:
     """A one-line error if an evaluated ``row`` lacks ``metric``."""
-    scored = [key.split("/", 1)[1] for key in row if key.startswith(f"{VALIDATION}/")]
+    scored = list(part_scores(row))
     if scored and metric not in scored:
         raise KdmlError(f"train.select_metric={metric!r} is not scored by this run; choose one "
                         f"of {', '.join(scored)}")

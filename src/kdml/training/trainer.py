@@ -55,13 +55,14 @@ from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, run_logging
+from kdml.training.run_folder import RunFolder, check_new_run_folder, run_logging
 from kdml.training.selection import (
     SCORED_PARTS,
     VALIDATION,
     as_validation_history,
     best_epoch,
     check_scored,
+    part_scores,
     patience_exhausted,
     scored_prefix,
     scores,
@@ -505,8 +506,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                                   "validation %s than epoch %d's (train.patience)", epoch,
                                   config.train.patience, metric, best_epoch(history, metric))
                 break
-        final = {key.split("/", 1)[1]: value for key, value in history[-1].items()
-                 if key.startswith(f"{prefix}/")}
+        final = part_scores(history[-1], prefix)
         recorder.finish(history, final)
         if config.train.keep_best or config.train.patience:
             best = best_epoch(history, metric)
@@ -523,9 +523,7 @@ def _silent(message: str) -> None:
 
 def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool) -> None:
     if not resume:
-        if run.config.is_file():  # another process started a run here after the first check
-            raise KdmlError(f"{run.root} already holds a run; continue it with 'kdml train "
-                            f"--resume {run.root}' or choose another --out")
+        check_new_run_folder(run.root)  # again, now held: another run may have started here
         save_config(config, run.config)
 
 
