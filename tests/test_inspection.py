@@ -234,3 +234,32 @@ def test_embeddings_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         inspection.write_npz(tmp_path / "cut.npz", {"labels": np.arange(3)})
     assert list(tmp_path.iterdir()) == [path]  # nothing of the cut one: run it again
+
+
+def test_an_interrupted_index_build_leaves_nothing_and_can_be_run_again(runs, tmp_path,
+                                                                        capsys, monkeypatch):
+    """A build killed while writing leaves neither a half-built index nor a folder that the
+    same command would refuse; an empty folder made beforehand is filled; a full one is
+    refused before anything is embedded."""
+    from kdml.evaluation import index as index_module
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "gallery" / "index"
+    monkeypatch.setattr(index_module.faiss, "write_index", interrupted)
+    assert kdml("index", runs / "plain", "--out", out) == 130  # "kdml: interrupted"
+    assert not out.exists() and list((tmp_path / "gallery").iterdir()) == []
+    monkeypatch.undo()
+    assert kdml("index", runs / "plain", "--out", out) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["index.faiss", "index.json",
+                                                           "items.npz"]
+    assert out.stat().st_mode & 0o777 == (tmp_path / "gallery").stat().st_mode & 0o777
+    made = tmp_path / "made"
+    made.mkdir()
+    assert kdml("index", runs / "plain", "--out", made) == 0
+    assert (made / "index.json").is_file()
+    capsys.readouterr()
+    monkeypatch.setattr("kdml.inspection.embed_part", interrupted)  # never reached
+    assert kdml("index", runs / "plain", "--out", made) == 2
+    assert "not an empty folder" in capsys.readouterr().err

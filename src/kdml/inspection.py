@@ -34,6 +34,7 @@ from kdml.evaluation.generalization import generalization_terms
 from kdml.evaluation.index import (
     IndexInfo,
     build_index,
+    check_index_folder,
     checkpoint_fingerprint,
     load_index,
     search_index,
@@ -140,8 +141,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
 
 def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> IndexInfo:
     """A faiss index of the part's embeddings (Atlas: one per chart, on chart coordinates)."""
-    if folder.exists() and any(folder.iterdir()):
-        raise KdmlError(f"--out {folder} is not empty; an index goes into a new folder")
+    check_index_folder(folder)  # before embedding, which takes minutes on a large split
     arrays = embed_part(trained, part)
     items = {key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
              if key in arrays}

@@ -16,6 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -72,30 +75,48 @@ def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
     return index
 
 
+def check_index_folder(folder: Path) -> None:
+    """Refuse an ``--out`` that is a file or a folder with anything in it."""
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise KdmlError(f"--out {folder} is not an empty folder; an index goes into a new one")
+
+
 def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], info: IndexInfo,
                 chart_index: np.ndarray | None = None) -> IndexInfo:
-    """Index ``embeddings`` [N, d] into ``folder`` (one index per chart with ``chart_index``);
-    ``items`` holds per-sample arrays (labels, positions, sources) saved beside it."""
+    """Index ``embeddings`` [N, d] into ``folder``, a new or empty folder (one index per chart
+    with ``chart_index``); ``items`` holds per-sample arrays (labels, positions, sources) saved
+    beside it. The files are written into a hidden folder beside it that is renamed into place
+    at the end, so a build that is killed never leaves a half-built index at ``folder``."""
     if info.kind not in INDEX_KINDS:
         raise KdmlError(f"the index kind must be one of {', '.join(INDEX_KINDS)}, got "
                         f"{info.kind!r}")
+    check_index_folder(folder)
     array = as_float_matrix(embeddings, "embeddings")
     info.scale = search_scale(array)
     vectors = to_search_vectors(array, info.scale, info.metric)
     info.dim, info.count = int(vectors.shape[1]), len(vectors)
-    folder.mkdir(parents=True, exist_ok=True)
-    if chart_index is None:
-        faiss.write_index(_faiss_index(vectors, info.kind, info.metric),
-                          str(folder / "index.faiss"))
-    else:
-        info.charts = sorted(int(chart) for chart in np.unique(chart_index))
-        for chart in info.charts:
-            members = np.flatnonzero(chart_index == chart)
-            faiss.write_index(_faiss_index(vectors[members], info.kind, info.metric),
-                              str(folder / f"chart_{chart}.faiss"))
-        items = {**items, "chart": chart_index}
-    np.savez(folder / "items.npz", **items)
-    (folder / "index.json").write_text(json.dumps(asdict(info), indent=2))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(partial, 0o777 & ~umask)  # mkdtemp's 0700 would make the index private
+    try:
+        if chart_index is None:
+            faiss.write_index(_faiss_index(vectors, info.kind, info.metric),
+                              str(partial / "index.faiss"))
+        else:
+            info.charts = sorted(int(chart) for chart in np.unique(chart_index))
+            for chart in info.charts:
+                members = np.flatnonzero(chart_index == chart)
+                faiss.write_index(_faiss_index(vectors[members], info.kind, info.metric),
+                                  str(partial / f"chart_{chart}.faiss"))
+            items = {**items, "chart": chart_index}
+        np.savez(partial / "items.npz", **items)
+        (partial / "index.json").write_text(json.dumps(asdict(info), indent=2))
+        os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
+    except BaseException:  # Ctrl-C or a full disk: no half-built index stays behind
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return info
 
 
