@@ -10,6 +10,8 @@ import torch
 import yaml
 
 from kdml import cli
+from kdml.data import prepare
+from kdml.data.registry import open_dataset
 from kdml.errors import KdmlError
 from kdml.training import trainer
 from kdml.training.selection import (
@@ -105,7 +107,11 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert "best checkpoint: epoch 2" in printed and "364 validation samples" in printed
     assert "Validation metrics" in printed
     assert json.loads((out / "eval.json").read_text())["scored"] == "validation"
+    opened = []
+    monkeypatch.setattr(prepare, "open_dataset",
+                        lambda *args: opened.append(args) or open_dataset(*args))
     assert cli.main(["eval", str(out), "--best", "--test"]) == 0
+    assert len(opened) == 1  # one dataset, split as trained and without validation
     printed = capsys.readouterr().out
     assert "test set: 896 samples of classes not seen in training" in printed
     assert "Test metrics" in printed

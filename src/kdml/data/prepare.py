@@ -15,6 +15,14 @@ from kdml.errors import KdmlError
 
 def prepare_data(data: DataConfig) -> DataSplits:
     """Open ``data.dataset`` (or a domain pair) and split it as ``data.split`` asks."""
+    return prepare_data_and_test_part(data, test_part=False)[0]
+
+
+def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
+                               ) -> tuple[DataSplits, DataSplits]:
+    """The splits as trained and, with ``test_part``, the same dataset split without
+    ``data.validation`` (the test classes a validated model is finally scored on). The
+    dataset is opened once for both; without ``test_part`` or validation both are the same."""
     if is_domain_dataset(data.dataset):
         if data.validation:
             raise KdmlError("data.validation applies to single datasets, not to domain pairs "
@@ -22,15 +30,21 @@ def prepare_data(data: DataConfig) -> DataSplits:
         pair = load_domain_data(data.dataset)
         if data.pca_dim:
             pair = fit_source_pca(pair, data.pca_dim)
-        return domain_splits(pair.source, pair.target)
+        splits = domain_splits(pair.source, pair.target)
+        return splits, splits
     if data.pca_dim:
         raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")
     parts = open_dataset(data.dataset, data.root)
     dataset = parts.dataset
     if isinstance(dataset, ImageFiles):
         dataset = dataset.resized(data.resize)
-    return make_splits(dataset, parts.parts, data.split, data.train_classes,
-                       data.holdout_fraction, parts.eval_ks, data.validation)
+
+    def split(validation: float) -> DataSplits:
+        return make_splits(dataset, parts.parts, data.split, data.train_classes,
+                           data.holdout_fraction, parts.eval_ks, validation)
+
+    trained = split(data.validation)
+    return trained, split(0.0) if test_part and data.validation else trained
 
 
 def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import dataclasses
 import functools
 import itertools
 import logging
@@ -30,7 +29,7 @@ from kdml import distributed
 from kdml.config import RunConfig, load_config_file, resolve_config, save_config
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
-from kdml.data.prepare import prepare_data
+from kdml.data.prepare import prepare_data, prepare_data_and_test_part
 from kdml.data.samplers import (
     ClassBalancedBatches,
     RankShare,
@@ -194,7 +193,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
                         "train.keep_best=true keep one")
     state = load_checkpoint(checkpoint)
-    splits = prepare_data(config.data)
+    splits, test_splits = prepare_data_and_test_part(config.data, test_part)
     method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
     try:
         method.load_state_dict(state["method"])
@@ -202,9 +201,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         raise KdmlError(f"checkpoint {checkpoint} does not match the run's config") from None
     embedder = build_embedder(config, build_pipeline(config, splits, method),
                               torch.device("cpu"))
-    if test_part and config.data.validation:
-        splits = prepare_data(dataclasses.replace(config.data, validation=0.0))
-    return TrainedRun(run, config, splits, method, state["epoch"], embedder, checkpoint)
+    return TrainedRun(run, config, test_splits, method, state["epoch"], embedder, checkpoint)
 
 
 def resolve_device(name: str) -> torch.device:
