@@ -263,3 +263,33 @@ def test_an_interrupted_index_build_leaves_nothing_and_can_be_run_again(runs, tm
     monkeypatch.setattr("kdml.inspection.embed_part", interrupted)  # never reached
     assert kdml("index", runs / "plain", "--out", made) == 2
     assert "not an empty folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["plain", "atlas"])
+def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tmp_path, name):
+    """An .npz of raw inputs (it may hold a whole test split) is embedded batch by batch,
+    with the same vectors and charts as in one batch."""
+    import dataclasses
+
+    from kdml.data.offline import load_digits
+    from kdml.inspection import query_vectors
+    from kdml.training.trainer import load_run
+
+    images, _ = load_digits()
+    np.savez(tmp_path / "raw.npz", inputs=images[:50].numpy())
+    trained = load_run(runs / name)
+    whole = query_vectors(trained, tmp_path / "raw.npz")
+    sizes, original = [], trained.embedder.transform
+
+    def transform(batch):
+        sizes.append(len(batch))
+        return original(batch)
+
+    trained.embedder = dataclasses.replace(trained.embedder, batch_size=7, transform=transform)
+    batched = query_vectors(trained, tmp_path / "raw.npz")
+    assert sizes == [7] * 7 + [1]
+    assert batched[0].shape == whole[0].shape and len(batched[2]) == 50
+    assert np.allclose(batched[0], whole[0], atol=1e-5)
+    assert (batched[1] is None) == (name == "plain")
+    if name == "atlas":
+        assert np.array_equal(batched[1], whole[1])

@@ -208,12 +208,17 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
     else:
         raise KdmlError(f"query {query} must be an image file or an .npz")
     method.eval()
-    with torch.no_grad():
-        batch = embedder.transform(inputs.to(embedder.device))
-        if method.has_charts:
-            coords, charts = method.chart_codes(batch)
-            return coords.float().cpu().numpy(), charts.cpu().numpy(), names
-        return method.embed(batch).float().cpu().numpy(), None, names
+    vectors, charts = [], []
+    with torch.no_grad():  # in the evaluation's batches: an .npz may hold a whole test split
+        for chunk in inputs.split(embedder.batch_size):
+            batch = embedder.transform(chunk.to(embedder.device))
+            if method.has_charts:
+                coords, chart = method.chart_codes(batch)
+                vectors.append(coords.float().cpu())
+                charts.append(chart.cpu())
+            else:
+                vectors.append(method.embed(batch).float().cpu())
+    return (torch.cat(vectors).numpy(), torch.cat(charts).numpy() if charts else None, names)
 
 
 def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list[dict[str, Any]]:
