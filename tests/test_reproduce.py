@@ -255,6 +255,7 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert f"`kdml reproduce jrd --only {on_digits.key}`" in text
     assert "dtml-mnist5k-to-digits" not in text
     assert "2 experiments on other datasets (mnist5k, mnist5k->digits) are not listed" in text
+    assert "Other reports" not in text
     assert text.startswith(MARKER)
     assert "| alpha = 1 |" in text and "| 0.500 |" in text  # kdml's numbers and the paper's
     assert "- JRS helps (R@1): " in text
@@ -262,6 +263,13 @@ def test_runner_and_report_end_to_end(tmp_path):
     plots = plots_folder(report)
     assert (plots / "tiny-parts.png").is_file() and (plots / "tiny-charts-charts.png").is_file()
     assert "](reproduction-plots/tiny-parts.png)" in text
+    # reports written beside it are named, so the datasets left out can be found
+    (report.parent / "notes.md").write_text("# notes, not a report\n")
+    write_report(results, report.parent / "reproduction-fashion.md", context,
+                 not_run=experiments("dtml", quick=True))
+    write_report(results, report, context, not_run=experiments("dtml", quick=True))
+    assert ("Other reports of `kdml reproduce` beside this one: "
+            "[reproduction-fashion.md](reproduction-fashion.md).") in report.read_text()
 
     # a second run reuses every finished run: nothing is trained again
     metrics = parts.run_dirs[0] / "metrics.json"

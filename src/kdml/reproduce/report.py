@@ -84,17 +84,31 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
         lines += ["", f"## {title}"]
         for result in chosen:
             lines += ["", *_experiment_section(result, plots, report.parent, context)]
-    lines += _not_run_section(not_run, {result.experiment.dataset for result in results})
+    lines += _not_run_section(not_run, {result.experiment.dataset for result in results},
+                              sibling_reports(report))
     tmp = report.with_name(report.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, report)
     return report
 
 
-def _not_run_section(not_run: Sequence[Experiment], datasets: set[str]) -> list[str]:
+def sibling_reports(report: Path) -> list[str]:
+    """The names of the other reports ``kdml reproduce`` wrote into the report's folder."""
+    names = []
+    for path in sorted(report.parent.glob("*.md")):
+        if path.name == report.name or not path.is_file():
+            continue
+        with path.open(errors="replace") as handle:
+            if handle.readline().strip() == MARKER:
+                names.append(path.name)
+    return names
+
+
+def _not_run_section(not_run: Sequence[Experiment], datasets: set[str],
+                     siblings: Sequence[str] = ()) -> list[str]:
     """The experiments left out on this report's datasets, each with its command. Those on
-    other datasets are only counted: they may be in another report (as Fashion-MNIST's are
-    beside the offline digits')."""
+    other datasets are only counted, with the reports beside this one (``siblings``) that may
+    hold them (as Fashion-MNIST's are beside the offline digits')."""
     if not not_run:
         return []
     listed = [experiment for experiment in not_run if experiment.dataset in datasets]
@@ -112,6 +126,9 @@ def _not_run_section(not_run: Sequence[Experiment], datasets: set[str]) -> list[
                   f"{count} experiment{'s' if count > 1 else ''} on other datasets "
                   f"({', '.join(elsewhere)}) {'are' if count > 1 else 'is'} not listed here; "
                   "`kdml reproduce all --list` names every experiment."]
+        if siblings:
+            lines += ["", "Other reports of `kdml reproduce` beside this one: "
+                      + ", ".join(f"[{name}]({name})" for name in siblings) + "."]
     return lines
 
 
