@@ -187,6 +187,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tau", type=float, default=1.0)
     parser.add_argument("--backbone", default="resnet18", help="a torchvision ResNet")
     parser.add_argument("--workers", type=int, default=4, help="neurve's loader workers")
+    parser.add_argument("--train-limit", type=int, default=0, metavar="N",
+                        help="neurve trains on the first N training images only (with --set "
+                        "train.steps_per_epoch=S for kdml): a quick check that the script "
+                        "runs with the real package, not a setting for numbers")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides of the kdml side only")
@@ -203,7 +207,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             config = kdml_config(args, seed)
             parts = split_images(prepare_data(config.data))
             start = time.perf_counter()
-            net = train_neurve(neurve, args, LabelledImages(*parts["train"]), seed,
+            images, labels = parts["train"]
+            if args.train_limit:
+                images, labels = images[:args.train_limit], labels[:args.train_limit]
+            net = train_neurve(neurve, args, LabelledImages(images, labels), seed,
                                Path(scratch) / f"neurve-{seed}")
             neurve_accuracy = neurve_probe(net, parts, args.charts)
             neurve_minutes = (time.perf_counter() - start) / 60

@@ -142,6 +142,14 @@ def test_neurve_and_kdml_train_on_the_same_split_and_are_probed_alike(script, st
     assert "MSimCLR, n = 4, d = 2, mnist5k, 1 epochs" in printed and "1,000 held-out" in printed
 
 
+def test_a_train_limit_gives_neurve_the_first_training_images_only(script, stand_in):
+    script.main(["--neurve", str(stand_in), "--charts", "0", "--epochs", "1", "--workers", "0",
+                 "--device", "cpu", "--train-limit", "64", "--set", "model.backbone=cnn",
+                 "model.small_input=false", "train.steps_per_epoch=1", "eval.nmi=false"])
+    loader = sys.modules["neurve.contrastive.trainer"].CALLS[-1]["data_loader"]
+    assert len(loader.dataset) == 64
+
+
 def test_the_split_hands_neurve_uint8_images_and_the_dataset_s_labels(script):
     args = script.parse_args(["--dataset", "mnist5k", "--charts", "16"])
     splits = script.prepare_data(script.kdml_config(args, seed=0).data)
