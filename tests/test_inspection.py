@@ -293,3 +293,93 @@ def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tm
     assert (batched[1] is None) == (name == "plain")
     if name == "atlas":
         assert np.array_equal(batched[1], whole[1])
+
+
+def test_another_dataset_must_be_shaped_like_the_run_s_samples(runs, tmp_path, capsys):
+    """A CNN with global pooling takes 28 x 28 images as readily as the 8 x 8 ones it was
+    trained on, so a dataset of another sample shape is refused before it is embedded."""
+    assert kdml("embed", runs / "plain", "--dataset", "digits", "--out",
+                tmp_path / "same.npz") == 0
+    for other, shape in (("mnist5k", "(1, 28, 28)"), ("mnist1d", "(40,)"),
+                         ("mnist5k->digits", "")):
+        capsys.readouterr()
+        assert kdml("embed", runs / "plain", "--dataset", other, "--out",
+                    tmp_path / "other.npz") == 2
+        err = capsys.readouterr().err
+        assert f"has samples of shape {shape}" in err and "(1, 8, 8)" in err
+        assert err.count("\n") == 1
+    assert kdml("index", runs / "atlas", "--dataset", "mnist1d", "--out",
+                tmp_path / "index") == 2
+    assert not (tmp_path / "other.npz").exists() and not (tmp_path / "index").exists()
+
+
+def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
+    assert kdml("index", runs / "plain", "--out", tmp_path / "plain-index") == 0
+    assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
+    assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0
+    codes = np.load(tmp_path / "atlas.npz")
+    coords, charts = codes["chart_coords"][:3], codes["chart_index"][:3]
+    digits = np.load(tmp_path / "atlas.npz")  # any 8-d vectors will do for the plain run
+    vectors = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+    cases = {  # file contents -> (run, index, the error's words)
+        "int-inputs": (dict(inputs=np.zeros((2, 1, 8, 8), dtype=np.int64)), "plain",
+                       "must be uint8 or float"),
+        "no-rows": (dict(embeddings=np.float32(1.0)), "plain", "one row per query"),
+        "zero": (dict(embeddings=np.zeros((2, 8), dtype=np.float32)), "plain", "all zeros"),
+        "no-charts": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords), "atlas",
+                      "needs 'chart_index'"),
+        "short-charts": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords,
+                              chart_index=charts[:2]), "atlas", "one integer per row"),
+        "float-charts": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords,
+                              chart_index=charts.astype(np.float32)), "atlas",
+                         "one integer per row"),
+        "chart-5": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords,
+                         chart_index=np.array([0, 5, 1])), "atlas", "chart_index[1] is 5"),
+    }
+    for name, (arrays, run, words) in cases.items():
+        np.savez(tmp_path / f"{name}.npz", **arrays)
+        capsys.readouterr()
+        assert kdml("search", runs / run, "--index", tmp_path / f"{run}-index", "--query",
+                    tmp_path / f"{name}.npz") == 2, name
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, (name, err)
+    # the query names follow the searched array, not the file's first one
+    np.savez(tmp_path / "labelled.npz", labels=np.arange(5), embeddings=vectors)
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "plain-index", "--query",
+                tmp_path / "labelled.npz", "-k", "2", "--json") == 0
+    assert [r["query"] for r in json.loads(capsys.readouterr().out)] == [
+        f"labelled.npz[{i}]" for i in range(3)]
+
+
+def test_cosine_queries_of_any_magnitude_find_what_unit_ones_find(runs, tmp_path, capsys):
+    """Cosine similarity ignores length: queries scaled by 1e37 or 1e-42 (finite float32)
+    rank the gallery as the unscaled ones do, instead of overflowing or underflowing."""
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    assert kdml("embed", runs / "plain", "--out", tmp_path / "test.npz") == 0
+    base = np.load(tmp_path / "test.npz")["embeddings"][:4].astype(np.float64)
+    found = {}
+    for scale in (1.0, 1e37, 1e-42):
+        np.savez(tmp_path / "q.npz", embeddings=(base * scale).astype(np.float32))
+        capsys.readouterr()
+        assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                    tmp_path / "q.npz", "-k", "3", "--json") == 0
+        found[scale] = [[n["source"] for n in r["neighbours"]]
+                        for r in json.loads(capsys.readouterr().out)]
+        (tmp_path / "q.npz").unlink()
+    assert found[1.0][0][0] == "digits/test[0]"
+    assert found[1e37] == found[1.0] and found[1e-42][0][0] == "digits/test[0]"
+
+
+def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    np.savez(tmp_path / "q.npz", embeddings=np.ones((2, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz", "-k", "1000", "--json") == 0
+    printed = capsys.readouterr()
+    assert [len(r["neighbours"]) for r in json.loads(printed.out)] == [896, 896]
+    assert "2 of 2 queries found fewer than 1000 neighbours" in printed.err
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz", "-k", "5") == 0
+    assert "fewer" not in capsys.readouterr().err

@@ -545,6 +545,11 @@ def _search(args: argparse.Namespace) -> int:
 
     trained = load_run(args.run_dir, args.data_root, best=args.best)
     results = search(trained, args.index, args.query, args.k)
+    short = sum(len(result["neighbours"]) < args.k for result in results)
+    if short:  # an exact index holds too few items (in the query's chart) or ivf/hnsw missed
+        print(f"kdml: note: {short} of {len(results)} queries found fewer than {args.k} "
+              "neighbours: the index holds fewer (in their chart), or an ivf or hnsw index "
+              "missed some", file=sys.stderr)
     if args.json:
         print(results_as_json(results))
         return 0

@@ -72,6 +72,11 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     if dataset is not None:
         data = dataclasses.replace(config.data, dataset=dataset, root=data_root or "")
         splits = prepare_data(data)
+        trained_shape, shape = trained.splits.train.sample_shape, splits.train.sample_shape
+        if shape != trained_shape:  # a CNN with global pooling would take any size silently
+            raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "
+                            f"trained on samples of shape {trained_shape}: give a dataset "
+                            "shaped like the run's")
         other = dataclasses.replace(config, data=data)
         embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
                                   embedder.device)
@@ -179,15 +184,24 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
                 arrays = {key: archive[key] for key in archive.files}
         except (OSError, ValueError) as error:
             raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
-        names = [f"{query.name}[{i}]" for i in range(len(next(iter(arrays.values()), [])))]
         if "embeddings" in arrays:
             key = "chart_coords" if method.has_charts else "embeddings"
             if key not in arrays:
                 raise KdmlError(f"query {query} needs '{key}' for this Atlas run")
-            return arrays[key], arrays.get("chart_index"), names
+            vectors = _query_rows(arrays[key], key, query)
+            charts = None
+            if method.has_charts:
+                charts = _query_charts(arrays.get("chart_index"), len(vectors), query,
+                                       trained.config.method.n_charts)
+            return vectors, charts, [f"{query.name}[{i}]" for i in range(len(vectors))]
         if "inputs" not in arrays:
             raise KdmlError(f"query {query} holds neither 'embeddings' nor 'inputs'")
-        inputs = torch.from_numpy(arrays["inputs"])
+        raw = _query_rows(arrays["inputs"], "inputs", query)
+        if raw.dtype != np.uint8 and raw.dtype.kind != "f":
+            raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
+                            f"samples, got {raw.dtype}")
+        inputs = torch.from_numpy(raw)
+        names = [f"{query.name}[{i}]" for i in range(len(inputs))]
         expected = trained.splits.train.sample_shape
         if tuple(inputs.shape[1:]) != tuple(expected):
             raise KdmlError(f"query inputs have shape {tuple(inputs.shape[1:])} per sample but "
@@ -219,6 +233,31 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
             else:
                 vectors.append(method.embed(batch).float().cpu())
     return (torch.cat(vectors).numpy(), torch.cat(charts).numpy() if charts else None, names)
+
+
+def _query_rows(array: np.ndarray, key: str, query: Path) -> np.ndarray:
+    """``array`` if it holds at least one row (the finer checks follow its use)."""
+    if array.ndim == 0 or len(array) == 0:
+        raise KdmlError(f"query {query}: '{key}' must hold one row per query, got shape "
+                        f"{tuple(array.shape)}")
+    return array
+
+
+def _query_charts(chart_index: np.ndarray | None, count: int, query: Path,
+                  n_charts: int) -> np.ndarray:
+    """The queries' charts: one integer in [0, n_charts) per query row."""
+    if chart_index is None:
+        raise KdmlError(f"query {query} needs 'chart_index' beside 'chart_coords' for this "
+                        "Atlas run (kdml embed writes both)")
+    if chart_index.dtype.kind not in "iu" or chart_index.shape != (count,):
+        raise KdmlError(f"query {query}: 'chart_index' must hold one integer per row of "
+                        f"'chart_coords' ({count}), got {chart_index.dtype} of shape "
+                        f"{tuple(chart_index.shape)}")
+    outside = np.flatnonzero((chart_index < 0) | (chart_index >= n_charts))
+    if len(outside):
+        raise KdmlError(f"query {query}: chart_index[{outside[0]}] is "
+                        f"{chart_index[outside[0]]}, but the run has charts 0 to {n_charts - 1}")
+    return chart_index
 
 
 def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list[dict[str, Any]]:

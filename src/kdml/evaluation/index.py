@@ -27,7 +27,12 @@ import faiss
 import numpy as np
 
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import as_float_matrix, search_scale, to_search_vectors
+from kdml.evaluation.knn import (
+    SAFE_MAGNITUDE,
+    as_float_matrix,
+    search_scale,
+    to_search_vectors,
+)
 
 INDEX_KINDS = ("exact", "ivf", "hnsw")
 IVF_PROBES = 16
@@ -161,7 +166,7 @@ def search_index(loaded: LoadedIndex, queries: Any, k: int,
                         f"{info.dim}-d vectors; embed them with the run the index was built from")
     if k < 1:
         raise KdmlError(f"-k must be at least 1, got {k}")
-    vectors = to_search_vectors(array, info.scale, info.metric)
+    vectors = _query_vectors(array, info)
     scores = np.full((len(vectors), k), np.nan, dtype=np.float32)
     positions = np.full((len(vectors), k), -1, dtype=np.int64)
     if info.charts is None:
@@ -181,6 +186,26 @@ def search_index(loaded: LoadedIndex, queries: Any, k: int,
         scores[rows, :width] = found_scores
         positions[rows, :width] = np.where(found >= 0, members[np.maximum(found, 0)], -1)
     return _in_units(scores, positions, info), positions
+
+
+def _query_vectors(array: np.ndarray, info: IndexInfo) -> np.ndarray:
+    """Queries as the index's vectors: unit rows for cosine (normalised row by row in float64,
+    so that no magnitude overflows or underflows float32), else divided by the index's scale.
+    """
+    if info.metric == "cosine":
+        rows = array.astype(np.float64)
+        largest = np.abs(rows).max(axis=1)
+        if (largest == 0).any():
+            raise KdmlError(f"query {int(np.flatnonzero(largest == 0)[0])} is all zeros: its "
+                            "cosine similarity to anything is undefined")
+        rows /= largest[:, None]  # then the squares below neither overflow nor underflow
+        rows /= np.sqrt(np.einsum("ij,ij->i", rows, rows))[:, None]
+        return np.ascontiguousarray(rows, dtype=np.float32)
+    largest = float(np.abs(array).max()) / info.scale
+    if largest > SAFE_MAGNITUDE[1]:
+        raise KdmlError(f"the queries reach {largest:.3g} times the indexed vectors' scale, "
+                        "too far for a float32 search; were they embedded by this run?")
+    return to_search_vectors(array, info.scale, info.metric)
 
 
 def _in_units(scores: np.ndarray, positions: np.ndarray, info: IndexInfo) -> np.ndarray:
