@@ -319,21 +319,20 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
     assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0
     codes = np.load(tmp_path / "atlas.npz")
     coords, charts = codes["chart_coords"][:3], codes["chart_index"][:3]
-    digits = np.load(tmp_path / "atlas.npz")  # any 8-d vectors will do for the plain run
     vectors = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
     cases = {  # file contents -> (run, index, the error's words)
         "int-inputs": (dict(inputs=np.zeros((2, 1, 8, 8), dtype=np.int64)), "plain",
                        "must be uint8 or float"),
         "no-rows": (dict(embeddings=np.float32(1.0)), "plain", "one row per query"),
         "zero": (dict(embeddings=np.zeros((2, 8), dtype=np.float32)), "plain", "all zeros"),
-        "no-charts": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords), "atlas",
+        "no-charts": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords), "atlas",
                       "needs 'chart_index'"),
-        "short-charts": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords,
+        "short-charts": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords,
                               chart_index=charts[:2]), "atlas", "one integer per row"),
-        "float-charts": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords,
+        "float-charts": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords,
                               chart_index=charts.astype(np.float32)), "atlas",
                          "one integer per row"),
-        "chart-5": (dict(embeddings=digits["embeddings"][:3], chart_coords=coords,
+        "chart-5": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords,
                          chart_index=np.array([0, 5, 1])), "atlas", "chart_index[1] is 5"),
     }
     for name, (arrays, run, words) in cases.items():
