@@ -12,6 +12,7 @@ from pytorch_metric_learning.losses import CosFaceLoss
 
 from kdml import cli
 from kdml.config import resolve_config
+from kdml.errors import KdmlError
 from kdml.evaluation.generalization import generalization_terms
 from kdml.losses import am_softmax_loss
 from kdml.models import MLP, JRDHead
@@ -246,3 +247,17 @@ def test_jrd_end_to_end_and_analysis(tmp_path, tiny_overrides, capsys):
     assert 0.0 <= saved["lambda"]["mean"] <= 2.0
     assert len(saved["lambda"]["values"]) == 3
 
+
+
+def test_generalization_terms_refuse_one_split_and_too_many_neighbours():
+    """One split has no 95% interval (it would be NaN); k above the fitted samples has no
+    k-NN classifier."""
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.normal(size=(10, 2)), rng.normal(size=(10, 2))
+    labels = np.arange(10) % 2
+    with pytest.raises(KdmlError, match="at least 2"):
+        generalization_terms(seen, labels, unseen, labels + 5, repeats=1)
+    with pytest.raises(KdmlError, match=r"neighbors \(11\) is more than the 10 samples"):
+        generalization_terms(seen, labels, unseen, labels + 5, repeats=2, neighbors=11)
+    assert generalization_terms(seen, labels, unseen, labels + 5, repeats=2,
+                                neighbors=10)["lambda"].ci95 >= 0

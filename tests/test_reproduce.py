@@ -318,6 +318,15 @@ def test_report_never_replaces_a_file_kdml_did_not_write(tmp_path, capsys):
     assert "did not write" in capsys.readouterr().err
 
 
+def test_a_bad_device_is_refused_before_anything_trains(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                     "dtml-mnist5k-to-digits", "--runs", str(runs), "--device", "tpu", "--out",
+                     str(tmp_path / "r.md")]) == 2
+    assert "the device must be auto, cpu, cuda or cuda:N, got 'tpu'" in capsys.readouterr().err
+    assert not runs.exists()
+
+
 def test_only_that_matches_nothing_lists_the_keys(capsys):
     assert cli.main(["reproduce", "jrd", "--only", "nope-*", "--list"]) == 2
     err = capsys.readouterr().err

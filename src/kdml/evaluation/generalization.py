@@ -50,7 +50,7 @@ def generalization_terms(
         unseen: [Nu, d] embeddings of unseen-class (test) samples; ``unseen_labels`` [Nu].
             Seen and unseen label values must not overlap (class-disjoint split).
         labelled_fraction: share of each set that the classifiers are fitted on.
-        repeats: number of random splits.
+        repeats: number of random splits (at least 2, for the 95% interval).
         neighbors: k of the nearest-neighbour classifiers.
 
     Returns:
@@ -59,8 +59,9 @@ def generalization_terms(
     """
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
-    if repeats < 1:
-        raise KdmlError(f"repeats must be at least 1, got {repeats}")
+    if repeats < 2:
+        raise KdmlError(f"repeats must be at least 2 (a 95% interval needs two random splits), "
+                        f"got {repeats}")
     if np.intersect1d(seen_labels, unseen_labels).size:
         raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes")
     rng = np.random.default_rng(seed)
@@ -69,6 +70,9 @@ def generalization_terms(
         s_fit, s_score = _split(len(seen), labelled_fraction, rng)
         u_fit, u_score = _split(len(unseen), labelled_fraction, rng)
         fit_x = np.concatenate([seen[s_fit], unseen[u_fit]])
+        if neighbors > len(fit_x):
+            raise KdmlError(f"neighbors ({neighbors}) is more than the {len(fit_x)} samples the "
+                            "classifiers are fitted on; use fewer")
         # Eq. 2: discriminate seen (0) from unseen (1) samples; balanced error, better of h
         # and its complement.
         domain_fit = np.r_[np.zeros(len(s_fit)), np.ones(len(u_fit))]

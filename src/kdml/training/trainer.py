@@ -14,6 +14,7 @@ import functools
 import itertools
 import logging
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,9 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    if not re.fullmatch(r"auto|(cpu|cuda)(:\d+)?", name):
+        raise KdmlError(f"the device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
