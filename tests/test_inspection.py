@@ -342,6 +342,10 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
                     tmp_path / f"{name}.npz") == 2, name
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, (name, err)
+    for query, words in ((tmp_path, "is not a file"), (tmp_path / "nope.npz", "does not exist")):
+        assert kdml("search", runs / "plain", "--index", tmp_path / "plain-index", "--query",
+                    query) == 2
+        assert words in capsys.readouterr().err
     # the query names follow the searched array, not the file's first one
     np.savez(tmp_path / "labelled.npz", labels=np.arange(5), embeddings=vectors)
     capsys.readouterr()

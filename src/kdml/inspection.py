@@ -176,7 +176,8 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
     or an ``.npz`` with ``embeddings`` (and ``chart_index``) or raw ``inputs`` shaped like the
     run's samples."""
     if not query.is_file():
-        raise KdmlError(f"query {query} does not exist")
+        raise KdmlError(f"query {query} {'is not a file' if query.exists() else 'does not exist'}"
+                        ": give an image file or an .npz")
     method, embedder = trained.method, trained.embedder
     if query.suffix.lower() == ".npz":
         try:
