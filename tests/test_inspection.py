@@ -180,6 +180,12 @@ def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
     assert "dimension 5" in err and err.count("\n") == 1
 
 
+def test_a_retrieval_grid_is_at_most_64_a_side(runs, capsys):
+    for option in ("--queries", "-k"):
+        assert kdml("plot", "retrieval", runs / "plain", option, "65") == 2
+        assert "must be from 1 to 64, got 65" in capsys.readouterr().err
+
+
 def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
     assert kdml("plot", "retrieval", runs / "plain", "--queries", "3", "-k", "4") == 0
     assert kdml("plot", "embedding", runs / "plain", "--max-points", "300") == 0

@@ -163,8 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("run_dir", type=Path)
     _add_best(retrieval)
     _add_data_root(retrieval)
-    retrieval.add_argument("--queries", type=_integer(1), default=8)
-    retrieval.add_argument("-k", type=_integer(1), default=8)
+    # A grid of thumbnails past 64 a side is too large to read (and to draw: 10,000 of them
+    # made a 116,480-pixel-wide PNG).
+    retrieval.add_argument("--queries", type=_integer(1, 64), default=8,
+                           help="rows of the grid (default 8, at most 64)")
+    retrieval.add_argument("-k", type=_integer(1, 64), default=8,
+                           help="neighbours per query (default 8, at most 64)")
     retrieval.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
     embedding = plots.add_parser(
         "embedding", help="a 2-D map of the test embeddings, by class (UMAP or t-SNE)",
