@@ -98,6 +98,24 @@ def test_eval_finds_a_moved_dataset_with_data_root(tmp_path, capsys):
     assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
 
 
+@pytest.mark.parametrize("kind", ["folder", "csv"])
+def test_eval_finds_a_moved_folder_or_csv_list_with_data_root(kind, tmp_path, capsys):
+    """``folder:DIR`` and ``csv:FILE`` carry their path in their name: ``--data-root`` gives
+    the folder's new place, or the folder the CSV list now lies in."""
+    made = (make_folder(tmp_path / "data", classes=4, per_class=4) if kind == "folder"
+            else make_csv_list(tmp_path / "data", classes=4, per_class=4))
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", f"{kind}:{made}", "--out", out,
+                 "data.batch_size=4", *TINY) == 0
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    moved = Path(shutil.move(tmp_path / "data", tmp_path / "elsewhere"))
+    new_root = moved / made.relative_to(tmp_path / "data") if kind == "folder" else moved
+    assert train("eval", out) == 2
+    error_line(capsys)
+    assert train("eval", out, "--data-root", new_root) == 0
+    assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
+
+
 # ----------------------------------------------------------------------------- broken layouts
 
 

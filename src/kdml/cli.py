@@ -231,7 +231,8 @@ def _add_best(parser: argparse.ArgumentParser) -> None:
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", metavar="DIR", type=_folder,
-                        help="where the run's on-disk dataset is now, if it moved")
+                        help="where the run's on-disk dataset is now, if it moved (for "
+                        "folder:DIR the folder itself, for csv:FILE the folder of the list)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -152,6 +152,17 @@ def is_known_dataset(name: str) -> bool:
     return name in DATASETS or name in FORMATS or name.startswith(tuple(PREFIXES))
 
 
+def relocated(dataset: str, root: str) -> tuple[str, str]:
+    """``(data.dataset, data.root)`` of a run whose on-disk data moved to ``root``: the
+    formats keep their name and take the new root; ``folder:DIR`` becomes ``folder:ROOT`` and
+    ``csv:FILE`` the file of the same name in ``root`` (their paths are in their names)."""
+    if dataset.startswith("folder:"):
+        return f"folder:{root}", ""
+    if dataset.startswith("csv:"):
+        return f"csv:{Path(root) / Path(dataset.removeprefix('csv:')).name}", ""
+    return dataset, root
+
+
 def open_dataset(name: str, root: str = "") -> DatasetParts:
     """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``."""
     if name in DATASETS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -31,6 +32,7 @@ from kdml.config import RunConfig, load_config_file, resolve_config, save_config
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data, prepare_data_and_test_part
+from kdml.data.registry import relocated
 from kdml.data.samplers import (
     ClassBalancedBatches,
     RankShare,
@@ -186,9 +188,11 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     run = RunFolder.existing(run_dir)
     file_values = load_config_file(run.config)
     recipe = get_recipe(str(file_values.get("recipe")))
-    overrides = [] if data_root is None else [f"data.root={data_root}"]
-    config = resolve_config(recipe.name, recipe.params, file_values=file_values,
-                            overrides=overrides)
+    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    if data_root is not None:  # set directly: a path is not parsed as an override's YAML
+        dataset, root = relocated(config.data.dataset, data_root)
+        config = dataclasses.replace(
+            config, data=dataclasses.replace(config.data, dataset=dataset, root=root))
     checkpoint = run.best_checkpoint if best else run.checkpoint
     if best and not checkpoint.is_file():
         raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
