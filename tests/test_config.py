@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from kdml.config import load_config_file, parse_override, resolve_config
@@ -57,3 +59,40 @@ def test_config_file_errors(tmp_path):
     listed.write_text("- 1\n- 2\n")
     with pytest.raises(KdmlError, match="mapping"):
         load_config_file(listed)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("optim.weight_decay=-1", "optim.weight_decay must be >= 0"),
+    ("optim.lr_gamma=0", "optim.lr_gamma must be in (0, 1]"),
+    ("optim.lr_gamma=-0.5", "optim.lr_gamma must be in (0, 1]"),
+    ("optim.lr_gamma=1.5", "optim.lr_gamma must be in (0, 1]"),
+    ("data.dataset=", "dataset name is empty"),
+    ("data.dataset=' '", "dataset name is empty"),
+])
+def test_settings_of_the_right_type_that_make_no_sense(override, message):
+    with pytest.raises(KdmlError, match=re.escape(message)):
+        resolve(override)
+
+
+def test_the_edges_of_the_decay_and_weight_decay_ranges_are_accepted():
+    config = resolve("optim.weight_decay=0", "optim.lr_gamma=1", "optim.lr_step=1")
+    assert (config.optim.weight_decay, config.optim.lr_gamma) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("override", [
+    "method.scale=nan", "method.margin=.nan", "optim.lr_gamma=nan", "optim.lr=inf",
+    "optim.lr=.inf", "optim.weight_decay=-inf", "train.tolerance=NaN", "domain.beta=1e999",
+])
+def test_a_float_that_is_nan_or_infinite_is_refused_naming_its_key(override):
+    key = override.split("=")[0]
+    with pytest.raises(KdmlError, match=rf"^{re.escape(key)} must be a finite number, got"):
+        resolve(override)
+
+
+def test_a_nan_in_a_config_file_is_refused_naming_its_key(tmp_path):
+    from kdml.training.recipes.jrd import JRDParams
+
+    path = tmp_path / "jrd.yaml"
+    path.write_text("recipe: jrd\nmethod:\n  alpha: .nan\n")
+    with pytest.raises(KdmlError, match=r"^method\.alpha must be a finite number"):
+        resolve_config("jrd", JRDParams, None, load_config_file(path), [])

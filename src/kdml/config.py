@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -224,7 +225,18 @@ def set_key(config: RunConfig, key: str, value: Any) -> None:
     section_name, leaf = full_key.split(".", 1)
     section = getattr(config, section_name)
     field_type = _field_types(type(section))[leaf]
-    setattr(section, leaf, coerce(value, field_type, full_key))
+    value = coerce(value, field_type, full_key)
+    check_finite(value, full_key)
+    setattr(section, leaf, value)
+
+
+def check_finite(value: Any, key: str) -> None:
+    """Refuse NaN and infinity for any float setting: range checks such as ``lr > 0`` let
+    infinity through and every comparison with NaN is false, so either would reach training
+    and fail there with a misleading message, or train on a silently wrong number."""
+    values = value if isinstance(value, list) else [value]
+    if any(isinstance(item, float) and not math.isfinite(item) for item in values):
+        raise KdmlError(f"{key} must be a finite number, got {value!r}")
 
 
 def coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -263,6 +275,9 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 def validate(config: RunConfig) -> None:
     """Range checks that need no data; the rest is checked where the data is known."""
     checks = [
+        (config.data.dataset.strip() != "",
+         "the dataset name is empty; name a dataset, e.g. --dataset mnist5k ('kdml datasets' "
+         "lists them)"),
         (config.data.batch_size >= 2 or config.data.batch_size == 0,
          "data.batch_size must be at least 2 (or 0 for full batches)"),
         (config.data.split in ("standard", "class-disjoint", "seen-holdout"),
@@ -281,9 +296,13 @@ def validate(config: RunConfig) -> None:
         (config.optim.name in ("adam", "sgd", "rmsprop"),
          "optim.name must be adam, sgd or rmsprop"),
         (config.optim.adam_eps > 0, "optim.adam_eps must be positive"),
+        (config.optim.weight_decay >= 0, "optim.weight_decay must be >= 0 (0 = none)"),
         (config.train.steps_per_epoch >= 0,
          "train.steps_per_epoch must be >= 0 (0 = the whole training split)"),
         (0 < config.optim.lr_decay <= 1, "optim.lr_decay must be in (0, 1]"),
+        # a decay factor: 0 stops learning at the first decay, > 1 would grow the rates
+        (0 < config.optim.lr_gamma <= 1,
+         "optim.lr_gamma must be in (0, 1] (e.g. 0.1 divides the rates by 10 at each step)"),
         (config.train.tolerance >= 0, "train.tolerance must be >= 0"),
         (config.train.patience >= 0, "train.patience must be >= 0 (0 = never stop early)"),
         (config.data.validation > 0 or not (config.train.keep_best or config.train.patience),
