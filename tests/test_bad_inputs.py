@@ -110,7 +110,7 @@ def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, monke
                      *TINY]) == 130
     assert f"kdml train --resume {out}" in capsys.readouterr().err
     monkeypatch.setattr(trainer, "train_one_epoch", real)
-    refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out", out, *TINY)
+    # (the same new command would start it afresh: it saved no checkpoint; test_run_lock.py)
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert "recall@1" in capsys.readouterr().out
 
@@ -148,6 +148,28 @@ def test_config_that_is_not_utf8(tmp_path, capsys):
     (tmp_path / "config.yaml").write_bytes(b"recipe: jrd\ndata:\n  dataset: \xff\xfe\n")
     assert "not UTF-8" in refused(tmp_path, capsys, "train", "jrd", "--config",
                                   tmp_path / "config.yaml")
+
+
+def test_an_empty_dataset_name_is_refused(tmp_path, capsys):
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "", "--out",
+                  tmp_path / "run", *TINY)
+    assert "dataset name is empty" in err and "kdml datasets" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_dataset_setting_is_refused(tmp_path, capsys):
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "data.dataset=", "--out",
+                  tmp_path / "run", *TINY)
+    assert "dataset name is empty" in err and "kdml datasets" in err
+
+
+@pytest.mark.parametrize("setting", ["optim.weight_decay=-1", "optim.lr_gamma=0",
+                                     "method.scale=nan", "optim.lr=inf"])
+def test_a_nonsense_number_is_refused_before_training(tmp_path, capsys, setting):
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  tmp_path / "run", setting, "optim.lr_step=1", *TINY)
+    assert setting.split("=")[0] in err and "Lower the learning rates" not in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_config_for_another_recipe(tmp_path, capsys):

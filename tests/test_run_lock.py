@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kdml import cli
 from kdml.errors import KdmlError
 from kdml.training import trainer
-from kdml.training.run_folder import RunFolder, hold_folder
+from kdml.training.run_folder import RunFolder, check_new_run_folder, hold_folder, start_afresh
 
 
 def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overrides, capsys,
@@ -106,3 +107,123 @@ def test_a_new_run_never_writes_over_one_started_since_its_folder_was_checked(tm
     with pytest.raises(KdmlError, match="already holds a run"):
         train(config, out, progress=False, echo=lambda line: None)  # as if its check was passed
     assert (out / "config.yaml").read_text() == before
+
+
+# ------------------------------------------------------------------ a run without a checkpoint
+
+
+def stale_run(folder: Path) -> Path:
+    """``folder`` as a run that stopped in its first epoch leaves it: config, log, events and
+    lock file, no checkpoint."""
+    from kdml.config import resolve_config, save_config
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("amsoftmax")
+    with RunFolder(folder).held():
+        pass
+    save_config(resolve_config(recipe.name, recipe.params, recipe.defaults),
+                folder / "config.yaml")
+    (folder / "train.log").write_text("2026-01-01 10:00:00,000 start epoch 1 of 10, device "
+                                      "cpu, 901 train / 896 test samples\n")
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1795482618.host.123.0").write_bytes(b"\0")
+    return folder
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes()
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_run_without_a_checkpoint_makes_way_for_a_new_run_and_only_its_files_go(tmp_path):
+    out = stale_run(tmp_path / "run")
+    check_new_run_folder(out)
+    with RunFolder(out).held():  # as the trainer, which checks again holding the folder
+        check_new_run_folder(out)
+        assert start_afresh(out) == f"starting afresh: the run in {out} saved no checkpoint"
+    assert [path.name for path in out.iterdir()] == [".training.lock"]  # held: never removed
+
+
+@pytest.mark.parametrize("extra", [
+    "checkpoints/last.pt", "checkpoints/best.pt", "metrics.json", "plots/loss.png",
+    "notes.txt", "tensorboard/notes.txt", "config.yaml", "train.log",
+])
+def test_a_run_folder_with_a_checkpoint_or_a_file_kdml_did_not_write_is_still_refused(
+        tmp_path, extra):
+    out = stale_run(tmp_path / "run")
+    (out / extra).parent.mkdir(exist_ok=True)
+    (out / extra).write_text("recipe: amsoftmax\n")  # the user's own config.yaml, train.log
+    before = snapshot(out)
+    with pytest.raises(KdmlError, match=r"already holds a run; continue it with 'kdml train "
+                                        r"--resume"):
+        check_new_run_folder(out)
+    assert start_afresh(out) is None
+    assert snapshot(out) == before
+
+
+def test_a_run_without_a_checkpoint_that_another_process_trains_is_refused(tmp_path):
+    out = stale_run(tmp_path / "run")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from pathlib import Path; "
+         "from kdml.training.run_folder import RunFolder\n"
+         f"with RunFolder(Path({str(out)!r})).held():\n"
+         "    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(KdmlError, match=f"^{out} is being trained by another process"):
+            check_new_run_folder(out)
+    finally:
+        holder.kill()
+        holder.wait()
+    check_new_run_folder(out)  # the kill let it go
+
+
+def fail_in_the_first_epoch(failure: str, monkeypatch) -> list[str]:
+    """The settings (and patches) of a run that fails in its first epoch, before any
+    checkpoint: a setting found wrong only once scored, or a NaN loss."""
+    if failure == "setting":
+        return ["train.select_metric=foo", "train.keep_best=true", "data.validation=0.5",
+                "data.samples_per_class=0"]
+    from kdml.training.recipes.jrd import JRDMethod  # amsoftmax's too
+
+    real_forward = JRDMethod.forward
+
+    def poisoned(self, *args, **kwargs):
+        output = real_forward(self, *args, **kwargs)
+        output.loss = output.loss * float("nan")
+        return output
+
+    monkeypatch.setattr(JRDMethod, "forward", poisoned)
+    return []
+
+
+@pytest.mark.parametrize("failure", ["setting", "nan"])
+def test_the_corrected_command_trains_where_a_run_failed_before_its_first_checkpoint(
+        tmp_path, tiny_overrides, capsys, monkeypatch, failure):
+    out = tmp_path / "run"
+    command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+               "--no-progress", *tiny_overrides, "train.epochs=1"]
+    with monkeypatch.context() as patched:
+        assert cli.main([*command, *fail_in_the_first_epoch(failure, patched)]) == 2
+    assert not (out / "checkpoints").exists() and (out / "config.yaml").is_file()
+    capsys.readouterr()
+    assert cli.main(command) == 0  # not "already holds a run"
+    assert "select_metric: recall@1" in (out / "config.yaml").read_text()
+    assert (out / "checkpoints" / "last.pt").is_file()
+    # with a checkpoint, the folder is a run again: refused to a new run, as before
+    assert cli.main(command) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_starting_afresh_says_so_and_leaves_no_stale_events(tmp_path, tiny_overrides, capsys,
+                                                            monkeypatch):
+    out = tmp_path / "run"
+    command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+               "--no-progress", *tiny_overrides, "train.epochs=1"]
+    assert cli.main([*command, *fail_in_the_first_epoch("setting", monkeypatch)]) == 2
+    capsys.readouterr()
+    assert cli.main(command) == 0
+    assert f"starting afresh: the run in {out} saved no checkpoint" in capsys.readouterr().out
+    assert len(list((out / "tensorboard").iterdir())) == 1
+    assert (out / "train.log").read_text().count("start epoch 1 of 1") == 1

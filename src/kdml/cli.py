@@ -294,7 +294,7 @@ def _train(args: argparse.Namespace) -> int:
     file_values = load_config_file(args.config) if args.config else {}
     recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
     overrides = list(args.overrides)
-    if args.dataset:
+    if args.dataset is not None:
         overrides.append(f"data.dataset={args.dataset}")
     if args.data_root:
         overrides.append(f"data.root={args.data_root}")

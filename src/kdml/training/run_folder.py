@@ -17,6 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from kdml.config import SECTIONS
 from kdml.errors import KdmlError
 
 LOCK_NAME = ".training.lock"
@@ -84,8 +87,7 @@ class RunFolder:
         """Hold the run folder for this process while it trains: a second process that tries
         (another ``kdml train --resume``, a grid or reproduction reaching the same run) gets a
         one-line error instead of interleaving its writes with the first's."""
-        return hold_folder(self.lock_file, f"{self.root} is being trained by another process; "
-                           "let it finish or stop it first")
+        return hold_folder(self.lock_file, _busy(self.root))
 
     @classmethod
     def existing(cls, root: str | Path) -> RunFolder:
@@ -140,13 +142,21 @@ def holds_files(folder: Path) -> bool:
 def check_new_run_folder(root: Path) -> None:
     """Refuse a folder a new run must not write into, with one line: an existing run, a
     non-empty folder that is not a run (kdml never overwrites a file it did not create), a
-    file, or a place where no folder can be made."""
-    if (root / "config.yaml").is_file():
+    file, or a place where no folder can be made.
+
+    A run that stopped before its first checkpoint (see :func:`stale_run_files`) is no
+    refusal: a new run starts afresh over its files (:func:`start_afresh`), unless another
+    process is training it."""
+    holds_a_run = (root / "config.yaml").is_file()
+    stale = holds_a_run and stale_run_files(root) is not None
+    if holds_a_run and not stale:
         raise KdmlError(f"{root} already holds a run; continue it with 'kdml train --resume "
                         f"{root}' or choose another --out")
+    if stale and held_by_another_process(root / LOCK_NAME):
+        raise KdmlError(_busy(root))
     if root.exists() and not root.is_dir():
         raise KdmlError(f"--out {root} is a file, not a folder; choose another --out")
-    if root.is_dir() and holds_files(root):
+    if root.is_dir() and holds_files(root) and not stale:
         raise KdmlError(f"--out {root} is a folder with other files in it; a run goes into a "
                         "new or empty folder: choose another --out")
     parent = next((folder for folder in (root, *root.parents) if folder.exists()), Path("."))
@@ -154,6 +164,79 @@ def check_new_run_folder(root: Path) -> None:
         raise KdmlError(f"cannot make the run folder {root}: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise KdmlError(f"cannot make the run folder {root}: {parent} is not writable")
+
+
+# The first line a run writes to train.log (run_logging's time stamp, then the trainer's).
+_LOG_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} start epoch \d+ of \d+")
+_TENSORBOARD_EVENTS = "events.out.tfevents."
+
+
+def stale_run_files(root: Path) -> list[Path] | None:
+    """The files of a run in ``root`` that stopped before saving its first checkpoint (a
+    setting found wrong in its first epoch, an unreadable image, a NaN loss): its
+    config.yaml, train.log and TensorBoard events, all written by kdml, which a new run may
+    replace. ``None`` when ``root`` holds anything else: a checkpoint, metrics, plots, a file
+    of the user's (a config.yaml and train.log count as kdml's only in kdml's own form)."""
+    run = RunFolder(root)
+    allowed = {run.config, run.log, run.lock_file, run.tensorboard}
+    try:
+        entries = list(root.iterdir())
+        events = list(run.tensorboard.iterdir()) if run.tensorboard.is_dir() else []
+        with run.log.open(encoding="utf-8", errors="replace") as log:
+            first_line = log.readline()
+        values = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if (any(path not in allowed or path.is_symlink() for path in entries)
+            or any(not path.name.startswith(_TENSORBOARD_EVENTS) or path.is_symlink()
+                   or not path.is_file() for path in events)
+            or (run.tensorboard.exists() and not run.tensorboard.is_dir())
+            or not run.config.is_file() or not _LOG_START.match(first_line)
+            or not isinstance(values, dict) or list(values) != ["recipe", *SECTIONS]):
+        return None
+    return [*events, run.log, run.config]
+
+
+def start_afresh(root: Path) -> str | None:
+    """Remove the files of a run in ``root`` that saved no checkpoint (:func:`stale_run_files`;
+    never its lock file, which the caller holds), so that a new run starts afresh there.
+    Returns the line that says so, or ``None`` (and removes nothing) where there is no such
+    run. Call it holding the folder, after :func:`check_new_run_folder`."""
+    stale = stale_run_files(root) if (root / "config.yaml").is_file() else None
+    if stale is None:
+        return None
+    for path in stale:
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the new run's writer makes it again
+        RunFolder(root).tensorboard.rmdir()
+    return f"starting afresh: the run in {root} saved no checkpoint"
+
+
+# Lock files this process holds (hold_folder), by absolute path: a check made while holding
+# one must not take it for another process's (a second open file of it would be refused).
+_HELD_HERE: set[str] = set()
+
+
+def held_by_another_process(lock_file: Path) -> bool:
+    """Whether another process holds ``lock_file`` (:func:`hold_folder`) now."""
+    if os.path.abspath(lock_file) in _HELD_HERE or not lock_file.is_file():
+        return False
+    try:
+        import fcntl
+    except ImportError:  # no flock on Windows: nothing is ever held there
+        return False
+    try:
+        with lock_file.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go again on closing
+    except BlockingIOError:
+        return True
+    except OSError:  # unwritable, or a file system without locks: nothing can be held there
+        return False
+    return False
+
+
+def _busy(root: Path) -> str:
+    return f"{root} is being trained by another process; let it finish or stop it first"
 
 
 @contextmanager
@@ -178,7 +261,12 @@ def hold_folder(lock_file: Path, busy: str) -> Iterator[None]:
             raise KdmlError(busy) from None
         except OSError:  # a file system without locks (some NFS, FUSE): go on unguarded
             pass
-        yield
+        held = os.path.abspath(lock_file)
+        _HELD_HERE.add(held)
+        try:
+            yield
+        finally:
+            _HELD_HERE.discard(held)
 
 
 def make_folder(root: Path) -> None:

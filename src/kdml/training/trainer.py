@@ -57,7 +57,7 @@ from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, check_new_run_folder, run_logging
+from kdml.training.run_folder import RunFolder, check_new_run_folder, run_logging, start_afresh
 from kdml.training.selection import (
     SCORED_PARTS,
     VALIDATION,
@@ -455,7 +455,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
         session = Session.build(config, echo)  # checks everything before a new folder is made
         if not resume:
             distributed.from_main(hold)
-        distributed.from_main(lambda: _open_run_folder(run, config, resume))
+        distributed.from_main(lambda: _open_run_folder(run, config, resume, echo))
         return _train_session(session, run, resume, progress, echo)
 
 
@@ -526,9 +526,13 @@ def _silent(message: str) -> None:
     """The echo of the ranks other than 0: they print nothing."""
 
 
-def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool) -> None:
+def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
+                     echo: Callable[[str], None]) -> None:
     if not resume:
         check_new_run_folder(run.root)  # again, now held: another run may have started here
+        afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
+        if afresh:
+            echo(afresh)
         save_config(config, run.config)
 
 
