@@ -179,7 +179,7 @@ def test_config_for_another_recipe(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["analyze", "generalization", "RUN", "--repeats", "0"], "--repeats: must be >= 1"),
+    (["analyze", "generalization", "RUN", "--repeats", "1"], "--repeats: must be >= 2"),
     (["analyze", "generalization", "RUN", "--neighbors", "-2"], "--neighbors: must be >= 1"),
     (["analyze", "generalization", "RUN", "--labelled-fraction", "1.5"], "between 0 and 1"),
     (["plot", "charts", "RUN", "--thumbnails", "-1"], "--thumbnails: must be >= 0"),

@@ -392,3 +392,21 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
                 tmp_path / "q.npz", "-k", "5") == 0
     assert "fewer" not in capsys.readouterr().err
+
+
+def test_unwritable_outputs_are_refused_before_anything_is_embedded(runs, tmp_path, capsys,
+                                                                     monkeypatch):
+    (tmp_path / "notes.txt").write_text("mine")
+
+    def never(*_):
+        raise AssertionError("embedded before the output was checked")
+
+    monkeypatch.setattr("kdml.inspection.embed_part", never)
+    for command in (["embed", runs / "plain", "--out", tmp_path / "notes.txt" / "e.npz"],
+                    ["embed", runs / "plain", "--out", Path("/proc/kdml-e.npz")],
+                    ["index", runs / "plain", "--out", tmp_path / "notes.txt" / "index"],
+                    ["index", runs / "plain", "--out", Path("/proc/kdml-index")]):
+        assert kdml(*command) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kdml: error: cannot ") and err.count("\n") == 1, (command, err)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

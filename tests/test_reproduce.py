@@ -327,6 +327,17 @@ def test_a_bad_device_is_refused_before_anything_trains(tmp_path, capsys):
     assert not runs.exists()
 
 
+def test_an_unwritable_report_is_refused_before_anything_trains(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    (tmp_path / "notes.txt").write_text("mine")
+    for out in (tmp_path / "notes.txt" / "r.md", Path("/proc/kdml-report.md")):
+        assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                         "dtml-mnist5k-to-digits", "--runs", str(runs), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kdml: error: cannot ") and err.count("\n") == 1, err
+    assert not runs.exists() and (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_only_that_matches_nothing_lists_the_keys(capsys):
     assert cli.main(["reproduce", "jrd", "--only", "nope-*", "--list"]) == 2
     err = capsys.readouterr().err

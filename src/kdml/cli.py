@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "nearest-neighbour classifiers on a trained run's embeddings.")
     general.add_argument("run_dir", type=Path)
     _add_data_root(general)
-    general.add_argument("--repeats", type=_integer(1), default=10,
-                         help="random splits (default 10)")
+    general.add_argument("--repeats", type=_integer(2), default=10,
+                         help="random splits (default 10; at least 2, for the 95%% interval)")
     general.add_argument("--labelled-fraction", type=_fraction, default=0.5,
                          help="share of each set the classifiers are fitted on (default 0.5)")
     general.add_argument("--neighbors", type=_integer(1), default=1,
@@ -523,8 +523,9 @@ def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    from kdml.inspection import embed_part, write_npz
+    from kdml.inspection import check_npz_out, embed_part, write_npz
 
+    check_npz_out(args.out)  # before the run is loaded and embedded
     trained, part = _run_and_part(args)
     arrays = embed_part(trained, part)
     path = write_npz(args.out, arrays)

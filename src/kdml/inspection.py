@@ -40,7 +40,7 @@ from kdml.evaluation.index import (
     search_index,
 )
 from kdml.evaluation.knn import knn_search
-from kdml.training.run_folder import write_json
+from kdml.training.run_folder import check_writable_folder, write_json
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
 from kdml.viz_charts import plot_charts
 from kdml.viz_retrieval import (
@@ -126,13 +126,18 @@ def _class_names_of(dataset: DmlDataset, labels: np.ndarray) -> np.ndarray | Non
     return np.array(names, dtype=str)[codes.reshape(-1)]
 
 
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Write ``arrays`` to a new ``.npz`` file (an existing file is never replaced)."""
+def check_npz_out(path: Path) -> None:
+    """Refuse an ``--out`` for an ``.npz`` that exists or cannot be written (before the work)."""
     if path.suffix != ".npz":
         raise KdmlError(f"--out {path} must end in .npz")
     if path.exists():
         raise KdmlError(f"{path} exists; kdml does not overwrite files: choose another --out")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_writable_folder(path.parent)
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``arrays`` to a new ``.npz`` file (an existing file is never replaced)."""
+    check_npz_out(path)
     partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves no broken .npz
     try:
         with partial.open("wb") as handle:
@@ -147,6 +152,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
 def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> IndexInfo:
     """A faiss index of the part's embeddings (Atlas: one per chart, on chart coordinates)."""
     check_index_folder(folder)  # before embedding, which takes minutes on a large split
+    check_writable_folder(folder.parent)
     arrays = embed_part(trained, part)
     items = {key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
              if key in arrays}

@@ -19,6 +19,7 @@ from kdml.evaluation.estimate import Estimate
 from kdml.reproduce.experiments import Experiment, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult
+from kdml.training.run_folder import check_writable_folder
 
 MARKER = "<!-- Written by kdml reproduce; it rewrites this file on every run. -->"
 PLOTS_MARKER = ".written-by-kdml-reproduce"
@@ -54,6 +55,7 @@ def plots_folder(report: Path) -> Path:
 def check_outputs(report: Path) -> None:
     """Refuse, before anything trains, to overwrite a report or plot folder kdml did not write.
     """
+    check_writable_folder(report.parent)
     if report.exists():
         if not report.is_file():
             raise KdmlError(f"--out {report} is not a file; choose another --out")

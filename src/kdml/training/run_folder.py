@@ -10,6 +10,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -275,6 +276,18 @@ def make_folder(root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise KdmlError(f"cannot make the folder {root}: {error.strerror}") from None
+
+
+def check_writable_folder(folder: Path, option: str = "--out") -> None:
+    """Make ``folder`` if needed and write a scratch file into it, so that a command that
+    would write there at its end (a report after hours of training) fails at once instead."""
+    make_folder(folder)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise KdmlError(f"cannot write into {folder} ({error.strerror}); choose another "
+                        f"{option}") from None
 
 
 def write_json(values: Any, path: Path) -> None:
