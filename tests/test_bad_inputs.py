@@ -135,6 +135,7 @@ def test_a_non_finite_loss_stops_with_its_epoch_step_and_term(tmp_path, capsys, 
                      "train.epochs=3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "'regularizer' term became NaN or infinite at epoch 2, step 5" in err, err
+    assert "the run folder keeps epoch 1's checkpoint" in err
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert state["epoch"] == 1
     assert all(torch.isfinite(value).all() for value in state["method"].values()

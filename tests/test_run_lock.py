@@ -207,6 +207,9 @@ def test_the_corrected_command_trains_where_a_run_failed_before_its_first_checkp
     with monkeypatch.context() as patched:
         assert cli.main([*command, *fail_in_the_first_epoch(failure, patched)]) == 2
     assert not (out / "checkpoints").exists() and (out / "config.yaml").is_file()
+    if failure == "nan":
+        assert "no epoch finished, so the run folder holds no checkpoint" in (
+            capsys.readouterr().err)
     capsys.readouterr()
     assert cli.main(command) == 0  # not "already holds a run"
     assert "select_metric: recall@1" in (out / "config.yaml").read_text()

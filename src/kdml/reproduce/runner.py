@@ -24,7 +24,7 @@ from kdml.evaluation.parts import retrieval_over_parts
 from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, safe_name, write_json
+from kdml.training.run_folder import NOTHING_LEFT, RunFolder, safe_name, write_json
 from kdml.training.trainer import load_run, resolve_device, train
 
 # Written by kdml into each run folder it trains: the wall time and device of the training.
@@ -154,7 +154,10 @@ def logged_seconds(log: Path) -> float:
     ...     _ = log.write_text("2026-01-01 10:00:00,000 start epoch 1 of 3\n"
     ...                        "2026-01-01 10:01:30,500 epoch 1: train/loss=1\n"
     ...                        "2026-01-01 11:00:00,000 start epoch 2 of 3\n"
-    ...                        "2026-01-01 11:00:10,000 epoch 2: train/loss=1\n")
+    ...                        "2026-01-01 11:00:10,000 epoch 2: train/loss=1\n"
+    ...                        "2026-01-02 09:00:00,000 all 2 epochs are trained; nothing left "
+    ...                        "to train\n"
+    ...                        "2026-01-02 09:00:05,000 final test/recall@1=0.5\n")
     ...     logged_seconds(log)
     100.5
     """
@@ -166,10 +169,12 @@ def logged_seconds(log: Path) -> float:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
         except ValueError:  # a line of a multi-line message
             continue
-        if line[24:].startswith("start epoch"):
+        message = line[24:]
+        # a session starts training, or (a finished run resumed) has nothing to train
+        if message.startswith("start epoch") or message.endswith(NOTHING_LEFT):
             if started is not None:
                 total += max((last - started).total_seconds(), 0.0)  # local time: DST
-            started = stamp
+            started = stamp if message.startswith("start epoch") else None
         last = stamp
     if started is not None:
         total += max((last - started).total_seconds(), 0.0)

@@ -49,7 +49,8 @@ class NonFiniteWatch:
         bad = [name for name, is_bad in zip(self.names, self.first_bad.tolist(), strict=True)
                if is_bad]
         culprit = next((name for name in bad if name != "loss"), bad[0])
+        kept = (f"the run folder keeps epoch {epoch - 1}'s checkpoint" if epoch > 1 else
+                "no epoch finished, so the run folder holds no checkpoint")
         raise KdmlError(f"training stopped: the {culprit!r} term became NaN or infinite at "
-                        f"epoch {epoch}, step {step + 1}; the run folder keeps the checkpoint "
-                        "of the last finished epoch. Lower the learning rates or the "
-                        "regularizer weight and train again")
+                        f"epoch {epoch}, step {step + 1}; {kept}. Lower the learning rates or "
+                        "the regularizer weight and train again")

@@ -167,6 +167,9 @@ def check_new_run_folder(root: Path) -> None:
         raise KdmlError(f"cannot make the run folder {root}: {parent} is not writable")
 
 
+# How train.log ends the line of a finished run resumed (no epoch starts).
+NOTHING_LEFT = "nothing left to train"
+
 # The first line a run writes to train.log (run_logging's time stamp, then the trainer's).
 _LOG_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} start epoch \d+ of \d+")
 _TENSORBOARD_EVENTS = "events.out.tfevents."

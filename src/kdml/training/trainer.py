@@ -57,7 +57,13 @@ from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import NonFiniteWatch
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import RunFolder, check_new_run_folder, run_logging, start_afresh
+from kdml.training.run_folder import (
+    NOTHING_LEFT,
+    RunFolder,
+    check_new_run_folder,
+    run_logging,
+    start_afresh,
+)
 from kdml.training.selection import (
     SCORED_PARTS,
     VALIDATION,
@@ -480,10 +486,15 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
 
     prefix = scored_prefix(session.splits)
     with Recorder(run, main, prefix) as recorder:
-        recorder.log.info("start epoch %d of %d, device %s, %d train / %d test samples, %d "
-                          "loader workers, %d process(es)", start_epoch, config.train.epochs,
-                          session.device, len(session.splits.train), len(session.splits.test),
-                          session.batches.loader.num_workers, session.world.size)
+        if start_epoch > config.train.epochs:  # a finished run resumed: nothing to train
+            recorder.log.info("all %d epochs are trained; %s", config.train.epochs,
+                              NOTHING_LEFT)
+        else:
+            recorder.log.info("start epoch %d of %d, device %s, %d train / %d test samples, "
+                              "%d loader workers, %d process(es)", start_epoch,
+                              config.train.epochs, session.device, len(session.splits.train),
+                              len(session.splits.test), session.batches.loader.num_workers,
+                              session.world.size)
         warn_about_splits(session.splits, recorder.log)
         epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
                       initial=start_epoch - 1, total=config.train.epochs,
