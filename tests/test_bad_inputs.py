@@ -258,3 +258,14 @@ def test_a_single_class_test_split_warns(tmp_path, capsys):
                      "eval.nmi=false", "eval.ks=[1]", "data.resize=32", "data.image_size=24",
                      "--no-progress"]) == 0
     assert "trivially 1" in capsys.readouterr().err
+
+
+def test_a_path_of_the_wrong_kind_is_named_as_such(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "folder").mkdir()
+    err = refused(tmp_path, capsys, "train", "--resume", tmp_path / "notes.txt")
+    assert "is not a folder" in err
+    err = refused(tmp_path, capsys, "train", "--config", tmp_path / "folder")
+    assert "is not a file" in err
+    assert "does not exist" in refused(tmp_path, capsys, "train", "--config",
+                                       tmp_path / "nope.yaml")

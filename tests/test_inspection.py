@@ -410,3 +410,30 @@ def test_unwritable_outputs_are_refused_before_anything_is_embedded(runs, tmp_pa
         err = capsys.readouterr().err
         assert err.startswith("kdml: error: cannot ") and err.count("\n") == 1, (command, err)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_query_that_is_not_an_npz_archive_says_so(runs, tmp_path, capsys):
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    (tmp_path / "q.npz").write_text("not an archive")
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    err = capsys.readouterr().err
+    assert "is not an .npz archive" in err and "pickle" not in err
+
+
+def test_a_small_ivf_index_searches_exactly_without_faiss_warnings(tmp_path, capfd):
+    """Below two cells' worth of points (39 each) an IVF index would be one cell, an exact
+    search: a flat index does it, and faiss's k-means never warns of too few points."""
+    from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
+
+    vectors = np.random.default_rng(0).normal(size=(30, 4)).astype(np.float32)
+    items = {"labels": np.arange(30), "positions": np.arange(30),
+             "sources": np.array([f"v[{i}]" for i in range(30)])}
+    capfd.readouterr()
+    build_index(tmp_path / "ivf", vectors, items, IndexInfo("run", "x", "euclidean", 0, "ivf", 0,
+                                                            1.0))
+    assert "WARNING" not in capfd.readouterr().err
+    _, positions = search_index(load_index(tmp_path / "ivf"), vectors[:5], 3)
+    exact = np.argsort(((vectors[:5, None] - vectors[None]) ** 2).sum(-1), axis=1)[:, :3]
+    assert np.array_equal(positions, exact)

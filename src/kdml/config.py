@@ -157,7 +157,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a nested dict."""
     path = Path(path)
     if not path.is_file():
-        raise KdmlError(f"config file {path} does not exist")
+        raise KdmlError(f"config file {path} "
+                        f"{'is not a file' if path.exists() else 'does not exist'}")
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

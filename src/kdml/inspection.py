@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +187,12 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
                         ": give an image file or an .npz")
     method, embedder = trained.method, trained.embedder
     if query.suffix.lower() == ".npz":
+        if not zipfile.is_zipfile(query):  # np.load would talk of pickles
+            raise KdmlError(f"query {query} is not an .npz archive (numpy.savez writes one)")
         try:
             with np.load(query, allow_pickle=False) as archive:
                 arrays = {key: archive[key] for key in archive.files}
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, zipfile.BadZipFile) as error:
             raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
         if "embeddings" in arrays:
             key = "chart_coords" if method.has_charts else "embeddings"

@@ -63,7 +63,9 @@ def generalization_terms(
         raise KdmlError(f"repeats must be at least 2 (a 95% interval needs two random splits), "
                         f"got {repeats}")
     if np.intersect1d(seen_labels, unseen_labels).size:
-        raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes")
+        raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes "
+                        "(a class-disjoint split; a domain pair's target shares the source's "
+                        "classes)")
     rng = np.random.default_rng(seed)
     h_divergence, h_divergence_bd, lam, err_seen, err_unseen = [], [], [], [], []
     for _ in range(repeats):

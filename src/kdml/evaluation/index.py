@@ -65,13 +65,16 @@ def checkpoint_fingerprint(path: Path) -> str:
 def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
     dim = vectors.shape[1]
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2
-    if kind == "exact":
+    # IVF needs 39 training points per cell: with fewer than two cells' worth (a small gallery,
+    # or an Atlas chart with few members), one cell is all there is, which is an exact search,
+    # so faiss's flat index does it without k-means warning about too few points.
+    if kind == "exact" or (kind == "ivf" and len(vectors) < 2 * 39):
         index = faiss.IndexFlatIP(dim) if metric == "cosine" else faiss.IndexFlatL2(dim)
     elif kind == "hnsw":
         index = faiss.IndexHNSWFlat(dim, HNSW_LINKS, faiss_metric)
     else:
         # faiss's rule of thumb, 4 sqrt(N) cells, with the 39 points per cell its k-means asks
-        cells = max(1, min(int(4 * math.sqrt(len(vectors))), len(vectors) // 39))
+        cells = min(int(4 * math.sqrt(len(vectors))), len(vectors) // 39)
         quantizer = faiss.IndexFlatIP(dim) if metric == "cosine" else faiss.IndexFlatL2(dim)
         index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss_metric)
         index.train(vectors)

@@ -95,7 +95,8 @@ class RunFolder:
         """An existing run folder; a clear error when it is missing or holds no config."""
         run = cls(Path(root))
         if not run.root.is_dir():
-            raise KdmlError(f"run folder {run.root} does not exist")
+            raise KdmlError(f"run folder {run.root} "
+                            f"{'is not a folder' if run.root.exists() else 'does not exist'}")
         if not run.config.is_file():
             raise KdmlError(f"{run.root} is not a kdml run folder (no config.yaml)")
         return run
