@@ -7,8 +7,9 @@ dimension, the kind, the vectors' rescaling factor and the fingerprint of the ru
 so that a query embedded by another model is refused.
 
 Kinds: ``exact`` (brute force, the evaluation's results), ``ivf`` (an inverted file: k-means
-cells, ``4 sqrt(N)`` of them but at least 39 points each, searching 16) and ``hnsw`` (a graph,
-32 links per node), the usual faiss choices for galleries of millions; both approximate.
+cells, ``4 sqrt(N)`` of them but at least 39 points each, searching 16; below 78 points, one
+cell, searched exactly) and ``hnsw`` (a graph, 32 links per node), the usual faiss choices for
+galleries of millions; both approximate.
 """
 
 from __future__ import annotations
