@@ -269,3 +269,8 @@ def test_a_path_of_the_wrong_kind_is_named_as_such(tmp_path, capsys):
     assert "is not a file" in err
     assert "does not exist" in refused(tmp_path, capsys, "train", "--config",
                                        tmp_path / "nope.yaml")
+
+
+def test_config_without_a_recipe_asks_for_the_recipe_only(tmp_path, capsys):
+    err = refused(tmp_path, capsys, "config")
+    assert "required: recipe (" in err and "key=value" not in err

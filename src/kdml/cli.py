@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Train RECIPE on a dataset. Extra key=value "
                                 "arguments override the config, e.g. train.epochs=5 or epochs=5.")
     train.add_argument("recipe", nargs="?", help="recipe name (see 'kdml recipes')")
-    train.add_argument("overrides", nargs="*", metavar="key=value")
+    train.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     train.add_argument("--dataset", help="dataset name, folder:DIR or csv:FILE "
                        "(see 'kdml datasets')")
     train.add_argument("--data-root", metavar="DIR", type=_folder,
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the configuration RECIPE resolves to (defaults < --config < "
         "key=value), as YAML: every key 'kdml train' accepts.")
     config.add_argument("recipe", help="recipe name (see 'kdml recipes')")
-    config.add_argument("overrides", nargs="*", metavar="key=value")
+    config.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     config.add_argument("--config", type=Path, help="YAML file with config values")
     return parser
 
