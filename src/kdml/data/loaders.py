@@ -77,7 +77,9 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
             sources = [dataset.source_of(int(i)) for i in batch.indices[batch.unreadable]]
             if on_bad_image == "error":
                 raise KdmlError(f"cannot decode image {sources[0]}: not a readable image file; "
-                                "replace or remove it, or set data.on_bad_image=skip")
+                                "replace or remove it, or skip such files with "
+                                "data.on_bad_image=skip (a run's setting, which its eval, "
+                                "embed and plots follow)")
             for source in sources:
                 logger.warning("skipping unreadable image %s", source)
             batch = Batch(*(field[~batch.unreadable] for field in batch))
