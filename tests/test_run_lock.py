@@ -3,9 +3,11 @@ folder: a second one gets a one-line error instead of interleaving its writes.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,21 +37,28 @@ def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overr
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
 
 
-def test_a_killed_process_leaves_nothing_held(tmp_path):
-    lock = tmp_path / "run" / ".training.lock"
+@contextlib.contextmanager
+def held_by_another_process(lock: Path) -> Iterator[None]:
+    """Another Python process holds ``lock`` (:func:`hold_folder`) until it is killed."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+        [sys.executable, "-c", "import time; from pathlib import Path; "
          "from kdml.training.run_folder import hold_folder\n"
          f"with hold_folder(Path({str(lock)!r}), 'busy'):\n"
          "    print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(KdmlError, match="^busy$"), hold_folder(lock, "busy"):
-            pass
+        yield
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_killed_process_leaves_nothing_held(tmp_path):
+    lock = tmp_path / "run" / ".training.lock"
+    with held_by_another_process(lock), pytest.raises(KdmlError, match="^busy$"), \
+            hold_folder(lock, "busy"):
+        pass
     with hold_folder(lock, "busy"):  # the kill let it go
         pass
 
@@ -163,19 +172,9 @@ def test_a_run_folder_with_a_checkpoint_or_a_file_kdml_did_not_write_is_still_re
 
 def test_a_run_without_a_checkpoint_that_another_process_trains_is_refused(tmp_path):
     out = stale_run(tmp_path / "run")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import time; from pathlib import Path; "
-         "from kdml.training.run_folder import RunFolder\n"
-         f"with RunFolder(Path({str(out)!r})).held():\n"
-         "    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(KdmlError, match=f"^{out} is being trained by another process"):
-            check_new_run_folder(out)
-    finally:
-        holder.kill()
-        holder.wait()
+    with held_by_another_process(RunFolder(out).lock_file), pytest.raises(
+            KdmlError, match=f"^{out} is being trained by another process"):
+        check_new_run_folder(out)
     check_new_run_folder(out)  # the kill let it go
 
 
