@@ -148,7 +148,7 @@ def test_a_run_without_a_checkpoint_makes_way_for_a_new_run_and_only_its_files_g
     out = stale_run(tmp_path / "run")
     check_new_run_folder(out)
     with RunFolder(out).held():  # as the trainer, which checks again holding the folder
-        check_new_run_folder(out)
+        check_new_run_folder(out, held=True)
         assert start_afresh(out) == f"starting afresh: the run in {out} saved no checkpoint"
     assert [path.name for path in out.iterdir()] == [".training.lock"]  # held: never removed
 

@@ -141,21 +141,23 @@ def holds_files(folder: Path) -> bool:
     return any(path.name != LOCK_NAME for path in folder.iterdir())
 
 
-def check_new_run_folder(root: Path) -> None:
+def check_new_run_folder(root: Path, held: bool = False) -> None:
     """Refuse a folder a new run must not write into, with one line: an existing run, a
     non-empty folder that is not a run (kdml never overwrites a file it did not create), a
     file, or a place where no folder can be made.
 
     A run that stopped before its first checkpoint (see :func:`stale_run_files`) is no
     refusal: a new run starts afresh over its files (:func:`start_afresh`), unless another
-    process is training it."""
+    process is training it (checked by taking its lock for a moment, unless this process
+    ``held`` the folder already)."""
     holds_a_run = (root / "config.yaml").is_file()
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
         raise KdmlError(f"{root} already holds a run; continue it with 'kdml train --resume "
                         f"{root}' or choose another --out")
-    if stale and held_by_another_process(root / LOCK_NAME):
-        raise KdmlError(_busy(root))
+    if stale and not held:  # refused now, not after the data has loaded
+        with hold_folder(root / LOCK_NAME, _busy(root)):
+            pass
     if root.exists() and not root.is_dir():
         raise KdmlError(f"--out {root} is a file, not a folder; choose another --out")
     if root.is_dir() and holds_files(root) and not stale:
@@ -207,7 +209,7 @@ def start_afresh(root: Path) -> str | None:
     never its lock file, which the caller holds), so that a new run starts afresh there.
     Returns the line that says so, or ``None`` (and removes nothing) where there is no such
     run. Call it holding the folder, after :func:`check_new_run_folder`."""
-    stale = stale_run_files(root) if (root / "config.yaml").is_file() else None
+    stale = stale_run_files(root)
     if stale is None:
         return None
     for path in stale:
@@ -215,29 +217,6 @@ def start_afresh(root: Path) -> str | None:
     with contextlib.suppress(OSError):  # the new run's writer makes it again
         RunFolder(root).tensorboard.rmdir()
     return f"starting afresh: the run in {root} saved no checkpoint"
-
-
-# Lock files this process holds (hold_folder), by absolute path: a check made while holding
-# one must not take it for another process's (a second open file of it would be refused).
-_HELD_HERE: set[str] = set()
-
-
-def held_by_another_process(lock_file: Path) -> bool:
-    """Whether another process holds ``lock_file`` (:func:`hold_folder`) now."""
-    if os.path.abspath(lock_file) in _HELD_HERE or not lock_file.is_file():
-        return False
-    try:
-        import fcntl
-    except ImportError:  # no flock on Windows: nothing is ever held there
-        return False
-    try:
-        with lock_file.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go again on closing
-    except BlockingIOError:
-        return True
-    except OSError:  # unwritable, or a file system without locks: nothing can be held there
-        return False
-    return False
 
 
 def _busy(root: Path) -> str:
@@ -266,12 +245,7 @@ def hold_folder(lock_file: Path, busy: str) -> Iterator[None]:
             raise KdmlError(busy) from None
         except OSError:  # a file system without locks (some NFS, FUSE): go on unguarded
             pass
-        held = os.path.abspath(lock_file)
-        _HELD_HERE.add(held)
-        try:
-            yield
-        finally:
-            _HELD_HERE.discard(held)
+        yield
 
 
 def make_folder(root: Path) -> None:

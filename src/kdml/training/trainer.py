@@ -540,7 +540,7 @@ def _silent(message: str) -> None:
 def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
                      echo: Callable[[str], None]) -> None:
     if not resume:
-        check_new_run_folder(run.root)  # again, now held: another run may have started here
+        check_new_run_folder(run.root, held=True)  # again: another run may have started here
         afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
         if afresh:
             echo(afresh)
