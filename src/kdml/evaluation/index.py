@@ -31,6 +31,7 @@ from kdml.errors import KdmlError
 from kdml.evaluation.knn import (
     SAFE_MAGNITUDE,
     as_float_matrix,
+    l2_normalize,
     search_scale,
     to_search_vectors,
 )
@@ -202,9 +203,8 @@ def _query_vectors(array: np.ndarray, info: IndexInfo) -> np.ndarray:
         if (largest == 0).any():
             raise KdmlError(f"query {int(np.flatnonzero(largest == 0)[0])} is all zeros: its "
                             "cosine similarity to anything is undefined")
-        rows /= largest[:, None]  # then the squares below neither overflow nor underflow
-        rows /= np.sqrt(np.einsum("ij,ij->i", rows, rows))[:, None]
-        return np.ascontiguousarray(rows, dtype=np.float32)
+        rows /= largest[:, None]  # then the squares of the norms neither overflow nor underflow
+        return np.ascontiguousarray(l2_normalize(rows, inplace=True), dtype=np.float32)
     largest = float(np.abs(array).max()) / info.scale
     if largest > SAFE_MAGNITUDE[1]:
         raise KdmlError(f"the queries reach {largest:.3g} times the indexed vectors' scale, "
