@@ -349,6 +349,10 @@ def test_list_prints_experiments_and_cells(capsys):
     assert cli.main(["reproduce", "dtml", "--list"]) == 0
     out = capsys.readouterr().out
     assert "dtml-mnist5k-to-digits" in out and "ddml-logistic" in out
+    # the settings every cell shares are listed too: here, the CPU setting's small CNN
+    assert cli.main(["reproduce", "atlas", "--list", "--only", "atlas-table2-cnn-mnist5k"]) == 0
+    assert ("    every cell: data.dataset=mnist5k data.split=seen-holdout model.backbone=cnn"
+            in capsys.readouterr().out)
 
 
 def test_quick_dtml_from_the_command_line(tmp_path, capsys):
@@ -365,6 +369,18 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
     assert "| 0.856 |" in text  # the paper's DTML on LFW, beside kdml's numbers
     assert text.count("- DTML beats") == 2
     assert Path(tmp_path / "runs").is_dir()
+
+
+def test_a_quick_report_goes_beside_its_runs_not_into_docs(tmp_path, monkeypatch, capsys):
+    """--quick without --out must not replace the committed docs/reproduction.md."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                     "dtml-mnist5k-to-digits", "--runs", "quick-runs", "--no-progress",
+                     "--device", "cpu"])
+    assert code == 0, capsys.readouterr().err
+    assert not (tmp_path / "docs").exists()
+    text = (tmp_path / "quick-runs" / "reproduction.md").read_text()
+    assert "--quick --out quick-runs/reproduction.md`" in text
 
 
 def test_plan_hashes_the_device_auto_resolves_to(tmp_path):

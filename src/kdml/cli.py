@@ -193,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a few steps per run and a small grid: checks the pipeline in "
                            "minutes on a CPU; its numbers say nothing about the methods")
     reproduce.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    reproduce.add_argument("--out", type=Path, default=DEFAULT_REPORT,
-                           help="the report (default docs/reproduction.md); plots go to "
+    reproduce.add_argument("--out", type=Path, default=None,
+                           help="the report (default docs/reproduction.md, or "
+                           "reproduction.md in the runs folder with --quick); plots go to "
                            "OUT-plots/ beside it")
     reproduce.add_argument("--runs", type=Path, default=None,
                            help="where the runs go (default runs/reproduce, or "
@@ -657,12 +658,17 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.list:
         for experiment in chosen:
             print(f"{experiment.key}  ({experiment.mirrors}; {len(experiment.cells)} cells)")
+            print(f"    every cell: data.dataset={experiment.dataset} {' '.join(experiment.common)}"
+                  .rstrip())
             for cell in experiment.cells:
                 print(f"    {cell.label}: {cell.recipe} {' '.join(cell.overrides)}".rstrip())
         return 0
     seeds = args.seeds or (3 if args.quick else 5)
     runs = args.runs or Path("runs/reproduce-quick" if args.quick else "runs/reproduce")
-    check_outputs(args.out)
+    # A quick report's numbers say nothing about the methods, so by default it stays beside
+    # its runs instead of replacing the committed docs/reproduction.md.
+    report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
+    check_outputs(report)
     device = resolve_device(args.device)
     busy = (f"{runs} is in use by another kdml reproduce (it trains its runs one at a time); "
             "wait for it to finish, or give this one other --runs")
@@ -678,7 +684,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     # A report written elsewhere names its path, so that its command rewrites it and not
     # the default report.
-    out = "" if args.out == DEFAULT_REPORT else str(args.out)
+    out = "" if report == DEFAULT_REPORT else str(report)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
                *(["--quick"] if args.quick else []),
                *(item for pattern in args.only for item in ("--only", pattern)),
@@ -689,7 +695,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "")
     not_run = [experiment for experiment in experiments(args.paper, args.quick)
                if experiment not in chosen]
-    path = write_report(results, args.out, context, not_run)
+    path = write_report(results, report, context, not_run)
     failed = [result for result in results if result.error]
     for result in failed:
         print(f"kdml: {result.experiment.key} could not run: {result.error}", file=sys.stderr)
