@@ -376,6 +376,15 @@ def test_msimclr_clamps_coordinates_before_the_mmd():
     x = images().double()
     torch.manual_seed(1)
     clamped = method(x, torch.tensor(LABELS)).terms["mmd"]
+    torch.manual_seed(1)  # replay the forward's random draws: two views, then two priors
+    view1, view2 = method.augment(x)
+    prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
+    outputs = method.charts(torch.cat([view1, view2]))
+    assert bool((outputs.coords > 10).all())
+    at_ten = torch.full_like(outputs.coords, 10.0)  # the authors' clamp: [-10, 10]
+    expected = 0.5 * (ManifoldMMD(2, 3)(at_ten[:8], outputs.q[:8], prior1)
+                      + ManifoldMMD(2, 3)(at_ten[8:], outputs.q[8:], prior2)).item()
+    assert float(clamped) == pytest.approx(expected, rel=1e-9)
     method.clamp = 0.0
     torch.manual_seed(1)
     free = method(x, torch.tensor(LABELS)).terms["mmd"]

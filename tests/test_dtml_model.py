@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from test_dtml_losses import ref_gaussian_mmd, ref_linear_mmd
 from torch import nn
 
 from kdml.config import OptimConfig, resolve_config
@@ -178,7 +179,8 @@ def test_pca_recipe_is_fitted_on_the_source_and_has_no_parameters():
     top = torch.linalg.svd(centred, full_matrices=False).Vh[:2].T
     expected = (target.double() - source.double().mean(dim=0)) @ top
     got = method.embed(target.double())
-    assert torch.allclose(got.abs(), expected.abs(), atol=1e-8)  # up to the sign of each axis
+    signs = torch.sign((got * expected).sum(dim=0))  # each axis is defined up to its sign
+    assert torch.allclose(got * signs, expected, atol=1e-8)
     # fitted batch by batch (as the trainer streams the source), the same directions
     _, streamed = build("pca", "method.pca_dim=2")
     streamed.fit(iter(source.split(4)))
@@ -207,12 +209,20 @@ def test_dtml_params_validation(override):
         build("dtml", override)
 
 
-def test_gaussian_mmd_option():
-    _, method = build("dtml", "method.k1=2", "method.k2=3",
-                      "method.mmd_kernel=gaussian")
+@pytest.mark.parametrize("num_kernels", [3, 5])
+def test_gaussian_mmd_option(num_kernels):
+    """method.mmd_kernel=gaussian swaps Eq. 6's linear MMD for the Gaussian-mixture MMD on
+    the top layer, with method.mmd_num_kernels Gaussians."""
+    _, method = build("dtml", "method.k1=2", "method.k2=3", "method.mmd_kernel=gaussian",
+                      f"method.mmd_num_kernels={num_kernels}")
+    method = method.double()
     source, labels, target = tiny_domains()
+    source, target = source.double(), target.double()
     output = method(source, labels, target)
-    assert output.terms["d_ts"] > 0
+    top_source, top_target = method.embed(source), method.embed(target)
+    expected = ref_gaussian_mmd(top_source.tolist(), top_target.tolist(), num_kernels)
+    assert float(output.terms["d_ts"]) == pytest.approx(expected, rel=1e-9)
+    assert expected != pytest.approx(ref_linear_mmd(top_source.tolist(), top_target.tolist()))
     output.loss.backward()
 
 

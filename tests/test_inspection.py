@@ -54,19 +54,22 @@ def test_index_and_search_find_the_nearest_test_samples(runs, tmp_path, capsys, 
     assert kdml("index", runs / "plain", "--out", index, "--kind", kind) == 0
     assert kdml("embed", runs / "plain", "--out", tmp_path / "test.npz") == 0
     embeddings = np.load(tmp_path / "test.npz")["embeddings"]
-    np.savez(tmp_path / "query.npz", embeddings=embeddings[:3])
+    np.savez(tmp_path / "query.npz", embeddings=embeddings[:32])
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", index, "--query", tmp_path / "query.npz",
                 "-k", "5", "--json") == 0
     results = json.loads(capsys.readouterr().out)
-    assert len(results) == 3 and all(len(r["neighbours"]) == 5 for r in results)
-    exact = np.concatenate([c.indices for c in knn_search(embeddings[:3], embeddings, k=5)])
+    assert len(results) == 32 and all(len(r["neighbours"]) == 5 for r in results)
+    exact = np.concatenate([c.indices for c in knn_search(embeddings[:32], embeddings, k=5)])
     found = [[int(item["source"].split("[")[1][:-1]) for item in r["neighbours"]]
              for r in results]
     if kind == "exact":
         assert found == exact.tolist()
     else:  # approximate indexes: the query itself, and most exact neighbours, are found
         assert all(row[0] == query for query, row in enumerate(found))
+        overlap = np.mean([len(set(row) & set(true)) / 5
+                           for row, true in zip(found, exact.tolist(), strict=True)])
+        assert overlap >= 0.9
 
 
 def test_atlas_index_searches_the_query_chart_only(runs, tmp_path, capsys):

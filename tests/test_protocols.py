@@ -11,6 +11,7 @@ import torch
 
 from kdml.errors import KdmlError
 from kdml.evaluation.reid import cmc_curve, match_ranks, single_shot_cmc
+from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import source_nn_accuracy, target_metrics
 from kdml.evaluation.verification import best_threshold, pair_scores, verification_accuracy
 
@@ -198,12 +199,19 @@ def test_source_nn_accuracy_matches_a_brute_force_vote():
 
 
 def test_target_metrics_leave_out_unknown_labels():
+    """The unlabelled (-1) targets sit nearest to every labelled one: scored as neighbours,
+    they would turn each hit into a miss."""
     source = np.array([[0.0], [10.0]])
-    target = np.array([[1.0], [2.0], [9.0], [8.0], [50.0]])
-    metrics = target_metrics(source, [0, 1], target, [0, 0, 1, 1, -1], ks=(1,))
-    assert metrics["source_nn_accuracy"] == 1.0 and metrics["recall@1"] == 1.0
+    target = np.array([[1.0], [2.0], [9.0], [8.0], [1.4], [8.6]])
+    labels = [0, 0, 1, 1, -1, -1]
+    metrics = target_metrics(source, [0, 1], target, labels, ks=(1,))
+    labelled = retrieval_metrics(target[:4], labels[:4], ks=(1,), metric="euclidean")
+    assert metrics["recall@1"] == labelled["recall@1"] == 1.0
+    assert metrics["map@r"] == labelled["map@r"] == 1.0
+    assert metrics["r_precision"] == labelled["r_precision"] == 1.0
+    assert metrics["source_nn_accuracy"] == 1.0
     with pytest.raises(KdmlError, match="no labelled"):
-        source_nn_accuracy(source, [0, 1], target, [-1] * 5)
+        source_nn_accuracy(source, [0, 1], target, [-1] * len(target))
 
 
 def test_all_same_and_all_different_thresholds_hold_beyond_the_training_scores():
