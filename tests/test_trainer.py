@@ -28,6 +28,86 @@ def test_seen_holdout_split_adds_a_linear_probe(tmp_path):
     assert "recall@1" in metrics["final"]
 
 
+def _digits_of_classes(classes: list[int]):
+    """The digits of ``classes`` only: a dataset whose labels are not 0..C-1."""
+    from kdml.data.registry import open_dataset
+
+    digits = open_dataset("digits").dataset
+    return digits.subset(torch.isin(digits.labels, torch.tensor(classes)).nonzero().squeeze(1))
+
+
+def _untrained_method(recipe: str, splits, *overrides: str):
+    from kdml.config import resolve_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import build_method
+
+    spec = get_recipe(recipe)
+    config = resolve_config(spec.name, spec.params, spec.defaults,
+                            overrides=["model.backbone=mlp", "model.embedding_size=8",
+                                       "eval.nmi=false", "train.device=cpu", *overrides])
+    return config, build_method(config, splits, pretrained=False, echo=lambda line: None)
+
+
+@pytest.mark.parametrize(("recipe", "settings"), [
+    ("amsoftmax", []), ("mtriplet", ["method.n_charts=2", "method.dim=8"])])
+def test_linear_probe_scores_training_classes_that_are_not_0_to_c(recipe, settings):
+    """Training classes 3, 7, 9 (remapped to 0, 1, 2 for training): the evaluator's linear
+    probe, with one chart or per chart, equals the probe fitted and scored directly on the
+    dataset's labels, so the test labels reach the probe in the training split's label space."""
+    from kdml.data.splits import SEEN, make_splits, seen_holdout_split
+    from kdml.evaluation.charts import piecewise_linear_accuracy
+    from kdml.evaluation.evaluator import chart_codes_of, embed_dataset, evaluate_method
+
+    dataset = _digits_of_classes([3, 7, 9])
+    splits = make_splits(dataset, {}, "seen-holdout")
+    assert splits.train_classes == [3, 7, 9] and splits.kind == SEEN
+    config, method = _untrained_method(recipe, splits, *settings)
+    metrics = evaluate_method(method, splits, config.eval)
+
+    kept, held_out = seen_holdout_split(dataset.labels, config.data.holdout_fraction)
+    if method.has_charts:
+        train, test = (chart_codes_of(method, dataset.subset(part)) for part in (kept, held_out))
+        (train_codes, train_index), (test_codes, test_index) = train.values, test.values
+    else:
+        train, test = (embed_dataset(method, dataset.subset(part)) for part in (kept, held_out))
+        train_codes, test_codes = train.values, test.values
+        train_index, test_index = (torch.zeros(len(codes), dtype=torch.long)
+                                   for codes in (train_codes, test_codes))
+    assert set(train.labels.tolist()) == set(test.labels.tolist()) == {3, 7, 9}
+    expected = piecewise_linear_accuracy(train_codes, train_index, train.labels, test_codes,
+                                         test_index, test.labels,
+                                         sigmoid=method.has_charts)["accuracy"]
+    # Above chance (1/3); a probe scoring dataset labels against 0..2 would score 0.
+    assert expected > 0.5
+    assert metrics["linear_accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_source_nn_accuracy_scores_source_classes_that_are_not_0_to_c():
+    """A source domain of classes 3, 7, 9 (remapped to 0, 1, 2 for training): the evaluator's
+    source-NN accuracy equals the one computed on the dataset's labels, so the source labels
+    are mapped back before they are compared with the target's."""
+    from kdml.data.prepare import domain_splits
+    from kdml.data.splits import DOMAIN, seen_holdout_split
+    from kdml.evaluation.evaluator import embed_dataset, evaluate_method
+    from kdml.evaluation.transfer import source_nn_accuracy
+
+    dataset = _digits_of_classes([3, 7, 9])
+    kept, held_out = seen_holdout_split(dataset.labels, 0.2)
+    source, target = dataset.subset(kept), dataset.subset(held_out)
+    splits = domain_splits(source, target)
+    assert splits.train_classes == [3, 7, 9] and splits.kind == DOMAIN
+    config, method = _untrained_method("amsoftmax", splits)
+    metrics = evaluate_method(method, splits, config.eval)
+
+    source_embedded, target_embedded = (embed_dataset(method, part) for part in (source, target))
+    expected = source_nn_accuracy(source_embedded.values, source_embedded.labels,
+                                  target_embedded.values, target_embedded.labels,
+                                  metric=config.eval.metric)
+    # Above chance (1/3); sources labelled 0..2 against targets 3, 7, 9 would score 0.
+    assert expected > 0.5
+    assert metrics["source_nn_accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
 def test_sgd_with_per_epoch_decay_and_step_decay(tmp_path):
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "optim.name=sgd",
                     "optim.lr=0.1", "optim.lr_decay=0.5", "optim.lr_step=2",
@@ -100,10 +180,41 @@ def test_pca_baseline_fits_once_without_an_optimiser(tmp_path):
 
 
 def test_domain_mmd_composes_with_any_recipe(tmp_path):
-    metrics = train(tmp_path, "jrd", "--dataset", "mnist5k->digits", "domain.beta=1.0",
-                    "domain.kernel=gaussian")
+    """domain.beta and domain.kernel reach the method: a DomainAdaptedMethod around the recipe's
+    method whose loss on a batch is the recipe's loss plus beta times the kernel MMD."""
+    from kdml.config import resolve_config
+    from kdml.kernels import GaussianMixtureKernel
+    from kdml.regularizers.domain import DomainMMD
+    from kdml.training.domain_adapted import DomainAdaptedMethod
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import build_method
+
+    domain = ["domain.beta=0.5", "domain.kernel=gaussian"]
+    metrics = train(tmp_path, "jrd", "--dataset", "mnist5k->digits", *domain)
     assert "train/d_ts" in metrics["epochs"][-1]
     assert "source_nn_accuracy" in metrics["final"]
+
+    recipe = get_recipe("jrd")
+    config = resolve_config("jrd", recipe.params, recipe.defaults,
+                            overrides=["data.dataset=mnist5k->digits", "model.embedding_size=8",
+                                       *domain])
+    splits = prepare_data(config.data)
+    method = build_method(config, splits, pretrained=False, echo=lambda line: None)
+    assert isinstance(method, DomainAdaptedMethod) and method.beta == 0.5
+    assert isinstance(method.mmd, DomainMMD)
+    assert isinstance(method.mmd.kernel, GaussianMixtureKernel)
+
+    batch = torch.arange(40) * (len(splits.train) // 40)  # every class of the sorted source
+    source, labels, target = splits.train.x[batch], splits.train.labels[batch], splits.target.x[:40]
+    method.eval()  # BatchNorm from its running statistics: the same in both calls
+    with torch.no_grad():
+        output = method(source, labels, target_inputs=target)
+        inner = method.inner(source, labels)
+    d_ts = output.terms["d_ts"]
+    assert float(d_ts) > 1e-3 * abs(float(inner.loss))  # beta visibly moves the loss
+    assert float(output.terms["inner_loss"]) == pytest.approx(float(inner.loss), rel=1e-6)
+    assert float(output.loss) == pytest.approx(float(inner.loss) + 0.5 * float(d_ts),
+                                               rel=1e-6, abs=1e-9)
 
 
 def test_domain_options_need_a_domain_pair(tmp_path, capsys):
