@@ -118,6 +118,12 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
 
     def grid(queries, neighbours, hits, image, path, titles):
         drawn["titles"] = {titles(int(p)) for p in [*queries, *neighbours.ravel()]}
+        # a hit is a neighbour of the query's class (the names here are the classes), and a
+        # query is never its own neighbour
+        for query, row, marks in zip(queries, neighbours, hits, strict=True):
+            assert int(query) not in row.tolist()
+            assert marks.tolist() == [titles(int(p)) == titles(int(query)) for p in row]
+        drawn["hits"] = int(hits.sum())
         return path
 
     def embedding_map(coordinates, labels, path, method, title, class_names):
@@ -126,8 +132,11 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
     monkeypatch.setattr(inspection, "plot_embedding_map", embedding_map)
-    assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "3") == 0  # every test image
+    # every test image; 5 neighbours, of which at most 3 share the query's class
+    assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
     assert kdml("plot", "embedding", run) == 0
+    hits = drawn.pop("hits")
+    assert 0 < hits <= 8 * 3  # hits and misses both: the check in grid saw each kind
     assert drawn == {"titles": {"c02", "c03"}, "legend": {2: "c02", 3: "c03"}}
     np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 3, 36, 36), dtype=np.uint8))
     assert kdml("search", run, "--index", tmp_path / "index", "--query",
@@ -137,6 +146,28 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
     assert kdml("search", run, "--index", tmp_path / "index", "--query",
                 tmp_path / "bad.npz") == 2
     assert "shape (3, 20, 20) per sample" in capsys.readouterr().err
+
+
+def test_train_split_is_embedded_with_the_datasets_labels_and_names(tmp_path, capsys):
+    """CUB's class ids start at 1: `--split train` maps the training split's 0..C-1 back to the
+    dataset's ids, each with its own class name (digits and folders start at 0, where a missing
+    mapping would go unnoticed)."""
+    from fixtures_photo_sets import make_cub
+
+    from kdml.data.formats.cub import folder_class_name
+
+    root = make_cub(tmp_path / "cub", classes=4, per_class=4)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", "cub", "--data-root", root, "--out", run,
+                *TINY, "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1,2]") == 0
+    assert kdml("embed", run, "--split", "train", "--out", tmp_path / "train.npz") == 0
+    train = np.load(tmp_path / "train.npz")
+    assert sorted(set(train["labels"].tolist())) == [1, 2]
+    for label, name, source in zip(train["labels"], train["class_names"], train["sources"],
+                                   strict=True):
+        folder = Path(str(source)).parent.name  # NNN.Name: the image's class id and name
+        assert int(folder.split(".")[0]) == label and name == folder_class_name(folder)
 
 
 def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
