@@ -48,4 +48,4 @@ def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys):
     train(tmp_path, "mtriplet", "method.n_charts=2", "method.dim=3")
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
     err = capsys.readouterr().err
-    assert "d = 2" in err or "dim" in err
+    assert "draws 2-D charts only (d = 2), got d = 3; train with method.dim=2" in err

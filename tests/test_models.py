@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -29,12 +31,15 @@ def test_auto_uses_dataset_default():
     assert build_backbone("auto", (40,), default="conv1d").__class__.__name__ == "Conv1dNet"
 
 
-@pytest.mark.parametrize(("name", "shape"), [
-    ("cnn", (2, 8, 8)), ("cnn", (1, 4, 4)), ("cnn", (1, 8, 6)), ("conv1d", (1, 8, 8)),
-    ("resnet", (1, 8, 8)),
+@pytest.mark.parametrize(("name", "shape", "message"), [
+    ("cnn", (2, 8, 8), "1- or 3-channel images, got 2 channels"),
+    ("cnn", (1, 4, 4), "side 8 or more, got side 4"),
+    ("cnn", (1, 8, 6), "needs square images"),
+    ("conv1d", (1, 8, 8), "needs 1-D signals"),
+    ("resnet", (1, 8, 8), "unknown backbone 'resnet'; choose one of"),
 ])
-def test_bad_backbones(name, shape):
-    with pytest.raises(KdmlError):
+def test_bad_backbones(name, shape, message):
+    with pytest.raises(KdmlError, match=re.escape(message)):
         build_backbone(name, shape)
 
 
