@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from pytorch_metric_learning.losses import CosFaceLoss
 
 from kdml import cli
@@ -92,8 +93,11 @@ def test_am_softmax_matches_eq_12(scale, margin):
 
 
 def test_jrd_objective_adds_alpha_times_jrs():
+    """Guards the objective and the layer order: the pooling kernel (K = 1) differs from the
+    embedding's (K = 3), so feeding one layer to the other's kernel changes the value."""
     kernels_reg = JointRepresentationSimilarity(
-        [get_recipe("jrd").params().kernel(layer) for layer in ("pool", "emb", "cls")])
+        [get_recipe("jrd").params(pool_num_kernels=1).kernel(layer)
+         for layer in ("pool", "emb", "cls")])
     method = make_method(kernels_reg, ("pool", "emb", "cls"), alpha=0.7)
     inputs, labels = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
     output = method(inputs, labels)
@@ -130,6 +134,30 @@ def test_recipes_pick_their_layers(name, layers, regularizer):
     assert "amsoftmax" in RECIPES and get_recipe("amsoftmax").build(
         resolve_config("amsoftmax", get_recipe("amsoftmax").params), MLP(6, (12,)), 4
     ).regularizer is None
+
+
+@pytest.mark.parametrize(("name", "layers"), [
+    ("jrd", ["pool", "emb", "cls"]), ("mrd", ["emb"]), ("jrd-c", ["pool", "emb"]),
+    ("jrd-pooling", ["emb", "cls"]), ("jmmd", ["pool", "emb", "cls"]),
+    ("jintra", ["pool", "emb", "cls"]), ("intra", ["emb"]),
+])
+def test_recipes_regularize_the_layers_they_name(name, layers):
+    """Guards which layer outputs reach the regularizer in the forward pass: Eq. 9's three
+    representations recomputed from the backbone and the head's weights. pool_num_kernels=1
+    makes the pooling kernel differ from the embedding's, so a swap of the two shows."""
+    recipe = get_recipe(name)
+    overrides = ["pool_num_kernels=1"] if name != "intra" else []
+    config = resolve_config(name, recipe.params, recipe.defaults, overrides=overrides)
+    torch.manual_seed(0)
+    method = recipe.build(config, MLP(6, (12,)), 4).double()
+    inputs, labels = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    pooled = method.backbone(inputs)
+    embedding = F.normalize(method.head.embedding.linear(pooled), dim=1)
+    cosines = embedding @ F.normalize(method.head.proxies, dim=0)
+    outputs = {"pool": pooled, "emb": embedding, "cls": cosines}
+    expected = method.regularizer([outputs[layer] for layer in layers], labels)
+    assert method(inputs, labels).terms["regularizer"] == pytest.approx(expected.item(),
+                                                                        rel=1e-12)
 
 
 def test_kernel_options_per_layer():

@@ -22,6 +22,8 @@ from kdml.kernels import (
 from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.losses.nt_xent import nt_xent_loss
+from kdml.models.backbones import build_backbone
+from kdml.precision import AUTOCAST_DTYPES
 from kdml.regularizers import (
     IntraClassPenalty,
     JointIntra,
@@ -30,6 +32,7 @@ from kdml.regularizers import (
 )
 from kdml.regularizers.domain import DomainMMD
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
+from kdml.training import trainer
 
 LABELS = torch.arange(4).repeat_interleave(4)
 WEIGHTS = torch.rand(16, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
@@ -141,12 +144,31 @@ def test_maths_is_not_cast_down_by_autocast():
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_jrd_trains_under_autocast_and_keeps_float32_parameters(tmp_path, precision):
+def test_jrd_trains_under_autocast_and_keeps_float32_parameters(tmp_path, monkeypatch,
+                                                                precision):
+    """Guards that the training forward runs under autocast in the configured dtype and that
+    float16 (only) saves a live loss scaler's state."""
+    seen = []  # (autocast on, its dtype, the backbone's output dtype) per training forward
+
+    def record(module, inputs, output):
+        if module.training:  # the evaluation's embedding passes run in eval mode
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                         output.dtype))
+
+    def hooked_backbone(*args, **kwargs):
+        backbone = build_backbone(*args, **kwargs)
+        backbone.register_forward_hook(record)
+        return backbone
+
+    monkeypatch.setattr(trainer, "build_backbone", hooked_backbone)
     out = tmp_path / "run"
     assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), "--no-progress",
                      f"train.precision={precision}", "train.epochs=1", "eval.nmi=false",
                      "model.embedding_size=16", "train.device=cpu"]) == 0
+    dtype = AUTOCAST_DTYPES[precision]
+    assert seen and set(seen) == {(True, dtype, dtype)}
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert bool(state["scaler"]) == (precision == "fp16")  # a disabled scaler saves {}
     dtypes = {value.dtype for value in state["method"].values() if value.is_floating_point()}
     assert dtypes == {torch.float32}  # PML casts its proxies to the input dtype otherwise
     run = json.loads((out / "metrics.json").read_text())
