@@ -381,6 +381,14 @@ def test_a_quick_report_goes_beside_its_runs_not_into_docs(tmp_path, monkeypatch
     assert not (tmp_path / "docs").exists()
     text = (tmp_path / "quick-runs" / "reproduction.md").read_text()
     assert "--quick --out quick-runs/reproduction.md`" in text
+    # even at docs/reproduction.md, a quick report's command names it: without --out, the
+    # same command would write beside its runs
+    code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                     "dtml-mnist5k-to-digits", "--runs", "quick-runs", "--no-progress",
+                     "--device", "cpu", "--out", "docs/reproduction.md"])
+    assert code == 0, capsys.readouterr().err
+    text = (tmp_path / "docs" / "reproduction.md").read_text()
+    assert "--quick --out docs/reproduction.md`" in text
 
 
 def test_plan_hashes_the_device_auto_resolves_to(tmp_path):

@@ -683,8 +683,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                   for cell_wall in cell.wall_s if cell_wall == cell_wall) / 60
 
     # A report written elsewhere names its path, so that its command rewrites it and not
-    # the default report.
-    out = "" if report == DEFAULT_REPORT else str(report)
+    # the default report (a quick report always does: its default follows --runs).
+    out = "" if report == DEFAULT_REPORT and not args.quick else str(report)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
                *(["--quick"] if args.quick else []),
                *(item for pattern in args.only for item in ("--only", pattern)),
