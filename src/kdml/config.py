@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 
 
 @dataclass
@@ -157,8 +157,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a nested dict."""
     path = Path(path)
     if not path.is_file():
-        raise KdmlError(f"config file {path} "
-                        f"{'is not a file' if path.exists() else 'does not exist'}")
+        raise KdmlError(f"config file {path} {why_missing(path, 'file')}")
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

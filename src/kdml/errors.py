@@ -1,5 +1,9 @@
 """The one exception type that the CLI turns into a one-line message."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 
 class KdmlError(ValueError):
     """Bad input from the user: the message says what was wrong and what to do."""
@@ -8,3 +12,9 @@ class KdmlError(ValueError):
 class QuietExit(KdmlError):
     """A failure that another process (rank 0 under torchrun) reports; this one stops without
     printing it again."""
+
+
+def why_missing(path: Path, kind: str) -> str:
+    """Why ``path`` is not the ``kind`` ("file" or "folder") a message expected: "is not a
+    file" where something else is there, else "does not exist"."""
+    return f"is not a {kind}" if path.exists() else "does not exist"

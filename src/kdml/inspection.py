@@ -22,7 +22,7 @@ from kdml.data.dataset import ArrayDataset, DmlDataset, renamed_classes
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
 from kdml.data.transforms import to_unit_float
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import (
     Embedded,
@@ -183,8 +183,8 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
     or an ``.npz`` with ``embeddings`` (and ``chart_index``) or raw ``inputs`` shaped like the
     run's samples."""
     if not query.is_file():
-        raise KdmlError(f"query {query} {'is not a file' if query.exists() else 'does not exist'}"
-                        ": give an image file or an .npz")
+        raise KdmlError(f"query {query} {why_missing(query, 'file')}: give an image file or an "
+                        ".npz")
     method, embedder = trained.method, trained.embedder
     if query.suffix.lower() == ".npz":
         if not zipfile.is_zipfile(query):  # np.load would talk of pickles

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from kdml.config import SECTIONS
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 
 LOCK_NAME = ".training.lock"
 
@@ -95,8 +95,7 @@ class RunFolder:
         """An existing run folder; a clear error when it is missing or holds no config."""
         run = cls(Path(root))
         if not run.root.is_dir():
-            raise KdmlError(f"run folder {run.root} "
-                            f"{'is not a folder' if run.root.exists() else 'does not exist'}")
+            raise KdmlError(f"run folder {run.root} {why_missing(run.root, 'folder')}")
         if not run.config.is_file():
             raise KdmlError(f"{run.root} is not a kdml run folder (no config.yaml)")
         return run
