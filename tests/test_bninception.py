@@ -213,7 +213,10 @@ def test_weights_from_safetensors_and_nested_checkpoints(tmp_path):
 def test_weights_errors_are_one_line(tmp_path):
     with pytest.raises(KdmlError, match="never downloads weights.*pretrainedmodels") as error:
         load_weights(BNInception(), tmp_path / "bn_inception-52deb4733.pth")
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and "does not exist" in str(error.value)
+    (tmp_path / "weights.pth").mkdir()
+    with pytest.raises(KdmlError, match="weights.pth is not a file; kdml never downloads"):
+        load_weights(BNInception(), tmp_path / "weights.pth")
     state = BNInception().state_dict()
     state["inception_4a_1x1.weight"] = torch.zeros(10, 576, 1, 1)
     torch.save(state, tmp_path / "other.pth")

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 
 # Binarisation threshold of the 32x32 bitmap, on intensities in [0, 1]. The mean amount of ink
 # is the reason for 0.35: converted MNIST then has ~309 on-pixels per digit against ~313 in
@@ -228,7 +228,7 @@ def load_feature_domains(path: str | Path) -> DomainPair:
     """
     path = Path(path)
     if not path.is_file():
-        raise KdmlError(f"feature file {path} does not exist")
+        raise KdmlError(f"feature file {path} {why_missing(path, 'file')}")
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:

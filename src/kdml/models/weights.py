@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 
 CLASSIFIER_PREFIXES = ("last_linear.", "fc.", "classifier.", "head.", "heads.")
 WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_inception-52deb4733.pth"
@@ -35,7 +35,7 @@ WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_incep
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a ``.pth``/``.pt`` or ``.safetensors`` file, keys without ``module.``."""
     if not path.is_file():
-        raise KdmlError(f"weights file {path} does not exist; {WHERE_TO_GET}")
+        raise KdmlError(f"weights file {path} {why_missing(path, 'file')}; {WHERE_TO_GET}")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
