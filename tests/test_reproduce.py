@@ -241,7 +241,7 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert general.values["bound"][0] == pytest.approx(
         general.values["lambda"][0] + general.values["h_divergence"][0])
     assert by_key["tiny-charts"].cells["MTriplet"].charts.is_file()
-    assert "not found" in by_key["tiny-missing"].error or "cub" in by_key["tiny-missing"].error
+    assert by_key["tiny-missing"].error.startswith("cub: no dataset found (searched: ")
 
     report = tmp_path / "docs" / "reproduction.md"
     context = ReportContext("kdml reproduce all", "a test machine", "torch", 0.1, 2, True)
@@ -279,6 +279,48 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert metrics.stat().st_mtime_ns == before
     assert again[0].cells["alpha = 1"].values == parts.values
     write_report(again, report, context)  # its own report: rewritten
+
+
+def _errors_after(breaking: Path, text: str, runs: Path) -> dict[str, str]:
+    """Each tiny JRD experiment's error once ``breaking`` (a file kdml wrote) holds ``text``."""
+    kept = breaking.read_text()
+    breaking.write_text(text)
+    try:
+        results = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
+                            echo=lambda line: None)
+    finally:
+        breaking.write_text(kept)
+    return {result.experiment.key: result.error for result in results}
+
+
+def test_hand_broken_run_files_give_one_line_errors(tmp_path):
+    """A run file that kdml wrote but a hand edit broke stops its experiments with a one-line
+    message naming the file, never a traceback, and the other experiments go on."""
+    runs = tmp_path / "runs"
+    first = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
+                      echo=lambda line: None)
+    run_dir = first[0].cells["alpha = 1"].run_dirs[0]
+    assert not first[0].error and not first[1].error
+    errors = _errors_after(run_dir / "parts.json", '{"metrics": {"recall@1": {"mean": "x"}}}',
+                           runs)
+    assert errors["tiny-parts"].startswith(f"{run_dir / 'parts.json'} is not as kdml wrote it")
+    assert "delete it" in errors["tiny-parts"] and not errors["tiny-generalization"]
+    errors = _errors_after(run_dir / "reproduce.json", "{", runs)
+    assert errors["tiny-parts"] == errors["tiny-generalization"] == (
+        f"{run_dir / 'reproduce.json'} is not as kdml wrote it (no wall_s); delete it and run "
+        "the same command again to recompute it")
+    # with its settings it is trusted (without them it is recomputed)
+    stored = json.loads((run_dir / "generalization.json").read_text())
+    errors = _errors_after(run_dir / "generalization.json",
+                           json.dumps({**stored, "lambda": 1}), runs)
+    assert errors["tiny-generalization"].startswith(f"{run_dir / 'generalization.json'} is not")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics["final"]["recall@1"] = "0.5"
+    errors = _errors_after(run_dir / "metrics.json", json.dumps(metrics), runs)
+    assert errors["tiny-generalization"] == (f"{run_dir / 'metrics.json'}: recall@1 is '0.5', "
+                                             "not a number; delete the run folder to train it "
+                                             "again")
+    assert all("\n" not in error for error in errors.values())
 
 
 def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from kdml.config import RunConfig, resolve_config
 from kdml.errors import KdmlError
@@ -134,7 +135,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> float:
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
     if folder.final_metrics() is not None and timing.is_file():
-        return float(json.loads(timing.read_text())["wall_s"])
+        return float(read_stored(timing, "wall_s"))
     earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
     train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
@@ -142,6 +143,19 @@ def train_planned(run: PlannedRun, progress: bool | None) -> float:
     wall = earlier + time.perf_counter() - start
     write_json({"wall_s": wall, "device": run.config.train.device}, timing)
     return wall
+
+
+def read_stored(path: Path, *keys: str) -> Any:
+    """``path``'s JSON value at ``keys``: a file kdml wrote into a run folder, which a hand edit
+    or a full disk may have broken (a one-line error then says how to recompute it)."""
+    try:
+        value = json.loads(path.read_text())
+        for key in keys:
+            value = value[key]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        raise KdmlError(f"{path} is not as kdml wrote it (no {'/'.join(keys)}); delete it and "
+                        "run the same command again to recompute it") from None
+    return value
 
 
 def logged_seconds(log: Path) -> float:
@@ -200,6 +214,10 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                 if name not in metrics:
                     raise KdmlError(f"{run.run_dir} has no {name!r}; the recipe "
                                     f"{cell.recipe} does not report it")
+                if not isinstance(metrics[name], (int, float)):
+                    raise KdmlError(f"{run.run_dir / 'metrics.json'}: {name} is "
+                                    f"{metrics[name]!r}, not a number; delete the run folder "
+                                    "to train it again")
                 result.values.setdefault(name, []).append(float(metrics[name]))
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
             result.run_dirs.append(run.run_dir)
@@ -215,7 +233,14 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
     folder's ``parts.json``."""
     path = run_dir / PARTS_FILE
     if path.is_file():
-        return json.loads(path.read_text())["metrics"]
+        stored = read_stored(path, "metrics")
+        if isinstance(stored, dict) and all(
+                isinstance(estimate, dict) and isinstance(estimate.get("mean"), (int, float))
+                and isinstance(estimate.get("ci95"), (int, float))
+               for estimate in stored.values()):
+            return stored
+        raise KdmlError(f"{path} is not as kdml wrote it (a metric without a numeric mean and "
+                        "ci95); delete it and run the same command again to recompute it")
     trained = load_run(run_dir)
     embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
     ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
@@ -231,12 +256,13 @@ def _generalization(run_dir: Path) -> dict[str, float]:
     run folder's ``generalization.json``."""
     path = run_dir / "generalization.json"
     settings = GeneralizationSettings()
-    stored = json.loads(path.read_text()) if path.is_file() else {}
+    stored = read_stored(path) if path.is_file() else {}
+    used = stored.get("settings") if isinstance(stored, dict) else None
     wanted = {**vars(settings)}
-    if {key: stored.get("settings", {}).get(key) for key in wanted} != wanted:
+    if not isinstance(used, dict) or {key: used.get(key) for key in wanted} != wanted:
         analyze_generalization(load_run(run_dir), settings)
-        stored = json.loads(path.read_text())
-    lam, h_divergence = stored["lambda"]["mean"], stored["h_divergence"]["mean"]
+    lam = read_stored(path, "lambda", "mean")
+    h_divergence = read_stored(path, "h_divergence", "mean")
     return {"lambda": lam, "h_divergence": h_divergence, "bound": lam + h_divergence}
 
 
