@@ -188,3 +188,27 @@ def test_tie_flags_skip_exact_tolerances_only_where_no_gap_could_be_a_tie(metric
                                       exact)
         flagged += exact.sum()
     assert flagged > 0  # the data has ties, so the check compared both paths
+
+
+def test_a_group_of_every_neighbour_is_widened_straight_to_the_whole_set(monkeypatch):
+    """Doubling the search stops early for a small group, but would search a collapsed
+    embedding log2(N / w) times: rows whose neighbours are all tied jump to every reference,
+    others double. The scores are the same either way (the tests above)."""
+    widths: list[tuple[int, int]] = []
+    real = retrieval.search_rows
+
+    def counted(queries, rows, reference, k, *rest):
+        widths.append((len(rows), k))
+        return real(queries, rows, reference, k, *rest)
+
+    monkeypatch.setattr(retrieval, "search_rows", counted)
+    retrieval_metrics(np.ones((500, 4)), np.repeat(np.arange(50), 10), ks=(1, 8), nmi=False)
+    assert widths == [(500, 499)]  # searched 10 wide, then once at all 499 others
+    widths.clear()
+    # two close points, then 100 copies of a far one: the pair's groups start after their
+    # untied nearest neighbour, so they double (5 -> 10 -> ... -> 80); the copies (searched 50
+    # wide: R = 49) jump to 101, where the pair joins them
+    embeddings = np.concatenate([[[1.0, 0.0], [1.0, 0.01]], np.tile([[0.0, 1.0]], (100, 1))])
+    labels = np.concatenate([[0, 0], np.arange(100) % 2 + 1])  # R = 1 for the pair
+    retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False, chunk_size=1)
+    assert widths == [(2, 10), (2, 20), (2, 40), (2, 80), (102, 101)]

@@ -338,8 +338,9 @@ class RankedSearch:
     For each query it retrieves one neighbour more than the ranks scored, so it can see
     whether the tie group holding the last scored rank goes on; when it does (and more
     references exist), that query is searched again with twice as many neighbours, until the
-    group ends or every reference is retrieved. A collapsed embedding of N points therefore
-    costs an N x N search; without ties nothing is searched twice.
+    group ends or every reference is retrieved, and with every reference at once when all its
+    neighbours are tied. A collapsed embedding of N points therefore costs one N x N search
+    after the first; without ties nothing is searched twice.
     """
 
     # Widened searches run in batches of at most this many (query, neighbour) results.
@@ -376,7 +377,7 @@ class RankedSearch:
         searched = np.minimum(needed + 1, self.available)
         # Widened at the end, all in one search: each search reads the whole reference, so
         # a few rows per chunk searched chunk by chunk cost a full pass each.
-        incomplete_rows, width = [], 0
+        pending: dict[int, list[np.ndarray]] = {}
         for chunk in search_prepared(self.queries, self.reference, searched, self.metric,
                                      self.exclude_self, self.chunk_size):
             rows = np.arange(chunk.start, chunk.stop)
@@ -388,17 +389,28 @@ class RankedSearch:
             if done.any():
                 yield rows[done], Ranked(chunk.indices[done], continues[done])
             if incomplete.any():
-                incomplete_rows.append(rows[incomplete])
-                width = max(width, chunk.indices.shape[1])
-        if incomplete_rows:
-            yield from self._widen(np.concatenate(incomplete_rows), needed, width)
+                self._queue(pending, rows[incomplete], continues[incomplete])
+        yield from self._widen(pending, needed)
 
-    def _widen(self, rows: np.ndarray, needed: np.ndarray,
-               width: int) -> Iterator[tuple[np.ndarray, Ranked]]:
-        while len(rows):
-            width = min(2 * width, self.available)
+    def _queue(self, pending: dict[int, list[np.ndarray]], rows: np.ndarray,
+               continues: np.ndarray) -> None:
+        """Queue rows whose last group is incomplete at twice their width; at every
+        reference when all their neighbours are tied with the first, which is a collapsed
+        embedding's case: doubling would search it log2(N / w) times before the end."""
+        width = continues.shape[1]
+        everything_tied = continues[:, 1:].all(axis=1)
+        for next_width, these in ((self.available, everything_tied),
+                                  (min(2 * width, self.available), ~everything_tied)):
+            if these.any():
+                pending.setdefault(next_width, []).append(rows[these])
+
+    def _widen(self, pending: dict[int, list[np.ndarray]],
+               needed: np.ndarray) -> Iterator[tuple[np.ndarray, Ranked]]:
+        """Search the queued rows again, narrowest width first, until each group ends."""
+        while pending:
+            width = min(pending)
+            rows = np.concatenate(pending.pop(width))
             batch = max(1, self.WIDEN_BUDGET // width)
-            pending = []
             for start in range(0, len(rows), batch):
                 part = rows[start:start + batch]
                 scores, indices = search_rows(self.queries, part, self.reference, width,
@@ -409,8 +421,8 @@ class RankedSearch:
                     done = ~group_reaches_last_column(continues, needed[part])
                 if done.any():
                     yield part[done], Ranked(indices[done], continues[done])
-                pending.append(part[~done])
-            rows = np.concatenate(pending)
+                if not done.all():
+                    self._queue(pending, part[~done], continues[~done])
 
 
 def _norms(vectors: np.ndarray | torch.Tensor) -> np.ndarray:

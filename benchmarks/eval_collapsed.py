@@ -1,0 +1,55 @@
+"""The cost of scoring a collapsed embedding exactly: every test embedding identical, so every
+neighbour of every query is tied and Recall@K, MAP@R and R-Precision are expectations over
+the whole test set (``kdml.evaluation.ties``). Timed beside a spread-out embedding of the same
+shape, and with the searches ``RankedSearch`` repeats (rows, width) counted.
+
+The default shape is a class-disjoint test split of Fashion-MNIST scaled down: ``--points``
+embeddings of size 64 in 5 equal classes (the real split has 35,000; the cost grows as its
+square).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/eval_collapsed.py --points 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from machine import machine_description
+
+import kdml.evaluation.retrieval as retrieval
+from kdml.evaluation import retrieval_metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--points", type=int, default=10000)
+    parser.add_argument("--classes", type=int, default=5)
+    parser.add_argument("--dim", type=int, default=64)
+    args = parser.parse_args()
+    labels = np.repeat(np.arange(args.classes), args.points // args.classes)
+    spread = np.random.default_rng(0).standard_normal((len(labels), args.dim))
+    searches: list[tuple[int, int]] = []
+    search_rows = retrieval.search_rows
+
+    def counted(queries, rows, reference, k, *rest):
+        searches.append((len(rows), k))
+        return search_rows(queries, rows, reference, k, *rest)
+
+    retrieval.search_rows = counted  # counts the repeated searches, same results
+    print(f"{machine_description()}; torch {torch.__version__}")
+    for name, embeddings in (("collapsed", np.ones_like(spread)), ("spread", spread)):
+        searches.clear()
+        start = time.perf_counter()
+        scores = retrieval_metrics(embeddings.astype(np.float32), labels, nmi=False)
+        wall = time.perf_counter() - start
+        widths = sorted({width for _, width in searches})
+        print(f"{name}: {len(labels):,} queries in {wall:.1f} s, recall@1 "
+              f"{scores['recall@1']:.4f}, map@r {scores['map@r']:.5f}; "
+              f"{sum(rows for rows, _ in searches):,} rows searched again at widths {widths}")
+
+
+if __name__ == "__main__":
+    main()
