@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from kdml import cli
+from kdml import cli, inspection
+from kdml.data.transforms import to_unit_float
+from kdml.training.trainer import load_run
 
 TINY = ["train.epochs=1", "model.backbone=mlp", "eval.nmi=false", "--no-progress"]
 
@@ -34,11 +37,33 @@ def test_atlas_recipes_end_to_end(tmp_path, name, overrides, metric):
     assert 0.0 <= final[metric] <= 1.0
 
 
-def test_plot_charts(tmp_path, capsys):
+def test_plot_charts(tmp_path, capsys, monkeypatch):
     train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2")
+    drawn: dict = {}
+    real = inspection.plot_charts
+
+    def recording(coords, index, labels, path, **options):
+        drawn.update(coords=coords, index=index, labels=labels, **options)
+        return real(coords, index, labels, path, **options)
+
+    monkeypatch.setattr(inspection, "plot_charts", recording)
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet"), "--thumbnails", "5"]) == 0
     assert (tmp_path / "mtriplet" / "plots" / "charts.png").stat().st_size > 1000
     assert "charts.png" in capsys.readouterr().out
+    # what is drawn is every test digit's compressed code (Eq. 3), recomputed here from the
+    # model, with its own label and image
+    trained = load_run(tmp_path / "mtriplet")
+    test = trained.splits.test
+    raw = torch.stack([test.load(i) for i in range(len(test))])
+    trained.method.eval()
+    with torch.no_grad():
+        coords, index = trained.method.chart_codes(trained.embedder.transform(raw))
+    assert torch.allclose(torch.as_tensor(drawn["coords"]), coords, atol=1e-5)
+    assert torch.equal(torch.as_tensor(drawn["index"]), index)
+    assert torch.equal(torch.as_tensor(drawn["labels"]), test.labels)
+    assert len(index.unique()) > 1  # several charts are drawn, so a swap of them would show
+    assert drawn["max_thumbnails"] == 5
+    assert torch.equal(drawn["images"](len(test) - 1), to_unit_float(raw[-1]))
 
 
 def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys):
