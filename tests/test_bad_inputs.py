@@ -81,6 +81,24 @@ def test_out_in_an_unwritable_place(tmp_path, capsys):
     assert "not writable" in err
 
 
+def test_something_in_the_way_of_a_result_is_named(tmp_path, capsys, finished_run):
+    """A folder where a result file goes, or a file where the plots folder goes: the path and
+    the reason in one line, not an OSError's traceback."""
+    (finished_run / "eval.json").mkdir()
+    err = refused(tmp_path, capsys, "eval", finished_run)
+    assert err == (f"kdml: error: {finished_run / 'eval.json'} is a folder, where kdml writes "
+                   "a file; move it away")
+    assert not (finished_run / "eval.json.tmp").exists()
+    for path in (finished_run / "plots").iterdir():
+        path.unlink()
+    (finished_run / "plots").rmdir()
+    (finished_run / "plots").write_text("mine\n")
+    err = refused(tmp_path, capsys, "plot", "retrieval", finished_run)
+    assert err == (f"kdml: error: {finished_run / 'plots'}: File exists; move what is in the "
+                   "way or choose another path")
+    assert (finished_run / "plots").read_text() == "mine\n"
+
+
 def test_default_run_folder_names_are_single_safe_folders():
     from kdml.training.run_folder import default_run_dir
 

@@ -263,6 +263,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kdml: interrupted", file=sys.stderr)
         return 130
+    except OSError as error:
+        if error.filename is None:  # not about a path: a bug, so keep its traceback
+            raise
+        # the file system refused a path (a file where a folder goes, no permission, a full
+        # disk): say which and why in one line, as for any other bad input
+        if _is_main_process():
+            paths = " -> ".join(str(name) for name in (error.filename, error.filename2)
+                                if name is not None)
+            print(f"kdml: error: {paths}: {error.strerror or error}; move what is in the way "
+                  "or choose another path", file=sys.stderr)
+        return 2
     finally:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
             sys.modules["kdml.distributed"].teardown()

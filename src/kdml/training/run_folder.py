@@ -268,6 +268,9 @@ def check_writable_folder(folder: Path, option: str = "--out") -> None:
 
 
 def write_json(values: Any, path: Path) -> None:
+    """Write ``values`` to ``path`` atomically (a kill leaves the old file or the new one)."""
+    if path.is_dir():  # os.replace would fail half-way, with the .tmp file written
+        raise KdmlError(f"{path} is a folder, where kdml writes a file; move it away")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(values, indent=2))
     os.replace(tmp, path)
