@@ -426,6 +426,38 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
                 tmp_path / "q.npz", "-k", "5") == 0
     assert "fewer" not in capsys.readouterr().err
+    # a -k far beyond the index allocates only what the index can give, plain and Atlas
+    assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
+    assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0
+    for run, index, query in (("plain", "index", "q.npz"), ("atlas", "atlas-index", "atlas.npz")):
+        capsys.readouterr()
+        assert kdml("search", runs / run, "--index", tmp_path / index, "--query",
+                    tmp_path / query, "-k", str(10**19), "--json") == 0
+        printed = capsys.readouterr()
+        assert max(len(r["neighbours"]) for r in json.loads(printed.out)) <= 896
+        assert f"fewer than {10**19} neighbours" in printed.err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no labels", "too few rows", "no chart"])
+def test_a_damaged_index_is_refused_in_one_line(runs, tmp_path, capsys, damage):
+    run = "atlas" if damage == "no chart" else "plain"
+    assert kdml("index", runs / run, "--out", tmp_path / "index") == 0
+    assert kdml("embed", runs / run, "--out", tmp_path / "q.npz") == 0
+    items = tmp_path / "index" / "items.npz"
+    arrays = dict(np.load(items))
+    if damage == "truncated":
+        items.write_bytes(items.read_bytes()[:100])
+    else:
+        key = {"no labels": "labels", "no chart": "chart"}.get(damage)
+        arrays = ({name: value for name, value in arrays.items() if name != key} if key
+                  else {name: value[:10] for name, value in arrays.items()})
+        np.savez(items, **arrays)
+    capsys.readouterr()
+    assert kdml("search", runs / run, "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: {tmp_path / 'index'} holds a damaged index (")
+    assert err.count("\n") == 1 and "build it again with 'kdml index'" in err
 
 
 def test_unwritable_outputs_are_refused_before_anything_is_embedded(runs, tmp_path, capsys,

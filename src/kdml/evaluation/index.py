@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -152,18 +153,26 @@ def load_index(folder: Path) -> LoadedIndex:
         keys = info.charts if info.charts is not None else [-1]
         indexes = {key: faiss.read_index(str(folder / name))
                    for key, name in zip(keys, names, strict=True)}
-    except (OSError, ValueError, TypeError, RuntimeError) as error:
+    except (OSError, ValueError, TypeError, RuntimeError, zipfile.BadZipFile) as error:
         raise KdmlError(f"{folder} holds a damaged index ({type(error).__name__}); build it "
                         "again with 'kdml index'") from None
+    wanted = ["labels", "sources", *(["chart"] if info.charts is not None else [])]
+    short = [key for key in wanted if key not in items or len(items[key]) != info.count]
+    stored = sum(index.ntotal for index in indexes.values())
+    if short or stored != info.count:
+        what = f"items.npz has no {short[0]!r} of {info.count} items" if short else \
+            f"its faiss files hold {stored} vectors, index.json says {info.count}"
+        raise KdmlError(f"{folder} holds a damaged index ({what}); build it again with "
+                        "'kdml index'")
     return LoadedIndex(info, items, indexes)
 
 
 def search_index(loaded: LoadedIndex, queries: Any, k: int,
                  query_charts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` nearest indexed items of each query: scores ``[Q, k]`` (cosine
-    similarities, or Euclidean distances in the embeddings' units; NaN where fewer items exist)
-    and item positions ``[Q, k]`` (-1 where none). Atlas indexes search each query's own chart
-    (``query_charts``) only."""
+    """The ``k`` nearest indexed items of each query: scores ``[Q, K]`` with ``K = min(k,
+    number of items)`` (cosine similarities, or Euclidean distances in the embeddings' units;
+    NaN where fewer items exist) and item positions ``[Q, K]`` (-1 where none). Atlas indexes
+    search each query's own chart (``query_charts``) only."""
     info = loaded.info
     array = as_float_matrix(queries, "queries")
     if array.shape[1] != info.dim:
@@ -172,6 +181,7 @@ def search_index(loaded: LoadedIndex, queries: Any, k: int,
     if k < 1:
         raise KdmlError(f"-k must be at least 1, got {k}")
     vectors = _query_vectors(array, info)
+    k = min(k, info.count)  # no query finds more, and a huge -k must not allocate [Q, k]
     scores = np.full((len(vectors), k), np.nan, dtype=np.float32)
     positions = np.full((len(vectors), k), -1, dtype=np.int64)
     if info.charts is None:
