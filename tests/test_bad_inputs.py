@@ -99,6 +99,22 @@ def test_something_in_the_way_of_a_result_is_named(tmp_path, capsys, finished_ru
     assert (finished_run / "plots").read_text() == "mine\n"
 
 
+def test_an_out_that_is_a_symbolic_link_is_never_replaced(tmp_path, capsys, finished_run):
+    """A link (dangling or not) at --out would be replaced by the file renamed into place."""
+    (tmp_path / "emb.npz").symlink_to(tmp_path / "elsewhere.npz")  # dangling
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "index").symlink_to(tmp_path / "empty")
+    (tmp_path / "report.md").symlink_to(tmp_path / "missing.md")
+    for command, out in (("embed", "emb.npz"), ("index", "index")):
+        err = refused(tmp_path, capsys, command, finished_run, "--out", tmp_path / out)
+        assert err == (f"kdml: error: --out {tmp_path / out} is a symbolic link, which kdml "
+                       "would replace; give the path it points to, or another one")
+    err = refused(tmp_path, capsys, "reproduce", "dtml", "--quick", "--out",
+                  tmp_path / "report.md")
+    assert "report.md is a symbolic link" in err
+    assert all((tmp_path / name).is_symlink() for name in ("emb.npz", "index", "report.md"))
+
+
 def test_default_run_folder_names_are_single_safe_folders():
     from kdml.training.run_folder import default_run_dir
 

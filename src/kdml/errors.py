@@ -18,3 +18,11 @@ def why_missing(path: Path, kind: str) -> str:
     """Why ``path`` is not the ``kind`` ("file" or "folder") a message expected: "is not a
     file" where something else is there, else "does not exist"."""
     return f"is not a {kind}" if path.exists() else "does not exist"
+
+
+def check_not_a_link(path: Path, option: str = "--out") -> None:
+    """Refuse an output path that is a symbolic link (even a dangling one): kdml writes a new
+    file and renames it into place, which would replace the user's link."""
+    if path.is_symlink():
+        raise KdmlError(f"{option} {path} is a symbolic link, which kdml would replace; give "
+                        "the path it points to, or another one")

@@ -22,7 +22,7 @@ from kdml.data.dataset import ArrayDataset, DmlDataset, renamed_classes
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
 from kdml.data.transforms import to_unit_float
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, check_not_a_link, why_missing
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import (
     Embedded,
@@ -131,6 +131,7 @@ def check_npz_out(path: Path) -> None:
     """Refuse an ``--out`` for an ``.npz`` that exists or cannot be written (before the work)."""
     if path.suffix != ".npz":
         raise KdmlError(f"--out {path} must end in .npz")
+    check_not_a_link(path)
     if path.exists():
         raise KdmlError(f"{path} exists; kdml does not overwrite files: choose another --out")
     check_writable_folder(path.parent)

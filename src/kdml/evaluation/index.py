@@ -28,7 +28,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.knn import (
     SAFE_MAGNITUDE,
     as_float_matrix,
@@ -87,7 +87,8 @@ def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
 
 
 def check_index_folder(folder: Path) -> None:
-    """Refuse an ``--out`` that is a file or a folder with anything in it."""
+    """Refuse an ``--out`` that is a file, a link or a folder with anything in it."""
+    check_not_a_link(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise KdmlError(f"--out {folder} is not an empty folder; an index goes into a new one")
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.reproduce.experiments import Experiment, verdict
 from kdml.reproduce.plots import plot_sweep
@@ -56,6 +56,7 @@ def check_outputs(report: Path) -> None:
     """Refuse, before anything trains, to overwrite a report or plot folder kdml did not write.
     """
     check_writable_folder(report.parent)
+    check_not_a_link(report)
     if report.exists():
         if not report.is_file():
             raise KdmlError(f"--out {report} is not a file; choose another --out")
