@@ -101,7 +101,7 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 4
     log = (out / "train.log").read_text()
-    assert "all 6 epochs are trained; nothing left to train" in log
+    assert "it stopped early, after epoch 4; nothing left to train" in log
     assert "start epoch 7" not in log
     capsys.readouterr()
     # the chosen model, scored on the validation part, then on the test part it never saw

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from kdml import cli
 from kdml.data.prepare import prepare_data
@@ -162,6 +163,23 @@ def test_tolerance_stops_early_and_resume_keeps_it_stopped(tmp_path):
     assert cli.main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
     again = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert [row["epoch"] for row in again["epochs"]] == [1, 2]
+
+
+def test_a_finished_run_resumed_with_more_epochs_trains_them(tmp_path, capsys):
+    """Raising train.epochs in a finished run's config.yaml trains the new epochs (as timm's
+    and Lightning's resume do), instead of saying they are all trained."""
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    config = tmp_path / "run" / "config.yaml"
+    settings = yaml.safe_load(config.read_text())
+    settings["train"]["epochs"] = 2
+    config.write_text(yaml.safe_dump(settings))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert ("train.epochs is 2, not the 1 it was trained for: training epochs 2 to 2"
+            in capsys.readouterr().out)
+    again = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [row["epoch"] for row in again["epochs"]] == [1, 2]
+    assert "nothing left to train" not in (tmp_path / "run" / "train.log").read_text()
 
 
 @pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml"])

@@ -471,7 +471,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
     config, main = session.config, session.world.is_main
     echo(f"test set: {session.splits.test_set}")
     history: list[dict[str, Any]] = []
-    start_epoch = 1
+    start_epoch, stopped_early = 1, False
     state = distributed.from_main(lambda: _checkpoint_to_resume(run) if resume else None)
     if resume and state is None:  # stopped before its first checkpoint: start over
         echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
@@ -480,13 +480,21 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
         history, start_epoch = state["history"], state["epoch"] + 1
         if scored_prefix(session.splits) == VALIDATION:
             history = as_validation_history(history)
-        if state.get("finished"):  # stopped early by the tolerance rule: nothing left to do
+        planned = state.get("config", {}).get("train", {}).get("epochs", config.train.epochs)
+        stopped_early = bool(state.get("finished")) and state["epoch"] < planned
+        if stopped_early:  # by the convergence or patience rule: nothing left to do
             start_epoch = config.train.epochs + 1
         echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
+        if not stopped_early and planned < config.train.epochs:  # train.epochs was raised
+            echo(f"train.epochs is {config.train.epochs}, not the {planned} it was trained "
+                 f"for: training epochs {start_epoch} to {config.train.epochs}")
 
     prefix = scored_prefix(session.splits)
     with Recorder(run, main, prefix) as recorder:
-        if start_epoch > config.train.epochs:  # a finished run resumed: nothing to train
+        if start_epoch > config.train.epochs and stopped_early:
+            recorder.log.info("it stopped early, after epoch %d; %s", len(history),
+                              NOTHING_LEFT)
+        elif start_epoch > config.train.epochs:  # a finished run resumed: nothing to train
             recorder.log.info("all %d epochs are trained; %s", config.train.epochs,
                               NOTHING_LEFT)
         else:
