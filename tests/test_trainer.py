@@ -180,6 +180,15 @@ def test_a_finished_run_resumed_with_more_epochs_trains_them(tmp_path, capsys):
     again = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert [row["epoch"] for row in again["epochs"]] == [1, 2]
     assert "nothing left to train" not in (tmp_path / "run" / "train.log").read_text()
+    # the same model as a run trained for 2 epochs from the start (the schedules do not
+    # depend on the length)
+    direct = tmp_path / "direct"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(direct), *TINY,
+                     "train.epochs=2"]) == 0
+    resumed, straight = (torch.load(folder / "checkpoints" / "last.pt", weights_only=True)
+                         for folder in (tmp_path / "run", direct))
+    assert all(torch.equal(resumed["method"][key], straight["method"][key])
+               for key in straight["method"])
 
 
 @pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml"])
