@@ -308,3 +308,29 @@ def test_a_path_of_the_wrong_kind_is_named_as_such(tmp_path, capsys):
 def test_config_without_a_recipe_asks_for_the_recipe_only(tmp_path, capsys):
     err = refused(tmp_path, capsys, "config")
     assert "required: recipe (" in err and "key=value" not in err
+
+
+@pytest.mark.parametrize("damage", ["cut short", "emptied"])
+def test_a_damaged_run_config_is_refused_not_completed_with_defaults(tmp_path, capsys,
+                                                                     finished_run, damage):
+    """A config.yaml cut before its last sections would load with their defaults (here:
+    eval.nmi back to true); an empty one used to read as the recipe 'None'."""
+    config = finished_run / "config.yaml"
+    text = config.read_text()
+    config.write_text(text[:text.index("\neval:")] + "\n" if damage == "cut short" else "")
+    missing = "eval" if damage == "cut short" else "recipe"
+    for command in (["eval", finished_run], ["train", "--resume", finished_run]):
+        err = refused(tmp_path, capsys, *command)
+        assert err == (f"kdml: error: {config} has no '{missing}': it is not the whole config "
+                       "kdml wrote for this run (cut short, emptied or replaced); restore it, "
+                       "or train the run again into a new folder")
+
+
+def test_a_folder_with_the_users_own_config_yaml_is_not_called_a_run(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("recipe: jrd\n")
+    (out / "notes.txt").write_text("my notes\n")
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out", out,
+                  *TINY)
+    assert "is a folder with other files in it" in err and "--resume" not in err

@@ -184,10 +184,12 @@ def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
 
 def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "config.yaml").write_text("recipe: amsoftmax\n")
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out) == 0
+    before = (out / "checkpoints" / "last.pt").read_bytes()
+    capsys.readouterr()
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out) == 2
-    assert "--resume" in error_line(capsys)
+    assert "already holds a run; continue it with 'kdml train --resume" in error_line(capsys)
+    assert (out / "checkpoints" / "last.pt").read_bytes() == before
 
 
 def test_datasets_and_recipes_are_listed(capsys):

@@ -289,16 +289,14 @@ def _train(args: argparse.Namespace) -> int:
     from kdml.config import load_config_file, resolve_config
     from kdml.training.recipes import get_recipe
     from kdml.training.run_folder import RunFolder, check_new_run_folder, default_run_dir
-    from kdml.training.trainer import train
+    from kdml.training.trainer import run_config, train
 
     if args.resume is not None:
         if (args.recipe or args.overrides or args.dataset or args.config or args.weights
                 or args.seed is not None or args.data_root or args.out):
             raise KdmlError("--resume takes only the run folder: the run keeps its own config")
         run = RunFolder.existing(args.resume)
-        file_values = load_config_file(run.config)
-        recipe = get_recipe(str(file_values.get("recipe")))
-        config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+        config = run_config(run)
         _join_processes(config)
         return _run_training(lambda: train(config, run.root, resume=True,
                                            progress=_progress(args)), config, run.root)

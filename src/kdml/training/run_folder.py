@@ -149,7 +149,9 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     refusal: a new run starts afresh over its files (:func:`start_afresh`), unless another
     process is training it (checked by taking its lock for a moment, unless this process
     ``held`` the folder already)."""
-    holds_a_run = (root / "config.yaml").is_file()
+    # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
+    run = RunFolder(root)
+    holds_a_run = run.config.is_file() and (run.log.is_file() or run.checkpoint.is_file())
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
         raise KdmlError(f"{root} already holds a run; continue it with 'kdml train --resume "

@@ -28,7 +28,7 @@ from torch.utils.data import Sampler
 from tqdm.auto import tqdm
 
 from kdml import distributed
-from kdml.config import RunConfig, load_config_file, resolve_config, save_config
+from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config, save_config
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data, prepare_data_and_test_part
@@ -183,6 +183,20 @@ class TrainedRun:
         return self.run.plots / f"{name}{'-best' if best else ''}.png"
 
 
+def run_config(run: RunFolder) -> RunConfig:
+    """The configuration in a run folder's ``config.yaml``, which kdml wrote whole: a file
+    without its recipe or one of its sections (cut short, emptied, or the user's own) is
+    refused, where reading it as a config file would fill the gaps with defaults, silently."""
+    file_values = load_config_file(run.config)
+    missing = [key for key in ("recipe", *SECTIONS) if key not in file_values]
+    if missing:
+        raise KdmlError(f"{run.config} has no {missing[0]!r}: it is not the whole config kdml "
+                        "wrote for this run (cut short, emptied or replaced); restore it, or "
+                        "train the run again into a new folder")
+    recipe = get_recipe(str(file_values["recipe"]))
+    return resolve_config(recipe.name, recipe.params, file_values=file_values)
+
+
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
              test_part: bool = False) -> TrainedRun:
     """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
@@ -192,9 +206,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
     model on the classes it was never chosen on; the model is built as trained."""
     run = RunFolder.existing(run_dir)
-    file_values = load_config_file(run.config)
-    recipe = get_recipe(str(file_values.get("recipe")))
-    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    config = run_config(run)
     if data_root is not None:  # set directly: a path is not parsed as an override's YAML
         dataset, root = relocated(config.data.dataset, data_root)
         config = dataclasses.replace(
