@@ -117,6 +117,20 @@ def test_make_splits_standard_uses_the_datasets_own_parts():
     assert splits.test.labels.tolist() == [9, 9]
 
 
+def test_a_split_whose_test_classes_are_partly_trained_on_is_refused():
+    # Neither unseen (the run said "classes not seen in training") nor seen: a data mistake.
+    dataset = vectors([5, 5, 7, 7, 5, 7, 9, 9])
+    dataset = dataset.relabelled(dataset.labels, {5: "cat", 7: "dog", 9: "eel"})
+    parts = {"train": torch.tensor([0, 1, 2, 3]), "test": torch.tensor([4, 6, 7])}
+    with pytest.raises(KdmlError, match=r"^toy: its train and test parts share 1 of the 2 test "
+                                        r"classes \(e.g. 'cat'\); put each class on one side"):
+        make_splits(dataset, parts, "standard")
+    with pytest.raises(KdmlError, match="share 1 of the 2"):
+        make_splits(dataset, parts, "standard", validation=0.5)
+    # the dataset's own split is not used by the other splits
+    assert make_splits(dataset, parts, "seen-holdout").kind == SEEN
+
+
 def test_class_names_follow_the_training_splits_new_labels():
     names = {5: "cat", 7: "dog", 9: "eel"}
     dataset = vectors([5, 5, 7, 7, 9, 9])

@@ -4,6 +4,7 @@ format and the source-fitted PCA."""
 from __future__ import annotations
 
 import math
+import zipfile
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from kdml.data.domains import (
     DOMAIN_PAIRS,
     DomainPair,
     fit_source_pca,
+    load_domain_data,
     load_domain_pair,
     load_feature_domains,
     mnist_to_optdigits,
@@ -204,12 +206,33 @@ def test_npz_loader_file_errors(tmp_path):
     with pytest.raises(KdmlError, match="folder.npz is not a file"):
         load_feature_domains(tmp_path / "folder.npz")
     (tmp_path / "junk.npz").write_text("not an archive")
-    with pytest.raises(KdmlError, match="not a readable .npz"):
+    with pytest.raises(KdmlError, match="not an .npz archive"):
         load_feature_domains(tmp_path / "junk.npz")
     arrays = good_arrays()
     arrays["domain"] = np.array(["source"] * 4 + ["target"] * 3, dtype=object)
     with pytest.raises(KdmlError, match="object arrays"):
         load_feature_domains(write_npz(tmp_path / "objects.npz", **arrays))
+
+
+def test_npz_loader_never_advises_loading_unsafely(tmp_path):
+    # np.load takes a non-zip file for a pickle and suggests allow_pickle=True.
+    (tmp_path / "features.txt").write_text("1 2 3\n")
+    write_npz(tmp_path / "whole.npz", **good_arrays())
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "whole.npz").read_bytes()[:100])
+    (tmp_path / "empty.npz").write_bytes(b"")
+    for name in ("features.txt", "cut.npz", "empty.npz"):
+        with pytest.raises(KdmlError) as caught:
+            load_feature_domains(tmp_path / name)
+        message = str(caught.value)
+        assert "not an .npz archive" in message and "numpy.savez(" in message
+        assert "pickle" not in message and "\n" not in message
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as archive:  # members that are not .npy
+        for key in ("X", "y", "domain"):
+            archive.writestr(key, b"raw")
+    with pytest.raises(KdmlError, match="X, y, domain not saved as numpy arrays"):
+        load_feature_domains(tmp_path / "raw.npz")
+    with pytest.raises(KdmlError, match="npz: needs a path"):
+        load_domain_data("npz:")
 
 
 # ----------------------------------------------------------------- PCA

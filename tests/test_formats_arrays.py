@@ -340,6 +340,30 @@ def test_folder_errors(tmp_path):
     one_line_error(lambda: load_folder(folder), "c02_empty/", "no images")
 
 
+def test_folder_refuses_a_folder_read_twice_through_a_link(tmp_path):
+    # A link would list the same images twice: under two classes, or, in a loop, many times.
+    folder = make_image_folder(tmp_path, classes=3, per_class=1)
+    (folder / "c01" / "more").symlink_to(folder / "c00", target_is_directory=True)
+    one_line_error(lambda: load_folder(folder), "c01/more/ and c00/ are the same folder",
+                   "remove the link")
+    (folder / "c01" / "more").unlink()
+    (folder / "c02" / "loop").symlink_to(folder, target_is_directory=True)
+    one_line_error(lambda: load_folder(folder), "c02/loop/ and ./ are the same folder")
+    (folder / "c02" / "loop").unlink()
+    linked = tmp_path / "elsewhere"  # a class folder that is a link is read as usual
+    (folder / "c02").rename(linked)
+    (folder / "c02").symlink_to(linked, target_is_directory=True)
+    assert load_folder(folder).dataset.labels.tolist() == [0, 1, 2]
+
+
+def test_folder_and_csv_without_a_path(tmp_path, monkeypatch):
+    # Path("") is the current folder: "folder:" must not read it.
+    make_image_folder(tmp_path)
+    monkeypatch.chdir(tmp_path / "images")
+    one_line_error(lambda: open_dataset("folder:"), "folder: needs a path", "folder:DIR")
+    one_line_error(lambda: open_dataset("csv: "), "csv: needs a path", "csv:FILE")
+
+
 # CSV ------------------------------------------------------------------------------------------
 
 
@@ -405,6 +429,14 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
      ["line 3", "missing image", "gone.jpg", "1 of 2"]),
     ('path,label,split\n"photos/c00/000.jpg,a,train\n', ["line 2", "malformed CSV"]),
     (b"path,label,split\nphotos/c00/\xe9.jpg,a,train\n", ["not UTF-8"]),
+    # An image listed twice would be its twin's perfect match, or have two labels.
+    ("path,label,split\nphotos/c00/000.jpg,a,train\nphotos/c00/001.png,a,test\n"
+     "./photos/c00/000.jpg,a,test\n",
+     ["lines 2 and 4", "image ./photos/c00/000.jpg twice", "list each image once"]),
+    ("path,label,split\nphotos/c00/000.jpg,a,train\n\nphotos/c00/000.jpg,b,train\n",
+     ["lines 2 and 4", "with labels 'a' and 'b'", "under its one label"]),
+    ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,test,1,0\n"
+     "photos/c00/000.jpg,a,test,0,1\n", ["lines 2 and 3", "is_query=1 and is_gallery=1"]),
 ])
 def test_csv_errors(tmp_path, text, fragments):
     csv_file = write_csv(tmp_path, text)

@@ -20,6 +20,7 @@ Pre-extracted features (such as the paper's LBP features) load from an ``.npz`` 
 from __future__ import annotations
 
 import functools
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,24 +230,30 @@ def load_feature_domains(path: str | Path) -> DomainPair:
     path = Path(path)
     if not path.is_file():
         raise KdmlError(f"feature file {path} {why_missing(path, 'file')}")
+    # Look at the file's kind first: np.load takes anything else for a pickle and advises
+    # loading it unsafely, which is wrong here.
+    with path.open("rb") as stream:
+        is_npy = stream.read(6) == b"\x93NUMPY"
+    if is_npy or not zipfile.is_zipfile(path):
+        what = "a single .npy array, not an .npz archive" if is_npy else (
+            "not an .npz archive (not a whole zip file)")
+        raise KdmlError(f"{path} is {what}; save the features with "
+                        "numpy.savez(path, X=..., y=..., domain=...)")
     try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as error:
-        raise KdmlError(f"{path} is not a readable .npz file without object arrays "
-                        f"({str(error).splitlines()[0] if str(error) else 'empty'})") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
-        raise KdmlError(f"{path} is a single .npy array, not an .npz archive; save the features "
-                        "with numpy.savez(path, X=..., y=..., domain=...)")
-    try:
-        with loaded as archive:
+        with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise KdmlError(f"{path} is not a readable .npz file without object arrays "
-                        f"({str(error).splitlines()[0]})") from None
+                        f"({(str(error) or 'empty').splitlines()[0]})") from None
     missing = [key for key in ("X", "y", "domain") if key not in arrays]
     if missing:
         raise KdmlError(f"{path} lacks the array(s) {', '.join(missing)}; it needs X [N, D], "
                         "y [N] and domain [N]")
+    # np.load hands back a member that is not an .npy file as raw bytes.
+    raw = [key for key in ("X", "y", "domain") if not isinstance(arrays[key], np.ndarray)]
+    if raw:
+        raise KdmlError(f"{path}: {', '.join(raw)} not saved as numpy arrays; save the features "
+                        "with numpy.savez(path, X=..., y=..., domain=...)")
     features, labels, domains = arrays["X"], arrays["y"], arrays["domain"]
     if features.ndim != 2 or features.dtype.kind not in "fiu" or 0 in features.shape:
         raise KdmlError(f"{path}: X must be a non-empty numeric [N, D] array, got shape "
@@ -339,5 +346,7 @@ def is_domain_dataset(name: str) -> bool:
 def load_domain_data(name: str) -> DomainPair:
     """A registered domain pair by name, or the two domains of a ``npz:PATH`` feature file."""
     if name.startswith("npz:"):
+        if not name.removeprefix("npz:").strip():  # Path("") would be the current folder
+            raise KdmlError("npz: needs a path: --dataset npz:FILE (a .npz of X, y, domain)")
         return load_feature_domains(name.removeprefix("npz:"))
     return load_domain_pair(name)

@@ -173,6 +173,10 @@ def open_dataset(name: str, root: str = "") -> DatasetParts:
     if name in FORMATS:
         entry_format = FORMATS[name]
         return entry_format.load(find_root(entry_format, root))
+    prefix = next((prefix for prefix in PREFIXES if name.startswith(prefix)), "")
+    if prefix and not name.removeprefix(prefix).strip():  # Path("") is the current folder
+        what = "DIR" if prefix == "folder:" else "FILE"
+        raise KdmlError(f"{prefix} needs a path: --dataset {prefix}{what}")
     if name.startswith("folder:"):
         from kdml.data.formats.folder import load_folder
 

@@ -149,6 +149,7 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
                           ("gallery", gallery_idx)):
         if indices is not None and len(indices) == 0:
             raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty")
+    refuse_partly_seen(dataset, train_idx, test_idx)
     test_name = "test"
     if validation:
         seen = bool(torch.isin(dataset.labels[test_idx], dataset.labels[train_idx]).all())
@@ -164,6 +165,23 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
     return DataSplits(remapped_to_training(train, classes, remapped), test, classes.tolist(),
                       SEEN if seen else UNSEEN, gallery=gallery, eval_ks=eval_ks,
                       validation=bool(validation))
+
+
+def refuse_partly_seen(dataset: DmlDataset, train_idx: Tensor, test_idx: Tensor) -> None:
+    """Refuse a split (a dataset's own, such as a CSV's) whose test classes are partly training
+    classes: the run could neither call them unseen nor score a probe on them, and their
+    samples would match samples of the same class trained on, raising Recall@K."""
+    test_classes = dataset.labels[test_idx].unique()
+    trained = torch.isin(test_classes, dataset.labels[train_idx].unique())
+    if not trained.any() or trained.all():  # unseen, or seen: both are scored as such
+        return
+    label = int(test_classes[trained][0])
+    name = dataset.class_name(label)
+    example = f"{name!r}" if name is not None else f"label {label}"
+    raise KdmlError(f"{dataset.name}: its train and test parts share {int(trained.sum())} of "
+                    f"the {len(test_classes)} test classes (e.g. {example}); put each class on one "
+                    "side (a test of unseen classes) or train on every test class (a test of "
+                    "seen classes), or set data.split=class-disjoint or seen-holdout")
 
 
 def validation_split(labels: Tensor, share: float, seen: bool) -> tuple[Tensor, Tensor]:

@@ -13,11 +13,13 @@ columns are ignored.
 Split: the ``split`` column's ``train`` and ``test`` rows. With ``is_query`` and ``is_gallery``
 columns (0/1 or true/false, empty meaning 0) the test rows are divided instead into a query
 part and a gallery part (a row may be in both), as for In-Shop; train rows' flags are ignored.
+Each image is listed once (a duplicate would be its twin's perfect match, or have two labels).
 """
 
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import torch
@@ -91,12 +93,23 @@ def load_csv(csv_file: Path) -> DatasetParts:
     header, rows = read_table(layout, csv_file)
     column = {name: header.index(name) for name in (*REQUIRED, *FLAGS) if name in header}
     paths, names, is_train, is_query, is_gallery = [], [], [], [], []
+    first_listed: dict[str, tuple[int, str]] = {}  # image -> (line, label) of its first row
     for line, row in rows:
         path, name, split = (row[column[key]].strip() for key in REQUIRED)
         if not path or not name:
             raise layout.error(f"line {line}: empty {'path' if not path else 'label'}")
         if split.lower() not in ("train", "test"):
             raise layout.error(f"line {line}: split must be train or test, got {split!r}")
+        # An image listed twice is its twin's perfect match (Recall@1 of 1), or has two labels.
+        image = os.path.normpath(csv_file.parent / path)
+        if image in first_listed:
+            first, label = first_listed[image]
+            labels = f"with labels {label!r} and {name!r}" if label != name else "twice"
+            both = ("; a test image both queried and searched takes is_query=1 and "
+                    "is_gallery=1 on one row" if "is_query" in column else "")
+            raise layout.error(f"lines {first} and {line} list the image {path} {labels}; list "
+                               f"each image once, under its one label{both}")
+        first_listed[image] = (line, name)
         paths.append(str(csv_file.parent / path))
         names.append(name)
         is_train.append(split.lower() == "train")

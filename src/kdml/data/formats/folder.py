@@ -25,10 +25,21 @@ from kdml.data.images import IMAGE_EXTENSIONS, ImageFiles
 EXPECTED = "one sub-folder per class holding its images, e.g. DIR/<class>/<image>.jpg"
 
 
-def class_images(folder: Path) -> list[str]:
-    """The image files at any depth inside ``folder``, sorted, hidden entries skipped."""
+def class_images(folder: Path, layout: Layout, read: dict[str, str]) -> list[str]:
+    """The image files at any depth inside ``folder``, sorted, hidden entries skipped.
+
+    ``read`` maps the real path of each folder already read to its path; a linked folder
+    read twice (in two classes, or in a loop) is refused: its images would be listed twice,
+    each its twin's perfect match or under two labels."""
     found = []
     for parent, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(parent)
+        if real in read:
+            first = os.path.relpath(read[real], layout.root)
+            raise layout.error(f"{os.path.relpath(parent, layout.root)}/ and {first}/ are the "
+                               "same folder through a link, so its images would be listed "
+                               "twice; remove the link")
+        read[real] = parent
         folders[:] = sorted(name for name in folders if not name.startswith("."))
         found.extend(os.path.join(parent, name) for name in sorted(files)
                      if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
@@ -47,8 +58,9 @@ def load_folder(folder: Path) -> DatasetParts:
         raise layout.error("no class sub-folders")
     paths: list[str] = []
     labels: list[int] = []
+    read = {os.path.realpath(folder): str(folder)}  # a link back to DIR is a loop
     for label, name in enumerate(classes):
-        images = class_images(folder / name)
+        images = class_images(folder / name, layout, read)
         if not images:
             raise layout.error(f"class folder {name}/ holds no images (extensions: "
                                f"{' '.join(IMAGE_EXTENSIONS)})")
