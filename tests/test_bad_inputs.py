@@ -192,6 +192,16 @@ def test_an_empty_dataset_name_is_refused(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("prefix", ["folder:", "csv:"])
+def test_a_dataset_prefix_without_a_path_asks_for_one(tmp_path, capsys, prefix):
+    """`folder:` as YAML is the mapping {'folder': None}; its message was about that type."""
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", prefix, "--out",
+                  tmp_path / "run", *TINY)
+    what = "DIR" if prefix == "folder:" else "FILE"
+    assert err == f"kdml: error: {prefix} needs a path: --dataset {prefix}{what}"
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_empty_dataset_setting_is_refused(tmp_path, capsys):
     err = refused(tmp_path, capsys, "train", "amsoftmax", "data.dataset=", "--out",
                   tmp_path / "run", *TINY)

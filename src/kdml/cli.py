@@ -6,6 +6,7 @@ Every user error becomes one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -304,12 +305,14 @@ def _train(args: argparse.Namespace) -> int:
     file_values = load_config_file(args.config) if args.config else {}
     recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
     overrides = list(args.overrides)
+    # Quoted (a JSON string is a YAML string): unquoted, an override's value is read as YAML,
+    # which makes `folder:` a mapping and a path named `yes` or `1e5` a bool or a number.
     if args.dataset is not None:
-        overrides.append(f"data.dataset={args.dataset}")
+        overrides.append(f"data.dataset={json.dumps(str(args.dataset))}")
     if args.data_root:
-        overrides.append(f"data.root={args.data_root}")
+        overrides.append(f"data.root={json.dumps(str(args.data_root))}")
     if args.weights:
-        overrides.append(f"model.weights={args.weights}")
+        overrides.append(f"model.weights={json.dumps(str(args.weights))}")
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
     if "grid" in file_values:
