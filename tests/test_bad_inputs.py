@@ -217,6 +217,14 @@ def test_a_nonsense_number_is_refused_before_training(tmp_path, capsys, setting)
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("setting", ["method.kernel_multiplier=0",
+                                     "method.polynomial_degree=0"])
+def test_kernel_settings_out_of_range_are_named_by_kdml_config(tmp_path, capsys, setting):
+    """These were refused only by the kernels, inside training, without the setting's name."""
+    err = refused(tmp_path, capsys, "config", "jrd", setting)
+    assert err.startswith(f"kdml: error: {setting.split('=')[0]} must be ")
+
+
 def test_config_for_another_recipe(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("recipe: mtriplet\n")
     assert "recipe 'mtriplet'" in refused(tmp_path, capsys, "train", "jrd", "--config",

@@ -110,6 +110,14 @@ class JRDParams(AMSoftmaxParams):
                                 "laplace, polynomial, mgf")
             if getattr(self, f"{layer}_num_kernels") < 1:
                 raise KdmlError(f"method.{layer}_num_kernels must be at least 1")
+        # checked here too, not only by the kernels, so that `kdml config` finds them and the
+        # message names the setting
+        if not self.kernel_multiplier > 0:
+            raise KdmlError(f"method.kernel_multiplier must be positive (the ratio of "
+                            f"consecutive Gaussian bandwidths), got {self.kernel_multiplier}")
+        if self.polynomial_degree < 1:
+            raise KdmlError(f"method.polynomial_degree must be at least 1, got "
+                            f"{self.polynomial_degree}")
 
     def kernel(self, layer: str) -> Kernel:
         name = getattr(self, f"{layer}_kernel")
