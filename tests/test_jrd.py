@@ -210,7 +210,7 @@ def test_generalization_terms_match_literal_nearest_neighbours():
     terms = generalization_terms(seen, seen_y, unseen, unseen_y, repeats=3, seed=7)
     # Replay the same random splits and compute both terms with literal loops.
     replay = np.random.default_rng(7)
-    h_values, bd_values, lam_values = [], [], []
+    h_values, bd_values, lam_values, unfitted = [], [], [], []
     for _ in range(3):
         s_order, u_order = replay.permutation(30), replay.permutation(24)
         s_fit, s_score, u_fit, u_score = s_order[:15], s_order[15:], u_order[:12], u_order[12:]
@@ -224,9 +224,12 @@ def test_generalization_terms_match_literal_nearest_neighbours():
         fit_y = np.concatenate([seen_y[s_fit], unseen_y[u_fit]])
         lam_values.append(literal_nn_error(fit_x, fit_y, seen[s_score], seen_y[s_score])
                           + literal_nn_error(fit_x, fit_y, unseen[u_score], unseen_y[u_score]))
+        scored_y = list(seen_y[s_score]) + list(unseen_y[u_score])
+        unfitted.append(sum(y not in set(fit_y) for y in scored_y) / len(scored_y))
     assert terms["h_divergence"].values == pytest.approx(h_values)
     assert terms["h_divergence_bd"].values == pytest.approx(bd_values)
     assert terms["lambda"].values == pytest.approx(lam_values)
+    assert terms["unfitted"].values == pytest.approx(unfitted)
     half_width = 4.302652729911275 * np.std(lam_values, ddof=1) / math.sqrt(3)  # t_{0.975, 2}
     assert terms["lambda"].ci95 == pytest.approx(half_width)
 
@@ -252,6 +255,18 @@ def test_h_divergence_is_one_for_separated_sets():
     assert terms["h_divergence"].mean == 1.0 and terms["h_divergence_bd"].mean == 1.0
 
 
+def test_classes_missing_from_the_fitted_part_are_counted():
+    """With 2 of 100 samples fitted, most scored samples are of classes the joint classifier
+    never saw: lambda counts them as errors, and ``unfitted`` says how many there are."""
+    rng = np.random.default_rng(2)
+    seen, unseen = rng.normal(size=(50, 2)), rng.normal(size=(50, 2)) + 9
+    labels = np.arange(50) % 10
+    few = generalization_terms(seen, labels, unseen, labels + 10, labelled_fraction=0.02)
+    assert few["unfitted"].mean >= 0.8 and few["lambda"].mean >= 2 * 0.8
+    many = generalization_terms(seen, labels, unseen, labels + 10, labelled_fraction=0.9)
+    assert many["unfitted"].mean < few["unfitted"].mean
+
+
 def test_generalization_refuses_overlapping_classes():
     from kdml.errors import KdmlError
 
@@ -274,6 +289,10 @@ def test_jrd_end_to_end_and_analysis(tmp_path, tiny_overrides, capsys):
     assert 0.0 <= saved["h_divergence"]["mean"] <= 1.0
     assert 0.0 <= saved["lambda"]["mean"] <= 2.0
     assert len(saved["lambda"]["values"]) == 3
+    assert "fitted part" not in capsys.readouterr().err
+    assert cli.main(["analyze", "generalization", str(out), "--repeats", "2",
+                     "--labelled-fraction", "0.001"]) == 0
+    assert "of classes with no sample in the fitted part" in capsys.readouterr().err
 
 
 

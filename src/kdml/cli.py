@@ -512,6 +512,10 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
                         ("err_seen", "  err_s(h*)"), ("err_unseen", "  err_u(h*)")):
         print(f"  {label:<18} {terms[name].mean:.4f} +- {terms[name].ci95:.4f}")
     print("(chance, sets a classifier cannot tell apart: d_H 0.5, Ben-David form 0)")
+    if terms["unfitted"].mean > 0:
+        print(f"kdml: note: {terms['unfitted'].mean:.1%} of the scored samples are of classes "
+              "with no sample in the fitted part; lambda counts them as errors: raise "
+              "--labelled-fraction", file=sys.stderr)
     print(f"written to {path}")
     return 0
 

@@ -20,7 +20,10 @@ classifiers fitted on labelled splits and scored on the rest:
 - ``lambda = err_s(h*) + err_u(h*)`` (Eq. 3), the error of the ideal joint hypothesis: one
   multi-class classifier fitted on the labelled parts of both sets, over all their classes.
 
-Both are repeated over random splits and reported with 95% confidence intervals.
+Both are repeated over random splits and reported with 95% confidence intervals. A scored
+sample whose class has no sample in the fitted part cannot be classified right, so lambda
+counts it as an error: ``unfitted``, the share of such samples, says how much of lambda that
+is (it grows as ``labelled_fraction`` shrinks, and with classes of very few samples).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def generalization_terms(
 
     Returns:
         ``{"h_divergence": Estimate, "h_divergence_bd": Estimate, "lambda": Estimate,
-        "err_seen": ..., "err_unseen": ...}`` (see the module docstring).
+        "err_seen": ..., "err_unseen": ..., "unfitted": ...}`` (see the module docstring).
     """
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
@@ -67,7 +70,7 @@ def generalization_terms(
                         "(a class-disjoint split; a domain pair's target shares the source's "
                         "classes)")
     rng = np.random.default_rng(seed)
-    h_divergence, h_divergence_bd, lam, err_seen, err_unseen = [], [], [], [], []
+    h_divergence, h_divergence_bd, lam, err_seen, err_unseen, unfitted = [], [], [], [], [], []
     for _ in range(repeats):
         s_fit, s_score = _split(len(seen), labelled_fraction, rng)
         u_fit, u_score = _split(len(unseen), labelled_fraction, rng)
@@ -92,9 +95,12 @@ def generalization_terms(
         err_seen.append(e_s)
         err_unseen.append(e_u)
         lam.append(e_s + e_u)
+        scored = np.concatenate([seen_labels[s_score], unseen_labels[u_score]])
+        unfitted.append(float(np.mean(~np.isin(scored, joint.classes_))))
     return {"h_divergence": Estimate.of(h_divergence),
             "h_divergence_bd": Estimate.of(h_divergence_bd), "lambda": Estimate.of(lam),
-            "err_seen": Estimate.of(err_seen), "err_unseen": Estimate.of(err_unseen)}
+            "err_seen": Estimate.of(err_seen), "err_unseen": Estimate.of(err_unseen),
+            "unfitted": Estimate.of(unfitted)}
 
 
 def _split(count: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
