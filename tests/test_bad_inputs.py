@@ -225,6 +225,12 @@ def test_kernel_settings_out_of_range_are_named_by_kdml_config(tmp_path, capsys,
     assert err.startswith(f"kdml: error: {setting.split('=')[0]} must be ")
 
 
+def test_a_section_given_as_a_setting_is_named_a_section(tmp_path, capsys):
+    err = refused(tmp_path, capsys, "config", "jrd", "data=5")
+    assert err == ("kdml: error: 'data' is a section, not a setting; set one of its keys, e.g. "
+                   "data.dataset=VALUE ('kdml config jrd' lists them)")
+
+
 def test_config_for_another_recipe(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("recipe: mtriplet\n")
     assert "recipe 'mtriplet'" in refused(tmp_path, capsys, "train", "jrd", "--config",

@@ -374,6 +374,8 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
                          "one integer per row"),
         "chart-5": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords,
                          chart_index=np.array([0, 5, 1])), "atlas", "chart_index[1] is 5"),
+        "both": (dict(embeddings=vectors, inputs=np.zeros((3, 1, 8, 8), dtype=np.float32)),
+                 "plain", "holds both 'embeddings' and 'inputs'"),
     }
     for name, (arrays, run, words) in cases.items():
         np.savez(tmp_path / f"{name}.npz", **arrays)

@@ -213,6 +213,10 @@ def resolve_key(config: RunConfig, key: str) -> str:
         return by_leaf[0]
     if len(by_leaf) > 1:
         raise KdmlError(f"config key {key!r} is ambiguous; write one of: {', '.join(by_leaf)}")
+    if key in SECTIONS:
+        example = next((k for k in keys if k.startswith(f"{key}.")), f"{key}.KEY")
+        raise KdmlError(f"{key!r} is a section, not a setting; set one of its keys, e.g. "
+                        f"{example}=VALUE ('kdml config {config.recipe}' lists them)")
     leaves = [k.split(".", 1)[1] for k in keys]
     guesses = difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.5)
     hint = (f"; did you mean {guesses[0]!r}?" if guesses

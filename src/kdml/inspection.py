@@ -195,6 +195,9 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
                 arrays = {key: archive[key] for key in archive.files}
         except (OSError, ValueError, zipfile.BadZipFile) as error:
             raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
+        if "embeddings" in arrays and "inputs" in arrays:  # either could be meant
+            raise KdmlError(f"query {query} holds both 'embeddings' and 'inputs'; save only "
+                            "the one to search with")
         if "embeddings" in arrays:
             key = "chart_coords" if method.has_charts else "embeddings"
             if key not in arrays:
