@@ -272,8 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _is_main_process():
             paths = " -> ".join(str(name) for name in (error.filename, error.filename2)
                                 if name is not None)
-            print(f"kdml: error: {paths}: {error.strerror or error}; move what is in the way "
-                  "or choose another path", file=sys.stderr)
+            advice = ("check its permissions" if isinstance(error, PermissionError)
+                      else "move what is in the way or choose another path"
+                      if isinstance(error, (FileExistsError, IsADirectoryError,
+                                            NotADirectoryError))
+                      else "fix it or choose another path")
+            print(f"kdml: error: {paths}: {error.strerror or error}; {advice}", file=sys.stderr)
         return 2
     finally:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
