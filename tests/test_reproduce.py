@@ -309,6 +309,10 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     assert errors["tiny-parts"] == errors["tiny-generalization"] == (
         f"{run_dir / 'reproduce.json'} is not as kdml wrote it (no wall_s); delete it and run "
         "the same command again to recompute it")
+    errors = _errors_after(run_dir / "reproduce.json", '{"wall_s": "long"}', runs)
+    assert errors["tiny-parts"] == (f"{run_dir / 'reproduce.json'} is not as kdml wrote it "
+                                    "(wall_s is 'long'); delete it and run the same command "
+                                    "again to recompute it")
     # with its settings it is trusted (without them it is recomputed)
     stored = json.loads((run_dir / "generalization.json").read_text())
     errors = _errors_after(run_dir / "generalization.json",

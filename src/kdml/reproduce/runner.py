@@ -135,7 +135,11 @@ def train_planned(run: PlannedRun, progress: bool | None) -> float:
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
     if folder.final_metrics() is not None and timing.is_file():
-        return float(read_stored(timing, "wall_s"))
+        wall = read_stored(timing, "wall_s")
+        if not isinstance(wall, (int, float)):
+            raise KdmlError(f"{timing} is not as kdml wrote it (wall_s is {wall!r}); delete it "
+                            "and run the same command again to recompute it")
+        return float(wall)
     earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
     train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
