@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -89,9 +90,7 @@ def test_something_in_the_way_of_a_result_is_named(tmp_path, capsys, finished_ru
     assert err == (f"kdml: error: {finished_run / 'eval.json'} is a folder, where kdml writes "
                    "a file; move it away")
     assert not (finished_run / "eval.json.tmp").exists()
-    for path in (finished_run / "plots").iterdir():
-        path.unlink()
-    (finished_run / "plots").rmdir()
+    shutil.rmtree(finished_run / "plots")
     (finished_run / "plots").write_text("mine\n")
     err = refused(tmp_path, capsys, "plot", "retrieval", finished_run)
     assert err == (f"kdml: error: {finished_run / 'plots'}: File exists; move what is in the "

@@ -161,8 +161,8 @@ def load_index(folder: Path) -> LoadedIndex:
     short = [key for key in wanted if key not in items or len(items[key]) != info.count]
     stored = sum(index.ntotal for index in indexes.values())
     if short or stored != info.count:
-        what = f"items.npz has no {short[0]!r} of {info.count} items" if short else \
-            f"its faiss files hold {stored} vectors, index.json says {info.count}"
+        what = (f"items.npz has no {short[0]!r} of {info.count} items" if short
+                else f"its faiss files hold {stored} vectors, index.json says {info.count}")
         raise KdmlError(f"{folder} holds a damaged index ({what}); build it again with "
                         "'kdml index'")
     return LoadedIndex(info, items, indexes)

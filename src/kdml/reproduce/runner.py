@@ -137,8 +137,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> float:
     if folder.final_metrics() is not None and timing.is_file():
         wall = read_stored(timing, "wall_s")
         if not isinstance(wall, (int, float)):
-            raise KdmlError(f"{timing} is not as kdml wrote it (wall_s is {wall!r}); delete it "
-                            "and run the same command again to recompute it")
+            raise not_as_written(timing, f"wall_s is {wall!r}")
         return float(wall)
     earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
@@ -157,9 +156,14 @@ def read_stored(path: Path, *keys: str) -> Any:
         for key in keys:
             value = value[key]
     except (OSError, ValueError, KeyError, TypeError, IndexError):
-        raise KdmlError(f"{path} is not as kdml wrote it (no {'/'.join(keys)}); delete it and "
-                        "run the same command again to recompute it") from None
+        raise not_as_written(path, f"no {'/'.join(keys)}") from None
     return value
+
+
+def not_as_written(path: Path, detail: str) -> KdmlError:
+    """The error for a file kdml wrote into a run folder that no longer reads as written."""
+    return KdmlError(f"{path} is not as kdml wrote it ({detail}); delete it and run the same "
+                     "command again to recompute it")
 
 
 def logged_seconds(log: Path) -> float:
@@ -241,10 +245,9 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
         if isinstance(stored, dict) and all(
                 isinstance(estimate, dict) and isinstance(estimate.get("mean"), (int, float))
                 and isinstance(estimate.get("ci95"), (int, float))
-               for estimate in stored.values()):
+                for estimate in stored.values()):
             return stored
-        raise KdmlError(f"{path} is not as kdml wrote it (a metric without a numeric mean and "
-                        "ci95); delete it and run the same command again to recompute it")
+        raise not_as_written(path, "a metric without a numeric mean and ci95")
     trained = load_run(run_dir)
     embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
     ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
