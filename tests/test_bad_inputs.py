@@ -201,6 +201,26 @@ def test_a_dataset_prefix_without_a_path_asks_for_one(tmp_path, capsys, prefix):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("dataset", "why"), [
+    ("digits", "it is not read from a data folder"),
+    ("mnist5k->digits", "it is not read from a data folder"),
+    ("folder:{tmp}", "its path is in its name")])
+def test_a_data_root_that_the_dataset_would_ignore_is_refused(tmp_path, capsys, dataset, why,
+                                                              finished_run):
+    """It used to be ignored without a word: a user pointing at their own copy trained on
+    the bundled data, or on another folder than the one they named."""
+    dataset = dataset.format(tmp=tmp_path)
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", dataset, "--data-root",
+                  tmp_path, "--out", tmp_path / "run", *TINY)
+    assert err == (f"kdml: error: --data-root {tmp_path} (data.root) is read only by the "
+                   "on-disk formats (cub, cars196, sop, inshop, cifar10, cifar100, mnist, "
+                   f"fashion-mnist); {dataset} does not use it ({why}): drop it")
+    assert not (tmp_path / "run").exists()
+    if dataset == "digits":  # a finished run's commands refuse it too
+        assert "does not use it" in refused(tmp_path, capsys, "eval", finished_run,
+                                            "--data-root", tmp_path)
+
+
 def test_an_empty_dataset_setting_is_refused(tmp_path, capsys):
     err = refused(tmp_path, capsys, "train", "amsoftmax", "data.dataset=", "--out",
                   tmp_path / "run", *TINY)

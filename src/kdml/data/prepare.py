@@ -8,7 +8,7 @@ from kdml.config import DataConfig
 from kdml.data.dataset import DmlDataset
 from kdml.data.domains import fit_source_pca, is_domain_dataset, load_domain_data
 from kdml.data.images import ImageFiles
-from kdml.data.registry import open_dataset
+from kdml.data.registry import check_root_is_read, open_dataset
 from kdml.data.splits import DOMAIN, DataSplits, make_splits, remapped_to_training
 from kdml.errors import KdmlError
 
@@ -24,6 +24,7 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
     ``data.validation`` (the test classes a validated model is finally scored on). The
     dataset is opened once for both; without ``test_part`` or validation both are the same."""
     if is_domain_dataset(data.dataset):
+        check_root_is_read(data.dataset, data.root)
         if data.validation:
             raise KdmlError("data.validation applies to single datasets, not to domain pairs "
                             "(the target's labels are for evaluation only)")

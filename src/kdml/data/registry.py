@@ -163,8 +163,20 @@ def relocated(dataset: str, root: str) -> tuple[str, str]:
     return dataset, root
 
 
+def check_root_is_read(name: str, root: str) -> None:
+    """Refuse a ``data.root`` that ``name`` would not read: only the on-disk formats look for
+    their files in a root, so anywhere else it would be ignored without a word."""
+    if not root or name in FORMATS:
+        return
+    why = "its path is in its name" if ":" in name else "it is not read from a data folder"
+    raise KdmlError(f"--data-root {root} (data.root) is read only by the on-disk formats "
+                    f"({', '.join(FORMATS)}); {name} does not use it ({why}): drop it")
+
+
 def open_dataset(name: str, root: str = "") -> DatasetParts:
-    """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``."""
+    """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``, which only
+    the on-disk formats read (:func:`check_root_is_read`)."""
+    check_root_is_read(name, root)
     if name in DATASETS:
         entry = DATASETS[name]
         x, y = entry.loader()
