@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,26 @@ def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
     for name in ("retrieval.png", "embedding.png"):
         path = runs / "plain" / "plots" / name
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys):
+    from PIL import Image
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    for command, option in (("retrieval", ["-k", "4"]), ("embedding", ["--max-points", "300"])):
+        mine = run / "plots" / f"{command}.png"
+        Image.new("RGB", (4, 4)).save(mine)
+        picture = mine.read_bytes()
+        capsys.readouterr()
+        assert kdml("plot", command, run, *option) == 2
+        assert capsys.readouterr().err == (
+            f"kdml: error: {mine} is in the way and kdml did not draw it; move it away (kdml "
+            "never replaces a file it did not write)\n")
+        assert mine.read_bytes() == picture
+        mine.unlink()
+        assert kdml("plot", command, run, *option) == 0
+        assert kdml("plot", command, run, *option) == 0  # kdml's own picture is redrawn
 
 
 def test_plot_retrieval_and_image_queries_need_images(tmp_path, capsys):

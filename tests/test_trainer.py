@@ -191,6 +191,21 @@ def test_a_finished_run_resumed_with_more_epochs_trains_them(tmp_path, capsys):
                for key in straight["method"])
 
 
+def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys):
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    run = tmp_path / "run"
+    (run / "plots" / "loss.png").write_text("my notes")
+    config = run / "config.yaml"
+    settings = yaml.safe_load(config.read_text())
+    settings["train"]["epochs"] = 2
+    config.write_text(yaml.safe_dump(settings))
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert (run / "plots" / "loss.png").read_text() == "my notes"
+    assert (run / "plots" / "recall.png").stat().st_size > 1000
+    assert "the training plots are not drawn:" in (run / "train.log").read_text()
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 2
+
+
 @pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml"])
 def test_dtml_recipes_on_a_domain_pair(tmp_path, recipe):
     metrics = train(tmp_path, recipe, "--dataset", "mnist5k->digits", "method.k1=2",

@@ -32,3 +32,32 @@ def test_training_plots_name_the_scored_part_and_count_whole_epochs(prefix, titl
         ticks = figure.axes[0].get_xticks()
         assert np.array_equal(ticks, np.round(ticks))
         viz.plt.close(figure)
+
+
+def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(tmp_path):
+    from PIL import Image
+
+    from kdml import __version__
+    from kdml.errors import KdmlError
+    from kdml.figure_file import write_png
+
+    history = [{"epoch": 1, "train/loss": 1.0}]
+    (loss,) = viz.plot_training(history, tmp_path)
+    with Image.open(loss) as image:
+        assert image.text["Software"] == f"kdml {__version__}"
+    assert viz.plot_training(history, tmp_path) == [loss]  # its own plot is redrawn
+    mine = tmp_path / "mine.png"
+    Image.new("RGB", (3, 3)).save(mine)  # Pillow marks no "Software"
+    for picture in (mine.read_bytes(), b"not a png"):
+        loss.write_bytes(picture)
+        with pytest.raises(KdmlError, match="is in the way and kdml did not draw it"):
+            viz.plot_training(history, tmp_path)
+        assert loss.read_bytes() == picture
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["loss.png", "mine.png"]
+    figure = viz.plt.figure()
+    figure.savefig(loss, dpi=10)  # matplotlib's own mark: a plot of kdml before it marked its own
+    viz.plt.close(figure)
+    assert write_png(viz.plt.figure(), loss) == loss
+    viz.plt.close("all")
+    with Image.open(loss) as image:
+        assert image.text["Software"] == f"kdml {__version__}"

@@ -41,6 +41,7 @@ from kdml.evaluation.index import (
     search_index,
 )
 from kdml.evaluation.knn import knn_search
+from kdml.figure_file import check_replaceable
 from kdml.training.run_folder import check_writable_folder, write_json
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
 from kdml.viz_charts import plot_charts
@@ -309,6 +310,7 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
     queries (with at least one same-class test sample) and their ``k`` nearest test images,
     hits and misses marked."""
+    check_replaceable(trained.plot_path("retrieval"))  # before minutes of embedding
     part = run_part(trained)
     if not part.dataset.is_image:
         raise KdmlError("plot retrieval draws images; this run's samples are not images")
@@ -341,6 +343,7 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
 def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
     """``plots/embedding.png`` (``embedding-best.png`` with the best checkpoint): the test
     embeddings in 2-D (UMAP, else t-SNE), by class."""
+    check_replaceable(trained.plot_path("embedding"))  # before minutes of embedding
     part = run_part(trained)
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     values = embedded.values.float().cpu().numpy()
@@ -363,6 +366,7 @@ def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     if not trained.method.has_charts:
         raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
                         "recipe (mtriplet, msimclr)")
+    check_replaceable(trained.plot_path("charts"))  # before minutes of embedding
     test = trained.splits.test
     codes = chart_codes_of(trained.method, test, trained.embedder)
     coords, index = codes.values

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from kdml.figure_file import write_png  # noqa: E402
 from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
 
 
@@ -48,12 +49,9 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
-    """Write ``fig`` to ``path`` atomically (a crash leaves the old file) and close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``fig`` to ``path`` (see :func:`~kdml.figure_file.write_png`) and close it."""
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        return write_png(fig, path)
+    finally:
+        plt.close(fig)

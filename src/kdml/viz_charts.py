@@ -23,6 +23,7 @@ from matplotlib.patches import Rectangle
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.retrieval import as_label_vector
+from kdml.figure_file import write_png
 from kdml.viz_retrieval import short_name
 
 __all__ = ["chart_figure", "plot_charts"]
@@ -106,10 +107,7 @@ def plot_charts(
     """
     figure = chart_figure(chart_coords, chart_index, labels, images, max_thumbnails,
                           thumbnail_zoom, seed, class_names)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return path
+    return write_png(figure, path)
 
 
 def chart_figure(

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kdml.errors import KdmlError
+from kdml.figure_file import write_png
 
 HIT, MISS = "#1a9850", "#d73027"
 
@@ -68,9 +69,7 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
                 caption = f"{caption}: {titles(int(position))}"
             axes.set_title(caption, fontsize=7)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return path
+    return write_png(figure, path)
 
 
 def embedding_map(embeddings: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
@@ -122,6 +121,4 @@ def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
                      s=6, cmap="tab20", linewidths=0)
     axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return path
+    return write_png(figure, path)

@@ -610,7 +610,10 @@ class Recorder:
                           row["epoch"], self.run.best_checkpoint.name)
         save_checkpoint(state, self.run.checkpoint)
         self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
-        plot_training(history, self.run.plots)
+        try:
+            plot_training(history, self.run.plots)
+        except KdmlError as error:  # a picture of the user's in plots/ must not stop training
+            self.log.warning("the training plots are not drawn: %s", error)
 
     def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
         if self.writes:
