@@ -356,6 +356,27 @@ def test_folder_refuses_a_folder_read_twice_through_a_link(tmp_path):
     assert load_folder(folder).dataset.labels.tolist() == [0, 1, 2]
 
 
+
+def test_folder_refuses_an_image_listed_twice_through_a_link(tmp_path):
+    """A linked image file is the same image under two names: each copy its twin's perfect
+    match, or one image under two labels. Links to images outside DIR (a class folder built
+    from links into a shared pool) are read as usual."""
+    folder = make_image_folder(tmp_path, classes=3, per_class=2)
+    (folder / "c01" / "twin.jpg").symlink_to(folder / "c00" / "000.jpg")
+    one_line_error(lambda: load_folder(folder), "c01/twin.jpg and c00/000.jpg are the same "
+                   "image through a link", "remove the link")
+    (folder / "c01" / "twin.jpg").unlink()
+    (folder / "c00" / "again.jpg").symlink_to("000.jpg")  # the same class, a relative link
+    one_line_error(lambda: load_folder(folder), "c00/again.jpg and c00/000.jpg are the same")
+    (folder / "c00" / "again.jpg").unlink()
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (folder / "c02" / "001.png").rename(pool / "a.png")
+    (folder / "c02" / "001.png").symlink_to(pool / "a.png")
+    data = load_folder(folder).dataset
+    assert data.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    assert [Path(path).name for path in data.paths][-2:] == ["000.jpg", "001.png"]
+
 def test_folder_and_csv_without_a_path(tmp_path, monkeypatch):
     # Path("") is the current folder: "folder:" must not read it.
     make_image_folder(tmp_path)

@@ -7,7 +7,7 @@ As torchvision's ``ImageFolder``: the classes are the sorted sub-folder names, l
 folder whose extension (in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`;
 other files, and files directly in ``DIR``, are ignored. Unlike ``ImageFolder``, hidden folders
 and files (names starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's
-``._photo.jpg``) are ignored too.
+``._photo.jpg``) are ignored too, and a folder or image reached twice through links is refused.
 
 Split: none of its own; ``data.split`` decides.
 """
@@ -25,25 +25,46 @@ from kdml.data.images import IMAGE_EXTENSIONS, ImageFiles
 EXPECTED = "one sub-folder per class holding its images, e.g. DIR/<class>/<image>.jpg"
 
 
-def class_images(folder: Path, layout: Layout, read: dict[str, str]) -> list[str]:
-    """The image files at any depth inside ``folder``, sorted, hidden entries skipped.
+def class_images(folder: Path, layout: Layout, read: dict[str, str],
+                 listed: dict[str, str]) -> list[str]:
+    """The image files at any depth inside ``folder``, sorted, hidden entries skipped (the
+    order of ``os.walk``: a folder's files, then its sub-folders one by one).
 
-    ``read`` maps the real path of each folder already read to its path; a linked folder
-    read twice (in two classes, or in a loop) is refused: its images would be listed twice,
-    each its twin's perfect match or under two labels."""
+    ``read`` maps the real path of each folder already read to its path, and ``listed`` the
+    real path of each image already listed to its path. A linked folder read twice (in two
+    classes, or in a loop) or a linked image that is already listed is refused: it would be
+    its twin's perfect match, or the same image under two labels. os.scandir, not os.walk,
+    because its entries say which files are links without a system call per file."""
     found = []
-    for parent, folders, files in os.walk(folder, followlinks=True):
+    pending = [str(folder)]
+    while pending:
+        parent = pending.pop()
         real = os.path.realpath(parent)
         if real in read:
-            first = os.path.relpath(read[real], layout.root)
-            raise layout.error(f"{os.path.relpath(parent, layout.root)}/ and {first}/ are the "
-                               "same folder through a link, so its images would be listed "
-                               "twice; remove the link")
+            raise layout.error(f"{relative(parent, layout)}/ and {relative(read[real], layout)}/ "
+                               "are the same folder through a link, so its images would be "
+                               "listed twice; remove the link")
         read[real] = parent
-        folders[:] = sorted(name for name in folders if not name.startswith("."))
-        found.extend(os.path.join(parent, name) for name in sorted(files)
-                     if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
+        with os.scandir(parent) as scanned:
+            entries = sorted((entry for entry in scanned if not entry.name.startswith(".")),
+                             key=lambda entry: entry.name)
+        for entry in entries:
+            if entry.is_dir() or not entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                continue
+            target = (os.path.realpath(entry.path) if entry.is_symlink()
+                      else os.path.join(real, entry.name))
+            if target in listed:
+                raise layout.error(f"{relative(entry.path, layout)} and "
+                                   f"{relative(listed[target], layout)} are the same image "
+                                   "through a link, so it would be listed twice; remove the link")
+            listed[target] = entry.path
+            found.append(entry.path)
+        pending.extend(entry.path for entry in reversed(entries) if entry.is_dir())
     return found
+
+
+def relative(path: str, layout: Layout) -> str:
+    return os.path.relpath(path, layout.root)
 
 
 def load_folder(folder: Path) -> DatasetParts:
@@ -59,8 +80,9 @@ def load_folder(folder: Path) -> DatasetParts:
     paths: list[str] = []
     labels: list[int] = []
     read = {os.path.realpath(folder): str(folder)}  # a link back to DIR is a loop
+    listed: dict[str, str] = {}
     for label, name in enumerate(classes):
-        images = class_images(folder / name, layout, read)
+        images = class_images(folder / name, layout, read, listed)
         if not images:
             raise layout.error(f"class folder {name}/ holds no images (extensions: "
                                f"{' '.join(IMAGE_EXTENSIONS)})")
