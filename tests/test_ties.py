@@ -54,6 +54,32 @@ def test_expected_scores_equal_the_average_over_all_orders(hits, groups, ks, r):
     assert r_precision[0] == pytest.approx(expected[-1], abs=1e-12)
 
 
+def test_expected_scores_of_many_rows_at_once_equal_each_rows_enumeration():
+    """Rows with and without ties, lone rows (R = 0) and a row tied throughout, in one call:
+    each row scores as its own enumeration over all orders."""
+    rng = np.random.default_rng(3)
+    rows, width, ks = 40, 7, (1, 3, 5)
+    is_hit = rng.random((rows, width)) < 0.4
+    continues = rng.random((rows, width)) < 0.35
+    continues[:, 0] = False
+    continues[5, 1:] = True  # one group of all 7
+    continues[6, :] = False  # no ties at all
+    num_relevant = rng.integers(0, width + 1, rows)
+    num_relevant[5] = 4
+    recall, average_precision, r_precision = expected_scores(is_hit, continues, ks,
+                                                             num_relevant)
+    for row in range(rows):
+        groups = np.cumsum(~continues[row]).tolist()
+        expected = literal_scores(is_hit[row].astype(int).tolist(), groups, ks,
+                                  max(int(num_relevant[row]), 1))
+        assert recall[:, row] == pytest.approx(expected[:len(ks)], abs=1e-12), row
+        if num_relevant[row] == 0:  # lone: left out of the averages, scored 0
+            assert average_precision[row] == r_precision[row] == 0.0
+        else:
+            assert average_precision[row] == pytest.approx(expected[-2], abs=1e-12), row
+            assert r_precision[row] == pytest.approx(expected[-1], abs=1e-12), row
+
+
 def test_identical_embeddings_score_the_expectation_whatever_their_order():
     embeddings = np.ones((500, 4), dtype=np.float32)
     labels = np.repeat(np.arange(50), 10)

@@ -86,6 +86,10 @@ def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ..
     """Expected Recall@K (``[len(ks), n]``), average precision at R and R-Precision (``[n]``)
     of ranked neighbours with tie groups (see the module docstring).
 
+    A neighbour outside every tie group scores as in the plain definition, so the plain
+    terms are computed for every rank and replaced at the tied ranks only: a query with 7,000
+    neighbours has a few float32 ties among them, not 7,000.
+
     Args:
         is_hit: ``[n, w]`` bool, neighbour ``j`` is relevant. Every tie group that holds one of
             the first ``max(max(ks), R)`` ranks must be complete within the ``w`` columns.
@@ -94,33 +98,44 @@ def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ..
         num_relevant: ``[n]`` R per query (0 for lone queries, whose scores are 0).
     """
     n, width = is_hit.shape
-    hits = is_hit.astype(np.float64)
-    starts = _group_starts(continues)  # [n, w] start column of each column's group
-    group = np.cumsum(~continues, axis=1) - 1 + (np.arange(n) * width)[:, None]
-    size = np.bincount(group.ravel(), minlength=n * width)[group].astype(np.float64)
-    group_hits = np.bincount(group.ravel(), weights=hits.ravel(), minlength=n * width)[group]
-    hits_before = np.take_along_axis(np.cumsum(hits, axis=1) - hits, starts, axis=1)
-
-    recall = np.empty((len(ks), n))
-    for position, k in enumerate(ks):
-        column = k - 1
-        start, g, h = starts[:, column], size[:, column], group_hits[:, column]
-        taken = k - start
-        recall[position] = np.where(hits_before[:, column] > 0, 1.0,
-                                    1.0 - _choose_ratio(g - h, g, taken))
-    # R-Precision and MAP@R only need the first R columns of each row.
-    r_width = int(num_relevant.max()) if n else 0
+    found = np.cumsum(is_hit, axis=1, dtype=np.int64)  # hits(p): relevant up to and with p
     r = np.maximum(num_relevant, 1)
+    r_width = int(num_relevant.max()) if n else 0
     in_r = np.arange(r_width) < num_relevant[:, None]
-    expected_rel = (group_hits / size)[:, :r_width]
-    r_precision = np.where(in_r, expected_rel, 0.0).sum(axis=1) / r
-    offset = np.arange(r_width)[None, :] - starts[:, :r_width]
-    pair = np.divide(group_hits * (group_hits - 1), size * (size - 1),
-                     out=np.zeros_like(size), where=size > 1)[:, :r_width]
-    rel_times_hits = expected_rel * (hits_before[:, :r_width] + 1) + offset * pair
-    precision_terms = np.where(in_r, rel_times_hits / np.arange(1, r_width + 1), 0.0)
-    average_precision = precision_terms.sum(axis=1) / r
-    return recall, average_precision, r_precision
+    rel = is_hit[:, :r_width] & in_r
+    # Per-rank terms of AP@R (rel(p) hits(p) / (p + 1)) and R-Precision (rel(p)), replaced by
+    # their expectations at the tied ranks before summing, so that each sum is the same
+    # whatever order the tied neighbours came in.
+    ap_terms = np.where(rel, found[:, :r_width], 0) / np.arange(1, r_width + 1)
+    rp_terms = rel.astype(np.float64)
+    recall = np.stack([found[:, k - 1] > 0 for k in ks]).astype(np.float64)
+
+    in_group = continues.copy()  # p is tied when it continues a group or the next one does
+    in_group[:, :-1] |= continues[:, 1:]
+    rows, columns = np.nonzero(in_group)  # row-major: each group's members in order
+    if not len(rows):
+        return recall, ap_terms.sum(axis=1) / r, rp_terms.sum(axis=1) / r
+    opens = ~continues[rows, columns]
+    group = np.cumsum(opens) - 1  # group number of each tied position
+    start = columns[opens][group]  # a
+    size = np.bincount(group).astype(np.float64)[group]  # g
+    hit = is_hit[rows, columns]
+    group_hits = np.bincount(group, weights=hit)[group]  # h
+    before = (found[rows, start] - is_hit[rows, start])  # b
+    expected_rel = group_hits / size
+    expected_rel_hits = (expected_rel * (before + 1)
+                         + (columns - start) * group_hits * (group_hits - 1) / (size * (size - 1)))
+    counted = columns < num_relevant[rows]
+    ap_terms[rows[counted], columns[counted]] = (expected_rel_hits[counted]
+                                                 / (columns[counted] + 1))
+    rp_terms[rows[counted], columns[counted]] = expected_rel[counted]
+    for position, k in enumerate(ks):
+        at_k = columns == k - 1  # the group holding rank K, in the rows where it is tied
+        taken = k - start[at_k]
+        recall[position, rows[at_k]] = np.where(
+            before[at_k] > 0, 1.0,
+            1.0 - _choose_ratio(size[at_k] - group_hits[at_k], size[at_k], taken))
+    return recall, ap_terms.sum(axis=1) / r, rp_terms.sum(axis=1) / r
 
 
 def _group_starts(continues: np.ndarray) -> np.ndarray:
