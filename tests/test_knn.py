@@ -59,6 +59,32 @@ def test_matches_brute_force_against_separate_reference(points, metric):
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_a_large_k_ranks_whole_rows_and_matches_brute_force(metric, monkeypatch):
+    """k = 1,500 of 1,600 references takes the whole-rows path (torch.topk), in blocks of a
+    few queries (made small here), and ranks exactly as the brute-force reference."""
+    from kdml.evaluation import knn
+
+    assert knn.uses_full_rows(1500, 1600) and not knn.uses_full_rows(1000, 1600)
+    assert knn.uses_full_rows(2048, 35000) and not knn.uses_full_rows(1024, 35000)
+    monkeypatch.setattr(knn, "FULL_ROWS_BLOCK", 1601 * 7)  # blocks of 7 queries
+    searched = []
+    monkeypatch.setattr(knn.faiss, "knn", lambda *args: searched.append(args) or 1 / 0)
+    points = np.random.default_rng(2).standard_normal((1601, 5)).astype(np.float32)
+    scores, indices = collect(knn_search(points, k=1500, metric=metric, exclude_self=True,
+                                         chunk_size=40))
+    expected_scores, _ = brute_force_knn(points, points, 1500, metric, True)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+    # each neighbour has the float64 score of its rank (float32 near-ties may swap places)
+    all_scores, order = brute_force_knn(points, points, 1601, metric, False)
+    by_index = np.empty_like(all_scores)
+    np.put_along_axis(by_index, order, all_scores, axis=1)
+    np.testing.assert_allclose(np.take_along_axis(by_index, indices, axis=1), expected_scores,
+                               rtol=1e-5, atol=1e-5)
+    assert not (indices == np.arange(1601)[:, None]).any()
+    assert not searched  # faiss was never asked
+
+
 def test_chunks_cover_queries_in_order_with_per_query_k(points):
     queries, _ = points
     k_per_query = np.arange(len(queries)) % 5 + 1

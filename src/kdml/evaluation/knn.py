@@ -6,7 +6,9 @@ machine. faiss took 22-28 s and 160-220 MiB; torch took 41-52 s (1.8x) and 540 M
 Most of the gap is the matrix product itself (1024 queries: torch's matmul alone 0.75 s,
 the whole faiss search 0.54 s, topk 0.08 s more), and torch must also hold each chunk's
 full similarity rows, where faiss folds 4096 x 1024 blocks into its top-k buffers as it
-goes. So vectors on the CPU are searched with faiss (see ``docs/benchmarks.md``).
+goes. So vectors on the CPU are searched with faiss (see ``docs/benchmarks.md``), except
+when k is a sizeable share of the references (:func:`uses_full_rows`): faiss's per-query heap
+then costs more than ranking whole rows with ``torch.topk``.
 
 Embeddings that live on a GPU are searched there (``backend="auto"``): a chunked float32
 ``matmul`` + ``topk`` of the same exact scores, without copying the embeddings to the host
@@ -33,6 +35,12 @@ Vectors = np.ndarray | torch.Tensor
 # faiss computes exact k-NN in query blocks of 4096 (faiss.cvar.distance_compute_blas_query_bs)
 # anyway, so chunks of that size cost no speed, and a chunk's result (4096 x k) stays small.
 DEFAULT_CHUNK_SIZE = 4096
+# A CPU search whose k is at least FULL_ROWS_MIN_K and at least 1 / FULL_ROWS_MAX_SHARE_INVERSE
+# of the references ranks whole score rows with torch.topk (see uses_full_rows), in blocks of
+# at most FULL_ROWS_BLOCK scores (128 MiB of float32).
+FULL_ROWS_MIN_K = 1024
+FULL_ROWS_MAX_SHARE_INVERSE = 20
+FULL_ROWS_BLOCK = 2**25
 
 
 class KnnChunk(NamedTuple):
@@ -202,10 +210,33 @@ def _search(
 ) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(queries, torch.Tensor):
         return _torch_search(queries, reference, k, metric)
+    if uses_full_rows(k, len(reference)):
+        return _torch_search_in_blocks(queries, reference, k, metric)
     # faiss.knn is the brute-force search behind IndexFlatIP / IndexFlatL2, without
     # copying the reference into an index first.
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2
     return faiss.knn(queries, reference, k, faiss_metric)
+
+
+def uses_full_rows(k: int, num_reference: int) -> bool:
+    """Whether a CPU search of the top ``k`` of ``num_reference`` goes through whole score
+    rows and ``torch.topk`` rather than faiss: faiss keeps each query's top k in a heap, at
+    ``log k`` per candidate, which loses once k is a sizeable share of the reference (MAP@R
+    on a few large classes, such as Fashion-MNIST's 5 test classes of 7,000; see
+    ``benchmarks/eval_few_classes.py``)."""
+    return k >= FULL_ROWS_MIN_K and k * FULL_ROWS_MAX_SHARE_INVERSE >= num_reference
+
+
+def _torch_search_in_blocks(queries: np.ndarray, reference: np.ndarray, k: int,
+                            metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_torch_search` on host arrays (shared, not copied), in blocks of queries whose
+    score rows hold at most :data:`FULL_ROWS_BLOCK` floats."""
+    reference_tensor = torch.from_numpy(reference)
+    rows = max(1, FULL_ROWS_BLOCK // len(reference))
+    results = [_torch_search(torch.from_numpy(queries[start:start + rows]), reference_tensor,
+                             k, metric) for start in range(0, len(queries), rows)]
+    return (np.concatenate([scores for scores, _ in results]),
+            np.concatenate([indices for _, indices in results]))
 
 
 def _torch_search(queries: torch.Tensor, reference: torch.Tensor, k: int,
