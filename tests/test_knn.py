@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -71,8 +73,11 @@ def test_a_large_k_ranks_whole_rows_and_matches_brute_force(metric, monkeypatch)
     searched = []
     monkeypatch.setattr(knn.faiss, "knn", lambda *args: searched.append(args) or 1 / 0)
     points = np.random.default_rng(2).standard_normal((1601, 5)).astype(np.float32)
-    scores, indices = collect(knn_search(points, k=1500, metric=metric, exclude_self=True,
-                                         chunk_size=40))
+    points.setflags(write=False)  # as a memory-mapped .npy: torch must not warn about it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores, indices = collect(knn_search(points, k=1500, metric=metric, exclude_self=True,
+                                             chunk_size=40))
     expected_scores, _ = brute_force_knn(points, points, 1500, metric, True)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
     # each neighbour has the float64 score of its rank (float32 near-ties may swap places)

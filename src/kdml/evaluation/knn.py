@@ -17,6 +17,7 @@ Embeddings that live on a GPU are searched there (``backend="auto"``): a chunked
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -231,9 +232,9 @@ def _torch_search_in_blocks(queries: np.ndarray, reference: np.ndarray, k: int,
                             metric: str) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_torch_search` on host arrays (shared, not copied), in blocks of queries whose
     score rows hold at most :data:`FULL_ROWS_BLOCK` floats."""
-    reference_tensor = torch.from_numpy(reference)
+    reference_tensor = _shared_tensor(reference)
     rows = max(1, FULL_ROWS_BLOCK // len(reference))
-    results = [_torch_search(torch.from_numpy(queries[start:start + rows]), reference_tensor,
+    results = [_torch_search(_shared_tensor(queries[start:start + rows]), reference_tensor,
                              k, metric) for start in range(0, len(queries), rows)]
     return (np.concatenate([scores for scores, _ in results]),
             np.concatenate([indices for _, indices in results]))
@@ -251,6 +252,15 @@ def _torch_search(queries: torch.Tensor, reference: torch.Tensor, k: int,
                      - 2.0 * products).clamp_min_(0.0)
         scores, indices = distances.topk(k, dim=1, largest=False)
     return scores.cpu().numpy(), indices.cpu().numpy()
+
+
+def _shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array``'s memory. A read-only array (a memory-mapped ``.npy``) makes
+    torch warn that writing to it is undefined; the search only reads it, and copying the
+    reference to silence the warning would double its memory."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def drop_self(
