@@ -121,7 +121,7 @@ def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ..
     size = np.bincount(group).astype(np.float64)[group]  # g
     hit = is_hit[rows, columns]
     group_hits = np.bincount(group, weights=hit)[group]  # h
-    before = (found[rows, start] - is_hit[rows, start])  # b
+    before = found[rows, start] - is_hit[rows, start]  # b
     expected_rel = group_hits / size
     expected_rel_hits = (expected_rel * (before + 1)
                          + (columns - start) * group_hits * (group_hits - 1) / (size * (size - 1)))
