@@ -221,6 +221,17 @@ def test_a_data_root_that_the_dataset_would_ignore_is_refused(tmp_path, capsys, 
                                             "--data-root", tmp_path)
 
 
+def test_a_run_saved_with_a_data_root_its_dataset_ignored_still_works(finished_run, capsys):
+    """Runs trained before the root was refused kept it in config.yaml; it changed nothing
+    then, so eval and --resume drop it instead of refusing the run."""
+    config = finished_run / "config.yaml"
+    config.write_text(config.read_text().replace("  root: ''", "  root: /nowhere"))
+    assert "root: /nowhere" in config.read_text()
+    assert cli.main(["eval", str(finished_run)]) == 0
+    assert "Test metrics (amsoftmax, digits)" in capsys.readouterr().out
+    assert cli.main(["train", "--resume", str(finished_run), "--no-progress"]) == 0
+
+
 def test_an_empty_dataset_setting_is_refused(tmp_path, capsys):
     err = refused(tmp_path, capsys, "train", "amsoftmax", "data.dataset=", "--out",
                   tmp_path / "run", *TINY)

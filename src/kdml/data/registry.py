@@ -163,10 +163,15 @@ def relocated(dataset: str, root: str) -> tuple[str, str]:
     return dataset, root
 
 
+def root_is_read(name: str) -> bool:
+    """Whether the dataset ``name`` reads ``data.root``: only the on-disk formats do."""
+    return name in FORMATS
+
+
 def check_root_is_read(name: str, root: str) -> None:
     """Refuse a ``data.root`` that ``name`` would not read: only the on-disk formats look for
     their files in a root, so anywhere else it would be ignored without a word."""
-    if not root or name in FORMATS:
+    if not root or root_is_read(name):
         return
     why = "its path is in its name" if ":" in name else "it is not read from a data folder"
     raise KdmlError(f"--data-root {root} (data.root) is read only by the on-disk formats "

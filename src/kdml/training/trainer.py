@@ -32,7 +32,7 @@ from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config, s
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data, prepare_data_and_test_part
-from kdml.data.registry import relocated
+from kdml.data.registry import relocated, root_is_read
 from kdml.data.samplers import (
     ClassBalancedBatches,
     RankShare,
@@ -194,7 +194,12 @@ def run_config(run: RunFolder) -> RunConfig:
                         "wrote for this run (cut short, emptied or replaced); restore it, or "
                         "train the run again into a new folder")
     recipe = get_recipe(str(file_values["recipe"]))
-    return resolve_config(recipe.name, recipe.params, file_values=file_values)
+    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    if config.data.root and not root_is_read(config.data.dataset):
+        # Saved before kdml refused a root the dataset does not read: it was ignored in
+        # training, so it is dropped here rather than refused for a run already trained.
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, root=""))
+    return config
 
 
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
