@@ -371,6 +371,10 @@ def test_folder_refuses_an_image_listed_twice_through_a_link(tmp_path):
     (folder / "c00" / "again.jpg").unlink()
     pool = tmp_path / "pool"
     pool.mkdir()
+    (folder / "c01" / "loop").symlink_to("loop")  # a link to itself: ignored, as os.walk did
+    (folder / "c01" / "self.jpg").symlink_to("self.jpg")  # listed; its decode fails later
+    assert len(load_folder(folder).dataset) == 7
+    (folder / "c01" / "self.jpg").unlink()
     (folder / "c02" / "001.png").rename(pool / "a.png")
     (folder / "c02" / "001.png").symlink_to(pool / "a.png")
     data = load_folder(folder).dataset
@@ -467,3 +471,21 @@ def test_csv_errors(tmp_path, text, fragments):
 def test_csv_missing_file(tmp_path):
     one_line_error(lambda: open_dataset("csv:" + str(tmp_path / "none.csv")), "csv:none.csv",
                    "no such file")
+
+
+def test_folder_names_a_sub_folder_it_cannot_read(tmp_path, monkeypatch):
+    """os.walk skipped an unreadable folder and its images without a word."""
+    from kdml.data.formats import folder as folder_format
+
+    folder = make_image_folder(tmp_path, classes=2, per_class=1)
+    (folder / "c01" / "private").mkdir()
+    scandir = os.scandir
+
+    def locked(path):
+        if str(path).endswith("private"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(folder_format.os, "scandir", locked)
+    one_line_error(lambda: load_folder(folder), "c01/private/ cannot be read (Permission denied)",
+                   "make it readable")

@@ -45,11 +45,16 @@ def class_images(folder: Path, layout: Layout, read: dict[str, str],
                                "are the same folder through a link, so its images would be "
                                "listed twice; remove the link")
         read[real] = parent
-        with os.scandir(parent) as scanned:
-            entries = sorted((entry for entry in scanned if not entry.name.startswith(".")),
-                             key=lambda entry: entry.name)
+        try:
+            with os.scandir(parent) as scanned:
+                entries = sorted((entry for entry in scanned if not entry.name.startswith(".")),
+                                 key=lambda entry: entry.name)
+        except OSError as error:  # os.walk would skip the folder, and its images, silently
+            raise layout.error(f"{relative(parent, layout)}/ cannot be read ({error.strerror}); "
+                               "make it readable or move it out") from None
+        folders = {entry.path for entry in entries if _is_folder(entry)}
         for entry in entries:
-            if entry.is_dir() or not entry.name.lower().endswith(IMAGE_EXTENSIONS):
+            if entry.path in folders or not entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 continue
             target = (os.path.realpath(entry.path) if entry.is_symlink()
                       else os.path.join(real, entry.name))
@@ -59,8 +64,16 @@ def class_images(folder: Path, layout: Layout, read: dict[str, str],
                                    "through a link, so it would be listed twice; remove the link")
             listed[target] = entry.path
             found.append(entry.path)
-        pending.extend(entry.path for entry in reversed(entries) if entry.is_dir())
+        pending.extend(entry.path for entry in reversed(entries) if entry.path in folders)
     return found
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    """As os.walk decides: a link that cannot be followed (a loop) is not a folder."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def relative(path: str, layout: Layout) -> str:
