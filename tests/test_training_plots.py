@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -42,9 +44,15 @@ def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(
     from kdml.figure_file import write_png
 
     history = [{"epoch": 1, "train/loss": 1.0}]
+    (tmp_path / "loss.tmp.png").write_text("mine")  # where the partial file used to go
     (loss,) = viz.plot_training(history, tmp_path)
+    assert (tmp_path / "loss.tmp.png").read_text() == "mine"
+    (tmp_path / "loss.tmp.png").unlink()
     with Image.open(loss) as image:
         assert image.text["Software"] == f"kdml {__version__}"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert loss.stat().st_mode & 0o777 == 0o666 & ~umask  # readable as any file the user saves
     assert viz.plot_training(history, tmp_path) == [loss]  # its own plot is redrawn
     mine = tmp_path / "mine.png"
     Image.new("RGB", (3, 3)).save(mine)  # Pillow marks no "Software"
@@ -61,3 +69,19 @@ def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(
     viz.plt.close("all")
     with Image.open(loss) as image:
         assert image.text["Software"] == f"kdml {__version__}"
+
+
+def test_a_copied_plot_follows_the_same_rules(tmp_path):
+    from kdml.errors import KdmlError
+    from kdml.figure_file import copy_png
+
+    (drawn,) = viz.plot_training([{"epoch": 1, "train/loss": 1.0}], tmp_path / "run")
+    copied = copy_png(drawn, tmp_path / "report" / "charts.png")
+    assert copied.read_bytes() == drawn.read_bytes()
+    assert copy_png(drawn, copied) == copied  # its own copy is replaced
+    (tmp_path / "report" / "mine.png").write_text("my notes")
+    with pytest.raises(KdmlError, match="kdml did not draw it"):
+        copy_png(drawn, tmp_path / "report" / "mine.png")
+    assert (tmp_path / "report" / "mine.png").read_text() == "my notes"
+    assert sorted(path.name for path in (tmp_path / "report").iterdir()) == ["charts.png",
+                                                                               "mine.png"]

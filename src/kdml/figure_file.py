@@ -1,8 +1,18 @@
 """A plot's PNG file: written atomically, marked as kdml's, and never over a file kdml did not
-draw (a picture of the user's that happens to sit where a plot goes)."""
+draw (a picture of the user's that happens to sit where a plot goes).
+
+The mark is the PNG's "Software" text. Plots of kdml before it marked its own carry
+matplotlib's, so a PNG with matplotlib's mark counts as kdml's too: a user's own matplotlib
+figure saved under a plot's name in kdml's folder would be replaced. Any other file, link or
+folder in the way is refused.
+"""
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -38,14 +48,29 @@ def check_replaceable(path: Path) -> None:
 
 def write_png(figure: Figure, path: Path, dpi: int = 100) -> Path:
     """Save ``figure`` to ``path`` with kdml's mark; a crash leaves the old file whole."""
-    path = Path(path)
+    return _replace(Path(path), lambda partial: figure.savefig(
+        partial, dpi=dpi, metadata={"Software": SOFTWARE}))
+
+
+def copy_png(source: Path, path: Path) -> Path:
+    """Copy a plot kdml drew (``source``) to ``path``, under the same rules as
+    :func:`write_png`."""
+    return _replace(Path(path), lambda partial: shutil.copyfile(source, partial))
+
+
+def _replace(path: Path, write: Callable[[Path], object]) -> Path:
+    """Write through a new hidden file beside ``path`` (never an existing one, nor a link),
+    then rename it into place."""
     check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.stem + ".tmp.png")
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.png")
+    # O_EXCL: a file or link already there is an error, never written through. Not mkstemp,
+    # whose 0600 would make the plot unreadable to others (0666 here, less the umask).
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        figure.savefig(partial, dpi=dpi, metadata={"Software": SOFTWARE})
+        write(partial)
+        partial.replace(path)
     except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
         partial.unlink(missing_ok=True)
         raise
-    partial.replace(path)
     return path

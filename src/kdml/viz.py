@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from kdml.errors import KdmlError  # noqa: E402
 from kdml.figure_file import write_png  # noqa: E402
 from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
 
@@ -18,9 +19,18 @@ from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
 def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
     """``loss.png`` (every training loss term per epoch) and ``recall.png`` (Recall@K and
     MAP@R at the evaluated epochs: of the test part, or of the validation part when the run
-    scores one). Returns the paths written."""
+    scores one). Returns the paths written. A plot whose path holds a file kdml did not draw
+    is skipped and the other still drawn; a :class:`~kdml.errors.KdmlError` then names it."""
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[Path] = []
+    refused: list[str] = []
+
+    def save(fig: plt.Figure, name: str) -> None:
+        try:
+            written.append(save_figure(fig, folder / name))
+        except KdmlError as error:
+            refused.append(str(error))
+
     epochs = [row["epoch"] for row in history]
     loss_keys = [k for k in history[-1] if k.startswith("train/")]
     if loss_keys:
@@ -30,7 +40,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
         ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not 1.5
         ax.legend()
-        written.append(save_figure(fig, folder / "loss.png"))
+        save(fig, "loss.png")
     prefix = VALIDATION if any(k.startswith(f"{VALIDATION}/") for k in history[-1]) else TEST
     metric_keys = [k for k in history[-1]
                    if k.startswith(f"{prefix}/recall@") or k == f"{prefix}/map@r"]
@@ -44,7 +54,9 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
                ylim=(0, 1))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
-        written.append(save_figure(fig, folder / "recall.png"))
+        save(fig, "recall.png")
+    if refused:
+        raise KdmlError("; ".join(refused))
     return written
 
 

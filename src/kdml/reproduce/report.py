@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
+from kdml.figure_file import copy_png
 from kdml.reproduce.experiments import Experiment, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult
@@ -241,7 +241,7 @@ def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[st
     for label, cell in result.cells.items():
         if cell.charts is not None:
             path = plots / f"{experiment.key}-charts.png"
-            shutil.copyfile(cell.charts, path)
+            copy_png(cell.charts, path)
             lines += ["", f"Charts of {label}, seed 0 (Sec. A.2):", "",
                       f"![charts]({_relative(path, report_dir)})"]
     return lines
