@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from fixtures_array_sets import make_cifar10, make_cifar100, make_csv_list, make_idx
@@ -113,6 +114,25 @@ def test_eval_finds_a_moved_folder_or_csv_list_with_data_root(kind, tmp_path, ca
     assert train("eval", out) == 2
     error_line(capsys)
     assert train("eval", out, "--data-root", new_root) == 0
+    assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
+
+
+def test_eval_finds_a_moved_feature_file_with_data_root(tmp_path, capsys):
+    """``npz:FILE`` (DTML's pre-extracted features) moves like a CSV list: ``--data-root``
+    names the folder the file now lies in."""
+    rng = np.random.default_rng(0)
+    features = tmp_path / "data" / "lbp.npz"
+    features.parent.mkdir()
+    np.savez(features, X=rng.standard_normal((80, 6)).astype(np.float32),
+             y=np.tile(np.arange(4), 20), domain=np.repeat(["source", "target"], 40))
+    out = tmp_path / "run"
+    assert train("train", "dtml", "--dataset", f"npz:{features}", "--out", out,
+                 "data.batch_size=32", *TINY) == 0
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    moved = Path(shutil.move(tmp_path / "data", tmp_path / "elsewhere"))
+    assert train("eval", out) == 2
+    assert "lbp.npz" in error_line(capsys)
+    assert train("eval", out, "--data-root", moved) == 0
     assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
 
 

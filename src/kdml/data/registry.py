@@ -154,12 +154,14 @@ def is_known_dataset(name: str) -> bool:
 
 def relocated(dataset: str, root: str) -> tuple[str, str]:
     """``(data.dataset, data.root)`` of a run whose on-disk data moved to ``root``: the
-    formats keep their name and take the new root; ``folder:DIR`` becomes ``folder:ROOT`` and
-    ``csv:FILE`` the file of the same name in ``root`` (their paths are in their names)."""
+    formats keep their name and take the new root; ``folder:DIR`` becomes ``folder:ROOT``, and
+    ``csv:FILE`` and a feature file ``npz:FILE`` the file of the same name in ``root`` (their
+    paths are in their names)."""
     if dataset.startswith("folder:"):
         return f"folder:{root}", ""
-    if dataset.startswith("csv:"):
-        return f"csv:{Path(root) / Path(dataset.removeprefix('csv:')).name}", ""
+    for prefix in ("csv:", "npz:"):
+        if dataset.startswith(prefix):
+            return f"{prefix}{Path(root) / Path(dataset.removeprefix(prefix)).name}", ""
     return dataset, root
 
 
