@@ -16,6 +16,7 @@ from scipy import stats
 from kdml import cli
 from kdml.data.registry import DATASETS
 from kdml.errors import KdmlError
+from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.parts import retrieval_over_parts, stratified_parts
 from kdml.reproduce.catalog import PAPERS, experiments
 from kdml.reproduce.experiments import PROTOCOLS, Cell, Claim, Experiment, verdict
@@ -279,6 +280,86 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert metrics.stat().st_mtime_ns == before
     assert again[0].cells["alpha = 1"].values == parts.values
     write_report(again, report, context)  # its own report: rewritten
+
+
+def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, monkeypatch):
+    """A run whose loss goes NaN is a result of its recipe: its cell keeps the other seeds,
+    names the seed and why, and claims pair only the seeds both runs finished. It used to
+    stop the whole experiment ('could not run'), and the report lost every table."""
+    from kdml.reproduce import runner
+    from kdml.training.nonfinite import NonFiniteLoss
+
+    cells = (Cell("steady", "jrd", ()), Cell("shaky", "jrd", ("method.alpha=0.5",)),
+             Cell("wild", "jrd", ("optim.lr=1e20",)))  # diverges in its second step
+    claims = (Claim("steady beats shaky", "steady", "shaky", "recall@1"),
+              Claim("steady beats wild", "steady", "wild", "recall@1"))
+    experiment = Experiment("tiny-diverged", "jrd", "Table 4", "kernels", "digits", cells,
+                            ("recall@1",), "CUB", claims, common=TINY, sweep="alpha")
+    real_train = runner.train
+    runs = tmp_path / "runs"
+
+    def shaky_seed_1_diverges(config, run_dir, **kwargs):
+        if config.method.alpha == 0.5 and config.train.seed == 1:
+            run_dir.mkdir(parents=True)  # as train makes it before its first step
+            raise NonFiniteLoss("training stopped: the 'jrs' term became NaN or infinite")
+        return real_train(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(runner, "train", shaky_seed_1_diverges)
+    lines: list[str] = []
+    (result,) = reproduce([experiment], 2, runs, "cpu", progress=False, echo=lines.append)
+    assert not result.error
+    assert result.cells["shaky"].diverged == {1: "training stopped: the 'jrs' term became NaN "
+                                                 "or infinite"}
+    assert math.isnan(result.cells["shaky"].values["recall@1"][1])
+    assert set(result.cells["wild"].diverged) == {0, 1}
+    assert "the 'am_softmax' term became NaN" in result.cells["wild"].diverged[0]
+    assert sum(line.startswith("  diverged: ") for line in lines) == 3
+    stored = json.loads((result.cells["wild"].run_dirs[0] / "reproduce.json").read_text())
+    assert stored["diverged"] == result.cells["wild"].diverged[0]
+
+    context = ReportContext("kdml reproduce jrd", "a test machine", "torch", 0.1, 2, False)
+    text = write_report([result], tmp_path / "report.md", context).read_text()
+    steady = result.cells["steady"].values["recall@1"]
+    assert f"| shaky (seed 1 diverged) | {result.cells['shaky'].values['recall@1'][0]:.3f} |" \
+        in text  # the finished seed alone: no interval
+    assert "| wild (seeds 0, 1 diverged) | diverged |" in text
+    assert f"| steady | {Estimate.of(steady).mean:.3f} +- " in text
+    assert "- shaky, seed 1: training stopped: the 'jrs' term became NaN or infinite" in text
+    assert "- steady beats shaky (R@1): not testable with one seed" in text
+    assert ("- steady beats wild (R@1): not testable: in every seed, one of the two runs "
+            "diverged.") in text
+    assert (plots_folder(tmp_path / "report.md") / "tiny-diverged.png").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a diverged run was trained again")
+
+    monkeypatch.setattr(runner, "train", no_training)
+    (again,) = reproduce([experiment], 2, runs, "cpu", progress=False, echo=lambda line: None)
+    assert again.cells["wild"].diverged == result.cells["wild"].diverged
+    assert again.cells["steady"].values == result.cells["steady"].values
+
+
+def test_a_report_is_kept_when_none_of_its_experiments_ran(tmp_path, capsys, monkeypatch):
+    from kdml.reproduce import runner
+
+    report = tmp_path / "reproduction.md"
+    cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only", "dtml-mnist5k-*",
+              "--out", str(report), "--runs", str(tmp_path / "runs"), "--no-progress"])
+    written = report.read_text()
+    assert "| DTML" in written
+
+    def unavailable(experiments, *args, **kwargs):
+        return [runner.ExperimentResult(experiment, {}, None, "no such data here")
+                for experiment in experiments]
+
+    monkeypatch.setattr(runner, "reproduce", unavailable)
+    capsys.readouterr()
+    assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                     "dtml-mnist5k-*", "--out", str(report), "--runs",
+                     str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "could not run: no such data here" in err and "is left as it was" in err
+    assert report.read_text() == written
 
 
 def _errors_after(breaking: Path, text: str, runs: Path) -> dict[str, str]:

@@ -715,10 +715,13 @@ def _reproduce(args: argparse.Namespace) -> int:
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "")
     not_run = [experiment for experiment in experiments(args.paper, args.quick)
                if experiment not in chosen]
-    path = write_report(results, report, context, not_run)
     failed = [result for result in results if result.error]
     for result in failed:
         print(f"kdml: {result.experiment.key} could not run: {result.error}", file=sys.stderr)
+    if len(failed) == len(results) and report.exists():  # it may hold numbers: keep them
+        print(f"{report} is left as it was: none of its experiments ran", file=sys.stderr)
+        return 1
+    path = write_report(results, report, context, not_run)
     print(f"report written to {path} ({len(results) - len(failed)} of {len(results)} "
           "experiments)")
     return 1 if failed else 0

@@ -104,11 +104,15 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
     The difference is paired by seed (the two runs of a seed share their data order and
     initial weights where the recipes allow) and judged by its 95% confidence interval: it
     holds when the interval lies above 0, does not hold when it lies below, and is not shown
-    when it contains 0.
+    when it contains 0. A seed whose run diverged in either cell (NaN) is left out.
     """
     count = min(len(better), len(worse))
     sign = -1.0 if claim.lower_is_better else 1.0
     difference = sign * (np.asarray(better[:count], float) - np.asarray(worse[:count], float))
+    difference = difference[np.isfinite(difference)]
+    count = len(difference)
+    if not count:
+        return "not testable: in every seed, one of the two runs diverged"
     estimate = Estimate.of(list(difference))
     margin = f"{estimate.mean:+.3f}"
     direction = "lower" if claim.lower_is_better else "higher"

@@ -19,9 +19,10 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
     series: dict[str, list[tuple[float, Estimate]]] = {}
     shared = []
     for cell in experiment.cells:
-        if cell.x is None or cell.label not in values:
+        finished = [value for value in values.get(cell.label, []) if np.isfinite(value)]
+        if cell.x is None or not finished:  # no x, or every seed's run diverged
             continue
-        point = (cell.x, Estimate.of(values[cell.label]))
+        point = (cell.x, Estimate.of(finished))
         if cell.series:
             series.setdefault(cell.series, []).append(point)
         else:

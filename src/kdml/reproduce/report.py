@@ -220,13 +220,24 @@ def _table(result: ExperimentResult) -> list[str]:
     header = ["", *(_metric_name(name) for name in experiment.metrics),
               *(f"paper {_metric_name(key)}" for key in paper_keys)]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes = []
     for cell in experiment.cells:
-        values = result.cells[cell.label].values
-        entries = [cell.label, *(_format(Estimate.of(values[name]))
-                                 for name in experiment.metrics),
+        cell_result = result.cells[cell.label]
+        label = cell.label
+        if cell_result.diverged:
+            seeds = ", ".join(str(seed) for seed in sorted(cell_result.diverged))
+            label = f"{label} (seed{'s' if len(cell_result.diverged) > 1 else ''} {seeds} diverged)"
+            notes += [f"- {cell.label}, seed {seed}: {why}"
+                      for seed, why in sorted(cell_result.diverged.items())]
+        entries = [label, *(_format_finite(cell_result.values[name])
+                            for name in experiment.metrics),
                    *(f"{cell.paper[key]:.3f}" if key in cell.paper else "-"
                      for key in paper_keys)]
         rows.append("| " + " | ".join(entries) + " |")
+    if notes:
+        rows += ["", "Diverged runs (their loss became NaN or infinite, so they have no scores; "
+                 "the row is the other seeds' mean, and a claim pairs only the seeds both of "
+                 "its runs finished; delete a run's folder to train it again):", "", *notes]
     return rows
 
 
@@ -242,7 +253,7 @@ def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[st
         if cell.charts is not None:
             path = plots / f"{experiment.key}-charts.png"
             copy_png(cell.charts, path)
-            lines += ["", f"Charts of {label}, seed 0 (Sec. A.2):", "",
+            lines += ["", f"Charts of {label}, seed {cell.charts_seed} (Sec. A.2):", "",
                       f"![charts]({_relative(path, report_dir)})"]
     return lines
 
@@ -261,6 +272,12 @@ def _metric_name(name: str) -> str:
     if name.startswith("recall@"):
         return "R@" + name.split("@")[1]
     return METRIC_NAMES.get(name, name)
+
+
+def _format_finite(values: Sequence[float]) -> str:
+    """The estimate over the seeds whose run finished (a diverged run's values are NaN)."""
+    finished = [value for value in values if math.isfinite(value)]
+    return _format(Estimate.of(finished)) if finished else "diverged"
 
 
 def _format(estimate: Estimate) -> str:

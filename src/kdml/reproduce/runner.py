@@ -24,6 +24,7 @@ from kdml.evaluation.evaluator import embed_dataset
 from kdml.evaluation.parts import retrieval_over_parts
 from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
+from kdml.training.nonfinite import NonFiniteLoss
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import NOTHING_LEFT, RunFolder, safe_name, write_json
 from kdml.training.trainer import load_run, resolve_device, train
@@ -49,7 +50,10 @@ class CellResult:
     part_ci95: dict[str, list[float]] = field(default_factory=dict)  # parts protocol only
     wall_s: list[float] = field(default_factory=list)
     charts: Path | None = None
+    charts_seed: int = 0  # the seed the charts show: the first whose run finished
     run_dirs: list[Path] = field(default_factory=list)
+    # seed -> why its run diverged; its values are NaN, so that the others stay paired by seed
+    diverged: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,9 +135,20 @@ def unique_runs(planned: dict[tuple[str, str], list[PlannedRun]]) -> list[Planne
 
 
 def train_planned(run: PlannedRun, progress: bool | None) -> float:
-    """Train ``run`` unless it finished earlier (resuming it if it started); its wall time."""
+    """Train ``run`` unless it finished earlier (resuming it if it started); its wall time.
+
+    A run whose loss became NaN or infinite raises :class:`NonFiniteLoss`, now and on every
+    later call: ``reproduce.json`` keeps why, since the same seed diverges again the same way
+    (delete the run folder to train it anyway)."""
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
+    if timing.is_file():
+        try:
+            stored = json.loads(timing.read_text())
+        except (OSError, ValueError):
+            stored = None  # a broken file gets its one-line error below
+        if isinstance(stored, dict) and "diverged" in stored:
+            raise NonFiniteLoss(str(stored["diverged"]))
     if folder.final_metrics() is not None and timing.is_file():
         wall = read_stored(timing, "wall_s")
         if not isinstance(wall, (int, float)):
@@ -141,11 +156,23 @@ def train_planned(run: PlannedRun, progress: bool | None) -> float:
         return float(wall)
     earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
-    train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
-          echo=lambda line: None)
+    try:
+        train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
+              echo=lambda line: None)
+    except NonFiniteLoss as error:
+        write_json({"wall_s": earlier + time.perf_counter() - start,
+                    "device": run.config.train.device, "diverged": str(error)}, timing)
+        raise
     wall = earlier + time.perf_counter() - start
     write_json({"wall_s": wall, "device": run.config.train.device}, timing)
     return wall
+
+
+def stored_wall(run_dir: Path) -> float:
+    """The wall time ``reproduce.json`` records for a run (NaN without one)."""
+    timing = run_dir / TIMING_FILE
+    wall = read_stored(timing, "wall_s") if timing.is_file() else float("nan")
+    return float(wall) if isinstance(wall, (int, float)) else float("nan")
 
 
 def read_stored(path: Path, *keys: str) -> Any:
@@ -204,12 +231,22 @@ def logged_seconds(log: Path) -> float:
 
 
 def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedRun]],
-            wall: dict[Path, float]) -> ExperimentResult:
-    """Read every cell's metrics from its finished runs, adding the experiment's protocol."""
+            wall: dict[Path, float], diverged: dict[Path, str] | None = None
+            ) -> ExperimentResult:
+    """Read every cell's metrics from its finished runs, adding the experiment's protocol.
+    A run in ``diverged`` (its loss became NaN or infinite) counts NaN for every metric."""
+    diverged = diverged or {}
     cells: dict[str, CellResult] = {}
     for cell in experiment.cells:
         result = CellResult()
         for seed, run in enumerate(planned[experiment.key, cell.label]):
+            if run.run_dir in diverged:
+                result.diverged[seed] = diverged[run.run_dir]
+                for name in experiment.metrics:
+                    result.values.setdefault(name, []).append(float("nan"))
+                result.wall_s.append(wall.get(run.run_dir, float("nan")))
+                result.run_dirs.append(run.run_dir)
+                continue
             metrics = dict(RunFolder(run.run_dir).final_metrics() or {})
             if experiment.protocol == "parts":
                 parts = _parts(experiment, run.run_dir)
@@ -229,8 +266,8 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                 result.values.setdefault(name, []).append(float(metrics[name]))
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
             result.run_dirs.append(run.run_dir)
-            if cell.plot_charts and seed == 0:
-                result.charts = draw_charts(load_run(run.run_dir))
+            if cell.plot_charts and result.charts is None:
+                result.charts, result.charts_seed = draw_charts(load_run(run.run_dir)), seed
         cells[cell.label] = result
     first = planned[experiment.key, experiment.cells[0].label][0].config
     return ExperimentResult(experiment, cells, first)
@@ -289,11 +326,16 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
     runs = unique_runs(planned)
     wall: dict[Path, float] = {}
     broken: dict[Path, str] = {}
+    diverged: dict[Path, str] = {}  # a result of the recipe, reported in its cell
     for number, run in enumerate(runs, start=1):
         echo(f"[{number}/{len(runs)}] {run.config.recipe} on {run.config.data.dataset}, seed "
              f"{run.config.train.seed}: {run.run_dir}")
         try:
             wall[run.run_dir] = train_planned(run, progress)
+        except NonFiniteLoss as error:
+            diverged[run.run_dir] = str(error)
+            wall[run.run_dir] = stored_wall(run.run_dir)
+            echo(f"  diverged: {error}")
         except KdmlError as error:
             broken[run.run_dir] = str(error)
             echo(f"  failed: {error}")
@@ -304,7 +346,7 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
              for run in planned[experiment.key, cell.label] if run.run_dir in broken), "")
         if not error:
             try:
-                results.append(collect(experiment, planned, wall))
+                results.append(collect(experiment, planned, wall, diverged))
                 continue
             except KdmlError as problem:
                 error = str(problem)

@@ -8,6 +8,10 @@ from torch import Tensor
 from kdml.errors import KdmlError
 
 
+class NonFiniteLoss(KdmlError):
+    """Training stopped because a loss term became NaN or infinite: the run diverged."""
+
+
 class NonFiniteWatch:
     """Records, on the terms' device, the first step at which a loss term was NaN or infinite;
     :meth:`check` reads it back (one sync) and stops training with a one-line error.
@@ -51,6 +55,6 @@ class NonFiniteWatch:
         culprit = next((name for name in bad if name != "loss"), bad[0])
         kept = (f"the run folder keeps epoch {epoch - 1}'s checkpoint" if epoch > 1 else
                 "no epoch finished, so the run folder holds no checkpoint")
-        raise KdmlError(f"training stopped: the {culprit!r} term became NaN or infinite at "
+        raise NonFiniteLoss(f"training stopped: the {culprit!r} term became NaN or infinite at "
                         f"epoch {epoch}, step {step + 1}; {kept}. Lower the learning rates or "
                         "the regularizer weight and train again")
