@@ -239,7 +239,8 @@ def test_an_empty_dataset_setting_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("setting", ["optim.weight_decay=-1", "optim.lr_gamma=0",
-                                     "method.scale=nan", "optim.lr=inf"])
+                                     "method.scale=nan", "optim.lr=inf", "optim.lr=1e38",
+                                     "optim.proxy_lr=1e31"])
 def test_a_nonsense_number_is_refused_before_training(tmp_path, capsys, setting):
     err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
                   tmp_path / "run", setting, "optim.lr_step=1", *TINY)

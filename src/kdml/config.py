@@ -276,6 +276,11 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     raise KdmlError(f"{key}={value!r} has the wrong type; expected {expected}")
 
 
+# Far beyond any useful rate; torch's Adam turns rate / (1 - beta1 ** step) into a float32
+# tensor, which overflowed (a traceback) for rates above about 3.4e37.
+MAX_LR = 1e30
+
+
 def validate(config: RunConfig) -> None:
     """Range checks that need no data; the rest is checked where the data is known."""
     checks = [
@@ -321,6 +326,9 @@ def validate(config: RunConfig) -> None:
         (config.train.eval_every >= 1, "train.eval_every must be at least 1"),
         (config.optim.lr > 0 and config.optim.proxy_lr > 0 and config.optim.head_lr >= 0,
          "learning rates must be positive (optim.head_lr = 0 means optim.lr)"),
+        (max(config.optim.lr, config.optim.proxy_lr, config.optim.head_lr) <= MAX_LR,
+         f"optim.lr, optim.proxy_lr and optim.head_lr must be at most {MAX_LR:g} (Adam's "
+         "first step is 10x the rate, and float32 overflows at 3.4e+38)"),
         (config.train.precision in ("fp32", "bf16", "fp16"),
          "train.precision must be fp32, bf16 or fp16"),
         (config.model.pooling in ("avg", "max", "avg+max"),
