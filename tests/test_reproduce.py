@@ -569,7 +569,8 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
     experiment = experiments("jrd", quick=True)[0]
     config = cell_config(experiment, experiment.cells[0], 0, "cpu")
-    wall = train_planned(PlannedRun(config, run_dir), False)
+    wall, diverged = train_planned(PlannedRun(config, run_dir), False)
+    assert not diverged
     assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's instant
     assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
 

@@ -98,6 +98,11 @@ class Experiment:
         raise KeyError(f"{self.key} has no cell {label!r}")
 
 
+def finished(values: Sequence[float]) -> list[float]:
+    """A cell's per-seed values without those of diverged runs (NaN)."""
+    return [value for value in values if np.isfinite(value)]
+
+
 def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> str:
     """One line: does ``better`` beat ``worse`` (per-seed values, paired by seed)?
 

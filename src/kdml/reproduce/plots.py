@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kdml.evaluation.estimate import Estimate
-from kdml.reproduce.experiments import Experiment
+from kdml.reproduce.experiments import Experiment, finished
 from kdml.viz import plt, save_figure
 
 
@@ -19,10 +19,10 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
     series: dict[str, list[tuple[float, Estimate]]] = {}
     shared = []
     for cell in experiment.cells:
-        finished = [value for value in values.get(cell.label, []) if np.isfinite(value)]
-        if cell.x is None or not finished:  # no x, or every seed's run diverged
+        scores = finished(values.get(cell.label, []))
+        if cell.x is None or not scores:  # no x, or every seed's run diverged
             continue
-        point = (cell.x, Estimate.of(finished))
+        point = (cell.x, Estimate.of(scores))
         if cell.series:
             series.setdefault(cell.series, []).append(point)
         else:

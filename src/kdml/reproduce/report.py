@@ -16,7 +16,7 @@ from pathlib import Path
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import copy_png
-from kdml.reproduce.experiments import Experiment, verdict
+from kdml.reproduce.experiments import Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult
 from kdml.training.run_folder import check_writable_folder
@@ -276,8 +276,8 @@ def _metric_name(name: str) -> str:
 
 def _format_finite(values: Sequence[float]) -> str:
     """The estimate over the seeds whose run finished (a diverged run's values are NaN)."""
-    finished = [value for value in values if math.isfinite(value)]
-    return _format(Estimate.of(finished)) if finished else "diverged"
+    values = finished(values)
+    return _format(Estimate.of(values)) if values else "diverged"
 
 
 def _format(estimate: Estimate) -> str:

@@ -134,45 +134,36 @@ def unique_runs(planned: dict[tuple[str, str], list[PlannedRun]]) -> list[Planne
     return list(seen.values())
 
 
-def train_planned(run: PlannedRun, progress: bool | None) -> float:
-    """Train ``run`` unless it finished earlier (resuming it if it started); its wall time.
+def train_planned(run: PlannedRun, progress: bool | None) -> tuple[float, str]:
+    """Train ``run`` unless it finished earlier (resuming it if it started): its wall time,
+    and why its loss became NaN or infinite ("" when it did not).
 
-    A run whose loss became NaN or infinite raises :class:`NonFiniteLoss`, now and on every
-    later call: ``reproduce.json`` keeps why, since the same seed diverges again the same way
-    (delete the run folder to train it anyway)."""
+    ``reproduce.json`` keeps a divergence, and a later call returns it without training: the
+    same seed diverges again the same way (delete the run folder to train it anyway)."""
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
     if timing.is_file():
         try:
-            stored = json.loads(timing.read_text())
-        except (OSError, ValueError):
-            stored = None  # a broken file gets its one-line error below
-        if isinstance(stored, dict) and "diverged" in stored:
-            raise NonFiniteLoss(str(stored["diverged"]))
-    if folder.final_metrics() is not None and timing.is_file():
-        wall = read_stored(timing, "wall_s")
-        if not isinstance(wall, (int, float)):
-            raise not_as_written(timing, f"wall_s is {wall!r}")
-        return float(wall)
+            diverged = str(json.loads(timing.read_text()).get("diverged", ""))
+        except (OSError, ValueError, AttributeError):
+            diverged = ""  # a broken file gets its one-line error from read_stored
+        if diverged or folder.final_metrics() is not None:
+            wall = read_stored(timing, "wall_s")
+            if not isinstance(wall, (int, float)):
+                raise not_as_written(timing, f"wall_s is {wall!r}")
+            return float(wall), diverged
     earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
+    diverged = ""
     try:
         train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
               echo=lambda line: None)
     except NonFiniteLoss as error:
-        write_json({"wall_s": earlier + time.perf_counter() - start,
-                    "device": run.config.train.device, "diverged": str(error)}, timing)
-        raise
+        diverged = str(error)
     wall = earlier + time.perf_counter() - start
-    write_json({"wall_s": wall, "device": run.config.train.device}, timing)
-    return wall
-
-
-def stored_wall(run_dir: Path) -> float:
-    """The wall time ``reproduce.json`` records for a run (NaN without one)."""
-    timing = run_dir / TIMING_FILE
-    wall = read_stored(timing, "wall_s") if timing.is_file() else float("nan")
-    return float(wall) if isinstance(wall, (int, float)) else float("nan")
+    write_json({"wall_s": wall, "device": run.config.train.device,
+                **({"diverged": diverged} if diverged else {})}, timing)
+    return wall, diverged
 
 
 def read_stored(path: Path, *keys: str) -> Any:
@@ -242,19 +233,9 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
         for seed, run in enumerate(planned[experiment.key, cell.label]):
             if run.run_dir in diverged:
                 result.diverged[seed] = diverged[run.run_dir]
-                for name in experiment.metrics:
-                    result.values.setdefault(name, []).append(float("nan"))
-                result.wall_s.append(wall.get(run.run_dir, float("nan")))
-                result.run_dirs.append(run.run_dir)
-                continue
-            metrics = dict(RunFolder(run.run_dir).final_metrics() or {})
-            if experiment.protocol == "parts":
-                parts = _parts(experiment, run.run_dir)
-                for name, estimate in parts.items():
-                    metrics[name] = estimate["mean"]
-                    result.part_ci95.setdefault(name, []).append(estimate["ci95"])
-            elif experiment.protocol == "generalization":
-                metrics.update(_generalization(run.run_dir))
+                metrics: dict[str, Any] = dict.fromkeys(experiment.metrics, float("nan"))
+            else:
+                metrics = _run_metrics(experiment, run.run_dir, result)
             for name in experiment.metrics:
                 if name not in metrics:
                     raise KdmlError(f"{run.run_dir} has no {name!r}; the recipe "
@@ -266,11 +247,24 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                 result.values.setdefault(name, []).append(float(metrics[name]))
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
             result.run_dirs.append(run.run_dir)
-            if cell.plot_charts and result.charts is None:
+            if cell.plot_charts and result.charts is None and seed not in result.diverged:
                 result.charts, result.charts_seed = draw_charts(load_run(run.run_dir)), seed
         cells[cell.label] = result
     first = planned[experiment.key, experiment.cells[0].label][0].config
     return ExperimentResult(experiment, cells, first)
+
+
+def _run_metrics(experiment: Experiment, run_dir: Path, result: CellResult) -> dict[str, Any]:
+    """A finished run's final metrics with the experiment's protocol added (the parts'
+    half-widths go into ``result``)."""
+    metrics = dict(RunFolder(run_dir).final_metrics() or {})
+    if experiment.protocol == "parts":
+        for name, estimate in _parts(experiment, run_dir).items():
+            metrics[name] = estimate["mean"]
+            result.part_ci95.setdefault(name, []).append(estimate["ci95"])
+    elif experiment.protocol == "generalization":
+        metrics.update(_generalization(run_dir))
+    return metrics
 
 
 def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]:
@@ -331,14 +325,14 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
         echo(f"[{number}/{len(runs)}] {run.config.recipe} on {run.config.data.dataset}, seed "
              f"{run.config.train.seed}: {run.run_dir}")
         try:
-            wall[run.run_dir] = train_planned(run, progress)
-        except NonFiniteLoss as error:
-            diverged[run.run_dir] = str(error)
-            wall[run.run_dir] = stored_wall(run.run_dir)
-            echo(f"  diverged: {error}")
+            wall[run.run_dir], why = train_planned(run, progress)
         except KdmlError as error:
             broken[run.run_dir] = str(error)
             echo(f"  failed: {error}")
+            continue
+        if why:
+            diverged[run.run_dir] = why
+            echo(f"  diverged: {why}")
     results = []
     for experiment in experiments:
         error = failed.get(experiment.key) or next(
