@@ -178,6 +178,22 @@ def test_mtriplet_objective_is_triplet_plus_regularizers():
     assert output.loss.item() == pytest.approx(triplet + 0.7 * mmd + 0.3 * chart, rel=1e-9)
 
 
+def test_mtriplet_uses_q_when_the_head_gives_no_log_memberships(monkeypatch):
+    """``ChartOutputs.log_q`` is optional: a head without it trains on ``q`` itself, to the
+    same loss (the log-memberships only keep underflowed charts finite)."""
+    method = build("mtriplet", dim=3, n_charts=5, lambda1=0.7, lambda2=0.3).double()
+    x, labels = images().double(), torch.tensor(LABELS)
+    torch.manual_seed(3)
+    with_log_q = method(x, labels)
+    charts = method.charts
+    monkeypatch.setattr(method, "charts", lambda inputs: charts(inputs)._replace(log_q=None))
+    torch.manual_seed(3)
+    without = method(x, labels)
+    assert without.loss.item() == pytest.approx(with_log_q.loss.item(), rel=1e-12)
+    assert float(without.terms["triplet"]) == pytest.approx(float(with_log_q.terms["triplet"]),
+                                                            rel=1e-12)
+
+
 def test_mtriplet_code_distance_variant():
     method = build("mtriplet", dim=2, n_charts=3, distance="code", lambda1=0.0,
                    lambda2=0.0).double()

@@ -117,6 +117,13 @@ def test_make_splits_standard_uses_the_datasets_own_parts():
     assert splits.test.labels.tolist() == [9, 9]
 
 
+def test_a_datasets_own_split_without_a_test_part_is_refused():
+    dataset = vectors([5, 5, 7, 7])
+    with pytest.raises(KdmlError, match=r"^toy's own split has no test or query part; choose "
+                                        r"another data.split$"):
+        make_splits(dataset, {"train": torch.tensor([0, 1, 2, 3])}, "standard")
+
+
 def test_a_split_whose_test_classes_are_partly_trained_on_is_refused():
     # Neither unseen (the run said "classes not seen in training") nor seen: a data mistake.
     dataset = vectors([5, 5, 7, 7, 5, 7, 9, 9])

@@ -5,6 +5,7 @@ import torch
 
 from kdml.errors import KdmlError
 from kdml.models import EmbeddingHead, build_backbone, freeze_batchnorm
+from kdml.models.backbones import feature_size_of
 
 
 @pytest.mark.parametrize(("shape", "name"), [
@@ -66,3 +67,23 @@ def test_freeze_batchnorm_keeps_running_stats():
     before = [b.clone() for b in backbone.buffers()]
     backbone(torch.randn(8, 6) * 5 + 3)
     assert all(torch.equal(a, b) for a, b in zip(before, backbone.buffers(), strict=True))
+
+
+@pytest.mark.parametrize("size", [None, 0, 2.5, True])
+def test_a_backbone_without_a_positive_integer_feature_size_is_refused(size):
+    """A user's own backbone sizes a recipe's head by ``feature_size``: without one, a line
+    that says what to set (nn.Module's AttributeError said only that it was missing)."""
+    from kdml.training.recipes.atlas import TripletMethod, TripletParams
+
+    backbone = torch.nn.Linear(4, 3)
+    if size is not None:
+        backbone.feature_size = size
+    message = (rf"^backbone Linear has no positive integer feature_size \(got {size!r}\); set "
+               rf"it to the width of its output features$")
+    with pytest.raises(KdmlError, match=message):
+        feature_size_of(backbone)
+    with pytest.raises(KdmlError, match=message):
+        TripletMethod(backbone, TripletParams())
+    backbone.feature_size = 3
+    assert feature_size_of(backbone) == 3
+    assert TripletMethod(backbone, TripletParams()).embed(torch.ones(2, 4)).shape[0] == 2

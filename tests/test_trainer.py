@@ -369,3 +369,20 @@ def test_a_compiler_failure_is_one_line(tmp_path, monkeypatch, capsys):
     error = capsys.readouterr().err.strip().splitlines()
     assert error == ["kdml: error: train.compile=true: torch.compile failed (no C++ compiler "
                      "found); train without it: train.compile=false"]
+
+
+def test_a_model_with_nothing_to_train_and_no_fit_is_refused(monkeypatch):
+    """A method with no trainable parameters (and no closed-form fit) has no optimiser:
+    one line before training instead of a crash at its first epoch."""
+    from kdml.config import resolve_config
+    from kdml.training import trainer
+    from kdml.training.recipes import get_recipe
+
+    spec = get_recipe("jrd")
+    config = resolve_config(spec.name, spec.params, spec.defaults,
+                            overrides=["data.dataset=digits", "train.device=cpu",
+                                       "data.num_workers=0"])
+    monkeypatch.setattr(trainer, "build_optimizer", lambda method, config: (None, None))
+    with pytest.raises(KdmlError, match=r"^the jrd model has no parameters to train and no "
+                                        r"closed-form fit$"):
+        trainer.Session.build(config, echo=lambda line: None)

@@ -6,12 +6,13 @@ Every user error becomes one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from kdml.errors import KdmlError, QuietExit
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + message
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + message
         self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -377,12 +378,15 @@ def _train_grid(recipe, file_values: dict, overrides: list[str],
         return root
 
     root = distributed.from_main(grid_folder)
+
+    def cell_state(run: RunFolder) -> tuple[dict[str, float] | None, bool]:
+        return run.final_metrics(), run.config.is_file()
+
     _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
     finals = []
     for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
         run = RunFolder(root / cell.name)
-        done, started = distributed.from_main(lambda run=run: (run.final_metrics(),
-                                                               run.config.is_file()))
+        done, started = distributed.from_main(functools.partial(cell_state, run))
         if done is not None:
             _say(f"[{number}/{len(cells)}] {cell.name}: finished earlier")
             finals.append(done)
@@ -743,14 +747,14 @@ def _print_results(config, metrics: dict[str, float], run_dir: Path,
     print(f"run folder: {run_dir}")
 
 
+_ANALYSES = {"generalization": _analyze_generalization}
+_PLOTS = {"charts": _plot_charts, "retrieval": _plot_retrieval,
+          "embedding": _plot_embedding}
 _COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
              "config": _config, "embed": _embed, "index": _index, "search": _search,
              "reproduce": _reproduce,
              "analyze": lambda args: _ANALYSES[args.analysis](args),
              "plot": lambda args: _PLOTS[args.plot](args)}
-_ANALYSES = {"generalization": _analyze_generalization}
-_PLOTS = {"charts": _plot_charts, "retrieval": _plot_retrieval,
-          "embedding": _plot_embedding}
 
 
 if __name__ == "__main__":

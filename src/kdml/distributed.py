@@ -148,10 +148,10 @@ def from_main(function: Callable[[], T]) -> T:
             outcome = ("ok", function())
         except KdmlError as error:
             outcome = ("error", error)
-    kind, value = broadcast(outcome if world().is_main else None)
-    if kind == "error":
+    kind, value = broadcast(outcome)  # the other ranks' placeholder is replaced by rank 0's
+    if kind == "error" and isinstance(value, KdmlError):
         if world().is_main:
-            raise value  # type: ignore[misc]
+            raise value
         raise QuietExit(str(value))
     return value  # type: ignore[return-value]
 

@@ -40,7 +40,7 @@ from kdml.evaluation.index import (
     load_index,
     search_index,
 )
-from kdml.evaluation.knn import knn_search
+from kdml.evaluation.knn import as_metric, knn_search
 from kdml.figure_file import check_replaceable
 from kdml.training.run_folder import check_writable_folder, write_json
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
@@ -97,7 +97,7 @@ def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
     """Embeddings (and, for Atlas runs, chart codes), labels, positions and sources."""
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     arrays = _items(part.dataset, embedded)
-    arrays["embeddings"] = embedded.values.float().cpu().numpy()
+    arrays["embeddings"] = embedded.tensor().float().cpu().numpy()
     if trained.method.has_charts:
         codes = chart_codes_of(trained.method, part.dataset, part.embedder)
         arrays["chart_coords"] = codes.values[0].float().cpu().numpy()
@@ -144,7 +144,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves no broken .npz
     try:
         with partial.open("wb") as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stubs
     except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
         partial.unlink(missing_ok=True)
         raise
@@ -157,8 +157,9 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
     check_index_folder(folder)  # before embedding, which takes minutes on a large split
     check_writable_folder(folder.parent)
     arrays = embed_part(trained, part)
-    items = {key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
-             if key in arrays}
+    items: dict[str, np.ndarray] = {
+        key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
+        if key in arrays}
     charts = trained.method.has_charts
     info = IndexInfo(str(trained.run.root), checkpoint_fingerprint(trained.checkpoint),
                      "euclidean" if charts else trained.config.eval.metric, 0, kind, 0, 1.0)
@@ -237,17 +238,19 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
     else:
         raise KdmlError(f"query {query} must be an image file or an .npz")
     method.eval()
-    vectors, charts = [], []
+    vector_chunks: list[torch.Tensor] = []
+    chart_chunks: list[torch.Tensor] = []
     with torch.no_grad():  # in the evaluation's batches: an .npz may hold a whole test split
         for chunk in inputs.split(embedder.batch_size):
             batch = embedder.transform(chunk.to(embedder.device))
             if method.has_charts:
                 coords, chart = method.chart_codes(batch)
-                vectors.append(coords.float().cpu())
-                charts.append(chart.cpu())
+                vector_chunks.append(coords.float().cpu())
+                chart_chunks.append(chart.cpu())
             else:
-                vectors.append(method.embed(batch).float().cpu())
-    return (torch.cat(vectors).numpy(), torch.cat(charts).numpy() if charts else None, names)
+                vector_chunks.append(method.embed(batch).float().cpu())
+    return (torch.cat(vector_chunks).numpy(),
+            torch.cat(chart_chunks).numpy() if chart_chunks else None, names)
 
 
 def _query_rows(array: np.ndarray, key: str, query: Path) -> np.ndarray:
@@ -323,7 +326,7 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     k = min(k, len(labels) - 1)
     chosen = np.random.default_rng(seed).choice(eligible, min(queries, len(eligible)),
                                                 replace=False)
-    metric = trained.config.eval.metric
+    metric = as_metric(trained.config.eval.metric)
     neighbours = np.concatenate([chunk.indices for chunk in knn_search(
         embedded.values, k=k, metric=metric, exclude_self=True)])[chosen]
     positions = embedded.indices.numpy()
@@ -346,7 +349,7 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     check_replaceable(trained.plot_path("embedding"))  # before minutes of embedding
     part = run_part(trained)
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
-    values = embedded.values.float().cpu().numpy()
+    values = embedded.tensor().float().cpu().numpy()
     labels = embedded.labels.numpy()
     if len(values) > max_points:
         keep = np.random.default_rng(seed).choice(len(values), max_points, replace=False)
@@ -398,8 +401,8 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
     terms = generalization_terms(
-        seen.values.float().cpu().numpy(), dataset_labels(splits, seen.labels).numpy(),
-        unseen.values.float().cpu().numpy(), unseen.labels.numpy(),
+        seen.tensor().float().cpu().numpy(), dataset_labels(splits, seen.labels).numpy(),
+        unseen.tensor().float().cpu().numpy(), unseen.labels.numpy(),
         labelled_fraction=settings.labelled_fraction, repeats=settings.repeats,
         neighbors=settings.neighbors, seed=settings.seed)
     path = trained.run.root / "generalization.json"

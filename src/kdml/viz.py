@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
     if loss_keys:
         fig, ax = plt.subplots(figsize=(6, 4))
         for key in loss_keys:
-            ax.plot(epochs, [row.get(key) for row in history], marker="o", label=key[6:])
+            ax.plot(epochs, [row.get(key, math.nan) for row in history], marker="o",
+                    label=key[6:])
         ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not 1.5
         ax.legend()

@@ -107,7 +107,7 @@ def plot_charts(
     """
     figure = chart_figure(chart_coords, chart_index, labels, images, max_thumbnails,
                           thumbnail_zoom, seed, class_names)
-    return write_png(figure, path)
+    return write_png(figure, Path(path))
 
 
 def chart_figure(

@@ -88,7 +88,7 @@ class SimCLRAugment(nn.Module):
         if key not in self._pipelines:
             s = self.jitter_strength
             side = (height, width) if self.size is None else (self.size, self.size)
-            steps: list[nn.Module] = [K.RandomResizedCrop(side, scale=self.crop_scale)]
+            steps: list[K.AugmentationBase2D] = [K.RandomResizedCrop(side, scale=self.crop_scale)]
             if self.horizontal_flip:
                 steps.append(K.RandomHorizontalFlip(p=0.5))
             colour = (0.8 * s, 0.2 * s) if channels == 3 else (0.0, 0.0)  # saturation, hue

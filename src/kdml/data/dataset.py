@@ -102,7 +102,9 @@ class DmlDataset(Dataset):
         names under those labels (None: unnamed; see :func:`renamed_classes`)."""
         if labels.shape != self.labels.shape:
             raise KdmlError(f"{self.name}: {len(labels)} new labels for {len(self)} samples")
-        return dataclasses.replace(self, labels=labels.long(), class_names=class_names)
+        # every concrete dataset is a dataclass; replace() re-runs its checks
+        return dataclasses.replace(self, labels=labels.long(),  # type: ignore[type-var]
+                                   class_names=class_names)
 
     def class_name(self, label: int) -> str | None:
         """The name of class ``label``, or None where the classes have no names."""

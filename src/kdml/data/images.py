@@ -73,9 +73,9 @@ def load_image(path: str | Path, size: int) -> Tensor:
     Returns:
         uint8 ``[3, size, size]``.
     """
-    with Image.open(path) as image:
-        image.draft("RGB", (size, size))
-        image = eight_bit(image).convert("RGB")
+    with Image.open(path) as opened:
+        opened.draft("RGB", (size, size))
+        image = eight_bit(opened).convert("RGB")
         width, height = image.size
         scale = size / min(width, height)
         new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
@@ -102,8 +102,8 @@ def load_image_as(path: str | Path, shape: tuple[int, ...]) -> Tensor:
         (Pillow's ``ImageOps.fit``), so the batch transform scales it to [0, 1] like the data.
     """
     channels, height, width = shape
-    with Image.open(path) as image:
-        image = ImageOps.fit(eight_bit(image).convert("L" if channels == 1 else "RGB"),
+    with Image.open(path) as opened:
+        image = ImageOps.fit(eight_bit(opened).convert("L" if channels == 1 else "RGB"),
                              (width, height), Image.Resampling.BILINEAR)
         pixels = np.array(image, dtype=np.uint8).reshape(height, width, channels)
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
@@ -181,7 +181,7 @@ def missing_files(paths: Sequence[str] | np.ndarray) -> list[str]:
     by_folder: dict[str, list[str]] = defaultdict(list)
     for path in paths:
         by_folder[os.path.dirname(path)].append(str(path))
-    missing = set()
+    missing: set[str] = set()
     for folder, members in by_folder.items():
         try:
             present = {entry.name for entry in os.scandir(folder) if not entry.is_dir()}

@@ -50,7 +50,9 @@ def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_wo
     # The loader's own generator only seeds the workers, which draw nothing; giving it one
     # keeps it from drawing that seed from torch's global generator.
     return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
-                      collate_fn=collate_batch, pin_memory=pin_memory,
+                      # __getitems__ hands it a Batch; torch's stubs expect a list of samples
+                      collate_fn=collate_batch,  # type: ignore[arg-type]
+                      pin_memory=pin_memory,
                       persistent_workers=persistent and num_workers > 0,
                       generator=torch.Generator().manual_seed(0))
 

@@ -23,7 +23,18 @@ from kdml.seeding import derive_seed
 SOURCE_STREAM, TARGET_STREAM = 10, 11
 
 
-class _SeededBatches(Sampler[list[int]]):
+class EpochBatches(Sampler[list[int]]):
+    """Batches of sample indices that change with the epoch (``set_epoch``) and know how many
+    they are (``len``), as the trainer's loaders need."""
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class _SeededBatches(EpochBatches):
     def __init__(self, seed: int, stream: int) -> None:
         self.seed, self.stream = seed, stream
         self.epoch = 0
@@ -155,7 +166,7 @@ def check_batching(labels: torch.Tensor, samples_per_class: int, batch_size: int
         )
 
 
-class RankShare(Sampler[list[int]]):
+class RankShare(EpochBatches):
     """This rank's share of each global batch of ``batches``: the ``rank``-th of ``world``
     equal, contiguous slices, so the ranks' shares concatenated in rank order are the global
     batch. Every rank draws the same global batches (the same seeded sampler), so no
@@ -168,7 +179,7 @@ class RankShare(Sampler[list[int]]):
         [2, 2]
     """
 
-    def __init__(self, batches: Sampler[list[int]], rank: int, world: int) -> None:
+    def __init__(self, batches: EpochBatches, rank: int, world: int) -> None:
         self.batches, self.rank, self.world = batches, rank, world
 
     def set_epoch(self, epoch: int) -> None:

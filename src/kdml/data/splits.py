@@ -140,6 +140,9 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
     if split == "standard" and parts:
         train_idx = parts["train"]
         test_idx = parts.get("test", parts.get("query"))
+        if test_idx is None:
+            raise KdmlError(f"{dataset.name}'s own split has no test or query part; choose "
+                            f"another data.split")
         gallery_idx = parts.get("gallery")
     elif split == "seen-holdout":
         train_idx, test_idx = seen_holdout_split(dataset.labels, holdout_fraction, seed=0)

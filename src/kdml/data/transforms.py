@@ -173,12 +173,15 @@ def draw_parameters(augment: K.AugmentationSequential, shape: torch.Size,
         return params
     rows = slice(share.offset, share.offset + local)
     for item in params:
-        for key, value in item.data.items():
+        data = item.data
+        if not isinstance(data, dict):  # a nested sequential's list; kdml's pipelines are flat
+            raise TypeError(f"expected one augmentation's parameters, got {type(data).__name__}")
+        for key, value in data.items():
             if key == "forward_input_shape":
                 value = value.clone()
                 value[0] = local
-                item.data[key] = value
+                data[key] = value
             elif key not in BATCH_WIDE_PARAMETERS and torch.is_tensor(value) and value.ndim and (
                     len(value) == share.size):
-                item.data[key] = value[rows]
+                data[key] = value[rows]
     return params

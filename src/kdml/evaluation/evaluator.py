@@ -38,6 +38,7 @@ from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
 from kdml.evaluation.charts import chart_retrieval_metrics, piecewise_linear_accuracy
+from kdml.evaluation.knn import as_metric
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import target_metrics
 from kdml.models.method import Method
@@ -101,6 +102,12 @@ class Embedded(NamedTuple):
     labels: Tensor
     indices: Tensor
 
+    def tensor(self) -> Tensor:
+        """``values`` as the one [N, d] tensor of an ``embed`` (chart codes are a tuple)."""
+        if isinstance(self.values, tuple):
+            raise TypeError("these are chart codes, not one embedding tensor")
+        return self.values
+
 
 def embed_dataset(method: Method, dataset: DmlDataset,
                   embedder: Embedder | None = None) -> Embedded:
@@ -121,10 +128,8 @@ def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
     Under torchrun every rank embeds its share of each set; rank 0 scores the gathered
     embeddings and every rank returns its metrics."""
     embedded = _embed_for_evaluation(method, splits, embedder or Embedder())
-    metrics = None
-    if distributed.world().is_main:
-        metrics = _score(embedded, splits, config, method.has_charts)
-    return distributed.broadcast(metrics)
+    # rank 0 scores; an error there stops the other ranks too instead of leaving them waiting
+    return distributed.from_main(lambda: _score(embedded, splits, config, method.has_charts))
 
 
 def _embed_for_evaluation(method: Method, splits: DataSplits,
@@ -149,7 +154,7 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
     if splits.kind == DOMAIN:
         source = embedded["source"]
         return target_metrics(source.values, dataset_labels(splits, source.labels),
-                              test.values, test.labels, ks=ks, metric=config.metric,
+                              test.values, test.labels, ks=ks, metric=as_metric(config.metric),
                               nmi=config.nmi)
     if charts:
         coords, index = test.values
@@ -160,9 +165,10 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
                 train_coords, train_index, embedded["train"].labels, coords, index,
                 _train_space(splits, test.labels))["accuracy"]
         return metrics
-    warn_if_collapsed(test.values, config.metric)
+    test_values = test.tensor()
+    warn_if_collapsed(test_values, config.metric)
     gallery = embedded.get("gallery")
-    metrics = retrieval_metrics(test.values, test.labels, ks=ks, metric=config.metric,
+    metrics = retrieval_metrics(test_values, test.labels, ks=ks, metric=as_metric(config.metric),
                                 reference=None if gallery is None else gallery.values,
                                 reference_labels=None if gallery is None else gallery.labels,
                                 nmi=config.nmi)
@@ -170,7 +176,7 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
         train = embedded["train"]
         metrics["linear_accuracy"] = piecewise_linear_accuracy(
             train.values, torch.zeros(len(train.labels), dtype=torch.long), train.labels,
-            test.values, torch.zeros(len(test.labels), dtype=torch.long),
+            test_values, torch.zeros(len(test.labels), dtype=torch.long),
             _train_space(splits, test.labels), sigmoid=False)["accuracy"]
     return metrics
 
@@ -214,7 +220,9 @@ def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDatas
          embedder: Embedder, shard: bool = False) -> Embedded:
     was_training = method.training
     method.eval()
-    chunks, labels, indices = [], [], []
+    chunks: list[Output] = []
+    labels: list[Tensor] = []
+    indices: list[Tensor] = []
     try:
         for inputs, batch_labels, batch_indices in embedder.inputs(dataset, shard):
             with autocast(embedder.device, embedder.precision):
@@ -226,11 +234,13 @@ def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDatas
         method.train(was_training)
     if not chunks:
         raise KdmlError(f"{dataset.name}: no readable sample to evaluate")
-    if isinstance(chunks[0], tuple):
-        values: Output = tuple(torch.cat([chunk[i] for chunk in chunks])
-                               for i in range(len(chunks[0])))
-    else:
-        values = torch.cat(chunks)
+    tensors = [chunk for chunk in chunks if isinstance(chunk, Tensor)]
+    values: Output
+    if len(tensors) == len(chunks):
+        values = torch.cat(tensors)
+    else:  # chart codes: a tuple of tensors per batch, concatenated part by part
+        tuples = [chunk for chunk in chunks if isinstance(chunk, tuple)]
+        values = tuple(torch.cat(parts) for parts in zip(*tuples, strict=True))
     embedded = Embedded(values, torch.cat(labels), torch.cat(indices))
     return _gathered(embedded) if shard and distributed.world().is_distributed else embedded
 

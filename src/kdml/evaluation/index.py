@@ -71,6 +71,7 @@ def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
     # IVF needs 39 training points per cell: with fewer than two cells' worth (a small gallery,
     # or an Atlas chart with few members), one cell is all there is, which is an exact search,
     # so faiss's flat index does it without k-means warning about too few points.
+    index: faiss.Index
     if kind == "exact" or (kind == "ivf" and len(vectors) < 2 * 39):
         index = faiss.IndexFlatIP(dim) if metric == "cosine" else faiss.IndexFlatL2(dim)
     elif kind == "hnsw":
@@ -79,9 +80,10 @@ def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
         # faiss's rule of thumb, 4 sqrt(N) cells, with the 39 points per cell its k-means asks
         cells = min(int(4 * math.sqrt(len(vectors))), len(vectors) // 39)
         quantizer = faiss.IndexFlatIP(dim) if metric == "cosine" else faiss.IndexFlatL2(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss_metric)
-        index.train(vectors)
-        index.nprobe = min(IVF_PROBES, cells)
+        inverted = faiss.IndexIVFFlat(quantizer, dim, cells, faiss_metric)
+        inverted.train(vectors)
+        inverted.nprobe = min(IVF_PROBES, cells)
+        index = inverted
     index.add(vectors)
     return index
 
@@ -123,7 +125,7 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
                 faiss.write_index(_faiss_index(vectors[members], info.kind, info.metric),
                                   str(partial / f"chart_{chart}.faiss"))
             items = {**items, "chart": chart_index}
-        np.savez(partial / "items.npz", **items)
+        np.savez(partial / "items.npz", **items)  # type: ignore[arg-type]  # numpy's stubs
         (partial / "index.json").write_text(json.dumps(asdict(info), indent=2))
         os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
     except BaseException:  # Ctrl-C or a full disk: no half-built index stays behind

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast, overload
 
 import faiss
 import numpy as np
@@ -62,6 +62,12 @@ class KnnChunk(NamedTuple):
 def check_metric(metric: str) -> None:
     if metric not in METRICS:
         raise KdmlError(f"metric must be one of {METRICS}, got {metric!r}")
+
+
+def as_metric(name: str) -> Metric:
+    """``name`` (e.g. ``eval.metric``) checked to be one of :data:`METRICS`."""
+    check_metric(name)
+    return cast(Metric, name)
 
 
 def as_float_matrix(x: Any, name: str) -> np.ndarray:
@@ -162,6 +168,10 @@ def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     return out
 
 
+@overload
+def to_search_vectors(array: np.ndarray, scale: float, metric: str) -> np.ndarray: ...
+@overload
+def to_search_vectors(array: torch.Tensor, scale: float, metric: str) -> torch.Tensor: ...
 def to_search_vectors(array: Vectors, scale: float, metric: str) -> Vectors:
     """``array / scale`` as C-contiguous float32, L2-normalized when ``metric="cosine"``.
 
@@ -181,36 +191,60 @@ def to_search_vectors(array: Vectors, scale: float, metric: str) -> Vectors:
     return converted
 
 
+@overload
+def prepare_vectors(x: Any, metric: str, name: str,
+                    backend: Literal["faiss"] = "faiss") -> np.ndarray: ...
+@overload
+def prepare_vectors(x: Any, metric: str, name: str, backend: str) -> Vectors: ...
 def prepare_vectors(x: Any, metric: str, name: str, backend: str = "faiss") -> Vectors:
     """Validated float32 vectors ready for the search (a NumPy array for faiss, a tensor on
     its device for torch): rescaled by :func:`search_scale` and L2-normalized when
     ``metric="cosine"``."""
-    array = as_float_tensor(x, name) if backend == "torch" else as_float_matrix(x, name)
+    if backend == "torch":
+        tensor = as_float_tensor(x, name)
+        return to_search_vectors(tensor, search_scale(tensor), metric)
+    array = as_float_matrix(x, name)
     return to_search_vectors(array, search_scale(array), metric)
 
 
+@overload
+def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, str] = ...,
+                 backend: Literal["faiss"] = "faiss") -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, str],
+                 backend: str) -> tuple[Vectors, Vectors]: ...
 def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, str] = (
         "queries", "reference"), backend: str = "faiss") -> tuple[Vectors, Vectors]:
     """Queries and reference ready for the search, rescaled by one common factor (Euclidean
     distances between the two sets must keep their ratios)."""
-    convert = as_float_tensor if backend == "torch" else as_float_matrix
-    query_array, reference_array = (convert(x, name)
-                                    for x, name in zip((queries, reference), names, strict=True))
-    if backend == "torch" and reference_array.device != query_array.device:
-        reference_array = reference_array.to(query_array.device)
-    if reference_array.shape[1] != query_array.shape[1]:
-        raise KdmlError(f"{names[0]} have dimension {query_array.shape[1]} but {names[1]} has "
-                        f"{reference_array.shape[1]}")
+    if backend == "torch":
+        query_tensor = as_float_tensor(queries, names[0])
+        reference_tensor = as_float_tensor(reference, names[1]).to(query_tensor.device)
+        _check_dimensions(query_tensor, reference_tensor, names)
+        scale = search_scale(query_tensor, reference_tensor)
+        return (to_search_vectors(query_tensor, scale, metric),
+                to_search_vectors(reference_tensor, scale, metric))
+    query_array, reference_array = as_float_matrix(queries, names[0]), as_float_matrix(
+        reference, names[1])
+    _check_dimensions(query_array, reference_array, names)
     scale = search_scale(query_array, reference_array)
     return (to_search_vectors(query_array, scale, metric),
             to_search_vectors(reference_array, scale, metric))
 
 
+def _check_dimensions(queries: Vectors, reference: Vectors, names: tuple[str, str]) -> None:
+    if reference.shape[1] != queries.shape[1]:
+        raise KdmlError(f"{names[0]} have dimension {queries.shape[1]} but {names[1]} has "
+                        f"{reference.shape[1]}")
+
+
 def _search(
     queries: Vectors, reference: Vectors, k: int, metric: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(queries, torch.Tensor):
+    if isinstance(queries, torch.Tensor) and isinstance(reference, torch.Tensor):
         return _torch_search(queries, reference, k, metric)
+    if not isinstance(queries, np.ndarray) or not isinstance(reference, np.ndarray):
+        raise TypeError("queries and reference must both be tensors or both be arrays")
     if uses_full_rows(k, len(reference)):
         return _torch_search_in_blocks(queries, reference, k, metric)
     # faiss.knn is the brute-force search behind IndexFlatIP / IndexFlatL2, without

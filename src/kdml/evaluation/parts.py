@@ -16,6 +16,7 @@ import torch
 
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
+from kdml.evaluation.knn import Metric
 from kdml.evaluation.retrieval import retrieval_metrics
 
 
@@ -51,7 +52,7 @@ def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[
 
 
 def retrieval_over_parts(vectors: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
-                         ks: Sequence[int], num_parts: int = 10, metric: str = "cosine",
+                         ks: Sequence[int], num_parts: int = 10, metric: Metric = "cosine",
                          seed: int = 0) -> dict[str, Estimate]:
     """Recall@K, MAP@R and R-Precision scored within each part (leave-one-out), as
     :class:`~kdml.evaluation.estimate.Estimate` over the parts.

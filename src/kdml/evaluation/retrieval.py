@@ -14,6 +14,7 @@ from kdml.errors import KdmlError
 from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     Metric,
+    Vectors,
     check_metric,
     prepare_pair,
     prepare_vectors,
@@ -346,7 +347,7 @@ class RankedSearch:
     # Widened searches run in batches of at most this many (query, neighbour) results.
     WIDEN_BUDGET = 2**24
 
-    def __init__(self, query_vectors: np.ndarray, reference_vectors: np.ndarray, metric: str,
+    def __init__(self, query_vectors: Vectors, reference_vectors: Vectors, metric: str,
                  exclude_self: bool, chunk_size: int) -> None:
         self.queries, self.reference = query_vectors, reference_vectors
         self.metric, self.exclude_self, self.chunk_size = metric, exclude_self, chunk_size

@@ -7,7 +7,7 @@ the objective. DSTML adds the same criterion on every hidden layer behind a hing
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -16,6 +16,12 @@ from kdml.errors import KdmlError
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.precision import full_precision
 from kdml.regularizers.domain import DomainMMD
+
+
+class WeightPenalized(Protocol):
+    """A network with the gamma term of Eq. 7 (:class:`~kdml.models.dtml.DTMLNetwork`)."""
+
+    def weight_penalty(self) -> Tensor: ...
 
 
 class ObjectiveOutput(NamedTuple):
@@ -136,7 +142,7 @@ class DTMLObjective(nn.Module):
     @full_precision
     def forward(self, source_layers: Sequence[Tensor], labels: Tensor,
                 target_layers: Sequence[Tensor] | None = None,
-                network: nn.Module | None = None) -> ObjectiveOutput:
+                network: WeightPenalized | None = None) -> ObjectiveOutput:
         num_layers = len(source_layers)
         if num_layers == 0:
             raise KdmlError("DTMLObjective needs at least one layer output")

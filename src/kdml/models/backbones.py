@@ -117,6 +117,17 @@ class FlattenInputs(nn.Flatten):
         self.feature_size = math.prod(input_shape)
 
 
+def feature_size_of(backbone: nn.Module) -> int:
+    """The width of ``backbone``'s pooled features: its ``feature_size`` attribute, which every
+    kdml backbone has and a user's own backbone must set to be sized for a recipe's head."""
+    size = getattr(backbone, "feature_size", None)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise KdmlError(f"backbone {type(backbone).__name__} has no positive integer "
+                        f"feature_size (got {size!r}); set it to the width of its output "
+                        f"features")
+    return size
+
+
 BACKBONES = ("auto", "cnn", "mlp", "conv1d", "identity", "bninception", "timm:NAME",
              "torchvision:NAME")
 

@@ -83,7 +83,7 @@ class DTMLNetwork(nn.Module):
     @torch.no_grad()
     def reset_to_identity(self) -> None:
         """Ones on the diagonal of every :math:`W^{(m)}`, zeros elsewhere and in the biases."""
-        for layer in self.layers:
+        for layer in self.linear_layers():
             nn.init.eye_(layer.weight)
             nn.init.zeros_(layer.bias)
 
@@ -110,7 +110,12 @@ class DTMLNetwork(nn.Module):
 
     def weight_penalty(self) -> Tensor:
         r""":math:`\sum_m \|W^{(m)}\|_F^2 + \|b^{(m)}\|_2^2`, the :math:`\gamma` term of Eq. 7."""
-        return sum(layer.weight.pow(2).sum() + layer.bias.pow(2).sum() for layer in self.layers)
+        return torch.stack([layer.weight.pow(2).sum() + layer.bias.pow(2).sum()
+                            for layer in self.linear_layers()]).sum()
+
+    def linear_layers(self) -> list[nn.Linear]:
+        """The :math:`M` weight layers :math:`W^{(m)}, b^{(m)}`, bottom first."""
+        return [layer for layer in self.layers if isinstance(layer, nn.Linear)]
 
     def extra_repr(self) -> str:
         sizes = "-".join(map(str, self.layer_sizes))

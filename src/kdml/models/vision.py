@@ -11,6 +11,8 @@ Normalisation follows the model's own config (timm's ``pretrained_cfg``), else I
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from kdml.data.transforms import Normalization
@@ -24,7 +26,11 @@ VISION_EXTRA = ("pip install -c constraints.txt 'kdml[vision]' (or model.backbon
                 "model.small_input=false: a small CPU network, much weaker)")
 
 
-def _small_stem(network: nn.Module, in_channels: int, name: str) -> None:
+# The timm and torchvision models are typed ``Any`` here: their layers (conv1, fc,
+# forward_features, ...) are attributes that nn.Module's typing cannot see.
+
+
+def _small_stem(network: Any, in_channels: int, name: str) -> None:
     """Replace a ResNet's 7x7 stride-2 convolution and max-pool with a 3x3 stride-1
     convolution (SimCLR's CIFAR variant; Atlas App. A.1)."""
     if not isinstance(getattr(network, "conv1", None), nn.Conv2d) or not hasattr(network,
@@ -41,7 +47,9 @@ class TimmBackbone(nn.Module):
     ``network`` holds the timm model, so a timm checkpoint loads into it as it is.
     """
 
-    def __init__(self, network: nn.Module, pooling: str, normalization: Normalization) -> None:
+    network: Any
+
+    def __init__(self, network: Any, pooling: str, normalization: Normalization) -> None:
         super().__init__()
         self.network, self.pooling, self.normalization = network, pooling, normalization
         self.feature_size = network.num_features
@@ -79,7 +87,9 @@ class TorchvisionBackbone(nn.Module):
     """A torchvision ResNet (also ResNeXt, Wide ResNet) without ``avgpool`` and ``fc``, pooled
     by ``model.pooling``; ``network`` keeps torchvision's names for its checkpoints."""
 
-    def __init__(self, network: nn.Module, pooling: str,
+    network: Any
+
+    def __init__(self, network: Any, pooling: str,
                  normalization: Normalization = IMAGENET) -> None:
         super().__init__()
         self.normalization = normalization

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +37,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a ``.pth``/``.pt`` or ``.safetensors`` file, keys without ``module.``."""
     if not path.is_file():
         raise KdmlError(f"weights file {path} {why_missing(path, 'file')}; {WHERE_TO_GET}")
+    state: Any
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -59,7 +61,8 @@ def load_weights(backbone: nn.Module, path: str | Path,
                  report: Callable[[str], None] = print) -> None:
     """Load ``path`` into ``backbone`` (see the module docstring); ``report`` gets one line."""
     path = Path(path).expanduser()
-    target = backbone.weights_target() if hasattr(backbone, "weights_target") else backbone
+    weights_target = getattr(backbone, "weights_target", None)
+    target: nn.Module = weights_target() if callable(weights_target) else backbone
     state = read_state_dict(path)
     own = target.state_dict()
     ignored = sorted(key for key in state if key not in own and key.startswith(

@@ -108,10 +108,10 @@ class _JointKernelRegularizer(nn.Module):
                 f"{owner} was built with {len(self.kernels)} kernel(s) but got "
                 f"{len(representations)} representation(s); pass one kernel per representation"
             )
-        joint = None
-        for kernel, rep in zip(self.kernels, representations, strict=True):
-            layer_kernel = kernel(rep)
-            joint = layer_kernel if joint is None else joint * layer_kernel
+        matrices = [kernel(rep) for kernel, rep in zip(self.kernels, representations, strict=True)]
+        joint: Tensor = matrices[0]
+        for matrix in matrices[1:]:
+            joint = joint * matrix
         return joint
 
 

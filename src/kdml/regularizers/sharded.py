@@ -36,9 +36,8 @@ from kdml.precision import full_precision
 
 def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -> Tensor:
     """Kernel rows ``[m, M]``; adaptive bandwidths from the all-reduced distance sums."""
-    adaptive = isinstance(kernel, GaussianMixtureKernel | LaplaceKernel) and (
-        kernel.bandwidth is None)
-    if not adaptive:
+    if not isinstance(kernel, GaussianMixtureKernel | LaplaceKernel) or (
+            kernel.bandwidth is not None):
         return kernel(rows, columns)
     if isinstance(kernel, GaussianMixtureKernel):
         distances = squared_distances(rows, columns)
@@ -49,8 +48,8 @@ def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -
         torch.finfo(distances.dtype).eps)
     if isinstance(kernel, LaplaceKernel):
         return torch.exp(distances * (-1.0 / tau))
-    return sum(torch.exp(distances * (-1.0 / (tau * s))) for s in kernel.scales) / len(
-        kernel.scales)
+    return torch.stack([torch.exp(distances * (-1.0 / (tau * s)))
+                        for s in kernel.scales]).mean(dim=0)
 
 
 @full_precision
@@ -71,11 +70,11 @@ def sharded_jrs(kernels: Sequence[Kernel], local_representations: Sequence[Tenso
                         f"{len(kernels)} kernels")
     labels = distributed.gather(local_labels)
     num_points = len(labels)
-    joint = None
-    for kernel, rows in zip(kernels, local_representations, strict=True):
-        columns = distributed.gather(rows.detach())
-        block = _row_block(kernel, rows, columns, num_points)
-        joint = block if joint is None else joint * block
+    blocks = [_row_block(kernel, rows, distributed.gather(rows.detach()), num_points)
+              for kernel, rows in zip(kernels, local_representations, strict=True)]
+    joint = blocks[0]
+    for block in blocks[1:]:
+        joint = joint * block
     inter_class = local_labels[:, None] != labels[None, :]
     partial = torch.where(inter_class, joint, 0.0).sum()
     num_pairs = (labels[:, None] != labels[None, :]).sum().clamp_min(1)

@@ -293,9 +293,9 @@ def _atlas_table2_cnn(dataset: str) -> Experiment:
 
 def _atlas_ablation(dataset: str, quick: bool) -> Experiment:
     """Issue 12: which of the Appendix A.1 settings (now the defaults) matter for MSimCLR."""
-    reverted = (("small CNN instead of ResNet-18", ("model.backbone=cnn",
-                                                    "model.small_input=false")),
-                *_REVERTED_SIMCLR)
+    reverted: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("small CNN instead of ResNet-18", ("model.backbone=cnn", "model.small_input=false")),
+        *_REVERTED_SIMCLR)
     if quick:
         reverted = reverted[2:3]
     cells, claims = _ablation_cells_and_claims(reverted)

@@ -21,6 +21,7 @@ from typing import Any
 from kdml.config import RunConfig, resolve_config
 from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import embed_dataset
+from kdml.evaluation.knn import as_metric
 from kdml.evaluation.parts import retrieval_over_parts
 from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
@@ -203,7 +204,9 @@ def logged_seconds(log: Path) -> float:
     """
     if not log.is_file():
         return 0.0
-    total, started, last = 0.0, None, None
+    total = 0.0
+    started: datetime | None = None
+    last: datetime | None = None
     for line in log.read_text(errors="replace").splitlines():
         try:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
@@ -212,11 +215,11 @@ def logged_seconds(log: Path) -> float:
         message = line[24:]
         # a session starts training, or (a finished run resumed) has nothing to train
         if message.startswith("start epoch") or message.endswith(NOTHING_LEFT):
-            if started is not None:
+            if started is not None and last is not None:
                 total += max((last - started).total_seconds(), 0.0)  # local time: DST
             started = stamp if message.startswith("start epoch") else None
         last = stamp
-    if started is not None:
+    if started is not None and last is not None:
         total += max((last - started).total_seconds(), 0.0)
     return total
 
@@ -282,8 +285,8 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
     trained = load_run(run_dir)
     embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
     ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
-    estimates = retrieval_over_parts(embedded.values, embedded.labels, ks, NUM_PARTS,
-                                     trained.config.eval.metric)
+    estimates = retrieval_over_parts(embedded.tensor(), embedded.labels, ks, NUM_PARTS,
+                                     as_metric(trained.config.eval.metric))
     metrics = {name: {"mean": e.mean, "ci95": e.ci95} for name, e in estimates.items()}
     write_json({"num_parts": NUM_PARTS, "metrics": metrics}, path)
     return metrics
@@ -326,23 +329,23 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
              f"{run.config.train.seed}: {run.run_dir}")
         try:
             wall[run.run_dir], why = train_planned(run, progress)
-        except KdmlError as error:
-            broken[run.run_dir] = str(error)
-            echo(f"  failed: {error}")
+        except KdmlError as failure:
+            broken[run.run_dir] = str(failure)
+            echo(f"  failed: {failure}")
             continue
         if why:
             diverged[run.run_dir] = why
             echo(f"  diverged: {why}")
     results = []
     for experiment in experiments:
-        error = failed.get(experiment.key) or next(
+        why_not = failed.get(experiment.key) or next(
             (broken[run.run_dir] for cell in experiment.cells
              for run in planned[experiment.key, cell.label] if run.run_dir in broken), "")
-        if not error:
+        if not why_not:
             try:
                 results.append(collect(experiment, planned, wall, diverged))
                 continue
             except KdmlError as problem:
-                error = str(problem)
-        results.append(ExperimentResult(experiment, {}, None, error))
+                why_not = str(problem)
+        results.append(ExperimentResult(experiment, {}, None, why_not))
     return results

@@ -32,7 +32,7 @@ class NonFiniteWatch:
     def observe(self, step: int, terms: dict[str, Tensor]) -> None:
         values = torch.stack([value.detach().float() for value in terms.values()])
         bad = ~torch.isfinite(values)
-        if self.first_step is None:
+        if self.first_step is None or self.first_bad is None:
             self.names = list(terms)
             self.first_step = torch.full((), -1, dtype=torch.long, device=values.device)
             self.first_bad = torch.zeros_like(bad)
@@ -45,7 +45,7 @@ class NonFiniteWatch:
 
     def check(self, epoch: int) -> None:
         """Raise if a step so far went non-finite (a host sync)."""
-        if self.first_step is None:
+        if self.first_step is None or self.first_bad is None:
             return
         step = int(self.first_step)
         if step < 0:

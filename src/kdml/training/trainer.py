@@ -19,12 +19,12 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from kdml import distributed
@@ -35,6 +35,7 @@ from kdml.data.prepare import prepare_data, prepare_data_and_test_part
 from kdml.data.registry import relocated, root_is_read
 from kdml.data.samplers import (
     ClassBalancedBatches,
+    EpochBatches,
     RankShare,
     ShuffledBatches,
     TargetBatches,
@@ -76,6 +77,9 @@ from kdml.training.selection import (
     scores,
 )
 from kdml.viz import plot_training
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 # Steps between reads of the non-finite flag on a GPU (each read is a host sync).
 NONFINITE_CHECK_EVERY = 50
@@ -260,25 +264,27 @@ class TrainingBatches:
             global_batches = ShuffledBatches(len(train), data.batch_size, seed)
         self.batch_size = global_batches.batch_size  # the global batch
         # Under torchrun every rank draws the same global batches and loads its share.
-        self.sampler: Sampler[list[int]] = (RankShare(global_batches, world.rank, world.size)
-                                            if world.is_distributed else global_batches)
+        self.sampler: EpochBatches = (RankShare(global_batches, world.rank, world.size)
+                                      if world.is_distributed else global_batches)
         self.dataset, self.on_bad_image = train, data.on_bad_image
         self.max_steps = config.train.steps_per_epoch
         pin = device.type == "cuda"
         self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
                                                                             train),
                                    pin_memory=pin, persistent=True)
-        self.target_sampler = self.target_loader = None
+        self.target_sampler: EpochBatches | None = None
+        self.target_loader: DataLoader | None = None
         if uses_target:
             if splits.target is None:
                 raise KdmlError("this recipe needs a target domain: set data.dataset to a "
                                 "domain pair such as mnist5k->digits")
-            self.target_sampler = TargetBatches(
+            target_sampler: EpochBatches = TargetBatches(
                 len(splits.target), [self.batch_size] * len(self.sampler), seed)
             if world.is_distributed:
-                self.target_sampler = RankShare(self.target_sampler, world.rank, world.size)
+                target_sampler = RankShare(target_sampler, world.rank, world.size)
+            self.target_sampler = target_sampler
             self.target_loader = batch_loader(
-                splits.target, self.target_sampler,
+                splits.target, target_sampler,
                 resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
 
     def __len__(self) -> int:
@@ -287,7 +293,7 @@ class TrainingBatches:
     def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
         self.sampler.set_epoch(epoch)
         source = readable_batches(self.loader, self.dataset, self.on_bad_image)
-        if self.target_loader is None:
+        if self.target_loader is None or self.target_sampler is None:
             pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
         else:
             self.target_sampler.set_epoch(epoch)
@@ -389,6 +395,9 @@ class Session:
         method = method.to(device)
         pipeline = build_pipeline(config, splits, method)
         optimizer, scheduler = build_optimizer(method, config)
+        if optimizer is None and not method.needs_fit:
+            raise KdmlError(f"the {config.recipe} model has no parameters to train and no "
+                            f"closed-form fit")
         model: nn.Module = method
         if world.is_distributed and not method.needs_fit:
             model = DistributedDataParallel(
@@ -400,6 +409,12 @@ class Session:
                    TrainingBatches(config, splits, method.uses_target, device, world),
                    gradient_scaler(device, config.train.precision), model, world)
 
+    def steppers(self) -> tuple[torch.optim.Optimizer, Schedule]:
+        """The optimiser and the schedule; only methods fitted in closed form have none."""
+        if self.optimizer is None or self.scheduler is None:
+            raise RuntimeError(f"{self.config.recipe} is fitted in closed form, not stepped")
+        return self.optimizer, self.scheduler
+
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint; one line when it is another recipe's or another shape's."""
         saved_recipe = (state.get("config") or {}).get("recipe")
@@ -408,9 +423,10 @@ class Session:
                             f"config is {self.config.recipe!r}; it belongs to another run")
         try:
             self.method.load_state_dict(state["method"])
-            if self.optimizer is not None:
-                self.optimizer.load_state_dict(state["optimizer"])
-                self.scheduler.load_state_dict(state["scheduler"])
+            if not self.method.needs_fit:
+                optimizer, scheduler = self.steppers()
+                optimizer.load_state_dict(state["optimizer"])
+                scheduler.load_state_dict(state["scheduler"])
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
         except (RuntimeError, ValueError, KeyError, TypeError):
@@ -426,10 +442,11 @@ class Session:
         if method.needs_fit:  # e.g. PCA: fitted once on the training inputs, no steps
             method.fit(inputs for inputs, _, _ in self.embedder.inputs(self.splits.train))
         else:
-            row["lr"] = self.optimizer.param_groups[0]["lr"]
+            optimizer, scheduler = self.steppers()
+            row["lr"] = optimizer.param_groups[0]["lr"]
             terms = train_one_epoch(self, epoch, progress)
             row.update({f"train/{name}": value for name, value in terms.items()})
-            self.scheduler.step()
+            scheduler.step()
         converged = _converged(history, row, config.train.tolerance) or method.needs_fit
         if epoch % config.train.eval_every == 0 or epoch == config.train.epochs or converged:
             metrics = evaluate_method(method, self.splits, config.eval, self.embedder)
@@ -492,7 +509,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
     state = distributed.from_main(lambda: _checkpoint_to_resume(run) if resume else None)
     if resume and state is None:  # stopped before its first checkpoint: start over
         echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
-    elif resume:
+    elif state is not None:  # resuming
         session.restore(state, run.checkpoint)
         history, start_epoch = state["history"], state["epoch"] + 1
         if scored_prefix(session.splits) == VALIDATION:
@@ -584,7 +601,7 @@ class Recorder:
         self.run, self.writes, self.scored = run, writes, scored  # scored: "test" or "val"
         self._stack = contextlib.ExitStack()
         self.log = logging.getLogger("kdml.train")
-        self.writer = None
+        self.writer: SummaryWriter | None = None
 
     def __enter__(self) -> Recorder:
         if self.writes:
@@ -602,7 +619,7 @@ class Recorder:
 
     def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
               checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False) -> None:
-        if not self.writes:
+        if not self.writes or self.writer is None:
             return
         for key, value in row.items():
             if key != "epoch":
@@ -634,8 +651,8 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     configured autocast, the backward through the loss scaler (float16 only). The terms stay
     on the device until the epoch ends: one host sync per epoch, plus the periodic non-finite
     check."""
-    method, optimizer, config, device = (session.method, session.optimizer, session.config,
-                                         session.device)
+    method, config, device = session.method, session.config, session.device
+    optimizer, _ = session.steppers()
     method.train()
     if config.model.freeze_bn:
         freeze_batchnorm(method)

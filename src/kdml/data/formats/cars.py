@@ -63,7 +63,8 @@ def load_cars196(root: Path) -> DatasetParts:
     class_ids = label_tensor.unique(sorted=True)
     is_train = torch.isin(label_tensor, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cars196", "Cars196 car photos, 196 classes; classes 1-98 train",
-                         paths, label_tensor, default_backbone="cnn", class_names=class_names)
+                         np.asarray(paths), label_tensor, default_backbone="cnn",
+                         class_names=class_names)
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)}, eval_ks=(1, 2, 4, 8))
 

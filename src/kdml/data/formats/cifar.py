@@ -17,6 +17,7 @@ builds NumPy arrays and nothing else, so a file planted in the data folder canno
 
 from __future__ import annotations
 
+import importlib
 import pickle
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts, Layout
 
 try:  # NumPy 2 renamed numpy.core to numpy._core (the old name warns)
-    from numpy._core import multiarray, numeric
+    multiarray = importlib.import_module("numpy._core.multiarray")
+    numeric = importlib.import_module("numpy._core.numeric")
 except ImportError:  # NumPy 1
-    from numpy.core import multiarray, numeric
+    multiarray = importlib.import_module("numpy.core.multiarray")
+    numeric = importlib.import_module("numpy.core.numeric")
 
 EXPECTED_10 = "cifar-10-batches-py/ with data_batch_1 ... data_batch_5 and test_batch"
 EXPECTED_100 = "cifar-100-python/ with train and test"

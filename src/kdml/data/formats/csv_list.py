@@ -21,7 +21,9 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from kdml.data.formats.common import DatasetParts, Layout, indices_where
@@ -76,9 +78,9 @@ def label_ids(names: list[str]) -> tuple[list[int], dict[int, str]]:
     """``names`` mapped to 0..C-1 in sorted order (numeric order when all are integers), and
     each id's label as the file writes it (its first spelling, for integers such as 07)."""
     try:
-        keys: list[int] | list[str] = [int(name) for name in names]
+        keys: list[Any] = [int(name) for name in names]  # all ints or all strs: they sort
     except ValueError:
-        keys = names
+        keys = list(names)
     index = {key: position for position, key in enumerate(sorted(set(keys)))}
     spelling: dict[int, str] = {}
     for key, name in zip(keys, names, strict=True):
@@ -104,10 +106,10 @@ def load_csv(csv_file: Path) -> DatasetParts:
         image = os.path.normpath(csv_file.parent / path)
         if image in first_listed:
             first, label = first_listed[image]
-            labels = f"with labels {label!r} and {name!r}" if label != name else "twice"
+            how = f"with labels {label!r} and {name!r}" if label != name else "twice"
             both = ("; a test image both queried and searched takes is_query=1 and "
                     "is_gallery=1 on one row" if "is_query" in column else "")
-            raise layout.error(f"lines {first} and {line} list the image {path} {labels}; list "
+            raise layout.error(f"lines {first} and {line} list the image {path} {how}; list "
                                f"each image once, under its one label{both}")
         first_listed[image] = (line, name)
         paths.append(str(csv_file.parent / path))
@@ -129,6 +131,6 @@ def load_csv(csv_file: Path) -> DatasetParts:
     else:
         parts = {"train": indices_where(train), "test": indices_where(~train)}
     labels, class_names = label_ids(names)
-    dataset = ImageFiles(layout.dataset, f"images listed in {csv_file}", paths,
+    dataset = ImageFiles(layout.dataset, f"images listed in {csv_file}", np.asarray(paths),
                          torch.tensor(labels), class_names=class_names)
     return DatasetParts(dataset, parts)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kdml.data.formats.common import DatasetParts, Layout, indices_where
@@ -54,7 +55,8 @@ def load_cub(root: Path) -> DatasetParts:
     class_ids = labels.unique(sorted=True)
     is_train = torch.isin(labels, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cub", "CUB-200-2011 birds, 200 classes; classes 1-100 train",
-                         paths, labels, default_backbone="cnn", class_names=class_names)
+                         np.asarray(paths), labels, default_backbone="cnn",
+                         class_names=class_names)
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)})
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kdml.data.formats.common import DatasetParts, Layout
@@ -102,6 +103,6 @@ def load_folder(folder: Path) -> DatasetParts:
         paths.extend(images)
         labels.extend([label] * len(images))
     dataset = ImageFiles(layout.dataset, f"images in {folder}, {len(classes)} classes "
-                         "(one sub-folder each)", paths, torch.tensor(labels),
+                         "(one sub-folder each)", np.asarray(paths), torch.tensor(labels),
                          class_names=dict(enumerate(classes)))
     return DatasetParts(dataset)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kdml.data.formats.common import DatasetParts, Layout, indices_where
@@ -56,5 +57,5 @@ def load_inshop(root: Path) -> DatasetParts:
     statuses = [status for _, (_, _, status) in rows]
     parts = {part: indices_where([status == part for status in statuses]) for part in STATUSES}
     dataset = ImageFiles("inshop", "In-Shop Clothes Retrieval, 7,982 items; query vs gallery",
-                         paths, labels, default_backbone="cnn")
+                         np.asarray(paths), labels, default_backbone="cnn")
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 20, 30, 40, 50))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kdml.data.formats.common import DatasetParts, Layout
@@ -46,5 +47,5 @@ def load_sop(root: Path) -> DatasetParts:
         parts[part] = torch.arange(start, len(paths))
     layout.check_images(paths)
     dataset = ImageFiles("sop", "Stanford Online Products, 22,634 products; files' split",
-                         paths, torch.tensor(labels), default_backbone="cnn")
+                         np.asarray(paths), torch.tensor(labels), default_backbone="cnn")
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 100, 1000))

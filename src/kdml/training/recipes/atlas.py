@@ -51,6 +51,7 @@ from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.losses.nt_xent import nt_xent_loss
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
+from kdml.models.backbones import feature_size_of
 from kdml.models.heads import EmbeddingHead
 from kdml.models.method import Method, StepOutput, detached
 from kdml.precision import full_precision
@@ -255,9 +256,9 @@ class _AtlasMethod(Method):
         self.backbone = backbone
         # an optional linear map of the backbone's features (MSimCLR: to 2048-d, as the
         # authors' code) before the chart heads and the membership head
-        self.features = (nn.Linear(backbone.feature_size, feature_dim) if feature_dim
+        self.features = (nn.Linear(feature_size_of(backbone), feature_dim) if feature_dim
                          else nn.Identity())
-        self.head = AtlasHead(feature_dim or backbone.feature_size, dim, n_charts)
+        self.head = AtlasHead(feature_dim or feature_size_of(backbone), dim, n_charts)
         self.mmd = ManifoldMMD(dim, n_charts)  # prior drawn from the step's generator
         self.chart_loss = ChartMembershipLoss()
         self.lambda1, self.lambda2 = lambda1, lambda2
@@ -296,9 +297,12 @@ class MTripletMethod(_AtlasMethod):
                 rng: StepRandom | None = None) -> StepOutput:
         outputs = self.charts(inputs)
         # the global batch under torchrun (kdml.distributed.gather); the local one otherwise
-        log_q, coords, q = gather(outputs.log_q), gather(outputs.coords), gather(outputs.q)
-        distances = manifold_distance(log_q, coords, log_q, coords, variant=self.params.distance,
-                                      q_is_log=True)
+        coords, q = gather(outputs.coords), gather(outputs.q)
+        # the log-memberships when the head gives them (finite where q underflows), else q
+        memberships = q if outputs.log_q is None else gather(outputs.log_q)
+        distances = manifold_distance(memberships, coords, memberships, coords,
+                                      variant=self.params.distance,
+                                      q_is_log=outputs.log_q is not None)
         triplet, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
                                                 self.params.triplet_reduction)
         mmd = self.mmd(coords, q, generator=self.prior_generator(rng, coords))
@@ -319,7 +323,7 @@ class TripletMethod(Method):
                  params: NormalizedTripletParams | TripletParams) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = EmbeddingHead(backbone.feature_size, params.dim + 1)
+        self.head = EmbeddingHead(feature_size_of(backbone), params.dim + 1)
         self.params = params
         # plain TripletParams (no squared_distance field): Euclidean distances
         self.squared = getattr(params, "squared_distance", False)
@@ -417,7 +421,7 @@ class SimCLRMethod(Method):
     def __init__(self, backbone: nn.Module, params: SimCLRParams) -> None:
         super().__init__()
         self.backbone = backbone
-        self.encoder_head = nn.Linear(backbone.feature_size, params.dim)
+        self.encoder_head = nn.Linear(feature_size_of(backbone), params.dim)
         self.projection = ProjectionHeads(params.dim, 1, params.proj_dim,
                                           head_input="pre-sigmoid")
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
@@ -457,7 +461,8 @@ def _unnormalized(config: RunConfig, backbone: nn.Module) -> nn.Module:
     (``model.weights``) keep their backbone's normalisation, which the methods apply after
     their augmentation (``augments_inputs``)."""
     if not config.model.weights:
-        backbone.normalization = Normalization()
+        # a plain attribute; nn.Module's __setattr__ is typed for tensors and modules only
+        backbone.normalization = Normalization()  # type: ignore[assignment]
     return backbone
 
 

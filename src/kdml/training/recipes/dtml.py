@@ -31,6 +31,7 @@ from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel
 from kdml.losses.dtml_objective import DTMLObjective
 from kdml.losses.pairwise_logistic import PairwiseLogisticLoss
+from kdml.models.backbones import feature_size_of
 from kdml.models.dtml import ACTIVATIONS, INITS, DTMLNetwork
 from kdml.models.method import Method, StepOutput, detached
 from kdml.regularizers.domain import DomainMMD
@@ -157,6 +158,7 @@ class DTMLMethod(Method):
     """
 
     uses_target = True
+    backbone: DTMLNetwork
 
     def __init__(self, params: DTMLParams, input_size: int) -> None:
         super().__init__()
@@ -202,6 +204,8 @@ class DDMLLogisticMethod(Method):
         input_size: :math:`d`, the size of the (flattened) inputs.
     """
 
+    backbone: DTMLNetwork
+
     def __init__(self, params: DDMLLogisticParams, input_size: int) -> None:
         super().__init__()
         self.backbone = params.network(input_size)
@@ -246,12 +250,15 @@ class PCAMethod(Method):
         if not 1 <= dim <= input_size:
             raise KdmlError(f"PCA dim must be from 1 to input_size={input_size}, got {dim}")
         self.backbone = nn.Identity()
+        self.mean: Tensor
+        self.components: Tensor
+        self.fitted: Tensor
         self.register_buffer("mean", torch.zeros(input_size))
         self.register_buffer("components", torch.zeros(dim, input_size))
         self.register_buffer("fitted", torch.tensor(False))
 
     @torch.no_grad()
-    def fit(self, batches: Iterable[Tensor] | Tensor) -> PCAMethod:
+    def fit(self, batches: Iterable[Tensor] | Tensor) -> None:
         """Fit the mean and principal directions on the source inputs, given as one tensor
         [Ns, d] or batch by batch.
 
@@ -263,14 +270,16 @@ class PCAMethod(Method):
         if isinstance(batches, Tensor):
             batches = [batches]
         dim, input_size = self.components.shape
-        count, total, scatter = 0, torch.zeros(input_size, dtype=torch.float64), None
+        count = 0
+        total = torch.zeros(input_size, dtype=torch.float64)
+        scatter = torch.zeros(input_size, input_size, dtype=torch.float64)
         for batch in batches:
             x = batch.flatten(1).double().cpu()
             if x.shape[1] != input_size:
                 raise KdmlError(f"PCA expects {input_size} input features, got {x.shape[1]}")
             count += len(x)
             total += x.sum(dim=0)
-            scatter = x.T @ x if scatter is None else scatter + x.T @ x
+            scatter += x.T @ x
         if count < dim:
             raise KdmlError(f"PCA to {dim} dimensions needs at least {dim} source samples, "
                             f"got {count}")
@@ -282,7 +291,6 @@ class PCAMethod(Method):
         self.mean.copy_(mean)
         self.components.copy_(directions * signs)
         self.fitted.fill_(True)
-        return self
 
     def embed(self, inputs: Tensor) -> Tensor:
         if not bool(self.fitted):
@@ -306,15 +314,15 @@ class PCAMethod(Method):
 
 
 def _build_dtml(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
-    return DTMLMethod(config.method, backbone.feature_size)
+    return DTMLMethod(config.method, feature_size_of(backbone))
 
 
 def _build_ddml_logistic(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
-    return DDMLLogisticMethod(config.method, backbone.feature_size)
+    return DDMLLogisticMethod(config.method, feature_size_of(backbone))
 
 
 def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
-    input_size = backbone.feature_size
+    input_size = feature_size_of(backbone)
     if config.method.pca_dim > input_size:
         raise KdmlError(f"method.pca_dim={config.method.pca_dim} exceeds the input size "
                         f"{input_size}")

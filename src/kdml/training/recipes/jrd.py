@@ -24,7 +24,9 @@ compares them setting by setting.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -34,6 +36,7 @@ from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
 from kdml.losses.am_softmax import am_softmax_loss
+from kdml.models.backbones import feature_size_of
 from kdml.models.heads import JRDHead
 from kdml.models.method import Method, StepOutput, detached
 from kdml.regularizers import (
@@ -165,7 +168,7 @@ class JRDMethod(Method):
                  layers: tuple[str, ...] = (), sharded: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = JRDHead(backbone.feature_size, embedding_size, num_classes)
+        self.head = JRDHead(feature_size_of(backbone), embedding_size, num_classes)
         if params.proxy_init == "kaiming":  # the authors' CosineSoftmax.fc (loss.py)
             nn.init.kaiming_uniform_(self.head.proxies, a=math.sqrt(5))
         self.decay_proxies = params.decay_proxies
@@ -191,7 +194,9 @@ class JRDMethod(Method):
             return StepOutput(am_softmax, detached(loss=am_softmax), representations.embedding)
         chosen = [representations[index] for index in self.layer_indices]
         if self.sharded:
-            regularizer = sharded_jrs(self.regularizer.kernels, chosen, labels)
+            # __init__ checked that a sharded regularizer is JRS, which holds its kernels
+            kernels = cast(Sequence[Kernel], self.regularizer.kernels)
+            regularizer = sharded_jrs(kernels, chosen, labels)
         else:
             regularizer = self.regularizer(
                 [all_cosines if index == CLS else gather(layer)
