@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, NoReturn
 from kdml.errors import KdmlError, QuietExit
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
+    from kdml.config import RunConfig
     from kdml.inspection import Part
+    from kdml.training.recipes import Recipe
     from kdml.training.trainer import TrainedRun
 
 
@@ -26,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n")
 
 
-def _integer(minimum: int, maximum: int | None = None):
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer from ``minimum`` (to ``maximum``), else a one-line error."""
     def parse(text: str) -> int:
         try:
@@ -337,7 +339,7 @@ def _train(args: argparse.Namespace) -> int:
                          run_dir)
 
 
-def _join_processes(config) -> None:
+def _join_processes(config: RunConfig) -> None:
     """Under torchrun: join the process group (NCCL when training on GPUs, else gloo)."""
     from kdml import distributed
     from kdml.training.trainer import resolve_device
@@ -355,7 +357,7 @@ def _say(message: str) -> None:
         print(message)
 
 
-def _train_grid(recipe, file_values: dict, overrides: list[str],
+def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                 args: argparse.Namespace) -> int:
     """One run per cell of the config file's grid (see kdml.training.grid)."""
     from kdml import distributed
@@ -454,7 +456,8 @@ def _check_dataset_name(dataset: str) -> None:
                         f"csv:FILE or npz:PATH{hint}")
 
 
-def _run_training(run: Callable[[], dict[str, float]], config, run_dir: Path) -> int:
+def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,
+                  run_dir: Path) -> int:
     from kdml import distributed
 
     try:
@@ -735,7 +738,7 @@ def _progress(args: argparse.Namespace) -> bool | None:
     return False if args.no_progress else None
 
 
-def _print_results(config, metrics: dict[str, float], run_dir: Path,
+def _print_results(config: RunConfig, metrics: dict[str, float], run_dir: Path,
                    validated: bool | None = None) -> None:
     """The metrics table; ``validated`` (default: whether the run validates) names the part."""
     validated = bool(config.data.validation) if validated is None else validated

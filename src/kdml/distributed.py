@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -92,7 +92,7 @@ class _GatherWithGradient(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         size, rank = dist.get_world_size(), dist.get_rank()
         parts = [torch.empty_like(x) for _ in range(size)]
         dist.all_gather(parts, x.contiguous())
@@ -100,7 +100,7 @@ class _GatherWithGradient(torch.autograd.Function):
         return torch.cat(parts)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         start, stop = ctx.rows
         return grad[start:stop] * ctx.size
 

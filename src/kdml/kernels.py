@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -61,14 +62,14 @@ class _SelfSquaredDistances(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, c: Tensor) -> Tensor:
+    def forward(ctx: Any, c: Tensor) -> Tensor:
         ctx.save_for_backward(c)
         sq_norms = c.pow(2).sum(dim=1)
         return torch.addmm(sq_norms[:, None] + sq_norms[None, :], c, c.T, alpha=-2.0
                            ).clamp_min_(0.0)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         (c,) = ctx.saved_tensors
         both = grad + grad.T
         return torch.addmm(both.sum(dim=1, keepdim=True) * c, both, c, beta=2.0, alpha=-2.0)

@@ -8,7 +8,7 @@ and whatever the number of data-loading workers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple, TypeVar
 
@@ -92,7 +92,7 @@ def with_cpu_seed(seed: int, draw: Callable[[], T]) -> T:
 
 
 @contextmanager
-def _forked_cpu_rng():
+def _forked_cpu_rng() -> Iterator[None]:
     state = torch.random.get_rng_state()
     try:
         yield
