@@ -35,7 +35,8 @@ if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
 
 case "$part" in
   tests)
-    # The suite as `make test` runs it, minus ruff (lint does not depend on the machine).
+    # The suite as `make test` runs it, minus ruff and mypy (lint and types do not depend on
+    # the machine).
     "$python" -m pytest -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$logs/tests.txt"
     ;;
   throughput)
