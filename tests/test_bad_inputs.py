@@ -148,6 +148,61 @@ def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, monke
     assert "recall@1" in capsys.readouterr().out
 
 
+def test_an_epochs_last_update_that_overflows_the_outputs_stops_training(tmp_path, capsys):
+    """The epoch's last update is seen by no loss before the evaluation: its weights (1e20,
+    finite) overflowed the test embeddings, and the run used to end with "embeddings contains
+    NaN or infinite values", which `kdml reproduce` took for a broken run, not a diverged one."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.steps_per_epoch=1", "optim.lr=1e20"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("kdml: error: training stopped after epoch 1: the test embeddings contain NaN "
+                   "or infinite values: the model's weights or its outputs overflowed; no epoch "
+                   "finished, so the run folder holds no checkpoint. Lower the learning rates "
+                   "or the regularizer weight and train again"), err
+    assert not (out / "checkpoints" / "last.pt").exists()
+
+
+def test_weights_left_non_finite_by_an_epochs_last_update_stop_training():
+    """Checked before the epoch's checkpoint keeps them: parameters and float buffers (BatchNorm's
+    running statistics), not integer ones."""
+    from kdml.training.nonfinite import NonFiniteLoss, NonFiniteWatch
+
+    layer = torch.nn.BatchNorm1d(3)
+    NonFiniteWatch.check_weights(layer.state_dict().values(), 2, 7)  # finite: nothing
+    layer.running_var[1] = float("inf")
+    with pytest.raises(NonFiniteLoss, match=r"^training stopped: the weights became NaN or "
+                       r"infinite in the update of epoch 2, step 7; the run folder keeps epoch "
+                       r"1's checkpoint\. Lower the learning rates"):
+        NonFiniteWatch.check_weights(layer.state_dict().values(), 2, 7)
+    layer.running_var[1] = 1.0
+    layer.weight.data[0] = float("nan")
+    with pytest.raises(NonFiniteLoss, match="weights became NaN"):
+        NonFiniteWatch.check_weights(layer.state_dict().values(), 2, 7)
+
+
+def test_an_unevaluated_epoch_never_checkpoints_non_finite_weights(tmp_path, capsys, monkeypatch):
+    """A finite loss with NaN gradients (sqrt at 0) makes the epoch's only update NaN; with no
+    evaluation after that epoch, its checkpoint used to keep the NaN weights."""
+    from kdml.training.recipes.jrd import JRDMethod
+
+    real_forward = JRDMethod.forward
+
+    def nan_gradients(self, *args, **kwargs):
+        output = real_forward(self, *args, **kwargs)
+        output.loss = output.loss + (self.head.proxies * 0).sqrt().sum()  # + 0, gradient NaN
+        return output
+
+    monkeypatch.setattr(JRDMethod, "forward", nan_gradients)
+    out = tmp_path / "run"
+    assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.epochs=2", "train.eval_every=2", "train.steps_per_epoch=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "training stopped: the weights became NaN or infinite in the update of epoch 1, " \
+        "step 1; no epoch finished" in err, err
+    assert not (out / "checkpoints" / "last.pt").exists()
+
+
 def test_a_non_finite_loss_stops_with_its_epoch_step_and_term(tmp_path, capsys, monkeypatch):
     from kdml.training.recipes.jrd import JRDMethod
 

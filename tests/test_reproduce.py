@@ -290,7 +290,9 @@ def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, 
     from kdml.training.nonfinite import NonFiniteLoss
 
     cells = (Cell("steady", "jrd", ()), Cell("shaky", "jrd", ("method.alpha=0.5",)),
-             Cell("wild", "jrd", ("optim.lr=1e20",)))  # diverges in its second step
+             Cell("wild", "jrd", ("optim.lr=1e20",)),  # diverges in its second step
+             # its one update leaves NaN weights, which no loss sees before the evaluation
+             Cell("last step", "jrd", ("optim.lr=1e20", "train.steps_per_epoch=1")))
     claims = (Claim("steady beats shaky", "steady", "shaky", "recall@1"),
               Claim("steady beats wild", "steady", "wild", "recall@1"))
     experiment = Experiment("tiny-diverged", "jrd", "Table 4", "kernels", "digits", cells,
@@ -313,7 +315,9 @@ def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, 
     assert math.isnan(result.cells["shaky"].values["recall@1"][1])
     assert set(result.cells["wild"].diverged) == {0, 1}
     assert "the 'am_softmax' term became NaN" in result.cells["wild"].diverged[0]
-    assert sum(line.startswith("  diverged: ") for line in lines) == 3
+    assert set(result.cells["last step"].diverged) == {0, 1}
+    assert "the test embeddings contain NaN or infinite" in result.cells["last step"].diverged[0]
+    assert sum(line.startswith("  diverged: ") for line in lines) == 5
     stored = json.loads((result.cells["wild"].run_dirs[0] / "reproduce.json").read_text())
     assert stored["diverged"] == result.cells["wild"].diverged[0]
 

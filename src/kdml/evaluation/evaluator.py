@@ -147,8 +147,21 @@ def _embed_for_evaluation(method: Method, splits: DataSplits,
             for role, dataset in parts.items()}
 
 
+class NonFiniteEmbeddings(KdmlError):
+    """A method's test-time outputs hold NaN or infinite values (e.g. a diverged training)."""
+
+
+def _check_finite(embedded: dict[str, Embedded]) -> None:
+    for role, outputs in embedded.items():
+        values = outputs.values if isinstance(outputs.values, tuple) else (outputs.values,)
+        if not all(bool(torch.isfinite(part).all()) for part in values if part.is_floating_point()):
+            raise NonFiniteEmbeddings(f"the {role} embeddings contain NaN or infinite values: "
+                                      "the model's weights or its outputs overflowed")
+
+
 def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
            charts: bool) -> dict[str, float]:
+    _check_finite(embedded)
     ks = tuple(config.ks) or splits.eval_ks
     test = embedded["test"]
     if splits.kind == DOMAIN:

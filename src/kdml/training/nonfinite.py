@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor
 
@@ -53,8 +55,26 @@ class NonFiniteWatch:
         bad = [name for name, is_bad in zip(self.names, self.first_bad.tolist(), strict=True)
                if is_bad]
         culprit = next((name for name in bad if name != "loss"), bad[0])
-        kept = (f"the run folder keeps epoch {epoch - 1}'s checkpoint" if epoch > 1 else
-                "no epoch finished, so the run folder holds no checkpoint")
         raise NonFiniteLoss(f"training stopped: the {culprit!r} term became NaN or infinite at "
-                        f"epoch {epoch}, step {step + 1}; {kept}. Lower the learning rates or "
-                        "the regularizer weight and train again")
+                            f"epoch {epoch}, step {step + 1}; {kept_checkpoint(epoch)}. {ADVICE}")
+
+    @staticmethod
+    def check_weights(state: Iterable[Tensor], epoch: int, steps: int) -> None:
+        """Raise if the epoch's last update left a parameter or a floating-point buffer (e.g.
+        BatchNorm's running statistics) NaN or infinite (a host sync), before the epoch's
+        checkpoint keeps it. Every other update is seen by the next step's loss."""
+        finite = [tensor.detach().isfinite().all() for tensor in state
+                  if tensor.is_floating_point()]
+        if finite and not bool(torch.stack(finite).all()):
+            raise NonFiniteLoss(f"training stopped: the weights became NaN or infinite in the "
+                                f"update of epoch {epoch}, step {steps}; "
+                                f"{kept_checkpoint(epoch)}. {ADVICE}")
+
+
+ADVICE = "Lower the learning rates or the regularizer weight and train again"
+
+
+def kept_checkpoint(epoch: int) -> str:
+    """What the run folder still holds when ``epoch`` stops training."""
+    return (f"the run folder keeps epoch {epoch - 1}'s checkpoint" if epoch > 1 else
+            "no epoch finished, so the run folder holds no checkpoint")

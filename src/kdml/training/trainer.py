@@ -45,7 +45,7 @@ from kdml.data.splits import DOMAIN, DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
 from kdml.distributed import World
 from kdml.errors import KdmlError
-from kdml.evaluation.evaluator import Embedder, evaluate_method
+from kdml.evaluation.evaluator import Embedder, NonFiniteEmbeddings, evaluate_method
 from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone, freeze_batchnorm
 from kdml.models.method import Method
@@ -56,7 +56,7 @@ from kdml.seeding import AUGMENT, BatchShare, StepRandom, with_cpu_seed
 from kdml.training.checkpoint import load_checkpoint, save_checkpoint
 from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
-from kdml.training.nonfinite import NonFiniteWatch
+from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import (
     NOTHING_LEFT,
@@ -449,7 +449,11 @@ class Session:
             scheduler.step()
         converged = _converged(history, row, config.train.tolerance) or method.needs_fit
         if epoch % config.train.eval_every == 0 or epoch == config.train.epochs or converged:
-            metrics = evaluate_method(method, self.splits, config.eval, self.embedder)
+            try:
+                metrics = evaluate_method(method, self.splits, config.eval, self.embedder)
+            except NonFiniteEmbeddings as error:  # finite losses, then an overflowing update
+                raise NonFiniteLoss(f"training stopped after epoch {epoch}: {error}; "
+                                    f"{kept_checkpoint(epoch)}. {ADVICE}") from None
             prefix = scored_prefix(self.splits)
             row.update({f"{prefix}/{name}": value for name, value in metrics.items()})
         return row, converged
@@ -687,6 +691,7 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
             sums[name] = sums[name] + value if name in sums else value
         steps += 1
     watch.check(epoch)
+    NonFiniteWatch.check_weights(method.state_dict().values(), epoch, steps)
     if not steps:
         raise KdmlError(f"epoch {epoch} had no training batch (every image unreadable?)")
     means = (torch.stack(list(sums.values())) / steps).tolist()
