@@ -74,3 +74,20 @@ def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys):
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
     err = capsys.readouterr().err
     assert "draws 2-D charts only (d = 2), got d = 3; train with method.dim=2" in err
+
+
+def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(tmp_path, capsys,
+                                                                   monkeypatch):
+    from PIL import Image
+
+    train(tmp_path, "mtriplet", "method.n_charts=2", "method.dim=2")
+    mine = tmp_path / "mtriplet" / "plots" / "charts.png"
+    Image.new("RGB", (4, 4)).save(mine)
+
+    def no_embedding(*args, **kwargs):
+        raise AssertionError("embedded before refusing the picture in the way")
+
+    monkeypatch.setattr(inspection, "chart_codes_of", no_embedding)
+    capsys.readouterr()
+    assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
+    assert f"{mine} is in the way and kdml did not draw it" in capsys.readouterr().err

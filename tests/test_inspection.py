@@ -229,8 +229,13 @@ def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys):
+def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys, monkeypatch):
     from PIL import Image
+
+    from kdml import inspection
+
+    def no_embedding(*args, **kwargs):
+        raise AssertionError("embedded before refusing the picture in the way")
 
     run = tmp_path / "plain"
     shutil.copytree(runs / "plain", run)
@@ -239,7 +244,9 @@ def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys)
         Image.new("RGB", (4, 4)).save(mine)
         picture = mine.read_bytes()
         capsys.readouterr()
-        assert kdml("plot", command, run, *option) == 2
+        with monkeypatch.context() as patch:  # refused at once, before minutes of embedding
+            patch.setattr(inspection, "embed_dataset", no_embedding)
+            assert kdml("plot", command, run, *option) == 2
         assert capsys.readouterr().err == (
             f"kdml: error: {mine} is in the way and kdml did not draw it; move it away (kdml "
             "never replaces a file it did not write)\n")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
 
 from kdml import viz
+from kdml.errors import KdmlError
 
 
 @pytest.mark.parametrize(("prefix", "title"), [("test", "Test retrieval"),
@@ -85,3 +87,18 @@ def test_a_copied_plot_follows_the_same_rules(tmp_path):
     assert (tmp_path / "report" / "mine.png").read_text() == "my notes"
     assert sorted(path.name for path in (tmp_path / "report").iterdir()) == ["charts.png",
                                                                                "mine.png"]
+
+
+@pytest.mark.parametrize("name", ["map.pdf", "map.svg", "map"])
+def test_a_plot_path_that_does_not_end_in_png_is_refused(tmp_path, name):
+    """Plots are always PNG bytes: a .pdf path used to get a PNG under that name (and an
+    existing PDF there was refused as a file kdml did not draw)."""
+    from kdml.viz_retrieval import plot_embedding_map
+
+    path = tmp_path / name
+    with pytest.raises(KdmlError, match=rf"^{re.escape(str(path))}: kdml draws its plots as PNG "
+                                        r"files; give a path ending in \.png$"):
+        plot_embedding_map(np.zeros((4, 2)), np.arange(4), path, "t-SNE", "map")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    assert plot_embedding_map(np.zeros((4, 2)), np.arange(4), tmp_path / "map.PNG", "t-SNE",
+                              "map").is_file()

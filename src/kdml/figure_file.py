@@ -38,9 +38,11 @@ def drawn_by_kdml(path: Path) -> bool:
 
 
 def check_replaceable(path: Path) -> None:
-    """Refuse a plot path where something kdml did not draw is in the way (checked before the
-    work, so the user learns it at once)."""
+    """Refuse a plot path that does not end in ``.png``, or where something kdml did not draw
+    is in the way (checked before the work, so the user learns it at once)."""
     path = Path(path)
+    if path.suffix.lower() != ".png":  # the bytes are always PNG, whatever the name says
+        raise KdmlError(f"{path}: kdml draws its plots as PNG files; give a path ending in .png")
     if path.is_symlink() or path.is_dir() or (path.exists() and not drawn_by_kdml(path)):
         raise KdmlError(f"{path} is in the way and kdml did not draw it; move it away (kdml "
                         "never replaces a file it did not write)")
