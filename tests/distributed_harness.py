@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ def _worker(rank: int, world: int, port: int, out: str, task, args) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a rank left waiting on the others fails the test in minutes, not torch's 30
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=2))
     try:
         result = task(*args)
         if rank == 0:
@@ -83,6 +85,31 @@ def evaluate_untrained(recipe_name: str, overrides: list[str]) -> dict[str, floa
     session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
     return evaluate_method(session.method, session.splits, session.config.eval,
                            session.embedder)
+
+
+def evaluate_failing_on_rank_0(recipe_name: str, overrides: list[str], out_dir: str) -> str:
+    """``evaluate_method`` when scoring (rank 0's part) raises: each rank writes to
+    ``out_dir`` which error it got."""
+    from kdml.errors import KdmlError, QuietExit
+    from kdml.evaluation import evaluator
+
+    session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+
+    def failing(*args: Any, **kwargs: Any) -> dict[str, float]:
+        raise KdmlError("scoring failed")
+
+    evaluator._score = failing
+    try:
+        evaluate_method(session.method, session.splits, session.config.eval, session.embedder)
+        outcome = "no error"
+    except QuietExit as error:  # before KdmlError, its base
+        outcome = f"QuietExit: {error}"
+    except KdmlError as error:
+        outcome = f"KdmlError: {error}"
+    except RuntimeError as error:  # a collective that lost its peer or timed out
+        outcome = f"RuntimeError: {str(error).splitlines()[0]}"
+    Path(out_dir, f"rank-{dist.get_rank()}.txt").write_text(outcome)
+    return outcome
 
 
 def write_domains(path: Path, seed: int = 0) -> Path:

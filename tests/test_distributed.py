@@ -12,7 +12,13 @@ import time
 
 import pytest
 import torch
-from distributed_harness import evaluate_untrained, run_ranks, train_steps, write_domains
+from distributed_harness import (
+    evaluate_failing_on_rank_0,
+    evaluate_untrained,
+    run_ranks,
+    train_steps,
+    write_domains,
+)
 
 from kdml import cli
 from kdml.kernels import GaussianMixtureKernel, LaplaceKernel, PolynomialKernel
@@ -104,6 +110,16 @@ def test_distributed_evaluation_equals_the_single_process_one(tmp_path, recipe, 
     single = run_ranks(1, evaluate_untrained, recipe, overrides, tmp_path=tmp_path)
     double = run_ranks(2, evaluate_untrained, recipe, overrides, tmp_path=tmp_path)
     assert double == single
+
+
+def test_an_error_scoring_on_rank_0_stops_the_other_ranks(tmp_path):
+    """Rank 0 scores the gathered embeddings; when that fails, the other ranks stop quietly
+    (rank 0 reports it) instead of waiting in a broadcast for metrics that never come."""
+    overrides = ["data.dataset=digits", "model.embedding_size=8", "eval.nmi=false"]
+    run_ranks(2, evaluate_failing_on_rank_0, "amsoftmax", overrides, str(tmp_path),
+              tmp_path=tmp_path)
+    assert (tmp_path / "rank-0.txt").read_text() == "KdmlError: scoring failed"
+    assert (tmp_path / "rank-1.txt").read_text() == "QuietExit: scoring failed"
 
 
 # ----------------------------------------------------------------------------- torchrun
