@@ -653,8 +653,8 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     Methods that use a target domain get a random target batch of the same size with each
     source batch (the target labels are never passed on). The forward runs under the
     configured autocast, the backward through the loss scaler (float16 only). The terms stay
-    on the device until the epoch ends: one host sync per epoch, plus the periodic non-finite
-    check."""
+    on the device until the epoch ends: two host syncs per epoch (the terms' means and the
+    weights' finiteness), plus the periodic non-finite check of the loss terms."""
     method, config, device = session.method, session.config, session.device
     optimizer, _ = session.steppers()
     method.train()
