@@ -246,3 +246,14 @@ def test_cosine_ties_equal_in_exact_arithmetic_count_against_the_probe():
     gallery = np.stack([direction, 2 * direction])
     ranks = match_ranks(np.array([[1.0, 0.2, 0.5]]), [1], gallery, [0, 1], metric="cosine")
     assert ranks.tolist() == [2]
+
+
+def test_reid_refuses_non_finite_embeddings():
+    """A NaN distance never counts as closer, so NaN embeddings used to rank every true match
+    first: a perfect CMC."""
+    with pytest.raises(KdmlError, match=r"^embeddings contains NaN or infinite values$"):
+        single_shot_cmc(np.full((6, 1), np.nan), [0, 0, 1, 1, 2, 2], num_splits=2, ranks=(1,))
+    with pytest.raises(KdmlError, match=r"^gallery contains NaN or infinite values$"):
+        match_ranks(np.zeros((1, 2)), [0], np.array([[np.inf, 0.0], [1.0, 1.0]]), [0, 1])
+    with pytest.raises(KdmlError, match=r"^probe must be 2-D \(N, D\), got shape \(2,\)$"):
+        match_ranks(np.zeros(2), [0], np.zeros((2, 2)), [0, 1])

@@ -82,6 +82,21 @@ def test_retrieval_over_parts_is_the_mean_of_each_parts_literal_recall():
         assert estimates[f"recall@{k}"].ci95 == pytest.approx(expected_ci, abs=1e-12)
 
 
+def test_retrieval_over_parts_refuses_labels_of_another_length_and_one_part():
+    """Labels shorter than the vectors used to score only the first rows, silently; one part
+    gave an interval of NaN."""
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(4), 12)
+    vectors = rng.normal(size=(48, 5))
+    with pytest.raises(KdmlError, match=r"^labels must have shape \(48,\) to match the "
+                                        r"embeddings, got \(40,\)$"):
+        retrieval_over_parts(vectors, labels[:40], ks=(1,), num_parts=2)
+    with pytest.raises(KdmlError, match=r"^num_parts must be an integer of at least 2"):
+        retrieval_over_parts(vectors, labels, ks=(1,), num_parts=1)
+    with pytest.raises(KdmlError, match=r"^vectors contains NaN or infinite values$"):
+        retrieval_over_parts(np.full((48, 5), np.nan), labels, ks=(1,), num_parts=2)
+
+
 @pytest.mark.parametrize(("better", "worse", "lower", "expected"), [
     ([0.8, 0.82, 0.81], [0.7, 0.71, 0.72], False, "holds: A is higher by +0.100"),
     ([0.7, 0.71, 0.72], [0.8, 0.82, 0.81], False, "does not hold: A is lower by 0.100"),

@@ -28,11 +28,15 @@ is (it grows as ``labelled_fraction`` shrinks, and with classes of very few samp
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from sklearn.neighbors import KNeighborsClassifier
 
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
+from kdml.evaluation.knn import as_float_matrix
+from kdml.evaluation.retrieval import as_label_vector
 
 
 def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
@@ -43,7 +47,7 @@ def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_
 
 
 def generalization_terms(
-    seen: np.ndarray, seen_labels: np.ndarray, unseen: np.ndarray, unseen_labels: np.ndarray,
+    seen: Any, seen_labels: Any, unseen: Any, unseen_labels: Any,
     labelled_fraction: float = 0.5, repeats: int = 10, neighbors: int = 1, seed: int = 0,
 ) -> dict[str, Estimate]:
     """Estimate the H-divergence and lambda between seen- and unseen-class embeddings.
@@ -60,6 +64,16 @@ def generalization_terms(
         ``{"h_divergence": Estimate, "h_divergence_bd": Estimate, "lambda": Estimate,
         "err_seen": ..., "err_unseen": ..., "unfitted": ...}`` (see the module docstring).
     """
+    seen, unseen = as_float_matrix(seen, "seen"), as_float_matrix(unseen, "unseen")
+    if seen.shape[1] != unseen.shape[1]:
+        raise KdmlError(f"seen and unseen embeddings must have one dimension, got "
+                        f"{seen.shape[1]} and {unseen.shape[1]}")
+    # NumPy labels whatever came in: an array compared with a tensor is one bool, which would
+    # count every prediction wrong
+    seen_labels = as_label_vector(seen_labels, "seen_labels", len(seen))
+    unseen_labels = as_label_vector(unseen_labels, "unseen_labels", len(unseen))
+    if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 1:
+        raise KdmlError(f"neighbors must be a positive integer, got {neighbors!r}")
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
     if repeats < 2:

@@ -16,8 +16,8 @@ import torch
 
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
-from kdml.evaluation.knn import Metric
-from kdml.evaluation.retrieval import retrieval_metrics
+from kdml.evaluation.knn import Metric, as_float_matrix
+from kdml.evaluation.retrieval import as_label_vector, retrieval_metrics
 
 
 def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[np.ndarray]:
@@ -65,7 +65,16 @@ def retrieval_over_parts(vectors: np.ndarray | torch.Tensor, labels: np.ndarray 
         metric: ``"cosine"`` or ``"euclidean"``.
         seed: seeds the parts.
     """
-    label_array = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 2:
+        raise KdmlError(f"num_parts must be an integer of at least 2 (an interval over the parts "
+                        f"needs two), got {num_parts!r}; for one part use retrieval_metrics")
+    if not isinstance(vectors, torch.Tensor):
+        vectors = as_float_matrix(vectors, "vectors")
+    if vectors.ndim != 2:
+        raise KdmlError(f"vectors must be 2-D (N, D), got shape {tuple(vectors.shape)}")
+    # the labels' length is checked here: an index past a shorter label array would score only
+    # its first rows, silently
+    label_array = as_label_vector(labels, "labels", len(vectors))
     per_part: dict[str, list[float]] = {}
     for indices in stratified_parts(label_array, num_parts, seed):
         rows = torch.as_tensor(indices) if isinstance(vectors, torch.Tensor) else indices

@@ -15,12 +15,19 @@ import numpy as np
 import torch
 
 from kdml.errors import KdmlError
+from kdml.evaluation.knn import as_float_matrix
 
 
 def _as_array(x: Any, dtype: Any | None = None) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=dtype)
+
+
+def _embeddings(x: Any, name: str) -> np.ndarray:
+    """Validated float64 ``(N, D)`` embeddings: a NaN distance never counts as closer, so a NaN
+    embedding would rank its true match first."""
+    return as_float_matrix(x, name).astype(np.float64, copy=False)
 
 
 def _pairwise_distances(probe: np.ndarray, gallery: np.ndarray, metric: str) -> np.ndarray:
@@ -60,9 +67,9 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
     Returns:
         int :math:`(P,)` ranks in :math:`1..G`.
     """
-    probe_x, gallery_x = _as_array(probe, np.float64), _as_array(gallery, np.float64)
+    probe_x, gallery_x = _embeddings(probe, "probe"), _embeddings(gallery, "gallery")
     probe_y, gallery_y = _as_array(probe_ids), _as_array(gallery_ids)
-    if probe_x.ndim != 2 or gallery_x.ndim != 2 or probe_x.shape[1] != gallery_x.shape[1]:
+    if probe_x.shape[1] != gallery_x.shape[1]:
         raise KdmlError(f"probe and gallery must be (P, D) and (G, D), got {probe_x.shape} and "
                         f"{gallery_x.shape}")
     if probe_y.shape != (len(probe_x),) or gallery_y.shape != (len(gallery_x),):
@@ -137,8 +144,8 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
         >>> single_shot_cmc(x, [0, 0, 1, 1, 2, 2], num_splits=3, ranks=(1, 5))
         {'cmc@1': 1.0, 'cmc@5': 1.0, 'gallery_size': 3.0}
     """
-    x, ids = _as_array(embeddings, np.float64), _as_array(identities)
-    if x.ndim != 2 or ids.shape != (len(x),):
+    x, ids = _embeddings(embeddings, "embeddings"), _as_array(identities)
+    if ids.shape != (len(x),):
         raise KdmlError(f"embeddings must be (N, D) with (N,) identities, got {x.shape} and "
                         f"{ids.shape}")
     camera_array = None if cameras is None else _as_array(cameras)
