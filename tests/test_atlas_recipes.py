@@ -448,3 +448,25 @@ def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
     config = resolve_config(name, recipe.params, recipe.defaults)
     assert not build_pipeline(config, Splits, method).normalize_train
     assert build_pipeline(config, Splits, build("mtriplet")).normalize_train
+
+
+def test_atlas_methods_built_directly_check_their_settings():
+    """A temperature of 0 gave a NaN loss, a negative margin trained the wrong way round."""
+    from kdml.training.recipes.atlas import (
+        MSimCLRMethod,
+        MTripletMethod,
+        SimCLRMethod,
+        TripletMethod,
+    )
+
+    backbone = SmallCNN(1, 16)
+    with pytest.raises(KdmlError, match=r"^method.tau must be > 0, got 0.0$"):
+        SimCLRMethod(backbone, SimCLRParams(tau=0.0))
+    with pytest.raises(KdmlError, match=r"^method.tau must be > 0, got -1.0$"):
+        MSimCLRMethod(backbone, MSimCLRParams(tau=-1.0))
+    with pytest.raises(KdmlError, match=r"margin"):
+        TripletMethod(backbone, TripletParams(margin=-1))
+    with pytest.raises(KdmlError, match=r"lambda1"):
+        MTripletMethod(backbone, MTripletParams(lambda1=-1))
+    with pytest.raises(KdmlError, match=r"^nt_xent_loss needs a temperature > 0, got 0$"):
+        nt_xent_loss(torch.randn(4, 3), 0)

@@ -321,3 +321,17 @@ def test_domain_adapted_jrd_method_trains():
                                                      + output.terms["d_ts"]), rel=1e-12)
     output.loss.backward()
     assert inner.head.proxies.grad is not None
+
+
+def test_dtml_methods_built_directly_check_their_settings():
+    from kdml.training.recipes.dtml import (
+        DDMLLogisticMethod,
+        DDMLLogisticParams,
+        DTMLMethod,
+        DTMLParams,
+    )
+
+    with pytest.raises(KdmlError, match=r"^method.mmd_kernel must be one of"):
+        DTMLMethod(DTMLParams(mmd_kernel="rbf"), 6)
+    with pytest.raises(KdmlError, match=r"^method.sharpness \(DDML's beta\) must be > 0"):
+        DDMLLogisticMethod(DDMLLogisticParams(sharpness=0.0), 6)

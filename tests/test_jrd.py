@@ -15,6 +15,7 @@ from kdml import cli
 from kdml.config import resolve_config
 from kdml.errors import KdmlError
 from kdml.evaluation.generalization import generalization_terms
+from kdml.kernels import GaussianMixtureKernel
 from kdml.losses import am_softmax_loss
 from kdml.models import MLP, JRDHead
 from kdml.regularizers import JointRepresentationSimilarity
@@ -267,6 +268,35 @@ def test_classes_missing_from_the_fitted_part_are_counted():
     assert many["unfitted"].mean < few["unfitted"].mean
 
 
+def test_generalization_terms_take_tensors_and_refuse_bad_inputs():
+    """Torch labels used to be compared with NumPy predictions as one bool, so every
+    prediction counted as wrong (lambda 2.0 on separated classes); now they are converted."""
+    rng = np.random.default_rng(3)
+    seen, unseen = rng.normal(size=(40, 2)) * 0.1, rng.normal(size=(40, 2)) * 0.1
+    seen[:, 0] += np.arange(40) % 2 * 10
+    unseen[:, 1] += np.arange(40) % 2 * 10
+    labels = np.arange(40) % 2
+    arrays = generalization_terms(seen, labels, unseen + 50, labels + 2, repeats=2)
+    tensors = generalization_terms(torch.tensor(seen), torch.tensor(labels),
+                                   torch.tensor(unseen + 50), torch.tensor(labels + 2), repeats=2)
+    assert arrays["lambda"].mean == 0.0
+    assert {key: value.values for key, value in tensors.items()} == {
+        key: value.values for key, value in arrays.items()}
+    for call, message in [
+        (lambda: generalization_terms(seen, labels[:30], unseen, labels + 2),
+         r"^seen_labels must have shape \(40,\) to match the embeddings, got \(30,\)$"),
+        (lambda: generalization_terms(seen, labels * 1.0, unseen, labels + 2),
+         r"^seen_labels must be integers, got dtype float64$"),
+        (lambda: generalization_terms(seen, labels, np.full((40, 2), np.nan), labels + 2),
+         r"^unseen contains NaN or infinite values$"),
+        (lambda: generalization_terms(seen, labels, unseen[:, :1], labels + 2),
+         r"^seen and unseen embeddings must have one dimension, got 2 and 1$"),
+        (lambda: generalization_terms(seen, labels, unseen, labels + 2, neighbors=0),
+         r"^neighbors must be a positive integer, got 0$")]:
+        with pytest.raises(KdmlError, match=message):
+            call()
+
+
 def test_generalization_refuses_overlapping_classes():
     from kdml.errors import KdmlError
 
@@ -308,3 +338,31 @@ def test_generalization_terms_refuse_one_split_and_too_many_neighbours():
         generalization_terms(seen, labels, unseen, labels + 5, repeats=2, neighbors=11)
     assert generalization_terms(seen, labels, unseen, labels + 5, repeats=2,
                                 neighbors=10)["lambda"].ci95 >= 0
+
+
+def test_methods_built_directly_check_their_settings():
+    """Built from a config, the recipes' settings are checked when it is read; a user's own
+    loop builds the methods directly, and every setting used to be accepted there (a margin
+    of 1.5, a regularizer with no weight: computed, logged, and left out of the loss)."""
+    from kdml.training.recipes.jrd import AMSoftmaxParams, JRDParams
+
+    def jrd(params, **options):
+        return JRDMethod(MLP(6, (12,)), 5, 3, params, **options)
+
+    with pytest.raises(KdmlError, match=r"^method.margin must be in \[0, 1\), got 1.5$"):
+        jrd(AMSoftmaxParams(margin=1.5))
+    with pytest.raises(KdmlError, match=r"^method.alpha must be >= 0, got -1$"):
+        jrd(JRDParams(alpha=-1))
+    jrs = JointRepresentationSimilarity([GaussianMixtureKernel()])
+    with pytest.raises(KdmlError, match=r"^a regularizer needs its weight alpha: pass JRDParams "
+                                        r"\(or IntraParams\), not AMSoftmaxParams$"):
+        jrd(AMSoftmaxParams(), regularizer=jrs, layers=("emb",))
+    with pytest.raises(KdmlError, match=r"^a regularizer needs the layers it sees"):
+        jrd(JRDParams(), regularizer=jrs)
+    for layers in (("pooling",), "emb"):
+        with pytest.raises(KdmlError, match=r"^layers must be a tuple of pool, emb, cls, got"):
+            jrd(JRDParams(), regularizer=jrs, layers=layers)
+    method = jrd(JRDParams(alpha=0.5), regularizer=jrs, layers=("emb",))
+    output = method(torch.randn(8, 6), torch.arange(8) % 3)
+    assert torch.allclose(output.loss, output.terms["am_softmax"]
+                          + 0.5 * output.terms["regularizer"])

@@ -18,6 +18,9 @@ The pairs of this layout are known in advance, so here it is one softmax cross-e
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -49,6 +52,9 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
     if projections.ndim != 2 or len(projections) % 2:
         raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image), got "
                         f"{tuple(projections.shape)}")
+    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature)
+            and temperature > 0):  # 0 gives NaN, a negative one rewards the wrong pairs
+        raise KdmlError(f"nt_xent_loss needs a temperature > 0, got {temperature!r}")
     unit = F.normalize(projections, dim=1)
     logits = (unit @ unit.T) / temperature
     itself = torch.eye(len(unit), dtype=torch.bool, device=unit.device)

@@ -290,6 +290,7 @@ class MTripletMethod(_AtlasMethod):
     """
 
     def __init__(self, backbone: nn.Module, params: MTripletParams) -> None:
+        params.validate()  # built from a config it is checked already; directly, here
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2)
         self.params = params
 
@@ -321,6 +322,7 @@ class TripletMethod(Method):
 
     def __init__(self, backbone: nn.Module,
                  params: NormalizedTripletParams | TripletParams) -> None:
+        params.validate()
         super().__init__()
         self.backbone = backbone
         self.head = EmbeddingHead(feature_size_of(backbone), params.dim + 1)
@@ -379,6 +381,7 @@ class MSimCLRMethod(_AtlasMethod):
     augments_inputs = True
 
     def __init__(self, backbone: nn.Module, params: MSimCLRParams) -> None:
+        params.validate()
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2,
                          params.feature_dim)
         self.projection = ProjectionHeads(params.dim, params.n_charts, params.proj_dim,
@@ -419,6 +422,7 @@ class SimCLRMethod(Method):
     augments_inputs = True
 
     def __init__(self, backbone: nn.Module, params: SimCLRParams) -> None:
+        params.validate()
         super().__init__()
         self.backbone = backbone
         self.encoder_head = nn.Linear(feature_size_of(backbone), params.dim)

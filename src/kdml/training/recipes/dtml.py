@@ -161,6 +161,7 @@ class DTMLMethod(Method):
     backbone: DTMLNetwork
 
     def __init__(self, params: DTMLParams, input_size: int) -> None:
+        params.validate()  # built from a config it is checked already; directly, here
         super().__init__()
         # the network is the whole model; named `backbone` as the Method interface expects
         self.backbone = params.network(input_size)
@@ -207,6 +208,7 @@ class DDMLLogisticMethod(Method):
     backbone: DTMLNetwork
 
     def __init__(self, params: DDMLLogisticParams, input_size: int) -> None:
+        params.validate()
         super().__init__()
         self.backbone = params.network(input_size)
         self.loss = PairwiseLogisticLoss(params.threshold, params.sharpness)

@@ -166,6 +166,15 @@ class JRDMethod(Method):
     def __init__(self, backbone: nn.Module, embedding_size: int, num_classes: int,
                  params: AMSoftmaxParams, regularizer: nn.Module | None = None,
                  layers: tuple[str, ...] = (), sharded: bool = False) -> None:
+        params.validate()  # built from a config it is checked already; directly, here
+        if isinstance(layers, str) or any(layer not in LAYERS for layer in layers):
+            raise KdmlError(f"layers must be a tuple of {', '.join(LAYERS)}, got {layers!r}")
+        if regularizer is not None and not layers:
+            raise KdmlError("a regularizer needs the layers it sees, e.g. layers=('pool', 'emb', "
+                            "'cls')")
+        if regularizer is not None and not hasattr(params, "alpha"):
+            raise KdmlError(f"a regularizer needs its weight alpha: pass JRDParams (or "
+                            f"IntraParams), not {type(params).__name__}")
         super().__init__()
         self.backbone = backbone
         self.head = JRDHead(feature_size_of(backbone), embedding_size, num_classes)
