@@ -366,3 +366,16 @@ def test_methods_built_directly_check_their_settings():
     output = method(torch.randn(8, 6), torch.arange(8) % 3)
     assert torch.allclose(output.loss, output.terms["am_softmax"]
                           + 0.5 * output.terms["regularizer"])
+
+
+def test_am_softmax_refuses_empty_and_misshapen_batches():
+    """An empty batch gave NaN (the mean over no sample)."""
+    cosines = torch.zeros(3, 2)
+    with pytest.raises(KdmlError, match=r"^am_softmax_loss got an empty batch$"):
+        am_softmax_loss(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), 20.0, 0.1)
+    with pytest.raises(KdmlError, match=r"^am_softmax_loss needs cosines \[M, C\] and labels "
+                                        r"\[M\], got \(3, 2\) and \(2,\)$"):
+        am_softmax_loss(cosines, torch.zeros(2, dtype=torch.long), 20.0, 0.1)
+    with pytest.raises(KdmlError, match=r"^am_softmax_loss needs integer class indices, got "
+                                        r"torch.float32$"):
+        am_softmax_loss(cosines, torch.zeros(3), 20.0, 0.1)

@@ -404,3 +404,30 @@ def test_jrs_compiles_to_one_graph_that_is_not_recompiled():
     stats = torch._dynamo.utils.counters["stats"]
     assert stats["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("regularizer", [JointRepresentationSimilarity, JointMMD, JointIntra])
+def test_regularizers_refuse_arrays_and_wrong_dtypes_in_one_line(regularizer):
+    """A PML loop's labels are often NumPy; they used to raise AttributeError from deep inside."""
+    import numpy as np
+
+    reg = regularizer([GaussianMixtureKernel()])
+    emb, labels = torch.randn(6, 3), torch.arange(6) % 2
+    name = regularizer.__name__
+    with pytest.raises(KdmlError, match=rf"^{name} takes torch tensors \(the batch's labels and "
+                                        r"representations\), got ndarray; convert with "
+                                        r"torch.as_tensor$"):
+        reg([emb], labels.numpy())
+    with pytest.raises(KdmlError, match=rf"^{name}: labels must be integers, got dtype "
+                                        r"torch.float32$"):
+        reg([emb], labels.float())
+    with pytest.raises(KdmlError, match=rf"^{name}: representations must be floating point"):
+        reg([emb.long()], labels)
+    assert np.isfinite(float(reg([emb], labels)))
+
+
+def test_intra_class_penalty_refuses_a_kernel_name():
+    """A string is a sequence: its 8 letters used to be counted as 8 kernels."""
+    with pytest.raises(KdmlError, match=r"^IntraClassPenalty takes a kernel module, not the name "
+                                        r"'gaussian'; e.g. kdml.kernels.build_kernel"):
+        IntraClassPenalty("gaussian")

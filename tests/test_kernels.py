@@ -313,3 +313,12 @@ def test_docstring_examples():
     results = doctest.testmod(kernels_module)
     assert results.attempted > 0
     assert results.failed == 0
+
+
+def test_build_kernel_refuses_settings_the_moment_generating_kernel_does_not_take():
+    """It had no __init__ of its own, so nn.Module's (*args, **kwargs) accepted anything and the
+    constructor raised a raw TypeError."""
+    with pytest.raises(KdmlError, match=r"^kernel 'mgf': got an unexpected keyword argument "
+                                        r"'bandwidth' \(it accepts: no arguments\)$"):
+        build_kernel("mgf", bandwidth=1.0)
+    assert isinstance(build_kernel("mgf"), MomentGeneratingKernel)

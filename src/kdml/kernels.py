@@ -331,6 +331,9 @@ class MomentGeneratingKernel(Kernel):
     Inputs: ``x`` :math:`(M, D)`, optional ``y`` :math:`(N, D)`. Shape: output :math:`(M, N)`.
     """
 
+    def __init__(self) -> None:  # no settings; explicit, so build_kernel refuses any it is given
+        super().__init__()
+
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:
         return torch.exp(x @ y.T)
 

@@ -18,9 +18,11 @@ cosines the JRD head already computes, so it also skips a second normalisation a
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
 
@@ -48,5 +50,13 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
         >>> round(am_softmax_loss(cosines, torch.tensor([0, 1]), 20.0, 0.1).item(), 4)
         0.0725
     """
+    # shapes and dtypes only: checking the label range would be a host sync on a GPU
+    if cosines.ndim != 2 or labels.shape != (cosines.shape[0],):
+        raise KdmlError(f"am_softmax_loss needs cosines [M, C] and labels [M], got "
+                        f"{tuple(cosines.shape)} and {tuple(labels.shape)}")
+    if cosines.shape[0] == 0:  # the mean over no sample is NaN
+        raise KdmlError("am_softmax_loss got an empty batch")
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise KdmlError(f"am_softmax_loss needs integer class indices, got {labels.dtype}")
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

@@ -43,6 +43,16 @@ def _check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) 
         )
     if len(representations) == 0:
         raise KdmlError(f"{owner} needs at least one representation")
+    tensors = [labels, *representations]
+    if not all(isinstance(tensor, Tensor) for tensor in tensors):
+        kinds = ", ".join(sorted({type(t).__name__ for t in tensors if not isinstance(t, Tensor)}))
+        raise KdmlError(f"{owner} takes torch tensors (the batch's labels and representations), "
+                        f"got {kinds}; convert with torch.as_tensor")
+    if labels.is_floating_point() or labels.is_complex():
+        raise KdmlError(f"{owner}: labels must be integers, got dtype {labels.dtype}")
+    if not all(rep.is_floating_point() for rep in representations):
+        raise KdmlError(f"{owner}: representations must be floating point, got "
+                        f"{[rep.dtype for rep in representations]}")
     if labels.ndim != 1:
         raise KdmlError(f"{owner}: labels must be 1-D [M], got shape {tuple(labels.shape)}")
     for layer, rep in enumerate(representations):
@@ -324,6 +334,9 @@ class IntraClassPenalty(nn.Module):
             kernel: nn.Module = GaussianMixtureKernel(num_kernels=1, bandwidth=2.0)
         elif isinstance(kernels, nn.Module):
             kernel = kernels
+        elif isinstance(kernels, str):
+            raise KdmlError(f"IntraClassPenalty takes a kernel module, not the name {kernels!r}; "
+                            f"e.g. kdml.kernels.build_kernel({kernels!r})")
         else:
             kernels = list(kernels)
             if len(kernels) != 1:
