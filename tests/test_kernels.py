@@ -322,3 +322,10 @@ def test_build_kernel_refuses_settings_the_moment_generating_kernel_does_not_tak
                                         r"'bandwidth' \(it accepts: no arguments\)$"):
         build_kernel("mgf", bandwidth=1.0)
     assert isinstance(build_kernel("mgf"), MomentGeneratingKernel)
+
+
+@pytest.mark.parametrize("multiplier", [math.inf, math.nan, 0.0, "2"])
+def test_a_gaussian_mixture_refuses_a_multiplier_that_is_not_a_finite_positive_number(multiplier):
+    """inf used to fail with a ZeroDivisionError while building the bandwidths."""
+    with pytest.raises(KdmlError, match=r"^multiplier must be a finite number > 0, got "):
+        GaussianMixtureKernel(multiplier=multiplier)

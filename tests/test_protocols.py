@@ -257,3 +257,9 @@ def test_reid_refuses_non_finite_embeddings():
         match_ranks(np.zeros((1, 2)), [0], np.array([[np.inf, 0.0], [1.0, 1.0]]), [0, 1])
     with pytest.raises(KdmlError, match=r"^probe must be 2-D \(N, D\), got shape \(2,\)$"):
         match_ranks(np.zeros(2), [0], np.zeros((2, 2)), [0, 1])
+
+
+def test_single_shot_cmc_refuses_ranks_that_are_not_a_sequence():
+    with pytest.raises(KdmlError, match=r"^ranks must be a sequence of positive integers, e\.g\. "
+                                        r"\(1, 5\), got 5$"):
+        single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], ranks=5)

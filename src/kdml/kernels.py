@@ -22,6 +22,8 @@ Example::
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import Any
 
 import torch
@@ -149,8 +151,8 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
 
 
 def _check_positive(name: str, value: float) -> float:
-    if not value > 0:
-        raise KdmlError(f"{name} must be > 0, got {value}")
+    if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+        raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
 

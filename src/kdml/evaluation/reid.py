@@ -156,8 +156,10 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
                         f"{len(np.unique(camera_array))}; pass cameras=None for other sets")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise KdmlError(f"num_splits must be a positive integer, got {num_splits!r}")
-    if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks):
-        raise KdmlError(f"ranks must be positive integers, got {list(ranks)}")
+    if (not isinstance(ranks, Sequence) or not ranks
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks)):
+        raise KdmlError(f"ranks must be a sequence of positive integers, e.g. (1, 5), got "
+                        f"{ranks!r}")
 
     # (gallery images, probe images or None) per identity, for each direction
     directions: list[tuple[list[np.ndarray], list[np.ndarray] | None]] = []
