@@ -324,3 +324,13 @@ def test_the_chart_legend_names_each_class_in_its_points_colour():
             assert np.allclose(drawn, matplotlib.colors.to_rgba(handle.get_color()))
     many = chart_figure(codes, charts, np.arange(30))  # 30 classes: no legend
     assert all(axes.get_legend() is None for axes in many.axes)
+
+
+@pytest.mark.parametrize("strength", [0, -1.0, math.inf])
+def test_piecewise_linear_accuracy_refuses_a_regularization_that_is_not_positive(strength):
+    """C = 0 used to surface as scikit-learn's InvalidParameterError."""
+    codes = np.zeros((4, 2))
+    with pytest.raises(KdmlError, match=r"^C \(the inverse L2 strength of the logistic "
+                                        r"regressions\) must be a finite number > 0, got "):
+        piecewise_linear_accuracy(codes, np.zeros(4, int), np.arange(4) % 2, codes,
+                                  np.zeros(4, int), np.arange(4) % 2, C=strength)

@@ -16,6 +16,8 @@ so retrieval decomposes into one exact Euclidean k-NN search per chart
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -292,6 +294,9 @@ def piecewise_linear_accuracy(
         ...                           sigmoid=False)["accuracy"]
         1.0
     """
+    if isinstance(C, bool) or not (isinstance(C, numbers.Real) and math.isfinite(C) and C > 0):
+        raise KdmlError(f"C (the inverse L2 strength of the logistic regressions) must be a "
+                        f"finite number > 0, got {C!r}")
     train_x, _ = as_float32_matrix(train_codes, "train_codes")
     test_x, _ = as_float32_matrix(test_codes, "test_codes")
     if train_x.shape[1] != test_x.shape[1]:
