@@ -334,3 +334,9 @@ def test_piecewise_linear_accuracy_refuses_a_regularization_that_is_not_positive
                                         r"regressions\) must be a finite number > 0, got "):
         piecewise_linear_accuracy(codes, np.zeros(4, int), np.arange(4) % 2, codes,
                                   np.zeros(4, int), np.arange(4) % 2, C=strength)
+
+
+def test_chart_retrieval_refuses_a_chunk_size_that_is_not_a_positive_integer():
+    with pytest.raises(KdmlError, match=r"^chunk_size must be a positive integer, got 2.5$"):
+        chart_retrieval_metrics(np.zeros((4, 2)), np.zeros(4, int), np.arange(4) % 2, ks=(1,),
+                                chunk_size=2.5)

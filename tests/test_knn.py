@@ -166,3 +166,10 @@ def test_bad_arguments_raise_at_call_time(points, kwargs):
 def test_bad_vectors_raise(queries):
     with pytest.raises(KdmlError):
         knn_search(queries, k=1)
+
+
+@pytest.mark.parametrize("chunk_size", [0, 2.5, True, "64"])
+def test_knn_search_refuses_a_chunk_size_that_is_not_a_positive_integer(chunk_size):
+    """2.5 used to reach range() as a raw TypeError, "64" a comparison error."""
+    with pytest.raises(KdmlError, match=r"^chunk_size must be a positive integer, got "):
+        knn_search(np.zeros((4, 2), dtype=np.float32), k=2, chunk_size=chunk_size)

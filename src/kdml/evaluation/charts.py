@@ -25,7 +25,12 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import DEFAULT_CHUNK_SIZE, as_float32_matrix, prepare_vectors
+from kdml.evaluation.knn import (
+    DEFAULT_CHUNK_SIZE,
+    as_float32_matrix,
+    check_chunk_size,
+    prepare_vectors,
+)
 from kdml.evaluation.retrieval import (
     RankedSearch,
     _RetrievalScores,
@@ -117,8 +122,7 @@ def chart_retrieval_metrics(
         >>> chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=False)["recall@1"]
         0.4
     """
-    if chunk_size < 1:
-        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
+    check_chunk_size(chunk_size)
     vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
     num_points = len(vectors)
     charts = as_label_vector(chart_index, "chart_index", num_points)

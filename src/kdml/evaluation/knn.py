@@ -64,6 +64,13 @@ def check_metric(metric: str) -> None:
         raise KdmlError(f"metric must be one of {METRICS}, got {metric!r}")
 
 
+def check_chunk_size(chunk_size: int) -> None:
+    """Queries per search: a positive integer (``range`` steps by it)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer) \
+            or chunk_size < 1:
+        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+
+
 def as_metric(name: str) -> Metric:
     """``name`` (e.g. ``eval.metric``) checked to be one of :data:`METRICS`."""
     check_metric(name)
@@ -355,8 +362,7 @@ def knn_search(
         (100, 5)
     """
     check_metric(metric)
-    if chunk_size < 1:
-        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size}")
+    check_chunk_size(chunk_size)
     if reference is None:
         query_vectors = reference_vectors = prepare_vectors(queries, metric, "queries")
     else:

@@ -15,6 +15,7 @@ from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     Metric,
     Vectors,
+    check_chunk_size,
     check_metric,
     prepare_pair,
     prepare_vectors,
@@ -282,9 +283,7 @@ def retrieval_metrics(
     check_metric(metric)
     if (reference is None) != (reference_labels is None):
         raise KdmlError("reference and reference_labels must be given together")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) \
-            or chunk_size < 1:
-        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     same_set = reference is None
     backend = resolve_backend(backend, embeddings, reference)
     if same_set:
