@@ -468,5 +468,8 @@ def test_atlas_methods_built_directly_check_their_settings():
         TripletMethod(backbone, TripletParams(margin=-1))
     with pytest.raises(KdmlError, match=r"lambda1"):
         MTripletMethod(backbone, MTripletParams(lambda1=-1))
-    with pytest.raises(KdmlError, match=r"^nt_xent_loss needs a temperature > 0, got 0$"):
+    with pytest.raises(KdmlError, match=r"^nt_xent_loss needs a temperature that is a finite "
+                                        r"number > 0, got 0$"):
         nt_xent_loss(torch.randn(4, 3), 0)
+    views = torch.randn(4, 3)  # a learned temperature (a tensor) is taken as it is
+    assert torch.equal(nt_xent_loss(views, torch.tensor(0.5)), nt_xent_loss(views, 0.5))

@@ -282,11 +282,15 @@ def test_generalization_terms_take_tensors_and_refuse_bad_inputs():
     assert arrays["lambda"].mean == 0.0
     assert {key: value.values for key, value in tensors.items()} == {
         key: value.values for key, value in arrays.items()}
+    names = np.array(["coat", "shirt"])  # labels the classifiers take as they are
+    named = generalization_terms(seen, names[labels], unseen + 50,
+                                 np.array(["bag", "boot"])[labels], repeats=2,
+                                 neighbors=np.int64(1))
+    assert {key: value.values for key, value in named.items()} == {
+        key: value.values for key, value in arrays.items()}
     for call, message in [
         (lambda: generalization_terms(seen, labels[:30], unseen, labels + 2),
          r"^seen_labels must have shape \(40,\) to match the embeddings, got \(30,\)$"),
-        (lambda: generalization_terms(seen, labels * 1.0, unseen, labels + 2),
-         r"^seen_labels must be integers, got dtype float64$"),
         (lambda: generalization_terms(seen, labels, np.full((40, 2), np.nan), labels + 2),
          r"^unseen contains NaN or infinite values$"),
         (lambda: generalization_terms(seen, labels, unseen[:, :1], labels + 2),
@@ -360,7 +364,7 @@ def test_methods_built_directly_check_their_settings():
     with pytest.raises(KdmlError, match=r"^a regularizer needs the layers it sees"):
         jrd(JRDParams(), regularizer=jrs)
     for layers in (("pooling",), "emb"):
-        with pytest.raises(KdmlError, match=r"^layers must be a tuple of pool, emb, cls, got"):
+        with pytest.raises(KdmlError, match=r"^layers must be a sequence of pool, emb, cls, got"):
             jrd(JRDParams(), regularizer=jrs, layers=layers)
     method = jrd(JRDParams(alpha=0.5), regularizer=jrs, layers=("emb",))
     output = method(torch.randn(8, 6), torch.arange(8) % 3)
@@ -379,3 +383,8 @@ def test_am_softmax_refuses_empty_and_misshapen_batches():
     with pytest.raises(KdmlError, match=r"^am_softmax_loss needs integer class indices, got "
                                         r"torch.float32$"):
         am_softmax_loss(cosines, torch.zeros(3), 20.0, 0.1)
+    cosines = torch.rand(3, 2)  # int32 and uint8 labels are class indices too
+    as_long = am_softmax_loss(cosines, torch.tensor([0, 1, 1]), 20.0, 0.1)
+    for dtype in (torch.int32, torch.uint8):
+        assert torch.equal(am_softmax_loss(cosines, torch.tensor([0, 1, 1], dtype=dtype), 20.0,
+                                           0.1), as_long)

@@ -324,8 +324,15 @@ def test_build_kernel_refuses_settings_the_moment_generating_kernel_does_not_tak
     assert isinstance(build_kernel("mgf"), MomentGeneratingKernel)
 
 
-@pytest.mark.parametrize("multiplier", [math.inf, math.nan, 0.0, "2"])
+@pytest.mark.parametrize("multiplier", [math.inf, math.nan, 0.0, "2", True])
 def test_a_gaussian_mixture_refuses_a_multiplier_that_is_not_a_finite_positive_number(multiplier):
     """inf used to fail with a ZeroDivisionError while building the bandwidths."""
     with pytest.raises(KdmlError, match=r"^multiplier must be a finite number > 0, got "):
         GaussianMixtureKernel(multiplier=multiplier)
+
+
+def test_kernel_settings_take_zero_dimensional_tensors_and_arrays():
+    import numpy as np
+
+    assert GaussianMixtureKernel(bandwidth=torch.tensor(2.0)).bandwidth == 2.0
+    assert GaussianMixtureKernel(multiplier=np.array(3.0)).multiplier == 3.0

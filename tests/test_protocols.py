@@ -263,3 +263,12 @@ def test_single_shot_cmc_refuses_ranks_that_are_not_a_sequence():
     with pytest.raises(KdmlError, match=r"^ranks must be a sequence of positive integers, e\.g\. "
                                         r"\(1, 5\), got 5$"):
         single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], ranks=5)
+
+
+def test_reid_takes_integer_codes_as_floats():
+    """Binary or integer codes are embeddings too (the validation added for NaN refused them)."""
+    codes = np.array([[0, 1], [0, 1], [1, 0], [1, 0], [5, 5], [5, 4]], dtype=np.int8)
+    as_float = single_shot_cmc(codes.astype(np.float64), [0, 0, 1, 1, 2, 2], num_splits=3,
+                               ranks=(1,))
+    assert single_shot_cmc(codes, [0, 0, 1, 1, 2, 2], num_splits=3, ranks=(1,)) == as_float
+    assert as_float["cmc@1"] == 1.0

@@ -26,6 +26,7 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -151,7 +152,10 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
 
 
 def _check_positive(name: str, value: float) -> float:
-    if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 0:
+        value = float(value)  # a 0-d tensor or array, read once when the kernel is built
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) and math.isfinite(value)
+                                       and value > 0):
         raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 

@@ -28,15 +28,28 @@ is (it grows as ``labelled_fraction`` shrinks, and with classes of very few samp
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
+import torch
 from sklearn.neighbors import KNeighborsClassifier
 
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix
-from kdml.evaluation.retrieval import as_label_vector
+
+
+def _labels(labels: Any, name: str, expected_length: int) -> np.ndarray:
+    """Class labels as a 1-D NumPy array of ``expected_length`` (any values the classifiers
+    take: integers, strings)."""
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    array = np.asarray(labels)
+    if array.shape != (expected_length,):
+        raise KdmlError(f"{name} must have shape ({expected_length},) to match the embeddings, "
+                        f"got {tuple(array.shape)}")
+    return array
 
 
 def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
@@ -53,7 +66,8 @@ def generalization_terms(
     """Estimate the H-divergence and lambda between seen- and unseen-class embeddings.
 
     Args:
-        seen: [Ns, d] embeddings of seen-class (training) samples; ``seen_labels`` [Ns].
+        seen: [Ns, d] embeddings of seen-class (training) samples; ``seen_labels`` [Ns]
+            (arrays or tensors; labels of any kind the classifiers take, e.g. ints or names).
         unseen: [Nu, d] embeddings of unseen-class (test) samples; ``unseen_labels`` [Nu].
             Seen and unseen label values must not overlap (class-disjoint split).
         labelled_fraction: share of each set that the classifiers are fitted on.
@@ -70,9 +84,9 @@ def generalization_terms(
                         f"{seen.shape[1]} and {unseen.shape[1]}")
     # NumPy labels whatever came in: an array compared with a tensor is one bool, which would
     # count every prediction wrong
-    seen_labels = as_label_vector(seen_labels, "seen_labels", len(seen))
-    unseen_labels = as_label_vector(unseen_labels, "unseen_labels", len(unseen))
-    if isinstance(neighbors, bool) or not isinstance(neighbors, int) or neighbors < 1:
+    seen_labels = _labels(seen_labels, "seen_labels", len(seen))
+    unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen))
+    if isinstance(neighbors, bool) or not isinstance(neighbors, numbers.Integral) or neighbors < 1:
         raise KdmlError(f"neighbors must be a positive integer, got {neighbors!r}")
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")

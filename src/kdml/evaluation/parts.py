@@ -9,6 +9,7 @@ sizes of a class differ by at most one.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,7 +66,7 @@ def retrieval_over_parts(vectors: np.ndarray | torch.Tensor, labels: np.ndarray 
         metric: ``"cosine"`` or ``"euclidean"``.
         seed: seeds the parts.
     """
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 2:
+    if isinstance(num_parts, bool) or not isinstance(num_parts, numbers.Integral) or num_parts < 2:
         raise KdmlError(f"num_parts must be an integer of at least 2 (an interval over the parts "
                         f"needs two), got {num_parts!r}; for one part use retrieval_metrics")
     if not isinstance(vectors, torch.Tensor):

@@ -25,9 +25,12 @@ def _as_array(x: Any, dtype: Any | None = None) -> np.ndarray:
 
 
 def _embeddings(x: Any, name: str) -> np.ndarray:
-    """Validated float64 ``(N, D)`` embeddings: a NaN distance never counts as closer, so a NaN
-    embedding would rank its true match first."""
-    return as_float_matrix(x, name).astype(np.float64, copy=False)
+    """Validated float64 ``(N, D)`` embeddings (integer or binary codes are taken as floats): a
+    NaN distance never counts as closer, so a NaN embedding would rank its true match first."""
+    array = _as_array(x)
+    if array.dtype.kind in "biu":
+        array = array.astype(np.float64)
+    return as_float_matrix(array, name).astype(np.float64, copy=False)
 
 
 def _pairwise_distances(probe: np.ndarray, gallery: np.ndarray, metric: str) -> np.ndarray:

@@ -56,7 +56,8 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
                         f"{tuple(cosines.shape)} and {tuple(labels.shape)}")
     if cosines.shape[0] == 0:  # the mean over no sample is NaN
         raise KdmlError("am_softmax_loss got an empty batch")
-    if labels.is_floating_point() or labels.dtype == torch.bool:
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise KdmlError(f"am_softmax_loss needs integer class indices, got {labels.dtype}")
+    labels = labels.long()  # one_hot and cross_entropy take int64 only
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

@@ -52,9 +52,13 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
     if projections.ndim != 2 or len(projections) % 2:
         raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image), got "
                         f"{tuple(projections.shape)}")
-    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature)
-            and temperature > 0):  # 0 gives NaN, a negative one rewards the wrong pairs
-        raise KdmlError(f"nt_xent_loss needs a temperature > 0, got {temperature!r}")
+    # A number is checked (0 gives NaN, a negative one rewards the wrong pairs); a tensor, e.g.
+    # a learned temperature, is not: reading its value would be a host sync every step.
+    if not isinstance(temperature, Tensor) and not (
+            isinstance(temperature, numbers.Real) and math.isfinite(temperature)
+            and temperature > 0):
+        raise KdmlError(f"nt_xent_loss needs a temperature that is a finite number > 0, got "
+                        f"{temperature!r}")
     unit = F.normalize(projections, dim=1)
     logits = (unit @ unit.T) / temperature
     itself = torch.eye(len(unit), dtype=torch.bool, device=unit.device)

@@ -653,8 +653,10 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     Methods that use a target domain get a random target batch of the same size with each
     source batch (the target labels are never passed on). The forward runs under the
     configured autocast, the backward through the loss scaler (float16 only). The terms stay
-    on the device until the epoch ends: two host syncs per epoch (the terms' means and the
-    weights' finiteness), plus the periodic non-finite check of the loss terms."""
+    on the device until the epoch ends. Host syncs: at the end of the epoch, the terms' means,
+    the loss terms' non-finite check and the weights' finiteness; within it, the periodic
+    non-finite check (every step on a CPU, where it costs nothing) and, under float16 only,
+    the loss scaler's own."""
     method, config, device = session.method, session.config, session.device
     optimizer, _ = session.steppers()
     method.train()

@@ -193,7 +193,7 @@ class SimCLRParams:
         if isinstance(self.crop_size, bool) or not self.crop_size >= 0:
             raise KdmlError(f"method.crop_size must be >= 0 (0 = the input size), got "
                             f"{self.crop_size!r}")
-        if not self.tau > 0:
+        if not (math.isfinite(self.tau) and self.tau > 0):
             raise KdmlError(f"method.tau must be > 0, got {self.tau}")
         if not 0 < self.crop_scale_min <= 1:
             raise KdmlError(f"method.crop_scale_min must be in (0, 1], got {self.crop_scale_min}")

@@ -168,7 +168,7 @@ class JRDMethod(Method):
                  layers: tuple[str, ...] = (), sharded: bool = False) -> None:
         params.validate()  # built from a config it is checked already; directly, here
         if isinstance(layers, str) or any(layer not in LAYERS for layer in layers):
-            raise KdmlError(f"layers must be a tuple of {', '.join(LAYERS)}, got {layers!r}")
+            raise KdmlError(f"layers must be a sequence of {', '.join(LAYERS)}, got {layers!r}")
         if regularizer is not None and not layers:
             raise KdmlError("a regularizer needs the layers it sees, e.g. layers=('pool', 'emb', "
                             "'cls')")
