@@ -28,7 +28,7 @@ from kdml.errors import KdmlError
 from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     as_float32_matrix,
-    check_chunk_size,
+    check_positive_int,
     prepare_vectors,
 )
 from kdml.evaluation.retrieval import (
@@ -122,7 +122,7 @@ def chart_retrieval_metrics(
         >>> chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=False)["recall@1"]
         0.4
     """
-    check_chunk_size(chunk_size)
+    check_positive_int("chunk_size", chunk_size)
     vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
     num_points = len(vectors)
     charts = as_label_vector(chart_index, "chart_index", num_points)

@@ -28,7 +28,6 @@ is (it grows as ``labelled_fraction`` shrinks, and with classes of very few samp
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,7 @@ from sklearn.neighbors import KNeighborsClassifier
 
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
-from kdml.evaluation.knn import as_float_matrix
+from kdml.evaluation.knn import as_float_matrix, check_positive_int
 
 
 def _labels(labels: Any, name: str, expected_length: int) -> np.ndarray:
@@ -86,8 +85,7 @@ def generalization_terms(
     # count every prediction wrong
     seen_labels = _labels(seen_labels, "seen_labels", len(seen))
     unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen))
-    if isinstance(neighbors, bool) or not isinstance(neighbors, numbers.Integral) or neighbors < 1:
-        raise KdmlError(f"neighbors must be a positive integer, got {neighbors!r}")
+    check_positive_int("neighbors", neighbors)
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
     if repeats < 2:

@@ -64,11 +64,11 @@ def check_metric(metric: str) -> None:
         raise KdmlError(f"metric must be one of {METRICS}, got {metric!r}")
 
 
-def check_chunk_size(chunk_size: int) -> None:
-    """Queries per search: a positive integer (``range`` steps by it)."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer) \
-            or chunk_size < 1:
-        raise KdmlError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+def check_positive_int(name: str, value: int) -> None:
+    """A count of the evaluation (``chunk_size``, ``neighbors``): a Python or NumPy integer
+    of at least 1, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise KdmlError(f"{name} must be a positive integer, got {value!r}")
 
 
 def as_metric(name: str) -> Metric:
@@ -362,7 +362,7 @@ def knn_search(
         (100, 5)
     """
     check_metric(metric)
-    check_chunk_size(chunk_size)
+    check_positive_int("chunk_size", chunk_size)
     if reference is None:
         query_vectors = reference_vectors = prepare_vectors(queries, metric, "queries")
     else:

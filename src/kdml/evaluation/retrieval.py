@@ -15,8 +15,8 @@ from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     Metric,
     Vectors,
-    check_chunk_size,
     check_metric,
+    check_positive_int,
     prepare_pair,
     prepare_vectors,
     resolve_backend,
@@ -283,7 +283,7 @@ def retrieval_metrics(
     check_metric(metric)
     if (reference is None) != (reference_labels is None):
         raise KdmlError("reference and reference_labels must be given together")
-    check_chunk_size(chunk_size)
+    check_positive_int("chunk_size", chunk_size)
     same_set = reference is None
     backend = resolve_backend(backend, embeddings, reference)
     if same_set:
