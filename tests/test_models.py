@@ -87,3 +87,35 @@ def test_a_backbone_without_a_positive_integer_feature_size_is_refused(size):
     backbone.feature_size = 3
     assert feature_size_of(backbone) == 3
     assert TripletMethod(backbone, TripletParams()).embed(torch.ones(2, 4)).shape[0] == 2
+
+
+@pytest.mark.parametrize("recipe", ["jrd", "triplet", "mtriplet", "simclr"])
+@pytest.mark.parametrize("backbone", [
+    torch.nn.Linear(4, 5),  # declares 3, returns 5
+    torch.nn.Sequential(torch.nn.Unflatten(1, (3, 1, 1)), torch.nn.Flatten(2))  # [B, 3, 1]
+], ids=["wrong-width", "unpooled"])
+def test_a_backbone_whose_output_is_not_its_feature_size_is_refused(recipe, backbone):
+    """A declared width that the backbone does not return is refused in one line that gives
+    both shapes, not with torch's "mat1 and mat2 shapes cannot be multiplied"."""
+    from kdml.training.recipes.atlas import (
+        MTripletMethod,
+        MTripletParams,
+        SimCLRMethod,
+        SimCLRParams,
+        TripletMethod,
+        TripletParams,
+    )
+    from kdml.training.recipes.jrd import AMSoftmaxParams, JRDMethod
+
+    backbone.feature_size = 3
+    method = {"jrd": lambda: JRDMethod(backbone, 8, 2, AMSoftmaxParams()),
+              "triplet": lambda: TripletMethod(backbone, TripletParams()),
+              "mtriplet": lambda: MTripletMethod(backbone, MTripletParams(n_charts=2)),
+              "simclr": lambda: SimCLRMethod(backbone, SimCLRParams())}[recipe]()
+    inputs = torch.ones(2, 4) if isinstance(backbone, torch.nn.Linear) else torch.ones(2, 3)
+    shape = "[2, 5]" if isinstance(backbone, torch.nn.Linear) else "[2, 3, 1]"
+    message = (rf"^backbone {type(backbone).__name__} returned features of shape "
+               rf"{re.escape(shape)}, but its feature_size is 3; it must return pooled "
+               rf"\[batch, feature_size\] features$")
+    with pytest.raises(KdmlError, match=message):
+        method.embed(inputs)

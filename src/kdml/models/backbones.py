@@ -128,6 +128,22 @@ def feature_size_of(backbone: nn.Module) -> int:
     return size
 
 
+def pooled_features(backbone: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """``backbone(inputs)``, refused in one line unless it is [B, feature_size].
+
+    A user's backbone whose ``feature_size`` is not the width it returns (or which returns
+    unpooled [B, C, H, W] maps) would otherwise fail inside the head's matmul with torch's
+    "mat1 and mat2 shapes cannot be multiplied". The check reads shapes only: no host sync.
+    """
+    features = backbone(inputs)
+    size = backbone.feature_size
+    if features.ndim != 2 or features.shape[1] != size:
+        raise KdmlError(f"backbone {type(backbone).__name__} returned features of shape "
+                        f"{list(features.shape)}, but its feature_size is {size}; it must "
+                        f"return pooled [batch, feature_size] features")
+    return features
+
+
 BACKBONES = ("auto", "cnn", "mlp", "conv1d", "identity", "bninception", "timm:NAME",
              "torchvision:NAME")
 

@@ -51,7 +51,7 @@ from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.losses.nt_xent import nt_xent_loss
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
-from kdml.models.backbones import feature_size_of
+from kdml.models.backbones import feature_size_of, pooled_features
 from kdml.models.heads import EmbeddingHead
 from kdml.models.method import Method, StepOutput, detached
 from kdml.precision import full_precision
@@ -264,7 +264,7 @@ class _AtlasMethod(Method):
         self.lambda1, self.lambda2 = lambda1, lambda2
 
     def charts(self, inputs: Tensor) -> ChartOutputs:
-        return self.head(self.features(self.backbone(inputs)))
+        return self.head(self.features(pooled_features(self.backbone, inputs)))
 
     def embed(self, inputs: Tensor) -> Tensor:
         """:func:`atlas_embedding` of the inputs, shape [B, d + n]."""
@@ -342,7 +342,7 @@ class TripletMethod(Method):
         return StepOutput(loss, detached(loss=loss, **stats), embeddings)
 
     def embed(self, inputs: Tensor) -> Tensor:
-        return self.head(self.backbone(inputs))
+        return self.head(pooled_features(self.backbone, inputs))
 
 
 def _two_views(augment: SimCLRAugment, inputs: Tensor, rng: StepRandom | None,
@@ -444,7 +444,7 @@ class SimCLRMethod(Method):
         return StepOutput(loss, detached(loss=loss), None)
 
     def embed(self, inputs: Tensor) -> Tensor:
-        return self.encoder_head(self.backbone(inputs))
+        return self.encoder_head(pooled_features(self.backbone, inputs))
 
 
 # ----------------------------------------------------------------------------- recipes

@@ -36,7 +36,7 @@ from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
 from kdml.losses.am_softmax import am_softmax_loss
-from kdml.models.backbones import feature_size_of
+from kdml.models.backbones import feature_size_of, pooled_features
 from kdml.models.heads import JRDHead
 from kdml.models.method import Method, StepOutput, detached
 from kdml.regularizers import (
@@ -195,7 +195,7 @@ class JRDMethod(Method):
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 target_inputs: torch.Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
-        representations = self.head(self.backbone(inputs))
+        representations = self.head(pooled_features(self.backbone, inputs))
         all_labels = gather(labels)
         all_cosines = gather(representations.class_level)
         am_softmax = am_softmax_loss(all_cosines, all_labels, self.scale, self.margin)
@@ -215,7 +215,7 @@ class JRDMethod(Method):
         return StepOutput(loss, terms, representations.embedding)
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(inputs)).embedding
+        return self.head(pooled_features(self.backbone, inputs)).embedding
 
     def proxy_parameters(self) -> list[nn.Parameter]:
         return [self.head.proxies]
