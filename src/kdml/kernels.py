@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -225,9 +226,9 @@ class GaussianMixtureKernel(Kernel):
         self, num_kernels: int = 3, multiplier: float = 2.0, bandwidth: float | None = None
     ) -> None:
         super().__init__()
-        if not (isinstance(num_kernels, int) and num_kernels >= 1):
+        if not is_positive_int(num_kernels):
             raise KdmlError(f"num_kernels must be an integer >= 1, got {num_kernels!r}")
-        self.num_kernels = num_kernels
+        self.num_kernels = num_kernels = int(num_kernels)
         self.multiplier = _check_positive("multiplier", multiplier)
         self.bandwidth = None if bandwidth is None else _check_positive("bandwidth", bandwidth)
         # sigma_i^2 / tau for i = 0..K-1
@@ -314,11 +315,11 @@ class PolynomialKernel(Kernel):
 
     def __init__(self, degree: int = 2, bias: float = 1.0) -> None:
         super().__init__()
-        if not (isinstance(degree, int) and degree >= 1):
+        if not is_positive_int(degree):
             raise KdmlError(f"degree must be an integer >= 1, got {degree!r}")
         if not bias >= 0:  # a negative offset is not a positive-definite kernel
             raise KdmlError(f"bias must be >= 0, got {bias}")
-        self.degree = degree
+        self.degree = int(degree)
         self.bias = float(bias)
 
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kdml.checks import is_positive_int
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.errors import KdmlError, why_missing
@@ -323,7 +324,7 @@ def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
 
     source_x = pair.source.x.flatten(1).double().numpy()
     limit = min(source_x.shape)
-    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= limit:
+    if not (is_positive_int(dim) and dim <= limit):
         raise KdmlError(f"PCA dim must be an integer from 1 to {limit} (min of source samples "
                         f"and features), got {dim!r}")
     pca = PCA(n_components=dim, svd_solver="full").fit(source_x)

@@ -25,6 +25,7 @@ import faiss
 import numpy as np
 import torch
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 
 Metric = Literal["cosine", "euclidean"]
@@ -67,7 +68,7 @@ def check_metric(metric: str) -> None:
 def check_positive_int(name: str, value: int) -> None:
     """A count of the evaluation (``chunk_size``, ``neighbors``): a Python or NumPy integer
     of at least 1, not a bool."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+    if not is_positive_int(value):
         raise KdmlError(f"{name} must be a positive integer, got {value!r}")
 
 

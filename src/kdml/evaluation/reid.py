@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float_matrix
 
@@ -157,10 +158,10 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
     if camera_array is not None and len(np.unique(camera_array)) != 2:
         raise KdmlError(f"single-shot CMC with camera roles needs exactly two cameras, got "
                         f"{len(np.unique(camera_array))}; pass cameras=None for other sets")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+    if not is_positive_int(num_splits):
         raise KdmlError(f"num_splits must be a positive integer, got {num_splits!r}")
     if (not isinstance(ranks, Sequence) or not ranks
-            or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks)):
+            or not all(is_positive_int(r) for r in ranks)):
         raise KdmlError(f"ranks must be a sequence of positive integers, e.g. (1, 5), got "
                         f"{ranks!r}")
 

@@ -13,15 +13,16 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
 from kdml.precision import full_precision
 
 
 def _check_k(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_positive_int(value):
         raise KdmlError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return int(value)
 
 
 def nearest_neighbour_graph(sq_dists: Tensor, candidates: Tensor, k: int) -> Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from kdml.atlas import ChartOutputs
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 
 __all__ = ["PROJECTION_INPUTS", "AtlasHead", "ProjectionHeads"]
@@ -23,7 +24,7 @@ PROJECTION_INPUTS = ("sigmoid", "pre-sigmoid")
 
 def _check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_positive_int(value):
             raise KdmlError(f"{name} must be a positive integer, got {value!r}")
 
 

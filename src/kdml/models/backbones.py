@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 
 
@@ -121,11 +122,11 @@ def feature_size_of(backbone: nn.Module) -> int:
     """The width of ``backbone``'s pooled features: its ``feature_size`` attribute, which every
     kdml backbone has and a user's own backbone must set to be sized for a recipe's head."""
     size = getattr(backbone, "feature_size", None)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if not is_positive_int(size):
         raise KdmlError(f"backbone {type(backbone).__name__} has no positive integer "
                         f"feature_size (got {size!r}); set it to the width of its output "
                         f"features")
-    return size
+    return int(size)
 
 
 def pooled_features(backbone: nn.Module, inputs: torch.Tensor) -> torch.Tensor:

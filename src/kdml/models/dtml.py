@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -63,7 +64,7 @@ class DTMLNetwork(nn.Module):
                  init: str = "identity") -> None:
         super().__init__()
         sizes = list(layer_sizes)
-        if len(sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in sizes):
+        if len(sizes) < 2 or not all(is_positive_int(s) for s in sizes):
             raise KdmlError(f"DTMLNetwork needs at least two positive layer sizes "
                             f"[input, ..., top], got {sizes}")
         if activation not in ACTIVATIONS:
@@ -71,7 +72,7 @@ class DTMLNetwork(nn.Module):
                             f"{', '.join(ACTIVATIONS)}")
         if init not in INITS:
             raise KdmlError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
-        self.layer_sizes = tuple(sizes)
+        self.layer_sizes = tuple(int(s) for s in sizes)
         self.activation = activation
         self.init = init
         self.layers = nn.ModuleList(nn.Linear(p_in, p_out)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.kernels import InverseMultiquadricKernel
 from kdml.precision import full_precision
@@ -93,11 +94,11 @@ class ManifoldMMD(nn.Module):
                  eps: float = 1e-6) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("n_charts", n_charts)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_positive_int(value):
                 raise KdmlError(f"ManifoldMMD: {name} must be a positive integer, got {value!r}")
         if not 0 < eps < 0.5:
             raise KdmlError(f"ManifoldMMD: eps must be in (0, 0.5), got {eps}")
-        self.dim, self.n_charts, self.eps = dim, n_charts, eps
+        self.dim, self.n_charts, self.eps = int(dim), int(n_charts), eps
         self.generator = generator
         self.kernel = InverseMultiquadricKernel(dim / 6)
 

@@ -44,6 +44,7 @@ from kdml.atlas import (
     manifold_distance,
     safe_sqrt,
 )
+from kdml.checks import is_positive_int
 from kdml.config import RunConfig
 from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
@@ -128,7 +129,7 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
 
 
 def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_positive_int(value):
         raise KdmlError(f"method.{name} must be a positive integer, got {value!r}")
 
 

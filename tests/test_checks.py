@@ -1,0 +1,74 @@
+"""Counts given to the public API: NumPy integers (a loop over ``np.arange``) are taken as
+Python ones everywhere, and bools and floats are refused in one line everywhere."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from kdml.checks import is_positive_int
+from kdml.errors import KdmlError
+
+
+@pytest.mark.parametrize("value", [1, 7, np.int64(3), np.uint8(2), np.int32(1)])
+def test_positive_python_and_numpy_integers_are_counts(value):
+    assert is_positive_int(value)
+
+
+@pytest.mark.parametrize("value", [0, -2, np.int64(0), True, np.bool_(True), 2.0, np.float64(2),
+                                   "3", None, torch.tensor(3)])
+def test_anything_else_is_not_a_count(value):
+    assert not is_positive_int(value)
+
+
+def _counts_of_the_api():
+    """(name, builder of an object from one count) for every public count check."""
+    from kdml.data.domains import DomainPair, fit_source_pca
+    from kdml.evaluation.knn import check_positive_int
+    from kdml.evaluation.reid import single_shot_cmc
+    from kdml.kernels import GaussianMixtureKernel, PolynomialKernel
+    from kdml.losses.marginal_fisher import MarginalFisherLoss
+    from kdml.models.atlas_heads import AtlasHead
+    from kdml.models.backbones import feature_size_of
+    from kdml.models.dtml import DTMLNetwork
+    from kdml.regularizers.manifold import ManifoldMMD
+    from kdml.training.recipes.atlas import MTripletParams
+
+    def backbone(size):
+        module = torch.nn.Linear(2, 2)
+        module.feature_size = size
+        return feature_size_of(module)
+
+    def pca(dim):
+        from kdml.data.dataset import ArrayDataset
+        x = torch.from_numpy(np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32))
+        y = torch.arange(6) % 2
+        pair = DomainPair(ArrayDataset("s", "s", x, y), ArrayDataset("t", "t", x, y), "s->t", "")
+        return fit_source_pca(pair, dim)
+
+    return {
+        "mixture kernels": lambda k: GaussianMixtureKernel(num_kernels=k),
+        "polynomial degree": lambda k: PolynomialKernel(degree=k),
+        "marginal Fisher k1": lambda k: MarginalFisherLoss(k1=k),
+        "atlas head charts": lambda k: AtlasHead(4, 2, k),
+        "backbone width": backbone,
+        "DTML layer": lambda k: DTMLNetwork([4, k]),
+        "manifold MMD charts": lambda k: ManifoldMMD(2, k),
+        "MTriplet charts": lambda k: MTripletParams(n_charts=k).validate(),
+        "re-id splits": lambda k: single_shot_cmc(np.eye(4), [0, 0, 1, 1], num_splits=k),
+        "re-id ranks": lambda k: single_shot_cmc(np.eye(4), [0, 0, 1, 1], ranks=(k,)),
+        "PCA dim": pca,
+        "evaluation count": lambda k: check_positive_int("chunk_size", k),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_counts_of_the_api()))
+def test_every_count_of_the_api_takes_numpy_integers_and_refuses_bools(name):
+    build = _counts_of_the_api()[name]
+    build(np.int64(2))
+    for wrong in (True, 2.0, 0):
+        with pytest.raises(KdmlError, match=re.escape(repr(wrong))):
+            build(wrong)
