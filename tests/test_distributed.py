@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from distributed_harness import (
 )
 
 from kdml import cli
+from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel, LaplaceKernel, PolynomialKernel
 from kdml.regularizers import JointRepresentationSimilarity
 from kdml.regularizers.sharded import sharded_jrs
@@ -92,6 +94,18 @@ def test_sharded_jrs_value_and_gradient_in_one_process(kernel):
     assert sharded.item() == pytest.approx(full.item(), rel=1e-12)
     for a, b in zip(sharded_grads, full_grads, strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("representations", "labels", "message"), [
+    ([torch.randn(4, 3)], torch.zeros(5, dtype=torch.long), "representation 0 must be [M, D]"),
+    ([torch.randn(4, 3)], torch.zeros(4), "labels must be integers"),
+    (torch.randn(4, 3), torch.zeros(4, dtype=torch.long), "a sequence of representations"),
+])
+def test_sharded_jrs_refuses_a_malformed_batch_as_jrs_does(representations, labels, message):
+    """The sharded form is checked as JRS is (it skipped the check: a mismatched batch failed
+    inside its masked sum, and float labels were taken)."""
+    with pytest.raises(KdmlError, match=rf"^sharded JRS.*{re.escape(message)}"):
+        sharded_jrs([GaussianMixtureKernel(3)], representations, labels)
 
 
 @pytest.mark.parametrize(("recipe", "extra"), [

@@ -35,7 +35,10 @@ from kdml.precision import full_precision
 __all__ = ["IntraClassPenalty", "JointIntra", "JointMMD", "JointRepresentationSimilarity"]
 
 
-def _check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -> None:
+def check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -> None:
+    """Refuse, in one line naming ``owner``, a batch that is not a sequence of float [M, D_l]
+    representations with integer [M] labels (JRS, its baselines and the sharded JRS). Shapes
+    and dtypes only: no host sync."""
     if isinstance(representations, Tensor):
         raise KdmlError(
             f"{owner} takes a sequence of representations, e.g. reg([embeddings], labels), "
@@ -112,7 +115,7 @@ class _JointKernelRegularizer(nn.Module):
     def joint_kernel(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
         r""":math:`(M, M)` matrix :math:`K_{ij} = \prod_l k^l(x_i^l, x_j^l)`."""
         owner = type(self).__name__
-        _check_batch(owner, representations, labels)
+        check_batch(owner, representations, labels)
         if len(representations) != len(self.kernels):
             raise KdmlError(
                 f"{owner} was built with {len(self.kernels)} kernel(s) but got "
@@ -349,7 +352,7 @@ class IntraClassPenalty(nn.Module):
 
     @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
-        _check_batch(type(self).__name__, representations, labels)
+        check_batch(type(self).__name__, representations, labels)
         gram = self.kernel(representations[-1])
         same_class = labels[:, None] == labels[None, :]
         counts = same_class.sum(dim=1)  # n_{y_i}

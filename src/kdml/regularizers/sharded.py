@@ -32,6 +32,7 @@ from kdml.kernels import (
     squared_distances,
 )
 from kdml.precision import full_precision
+from kdml.regularizers.jrs import check_batch
 
 
 def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -> Tensor:
@@ -65,6 +66,7 @@ def sharded_jrs(kernels: Sequence[Kernel], local_representations: Sequence[Tenso
     Returns:
         The global JRS value on every rank, with this rank's share of the gradient.
     """
+    check_batch("sharded JRS", local_representations, local_labels)
     if len(kernels) != len(local_representations):
         raise KdmlError(f"sharded JRS got {len(local_representations)} representations for "
                         f"{len(kernels)} kernels")
