@@ -334,3 +334,16 @@ def test_uint64_labels_beyond_int64_are_refused_not_wrapped():
     with pytest.raises(KdmlError, match=r"holds 18446744073709551615, beyond int64"):
         retrieval_metrics(embeddings, np.array([0, 0, 2**64 - 1, 2**64 - 1], dtype=np.uint64),
                           ks=(1,), nmi=False)
+
+
+def test_transposed_embeddings_are_named_as_the_likely_mistake():
+    """[D, N] embeddings with N labels: the error says they look transposed; a label array that
+    is merely short gets no such guess."""
+    embeddings = np.random.default_rng(0).normal(size=(12, 3))
+    labels = np.arange(12) % 4
+    with pytest.raises(KdmlError, match=r"^labels must have shape \(3,\) to match the "
+                       r"embeddings, got \(12,\); the embeddings, \[3, 12\], look transposed: "
+                       r"pass them as \[N, D\]$"):
+        retrieval_metrics(embeddings.T, labels, ks=(1,))
+    with pytest.raises(KdmlError, match=r"got \(6,\)$"):
+        retrieval_metrics(embeddings, labels[:6], ks=(1,))

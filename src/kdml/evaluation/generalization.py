@@ -37,17 +37,19 @@ from sklearn.neighbors import KNeighborsClassifier
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
+from kdml.evaluation.retrieval import transposed_hint
 
 
-def _labels(labels: Any, name: str, expected_length: int) -> np.ndarray:
+def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndarray:
     """Class labels as a 1-D NumPy array of ``expected_length`` (any values the classifiers
     take: integers, strings)."""
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().cpu().numpy()
     array = np.asarray(labels)
     if array.shape != (expected_length,):
+        hint = transposed_hint(len(array), expected_length, width) if array.ndim == 1 else ""
         raise KdmlError(f"{name} must have shape ({expected_length},) to match the embeddings, "
-                        f"got {tuple(array.shape)}")
+                        f"got {tuple(array.shape)}{hint}")
     return array
 
 
@@ -83,8 +85,8 @@ def generalization_terms(
                         f"{seen.shape[1]} and {unseen.shape[1]}")
     # NumPy labels whatever came in: an array compared with a tensor is one bool, which would
     # count every prediction wrong
-    seen_labels = _labels(seen_labels, "seen_labels", len(seen))
-    unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen))
+    seen_labels = _labels(seen_labels, "seen_labels", len(seen), seen.shape[1])
+    unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen), unseen.shape[1])
     check_positive_int("neighbors", neighbors)
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")

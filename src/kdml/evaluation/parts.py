@@ -75,7 +75,7 @@ def retrieval_over_parts(vectors: np.ndarray | torch.Tensor, labels: np.ndarray 
         raise KdmlError(f"vectors must be 2-D (N, D), got shape {tuple(vectors.shape)}")
     # the labels' length is checked here: an index past a shorter label array would score only
     # its first rows, silently
-    label_array = as_label_vector(labels, "labels", len(vectors))
+    label_array = as_label_vector(labels, "labels", len(vectors), vectors.shape[1])
     per_part: dict[str, list[float]] = {}
     for indices in stratified_parts(label_array, num_parts, seed):
         rows = torch.as_tensor(indices) if isinstance(vectors, torch.Tensor) else indices

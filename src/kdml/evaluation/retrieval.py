@@ -32,8 +32,18 @@ from kdml.evaluation.ties import (
 )
 
 
-def as_label_vector(labels: Any, name: str, expected_length: int) -> np.ndarray:
-    """Validate integer class labels of shape ``(expected_length,)``; return them as int64."""
+def transposed_hint(length: int, expected_length: int, width: int | None) -> str:
+    """A hint for labels whose length is the embeddings' width, not their number of rows."""
+    if width is not None and length == width != expected_length:
+        return (f"; the embeddings, [{expected_length}, {width}], look transposed: pass them as "
+                f"[N, D]")
+    return ""
+
+
+def as_label_vector(labels: Any, name: str, expected_length: int,
+                    width: int | None = None) -> np.ndarray:
+    """Validate integer class labels of shape ``(expected_length,)``; return them as int64.
+    ``width``, the embeddings' dimension, lets the error spot transposed embeddings."""
     if isinstance(labels, torch.Tensor):
         if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
             raise KdmlError(f"{name} must be integers, got dtype {labels.dtype}")
@@ -43,10 +53,9 @@ def as_label_vector(labels: Any, name: str, expected_length: int) -> np.ndarray:
         if array.dtype.kind not in "iu":
             raise KdmlError(f"{name} must be integers, got dtype {array.dtype}")
     if array.ndim != 1 or len(array) != expected_length:
-        raise KdmlError(
-            f"{name} must have shape ({expected_length},) to match the embeddings, "
-            f"got {tuple(array.shape)}"
-        )
+        hint = transposed_hint(len(array), expected_length, width) if array.ndim == 1 else ""
+        raise KdmlError(f"{name} must have shape ({expected_length},) to match the embeddings, "
+                        f"got {tuple(array.shape)}{hint}")
     # uint64 beyond int64 would wrap to negatives and could equal another set's labels
     if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
         raise KdmlError(f"{name} holds {array.max()}, beyond int64: renumber the classes "
@@ -120,7 +129,8 @@ def clustering_nmi(
     """
     check_metric(metric)
     vectors = prepare_vectors(embeddings, metric, "embeddings")
-    return kmeans_nmi(vectors, as_label_vector(labels, "labels", len(vectors)), niter, seed)
+    return kmeans_nmi(vectors, as_label_vector(labels, "labels", len(vectors), vectors.shape[1]),
+                      niter, seed)
 
 
 def canonical_order(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -293,9 +303,9 @@ def retrieval_metrics(
     else:
         query_vectors, reference_vectors = prepare_pair(embeddings, reference, metric,
                                                         ("embeddings", "reference"), backend)
-        reference_label_vector = as_label_vector(
-            reference_labels, "reference_labels", len(reference_vectors))
-    query_labels = as_label_vector(labels, "labels", len(query_vectors))
+        reference_label_vector = as_label_vector(reference_labels, "reference_labels",
+                                                 len(reference_vectors), reference_vectors.shape[1])
+    query_labels = as_label_vector(labels, "labels", len(query_vectors), query_vectors.shape[1])
     available = len(reference_vectors) - int(same_set)
     ks = check_ks(ks, available)
     label_index = index_labels(query_labels, reference_label_vector)

@@ -63,8 +63,10 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
     """
     check_metric(metric)
     target_vectors, source_vectors = prepare_pair(target, source, metric, ("target", "source"))
-    source_y = as_label_vector(source_labels, "source_labels", len(source_vectors))
-    target_y = as_label_vector(target_labels, "target_labels", len(target_vectors))
+    source_y = as_label_vector(source_labels, "source_labels", len(source_vectors),
+                               source_vectors.shape[1])
+    target_y = as_label_vector(target_labels, "target_labels", len(target_vectors),
+                               target_vectors.shape[1])
     if (source_y < 0).any():
         raise KdmlError("source_labels must all be >= 0 (the source domain is labelled)")
     scored = _labelled(target_y, "target_labels")
@@ -123,7 +125,8 @@ def target_metrics(source_emb: Any, source_labels: Any, target_emb: Any, target_
         ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "source_nn_accuracy": ...}``.
     """
     target_vectors = prepare_vectors(target_emb, "euclidean", "target_emb")  # validated copy
-    target_y = as_label_vector(target_labels, "target_labels", len(target_vectors))
+    target_y = as_label_vector(target_labels, "target_labels", len(target_vectors),
+                               target_vectors.shape[1])
     scored = _labelled(target_y, "target_labels")
     results = retrieval_metrics(target_vectors[scored], target_y[scored], ks=ks, metric=metric,
                                 nmi=nmi)
