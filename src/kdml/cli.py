@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "arguments override the config, e.g. train.epochs=5 or epochs=5.")
     train.add_argument("recipe", nargs="?", help="recipe name (see 'kdml recipes')")
     train.add_argument("overrides", nargs="*", metavar="key=value", default=[])
-    train.add_argument("--dataset", help="dataset name, folder:DIR or csv:FILE "
-                       "(see 'kdml datasets')")
+    train.add_argument("--dataset", help="dataset name, folder:DIR, csv:FILE, a domain pair "
+                       "(SOURCE->TARGET, npz:PATH); see 'kdml datasets'")
     train.add_argument("--data-root", metavar="DIR", type=_folder,
                        help="folder of an on-disk dataset (data.root)")
     train.add_argument("--config", type=Path, help="YAML file with config values")
@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_best(evaluate)
     evaluate.add_argument("--test", action="store_true",
                           help="for a run that validated (data.validation): score the test "
-                               "part, which its training and choices never saw")
+                               "part, which its training and choices never saw (a run that "
+                               "did not validate scores it anyway)")
     _add_data_root(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")

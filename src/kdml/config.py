@@ -68,7 +68,7 @@ class OptimConfig:
     adam_eps: float = 1e-8  # Adam's epsilon (the JRD authors' code uses 0.01)
     lr_step: int = 0  # multiply the rates by lr_gamma every lr_step epochs; 0 = never
     # or at the start of each of these 0-based epochs (torch's MultiStepLR milestones; the
-    # JRD authors' schedule is [19, 39]); set, it replaces lr_step
+    # JRD authors' schedule is [19, 39]); set it with lr_step: 0 (both are refused)
     lr_milestones: list[int] = field(default_factory=list)
     lr_gamma: float = 0.1
     lr_decay: float = 1.0  # and by lr_decay after every epoch (0.95 in DTML)
