@@ -199,3 +199,44 @@ def test_datasets_and_recipes_are_listed(capsys):
     assert run_cli("recipes") == 0
     assert "amsoftmax" in capsys.readouterr().out
 
+
+
+def test_a_run_stores_its_paths_absolute_so_any_folder_reads_the_same_data(
+        tmp_path, monkeypatch, capsys):
+    """Trained with ``folder:images`` (relative), the run must name that folder absolutely: a
+    later ``kdml eval`` from a folder with another ``images/`` had scored those (exit 0, and
+    its numbers in eval.json)."""
+    import yaml
+    from fixtures_array_sets import make_image_folder
+
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    make_image_folder(here, classes=4, per_class=3, size=24)
+    make_image_folder(elsewhere, classes=4, per_class=2, size=24, seed=1)
+    monkeypatch.chdir(here)
+    assert run_cli("train", "amsoftmax", "--dataset", "folder:images", "--out", "run",
+                   "--no-progress", "train.epochs=1", "eval.nmi=false", "train.device=cpu",
+                   "data.batch_size=4", "data.resize=28", "data.image_size=24",
+                   "eval.ks=[1]") == 0
+    stored = yaml.safe_load((here / "run" / "config.yaml").read_text())["data"]["dataset"]
+    assert stored == f"folder:{here / 'images'}"
+    capsys.readouterr()
+    monkeypatch.chdir(elsewhere)
+    assert run_cli("eval", here / "run") == 0
+    assert "test set: 6 samples" in capsys.readouterr().out  # here's 2 test classes x 3
+
+
+def test_relative_data_root_and_weights_are_stored_absolute(tmp_path, monkeypatch):
+    from kdml.config import RunConfig, with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    config = RunConfig("jrd")
+    config.data.dataset, config.data.root = "csv:lists/train.csv", "cub"
+    config.model.weights = "weights/resnet.pth"
+    absolute = with_absolute_paths(config)
+    assert absolute.data.dataset == f"csv:{tmp_path / 'lists' / 'train.csv'}"
+    assert absolute.data.root == str(tmp_path / "cub")
+    assert absolute.model.weights == str(tmp_path / "weights" / "resnet.pth")
+    for name in ("mnist5k", "mnist5k->digits", "cub"):  # names, not paths
+        config.data.dataset = name
+        assert with_absolute_paths(config).data.dataset == name
+    assert with_absolute_paths(RunConfig("jrd")).data.root == ""  # unset stays unset

@@ -295,7 +295,7 @@ def _is_main_process() -> bool:
 
 def _train(args: argparse.Namespace) -> int:
     from kdml import distributed
-    from kdml.config import load_config_file, resolve_config
+    from kdml.config import load_config_file, resolve_config, with_absolute_paths
     from kdml.training.recipes import get_recipe
     from kdml.training.run_folder import RunFolder, check_new_run_folder, default_run_dir
     from kdml.training.trainer import run_config, train
@@ -325,7 +325,8 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"train.seed={args.seed}")
     if "grid" in file_values:
         return _train_grid(recipe, file_values, overrides, args)
-    config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values, overrides)
+    config = with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
+                                                file_values, overrides))
     _check_dataset_name(config.data.dataset)
     _join_processes(config)
 
@@ -362,15 +363,16 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                 args: argparse.Namespace) -> int:
     """One run per cell of the config file's grid (see kdml.training.grid)."""
     from kdml import distributed
-    from kdml.config import resolve_config
+    from kdml.config import resolve_config, with_absolute_paths
     from kdml.training.grid import check_grid_folder, grid_cells, write_marker
     from kdml.training.run_folder import RunFolder, default_run_dir
     from kdml.training.selection import as_validation_history, best_scores
     from kdml.training.trainer import train
 
     cells = grid_cells(file_values["grid"])
-    configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
-                              [*overrides, *cell.overrides]) for cell in cells]
+    configs = [with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
+                                                  file_values, [*overrides, *cell.overrides]))
+               for cell in cells]
     _check_dataset_name(configs[0].data.dataset)
     _join_processes(configs[0])
 

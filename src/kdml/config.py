@@ -353,6 +353,22 @@ def validate(config: RunConfig) -> None:
         check()
 
 
+def with_absolute_paths(config: RunConfig) -> RunConfig:
+    """``config`` with its paths (a path-named dataset, ``data.root``, ``model.weights``)
+    absolute against the current folder, as a new run stores them: ``kdml eval``, ``--resume``
+    and the other commands read a run's config from any folder, where a relative path would
+    name other files (or none)."""
+    from kdml.data.registry import with_absolute_path
+
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().absolute()) if path.strip() else path
+
+    data = dataclasses.replace(config.data, dataset=with_absolute_path(config.data.dataset),
+                               root=absolute(config.data.root))
+    model = dataclasses.replace(config.model, weights=absolute(config.model.weights))
+    return dataclasses.replace(config, data=data, model=model)
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}

@@ -165,6 +165,16 @@ def relocated(dataset: str, root: str) -> tuple[str, str]:
     return dataset, root
 
 
+def with_absolute_path(dataset: str) -> str:
+    """``folder:DIR``, ``csv:FILE`` and ``npz:FILE`` with the path made absolute against the
+    current folder (``~`` expanded); any other name unchanged. A run stores its dataset so:
+    a relative path, read again by ``kdml eval`` in another folder, would name other files."""
+    for prefix in ("folder:", "csv:", "npz:"):
+        if dataset.startswith(prefix) and dataset.removeprefix(prefix).strip():
+            return f"{prefix}{Path(dataset.removeprefix(prefix)).expanduser().absolute()}"
+    return dataset
+
+
 def root_is_read(name: str) -> bool:
     """Whether the dataset ``name`` reads ``data.root``: only the on-disk formats do."""
     return name in FORMATS
