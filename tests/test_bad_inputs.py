@@ -4,6 +4,7 @@ and no file that existed before is changed."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -96,6 +97,25 @@ def test_something_in_the_way_of_a_result_is_named(tmp_path, capsys, finished_ru
     assert err == (f"kdml: error: {finished_run / 'plots'}: File exists; move what is in the "
                    "way or choose another path")
     assert (finished_run / "plots").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("name", ["eval.json", "generalization.json"])
+@pytest.mark.parametrize("theirs", ['{"note": "mine"}', "[1, 2]", "notes, not JSON\n"])
+def test_a_result_file_kdml_did_not_write_is_never_replaced(tmp_path, capsys, finished_run,
+                                                            name, theirs):
+    """A user's file under a result's name (a JSON object with none of kdml's fields, or
+    anything else) is refused before any work and left as it was; kdml's own is replaced."""
+    command = {"eval.json": ["eval"], "generalization.json": ["analyze", "generalization"]}[name]
+    (finished_run / name).write_text(theirs)
+    err = refused(tmp_path, capsys, *command, finished_run)
+    assert err == (f"kdml: error: {finished_run / name} is in the way and kdml did not write "
+                   "it; move it away (kdml never replaces a file it did not write)")
+    assert (finished_run / name).read_text() == theirs
+    (finished_run / name).unlink()
+    for _ in range(2):  # the second run replaces the first's file
+        assert cli.main([*command, str(finished_run)]) == 0
+    assert isinstance(json.loads((finished_run / name).read_text()), dict)
+    assert not list(finished_run.glob(".*.json"))  # no partial file left beside it
 
 
 def test_an_out_that_is_a_symbolic_link_is_never_replaced(tmp_path, capsys, finished_run):

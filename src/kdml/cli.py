@@ -496,18 +496,19 @@ def _config(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from kdml.evaluation.evaluator import evaluate_method
-    from kdml.training.run_folder import write_json
+    from kdml.training.run_folder import check_json_replaceable, write_json
     from kdml.training.trainer import load_run
 
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
+              "scored": "validation" if trained.splits.validation else "test"}
+    check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
     validated = trained.splits.validation
     print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
     print(f"test set: {trained.splits.test_set}")
     metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
                               trained.embedder)
-    write_json({"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
-                "scored": "validation" if validated else "test", "metrics": metrics},
-               trained.run.root / "eval.json")
+    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
     _print_results(trained.config, metrics, trained.run.root, validated)
     return 0
 

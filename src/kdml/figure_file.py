@@ -9,8 +9,6 @@ folder in the way is refused.
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from kdml import __version__
 from kdml.errors import KdmlError
+from kdml.file_write import write_through_new_file
 
 SOFTWARE = f"kdml {__version__}"  # the PNG "Software" text of every plot kdml writes
 # Plots written before kdml marked its own carry only matplotlib's mark; a resumed older run
@@ -61,18 +60,6 @@ def copy_png(source: Path, path: Path) -> Path:
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> Path:
-    """Write through a new hidden file beside ``path`` (never an existing one, nor a link),
-    then rename it into place."""
+    """Check that kdml may replace ``path``, then write it whole or not at all."""
     check_replaceable(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.png")
-    # O_EXCL: a file or link already there is an error, never written through. Not mkstemp,
-    # whose 0600 would make the plot unreadable to others (0666 here, less the umask).
-    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        write(partial)
-        partial.replace(path)
-    except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
-        partial.unlink(missing_ok=True)
-        raise
-    return path
+    return write_through_new_file(path, write)

@@ -42,7 +42,11 @@ from kdml.evaluation.index import (
 )
 from kdml.evaluation.knn import as_metric, knn_search
 from kdml.figure_file import check_replaceable
-from kdml.training.run_folder import check_writable_folder, write_json
+from kdml.training.run_folder import (
+    check_json_replaceable,
+    check_writable_folder,
+    write_json,
+)
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
 from kdml.viz_charts import plot_charts
 from kdml.viz_retrieval import (
@@ -397,6 +401,8 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
                            ) -> tuple[dict[str, Estimate], Path]:
     """The H-divergence and lambda between the training (seen) and test (unseen) classes'
     embeddings (Chu et al. 2020, Sec. 2), also written to the run's ``generalization.json``."""
+    path = trained.run.root / "generalization.json"
+    check_json_replaceable(path, ["settings"])  # before minutes of embedding
     splits = trained.splits
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
@@ -405,7 +411,6 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
         unseen.tensor().float().cpu().numpy(), unseen.labels.numpy(),
         labelled_fraction=settings.labelled_fraction, repeats=settings.repeats,
         neighbors=settings.neighbors, seed=settings.seed)
-    path = trained.run.root / "generalization.json"
     written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
                **{name: estimate.to_dict() for name, estimate in terms.items()}}
     write_json(written, path)

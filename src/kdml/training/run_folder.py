@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +22,7 @@ import yaml
 
 from kdml.config import SECTIONS
 from kdml.errors import KdmlError, why_missing
+from kdml.file_write import write_through_new_file
 
 LOCK_NAME = ".training.lock"
 
@@ -269,13 +270,32 @@ def check_writable_folder(folder: Path, option: str = "--out") -> None:
                         f"{option}") from None
 
 
-def write_json(values: Any, path: Path) -> None:
-    """Write ``values`` to ``path`` atomically (a kill leaves the old file or the new one)."""
-    if path.is_dir():  # os.replace would fail half-way, with the .tmp file written
+def written_by_kdml(path: Path, fields: Iterable[str]) -> bool:
+    """Whether ``path`` is a JSON object sharing a top-level field with ``fields``, what kdml
+    writes there: its own earlier output (an older kdml's too, whose fields may differ in
+    part), not a user's notes that happen to have the name."""
+    try:
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(existing, dict) and not existing.keys().isdisjoint(fields)
+
+
+def check_json_replaceable(path: Path, fields: Iterable[str]) -> None:
+    """Refuse a JSON result path where a folder, a link, or a file kdml did not write (see
+    :func:`written_by_kdml`) is in the way; commands check before their work."""
+    if path.is_dir():  # the rename would fail at the end
         raise KdmlError(f"{path} is a folder, where kdml writes a file; move it away")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(values, indent=2))
-    os.replace(tmp, path)
+    if path.is_symlink() or (path.exists() and not written_by_kdml(path, fields)):
+        raise KdmlError(f"{path} is in the way and kdml did not write it; move it away (kdml "
+                        "never replaces a file it did not write)")
+
+
+def write_json(values: dict[str, Any], path: Path) -> None:
+    """Write ``values`` to ``path`` whole or not at all, never over a file kdml did not write."""
+    check_json_replaceable(path, values)
+    text = json.dumps(values, indent=2)
+    write_through_new_file(path, lambda partial: partial.write_text(text))
 
 
 def safe_name(dataset: str) -> str:

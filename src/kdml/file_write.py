@@ -1,0 +1,27 @@
+"""Writing a file whole or not at all: through a new hidden file beside it, then a rename."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
+    """Call ``write`` on a new hidden file beside ``path`` (never an existing file, nor a
+    link), then rename it into place: a kill or a full disk leaves the old file or the new one,
+    and nothing half-written beside them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = f"{os.getpid()}.{secrets.token_hex(4)}"
+    partial = path.with_name(f".{path.stem}.{token}{path.suffix.lower()}")
+    # O_EXCL: a file or link already there is an error, never written through. Not mkstemp,
+    # whose 0600 would make the file unreadable to others (0666 here, less the umask).
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        write(partial)
+        partial.replace(path)
+    except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
+        partial.unlink(missing_ok=True)
+        raise
+    return path
