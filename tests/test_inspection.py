@@ -117,7 +117,8 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
 
     drawn = {}
 
-    def grid(queries, neighbours, hits, image, path, titles):
+    def grid(queries, neighbours, hits, image, path, titles, gallery=None):
+        assert gallery is None  # a folder's test part has no gallery: queries among themselves
         drawn["titles"] = {titles(int(p)) for p in [*queries, *neighbours.ravel()]}
         # a hit is a neighbour of the query's class (the names here are the classes), and a
         # query is never its own neighbour
@@ -533,3 +534,33 @@ def test_a_small_ivf_index_searches_exactly_without_faiss_warnings(tmp_path, cap
     _, positions = search_index(load_index(tmp_path / "ivf"), vectors[:5], 3)
     exact = np.argsort(((vectors[:5, None] - vectors[None]) ** 2).sum(-1), axis=1)[:, :3]
     assert np.array_equal(positions, exact)
+
+
+def test_the_retrieval_plot_searches_a_gallery_where_the_split_has_one(tmp_path, monkeypatch):
+    """In-Shop's queries are searched in its gallery, as its metrics are (they had been searched
+    among the other queries). Each of the 3 test items has one gallery image here, so with
+    k = 3 every row shows the whole gallery, once, and exactly one hit."""
+    from fixtures_photo_sets import make_inshop
+
+    from kdml import inspection
+
+    root = make_inshop(tmp_path / "inshop", items=6, per_item=3)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", "inshop", "--data-root", root, "--out", run,
+                *TINY, "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1,2]") == 0
+    drawn = {}
+
+    def grid(queries, neighbours, hits, image, path, titles, gallery=None):
+        gallery_image, gallery_titles = gallery
+        assert len(queries) == 6 and neighbours.shape == (6, 3)  # 2 queries per test item
+        for query, row, marks in zip(queries, neighbours, hits, strict=True):
+            assert sorted(row.tolist()) == [0, 1, 2]
+            assert marks.tolist() == [gallery_titles(int(p)) == titles(int(query)) for p in row]
+            assert gallery_image(int(row[0])).shape[-2:] == image(int(query)).shape[-2:]
+        drawn["hits"] = hits.sum(axis=1).tolist()
+        return path
+
+    monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
+    assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
+    assert drawn == {"hits": [1] * 6}

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -315,36 +316,56 @@ def results_as_json(results: list[dict[str, Any]]) -> str:
 
 def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> Path:
     """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
-    queries (with at least one same-class test sample) and their ``k`` nearest test images,
-    hits and misses marked."""
+    queries (with at least one same-class sample to find) and their ``k`` nearest images, hits
+    and misses marked. Where the split has a gallery (In-Shop, a CSV's flags), the queries are
+    searched in it, as the metrics do; otherwise among the other test images."""
     check_replaceable(trained.plot_path("retrieval"))  # before minutes of embedding
     part = run_part(trained)
     if not part.dataset.is_image:
         raise KdmlError("plot retrieval draws images; this run's samples are not images")
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     labels = embedded.labels.numpy()
-    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    eligible = np.flatnonzero(counts[codes] > 1)
+    metric = as_metric(trained.config.eval.metric)
+    if trained.splits.gallery is None:
+        found, reference, reference_labels = part, embedded, labels
+        _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+        eligible = np.flatnonzero(counts[codes] > 1)
+        k = min(k, len(labels) - 1)
+    else:
+        found = run_part(trained, "gallery")
+        reference = embed_dataset(trained.method, found.dataset, found.embedder)
+        reference_labels = reference.labels.numpy()
+        eligible = np.flatnonzero(np.isin(labels, reference_labels))
+        k = min(k, len(reference_labels))
     if not len(eligible):
-        raise KdmlError("no test sample has another of its class to retrieve")
-    k = min(k, len(labels) - 1)
+        raise KdmlError("no test query has another sample of its class to retrieve")
     chosen = np.random.default_rng(seed).choice(eligible, min(queries, len(eligible)),
                                                 replace=False)
-    metric = as_metric(trained.config.eval.metric)
-    neighbours = np.concatenate([chunk.indices for chunk in knn_search(
-        embedded.values, k=k, metric=metric, exclude_self=True)])[chosen]
-    positions = embedded.indices.numpy()
-    hits = labels[neighbours] == labels[chosen][:, None]
+    same_set = found is part
+    if same_set:  # each test image against the others (its own row dropped)
+        chunks = knn_search(embedded.values, k=k, metric=metric, exclude_self=True)
+        neighbours = np.concatenate([chunk.indices for chunk in chunks])[chosen]
+    else:
+        chunks = knn_search(embedded.values[chosen], reference.values, k=k, metric=metric)
+        neighbours = np.concatenate([chunk.indices for chunk in chunks])
+    hits = reference_labels[neighbours] == labels[chosen][:, None]
 
-    def image(position: int) -> torch.Tensor:
-        return to_unit_float(part.dataset.load(position))
+    def loader(dataset: DmlDataset) -> tuple[Callable[[int], torch.Tensor],
+                                             Callable[[int], str]]:
+        def image(position: int) -> torch.Tensor:
+            return to_unit_float(dataset.load(position))
 
-    def title(position: int) -> str:
-        label = int(part.dataset.labels[position])
-        return short_name(part.dataset.class_name(label) or str(label))
+        def title(position: int) -> str:
+            label = int(dataset.labels[position])
+            return short_name(dataset.class_name(label) or str(label))
 
-    return plot_retrieval_grid(positions[chosen], positions[neighbours], hits, image,
-                               trained.plot_path("retrieval"), title)
+        return image, title
+
+    query_image, query_title = loader(part.dataset)
+    return plot_retrieval_grid(
+        embedded.indices.numpy()[chosen], reference.indices.numpy()[neighbours], hits,
+        query_image, trained.plot_path("retrieval"), query_title,
+        gallery=None if same_set else loader(found.dataset))
 
 
 def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:

@@ -36,7 +36,9 @@ def _picture(image: Any) -> tuple[np.ndarray, str | None]:
 
 def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.ndarray,
                         image: Callable[[int], Any], path: Path,
-                        titles: Callable[[int], str] | None = None) -> Path:
+                        titles: Callable[[int], str] | None = None,
+                        gallery: tuple[Callable[[int], Any], Callable[[int], str] | None]
+                        | None = None) -> Path:
     """One row per query: the query image, then its nearest neighbours, each framed green
     (same class) or red (another class).
 
@@ -47,14 +49,19 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
         image: position -> image ``[C, H, W]`` or ``[H, W]`` in [0, 1].
         path: the PNG to write.
         titles: position -> a short caption (e.g. the class).
+        gallery: ``(image, titles)`` of the neighbours where they are positions of another
+            set than the queries (a gallery); by default the queries' own.
     """
+    neighbour_image, neighbour_titles = gallery or (image, titles)
     rows, columns = neighbours.shape[0], neighbours.shape[1] + 1
     figure = Figure(figsize=(1.3 * columns, 1.45 * rows))
     FigureCanvasAgg(figure)
     for row, query in enumerate(queries):
         for column, position in enumerate([query, *neighbours[row]]):
+            load, caption_of = (image, titles) if column == 0 else (neighbour_image,
+                                                                    neighbour_titles)
             axes = figure.add_subplot(rows, columns, row * columns + column + 1)
-            pixels, colour_map = _picture(image(int(position)))
+            pixels, colour_map = _picture(load(int(position)))
             axes.imshow(pixels, cmap=colour_map, vmin=0.0, vmax=1.0)
             axes.set_xticks([])
             axes.set_yticks([])
@@ -65,8 +72,8 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
                 spine.set_edgecolor(colour)
                 spine.set_linewidth(width)
             caption = "query" if column == 0 else f"{column}"
-            if titles is not None:
-                caption = f"{caption}: {titles(int(position))}"
+            if caption_of is not None:
+                caption = f"{caption}: {caption_of(int(position))}"
             axes.set_title(caption, fontsize=7)
     figure.tight_layout()
     return write_png(figure, path)
