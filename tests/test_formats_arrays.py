@@ -238,10 +238,19 @@ def test_idx_through_the_registry(tmp_path):
     assert open_dataset("mnist", root=str(folder)).dataset.class_names is None  # the digits
 
 
-def test_fashion_mnist_refuses_labels_beyond_its_ten_classes(tmp_path):
+def test_mnist_and_fashion_mnist_refuse_labels_beyond_their_ten_classes(tmp_path):
     folder = make_idx(tmp_path, train=24, test=12, classes=12, name="fashion")
-    one_line_error(lambda: load_fashion_mnist(folder), "labels must lie in 0..9, got 11")
-    assert len(load_mnist(folder).dataset) == 36  # MNIST names no classes, so checks none
+    one_line_error(lambda: load_fashion_mnist(folder), "train-labels-idx1-ubyte.gz: label ",
+                   "is 11, but labels must lie in 0..9", str(folder))
+    # MNIST, which names no classes, checked none: a label of 200 was refused later as
+    # "train and test share 10 of the 11 test classes".
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
+    labels = folder / "t10k-labels-idx1-ubyte"
+    raw = bytearray(labels.read_bytes())
+    raw[8 + 3] = 200
+    labels.write_bytes(bytes(raw))
+    one_line_error(lambda: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte: label number 4 is "
+                   "200, but labels must lie in 0..9; use the dataset's own label file")
 
 
 def test_idx_file_errors(tmp_path):
@@ -466,6 +475,19 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
 def test_csv_errors(tmp_path, text, fragments):
     csv_file = write_csv(tmp_path, text)
     one_line_error(lambda: load_csv(csv_file), "csv:list.csv", str(csv_file), *fragments)
+
+
+def test_csv_refuses_an_image_listed_twice_through_a_link(tmp_path):
+    """Two names of one file (a link) are one image listed twice, as folder:DIR refuses."""
+    csv_file = write_csv(tmp_path, "path,label,split\nphotos/c00/000.jpg,a,train\n"
+                                   "photos/c01/000.jpg,b,test\nphotos/c01/twin.jpg,b,test\n")
+    (tmp_path / "photos" / "c01" / "twin.jpg").symlink_to("000.jpg")
+    one_line_error(lambda: load_csv(csv_file), "csv:list.csv", "lines 3 and 4 list "
+                   "photos/c01/000.jpg and photos/c01/twin.jpg, one image through a link, twice",
+                   "list each image once")
+    (tmp_path / "photos" / "c01" / "twin.jpg").unlink()
+    (tmp_path / "photos" / "c01" / "twin.jpg").symlink_to(tmp_path / "photos" / "c00" / "000.jpg")
+    one_line_error(lambda: load_csv(csv_file), "lines 2 and 4", "with labels 'a' and 'b'")
 
 
 def test_csv_missing_file(tmp_path):

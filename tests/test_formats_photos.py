@@ -56,6 +56,16 @@ def set_line(path: Path, number: int, text: str | None) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def replace_text(path: Path, old: str, new: str) -> None:
+    """Replace every ``old`` in the text file ``path`` with ``new``."""
+    path.write_text(path.read_text().replace(old, new))
+
+
+def with_bom(path: Path) -> None:
+    """Start ``path`` with a UTF-8 byte-order mark, as some editors save text files."""
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+
+
 def labels_of(parts: DatasetParts, part: str) -> set[int]:
     return set(parts.dataset.labels[parts.parts[part]].tolist())
 
@@ -105,6 +115,15 @@ def test_cub_odd_class_count_trains_on_the_smaller_half(tmp_path):
     (lambda root: set_line(root / "images.txt", 3, "1 001.X/y.jpg"),
      "images.txt lists an image id twice"),
     (lambda root: (root / "images.txt").write_text("\n\n"), "images.txt lists nothing"),
+    # The last of two labels would win; a label for no image, or one image under two ids (its
+    # twin's perfect match), would be read silently.
+    (lambda root: replace_text(root / "image_class_labels.txt", "\n12 4\n", "\n12 4\n1 4\n"),
+     r"image_class_labels\.txt lines 1 and 13 both label image id 1; give each image one"),
+    (lambda root: replace_text(root / "image_class_labels.txt", "\n12 4\n", "\n12 4\n99 4\n"),
+     r"image id 99 of image_class_labels\.txt has no line in images\.txt"),
+    (lambda root: set_line(root / "images.txt", 2, (root / "images.txt").read_text()
+                           .splitlines()[0].replace("1 ", "2 ./", 1)),
+     r"images\.txt lines 1 and 2 list the image 001\.\S+\.jpg under two ids; list each"),
 ])
 def test_cub_broken_layouts(tmp_path, break_it, match):
     make_cub(tmp_path)
@@ -150,12 +169,24 @@ def rewrite_annotations(root: Path, change: Callable[[np.ndarray], np.ndarray]) 
                             "class_names": contents["class_names"]})
 
 
+def first_class_names(root: Path, count: int) -> None:
+    path = root / "cars_annos.mat"
+    contents = scipy.io.loadmat(path)
+    scipy.io.savemat(path, {"annotations": contents["annotations"],
+                            "class_names": contents["class_names"][:, :count]})
+
+
 def without_field(annotations: np.ndarray, field: str) -> np.ndarray:
     kept = [name for name in annotations.dtype.names if name != field]
     smaller = np.zeros(annotations.shape, dtype=[(name, object) for name in kept])
     for name in kept:
         smaller[name] = annotations[name]
     return smaller
+
+
+def with_class(annotations: np.ndarray, class_id: float) -> np.ndarray:
+    annotations[0, 1]["class"] = np.array([[class_id]])
+    return annotations
 
 
 def without_path(annotations: np.ndarray) -> np.ndarray:
@@ -180,6 +211,13 @@ def without_path(annotations: np.ndarray) -> np.ndarray:
      "cars_annos.mat: annotation 3 has no single path and class id"),
     (lambda root: (root / "car_ims" / "000005.jpg").unlink(),
      r"missing image \S*car_ims/000005\.jpg \(1 of 12"),
+    # int() of NaN raised a raw ValueError; 2.7 became class 2.
+    (lambda root: rewrite_annotations(root, lambda a: with_class(a, np.nan)),
+     "cars_annos.mat: annotation 2 has class id nan, not a whole number"),
+    (lambda root: rewrite_annotations(root, lambda a: with_class(a, 2.7)),
+     "cars_annos.mat: annotation 2 has class id 2.7, not a whole number"),
+    (lambda root: first_class_names(root, 2),  # the real file names all 196 classes
+     "cars_annos.mat: 'class_names' names 2 classes but class id 3 has no name"),
 ])
 def test_cars196_broken_layouts(tmp_path, break_it, match):
     make_cars196(tmp_path)
@@ -225,6 +263,12 @@ def test_sop_broken_layouts(tmp_path, break_it, match):
     make_sop(tmp_path)
     break_it(tmp_path)
     one_line_error(load_sop, tmp_path, match)
+
+
+def test_sop_reads_files_that_start_with_a_byte_order_mark(tmp_path):
+    expected = load_sop(make_sop(tmp_path)).dataset.labels
+    with_bom(tmp_path / "Ebay_train.txt")  # the header check saw '\ufeffimage_id ...'
+    assert torch.equal(load_sop(tmp_path).dataset.labels, expected)
 
 
 # In-Shop Clothes Retrieval
@@ -274,11 +318,26 @@ LIST = "list_eval_partition.txt"
      r"list_eval_partition\.txt line 7 is malformed: expected 3 fields"),
     (lambda root: next((root / "img" / "MEN" / "Denim" / "id_00000004").iterdir()).unlink(),
      r"missing image \S*img/MEN/Denim/id_00000004/\S+\.jpg \(1 of 18"),
+    # Not "the standard split leaves the test part empty", which the list does not speak of.
+    (lambda root: replace_text(root / LIST, " query", " gallery"),
+     r"list_eval_partition\.txt has no query rows \(no line's evaluation_status is query\)"),
+    (lambda root: replace_text(root / LIST, " gallery", " query"),
+     r"list_eval_partition\.txt has no gallery rows"),
 ])
 def test_inshop_broken_layouts(tmp_path, break_it, match):
     make_inshop(tmp_path)
     break_it(tmp_path)
     one_line_error(load_inshop, tmp_path, match)
+
+
+def test_inshop_and_cub_read_files_that_start_with_a_byte_order_mark(tmp_path):
+    expected = load_inshop(make_inshop(tmp_path / "inshop")).dataset.labels
+    with_bom(tmp_path / "inshop" / LIST)  # line 1 read as '\ufeff18', not an integer
+    assert torch.equal(load_inshop(tmp_path / "inshop").dataset.labels, expected)
+    expected = load_cub(make_cub(tmp_path / "cub")).dataset.labels
+    with_bom(tmp_path / "cub" / "images.txt")
+    with_bom(tmp_path / "cub" / "image_class_labels.txt")
+    assert torch.equal(load_cub(tmp_path / "cub").dataset.labels, expected)
 
 
 def test_inshop_errors_name_the_eval_folders_file(tmp_path):

@@ -53,13 +53,21 @@ def load_cars196(root: Path) -> DatasetParts:
         if (image.size != 1 or label.size != 1 or not isinstance(image[0], str)
                 or label.dtype.kind not in "iuf"):
             raise layout.error(f"{FILE}: annotation {number} has no single path and class id")
+        class_id = label[0]
+        if label.dtype.kind == "f" and not (np.isfinite(class_id) and class_id == int(class_id)):
+            raise layout.error(f"{FILE}: annotation {number} has class id {class_id}, not a "
+                               "whole number; give it its class's number (1-196)")
         paths.append(str(root / image[0]))
-        labels.append(int(label[0]))
+        labels.append(int(class_id))
     if not paths:
         raise layout.error(f"{FILE} lists nothing")
     layout.check_images(paths)
     label_tensor = torch.tensor(labels)
     class_names = read_class_names(contents, layout)
+    unnamed = sorted(set(labels) - set(class_names)) if class_names is not None else []
+    if unnamed:  # the real file names all 196 classes; a short list is a damaged file
+        raise layout.error(f"{FILE}: 'class_names' names {len(class_names or ())} classes but "
+                           f"class id {unnamed[0]} has no name; give every class id its name")
     class_ids = label_tensor.unique(sorted=True)
     is_train = torch.isin(label_tensor, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cars196", "Cars196 car photos, 196 classes; classes 1-98 train",

@@ -76,12 +76,13 @@ class Layout:
                   example: str = "") -> list[tuple[int, list[str]]]:
         """The whitespace-separated rows of a text file, each with its 1-based line number.
 
-        Blank lines are skipped; a row with another number of fields than ``columns`` is a
-        malformed line (``example`` shows a good one).
+        A byte-order mark at the start is dropped (as the CSV reader does); blank lines are
+        skipped; a row with another number of fields than ``columns`` is a malformed line
+        (``example`` shows a good one).
         """
         path = self.file(relative)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = path.read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError:
             raise self.error(f"{relative} is not UTF-8 text") from None
         rows = []
@@ -100,7 +101,7 @@ class Layout:
 
     def header(self, relative: str, count: int) -> list[str]:
         """The first ``count`` lines of a text file (the header lines ``read_rows`` skips)."""
-        with self.file(relative).open(encoding="utf-8", errors="replace") as handle:
+        with self.file(relative).open(encoding="utf-8-sig", errors="replace") as handle:
             return [handle.readline().strip() for _ in range(count)]
 
     def integer(self, text: str, relative: str, line: int) -> int:

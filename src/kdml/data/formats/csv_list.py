@@ -95,23 +95,29 @@ def load_csv(csv_file: Path) -> DatasetParts:
     header, rows = read_table(layout, csv_file)
     column = {name: header.index(name) for name in (*REQUIRED, *FLAGS) if name in header}
     paths, names, is_train, is_query, is_gallery = [], [], [], [], []
-    first_listed: dict[str, tuple[int, str]] = {}  # image -> (line, label) of its first row
+    # image, links resolved -> the line, label and path of its first row
+    first_listed: dict[str, tuple[int, str, str]] = {}
     for line, row in rows:
         path, name, split = (row[column[key]].strip() for key in REQUIRED)
         if not path or not name:
             raise layout.error(f"line {line}: empty {'path' if not path else 'label'}")
         if split.lower() not in ("train", "test"):
             raise layout.error(f"line {line}: split must be train or test, got {split!r}")
-        # An image listed twice is its twin's perfect match (Recall@1 of 1), or has two labels.
-        image = os.path.normpath(csv_file.parent / path)
+        # An image listed twice is its twin's perfect match (Recall@1 of 1), or has two labels;
+        # so is one listed under two names, through a link.
+        image = os.path.realpath(csv_file.parent / path)
         if image in first_listed:
-            first, label = first_listed[image]
+            first, label, first_path = first_listed[image]
             how = f"with labels {label!r} and {name!r}" if label != name else "twice"
+            linked = (os.path.normpath(csv_file.parent / first_path)
+                      != os.path.normpath(csv_file.parent / path))
+            what = (f"{first_path} and {path}, one image through a link," if linked
+                    else f"the image {path}")
             both = ("; a test image both queried and searched takes is_query=1 and "
                     "is_gallery=1 on one row" if "is_query" in column else "")
-            raise layout.error(f"lines {first} and {line} list the image {path} {how}; list "
-                               f"each image once, under its one label{both}")
-        first_listed[image] = (line, name)
+            raise layout.error(f"lines {first} and {line} list {what} {how}; list each image "
+                               f"once, under its one label{both}")
+        first_listed[image] = (line, name, path)
         paths.append(str(csv_file.parent / path))
         names.append(name)
         is_train.append(split.lower() == "train")

@@ -16,6 +16,8 @@ ids (1-100, 5,864 images) train, the second half (101-200, 5,924 images) test. T
 
 from __future__ import annotations
 
+import os
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +42,23 @@ def load_cub(root: Path) -> DatasetParts:
                 layout.integer(f[1], "image_class_labels.txt", n) for n, f in classes}
     if len(path_of) != len(images):
         raise layout.error("images.txt lists an image id twice")
+    if len(class_of) != len(classes):  # the last line's label would win
+        image_id, first, line = first_repeat([(int(f[0]), n) for n, f in classes])
+        raise layout.error(f"image_class_labels.txt lines {first} and {line} both label image "
+                           f"id {image_id}; give each image one line")
+    files = [(os.path.normpath(f[1]), n) for n, f in images]
+    if len({file for file, _ in files}) != len(files):  # each copy its twin's perfect match
+        path, first, line = first_repeat(files)
+        raise layout.error(f"images.txt lines {first} and {line} list the image {path} under "
+                           "two ids; list each image once")
     unlabelled = sorted(set(path_of) - set(class_of))
     if unlabelled:
         raise layout.error(f"image id {unlabelled[0]} of images.txt has no line in "
                            "image_class_labels.txt")
+    unlisted = sorted(set(class_of) - set(path_of))
+    if unlisted:
+        raise layout.error(f"image id {unlisted[0]} of image_class_labels.txt has no line in "
+                           "images.txt")
     ids = sorted(path_of)
     paths = [str(root / "images" / path_of[image_id]) for image_id in ids]
     layout.check_images(paths)
@@ -59,6 +74,16 @@ def load_cub(root: Path) -> DatasetParts:
                          class_names=class_names)
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)})
+
+
+def first_repeat(keys: Iterable[tuple[Hashable, int]]) -> tuple[Hashable, int, int]:
+    """The first key, with its line numbers, of (key, line) pairs that repeats one."""
+    first_line: dict[Hashable, int] = {}
+    for key, line in keys:
+        if key in first_line:
+            return key, first_line[key], line
+        first_line[key] = line
+    raise ValueError("no key repeats")
 
 
 def folder_class_name(folder: str) -> str:

@@ -30,6 +30,7 @@ EXPECTED = ("the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
             "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each may end in .gz)")
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
+CLASSES = 10  # both datasets' labels are 0-9
 MEANING = {IMAGES_MAGIC: "uint8 images, 3 dimensions", LABELS_MAGIC: "uint8 labels, 1 dimension"}
 # Label -> class, from the dataset's README (github.com/zalandoresearch/fashion-mnist); MNIST's
 # classes are the digits their labels already are.
@@ -75,6 +76,12 @@ def read_part(layout: Layout, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     if len(images) != len(labels):
         raise layout.error(f"{prefix}-images-idx3-ubyte holds {len(images)} images but "
                            f"{prefix}-labels-idx1-ubyte holds {len(labels)} labels")
+    if labels.size and labels.max() >= CLASSES:
+        name = find_file(layout, f"{prefix}-labels-idx1-ubyte").name
+        position = int(labels.argmax())
+        raise layout.error(f"{name}: label number {position + 1} is {labels[position]}, but "
+                           f"labels must lie in 0..{CLASSES - 1}; use the dataset's own label "
+                           "file")
     return images, labels
 
 
@@ -89,8 +96,6 @@ def load_idx(root: Path, name: str, description: str,
                            f"{test_images.shape[1:]}")
     x = np.concatenate([train_images, test_images])[:, None]  # a fresh, writable copy
     labels = np.concatenate([train_labels, test_labels]).astype(np.int64)
-    if class_names is not None and labels.size and labels.max() >= len(class_names):
-        raise layout.error(f"labels must lie in 0..{len(class_names) - 1}, got {labels.max()}")
     dataset = ArrayDataset(name, description, torch.from_numpy(x), torch.from_numpy(labels),
                            default_backbone="cnn", class_names=class_names)
     return DatasetParts(dataset, {"train": torch.arange(len(train_labels)),

@@ -50,6 +50,11 @@ def load_inshop(root: Path) -> DatasetParts:
         if status not in STATUSES:
             raise layout.error(f"{relative} line {number}: unknown evaluation_status "
                                f"{status!r} (expected train, query or gallery)")
+    listed = {status for _, (_, _, status) in rows}
+    for status in STATUSES:  # the benchmark needs all three: an empty one is a damaged list
+        if status not in listed:
+            raise layout.error(f"{relative} has no {status} rows (no line's evaluation_status "
+                               f"is {status}); use the dataset's own list")
     paths = [str(root / path) for _, (path, _, _) in rows]
     layout.check_images(paths)
     number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
