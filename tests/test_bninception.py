@@ -176,6 +176,48 @@ def test_pooling_options():
         build_backbone("bninception", (3, 64, 64), pooling="median")
 
 
+@pytest.mark.parametrize(("shape", "match"), [
+    ((3, 8, 8), "side 8: it needs a side of at least 31.*nearest: 31\\)"),  # digits
+    ((3, 56, 56), "side 56: .*32k-1 to 32k\\+6.*nearest: 38 or 63\\)"),  # torch.cat mismatch
+    ((3, 30, 30), "side 30: "),  # one below the smallest
+    ((3, 64, 39), "side 39: "),  # a non-square crop's bad width
+    ((3, 299, 299), "side 299: "),  # Inception-v3's side is not one of them
+])
+def test_sides_it_cannot_take_are_refused_in_one_line_at_build(shape, match):
+    with pytest.raises(KdmlError, match=match) as error:
+        build_backbone("bninception", shape)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "data.image_size=224" in message and "model.backbone=cnn" in message
+    with pytest.raises(KdmlError, match="3 channels"):
+        build_backbone("bninception", (2, 224, 224))
+
+
+def test_the_smallest_side_runs_and_the_rule_is_the_networks():
+    from kdml.models import bninception
+
+    net = build_backbone("bninception", (3, 31, 31)).eval()
+    with torch.no_grad():
+        assert net(torch.randn(2, 3, 31, 31)).shape == (2, 1024)
+        assert net.features(torch.randn(1, 3, 63, 38)).shape == (1, 1024, 2, 1)
+        with pytest.raises(KdmlError, match="side 56"):  # the module itself refuses too
+            net(torch.randn(1, 3, 56, 56))
+    # Without the check, the raw network runs exactly on the sides side_fits allows.
+    check = bninception.check_image_size
+    bninception.check_image_size = lambda height, width: None
+    try:
+        for side in (*range(21, 41), *range(61, 72)):
+            with torch.no_grad():
+                try:
+                    net.features(torch.zeros(1, 3, side, side))
+                    runs = True
+                except RuntimeError:
+                    runs = False
+            assert runs == bninception.side_fits(side), side
+    finally:
+        bninception.check_image_size = check
+
+
 def save_published_checkpoint(path, net: BNInception) -> dict[str, torch.Tensor]:
     """A file shaped like bn_inception-52deb4733.pth: the backbone plus last_linear."""
     state = {key: value.clone() for key, value in net.state_dict().items()

@@ -3,6 +3,8 @@ reference (resize the whole image's short side, then crop the centred square).""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -74,3 +76,30 @@ def test_images_without_a_standard_range_are_refused(tmp_path, pixels, match):
         load_image(path, 8)
     with pytest.raises(DECODE_ERRORS, match=match):
         load_image_as(path, (1, 8, 8))
+
+
+@pytest.mark.parametrize(("make", "reason"), [
+    (lambda path: Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)).save(path),
+     ": 32-bit float pixels have no standard range: save the image with 8 or 16 bits"),
+    (lambda path: Image.fromarray(np.full((8, 8), 70_000, dtype=np.int32)).save(path),
+     ": 32-bit integer pixels beyond 0..65535 have no standard range"),
+    (lambda path: path.write_text("not an image"), ": not a readable image file; replace"),
+    (lambda path: None, ": not a readable image file \\(No such file or directory\\); "),
+])
+def test_training_and_embedding_report_why_an_image_does_not_decode(tmp_path, make, reason):
+    """The loaders' workers only flag a bad file; the one-line error still gives the reason
+    (as ``kdml search`` does for a query image), not just "not a readable image file"."""
+    from kdml.data.images import ImageFiles
+    from kdml.data.loaders import readable_batches, sequential_loader
+    from kdml.errors import KdmlError
+
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "good.png")
+    bad = tmp_path / "bad.tif"
+    make(bad)
+    files = ImageFiles("folder:test", "two files", np.array([str(tmp_path / "good.png"),
+                                                             str(bad)]),
+                       torch.tensor([0, 1]), resize=8)
+    with pytest.raises(KdmlError, match=re.escape(f"cannot decode image {bad}") + reason) as error:
+        list(readable_batches(sequential_loader(files, 2, num_workers=0), files, "error"))
+    assert "\n" not in str(error.value) and "data.on_bad_image=skip" in str(error.value)
+    assert len(list(readable_batches(sequential_loader(files, 2, 0), files, "skip"))) == 1

@@ -14,9 +14,11 @@ import os
 from collections.abc import Iterable, Iterator
 
 import torch
+from PIL import UnidentifiedImageError
 from torch.utils.data import BatchSampler, DataLoader, Sampler, SequentialSampler
 
 from kdml.data.dataset import Batch, DmlDataset, collate_batch
+from kdml.data.images import DECODE_ERRORS
 from kdml.errors import KdmlError
 
 MAX_AUTO_WORKERS = 8
@@ -65,6 +67,32 @@ def sequential_loader(dataset: DmlDataset, batch_size: int, num_workers: int,
                         num_workers, pin_memory)
 
 
+UNREADABLE = "not a readable image file"
+
+
+def decode_failure(dataset: DmlDataset, index: int) -> str:
+    """Why sample ``index``'s image does not decode, in a few words.
+
+    The loader's workers only flag an undecodable image (:class:`Batch` holds tensors), so it
+    is decoded again here for its error: e.g. :func:`kdml.data.images.eight_bit`'s reason for
+    refusing 32-bit pixels, as ``kdml search`` reports for a query image.
+    """
+    try:
+        dataset.load(index)
+    except UnidentifiedImageError:  # "cannot identify image file '<path>'": the path again
+        return UNREADABLE
+    except OSError as error:  # e.g. "No such file or directory", "image file is truncated"
+        reason = first_line(error.strerror or str(error))
+        return f"{UNREADABLE} ({reason})" if reason else UNREADABLE
+    except DECODE_ERRORS as error:  # eight_bit's ValueErrors, DecompressionBombError
+        return first_line(str(error)) or UNREADABLE
+    return UNREADABLE  # it decodes now: a failure of the worker's read
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
 def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
                      on_bad_image: str) -> Iterator[Batch]:
     """``batches`` with undecodable images handled as ``data.on_bad_image`` says.
@@ -76,9 +104,11 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
         raise KdmlError(f"data.on_bad_image must be error or skip, got {on_bad_image!r}")
     for batch in batches:
         if batch.unreadable.any():
-            sources = [dataset.source_of(int(i)) for i in batch.indices[batch.unreadable]]
+            indices = batch.indices[batch.unreadable].tolist()
+            sources = [dataset.source_of(int(i)) for i in indices]
             if on_bad_image == "error":
-                raise KdmlError(f"cannot decode image {sources[0]}: not a readable image file; "
+                raise KdmlError(f"cannot decode image {sources[0]}: "
+                                f"{decode_failure(dataset, int(indices[0]))}; "
                                 "replace or remove it, or skip such files with "
                                 "data.on_bad_image=skip (a run's setting, which its eval, "
                                 "embed and plots follow)")

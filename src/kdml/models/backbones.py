@@ -182,8 +182,12 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
         if len(input_shape) != 3:
             raise KdmlError(f"backbone {name!r} needs images [C, H, W], got shape {input_shape}")
         if name == "bninception":
-            from kdml.models.bninception import BNInception
+            from kdml.models.bninception import BNInception, check_image_size
 
+            if input_shape[0] != 3:
+                raise KdmlError(f"backbone 'bninception' takes RGB images (3 channels), got "
+                                f"{input_shape[0]} channels")
+            check_image_size(input_shape[1], input_shape[2])
             return BNInception(pooling)
         from kdml.models import vision
 

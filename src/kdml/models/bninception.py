@@ -50,6 +50,43 @@ class Block(NamedTuple):
     reduction: bool = False
 
 
+# The sides BN-Inception takes. conv1 (stride 2) and the two stem max-pools (stride 2, ceil
+# mode) bring a side s to ceil((s - 6) / 8) at inception_3a. Reductions 3c and 4e each halve
+# the side n in parallel branches, stride-2 3x3 convolutions (to ceil(n / 2)) and a ceil-mode
+# 3x3 max-pool (to ceil((n - 1) / 2)), whose maps torch.cat joins: they agree only on an even
+# n. So the side at 3a must be a positive multiple of 4, i.e. s in 32k-1 .. 32k+6 for k >= 1,
+# and the last map is k x k (224 -> 7). Other sides fail inside the network (torch.cat's
+# "Sizes of tensors must match", or below 23 a max-pool's "Output size is too small").
+MIN_SIDE = 31
+SIDE_PERIOD, SIDE_SPAN = 32, 8  # sides 32k-1 .. 32k+6: a span of 8 in every 32
+
+
+def side_fits(side: int) -> bool:
+    """Whether BN-Inception takes images whose height (or width) is ``side`` pixels."""
+    return side >= MIN_SIDE and (side + 1) % SIDE_PERIOD < SIDE_SPAN
+
+
+def nearest_sides(side: int) -> list[int]:
+    """The sides BN-Inception takes nearest to ``side``: the next one below (if any) and above."""
+    below = next((s for s in range(side - 1, MIN_SIDE - 1, -1) if side_fits(s)), None)
+    above = next(s for s in range(max(side + 1, MIN_SIDE), side + SIDE_PERIOD + MIN_SIDE + 1)
+                 if side_fits(s))
+    return [s for s in (below, above) if s is not None]
+
+
+def check_image_size(height: int, width: int) -> None:
+    """Refuse, in one line, image sides BN-Inception cannot take (see :func:`side_fits`)."""
+    for side in dict.fromkeys((height, width)):
+        if not side_fits(side):
+            nearest = " or ".join(map(str, nearest_sides(side)))
+            raise KdmlError(
+                f"backbone 'bninception' cannot take images of side {side}: it needs a side of "
+                f"at least {MIN_SIDE}, and one of 32k-1 to 32k+6 (31-38, 63-70, ..., 223-230) "
+                f"for its strided poolings to line up (nearest: {nearest}); set "
+                f"data.image_size=224 as the paper (for image files), or choose another "
+                f"backbone, e.g. model.backbone=cnn")
+
+
 BLOCKS = (
     Block("3a", 192, 64, 64, 64, 64, 96, 32, "avg"),
     Block("3b", 256, 64, 64, 96, 64, 96, 64, "avg"),
@@ -90,7 +127,8 @@ class BNInception(nn.Module):
 
     Shape:
         - Input: :math:`(B, 3, H, W)`, BGR 0-255 minus the mean (:data:`NORMALIZATION`);
-          224 px in the papers.
+          224 px in the papers. Each side must be one of 32k-1 .. 32k+6 (k >= 1: 31-38,
+          63-70, ..., 223-230; :func:`side_fits`), else a one-line KdmlError.
         - Output: :math:`(B, 1024)` pooled features (``feature_size = 1024``).
 
     Example::
@@ -136,6 +174,7 @@ class BNInception(nn.Module):
 
     def features(self, images: Tensor) -> Tensor:
         """The last feature map, :math:`(B, 1024, H/32, W/32)`."""
+        check_image_size(int(images.shape[-2]), int(images.shape[-1]))
         conv1, conv2_reduce, conv2 = self._stem
         x = nn.functional.max_pool2d(conv1(images), 3, 2, ceil_mode=True)
         x = nn.functional.max_pool2d(conv2(conv2_reduce(x)), 3, 2, ceil_mode=True)
