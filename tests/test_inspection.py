@@ -564,3 +564,25 @@ def test_the_retrieval_plot_searches_a_gallery_where_the_split_has_one(tmp_path,
     monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
     assert drawn == {"hits": [1] * 6}
+
+
+def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, capsys):
+    """An .npz of `kdml embed` names its checkpoint; searched in another run, it had printed
+    meaningless neighbours with exit 0. Its own run takes it, as does an .npz of the user's
+    (which names no checkpoint)."""
+    other = tmp_path / "other"
+    assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", other, *TINY,
+                "--seed", "1") == 0
+    assert kdml("index", other, "--out", tmp_path / "index") == 0
+    assert kdml("embed", runs / "plain", "--out", tmp_path / "plain.npz") == 0
+    capsys.readouterr()
+    assert kdml("search", other, "--index", tmp_path / "index", "--query",
+                tmp_path / "plain.npz") == 2
+    assert (f"query {tmp_path / 'plain.npz'} holds embeddings of another checkpoint than this "
+            "run's (its checkpoint_sha256 differs)") in capsys.readouterr().err
+    assert kdml("embed", other, "--out", tmp_path / "other.npz") == 0
+    embeddings = np.load(tmp_path / "plain.npz")["embeddings"][:2]
+    np.savez(tmp_path / "mine.npz", embeddings=embeddings)
+    for query in ("other.npz", "mine.npz"):
+        assert kdml("search", other, "--index", tmp_path / "index", "--query",
+                    tmp_path / query, "-k", "2") == 0

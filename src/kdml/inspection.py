@@ -99,10 +99,13 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
 
 
 def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
-    """Embeddings (and, for Atlas runs, chart codes), labels, positions and sources."""
+    """Embeddings (and, for Atlas runs, chart codes), labels, positions, sources and the
+    checkpoint's sha256 (``checkpoint_sha256``: ``kdml search`` refuses these embeddings as
+    queries of another model's index)."""
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     arrays = _items(part.dataset, embedded)
     arrays["embeddings"] = embedded.tensor().float().cpu().numpy()
+    arrays["checkpoint_sha256"] = np.array(checkpoint_fingerprint(trained.checkpoint))
     if trained.method.has_charts:
         codes = chart_codes_of(trained.method, part.dataset, part.embedder)
         arrays["chart_coords"] = codes.values[0].float().cpu().numpy()
@@ -206,6 +209,13 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
             raise KdmlError(f"query {query} holds both 'embeddings' and 'inputs'; save only "
                             "the one to search with")
         if "embeddings" in arrays:
+            # an .npz of `kdml embed` names its model; a user's own names none
+            made_by = str(arrays.get("checkpoint_sha256", ""))
+            if made_by and made_by != checkpoint_fingerprint(trained.checkpoint):
+                raise KdmlError(f"query {query} holds embeddings of another checkpoint than "
+                                f"this run's (its checkpoint_sha256 differs); embed the queries "
+                                f"with this run (kdml embed {trained.run.root} --dataset ...), "
+                                f"or search with their run")
             key = "chart_coords" if method.has_charts else "embeddings"
             if key not in arrays:
                 raise KdmlError(f"query {query} needs '{key}' for this Atlas run")
