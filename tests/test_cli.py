@@ -240,3 +240,33 @@ def test_relative_data_root_and_weights_are_stored_absolute(tmp_path, monkeypatc
         config.data.dataset = name
         assert with_absolute_paths(config).data.dataset == name
     assert with_absolute_paths(RunConfig("jrd")).data.root == ""  # unset stays unset
+
+
+@pytest.mark.parametrize(("flag", "override"), [
+    (["--dataset", "digits"], "data.dataset=mnist5k"),
+    (["--dataset", "digits"], "dataset=mnist5k"),
+    (["--seed", "3"], "train.seed=4"),
+])
+def test_a_flag_and_an_override_of_its_key_are_refused_together(flag, override, capsys,
+                                                               tmp_path, monkeypatch):
+    """One of them would be ignored without a word (the flag won)."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("train", "amsoftmax", *flag, override, "--out", "never-made") == 2
+    err = capsys.readouterr().err.strip()
+    key = override.split("=")[0]
+    assert err == (f"kdml: error: {flag[0]} and the override {override} both set "
+                   f"{'data.dataset' if key == 'dataset' else key}; give one")
+    assert not os.path.exists("never-made")
+
+
+@pytest.mark.parametrize(("override", "hint"), [
+    ("train.lr=0.1", "did you mean 'optim.lr'?"),  # the setting, under the wrong section
+    ("eval.ks=", "expected a list of int, e.g. eval.ks=[1,2]"),
+    ("foo=1", "'kdml config amsoftmax' lists every key"),  # no look-alike guess ('root')
+])
+def test_a_mistyped_override_gets_a_helpful_hint(override, hint, capsys, tmp_path,
+                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("train", "amsoftmax", override, "--out", "never-made") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kdml: error: ") and err.endswith(hint) and "\n" not in err

@@ -313,6 +313,7 @@ def _train(args: argparse.Namespace) -> int:
     file_values = load_config_file(args.config) if args.config else {}
     recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
     overrides = list(args.overrides)
+    _check_flags_agree_with_overrides(args, overrides)
     # Quoted (a JSON string is a YAML string): unquoted, an override's value is read as YAML,
     # which makes `folder:` a mapping and a path named `yes` or `1e5` a bool or a number.
     if args.dataset is not None:
@@ -444,6 +445,25 @@ def _recipe_name(given: str | None, in_file: object, config_file: Path | None) -
         raise KdmlError("name a recipe, e.g. 'kdml train jrd --dataset mnist5k' (or a "
                         "--config file with a recipe: line)")
     return given or str(in_file)
+
+
+# a flag of `kdml train` and the config key it sets
+FLAG_KEYS = {"dataset": ("--dataset", "data.dataset"), "data_root": ("--data-root", "data.root"),
+             "weights": ("--weights", "model.weights"), "seed": ("--seed", "train.seed")}
+
+
+def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Refuse a flag and an override of its key together (``--dataset digits
+    data.dataset=cub``): one of them would be ignored without a word."""
+    from kdml.config import parse_override
+
+    for attribute, (flag, key) in FLAG_KEYS.items():
+        if getattr(args, attribute) is None:
+            continue
+        for item in overrides:
+            name = parse_override(item)[0]
+            if name in (key, key.split(".", 1)[1]):
+                raise KdmlError(f"{flag} and the override {item} both set {key}; give one")
 
 
 def _check_dataset_name(dataset: str) -> None:

@@ -218,8 +218,11 @@ def resolve_key(config: RunConfig, key: str) -> str:
         raise KdmlError(f"{key!r} is a section, not a setting; set one of its keys, e.g. "
                         f"{example}=VALUE ('kdml config {config.recipe}' lists them)")
     leaves = [k.split(".", 1)[1] for k in keys]
-    guesses = difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.5)
-    hint = (f"; did you mean {guesses[0]!r}?" if guesses
+    # a setting under the wrong section (train.lr) means that setting (optim.lr), before
+    # any spelling that merely looks alike (train.tolerance)
+    moved = [k for k in keys if "." in key and k.split(".", 1)[1] == key.split(".", 1)[1]]
+    guesses = moved or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6)
+    hint = (f"; did you mean {' or '.join(map(repr, guesses))}?" if guesses
             else f"; 'kdml config {config.recipe}' lists every key")
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
 
@@ -261,7 +264,13 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         items = value if isinstance(value, list | tuple) else [value]
-        return [coerce(item, item_type, key) for item in items]
+        try:
+            return [coerce(item, item_type, key) for item in items]
+        except KdmlError:  # name the list, not its item type: eval.ks= is not "expected int"
+            name = getattr(item_type, "__name__", str(item_type))
+            example = "[1,2]" if item_type is int else "[a,b]"
+            raise KdmlError(f"{key}={value!r} has the wrong type; expected a list of {name}, "
+                            f"e.g. {key}={example}") from None
     if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if annotation is float and isinstance(value, str):
