@@ -204,6 +204,11 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     skipped = tmp_path / "skipped"
     assert train("train", "amsoftmax", "--out", skipped, *args, "data.on_bad_image=skip") == 0
     assert str(broken) in (skipped / "train.log").read_text()
+    # the commands that do not train warn in the same form, once per skipped image
+    capsys.readouterr()
+    assert train("embed", skipped, "--out", tmp_path / "emb.npz") == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if str(broken) in line]
+    assert warned == [f"kdml: warning: skipping unreadable image {broken}"]
 
 
 def test_dataset_without_a_root_says_where_to_put_it(tmp_path, capsys, monkeypatch):

@@ -258,7 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extras:
         args.overrides = [*args.overrides, *extras]
     try:
-        return _COMMANDS[args.command](args)
+        if args.command in ("train", "reproduce"):  # training shows its warnings itself
+            return _COMMANDS[args.command](args)
+        from kdml.training.run_folder import warnings_on_stderr
+
+        with warnings_on_stderr():
+            return _COMMANDS[args.command](args)
     except QuietExit:  # rank 0 reported it
         return 2
     except KdmlError as error:

@@ -320,6 +320,26 @@ def default_run_dir(recipe: str, dataset: str, parent: Path = Path("runs")) -> P
     return path
 
 
+def warning_handler() -> logging.Handler:
+    """kdml's warnings on stderr, in the form of its errors: ``kdml: warning: ...``."""
+    to_screen = logging.StreamHandler(sys.stderr)
+    to_screen.setLevel(logging.WARNING)
+    to_screen.setFormatter(logging.Formatter("kdml: warning: %(message)s"))
+    return to_screen
+
+
+@contextmanager
+def warnings_on_stderr() -> Iterator[None]:
+    """Show kdml's warnings (a skipped image while embedding) as ``kdml: warning: ...`` for a
+    command that does not train (training's :func:`run_logging` shows them itself)."""
+    package, to_screen = logging.getLogger("kdml"), warning_handler()
+    package.addHandler(to_screen)
+    try:
+        yield
+    finally:
+        package.removeHandler(to_screen)
+
+
 @contextmanager
 def run_logging(path: Path) -> Iterator[logging.Logger]:
     """While a run trains, kdml's log records (``kdml.*``: the trainer's, and the data
@@ -328,9 +348,7 @@ def run_logging(path: Path) -> Iterator[logging.Logger]:
     package = logging.getLogger("kdml")
     to_file = logging.FileHandler(path)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    to_screen = logging.StreamHandler(sys.stderr)
-    to_screen.setLevel(logging.WARNING)
-    to_screen.setFormatter(logging.Formatter("kdml: warning: %(message)s"))
+    to_screen = warning_handler()
     level = package.level
     package.setLevel(logging.INFO)
     package.addHandler(to_file)
