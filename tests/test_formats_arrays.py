@@ -511,3 +511,16 @@ def test_folder_names_a_sub_folder_it_cannot_read(tmp_path, monkeypatch):
     monkeypatch.setattr(folder_format.os, "scandir", locked)
     one_line_error(lambda: load_folder(folder), "c01/private/ cannot be read (Permission denied)",
                    "make it readable")
+
+
+def test_a_csv_query_gallery_split_without_queries_names_the_query_part(tmp_path):
+    """Its test rows are all gallery rows: the message speaks of the query part, as the flags
+    do, not of a "test part" the file does not have."""
+    from kdml.data.splits import make_splits
+
+    csv_file = write_csv(tmp_path, "path,label,split,is_query,is_gallery\n"
+                                   "photos/c00/000.jpg,a,train,0,0\n"
+                                   "photos/c01/000.jpg,b,test,0,1\n")
+    parts = load_csv(csv_file)
+    with pytest.raises(KdmlError, match=r"the standard split leaves the query part empty$"):
+        make_splits(parts.dataset, parts.parts, "standard")

@@ -148,7 +148,9 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
         train_idx, test_idx = seen_holdout_split(dataset.labels, holdout_fraction, seed=0)
     else:
         train_idx, test_idx = class_disjoint_split(dataset.labels, train_classes)
-    for part, indices in (("training", train_idx), ("test", test_idx),
+    # a dataset's own query/gallery split names its parts so (In-Shop, a CSV's flags)
+    test_part = "query" if gallery_idx is not None else "test"
+    for part, indices in (("training", train_idx), (test_part, test_idx),
                           ("gallery", gallery_idx)):
         if indices is not None and len(indices) == 0:
             raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty")
