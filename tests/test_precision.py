@@ -174,3 +174,17 @@ def test_jrd_trains_under_autocast_and_keeps_float32_parameters(tmp_path, monkey
     run = json.loads((out / "metrics.json").read_text())
     assert 0.5 < run["final"]["recall@1"] <= 1.0
     assert torch.isfinite(torch.tensor(run["epochs"][0]["train/regularizer"]))
+
+
+def test_an_fp16_epoch_of_skipped_steps_does_not_warn_about_the_schedule(tmp_path):
+    """One full batch whose scaled gradients overflow: the scaler skips the optimizer's step,
+    and torch's "lr_scheduler.step() before optimizer.step()" warning had reached the user."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
+                         str(tmp_path / "run"), "--no-progress", "train.precision=fp16",
+                         "train.epochs=1", "data.batch_size=896", "eval.nmi=false",
+                         "train.device=cpu"]) == 0
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]

@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,7 +447,12 @@ class Session:
             row["lr"] = optimizer.param_groups[0]["lr"]
             terms = train_one_epoch(self, epoch, progress)
             row.update({f"train/{name}": value for name, value in terms.items()})
-            scheduler.step()
+            with warnings.catch_warnings():
+                # fp16's gradient scaler skips the optimizer's steps whose gradients overflow
+                # (its first few, while it finds its scale): an epoch of only those makes torch
+                # warn that the schedule stepped before the optimizer, which is intended here
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
+                scheduler.step()
         converged = _converged(history, row, config.train.tolerance) or method.needs_fit
         if epoch % config.train.eval_every == 0 or epoch == config.train.epochs or converged:
             try:
