@@ -536,7 +536,8 @@ def test_a_small_ivf_index_searches_exactly_without_faiss_warnings(tmp_path, cap
     assert np.array_equal(positions, exact)
 
 
-def test_the_retrieval_plot_searches_a_gallery_where_the_split_has_one(tmp_path, monkeypatch):
+def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(tmp_path,
+                                                                              monkeypatch):
     """In-Shop's queries are searched in its gallery, as its metrics are (they had been searched
     among the other queries). Each of the 3 test items has one gallery image here, so with
     k = 3 every row shows the whole gallery, once, and exactly one hit."""
@@ -564,6 +565,11 @@ def test_the_retrieval_plot_searches_a_gallery_where_the_split_has_one(tmp_path,
     monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
     assert drawn == {"hits": [1] * 6}
+    # kdml index builds what queries search: the gallery (3 images), unless told the part
+    for split, count in ((None, 3), ("test", 6)):
+        folder = tmp_path / f"index-{split}"
+        assert kdml("index", run, "--out", folder, *(["--split", split] if split else [])) == 0
+        assert json.loads((folder / "index.json").read_text())["count"] == count
 
 
 def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, capsys):

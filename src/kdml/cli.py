@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build a search index of a split's embeddings: exact by default, IVF or "
         "HNSW for large galleries; Atlas runs get one index per chart.")
     index.add_argument("run_dir", type=Path)
-    _add_split_options(index)
+    _add_split_options(index, "searched", "the part to index (default: the gallery where the "
+                       "data has one, as In-Shop, else test)")
     _add_best(index)
     index.add_argument("--out", type=_folder, required=True, help="a new index folder")
     index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact")
@@ -224,8 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_split_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--split", choices=("test", "train", "gallery"), default="test")
+def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
+                       help_text: str = "the part to embed (default test)") -> None:
+    parser.add_argument("--split", choices=("test", "train", "gallery"), default=default,
+                        help=help_text)
     parser.add_argument("--dataset", help="embed another dataset with the run's model")
     _add_data_root(parser)
 

@@ -71,8 +71,9 @@ class Part:
 
 def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = None,
              data_root: str | None = None) -> Part:
-    """The run's ``split`` (or that of another dataset, embedded by the run's model)."""
-    if split not in SPLITS:
+    """The run's ``split`` (or that of another dataset, embedded by the run's model);
+    ``"searched"`` is the part queries search: the gallery where there is one, else test."""
+    if split not in (*SPLITS, "searched"):
         raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     config: RunConfig = trained.config
     splits, embedder = trained.splits, trained.embedder
@@ -87,6 +88,8 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
         other = dataclasses.replace(config, data=data)
         embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
                                   embedder.device)
+    if split == "searched":
+        split = "gallery" if splits.gallery is not None else "test"
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
     if chosen is None:
         raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")
