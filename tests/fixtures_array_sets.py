@@ -149,8 +149,7 @@ def make_csv_list(root: Path, classes: int = 4, per_class: int = 4, size: int = 
     the rest test).
 
     With ``query_gallery`` the CSV also has is_query and is_gallery columns: of the test rows,
-    even-numbered ones are queries, odd-numbered ones gallery images, and every class's first
-    test image is both.
+    even-numbered ones are queries and odd-numbered ones gallery images.
     """
     root = Path(root)
     images = write_images(root / "photos", classes, per_class, size, np.random.default_rng(seed))
@@ -164,6 +163,6 @@ def make_csv_list(root: Path, classes: int = 4, per_class: int = 4, size: int = 
             row = [f"photos/{relative}", f"label_{label:02d}", split]
             if query_gallery:
                 number = int(Path(relative).stem)
-                row += [int(number % 2 == 0), int(number % 2 == 1 or number == 0)]
+                row += [int(number % 2 == 0), int(number % 2 == 1)]
             writer.writerow(row)
     return csv_file

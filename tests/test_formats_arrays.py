@@ -420,9 +420,9 @@ def test_csv_query_gallery(tmp_path):
     parts = open_dataset("csv:" + str(csv_file))
     assert set(parts.parts) == {"train", "query", "gallery"}
     assert parts.parts["train"].tolist() == list(range(6))
-    # Test rows 6..11 are c02/000-002 and c03/000-002: 000 both, 001 gallery, 002 query.
+    # Test rows 6..11 are c02/000-002 and c03/000-002: 000 and 002 query, 001 gallery.
     assert parts.parts["query"].tolist() == [6, 8, 9, 11]
-    assert parts.parts["gallery"].tolist() == [6, 7, 9, 10]
+    assert parts.parts["gallery"].tolist() == [7, 10]
 
 
 def write_csv(tmp_path: Path, text: str | bytes) -> Path:
@@ -470,7 +470,11 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
     ("path,label,split\nphotos/c00/000.jpg,a,train\n\nphotos/c00/000.jpg,b,train\n",
      ["lines 2 and 4", "with labels 'a' and 'b'", "under its one label"]),
     ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,test,1,0\n"
-     "photos/c00/000.jpg,a,test,0,1\n", ["lines 2 and 3", "is_query=1 and is_gallery=1"]),
+     "photos/c00/000.jpg,a,test,0,1\n", ["lines 2 and 3", "the image photos/c00/000.jpg twice"]),
+    # A query that is also a gallery image would find itself: a perfect Recall@1.
+    ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,train,1,1\n"
+     "photos/c00/001.png,a,test,1,1\n", ["line 3", "is_query=1 and is_gallery=1",
+                                         "find itself", "drop both columns"]),
 ])
 def test_csv_errors(tmp_path, text, fragments):
     csv_file = write_csv(tmp_path, text)

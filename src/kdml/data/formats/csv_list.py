@@ -113,10 +113,8 @@ def load_csv(csv_file: Path) -> DatasetParts:
                       != os.path.normpath(csv_file.parent / path))
             what = (f"{first_path} and {path}, one image through a link," if linked
                     else f"the image {path}")
-            both = ("; a test image both queried and searched takes is_query=1 and "
-                    "is_gallery=1 on one row" if "is_query" in column else "")
             raise layout.error(f"lines {first} and {line} list {what} {how}; list each image "
-                               f"once, under its one label{both}")
+                               f"once, under its one label")
         first_listed[image] = (line, name, path)
         paths.append(str(csv_file.parent / path))
         names.append(name)
@@ -124,6 +122,13 @@ def load_csv(csv_file: Path) -> DatasetParts:
         if "is_query" in column:
             is_query.append(flag(layout, row[column["is_query"]], "is_query", line))
             is_gallery.append(flag(layout, row[column["is_gallery"]], "is_gallery", line))
+            # The metrics search a gallery without leaving a query's own image out (as
+            # In-Shop's disjoint parts need): a query in the gallery would find itself.
+            if is_query[-1] and is_gallery[-1] and not is_train[-1]:
+                raise layout.error(f"line {line}: {path} has is_query=1 and is_gallery=1, so it "
+                                   "would find itself (a perfect Recall@1); make each test image "
+                                   "a query or a gallery image, or drop both columns to search "
+                                   "every test image among the others")
     missing = missing_files(paths)
     if missing:
         line = rows[paths.index(missing[0])][0]
