@@ -72,3 +72,29 @@ def test_every_count_of_the_api_takes_numpy_integers_and_refuses_bools(name):
     for wrong in (True, 2.0, 0):
         with pytest.raises(KdmlError, match=re.escape(repr(wrong))):
             build(wrong)
+
+
+def test_numpy_integers_set_from_python_are_saved_as_python_numbers(tmp_path):
+    """Taken by the checks, a NumPy integer reached config.yaml, where YAML could not write
+    it (a RepresenterError traceback, and a run folder left with only its lock)."""
+    import dataclasses
+
+    import yaml
+
+    from kdml.config import resolve_config, save_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.recipes.atlas import MTripletParams
+
+    params = MTripletParams(n_charts=np.int64(4), dim=np.int32(2))
+    params.validate()
+    assert type(params.n_charts) is int and type(params.dim) is int
+    recipe = get_recipe("mtriplet")
+    config = resolve_config(recipe.name, recipe.params, recipe.defaults, {}, [])
+    config = dataclasses.replace(config, method=dataclasses.replace(
+        config.method, n_charts=np.int64(3)))
+    config.eval.ks = [np.int64(1), np.int64(2)]
+    config.optim.lr = np.float64(0.5)
+    save_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["method"]["n_charts"] == 3 and saved["eval"]["ks"] == [1, 2]
+    assert saved["optim"]["lr"] == 0.5

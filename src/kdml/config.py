@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from kdml.errors import KdmlError, why_missing
@@ -123,7 +124,16 @@ class RunConfig:
     method: Any = None  # the recipe's hyperparameter dataclass
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings as plain Python values: a NumPy scalar set from Python (a loop over
+        ``np.arange``) becomes its Python number, which YAML can write."""
+        return dataclasses.asdict(self, dict_factory=lambda items: {
+            key: _plain(value) for key, value in items})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(item) for item in value)
+    return value.item() if isinstance(value, np.generic) else value
 
 
 SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")

@@ -62,7 +62,7 @@ class AtlasHead(nn.Module):
     def __init__(self, in_features: int, dim: int, n_charts: int) -> None:
         super().__init__()
         _check_sizes(in_features=in_features, dim=dim, n_charts=n_charts)
-        self.dim, self.n_charts = dim, n_charts
+        self.dim, self.n_charts = int(dim), int(n_charts)
         self.coordinates = nn.Linear(in_features, n_charts * dim)
         self.membership = nn.Linear(in_features, n_charts)
 
@@ -120,7 +120,7 @@ class ProjectionHeads(nn.Module):
             raise KdmlError(
                 f"head_input must be one of {', '.join(PROJECTION_INPUTS)}, got {head_input!r}"
             )
-        self.dim, self.n_charts, self.head_input = dim, n_charts, head_input
+        self.dim, self.n_charts, self.head_input = int(dim), int(n_charts), head_input
         self.hidden_weight = nn.Parameter(torch.empty(n_charts, dim, hidden))
         self.output_weight = nn.Parameter(torch.empty(n_charts, hidden, out_features))
         self.reset_parameters()

@@ -128,9 +128,11 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
 # ----------------------------------------------------------------------------- parameters
 
 
-def _check_positive_int(name: str, value: int) -> None:
+def _check_positive_int(params: object, name: str) -> None:
+    value = getattr(params, name)
     if not is_positive_int(value):
         raise KdmlError(f"method.{name} must be a positive integer, got {value!r}")
+    setattr(params, name, int(value))  # a NumPy integer taken as its Python int
 
 
 def _check_non_negative(name: str, value: float) -> None:
@@ -145,7 +147,7 @@ class TripletParams:
     triplet_reduction: str = "all"  # all (authors' code) | nonzero (PML / Hermans et al.)
 
     def validate(self) -> None:
-        _check_positive_int("dim", self.dim)
+        _check_positive_int(self, "dim")
         _check_non_negative("margin", self.margin)
         if self.triplet_reduction not in TRIPLET_REDUCTIONS:
             raise KdmlError(f"method.triplet_reduction must be one of "
@@ -170,7 +172,7 @@ class MTripletParams(TripletParams):
 
     def validate(self) -> None:
         super().validate()
-        _check_positive_int("n_charts", self.n_charts)
+        _check_positive_int(self, "n_charts")
         _check_non_negative("lambda1", self.lambda1)
         _check_non_negative("lambda2", self.lambda2)
         if self.distance not in DISTANCE_VARIANTS:
@@ -189,8 +191,8 @@ class SimCLRParams:
     horizontal_flip: bool = False  # off for digits
 
     def validate(self) -> None:
-        _check_positive_int("dim", self.dim)
-        _check_positive_int("proj_dim", self.proj_dim)
+        _check_positive_int(self, "dim")
+        _check_positive_int(self, "proj_dim")
         if isinstance(self.crop_size, bool) or not self.crop_size >= 0:
             raise KdmlError(f"method.crop_size must be >= 0 (0 = the input size), got "
                             f"{self.crop_size!r}")
@@ -215,7 +217,7 @@ class MSimCLRParams(SimCLRParams):
 
     def validate(self) -> None:
         super().validate()
-        _check_positive_int("n_charts", self.n_charts)
+        _check_positive_int(self, "n_charts")
         _check_non_negative("coordinate_clamp", self.coordinate_clamp)
         if isinstance(self.feature_dim, bool) or not self.feature_dim >= 0:
             raise KdmlError(f"method.feature_dim must be >= 0, got {self.feature_dim!r}")
