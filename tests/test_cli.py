@@ -270,3 +270,13 @@ def test_a_mistyped_override_gets_a_helpful_hint(override, hint, capsys, tmp_pat
     assert run_cli("train", "amsoftmax", override, "--out", "never-made") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("kdml: error: ") and err.endswith(hint) and "\n" not in err
+
+
+def test_a_flag_over_which_the_grid_runs_is_refused(tmp_path, monkeypatch, capsys):
+    """A grid cell's value had silently won over --seed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text("recipe: amsoftmax\ngrid: {train.seed: [0, 1]}\n")
+    assert run_cli("train", "--config", "grid.yaml", "--seed", "5", "--out", "never-made") == 2
+    assert capsys.readouterr().err.strip() == (
+        "kdml: error: --seed sets train.seed, over which the config's grid runs; give one")
+    assert not os.path.exists("never-made")

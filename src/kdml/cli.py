@@ -321,7 +321,9 @@ def _train(args: argparse.Namespace) -> int:
     file_values = load_config_file(args.config) if args.config else {}
     recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
     overrides = list(args.overrides)
-    _check_flags_agree_with_overrides(args, overrides)
+    grid = file_values.get("grid")
+    _check_flags_agree_with_overrides(
+        args, overrides, [str(key) for key in grid] if isinstance(grid, dict) else [])
     # Quoted (a JSON string is a YAML string): unquoted, an override's value is read as YAML,
     # which makes `folder:` a mapping and a path named `yes` or `1e5` a bool or a number.
     if args.dataset is not None:
@@ -460,18 +462,23 @@ FLAG_KEYS = {"dataset": ("--dataset", "data.dataset"), "data_root": ("--data-roo
              "weights": ("--weights", "model.weights"), "seed": ("--seed", "train.seed")}
 
 
-def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[str]) -> None:
-    """Refuse a flag and an override of its key together (``--dataset digits
-    data.dataset=cub``): one of them would be ignored without a word."""
+def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[str],
+                                      grid_keys: list[str]) -> None:
+    """Refuse a flag and an override of its key, or a grid over it, together (``--dataset
+    digits data.dataset=cub``): one of them would be ignored without a word."""
     from kdml.config import parse_override
 
     for attribute, (flag, key) in FLAG_KEYS.items():
         if getattr(args, attribute) is None:
             continue
+        names = (key, key.split(".", 1)[1])
         for item in overrides:
-            name = parse_override(item)[0]
-            if name in (key, key.split(".", 1)[1]):
+            if parse_override(item)[0] in names:
                 raise KdmlError(f"{flag} and the override {item} both set {key}; give one")
+        for grid_key in grid_keys:
+            if grid_key in names:
+                raise KdmlError(f"{flag} sets {key}, over which the config's grid runs; give "
+                                f"one")
 
 
 def _check_dataset_name(dataset: str) -> None:
