@@ -105,9 +105,19 @@ def test_a_result_file_kdml_did_not_write_is_never_replaced(tmp_path, capsys, fi
                                                             name, theirs):
     """A user's file under a result's name (a JSON object with none of kdml's fields, or
     anything else) is refused before any work and left as it was; kdml's own is replaced."""
+    from kdml import inspection
+    from kdml.evaluation import evaluator
+
     command = {"eval.json": ["eval"], "generalization.json": ["analyze", "generalization"]}[name]
     (finished_run / name).write_text(theirs)
-    err = refused(tmp_path, capsys, *command, finished_run)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the embedding started before the refusal")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluator, "evaluate_method", no_work)
+        patch.setattr(inspection, "embed_dataset", no_work)
+        err = refused(tmp_path, capsys, *command, finished_run)
     assert err == (f"kdml: error: {finished_run / name} is in the way and kdml did not write "
                    "it; move it away (kdml never replaces a file it did not write)")
     assert (finished_run / name).read_text() == theirs
