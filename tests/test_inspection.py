@@ -592,3 +592,17 @@ def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, caps
     for query in ("other.npz", "mine.npz"):
         assert kdml("search", other, "--index", tmp_path / "index", "--query",
                     tmp_path / query, "-k", "2") == 0
+
+
+@pytest.mark.parametrize(("gallery", "charts", "expected"), [
+    (True, False, True), (True, True, False), (False, False, False)])
+def test_the_plot_and_index_follow_the_metrics_on_galleries(gallery, charts, expected):
+    """The evaluator searches a gallery except for Atlas runs (chart retrieval within the test
+    part); the retrieval plot and kdml index's default part follow it."""
+    from types import SimpleNamespace
+
+    from kdml.inspection import searches_gallery
+
+    trained = SimpleNamespace(splits=SimpleNamespace(gallery=object() if gallery else None),
+                              method=SimpleNamespace(has_charts=charts))
+    assert searches_gallery(trained) is expected

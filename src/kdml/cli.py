@@ -163,9 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_root(search)
 
     retrieval = plots.add_parser(
-        "retrieval", help="queries and their nearest test images, hits and misses marked",
-        description="Draw random test queries and their top-K test images into "
-        "plots/retrieval.png, each result framed green (same class) or red.")
+        "retrieval", help="queries and their nearest images, hits and misses marked",
+        description="Draw random test queries and their top-K images (the gallery's where the "
+        "metrics search one, else the other test images) into plots/retrieval.png, each result "
+        "framed green (same class) or red.")
     retrieval.add_argument("run_dir", type=Path)
     _add_best(retrieval)
     _add_data_root(retrieval)

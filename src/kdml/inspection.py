@@ -69,10 +69,17 @@ class Part:
     embedder: Embedder
 
 
+def searches_gallery(trained: TrainedRun) -> bool:
+    """Whether the run's metrics search its gallery: where its split has one, except for Atlas
+    runs, whose chart metrics search the test part among itself (kdml.evaluation.evaluator)."""
+    return trained.splits.gallery is not None and not trained.method.has_charts
+
+
 def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = None,
              data_root: str | None = None) -> Part:
     """The run's ``split`` (or that of another dataset, embedded by the run's model);
-    ``"searched"`` is the part queries search: the gallery where there is one, else test."""
+    ``"searched"`` is the part the metrics search: the gallery where they do
+    (:func:`searches_gallery`), else test."""
     if split not in (*SPLITS, "searched"):
         raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     config: RunConfig = trained.config
@@ -89,7 +96,9 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
         embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
                                   embedder.device)
     if split == "searched":
-        split = "gallery" if splits.gallery is not None else "test"
+        # the data's own gallery (that of --dataset, where given), as searches_gallery says
+        has_gallery = splits.gallery is not None and not trained.method.has_charts
+        split = "gallery" if has_gallery else "test"
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
     if chosen is None:
         raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")
@@ -330,8 +339,8 @@ def results_as_json(results: list[dict[str, Any]]) -> str:
 def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> Path:
     """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
     queries (with at least one same-class sample to find) and their ``k`` nearest images, hits
-    and misses marked. Where the split has a gallery (In-Shop, a CSV's flags), the queries are
-    searched in it, as the metrics do; otherwise among the other test images."""
+    and misses marked. Where the metrics search a gallery (:func:`searches_gallery`), the
+    queries are searched in it; otherwise among the other test images."""
     check_replaceable(trained.plot_path("retrieval"))  # before minutes of embedding
     part = run_part(trained)
     if not part.dataset.is_image:
@@ -339,7 +348,7 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     labels = embedded.labels.numpy()
     metric = as_metric(trained.config.eval.metric)
-    if trained.splits.gallery is None:
+    if not searches_gallery(trained):
         found, reference, reference_labels = part, embedded, labels
         _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
         eligible = np.flatnonzero(counts[codes] > 1)
