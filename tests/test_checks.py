@@ -98,3 +98,21 @@ def test_numpy_integers_set_from_python_are_saved_as_python_numbers(tmp_path):
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert saved["method"]["n_charts"] == 3 and saved["eval"]["ks"] == [1, 2]
     assert saved["optim"]["lr"] == 0.5
+
+
+def test_array_arguments_of_counts_are_taken_too():
+    """Re-identification's ranks as np.arange, Recall@K's ks as an array, transfer's k as a
+    NumPy integer (each had its own check; ranks refused an array)."""
+    from kdml.evaluation import retrieval_metrics
+    from kdml.evaluation.reid import single_shot_cmc
+    from kdml.evaluation.transfer import source_nn_accuracy
+
+    x = np.random.default_rng(0).normal(size=(8, 3))
+    ids = np.arange(8) % 4
+    assert set(single_shot_cmc(x, ids, ranks=np.arange(1, 3))) == {"cmc@1", "cmc@2",
+                                                                  "gallery_size"}
+    assert "recall@2" in retrieval_metrics(x, ids, ks=np.array([1, 2]), nmi=False)
+    assert 0 <= source_nn_accuracy(x, ids, x, ids, k=np.int64(3)) <= 1
+    for wrong in (np.array([[1, 2]]), "12", np.array([1.0])):
+        with pytest.raises(KdmlError, match="ranks must be a sequence of positive integers"):
+            single_shot_cmc(x, ids, ranks=wrong)

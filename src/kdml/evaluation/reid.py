@@ -160,7 +160,7 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
                         f"{len(np.unique(camera_array))}; pass cameras=None for other sets")
     if not is_positive_int(num_splits):
         raise KdmlError(f"num_splits must be a positive integer, got {num_splits!r}")
-    if (not isinstance(ranks, Sequence) or not ranks
+    if (not isinstance(ranks, Sequence | np.ndarray) or np.ndim(ranks) != 1 or not len(ranks)
             or not all(is_positive_int(r) for r in ranks)):
         raise KdmlError(f"ranks must be a sequence of positive integers, e.g. (1, 5), got "
                         f"{ranks!r}")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
@@ -93,7 +94,7 @@ def check_ks(ks: Sequence[int], available: int) -> tuple[int, ...]:
     if not ks:
         raise KdmlError("ks must name at least one K")
     for k in ks:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
+        if not is_positive_int(k):
             raise KdmlError(f"every K in ks must be a positive integer, got {k!r}")
         if k > available:
             raise KdmlError(f"K={k} in ks is larger than the {available} available references")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import Metric, check_metric, knn_search, prepare_pair, prepare_vectors
 from kdml.evaluation.retrieval import RankedSearch, as_label_vector, retrieval_metrics
@@ -70,7 +71,7 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
     if (source_y < 0).any():
         raise KdmlError("source_labels must all be >= 0 (the source domain is labelled)")
     scored = _labelled(target_y, "target_labels")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= len(source_y):
+    if not (is_positive_int(k) and k <= len(source_y)):
         raise KdmlError(f"k must be an integer from 1 to {len(source_y)}, got {k!r}")
     if k == 1:
         return _nearest_neighbour_accuracy(target_vectors[scored], target_y[scored],
