@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +42,7 @@ from kdml.evaluation.index import (
 )
 from kdml.evaluation.knn import as_metric, knn_search
 from kdml.figure_file import check_replaceable
+from kdml.file_write import write_through_new_file
 from kdml.training.run_folder import (
     check_json_replaceable,
     check_writable_folder,
@@ -159,17 +159,15 @@ def check_npz_out(path: Path) -> None:
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Write ``arrays`` to a new ``.npz`` file (an existing file is never replaced)."""
+    """Write ``arrays`` to a new ``.npz`` file (an existing file is never replaced), whole or
+    not at all."""
     check_npz_out(path)
-    partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves no broken .npz
-    try:
-        with partial.open("wb") as handle:
+
+    def save(partial: Path) -> None:
+        with partial.open("wb") as handle:  # a handle: np.savez would add .npz to a name
             np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stubs
-    except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)
-    return path
+
+    return write_through_new_file(path, save)
 
 
 def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> IndexInfo:
