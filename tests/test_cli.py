@@ -225,6 +225,24 @@ def test_a_run_stores_its_paths_absolute_so_any_folder_reads_the_same_data(
     assert "test set: 6 samples" in capsys.readouterr().out  # here's 2 test classes x 3
 
 
+def test_the_library_train_stores_the_paths_absolute_too(tmp_path, monkeypatch):
+    import yaml
+    from fixtures_array_sets import make_image_folder
+
+    from kdml.config import resolve_config
+    from kdml.training.recipes import get_recipe
+
+    make_image_folder(tmp_path, classes=4, per_class=3, size=24)
+    monkeypatch.chdir(tmp_path)
+    recipe = get_recipe("amsoftmax")
+    config = resolve_config(recipe.name, recipe.params, recipe.defaults, {}, [
+        "data.dataset=folder:images", "train.epochs=1", "eval.nmi=false", "train.device=cpu",
+        "data.batch_size=4", "data.resize=28", "data.image_size=24", "eval.ks=[1]"])
+    trainer.train(config, tmp_path / "run", progress=False)
+    stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["data"]["dataset"]
+    assert stored == f"folder:{tmp_path / 'images'}"
+
+
 def test_relative_data_root_and_weights_are_stored_absolute(tmp_path, monkeypatch):
     from kdml.config import RunConfig, with_absolute_paths
 

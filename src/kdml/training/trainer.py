@@ -29,7 +29,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from kdml import distributed
-from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config, save_config
+from kdml.config import (
+    SECTIONS,
+    RunConfig,
+    load_config_file,
+    resolve_config,
+    save_config,
+    with_absolute_paths,
+)
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data, prepare_data_and_test_part
@@ -596,7 +603,8 @@ def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
         afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
         if afresh:
             echo(afresh)
-        save_config(config, run.config)
+        # absolute: kdml eval and the other commands read it again from any folder
+        save_config(with_absolute_paths(config), run.config)
 
 
 def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
