@@ -340,3 +340,57 @@ def test_chart_retrieval_refuses_a_chunk_size_that_is_not_a_positive_integer():
     with pytest.raises(KdmlError, match=r"^chunk_size must be a positive integer, got 2.5$"):
         chart_retrieval_metrics(np.zeros((4, 2)), np.zeros(4, int), np.arange(4) % 2, ks=(1,),
                                 chunk_size=2.5)
+
+
+def brute_force_gallery_metrics(query_coords, query_charts, query_labels, gallery_coords,
+                                gallery_charts, gallery_labels, ks):
+    """Each query against every gallery point: Euclidean within its chart, infinity outside;
+    R counts the same-class gallery points of every chart (float64 loops)."""
+    recalls = {k: [] for k in ks}
+    average_precisions, r_precisions = [], []
+    for a in range(len(query_coords)):
+        row = [math.dist(query_coords[a], gallery_coords[b])
+               if gallery_charts[b] == query_charts[a] else math.inf
+               for b in range(len(gallery_coords))]
+        neighbours = sorted(range(len(row)), key=lambda b: row[b])
+        relevant = [gallery_labels[b] == query_labels[a] and math.isfinite(row[b])
+                    for b in neighbours]
+        num_relevant = sum(label == query_labels[a] for label in gallery_labels)
+        if num_relevant == 0:
+            continue
+        for k in ks:
+            recalls[k].append(float(any(relevant[:k])))
+        hits, precision_sum = 0, 0.0
+        for i in range(num_relevant):
+            if relevant[i]:
+                hits += 1
+                precision_sum += hits / (i + 1)
+        average_precisions.append(precision_sum / num_relevant)
+        r_precisions.append(hits / num_relevant)
+    results = {f"recall@{k}": sum(v) / len(v) for k, v in recalls.items()}
+    results["map@r"] = sum(average_precisions) / len(average_precisions)
+    results["r_precision"] = sum(r_precisions) / len(r_precisions)
+    return results
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("chunk_size", [4096, 3])
+def test_chart_retrieval_in_a_gallery_matches_brute_force(seed, chunk_size):
+    """Queries searched in a separate gallery (In-Shop): charts the gallery lacks, queries of
+    classes the gallery lacks (lone), and fewer chart mates than K."""
+    coords, charts, labels, _ = clustered_codes(90, 7, 3, 9, seed)
+    charts[0] = 30  # a query chart with no gallery point
+    query, gallery = slice(0, 40), slice(40, 90)
+    ks = (1, 2, 4, 8, 16)
+    expected = brute_force_gallery_metrics(
+        coords[query].astype(np.float64), charts[query], labels[query].tolist(),
+        coords[gallery].astype(np.float64), charts[gallery], labels[gallery].tolist(), ks)
+    got = chart_retrieval_metrics(coords[query], charts[query], labels[query], ks=ks, nmi=False,
+                                  chunk_size=chunk_size, reference_coords=coords[gallery],
+                                  reference_chart_index=charts[gallery],
+                                  reference_labels=labels[gallery])
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-12), key
+    with pytest.raises(KdmlError, match="given together"):
+        chart_retrieval_metrics(coords, charts, labels, reference_coords=coords)

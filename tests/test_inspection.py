@@ -594,15 +594,24 @@ def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, caps
                     tmp_path / query, "-k", "2") == 0
 
 
-@pytest.mark.parametrize(("gallery", "charts", "expected"), [
-    (True, False, True), (True, True, False), (False, False, False)])
-def test_the_plot_and_index_follow_the_metrics_on_galleries(gallery, charts, expected):
-    """The evaluator searches a gallery except for Atlas runs (chart retrieval within the test
-    part); the retrieval plot and kdml index's default part follow it."""
-    from types import SimpleNamespace
+def test_an_atlas_run_searches_in_shops_gallery_too(tmp_path, monkeypatch):
+    """Chart retrieval of In-Shop's queries is in its gallery, as for the other methods (it had
+    searched the queries among themselves)."""
+    from fixtures_photo_sets import make_inshop
 
-    from kdml.inspection import searches_gallery
+    from kdml.evaluation import evaluator
 
-    trained = SimpleNamespace(splits=SimpleNamespace(gallery=object() if gallery else None),
-                              method=SimpleNamespace(has_charts=charts))
-    assert searches_gallery(trained) is expected
+    seen = {}
+    chart_metrics = evaluator.chart_retrieval_metrics
+
+    def recorded(coords, index, labels, **kwargs):
+        seen["queries"], seen["gallery"] = len(labels), len(kwargs["reference_labels"])
+        return chart_metrics(coords, index, labels, **kwargs)
+
+    monkeypatch.setattr(evaluator, "chart_retrieval_metrics", recorded)
+    root = make_inshop(tmp_path / "inshop", items=6, per_item=3)
+    assert kdml("train", "mtriplet", "--dataset", "inshop", "--data-root", root, "--out",
+                tmp_path / "run", *TINY, "data.batch_size=6", "data.samples_per_class=3",
+                "data.resize=36", "data.image_size=32", "eval.ks=[1]",
+                "method.n_charts=2") == 0
+    assert seen == {"queries": 6, "gallery": 3}

@@ -70,9 +70,9 @@ class Part:
 
 
 def searches_gallery(trained: TrainedRun) -> bool:
-    """Whether the run's metrics search its gallery: where its split has one, except for Atlas
-    runs, whose chart metrics search the test part among itself (kdml.evaluation.evaluator)."""
-    return trained.splits.gallery is not None and not trained.method.has_charts
+    """Whether the run's metrics search a gallery: where its split has one (In-Shop, a CSV's
+    flags); otherwise each test sample among the others."""
+    return trained.splits.gallery is not None
 
 
 def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = None,
@@ -96,9 +96,7 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
         embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
                                   embedder.device)
     if split == "searched":
-        # the data's own gallery (that of --dataset, where given), as searches_gallery says
-        has_gallery = splits.gallery is not None and not trained.method.has_charts
-        split = "gallery" if has_gallery else "test"
+        split = "gallery" if splits.gallery is not None else "test"  # that of --dataset too
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
     if chosen is None:
         raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")

@@ -66,6 +66,9 @@ def chart_retrieval_metrics(
     ks: Sequence[int] = (1, 2, 4, 8),
     nmi: bool = True,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    reference_coords: Any | None = None,
+    reference_chart_index: Any | None = None,
+    reference_labels: Any | None = None,
 ) -> dict[str, float]:
     r"""Recall@K, MAP@R, R-Precision and NMI under the manifold distance with argmax charts.
 
@@ -73,6 +76,8 @@ def chart_retrieval_metrics(
     :func:`~kdml.evaluation.retrieval.retrieval_metrics`, but a point's neighbours are only
     the other points of its own chart, ranked by Euclidean distance of their pre-sigmoid
     coordinates (:math:`d_0` of MTriplet); every point of another chart is at :math:`+\infty`.
+    With ``reference_*`` (a gallery, as In-Shop's) the points are queries searched in that
+    separate set instead, under the same rules.
     The metrics are those of ``retrieval_metrics`` (Musgrave et al. 2020) with:
 
     - **Neighbours at infinity are misses.** A query whose chart holds :math:`m - 1 < K`
@@ -103,9 +108,11 @@ def chart_retrieval_metrics(
             (``compressed_code`` / ``method.chart_codes``), array or tensor.
         chart_index: :math:`(N,)` integer chart of each point.
         labels: :math:`(N,)` integer class labels.
-        ks: the K of Recall@K, each at most :math:`N - 1`.
-        nmi: also compute :func:`chart_clustering_nmi`.
+        ks: the K of Recall@K, each at most :math:`N - 1` (the reference's size with one).
+        nmi: also compute :func:`chart_clustering_nmi` (of the queries).
         chunk_size: queries per k-NN search.
+        reference_coords, reference_chart_index, reference_labels: a separate reference
+            set :math:`(G, d)`, :math:`(G,)`, :math:`(G,)`, given together, or none.
 
     Returns:
         ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` (floats in
@@ -123,13 +130,31 @@ def chart_retrieval_metrics(
         0.4
     """
     check_positive_int("chunk_size", chunk_size)
+    given = [part is not None for part in (reference_coords, reference_chart_index,
+                                           reference_labels)]
+    if any(given) and not all(given):
+        raise KdmlError("reference_coords, reference_chart_index and reference_labels must be "
+                        "given together")
+    same_set = not any(given)
     vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
     num_points = len(vectors)
     charts = as_label_vector(chart_index, "chart_index", num_points)
     label_vector = as_label_vector(labels, "labels", num_points)
-    ks = check_ks(ks, num_points - 1)
-    label_index = index_labels(label_vector, None)
+    if same_set:
+        reference_vectors, reference_charts, reference_label_vector = vectors, charts, None
+    else:
+        reference_vectors = prepare_vectors(reference_coords, "euclidean", "reference_coords")
+        if reference_vectors.shape[1] != vectors.shape[1]:
+            raise KdmlError(f"chart_coords and reference_coords must have one dimension, got "
+                            f"{vectors.shape[1]} and {reference_vectors.shape[1]}")
+        reference_charts = as_label_vector(reference_chart_index, "reference_chart_index",
+                                           len(reference_vectors))
+        reference_label_vector = as_label_vector(reference_labels, "reference_labels",
+                                                 len(reference_vectors))
+    ks = check_ks(ks, len(reference_vectors) - int(same_set))
+    label_index = index_labels(label_vector, reference_label_vector)
     codes, num_relevant = label_index.query_codes, label_index.num_relevant
+    reference_codes = label_index.reference_codes
     if not (num_relevant > 0).any():
         raise KdmlError(
             "no query has another sample of its class in the set, so recall@K, map@r and "
@@ -138,19 +163,21 @@ def chart_retrieval_metrics(
 
     order, blocks = _chart_blocks(charts)
     scores = _RetrievalScores(num_points, ks)  # rows in chart-sorted order
-    for _, start, stop in blocks:
+    for chart, start, stop in blocks:
         members = order[start:stop]
-        # Each query scores max(K_max, R) ranks; only the m - 1 chart mates are finite.
+        # Each query scores max(K_max, R) ranks; only the chart's references are finite.
         ranks_scored = np.maximum(max(ks), num_relevant[members])
-        if stop - start == 1:  # alone in its chart: every neighbour is at infinity
-            no_hits = np.zeros((1, int(ranks_scored[0])), dtype=bool)
+        references = members if same_set else np.flatnonzero(reference_charts == chart)
+        finite = len(references) - int(same_set)
+        if finite == 0:  # nothing else in its chart: every neighbour is at infinity
+            no_hits = np.zeros((len(members), int(ranks_scored.max())), dtype=bool)
             scores.add(slice(start, stop), no_hits, num_relevant[members])
             continue
-        search = RankedSearch(vectors[members], vectors[members], "euclidean", True,
-                              chunk_size)
-        for rows, ranked in search.ranked(np.minimum(ranks_scored, stop - start - 1)):
+        search = RankedSearch(vectors[members], reference_vectors[references], "euclidean",
+                              same_set, chunk_size)
+        for rows, ranked in search.ranked(np.minimum(ranks_scored, finite)):
             queries = members[rows]
-            is_hit = codes[members[ranked.indices]] == codes[queries, None]
+            is_hit = reference_codes[references[ranked.indices]] == codes[queries, None]
             # Ranks beyond the chart are at infinity: misses, in no finite tie group.
             missing = int(ranks_scored[rows].max()) - is_hit.shape[1]
             if missing > 0:

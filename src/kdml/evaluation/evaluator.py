@@ -140,7 +140,7 @@ def _embed_for_evaluation(method: Method, splits: DataSplits,
         parts["source"] = splits.train
     elif splits.kind == SEEN:
         parts["train"] = splits.train
-    if splits.gallery is not None and not method.has_charts:
+    if splits.gallery is not None:
         parts["gallery"] = splits.gallery
     function = method.chart_codes if method.has_charts else method.embed
     return {role: _run(method, function, dataset, embedder, shard=True)
@@ -169,9 +169,14 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
         return target_metrics(source.values, dataset_labels(splits, source.labels),
                               test.values, test.labels, ks=ks, metric=as_metric(config.metric),
                               nmi=config.nmi)
+    gallery = embedded.get("gallery")
     if charts:
         coords, index = test.values
-        metrics = chart_retrieval_metrics(coords, index, test.labels, ks=ks, nmi=config.nmi)
+        reference_coords, reference_index = (None, None) if gallery is None else gallery.values
+        metrics = chart_retrieval_metrics(
+            coords, index, test.labels, ks=ks, nmi=config.nmi, reference_coords=reference_coords,
+            reference_chart_index=reference_index,
+            reference_labels=None if gallery is None else gallery.labels)
         if splits.kind == SEEN:
             train_coords, train_index = embedded["train"].values
             metrics["linear_accuracy"] = piecewise_linear_accuracy(
@@ -180,7 +185,6 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
         return metrics
     test_values = test.tensor()
     warn_if_collapsed(test_values, config.metric)
-    gallery = embedded.get("gallery")
     metrics = retrieval_metrics(test_values, test.labels, ks=ks, metric=as_metric(config.metric),
                                 reference=None if gallery is None else gallery.values,
                                 reference_labels=None if gallery is None else gallery.labels,
