@@ -53,12 +53,20 @@ def full_manifold_distances(chart_coords, chart_index, n_charts, rng):
 
 def brute_force_metrics(distances, labels, ks):
     """Musgrave et al.'s metrics from sorted rows; rel(i) = 0 at infinite distance."""
-    recalls = {k: [] for k in ks}
-    average_precisions, r_precisions = [], []
+    ranked = []
     for a, row in enumerate(distances):
         neighbours = sorted((b for b in range(len(row)) if b != a), key=lambda b: row[b])
         relevant = [labels[b] == labels[a] and math.isfinite(row[b]) for b in neighbours]
-        num_relevant = sum(labels[b] == labels[a] for b in range(len(row)) if b != a)
+        ranked.append((relevant, sum(labels[b] == labels[a] for b in range(len(row)) if b != a)))
+    return metrics_of_ranked(ranked, ks)
+
+
+def metrics_of_ranked(ranked, ks):
+    """Recall@K, MAP@R and R-Precision from each query's (rel(1), rel(2), ...) and R; lone
+    queries (R = 0) left out."""
+    recalls = {k: [] for k in ks}
+    average_precisions, r_precisions = [], []
+    for relevant, num_relevant in ranked:
         if num_relevant == 0:  # lone query: left out
             continue
         for k in ks:
@@ -346,8 +354,7 @@ def brute_force_gallery_metrics(query_coords, query_charts, query_labels, galler
                                 gallery_charts, gallery_labels, ks):
     """Each query against every gallery point: Euclidean within its chart, infinity outside;
     R counts the same-class gallery points of every chart (float64 loops)."""
-    recalls = {k: [] for k in ks}
-    average_precisions, r_precisions = [], []
+    ranked = []
     for a in range(len(query_coords)):
         row = [math.dist(query_coords[a], gallery_coords[b])
                if gallery_charts[b] == query_charts[a] else math.inf
@@ -355,22 +362,8 @@ def brute_force_gallery_metrics(query_coords, query_charts, query_labels, galler
         neighbours = sorted(range(len(row)), key=lambda b: row[b])
         relevant = [gallery_labels[b] == query_labels[a] and math.isfinite(row[b])
                     for b in neighbours]
-        num_relevant = sum(label == query_labels[a] for label in gallery_labels)
-        if num_relevant == 0:
-            continue
-        for k in ks:
-            recalls[k].append(float(any(relevant[:k])))
-        hits, precision_sum = 0, 0.0
-        for i in range(num_relevant):
-            if relevant[i]:
-                hits += 1
-                precision_sum += hits / (i + 1)
-        average_precisions.append(precision_sum / num_relevant)
-        r_precisions.append(hits / num_relevant)
-    results = {f"recall@{k}": sum(v) / len(v) for k, v in recalls.items()}
-    results["map@r"] = sum(average_precisions) / len(average_precisions)
-    results["r_precision"] = sum(r_precisions) / len(r_precisions)
-    return results
+        ranked.append((relevant, sum(label == query_labels[a] for label in gallery_labels)))
+    return metrics_of_ranked(ranked, ks)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
