@@ -12,6 +12,7 @@ import torch
 from fixtures_array_sets import make_image_folder
 
 from kdml import cli
+from kdml.errors import KdmlError
 from kdml.evaluation.knn import knn_search
 
 TINY = ["--no-progress", "train.epochs=1", "eval.nmi=false", "model.embedding_size=8",
@@ -507,6 +508,25 @@ def test_unwritable_outputs_are_refused_before_anything_is_embedded(runs, tmp_pa
         err = capsys.readouterr().err
         assert err.startswith("kdml: error: cannot ") and err.count("\n") == 1, (command, err)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_command_that_fails_before_writing_leaves_no_new_folder(runs, tmp_path, capsys,
+                                                                   monkeypatch):
+    """--out's missing folders are made when the file is written, not by the checks before:
+    a command that fails in between leaves nothing behind."""
+
+    def fails(*_):
+        raise KdmlError("the embedding failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("kdml.inspection.embed_part", fails)
+        for command in (["embed", runs / "plain", "--out", tmp_path / "new" / "sub" / "e.npz"],
+                        ["index", runs / "plain", "--out", tmp_path / "new" / "sub" / "index"]):
+            assert kdml(*command) == 2
+            assert capsys.readouterr().err == "kdml: error: the embedding failed\n"
+            assert not (tmp_path / "new").exists()
+    assert kdml("embed", runs / "plain", "--out", tmp_path / "new" / "sub" / "e.npz") == 0
+    assert (tmp_path / "new" / "sub" / "e.npz").is_file()
 
 
 def test_a_query_that_is_not_an_npz_archive_says_so(runs, tmp_path, capsys):

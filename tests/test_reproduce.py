@@ -260,6 +260,8 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert by_key["tiny-missing"].error.startswith("cub: no dataset found (searched: ")
 
     report = tmp_path / "docs" / "reproduction.md"
+    report.parent.mkdir()
+    (report.parent / "reproduction.md.tmp").write_text("mine")  # where older kdml wrote first
     context = ReportContext("kdml reproduce all", "a test machine", "torch", 0.1, 2, True)
     on_digits = dataclasses.replace(experiments("jrd", quick=True)[0], dataset="digits")
     write_report(results, report, context,
@@ -273,6 +275,9 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert "2 experiments on other datasets (mnist5k, mnist5k->digits) are not listed" in text
     assert "Other reports" not in text
     assert text.startswith(MARKER)
+    assert (report.parent / "reproduction.md.tmp").read_text() == "mine"
+    assert sorted(path.name for path in report.parent.iterdir()) == [
+        "reproduction-plots", "reproduction.md", "reproduction.md.tmp"]
     assert "| alpha = 1 |" in text and "| 0.500 |" in text  # kdml's numbers and the paper's
     assert "- JRS helps (R@1): " in text
     assert "Not run here:" in text

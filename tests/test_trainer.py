@@ -391,3 +391,21 @@ def test_a_model_with_nothing_to_train_and_no_fit_is_refused(monkeypatch):
     with pytest.raises(KdmlError, match=r"^the jrd model has no parameters to train and no "
                                         r"closed-form fit$"):
         trainer.Session.build(config, echo=lambda line: None)
+
+
+def test_metrics_files_are_written_through_new_files_only(tmp_path):
+    """metrics.csv is replaced through a new hidden file, never through a ``metrics.csv.tmp``
+    that may be somebody else's."""
+    from kdml.training.run_folder import RunFolder
+
+    (tmp_path / "metrics.csv.tmp").write_text("mine")
+    folder = RunFolder(tmp_path)
+    folder.write_metrics([{"epoch": 1, "train/loss": 0.5}], None)
+    folder.write_metrics([{"epoch": 1, "train/loss": 0.5}, {"epoch": 2, "train/loss": 0.25}],
+                         {"recall@1": 0.75})
+    assert (tmp_path / "metrics.csv.tmp").read_text() == "mine"
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "epoch,train/loss", "1,0.5", "2,0.25"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["final"] == {"recall@1": 0.75}
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "metrics.csv", "metrics.csv.tmp", "metrics.json"]

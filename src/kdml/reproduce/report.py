@@ -16,6 +16,7 @@ from pathlib import Path
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import copy_png
+from kdml.file_write import write_through_new_file
 from kdml.reproduce.experiments import Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult
@@ -89,10 +90,8 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
             lines += ["", *_experiment_section(result, plots, report.parent, context)]
     lines += _not_run_section(not_run, {result.experiment.dataset for result in results},
                               sibling_reports(report))
-    tmp = report.with_name(report.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, report)
-    return report
+    text = "\n".join(lines) + "\n"
+    return write_through_new_file(report, lambda partial: partial.write_text(text))
 
 
 def sibling_reports(report: Path) -> list[str]:

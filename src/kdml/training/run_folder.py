@@ -128,10 +128,12 @@ class RunFolder:
         for row in history:
             columns += [key for key in row if key not in columns]
         lines = [columns] + [[_cell(row.get(key)) for key in columns] for row in history]
-        tmp = self.metrics_csv.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as handle:
-            csv.writer(handle).writerows(lines)
-        os.replace(tmp, self.metrics_csv)
+
+        def write_csv(partial: Path) -> None:
+            with partial.open("w", newline="") as handle:
+                csv.writer(handle).writerows(lines)
+
+        write_through_new_file(self.metrics_csv, write_csv)
         write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json)
 
 
@@ -259,11 +261,20 @@ def make_folder(root: Path) -> None:
 
 
 def check_writable_folder(folder: Path, option: str = "--out") -> None:
-    """Make ``folder`` if needed and write a scratch file into it, so that a command that
-    would write there at its end (a report after hours of training) fails at once instead."""
-    make_folder(folder)
+    """Check that ``folder`` exists or can be made, by writing a scratch file into it or into
+    its nearest existing parent, so that a command that would write there at its end (a report
+    after hours of training) fails at once instead. Makes nothing: the writer makes the folder
+    when it writes, and a command that fails before then leaves no empty folder behind."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: mkdir would fail on it later
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KdmlError(f"cannot write into {folder}: {existing} is not a folder; choose another "
+                        f"{option}")
     try:
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise KdmlError(f"cannot write into {folder} ({error.strerror}); choose another "
