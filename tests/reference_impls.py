@@ -29,10 +29,22 @@ def l1_dists(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.abs(x[:, None, :] - y[None, :, :]).sum(axis=-1)
 
 
-def floored_mean_off_diagonal(dists: np.ndarray, eps: float) -> float:
-    """The self-adaptive bandwidth: mean over ordered pairs i != j, floored at ``eps``."""
+def floored_mean_off_diagonal(dists: np.ndarray, floor: float) -> float:
+    """The self-adaptive bandwidth: mean over ordered pairs i != j, floored at ``floor``."""
     n = len(dists)
-    return max(float(dists.sum()) / max(n * n - n, 1), eps)
+    return max(float(dists.sum()) / max(n * n - n, 1), floor)
+
+
+def rounding_floor(points: np.ndarray, power: int, eps: float) -> float:
+    """The bandwidth's floor for ``points`` in a dtype of epsilon ``eps``: eps^2 mean |p|_2^2
+    (squared distances, power 2) or eps mean |p|_1 (L1, power 1), at least the dtype's
+    smallest normal number over its epsilon."""
+    info = np.finfo(np.float32 if eps == np.finfo(np.float32).eps else np.float64)
+    smallest = float(info.tiny) / eps
+    if not len(points):
+        return smallest
+    sizes = (points**2).sum(axis=1) if power == 2 else np.abs(points).sum(axis=1)
+    return max((eps * eps if power == 2 else eps) * float(sizes.mean()), smallest)
 
 
 def kernel_reference(name: str, params: dict, x: np.ndarray, y: np.ndarray | None,
@@ -64,7 +76,7 @@ def kernel_reference(name: str, params: dict, x: np.ndarray, y: np.ndarray | Non
         multiplier = params.get("multiplier", 2.0)
         if adaptive:
             joint = x if same else np.concatenate([x, y])
-            tau = floored_mean_off_diagonal(sq_dists(joint, joint), eps)
+            tau = floored_mean_off_diagonal(sq_dists(joint, joint), rounding_floor(joint, 2, eps))
             joint_norms = ((joint - centre) ** 2).sum(axis=1)
             tau_rel_err = 2.0 + math.log2(len(joint) ** 2 + 1) + (d + 2) * 2.0 * float(
                 joint_norms.mean()) / tau
@@ -82,7 +94,8 @@ def kernel_reference(name: str, params: dict, x: np.ndarray, y: np.ndarray | Non
         l1 = l1_dists(x, y)
         if params.get("bandwidth") is None:
             joint = x if same else np.concatenate([x, y])
-            sigma = floored_mean_off_diagonal(l1_dists(joint, joint), eps)
+            sigma = floored_mean_off_diagonal(l1_dists(joint, joint),
+                                              rounding_floor(joint, 1, eps))
             sigma_rel_err = d + 2.0 + math.log2(len(joint) ** 2 + 1)
         else:
             sigma, sigma_rel_err = params["bandwidth"], 1.0

@@ -19,6 +19,8 @@ from kdml.kernels import (
     PolynomialKernel,
     adaptive_bandwidth,
     build_kernel,
+    resolution_floor,
+    smallest_bandwidth,
     squared_distances,
 )
 
@@ -76,11 +78,59 @@ def test_adaptive_bandwidth_is_mean_over_off_diagonal_pairs(x):
 def test_adaptive_bandwidth_is_detached_and_floored(x):
     x = x.clone().requires_grad_()
     assert not adaptive_bandwidth(squared_distances(x, x)).requires_grad
-    eps = torch.finfo(torch.float64).eps
-    assert adaptive_bandwidth(torch.zeros(5, 5, dtype=torch.float64)).item() == eps
-    assert adaptive_bandwidth(torch.zeros(1, 1, dtype=torch.float64)).item() == eps
+    smallest = torch.finfo(torch.float64).tiny / torch.finfo(torch.float64).eps
+    assert smallest == smallest_bandwidth(torch.float64)
+    assert adaptive_bandwidth(torch.zeros(5, 5, dtype=torch.float64)).item() == smallest
+    assert adaptive_bandwidth(torch.zeros(1, 1, dtype=torch.float64)).item() == smallest
+    assert adaptive_bandwidth(torch.zeros(5, 5, dtype=torch.float64), 0.25).item() == 0.25
+    assert adaptive_bandwidth(torch.full((2, 2), 3.0) - 3 * torch.eye(2), 0.25).item() == 3.0
     with pytest.raises(KdmlError):
         adaptive_bandwidth(torch.zeros(3, 4))
+
+
+def test_the_resolution_floor_is_the_points_own_rounding():
+    points = torch.tensor([[3.0, -4.0], [0.0, 0.0]])  # mean |p|^2 = 12.5, mean |p|_1 = 3.5
+    eps = torch.finfo(torch.float32).eps
+    assert resolution_floor(points, 2).item() == pytest.approx(eps * eps * 12.5, rel=1e-6)
+    assert resolution_floor(points, 1).item() == pytest.approx(eps * 3.5, rel=1e-6)
+    smallest = torch.finfo(torch.float32).tiny / eps
+    assert resolution_floor(torch.zeros(3, 2), 2).item() == pytest.approx(smallest, rel=1e-6)
+    assert resolution_floor(torch.zeros(0, 2), 1).item() == pytest.approx(smallest, rel=1e-6)
+
+
+@pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), LaplaceKernel()], ids=str)
+@pytest.mark.parametrize("scale", [1e-5, 2e-4, 1.0, 1e3])
+def test_self_adaptive_kernels_of_small_float32_embeddings_are_those_of_unit_ones(kernel,
+                                                                                  scale):
+    """The bandwidth is the batch's own mean distance, so scaling the batch changes nothing,
+    down to embeddings whose mean squared distance is below float32's epsilon (a fixed floor
+    there had made every kernel value about 1)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(32, 64, generator=generator), dim=1)
+    y = torch.randn(5, 64, generator=generator) / 8
+    expected_xx, expected_xy = kernel(x.double()), kernel(x.double(), y.double())
+    torch.testing.assert_close(kernel(scale * x).double(), expected_xx, atol=2e-5, rtol=0)
+    torch.testing.assert_close(kernel(scale * x, scale * y).double(), expected_xy, atol=2e-5,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), LaplaceKernel()], ids=str)
+def test_a_batch_collapsed_up_to_rounding_has_kernels_of_one(kernel):
+    row = torch.randn(1, 16, generator=torch.Generator().manual_seed(3))
+    for scale in (1e-6, 1.0, 1e6):
+        collapsed = (scale * row).repeat(24, 1)  # its mean is not exact in float32
+        assert torch.equal(kernel(collapsed), torch.ones(24, 24))
+
+
+def test_a_kernel_called_in_inference_mode_still_trains_afterwards():
+    """An evaluation under torch.inference_mode (Lightning's sanity check) before training
+    must not leave inference tensors in the kernel for autograd to save later."""
+    kernel = GaussianMixtureKernel()
+    with torch.inference_mode():
+        kernel(torch.randn(6, 4))
+    x = torch.randn(6, 4, requires_grad=True)
+    kernel(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize(

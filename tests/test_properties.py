@@ -28,6 +28,7 @@ from reference_impls import (
     min_relative_gap,
     nn_vote_accuracy,
     rank_keys,
+    rounding_floor,
     sq_dists,
 )
 from test_atlas_eval import brute_force_metrics as chart_brute_force_metrics
@@ -61,6 +62,7 @@ from kdml.kernels import (
     PolynomialKernel,
     adaptive_bandwidth,
     build_kernel,
+    resolution_floor,
     squared_distances,
 )
 from kdml.losses.marginal_fisher import MarginalFisherLoss
@@ -300,9 +302,12 @@ def test_squared_distances_and_adaptive_bandwidth(dtype, n, m, d, data, offset):
         assert_within_bound(got, sq_dists(a64, b64), (d + 2) * norms + sq_dists(a64, b64),
                             dtype, "squared distances")
     self_dists = squared_distances(x, x)
-    tau = adaptive_bandwidth(self_dists)
-    assert not tau.requires_grad and tau.dtype == dtype and tau.item() >= eps
-    expected = floored_mean_off_diagonal(self_dists.detach().double().numpy(), eps)
+    floor = resolution_floor(x, 2)
+    assert floor.item() == pytest.approx(
+        rounding_floor(x.detach().double().numpy(), 2, eps), rel=8 * eps * math.log2(n + 1))
+    tau = adaptive_bandwidth(self_dists, floor)
+    assert not tau.requires_grad and tau.dtype == dtype and tau.item() >= floor.item()
+    expected = floored_mean_off_diagonal(self_dists.detach().double().numpy(), floor.item())
     assert tau.item() == pytest.approx(expected, rel=8 * eps * math.log2(n * n + 1) + 1e-15)
     assert all_finite(torch.autograd.grad(self_dists.sum(), x)[0])
 
@@ -312,7 +317,7 @@ def test_squared_distances_and_adaptive_bandwidth(dtype, n, m, d, data, offset):
 
 def floored_gaussian(num_kernels: int, eps: float):
     def make(points):
-        tau = max(mean_over_pairs(points, sq_dist), eps)
+        tau = max(mean_over_pairs(points, sq_dist), rounding_floor(np.array(points), 2, eps))
         sigma2s = [tau * 2.0 ** (i - num_kernels // 2) for i in range(num_kernels)]
         return lambda a, b: sum(math.exp(-sq_dist(a, b) / s2) for s2 in sigma2s) / num_kernels
 
@@ -321,7 +326,7 @@ def floored_gaussian(num_kernels: int, eps: float):
 
 def floored_laplace(eps: float):
     def make(points):
-        sigma = max(mean_over_pairs(points, l1_dist), eps)
+        sigma = max(mean_over_pairs(points, l1_dist), rounding_floor(np.array(points), 1, eps))
         return lambda a, b: math.exp(-l1_dist(a, b) / sigma)
 
     return make

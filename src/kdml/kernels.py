@@ -45,6 +45,8 @@ __all__ = [
     "adaptive_bandwidth",
     "build_kernel",
     "l1_distances",
+    "resolution_floor",
+    "smallest_bandwidth",
     "squared_distances",
 ]
 
@@ -108,7 +110,7 @@ def l1_distances(x: Tensor, y: Tensor) -> Tensor:
     return torch.cdist(x, y, p=1.0)
 
 
-def adaptive_bandwidth(dists: Tensor) -> Tensor:
+def adaptive_bandwidth(dists: Tensor, floor: Tensor | float | None = None) -> Tensor:
     r"""Self-adaptive bandwidth: the mean off-diagonal entry of a square distance matrix.
 
     .. math::
@@ -119,12 +121,15 @@ def adaptive_bandwidth(dists: Tensor) -> Tensor:
     Euclidean distances, the Laplace kernel L1 distances.
 
     The result is detached from the autograd graph (the bandwidth is treated as a constant of
-    the batch, no gradient flows through it) and floored at ``torch.finfo(dtype).eps``: when all
-    points coincide (:math:`\tau = 0`), or there is a single point, kernels built on it stay
-    finite and equal 1 at distance 0.
+    the batch, no gradient flows through it) and floored at ``floor``: when all points coincide
+    (:math:`\tau = 0`), or there is a single point, kernels built on it stay finite and equal 1
+    at distance 0. The kernels pass :func:`resolution_floor` of their points, which scales with
+    them (a fixed floor would flatten the kernels of a batch of small embeddings); the default
+    is :func:`smallest_bandwidth`.
 
     Args:
         dists: :math:`(M, M)` pairwise distances (floating point).
+        floor: the smallest bandwidth returned (a 0-dim tensor or a number).
 
     Returns:
         A 0-dim tensor with the dtype and device of ``dists``.
@@ -136,7 +141,37 @@ def adaptive_bandwidth(dists: Tensor) -> Tensor:
     m = dists.shape[0]
     num_off_diagonal = max(m * m - m, 1)  # a single point has no pair: tau = 0 -> floor
     tau = dists.detach().sum() / num_off_diagonal
-    return tau.clamp_min(torch.finfo(dists.dtype).eps)
+    if floor is None:
+        return tau.clamp_min(smallest_bandwidth(dists.dtype))
+    return torch.maximum(tau, torch.as_tensor(floor, dtype=tau.dtype, device=tau.device))
+
+
+def smallest_bandwidth(dtype: torch.dtype) -> float:
+    """The dtype's smallest normal number over its epsilon: the floor of every adaptive
+    bandwidth, whose reciprocal leaves room (1 / epsilon) for the gradients built on it."""
+    info = torch.finfo(dtype)
+    return info.tiny / info.eps
+
+
+def resolution_floor(points: Tensor, power: int) -> Tensor:
+    r"""The smallest adaptive bandwidth for ``points`` :math:`(M, D)`: the rounding of the
+    points themselves, in the distances' units. With :math:`\epsilon` the dtype's epsilon,
+    :math:`\epsilon^2` times the mean :math:`\|p\|_2^2` for squared distances (``power=2``),
+    :math:`\epsilon` times the mean :math:`\|p\|_1` for L1 distances (``power=1``); at least
+    :func:`smallest_bandwidth`.
+
+    A batch collapsed to one point up to rounding then gets kernels of 1, not of round-off
+    over round-off; and the floor scales with the points, so that a kernel takes ``x`` and
+    ``a x`` alike (a fixed floor flattened the kernels of small float32 embeddings).
+    Detached; a 0-dim tensor with the dtype and device of ``points``.
+    """
+    detached = points.detach()
+    eps, smallest = torch.finfo(points.dtype).eps, smallest_bandwidth(points.dtype)
+    if not len(points):
+        return torch.tensor(smallest, dtype=points.dtype, device=points.device)
+    if power == 2:
+        return (eps * eps * detached.pow(2).sum(dim=1).mean()).clamp_min(smallest)
+    return (eps * detached.abs().sum(dim=1).mean()).clamp_min(smallest)
 
 
 def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
@@ -241,18 +276,22 @@ class GaussianMixtureKernel(Kernel):
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:
         if y is x:
             sq_dists = squared_distances(x, x)
-            tau = self.bandwidth if self.bandwidth is not None else adaptive_bandwidth(sq_dists)
+            tau = self.bandwidth if self.bandwidth is not None else adaptive_bandwidth(
+                sq_dists, resolution_floor(x, 2))
         elif self.bandwidth is not None:
             sq_dists, tau = squared_distances(x, y), self.bandwidth
         else:
             joint = torch.cat([x, y])
             joint_sq_dists = squared_distances(joint, joint)
-            sq_dists, tau = joint_sq_dists[: len(x), len(x) :], adaptive_bandwidth(joint_sq_dists)
+            sq_dists = joint_sq_dists[: len(x), len(x) :]
+            tau = adaptive_bandwidth(joint_sq_dists, resolution_floor(joint, 2))
         return torch.exp((sq_dists / tau).unsqueeze(-1) * self._coefficients(sq_dists)
                          ).mean(dim=-1)
 
     def _coefficients(self, like: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():  # a constant of the graph; a cache would recompile it
+        # a constant of a compiled graph, where a cache would recompile it; and not cached
+        # from inference mode, whose tensors autograd refuses to save in a later training step
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
             return self._new_coefficients(like)
         key = (like.device, like.dtype)
         if key not in self._neg_inverse_scales:
@@ -290,13 +329,15 @@ class LaplaceKernel(Kernel):
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:
         if y is x:
             dists = l1_distances(x, x)
-            sigma = self.bandwidth if self.bandwidth is not None else adaptive_bandwidth(dists)
+            sigma = self.bandwidth if self.bandwidth is not None else adaptive_bandwidth(
+                dists, resolution_floor(x, 1))
         elif self.bandwidth is not None:
             dists, sigma = l1_distances(x, y), self.bandwidth
         else:
             joint = torch.cat([x, y])
             joint_dists = l1_distances(joint, joint)
-            dists, sigma = joint_dists[: len(x), len(x) :], adaptive_bandwidth(joint_dists)
+            dists = joint_dists[: len(x), len(x) :]
+            sigma = adaptive_bandwidth(joint_dists, resolution_floor(joint, 1))
         return torch.exp(dists * (-1.0 / sigma))
 
     def extra_repr(self) -> str:

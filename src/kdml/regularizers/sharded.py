@@ -29,6 +29,7 @@ from kdml.kernels import (
     Kernel,
     LaplaceKernel,
     l1_distances,
+    resolution_floor,
     squared_distances,
 )
 from kdml.precision import full_precision
@@ -45,8 +46,9 @@ def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -
     else:
         distances = l1_distances(rows, columns)
     total = distributed.all_reduce_sum(distances.detach().sum())
-    tau = (total / max(num_points * num_points - num_points, 1)).clamp_min(
-        torch.finfo(distances.dtype).eps)
+    # the columns are the whole gathered batch: the floor JRS takes of it
+    floor = resolution_floor(columns, 1 if isinstance(kernel, LaplaceKernel) else 2)
+    tau = torch.maximum(total / max(num_points * num_points - num_points, 1), floor)
     if isinstance(kernel, LaplaceKernel):
         return torch.exp(distances * (-1.0 / tau))
     return torch.stack([torch.exp(distances * (-1.0 / (tau * s)))
