@@ -556,6 +556,24 @@ def test_a_small_ivf_index_searches_exactly_without_faiss_warnings(tmp_path, cap
     assert np.array_equal(positions, exact)
 
 
+@pytest.mark.parametrize("kind", ["exact", "hnsw"])
+def test_an_index_of_embeddings_far_from_the_origin_finds_the_exact_neighbours(tmp_path, kind):
+    """An index holds its vectors shifted by their median (index.json's centre), and shifts
+    its queries alike: float32 distances 10,000 away from the origin ranked at random."""
+    from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
+
+    vectors = np.random.default_rng(1).normal(size=(60, 4)) + 1e4
+    items = {"labels": np.arange(60), "positions": np.arange(60),
+             "sources": np.array([f"v[{i}]" for i in range(60)])}
+    build_index(tmp_path / kind, vectors, items, IndexInfo("run", "x", "euclidean", 0, kind, 0,
+                                                           1.0))
+    queries = vectors[:8] + 0.01
+    distances, positions = search_index(load_index(tmp_path / kind), queries, 5)
+    exact = ((queries[:, None] - vectors[None]) ** 2).sum(-1)
+    assert np.array_equal(positions, np.argsort(exact, axis=1)[:, :5])
+    assert np.allclose(distances, np.sqrt(np.sort(exact, axis=1)[:, :5]), rtol=1e-4)
+
+
 def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(tmp_path,
                                                                               monkeypatch):
     """In-Shop's queries are searched in its gallery, as its metrics are (they had been searched

@@ -198,6 +198,19 @@ def test_source_nn_accuracy_matches_a_brute_force_vote():
         assert got == pytest.approx(correct / 12)
 
 
+def test_target_metrics_take_any_magnitude_and_origin():
+    """Source and target are searched shifted and scaled alike: the target alone had been
+    rescaled (values beyond 2^30) before its source-NN search against the raw source."""
+    rng = np.random.default_rng(4)
+    source, source_y = rng.standard_normal((30, 3)), rng.integers(0, 3, 30)
+    target, target_y = rng.standard_normal((12, 3)), rng.integers(0, 3, 12)
+    expected = target_metrics(source, source_y, target, target_y, ks=(1, 2))
+    for scale, offset in ((2.0**40, 0.0), (1.0, 1e4), (2.0**40, 1e4)):
+        got = target_metrics(scale * source + offset, source_y, scale * target + offset,
+                             target_y, ks=(1, 2))
+        assert got == pytest.approx(expected, abs=1e-12), (scale, offset)
+
+
 def test_target_metrics_leave_out_unknown_labels():
     """The unlabelled (-1) targets sit nearest to every labelled one: scored as neighbours,
     they would turn each hit into a miss."""

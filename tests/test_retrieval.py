@@ -194,6 +194,29 @@ def test_lone_queries_do_not_count(same_set_data):
     assert_metrics_close(with_lone, without)
 
 
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_euclidean_scores_do_not_move_with_the_embeddings_origin(separate_data, backend, dtype):
+    """Distances do not change under a shift, so neither do the scores: embeddings 1000 or
+    10,000 away from the origin (a large common mean, as ReLU features have) had scored at
+    chance, faiss's float32 rounding growing with |x|^2 and every neighbour looking tied."""
+    queries, query_labels, reference, reference_labels = separate_data
+    queries, reference = queries.astype(dtype), reference.astype(dtype)
+
+    def scores(shift, with_reference):
+        searched = queries + shift
+        gallery = {"reference": reference + shift, "reference_labels": reference_labels}
+        return retrieval_metrics(torch.from_numpy(searched) if backend == "torch" else searched,
+                                 query_labels, ks=KS, metric="euclidean", nmi=False,
+                                 backend=backend, **(gallery if with_reference else {}))
+
+    for with_reference in (False, True):
+        expected = scores(0.0, with_reference)
+        for offset in (300.0, 1000.0, 1e4):
+            shift = np.linspace(-1.0, 1.0, queries.shape[1], dtype=dtype) * offset
+            assert_metrics_close(scores(shift, with_reference), expected)
+
+
 def test_nmi_is_one_for_well_separated_classes():
     embeddings, labels = clustered([20] * 5, dim=8, noise=0.01, seed=5)
     assert retrieval_metrics(embeddings, labels, ks=(1,))["nmi"] == pytest.approx(1.0)

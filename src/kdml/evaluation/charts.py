@@ -29,6 +29,7 @@ from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     as_float32_matrix,
     check_positive_int,
+    prepare_pair,
     prepare_vectors,
 )
 from kdml.evaluation.retrieval import (
@@ -136,17 +137,17 @@ def chart_retrieval_metrics(
         raise KdmlError("reference_coords, reference_chart_index and reference_labels must be "
                         "given together")
     same_set = not any(given)
-    vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
+    if same_set:
+        vectors = reference_vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
+    else:  # shifted and scaled alike
+        vectors, reference_vectors = prepare_pair(chart_coords, reference_coords, "euclidean",
+                                                  ("chart_coords", "reference_coords"))
     num_points = len(vectors)
     charts = as_label_vector(chart_index, "chart_index", num_points)
     label_vector = as_label_vector(labels, "labels", num_points)
     if same_set:
-        reference_vectors, reference_charts, reference_label_vector = vectors, charts, None
+        reference_charts, reference_label_vector = charts, None
     else:
-        reference_vectors = prepare_vectors(reference_coords, "euclidean", "reference_coords")
-        if reference_vectors.shape[1] != vectors.shape[1]:
-            raise KdmlError(f"chart_coords and reference_coords must have one dimension, got "
-                            f"{vectors.shape[1]} and {reference_vectors.shape[1]}")
         reference_charts = as_label_vector(reference_chart_index, "reference_chart_index",
                                            len(reference_vectors))
         reference_label_vector = as_label_vector(reference_labels, "reference_labels",

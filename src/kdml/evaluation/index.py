@@ -33,7 +33,9 @@ from kdml.evaluation.knn import (
     SAFE_MAGNITUDE,
     as_float_matrix,
     l2_normalize,
+    search_centre,
     search_scale,
+    shifted,
     to_search_vectors,
 )
 
@@ -54,6 +56,8 @@ class IndexInfo:
     count: int
     scale: float  # the vectors were divided by it before indexing (kdml.evaluation.knn)
     charts: list[int] | None = None  # Atlas: the charts with an index file
+    # euclidean: the vectors were shifted by it first (knn.search_centre); older indexes: none
+    centre: list[float] | None = None
 
 
 def checkpoint_fingerprint(path: Path) -> str:
@@ -106,6 +110,9 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
                         f"{info.kind!r}")
     check_index_folder(folder)
     array = as_float_matrix(embeddings, "embeddings")
+    centre = search_centre(array, info.metric)
+    array = shifted(array, centre)
+    info.centre = None if centre is None else np.asarray(centre, dtype=np.float64).tolist()
     info.scale = search_scale(array)
     vectors = to_search_vectors(array, info.scale, info.metric)
     info.dim, info.count = int(vectors.shape[1]), len(vectors)
@@ -218,6 +225,8 @@ def _query_vectors(array: np.ndarray, info: IndexInfo) -> np.ndarray:
                             "cosine similarity to anything is undefined")
         rows /= largest[:, None]  # then the squares of the norms neither overflow nor underflow
         return np.ascontiguousarray(l2_normalize(rows, inplace=True), dtype=np.float32)
+    if info.centre is not None:
+        array = shifted(array, np.asarray(info.centre))
     largest = float(np.abs(array).max()) / info.scale
     if largest > SAFE_MAGNITUDE[1]:
         raise KdmlError(f"the queries reach {largest:.3g} times the indexed vectors' scale, "

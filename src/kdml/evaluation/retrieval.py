@@ -245,7 +245,11 @@ def retrieval_metrics(
     **Scale.** Both metrics are invariant to a positive scaling of all embeddings: vectors
     whose largest absolute value is beyond 2^30 or below 2^-30 are divided by a power of two
     before the float32 search (:func:`~kdml.evaluation.knn.search_scale`), so values up to
-    float64's range are searched without overflow.
+    float64's range are searched without overflow. The Euclidean metric is also invariant to
+    a shift: the vectors are searched relative to the reference's median
+    (:func:`~kdml.evaluation.knn.search_centre`), so float32's rounding of faiss's
+    :math:`|q|^2 + |r|^2 - 2 q \cdot r` follows the embeddings' spread, not their distance from
+    the origin.
 
     NMI (``nmi=True``) clusters the query embeddings with seeded faiss k-means into as
     many clusters as there are query labels and compares clusters with labels, see

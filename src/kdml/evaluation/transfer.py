@@ -14,7 +14,13 @@ import numpy as np
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import Metric, check_metric, knn_search, prepare_pair, prepare_vectors
+from kdml.evaluation.knn import (
+    Metric,
+    as_float_matrix,
+    check_metric,
+    knn_search,
+    prepare_pair,
+)
 from kdml.evaluation.retrieval import RankedSearch, as_label_vector, retrieval_metrics
 
 
@@ -125,7 +131,8 @@ def target_metrics(source_emb: Any, source_labels: Any, target_emb: Any, target_
     Returns:
         ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "source_nn_accuracy": ...}``.
     """
-    target_vectors = prepare_vectors(target_emb, "euclidean", "target_emb")  # validated copy
+    # validated, as given: the searches below shift and scale their own copies
+    target_vectors = as_float_matrix(target_emb, "target_emb")
     target_y = as_label_vector(target_labels, "target_labels", len(target_vectors),
                                target_vectors.shape[1])
     scored = _labelled(target_y, "target_labels")
