@@ -285,3 +285,22 @@ def test_reid_takes_integer_codes_as_floats():
                                ranks=(1,))
     assert single_shot_cmc(codes, [0, 0, 1, 1, 2, 2], num_splits=3, ranks=(1,)) == as_float
     assert as_float["cmc@1"] == 1.0
+
+
+def test_the_protocols_take_what_an_autocast_model_returns():
+    """bfloat16 and float16 tensors (an autocast model's embeddings): NumPy has no bfloat16,
+    and the verification and re-identification protocols failed on them with a TypeError."""
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.standard_normal((40, 6)).round(1))  # exact in both halves
+    ids = torch.arange(40) // 2
+    for dtype in (torch.bfloat16, torch.float16):
+        low = x.to(dtype)
+        scores = pair_scores(low[:20], low[20:])
+        np.testing.assert_allclose(scores, pair_scores(low[:20].double(), low[20:].double()))
+        assert scores.shape == (20,) and np.isfinite(scores).all()
+        same = torch.arange(20) % 2 == 0
+        assert verification_accuracy(torch.from_numpy(scores).to(dtype), same, num_folds=4).mean \
+            == verification_accuracy(torch.from_numpy(scores).to(dtype).double(), same,
+                                     num_folds=4).mean
+        assert single_shot_cmc(low, ids, num_splits=3) == single_shot_cmc(low.double(), ids,
+                                                                           num_splits=3)

@@ -80,6 +80,17 @@ def as_metric(name: str) -> Metric:
     return cast(Metric, name)
 
 
+def host_array(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array: a tensor detached and brought to the host, its float16 and
+    bfloat16 (which NumPy cannot hold) as float32; anything else through ``np.asarray``."""
+    if not isinstance(x, torch.Tensor):
+        return np.asarray(x)
+    tensor = x.detach().cpu()
+    if tensor.is_floating_point() and tensor.dtype not in (torch.float32, torch.float64):
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
 def as_float_matrix(x: Any, name: str) -> np.ndarray:
     """``x`` as a validated 2-D NumPy float array, without copying where possible.
 
@@ -90,10 +101,7 @@ def as_float_matrix(x: Any, name: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         if not x.is_floating_point():
             raise KdmlError(f"{name} must have a floating dtype, got {x.dtype}")
-        tensor = x.detach().cpu()
-        if tensor.dtype not in (torch.float32, torch.float64):
-            tensor = tensor.float()
-        array = tensor.numpy()
+        array = host_array(x)
     else:
         array = np.asarray(x)
         if array.dtype.kind != "f":

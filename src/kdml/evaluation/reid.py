@@ -12,17 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import as_float_matrix
+from kdml.evaluation.knn import as_float_matrix, host_array
 
 
 def _as_array(x: Any, dtype: Any | None = None) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=dtype)
+    return np.asarray(host_array(x), dtype=dtype)
 
 
 def _embeddings(x: Any, name: str) -> np.ndarray:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from kdml.errors import KdmlError
+from kdml.evaluation.knn import host_array
 
 PairMetric = Literal["cosine", "euclidean"]
 
@@ -108,9 +108,8 @@ def verification_accuracy(scores: Any, same: Any, folds: Any | None = None, num_
         >>> verification_accuracy(scores, same, folds=[0, 0, 0, 1, 1, 1]).mean
         1.0
     """
-    score_array = np.asarray(scores.detach().cpu() if isinstance(scores, torch.Tensor)
-                             else scores, dtype=np.float64)
-    same_array = np.asarray(same.cpu() if isinstance(same, torch.Tensor) else same)
+    score_array = np.asarray(host_array(scores), dtype=np.float64)
+    same_array = host_array(same)
     if score_array.ndim != 1 or same_array.shape != score_array.shape:
         raise KdmlError(f"scores and same must be 1-D of one length, got {score_array.shape} "
                         f"and {same_array.shape}")
@@ -161,8 +160,7 @@ def pair_scores(embeddings_a: Any, embeddings_b: Any, metric: PairMetric = "cosi
     Returns:
         float64 :math:`(P,)` scores for :func:`verification_accuracy`.
     """
-    a, b = (np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
-            for x in (embeddings_a, embeddings_b))
+    a, b = (np.asarray(host_array(x), dtype=np.float64) for x in (embeddings_a, embeddings_b))
     if a.ndim != 2 or a.shape != b.shape:
         raise KdmlError(f"pair embeddings must both be (P, D), got {a.shape} and {b.shape}")
     if metric == "euclidean":
