@@ -372,6 +372,34 @@ def test_methods_built_directly_check_their_settings():
                           + 0.5 * output.terms["regularizer"])
 
 
+def test_jrd_params_build_their_regularizer_or_are_refused():
+    """JRDParams alone had built AM-Softmax, silently: their regularizer, layers and kernels
+    were read only by the recipes' builder. from_params builds what they name, as a run does."""
+    from kdml.regularizers import JointMMD
+    from kdml.training.recipes.jrd import JRDParams
+
+    with pytest.raises(KdmlError, match=r"^JRDParams name a regularizer \(jrs over pool, emb, "
+                                        r"cls\) that JRDMethod does not build: use "
+                                        r"JRDMethod.from_params"):
+        JRDMethod(MLP(6, (12,)), 5, 3, JRDParams())
+    params = JRDParams(alpha=0.1, regularizer="jmmd", layers=["emb", "cls"],
+                       emb_kernel="laplace")
+    torch.manual_seed(0)
+    method = JRDMethod.from_params(MLP(6, (12,)), 64, 3, params).double()
+    assert isinstance(method.regularizer, JointMMD) and method.alpha == 0.1
+    assert [type(kernel).__name__ for kernel in method.regularizer.kernels] == [
+        "LaplaceKernel", "GaussianMixtureKernel"]
+    # the method a run builds from the same settings, from the same seed
+    config = resolve_config("jmmd", get_recipe("jmmd").params, overrides=[
+        "alpha=0.1", "regularizer=jmmd", "layers=[emb,cls]", "emb_kernel=laplace",
+        "model.embedding_size=64"])
+    assert config.method == params
+    torch.manual_seed(0)
+    built = get_recipe("jmmd").build(config, MLP(6, (12,)), 3).double()
+    inputs, labels = torch.randn(9, 6, dtype=torch.float64), torch.arange(9) % 3
+    assert torch.equal(method(inputs, labels).loss, built(inputs, labels).loss)
+
+
 def test_am_softmax_refuses_empty_and_misshapen_batches():
     """An empty batch gave NaN (the mean over no sample)."""
     cosines = torch.zeros(3, 2)

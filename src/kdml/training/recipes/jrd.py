@@ -175,6 +175,11 @@ class JRDMethod(Method):
         if regularizer is not None and not hasattr(params, "alpha"):
             raise KdmlError(f"a regularizer needs its weight alpha: pass JRDParams (or "
                             f"IntraParams), not {type(params).__name__}")
+        if regularizer is None and isinstance(params, JRDParams) and params.alpha > 0:
+            raise KdmlError(f"JRDParams name a regularizer ({params.regularizer} over "
+                            f"{', '.join(params.layers)}) that JRDMethod does not build: use "
+                            "JRDMethod.from_params(backbone, embedding_size, num_classes, "
+                            "params), or AMSoftmaxParams for AM-Softmax alone")
         super().__init__()
         self.backbone = backbone
         self.head = JRDHead(feature_size_of(backbone), embedding_size, num_classes)
@@ -191,6 +196,26 @@ class JRDMethod(Method):
         if sharded and not isinstance(regularizer, JointRepresentationSimilarity):
             raise KdmlError("train.sharded_kernels applies to the JRS regularizer only")
         self.sharded = sharded
+
+    @classmethod
+    def from_params(cls, backbone: nn.Module, embedding_size: int, num_classes: int,
+                    params: JRDParams, sharded: bool = False) -> JRDMethod:
+        """JRD or the variant ``params`` names: its regularizer (``jrs``, ``jmmd``, ``jintra``)
+        over its layers, one kernel per layer, as the recipes build it.
+
+        Example:
+            >>> from torch import nn
+            >>> backbone = nn.Sequential(nn.Flatten(), nn.Linear(16, 8))
+            >>> backbone.feature_size = 8
+            >>> method = JRDMethod.from_params(backbone, 4, 3, JRDParams(layers=["emb", "cls"]))
+            >>> type(method.regularizer).__name__, method.layer_indices
+            ('JointRepresentationSimilarity', [1, 2])
+        """
+        params.validate()
+        kernels = [params.kernel(layer) for layer in params.layers]
+        return cls(backbone, embedding_size, num_classes, params,
+                   REGULARIZERS[params.regularizer](kernels), tuple(params.layers),
+                   sharded=sharded)
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 target_inputs: torch.Tensor | None = None, *,
@@ -242,11 +267,8 @@ def _build_intra(config: RunConfig, backbone: nn.Module, num_classes: int) -> Me
 
 
 def _build_joint(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
-    params: JRDParams = config.method
-    kernels = [params.kernel(layer) for layer in params.layers]
-    regularizer = REGULARIZERS[params.regularizer](kernels)
-    return JRDMethod(backbone, config.model.embedding_size, num_classes, params, regularizer,
-                     tuple(params.layers), sharded=config.train.sharded_kernels)
+    return JRDMethod.from_params(backbone, config.model.embedding_size, num_classes,
+                                 config.method, sharded=config.train.sharded_kernels)
 
 
 def _joint_recipe(name: str, summary: str, layers: list[str], regularizer: str = "jrs",
