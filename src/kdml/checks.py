@@ -1,10 +1,15 @@
-"""The count check shared by the public API: Python and NumPy integers pass, bools do not."""
+"""Input checks shared by the public API: counts (Python and NumPy integers pass, bools do not)
+and the labels of a batch (torch tensors of integers, on the batch's device)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 import numpy as np
+from torch import Tensor
+
+from kdml.errors import KdmlError
 
 
 def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:
@@ -12,3 +17,49 @@ def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     ``np.arange`` gives the latter), not a bool and not a float such as ``2.0``."""
     return bool(not isinstance(value, bool) and isinstance(value, int | np.integer)
                 and value >= 1)
+
+
+def check_tensors(owner: str, labels: object, tensors: Sequence[object],
+                  what: str = "embeddings") -> None:
+    """Refuse, in one line naming ``owner``, labels or ``what`` (e.g. ``"embeddings"``) that
+    are not torch tensors: a PML loop's labels are often NumPy arrays or lists."""
+    everything = [labels, *tensors]
+    if not all(isinstance(tensor, Tensor) for tensor in everything):
+        kinds = ", ".join(sorted({type(t).__name__ for t in everything
+                                  if not isinstance(t, Tensor)}))
+        raise KdmlError(f"{owner} takes torch tensors (the batch's labels and {what}), "
+                        f"got {kinds}; convert with torch.as_tensor")
+
+
+def check_integer_labels(owner: str, labels: Tensor) -> None:
+    """Refuse, in one line naming ``owner``, float or complex labels (class labels are
+    integers; a float label such as 0.5 would silently make a class of its own)."""
+    if labels.is_floating_point() or labels.is_complex():
+        raise KdmlError(f"{owner}: labels must be integers, got dtype {labels.dtype}")
+
+
+def check_label_device(owner: str, labels: Tensor, tensors: Sequence[Tensor],
+                       what: str = "embeddings", like: str = "embeddings") -> None:
+    """Refuse, in one line naming ``owner`` and both devices, labels on another device than
+    ``what`` (which must share one device): torch's own error comes from deep inside the
+    maths. ``like`` names the tensor whose device the message tells the caller to move the
+    labels to."""
+    devices = list(dict.fromkeys(tensor.device for tensor in tensors))
+    if len(devices) > 1:
+        raise KdmlError(f"{owner}: the {what} are on different devices "
+                        f"({', '.join(map(str, devices))}); put them on one device")
+    if devices and labels.device != devices[0]:
+        raise KdmlError(f"{owner}: the labels are on {labels.device} but the {what} on "
+                        f"{devices[0]}; move the labels with labels.to({like}.device)")
+
+
+def check_labels(owner: str, labels: Tensor, tensors: Sequence[Tensor],
+                 what: str = "embeddings", like: str = "embeddings") -> None:
+    """The label checks every kdml loss and regularizer taking ``(x, labels)`` shares, in one
+    line naming ``owner``: :math:`(M,)` ``labels`` and the :math:`(M, D)` ``tensors`` (the
+    ``what``, e.g. embeddings) are torch tensors (:func:`check_tensors`), the labels integers
+    (:func:`check_integer_labels`) on the tensors' device (:func:`check_label_device`). Types,
+    dtypes and devices only, no host sync; each caller checks the shapes."""
+    check_tensors(owner, labels, tensors, what)
+    check_integer_labels(owner, labels)
+    check_label_device(owner, labels, tensors, what, like)

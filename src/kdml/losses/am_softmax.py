@@ -18,12 +18,27 @@ cosines the JRD head already computes, so it also skips a second normalisation a
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdml.checks import check_label_device, check_tensors
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
+
+
+def _check_setting(name: str, value: float, low: float, strict: bool) -> None:
+    """Refuse a ``scale`` or ``margin`` that is not a finite number above ``low`` (at least
+    ``low`` unless ``strict``); a tensor, e.g. a learned scale, is not read (a host sync)."""
+    if isinstance(value, Tensor):
+        return
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) and math.isfinite(value)
+                                       and (value > low if strict else value >= low)):
+        raise KdmlError(f"am_softmax_loss needs a {name} that is a finite number "
+                        f"{'>' if strict else '>='} {low:g}, got {value!r}")
 
 
 @full_precision
@@ -33,12 +48,18 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
     Computed in float32 or wider whatever the input dtype, with no host-device
     synchronisation (the label range is not checked here; the data path checks it).
 
+    A function of the cosines, not a pytorch-metric-learning loss of embeddings: PML's
+    equivalent is ``CosFaceLoss``, which holds the proxies itself. A number ``scale`` or
+    ``margin`` is checked; a tensor one (e.g. learned) is not, as reading its value would be a
+    host sync every step.
+
     Args:
         cosines: :math:`(M, C)` cosines :math:`\cos\theta_{ic}`, e.g.
             :class:`~kdml.models.heads.JRDHead`'s class-level representation.
-        labels: :math:`(M,)` integer class indices in :math:`[0, C)`.
-        scale: :math:`s` (20 in the JRD paper).
-        margin: :math:`m` (0.1 for CUB and SOP, 0.05 for Cars in the JRD paper).
+        labels: :math:`(M,)` integer class indices in :math:`[0, C)`, on the cosines' device.
+        scale: :math:`s > 0`, finite (20 in the JRD paper); an infinite one gives NaN.
+        margin: :math:`m \ge 0`, finite: the additive margin of Eq. 12 (0.1 for CUB and
+            SOP, 0.05 for Cars in the JRD paper; 0 is the normalised softmax).
 
     Returns:
         A scalar tensor.
@@ -51,6 +72,7 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
         0.0725
     """
     # shapes and dtypes only: checking the label range would be a host sync on a GPU
+    check_tensors("am_softmax_loss", labels, [cosines], "cosines")
     if cosines.ndim != 2 or labels.shape != (cosines.shape[0],):
         raise KdmlError(f"am_softmax_loss needs cosines [M, C] and labels [M], got "
                         f"{tuple(cosines.shape)} and {tuple(labels.shape)}")
@@ -58,6 +80,9 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
         raise KdmlError("am_softmax_loss got an empty batch")
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise KdmlError(f"am_softmax_loss needs integer class indices, got {labels.dtype}")
+    check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")
+    _check_setting("scale", scale, 0.0, strict=True)
+    _check_setting("margin", margin, 0.0, strict=False)
     labels = labels.long()  # one_hot and cross_entropy take int64 only
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

@@ -6,7 +6,9 @@ the objective. DSTML adds the same criterion on every hidden layer behind a hing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 import torch
@@ -16,6 +18,7 @@ from kdml.errors import KdmlError
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.precision import full_precision
 from kdml.regularizers.domain import DomainMMD
+from kdml.regularizers.jrs import check_batch
 
 
 class WeightPenalized(Protocol):
@@ -31,11 +34,29 @@ class ObjectiveOutput(NamedTuple):
     terms: dict[str, Tensor]
 
 
-def _per_hidden_layer(name: str, value: float | Sequence[float], count: int) -> tuple[float, ...]:
-    values = (value,) * count if isinstance(value, (int, float)) else tuple(value)
+def _check_number(name: str, value: object, nonnegative: bool) -> float:
+    """``value`` as a float if it is a finite real number (and >= 0 if ``nonnegative``)."""
+    number = float(value) if isinstance(value, numbers.Real) else math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or (nonnegative and number < 0):
+        bound = " >= 0" if nonnegative else ""
+        raise KdmlError(f"DTMLObjective: {name} must be a finite number{bound}, got {value!r}")
+    return number
+
+
+def _check_per_layer(name: str, value: float | Sequence[float],
+                     nonnegative: bool) -> float | tuple[float, ...]:
+    """One number for all hidden layers, or a sequence of one per hidden layer, checked."""
+    if isinstance(value, numbers.Real | str) or not isinstance(value, Iterable):
+        return _check_number(name, value, nonnegative)
+    return tuple(_check_number(name, v, nonnegative) for v in value)
+
+
+def _per_hidden_layer(name: str, value: float | tuple[float, ...],
+                      count: int) -> tuple[float, ...]:
+    values = (value,) * count if isinstance(value, float) else value
     if len(values) != count:
         raise KdmlError(f"{name} needs one value per hidden layer ({count}), got {len(values)}")
-    return tuple(float(v) for v in values)
+    return values
 
 
 class DTMLObjective(nn.Module):
@@ -70,6 +91,10 @@ class DTMLObjective(nn.Module):
     reported (computed without gradient). ``beta > 0`` without a target batch raises
     :class:`~kdml.errors.KdmlError`.
 
+    The weights :math:`\alpha, \beta, \gamma, \omega^{(m)}` must be finite and
+    :math:`\ge 0` (a negative one would turn a penalty into a reward); :math:`\tau^{(m)}`
+    finite, of either sign (:math:`J^{(m)}` can be negative).
+
     Args:
         alpha: :math:`\alpha`, weight of :math:`S_b`. Default: 0.1.
         beta: :math:`\beta`, weight of :math:`D_{ts}`. Default: 10.
@@ -85,7 +110,7 @@ class DTMLObjective(nn.Module):
         - ``source_layers``: list of the :math:`M` layer outputs of the labelled source batch,
           :math:`(N_s, p^{(m)})` each (as returned by
           :class:`~kdml.models.dtml.DTMLNetwork`).
-        - ``labels``: :math:`(N_s,)` source labels.
+        - ``labels``: :math:`(N_s,)` integer source labels, on the layer outputs' device.
         - ``target_layers``: the same list for the unlabelled target batch, or ``None``.
         - ``network``: a module with ``weight_penalty()``; ``None`` only when ``gamma = 0``.
 
@@ -110,14 +135,13 @@ class DTMLObjective(nn.Module):
                  hidden_weight: float | Sequence[float] = 0.0,
                  hidden_threshold: float | Sequence[float] = 0.0) -> None:
         super().__init__()
-        for name, value in (("beta", beta), ("gamma", gamma)):
-            if not value >= 0:
-                raise KdmlError(f"{name} must be >= 0, got {value}")
+        self.beta = _check_number("beta", beta, nonnegative=True)
+        self.gamma = _check_number("gamma", gamma, nonnegative=True)
+        self.hidden_weight = _check_per_layer("hidden_weight", hidden_weight, nonnegative=True)
+        self.hidden_threshold = _check_per_layer("hidden_threshold", hidden_threshold,
+                                                 nonnegative=False)
         self.fisher = MarginalFisherLoss(k1, k2, alpha)
         self.mmd = mmd if mmd is not None else DomainMMD()
-        self.beta, self.gamma = float(beta), float(gamma)
-        self.hidden_weight = hidden_weight
-        self.hidden_threshold = hidden_threshold
 
     def layer_criterion(self, source: Tensor, labels: Tensor,
                         target: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -143,9 +167,8 @@ class DTMLObjective(nn.Module):
     def forward(self, source_layers: Sequence[Tensor], labels: Tensor,
                 target_layers: Sequence[Tensor] | None = None,
                 network: WeightPenalized | None = None) -> ObjectiveOutput:
+        check_batch(type(self).__name__, source_layers, labels)
         num_layers = len(source_layers)
-        if num_layers == 0:
-            raise KdmlError("DTMLObjective needs at least one layer output")
         if target_layers is not None and len(target_layers) != num_layers:
             raise KdmlError(f"{num_layers} source layer outputs but {len(target_layers)} target")
         weights = _per_hidden_layer("hidden_weight", self.hidden_weight, num_layers - 1)

@@ -8,14 +8,17 @@ the embeddings.
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import is_positive_int
+from kdml.checks import check_labels, is_positive_int
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
+from kdml.losses.pml_call import check_pml_call
 from kdml.precision import full_precision
 
 
@@ -73,10 +76,19 @@ class MarginalFisherLoss(nn.Module):
     Args:
         k1: same-class neighbours per sample (5 in the paper, 3 for re-id). Default: 5.
         k2: different-class neighbours per sample. Default: 10.
-        alpha: weight :math:`\alpha > 0` of the separability. Default: 0.1.
+        alpha: weight :math:`\alpha \ge 0` of the separability. Default: 0.1. The paper
+            (Eq. 3) takes :math:`\alpha > 0` (0.1 in its experiments); 0 is accepted as the
+            compactness-only ablation, which alone is minimised by collapsing the batch.
 
-    Inputs: ``embeddings`` :math:`(N, D)` float, ``labels`` :math:`(N,)` int.
+    Inputs: ``embeddings`` :math:`(N, D)` float, ``labels`` :math:`(N,)` integer tensor on
+    the embeddings' device.
     Shape: output is a scalar.
+
+    **pytorch-metric-learning.** The call takes PML's signature, ``loss(embeddings, labels,
+    indices_tuple=None, ref_emb=None, ref_labels=None)``, so the loss works inside PML's
+    ``MultipleLosses``. :math:`P, Q` are the loss's own mining: a miner's ``indices_tuple`` and
+    a reference batch (``ref_emb``, ``ref_labels``, ``CrossBatchMemory``) are refused with
+    :class:`~kdml.errors.KdmlError`.
 
     Example::
 
@@ -92,9 +104,10 @@ class MarginalFisherLoss(nn.Module):
         super().__init__()
         self.k1 = _check_k("k1", k1)
         self.k2 = _check_k("k2", k2)
-        if not alpha >= 0:
-            raise KdmlError(f"alpha must be >= 0, got {alpha}")
-        self.alpha = float(alpha)
+        number = float(alpha) if isinstance(alpha, numbers.Real) else math.nan
+        if isinstance(alpha, bool) or not (math.isfinite(number) and number >= 0):
+            raise KdmlError(f"alpha must be a finite number >= 0, got {alpha!r}")
+        self.alpha = number
         self._warned = False
 
     def graphs(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,11 +133,18 @@ class MarginalFisherLoss(nn.Module):
                 nearest_neighbour_graph(sq_dists, other_candidates, self.k2))
 
     @full_precision
-    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+    def forward(self, embeddings: Tensor, labels: Tensor | None = None,
+                indices_tuple: object = None, ref_emb: Tensor | None = None,
+                ref_labels: Tensor | None = None) -> Tensor:
+        r""":math:`S_c - \alpha S_b` of ``embeddings`` :math:`(N, D)` and ``labels``
+        :math:`(N,)`; PML's other arguments must be ``None`` (see the class docstring)."""
+        labels = check_pml_call(type(self).__name__, "builds its neighbour pairs from the "
+                                "whole batch", labels, indices_tuple, ref_emb, ref_labels)
         compactness, separability = self.terms(embeddings, labels)
         return compactness - self.alpha * separability
 
     def _check_inputs(self, embeddings: Tensor, labels: Tensor) -> None:
+        check_labels(type(self).__name__, labels, [embeddings])
         if embeddings.ndim != 2 or labels.ndim != 1 or len(labels) != len(embeddings):
             raise KdmlError(f"MarginalFisherLoss expects embeddings [N, D] and labels [N], got "
                             f"{tuple(embeddings.shape)} and {tuple(labels.shape)}")

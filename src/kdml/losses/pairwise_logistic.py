@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kdml.checks import check_labels
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
+from kdml.losses.pml_call import check_pml_call
 from kdml.precision import full_precision
 
 REDUCTIONS = ("mean", "sum")
@@ -51,6 +53,7 @@ def _check_reduction(reduction: str) -> str:
 
 
 def _check_inputs(embeddings: Tensor, labels: Tensor) -> None:
+    check_labels("pairwise_logistic_loss", labels, [embeddings])
     if embeddings.ndim != 2 or labels.ndim != 1 or len(labels) != len(embeddings):
         raise KdmlError(f"the pairwise logistic loss expects embeddings [N, D] and labels [N], "
                         f"got {tuple(embeddings.shape)} and {tuple(labels.shape)}")
@@ -88,7 +91,7 @@ def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: float 
 
     Args:
         embeddings: :math:`(N, D)` float, the top-layer outputs :math:`f(x)`.
-        labels: :math:`(N,)` class labels.
+        labels: :math:`(N,)` integer class labels, on the embeddings' device.
         threshold: :math:`\tau`; positive pairs are pushed below :math:`\tau - 1`, negative
             ones above :math:`\tau + 1`. Default: 3.
         sharpness: :math:`\beta > 0` of :math:`g` (DDML's :math:`\beta`; not DTML's domain
@@ -133,8 +136,15 @@ class PairwiseLogisticLoss(nn.Module):
         sharpness: :math:`\beta > 0`. Default: 2.
         reduction: ``"mean"`` or ``"sum"``. Default: ``"mean"``.
 
-    Inputs: ``embeddings`` :math:`(N, D)` float, ``labels`` :math:`(N,)`.
+    Inputs: ``embeddings`` :math:`(N, D)` float, ``labels`` :math:`(N,)` integer tensor on
+    the embeddings' device.
     Shape: output is a scalar.
+
+    **pytorch-metric-learning.** The call takes PML's signature, ``loss(embeddings, labels,
+    indices_tuple=None, ref_emb=None, ref_labels=None)``, so the loss works inside PML's
+    ``MultipleLosses``. It uses every pair of the batch: a miner's ``indices_tuple`` and a
+    reference batch (``ref_emb``, ``ref_labels``, ``CrossBatchMemory``) are refused with
+    :class:`~kdml.errors.KdmlError`.
 
     Example::
 
@@ -152,7 +162,13 @@ class PairwiseLogisticLoss(nn.Module):
         self.sharpness = _check_sharpness(sharpness)
         self.reduction = _check_reduction(reduction)
 
-    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+    def forward(self, embeddings: Tensor, labels: Tensor | None = None,
+                indices_tuple: object = None, ref_emb: Tensor | None = None,
+                ref_labels: Tensor | None = None) -> Tensor:
+        """The loss of ``embeddings`` :math:`(N, D)` and ``labels`` :math:`(N,)`; PML's other
+        arguments must be ``None`` (see the class docstring)."""
+        labels = check_pml_call(type(self).__name__, "uses every pair of the batch", labels,
+                                indices_tuple, ref_emb, ref_labels)
         return pairwise_logistic_loss(embeddings, labels, self.threshold, self.sharpness,
                                       self.reduction)
 

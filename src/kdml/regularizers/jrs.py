@@ -22,12 +22,14 @@ regularizers work next to any metric-learning loss, e.g. from pytorch-metric-lea
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import check_labels
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel, Kernel
 from kdml.precision import full_precision
@@ -37,22 +39,16 @@ __all__ = ["IntraClassPenalty", "JointIntra", "JointMMD", "JointRepresentationSi
 
 def check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -> None:
     """Refuse, in one line naming ``owner``, a batch that is not a sequence of float [M, D_l]
-    representations with integer [M] labels (JRS, its baselines and the sharded JRS). Shapes
-    and dtypes only: no host sync."""
+    representations with integer [M] labels on their device (JRS, its baselines, the sharded
+    JRS and the DTML objective). Shapes, dtypes and devices only: no host sync."""
     if isinstance(representations, Tensor):
         raise KdmlError(
-            f"{owner} takes a sequence of representations, e.g. reg([embeddings], labels), "
-            "not a bare tensor"
+            f"{owner} takes a sequence of representations (one tensor per layer), e.g. "
+            "[embeddings], not a bare tensor"
         )
     if len(representations) == 0:
         raise KdmlError(f"{owner} needs at least one representation")
-    tensors = [labels, *representations]
-    if not all(isinstance(tensor, Tensor) for tensor in tensors):
-        kinds = ", ".join(sorted({type(t).__name__ for t in tensors if not isinstance(t, Tensor)}))
-        raise KdmlError(f"{owner} takes torch tensors (the batch's labels and representations), "
-                        f"got {kinds}; convert with torch.as_tensor")
-    if labels.is_floating_point() or labels.is_complex():
-        raise KdmlError(f"{owner}: labels must be integers, got dtype {labels.dtype}")
+    check_labels(owner, labels, representations, "representations", "representations[0]")
     if not all(rep.is_floating_point() for rep in representations):
         raise KdmlError(f"{owner}: representations must be floating point, got "
                         f"{[rep.dtype for rep in representations]}")
@@ -64,6 +60,40 @@ def check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -
                 f"{owner}: representation {layer} must be [M, D] with M = {labels.shape[0]} "
                 f"(the number of labels), got shape {tuple(rep.shape)}"
             )
+
+
+def check_kernel(owner: str, kernel: object) -> nn.Module:
+    """``kernel`` if it can be a kernel: a :class:`~kdml.kernels.Kernel`, or another
+    ``nn.Module`` whose ``forward`` takes ``(x)`` and ``(x, y)`` as kernels do. A module of
+    one input (``nn.Identity``, ``nn.Linear``) or of two (``nn.Bilinear``) is refused here, at
+    construction, rather than by a shape error at the first batch; one that passes and still
+    returns no :math:`(M, M)` matrix is refused at the call (:func:`kernel_matrix`)."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, nn.Module):
+        try:
+            signature = inspect.signature(kernel.forward)
+            signature.bind(None)
+            signature.bind(None, None)
+        except (TypeError, ValueError):  # ValueError: no signature to read
+            pass
+        else:
+            return kernel
+    raise KdmlError(f"{owner}: kernels must be kernel modules called as kernel(x, y) "
+                    f"(see kdml.kernels), got {type(kernel).__name__}")
+
+
+def kernel_matrix(owner: str, layer: int, kernel: nn.Module, representation: Tensor) -> Tensor:
+    """The :math:`(M, M)` matrix ``kernel(representation)`` of an :math:`(M, D)`
+    representation; any other shape (a module that is not a kernel) is refused in one line.
+    Shapes only: no host sync."""
+    matrix: Tensor = kernel(representation)
+    size = representation.shape[0]
+    if matrix.shape != (size, size):
+        raise KdmlError(f"{owner}: kernel {layer} ({type(kernel).__name__}) returned shape "
+                        f"{tuple(matrix.shape)}, not the [M, M] = [{size}, {size}] kernel "
+                        "matrix of its [M, D] representation; pass kernels from kdml.kernels")
+    return matrix
 
 
 class _ClassSums(NamedTuple):
@@ -107,10 +137,8 @@ class _JointKernelRegularizer(nn.Module):
         kernels = list(kernels)
         if not kernels:
             raise KdmlError(f"{type(self).__name__} needs at least one kernel")
-        for kernel in kernels:
-            if not isinstance(kernel, nn.Module):
-                raise KdmlError(f"kernels must be nn.Module kernels, got {type(kernel).__name__}")
-        self.kernels = nn.ModuleList(kernels)
+        self.kernels = nn.ModuleList(check_kernel(type(self).__name__, kernel)
+                                     for kernel in kernels)
 
     def joint_kernel(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
         r""":math:`(M, M)` matrix :math:`K_{ij} = \prod_l k^l(x_i^l, x_j^l)`."""
@@ -121,7 +149,8 @@ class _JointKernelRegularizer(nn.Module):
                 f"{owner} was built with {len(self.kernels)} kernel(s) but got "
                 f"{len(representations)} representation(s); pass one kernel per representation"
             )
-        matrices = [kernel(rep) for kernel, rep in zip(self.kernels, representations, strict=True)]
+        matrices = [kernel_matrix(owner, layer, kernel, rep) for layer, (kernel, rep)
+                    in enumerate(zip(self.kernels, representations, strict=True))]
         joint: Tensor = matrices[0]
         for matrix in matrices[1:]:
             joint = joint * matrix
@@ -348,12 +377,13 @@ class IntraClassPenalty(nn.Module):
                     f"got {len(kernels)}"
                 )
             kernel = kernels[0]
-        self.kernel = kernel
+        self.kernel = check_kernel(type(self).__name__, kernel)
 
     @full_precision
     def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
-        check_batch(type(self).__name__, representations, labels)
-        gram = self.kernel(representations[-1])
+        owner = type(self).__name__
+        check_batch(owner, representations, labels)
+        gram = kernel_matrix(owner, 0, self.kernel, representations[-1])
         same_class = labels[:, None] == labels[None, :]
         counts = same_class.sum(dim=1)  # n_{y_i}
         same_class.fill_diagonal_(False)

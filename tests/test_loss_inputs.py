@@ -1,0 +1,253 @@
+"""What kdml's losses and regularizers take: one-line errors for labels that are not integer
+torch tensors on the embeddings' device, settings that would give NaN or reward what the
+objective penalises, modules that are not kernels; pytorch-metric-learning's call; exports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from pytorch_metric_learning.losses import MultipleLosses, TripletMarginLoss
+from pytorch_metric_learning.miners import MultiSimilarityMiner
+from torch import Tensor, nn
+
+from kdml.errors import KdmlError
+from kdml.kernels import GaussianMixtureKernel
+from kdml.losses.am_softmax import am_softmax_loss
+from kdml.losses.dtml_objective import DTMLObjective
+from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
+from kdml.regularizers.jrs import (
+    IntraClassPenalty,
+    JointIntra,
+    JointMMD,
+    JointRepresentationSimilarity,
+)
+
+
+def batch() -> tuple[Tensor, Tensor]:
+    """Six [6, 3] embeddings of three classes, two each."""
+    return torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), torch.arange(6) % 3
+
+
+# (owner in the message, what the labels go with, the call on embeddings and labels)
+CALLS = {
+    "JointRepresentationSimilarity": (
+        "representations", lambda x, y: JointRepresentationSimilarity([GaussianMixtureKernel()])(
+            [x], y)),
+    "JointMMD": ("representations", lambda x, y: JointMMD([GaussianMixtureKernel()])([x], y)),
+    "JointIntra": ("representations", lambda x, y: JointIntra([GaussianMixtureKernel()])([x], y)),
+    "IntraClassPenalty": ("representations", lambda x, y: IntraClassPenalty()([x], y)),
+    "MarginalFisherLoss": ("embeddings", lambda x, y: MarginalFisherLoss(1, 2)(x, y)),
+    "pairwise_logistic_loss": ("embeddings", pairwise_logistic_loss),
+    "PairwiseLogisticLoss module": ("embeddings", lambda x, y: PairwiseLogisticLoss()(x, y)),
+    "am_softmax_loss": ("cosines", lambda x, y: am_softmax_loss(x, y, 20.0, 0.1)),
+    "DTMLObjective": ("representations",
+                      lambda x, y: DTMLObjective(k1=1, k2=2, beta=0.0, gamma=0.0)([x], y)),
+}
+# the message names the function, also when the module calls it
+OWNERS = {"PairwiseLogisticLoss module": "pairwise_logistic_loss"}
+# what the message tells the caller to move the labels to
+LIKE = {"representations": "representations[0]", "embeddings": "embeddings",
+        "cosines": "cosines"}
+
+
+def raises_one_line(pattern, call, *args, **kwargs):
+    """``call(*args, **kwargs)`` raises a one-line KdmlError matching ``pattern``."""
+    with pytest.raises(KdmlError, match=pattern) as error:
+        call(*args, **kwargs)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_labels_on_another_device_are_refused_naming_both_devices(name):
+    """Torch's own error ("Tensor on device cpu is not on the expected device meta!") came
+    from deep inside the maths; the meta device stands in for a GPU."""
+    what, call = CALLS[name]
+    owner = OWNERS.get(name, name)
+    embeddings, labels = batch()
+    raises_one_line(rf"^{owner}: the labels are on meta but the {what} on cpu; move the labels "
+                    rf"with {re.escape(f'labels.to({LIKE[what]}.device)')}$",
+                    call, embeddings, labels.to("meta"))
+
+
+@pytest.mark.parametrize("name", ["MarginalFisherLoss", "pairwise_logistic_loss",
+                                  "JointRepresentationSimilarity"])
+def test_embeddings_on_another_device_than_the_labels_are_refused(name):
+    what, call = CALLS[name]
+    embeddings, labels = batch()
+    raises_one_line(rf": the labels are on cpu but the {what} on meta; move the labels",
+                    call, embeddings.to("meta"), labels)
+
+
+def test_representations_on_different_devices_are_refused():
+    embeddings, labels = batch()
+    jrs = JointRepresentationSimilarity([GaussianMixtureKernel(), GaussianMixtureKernel()])
+    raises_one_line(r"^JointRepresentationSimilarity: the representations are on different "
+                    r"devices \(cpu, meta\); put them on one device$",
+                    jrs, [embeddings, embeddings.to("meta")], labels)
+
+
+NON_JRS = ["MarginalFisherLoss", "pairwise_logistic_loss", "PairwiseLogisticLoss module",
+           "am_softmax_loss", "DTMLObjective"]
+
+
+@pytest.mark.parametrize("name", NON_JRS)
+@pytest.mark.parametrize("convert", [np.asarray, list], ids=["ndarray", "list"])
+def test_array_and_list_labels_get_jrs_s_message(name, convert):
+    """A PML loop's labels are often NumPy: these raised TypeError or AttributeError, while JRS
+    said what to do."""
+    what, call = CALLS[name]
+    owner = OWNERS.get(name, name)
+    embeddings, labels = batch()
+    kind = type(convert(labels.tolist())).__name__
+    raises_one_line(rf"^{owner} takes torch tensors \(the batch's labels and {what}\), got "
+                    rf"{kind}; convert with torch\.as_tensor$",
+                    call, embeddings, convert(labels.tolist()))
+
+
+@pytest.mark.parametrize("name", ["MarginalFisherLoss", "pairwise_logistic_loss",
+                                  "PairwiseLogisticLoss module", "DTMLObjective"])
+def test_float_labels_are_refused_as_jrs_refuses_them(name):
+    """These took float labels silently; JRS and AM-Softmax refuse them."""
+    _, call = CALLS[name]
+    owner = OWNERS.get(name, name)
+    embeddings, labels = batch()
+    raises_one_line(rf"^{owner}: labels must be integers, got dtype torch\.float64$",
+                    call, embeddings, labels.double())
+
+
+# ----------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(("scale", "margin", "message"), [
+    (float("inf"), 0.1, "a scale that is a finite number > 0, got inf"),  # gave NaN
+    (float("nan"), 0.1, "a scale that is a finite number > 0, got nan"),
+    (0.0, 0.1, "a scale that is a finite number > 0, got 0.0"),
+    (-20.0, 0.1, r"a scale that is a finite number > 0, got -20\.0"),
+    (True, 0.1, "a scale that is a finite number > 0, got True"),
+    (20.0, float("nan"), "a margin that is a finite number >= 0, got nan"),  # gave NaN
+    (20.0, float("inf"), "a margin that is a finite number >= 0, got inf"),
+    (20.0, -0.1, r"a margin that is a finite number >= 0, got -0\.1"),
+])
+def test_am_softmax_refuses_a_scale_or_margin_outside_eq_12(scale, margin, message):
+    cosines, labels = torch.rand(4, 3), torch.tensor([0, 1, 2, 0])
+    raises_one_line(rf"^am_softmax_loss needs {message}$", am_softmax_loss, cosines, labels,
+                    scale, margin)
+    # the paper's settings, a zero margin and a tensor (e.g. learned) scale still work
+    for good_scale, good_margin in ((20.0, 0.1), (20, 0), (torch.tensor(20.0), 0.05)):
+        assert torch.isfinite(am_softmax_loss(cosines, labels, good_scale, good_margin))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"hidden_weight": -1.0}, r"^DTMLObjective: hidden_weight must be a finite number >= 0, "
+                              r"got -1\.0$"),
+    ({"hidden_weight": [1.0, -0.5]}, r"^DTMLObjective: hidden_weight must be a finite number "
+                                     r">= 0, got -0\.5$"),
+    ({"hidden_weight": float("nan")}, "hidden_weight must be a finite number >= 0, got nan"),
+    ({"hidden_threshold": float("nan")}, r"^DTMLObjective: hidden_threshold must be a finite "
+                                         r"number, got nan$"),
+    ({"beta": float("inf")}, r"^DTMLObjective: beta must be a finite number >= 0, got inf$"),
+    ({"gamma": float("inf")}, r"^DTMLObjective: gamma must be a finite number >= 0, got inf$"),
+    ({"alpha": float("inf")}, r"^alpha must be a finite number >= 0, got inf$"),
+])
+def test_dtml_objective_refuses_weights_that_reward_the_penalty_at_construction(kwargs, message):
+    """omega < 0 turned the hidden layers' hinge into a reward (Eq. 8): accepted until now."""
+    raises_one_line(message, DTMLObjective, **kwargs)
+
+
+@pytest.mark.parametrize("regularizer", [JointRepresentationSimilarity, JointMMD, JointIntra,
+                                         lambda kernels: IntraClassPenalty(kernels[0])],
+                         ids=["JRS", "JMMD", "JIntra", "IntraClassPenalty"])
+@pytest.mark.parametrize("module", [nn.Identity(), nn.Linear(3, 6), nn.Bilinear(3, 3, 6)],
+                         ids=["Identity", "Linear", "Bilinear"])
+def test_a_module_that_is_not_a_kernel_is_refused_at_construction(regularizer, module):
+    """nn.Identity passed the constructor and raised a shape RuntimeError at the first batch."""
+    raises_one_line(rf": kernels must be kernel modules called as kernel\(x, y\) \(see "
+                    rf"kdml\.kernels\), got {type(module).__name__}$", regularizer, [module])
+
+
+class NotAKernel(nn.Module):
+    """Called like a kernel, returns its input: told apart only by its output's shape."""
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        return x
+
+
+@pytest.mark.parametrize("regularizer", [JointRepresentationSimilarity, JointMMD, JointIntra,
+                                         lambda kernels: IntraClassPenalty(kernels[0])],
+                         ids=["JRS", "JMMD", "JIntra", "IntraClassPenalty"])
+def test_a_kernel_like_module_of_the_wrong_output_shape_is_refused_at_the_call(regularizer):
+    embeddings, labels = batch()
+    raises_one_line(r": kernel 0 \(NotAKernel\) returned shape \(6, 3\), not the \[M, M\] = "
+                    r"\[6, 6\] kernel matrix of its \[M, D\] representation; pass kernels from "
+                    r"kdml\.kernels$", regularizer([NotAKernel()]), [embeddings], labels)
+
+
+# ----------------------------------------------------------------- pytorch-metric-learning
+
+
+def test_kdml_losses_work_inside_pml_s_multiple_losses():
+    """PML passes indices_tuple positionally: "forward() takes 3 positional arguments but 4
+    were given". The total is the weighted sum of the parts."""
+    embeddings, labels = batch()
+    embeddings.requires_grad_()
+    triplet, fisher, logistic = TripletMarginLoss(), MarginalFisherLoss(1, 2), \
+        PairwiseLogisticLoss()
+    total = MultipleLosses([triplet, fisher, logistic], weights=[1.0, 0.5, 2.0])(embeddings,
+                                                                                 labels)
+    parts = (triplet(embeddings, labels) + 0.5 * fisher(embeddings, labels)
+             + 2.0 * logistic(embeddings, labels))
+    torch.testing.assert_close(total, parts, rtol=1e-6, atol=0.0)
+    assert total != triplet(embeddings, labels)  # the kdml parts count
+    total.backward()
+    assert embeddings.grad is not None and torch.isfinite(embeddings.grad).all()
+
+
+@pytest.mark.parametrize("loss", [MarginalFisherLoss(1, 2), PairwiseLogisticLoss()],
+                         ids=["MarginalFisherLoss", "PairwiseLogisticLoss"])
+def test_miners_tuples_and_reference_batches_are_refused_in_one_line(loss):
+    """These losses use every pair of the batch: a miner's pairs or a CrossBatchMemory's
+    reference batch would be silently ignored, so they are refused."""
+    embeddings, labels = batch()
+    name = type(loss).__name__
+    raises_one_line(rf"^{name} .*, so it takes no indices_tuple \(no miner, reference batch "
+                    r"or CrossBatchMemory\); call it as loss\(embeddings, labels\)$",
+                    loss, embeddings, labels, MultiSimilarityMiner()(embeddings, labels))
+    raises_one_line(rf"^{name} .*, so it takes no ref_emb or ref_labels ", lambda: loss(
+        embeddings, labels, ref_emb=embeddings, ref_labels=labels))
+    raises_one_line(rf"^{name} needs the batch's labels; call it as loss\(embeddings, labels\)$",
+                    lambda: loss(embeddings, labels=None))
+
+
+# ----------------------------------------------------------------- exports
+
+
+@pytest.mark.parametrize("first", ["kdml.losses", "kdml.regularizers",
+                                   "kdml.losses.pairwise_logistic"])
+def test_the_losses_and_regularizers_are_exported_without_an_import_cycle(first):
+    """Each package imported first in a fresh interpreter (an import cycle fails only in
+    some orders); the names are the modules' own, and __all__ stays sorted."""
+    code = f"""
+import importlib
+importlib.import_module({first!r})
+import kdml.losses as losses
+import kdml.regularizers as regularizers
+from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
+from kdml.regularizers.domain import DomainMMD
+from kdml.regularizers.manifold import ManifoldMMD
+assert losses.PairwiseLogisticLoss is PairwiseLogisticLoss
+assert losses.pairwise_logistic_loss is pairwise_logistic_loss
+assert regularizers.DomainMMD is DomainMMD and regularizers.ManifoldMMD is ManifoldMMD
+for package, names in ((losses, ["PairwiseLogisticLoss", "pairwise_logistic_loss"]),
+                       (regularizers, ["DomainMMD", "ManifoldMMD"])):
+    assert set(names) <= set(package.__all__), package.__all__
+    assert package.__all__ == sorted(package.__all__), package.__all__
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
