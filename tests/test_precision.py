@@ -133,6 +133,15 @@ def test_jrs_on_float16_is_the_float64_value():
     assert value.item() == pytest.approx(reference.item(), rel=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_low_precision_tensor_passed_twice_is_one_tensor_after_the_cast(dtype):
+    """kernel(x, x) is the one-sample case, which the kernels tell apart by identity: cast
+    apart, the two copies made it two samples, with the bandwidth of [x; x] (0.03 off)."""
+    x = torch.randn(12, 5, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for kernel in (GaussianMixtureKernel(), LaplaceKernel()):
+        assert torch.equal(kernel(x, x), kernel(x))
+
+
 def test_maths_is_not_cast_down_by_autocast():
     x = torch.randn(16, 12, generator=torch.Generator().manual_seed(4))
     kernel = GaussianMixtureKernel(3)

@@ -22,12 +22,22 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def upcast(value: Any) -> Any:
-    """``value`` with float16/bfloat16 tensors (also inside lists and tuples) as float32."""
+def upcast(value: Any, made: dict[int, torch.Tensor] | None = None) -> Any:
+    """``value`` with float16/bfloat16 tensors (also inside lists and tuples) as float32.
+
+    ``made`` maps the ids of tensors already cast in this call to their casts, so that a tensor
+    passed twice is one tensor after the cast too: ``kernel(x, x)`` is the one-sample case,
+    which the kernels tell apart by identity.
+    """
+    made = {} if made is None else made
     if isinstance(value, torch.Tensor):
-        return value.float() if value.dtype in LOW_PRECISION else value
+        if value.dtype not in LOW_PRECISION:
+            return value
+        if id(value) not in made:
+            made[id(value)] = value.float()
+        return made[id(value)]
     if isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(upcast(v) for v in value)
+        return type(value)(upcast(v, made) for v in value)
     return value
 
 
@@ -45,8 +55,9 @@ def full_precision(function: F) -> F:
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        args = tuple(upcast(arg) for arg in args)
-        kwargs = {name: upcast(value) for name, value in kwargs.items()}
+        made: dict[int, torch.Tensor] = {}
+        args = tuple(upcast(arg, made) for arg in args)
+        kwargs = {name: upcast(value, made) for name, value in kwargs.items()}
         with ExitStack() as stack:
             for device in AUTOCAST_DEVICES:
                 if torch.is_autocast_enabled(device):
