@@ -159,6 +159,27 @@ def test_small_class_clamps_k1_and_warns_once():
     assert value.item() == pytest.approx(ref_c - 0.1 * ref_b, rel=1e-12)
 
 
+def test_only_the_first_batch_s_neighbour_counts_are_read(monkeypatch):
+    """Reading the counts is a host sync on a GPU: once per loss, not every step (a batch
+    without clamping had been read at every step, waiting for a warning that never came)."""
+    loss = MarginalFisherLoss(k1=1, k2=2)
+    balanced = torch.arange(12) % 3
+    reads = []
+    original = torch.Tensor.min
+
+    def counted_min(tensor, *args, **kwargs):
+        reads.append(tensor.shape)
+        return original(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "min", counted_min)
+    for seed in range(3):
+        loss(random_points(12, 2, seed=seed), balanced)
+    assert len(reads) == 2  # the first batch's same- and other-class counts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a clamping batch after the first is not looked for
+        loss(random_points(12, 2), torch.tensor([0] * 11 + [1]))
+
+
 def test_few_other_class_samples_clamp_k2_and_warn():
     labels = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 1, 1])  # class 0 sees only 3 others < k2
     points = random_points(len(labels), 2, seed=5)

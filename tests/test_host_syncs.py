@@ -35,6 +35,21 @@ def test_a_step_needs_no_data_values(recipe_name):
     assert any(parameter.grad is not None for parameter in model.parameters())
 
 
+@pytest.mark.parametrize("recipe_name", ["dtml", "dstml", "ddml", "ddml-logistic"])
+def test_a_dtml_step_needs_no_data_values(recipe_name):
+    """The DTML family on feature vectors, with a target batch. Its marginal Fisher loss reads
+    its first batch's neighbour counts once, to warn of clamped k1 or k2; that read, which the
+    meta device cannot do, is skipped there (tests/test_dtml_losses.py counts it)."""
+    recipe = get_recipe(recipe_name)
+    config = resolve_config(recipe_name, recipe.params, recipe.defaults,
+                            overrides=["model.embedding_size=16"])
+    model = recipe.build(config, build_backbone("identity", (64,)), 5).to("meta")
+    source, target = (torch.randn(20, 64, device="meta") for _ in range(2))
+    labels = torch.arange(20, device="meta") % 5
+    model(source, labels, target).loss.backward()
+    assert any(parameter.grad is not None for parameter in model.parameters())
+
+
 @pytest.mark.parametrize(("loss", "labels"), [
     (CosFaceLoss(5, 16), torch.arange(8) % 5),  # boolean mask on the target cosines
     (NTXentLoss(0.5), torch.arange(4).repeat(2)),  # torch.where on the label matrix

@@ -108,7 +108,7 @@ class MarginalFisherLoss(nn.Module):
         if isinstance(alpha, bool) or not (math.isfinite(number) and number >= 0):
             raise KdmlError(f"alpha must be a finite number >= 0, got {alpha!r}")
         self.alpha = number
-        self._warned = False
+        self._checked = False
 
     def graphs(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """The neighbour graphs :math:`P` (intra-class) and :math:`Q` (inter-class), 0/1
@@ -150,16 +150,18 @@ class MarginalFisherLoss(nn.Module):
                             f"{tuple(embeddings.shape)} and {tuple(labels.shape)}")
 
     def _warn_if_clamped(self, num_same: Tensor, num_other: Tensor) -> None:
-        if self._warned or len(num_same) == 0:
+        # The first batch only: reading the counts makes a GPU wait for them, once per loss
+        # rather than every step; a run's batches share one sampler, so the first is typical.
+        if self._checked or len(num_same) == 0 or num_same.device.type == "meta":
             return
+        self._checked = True
         fewest_same, fewest_other = int(num_same.min()), int(num_other.min())
         if fewest_same < self.k1 or fewest_other < self.k2:
-            self._warned = True
             warnings.warn(
                 f"MarginalFisherLoss: a batch has samples with only {fewest_same} same-class "
                 f"(k1={self.k1}) or {fewest_other} other-class (k2={self.k2}) neighbours; they "
                 "use all they have (use larger or class-balanced batches, e.g. "
-                f"data.samples_per_class >= {self.k1 + 1}). Warned once.",
+                f"data.samples_per_class >= {self.k1 + 1}). Checked on the first batch.",
                 stacklevel=3,
             )
 
