@@ -239,12 +239,13 @@ import kdml.losses as losses
 import kdml.regularizers as regularizers
 from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
 from kdml.regularizers.domain import DomainMMD
-from kdml.regularizers.manifold import ManifoldMMD
+from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
+assert regularizers.ChartMembershipLoss is ChartMembershipLoss
 assert losses.PairwiseLogisticLoss is PairwiseLogisticLoss
 assert losses.pairwise_logistic_loss is pairwise_logistic_loss
 assert regularizers.DomainMMD is DomainMMD and regularizers.ManifoldMMD is ManifoldMMD
 for package, names in ((losses, ["PairwiseLogisticLoss", "pairwise_logistic_loss"]),
-                       (regularizers, ["DomainMMD", "ManifoldMMD"])):
+                       (regularizers, ["ChartMembershipLoss", "DomainMMD", "ManifoldMMD"])):
     assert set(names) <= set(package.__all__), package.__all__
     assert package.__all__ == sorted(package.__all__), package.__all__
 """

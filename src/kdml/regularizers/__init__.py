@@ -7,7 +7,7 @@ from kdml.regularizers.jrs import (
     JointMMD,
     JointRepresentationSimilarity,
 )
-from kdml.regularizers.manifold import ManifoldMMD
+from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
 
-__all__ = ["DomainMMD", "IntraClassPenalty", "JointIntra", "JointMMD",
+__all__ = ["ChartMembershipLoss", "DomainMMD", "IntraClassPenalty", "JointIntra", "JointMMD",
            "JointRepresentationSimilarity", "ManifoldMMD"]
