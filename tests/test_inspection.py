@@ -79,14 +79,20 @@ def test_atlas_index_searches_the_query_chart_only(runs, tmp_path, capsys):
     assert kdml("index", runs / "atlas", "--out", index) == 0
     assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
     codes = np.load(tmp_path / "codes.npz")
-    np.savez(tmp_path / "query.npz", embeddings=codes["embeddings"][:4],
-             chart_coords=codes["chart_coords"][:4], chart_index=codes["chart_index"][:4])
-    capsys.readouterr()
-    assert kdml("search", runs / "atlas", "--index", index, "--query", tmp_path / "query.npz",
-                "-k", "3", "--json") == 0
-    for query, result in enumerate(json.loads(capsys.readouterr().out)):
-        charts = {int(codes["chart_index"][int(item["source"].split("[")[1][:-1])])
-                  for item in result["neighbours"]}
+    charted = {"chart_coords": codes["chart_coords"][:4], "chart_index": codes["chart_index"][:4]}
+    np.savez(tmp_path / "query.npz", embeddings=codes["embeddings"][:4], **charted)
+    np.savez(tmp_path / "charts-only.npz", **charted)  # what the search uses: no embeddings
+    results = []
+    for query_file in ("query.npz", "charts-only.npz"):
+        capsys.readouterr()
+        assert kdml("search", runs / "atlas", "--index", index, "--query", tmp_path / query_file,
+                    "-k", "3", "--json") == 0
+        results.append([[item["source"] for item in result["neighbours"]]
+                        for result in json.loads(capsys.readouterr().out)])
+    assert results[0] == results[1]
+    for query, neighbours in enumerate(results[0]):
+        charts = {int(codes["chart_index"][int(source.split("[")[1][:-1])])
+                  for source in neighbours}
         assert charts == {int(codes["chart_index"][query])}
 
 
@@ -406,6 +412,13 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
                          chart_index=np.array([0, 5, 1])), "atlas", "chart_index[1] is 5"),
         "both": (dict(embeddings=vectors, inputs=np.zeros((3, 1, 8, 8), dtype=np.float32)),
                  "plain", "holds both 'embeddings' and 'inputs'"),
+        "both-atlas": (dict(chart_coords=coords, chart_index=charts[:3],
+                            inputs=np.zeros((3, 1, 8, 8), dtype=np.float32)),
+                       "atlas", "holds both 'chart_coords' and 'inputs'"),
+        "no-coords": (dict(embeddings=codes["embeddings"][:3]), "atlas",
+                      "needs 'chart_coords' for this Atlas run"),
+        "nothing": (dict(labels=np.arange(3)), "atlas",
+                    "holds neither 'chart_coords' nor 'inputs'"),
     }
     for name, (arrays, run, words) in cases.items():
         np.savez(tmp_path / f"{name}.npz", **arrays)

@@ -199,8 +199,8 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
     """The query's vectors (embeddings, or chart coordinates for Atlas runs), their charts and
     names, from an image file (decoded as the run's data loader decodes image files, or
     fitted to the samples' ``(C, H, W)`` for in-memory image datasets such as Fashion-MNIST)
-    or an ``.npz`` with ``embeddings`` (and ``chart_index``) or raw ``inputs`` shaped like the
-    run's samples."""
+    or an ``.npz`` with ``embeddings`` (Atlas runs: ``chart_coords`` and ``chart_index``) or
+    raw ``inputs`` shaped like the run's samples."""
     if not query.is_file():
         raise KdmlError(f"query {query} {why_missing(query, 'file')}: give an image file or an "
                         ".npz")
@@ -213,10 +213,13 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
                 arrays = {key: archive[key] for key in archive.files}
         except (OSError, ValueError, zipfile.BadZipFile) as error:
             raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
-        if "embeddings" in arrays and "inputs" in arrays:  # either could be meant
-            raise KdmlError(f"query {query} holds both 'embeddings' and 'inputs'; save only "
-                            "the one to search with")
-        if "embeddings" in arrays:
+        # Atlas runs search chart coordinates; kdml embed writes them beside the embeddings
+        searched = "chart_coords" if method.has_charts else "embeddings"
+        vector_keys = [key for key in dict.fromkeys((searched, "embeddings")) if key in arrays]
+        if vector_keys and "inputs" in arrays:  # either could be meant
+            raise KdmlError(f"query {query} holds both '{vector_keys[0]}' and 'inputs'; save "
+                            "only the one to search with")
+        if vector_keys:
             # an .npz of `kdml embed` names its model; a user's own names none
             made_by = str(arrays.get("checkpoint_sha256", ""))
             if made_by and made_by != checkpoint_fingerprint(trained.checkpoint):
@@ -224,17 +227,16 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
                                 f"this run's (its checkpoint_sha256 differs); embed the queries "
                                 f"with this run (kdml embed {trained.run.root} --dataset ...), "
                                 f"or search with their run")
-            key = "chart_coords" if method.has_charts else "embeddings"
-            if key not in arrays:
-                raise KdmlError(f"query {query} needs '{key}' for this Atlas run")
-            vectors = _query_rows(arrays[key], key, query)
+            if searched not in arrays:
+                raise KdmlError(f"query {query} needs '{searched}' for this Atlas run")
+            vectors = _query_rows(arrays[searched], searched, query)
             charts = None
             if method.has_charts:
                 charts = _query_charts(arrays.get("chart_index"), len(vectors), query,
                                        trained.config.method.n_charts)
             return vectors, charts, [f"{query.name}[{i}]" for i in range(len(vectors))]
         if "inputs" not in arrays:
-            raise KdmlError(f"query {query} holds neither 'embeddings' nor 'inputs'")
+            raise KdmlError(f"query {query} holds neither '{searched}' nor 'inputs'")
         raw = _query_rows(arrays["inputs"], "inputs", query)
         if raw.dtype != np.uint8 and raw.dtype.kind != "f":
             raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
