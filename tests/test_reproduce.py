@@ -289,6 +289,11 @@ def test_runner_and_report_end_to_end(tmp_path):
     write_report(results, report.parent / "reproduction-fashion.md", context,
                  not_run=experiments("dtml", quick=True))
     write_report(results, report, context, not_run=experiments("dtml", quick=True))
+    elsewhere = dataclasses.replace(context, runs="elsewhere/runs")
+    write_report(results, report, elsewhere, not_run=[on_digits])
+    assert (f"`kdml reproduce jrd --only {on_digits.key} --runs elsewhere/runs`"
+            in report.read_text())
+    write_report(results, report, context, not_run=experiments("dtml", quick=True))
     assert ("Other reports of `kdml reproduce` beside this one: "
             "[reproduction-fashion.md](reproduction-fashion.md).") in report.read_text()
 
@@ -512,9 +517,12 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
                      "--runs", str(tmp_path / "runs"), "--no-progress", "--device", "cpu"])
     assert code == 0, capsys.readouterr().err
     text = report.read_text()
-    # a report written elsewhere names its path: its commands rewrite it, not the default
-    assert f"`kdml reproduce dtml --seeds 2 --quick --out {report}`" in text
-    assert f"--only dtml-mnist5k-to-digits --seeds 2 --quick --out {report}`" in text
+    # a report written elsewhere names its path: its commands rewrite it, not the default;
+    # and its runs folder, so that they reuse its runs rather than train them again
+    runs = tmp_path / "runs"
+    assert f"`kdml reproduce dtml --seeds 2 --quick --runs {runs} --out {report}`" in text
+    assert (f"--only dtml-mnist5k-to-digits --seeds 2 --quick --runs {runs} --out {report}`"
+            in text)
     for label in ("PCA", "DDML (2014)", "DTML, beta = 0", "DTML", "DSTML"):
         assert f"| {label} |" in text
     assert "| 0.856 |" in text  # the paper's DTML on LFW, beside kdml's numbers
@@ -531,7 +539,7 @@ def test_a_quick_report_goes_beside_its_runs_not_into_docs(tmp_path, monkeypatch
     assert code == 0, capsys.readouterr().err
     assert not (tmp_path / "docs").exists()
     text = (tmp_path / "quick-runs" / "reproduction.md").read_text()
-    assert "--quick --out quick-runs/reproduction.md`" in text
+    assert "--quick --runs quick-runs --out quick-runs/reproduction.md`" in text
     # even at docs/reproduction.md, a quick report's command names it: without --out, the
     # same command would write beside its runs
     code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
@@ -539,7 +547,7 @@ def test_a_quick_report_goes_beside_its_runs_not_into_docs(tmp_path, monkeypatch
                      "--device", "cpu", "--out", "docs/reproduction.md"])
     assert code == 0, capsys.readouterr().err
     text = (tmp_path / "docs" / "reproduction.md").read_text()
-    assert "--quick --out docs/reproduction.md`" in text
+    assert "--quick --runs quick-runs --out docs/reproduction.md`" in text
 
 
 def test_plan_hashes_the_device_auto_resolves_to(tmp_path):

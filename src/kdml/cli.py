@@ -731,7 +731,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                 print(f"    {cell.label}: {cell.recipe} {' '.join(cell.overrides)}".rstrip())
         return 0
     seeds = args.seeds or (3 if args.quick else 5)
-    runs = args.runs or Path("runs/reproduce-quick" if args.quick else "runs/reproduce")
+    default_runs = Path("runs/reproduce-quick" if args.quick else "runs/reproduce")
+    runs = args.runs or default_runs
     # A quick report's numbers say nothing about the methods, so by default it stays beside
     # its runs instead of replacing the committed docs/reproduction.md.
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
@@ -752,14 +753,18 @@ def _reproduce(args: argparse.Namespace) -> int:
     # A report written elsewhere names its path, so that its command rewrites it and not
     # the default report (a quick report always does: its default follows --runs).
     out = "" if report == DEFAULT_REPORT and not args.quick else str(report)
+    # and other runs than the default, so that its commands reuse them rather than train anew
+    other_runs = "" if runs == default_runs else str(runs)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
                *(["--quick"] if args.quick else []),
                *(item for pattern in args.only for item in ("--only", pattern)),
+               *(["--runs", other_runs] if other_runs else []),
                *(["--out", out] if out else [])]
     context = ReportContext(
         command=shlex.join(command), machine=machine_description(device),
         versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
-        seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "")
+        seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "",
+        runs=shlex.quote(other_runs) if other_runs else "")
     not_run = [experiment for experiment in experiments(args.paper, args.quick)
                if experiment not in chosen]
     failed = [result for result in results if result.error]

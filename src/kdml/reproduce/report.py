@@ -47,6 +47,7 @@ class ReportContext:
     seeds: int
     quick: bool
     out: str = ""  # a report path other than the default: the commands it prints name it
+    runs: str = ""  # a runs folder other than the default: the commands it prints name it
 
 
 def plots_folder(report: Path) -> Path:
@@ -89,7 +90,7 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
         for result in chosen:
             lines += ["", *_experiment_section(result, plots, report.parent, context)]
     lines += _not_run_section(not_run, {result.experiment.dataset for result in results},
-                              sibling_reports(report))
+                              sibling_reports(report), context.runs)
     text = "\n".join(lines) + "\n"
     return write_through_new_file(report, lambda partial: partial.write_text(text))
 
@@ -107,10 +108,11 @@ def sibling_reports(report: Path) -> list[str]:
 
 
 def _not_run_section(not_run: Sequence[Experiment], datasets: set[str],
-                     siblings: Sequence[str] = ()) -> list[str]:
-    """The experiments left out on this report's datasets, each with its command. Those on
-    other datasets are only counted, with the reports beside this one (``siblings``) that may
-    hold them (as Fashion-MNIST's are beside the offline digits')."""
+                     siblings: Sequence[str] = (), runs: str = "") -> list[str]:
+    """The experiments left out on this report's datasets, each with its command (with
+    ``--runs runs`` when the report's runs are not in the default folder). Those on other
+    datasets are only counted, with the reports beside this one (``siblings``) that may hold
+    them (as Fashion-MNIST's are beside the offline digits')."""
     if not not_run:
         return []
     listed = [experiment for experiment in not_run if experiment.dataset in datasets]
@@ -120,7 +122,8 @@ def _not_run_section(not_run: Sequence[Experiment], datasets: set[str],
         lines += ["Each runs with its command (the same `--seeds` and, where given, "
                   "`--quick`):", ""]
         lines += [f"- `{experiment.key}` ({experiment.mirrors}, {experiment.dataset}): "
-                  f"`kdml reproduce {experiment.paper} --only {experiment.key}`"
+                  f"`kdml reproduce {experiment.paper} --only {experiment.key}"
+                  f"{f' --runs {runs}' if runs else ''}`"
                   for experiment in listed]
     if elsewhere:
         count = len(not_run) - len(listed)
@@ -164,6 +167,7 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
     experiment = result.experiment
     command = (f"kdml reproduce {experiment.paper} --only {experiment.key} --seeds "
                f"{context.seeds}{' --quick' if context.quick else ''}"
+               + (f" --runs {context.runs}" if context.runs else "")
                + (f" --out {context.out}" if context.out else ""))
     lines = [f"### {experiment.mirrors}: {experiment.dataset}", "",
              f"{experiment.title}. Command: `{command}`."]
