@@ -153,9 +153,22 @@ def test_a_run_without_a_checkpoint_makes_way_for_a_new_run_and_only_its_files_g
     assert [path.name for path in out.iterdir()] == [".training.lock"]  # held: never removed
 
 
+def test_a_first_checkpoint_killed_while_written_makes_way_too(tmp_path):
+    """A SIGKILL while the first checkpoint was written leaves save_checkpoint's partial file
+    (no except clause runs): the run still saved no checkpoint, and its files go."""
+    out = stale_run(tmp_path / "run")
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / ".last.pt.0q9ai83d.tmp").write_bytes(b"")
+    check_new_run_folder(out)
+    with RunFolder(out).held():
+        assert start_afresh(out) == f"starting afresh: the run in {out} saved no checkpoint"
+    assert [path.name for path in out.iterdir()] == [".training.lock"]
+
+
 @pytest.mark.parametrize("extra", [
     "checkpoints/last.pt", "checkpoints/best.pt", "metrics.json", "plots/loss.png",
     "notes.txt", "tensorboard/notes.txt", "config.yaml", "train.log",
+    "checkpoints/.last.pt.notmine.tmp", "checkpoints/.last.pt.0q9ai83d.tmp.bak",
 ])
 def test_a_run_folder_with_a_checkpoint_or_a_file_kdml_did_not_write_is_still_refused(
         tmp_path, extra):
@@ -216,6 +229,20 @@ def test_the_corrected_command_trains_where_a_run_failed_before_its_first_checkp
     # with a checkpoint, the folder is a run again: refused to a new run, as before
     assert cli.main(command) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_a_resumed_run_removes_the_partial_checkpoints_of_a_killed_session(tmp_path,
+                                                                           tiny_overrides):
+    out = tmp_path / "run"
+    command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+               "--no-progress", *tiny_overrides]
+    assert cli.main([*command, "train.epochs=1"]) == 0
+    partial = out / "checkpoints" / ".last.pt.k1ll3d_x.tmp"  # as a kill mid-write leaves it
+    partial.write_bytes(b"\0" * 64)
+    mine = out / "checkpoints" / "notes.tmp"
+    mine.write_text("mine")
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert not partial.exists() and mine.read_text() == "mine"
 
 
 def test_starting_afresh_says_so_and_leaves_no_stale_events(tmp_path, tiny_overrides, capsys,

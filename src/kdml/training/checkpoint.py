@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 import torch
 
 from kdml.errors import KdmlError
+
+# save_checkpoint's partial files: mkstemp's ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
+_PARTIAL = re.compile(r"\.(last|best)\.pt\.[a-z0-9_]{8}\.tmp")
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -27,6 +31,16 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def partial_checkpoints(folder: Path) -> list[Path]:
+    """The files :func:`save_checkpoint` was writing in ``folder`` when its process was killed
+    (SIGKILL, power loss: no ``except`` ran), never renamed into place: kdml's own, which the
+    next session of the run may remove."""
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir()
+                  if _PARTIAL.fullmatch(path.name) and path.is_file() and not path.is_symlink())
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

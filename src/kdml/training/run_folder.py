@@ -23,6 +23,7 @@ import yaml
 from kdml.config import SECTIONS
 from kdml.errors import KdmlError, why_missing
 from kdml.file_write import write_through_new_file
+from kdml.training.checkpoint import partial_checkpoints
 
 LOCK_NAME = ".training.lock"
 
@@ -184,15 +185,22 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 
 def stale_run_files(root: Path) -> list[Path] | None:
     """The files of a run in ``root`` that stopped before saving its first checkpoint (a
-    setting found wrong in its first epoch, an unreadable image, a NaN loss): its
-    config.yaml, train.log and TensorBoard events, all written by kdml, which a new run may
-    replace. ``None`` when ``root`` holds anything else: a checkpoint, metrics, plots, a file
-    of the user's (a config.yaml and train.log count as kdml's only in kdml's own form)."""
+    setting found wrong in its first epoch, an unreadable image, a NaN loss, a kill while the
+    checkpoint was being written): its config.yaml, train.log, TensorBoard events and partial
+    checkpoint file, all written by kdml, which a new run may replace. ``None`` when ``root``
+    holds anything else: a checkpoint, metrics, plots, a file of the user's (a config.yaml and
+    train.log count as kdml's only in kdml's own form)."""
     run = RunFolder(root)
-    allowed = {run.config, run.log, run.lock_file, run.tensorboard}
+    checkpoints = run.checkpoint.parent
+    allowed = {run.config, run.log, run.lock_file, run.tensorboard, checkpoints}
     try:
         entries = list(root.iterdir())
         events = list(run.tensorboard.iterdir()) if run.tensorboard.is_dir() else []
+        # a first checkpoint killed while being written leaves only its partial file
+        partial = partial_checkpoints(checkpoints)
+        if checkpoints.exists() and (checkpoints.is_symlink() or not checkpoints.is_dir()
+                                     or len(list(checkpoints.iterdir())) != len(partial)):
+            return None
         with run.log.open(encoding="utf-8", errors="replace") as log:
             first_line = log.readline()
         values = yaml.safe_load(run.config.read_text(encoding="utf-8"))
@@ -205,7 +213,7 @@ def stale_run_files(root: Path) -> list[Path] | None:
             or not run.config.is_file() or not _LOG_START.match(first_line)
             or not isinstance(values, dict) or list(values) != ["recipe", *SECTIONS]):
         return None
-    return [*events, run.log, run.config]
+    return [*events, *partial, run.log, run.config]
 
 
 def start_afresh(root: Path) -> str | None:
@@ -218,8 +226,10 @@ def start_afresh(root: Path) -> str | None:
         return None
     for path in stale:
         path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # the new run's writer makes it again
-        RunFolder(root).tensorboard.rmdir()
+    run = RunFolder(root)
+    for folder in (run.tensorboard, run.checkpoint.parent):
+        with contextlib.suppress(OSError):  # the new run's writers make them again
+            folder.rmdir()
     return f"starting afresh: the run in {root} saved no checkpoint"
 
 

@@ -61,7 +61,7 @@ from kdml.models.weights import load_weights
 from kdml.precision import autocast, gradient_scaler
 from kdml.regularizers.domain import DomainMMD
 from kdml.seeding import AUGMENT, BatchShare, StepRandom, with_cpu_seed
-from kdml.training.checkpoint import load_checkpoint, save_checkpoint
+from kdml.training.checkpoint import load_checkpoint, partial_checkpoints, save_checkpoint
 from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
@@ -598,6 +598,8 @@ def _silent(message: str) -> None:
 
 def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
                      echo: Callable[[str], None]) -> None:
+    for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
+        partial.unlink(missing_ok=True)
     if not resume:
         check_new_run_folder(run.root, held=True)  # again: another run may have started here
         afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
