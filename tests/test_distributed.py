@@ -174,6 +174,22 @@ def test_torchrun_gives_the_single_process_run_and_one_run_folder(torchrun_run, 
         assert runs[1]["final"][key] == pytest.approx(value, abs=2 / 896), key
 
 
+def test_batchnorm_layers_that_train_per_process_are_named_once(torchrun_run, tmp_path):
+    """Two processes train the one-process run only where no BatchNorm layer normalises a
+    process's share of the batch: a run that has them says so, once, in train.log too."""
+    _, frozen = torchrun_run
+    assert "BatchNorm" not in frozen.stderr
+    result = torchrun("train", "jrd", "--dataset", "digits", "--no-progress", "train.epochs=1",
+                      "train.steps_per_epoch=1", "data.batch_size=40", "eval.nmi=false",
+                      "train.device=cpu", "--out", tmp_path / "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    warned = [line for line in result.stderr.splitlines() if "BatchNorm" in line]
+    assert len(warned) == 1 and warned[0].startswith(
+        "kdml: warning: the model's BatchNorm layers train on each process's share of the "
+        "batch (20 of 40 samples)"), warned
+    assert (tmp_path / "run" / "train.log").read_text().count("BatchNorm layers") == 1
+
+
 def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
     folder, _ = torchrun_run
     out = tmp_path / "run"

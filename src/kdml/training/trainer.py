@@ -417,6 +417,14 @@ class Session:
                    TrainingBatches(config, splits, method.uses_target, device, world),
                    gradient_scaler(device, config.train.precision), model, world)
 
+    def batchnorm_is_per_process(self) -> bool:
+        """Whether several processes train BatchNorm layers on their own shares of the batch
+        (neither ``model.sync_bn`` nor ``model.freeze_bn``)."""
+        model = self.config.model
+        return (self.world.is_distributed and not model.sync_bn and not model.freeze_bn
+                and any(isinstance(module, nn.modules.batchnorm._BatchNorm)
+                        for module in self.method.modules()))
+
     def steppers(self) -> tuple[torch.optim.Optimizer, Schedule]:
         """The optimiser and the schedule; only methods fitted in closed form have none."""
         if self.optimizer is None or self.scheduler is None:
@@ -555,6 +563,13 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                               len(session.splits.test), session.batches.loader.num_workers,
                               session.world.size)
         warn_about_splits(session.splits, recorder.log)
+        if session.batchnorm_is_per_process():
+            recorder.log.warning(
+                "the model's BatchNorm layers train on each process's share of the batch "
+                "(%d of %d samples), as DistributedDataParallel's do, so the run is not the "
+                "one process would train; model.sync_bn=true (GPUs) or model.freeze_bn=true "
+                "make them see the whole batch", config.data.batch_size // session.world.size,
+                config.data.batch_size)
         epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
                       initial=start_epoch - 1, total=config.train.epochs,
                       disable=_no_bar(progress) or not main)
