@@ -210,6 +210,42 @@ def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
     assert resumed == uninterrupted
 
 
+def test_a_failed_collective_is_reported_in_one_line(tmp_path, monkeypatch, capsys):
+    """A rank killed mid-run (out of memory, say) makes the others' next collective fail in
+    gloo or NCCL; they say so in one line, not with a traceback that buries the dead rank's
+    own output. (Whether a survivor gets there first or torchrun stops it is a matter of
+    timing, so this raises the error a collective raises, in a started process group.)"""
+    import torch.distributed as dist
+
+    def collective_fails(args):
+        raise dist.DistBackendError("[pair.cc:537] Read error [127.0.0.1]:7087: Connection "
+                                    "reset by peer. This is typically caused by a remote "
+                                    "worker hanging\nmore detail")
+
+    def a_bug(args):
+        raise RuntimeError("a bug of kdml's: its traceback is kept")
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        monkeypatch.setitem(cli._COMMANDS, "recipes", collective_fails)
+        assert cli.main(["recipes"]) == 1
+        assert capsys.readouterr().err == (
+            "kdml: error: a collective operation failed, most likely because another process "
+            "of this job stopped: its output says why ([pair.cc:537] Read error "
+            "[127.0.0.1]:7087: Connection reset by peer. This is typically caused by a remote "
+            "worker hanging)\n")
+        monkeypatch.setitem(cli._COMMANDS, "recipes", a_bug)
+        with pytest.raises(RuntimeError, match="a bug of kdml's"):
+            cli.main(["recipes"])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    monkeypatch.setitem(cli._COMMANDS, "recipes", collective_fails)
+    with pytest.raises(dist.DistBackendError):  # no process group: not a collective's failure
+        cli.main(["recipes"])
+
+
 def test_errors_are_reported_once(tmp_path):
     result = torchrun("train", "jrd", "--dataset", "digits", "--out", tmp_path / "run",
                       "data.batch_size=41", "train.device=cpu", cwd=tmp_path)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -277,6 +279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kdml: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as error:
+        if not _failed_collective(error):
+            raise
+        # another process of the job died (killed, out of memory): its own output says why;
+        # this one's traceback, deep in gloo or NCCL, would only bury it
+        reason = (str(error).splitlines() or [type(error).__name__])[0]
+        print(f"kdml: error: a collective operation failed, most likely because another "
+              f"process of this job stopped: its output says why ({reason[:300]})",
+              file=sys.stderr)
+        return 1
     except OSError as error:
         if error.filename is None:  # not about a path: a bug, so keep its traceback
             raise
@@ -295,6 +307,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
             sys.modules["kdml.distributed"].teardown()
+
+
+def _failed_collective(error: RuntimeError) -> bool:
+    """Whether ``error`` came out of a torch.distributed operation of a started process group
+    (gloo's "Connection reset by peer" when a peer is killed, NCCL's errors)."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return False
+    if isinstance(error, distributed.DistError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1].filename
 
 
 def _is_main_process() -> bool:
