@@ -1,5 +1,5 @@
-"""Counts given to the public API: NumPy integers (a loop over ``np.arange``) are taken as
-Python ones everywhere, and bools and floats are refused in one line everywhere."""
+"""Counts and settings given to the public API: NumPy integers (a loop over ``np.arange``)
+and floats are taken as Python ones everywhere, and bools are refused in one line everywhere."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdml.checks import is_positive_int
+from kdml.checks import is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 
 
@@ -22,6 +22,37 @@ def test_positive_python_and_numpy_integers_are_counts(value):
                                    "3", None, torch.tensor(3)])
 def test_anything_else_is_not_a_count(value):
     assert not is_positive_int(value)
+
+
+@pytest.mark.parametrize(("value", "above", "at_least", "expected"), [
+    (0.5, None, None, True), (np.float32(0.5), 0, None, True), (np.int64(2), None, 2, True),
+    (-3, None, None, True), (0.0, 0, None, False), (0.0, None, 0, True), (-1e-9, None, 0, False),
+    (float("inf"), None, None, False), (float("nan"), None, None, False),
+    (np.float64("nan"), None, None, False), (True, None, None, False),
+    (np.bool_(True), None, None, False), ("1.0", None, None, False), (None, None, None, False),
+    (torch.tensor(1.0), None, None, False), (1 + 0j, None, None, False),
+])
+def test_finite_numbers(value, above, at_least, expected):
+    assert is_finite_number(value, above=above, at_least=at_least) is expected
+
+
+@pytest.mark.parametrize("setting", ["nt_xent temperature", "am_softmax scale",
+                                     "laplace bandwidth", "ddml sharpness"])
+def test_a_bool_is_no_setting_and_a_numpy_float_is_one(setting):
+    """True had passed as NT-Xent's temperature 1 (numbers.Real includes bool)."""
+    from kdml.kernels import LaplaceKernel
+    from kdml.losses.am_softmax import am_softmax_loss
+    from kdml.losses.nt_xent import nt_xent_loss
+    from kdml.losses.pairwise_logistic import PairwiseLogisticLoss
+
+    call = {"nt_xent temperature": lambda value: nt_xent_loss(torch.randn(4, 3), value),
+            "am_softmax scale": lambda value: am_softmax_loss(torch.zeros(2, 3),
+                                                              torch.tensor([0, 1]), value, 0.1),
+            "laplace bandwidth": LaplaceKernel,
+            "ddml sharpness": lambda value: PairwiseLogisticLoss(sharpness=value)}[setting]
+    with pytest.raises(KdmlError, match="finite number > 0, got True"):
+        call(True)
+    call(np.float32(0.5))
 
 
 def _counts_of_the_api():

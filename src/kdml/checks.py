@@ -1,8 +1,10 @@
-"""Input checks shared by the public API: counts (Python and NumPy integers pass, bools do not)
-and the labels of a batch (torch tensors of integers, on the batch's device)."""
+"""Input checks shared by the public API: counts and settings (Python and NumPy numbers pass,
+bools do not) and the labels of a batch (torch tensors of integers, on the batch's device)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
@@ -17,6 +19,18 @@ def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     ``np.arange`` gives the latter), not a bool and not a float such as ``2.0``."""
     return bool(not isinstance(value, bool) and isinstance(value, int | np.integer)
                 and value >= 1)
+
+
+def is_finite_number(value: object, above: float | None = None,
+                     at_least: float | None = None) -> bool:
+    """Whether ``value`` is a finite real number (a Python or NumPy one, not a bool), greater
+    than ``above`` and at least ``at_least`` where they are given: a setting such as a
+    scale, a margin or a weight, checked once where it is given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    number = float(value)
+    return (math.isfinite(number) and (above is None or number > above)
+            and (at_least is None or number >= at_least))
 
 
 def check_tensors(owner: str, labels: object, tensors: Sequence[object],

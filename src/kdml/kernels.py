@@ -22,15 +22,13 @@ Example::
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import is_positive_int
+from kdml.checks import is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -190,8 +188,7 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
 def _check_positive(name: str, value: float) -> float:
     if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 0:
         value = float(value)  # a 0-d tensor or array, read once when the kernel is built
-    if isinstance(value, bool) or not (isinstance(value, numbers.Real) and math.isfinite(value)
-                                       and value > 0):
+    if not is_finite_number(value, above=0):
         raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 

@@ -16,14 +16,13 @@ so retrieval decomposes into one exact Euclidean k-NN search per chart
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
+from kdml.checks import is_finite_number
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
@@ -326,7 +325,7 @@ def piecewise_linear_accuracy(
         ...                           sigmoid=False)["accuracy"]
         1.0
     """
-    if isinstance(C, bool) or not (isinstance(C, numbers.Real) and math.isfinite(C) and C > 0):
+    if not is_finite_number(C, above=0):
         raise KdmlError(f"C (the inverse L2 strength of the logistic regressions) must be a "
                         f"finite number > 0, got {C!r}")
     train_x, _ = as_float32_matrix(train_codes, "train_codes")

@@ -18,14 +18,11 @@ cosines the JRD head already computes, so it also skips a second normalisation a
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdml.checks import check_label_device, check_tensors
+from kdml.checks import check_label_device, check_tensors, is_finite_number
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -35,8 +32,8 @@ def _check_setting(name: str, value: float, low: float, strict: bool) -> None:
     ``low`` unless ``strict``); a tensor, e.g. a learned scale, is not read (a host sync)."""
     if isinstance(value, Tensor):
         return
-    if isinstance(value, bool) or not (isinstance(value, numbers.Real) and math.isfinite(value)
-                                       and (value > low if strict else value >= low)):
+    if not (is_finite_number(value, above=low) if strict
+            else is_finite_number(value, at_least=low)):
         raise KdmlError(f"am_softmax_loss needs a {name} that is a finite number "
                         f"{'>' if strict else '>='} {low:g}, got {value!r}")
 

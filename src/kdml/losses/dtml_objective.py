@@ -6,14 +6,14 @@ the objective. DSTML adds the same criterion on every hidden layer behind a hing
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, SupportsFloat, cast
 
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import is_finite_number
 from kdml.errors import KdmlError
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.precision import full_precision
@@ -36,19 +36,18 @@ class ObjectiveOutput(NamedTuple):
 
 def _check_number(name: str, value: object, nonnegative: bool) -> float:
     """``value`` as a float if it is a finite real number (and >= 0 if ``nonnegative``)."""
-    number = float(value) if isinstance(value, numbers.Real) else math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or (nonnegative and number < 0):
+    if not is_finite_number(value, at_least=0 if nonnegative else None):
         bound = " >= 0" if nonnegative else ""
         raise KdmlError(f"DTMLObjective: {name} must be a finite number{bound}, got {value!r}")
-    return number
+    return float(cast(SupportsFloat, value))  # a real number: checked above
 
 
 def _check_per_layer(name: str, value: float | Sequence[float],
                      nonnegative: bool) -> float | tuple[float, ...]:
     """One number for all hidden layers, or a sequence of one per hidden layer, checked."""
-    if isinstance(value, numbers.Real | str) or not isinstance(value, Iterable):
-        return _check_number(name, value, nonnegative)
-    return tuple(_check_number(name, v, nonnegative) for v in value)
+    if isinstance(value, Iterable) and not isinstance(value, str | numbers.Real):
+        return tuple(_check_number(name, v, nonnegative) for v in value)
+    return _check_number(name, value, nonnegative)  # a number, or refused as not one
 
 
 def _per_hidden_layer(name: str, value: float | tuple[float, ...],

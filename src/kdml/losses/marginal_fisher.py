@@ -8,14 +8,12 @@ the embeddings.
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_labels, is_positive_int
+from kdml.checks import check_labels, is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
 from kdml.losses.pml_call import check_pml_call
@@ -104,10 +102,9 @@ class MarginalFisherLoss(nn.Module):
         super().__init__()
         self.k1 = _check_k("k1", k1)
         self.k2 = _check_k("k2", k2)
-        number = float(alpha) if isinstance(alpha, numbers.Real) else math.nan
-        if isinstance(alpha, bool) or not (math.isfinite(number) and number >= 0):
+        if not is_finite_number(alpha, at_least=0):
             raise KdmlError(f"alpha must be a finite number >= 0, got {alpha!r}")
-        self.alpha = number
+        self.alpha = float(alpha)
         self._checked = False
 
     def graphs(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

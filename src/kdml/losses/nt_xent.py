@@ -18,13 +18,11 @@ The pairs of this layout are known in advance, so here it is one softmax cross-e
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdml.checks import is_finite_number
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -54,9 +52,7 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
                         f"{tuple(projections.shape)}")
     # A number is checked (0 gives NaN, a negative one rewards the wrong pairs); a tensor, e.g.
     # a learned temperature, is not: reading its value would be a host sync every step.
-    if not isinstance(temperature, Tensor) and not (
-            isinstance(temperature, numbers.Real) and math.isfinite(temperature)
-            and temperature > 0):
+    if not isinstance(temperature, Tensor) and not is_finite_number(temperature, above=0):
         raise KdmlError(f"nt_xent_loss needs a temperature that is a finite number > 0, got "
                         f"{temperature!r}")
     unit = F.normalize(projections, dim=1)

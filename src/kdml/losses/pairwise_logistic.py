@@ -17,13 +17,11 @@ kdml's ``ddml`` recipe is the different "DTML, beta = 0" row (marginal Fisher, n
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kdml.checks import check_labels
+from kdml.checks import check_labels, is_finite_number
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
 from kdml.losses.pml_call import check_pml_call
@@ -33,15 +31,13 @@ REDUCTIONS = ("mean", "sum")
 
 
 def _check_sharpness(sharpness: float) -> float:
-    if isinstance(sharpness, bool) or not isinstance(sharpness, int | float) or not (
-            math.isfinite(sharpness) and sharpness > 0):
+    if not is_finite_number(sharpness, above=0):
         raise KdmlError(f"sharpness (DDML's beta) must be a finite number > 0, got {sharpness!r}")
     return float(sharpness)
 
 
 def _check_threshold(threshold: float) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(
-            threshold):
+    if not is_finite_number(threshold):
         raise KdmlError(f"threshold (DDML's tau) must be a finite number, got {threshold!r}")
     return float(threshold)
 
