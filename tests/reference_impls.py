@@ -36,15 +36,15 @@ def floored_mean_off_diagonal(dists: np.ndarray, floor: float) -> float:
 
 
 def rounding_floor(points: np.ndarray, power: int, eps: float) -> float:
-    """The bandwidth's floor for ``points`` in a dtype of epsilon ``eps``: eps^2 mean |p|_2^2
-    (squared distances, power 2) or eps mean |p|_1 (L1, power 1), at least the dtype's
+    """The bandwidth's floor for ``points`` in a dtype of epsilon ``eps``: eps mean |p|_2^2
+    (squared distances, power 2) or sqrt(eps) mean |p|_1 (L1, power 1), at least the dtype's
     smallest normal number over its epsilon."""
     info = np.finfo(np.float32 if eps == np.finfo(np.float32).eps else np.float64)
     smallest = float(info.tiny) / eps
     if not len(points):
         return smallest
     sizes = (points**2).sum(axis=1) if power == 2 else np.abs(points).sum(axis=1)
-    return max((eps * eps if power == 2 else eps) * float(sizes.mean()), smallest)
+    return max((eps if power == 2 else math.sqrt(eps)) * float(sizes.mean()), smallest)
 
 
 def kernel_reference(name: str, params: dict, x: np.ndarray, y: np.ndarray | None,

@@ -91,8 +91,10 @@ def test_adaptive_bandwidth_is_detached_and_floored(x):
 def test_the_resolution_floor_is_the_points_own_rounding():
     points = torch.tensor([[3.0, -4.0], [0.0, 0.0]])  # mean |p|^2 = 12.5, mean |p|_1 = 3.5
     eps = torch.finfo(torch.float32).eps
-    assert resolution_floor(points, 2).item() == pytest.approx(eps * eps * 12.5, rel=1e-6)
-    assert resolution_floor(points, 1).item() == pytest.approx(eps * 3.5, rel=1e-6)
+    assert resolution_floor(points, 2).item() == pytest.approx(eps * 12.5, rel=1e-6)
+    assert resolution_floor(points, 1).item() == pytest.approx(math.sqrt(eps) * 3.5, rel=1e-6)
+    unit = torch.nn.functional.normalize(torch.randn(5, 8), dim=1)  # the fixed floor kdml had
+    assert resolution_floor(unit, 2).item() == pytest.approx(eps, rel=1e-6)
     smallest = torch.finfo(torch.float32).tiny / eps
     assert resolution_floor(torch.zeros(3, 2), 2).item() == pytest.approx(smallest, rel=1e-6)
     assert resolution_floor(torch.zeros(0, 2), 1).item() == pytest.approx(smallest, rel=1e-6)
@@ -114,12 +116,30 @@ def test_self_adaptive_kernels_of_small_float32_embeddings_are_those_of_unit_one
                                rtol=0)
 
 
-@pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), LaplaceKernel()], ids=str)
-def test_a_batch_collapsed_up_to_rounding_has_kernels_of_one(kernel):
-    row = torch.randn(1, 16, generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize(("kernel", "largest_gradient"), [
+    (GaussianMixtureKernel(), 100),  # of the order of 1 / |p| per pair
+    (LaplaceKernel(), 1e4),  # sign(x - y) / sigma per pair: 1 / (sqrt(eps) |p|_1)
+], ids=str)
+def test_a_batch_collapsed_up_to_rounding_has_kernels_of_one(kernel, largest_gradient):
+    """Rows a few ulps apart, as a collapsed embedding's rows come out of a network: kernels
+    above 0.999 and bounded gradients at any scale (a floor at the rounding itself, eps^2
+    |p|^2, gave Gaussian kernels of 0.6 and gradients 1e4 times larger; the fixed floor eps
+    gave the Laplace kernel gradients of 1 / eps)."""
+    generator = torch.Generator().manual_seed(3)
+    row = torch.randn(1, 64, generator=generator)
     for scale in (1e-6, 1.0, 1e6):
-        collapsed = (scale * row).repeat(24, 1)  # its mean is not exact in float32
-        assert torch.equal(kernel(collapsed), torch.ones(24, 24))
+        collapsed = (scale * row).repeat(16, 1)
+        assert torch.equal(kernel(collapsed), torch.ones(16, 16))  # identical rows: exactly 1
+        nudged = collapsed.clone()
+        for _ in range(3):  # up to 3 ulps, up or down, on random coordinates
+            step = torch.randint(0, 3, nudged.shape, generator=generator) - 1
+            towards = torch.where(step == 0, nudged, step * torch.inf)
+            nudged = torch.nextafter(nudged, towards)
+        nudged.requires_grad_()
+        values = kernel(nudged)
+        assert values.min() > 0.999, (scale, values.min())
+        (gradient,) = torch.autograd.grad(values.sum(), nudged)
+        assert gradient.abs().max() * scale < largest_gradient, (scale, gradient.abs().max())
 
 
 def test_a_kernel_called_in_inference_mode_still_trains_afterwards():

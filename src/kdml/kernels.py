@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import numpy as np
@@ -152,24 +153,27 @@ def smallest_bandwidth(dtype: torch.dtype) -> float:
 
 
 def resolution_floor(points: Tensor, power: int) -> Tensor:
-    r"""The smallest adaptive bandwidth for ``points`` :math:`(M, D)`: the rounding of the
-    points themselves, in the distances' units. With :math:`\epsilon` the dtype's epsilon,
-    :math:`\epsilon^2` times the mean :math:`\|p\|_2^2` for squared distances (``power=2``),
-    :math:`\epsilon` times the mean :math:`\|p\|_1` for L1 distances (``power=1``); at least
-    :func:`smallest_bandwidth`.
+    r"""The smallest adaptive bandwidth for ``points`` :math:`(M, D)`: distances below
+    :math:`\sqrt{\epsilon}` times the points' own size count as rounding (:math:`\epsilon` the
+    dtype's epsilon). For squared distances (``power=2``) :math:`\epsilon` times the mean
+    :math:`\|p\|_2^2`, for L1 distances (``power=1``) :math:`\sqrt{\epsilon}` times the mean
+    :math:`\|p\|_1`; at least :func:`smallest_bandwidth`.
 
-    A batch collapsed to one point up to rounding then gets kernels of 1, not of round-off
-    over round-off; and the floor scales with the points, so that a kernel takes ``x`` and
-    ``a x`` alike (a fixed floor flattened the kernels of small float32 embeddings).
-    Detached; a 0-dim tensor with the dtype and device of ``points``.
+    For unit-norm embeddings this is the fixed floor kdml had, :math:`\epsilon`, and it scales
+    with the points, so that a kernel takes ``x`` and ``a x`` alike (the fixed floor flattened
+    the kernels of small float32 embeddings). A batch collapsed to one point up to rounding
+    (rows a few ulps apart) gets kernels of 1 to within :math:`10^{-3}` and gradients of the
+    order of :math:`1 / \|p\|`. The floor depends on the points' distance from the origin, not
+    only on their spread: float32 points 1000 from the origin get it for a spread below about
+    0.35. Detached; a 0-dim tensor with the dtype and device of ``points``.
     """
     detached = points.detach()
     eps, smallest = torch.finfo(points.dtype).eps, smallest_bandwidth(points.dtype)
     if not len(points):
         return torch.tensor(smallest, dtype=points.dtype, device=points.device)
     if power == 2:
-        return (eps * eps * detached.pow(2).sum(dim=1).mean()).clamp_min(smallest)
-    return (eps * detached.abs().sum(dim=1).mean()).clamp_min(smallest)
+        return (eps * detached.pow(2).sum(dim=1).mean()).clamp_min(smallest)
+    return (math.sqrt(eps) * detached.abs().sum(dim=1).mean()).clamp_min(smallest)
 
 
 def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
@@ -237,7 +241,8 @@ class GaussianMixtureKernel(Kernel):
     ``kernel(x, x)`` with the same tensor object) the pairs are those of ``x``; for two
     different batches ``kernel(x, y)`` they are the pairs of the concatenation ``[x; y]``, as
     in the DAN / JAN (JMMD) code, so that :math:`K(x, y)` is the off-diagonal block of the
-    kernel matrix of the joint sample.
+    kernel matrix of the joint sample. It is floored at :func:`resolution_floor` of those
+    points (``power=2``), which only a batch collapsed to float rounding reaches.
 
     Args:
         num_kernels: number :math:`K` of Gaussians. Default: 3.
@@ -310,7 +315,7 @@ class LaplaceKernel(Kernel):
 
     :math:`\sigma` is ``bandwidth`` if given; otherwise self-adaptive: the mean L1 distance over
     the off-diagonal pairs of the batch (of ``[x; y]`` for two different batches), detached and
-    floored like :func:`adaptive_bandwidth`.
+    floored at :func:`resolution_floor` of the points (``power=1``).
 
     Args:
         bandwidth: fixed :math:`\sigma`, or ``None`` for the self-adaptive one. Default: ``None``.
