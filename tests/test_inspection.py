@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 import torch
@@ -585,6 +586,31 @@ def test_an_index_of_embeddings_far_from_the_origin_finds_the_exact_neighbours(t
     exact = ((queries[:, None] - vectors[None]) ** 2).sum(-1)
     assert np.array_equal(positions, np.argsort(exact, axis=1)[:, :5])
     assert np.allclose(distances, np.sqrt(np.sort(exact, axis=1)[:, :5]), rtol=1e-4)
+
+
+def test_an_index_of_an_older_kdml_without_a_centre_is_searched_unshifted(tmp_path):
+    """index.json files written before the shift have no 'centre': their vectors were not
+    shifted, so neither are the queries."""
+    from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
+    from kdml.evaluation.knn import to_search_vectors
+
+    vectors = np.random.default_rng(2).normal(size=(50, 4)).astype(np.float32)
+    items = {"labels": np.arange(50), "positions": np.arange(50),
+             "sources": np.array([f"v[{i}]" for i in range(50)])}
+    build_index(tmp_path / "old", vectors, items,
+                IndexInfo("run", "x", "euclidean", 0, "exact", 0, 1.0))
+    meta = tmp_path / "old" / "index.json"
+    info = json.loads(meta.read_text())
+    assert len(info.pop("centre")) == 4
+    meta.write_text(json.dumps(info))  # as the older kdml wrote it, with its vectors unshifted
+    faiss.write_index(faiss.IndexFlatL2(4), str(tmp_path / "old" / "index.faiss"))
+    old_index = faiss.read_index(str(tmp_path / "old" / "index.faiss"))
+    old_index.add(to_search_vectors(vectors, 1.0, "euclidean"))
+    faiss.write_index(old_index, str(tmp_path / "old" / "index.faiss"))
+    distances, positions = search_index(load_index(tmp_path / "old"), vectors[:6] + 0.01, 3)
+    exact = ((vectors[:6, None] + 0.01 - vectors[None]) ** 2).sum(-1)
+    assert np.array_equal(positions, np.argsort(exact, axis=1)[:, :3])
+    assert np.allclose(distances, np.sqrt(np.sort(exact, axis=1)[:, :3]), rtol=1e-4)
 
 
 def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(tmp_path,

@@ -173,3 +173,18 @@ def test_knn_search_refuses_a_chunk_size_that_is_not_a_positive_integer(chunk_si
     """2.5 used to reach range() as a raw TypeError, "64" a comparison error."""
     with pytest.raises(KdmlError, match=r"^chunk_size must be a positive integer, got "):
         knn_search(np.zeros((4, 2), dtype=np.float32), k=2, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize(("dtype", "largest"), [(np.float64, 1e308), (np.float32, 2e38)])
+def test_values_near_the_dtype_s_limit_are_searched_without_a_shift(dtype, largest):
+    """A shift by the median can overflow values on both sides of it (|x - c| up to 2 |x|):
+    such vectors are searched unshifted, rescaled by a power of two, as before the shift."""
+    from kdml.evaluation.knn import prepare_vectors
+
+    x = (np.array([[1.0], [-1.0], [-0.9], [-1.0], [0.9]]) * largest).astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        chunk = next(knn_search(x, k=1, metric="euclidean", exclude_self=True))
+        on_torch = prepare_vectors(torch.from_numpy(x), "euclidean", "x", "torch")
+    assert chunk.indices.ravel().tolist() == [4, 3, 1, 1, 0]
+    assert torch.isfinite(on_torch).all()

@@ -186,17 +186,25 @@ def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     return out
 
 
-def search_centre(reference: Vectors, metric: str) -> Vectors | None:
+def search_centre(reference: Vectors, metric: str, *others: Vectors) -> Vectors | None:
     r"""The point Euclidean vectors are searched relative to: the reference rows' median, per
     column (robust to a few far points, where a mean or a midrange would move the shift away
-    from the bulk); ``None`` for cosine, which a shift would change.
+    from the bulk); ``None`` for cosine, which a shift would change, and where the shift of
+    the reference or of ``others`` (the queries) could overflow their dtype.
 
     Distances do not change under a shift, but their float32 rounding does: faiss computes
     :math:`|q|^2 + |r|^2 - 2 q \cdot r`, whose error grows with the vectors' distance from the
     origin, so embeddings far from it (an offset of 1000 on unit-scale clusters) were ranked
-    almost at random and every neighbour looked tied. Centred, the error is that of the spread.
+    almost at random and every neighbour looked tied. Shifted, the error grows with their
+    distance from the median instead: a cluster far from the bulk whose spread is below about
+    1e-7 of that distance still ties (there is one shift for all queries).
     """
     if metric != "euclidean":
+        return None
+    # |x - c| <= 2 max|x|: within the dtype's range when max|x| is within half of it
+    limit = float(np.finfo(np.float32 if reference.dtype in (np.float32, torch.float32)
+                           else np.float64).max) / 2
+    if any(_largest_magnitude(matrix) > limit for matrix in (reference, *others)):
         return None
     # any common shift is exact for the distances; every so many rows, 8,192 to 16,383 of
     # them, place it well enough at a sixth of the cost at SOP's size (1.2 s for 60,502 rows)
@@ -204,6 +212,12 @@ def search_centre(reference: Vectors, metric: str) -> Vectors | None:
     if isinstance(rows, torch.Tensor):
         return rows.median(dim=0).values
     return np.median(rows, axis=0)
+
+
+def _largest_magnitude(matrix: Vectors) -> float:
+    if isinstance(matrix, torch.Tensor):
+        return float(matrix.abs().max())
+    return max(float(matrix.max()), -float(matrix.min()))
 
 
 @overload
@@ -250,9 +264,9 @@ def prepare_vectors(x: Any, metric: str, name: str,
 def prepare_vectors(x: Any, metric: str, name: str, backend: str) -> Vectors: ...
 def prepare_vectors(x: Any, metric: str, name: str, backend: str = "faiss") -> Vectors:
     """Validated float32 vectors ready for the search (a NumPy array for faiss, a tensor on
-    its device for torch): shifted by their mean (:func:`search_centre`) for
+    its device for torch): shifted by their median (:func:`search_centre`) for
     ``metric="euclidean"``, rescaled by :func:`search_scale`, and L2-normalized for
-    ``metric="cosine"``."""
+    ``metric="cosine"``. Either way a new array: a memory-mapped input is read into memory."""
     matrix: Vectors = as_float_tensor(x, name) if backend == "torch" else as_float_matrix(
         x, name)
     matrix = shifted(matrix, search_centre(matrix, metric))
@@ -268,7 +282,7 @@ def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, st
 def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, str] = (
         "queries", "reference"), backend: str = "faiss") -> tuple[Vectors, Vectors]:
     """Queries and reference ready for the search: for ``metric="euclidean"`` both shifted by
-    the reference's mean, and both rescaled by one common factor (Euclidean distances between
+    the reference's median, and both rescaled by one common factor (Euclidean distances between
     the two sets must keep their ratios)."""
     query_matrix: Vectors
     reference_matrix: Vectors
@@ -279,7 +293,7 @@ def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, st
         query_matrix = as_float_matrix(queries, names[0])
         reference_matrix = as_float_matrix(reference, names[1])
     _check_dimensions(query_matrix, reference_matrix, names)
-    centre = search_centre(reference_matrix, metric)
+    centre = search_centre(reference_matrix, metric, query_matrix)
     query_matrix, reference_matrix = shifted(query_matrix, centre), shifted(reference_matrix,
                                                                              centre)
     scale = search_scale(query_matrix, reference_matrix)
