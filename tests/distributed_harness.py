@@ -123,3 +123,30 @@ def write_domains(path: Path, seed: int = 0) -> Path:
              y=np.concatenate([source_y, target_y]),
              domain=np.array(["source"] * 80 + ["target"] * 60))
     return path
+
+
+def collective_failures() -> tuple[bool, bool, str]:
+    """Rank 0's view of two failed collectives: a programming error (an all_gather into a list
+    of the wrong length) while every rank lives, then an all_reduce after rank 1 has died.
+    Returns whether kdml's CLI takes each for a dead peer, and the second's message."""
+    import time
+
+    from kdml import cli
+
+    tensor = torch.zeros(2)
+    mistake = None
+    if dist.get_rank() == 0:
+        try:
+            dist.all_gather([tensor, tensor, tensor], tensor)  # 3 outputs for 2 ranks
+        except RuntimeError as error:
+            mistake = error
+    dist.barrier()
+    if dist.get_rank() == 1:
+        os._exit(0)  # as a rank killed by the kernel's out-of-memory killer, say
+    time.sleep(1.0)
+    try:
+        dist.all_reduce(tensor)
+    except RuntimeError as error:
+        assert mistake is not None
+        return cli._failed_collective(mistake), cli._failed_collective(error), str(error)
+    raise AssertionError("the all_reduce with a dead rank did not fail")

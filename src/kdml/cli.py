@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
+import re
 import signal
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -309,16 +308,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["kdml.distributed"].teardown()
 
 
+# What gloo and NCCL say when a peer of a collective is gone (killed, crashed, out of memory)
+_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|communicator was "
+                        r"aborted|ProcessGroupNCCL's watchdog|remote process exited", re.I)
+
+
 def _failed_collective(error: RuntimeError) -> bool:
-    """Whether ``error`` came out of a torch.distributed operation of a started process group
-    (gloo's "Connection reset by peer" when a peer is killed, NCCL's errors)."""
+    """Whether ``error`` is a torch.distributed collective of a started process group failing
+    because a peer is gone (gloo's "Connection reset by peer" when a rank is killed), not a
+    collective called wrongly, whose traceback is kept."""
     distributed = sys.modules.get("torch.distributed")
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return False
-    if isinstance(error, distributed.DistError):
-        return True
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1].filename
+    return isinstance(error, distributed.DistNetworkError) or bool(_PEER_LOST.search(str(error)))
 
 
 def _is_main_process() -> bool:
