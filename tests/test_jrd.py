@@ -408,11 +408,11 @@ def test_am_softmax_refuses_empty_and_misshapen_batches():
     with pytest.raises(KdmlError, match=r"^am_softmax_loss needs cosines \[M, C\] and labels "
                                         r"\[M\], got \(3, 2\) and \(2,\)$"):
         am_softmax_loss(cosines, torch.zeros(2, dtype=torch.long), 20.0, 0.1)
-    with pytest.raises(KdmlError, match=r"^am_softmax_loss needs integer class indices, got "
+    with pytest.raises(KdmlError, match=r"^am_softmax_loss: labels must be integers, got dtype "
                                         r"torch.float32$"):
         am_softmax_loss(cosines, torch.zeros(3), 20.0, 0.1)
-    cosines = torch.rand(3, 2)  # int32 and uint8 labels are class indices too
+    cosines = torch.rand(3, 2)  # int32, uint8 and bool labels are class indices too, as in JRS
     as_long = am_softmax_loss(cosines, torch.tensor([0, 1, 1]), 20.0, 0.1)
-    for dtype in (torch.int32, torch.uint8):
+    for dtype in (torch.int32, torch.uint8, torch.bool):
         assert torch.equal(am_softmax_loss(cosines, torch.tensor([0, 1, 1], dtype=dtype), 20.0,
                                            0.1), as_long)

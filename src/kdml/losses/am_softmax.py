@@ -18,11 +18,15 @@ cosines the JRD head already computes, so it also skips a second normalisation a
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdml.checks import check_label_device, check_tensors, is_finite_number
+from kdml.checks import (
+    check_integer_labels,
+    check_label_device,
+    check_tensors,
+    is_finite_number,
+)
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -75,8 +79,7 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
                         f"{tuple(cosines.shape)} and {tuple(labels.shape)}")
     if cosines.shape[0] == 0:  # the mean over no sample is NaN
         raise KdmlError("am_softmax_loss got an empty batch")
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise KdmlError(f"am_softmax_loss needs integer class indices, got {labels.dtype}")
+    check_integer_labels("am_softmax_loss", labels)  # bool ones are the classes 0 and 1
     check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")
     _check_setting("scale", scale, 0.0, strict=True)
     _check_setting("margin", margin, 0.0, strict=False)
