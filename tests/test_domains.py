@@ -272,3 +272,48 @@ def test_pca_dim_is_checked():
         fit_source_pca(pair, 5)
     with pytest.raises(KdmlError):
         fit_source_pca(pair, 0)
+
+
+def _refused_before_training(tmp_path, capsys, monkeypatch, *args):
+    """``kdml train *args`` refused in one line before any step (a step would fail the test)."""
+    from kdml import cli
+    from kdml.training import trainer
+
+    def never(*_, **__):
+        raise AssertionError("trained before the settings were checked")
+
+    monkeypatch.setattr(trainer, "train_one_epoch", never)
+    out = tmp_path / "run"
+    assert cli.main(["train", *map(str, args), "--out", str(out), "--no-progress",
+                     "train.epochs=1", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: ") and err.count("\n") == 1, err
+    assert not (out / "checkpoints").exists()
+    return err
+
+
+def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, capsys,
+                                                                    monkeypatch):
+    """Each of these trained an epoch and failed when it was scored, losing it: an Atlas
+    recipe on a pair (chart retrieval has no cross-domain scoring), a target without one
+    labelled sample, domain.beta on a recipe with its own domain term, and the DTML recipes
+    without a pair (whose first error advised a batch size)."""
+    arrays = good_arrays()
+    arrays["y"] = np.where(arrays["domain"] == "source", arrays["y"], -1)
+    unlabelled = write_npz(tmp_path / "unlabelled.npz", **arrays)
+    labelled = write_npz(tmp_path / "labelled.npz", **good_arrays())
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "mtriplet", "--dataset",
+                                   "mnist5k->digits", "method.n_charts=2")
+    assert "mtriplet is scored by chart retrieval, which kdml does not do across a domain " \
+           "pair" in err
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "dtml", "--dataset",
+                                   f"npz:{unlabelled}", "eval.ks=[1]")
+    assert "has no labelled sample, so a run cannot be scored" in err
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "dtml", "--dataset",
+                                   f"npz:{labelled}", "domain.beta=1", "eval.ks=[1]")
+    assert err == ("kdml: error: dtml has its own domain term between source and target: set "
+                   "method.beta, not domain.beta\n")
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "dtml", "--dataset",
+                                   "mnist5k")
+    assert err == ("kdml: error: dtml needs a target domain: set data.dataset to a domain pair "
+                   "such as mnist5k->digits\n")

@@ -123,13 +123,30 @@ def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
         return get_recipe(config.recipe).build(config, backbone, len(splits.train_classes))
 
     method = with_cpu_seed(config.train.seed, build)
+    check_method_on_splits(config, splits, method)
+    if config.domain.beta > 0:
+        kernel = GaussianMixtureKernel() if config.domain.kernel == "gaussian" else None
+        method = DomainAdaptedMethod(method, config.domain.beta, DomainMMD(kernel))
+    return method
+
+
+def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:
+    """Refuse, before anything trains, a recipe that cannot train or be scored on these
+    splits: each of these had failed only when the first epoch was scored, losing it."""
+    if method.uses_target and splits.target is None:
+        raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
+                        "pair such as mnist5k->digits")
     if config.domain.beta > 0:
         if splits.target is None:
             raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
                             "e.g. mnist5k->digits")
-        kernel = GaussianMixtureKernel() if config.domain.kernel == "gaussian" else None
-        method = DomainAdaptedMethod(method, config.domain.beta, DomainMMD(kernel))
-    return method
+        if method.uses_target:
+            raise KdmlError(f"{config.recipe} has its own domain term between source and "
+                            "target: set method.beta, not domain.beta")
+    if splits.kind == DOMAIN and method.has_charts:
+        raise KdmlError(f"{config.recipe} is scored by chart retrieval, which kdml does not do "
+                        "across a domain pair; train it on one dataset, or train a recipe "
+                        "without charts (e.g. triplet) on the pair, with domain.beta")
 
 
 def build_pipeline(config: RunConfig, splits: DataSplits, method: Method) -> InputPipeline:
@@ -336,6 +353,11 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
         raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
                         f"{splits.reference_size} references; lower eval.ks")
     if splits.kind == DOMAIN:
+        if not (splits.test.labels >= 0).any():
+            raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
+                            "a run cannot be scored (target retrieval and source-NN accuracy "
+                            "need target labels); label some of its samples (-1 marks the "
+                            "unlabelled ones)")
         return
     if splits.gallery is not None:
         scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
@@ -394,10 +416,10 @@ class Session:
         splits = prepare_data(config.data)
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
+        check_evaluation(config, splits)
+        method = build_method(config, splits, echo=echo)  # checks it suits the splits
         check_batching(splits.train.labels, config.data.samples_per_class,
                        config.data.batch_size)
-        check_evaluation(config, splits)
-        method = build_method(config, splits, echo=echo)
         if config.model.sync_bn:
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
         method = method.to(device)
