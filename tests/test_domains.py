@@ -313,6 +313,9 @@ def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, ca
                                    f"npz:{labelled}", "domain.beta=1", "eval.ks=[1]")
     assert err == ("kdml: error: dtml has its own domain term between source and target: set "
                    "method.beta, not domain.beta\n")
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "mtriplet", "--dataset",
+                                   "digits", "eval.metric=cosine")  # had been saved, not used
+    assert "eval.metric=cosine does not apply to it; drop it" in err
     err = _refused_before_training(tmp_path, capsys, monkeypatch, "dtml", "--dataset",
                                    "mnist5k")
     assert err == ("kdml: error: dtml needs a target domain: set data.dataset to a domain pair "

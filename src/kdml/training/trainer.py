@@ -143,6 +143,10 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
         if method.uses_target:
             raise KdmlError(f"{config.recipe} has its own domain term between source and "
                             "target: set method.beta, not domain.beta")
+    if method.has_charts and config.eval.metric != "euclidean":
+        raise KdmlError(f"{config.recipe} is scored by chart retrieval, with the manifold "
+                        f"distance (Euclidean within a chart): eval.metric={config.eval.metric} "
+                        "does not apply to it; drop it")
     if splits.kind == DOMAIN and method.has_charts:
         raise KdmlError(f"{config.recipe} is scored by chart retrieval, which kdml does not do "
                         "across a domain pair; train it on one dataset, or train a recipe "
