@@ -409,3 +409,17 @@ def test_metrics_files_are_written_through_new_files_only(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["final"] == {"recall@1": 0.75}
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "metrics.csv", "metrics.csv.tmp", "metrics.json"]
+
+
+def test_an_embedding_size_that_sizes_nothing_is_named(tmp_path, tiny_overrides, capsys):
+    """Atlas and DTML size their embeddings with their own settings: a model.embedding_size
+    given to them (tiny_overrides give 8) had been saved and left unused, silently."""
+    out = tmp_path / "atlas"
+    assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "method.n_charts=2"]) == 0
+    warned = ("model.embedding_size=8 does not size mtriplet's embedding: method.dim does")
+    assert f"kdml: warning: {warned}" in capsys.readouterr().err
+    assert warned in (out / "train.log").read_text()
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
+                     str(tmp_path / "sized"), "--no-progress", *tiny_overrides]) == 0
+    assert "does not size" not in capsys.readouterr().err

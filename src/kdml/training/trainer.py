@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from kdml import distributed
 from kdml.config import (
     SECTIONS,
+    ModelConfig,
     RunConfig,
     load_config_file,
     resolve_config,
@@ -443,6 +444,15 @@ class Session:
                    TrainingBatches(config, splits, method.uses_target, device, world),
                    gradient_scaler(device, config.train.precision), model, world)
 
+    def unused_embedding_size(self) -> str | None:
+        """The setting that sizes this recipe's embedding, where ``model.embedding_size`` was
+        given another value than its default and sizes nothing (Atlas, DTML)."""
+        setting = get_recipe(self.config.recipe).embedding_setting
+        if (setting == "model.embedding_size"
+                or self.config.model.embedding_size == ModelConfig().embedding_size):
+            return None
+        return setting
+
     def batchnorm_is_per_process(self) -> bool:
         """Whether several processes train BatchNorm layers on their own shares of the batch
         (neither ``model.sync_bn`` nor ``model.freeze_bn``)."""
@@ -589,6 +599,10 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                               len(session.splits.test), session.batches.loader.num_workers,
                               session.world.size)
         warn_about_splits(session.splits, recorder.log)
+        sizing = session.unused_embedding_size()
+        if sizing:
+            recorder.log.warning("model.embedding_size=%d does not size %s's embedding: %s "
+                                 "does", config.model.embedding_size, config.recipe, sizing)
         if session.batchnorm_is_per_process():
             recorder.log.warning(
                 "the model's BatchNorm layers train on each process's share of the batch "

@@ -495,15 +495,16 @@ SIMCLR_TRAIN = {"epochs": 100}
 RECIPES = (
     Recipe("mtriplet", "MTriplet (Atlas): batch-all triplet on the manifold distance + MMD + "
            "chart loss", MTripletParams, _build_mtriplet,
-           {"data": dict(TRIPLET_BATCHES), "eval": {"metric": "euclidean"}}),
+           {"data": dict(TRIPLET_BATCHES), "eval": {"metric": "euclidean"}}, "method.dim"),
     Recipe("triplet", "Normalized batch-all triplet baseline in R^(d+1) (Atlas Sec. 3.2)",
-           NormalizedTripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)}),
+           NormalizedTripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)},
+           "method.dim"),
     Recipe("msimclr", "MSimCLR (Atlas): NT-Xent on chart-weighted projections + MMD + chart "
            "loss", MSimCLRParams, _build_msimclr,
            {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},
             "model": dict(SIMCLR_MODEL), "optim": dict(SIMCLR_OPTIM),
-            "train": dict(SIMCLR_TRAIN)}),
+            "train": dict(SIMCLR_TRAIN)}, "method.dim"),
     Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
            {"data": dict(SIMCLR_DATA), "model": dict(SIMCLR_MODEL),
-            "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}),
+            "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}, "method.dim"),
 )

@@ -22,3 +22,5 @@ class Recipe:
     params: type  # dataclass of the recipe's hyperparameters (the config's `method` section)
     build: Builder
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of other sections
+    # the setting that sizes the embedding, where it is not model.embedding_size
+    embedding_setting: str = "model.embedding_size"

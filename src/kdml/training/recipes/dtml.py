@@ -338,18 +338,20 @@ def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Meth
 # gives neither the initial rate nor epsilon, and a plain step's size depends on the scale of
 # the features (the paper's PCA'd LBP, not these digits), while Adam's does not. The paper's
 # procedure is configs/dtml-paper.yaml, with a rate and epsilon of ours.
+DTML_SIZES = "method.layer_sizes"  # the network's widths: the last is the embedding's
 DTML_DEFAULTS = {"eval": {"metric": "euclidean"}, "model": {"backbone": "identity"},
                   "data": {"batch_size": 80, "samples_per_class": 8}}
 
 RECIPES = (
     Recipe("dtml", "DTML: marginal Fisher + beta * domain MMD on the top layer (Eq. 7)",
-           DTMLParams, _build_dtml, DTML_DEFAULTS),
+           DTMLParams, _build_dtml, DTML_DEFAULTS, DTML_SIZES),
     Recipe("dstml", "DSTML: DTML plus hinged criteria on the hidden layers (omega=1, tau=0)",
-           DTMLParams, _build_dtml, {**DTML_DEFAULTS, "method": {"omega": 1.0, "tau": 0.0}}),
+           DTMLParams, _build_dtml, {**DTML_DEFAULTS, "method": {"omega": 1.0, "tau": 0.0}},
+           DTML_SIZES),
     Recipe("ddml", "No-transfer baseline: DTML with beta = 0", DTMLParams, _build_dtml,
-           {**DTML_DEFAULTS, "method": {"beta": 0.0}}),
+           {**DTML_DEFAULTS, "method": {"beta": 0.0}}, DTML_SIZES),
     Recipe("ddml-logistic", "DDML (CVPR 2014): pairwise generalized logistic loss, source only",
-           DDMLLogisticParams, _build_ddml_logistic, DTML_DEFAULTS),
+           DDMLLogisticParams, _build_ddml_logistic, DTML_DEFAULTS, DTML_SIZES),
     Recipe("pca", "Euclidean baseline: PCA fitted on the source, no training", PCAParams,
-           _build_pca, DTML_DEFAULTS),
+           _build_pca, DTML_DEFAULTS, "method.pca_dim"),
 )
