@@ -423,3 +423,18 @@ def test_an_embedding_size_that_sizes_nothing_is_named(tmp_path, tiny_overrides,
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
                      str(tmp_path / "sized"), "--no-progress", *tiny_overrides]) == 0
     assert "does not size" not in capsys.readouterr().err
+
+
+def test_a_trained_run_loads_whatever_the_checks_before_training_now_refuse(tmp_path,
+                                                                          tiny_overrides):
+    """The checks made before training (e.g. eval.metric on an Atlas recipe) do not apply to
+    a run trained already: an older run whose config.yaml says eval.metric: cosine is scored
+    as before."""
+    out = tmp_path / "atlas"
+    assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "method.n_charts=2",
+                     "train.epochs=1"]) == 0
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("metric: euclidean", "metric: cosine"))
+    assert "metric: cosine" in config.read_text()
+    assert cli.main(["eval", str(out)]) == 0

@@ -124,8 +124,10 @@ def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
         return get_recipe(config.recipe).build(config, backbone, len(splits.train_classes))
 
     method = with_cpu_seed(config.train.seed, build)
-    check_method_on_splits(config, splits, method)
     if config.domain.beta > 0:
+        if splits.target is None:
+            raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
+                            "e.g. mnist5k->digits")
         kernel = GaussianMixtureKernel() if config.domain.kernel == "gaussian" else None
         method = DomainAdaptedMethod(method, config.domain.beta, DomainMMD(kernel))
     return method
@@ -133,17 +135,15 @@ def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
 
 def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:
     """Refuse, before anything trains, a recipe that cannot train or be scored on these
-    splits: each of these had failed only when the first epoch was scored, losing it."""
+    splits: each of these had failed only when the first epoch was scored, losing it. (Not on
+    loading a trained run: its config was taken when it trained.)"""
     if method.uses_target and splits.target is None:
         raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
                         "pair such as mnist5k->digits")
-    if config.domain.beta > 0:
-        if splits.target is None:
-            raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
-                            "e.g. mnist5k->digits")
-        if method.uses_target:
-            raise KdmlError(f"{config.recipe} has its own domain term between source and "
-                            "target: set method.beta, not domain.beta")
+    if config.domain.beta > 0 and isinstance(method, DomainAdaptedMethod) and (
+            method.inner.uses_target):
+        raise KdmlError(f"{config.recipe} has its own domain term between source and "
+                        "target: set method.beta, not domain.beta")
     if method.has_charts and config.eval.metric != "euclidean":
         raise KdmlError(f"{config.recipe} is scored by chart retrieval, with the manifold "
                         f"distance (Euclidean within a chart): eval.metric={config.eval.metric} "
@@ -422,7 +422,8 @@ class Session:
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
         check_evaluation(config, splits)
-        method = build_method(config, splits, echo=echo)  # checks it suits the splits
+        method = build_method(config, splits, echo=echo)
+        check_method_on_splits(config, splits, method)
         check_batching(splits.train.labels, config.data.samples_per_class,
                        config.data.batch_size)
         if config.model.sync_bn:
