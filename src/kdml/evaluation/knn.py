@@ -162,6 +162,13 @@ def as_float_tensor(x: Any, name: str) -> torch.Tensor:
     return tensor
 
 
+def _largest_magnitude(matrix: Vectors) -> float:
+    """The largest absolute value of ``matrix`` (a host sync for a tensor on a GPU)."""
+    if isinstance(matrix, torch.Tensor):
+        return float(matrix.abs().max())
+    return max(float(matrix.max()), -float(matrix.min()))
+
+
 def search_scale(*arrays: Vectors) -> float:
     """A power of two to divide vectors by before a float32 search: 1 when their largest
     absolute value is within :data:`SAFE_MAGNITUDE`, else the power of two nearest to it.
@@ -170,7 +177,7 @@ def search_scale(*arrays: Vectors) -> float:
     originals; without it, squared distances of values around 1e19 overflow float32 and
     values around 1e-25 underflow it.
     """
-    largest = max(max(float(array.max()), -float(array.min())) for array in arrays)
+    largest = max(_largest_magnitude(array) for array in arrays)
     low, high = SAFE_MAGNITUDE
     if largest == 0.0 or low <= largest <= high:
         return 1.0
@@ -212,12 +219,6 @@ def search_centre(reference: Vectors, metric: str, *others: Vectors) -> Vectors 
     if isinstance(rows, torch.Tensor):
         return rows.median(dim=0).values
     return np.median(rows, axis=0)
-
-
-def _largest_magnitude(matrix: Vectors) -> float:
-    if isinstance(matrix, torch.Tensor):
-        return float(matrix.abs().max())
-    return max(float(matrix.max()), -float(matrix.min()))
 
 
 @overload
