@@ -6,6 +6,7 @@ import torch
 from kdml.errors import KdmlError
 from kdml.models import EmbeddingHead, build_backbone, freeze_batchnorm
 from kdml.models.backbones import feature_size_of
+from kdml.models.vision import _small_stem
 
 
 @pytest.mark.parametrize(("shape", "name"), [
@@ -17,6 +18,24 @@ def test_backbones_expose_feature_size(shape, name):
     backbone = build_backbone(name, shape)
     out = backbone(torch.randn(3, *shape))
     assert out.shape == (3, backbone.feature_size)
+
+
+def test_small_input_stem_is_initialised_as_a_resnet_convolution():
+    """The 3x3 stem that replaces a ResNet's 7x7 one (Atlas App. A.1) gets the Kaiming-normal
+    (fan_out, relu) weights of the ResNet's other convolutions, as the Atlas authors'
+    ``resnet_init`` gives it, not torch's default uniform init (std 0.19 here, not 0.059).
+    A stand-in module: the vision extra does not import everywhere."""
+    network = torch.nn.Module()
+    network.conv1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+    network.maxpool = torch.nn.MaxPool2d(3, 2, 1)
+    torch.manual_seed(0)
+    _small_stem(network, 1, "stand-in")
+    weights = network.conv1.weight.detach().double()
+    assert network.conv1.kernel_size == (3, 3) and network.conv1.in_channels == 1
+    assert isinstance(network.maxpool, torch.nn.Identity)
+    expected_std = (2 / (64 * 3 * 3)) ** 0.5  # gain sqrt(2) over sqrt(fan_out)
+    assert weights.std().item() == pytest.approx(expected_std, rel=0.1)
+    assert weights.mean().abs().item() < 0.1 * expected_std
 
 
 def test_small_cnn_stem_brings_photos_to_at_most_64_pixels():

@@ -32,12 +32,16 @@ VISION_EXTRA = ("pip install -c constraints.txt 'kdml[vision]' (or model.backbon
 
 def _small_stem(network: Any, in_channels: int, name: str) -> None:
     """Replace a ResNet's 7x7 stride-2 convolution and max-pool with a 3x3 stride-1
-    convolution (SimCLR's CIFAR variant; Atlas App. A.1)."""
+    convolution (SimCLR's CIFAR variant; Atlas App. A.1), Kaiming-normal initialised."""
     if not isinstance(getattr(network, "conv1", None), nn.Conv2d) or not hasattr(network,
                                                                                  "maxpool"):
         raise KdmlError(f"model.small_input needs a ResNet-style model with a conv1 and a "
                         f"maxpool; {name} has none")
-    network.conv1 = nn.Conv2d(in_channels, network.conv1.out_channels, 3, 1, 1, bias=False)
+    stem = nn.Conv2d(in_channels, network.conv1.out_channels, 3, 1, 1, bias=False)
+    # initialised as torchvision and timm initialise a ResNet's other convolutions, and as the
+    # Atlas authors re-initialise this one (neurve/contrastive/utils.py, resnet_init)
+    nn.init.kaiming_normal_(stem.weight, mode="fan_out", nonlinearity="relu")
+    network.conv1 = stem
     network.maxpool = nn.Identity()
 
 
