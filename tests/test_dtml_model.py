@@ -10,6 +10,7 @@ from test_dtml_losses import ref_gaussian_mmd, ref_linear_mmd
 from torch import nn
 
 from kdml.config import OptimConfig, resolve_config
+from kdml.data.domains import DOMAIN_PAIRS
 from kdml.errors import KdmlError
 from kdml.models import MLP
 from kdml.models.backbones import FlattenInputs
@@ -143,6 +144,14 @@ def test_dtml_recipe_defaults_follow_the_paper():
     assert (dstml.omega, dstml.tau) == (1.0, 0.0)
     assert ddml.beta == 0.0
     assert dtml.network_sizes(64) == [64, 64, 32]
+
+
+def test_dtml_family_default_data_is_a_domain_pair():
+    """``kdml train dtml`` with no dataset had stopped at once ("needs a target domain"):
+    the family's default is the offline pair docs/recipes.md names."""
+    for recipe in RECIPES:
+        config, _ = build(recipe.name, input_size=64)
+        assert config.data.dataset == "mnist5k->digits" in DOMAIN_PAIRS
 
 
 def test_dtml_objective_value_is_the_objectives():

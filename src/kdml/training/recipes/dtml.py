@@ -339,8 +339,10 @@ def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Meth
 # the features (the paper's PCA'd LBP, not these digits), while Adam's does not. The paper's
 # procedure is configs/dtml-paper.yaml, with a rate and epsilon of ours.
 DTML_SIZES = "method.layer_sizes"  # the network's widths: the last is the embedding's
+# The family's default data is a domain pair (DTML and DSTML need a target; the baselines are
+# compared with them on the same pair): MNIST digits to scikit-learn's 8x8 digits, offline.
 DTML_DEFAULTS = {"eval": {"metric": "euclidean"}, "model": {"backbone": "identity"},
-                  "data": {"batch_size": 80, "samples_per_class": 8}}
+                 "data": {"dataset": "mnist5k->digits", "batch_size": 80, "samples_per_class": 8}}
 
 RECIPES = (
     Recipe("dtml", "DTML: marginal Fisher + beta * domain MMD on the top layer (Eq. 7)",
