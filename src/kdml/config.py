@@ -61,12 +61,17 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    # Defaults for a small network trained from scratch on the offline data (the demo, the
+    # tests); recipes override what their papers' setups need, configs/*.yaml hold the papers'
+    # settings, and docs/recipes.md names each difference and its reason.
     name: str = "adam"  # adam | sgd (plain gradient steps, as in DTML) | rmsprop
     lr: float = 1e-3  # the backbone
     head_lr: float = 0.0  # the layers on top of the backbone; 0 = lr
     proxy_lr: float = 1e-2  # class proxies, where the recipe has them
+    # torch's Adam defaults, what a PML loop gets; the JRD authors' code uses 1e-4 and 0.01
+    # (configs/jrd-*.yaml), which the JRD paper does not state
     weight_decay: float = 0.0
-    adam_eps: float = 1e-8  # Adam's epsilon (the JRD authors' code uses 0.01)
+    adam_eps: float = 1e-8  # Adam's epsilon
     lr_step: int = 0  # multiply the rates by lr_gamma every lr_step epochs; 0 = never
     # or at the start of each of these 0-based epochs (torch's MultiStepLR milestones; the
     # JRD authors' schedule is [19, 39]); set it with lr_step: 0 (both are refused)
