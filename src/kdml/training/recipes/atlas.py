@@ -481,6 +481,9 @@ def _build_simclr(config: RunConfig, backbone: nn.Module, num_classes: int) -> M
     return SimCLRMethod(_unnormalized(config, backbone), config.method)
 
 
+# The triplet recipes keep the generic optimiser defaults (Adam 1e-3, 10 epochs: a small CNN
+# from scratch on CPU); the paper's RMSProp 1e-5 for 300 epochs fine-tunes a pretrained
+# network, and configs/mtriplet-*.yaml and triplet-*.yaml set it (docs/recipes.md).
 # Class-balanced batches of 4 images per class: the paper's 8 classes x 4 (batch 32) need 8
 # training classes; the offline datasets' class-disjoint split has 5, so 5 x 4 = 20.
 TRIPLET_BATCHES = {"batch_size": 20, "samples_per_class": 4}
