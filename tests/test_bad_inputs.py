@@ -423,15 +423,17 @@ def test_error_messages_advise_only_flags_that_exist():
     assert quoted - options == set()
 
 
-def test_a_single_class_test_split_warns(tmp_path, capsys):
+def test_a_single_class_test_split_is_refused_before_training(tmp_path, capsys):
+    """It had trained, warned, and reported Recall@1 = MAP@R = 1 as the run's result."""
     from fixtures_array_sets import make_csv_list
 
     csv_file = make_csv_list(tmp_path, classes=2, per_class=6)
-    assert cli.main(["train", "amsoftmax", "--dataset", f"csv:{csv_file}", "--out",
-                     str(tmp_path / "run"), "data.batch_size=4", "train.epochs=1",
-                     "eval.nmi=false", "eval.ks=[1]", "data.resize=32", "data.image_size=24",
-                     "--no-progress"]) == 0
-    assert "trivially 1" in capsys.readouterr().err
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"csv:{csv_file}",
+                  "--out", tmp_path / "run", "data.batch_size=4", "train.epochs=1",
+                  "eval.nmi=false", "eval.ks=[1]", "data.resize=32", "data.image_size=24",
+                  "--no-progress")
+    assert "has the same class, so Recall@K, MAP@R and R-Precision would be trivially 1" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_path_of_the_wrong_kind_is_named_as_such(tmp_path, capsys):

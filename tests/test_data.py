@@ -79,6 +79,21 @@ def test_class_disjoint_split_uses_first_half_of_sorted_classes():
     assert set(labels[test].tolist()) == {9}
 
 
+@pytest.mark.parametrize(("num_classes", "fraction"), [(c, f) for c in (3, 5, 7, 9, 11, 200)
+                                                        for f in (0.5, 0.3, 0.7)])
+def test_class_disjoint_fractions_round_down_for_every_class_count(num_classes, fraction):
+    """Python's round() is half-to-even: 3 classes at 0.5 had trained on 2 and tested on 1,
+    5 on 2 and 3. The count is floor(fraction * classes), as the benchmarks' first half."""
+    labels = torch.arange(num_classes).repeat(2)
+    try:
+        train, _ = class_disjoint_split(labels, fraction)
+    except KdmlError:  # nothing left for training: 3 classes at 0.3
+        assert int(fraction * num_classes) == 0
+        return
+    expected = int(fraction * num_classes + 1e-9)  # literal: truncation of a positive number
+    assert labels[train].unique().numel() == expected
+
+
 @pytest.mark.parametrize("value", [0, 1.5, 5, 0.0])
 def test_class_disjoint_split_rejects_bad_counts(value):
     with pytest.raises(KdmlError):

@@ -352,7 +352,8 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
 
 def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
     """Refuse a test set that cannot be scored, before anything is trained: Recall@K values
-    beyond the references, or no query with a relevant reference (labels only)."""
+    beyond the references, a single class, or no query with a relevant reference (labels
+    only)."""
     ks = config.eval.ks or splits.eval_ks
     if max(ks) > splits.reference_size:
         raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
@@ -364,6 +365,12 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
                             "need target labels); label some of its samples (-1 marks the "
                             "unlabelled ones)")
         return
+    references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
+                                                                             "gallery")
+    if references.num_classes == 1:  # it had trained, then reported every metric as 1
+        raise KdmlError(f"every {part} sample of {splits.test.name} has the same class, so "
+                        "Recall@K, MAP@R and R-Precision would be trivially 1; give the test "
+                        "part at least 2 classes (data.train_classes, or more classes)")
     if splits.gallery is not None:
         scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
     else:
@@ -526,10 +533,8 @@ class Session:
 
 
 def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
-    """Warn about data that trains but means little: a single class."""
-    if splits.kind != DOMAIN and splits.test.num_classes == 1:
-        log.warning("every test sample of %s has the same class: Recall@K, MAP@R and "
-                    "R-Precision are trivially 1", splits.test.name)
+    """Warn about data that trains but means little: a single training class (a single test
+    class is refused, :func:`check_evaluation`)."""
     if splits.train.num_classes == 1:
         log.warning("the training split of %s has a single class: class-based losses have "
                     "nothing to separate", splits.train.name)
