@@ -120,13 +120,18 @@ def kernel_reference(name: str, params: dict, x: np.ndarray, y: np.ndarray | Non
 # ----------------------------------------------------------------- retrieval under ties
 
 
-def rank_keys(points: np.ndarray, metric: str, reference: np.ndarray | None = None) -> list[list]:
+def rank_keys(points: np.ndarray, metric: str, reference: np.ndarray | None = None,
+              exact_floats: bool = False) -> list[list]:
     """``keys[i][j]``: sort key of reference ``j`` (``reference``, default ``points``) for
     query ``i``, smaller is nearer. Exact for integer points (ints for squared L2, Fractions
-    for cosine), float64 otherwise."""
+    for cosine), and for floats with ``exact_floats`` (each value as the rational it is);
+    float64 otherwise."""
     reference = points if reference is None else reference
-    exact = points.dtype.kind in "iu" and reference.dtype.kind in "iu"
-    if exact:
+    exact = exact_floats or (points.dtype.kind in "iu" and reference.dtype.kind in "iu")
+    if exact_floats:
+        queries = [[Fraction(float(v)) for v in row] for row in points]
+        refs = [[Fraction(float(v)) for v in row] for row in reference]
+    elif exact:
         queries = [[int(v) for v in row] for row in points]
         refs = [[int(v) for v in row] for row in reference]
     else:

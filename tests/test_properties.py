@@ -88,6 +88,11 @@ METRICS = st.sampled_from(["cosine", "euclidean"])
 # float64 keeps 1e200 / 1e-200 within range; float32 inputs are scaled at most to 1e19 / 1e-30
 FACTORS = {torch.float32: [1e19, 1e-30, 3.7, 0.01], torch.float64: [1e19, 1e-30, 3.7, 1e200,
                                                                     1e-200]}
+# Scalings that round nothing: retrieval_metrics and chart_retrieval_metrics rank the given
+# values exactly (float64 re-scoring of float32 ties), so a factor that rounds the inputs may
+# order exact ties of the grid points (test_retrieval_ranks_the_given_values_exactly)
+EXACT_FACTORS = {torch.float32: [2.0**63, 2.0**-100, 4.0, 2.0**-7],
+                 torch.float64: [2.0**63, 2.0**-100, 2.0**665, 2.0**-665]}
 
 
 def eps_of(dtype: torch.dtype) -> float:
@@ -681,10 +686,26 @@ def test_retrieval_is_invariant_to_permutations_and_positive_scalings(n, d, metr
     permuted = retrieval_metrics(to_input(points[perm], dtype), labels[perm], ks=ks,
                                  metric=metric, nmi=False)
     assert_metrics_equal(permuted, base, "permutation")
-    factor = data.draw(st.sampled_from(FACTORS[dtype]))
+    factor = data.draw(st.sampled_from(EXACT_FACTORS[dtype]))
     scaled = retrieval_metrics(to_input(points * factor, dtype), labels, ks=ks, metric=metric,
                                nmi=False)
     assert_metrics_equal(scaled, base, f"scaling by {factor}")
+
+
+@given(n=st.integers(2, 7), d=st.integers(1, 3), metric=METRICS, dtype=DTYPES, data=st.data())
+@fast(200)
+def test_retrieval_ranks_the_given_values_exactly(n, d, metric, dtype, data):
+    """Grid points scaled by a factor that rounds them (3.7, 1e19 in float32): their exact
+    ties become orders a few ulps apart, which float32 cannot resolve and kdml's float64
+    re-scoring does. The literal ranks the given floats as exact rationals."""
+    points = data.draw(grid_points(n, d, span=2, layouts=EXACT_LAYOUTS))
+    factor = data.draw(st.sampled_from(FACTORS[dtype]))
+    given = to_input(points * factor, dtype)
+    labels = data.draw(retrieval_labels(n))
+    ks = data.draw(ks_for(n - 1))
+    got = retrieval_metrics(given, labels, ks=ks, metric=metric, nmi=False)
+    expected = enumerated_retrieval(rank_keys(given, metric, exact_floats=True), labels, ks)
+    assert_metrics_equal(got, expected, f"scaled by {factor}")
 
 
 @given(n=st.integers(2, 7), d=st.integers(1, 3), dtype=DTYPES, data=st.data())
@@ -734,7 +755,7 @@ def test_chart_retrieval_is_invariant_to_permutations_and_positive_scalings(n, d
     permuted = chart_retrieval_metrics(to_input(points[perm], dtype), charts[perm],
                                        labels[perm], ks=ks, nmi=False)
     assert_metrics_equal(permuted, base, "permutation")
-    factor = data.draw(st.sampled_from(FACTORS[dtype]))
+    factor = data.draw(st.sampled_from(EXACT_FACTORS[dtype]))
     scaled = chart_retrieval_metrics(to_input(points * factor, dtype), charts, labels, ks=ks,
                                      nmi=False)
     assert_metrics_equal(scaled, base, f"scaling by {factor}")

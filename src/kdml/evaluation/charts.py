@@ -28,9 +28,11 @@ from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     as_float32_matrix,
     check_positive_int,
+    host_array,
     prepare_pair,
     prepare_vectors,
 )
+from kdml.evaluation.rescoring import ExactScores
 from kdml.evaluation.retrieval import (
     RankedSearch,
     _RetrievalScores,
@@ -97,8 +99,9 @@ def chart_retrieval_metrics(
 
     Exact and memory-light: points are grouped by chart and each chart runs one chunked exact
     faiss search (:class:`~kdml.evaluation.retrieval.RankedSearch`) with, per query,
-    :math:`\min(\max(K_{max}, R), m - 1)` neighbours; nothing of size :math:`N^2` or
-    :math:`n N^2` is built.
+    :math:`\min(\max(K_{max}, R), m - 1)` neighbours, its float32 near-ties re-scored in
+    float64 as in ``retrieval_metrics``; nothing of size :math:`N^2` or :math:`n N^2` is
+    built.
 
     NMI (``nmi=True``): see :func:`chart_clustering_nmi`, a k-means clustering that respects
     the manifold distance (no cluster spans two charts).
@@ -163,6 +166,9 @@ def chart_retrieval_metrics(
 
     order, blocks = _chart_blocks(charts)
     scores = _RetrievalScores(num_points, ks)  # rows in chart-sorted order
+    # the coordinates as given, for the float64 re-scoring of float32 ties
+    given_coords = host_array(chart_coords)
+    given_reference = given_coords if same_set else host_array(reference_coords)
     for chart, start, stop in blocks:
         members = order[start:stop]
         # Each query scores max(K_max, R) ranks; only the chart's references are finite.
@@ -173,8 +179,10 @@ def chart_retrieval_metrics(
             no_hits = np.zeros((len(members), int(ranks_scored.max())), dtype=bool)
             scores.add(slice(start, stop), no_hits, num_relevant[members])
             continue
+        exact = ExactScores(given_coords[members],
+                            None if same_set else given_reference[references], "euclidean")
         search = RankedSearch(vectors[members], reference_vectors[references], "euclidean",
-                              same_set, chunk_size)
+                              same_set, chunk_size, exact)
         for rows, ranked in search.ranked(np.minimum(ranks_scored, finite)):
             queries = members[rows]
             is_hit = reference_codes[references[ranked.indices]] == codes[queries, None]

@@ -204,7 +204,8 @@ def search_centre(reference: Vectors, metric: str, *others: Vectors) -> Vectors 
     origin, so embeddings far from it (an offset of 1000 on unit-scale clusters) were ranked
     almost at random and every neighbour looked tied. Shifted, the error grows with their
     distance from the median instead: a cluster far from the bulk whose spread is below about
-    1e-7 of that distance still ties (there is one shift for all queries).
+    1e-7 of that distance still ties in float32 (there is one shift for all queries), which
+    ``retrieval_metrics`` re-scores in float64 and a faiss index (``kdml search``) does not.
     """
     if metric != "euclidean":
         return None

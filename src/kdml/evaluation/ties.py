@@ -1,8 +1,10 @@
 r"""Retrieval scores when neighbours are tied: each tie counts as its expectation over random
 orders of the tied neighbours.
 
-A query's ranked neighbours fall into tie groups: consecutive neighbours whose scores differ by
-at most a few float32 ulps of their scale (:func:`tie_tolerance`). Ordering a group at random,
+A query's ranked neighbours fall into tie groups: consecutive neighbours whose float32 scores
+differ by at most a few ulps of their scale (:func:`tie_tolerance`), which
+:mod:`kdml.evaluation.rescoring` then re-orders and splits by their float64 scores, so that only
+neighbours equal in float64 stay tied. Ordering a group at random,
 a neighbour in group :math:`G` (size :math:`g`, with :math:`h` relevant members, starting after
 :math:`a` neighbours of which :math:`b` are relevant) at 0-based position :math:`p` has
 

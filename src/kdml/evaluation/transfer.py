@@ -18,9 +18,11 @@ from kdml.evaluation.knn import (
     Metric,
     as_float_matrix,
     check_metric,
+    host_array,
     knn_search,
     prepare_pair,
 )
+from kdml.evaluation.rescoring import ExactScores
 from kdml.evaluation.retrieval import RankedSearch, as_label_vector, retrieval_metrics
 
 
@@ -38,13 +40,13 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
 
     Each labelled target sample gets the majority label of its :math:`k` nearest source samples
     (exact brute-force search, :func:`~kdml.evaluation.knn.knn_search`); a tie between labels
-    goes to the tied label with the nearest neighbour. With :math:`k = 1`, source samples tied
-    for nearest (within a few float32 ulps, as :mod:`kdml.evaluation.ties`) count as their
-    expectation: the share of them with the target's label, so the accuracy does not depend on
-    the order of the samples. (For :math:`k > 1`, neighbours tied at the :math:`k`-th place
-    are taken in index order.) Source and target are rescaled together, so the accuracy is
-    invariant to a positive scaling of both. Target samples labelled ``-1`` (unknown) are left
-    out of the accuracy.
+    goes to the tied label with the nearest neighbour. With :math:`k = 1`, the nearest source
+    samples that float32 cannot order are re-scored in float64 (as in ``retrieval_metrics``),
+    and those tied in float64 count as their expectation: the share of them with the
+    target's label, so the accuracy does not depend on the order of the samples. (For
+    :math:`k > 1`, neighbours tied at the :math:`k`-th place are taken in index order.) Source
+    and target are rescaled together, so the accuracy is invariant to a positive scaling of
+    both. Target samples labelled ``-1`` (unknown) are left out of the accuracy.
 
     .. math::
         \mathrm{acc} = \frac{1}{N_t} \sum_{i=1}^{N_t}
@@ -80,8 +82,9 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
     if not (is_positive_int(k) and k <= len(source_y)):
         raise KdmlError(f"k must be an integer from 1 to {len(source_y)}, got {k!r}")
     if k == 1:
+        exact = ExactScores(host_array(target)[scored], source, metric)
         return _nearest_neighbour_accuracy(target_vectors[scored], target_y[scored],
-                                           source_vectors, source_y, metric)
+                                           source_vectors, source_y, exact)
     chunks = knn_search(target_vectors[scored], source_vectors, int(k), metric)
     neighbour_labels = source_y[np.concatenate([chunk.indices for chunk in chunks])]
     predictions = _majority_vote(neighbour_labels)
@@ -90,9 +93,10 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
 
 def _nearest_neighbour_accuracy(targets: np.ndarray, target_y: np.ndarray,
                                 sources: np.ndarray, source_y: np.ndarray,
-                                metric: str) -> float:
-    """1-NN accuracy with ties for the nearest source sample counted as their expectation."""
-    search = RankedSearch(targets, sources, metric, False, len(targets) or 1)
+                                exact: ExactScores) -> float:
+    """1-NN accuracy with ties for the nearest source sample counted as their expectation
+    (float32 ties re-scored in float64: ``exact``)."""
+    search = RankedSearch(targets, sources, exact.metric, False, len(targets) or 1, exact)
     correct = np.zeros(len(targets))
     for rows, ranked in search.ranked(np.ones(len(targets), dtype=np.int64)):
         first_group = np.cumsum(~ranked.continues, axis=1) == 1  # the nearest tie group
