@@ -381,14 +381,25 @@ def test_folder_refuses_an_image_listed_twice_through_a_link(tmp_path):
     pool = tmp_path / "pool"
     pool.mkdir()
     (folder / "c01" / "loop").symlink_to("loop")  # a link to itself: ignored, as os.walk did
-    (folder / "c01" / "self.jpg").symlink_to("self.jpg")  # listed; its decode fails later
-    assert len(load_folder(folder).dataset) == 7
+    (folder / "c01" / "self.jpg").symlink_to("self.jpg")  # an image that leads nowhere
+    one_line_error(lambda: load_folder(folder), "missing image " + str(folder / "c01" / "self.jpg"),
+                   "a link to self.jpg that leads to no file", "(1 of 7 listed")
     (folder / "c01" / "self.jpg").unlink()
+    assert len(load_folder(folder).dataset) == 6
     (folder / "c02" / "001.png").rename(pool / "a.png")
     (folder / "c02" / "001.png").symlink_to(pool / "a.png")
     data = load_folder(folder).dataset
     assert data.labels.tolist() == [0, 0, 1, 1, 2, 2]
     assert [Path(path).name for path in data.paths][-2:] == ["000.jpg", "001.png"]
+
+def test_folder_refuses_a_link_to_no_image_before_training(tmp_path):
+    """It was listed, and training stopped on it only when its first batch was decoded."""
+    folder = make_image_folder(tmp_path, classes=3, per_class=2)
+    (folder / "c02" / "gone.jpg").symlink_to(tmp_path / "nothere.jpg")
+    one_line_error(lambda: load_folder(folder), "folder:images", str(folder),
+                   f"missing image {folder / 'c02' / 'gone.jpg'}, a link to "
+                   f"{tmp_path / 'nothere.jpg'} that leads to no file", "(1 of 7 listed")
+
 
 def test_folder_and_csv_without_a_path(tmp_path, monkeypatch):
     # Path("") is the current folder: "folder:" must not read it.
@@ -471,6 +482,13 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
      ["lines 2 and 4", "with labels 'a' and 'b'", "under its one label"]),
     ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,test,1,0\n"
      "photos/c00/000.jpg,a,test,0,1\n", ["lines 2 and 3", "the image photos/c00/000.jpg twice"]),
+    # A test row in neither part was left out without a word.
+    ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,train,0,0\n"
+     "photos/c00/001.png,a,test,1,0\nphotos/c01/000.jpg,b,test,0,0\n",
+     ["line 4", "photos/c01/000.jpg has is_query=0 and is_gallery=0", "left out of the test",
+      "mark it a query (is_query=1), a gallery image (is_gallery=1) or a train row"]),
+    ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,test,1,0\n"
+     "photos/c01/000.jpg,b,test, , false\n", ["line 3", "is_query=0 and is_gallery=0"]),
     # A query that is also a gallery image would find itself: a perfect Recall@1.
     ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,train,1,1\n"
      "photos/c00/001.png,a,test,1,1\n", ["line 3", "is_query=1 and is_gallery=1",
@@ -492,6 +510,28 @@ def test_csv_refuses_an_image_listed_twice_through_a_link(tmp_path):
     (tmp_path / "photos" / "c01" / "twin.jpg").unlink()
     (tmp_path / "photos" / "c01" / "twin.jpg").symlink_to(tmp_path / "photos" / "c00" / "000.jpg")
     one_line_error(lambda: load_csv(csv_file), "lines 2 and 4", "with labels 'a' and 'b'")
+
+
+def test_csv_refuses_a_link_to_no_image(tmp_path):
+    csv_file = write_csv(tmp_path, "path,label,split\nphotos/c00/000.jpg,a,train\n"
+                                   "photos/c01/gone.jpg,b,test\n")
+    (tmp_path / "photos" / "c01" / "gone.jpg").symlink_to("nothere.jpg")
+    one_line_error(lambda: load_csv(csv_file), "csv:list.csv", "line 3: missing image",
+                   "gone.jpg, a link to nothere.jpg that leads to no file", "(1 of 2 listed")
+
+
+def test_csv_labels_differ_by_case_and_other_values_do_not(tmp_path):
+    """As the module says: column names, splits and flags in any case; labels as written."""
+    csv_file = write_csv(tmp_path, "PATH,Label,Split,Is_Query,IS_GALLERY\n"
+                                   "photos/c00/000.jpg,Cat,TRAIN,,\n"
+                                   "photos/c00/001.png,cat,Train,,\n"
+                                   "photos/c01/000.jpg,dog,Test,TRUE,False\n"
+                                   "photos/c01/001.png,dog,test,0,True\n")
+    parts = load_csv(csv_file)
+    assert parts.dataset.class_names == {0: "Cat", 1: "cat", 2: "dog"}
+    assert parts.dataset.labels.tolist() == [0, 1, 2, 2]
+    assert [parts.parts[part].tolist() for part in ("train", "query", "gallery")] == [
+        [0, 1], [2], [3]]
 
 
 def test_csv_missing_file(tmp_path):

@@ -194,6 +194,12 @@ def without_path(annotations: np.ndarray) -> np.ndarray:
     return annotations
 
 
+def with_path(annotations: np.ndarray, number: int, path: str) -> np.ndarray:
+    """Annotation ``number`` (1-based) names the image ``path``."""
+    annotations[0, number - 1]["relative_im_path"] = np.array([path])
+    return annotations
+
+
 @pytest.mark.parametrize(("break_it", "match"), [
     (lambda root: (root / "cars_annos.mat").unlink(), "missing cars_annos.mat"),
     (lambda root: (root / "cars_annos.mat").write_bytes(b"not a MATLAB file" * 20),
@@ -218,6 +224,12 @@ def without_path(annotations: np.ndarray) -> np.ndarray:
      "cars_annos.mat: annotation 2 has class id 2.7, not a whole number"),
     (lambda root: first_class_names(root, 2),  # the real file names all 196 classes
      "cars_annos.mat: 'class_names' names 2 classes but class id 3 has no name"),
+    # One file named by two annotations: each copy its twin's perfect match, or two labels.
+    (lambda root: rewrite_annotations(root, lambda a: with_path(a, 4, "car_ims/000001.jpg")),
+     r"cars_annos\.mat: annotations 1 and 4 both name the image car_ims/000001\.jpg( with "
+     r"class ids \d and \d)?; give each image one annotation"),
+    (lambda root: rewrite_annotations(root, lambda a: with_path(a, 2, "car_ims/./000001.jpg")),
+     r"annotations 1 and 2 both name the image car_ims/000001\.jpg"),
 ])
 def test_cars196_broken_layouts(tmp_path, break_it, match):
     make_cars196(tmp_path)
@@ -303,6 +315,16 @@ def test_inshop_reads_the_original_archives_eval_folder(tmp_path):
 LIST = "list_eval_partition.txt"
 
 
+def list_again(root: Path, status: str, new_status: str, item: str | None = None) -> None:
+    """List the first ``status`` row's image again at the end, as ``new_status`` (and under
+    ``item``, if given), with the count on line 1 raised to match."""
+    lines = (root / LIST).read_text().splitlines()
+    path, old_item, _ = next(line.split() for line in lines[2:] if line.split()[2] == status)
+    lines.append(f"{path} {item or old_item} {new_status}")
+    lines[0] = str(len(lines) - 2)
+    (root / LIST).write_text("\n".join(lines) + "\n")
+
+
 @pytest.mark.parametrize(("break_it", "match"), [
     (lambda root: (root / LIST).unlink(), r"missing list_eval_partition\.txt"),
     (lambda root: set_line(root / LIST, 1, "52712"),
@@ -323,6 +345,15 @@ LIST = "list_eval_partition.txt"
      r"list_eval_partition\.txt has no query rows \(no line's evaluation_status is query\)"),
     (lambda root: replace_text(root / LIST, " gallery", " query"),
      r"list_eval_partition\.txt has no gallery rows"),
+    # A query that is also a gallery image finds itself: the gallery search does not leave a
+    # query's own image out.
+    (lambda root: list_again(root, "query", "gallery"),
+     r"list_eval_partition\.txt lines \d+ and 21 list the image img/\S+\.jpg twice, as a query "
+     r"and a gallery image, so the query would find itself \(a perfect Recall@1\); list each"),
+    (lambda root: list_again(root, "gallery", "gallery"),
+     r"list_eval_partition\.txt lines \d+ and 21 list the image img/\S+\.jpg twice; list each"),
+    (lambda root: list_again(root, "train", "train", item="id_00000099"),
+     r"lines \d+ and 21 list the image img/\S+\.jpg twice with item ids id_\d+ and id_00000099"),
 ])
 def test_inshop_broken_layouts(tmp_path, break_it, match):
     make_inshop(tmp_path)

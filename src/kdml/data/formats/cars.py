@@ -16,13 +16,14 @@ where present, names the classes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import scipy.io
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.formats.common import DatasetParts, Layout, first_repeat, indices_where
 from kdml.data.images import ImageFiles
 
 EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
@@ -61,6 +62,14 @@ def load_cars196(root: Path) -> DatasetParts:
         labels.append(int(class_id))
     if not paths:
         raise layout.error(f"{FILE} lists nothing")
+    files = [(os.path.normpath(path), number) for number, path in enumerate(paths, start=1)]
+    if len({file for file, _ in files}) != len(files):  # each copy its twin's perfect match
+        twin, first, second = first_repeat(files)
+        how = (f" with class ids {labels[first - 1]} and {labels[second - 1]}"
+               if labels[first - 1] != labels[second - 1] else "")
+        raise layout.error(f"{FILE}: annotations {first} and {second} both name the image "
+                           f"{os.path.relpath(str(twin), root)}{how}; give each image one "
+                           "annotation")
     layout.check_images(paths)
     label_tensor = torch.tensor(labels)
     class_names = read_class_names(contents, layout)

@@ -8,7 +8,8 @@ wrong, the expected layout and the root that was searched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,12 +112,28 @@ class Layout:
             raise self.error(f"{relative} line {line} is malformed: {text!r} is not an "
                              "integer") from None
 
-    def check_images(self, paths: Sequence[str]) -> None:
-        """Every listed image must exist; report the first missing one and the count."""
+    def check_images(self, paths: Sequence[str], lines: Sequence[int] | None = None) -> None:
+        """Every listed image must be a file (a link must lead to one); report the first that
+        is not, on its line of the list where ``lines`` gives each path's, and the count."""
         missing = missing_files(paths)
-        if missing:
-            raise self.error(f"missing image {missing[0]} ({len(missing)} of {len(paths)} "
-                             "listed images are missing)")
+        if not missing:
+            return
+        first = missing[0]
+        where = f"line {lines[list(paths).index(first)]}: " if lines is not None else ""
+        link = (f", a link to {os.readlink(first)} that leads to no file"
+                if os.path.islink(first) else "")
+        raise self.error(f"{where}missing image {first}{link} ({len(missing)} of {len(paths)} "
+                         "listed images are missing)")
+
+
+def first_repeat(keys: Iterable[tuple[Hashable, int]]) -> tuple[Hashable, int, int]:
+    """The first key, with its line numbers, of (key, line) pairs that repeats one."""
+    first_line: dict[Hashable, int] = {}
+    for key, line in keys:
+        if key in first_line:
+            return key, first_line[key], line
+        first_line[key] = line
+    raise ValueError("no key repeats")
 
 
 def indices_where(mask: Sequence[bool] | Tensor) -> Tensor:

@@ -6,14 +6,18 @@
 
 ``path`` is relative to the CSV file's folder (or absolute); ``label`` is an integer or a
 string, the sorted distinct labels (integers in numeric order) becoming 0..C-1 and their text
-the classes' names; ``split`` is ``train`` or ``test``. Column names and values are read
-without regard to case and surrounding spaces; the columns may come in any order and extra
-columns are ignored.
+the classes' names; ``split`` is ``train`` or ``test``. Column names, ``split`` values and
+flag values are read without regard to case (``Path``, ``TEST``, ``True``); labels are not
+(``Cat`` and ``cat`` are two classes), and paths are as the file system spells them. Spaces
+around a name or value are ignored; the columns may come in any order and extra columns are
+ignored.
 
 Split: the ``split`` column's ``train`` and ``test`` rows. With ``is_query`` and ``is_gallery``
 columns (0/1 or true/false, empty meaning 0) the test rows are divided instead into a query
-part and a gallery part (a row may be in both), as for In-Shop; train rows' flags are ignored.
-Each image is listed once (a duplicate would be its twin's perfect match, or have two labels).
+part and a gallery part, as for In-Shop: each test row is in exactly one (a row in both would
+find itself, as the gallery search does not leave a query's own image out; a row in neither
+would be left out); train rows' flags are ignored. Each image is listed once (a duplicate would
+be its twin's perfect match, or have two labels).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 
 from kdml.data.formats.common import DatasetParts, Layout, indices_where
-from kdml.data.images import ImageFiles, missing_files
+from kdml.data.images import ImageFiles
 
 EXPECTED = "a header 'path,label,split[,is_query,is_gallery]' then one row per image"
 REQUIRED = ("path", "label", "split")
@@ -129,11 +133,11 @@ def load_csv(csv_file: Path) -> DatasetParts:
                                    "would find itself (a perfect Recall@1); make each test image "
                                    "a query or a gallery image, or drop both columns to search "
                                    "every test image among the others")
-    missing = missing_files(paths)
-    if missing:
-        line = rows[paths.index(missing[0])][0]
-        raise layout.error(f"line {line}: missing image {missing[0]} ({len(missing)} of "
-                           f"{len(paths)} listed images are missing)")
+            if not (is_query[-1] or is_gallery[-1] or is_train[-1]):
+                raise layout.error(f"line {line}: {path} has is_query=0 and is_gallery=0, so it "
+                                   "would be left out of the test; mark it a query (is_query=1), "
+                                   "a gallery image (is_gallery=1) or a train row (split=train)")
+    layout.check_images(paths, lines=[line for line, _ in rows])
     train = torch.tensor(is_train)
     if is_query:
         parts = {"train": indices_where(train),

@@ -17,13 +17,12 @@ ids (1-100, 5,864 images) train, the second half (101-200, 5,924 images) test. T
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.formats.common import DatasetParts, Layout, first_repeat, indices_where
 from kdml.data.images import ImageFiles
 
 EXPECTED = ("CUB-200-2011's extracted layout: images.txt, image_class_labels.txt and "
@@ -74,16 +73,6 @@ def load_cub(root: Path) -> DatasetParts:
                          class_names=class_names)
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)})
-
-
-def first_repeat(keys: Iterable[tuple[Hashable, int]]) -> tuple[Hashable, int, int]:
-    """The first key, with its line numbers, of (key, line) pairs that repeats one."""
-    first_line: dict[Hashable, int] = {}
-    for key, line in keys:
-        if key in first_line:
-            return key, first_line[key], line
-        first_line[key] = line
-    raise ValueError("no key repeats")
 
 
 def folder_class_name(folder: str) -> str:

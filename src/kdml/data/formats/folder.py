@@ -7,7 +7,8 @@ As torchvision's ``ImageFolder``: the classes are the sorted sub-folder names, l
 folder whose extension (in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`;
 other files, and files directly in ``DIR``, are ignored. Unlike ``ImageFolder``, hidden folders
 and files (names starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's
-``._photo.jpg``) are ignored too, and a folder or image reached twice through links is refused.
+``._photo.jpg``) are ignored too, and a folder or image reached twice through links, or an
+image that is a link to no file, is refused.
 
 Split: none of its own; ``data.split`` decides.
 """
@@ -102,6 +103,7 @@ def load_folder(folder: Path) -> DatasetParts:
                                f"{' '.join(IMAGE_EXTENSIONS)})")
         paths.extend(images)
         labels.extend([label] * len(images))
+    layout.check_images(paths)  # a link that leads to no file would fail only after training
     dataset = ImageFiles(layout.dataset, f"images in {folder}, {len(classes)} classes "
                          "(one sub-folder each)", np.asarray(paths), torch.tensor(labels),
                          class_names=dict(enumerate(classes)))

@@ -12,18 +12,21 @@ The extracted benchmark::
 
 Split: the file's own: ``train`` (3,997 items, 25,882 images), and the other 3,985 items'
 images as ``query`` (14,218) and ``gallery`` (12,612). Labels are the item ids, sorted and
-numbered 0..C-1.
+numbered 0..C-1. Each image is listed once: a query also listed as a gallery image would find
+itself, since the gallery search does not leave a query's own image out.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.formats.common import DatasetParts, Layout, first_repeat, indices_where
 from kdml.data.images import ImageFiles
+from kdml.errors import KdmlError
 
 EXPECTED = ("In-Shop's layout: list_eval_partition.txt (or Eval/list_eval_partition.txt) and "
             "img/<MEN|WOMEN>/<category>/<item_id>/<file>.jpg")
@@ -55,6 +58,9 @@ def load_inshop(root: Path) -> DatasetParts:
         if status not in listed:
             raise layout.error(f"{relative} has no {status} rows (no line's evaluation_status "
                                f"is {status}); use the dataset's own list")
+    files = [(os.path.normpath(path), number) for number, (path, _, _) in rows]
+    if len({file for file, _ in files}) != len(files):
+        raise repeated_image(layout, relative, rows, files)
     paths = [str(root / path) for _, (path, _, _) in rows]
     layout.check_images(paths)
     number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
@@ -64,3 +70,21 @@ def load_inshop(root: Path) -> DatasetParts:
     dataset = ImageFiles("inshop", "In-Shop Clothes Retrieval, 7,982 items; query vs gallery",
                          np.asarray(paths), labels, default_backbone="cnn")
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 20, 30, 40, 50))
+
+
+def repeated_image(layout: Layout, relative: str, rows: list[tuple[int, list[str]]],
+                   files: list[tuple[str, int]]) -> KdmlError:
+    """The error for the first image listed twice: each copy would be its twin's perfect match
+    (a query also in the gallery finds itself: the gallery search does not leave a query's own
+    image out), or the one image would have two item ids."""
+    path, first, line = first_repeat(files)
+    fields = dict(rows)
+    (_, item, status), (_, other_item, other_status) = fields[first], fields[line]
+    how = "twice"
+    if {status, other_status} == {"query", "gallery"}:
+        how += (", as a query and a gallery image, so the query would find itself (a perfect "
+                "Recall@1)")
+    elif item != other_item:
+        how += f" with item ids {item} and {other_item}"
+    return layout.error(f"{relative} lines {first} and {line} list the image {path} {how}; "
+                        "list each image once")
