@@ -82,11 +82,36 @@ def test_default_folds_are_ten_consecutive_blocks():
     assert all(0.4 < t < 0.6 for t in result.thresholds)
 
 
+def test_a_far_gallery_entry_does_not_tie_the_other_probes():
+    """The tie tolerance was a share of the largest distance of the whole matrix: one gallery
+    entry 1e8 away tied matches 1e-5 and 2e-5 from their probes (ranks [2, 2, 1])."""
+    probe = np.array([[0.0, 0.0], [5.0, 5.0], [1e8, 0.0]])
+    gallery = np.array([[1e-5, 0.0], [2e-5, 0.0], [1e8 + 1, 0.0]])
+    ids = np.arange(3)
+    literal = [1 + sum(math.dist(p, g) < math.dist(p, gallery[i]) for g in gallery)
+               for i, p in enumerate(probe)]
+    assert match_ranks(probe, ids, gallery, ids).tolist() == literal == [1, 1, 1]
+
+
 def test_best_threshold_hand_case():
     # sorted: 0.1 D, 0.3 S, 0.35 D, 0.4 S -> candidates 0.2 (3/4), 0.325 (2/4), 0.375 (3/4)...
     threshold, accuracy = best_threshold(np.array([0.3, 0.1, 0.4, 0.35]),
                                          np.array([True, False, True, False]))
     assert threshold == pytest.approx(0.2) and accuracy == 0.75
+
+
+@pytest.mark.parametrize("pair", [(0.75, np.nextafter(0.75, 1.0)), (1e308, 1.7e308),
+                                  (-1.7e308, 1.7e308)])
+def test_best_threshold_separates_adjacent_and_extreme_scores(pair):
+    """The midpoint of two adjacent floats rounds onto the lower one, and (a + b) / 2 of two
+    scores near float64's largest overflowed: either way no candidate separated the pairs
+    (accuracy 0.5 for 1)."""
+    scores = np.array(pair * 3)
+    same = np.array([False, True] * 3)
+    with np.errstate(all="raise"):
+        threshold, accuracy = best_threshold(scores, same)
+    assert accuracy == 1.0 and pair[0] < threshold <= pair[1]
+    assert verification_accuracy(scores, same, num_folds=3).mean == 1.0
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

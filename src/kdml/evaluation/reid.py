@@ -45,8 +45,10 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
-# Distances within this share of the largest distance are equal: float64 arithmetic leaves
-# distances that are equal in exact arithmetic up to ~1e-16 apart (x and 2x, normalised).
+# Distances this close are equal: float64 arithmetic leaves distances that are equal in exact
+# arithmetic up to ~1e-16 apart (x and 2x, normalised). Relative to the true match's distance
+# for the Euclidean metric (cdist's error is relative to each distance), absolute for the
+# cosine distance 1 - cos (its error is relative to 1).
 TIE_TOLERANCE = 1e-12
 
 
@@ -55,9 +57,10 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
     r"""1-based rank of each probe's true match in the gallery ordered by distance.
 
     Ties count against the probe: the rank is :math:`1 +` the number of *other* gallery entries
-    at a distance :math:`\le` the true match's, where distances within
-    :data:`TIE_TOLERANCE` of the largest distance count as equal (so distances equal in exact
-    arithmetic, such as the cosine distances to a vector and to its double, tie). Each probe
+    at a distance :math:`\le` the true match's, where distances within :data:`TIE_TOLERANCE`
+    of each other count as equal (relative to the true match's distance for the Euclidean
+    metric, absolute for the cosine distance), so distances equal in exact arithmetic, such as
+    the cosine distances to a vector and to its double, tie. Each probe
     identity must appear exactly once in the gallery (single shot).
 
     Args:
@@ -82,7 +85,9 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
         raise KdmlError("every probe identity must appear exactly once in the gallery")
     distances = _pairwise_distances(probe_x, gallery_x, metric)
     true_distance = distances[is_match][:, None]
-    tolerance = TIE_TOLERANCE * max(float(np.abs(distances).max()), np.finfo(float).tiny)
+    # per probe: one far gallery entry must not widen every probe's ties
+    scale = np.maximum(true_distance, np.finfo(float).tiny) if metric == "euclidean" else 1.0
+    tolerance = TIE_TOLERANCE * scale
     return 1 + ((distances <= true_distance + tolerance) & ~is_match).sum(axis=1)
 
 

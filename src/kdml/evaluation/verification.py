@@ -44,7 +44,8 @@ class VerificationResult:
 def best_threshold(similarities: np.ndarray, same: np.ndarray) -> tuple[float, float]:
     r"""The threshold :math:`t` maximising the accuracy of "same iff similarity :math:`\ge t`".
 
-    Candidates are the midpoints between consecutive distinct sorted similarities, plus
+    Candidates are the midpoints between consecutive distinct sorted similarities (the upper
+    one of two adjacent floats, whose midpoint does not exist), plus
     :math:`-\infty` (every pair "same") and :math:`+\infty` (every pair "different"): every
     distinct decision on these pairs is reached by exactly one candidate, and the two extreme
     decisions stay extreme on any held-out pair, however far outside this range its score
@@ -55,7 +56,11 @@ def best_threshold(similarities: np.ndarray, same: np.ndarray) -> tuple[float, f
         ``(threshold, accuracy on these pairs)``.
     """
     values = np.unique(similarities)
-    candidates = np.concatenate([[-np.inf], (values[:-1] + values[1:]) / 2, [np.inf]])
+    # halves summed: (a + b) / 2 overflows near float64's largest value, and between two
+    # adjacent floats rounds onto the lower one, which would not separate them: take the upper
+    midpoints = values[:-1] / 2 + values[1:] / 2
+    midpoints = np.where(midpoints > values[:-1], midpoints, values[1:])
+    candidates = np.concatenate([[-np.inf], midpoints, [np.inf]])
     # pairs strictly below each candidate are called "different"
     order = np.argsort(similarities, kind="stable")
     sorted_sims, sorted_same = similarities[order], same[order]
