@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -176,8 +177,15 @@ def test_a_run_folder_with_a_checkpoint_or_a_file_kdml_did_not_write_is_still_re
     (out / extra).parent.mkdir(exist_ok=True)
     (out / extra).write_text("recipe: amsoftmax\n")  # the user's own config.yaml, train.log
     before = snapshot(out)
-    with pytest.raises(KdmlError, match=r"already holds a run; continue it with 'kdml train "
-                                        r"--resume"):
+    if extra.startswith("checkpoints/") and extra.endswith(".pt"):
+        message = r"already holds a run; continue it with 'kdml train --resume"
+    else:  # it would have made way: the message had said it held a run, as if trained
+        top = extra.split("/")[0]
+        ours = top in ("config.yaml", "train.log", "tensorboard", "checkpoints")
+        example = "" if ours else f" (such as {top})"
+        message = re.escape(f"holds a run that saved no checkpoint, beside files kdml did not "
+                            f"write{example}, so a new run does not start afresh there")
+    with pytest.raises(KdmlError, match=message):
         check_new_run_folder(out)
     assert start_afresh(out) is None
     assert snapshot(out) == before

@@ -158,6 +158,12 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     holds_a_run = run.config.is_file() and (run.log.is_file() or run.checkpoint.is_file())
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
+        if not (run.checkpoint.is_file() or run.best_checkpoint.is_file()):
+            # it would make way, were it not for files kdml did not write (or cannot tell)
+            raise KdmlError(f"{root} holds a run that saved no checkpoint, beside files kdml "
+                            f"did not write{_example_of_others(root)}, so a new run does not "
+                            "start afresh there: move those away, continue the run with 'kdml "
+                            f"train --resume {root}', or choose another --out")
         raise KdmlError(f"{root} already holds a run; continue it with 'kdml train --resume "
                         f"{root}' or choose another --out")
     if stale and not held:  # refused now, not after the data has loaded
@@ -173,6 +179,14 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
         raise KdmlError(f"cannot make the run folder {root}: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise KdmlError(f"cannot make the run folder {root}: {parent} is not writable")
+
+
+def _example_of_others(root: Path) -> str:
+    """`` (such as NAME)`` for a top-level entry of ``root`` that is not a run's, or ``""``."""
+    run = RunFolder(root)
+    ours = {run.config, run.log, run.lock_file, run.tensorboard, run.checkpoint.parent}
+    other = next((path for path in sorted(root.iterdir()) if path not in ours), None)
+    return f" (such as {other.name})" if other is not None else ""
 
 
 # How train.log ends the line of a finished run resumed (no epoch starts).
