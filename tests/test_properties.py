@@ -692,15 +692,17 @@ def test_retrieval_is_invariant_to_permutations_and_positive_scalings(n, d, metr
     assert_metrics_equal(scaled, base, f"scaling by {factor}")
 
 
-@given(n=st.integers(2, 7), d=st.integers(1, 3), metric=METRICS, dtype=DTYPES, data=st.data())
+@given(n=st.integers(2, 7), d=st.integers(1, 3), metric=METRICS, data=st.data())
 @fast(200)
-def test_retrieval_ranks_the_given_values_exactly(n, d, metric, dtype, data):
-    """Grid points scaled by a factor that rounds them (3.7, 1e19 in float32): their exact
-    ties become orders a few ulps apart, which float32 cannot resolve and kdml's float64
-    re-scoring does. The literal ranks the given floats as exact rationals."""
+def test_retrieval_ranks_the_given_values_exactly(n, d, metric, data):
+    """Grid points scaled by a factor that rounds them to float32 (3.7, 1e19, 0.01): their
+    exact ties become orders a few float32 ulps apart, which the float32 search cannot resolve
+    and kdml's float64 re-scoring does. The literal ranks the given floats as exact rationals.
+    (Float32 inputs: their float64 keys are far more accurate than their gaps. Float64 inputs
+    whose exact keys differ by a few float64 ulps are tied, the documented limit.)"""
     points = data.draw(grid_points(n, d, span=2, layouts=EXACT_LAYOUTS))
-    factor = data.draw(st.sampled_from(FACTORS[dtype]))
-    given = to_input(points * factor, dtype)
+    factor = data.draw(st.sampled_from(FACTORS[torch.float32]))
+    given = to_input(points * factor, torch.float32)
     labels = data.draw(retrieval_labels(n))
     ks = data.draw(ks_for(n - 1))
     got = retrieval_metrics(given, labels, ks=ks, metric=metric, nmi=False)

@@ -12,17 +12,18 @@ from reference_impls import enumerated_retrieval, rank_keys
 
 from kdml.evaluation import retrieval_metrics
 from kdml.evaluation.charts import chart_retrieval_metrics
-from kdml.evaluation.rescoring import MAX_RESCORED, ExactScores, rescore_ties
+from kdml.evaluation.rescoring import ExactScores, key_tolerance, rescore_ties
 from kdml.evaluation.transfer import source_nn_accuracy
 
 
 def literal_nearness(query, reference, metric):
-    """Plain loops in float64: minus the cosine similarity, or the squared distance."""
+    """Plain loops in float64: the squared distance, or 2 - 2 cos (2 for a zero vector:
+    similarity 0)."""
     if metric == "euclidean":
         return sum((float(a) - float(b)) ** 2 for a, b in zip(query, reference, strict=True))
     dot = sum(float(a) * float(b) for a, b in zip(query, reference, strict=True))
     norms = math.sqrt(sum(float(a) ** 2 for a in query) * sum(float(b) ** 2 for b in reference))
-    return -dot / norms if norms else 0.0
+    return 2 - 2 * dot / norms if norms else 2.0
 
 
 def literal_keys(queries, reference, metric):
@@ -42,12 +43,17 @@ def literal_recall_at_1(points, labels, metric):
     return float((labels[keys.argmin(1)] == labels).mean())
 
 
+@pytest.mark.parametrize("duplicated", [False, True])
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-def test_nearness_is_the_literal_float64_score(metric):
+def test_nearness_is_the_literal_float64_score(metric, duplicated):
+    """Pair by pair, and (``duplicated``: fewer distinct combinations than pairs) through the
+    table of distinct queries and reference rows."""
     rng = np.random.default_rng(0)
     queries = rng.standard_normal((5, 3)).astype(np.float32)
     reference = rng.standard_normal((7, 3)).astype(np.float32)
     reference[2] = 0.0  # a zero vector: similarity 0 to everything
+    if duplicated:
+        reference[5] = reference[6] = reference[1]
     rows, columns = np.repeat(np.arange(5), 7), np.tile(np.arange(7), 5)
     got = ExactScores(torch.from_numpy(queries), reference, metric).nearness(rows, columns)
     expected = [literal_nearness(queries[i], reference[j], metric)
@@ -63,7 +69,7 @@ def test_nearness_of_values_near_float64s_limits():
         got = exact.nearness(np.array([0, 0]), np.array([1, 2]))
         assert got[1] / got[0] == pytest.approx(6.25, rel=1e-14)  # (4 + 2.25) / 1
         cosine = ExactScores(points, None, "cosine").nearness(np.array([0]), np.array([1]))
-        assert cosine[0] == pytest.approx(-6 / math.sqrt(5 * 8), rel=1e-14)
+        assert cosine[0] == pytest.approx(2 - 12 / math.sqrt(5 * 8), rel=1e-14)
 
 
 def test_neighbours_float32_cannot_order_are_ranked_in_float64():
@@ -120,26 +126,103 @@ def test_exact_ties_stay_tied(metric):
     assert got == pytest.approx(expected, abs=1e-12)
 
 
-def test_groups_beyond_the_cap_keep_their_float32_ties():
-    """A collapsed embedding's tie group (every neighbour) is not re-scored past
-    MAX_RESCORED members: those neighbours are tied in float64 as well."""
-    width = MAX_RESCORED + 2
-    indices = np.arange(width)[None].copy()
-    continues = np.ones((1, width), dtype=bool)
-    continues[0, 0] = False
+@pytest.mark.parametrize(("count", "step", "dtype"), [
+    (5001, 3e-7, np.float32), (5001, 3e-7, np.float64), (2001, 2e-13, np.float64)])
+def test_long_chains_and_float64_chains_are_not_ties(count, step, dtype):
+    """A reviewer's cases: a float32 group beyond 4,096 neighbours had been left tied (a cap
+    meant for collapsed embeddings), and float64 keys stepping by 2e-13 chained into one tie
+    as the float32 ones had. The nearest reference, a miss, comes first."""
+    cosines = 0.5 - step * np.arange(count)
+    reference = np.stack([cosines, np.sqrt(1 - cosines**2), np.zeros(count)], 1).astype(dtype)
+    reference_labels = np.ones(count, dtype=int)
+    reference_labels[0] = 0
+    keys = literal_keys(np.array([[1.0, 0.0, 0.0]]), reference, "cosine")[0]
+    assert np.argmin(keys) == 0 and np.all(np.diff(keys) > 0)
+    got = retrieval_metrics(np.array([[1.0, 0.0, 0.0]], dtype), np.array([1]), ks=(1, 2),
+                            reference=reference, reference_labels=reference_labels, nmi=False)
+    assert got["recall@1"] == 0.0 and got["recall@2"] == 1.0
 
-    class Refuses(ExactScores):
-        def nearness(self, query_rows, reference_rows):
-            raise AssertionError("re-scored a group beyond the cap")
 
-    got_indices, got_continues = rescore_ties(np.array([0]), indices, continues,
-                                              Refuses(np.zeros((1, 1)), None, "cosine"))
-    assert np.array_equal(got_indices, indices) and np.array_equal(got_continues, continues)
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_float32_values_whose_exact_keys_differ_by_2_to_the_minus_42_are_ordered(metric):
+    """[1, 0] and [1, 2^-21] in float32: squared distances from the origin 1 and 1 + 2^-42, and
+    cosines to [1, 0] 1 and 1 - 2^-43 (about): distinct in exact arithmetic, and in float64."""
+    reference = np.array([[1, 2.0**-21], [1, 0]], np.float32)
+    query = np.zeros((1, 2), np.float32) if metric == "euclidean" else np.array([[1, 0]],
+                                                                               np.float32)
+    got = retrieval_metrics(query, np.array([1]), ks=(1,), reference=reference,
+                            reference_labels=np.array([1, 0]), metric=metric, nmi=False)
+    assert got["recall@1"] == 0.0
+
+
+class GivenKeys(ExactScores):
+    """Keys drawn by the test, one per (query row, reference row)."""
+
+    def __init__(self, table: np.ndarray, metric: str, dim: int) -> None:
+        super().__init__(np.zeros((1, dim)), None, metric)
+        self.table, self._dim = table, dim
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def nearness(self, query_rows, reference_rows):
+        return self.table[query_rows, reference_rows]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rescore_ties_is_the_literal_sort_and_anchored_ties_per_group(seed):
+    """Random float32 groups and float64 keys (duplicates, near-duplicates within and beyond
+    the rounding bound, both metrics) against a per-group loop: sort each group by key (float32
+    order among equal keys), then a tie runs while a key stays within key_tolerance of the
+    first key of its tie."""
+    rng = np.random.default_rng(seed)
+    metric = ("euclidean", "cosine")[seed % 2]
+    n, width, dim = 3, 12, int(rng.integers(1, 600))
+    scale = 10.0 ** rng.integers(-12, 12)
+    base = rng.choice([1.0, 1.5, 2.0], size=(n, 40)) * scale
+    near = base * (1 + rng.choice([0, 1, 3, 1e4], size=base.shape) * (dim + 2) * 2.0**-53 / 3)
+    table = np.where(rng.random(base.shape) < 0.5, base, near)
+    indices = np.stack([rng.permutation(40)[:width] for _ in range(n)])
+    continues = rng.random((n, width)) < 0.6
+    continues[:, 0] = False
+    exact = GivenKeys(table, metric, dim)
+    got_indices, got_continues = rescore_ties(np.arange(n), indices, continues, exact)
+    for row in range(n):
+        starts = [j for j in range(width) if not continues[row, j]] + [width]
+        for start, end in zip(starts, starts[1:], strict=False):
+            members = list(indices[row, start:end])
+            if end - start == 1:
+                assert got_indices[row, start] == members[0]
+                assert not got_continues[row, start]
+                continue
+            keys = [table[row, m] for m in members]
+            ordered = [m for _, _, m in sorted(zip(keys, range(len(keys)), members,
+                                                   strict=True))]
+            spread = max(keys) - min(keys)
+            bound = key_tolerance(np.array([max(keys)]), dim, metric)[0]
+            if spread <= bound:  # left as it came: one tie
+                assert list(got_indices[row, start:end]) == members
+                assert not got_continues[row, start] and got_continues[row,
+                                                                         start + 1:end].all()
+                continue
+            assert list(got_indices[row, start:end]) == ordered
+            anchor = None
+            for position, member in enumerate(ordered):
+                key = table[row, member]
+                if anchor is None:
+                    expected = False
+                else:
+                    tolerance = key_tolerance(np.array([key]), dim, metric)[0]
+                    expected = key - anchor <= tolerance
+                if not expected:
+                    anchor = key
+                assert got_continues[row, start + position] == expected, (row, position)
 
 
 def test_chart_retrieval_and_source_nn_accuracy_rank_in_float64_too():
-    """The same circle as chart coordinates (one chart, then two halves) and as a DTML target
-    scored by its nearest source samples."""
+    """The same circle as chart coordinates (one chart) and as a DTML target scored by its
+    nearest source samples."""
     rng = np.random.default_rng(3)
     angles = np.sort(rng.uniform(0, 2 * np.pi, 1500))
     circle = np.stack([np.cos(angles), np.sin(angles)], 1)

@@ -4,16 +4,20 @@ The k-NN search runs in float32 (faiss, or a matmul on a GPU), which cannot orde
 closer than a few units in their last place (:mod:`kdml.evaluation.ties`): on dense
 low-dimensional embeddings many true neighbours are that close (4,000 unit vectors on a circle:
 Recall@1 0.597 with such neighbours counted as ties, 0.666 exactly). The neighbours of a float32
-tie group are therefore scored again in float64, from the embeddings as given (cosine:
-:math:`q \cdot r / (|q|\,|r|)`; Euclidean: :math:`|q - r|^2` from the differences, which has no
-cancellation however far the points lie from the origin), and re-ordered within their group.
-Only scores equal to :data:`EXACT_TIE` of their scale stay tied: equal in exact arithmetic,
-apart from float64 rounding.
+tie group are therefore scored again in float64, from the embeddings as given, and re-ordered
+within their group. The keys are computed from differences, which keep their accuracy however
+close the neighbours are: :math:`|q - r|^2` (Euclidean) and :math:`|\hat q - \hat r|^2 = 2 - 2
+\cos` of the L2-normalised vectors (cosine; a zero vector has similarity 0, key 2).
+
+Neighbours stay tied only where their keys are equal within the float64 rounding of the keys
+(:func:`key_tolerance`), measured from the first key of their tie: so distances equal in exact
+arithmetic (duplicates, scaled copies under the cosine metric) tie, and a chain of close but
+distinct neighbours does not. Keys closer than that rounding are the one limit: float64 inputs
+whose exact keys differ by a few float64 ulps are tied.
 
 The float32 groups' bounds are kept: a neighbour outside a group was ordered by a float32 gap
-larger than the tie tolerance. A group of more than :data:`MAX_RESCORED` neighbours (a collapsed
-embedding, whose neighbours are tied in float64 too) keeps its float32 ties, which bounds the
-work.
+larger than the tie tolerance. Duplicated reference rows are scored once per query, so a
+collapsed embedding (every neighbour in one group) costs one key per query.
 """
 
 from __future__ import annotations
@@ -24,18 +28,28 @@ import numpy as np
 
 from kdml.evaluation.knn import host_array, search_scale
 
-# Scores within this share of their scale are tied in float64: far above the rounding of a
-# float64 dot product of a few thousand dimensions (about 1e-13 at worst for 512), far below
-# what float32 resolves (6e-8).
-EXACT_TIE = 2.0**-40
-# Tie groups larger than this keep their float32 ties (see the module docstring).
-MAX_RESCORED = 4096
-# Rows of float64 gathered at once, times the dimension: about 32 MB for each of the two sides.
+EPS64 = float(np.finfo(np.float64).eps)
+# Pairs gathered at once, times the dimension: about 32 MB of float64 for each of the two sides.
 GATHER_BUDGET = 2**22
 
 
+def key_tolerance(keys: np.ndarray, dim: int, metric: str) -> np.ndarray:
+    r"""The rounding bound of float64 keys of ``dim``-dimensional vectors: keys this close may
+    be equal in exact arithmetic.
+
+    Euclidean: :math:`a\,k` with :math:`a = (D + 2)\,\epsilon` (a sum of :math:`D` squares,
+    from differences rounded once). Cosine: :math:`a\,(k + 2\sqrt{k} + a)`, which adds the
+    rounding of the normalised vectors (each off by at most :math:`a` in norm) to that of the
+    sum.
+    """
+    a = (dim + 2) * EPS64
+    if metric == "euclidean":
+        return a * keys
+    return a * (keys + 2 * np.sqrt(keys) + a)
+
+
 class ExactScores:
-    """Float64 scores of chosen (query, reference) pairs, from the embeddings as given.
+    """Float64 keys of chosen (query, reference) pairs, from the embeddings as given.
 
     Args:
         queries: ``(N, D)`` query embeddings (NumPy or torch, any float dtype).
@@ -44,28 +58,51 @@ class ExactScores:
         metric: ``"cosine"`` or ``"euclidean"``.
 
     Both sides are divided by one power of two (:func:`~kdml.evaluation.knn.search_scale`,
-    exact), so values up to float64's range neither overflow nor underflow here.
+    exact), so that the largest values neither overflow nor underflow when squared; rows far
+    smaller than the largest may still underflow there.
     """
 
     def __init__(self, queries: Any, reference: Any | None, metric: str) -> None:
         self.metric = metric
         self._inputs = (queries, reference)
-        self._host: tuple[np.ndarray, np.ndarray] | None = None
+        self._host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._scale = 1.0
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # Brought to the host once, when a first tie needs them: most evaluations have none.
         if self._host is None:
             queries = host_array(self._inputs[0])
             reference = queries if self._inputs[1] is None else host_array(self._inputs[1])
-            self._host = queries, reference
+            rows = np.ascontiguousarray(reference)
+            as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
+            row_ids = np.unique(as_bytes.ravel(), return_inverse=True)[1].ravel()
+            self._host = queries, reference, row_ids
             self._scale = search_scale(queries, reference)
         return self._host
 
+    @property
+    def dim(self) -> int:
+        return int(self._arrays()[0].shape[1])
+
     def nearness(self, query_rows: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
         """``[P]`` float64 keys of the pairs ``(query_rows[p], reference_rows[p])``, smaller
-        is nearer: minus the cosine similarity, or the squared Euclidean distance."""
-        queries, reference = self._arrays()
+        is nearer: :math:`|q - r|^2`, or :math:`|\\hat q - \\hat r|^2` for cosine."""
+        queries, _, row_ids = self._arrays()
+        # Duplicated reference rows share their keys: where the distinct queries times the
+        # distinct rows are fewer than the pairs (a collapsed embedding: one row), each
+        # combination is scored once. Found by marking, not sorting: P can be 2^24.
+        query_slot, distinct_queries = _slots(query_rows, len(queries))
+        row_slot, distinct_rows = _slots(row_ids[reference_rows], int(row_ids.max()) + 1)
+        if len(distinct_queries) * len(distinct_rows) >= len(query_rows):
+            return self._keys(query_rows, reference_rows)
+        first_row_of = np.zeros(int(row_ids.max()) + 1, dtype=np.int64)
+        first_row_of[row_ids[reference_rows]] = reference_rows  # a reference row of each id
+        table = self._keys(np.repeat(distinct_queries, len(distinct_rows)),
+                           np.tile(first_row_of[distinct_rows], len(distinct_queries)))
+        return table.reshape(len(distinct_queries), len(distinct_rows))[query_slot, row_slot]
+
+    def _keys(self, query_rows: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
+        queries, reference, _ = self._arrays()
         keys = np.empty(len(query_rows), dtype=np.float64)
         step = max(1, GATHER_BUDGET // queries.shape[1])
         for start in range(0, len(query_rows), step):
@@ -73,53 +110,87 @@ class ExactScores:
             q = queries[query_rows[part]].astype(np.float64) / self._scale
             r = reference[reference_rows[part]].astype(np.float64) / self._scale
             if self.metric == "cosine":
-                norms = np.sqrt(np.einsum("pd,pd->p", q, q) * np.einsum("pd,pd->p", r, r))
-                dots = np.einsum("pd,pd->p", q, r)
-                # a zero vector has similarity 0 to everything, as in the float32 search
-                keys[part] = -np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
-            else:
-                difference = q - r
-                keys[part] = np.einsum("pd,pd->p", difference, difference)
+                q_norms = np.sqrt(np.einsum("pd,pd->p", q, q))[:, None]
+                r_norms = np.sqrt(np.einsum("pd,pd->p", r, r))[:, None]
+                zero = (q_norms[:, 0] == 0) | (r_norms[:, 0] == 0)
+                q = np.divide(q, q_norms, out=np.zeros_like(q), where=q_norms > 0)
+                r = np.divide(r, r_norms, out=np.zeros_like(r), where=r_norms > 0)
+            difference = q - r
+            keys[part] = np.einsum("pd,pd->p", difference, difference)
+            if self.metric == "cosine":
+                keys[part][zero] = 2.0  # similarity 0, as in the float32 search
         return keys
+
+
+def _slots(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(slot of each value among the distinct ones, the distinct values)`` for integers in
+    ``[0, size)``, in linear time."""
+    present = np.zeros(size, dtype=bool)
+    present[values] = True
+    distinct = np.flatnonzero(present)
+    slot_of = np.zeros(size, dtype=np.int64)
+    slot_of[distinct] = np.arange(len(distinct))
+    return slot_of[values], distinct
 
 
 def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
                  exact: ExactScores) -> tuple[np.ndarray, np.ndarray]:
-    """Re-order each float32 tie group by its float64 scores and keep only float64 ties.
+    """Re-order each float32 tie group by its float64 keys and keep only float64 ties.
 
     Args:
         rows: ``[n]`` query rows of ``indices``.
         indices: ``[n, w]`` ranked reference rows, every tie group complete.
         continues: ``[n, w]`` bool, neighbour ``j`` tied with ``j - 1`` in float32
             (:func:`~kdml.evaluation.ties.continues_group`).
-        exact: the float64 scores.
+        exact: the float64 keys.
 
     Returns:
         ``(indices, continues)`` of the same shapes: within each group the neighbours sorted by
-        their float64 score (stable), and ``continues`` true only where a neighbour's score is
-        within :data:`EXACT_TIE` of the previous one's scale.
+        their float64 key (stable), and ``continues`` true only where a neighbour's key is
+        within :func:`key_tolerance` of the first key of its tie.
     """
     if not continues.any():
         return indices, continues
-    starts = continues.copy()
-    starts[:, :-1] |= continues[:, 1:]  # tied positions: a group's first member and the rest
-    group_rows, columns = np.nonzero(starts)
+    tied = continues.copy()
+    tied[:, :-1] |= continues[:, 1:]  # tied positions: a group's first member and the rest
+    group_rows, columns = np.nonzero(tied)  # row-major: each group's members in order
     opens = ~continues[group_rows, columns]
-    group = np.cumsum(opens) - 1
-    sizes = np.bincount(group)
-    rescored = sizes[group] <= MAX_RESCORED
-    group_rows, columns, opens, group = (a[rescored] for a in (group_rows, columns, opens, group))
-    if not len(group_rows):
-        return indices, continues
+    starts = np.flatnonzero(opens)
     keys = exact.nearness(rows[group_rows], indices[group_rows, columns])
+    dim = exact.dim
+    # Groups whose keys all lie within the rounding of their largest are left as they are
+    # (a collapsed embedding's, duplicates'): only the others are sorted.
+    spread = np.maximum.reduceat(keys, starts) - np.minimum.reduceat(keys, starts)
+    sizes = np.diff(np.append(starts, len(keys)))
+    uneven = np.repeat(spread > key_tolerance(np.maximum.reduceat(keys, starts), dim,
+                                              exact.metric), sizes)
+    if not uneven.any():
+        return indices, continues
+    group_rows, columns, keys, opens = (a[uneven] for a in (group_rows, columns, keys, opens))
+    group = np.cumsum(opens)
     order = np.lexsort((columns, keys, group))  # by group, then key, then the float32 order
     indices, continues = indices.copy(), continues.copy()
     indices[group_rows, columns] = indices[group_rows[order], columns[order]]
-    sorted_keys = keys[order]
-    previous = np.roll(sorted_keys, 1)
-    scale = np.maximum(np.abs(sorted_keys), np.abs(previous))
-    if exact.metric == "cosine":
-        scale = np.ones_like(scale)  # similarities of unit vectors: scale 1
-    tied = np.abs(sorted_keys - previous) <= EXACT_TIE * scale
-    continues[group_rows, columns] = tied & ~opens  # a group's first position opens it
+    continues[group_rows, columns] = _ties_from_anchor(keys[order], opens, dim, exact.metric)
     return indices, continues
+
+
+def _ties_from_anchor(keys: np.ndarray, opens: np.ndarray, dim: int, metric: str) -> np.ndarray:
+    """``[P]`` bool: sorted key ``p`` is tied with the first key of its tie, where ``opens``
+    marks the first position of each float32 group (never tied to the one before)."""
+    tolerance = key_tolerance(keys, dim, metric)
+    tied = np.zeros(len(keys), dtype=bool)
+    tied[1:] = keys[1:] - keys[:-1] <= tolerance[1:]
+    tied &= ~opens
+    # A run of steps each within the tolerance is one tie only if it spans no more than that
+    # from its first key; the rare longer runs are cut again from each anchor, in order.
+    run_starts = np.flatnonzero(~tied)
+    run_ends = np.append(run_starts[1:], len(keys)) - 1
+    too_long = keys[run_ends] - keys[run_starts] > tolerance[run_ends]
+    for start, end in zip(run_starts[too_long], run_ends[too_long], strict=True):
+        anchor = keys[start]
+        for position in range(start + 1, end + 1):
+            tied[position] = keys[position] - anchor <= tolerance[position]
+            if not tied[position]:
+                anchor = keys[position]
+    return tied

@@ -240,24 +240,25 @@ def retrieval_metrics(
     neighbours are scored again in float64 from the embeddings as given and re-ordered
     (:mod:`kdml.evaluation.rescoring`), so the ranks are those of exact arithmetic on the
     given values (on 4,000 unit vectors on a circle Recall@1 is 0.666, where counting the
-    float32 near-ties as ties gave 0.597). Neighbours whose float64 scores are equal (to
-    2^-40 of their scale: duplicates, or scaled copies under the cosine metric) are tied,
+    float32 near-ties as ties gave 0.597). Neighbours whose float64 keys are equal within
+    their rounding (duplicates, or scaled copies under the cosine metric;
+    :func:`~kdml.evaluation.rescoring.key_tolerance`, from the first key of the tie) are tied,
     and each metric is its expectation over random orders of the tied neighbours
     (:mod:`kdml.evaluation.ties`): exact for Recall@K, R-Precision and MAP@R. So the scores
     never depend on the order of the samples: 500 identical embeddings in 50 classes of 10
     give Recall@1 = 9/499 and Recall@8 = 1 - C(490, 8) / C(499, 8). Queries without float32
-    near-ties take the plain path, at no extra cost. A float32 tie group of more than 4,096
-    neighbours (a collapsed embedding) is not re-scored: it stays tied.
+    near-ties take the plain path, at no extra cost.
 
-    **Scale.** Both metrics are invariant to a positive scaling of all embeddings: vectors
-    whose largest absolute value is beyond 2^30 or below 2^-30 are divided by a power of two
-    before the float32 search (:func:`~kdml.evaluation.knn.search_scale`), so values up to
-    float64's range are searched without overflow. The Euclidean metric is also invariant to
-    a shift: the vectors are searched relative to the reference's median
+    **Scale.** Both metrics are invariant to a positive scaling of all embeddings (exactly where
+    the scaling rounds no value, a power of two; otherwise the ranks are those of the rounded
+    values): vectors whose largest absolute value is beyond 2^30 or below 2^-30 are divided by a
+    power of two before the float32 search (:func:`~kdml.evaluation.knn.search_scale`), so
+    values up to float64's range are searched without overflow. The Euclidean metric is also
+    invariant to a shift: the vectors are searched relative to the reference's median
     (:func:`~kdml.evaluation.knn.search_centre`), so float32's rounding of faiss's
-    :math:`|q|^2 + |r|^2 - 2 q \cdot r` follows the embeddings' spread, not their distance from
-    the origin. One shift serves every query: a cluster far from the median whose spread is
-    below about 1e-7 of that distance (float32's resolution there) ties in float32, and is
+    :math:`|q|^2 + |r|^2 - 2 q \cdot r` follows the embeddings' spread, not their distance
+    from the origin. One shift serves every query: a cluster far from the median whose spread
+    is below about 1e-7 of that distance (float32's resolution there) ties in float32, and is
     ordered by the float64 re-scoring.
 
     NMI (``nmi=True``) clusters the query embeddings with seeded faiss k-means into as
@@ -350,8 +351,9 @@ def _on_host(vectors: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 class Ranked(NamedTuple):
-    """Ranked neighbours of some queries: ``indices`` and ``continues`` (tie flags, see
-    :func:`~kdml.evaluation.ties.continues_group`), both ``(n, w)``."""
+    """Ranked neighbours of some queries: ``indices`` and ``continues`` (tie flags: float32's,
+    :func:`~kdml.evaluation.ties.continues_group`, or float64's after
+    :func:`~kdml.evaluation.rescoring.rescore_ties`), both ``(n, w)``."""
 
     indices: np.ndarray
     continues: np.ndarray

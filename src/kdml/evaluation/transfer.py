@@ -44,9 +44,10 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
     samples that float32 cannot order are re-scored in float64 (as in ``retrieval_metrics``),
     and those tied in float64 count as their expectation: the share of them with the
     target's label, so the accuracy does not depend on the order of the samples. (For
-    :math:`k > 1`, neighbours tied at the :math:`k`-th place are taken in index order.) Source
-    and target are rescaled together, so the accuracy is invariant to a positive scaling of
-    both. Target samples labelled ``-1`` (unknown) are left out of the accuracy.
+    :math:`k > 1` the vote takes the float32 search's :math:`k` nearest, in index order among
+    float32 ties: nothing is re-scored.) Source and target are rescaled together, so the
+    accuracy is invariant to a positive scaling of both (a power of two exactly). Target
+    samples labelled ``-1`` (unknown) are left out of the accuracy.
 
     .. math::
         \mathrm{acc} = \frac{1}{N_t} \sum_{i=1}^{N_t}
