@@ -188,3 +188,24 @@ def test_values_near_the_dtype_s_limit_are_searched_without_a_shift(dtype, large
         on_torch = prepare_vectors(torch.from_numpy(x), "euclidean", "x", "torch")
     assert chunk.indices.ravel().tolist() == [4, 3, 1, 1, 0]
     assert torch.isfinite(on_torch).all()
+
+
+def test_the_torch_search_multiplies_in_full_float32_and_restores_the_setting(monkeypatch):
+    """Under TF32 (``set_float32_matmul_precision("high")``, common on GPUs) the products
+    would carry errors far beyond the tie tolerance; the search asks for "highest" around its
+    matmul and gives the caller's setting back."""
+    from kdml.evaluation import knn
+
+    calls = []
+    original = torch.set_float32_matmul_precision
+    monkeypatch.setattr(torch, "set_float32_matmul_precision",
+                        lambda value: (calls.append(value), original(value)))
+    before = torch.get_float32_matmul_precision()
+    original("high")
+    try:
+        queries = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+        knn._torch_search(queries, queries, 2, "euclidean")
+        assert calls == ["highest", "high"]
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        original(before)

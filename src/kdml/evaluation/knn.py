@@ -348,8 +348,15 @@ def _torch_search_in_blocks(queries: np.ndarray, reference: np.ndarray, k: int,
 def _torch_search(queries: torch.Tensor, reference: torch.Tensor, k: int,
                   metric: str) -> tuple[np.ndarray, np.ndarray]:
     """faiss's results with torch: inner products (descending) or squared L2 distances
-    (ascending, as ``|q|^2 + |r|^2 - 2 q.r``), float32, top ``k`` of each row."""
-    products = queries @ reference.T
+    (ascending, as ``|q|^2 + |r|^2 - 2 q.r``), float32, top ``k`` of each row. In full float32
+    whatever ``torch.set_float32_matmul_precision`` says: TF32's 10-bit products would put
+    errors far beyond the tie tolerance, which the float64 re-scoring could not repair."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        products = queries @ reference.T
+    finally:
+        torch.set_float32_matmul_precision(previous)
     if metric == "cosine":
         scores, indices = products.topk(k, dim=1)
     else:
