@@ -16,7 +16,7 @@ from kdml.data import (
     seen_holdout_split,
 )
 from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
-from kdml.data.splits import SEEN, UNSEEN, make_splits
+from kdml.data.splits import SEEN, UNSEEN, make_splits, validation_split
 from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
 from kdml.errors import KdmlError
 
@@ -92,6 +92,15 @@ def test_class_disjoint_fractions_round_down_for_every_class_count(num_classes, 
         return
     expected = int(fraction * num_classes + 1e-9)  # literal: truncation of a positive number
     assert labels[train].unique().numel() == expected
+
+
+@pytest.mark.parametrize(("num_classes", "held"), [(5, 3), (7, 4), (9, 5), (11, 6), (10, 5)])
+def test_a_validation_share_of_one_half_holds_out_the_odd_class(num_classes, held):
+    """Half-to-even round() had held out 2 of 5 classes and 4 of 7 (and 4 of 9, 6 of 11)."""
+    labels = torch.arange(num_classes).repeat(3)
+    kept, held_out = validation_split(labels, 0.5, seen=False)
+    assert labels[held_out].unique().tolist() == list(range(num_classes - held, num_classes))
+    assert sorted(kept.tolist() + held_out.tolist()) == list(range(len(labels)))
 
 
 @pytest.mark.parametrize("value", [0, 1.5, 5, 0.0])
