@@ -3,8 +3,8 @@ orders of the tied neighbours.
 
 A query's ranked neighbours fall into tie groups: consecutive neighbours whose float32 scores
 differ by at most a few ulps of their scale (:func:`tie_tolerance`), which
-:mod:`kdml.evaluation.rescoring` then re-orders and splits by their float64 scores, so that only
-neighbours equal in float64 stay tied. Ordering a group at random,
+:mod:`kdml.evaluation.rescoring` then re-orders and splits by their float64 keys, so that only
+neighbours equal within the keys' float64 rounding stay tied. Ordering a group at random,
 a neighbour in group :math:`G` (size :math:`g`, with :math:`h` relevant members, starting after
 :math:`a` neighbours of which :math:`b` are relevant) at 0-based position :math:`p` has
 
