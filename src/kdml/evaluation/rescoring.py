@@ -65,18 +65,15 @@ class ExactScores:
     def __init__(self, queries: Any, reference: Any | None, metric: str) -> None:
         self.metric = metric
         self._inputs = (queries, reference)
-        self._host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._host: tuple[np.ndarray, np.ndarray] | None = None
         self._scale = 1.0
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         # Brought to the host once, when a first tie needs them: most evaluations have none.
         if self._host is None:
             queries = host_array(self._inputs[0])
             reference = queries if self._inputs[1] is None else host_array(self._inputs[1])
-            rows = np.ascontiguousarray(reference)
-            as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
-            row_ids = np.unique(as_bytes.ravel(), return_inverse=True)[1].ravel()
-            self._host = queries, reference, row_ids
+            self._host = queries, reference
             self._scale = search_scale(queries, reference)
         return self._host
 
@@ -87,22 +84,27 @@ class ExactScores:
     def nearness(self, query_rows: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
         """``[P]`` float64 keys of the pairs ``(query_rows[p], reference_rows[p])``, smaller
         is nearer: :math:`|q - r|^2`, or :math:`|\\hat q - \\hat r|^2` for cosine."""
-        queries, _, row_ids = self._arrays()
+        queries, reference = self._arrays()
         # Duplicated reference rows share their keys: where the distinct queries times the
-        # distinct rows are fewer than the pairs (a collapsed embedding: one row), each
-        # combination is scored once. Found by marking, not sorting: P can be 2^24.
+        # distinct row contents are fewer than the pairs (a collapsed embedding: one content),
+        # each combination is scored once. Rows are found by marking (P can be 2^24), and only
+        # the rows touched here are compared by content.
         query_slot, distinct_queries = _slots(query_rows, len(queries))
-        row_slot, distinct_rows = _slots(row_ids[reference_rows], int(row_ids.max()) + 1)
-        if len(distinct_queries) * len(distinct_rows) >= len(query_rows):
+        touched_slot, touched = _slots(reference_rows, len(reference))
+        rows = np.ascontiguousarray(reference[touched])
+        as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+        _, first_of_content, content = np.unique(as_bytes, return_index=True,
+                                                  return_inverse=True)
+        num_contents = len(first_of_content)
+        if len(distinct_queries) * num_contents >= len(query_rows):
             return self._keys(query_rows, reference_rows)
-        first_row_of = np.zeros(int(row_ids.max()) + 1, dtype=np.int64)
-        first_row_of[row_ids[reference_rows]] = reference_rows  # a reference row of each id
-        table = self._keys(np.repeat(distinct_queries, len(distinct_rows)),
-                           np.tile(first_row_of[distinct_rows], len(distinct_queries)))
-        return table.reshape(len(distinct_queries), len(distinct_rows))[query_slot, row_slot]
+        table = self._keys(np.repeat(distinct_queries, num_contents),
+                           np.tile(touched[first_of_content], len(distinct_queries)))
+        content_slot = content.ravel()[touched_slot]
+        return table.reshape(len(distinct_queries), num_contents)[query_slot, content_slot]
 
     def _keys(self, query_rows: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
-        queries, reference, _ = self._arrays()
+        queries, reference = self._arrays()
         keys = np.empty(len(query_rows), dtype=np.float64)
         step = max(1, GATHER_BUDGET // queries.shape[1])
         for start in range(0, len(query_rows), step):
