@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kdml.evaluation.knn import host_array, search_scale
+from kdml.evaluation.ties import tied_positions
 
 EPS64 = float(np.finfo(np.float64).eps)
 # Pairs gathered at once, times the dimension: about 32 MB of float64 for each of the two sides.
@@ -153,19 +154,16 @@ def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
     """
     if not continues.any():
         return indices, continues
-    tied = continues.copy()
-    tied[:, :-1] |= continues[:, 1:]  # tied positions: a group's first member and the rest
-    group_rows, columns = np.nonzero(tied)  # row-major: each group's members in order
-    opens = ~continues[group_rows, columns]
+    group_rows, columns, opens = tied_positions(continues)
     starts = np.flatnonzero(opens)
     keys = exact.nearness(rows[group_rows], indices[group_rows, columns])
     dim = exact.dim
     # Groups whose keys all lie within the rounding of their largest are left as they are
     # (a collapsed embedding's, duplicates'): only the others are sorted.
-    spread = np.maximum.reduceat(keys, starts) - np.minimum.reduceat(keys, starts)
+    largest = np.maximum.reduceat(keys, starts)
+    spread = largest - np.minimum.reduceat(keys, starts)
     sizes = np.diff(np.append(starts, len(keys)))
-    uneven = np.repeat(spread > key_tolerance(np.maximum.reduceat(keys, starts), dim,
-                                              exact.metric), sizes)
+    uneven = np.repeat(spread > key_tolerance(largest, dim, exact.metric), sizes)
     if not uneven.any():
         return indices, continues
     group_rows, columns, keys, opens = (a[uneven] for a in (group_rows, columns, keys, opens))

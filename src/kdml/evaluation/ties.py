@@ -77,6 +77,16 @@ def continues_from_gaps(gaps: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
     return continues
 
 
+def tied_positions(continues: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, columns, opens)`` of the ranks in a tie group, row-major (each group's members
+    in order): a rank is tied when it continues a group or the next rank does; ``opens`` marks
+    each group's first rank."""
+    in_group = continues.copy()
+    in_group[:, :-1] |= continues[:, 1:]
+    rows, columns = np.nonzero(in_group)
+    return rows, columns, ~continues[rows, columns]
+
+
 def group_reaches_last_column(continues: np.ndarray, needed: np.ndarray) -> np.ndarray:
     """``[n]`` bool: the tie group holding rank ``needed`` (1-based) also holds the last
     column, so it may go on beyond the neighbours retrieved."""
@@ -112,12 +122,9 @@ def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ..
     rp_terms = rel.astype(np.float64)
     recall = np.stack([found[:, k - 1] > 0 for k in ks]).astype(np.float64)
 
-    in_group = continues.copy()  # p is tied when it continues a group or the next one does
-    in_group[:, :-1] |= continues[:, 1:]
-    rows, columns = np.nonzero(in_group)  # row-major: each group's members in order
+    rows, columns, opens = tied_positions(continues)
     if not len(rows):
         return recall, ap_terms.sum(axis=1) / r, rp_terms.sum(axis=1) / r
-    opens = ~continues[rows, columns]
     group = np.cumsum(opens) - 1  # group number of each tied position
     start = columns[opens][group]  # a
     size = np.bincount(group).astype(np.float64)[group]  # g
