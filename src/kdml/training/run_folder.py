@@ -181,10 +181,14 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
         raise KdmlError(f"cannot make the run folder {root}: {parent} is not writable")
 
 
+def _run_entries(run: RunFolder) -> set[Path]:
+    """The top-level entries a run of kdml's writes before its first checkpoint."""
+    return {run.config, run.log, run.lock_file, run.tensorboard, run.checkpoint.parent}
+
+
 def _example_of_others(root: Path) -> str:
     """`` (such as NAME)`` for a top-level entry of ``root`` that is not a run's, or ``""``."""
-    run = RunFolder(root)
-    ours = {run.config, run.log, run.lock_file, run.tensorboard, run.checkpoint.parent}
+    ours = _run_entries(RunFolder(root))
     other = next((path for path in sorted(root.iterdir()) if path not in ours), None)
     return f" (such as {other.name})" if other is not None else ""
 
@@ -206,7 +210,7 @@ def stale_run_files(root: Path) -> list[Path] | None:
     train.log count as kdml's only in kdml's own form)."""
     run = RunFolder(root)
     checkpoints = run.checkpoint.parent
-    allowed = {run.config, run.log, run.lock_file, run.tensorboard, checkpoints}
+    allowed = _run_entries(run)
     try:
         entries = list(root.iterdir())
         events = list(run.tensorboard.iterdir()) if run.tensorboard.is_dir() else []
