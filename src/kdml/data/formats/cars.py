@@ -23,7 +23,7 @@ import numpy as np
 import scipy.io
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, first_repeat, indices_where
+from kdml.data.formats.common import DatasetParts, Layout, indices_where, repeated_path
 from kdml.data.images import ImageFiles
 
 EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
@@ -62,13 +62,13 @@ def load_cars196(root: Path) -> DatasetParts:
         labels.append(int(class_id))
     if not paths:
         raise layout.error(f"{FILE} lists nothing")
-    files = [(os.path.normpath(path), number) for number, path in enumerate(paths, start=1)]
-    if len({file for file, _ in files}) != len(files):  # each copy its twin's perfect match
-        twin, first, second = first_repeat(files)
+    repeat = repeated_path((path, number) for number, path in enumerate(paths, start=1))
+    if repeat:
+        twin, first, second = repeat
         how = (f" with class ids {labels[first - 1]} and {labels[second - 1]}"
                if labels[first - 1] != labels[second - 1] else "")
         raise layout.error(f"{FILE}: annotations {first} and {second} both name the image "
-                           f"{os.path.relpath(str(twin), root)}{how}; give each image one "
+                           f"{os.path.relpath(twin, root)}{how}; give each image one "
                            "annotation")
     layout.check_images(paths)
     label_tensor = torch.tensor(labels)

@@ -136,6 +136,17 @@ def first_repeat(keys: Iterable[tuple[Hashable, int]]) -> tuple[Hashable, int, i
     raise ValueError("no key repeats")
 
 
+def repeated_path(paths: Iterable[tuple[str, int]]) -> tuple[str, int, int] | None:
+    """The first image path listed twice, with both line numbers, of (path, line) pairs, paths
+    compared as written once normalised (``a/./b`` is ``a/b``); ``None`` when each is listed
+    once. A duplicate would be its twin's perfect match, or have two labels."""
+    files = [(os.path.normpath(path), line) for path, line in paths]
+    if len({file for file, _ in files}) == len(files):
+        return None
+    path, first, line = first_repeat(files)
+    return str(path), first, line
+
+
 def indices_where(mask: Sequence[bool] | Tensor) -> Tensor:
     """Positions of the True entries, as a sorted int64 tensor."""
     return torch.as_tensor(mask, dtype=torch.bool).nonzero().squeeze(1)

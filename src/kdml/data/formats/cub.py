@@ -16,13 +16,18 @@ ids (1-100, 5,864 images) train, the second half (101-200, 5,924 images) test. T
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, first_repeat, indices_where
+from kdml.data.formats.common import (
+    DatasetParts,
+    Layout,
+    first_repeat,
+    indices_where,
+    repeated_path,
+)
 from kdml.data.images import ImageFiles
 
 EXPECTED = ("CUB-200-2011's extracted layout: images.txt, image_class_labels.txt and "
@@ -45,9 +50,9 @@ def load_cub(root: Path) -> DatasetParts:
         image_id, first, line = first_repeat([(int(f[0]), n) for n, f in classes])
         raise layout.error(f"image_class_labels.txt lines {first} and {line} both label image "
                            f"id {image_id}; give each image one line")
-    files = [(os.path.normpath(f[1]), n) for n, f in images]
-    if len({file for file, _ in files}) != len(files):  # each copy its twin's perfect match
-        path, first, line = first_repeat(files)
+    repeat = repeated_path((f[1], n) for n, f in images)
+    if repeat:
+        path, first, line = repeat
         raise layout.error(f"images.txt lines {first} and {line} list the image {path} under "
                            "two ids; list each image once")
     unlabelled = sorted(set(path_of) - set(class_of))

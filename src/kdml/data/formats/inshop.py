@@ -18,13 +18,12 @@ itself, since the gallery search does not leave a query's own image out.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, first_repeat, indices_where
+from kdml.data.formats.common import DatasetParts, Layout, indices_where, repeated_path
 from kdml.data.images import ImageFiles
 from kdml.errors import KdmlError
 
@@ -58,9 +57,9 @@ def load_inshop(root: Path) -> DatasetParts:
         if status not in listed:
             raise layout.error(f"{relative} has no {status} rows (no line's evaluation_status "
                                f"is {status}); use the dataset's own list")
-    files = [(os.path.normpath(path), number) for number, (path, _, _) in rows]
-    if len({file for file, _ in files}) != len(files):
-        raise repeated_image(layout, relative, rows, files)
+    repeat = repeated_path((path, number) for number, (path, _, _) in rows)
+    if repeat:
+        raise repeated_image(layout, relative, rows, repeat)
     paths = [str(root / path) for _, (path, _, _) in rows]
     layout.check_images(paths)
     number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
@@ -73,11 +72,11 @@ def load_inshop(root: Path) -> DatasetParts:
 
 
 def repeated_image(layout: Layout, relative: str, rows: list[tuple[int, list[str]]],
-                   files: list[tuple[str, int]]) -> KdmlError:
+                   repeat: tuple[str, int, int]) -> KdmlError:
     """The error for the first image listed twice: each copy would be its twin's perfect match
     (a query also in the gallery finds itself: the gallery search does not leave a query's own
     image out), or the one image would have two item ids."""
-    path, first, line = first_repeat(files)
+    path, first, line = repeat
     fields = dict(rows)
     (_, item, status), (_, other_item, other_status) = fields[first], fields[line]
     how = "twice"
