@@ -258,6 +258,14 @@ def test_sop_uses_the_files_split_and_class_ids(tmp_path):
     check_images(parts, tmp_path)
 
 
+def copy_path(source: Path, line: int, target: Path, target_line: int) -> None:
+    """Give line ``target_line`` of the SOP list ``target`` the image path of ``source``'s
+    line ``line``: one image listed twice (the real lists name each image once)."""
+    path = source.read_text().splitlines()[line - 1].split()[3]
+    fields = target.read_text().splitlines()[target_line - 1].split()
+    set_line(target, target_line, " ".join([*fields[:3], f"./{path}"]))
+
+
 @pytest.mark.parametrize(("break_it", "match"), [
     (lambda root: (root / "Ebay_test.txt").unlink(), "missing Ebay_test.txt"),
     (lambda root: set_line(root / "Ebay_train.txt", 1, "id class super path"),
@@ -270,6 +278,10 @@ def test_sop_uses_the_files_split_and_class_ids(tmp_path):
      r"Ebay_train\.txt line 2 is malformed: 'one' is not an integer"),
     (lambda root: next((root / "cabinet_final").iterdir()).unlink(),
      r"missing image \S*cabinet_final/\S+\.JPG \(1 of 8"),
+    (lambda root: copy_path(root / "Ebay_test.txt", 2, root / "Ebay_test.txt", 3),
+     r"Ebay_test\.txt lines 2 and 3 list the image \S+\.JPG twice; list each image once"),
+    (lambda root: copy_path(root / "Ebay_train.txt", 4, root / "Ebay_test.txt", 2),
+     r"Ebay_train\.txt line 4 and Ebay_test\.txt line 2 list the image \S+\.JPG twice"),
 ])
 def test_sop_broken_layouts(tmp_path, break_it, match):
     make_sop(tmp_path)

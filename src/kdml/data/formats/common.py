@@ -12,6 +12,7 @@ import os
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -21,6 +22,7 @@ from kdml.data.images import missing_files
 from kdml.errors import KdmlError
 
 DEFAULT_KS = (1, 2, 4, 8)
+Line = TypeVar("Line")  # where a key was read: a line number, or a (file, line number)
 PART_NAMES = ("train", "test", "query", "gallery")
 
 
@@ -126,9 +128,9 @@ class Layout:
                          "listed images are missing)")
 
 
-def first_repeat(keys: Iterable[tuple[Hashable, int]]) -> tuple[Hashable, int, int]:
+def first_repeat(keys: Iterable[tuple[Hashable, Line]]) -> tuple[Hashable, Line, Line]:
     """The first key, with its line numbers, of (key, line) pairs that repeats one."""
-    first_line: dict[Hashable, int] = {}
+    first_line: dict[Hashable, Line] = {}
     for key, line in keys:
         if key in first_line:
             return key, first_line[key], line
@@ -136,7 +138,7 @@ def first_repeat(keys: Iterable[tuple[Hashable, int]]) -> tuple[Hashable, int, i
     raise ValueError("no key repeats")
 
 
-def repeated_path(paths: Iterable[tuple[str, int]]) -> tuple[str, int, int] | None:
+def repeated_path(paths: Iterable[tuple[str, Line]]) -> tuple[str, Line, Line] | None:
     """The first image path listed twice, with both line numbers, of (path, line) pairs, paths
     compared as written once normalised (``a/./b`` is ``a/b``); ``None`` when each is listed
     once. A duplicate would be its twin's perfect match, or have two labels."""

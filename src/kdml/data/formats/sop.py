@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout
+from kdml.data.formats.common import DatasetParts, Layout, repeated_path
 from kdml.data.images import ImageFiles
 
 EXPECTED = ("Stanford Online Products' extracted layout: Ebay_train.txt, Ebay_test.txt and "
@@ -33,6 +33,7 @@ def load_sop(root: Path) -> DatasetParts:
     layout = Layout("sop", root, EXPECTED)
     paths: list[str] = []
     labels: list[int] = []
+    listed: list[tuple[str, tuple[str, int]]] = []  # each path as written, with its line
     parts = {}
     for part, relative in (("train", "Ebay_train.txt"), ("test", "Ebay_test.txt")):
         rows = layout.read_rows(relative, 4, header_lines=1, example=EXAMPLE)
@@ -44,7 +45,14 @@ def load_sop(root: Path) -> DatasetParts:
         for number, (_, class_id, _, path) in rows:
             labels.append(layout.integer(class_id, relative, number))
             paths.append(str(root / path))
+            listed.append((path, (relative, number)))
         parts[part] = torch.arange(start, len(paths))
+    repeat = repeated_path(listed)
+    if repeat:  # a test image twice is its twin's perfect match; across files, a leak
+        path, (file, line), (other_file, other_line) = repeat
+        where = (f"{file} lines {line} and {other_line}" if file == other_file
+                 else f"{file} line {line} and {other_file} line {other_line}")
+        raise layout.error(f"{where} list the image {path} twice; list each image once")
     layout.check_images(paths)
     dataset = ImageFiles("sop", "Stanford Online Products, 22,634 products; files' split",
                          np.asarray(paths), torch.tensor(labels), default_backbone="cnn")
