@@ -15,7 +15,7 @@ import numpy as np
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import as_float_matrix, host_array
+from kdml.evaluation.knn import as_float_matrix, host_array, l2_normalize
 
 
 def _as_array(x: Any, dtype: Any | None = None) -> np.ndarray:
@@ -37,12 +37,7 @@ def _pairwise_distances(probe: np.ndarray, gallery: np.ndarray, metric: str) -> 
 
     if metric == "euclidean":
         return cdist(probe, gallery, "euclidean")
-    return 1.0 - _unit_rows(probe) @ _unit_rows(gallery).T
-
-
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
+    return 1.0 - l2_normalize(probe, inplace=False) @ l2_normalize(gallery, inplace=False).T
 
 
 # Distances this close are equal: float64 arithmetic leaves distances that are equal in exact
