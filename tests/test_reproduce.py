@@ -112,6 +112,48 @@ def test_verdict(better, worse, lower, expected):
     assert verdict(claim, better, worse).startswith(expected)
 
 
+@pytest.mark.parametrize(("better", "worse", "lower", "expected"), [
+    # a difference the same in every seed has a t interval of width 0: no evidence either way
+    ([0.5, 0.6, 0.52], [0.4, 0.5, 0.42], False,
+     "not testable: A is higher by the same 0.100 in all 3 seeds, no spread to judge it by"),
+    ([0.5, 0.6], [0.5, 0.6], False, "not shown: the two are equal in all 2 seeds"),
+    # lower is better: the measured difference (A minus B) keeps its sign when not shown
+    ([1.134, 1.12, 1.14], [1.123, 1.13, 1.11], True,
+     "not shown: A minus B is +0.010 +- 0.050, 3 seeds, within the seeds' spread"),
+    # a seed that diverged in either cell is left out, and the line says where
+    ([0.8, 0.9, np.nan, 0.7], [0.75, 0.8, 0.7, np.nan], False,
+     "not shown: A minus B is +0.075 +- 0.318, 2 seeds, within the seeds' spread; 2 seeds left "
+     "out, where A or B diverged"),
+    ([0.8, 0.81, np.nan, 0.83], [0.7, 0.72, 0.7, 0.71], False,
+     "holds: A is higher by +0.103 +- 0.038, 3 seeds; 1 seed left out, where A diverged"),
+])
+def test_verdict_says_what_it_cannot_judge(better, worse, lower, expected):
+    claim = Claim("A beats B", "A", "B", "recall@1", lower_is_better=lower)
+    assert verdict(claim, better, worse) == expected
+
+
+def test_verdict_prints_the_decimals_that_tell_the_interval_from_zero():
+    """Rounded to 3 decimals, 0.0126 +- 0.0134 (not shown) and 0.0134 +- 0.0126 (holds) both
+    print 0.013 +- 0.013: more decimals show on which side of 0 the interval ends."""
+    claim = Claim("A beats B", "A", "B", "recall@1")
+    for mean, half_width, expected in ((0.0126, 0.0134, "not shown: A minus B is +0.0126 +- "
+                                        "0.0134"),
+                                       (0.0134, 0.0126, "holds: A is higher by +0.0134 +- "
+                                        "0.0126"),
+                                       (-0.0134, 0.0126, "does not hold: A is lower by 0.0134 "
+                                        "+- 0.0126")):
+        # four seeds, two at mean - x and two at mean + x: the t interval has this half-width
+        x = half_width * 2 / stats.t.ppf(0.975, 3) / np.sqrt(4 / 3)
+        differences = [mean - x, mean - x, mean + x, mean + x]
+        assert verdict(claim, differences, [0.0] * 4).startswith(expected)
+
+
+def test_verdict_refuses_cells_of_unequal_seeds():
+    claim = Claim("A beats B", "A", "B", "recall@1")
+    with pytest.raises(ValueError, match="one value per seed in each cell: 3 against 2"):
+        verdict(claim, [0.5, 0.52, 0.9], [0.4, 0.41])
+
+
 def test_verdict_interval_is_the_paired_student_t_interval():
     claim = Claim("A beats B", "A", "B", "recall@1")
     better, worse = [0.80, 0.85, 0.83, 0.90], [0.79, 0.80, 0.84, 0.82]
@@ -454,7 +496,9 @@ def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):
     text = report.read_text()
     assert "Values are from one seed (0)" in text and "1 seeds" not in text
     assert "| alpha = 1 | 0.600 | 0.800 | 0.500 |" in text  # no +- without a second seed
-    assert "+- is over seeds" not in text and "the paper reports it: R@1 0.030" in text
+    assert "+- is over seeds" not in text and "averaged over the seeds" not in text
+    assert "| parts: 95% half-width | R@1 | R@2 |" in text
+    assert all(f"| {cell.label} | 0.030 | 0.020 |" in text for cell in experiment.cells)
     assert "- JRS helps (R@1): not testable with one seed (alpha = 1 higher by 0.100)." in text
 
 
@@ -525,7 +569,7 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
             in text)
     for label in ("PCA", "DDML (2014)", "DTML, beta = 0", "DTML", "DSTML"):
         assert f"| {label} |" in text
-    assert "| 0.856 |" in text  # the paper's DTML on LFW, beside kdml's numbers
+    assert "| 0.8558 |" in text  # the paper's DTML on LFW (85.58%), beside kdml's numbers
     assert text.count("- DTML beats") == 2
     assert Path(tmp_path / "runs").is_dir()
 

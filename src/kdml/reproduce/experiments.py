@@ -98,6 +98,10 @@ class Experiment:
         raise KeyError(f"{self.key} has no cell {label!r}")
 
 
+# Per-seed differences that vary by less than this are the same (float rounding of scores)
+SAME = 1e-9
+
+
 def finished(values: Sequence[float]) -> list[float]:
     """A cell's per-seed values without those of diverged runs (NaN)."""
     return [value for value in values if np.isfinite(value)]
@@ -109,27 +113,61 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
     The difference is paired by seed (the two runs of a seed share their data order and
     initial weights where the recipes allow) and judged by its 95% confidence interval: it
     holds when the interval lies above 0, does not hold when it lies below, and is not shown
-    when it contains 0. A seed whose run diverged in either cell (NaN) is left out.
+    when it contains 0. A seed whose run diverged in either cell (NaN) is left out, and the
+    line says so. One seed, or a difference the same in every seed (a degenerate interval of
+    width 0), cannot be judged: the line gives the observed difference only.
     """
-    count = min(len(better), len(worse))
+    if len(better) != len(worse):
+        raise ValueError(f"one value per seed in each cell: {len(better)} against {len(worse)}")
+    better_values, worse_values = np.asarray(better, float), np.asarray(worse, float)
+    paired = np.isfinite(better_values) & np.isfinite(worse_values)
+    left_out = _left_out(claim, better_values, worse_values)
     sign = -1.0 if claim.lower_is_better else 1.0
-    difference = sign * (np.asarray(better[:count], float) - np.asarray(worse[:count], float))
-    difference = difference[np.isfinite(difference)]
+    difference = sign * (better_values[paired] - worse_values[paired])
     count = len(difference)
     if not count:
         return "not testable: in every seed, one of the two runs diverged"
     estimate = Estimate.of(list(difference))
-    margin = f"{estimate.mean:+.3f}"
     direction = "lower" if claim.lower_is_better else "higher"
     opposite = "higher" if claim.lower_is_better else "lower"
+    moved = direction if estimate.mean >= 0 else opposite
     if count < 2:  # the plain observed difference, in the direction it went
-        moved = direction if estimate.mean >= 0 else opposite
         return (f"not testable with one seed ({claim.better} {moved} by "
-                f"{abs(estimate.mean):.3f})")
-    interval = f"{margin} +- {estimate.ci95:.3f}, {count} seeds"
+                f"{abs(estimate.mean):.3f}){left_out}")
+    if np.ptp(difference) <= SAME:  # a t interval of width 0 is no evidence
+        if abs(estimate.mean) <= SAME:
+            return f"not shown: the two are equal in all {count} seeds{left_out}"
+        return (f"not testable: {claim.better} is {moved} by the same "
+                f"{abs(estimate.mean):.3f} in all {count} seeds, no spread to judge it "
+                f"by{left_out}")
     if estimate.mean - estimate.ci95 > 0:
-        return f"holds: {claim.better} is {direction} by {interval}"
+        return (f"holds: {claim.better} is {direction} by "
+                f"{_interval(estimate.mean, estimate.ci95, True)}, {count} seeds{left_out}")
     if estimate.mean + estimate.ci95 < 0:
-        return (f"does not hold: {claim.better} is {opposite} by {-estimate.mean:.3f} +- "
-                f"{estimate.ci95:.3f}, {count} seeds")
-    return f"not shown: the difference, {interval}, is within the seeds' spread"
+        return (f"does not hold: {claim.better} is {opposite} by "
+                f"{_interval(-estimate.mean, estimate.ci95)}, {count} seeds{left_out}")
+    # as measured (better minus worse): a sign flipped for lower-is-better would read wrongly
+    measured = _interval(sign * estimate.mean, estimate.ci95, True)
+    return (f"not shown: {claim.better} minus {claim.worse} is {measured}, {count} seeds, "
+            f"within the seeds' spread{left_out}")
+
+
+def _interval(mean: float, half_width: float, signed: bool = False) -> str:
+    """``mean +- half_width`` at 3 decimals, or more where 3 would print the two equal and hide
+    on which side of 0 the interval ends (up to 6)."""
+    digits = 3
+    while digits < 6 and f"{abs(mean):.{digits}f}" == f"{half_width:.{digits}f}":
+        digits += 1
+    return f"{mean:{'+' if signed else ''}.{digits}f} +- {half_width:.{digits}f}"
+
+
+def _left_out(claim: Claim, better: np.ndarray, worse: np.ndarray) -> str:
+    """``"; N seeds left out, where X diverged"`` for the seeds not paired, or ``""``."""
+    lost = ~(np.isfinite(better) & np.isfinite(worse))
+    if not lost.any():
+        return ""
+    diverged = [label for label, values in ((claim.better, better), (claim.worse, worse))
+                if not np.isfinite(values[lost]).all()]
+    count = int(lost.sum())
+    return (f"; {count} seed{'s' if count > 1 else ''} left out, where "
+            f"{' or '.join(diverged)} diverged")

@@ -178,10 +178,10 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
     if any(result.cells[label].part_ci95 for label in result.cells):
         spread = "" if context.seeds == 1 else "; +- is over seeds"
         lines += ["", "Recall@K is the mean over 10 disjoint test parts that each hold every "
-                  f"class (the paper's protocol){spread}. The mean 95% half-width over the "
-                  "parts, as the paper reports it: "
-                  + ", ".join(f"{_metric_name(name)} {_mean_part_ci(result, name):.3f}"
-                              for name in experiment.metrics) + "."]
+                  f"class (the paper's protocol){spread}. The 95% half-width over the parts, "
+                  "as the paper gives it beside each value"
+                  + ("" if context.seeds == 1 else " (here averaged over the seeds)") + ":",
+                  "", *_part_table(result)]
     if experiment.claims:
         lines += ["", "Claims:"]
         for claim in experiment.claims:
@@ -234,7 +234,7 @@ def _table(result: ExperimentResult) -> list[str]:
                       for seed, why in sorted(cell_result.diverged.items())]
         entries = [label, *(_format_finite(cell_result.values[name])
                             for name in experiment.metrics),
-                   *(f"{cell.paper[key]:.3f}" if key in cell.paper else "-"
+                   *(_paper_value(cell.paper[key]) if key in cell.paper else "-"
                      for key in paper_keys)]
         rows.append("| " + " | ".join(entries) + " |")
     if notes:
@@ -265,10 +265,25 @@ def _relative(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path, start)).as_posix()
 
 
-def _mean_part_ci(result: ExperimentResult, metric: str) -> float:
-    widths = [width for cell in result.cells.values()
-              for width in cell.part_ci95.get(metric, [])]
-    return sum(widths) / len(widths) if widths else float("nan")
+def _part_table(result: ExperimentResult) -> list[str]:
+    """Per row: the 95% half-width of each metric over the test parts, averaged over seeds."""
+    metrics = result.experiment.metrics
+    rows = ["| parts: 95% half-width | " + " | ".join(_metric_name(name) for name in metrics)
+            + " |", "|" + "---|" * (len(metrics) + 1)]
+    for label, cell in result.cells.items():
+        widths = [finished(cell.part_ci95.get(name, [])) for name in metrics]
+        rows.append(f"| {label} | " + " | ".join(
+            f"{sum(width) / len(width):.3f}" if width else "-" for width in widths) + " |")
+    return rows
+
+
+def _paper_value(value: float) -> str:
+    """A paper's number as the paper prints it: 3 decimals, or as many as it has (up to 6):
+    7.65% is 0.0765, not 0.076."""
+    digits = 3
+    while digits < 6 and abs(round(value, digits) - value) > 1e-12:
+        digits += 1
+    return f"{value:.{digits}f}"
 
 
 def _metric_name(name: str) -> str:
