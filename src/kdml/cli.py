@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(model.weights)")
     train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
     train.add_argument("--out", type=_folder,
-                       help="run folder, new or empty (default: runs/RECIPE-DATASET-TIME)")
+                       help="run folder: new, empty, or one whose run stopped before its first "
+                       "checkpoint (default: runs/RECIPE-DATASET-TIME)")
     train.add_argument("--resume", type=_folder, metavar="RUN_DIR",
                        help="continue an interrupted run from its last checkpoint")
     train.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -147,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "data has one, as In-Shop, else test)")
     _add_best(index)
     index.add_argument("--out", type=_folder, required=True, help="a new index folder")
-    index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact")
+    index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact",
+                       help="exact (default): brute-force float32 search; ivf or "
+                       "hnsw: approximate, for large galleries")
 
     search = commands.add_parser(
         "search", help="the nearest indexed items of a query image or .npz",
@@ -203,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     reproduce.add_argument("--out", type=Path, default=None,
                            help="the report (default docs/reproduction.md, or "
-                           "reproduction.md in the runs folder with --quick); plots go to "
-                           "OUT-plots/ beside it")
+                           "reproduction.md in the runs folder with --quick); plots go beside "
+                           "it, to OUT's name without .md plus -plots/")
     reproduce.add_argument("--runs", type=Path, default=None,
                            help="where the runs go (default runs/reproduce, or "
                            "runs/reproduce-quick)")
@@ -221,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         "config", help="print a recipe's configuration: every key with its value",
         description="Print the configuration RECIPE resolves to (defaults < --config < "
         "key=value), as YAML: every key 'kdml train' accepts.")
-    config.add_argument("recipe", help="recipe name (see 'kdml recipes')")
+    config.add_argument("recipe", nargs="?",
+                        help="recipe name (see 'kdml recipes'); optional with a --config file "
+                        "that names one")
     config.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     config.add_argument("--config", type=Path, help="YAML file with config values")
     return parser
@@ -346,8 +351,8 @@ def _train(args: argparse.Namespace) -> int:
                                            progress=_progress(args)), config, run.root)
 
     file_values = load_config_file(args.config) if args.config else {}
-    recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
-    overrides = list(args.overrides)
+    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
+    recipe = get_recipe(recipe_name)
     grid = file_values.get("grid")
     _check_flags_agree_with_overrides(
         args, overrides, [str(key) for key in grid] if isinstance(grid, dict) else [])
@@ -471,7 +476,18 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     return 0
 
 
-def _recipe_name(given: str | None, in_file: object, config_file: Path | None) -> str:
+def _recipe_and_overrides(args: argparse.Namespace, in_file: object) -> tuple[str, list[str]]:
+    """The recipe and the key=value overrides. With a --config file that names its recipe,
+    the overrides may come first (``kdml train --config FILE train.epochs=2``): argparse
+    reads the first of them as the recipe."""
+    given, overrides = args.recipe, list(args.overrides)
+    if given and "=" in given and args.config and in_file is not None:
+        given, overrides = None, [given, *overrides]
+    return _recipe_name(given, in_file, args.config, args.command), overrides
+
+
+def _recipe_name(given: str | None, in_file: object, config_file: Path | None,
+                 command: str) -> str:
     """The recipe named on the command line, else by the --config file; never two."""
     if given and "=" in given:
         raise KdmlError(f"the first argument must be a recipe name, got {given!r}")
@@ -479,8 +495,9 @@ def _recipe_name(given: str | None, in_file: object, config_file: Path | None) -
         raise KdmlError(f"{config_file} is a config for recipe {in_file!r} but the command "
                         f"names {given!r}; drop one of them")
     if not given and in_file is None:
-        raise KdmlError("name a recipe, e.g. 'kdml train jrd --dataset mnist5k' (or a "
-                        "--config file with a recipe: line)")
+        example = "train jrd --dataset mnist5k" if command == "train" else f"{command} jrd"
+        raise KdmlError(f"name a recipe, e.g. 'kdml {example}' (or a --config file with a "
+                        "recipe: line)")
     return given or str(in_file)
 
 
@@ -549,9 +566,10 @@ def _config(args: argparse.Namespace) -> int:
     from kdml.training.recipes import get_recipe
 
     file_values = load_config_file(args.config) if args.config else {}
-    recipe = get_recipe(_recipe_name(args.recipe, file_values.get("recipe"), args.config))
+    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
+    recipe = get_recipe(recipe_name)
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
-                            list(args.overrides))
+                            overrides)
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     return 0
 
