@@ -22,8 +22,8 @@ from kdml.models.bninception import global_pool
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGENET = Normalization(IMAGENET_MEAN, IMAGENET_STD)
-VISION_EXTRA = ("pip install -c constraints.txt 'kdml[vision]' (or model.backbone=cnn "
-                "model.small_input=false: a small CPU network, much weaker)")
+VISION_EXTRA = ("pip install -c constraints.txt -e '.[vision]' in the kdml clone (or "
+                "model.backbone=cnn model.small_input=false: a small CPU network, much weaker)")
 
 
 # The timm and torchvision models are typed ``Any`` here: their layers (conv1, fc,
