@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -499,3 +500,44 @@ def test_a_folder_with_the_users_own_config_yaml_is_not_called_a_run(tmp_path, c
     err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out", out,
                   *TINY)
     assert "is a folder with other files in it" in err and "--resume" not in err
+
+
+def test_eval_of_a_run_folder_it_cannot_write_still_prints_its_metrics(finished_run, capsys,
+                                                                     monkeypatch):
+    """An archived or read-only run: the metrics are shown before eval.json is written, and the
+    error names eval.json, not the hidden partial file it was written through."""
+    import kdml.file_write
+
+    real_open = os.open
+
+    def refuse_partials(path, *args, **kwargs):
+        if Path(path).name.startswith(".eval."):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(kdml.file_write.os, "open", refuse_partials)
+    (finished_run / "eval.json").unlink(missing_ok=True)
+    capsys.readouterr()
+    assert cli.main(["eval", str(finished_run)]) == 2
+    captured = capsys.readouterr()
+    assert "Test metrics (amsoftmax, digits):" in captured.out and "recall@1" in captured.out
+    assert captured.err.strip() == (f"kdml: error: {finished_run / 'eval.json'}: Permission "
+                                    "denied; check its permissions")
+    assert not any(path.name.startswith(".eval.") for path in finished_run.iterdir())
+
+
+def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch):
+    """SIGTERM raises KeyboardInterrupt in embed, index, search, eval and the plots, so what
+    they write through a hidden partial is removed (training keeps the default handler)."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setattr(sys, "argv", ["kdml", "recipes"])
+        assert cli.main() == 0
+        # checked first: under the default handler the signal would end the test process
+        assert signal.getsignal(signal.SIGTERM) is cli._interrupt
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -251,6 +251,13 @@ def _add_data_root(parser: argparse.ArgumentParser) -> None:
                         "folder:DIR the folder itself, for csv:FILE the folder of the list)")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed.
+    (Training keeps the default: its checkpoints are whole or absent, a partial one is removed
+    when the run resumes, and torchrun stops its ranks with SIGTERM.)"""
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -270,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("train", "reproduce"):  # training shows its warnings itself
             return _COMMANDS[args.command](args)
+        if argv is None:  # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
+            signal.signal(signal.SIGTERM, _interrupt)
         from kdml.training.run_folder import warnings_on_stderr
 
         with warnings_on_stderr():
@@ -588,8 +597,9 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"test set: {trained.splits.test_set}")
     metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
                               trained.embedder)
-    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
+    # printed first: a run folder that cannot be written (archived, read-only) still shows them
     _print_results(trained.config, metrics, trained.run.root, validated)
+    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
     return 0
 
 

@@ -15,13 +15,18 @@ def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
     partial = path.with_name(f".{path.stem}.{token}{path.suffix.lower()}")
-    # O_EXCL: a file or link already there is an error, never written through. Not mkstemp,
-    # whose 0600 would make the file unreadable to others (0666 here, less the umask).
-    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        # O_EXCL: a file or link already there is an error, never written through. Not
+        # mkstemp, whose 0600 would make the file unreadable to others (0666, less the umask).
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as error:  # name the file the user asked for, not the hidden partial
+        raise OSError(error.errno, error.strerror, str(path)) from None
     try:
         write(partial)
         partial.replace(path)
-    except BaseException:  # Ctrl-C or a full disk: nothing half-written stays behind
+    except BaseException as error:  # Ctrl-C or a full disk: nothing half-written stays behind
         partial.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename in (str(partial), partial):
+            raise OSError(error.errno, error.strerror, str(path)) from None
         raise
     return path
