@@ -672,3 +672,21 @@ def test_scoring_less_often_trains_the_same_model(tmp_path, tiny_overrides):
         weights.append(torch.load(out / "checkpoints" / "last.pt", weights_only=True)["method"])
     assert finals[0] == finals[1]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+
+def test_a_sweep_point_of_one_seed_draws_no_error_bar(tmp_path, monkeypatch):
+    """One seed has no interval: its point gets no bar, not a bar of zero spread beside the
+    points of several seeds."""
+    from kdml.reproduce import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    cells = (Cell("a", "jrd", x=0.0, series="s"), Cell("b", "jrd", x=1.0, series="s"))
+    experiment = Experiment("sweep", "jrd", "Figure", "t", "digits", cells, ("recall@1",),
+                            sweep="alpha")
+    plots.plot_sweep(experiment, {"a": [0.5], "b": [0.6, 0.7, 0.65]}, "recall@1",
+                     tmp_path / "sweep.png")
+    (bars,) = drawn[0].axes[0].containers[0].lines[2]
+    drawn_bars = [segment.size > 0 and bool(np.isfinite(segment).all())
+                  for segment in bars.get_segments()]
+    assert drawn_bars == [False, True]  # a's bar is not drawn (an empty segment), b's is

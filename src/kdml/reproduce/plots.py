@@ -32,7 +32,8 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
         points = sorted(points + shared, key=lambda point: point[0])
         x = [point[0] for point in points]
         mean = np.array([point[1].mean for point in points])
-        error = np.nan_to_num(np.array([point[1].ci95 for point in points]))
+        # NaN (one seed: no interval) draws no bar, where 0 would draw a bar of no spread
+        error = np.array([point[1].ci95 for point in points])
         ax.errorbar(x, mean, yerr=error, marker="o", capsize=3, label=name)
     ax.set(xlabel=experiment.sweep, ylabel=metric,
            title=f"{experiment.mirrors}: {experiment.dataset}")
