@@ -91,3 +91,21 @@ def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(tmp_path, cap
     capsys.readouterr()
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
     assert f"{mine} is in the way and kdml did not draw it" in capsys.readouterr().err
+
+
+def test_plot_charts_of_a_validated_run_draws_its_test_part_with_test(tmp_path, capsys,
+                                                                      monkeypatch):
+    """As embed, index and the other plots: a validated run's "test" is its validation part,
+    said on stderr, and --test draws the test classes."""
+    train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2", "data.validation=0.4",
+          "data.batch_size=12")  # 3 classes of 4 once 2 of the 5 training classes validate
+    drawn: list[set[int]] = []
+    monkeypatch.setattr(inspection, "plot_charts",
+                        lambda coords, index, labels, path, **options:
+                        drawn.append(set(labels.tolist())) or path)
+    for test in ([], ["--test"]):
+        capsys.readouterr()
+        assert cli.main(["plot", "charts", str(tmp_path / "mtriplet"), "--thumbnails", "0",
+                         *test]) == 0
+        assert ("validation part" in capsys.readouterr().err) == (not test)
+    assert drawn == [{3, 4}, {5, 6, 7, 8, 9}]

@@ -692,3 +692,169 @@ def test_an_atlas_run_searches_in_shops_gallery_too(tmp_path, monkeypatch):
                 "data.resize=36", "data.image_size=32", "eval.ks=[1]",
                 "method.n_charts=2") == 0
     assert seen == {"queries": 6, "gallery": 3}
+
+
+def test_float_inputs_of_any_precision_find_what_float32_ones_find(runs, tmp_path, capsys):
+    """numpy's default float64 (and float16) 'inputs' are cast to the samples' float32: they
+    had stopped the search with torch's 'expected scalar type Double but found Float'."""
+    from kdml.data.offline import load_digits
+
+    images, _ = load_digits()
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    found = {}
+    for dtype in (np.float32, np.float64, np.float16):
+        np.savez(tmp_path / "q.npz", inputs=images[:3].numpy().astype(dtype))
+        capsys.readouterr()
+        assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                    tmp_path / "q.npz", "-k", "3", "--json") == 0
+        found[dtype] = [[n["source"] for n in r["neighbours"]]
+                        for r in json.loads(capsys.readouterr().out)]
+        (tmp_path / "q.npz").unlink()
+    assert found[np.float64] == found[np.float32]
+    assert len(found[np.float16]) == 3
+
+
+def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
+    """Images in memory (digits' floats, Fashion-MNIST's uint8) reach the model in [0, 1], so
+    0-255 float pixels would be embedded as a glare; features are taken at any scale."""
+    from kdml.data.dataset import ArrayDataset
+    from kdml.data.offline import load_digits
+    from kdml.inspection import _query_inputs
+
+    images, _ = load_digits()
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    np.savez(tmp_path / "q.npz", inputs=images[:3].numpy() * 255)
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    err = capsys.readouterr().err
+    assert "range from 0 to 255" in err and "in [0, 1]" in err and err.count("\n") == 1
+    labels = torch.zeros(4, dtype=torch.long)
+    raw = np.full((2, 1, 5, 5), 200.0, dtype=np.float32)
+    uint8_images = ArrayDataset("t", "t", torch.zeros(4, 1, 5, 5, dtype=torch.uint8), labels)
+    with pytest.raises(KdmlError, match="range from 200 to 200"):
+        _query_inputs(raw, uint8_images, tmp_path / "q.npz")
+    features = ArrayDataset("t", "t", torch.rand(4, 5) * 9 - 3, labels)
+    assert _query_inputs(raw[:, 0, 0], features, tmp_path / "q.npz").max() == 200
+
+
+def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsys,
+                                                                  monkeypatch):
+    """A run with data.validation calls its validation part "test": embed, index and the plots
+    say so on stderr, and --test reaches the test part that `kdml eval --test` scores (the
+    other dataset of --dataset too)."""
+    from kdml import inspection
+
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", run, *TINY,
+                "data.validation=0.4") == 0
+    parts = {}
+    for name, test in (("validation", []), ("test", ["--test"])):
+        for other in ([], ["--dataset", "digits"]):
+            out = tmp_path / f"{name}{len(other)}.npz"
+            capsys.readouterr()
+            assert kdml("embed", run, "--out", out, *test, *other) == 0
+            assert ("validation part (364 samples" in capsys.readouterr().err) == (not test)
+            parts[name, len(other)] = sorted(set(np.load(out)["labels"].tolist()))
+    assert parts == {("validation", 0): [3, 4], ("validation", 2): [3, 4],
+                     ("test", 0): [5, 6, 7, 8, 9], ("test", 2): [5, 6, 7, 8, 9]}
+    assert kdml("index", run, "--test", "--out", tmp_path / "index") == 0
+    assert json.loads((tmp_path / "index" / "index.json").read_text())["count"] == 896
+    mapped = []
+    monkeypatch.setattr(inspection, "plot_embedding_map",
+                        lambda coordinates, labels, path, *_: mapped.append(set(labels)) or path)
+    monkeypatch.setattr(inspection, "plot_retrieval_grid",
+                        lambda queries, neighbours, hits, image, path, *_, **__: path)
+    for test in ([], ["--test"]):
+        capsys.readouterr()
+        assert kdml("plot", "embedding", run, "--max-points", "300", *test) == 0
+        assert ("validation part" in capsys.readouterr().err) == (not test)
+        assert kdml("plot", "retrieval", run, *test) == 0
+        assert ("validation part" in capsys.readouterr().err) == (not test)
+    assert mapped == [{3, 4}, {5, 6, 7, 8, 9}]
+
+
+@pytest.mark.parametrize("charts", [None, 3])
+def test_an_hnsw_index_finds_nearly_all_exact_neighbours(tmp_path, charts):
+    """faiss's default HNSW candidate list (16) found 94% of the exact 10 and 82% of the exact
+    100 neighbours of 2,500 embeddings; each search keeps max(64, 2k), per chart too."""
+    from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(2000, 16)).astype(np.float32)
+    queries = rng.normal(size=(100, 16)).astype(np.float32)
+    chart_of = None if charts is None else rng.integers(0, charts, len(vectors))
+    query_charts = None if charts is None else rng.integers(0, charts, len(queries))
+    items = {"labels": np.arange(2000), "positions": np.arange(2000),
+             "sources": np.array([f"v[{i}]" for i in range(2000)])}
+    for kind in ("hnsw", "exact"):
+        build_index(tmp_path / kind, vectors, items,
+                    IndexInfo("run", "x", "euclidean", 0, kind, 0, 1.0), chart_of)
+    for k in (10, 100):
+        found = [search_index(load_index(tmp_path / kind), queries, k, query_charts)[1]
+                 for kind in ("hnsw", "exact")]
+        recall = np.mean([len(set(row) & set(true)) / k for row, true in zip(*found,
+                                                                            strict=True)])
+        assert recall >= 0.99, (k, recall)
+
+
+def test_search_names_its_scores_similarities_or_distances(runs, tmp_path, capsys):
+    """Cosine runs score similarities (higher is nearer), Atlas runs Euclidean distances in
+    their charts (lower is nearer): the table's column and --json's metric say which."""
+    for run, metric, column in (("plain", "cosine", "similarity"),
+                                ("atlas", "euclidean", "distance")):
+        assert kdml("index", runs / run, "--out", tmp_path / run) == 0
+        assert kdml("embed", runs / run, "--out", tmp_path / f"{run}.npz") == 0
+        query = ["search", runs / run, "--index", tmp_path / run, "--query",
+                 tmp_path / f"{run}.npz", "-k", "2"]
+        capsys.readouterr()
+        assert kdml(*query) == 0
+        assert f"  rank  {column:>10}   label  source" in capsys.readouterr().out
+        assert kdml(*query, "--json") == 0
+        results = json.loads(capsys.readouterr().out)
+        assert {result["metric"] for result in results} == {metric}
+        assert all("score" in item for item in results[0]["neighbours"])
+
+
+def test_an_index_of_an_earlier_checkpoint_of_the_run_says_so(runs, tmp_path, capsys):
+    """A run trained on after `kdml index` had its index refused as "built from another
+    checkpoint", as if of another run: it names this run's checkpoints and the fix."""
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    assert kdml("index", run, "--out", tmp_path / "index") == 0
+    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    torch.save({**state, "epoch": 2}, run / "checkpoints" / "last.pt")  # as trained on
+    capsys.readouterr()
+    assert kdml("search", run, "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: index {tmp_path / 'index'} was built from another checkpoint of this "
+        "run (last.pt at epoch 1; this search reads last.pt at epoch 2); build it again with "
+        f"'kdml index {run} --out DIR'\n")
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    ({"dim": 10}, "index.json says dim 10, its faiss files hold 8-d vectors"),
+    ({"metric": "manhattan"}, "index.json's metric is 'manhattan', not one of cosine, "
+     "euclidean"),
+    ({"metric": "euclidean"}, "index.json says metric 'euclidean', its faiss files another"),
+    ({"kind": "flat"}, "index.json's kind is 'flat', not one of exact, ivf, hnsw"),
+    ({"scale": -1}, "index.json's scale is -1, not a positive number"),
+    ({"centre": [0.0]}, "index.json's centre is not a list of 8 numbers"),
+    ({"run": 3}, "index.json's run and checkpoint_sha256 must be text"),
+])
+def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_path, capsys,
+                                                                     edit, words):
+    """A hand-edited index.json had crashed faiss (dim) or been searched as Euclidean
+    (an unknown metric)."""
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    meta = tmp_path / "index" / "index.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), **edit}))
+    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: {tmp_path / 'index'} holds a damaged index ({words}); build it again "
+        "with 'kdml index'\n")

@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
     charts.add_argument("run_dir", type=Path)
     _add_best(charts)
+    _add_test_part(charts)
     _add_data_root(charts)
     charts.add_argument("--thumbnails", type=_integer(0), default=100,
                         help="images drawn as thumbnails (0 = points only; default 100)")
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("run_dir", type=Path)
     _add_split_options(embed)
     _add_best(embed)
+    _add_test_part(embed)
     embed.add_argument("--out", type=_folder, required=True, help="the .npz to write")
 
     index = commands.add_parser(
@@ -147,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_split_options(index, "searched", "the part to index (default: the gallery where the "
                        "data has one, as In-Shop, else test)")
     _add_best(index)
+    _add_test_part(index)
     index.add_argument("--out", type=_folder, required=True, help="a new index folder")
     index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact",
                        help="exact (default): brute-force float32 search; ivf or "
@@ -173,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "framed green (same class) or red.")
     retrieval.add_argument("run_dir", type=Path)
     _add_best(retrieval)
+    _add_test_part(retrieval)
     _add_data_root(retrieval)
     # A grid of thumbnails past 64 a side is too large to read (and to draw: 10,000 of them
     # made a 116,480-pixel-wide PNG).
@@ -187,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "else t-SNE (scikit-learn), into plots/embedding.png.")
     embedding.add_argument("run_dir", type=Path)
     _add_best(embedding)
+    _add_test_part(embedding)
     _add_data_root(embedding)
     embedding.add_argument("--max-points", type=_integer(3), default=5000,
                            help="plot a random sample of at most this many (default 5000)")
@@ -243,6 +248,13 @@ def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
 def _add_best(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--best", action="store_true",
                         help="use checkpoints/best.pt (runs with train.keep_best), not last.pt")
+
+
+def _add_test_part(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--test", action="store_true",
+                        help="for a run that validated (data.validation): use the test part, "
+                        "which its training and choices never saw, not the validation part (a "
+                        "run that did not validate uses it anyway)")
 
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
@@ -626,22 +638,37 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
 
 def _plot_charts(args: argparse.Namespace) -> int:
-    from kdml.inspection import draw_charts
+    from kdml.inspection import draw_charts, run_part
     from kdml.training.trainer import load_run
 
-    path = draw_charts(load_run(args.run_dir, args.data_root, best=args.best), args.thumbnails)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    _note_validation_part(run_part(trained))  # the charts are drawn of the test part
+    path = draw_charts(trained, args.thumbnails)
     print(f"chart plot written to {path}")
     return 0
 
 
 def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
-    """The run of ``args.run_dir`` and the ``--split`` part of its data, or of ``--dataset``
-    (then ``--data-root`` is that dataset's root, not the run's)."""
+    """The run of ``args.run_dir`` and the ``--split`` part of its data (``--test``: of its
+    test part), or of ``--dataset`` (then ``--data-root`` is that dataset's root, not the
+    run's); a note on stderr where "test" is a validation part."""
     from kdml.inspection import run_part
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir, None if args.dataset else args.data_root, best=args.best)
-    return trained, run_part(trained, args.split, args.dataset, args.data_root)
+    trained = load_run(args.run_dir, None if args.dataset else args.data_root, best=args.best,
+                       test_part=args.test)
+    part = run_part(trained, args.split, args.dataset, args.data_root)
+    _note_validation_part(part)
+    return trained, part
+
+
+def _note_validation_part(part: Part) -> None:
+    """Say on stderr where a validated run's "test" is its validation part."""
+    from kdml.inspection import validation_note
+
+    note = validation_note(part)
+    if note:
+        print(f"kdml: note: {note}", file=sys.stderr)
 
 
 def _embed(args: argparse.Namespace) -> int:
@@ -668,7 +695,7 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from kdml.inspection import results_as_json, search
+    from kdml.inspection import results_as_json, score_name, search
     from kdml.training.trainer import load_run
 
     trained = load_run(args.run_dir, args.data_root, best=args.best)
@@ -690,7 +717,8 @@ def _search(args: argparse.Namespace) -> int:
 
     for result in results:
         print(f"query {result['query']}:")
-        print(f"  {'rank':>4}  {'score':>10}  {'label':>6}  {named('class')}source")
+        score = score_name(result["metric"])  # cosine similarity or Euclidean distance
+        print(f"  {'rank':>4}  {score:>10}  {'label':>6}  {named('class')}source")
         for item in result["neighbours"]:
             print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  "
                   f"{named(item.get('class_name', ''))}{item['source']}")
@@ -698,21 +726,23 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _plot_retrieval(args: argparse.Namespace) -> int:
-    from kdml.inspection import plot_retrieval
+    from kdml.inspection import plot_retrieval, run_part
     from kdml.training.trainer import load_run
 
-    path = plot_retrieval(load_run(args.run_dir, args.data_root, best=args.best), args.queries,
-                          args.k, args.seed)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    _note_validation_part(run_part(trained))  # the plot draws the test part
+    path = plot_retrieval(trained, args.queries, args.k, args.seed)
     print(f"retrieval grid written to {path}")
     return 0
 
 
 def _plot_embedding(args: argparse.Namespace) -> int:
-    from kdml.inspection import plot_embedding
+    from kdml.inspection import plot_embedding, run_part
     from kdml.training.trainer import load_run
 
-    path = plot_embedding(load_run(args.run_dir, args.data_root, best=args.best),
-                          args.max_points)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    _note_validation_part(run_part(trained))  # the map is of the test part
+    path = plot_embedding(trained, args.max_points)
     print(f"embedding map written to {path}")
     return 0
 

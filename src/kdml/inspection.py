@@ -67,6 +67,7 @@ class Part:
     dataset: DmlDataset
     labels: torch.Tensor  # the dataset's own labels
     embedder: Embedder
+    is_validation: bool = False  # the validation part (data.validation), standing for "test"
 
 
 def searches_gallery(trained: TrainedRun) -> bool:
@@ -79,13 +80,16 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
              data_root: str | None = None) -> Part:
     """The run's ``split`` (or that of another dataset, embedded by the run's model);
     ``"searched"`` is the part the metrics search: the gallery where they do
-    (:func:`searches_gallery`), else test."""
+    (:func:`searches_gallery`), else test. A run that validated (``data.validation``) and was
+    loaded without its test part has its validation part as test, for ``dataset`` too."""
     if split not in (*SPLITS, "searched"):
         raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     config: RunConfig = trained.config
     splits, embedder = trained.splits, trained.embedder
     if dataset is not None:
-        data = dataclasses.replace(config.data, dataset=dataset, root=data_root or "")
+        data = dataclasses.replace(config.data, dataset=dataset, root=data_root or "",
+                                   validation=config.data.validation if splits.validation
+                                   else 0.0)
         splits = prepare_data(data)
         trained_shape, shape = trained.splits.train.sample_shape, splits.train.sample_shape
         if shape != trained_shape:  # a CNN with global pooling would take any size silently
@@ -101,11 +105,21 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     if chosen is None:
         raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")
     if split != "train":
-        return Part(chosen, chosen.labels, embedder)
+        return Part(chosen, chosen.labels, embedder, split == "test" and splits.validation)
     # Back from the training split's 0..C-1 to the dataset's labels, names following them.
     labels = dataset_labels(splits, chosen.labels)
     names = renamed_classes(chosen.class_names, dict(enumerate(splits.train_classes)))
     return Part(chosen.relabelled(labels, names), labels, embedder)
+
+
+def validation_note(part: Part) -> str | None:
+    """For stderr: that ``part`` is a validated run's validation part, not its test part (and
+    how to reach that), else None."""
+    if not part.is_validation:
+        return None
+    return (f"this run validated (data.validation): its test split here is the validation "
+            f"part ({len(part.dataset):,} samples carved from the training part); --test uses "
+            "the test part, which its training and choices never saw")
 
 
 def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
@@ -177,8 +191,10 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
         key: arrays[key] for key in ("labels", "positions", "sources", "class_names")
         if key in arrays}
     charts = trained.method.has_charts
-    info = IndexInfo(str(trained.run.root), checkpoint_fingerprint(trained.checkpoint),
-                     "euclidean" if charts else trained.config.eval.metric, 0, kind, 0, 1.0)
+    # the run's absolute path: search tells a stale index of this run from another run's
+    info = IndexInfo(str(trained.run.root.resolve()), checkpoint_fingerprint(trained.checkpoint),
+                     "euclidean" if charts else trained.config.eval.metric, 0, kind, 0, 1.0,
+                     checkpoint=trained.checkpoint.name, epoch=trained.epoch)
     vectors = arrays["chart_coords"] if charts else arrays["embeddings"]
     return build_index(folder, vectors, items, info,
                        arrays["chart_index"] if charts else None)
@@ -237,16 +253,8 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
             return vectors, charts, [f"{query.name}[{i}]" for i in range(len(vectors))]
         if "inputs" not in arrays:
             raise KdmlError(f"query {query} holds neither '{searched}' nor 'inputs'")
-        raw = _query_rows(arrays["inputs"], "inputs", query)
-        if raw.dtype != np.uint8 and raw.dtype.kind != "f":
-            raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
-                            f"samples, got {raw.dtype}")
-        inputs = torch.from_numpy(raw)
+        inputs = _query_inputs(arrays["inputs"], trained.splits.train, query)
         names = [f"{query.name}[{i}]" for i in range(len(inputs))]
-        expected = trained.splits.train.sample_shape
-        if tuple(inputs.shape[1:]) != tuple(expected):
-            raise KdmlError(f"query inputs have shape {tuple(inputs.shape[1:])} per sample but "
-                            f"the run's samples are {tuple(expected)}")
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
         train = trained.splits.train
         shape = tuple(train.sample_shape)
@@ -278,6 +286,40 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
             torch.cat(chart_chunks).numpy() if chart_chunks else None, names)
 
 
+def _query_inputs(raw: np.ndarray, train: DmlDataset, query: Path) -> torch.Tensor:
+    """Raw query ``inputs`` ``[Q, *sample_shape]`` as the model takes them: uint8, or float
+    cast to the samples' float dtype (in [0, 1] where the samples are images)."""
+    raw = _query_rows(raw, "inputs", query)
+    if raw.dtype != np.uint8 and raw.dtype.kind != "f":
+        raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
+                        f"samples, got {raw.dtype}")
+    expected = tuple(train.sample_shape)
+    if tuple(raw.shape[1:]) != expected:
+        raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but the "
+                        f"run's samples are {expected}")
+    if raw.dtype == np.uint8:
+        return torch.from_numpy(raw)
+    if not np.isfinite(raw).all():
+        raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
+    # the pipeline scales uint8 images to [0, 1] and passes floats as they are: 0-255 floats
+    # would be embedded as images 255 times too bright
+    if train.is_file_backed or _holds_pixels(train):
+        low, high = float(raw.min()), float(raw.max())
+        if low < 0 or high > 1:
+            raise KdmlError(f"query {query}: float 'inputs' range from {low:.4g} to "
+                            f"{high:.4g}, but the run's images are in [0, 1]: divide 0-255 "
+                            "pixels by 255, or save them as uint8")
+    return torch.from_numpy(raw).to(_float_dtype(train))
+
+
+def _float_dtype(dataset: DmlDataset) -> torch.dtype:
+    """The float dtype the model takes: that of float samples in memory, else float32 (what
+    the pipeline makes of uint8 images)."""
+    if isinstance(dataset, ArrayDataset) and dataset.x.is_floating_point():
+        return dataset.x.dtype
+    return torch.float32
+
+
 def _query_rows(array: np.ndarray, key: str, query: Path) -> np.ndarray:
     """``array`` if it holds at least one row (the finer checks follow its use)."""
     if array.ndim == 0 or len(array) == 0:
@@ -304,12 +346,11 @@ def _query_charts(chart_index: np.ndarray | None, count: int, query: Path,
 
 
 def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list[dict[str, Any]]:
-    """Each query's ``k`` nearest indexed items: rank, score, label, source."""
+    """Each query's ``k`` nearest indexed items (rank, score, label, source) and the index's
+    ``metric``: scores are cosine similarities (higher is nearer) or Euclidean distances."""
     loaded = load_index(index_folder)
     if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(trained.checkpoint):
-        raise KdmlError(f"index {index_folder} was built from another checkpoint "
-                        f"({loaded.info.run}); build it from this run with "
-                        f"'kdml index {trained.run.root}'")
+        raise KdmlError(_another_checkpoint(loaded.info, trained, index_folder))
     vectors, charts, names = query_vectors(trained, query)
     scores, positions = search_index(loaded, vectors, k, charts)
     class_names = loaded.items.get("class_names")
@@ -326,8 +367,29 @@ def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list
             if class_names is not None:
                 neighbour["class_name"] = str(class_names[position])
             neighbours.append(neighbour)
-        results.append({"query": name, "neighbours": neighbours})
+        results.append({"query": name, "metric": loaded.info.metric, "neighbours": neighbours})
     return results
+
+
+def score_name(metric: str) -> str:
+    """What a search's scores are under ``metric``: ``similarity`` (cosine) or ``distance``."""
+    return "similarity" if metric == "cosine" else "distance"
+
+
+def _another_checkpoint(info: IndexInfo, trained: TrainedRun, folder: Path) -> str:
+    """Why an index of another checkpoint is refused: of this run (built before it trained on,
+    or from best.pt rather than last.pt) or of another one."""
+    best = " --best" if trained.checkpoint == trained.run.best_checkpoint else ""
+    rebuild = f"'kdml index {trained.run.root}{best} --out DIR'"
+    built_from = Path(info.run)
+    if not (built_from.is_dir() and built_from.samefile(trained.run.root)):
+        return (f"index {folder} was built from another checkpoint ({info.run}); build it from "
+                f"this run with {rebuild}")
+    then = (f"{info.checkpoint} at epoch {info.epoch}" if info.checkpoint is not None
+            else "an earlier one")
+    return (f"index {folder} was built from another checkpoint of this run ({then}; this "
+            f"search reads {trained.checkpoint.name} at epoch {trained.epoch}); build it again "
+            f"with {rebuild}")
 
 
 def results_as_json(results: list[dict[str, Any]]) -> str:
