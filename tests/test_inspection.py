@@ -24,6 +24,20 @@ def kdml(*args) -> int:
     return cli.main([str(arg) for arg in args])
 
 
+def searched_sources(run: Path, tmp_path: Path, capsys, **arrays: np.ndarray) -> list[list[str]]:
+    """`kdml search RUN --index tmp_path/index -k 3 --json` of a query .npz of ``arrays``: each
+    query's neighbours' sources, nearest first."""
+    query = tmp_path / "q.npz"
+    np.savez(query, **arrays)
+    capsys.readouterr()
+    try:
+        assert kdml("search", run, "--index", tmp_path / "index", "--query", query, "-k", "3",
+                    "--json") == 0
+        return [[n["source"] for n in r["neighbours"]] for r in json.loads(capsys.readouterr().out)]
+    finally:
+        query.unlink()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("inspect")
@@ -447,15 +461,9 @@ def test_cosine_queries_of_any_magnitude_find_what_unit_ones_find(runs, tmp_path
     assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
     assert kdml("embed", runs / "plain", "--out", tmp_path / "test.npz") == 0
     base = np.load(tmp_path / "test.npz")["embeddings"][:4].astype(np.float64)
-    found = {}
-    for scale in (1.0, 1e37, 1e-42):
-        np.savez(tmp_path / "q.npz", embeddings=(base * scale).astype(np.float32))
-        capsys.readouterr()
-        assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
-                    tmp_path / "q.npz", "-k", "3", "--json") == 0
-        found[scale] = [[n["source"] for n in r["neighbours"]]
-                        for r in json.loads(capsys.readouterr().out)]
-        (tmp_path / "q.npz").unlink()
+    found = {scale: searched_sources(runs / "plain", tmp_path, capsys,
+                                     embeddings=(base * scale).astype(np.float32))
+             for scale in (1.0, 1e37, 1e-42)}
     assert found[1.0][0][0] == "digits/test[0]"
     assert found[1e37] == found[1.0] and found[1e-42][0][0] == "digits/test[0]"
 
@@ -701,15 +709,9 @@ def test_float_inputs_of_any_precision_find_what_float32_ones_find(runs, tmp_pat
 
     images, _ = load_digits()
     assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
-    found = {}
-    for dtype in (np.float32, np.float64, np.float16):
-        np.savez(tmp_path / "q.npz", inputs=images[:3].numpy().astype(dtype))
-        capsys.readouterr()
-        assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
-                    tmp_path / "q.npz", "-k", "3", "--json") == 0
-        found[dtype] = [[n["source"] for n in r["neighbours"]]
-                        for r in json.loads(capsys.readouterr().out)]
-        (tmp_path / "q.npz").unlink()
+    found = {dtype: searched_sources(runs / "plain", tmp_path, capsys,
+                                     inputs=images[:3].numpy().astype(dtype))
+             for dtype in (np.float32, np.float64, np.float16)}
     assert found[np.float64] == found[np.float32]
     assert len(found[np.float16]) == 3
 
