@@ -779,7 +779,11 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
 @pytest.mark.parametrize("charts", [None, 3])
 def test_an_hnsw_index_finds_nearly_all_exact_neighbours(tmp_path, charts):
     """faiss's default HNSW candidate list (16) found 94% of the exact 10 and 82% of the exact
-    100 neighbours of 2,500 embeddings; each search keeps max(64, 2k), per chart too."""
+    100 neighbours of 2,500 embeddings; each search keeps max(64, 2k), per chart too. With
+    faiss.contrib.torch_utils imported (PML imports it), whose search() takes no
+    SearchParameters."""
+    import faiss.contrib.torch_utils  # noqa: F401
+
     from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
 
     rng = np.random.default_rng(0)

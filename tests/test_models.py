@@ -67,7 +67,7 @@ def test_timm_without_extra_says_which_extra():
     try:
         import timm  # noqa: F401
     except Exception:
-        with pytest.raises(KdmlError, match=r"kdml\[vision\]"):
+        with pytest.raises(KdmlError, match=r"-e '\.\[vision\]' in the kdml clone"):
             build_backbone("timm:resnet18", (3, 32, 32))
     else:
         pytest.skip("timm is installed here, so the missing-extra message cannot be triggered")

@@ -257,10 +257,9 @@ def hnsw_candidates(k: int) -> int:
 def _search(index: faiss.Index, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """faiss's ``k`` nearest of ``vectors`` [Q, d] in ``index``: scores and positions [Q, k]
     (HNSW with :func:`hnsw_candidates`)."""
-    if isinstance(index, faiss.IndexHNSW):
-        params = faiss.SearchParametersHNSW(  # type: ignore[attr-defined]  # not in the stubs
-            efSearch=hnsw_candidates(k))
-        return index.search(vectors, k, params=params)
+    if isinstance(index, faiss.IndexHNSW):  # set on the index: faiss.contrib.torch_utils, which
+        # PML imports, replaces search() by a version that takes no SearchParameters
+        index.hnsw.efSearch = hnsw_candidates(k)
     return index.search(vectors, k)
 
 
