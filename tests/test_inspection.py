@@ -847,7 +847,11 @@ def test_an_index_of_an_earlier_checkpoint_of_the_run_says_so(runs, tmp_path, ca
     ({"metric": "euclidean"}, "index.json says metric 'euclidean', its faiss files another"),
     ({"kind": "flat"}, "index.json's kind is 'flat', not one of exact, ivf, hnsw"),
     ({"scale": -1}, "index.json's scale is -1, not a positive number"),
-    ({"centre": [0.0]}, "index.json's centre is not a list of 8 numbers"),
+    ({"scale": True}, "index.json's scale is True, not a positive number"),
+    ({"dim": "8"}, "index.json's dim is '8', not a whole number"),
+    ({"centre": [0.0]}, "index.json's centre is not a list of 8 finite numbers"),
+    ({"centre": ["a"] * 8}, "index.json's centre is not a list of 8 finite numbers"),
+    ({"centre": [None] * 8}, "index.json's centre is not a list of 8 finite numbers"),
     ({"run": 3}, "index.json's run and checkpoint_sha256 must be text"),
 ])
 def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_path, capsys,
