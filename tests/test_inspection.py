@@ -743,8 +743,9 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
 def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsys,
                                                                   monkeypatch):
     """A run with data.validation calls its validation part "test": embed, index and the plots
-    say so on stderr, and --test reaches the test part that `kdml eval --test` scores (the
-    other dataset of --dataset too)."""
+    say so on stderr, and --test reaches the test part that `kdml eval --test` scores. Another
+    dataset (--dataset), which the run never saw, gives its own test part either way; --split
+    train with --test is refused (it would count the validation classes as trained on)."""
     from kdml import inspection
 
     run = tmp_path / "run"
@@ -756,10 +757,13 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
             out = tmp_path / f"{name}{len(other)}.npz"
             capsys.readouterr()
             assert kdml("embed", run, "--out", out, *test, *other) == 0
-            assert ("validation part (364 samples" in capsys.readouterr().err) == (not test)
+            noted = "validation part (364 samples" in capsys.readouterr().err
+            assert noted == (not test and not other)
             parts[name, len(other)] = sorted(set(np.load(out)["labels"].tolist()))
-    assert parts == {("validation", 0): [3, 4], ("validation", 2): [3, 4],
+    assert parts == {("validation", 0): [3, 4], ("validation", 2): [5, 6, 7, 8, 9],
                      ("test", 0): [5, 6, 7, 8, 9], ("test", 2): [5, 6, 7, 8, 9]}
+    assert kdml("embed", run, "--split", "train", "--test", "--out", tmp_path / "t.npz") == 2
+    assert "with --split train it would add the validation classes" in capsys.readouterr().err
     assert kdml("index", run, "--test", "--out", tmp_path / "index") == 0
     assert json.loads((tmp_path / "index" / "index.json").read_text())["count"] == 896
     mapped = []

@@ -655,6 +655,9 @@ def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
     from kdml.inspection import run_part
     from kdml.training.trainer import load_run
 
+    if args.test and args.split == "train":  # the test part's load counts validation as trained
+        raise KdmlError("--test picks the test part; with --split train it would add the "
+                        "validation classes, which the run did not train on: drop --test")
     trained = load_run(args.run_dir, None if args.dataset else args.data_root, best=args.best,
                        test_part=args.test)
     part = run_part(trained, args.split, args.dataset, args.data_root)

@@ -81,15 +81,15 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     """The run's ``split`` (or that of another dataset, embedded by the run's model);
     ``"searched"`` is the part the metrics search: the gallery where they do
     (:func:`searches_gallery`), else test. A run that validated (``data.validation``) and was
-    loaded without its test part has its validation part as test, for ``dataset`` too."""
+    loaded without its test part has its validation part as test; another ``dataset``, which
+    the run never saw, has its own test part."""
     if split not in (*SPLITS, "searched"):
         raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     config: RunConfig = trained.config
     splits, embedder = trained.splits, trained.embedder
     if dataset is not None:
         data = dataclasses.replace(config.data, dataset=dataset, root=data_root or "",
-                                   validation=config.data.validation if splits.validation
-                                   else 0.0)
+                                   validation=0.0)
         splits = prepare_data(data)
         trained_shape, shape = trained.splits.train.sample_shape, splits.train.sample_shape
         if shape != trained_shape:  # a CNN with global pooling would take any size silently
