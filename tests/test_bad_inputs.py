@@ -421,7 +421,8 @@ def test_overrides_may_follow_a_config_file_that_names_its_recipe(tmp_path, caps
     assert "recipe: jrd" in capsys.readouterr().out
     config_file.write_text("data:\n  batch_size: 32\n")  # no recipe: line to take instead
     assert cli.main(["config", "--config", str(config_file), "epochs=3"]) == 2
-    assert "the first argument must be a recipe name, got 'epochs=3'" in capsys.readouterr().err
+    assert (f"{config_file} has no recipe: line, so the first argument must name the recipe: "
+            f"'kdml config RECIPE --config {config_file} epochs=3'") in capsys.readouterr().err
     out = tmp_path / "run"
     config_file.write_text("recipe: amsoftmax\ndata:\n  dataset: digits\n")
     assert cli.main(["train", "--config", str(config_file), "train.epochs=1",
@@ -526,18 +527,40 @@ def test_eval_of_a_run_folder_it_cannot_write_still_prints_its_metrics(finished_
     assert not any(path.name.startswith(".eval.") for path in finished_run.iterdir())
 
 
-def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch):
-    """SIGTERM raises KeyboardInterrupt in embed, index, search, eval and the plots, so what
-    they write through a hidden partial is removed (training keeps the default handler)."""
+def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch, capsys):
+    """SIGTERM raises KeyboardInterrupt (Terminated) in embed, index, search, eval and the
+    plots, so what they write through a hidden partial is removed (training keeps the default
+    handler); it ends with the shell's code for SIGTERM, 143, not Ctrl-C's 130."""
     import signal
 
-    before = signal.getsignal(signal.SIGTERM)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGPIPE)}
     try:
         monkeypatch.setattr(sys, "argv", ["kdml", "recipes"])
         assert cli.main() == 0
         # checked first: under the default handler the signal would end the test process
         assert signal.getsignal(signal.SIGTERM) is cli._interrupt
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(cli.Terminated):
             signal.raise_signal(signal.SIGTERM)
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    monkeypatch.setitem(cli._COMMANDS, "recipes",
+                        lambda args: cli._interrupt(signal.SIGTERM, None))
+    capsys.readouterr()
+    assert cli.main(["recipes"]) == 143  # the shell's code for SIGTERM
+    assert capsys.readouterr().err == "kdml: terminated\n"
+
+
+def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):
+    """ENOSPC from a write names no file: the error names the file asked for (the CLI prints
+    one line about it instead of a traceback), and the hidden partial is gone."""
+    from kdml.file_write import write_through_new_file
+
+    def full_disk(partial: Path) -> None:
+        partial.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError) as caught:
+        write_through_new_file(tmp_path / "eval.json", full_disk)
+    assert caught.value.errno == 28 and caught.value.filename == str(tmp_path / "eval.json")
+    assert list(tmp_path.iterdir()) == []

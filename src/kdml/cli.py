@@ -263,11 +263,15 @@ def _add_data_root(parser: argparse.ArgumentParser) -> None:
                         "folder:DIR the folder itself, for csv:FILE the folder of the list)")
 
 
+class Terminated(KeyboardInterrupt):
+    """A kill (SIGTERM), unwound as Ctrl-C is."""
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed.
     (Training keeps the default: its checkpoints are whole or absent, a partial one is removed
     when the run resumes, and torchrun stops its ranks with SIGTERM.)"""
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
             print(f"kdml: error: {error}", file=sys.stderr)
         return 2
+    except Terminated:  # the shell's code for a process ended by SIGTERM
+        print("kdml: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("kdml: interrupted", file=sys.stderr)
         return 130
@@ -510,6 +517,9 @@ def _recipe_and_overrides(args: argparse.Namespace, in_file: object) -> tuple[st
 def _recipe_name(given: str | None, in_file: object, config_file: Path | None,
                  command: str) -> str:
     """The recipe named on the command line, else by the --config file; never two."""
+    if given and "=" in given and config_file is not None:  # in_file is None: no recipe there
+        raise KdmlError(f"{config_file} has no recipe: line, so the first argument must name "
+                        f"the recipe: 'kdml {command} RECIPE --config {config_file} {given}'")
     if given and "=" in given:
         raise KdmlError(f"the first argument must be a recipe name, got {given!r}")
     if given and in_file is not None and str(in_file) != given:

@@ -19,14 +19,24 @@ def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
         # O_EXCL: a file or link already there is an error, never written through. Not
         # mkstemp, whose 0600 would make the file unreadable to others (0666, less the umask).
         os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    except OSError as error:  # name the file the user asked for, not the hidden partial
-        raise OSError(error.errno, error.strerror, str(path)) from None
+    except FileExistsError:  # the partial's own (random) name is taken: say which file
+        raise
+    except OSError as error:  # no permission, a full disk: name the file asked for
+        raise _about(error, path, partial) from None
     try:
         write(partial)
         partial.replace(path)
     except BaseException as error:  # Ctrl-C or a full disk: nothing half-written stays behind
         partial.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.filename in (str(partial), partial):
-            raise OSError(error.errno, error.strerror, str(path)) from None
+        if isinstance(error, OSError):
+            raise _about(error, path, partial) from None
         raise
     return path
+
+
+def _about(error: OSError, path: Path, partial: Path) -> OSError:
+    """``error`` about ``path``, the file asked for, where it names the hidden partial or no
+    file at all (a full disk's ENOSPC from a write names none)."""
+    if error.filename not in (None, str(partial), partial):
+        return error
+    return OSError(error.errno, error.strerror or str(error), str(path))
