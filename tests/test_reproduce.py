@@ -123,7 +123,12 @@ def test_verdict(better, worse, lower, expected):
     # a seed that diverged in either cell is left out, and the line says where
     ([0.8, 0.9, np.nan, 0.7], [0.75, 0.8, 0.7, np.nan], False,
      "not shown: A minus B is +0.075 +- 0.318, 2 seeds, within the seeds' spread; 2 seeds left "
-     "out, where A or B diverged"),
+     "out, where A and B diverged"),
+    # one seed equal in both cells: no direction to report
+    ([0.5], [0.5], False, "not testable with one seed (the two are equal)"),
+    # a mean that rounds to zero gets the decimals that show it, and never "-0.000"
+    ([0.7, 0.7006, 0.7], [0.7004, 0.7, 0.7008], False,
+     "not shown: A minus B is -0.0002 +- 0.0018, 3 seeds, within the seeds' spread"),
     ([0.8, 0.81, np.nan, 0.83], [0.7, 0.72, 0.7, 0.71], False,
      "holds: A is higher by +0.103 +- 0.038, 3 seeds; 1 seed left out, where A diverged"),
 ])
@@ -570,6 +575,7 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
     for label in ("PCA", "DDML (2014)", "DTML, beta = 0", "DTML", "DSTML"):
         assert f"| {label} |" in text
     assert "| 0.8558 |" in text  # the paper's DTML on LFW (85.58%), beside kdml's numbers
+    assert "| 0.8380 |" in text  # 83.80%: the column's precision, not 0.838
     assert text.count("- DTML beats") == 2
     assert Path(tmp_path / "runs").is_dir()
 

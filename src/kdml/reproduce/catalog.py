@@ -309,7 +309,8 @@ def _atlas_ablation(dataset: str, quick: bool) -> Experiment:
     cells, claims = _ablation_cells_and_claims(reverted)
     common = ("data.split=seen-holdout", *(QUICK_ATLAS + QUICK_SIMCLR if quick else ()))
     return Experiment(
-        f"atlas-ablation-{dataset}", "atlas", "Korman, Appendix A.1 (ablation, issue 12)",
+        f"atlas-ablation-{dataset}", "atlas",
+        "Korman, Appendix A.1 (kdml's ablation of its settings)",
         "MSimCLR at d = 2, n = 16 with each Appendix A.1 setting reverted in turn", dataset,
         cells, ("linear_accuracy",), "no ablation in the paper", claims, common=common,
         note="Not in the paper: which of the settings kdml took from Appendix A.1 and the "
@@ -321,7 +322,7 @@ def _atlas_ablation_cnn(dataset: str) -> Experiment:
     cells, claims = _ablation_cells_and_claims(_REVERTED_SIMCLR)
     return Experiment(
         f"atlas-ablation-cnn-{dataset}", "atlas",
-        "Korman, Appendix A.1 (ablation, issue 12; CPU setting)",
+        "Korman, Appendix A.1 (kdml's ablation of its settings; CPU setting)",
         "MSimCLR at d = 2, n = 16 with the small CNN for 10 epochs, each other Appendix A.1 "
         "setting reverted in turn", dataset, cells, ("linear_accuracy",),
         "no ablation in the paper", claims, common=("data.split=seen-holdout", *CNN_SIMCLR),
@@ -343,8 +344,8 @@ def _ablation_cells_and_claims(
     base = ("method.dim=2", "method.n_charts=16")
     cells = (Cell("Appendix A.1", "msimclr", base),
              *(Cell(label, "msimclr", (*base, *overrides)) for label, overrides in reverted))
-    claims = tuple(Claim(f"Appendix A.1's setting beats {label} (an ablation issue 12 asks "
-                         "for, not a paper claim)", "Appendix A.1", label, "linear_accuracy")
+    claims = tuple(Claim(f"Appendix A.1's setting beats {label} (kdml's ablation, not a paper "
+                         "claim)", "Appendix A.1", label, "linear_accuracy")
                    for label, _ in reverted)
     return cells, claims
 
@@ -411,12 +412,12 @@ def _dtml_pair(pair: str, quick: bool) -> Experiment:
         "DSTML", pair, cells, ("source_nn_accuracy", "recall@1", "map@r"),
         "LFW verification accuracy (WDRef source, LBP features): a different metric",
         claims, common=("eval.nmi=false", *(QUICK_DTML if quick else ())),
-        note="The paper column is from the papers' notes (NOTES.md; the paper's full text is "
-             "not offline). Its \"DDML\" row (83.16, \"no transfer\") is taken to be DDML of "
-             "Hu et al., CVPR 2014, the pairwise logistic loss with a threshold "
-             "(`ddml-logistic`), trained on the source only, which DTML compares against: "
-             "kdml's inference, which the offline texts do not confirm. Its \"DTML, beta = "
-             "0\" row (83.80) is the marginal-Fisher objective without the "
+        note="The paper column is the paper's LFW table as kdml's authors transcribed it (the "
+             "full text was not at hand to check it again). Its \"DDML\" row (83.16, \"no "
+             "transfer\") is taken to be DDML of Hu et al., CVPR 2014, the pairwise logistic "
+             "loss with a threshold (`ddml-logistic`), trained on the source only, which DTML "
+             "compares against: kdml's inference, which the text at hand does not confirm. "
+             "Its \"DTML, beta = 0\" row (83.80) is the marginal-Fisher objective without the "
              "domain term (`ddml`). The objective rewards shrinking the embedding: scaling it "
              "by c scales S_c - alpha S_b by c^2, so with alpha = 0.1 the optimum shrinks it "
              "whenever S_c > alpha S_b. The recipes train with Adam on class-balanced batches "

@@ -98,8 +98,9 @@ class Experiment:
         raise KeyError(f"{self.key} has no cell {label!r}")
 
 
-# Per-seed differences that vary by less than this are the same (float rounding of scores)
-SAME = 1e-9
+# Per-seed differences that vary by less than this are the same: scores are shares of
+# thousands of queries, so real differences are 1e-4 or more, and float rounding 1e-12 or less
+SAME = 1e-6
 
 
 def finished(values: Sequence[float]) -> list[float]:
@@ -132,8 +133,9 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
     opposite = "higher" if claim.lower_is_better else "lower"
     moved = direction if estimate.mean >= 0 else opposite
     if count < 2:  # the plain observed difference, in the direction it went
-        return (f"not testable with one seed ({claim.better} {moved} by "
-                f"{abs(estimate.mean):.3f}){left_out}")
+        observed = ("the two are equal" if abs(estimate.mean) <= SAME
+                    else f"{claim.better} {moved} by {abs(estimate.mean):.3f}")
+        return f"not testable with one seed ({observed}){left_out}"
     if np.ptp(difference) <= SAME:  # a t interval of width 0 is no evidence
         if abs(estimate.mean) <= SAME:
             return f"not shown: the two are equal in all {count} seeds{left_out}"
@@ -153,11 +155,18 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
 
 
 def _interval(mean: float, half_width: float, signed: bool = False) -> str:
-    """``mean +- half_width`` at 3 decimals, or more where 3 would print the two equal and hide
-    on which side of 0 the interval ends (up to 6)."""
+    """``mean +- half_width`` at 3 decimals, or more (up to 6) where 3 would print the two
+    equal, hiding on which side of 0 the interval ends, or either of them as 0."""
+    def shown(value: float, digits: int) -> str:
+        return f"{abs(value):.{digits}f}"
+
     digits = 3
-    while digits < 6 and f"{abs(mean):.{digits}f}" == f"{half_width:.{digits}f}":
+    while digits < 6 and (shown(mean, digits) == shown(half_width, digits)
+                          or float(shown(mean, digits)) == 0 < abs(mean)
+                          or float(shown(half_width, digits)) == 0 < half_width):
         digits += 1
+    if float(shown(mean, digits)) == 0:
+        mean = 0.0  # no "-0.000"
     return f"{mean:{'+' if signed else ''}.{digits}f} +- {half_width:.{digits}f}"
 
 
@@ -170,4 +179,4 @@ def _left_out(claim: Claim, better: np.ndarray, worse: np.ndarray) -> str:
                 if not np.isfinite(values[lost]).all()]
     count = int(lost.sum())
     return (f"; {count} seed{'s' if count > 1 else ''} left out, where "
-            f"{' or '.join(diverged)} diverged")
+            f"{' and '.join(diverged)} diverged")
