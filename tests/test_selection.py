@@ -132,7 +132,8 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert all(r["neighbours"][0]["score"] == pytest.approx(1.0, abs=1e-5) for r in found)
     assert cli.main(["search", str(out), "--index", str(index), "--query",
                      str(tmp_path / "q.npz")]) == 2
-    assert "built from another checkpoint" in capsys.readouterr().err
+    assert "holds best.pt of this run, not last.pt: search it with --best" in \
+        capsys.readouterr().err
     # the chosen model's plots go beside the last one's, never over them
     assert cli.main(["plot", "embedding", str(out), "--best", "--max-points", "60"]) == 0
     assert "embedding-best.png" in capsys.readouterr().out

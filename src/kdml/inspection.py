@@ -385,6 +385,11 @@ def _another_checkpoint(info: IndexInfo, trained: TrainedRun, folder: Path) -> s
     if not (built_from.is_dir() and built_from.samefile(trained.run.root)):
         return (f"index {folder} was built from another checkpoint ({info.run}); build it from "
                 f"this run with {rebuild}")
+    other = (trained.run.checkpoint if best else trained.run.best_checkpoint)
+    if other.is_file() and checkpoint_fingerprint(other) == info.checkpoint_sha256:
+        flag = "without --best" if best else "with --best"
+        return (f"index {folder} holds {other.name} of this run, not {trained.checkpoint.name}: "
+                f"search it {flag}, or build one of {trained.checkpoint.name} with {rebuild}")
     then = (f"{info.checkpoint} at epoch {info.epoch}" if info.checkpoint is not None
             else "an earlier one")
     return (f"index {folder} was built from another checkpoint of this run ({then}; this "
