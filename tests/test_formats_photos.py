@@ -281,7 +281,8 @@ def copy_path(source: Path, line: int, target: Path, target_line: int) -> None:
     (lambda root: copy_path(root / "Ebay_test.txt", 2, root / "Ebay_test.txt", 3),
      r"Ebay_test\.txt lines 2 and 3 list the image \S+\.JPG twice; list each image once"),
     (lambda root: copy_path(root / "Ebay_train.txt", 4, root / "Ebay_test.txt", 2),
-     r"Ebay_train\.txt line 4 and Ebay_test\.txt line 2 list the image \S+\.JPG twice"),
+     r"Ebay_train\.txt line 4 and Ebay_test\.txt line 2 list the image \S+\.JPG twice with "
+     r"class ids 2 and 3; list each image once"),
 ])
 def test_sop_broken_layouts(tmp_path, break_it, match):
     make_sop(tmp_path)

@@ -34,6 +34,7 @@ def load_sop(root: Path) -> DatasetParts:
     paths: list[str] = []
     labels: list[int] = []
     listed: list[tuple[str, tuple[str, int]]] = []  # each path as written, with its line
+    class_at: dict[tuple[str, int], int] = {}  # each line's class id
     parts = {}
     for part, relative in (("train", "Ebay_train.txt"), ("test", "Ebay_test.txt")):
         rows = layout.read_rows(relative, 4, header_lines=1, example=EXAMPLE)
@@ -46,13 +47,16 @@ def load_sop(root: Path) -> DatasetParts:
             labels.append(layout.integer(class_id, relative, number))
             paths.append(str(root / path))
             listed.append((path, (relative, number)))
+            class_at[relative, number] = labels[-1]
         parts[part] = torch.arange(start, len(paths))
     repeat = repeated_path(listed)
     if repeat:  # a test image twice is its twin's perfect match; across files, a leak
         path, (file, line), (other_file, other_line) = repeat
         where = (f"{file} lines {line} and {other_line}" if file == other_file
                  else f"{file} line {line} and {other_file} line {other_line}")
-        raise layout.error(f"{where} list the image {path} twice; list each image once")
+        classes = class_at[file, line], class_at[other_file, other_line]
+        how = f" with class ids {classes[0]} and {classes[1]}" if classes[0] != classes[1] else ""
+        raise layout.error(f"{where} list the image {path} twice{how}; list each image once")
     layout.check_images(paths)
     dataset = ImageFiles("sop", "Stanford Online Products, 22,634 products; files' split",
                          np.asarray(paths), torch.tensor(labels), default_backbone="cnn")
