@@ -102,7 +102,7 @@ def test_a_grid_continues_where_it_stopped_and_keeps_finished_cells(tmp_path, ca
     args = ["train", "--config", str(file), "--out", str(out), "--no-progress"]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
-    assert "grid cell embedding_size=8 failed: disk full" in err and f"--out {out}" in err
+    assert "grid cell embedding_size=8 failed: disk full" in err and f"kept in {out}" in err
     first = (out / "embedding_size=4" / "metrics.json").read_text()
     monkeypatch.setattr(trainer, "train_one_epoch", real)
     assert cli.main(args) == 0
@@ -112,6 +112,45 @@ def test_a_grid_continues_where_it_stopped_and_keeps_finished_cells(tmp_path, ca
     assert all((out / f"embedding_size={size}" / "metrics.json").is_file()
                for size in (4, 8, 16))
     assert printed.count("embedding_size=") >= 6  # progress lines and the summary table
+
+
+def test_a_grid_refuses_what_would_mix_settings_across_or_within_its_cells(tmp_path, capsys):
+    """A grid's cells had been resumed with a changed command's settings (config.yaml keeping
+    the old ones), reused as finished under new ones, or given an override of a grid key that
+    the cells then overrode back; a grid mixing data.validation 0 and > 0 had been scored in
+    one table; a grid.yaml that is not kdml's gave a traceback."""
+    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": [4, 8]},
+              "data": {"dataset": "digits", "batch_size": 40},
+              "train": {"epochs": 1, "steps_per_epoch": 2, "device": "cpu"},
+              "eval": {"nmi": False}}
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    out = tmp_path / "grid"
+    args = ["train", "--config", str(file), "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 0
+    finished = (out / "embedding_size=4" / "metrics.json").read_text()
+
+    def refused(*extra: str) -> str:
+        capsys.readouterr()
+        assert cli.main([*args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kdml: error: ") and err.count("\n") == 1, err
+        return err
+
+    assert (f"grid cell embedding_size=4 in {out} was trained with other settings "
+            "(method.margin: 0.1 -> 0.3)") in refused("method.margin=0.3")
+    assert "the override embedding_size=32 sets model.embedding_size" in refused(
+        "embedding_size=32")
+    assert "the override model.embedding_size=32 sets" in refused("model.embedding_size=32")
+    assert (out / "embedding_size=4" / "metrics.json").read_text() == finished
+    file.write_text(yaml.safe_dump({**config, "grid": {"data.validation": [0.0, 0.4]}}))
+    assert "the grid mixes data.validation 0 and above 0" in refused()
+    file.write_text(yaml.safe_dump(config))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "grid.yaml").write_text("- a list, not kdml's record\n")
+    args[4] = str(other)
+    assert f"{other / 'grid.yaml'} is not a grid's record" in refused()
 
 
 def test_a_validation_grid_says_so_and_names_its_best_cell(tmp_path, capsys):

@@ -435,15 +435,19 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     """One run per cell of the config file's grid (see kdml.training.grid)."""
     from kdml import distributed
     from kdml.config import resolve_config, with_absolute_paths
-    from kdml.training.grid import check_grid_folder, grid_cells, write_marker
+    from kdml.training.grid import changed_setting, check_grid_folder, grid_cells, write_marker
     from kdml.training.run_folder import RunFolder, default_run_dir
     from kdml.training.selection import as_validation_history, best_scores
-    from kdml.training.trainer import train
+    from kdml.training.trainer import run_config, train
 
     cells = grid_cells(file_values["grid"])
     configs = [with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
                                                   file_values, [*overrides, *cell.overrides]))
                for cell in cells]
+    if len({config.data.validation > 0 for config in configs}) > 1:
+        raise KdmlError("the grid mixes data.validation 0 and above 0: its cells would be "
+                        "scored on different parts (test and validation), which one table "
+                        "cannot compare; give every cell the same choice")
     _check_dataset_name(configs[0].data.dataset)
     _join_processes(configs[0])
 
@@ -457,6 +461,18 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
 
     def cell_state(run: RunFolder) -> tuple[dict[str, float] | None, bool]:
         return run.final_metrics(), run.config.is_file()
+
+    def check_cells_settings() -> None:  # rank 0: before any cell trains
+        for cell, config in zip(cells, configs, strict=True):
+            run = RunFolder(root / cell.name)
+            if run.config.is_file():
+                changed = changed_setting(run_config(run).to_dict(), config.to_dict())
+                if changed:
+                    raise KdmlError(f"grid cell {cell.name} in {root} was trained with other "
+                                    f"settings ({changed}); give the command it was trained "
+                                    "with, or train this grid into another --out")
+
+    distributed.from_main(check_cells_settings)
 
     _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
     finals = []
@@ -472,8 +488,9 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
             finals.append(train(config, run.root, resume=started, progress=_progress(args)))
         except KdmlError as error:
             raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
-                            f"before it are kept; continue with the same command and --out "
-                            f"{root}") from None
+                            f"before it are kept in {root}: the same command continues there "
+                            "once the cause is fixed outside the grid (a changed grid or "
+                            "setting needs another --out)") from None
         except KeyboardInterrupt:
             if distributed.world().is_main:
                 print(f"kdml: interrupted in cell {cell.name}; continue with the same command "
@@ -540,9 +557,18 @@ FLAG_KEYS = {"dataset": ("--dataset", "data.dataset"), "data_root": ("--data-roo
 def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[str],
                                       grid_keys: list[str]) -> None:
     """Refuse a flag and an override of its key, or a grid over it, together (``--dataset
-    digits data.dataset=cub``): one of them would be ignored without a word."""
+    digits data.dataset=cub``), and an override of a key the grid runs over: one of them
+    would be ignored without a word."""
     from kdml.config import parse_override
 
+    for item in overrides:
+        key = str(parse_override(item)[0])
+        for grid_key in grid_keys:  # either may be dotted or a bare leaf
+            if key == grid_key or key.split(".")[-1] == grid_key.split(".")[-1] and (
+                    "." not in key or "." not in grid_key):
+                raise KdmlError(f"the override {item} sets {grid_key}, over which the "
+                                "config's grid runs: the cells' values would win; drop it or "
+                                "edit the grid")
     for attribute, (flag, key) in FLAG_KEYS.items():
         if getattr(args, attribute) is None:
             continue

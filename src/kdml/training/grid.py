@@ -3,7 +3,9 @@ file runs one training per cell, each into its own sub-folder of the grid's fold
 
 A grid's folder holds ``grid.yaml`` (the cells) and one run folder per cell, named after its
 settings (``dim=2-n_charts=4``). Running the same command again continues the grid: finished
-cells are kept, an interrupted cell resumes from its checkpoint, and the rest start.
+cells are kept, an interrupted cell resumes from its checkpoint, and the rest start. A cell
+already started with other settings (another override, an edited config file) is refused,
+not resumed or counted under the new ones.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from typing import Any
 
 import yaml
 
+from kdml.config import flatten
 from kdml.errors import KdmlError
 from kdml.training.run_folder import holds_files
 
 MARKER = "grid.yaml"
+# settings a run saves as resolved where the command leaves them empty (eval.ks: the dataset's)
+FILLED_IN_TRAINING = ("eval.ks",)
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,13 @@ def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
     A non-empty folder that is not a grid folder, or one of another grid, is refused."""
     marker = root / MARKER
     if marker.is_file():
-        earlier = yaml.safe_load(marker.read_text()) or {}
+        try:
+            earlier = yaml.safe_load(marker.read_text()) or {}
+        except yaml.YAMLError:
+            earlier = None
+        if not isinstance(earlier, dict):  # not the file kdml wrote
+            raise KdmlError(f"{marker} is not a grid's record (kdml writes a mapping of grid "
+                            "and cells); choose another --out")
         if earlier.get("cells") != [cell.name for cell in cells]:
             raise KdmlError(f"{root} holds another grid's runs; choose another --out")
         return True
@@ -66,6 +77,19 @@ def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
         raise KdmlError(f"--out {root} is not empty and holds no grid; a grid goes into a new "
                         "or empty folder: choose another --out")
     return False
+
+
+def changed_setting(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first setting (dotted key) in which a cell's saved config differs from the one the
+    command resolves, as ``key: saved -> now``, or None: a cell trained (or started) with other
+    settings must not be continued or counted as this grid's."""
+    flat_saved, flat_now = flatten(saved), flatten(now)
+    for key in sorted(set(flat_saved) | set(flat_now)):
+        if key in FILLED_IN_TRAINING and flat_now.get(key) == []:
+            continue  # the run saved what "the dataset's own" resolved to
+        if flat_saved.get(key) != flat_now.get(key):
+            return f"{key}: {flat_saved.get(key)!r} -> {flat_now.get(key)!r}"
+    return None
 
 
 def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
