@@ -29,6 +29,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from kdml.checks import is_finite_number
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.knn import (
     SAFE_MAGNITUDE,
@@ -196,7 +197,7 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
         return f"index.json's metric is {info.metric!r}, not one of {', '.join(INDEX_METRICS)}"
     if info.kind not in INDEX_KINDS:
         return f"index.json's kind is {info.kind!r}, not one of {', '.join(INDEX_KINDS)}"
-    if not (_is_number(info.scale) and info.scale > 0):
+    if not is_finite_number(info.scale, above=0):
         return f"index.json's scale is {info.scale!r}, not a positive number"
     if not (isinstance(info.dim, int) and not isinstance(info.dim, bool)):
         return f"index.json's dim is {info.dim!r}, not a whole number"
@@ -207,15 +208,9 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
             return f"index.json says metric {info.metric!r}, its faiss files another"
     if info.centre is not None and not (isinstance(info.centre, list)
                                         and len(info.centre) == info.dim
-                                        and all(map(_is_number, info.centre))):
+                                        and all(map(is_finite_number, info.centre))):
         return f"index.json's centre is not a list of {info.dim} finite numbers"
     return None
-
-
-def _is_number(value: object) -> bool:
-    """A finite int or float read from JSON (not a bool, which JSON's true would be)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
 
 
 def search_index(loaded: LoadedIndex, queries: Any, k: int,
