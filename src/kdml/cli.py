@@ -674,12 +674,9 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
 
 def _plot_charts(args: argparse.Namespace) -> int:
-    from kdml.inspection import draw_charts, run_part
-    from kdml.training.trainer import load_run
+    from kdml.inspection import draw_charts
 
-    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
-    _note_validation_part(run_part(trained))  # the charts are drawn of the test part
-    path = draw_charts(trained, args.thumbnails)
+    path = draw_charts(_plotted_run(args), args.thumbnails)
     print(f"chart plot written to {path}")
     return 0
 
@@ -699,6 +696,17 @@ def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
     part = run_part(trained, args.split, args.dataset, args.data_root)
     _note_validation_part(part)
     return trained, part
+
+
+def _plotted_run(args: argparse.Namespace) -> TrainedRun:
+    """The run a plot draws: its test part (``--test``), or a validated run's validation part,
+    which is then said on stderr."""
+    from kdml.inspection import run_part
+    from kdml.training.trainer import load_run
+
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    _note_validation_part(run_part(trained))
+    return trained
 
 
 def _note_validation_part(part: Part) -> None:
@@ -765,23 +773,17 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _plot_retrieval(args: argparse.Namespace) -> int:
-    from kdml.inspection import plot_retrieval, run_part
-    from kdml.training.trainer import load_run
+    from kdml.inspection import plot_retrieval
 
-    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
-    _note_validation_part(run_part(trained))  # the plot draws the test part
-    path = plot_retrieval(trained, args.queries, args.k, args.seed)
+    path = plot_retrieval(_plotted_run(args), args.queries, args.k, args.seed)
     print(f"retrieval grid written to {path}")
     return 0
 
 
 def _plot_embedding(args: argparse.Namespace) -> int:
-    from kdml.inspection import plot_embedding, run_part
-    from kdml.training.trainer import load_run
+    from kdml.inspection import plot_embedding
 
-    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
-    _note_validation_part(run_part(trained))  # the map is of the test part
-    path = plot_embedding(trained, args.max_points)
+    path = plot_embedding(_plotted_run(args), args.max_points)
     print(f"embedding map written to {path}")
     return 0
 
