@@ -122,7 +122,7 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
         raise ValueError(f"one value per seed in each cell: {len(better)} against {len(worse)}")
     better_values, worse_values = np.asarray(better, float), np.asarray(worse, float)
     paired = np.isfinite(better_values) & np.isfinite(worse_values)
-    left_out = _left_out(claim, better_values, worse_values)
+    left_out = _left_out(claim, better_values, worse_values, paired)
     sign = -1.0 if claim.lower_is_better else 1.0
     difference = sign * (better_values[paired] - worse_values[paired])
     count = len(difference)
@@ -170,9 +170,9 @@ def _interval(mean: float, half_width: float, signed: bool = False) -> str:
     return f"{mean:{'+' if signed else ''}.{digits}f} +- {half_width:.{digits}f}"
 
 
-def _left_out(claim: Claim, better: np.ndarray, worse: np.ndarray) -> str:
-    """``"; N seeds left out, where X diverged"`` for the seeds not paired, or ``""``."""
-    lost = ~(np.isfinite(better) & np.isfinite(worse))
+def _left_out(claim: Claim, better: np.ndarray, worse: np.ndarray, paired: np.ndarray) -> str:
+    """``"; N seeds left out, where X diverged"`` for the seeds not ``paired``, or ``""``."""
+    lost = ~paired
     if not lost.any():
         return ""
     diverged = [label for label, values in ((claim.better, better), (claim.worse, worse))
