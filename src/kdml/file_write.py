@@ -19,8 +19,6 @@ def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
         # O_EXCL: a file or link already there is an error, never written through. Not
         # mkstemp, whose 0600 would make the file unreadable to others (0666, less the umask).
         os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    except FileExistsError:  # the partial's own (random) name is taken: say which file
-        raise
     except OSError as error:  # no permission, a full disk: name the file asked for
         raise _about(error, path, partial) from None
     try:
@@ -36,7 +34,8 @@ def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
 
 def _about(error: OSError, path: Path, partial: Path) -> OSError:
     """``error`` about ``path``, the file asked for, where it names the hidden partial or no
-    file at all (a full disk's ENOSPC from a write names none)."""
-    if error.filename not in (None, str(partial), partial):
+    file at all (a full disk's ENOSPC from a write names none); the partial's own (random)
+    name already taken stays about the partial."""
+    if error.filename not in (None, str(partial), partial) or isinstance(error, FileExistsError):
         return error
     return OSError(error.errno, error.strerror or str(error), str(path))
