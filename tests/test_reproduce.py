@@ -178,6 +178,8 @@ def test_catalog_is_consistent_and_every_cell_resolves(quick, tmp_path):
         assert experiment.protocol in PROTOCOLS
         labels = [cell.label for cell in experiment.cells]
         assert len(labels) == len(set(labels)), experiment.key
+        settings = [override.split("=")[0] for override in experiment.common]
+        assert len(settings) == len(set(settings)), experiment.key  # --list prints each once
         for claim in experiment.claims:
             assert claim.better in labels and claim.worse in labels, (experiment.key, claim)
             assert claim.metric in experiment.metrics
@@ -347,9 +349,13 @@ def test_runner_and_report_end_to_end(tmp_path):
     # a second run reuses every finished run: nothing is trained again
     metrics = parts.run_dirs[0] / "metrics.json"
     before = metrics.stat().st_mtime_ns
+    said: list[str] = []
     again = reproduce(_tiny_experiments()[:1], 2, runs, "cpu", progress=False,
-                      echo=lambda line: None)
+                      echo=said.append)
     assert metrics.stat().st_mtime_ns == before
+    # the progress says so, instead of looking the same as a run trained now
+    assert sum(line.startswith("  reused: finished earlier, after ") for line in said) == \
+        sum(line.startswith("[") for line in said) > 0
     assert again[0].cells["alpha = 1"].values == parts.values
     write_report(again, report, context)  # its own report: rewritten
 
@@ -410,8 +416,10 @@ def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, 
         raise AssertionError("a diverged run was trained again")
 
     monkeypatch.setattr(runner, "train", no_training)
-    (again,) = reproduce([experiment], 2, runs, "cpu", progress=False, echo=lambda line: None)
+    said: list[str] = []
+    (again,) = reproduce([experiment], 2, runs, "cpu", progress=False, echo=said.append)
     assert again.cells["wild"].diverged == result.cells["wild"].diverged
+    assert sum(line.startswith("  reused: diverged earlier") for line in said) == 5
     assert again.cells["steady"].values == result.cells["steady"].values
 
 
@@ -651,8 +659,8 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
     experiment = experiments("jrd", quick=True)[0]
     config = cell_config(experiment, experiment.cells[0], 0, "cpu")
-    wall, diverged = train_planned(PlannedRun(config, run_dir), False)
-    assert not diverged
+    wall, diverged, reused = train_planned(PlannedRun(config, run_dir), False)
+    assert not diverged and not reused
     assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's instant
     assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kdml.config import RunConfig, resolve_config
 from kdml.errors import KdmlError
@@ -135,9 +135,16 @@ def unique_runs(planned: dict[tuple[str, str], list[PlannedRun]]) -> list[Planne
     return list(seen.values())
 
 
-def train_planned(run: PlannedRun, progress: bool | None) -> tuple[float, str]:
-    """Train ``run`` unless it finished earlier (resuming it if it started): its wall time,
-    and why its loss became NaN or infinite ("" when it did not).
+class Trained(NamedTuple):
+    """What :func:`train_planned` did for one run."""
+
+    wall_s: float  # the run's training time, over all its sessions
+    diverged: str  # why its loss became NaN or infinite ("" when it did not)
+    reused: bool  # it had finished (or diverged) earlier, so nothing was trained now
+
+
+def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
+    """Train ``run`` unless it finished earlier (resuming it if it started).
 
     ``reproduce.json`` keeps a divergence, and a later call returns it without training: the
     same seed diverges again the same way (delete the run folder to train it anyway)."""
@@ -152,7 +159,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> tuple[float, str]:
             wall = read_stored(timing, "wall_s")
             if not isinstance(wall, (int, float)):
                 raise not_as_written(timing, f"wall_s is {wall!r}")
-            return float(wall), diverged
+            return Trained(float(wall), diverged, reused=True)
     earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
     start = time.perf_counter()
     diverged = ""
@@ -164,7 +171,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> tuple[float, str]:
     wall = earlier + time.perf_counter() - start
     write_json({"wall_s": wall, "device": run.config.train.device,
                 **({"diverged": diverged} if diverged else {})}, timing)
-    return wall, diverged
+    return Trained(wall, diverged, reused=False)
 
 
 def read_stored(path: Path, *keys: str) -> Any:
@@ -328,14 +335,18 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
         echo(f"[{number}/{len(runs)}] {run.config.recipe} on {run.config.data.dataset}, seed "
              f"{run.config.train.seed}: {run.run_dir}")
         try:
-            wall[run.run_dir], why = train_planned(run, progress)
+            trained = train_planned(run, progress)
         except KdmlError as failure:
             broken[run.run_dir] = str(failure)
             echo(f"  failed: {failure}")
             continue
-        if why:
-            diverged[run.run_dir] = why
-            echo(f"  diverged: {why}")
+        wall[run.run_dir] = trained.wall_s
+        if trained.reused:
+            echo(f"  reused: {'diverged' if trained.diverged else 'finished'} earlier, after "
+                 f"{trained.wall_s / 60:.1f} minutes of training")
+        if trained.diverged:
+            diverged[run.run_dir] = trained.diverged
+            echo(f"  diverged: {trained.diverged}")
     results = []
     for experiment in experiments:
         why_not = failed.get(experiment.key) or next(
