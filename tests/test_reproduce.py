@@ -26,6 +26,7 @@ from kdml.reproduce.runner import (
     ExperimentResult,
     PlannedRun,
     cell_config,
+    logged_seconds,
     plan,
     reproduce,
     run_folder_of,
@@ -663,6 +664,19 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
     assert not diverged and not reused
     assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's instant
     assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
+
+
+def test_the_training_time_restarts_with_a_run_trained_again_from_epoch_1(tmp_path):
+    """A run whose checkpoint is gone (a record kept without it) trains again from epoch 1:
+    the lost session's time is not part of the run's training time."""
+    log = tmp_path / "train.log"
+    log.write_text("2026-01-01 10:00:00,000 start epoch 1 of 2, device cpu\n"
+                   "2026-01-01 10:05:00,000 epoch 1: lr=0.001, train/loss=1.0\n"
+                   "2026-01-01 11:00:00,000 start epoch 1 of 2, device cpu\n"
+                   "2026-01-01 11:01:00,000 epoch 1: lr=0.001, train/loss=1.0\n"
+                   "2026-01-01 12:00:00,000 start epoch 2 of 2, device cpu\n"
+                   "2026-01-01 12:00:30,000 epoch 2: lr=0.001, train/loss=0.5\n")
+    assert logged_seconds(log) == 90.0
 
 
 def test_reproduction_runs_score_once_and_keep_the_folders_of_runs_that_scored_every_epoch():

@@ -196,6 +196,9 @@ def logged_seconds(log: Path) -> float:
     r"""The training time ``train.log`` records: for each session, from its ``start epoch``
     line to its last line (an epoch cut short by a kill is not counted). 0 without a log.
 
+    A session that starts at epoch 1 trains the run from scratch (its checkpoint was lost, as
+    in a run record kept without checkpoints), so the sessions before it are not counted.
+
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as folder:
     ...     log = Path(folder) / "train.log"
@@ -224,6 +227,8 @@ def logged_seconds(log: Path) -> float:
         if message.startswith("start epoch") or message.endswith(NOTHING_LEFT):
             if started is not None and last is not None:
                 total += max((last - started).total_seconds(), 0.0)  # local time: DST
+            if message.startswith("start epoch 1 of"):
+                total = 0.0
             started = stamp if message.startswith("start epoch") else None
         last = stamp
     if started is not None and last is not None:
