@@ -144,7 +144,9 @@ def test_a_grid_refuses_what_would_mix_settings_across_or_within_its_cells(tmp_p
     assert "the override model.embedding_size=32 sets" in refused("model.embedding_size=32")
     assert (out / "embedding_size=4" / "metrics.json").read_text() == finished
     file.write_text(yaml.safe_dump({**config, "grid": {"data.validation": [0.0, 0.4]}}))
-    assert "the grid mixes data.validation 0 and above 0" in refused()
+    assert "the grid's cells have different data.validation (0 to 0.4)" in refused()
+    file.write_text(yaml.safe_dump({**config, "grid": {"data.validation": [0.2, 0.4]}}))
+    assert "the grid's cells have different data.validation (0.2 to 0.4)" in refused()
     file.write_text(yaml.safe_dump(config))
     other = tmp_path / "other"
     other.mkdir()

@@ -435,7 +435,13 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     """One run per cell of the config file's grid (see kdml.training.grid)."""
     from kdml import distributed
     from kdml.config import resolve_config, with_absolute_paths
-    from kdml.training.grid import changed_setting, check_grid_folder, grid_cells, write_marker
+    from kdml.training.grid import (
+        best_cells,
+        changed_setting,
+        check_grid_folder,
+        grid_cells,
+        write_marker,
+    )
     from kdml.training.run_folder import RunFolder, default_run_dir
     from kdml.training.selection import as_validation_history, best_scores
     from kdml.training.trainer import run_config, train
@@ -444,10 +450,12 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     configs = [with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
                                                   file_values, [*overrides, *cell.overrides]))
                for cell in cells]
-    if len({config.data.validation > 0 for config in configs}) > 1:
-        raise KdmlError("the grid mixes data.validation 0 and above 0: its cells would be "
-                        "scored on different parts (test and validation), which one table "
-                        "cannot compare; give every cell the same choice")
+    shares = sorted({config.data.validation for config in configs})
+    if len(shares) > 1:
+        raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
+                        f"{shares[-1]:g}): each would be scored on another part (the test part, "
+                        "or another validation part), which one table cannot compare; give "
+                        "every cell the same data.validation")
     _check_dataset_name(configs[0].data.dataset)
     _join_processes(configs[0])
 
@@ -512,11 +520,18 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
         _say("  " + "  ".join([f"{cell.name:<24}",
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
     if validation and metric in names:  # the choice validation exists for; not made on test
-        best = max(range(len(cells)), key=lambda i: finals[i].get(metric, float("-inf")))
-        test_it = (f"kdml eval {root / cells[best].name} --best --test tests its kept epoch"
-                   if configs[best].train.keep_best else
-                   "train it without data.validation to test it")
-        _say(f"best on validation by {metric}: {cells[best].name}; {test_it}")
+        tied = best_cells([final.get(metric) for final in finals])
+        if not tied:
+            _say(f"best on validation by {metric}: none, no cell has a finite score")
+        else:
+            best = tied[0]
+            test_it = (f"kdml eval {root / cells[best].name} --best --test tests its kept "
+                       "epoch" if configs[best].train.keep_best else
+                       "train it without data.validation to test it")
+            tie = (f" (tied at {finals[best][metric]:.4f} with "
+                   f"{', '.join(cells[i].name for i in tied[1:])}: validation does not tell "
+                   "them apart, and the first in grid order is named)" if len(tied) > 1 else "")
+            _say(f"best on validation by {metric}: {cells[best].name}{tie}; {test_it}")
     _say(f"grid folder: {root}")
     return 0
 
@@ -652,12 +667,17 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
+    from kdml.evaluation.generalization import check_scored_counts, distance_note
     from kdml.inspection import GeneralizationSettings, analyze_generalization
     from kdml.training.trainer import load_run
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
-    terms, path = analyze_generalization(load_run(args.run_dir, args.data_root), settings)
+    trained = load_run(args.run_dir, args.data_root)
+    # before minutes of embedding (checked again on the embedded sets)
+    check_scored_counts(len(trained.splits.train), len(trained.splits.test),
+                        args.labelled_fraction)
+    terms, path = analyze_generalization(trained, settings)
     print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
           f"{args.neighbors}-NN classifiers, 95% CI):")
     for name, label in (("h_divergence", "H-divergence d_H"),
@@ -669,6 +689,9 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
         print(f"kdml: note: {terms['unfitted'].mean:.1%} of the scored samples are of classes "
               "with no sample in the fitted part; lambda counts them as errors: raise "
               "--labelled-fraction", file=sys.stderr)
+    note = distance_note(trained.method.has_charts)
+    if note:
+        print(f"kdml: note: {note}", file=sys.stderr)
     print(f"written to {path}")
     return 0
 

@@ -40,7 +40,7 @@ from kdml.evaluation.index import (
     load_index,
     search_index,
 )
-from kdml.evaluation.knn import as_metric, knn_search
+from kdml.evaluation.knn import as_metric, knn_search, l2_normalize
 from kdml.figure_file import check_replaceable
 from kdml.file_write import write_through_new_file
 from kdml.training.run_folder import (
@@ -514,12 +514,20 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     splits = trained.splits
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
+    seen_x, unseen_x = (part.tensor().float().cpu().numpy() for part in (seen, unseen))
+    # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
+    # run is evaluated with (Atlas runs' manifold distance has no such form: distance_note)
+    cosine = not trained.method.has_charts and trained.config.eval.metric == "cosine"
+    if cosine:
+        seen_x, unseen_x = l2_normalize(seen_x, inplace=True), l2_normalize(unseen_x, True)
     terms = generalization_terms(
-        seen.tensor().float().cpu().numpy(), dataset_labels(splits, seen.labels).numpy(),
-        unseen.tensor().float().cpu().numpy(), unseen.labels.numpy(),
+        seen_x, dataset_labels(splits, seen.labels).numpy(), unseen_x, unseen.labels.numpy(),
         labelled_fraction=settings.labelled_fraction, repeats=settings.repeats,
         neighbors=settings.neighbors, seed=settings.seed)
+    distance = ("euclidean on the Atlas embedding" if trained.method.has_charts else
+                "cosine" if cosine else "euclidean")
     written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
+               "distance": distance,
                **{name: estimate.to_dict() for name, estimate in terms.items()}}
     write_json(written, path)
     return terms, path

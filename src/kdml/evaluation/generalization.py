@@ -24,10 +24,21 @@ Both are repeated over random splits and reported with 95% confidence intervals.
 sample whose class has no sample in the fitted part cannot be classified right, so lambda
 counts it as an error: ``unfitted``, the share of such samples, says how much of lambda that
 is (it grows as ``labelled_fraction`` shrinks, and with classes of very few samples).
+
+At the other end, each set must keep at least :data:`MIN_SCORED` samples to score: with
+:math:`n` scored samples per set, a classifier at chance has :math:`e_s, e_u \in \{0, 1\}`
+together often enough to read :math:`d_H = 1` with probability :math:`2^{1 - 2n}` (1/2 for one
+sample, 1/512 for five), and lambda's errors move in steps of :math:`1/n`; a
+``labelled_fraction`` that leaves fewer is refused, with the largest one that would do.
+
+The classifiers rank neighbours by the Euclidean distance between the vectors given. ``kdml
+analyze generalization`` gives a run's ``embed`` outputs; for an Atlas run that is not the
+distance it is evaluated with, and :func:`distance_note` says so.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -38,6 +49,9 @@ from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
 from kdml.evaluation.retrieval import transposed_hint
+
+# the fewest samples of each set the classifiers are scored on (see the module docstring)
+MIN_SCORED = 5
 
 
 def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndarray:
@@ -51,6 +65,19 @@ def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndar
         raise KdmlError(f"{name} must have shape ({expected_length},) to match the embeddings, "
                         f"got {tuple(array.shape)}{hint}")
     return array
+
+
+def distance_note(has_charts: bool) -> str | None:
+    """One line on the k-NN distance of ``kdml analyze generalization`` (Euclidean, on the
+    run's ``embed`` outputs) for a method with charts (Atlas: ``mtriplet``, ``msimclr``), which
+    ``kdml eval`` scores with another distance, the manifold distance on chart codes
+    (:mod:`kdml.evaluation.charts`); ``None`` for methods without charts."""
+    if not has_charts:
+        return None
+    # embed is atlas_embedding: [sigmoid(c_i(x)), sqrt(d) e_i] of the argmax chart i
+    return ("the k-NN used Euclidean distance on the Atlas embedding [sigmoid chart "
+            "coordinates, sqrt(d) x one-hot chart] (a point's own chart ranks first), not the "
+            "manifold distance on pre-sigmoid chart coordinates that eval scores this run with")
 
 
 def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
@@ -71,7 +98,8 @@ def generalization_terms(
             (arrays or tensors; labels of any kind the classifiers take, e.g. ints or names).
         unseen: [Nu, d] embeddings of unseen-class (test) samples; ``unseen_labels`` [Nu].
             Seen and unseen label values must not overlap (class-disjoint split).
-        labelled_fraction: share of each set that the classifiers are fitted on.
+        labelled_fraction: share of each set that the classifiers are fitted on; at least
+            one sample of each set is fitted and :data:`MIN_SCORED` must be left to score.
         repeats: number of random splits (at least 2, for the 95% interval).
         neighbors: k of the nearest-neighbour classifiers.
 
@@ -97,6 +125,7 @@ def generalization_terms(
         raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes "
                         "(a class-disjoint split; a domain pair's target shares the source's "
                         "classes)")
+    check_scored_counts(len(seen), len(unseen), labelled_fraction)
     rng = np.random.default_rng(seed)
     h_divergence, h_divergence_bd, lam, err_seen, err_unseen, unfitted = [], [], [], [], [], []
     for _ in range(repeats):
@@ -131,9 +160,34 @@ def generalization_terms(
             "unfitted": Estimate.of(unfitted)}
 
 
+def _cut(count: int, fraction: float) -> int:
+    """How many of ``count`` samples are fitted: ``fraction`` of them, at least 1, and at
+    least 1 left to score."""
+    return min(max(int(round(fraction * count)), 1), count - 1)
+
+
+def check_scored_counts(seen_count: int, unseen_count: int, fraction: float) -> None:
+    """Refuse sets or a ``fraction`` that leave a set fewer than :data:`MIN_SCORED` samples to
+    score, naming the set, its fitted and scored counts and the fraction to use instead
+    (:func:`generalization_terms` checks this; a caller may check first, before embedding)."""
+    sets = {"seen": seen_count, "unseen": unseen_count}
+    for name, count in sets.items():
+        if count < MIN_SCORED + 1:
+            raise KdmlError(f"the {name} set has {count} samples; the analysis needs at least "
+                            f"{MIN_SCORED + 1} in each set (1 fitted, {MIN_SCORED} scored)")
+    name = min(sets, key=lambda key: sets[key] - _cut(sets[key], fraction))
+    count = sets[name]
+    fitted = _cut(count, fraction)
+    if count - fitted < MIN_SCORED:
+        # round(f * n) <= n - MIN_SCORED for every set once f <= 1 - MIN_SCORED / (smallest n)
+        largest = math.floor((1 - MIN_SCORED / min(sets.values())) * 1000) / 1000
+        raise KdmlError(f"labelled_fraction {fraction} leaves the {name} set {fitted} fitted "
+                        f"and {count - fitted} scored of its {count} samples; each set needs at "
+                        f"least {MIN_SCORED} scored: use a labelled_fraction of at most "
+                        f"{largest}")
+
+
 def _split(count: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    if count < 2:
-        raise KdmlError("each set needs at least 2 samples to split into fitted and scored parts")
     order = rng.permutation(count)
-    cut = min(max(int(round(fraction * count)), 1), count - 1)
+    cut = _cut(count, fraction)
     return order[:cut], order[cut:]

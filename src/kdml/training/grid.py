@@ -6,12 +6,18 @@ settings (``dim=2-n_charts=4``). Running the same command again continues the gr
 cells are kept, an interrupted cell resumes from its checkpoint, and the rest start. A cell
 already started with other settings (another override, an edited config file) is refused,
 not resumed or counted under the new ones.
+
+With ``data.validation`` the grid's closing table names the best cell on the validation part
+(:func:`best_cells`: cells tied on the score are all named, the first in grid order taken).
+Training warns when that part holds too few classes for the choice to mean much.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,9 @@ from kdml.training.run_folder import holds_files
 MARKER = "grid.yaml"
 # settings a run saves as resolved where the command leaves them empty (eval.ks: the dataset's)
 FILLED_IN_TRAINING = ("eval.ks",)
+# Scores this close (relative) are one score: metrics.json gives back the float a run computed,
+# but the same retrieval result summed in another order lands a few float64 ulps away.
+SCORE_TIE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -97,3 +106,22 @@ def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
     (root / MARKER).write_text(yaml.safe_dump({"grid": grid,
                                                "cells": [cell.name for cell in cells]},
                                               sort_keys=False))
+
+
+def best_cells(scores: Sequence[Any]) -> list[int]:
+    """Positions of the cells with the highest score, in grid order: more than one when they tie
+    (equal within :data:`SCORE_TIE`), none when no cell has a finite score (a missing or NaN
+    one is never best).
+
+    >>> best_cells([0.25, 0.3, 0.1 + 0.2, float("nan")])
+    [1, 2]
+    """
+    finite = {position: float(score) for position, score in enumerate(scores)
+              if isinstance(score, int | float) and not isinstance(score, bool)
+              and math.isfinite(score)}
+    if not finite:
+        return []
+    top = max(finite.values())
+    return [position for position, score in finite.items()
+            if math.isclose(score, top, rel_tol=SCORE_TIE)]
+

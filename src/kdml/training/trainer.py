@@ -50,7 +50,7 @@ from kdml.data.samplers import (
     TargetBatches,
     check_batching,
 )
-from kdml.data.splits import DOMAIN, DataSplits
+from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
 from kdml.distributed import World
 from kdml.errors import KdmlError
@@ -532,12 +532,26 @@ class Session:
                 "config": self.config.to_dict(), "finished": finished}
 
 
+# A validation part of fewer classes chooses on little: an embedding that separates none of C
+# equal classes already scores Recall@1 about 1/C, and a few held-out classes say little of the
+# next ones.
+MIN_VALIDATION_CLASSES = 5
+
+
 def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
     """Warn about data that trains but means little: a single training class (a single test
-    class is refused, :func:`check_evaluation`)."""
+    class is refused, :func:`check_evaluation`), and a validation part of fewer than
+    :data:`MIN_VALIDATION_CLASSES` classes."""
     if splits.train.num_classes == 1:
         log.warning("the training split of %s has a single class: class-based losses have "
                     "nothing to separate", splits.train.name)
+    if splits.validation and splits.test.num_classes < MIN_VALIDATION_CLASSES:
+        more = ("a dataset of more classes: this validation part holds a share of every "
+                "training class's samples" if splits.kind == SEEN else
+                "a larger data.validation (or more training classes) holds out more")
+        log.warning("the validation part holds %d classes, too few for what is chosen on it "
+                    "(train.keep_best's epoch, train.patience's stop, a grid's best cell) to "
+                    "mean much; %s", splits.test.num_classes, more)
 
 
 def train(config: RunConfig, run_dir: Path, resume: bool = False,

@@ -1,0 +1,133 @@
+"""A validation grid's choice of its best cell: ties named, NaN never best, and the warning for a
+validation part of too few classes to choose on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from fixtures_photo_sets import make_cub
+
+from kdml import cli
+from kdml.training import trainer
+from kdml.training.grid import best_cells
+from kdml.training.run_folder import RunFolder
+from kdml.training.trainer import MIN_VALIDATION_CLASSES
+
+SIZES = [2, 8, 16]
+
+
+def grid_of(tmp_path, data: dict, sizes: list[int] | None = None, **train: object) -> list[str]:
+    """`kdml train` arguments of a grid over model.embedding_size on digits."""
+    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": sizes or SIZES},
+              "data": {"dataset": "digits", "batch_size": 12, **data},
+              "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu", **train},
+              "eval": {"nmi": False}}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
+
+
+@pytest.fixture
+def scored(monkeypatch):
+    """Cells that train at once into metrics.json, scoring recall@1 as ``scores`` says by
+    embedding size (a later run of the grid reads them back from the JSON as finished)."""
+    scores: dict[int, float] = {}
+
+    def train(config, run_dir, resume=False, progress=None):
+        final = {"recall@1": scores[config.model.embedding_size], "map@r": 0.1}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        RunFolder(run_dir).write_metrics([{"epoch": 1, **{f"val/{key}": value for key, value
+                                                          in final.items()}}],
+                                         final, "validation")
+        return final
+
+    monkeypatch.setattr(trainer, "train", train)
+    return scores
+
+
+def best_line(printed: str) -> str:
+    lines = [line for line in printed.splitlines() if line.startswith("best on validation")]
+    assert len(lines) == 1, printed
+    return lines[0]
+
+
+def test_tied_cells_are_all_named_and_the_tie_broken_by_grid_order(tmp_path, capsys, scored):
+    """The first of two equal scores had been named alone, and of 0.3 and 0.1 + 0.2 (equal but
+    for float rounding) the later one, as if it were better."""
+    scored.update({2: 0.25, 8: 0.3, 16: 0.1 + 0.2})
+    args = grid_of(tmp_path, {"validation": 0.4})
+    for _ in range(2):  # trained, then read back from each cell's metrics.json
+        assert cli.main(args) == 0
+        assert best_line(capsys.readouterr().out) == (
+            "best on validation by recall@1: embedding_size=8 (tied at 0.3000 with "
+            "embedding_size=16: validation does not tell them apart, and the first in grid "
+            "order is named); train it without data.validation to test it")
+    scored.update({2: 0.5, 8: 0.5, 16: 0.5})
+    assert cli.main(grid_of(tmp_path / "all", {"validation": 0.4})) == 0
+    assert "embedding_size=2 (tied at 0.5000 with embedding_size=8, embedding_size=16:" in (
+        best_line(capsys.readouterr().out))
+
+
+def test_a_single_best_cell_is_named_as_before(tmp_path, capsys, scored):
+    scored.update({2: 0.25, 8: 0.75, 16: 0.7})
+    assert cli.main(grid_of(tmp_path, {"validation": 0.4})) == 0
+    assert best_line(capsys.readouterr().out) == (
+        "best on validation by recall@1: embedding_size=8; train it without data.validation "
+        "to test it")
+
+
+def test_a_cell_without_a_finite_score_is_never_best(tmp_path, capsys, scored):
+    """A NaN score in the first cell had been named best: nothing compares above NaN."""
+    scored.update({2: math.nan, 8: 0.5, 16: 0.25})
+    assert cli.main(grid_of(tmp_path, {"validation": 0.4})) == 0
+    assert best_line(capsys.readouterr().out).startswith(
+        "best on validation by recall@1: embedding_size=8;")
+    scored.update({2: math.nan, 8: math.nan, 16: math.inf})
+    assert cli.main(grid_of(tmp_path / "none", {"validation": 0.4})) == 0
+    assert best_line(capsys.readouterr().out) == (
+        "best on validation by recall@1: none, no cell has a finite score")
+
+
+def test_best_cells():
+    assert best_cells([0.25, 0.3, 0.1 + 0.2, math.nan]) == [1, 2]
+    assert best_cells([0.5, None, 0.4]) == [0]
+    assert best_cells([math.nan, None]) == []
+    assert best_cells([0.5, 0.5 + 1e-6]) == [1]  # a real difference, if a small one
+
+
+def test_a_validation_part_of_few_classes_is_warned_about(tmp_path, capsys):
+    """A 2-class validation part (digits: 5 training classes, 0.4 of them held out) had chosen
+    the best cell, or a single run's best epoch, without a word."""
+    assert cli.main(grid_of(tmp_path, {"validation": 0.4}, sizes=[2, 8])) == 0
+    captured = capsys.readouterr()
+    assert "best on validation by recall@1: embedding_size=" in captured.out
+    said = captured.out + captured.err
+    assert said.count("the validation part holds 2 classes, too few for what is chosen on "
+                      "it") == 2, said  # once per cell
+    assert "a larger data.validation (or more training classes) holds out more" in said
+
+
+def test_no_warning_for_a_validation_part_of_enough_classes(tmp_path, capsys):
+    data = {"split": "class-disjoint", "train_classes": 0.8, "validation": 0.6}
+    assert cli.main(grid_of(tmp_path, data, sizes=[2])) == 0  # 5 of the 8 training classes
+    captured = capsys.readouterr()
+    assert "the validation part holds" not in captured.out + captured.err
+
+
+def test_a_seen_class_validation_part_of_few_classes_asks_for_more_classes(tmp_path, capsys):
+    cub = make_cub(tmp_path / "cub", classes=MIN_VALIDATION_CLASSES - 1, per_class=12)
+    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": [2]},
+              "data": {"dataset": "cub", "root": str(cub), "split": "seen-holdout",
+                       "validation": 0.5, "batch_size": 4},
+              "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu"},
+              "eval": {"nmi": False, "ks": [1]}, "model": {"backbone": "cnn"}}
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--config", str(file), "--out", str(tmp_path / "grid"),
+                     "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "the validation part holds 4 classes" in captured.out + captured.err
+    assert "a dataset of more classes" in captured.out + captured.err
