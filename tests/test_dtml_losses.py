@@ -79,12 +79,14 @@ def ref_gaussian_mmd(source, target, num_kernels: int = 3) -> float:
     return mean_k(source, source) + mean_k(target, target) - 2.0 * mean_k(source, target)
 
 
+def ref_layer_penalty(layer) -> float:
+    """||W||_F^2 + ||b||^2 of one layer, by plain loops."""
+    return (sum(w * w for row in layer.weight.tolist() for w in row)
+            + sum(b * b for b in layer.bias.tolist()))
+
+
 def ref_weight_penalty(network: DTMLNetwork) -> float:
-    total = 0.0
-    for layer in network.layers:
-        total += sum(w * w for row in layer.weight.tolist() for w in row)
-        total += sum(b * b for b in layer.bias.tolist())
-    return total
+    return sum(ref_layer_penalty(layer) for layer in network.linear_layers())
 
 
 # ----------------------------------------------------------------- data
@@ -283,10 +285,14 @@ def test_objective_matches_hand_computation(omega, tau):
 
     top = ref_layer_criterion(source_layers[1].tolist(), DSTML_LABELS,
                               target_layers[1].tolist(), alpha, beta, k1, k2)
+    first, second = (ref_layer_penalty(layer) for layer in network.linear_layers())
+    # Eq. 13: the hidden criterion carries its own layer's penalty
     hidden = ref_layer_criterion(source_layers[0].tolist(), DSTML_LABELS,
-                                 target_layers[0].tolist(), alpha, beta, k1, k2)
-    # J^(M) + gamma * penalty + omega * max(J^(1) - tau, 0); no penalty inside the hinge
-    expected = top + gamma * ref_weight_penalty(network) + omega * max(hidden - tau, 0.0)
+                                 target_layers[0].tolist(), alpha, beta, k1, k2) + gamma * first
+    if omega:  # Eq. 12: J^(M) + gamma P^(M) + omega max(J^(1) + gamma P^(1) - tau, 0)
+        expected = top + gamma * second + omega * max(hidden - tau, 0.0)
+    else:  # Eq. 7: DTML, every layer's penalty in the top term
+        expected = top + gamma * (first + second)
     assert total.item() == pytest.approx(expected, rel=1e-12)
     assert terms["j_top"].item() == pytest.approx(top, rel=1e-12)
     assert terms["weight_penalty"].item() == pytest.approx(ref_weight_penalty(network), rel=1e-12)
@@ -295,6 +301,33 @@ def test_objective_matches_hand_computation(omega, tau):
         assert terms["hinge@1"].item() == pytest.approx(max(hidden - tau, 0.0), abs=1e-12)
     else:
         assert "j@1" not in terms
+
+
+def test_each_layer_penalty_counts_once_in_its_hinge_or_in_the_top_term():
+    """Two hidden layers, the first supervised (omega 1) and the second not (omega 0): the
+    first's penalty sits in its hinge (Eq. 13), the second's and the top's in the top term
+    (Eq. 7). The penalties had all been in the top term, none in a hinge."""
+    torch.manual_seed(3)
+    network = DTMLNetwork([4, 5, 4, 3], init="standard").double()
+    source_x, target_x = random_points(10, 4, seed=24), random_points(6, 4, seed=25) + 0.4
+    source_layers, target_layers = network(source_x), network(target_x)
+    alpha, beta, gamma, k1, k2, tau = 0.1, 10.0, 0.3, 2, 4, 0.5
+    objective = DTMLObjective(alpha, beta, gamma, k1, k2, hidden_weight=[1.0, 0.0],
+                              hidden_threshold=tau)
+    total, terms = objective(source_layers, torch.tensor(DSTML_LABELS), target_layers, network)
+    first, second, top_penalty = (ref_layer_penalty(layer) for layer in network.linear_layers())
+    criteria = [ref_layer_criterion(source_layers[m].tolist(), DSTML_LABELS,
+                                    target_layers[m].tolist(), alpha, beta, k1, k2)
+                for m in range(3)]
+    hinge = max(criteria[0] + gamma * first - tau, 0.0)
+    assert hinge > 0  # the hinge is active, so its penalty is counted
+    assert total.item() == pytest.approx(criteria[2] + gamma * (second + top_penalty) + hinge,
+                                         rel=1e-12)
+    assert terms["j@1"].item() == pytest.approx(criteria[0] + gamma * first, rel=1e-12)
+    assert "j@2" not in terms
+    with pytest.raises(KdmlError, match="3 layer penalties for 2 layer outputs"):
+        DTMLObjective(alpha, beta, gamma, k1, k2, hidden_weight=1.0)(
+            source_layers[1:], torch.tensor(DSTML_LABELS), target_layers[1:], network)
 
 
 def test_objective_gradcheck_through_the_network():
@@ -315,14 +348,14 @@ def test_objective_gradcheck_through_the_network():
 
 
 class _Penalty(torch.nn.Module):
-    """Calls the network's ``weight_penalty`` as ``forward``, for ``functional_call``."""
+    """Calls the network's ``layer_penalties`` as ``forward``, for ``functional_call``."""
 
     def __init__(self, network: DTMLNetwork) -> None:
         super().__init__()
         self.network = network
 
     def forward(self) -> torch.Tensor:
-        return self.network.weight_penalty()
+        return self.network.layer_penalties()
 
 
 def test_objective_gradcheck_wrt_weights():
@@ -337,10 +370,10 @@ def test_objective_gradcheck_wrt_weights():
         values = dict(zip(names, params, strict=True))
         source = torch.func.functional_call(network, values, (source_x,))
         target = torch.func.functional_call(network, values, (target_x,))
-        weight_penalty = torch.func.functional_call(
+        layer_penalties = torch.func.functional_call(
             penalty, {f"network.{name}": value for name, value in values.items()}, ())
         return objective(source, labels, target, SimpleNamespace(
-            weight_penalty=lambda: weight_penalty)).total
+            layer_penalties=lambda: layer_penalties)).total
 
     params = tuple(p.detach().clone().requires_grad_() for p in network.parameters())
     assert gradcheck(total, params)
@@ -370,7 +403,7 @@ def test_objective_errors():
         DTMLObjective(k1=2, k2=4)(source, labels, None, network)
     with pytest.raises(KdmlError, match="0 target"):
         DTMLObjective(k1=2, k2=4)(source, labels, network(random_points(10, 4)[:0]), network)
-    with pytest.raises(KdmlError, match="weight_penalty"):
+    with pytest.raises(KdmlError, match="layer_penalties"):
         DTMLObjective(k1=2, k2=4, beta=0.0)(source, labels, None, None)
     with pytest.raises(KdmlError, match="per hidden layer"):
         DTMLObjective(k1=2, k2=4, beta=0.0, hidden_weight=[1.0, 1.0])(source, labels, None,

@@ -22,9 +22,10 @@ from kdml.regularizers.jrs import check_batch
 
 
 class WeightPenalized(Protocol):
-    """A network with the gamma term of Eq. 7 (:class:`~kdml.models.dtml.DTMLNetwork`)."""
+    """A network with the gamma terms of Eq. 7 and 13, one per layer, bottom first
+    (:class:`~kdml.models.dtml.DTMLNetwork`)."""
 
-    def weight_penalty(self) -> Tensor: ...
+    def layer_penalties(self) -> Tensor: ...
 
 
 class ObjectiveOutput(NamedTuple):
@@ -68,23 +69,24 @@ class DTMLObjective(nn.Module):
     .. math::
         J^{(m)} = S_c^{(m)} - \alpha S_b^{(m)} + \beta D_{ts}^{(m)}.
 
-    DTML (Eq. 7) minimises
+    With :math:`P^{(m)} = \|W^{(m)}\|_F^2 + \|b^{(m)}\|_2^2`, DTML (Eq. 7) minimises
 
     .. math::
-        J = J^{(M)} + \gamma \sum_{m=1}^{M} \left(\|W^{(m)}\|_F^2 + \|b^{(m)}\|_2^2\right)
+        J = J^{(M)} + \gamma \sum_{m=1}^{M} P^{(m)}
 
     (:math:`\gamma` is weight decay *in the objective*; leave the optimiser's decay at 0), and
-    DSTML (full paper, Eq. 8) adds the hinged criteria of the hidden layers,
+    DSTML (Eq. 12) adds the hinged criteria of the hidden layers, each with its own layer's
+    penalty (Eq. 13; the gradients of Eq. 18-19 carry it as :math:`2\gamma\delta(\ell - m)`),
 
     .. math::
-        J_{\mathrm{DSTML}} = J + \sum_{m=1}^{M-1} \omega^{(m)} \max\left(J^{(m)} - \tau^{(m)},
-        0\right).
+        J_{\mathrm{DSTML}} = J^{(M)} + \gamma P^{(M)} + \sum_{m=1}^{M-1} \omega^{(m)}
+        \max\left(J^{(m)} + \gamma P^{(m)} - \tau^{(m)}, 0\right).
 
-    As in the paper, a hidden layer's :math:`J^{(m)}` is the DTML criterion *without* the weight
-    penalty: the penalty covers every layer once, in the top term; repeating it per hidden layer
-    would count the first layers' weights several times and keep the hinge active for any
-    non-trivial weights. The neighbour graphs of :math:`S_c^{(m)}, S_b^{(m)}` are built on layer
-    :math:`m`'s own outputs.
+    So every layer's penalty counts once: inside its hinge where the layer is supervised
+    (:math:`\omega^{(m)} > 0`), in the top term where it is not, which gives Eq. 7 when no
+    layer is (a literal Eq. 12 with :math:`\omega = 0` would drop the hidden layers' decay).
+    The neighbour graphs of :math:`S_c^{(m)}, S_b^{(m)}` are built on layer :math:`m`'s own
+    outputs.
 
     ``beta = 0`` (the DDML baseline) needs no target batch; given one, :math:`D_{ts}` is still
     reported (computed without gradient). ``beta > 0`` without a target batch raises
@@ -111,12 +113,14 @@ class DTMLObjective(nn.Module):
           :class:`~kdml.models.dtml.DTMLNetwork`).
         - ``labels``: :math:`(N_s,)` integer source labels, on the layer outputs' device.
         - ``target_layers``: the same list for the unlabelled target batch, or ``None``.
-        - ``network``: a module with ``weight_penalty()``; ``None`` only when ``gamma = 0``.
+        - ``network``: a module with ``layer_penalties()`` (:math:`(M,)`); ``None`` only when
+          ``gamma = 0``.
 
     Returns: :class:`ObjectiveOutput` ``(total, terms)``; terms are ``s_c``, ``s_b``, ``d_ts``
-    (top layer; ``d_ts`` only with a target batch), ``weight_penalty``, ``j_top``
-    (:math:`J^{(M)}` without the penalty) and, for DSTML, ``j@m`` and ``hinge@m`` per hidden
-    layer :math:`m = 1..M-1`.
+    (top layer; ``d_ts`` only with a target batch), ``weight_penalty`` (:math:`\sum_m P^{(m)}`),
+    ``j_top`` (:math:`J^{(M)}` without the penalty) and, for DSTML, ``j@m``
+    (:math:`J^{(m)} + \gamma P^{(m)}`, Eq. 13) and ``hinge@m`` per supervised hidden layer
+    :math:`m = 1..M-1`.
 
     Example::
 
@@ -179,16 +183,25 @@ class DTMLObjective(nn.Module):
         top, terms = self.layer_criterion(source_layers[-1], labels, target_at(-1))
         terms["j_top"] = top
         total = top
+        penalties: Tensor | None = None
         if self.gamma > 0:
             if network is None:
-                raise KdmlError(f"gamma={self.gamma} > 0 needs the network (weight_penalty())")
-            penalty = network.weight_penalty()
-            terms["weight_penalty"] = penalty
-            total = total + self.gamma * penalty
+                raise KdmlError(f"gamma={self.gamma} > 0 needs the network (layer_penalties())")
+            penalties = network.layer_penalties()
+            if penalties.shape != (num_layers,):
+                raise KdmlError(f"the network has {penalties.numel()} layer penalties for "
+                                f"{num_layers} layer outputs; pass the network that made them")
+            terms["weight_penalty"] = penalties.sum()
+            # the top layer's, and those of hidden layers without a hinged criterion of their own
+            in_top = [penalties[-1], *(penalties[m] for m, omega in enumerate(weights)
+                                       if omega == 0)]
+            total = total + self.gamma * torch.stack(in_top).sum()
         for m, (omega, tau) in enumerate(zip(weights, thresholds, strict=True)):
             if omega == 0:
                 continue
             hidden, _ = self.layer_criterion(source_layers[m], labels, target_at(m))
+            if penalties is not None:  # Eq. 13: the layer's own weights
+                hidden = hidden + self.gamma * penalties[m]
             hinge = torch.relu(hidden - tau)
             terms[f"j@{m + 1}"], terms[f"hinge@{m + 1}"] = hidden, hinge
             total = total + omega * hinge

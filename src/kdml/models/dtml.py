@@ -111,8 +111,13 @@ class DTMLNetwork(nn.Module):
 
     def weight_penalty(self) -> Tensor:
         r""":math:`\sum_m \|W^{(m)}\|_F^2 + \|b^{(m)}\|_2^2`, the :math:`\gamma` term of Eq. 7."""
+        return self.layer_penalties().sum()
+
+    def layer_penalties(self) -> Tensor:
+        r""":math:`\|W^{(m)}\|_F^2 + \|b^{(m)}\|_2^2` of each layer, shape :math:`(M,)`, bottom
+        first: DSTML's hidden criteria (Eq. 13) each carry their own layer's."""
         return torch.stack([layer.weight.pow(2).sum() + layer.bias.pow(2).sum()
-                            for layer in self.linear_layers()]).sum()
+                            for layer in self.linear_layers()])
 
     def linear_layers(self) -> list[nn.Linear]:
         """The :math:`M` weight layers :math:`W^{(m)}, b^{(m)}`, bottom first."""

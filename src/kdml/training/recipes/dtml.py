@@ -334,10 +334,10 @@ def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Meth
 # DTML learns a Euclidean metric; its network is the whole model (no backbone layers). Batches
 # hold 8 samples of each of 10 classes so that every sample has its k1 = 5 same-class
 # neighbours. The optimiser is Adam at lr 1e-3 (OptimConfig's), not the paper's gradient
-# descent (rate decayed by 0.95 per step, stopped when |J_k - J_(k-1)| < epsilon): the paper
-# gives neither the initial rate nor epsilon, and a plain step's size depends on the scale of
-# the features (the paper's PCA'd LBP, not these digits), while Adam's does not. The paper's
-# procedure is configs/dtml-paper.yaml, with a rate and epsilon of ours.
+# descent (rate 0.2 decayed by 0.95 per step, stopped when |J_k - J_(k-1)| < epsilon): a plain
+# step's size depends on the scale of the features (the paper's PCA'd LBP, not these digits),
+# while Adam's does not, and the paper gives no epsilon. The paper's procedure is
+# configs/dtml-paper.yaml, with an epsilon and step count of ours.
 DTML_SIZES = "method.layer_sizes"  # the network's widths: the last is the embedding's
 # The family's default data is a domain pair (DTML and DSTML need a target; the baselines are
 # compared with them on the same pair): MNIST digits to scikit-learn's 8x8 digits, offline.
