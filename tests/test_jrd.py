@@ -20,7 +20,7 @@ from kdml.losses import am_softmax_loss
 from kdml.models import MLP, JRDHead
 from kdml.regularizers import JointRepresentationSimilarity
 from kdml.training.recipes import RECIPES, get_recipe
-from kdml.training.recipes.jrd import JRDMethod
+from kdml.training.recipes.jrd import JRDMethod, JRDParams
 
 
 def literal_am_softmax(embeddings, proxies, labels, scale, margin) -> float:
@@ -416,3 +416,51 @@ def test_am_softmax_refuses_empty_and_misshapen_batches():
     for dtype in (torch.int32, torch.uint8, torch.bool):
         assert torch.equal(am_softmax_loss(cosines, torch.tensor([0, 1, 1], dtype=dtype), 20.0,
                                            0.1), as_long)
+
+
+@pytest.mark.parametrize(("labels", "bad"), [([0, 1, 2, 0, 1, 3], 3), ([0, 1, 2, 0, 1, -1], -1)])
+@pytest.mark.parametrize("recipe_name", ["amsoftmax", "jrd", "intra"])
+def test_labels_outside_the_method_s_classes_are_refused_in_one_line(recipe_name, labels, bad):
+    """A PML loop's labels for a method built with too few classes gave torch's "Class values
+    must be smaller than num_classes." from inside AM-Softmax (a device-side assert on a GPU)."""
+    recipe = get_recipe(recipe_name)
+    config = resolve_config(recipe_name, recipe.params, overrides=["model.embedding_size=4"])
+    method = recipe.build(config, MLP(6, (12,)), 3)
+    with pytest.raises(KdmlError, match=rf"^JRDMethod: labels must be class indices in \[0, 3\), "
+                                        rf"as it was built with num_classes=3, got {bad}; number "
+                                        r"the classes 0 to 2$"):
+        method(torch.randn(6, 6), torch.tensor(labels))
+    assert torch.isfinite(method(torch.randn(6, 6), torch.tensor([0, 1, 2, 0, 1, 2])).loss)
+
+
+def test_the_method_refuses_labels_that_do_not_match_its_inputs_in_one_line():
+    """These were refused by am_softmax_loss, about cosines the caller never saw; NumPy inputs
+    reached the backbone ("flatten() takes from 0 to 1 positional arguments")."""
+    method = JRDMethod.from_params(MLP(6, (12,)), 4, 3, JRDParams())
+    inputs, labels = torch.randn(6, 6), torch.tensor([0, 1, 2, 0, 1, 2])
+    for bad, shape in ((labels[:5], r"\(5,\)"), (labels[:, None], r"\(6, 1\)")):
+        with pytest.raises(KdmlError, match=rf"^JRDMethod needs one label per input, labels \[B\] "
+                                            rf"for inputs \[B, \.\.\.\], got labels {shape} for "
+                                            r"inputs \(6, 6\)$"):
+            method(inputs, bad)
+    with pytest.raises(KdmlError, match=r"^JRDMethod takes torch tensors \(the batch's labels and "
+                                        r"inputs\), got ndarray; convert with torch.as_tensor$"):
+        method(inputs.numpy(), labels)
+    with pytest.raises(KdmlError, match=r"^JRDMethod: labels must be integers, got dtype "
+                                        r"torch.float32$"):
+        method(inputs, labels.float())
+    with pytest.raises(KdmlError, match=r"^JRDMethod: the labels are on meta but the inputs on "
+                                        r"cpu; move the labels with labels.to\(inputs.device\)$"):
+        method(inputs, labels.to("meta"))
+
+
+@pytest.mark.parametrize(("embedding_size", "num_classes", "message"), [
+    (4, 0, "num_classes must be a positive integer, got 0"),  # accepted: [d, 0] proxies
+    (4, 2.5, "num_classes must be a positive integer, got 2.5"),  # a TypeError from randn
+    (0, 3, "embedding_size must be a positive integer, got 0"),  # accepted: a [0]-wide head
+    (4, True, "num_classes must be a positive integer, got True"),
+])
+def test_the_method_refuses_sizes_that_are_not_positive_integers(embedding_size, num_classes,
+                                                                  message):
+    with pytest.raises(KdmlError, match=rf"^JRDMethod: {message}$"):
+        JRDMethod.from_params(MLP(6, (12,)), embedding_size, num_classes, JRDParams())

@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.losses import MultipleLosses, TripletMarginLoss
-from pytorch_metric_learning.miners import MultiSimilarityMiner
+from pytorch_metric_learning.miners import MultiSimilarityMiner, TripletMarginMiner
 from torch import Tensor, nn
 
 from kdml.errors import KdmlError
-from kdml.kernels import GaussianMixtureKernel
+from kdml.kernels import GaussianMixtureKernel, LaplaceKernel, PolynomialKernel
 from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.dtml_objective import DTMLObjective
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
+from kdml.regularizers.domain import DomainMMD
 from kdml.regularizers.jrs import (
     IntraClassPenalty,
     JointIntra,
@@ -119,6 +120,66 @@ def test_float_labels_are_refused_as_jrs_refuses_them(name):
     embeddings, labels = batch()
     raises_one_line(rf"^{owner}: labels must be integers, got dtype torch\.float64$",
                     call, embeddings, labels.double())
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 2, 3], [0, 1, 2, -1], [0, 1, 2, -100]],
+                         ids=["3 of 3 classes", "-1", "-100 (cross_entropy's ignore_index)"])
+def test_am_softmax_refuses_labels_outside_the_classes_in_one_line(labels):
+    """Torch's own "Class values must be smaller than num_classes." came from one_hot on the
+    CPU, and a device-side assert on a GPU."""
+    bad = labels[-1]
+    raises_one_line(rf"^am_softmax_loss: labels must be class indices in \[0, 3\), one per "
+                    rf"column of the cosines, got {bad}; number the classes 0 to 2$",
+                    am_softmax_loss, torch.rand(4, 3), torch.tensor(labels), 20.0, 0.1)
+
+
+def test_bool_labels_are_the_classes_0_and_1_also_for_the_range():
+    cosines = torch.rand(2, 2)
+    assert torch.isfinite(am_softmax_loss(cosines, torch.tensor([True, False]), 20.0, 0.1))
+    raises_one_line(r"^am_softmax_loss: labels must be class indices in \[0, 1\), .*, got 1;",
+                    am_softmax_loss, cosines[:, :1], torch.tensor([True, False]), 20.0, 0.1)
+
+
+def test_the_label_range_is_an_asynchronous_assert_where_reading_it_would_sync():
+    """On a GPU reading the labels would make every step wait for the device
+    (tests/test_host_syncs.py); there, and inside torch.compile, the range goes to
+    torch._assert_async with the same message, which stops the run when the device reaches it.
+    Compiled on the CPU it stops at once; on the meta device (no values) it passes."""
+    counters = torch._dynamo.utils.counters  # reset() keeps them: cleared before and after
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(am_softmax_loss, backend="aot_eager")
+    cosines, good = torch.rand(4, 3), torch.tensor([0, 1, 2, 0])
+    torch.testing.assert_close(compiled(cosines, good, 20.0, 0.1),
+                               am_softmax_loss(cosines, good, 20.0, 0.1))
+    with pytest.raises(RuntimeError, match=r"^am_softmax_loss: labels must be class indices in "
+                                           r"\[0, 3\), one per column of the cosines; number "
+                                           r"the classes 0 to 2$"):
+        compiled(cosines, torch.tensor([0, 1, 2, 3]), 20.0, 0.1)
+    assert counters["stats"]["unique_graphs"] == 1  # no graph break
+    torch._dynamo.reset()
+    counters.clear()
+    loss = am_softmax_loss(cosines.to("meta"), torch.tensor([0, 1, 2, 3], device="meta"), 20.0,
+                           0.1)
+    assert loss.device.type == "meta"
+
+
+@pytest.mark.parametrize(("name", "call"), [
+    ("MarginalFisherLoss", lambda x, y: MarginalFisherLoss(1, 2)(x, y)),
+    ("DomainMMD", lambda x, y: DomainMMD()(x, x)),
+    ("DomainMMD", lambda x, y: DomainMMD(GaussianMixtureKernel())(x, x)),
+    ("GaussianMixtureKernel", lambda x, y: GaussianMixtureKernel()(x)),
+    ("LaplaceKernel", lambda x, y: LaplaceKernel()(x, x)),
+    ("PolynomialKernel", lambda x, y: PolynomialKernel()(x)),  # an integer matrix, silently
+], ids=["MarginalFisherLoss", "DomainMMD", "DomainMMD-kernel", "GaussianMixtureKernel",
+        "LaplaceKernel", "PolynomialKernel"])
+def test_integer_embeddings_are_refused_in_one_line(name, call):
+    """Torch's "mean(): could not infer output dtype" or "cdist only supports floating-point
+    dtypes" came from deep inside; JRS and the pairwise logistic loss refused them already."""
+    embeddings, labels = batch()
+    what = "inputs" if name.endswith("Kernel") else "embeddings"
+    raises_one_line(rf"^{name} expects floating point {what}, got torch\.int64; convert with "
+                    r"\.float\(\)$", call, embeddings.round().long(), labels)
 
 
 # ----------------------------------------------------------------- settings
@@ -222,6 +283,50 @@ def test_miners_tuples_and_reference_batches_are_refused_in_one_line(loss):
         embeddings, labels, ref_emb=embeddings, ref_labels=labels))
     raises_one_line(rf"^{name} needs the batch's labels; call it as loss\(embeddings, labels\)$",
                     lambda: loss(embeddings, labels=None))
+
+
+REGULARIZERS = {
+    "JointRepresentationSimilarity": (
+        lambda: JointRepresentationSimilarity([GaussianMixtureKernel()]),
+        "averages the joint kernel over every inter-class pair of the batch"),
+    "JointMMD": (lambda: JointMMD([GaussianMixtureKernel()]),
+                 "compares the kernel embeddings of the batch's classes, each over all its "
+                 "samples"),
+    "JointIntra": (lambda: JointIntra([GaussianMixtureKernel()]),
+                   "uses the kernel embeddings of the batch's classes, each over all its "
+                   "samples"),
+    "IntraClassPenalty": (IntraClassPenalty,
+                          "averages the kernel over every same-class pair of the batch"),
+}
+
+
+@pytest.mark.parametrize("name", list(REGULARIZERS))
+@pytest.mark.parametrize("miner", [MultiSimilarityMiner(), TripletMarginMiner(margin=0.2)],
+                         ids=["pairs", "triplets"])
+def test_regularizers_refuse_a_miner_s_tuple_in_one_line(name, miner):
+    """A PML loop hands its miner's indices_tuple to every loss: the regularizers raised
+    "forward() takes 3 positional arguments but 4 were given" (or "got an unexpected keyword
+    argument 'indices_tuple'"). They compare the batch's classes over all its pairs, so a
+    miner's subset of pairs does not fit them: the tuple goes to the PML loss beside them."""
+    build, reason = REGULARIZERS[name]
+    regularizer = build()
+    embeddings, labels = batch()
+    mined = miner(embeddings, labels)
+    advice = (r" \(no miner, reference batch or CrossBatchMemory\); give the miner's tuple to "
+              r"the PML loss beside it and call this as reg\(\[embeddings\], labels\)$")
+    raises_one_line(rf"^{name} {re.escape(reason)}, so it takes no indices_tuple{advice}",
+                    regularizer, [embeddings], labels, mined)
+    raises_one_line(rf"^{name} .*, so it takes no indices_tuple{advice}",
+                    lambda: regularizer([embeddings], labels, indices_tuple=mined))
+    raises_one_line(rf"^{name} .*, so it takes no ref_emb or ref_labels{advice}",
+                    lambda: regularizer([embeddings], labels, ref_emb=embeddings,
+                                        ref_labels=labels))
+    # the PML loop as the README writes it: the miner feeds the PML loss, the regularizer
+    # takes the whole batch
+    embeddings.requires_grad_()
+    loss = TripletMarginLoss()(embeddings, labels, mined) + regularizer([embeddings], labels)
+    loss.backward()
+    assert embeddings.grad is not None and torch.isfinite(embeddings.grad).all()
 
 
 # ----------------------------------------------------------------- exports

@@ -1,5 +1,6 @@
 """Input checks shared by the public API: counts and settings (Python and NumPy numbers pass,
-bools do not) and the labels of a batch (torch tensors of integers, on the batch's device)."""
+bools do not), the labels of a batch (torch tensors of integers, on the batch's device, in the
+range of the classes) and pytorch-metric-learning's call."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from kdml.errors import KdmlError
@@ -77,3 +79,52 @@ def check_labels(owner: str, labels: Tensor, tensors: Sequence[Tensor],
     check_tensors(owner, labels, tensors, what)
     check_integer_labels(owner, labels)
     check_label_device(owner, labels, tensors, what, like)
+
+
+def check_float_inputs(owner: str, tensors: Sequence[Tensor], what: str = "embeddings") -> None:
+    """Refuse, in one line naming ``owner``, ``what`` (e.g. ``"embeddings"``) that are not
+    floating point: torch's own error ("mean(): could not infer output dtype", "cdist only
+    supports floating-point dtypes") comes from deep inside the maths. Dtypes only."""
+    dtypes = [tensor.dtype for tensor in tensors if not tensor.is_floating_point()]
+    if dtypes:
+        raise KdmlError(f"{owner} expects floating point {what}, got {dtypes[0]}; convert "
+                        f"with .float()")
+
+
+def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str) -> None:
+    """Refuse, in one line naming ``owner``, integer ``labels`` outside ``[0, num_classes)``,
+    the classes ``classes`` names (e.g. "one per column of the cosines"): torch's own error is
+    "Class values must be smaller than num_classes." on the CPU and a device-side assert on a
+    GPU, from deep inside the loss.
+
+    The values are read only where that is free: labels on the CPU, outside
+    ``torch.compile``. Elsewhere reading them would make a GPU step wait for the device (or
+    break a compiled graph), so the same check goes to ``torch._assert_async``, which stops the
+    run with this message when the device reaches it (a device-side assert on a GPU; nothing
+    on the meta device, which holds no values)."""
+    if labels.numel() == 0:
+        return
+    advice = f"number the classes 0 to {num_classes - 1}"
+    if labels.device.type == "cpu" and not torch.compiler.is_compiling():
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= num_classes:
+            raise KdmlError(f"{owner}: labels must be class indices in [0, {num_classes}), "
+                            f"{classes}, got {low if low < 0 else high}; {advice}")
+        return
+    torch._assert_async(((labels >= 0) & (labels < num_classes)).all(),
+                        f"{owner}: labels must be class indices in [0, {num_classes}), "
+                        f"{classes}; {advice}")
+
+
+def check_pml_extras(owner: str, reason: str, call: str, indices_tuple: object,
+                     ref_emb: object, ref_labels: object) -> None:
+    """Refuse, in one line naming ``owner``, the arguments of pytorch-metric-learning's call
+    ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)`` that kdml's
+    losses and regularizers do not use: a miner's ``indices_tuple`` and the reference batch
+    ``ref_emb`` / ``ref_labels`` (of ``CrossBatchMemory``). ``reason`` says why, e.g. "uses
+    every pair of the batch"; ``call`` how to call ``owner`` instead."""
+    given = [name for name, value in (("indices_tuple", indices_tuple), ("ref_emb", ref_emb),
+                                      ("ref_labels", ref_labels)) if value is not None]
+    if given:
+        raise KdmlError(f"{owner} {reason}, so it takes no {' or '.join(given)} (no miner, "
+                        f"reference batch or CrossBatchMemory); {call}")

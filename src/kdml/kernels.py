@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import is_finite_number, is_positive_int
+from kdml.checks import check_float_inputs, is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -187,6 +187,7 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
         raise KdmlError(
             f"{name}: x and y must have the same feature size, got {x.shape[1]} and {y.shape[1]}"
         )
+    check_float_inputs(name, [x, y], "inputs")
 
 
 def _check_positive(name: str, value: float) -> float:

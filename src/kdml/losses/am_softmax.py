@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdml.checks import (
+    check_class_range,
     check_integer_labels,
     check_label_device,
     check_tensors,
@@ -47,7 +48,9 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
     r"""Mean AM-Softmax loss of Eq. 12 from the cosines to the class proxies.
 
     Computed in float32 or wider whatever the input dtype, with no host-device
-    synchronisation (the label range is not checked here; the data path checks it).
+    synchronisation: labels outside :math:`[0, C)` are refused in one line on the CPU, and on a
+    GPU stop the run with the same message by a device-side assert
+    (:func:`~kdml.checks.check_class_range`).
 
     A function of the cosines, not a pytorch-metric-learning loss of embeddings: PML's
     equivalent is ``CosFaceLoss``, which holds the proxies itself. A number ``scale`` or
@@ -72,7 +75,7 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
         >>> round(am_softmax_loss(cosines, torch.tensor([0, 1]), 20.0, 0.1).item(), 4)
         0.0725
     """
-    # shapes and dtypes only: checking the label range would be a host sync on a GPU
+    # shapes and dtypes; the label range is read on the CPU only (on a GPU: an async assert)
     check_tensors("am_softmax_loss", labels, [cosines], "cosines")
     if cosines.ndim != 2 or labels.shape != (cosines.shape[0],):
         raise KdmlError(f"am_softmax_loss needs cosines [M, C] and labels [M], got "
@@ -83,6 +86,8 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
     check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")
     _check_setting("scale", scale, 0.0, strict=True)
     _check_setting("margin", margin, 0.0, strict=False)
+    check_class_range("am_softmax_loss", labels, cosines.shape[1],
+                      "one per column of the cosines")
     labels = labels.long()  # one_hot and cross_entropy take int64 only
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

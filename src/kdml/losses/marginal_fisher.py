@@ -13,7 +13,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_labels, is_finite_number, is_positive_int
+from kdml.checks import check_float_inputs, check_labels, is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
 from kdml.losses.pml_call import check_pml_call
@@ -145,6 +145,7 @@ class MarginalFisherLoss(nn.Module):
         if embeddings.ndim != 2 or labels.ndim != 1 or len(labels) != len(embeddings):
             raise KdmlError(f"MarginalFisherLoss expects embeddings [N, D] and labels [N], got "
                             f"{tuple(embeddings.shape)} and {tuple(labels.shape)}")
+        check_float_inputs(type(self).__name__, [embeddings])
 
     def _warn_if_clamped(self, num_same: Tensor, num_other: Tensor) -> None:
         # The first batch only: reading the counts makes a GPU wait for them, once per loss

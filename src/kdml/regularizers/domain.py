@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import check_float_inputs
 from kdml.errors import KdmlError
 from kdml.kernels import Kernel
 from kdml.precision import full_precision
@@ -59,6 +60,7 @@ class DomainMMD(nn.Module):
         if source.ndim != 2 or target.ndim != 2 or source.shape[1] != target.shape[1]:
             raise KdmlError(f"DomainMMD expects source [Ns, D] and target [Nt, D] embeddings, "
                             f"got {tuple(source.shape)} and {tuple(target.shape)}")
+        check_float_inputs("DomainMMD", [source, target])
         if len(source) == 0 or len(target) == 0:
             raise KdmlError(f"DomainMMD needs at least one sample of each domain, got "
                             f"{len(source)} source and {len(target)} target samples")

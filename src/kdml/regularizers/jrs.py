@@ -17,7 +17,10 @@ maps :math:`\otimes_l k^l(\cdot, x^l)`. JRD uses [pooling, embedding, class leve
 [embedding]; JRD-C is [pooling, embedding]; JRD-Pooling is [embedding, class level].
 
 Everything is vectorised over samples and classes (only the layers are looped over). The
-regularizers work next to any metric-learning loss, e.g. from pytorch-metric-learning.
+regularizers work next to any metric-learning loss, e.g. from pytorch-metric-learning (PML).
+They compare the batch's classes over all its pairs of samples, so what a PML loop passes its
+losses besides the batch, a miner's ``indices_tuple`` and a reference batch (``ref_emb``,
+``ref_labels``), is refused in one line: the miner's tuple goes to the PML loss beside them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_labels
+from kdml.checks import check_labels, check_pml_extras
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel, Kernel
 from kdml.precision import full_precision
@@ -81,6 +84,17 @@ def check_kernel(owner: str, kernel: object) -> nn.Module:
             return kernel
     raise KdmlError(f"{owner}: kernels must be kernel modules called as kernel(x, y) "
                     f"(see kdml.kernels), got {type(kernel).__name__}")
+
+
+def check_no_miner(owner: str, reason: str, indices_tuple: object, ref_emb: object,
+                   ref_labels: object) -> None:
+    """Refuse, in one line naming ``owner``, what a pytorch-metric-learning loop passes its
+    losses besides the batch: a miner's ``indices_tuple`` (its pairs or triplets) and a
+    reference batch (``ref_emb``, ``ref_labels``, from ``CrossBatchMemory``). The regularizers
+    compare the batch's classes over every pair of samples (``reason`` says which), so a
+    miner's subset of pairs has no place in them; the miner feeds the PML loss beside them."""
+    check_pml_extras(owner, reason, "give the miner's tuple to the PML loss beside it and call "
+                     "this as reg([embeddings], labels)", indices_tuple, ref_emb, ref_labels)
 
 
 def kernel_matrix(owner: str, layer: int, kernel: nn.Module, representation: Tensor) -> Tensor:
@@ -217,7 +231,11 @@ class JointRepresentationSimilarity(_JointKernelRegularizer):
     """
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+                indices_tuple: object = None, ref_emb: object = None,
+                ref_labels: object = None) -> Tensor:
+        check_no_miner(type(self).__name__, "averages the joint kernel over every inter-class "
+                       "pair of the batch", indices_tuple, ref_emb, ref_labels)
         joint = self.joint_kernel(representations, labels)
         inter_class = labels[:, None] != labels[None, :]
         # With < 2 classes the mask is empty: the masked sum is an exact 0 that keeps the graph.
@@ -273,7 +291,11 @@ class JointMMD(_JointKernelRegularizer):
     """
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+                indices_tuple: object = None, ref_emb: object = None,
+                ref_labels: object = None) -> Tensor:
+        check_no_miner(type(self).__name__, "compares the kernel embeddings of the batch's "
+                       "classes, each over all its samples", indices_tuple, ref_emb, ref_labels)
         sums = _class_sums(self.joint_kernel(representations, labels), labels)
         # sum over I != J of ||C_I||^2 + ||C_J||^2 - 2 <C_I, C_J>
         total = 2.0 * (sums.classes - 1) * sums.norms - 2.0 * (sums.products - sums.norms)
@@ -317,7 +339,11 @@ class JointIntra(_JointKernelRegularizer):
     """
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+                indices_tuple: object = None, ref_emb: object = None,
+                ref_labels: object = None) -> Tensor:
+        check_no_miner(type(self).__name__, "uses the kernel embeddings of the batch's "
+                       "classes, each over all its samples", indices_tuple, ref_emb, ref_labels)
         sums = _class_sums(self.joint_kernel(representations, labels), labels)
         # sum over I != J of ||C_I||^2 + ||C_J||^2
         return -_mean_over_class_pairs(2.0 * (sums.classes - 1) * sums.norms, sums.classes)
@@ -380,8 +406,12 @@ class IntraClassPenalty(nn.Module):
         self.kernel = check_kernel(type(self).__name__, kernel)
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor) -> Tensor:
+    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+                indices_tuple: object = None, ref_emb: object = None,
+                ref_labels: object = None) -> Tensor:
         owner = type(self).__name__
+        check_no_miner(owner, "averages the kernel over every same-class pair of the batch",
+                       indices_tuple, ref_emb, ref_labels)
         check_batch(owner, representations, labels)
         gram = kernel_matrix(owner, 0, self.kernel, representations[-1])
         same_class = labels[:, None] == labels[None, :]

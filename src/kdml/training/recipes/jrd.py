@@ -31,6 +31,13 @@ from typing import cast
 import torch
 from torch import nn
 
+from kdml.checks import (
+    check_class_range,
+    check_integer_labels,
+    check_label_device,
+    check_tensors,
+    is_positive_int,
+)
 from kdml.config import OptimConfig, RunConfig
 from kdml.distributed import gather
 from kdml.errors import KdmlError
@@ -167,6 +174,9 @@ class JRDMethod(Method):
                  params: AMSoftmaxParams, regularizer: nn.Module | None = None,
                  layers: tuple[str, ...] = (), sharded: bool = False) -> None:
         params.validate()  # built from a config it is checked already; directly, here
+        for name, value in (("embedding_size", embedding_size), ("num_classes", num_classes)):
+            if not is_positive_int(value):
+                raise KdmlError(f"JRDMethod: {name} must be a positive integer, got {value!r}")
         if isinstance(layers, str) or any(layer not in LAYERS for layer in layers):
             raise KdmlError(f"layers must be a sequence of {', '.join(LAYERS)}, got {layers!r}")
         if regularizer is not None and not layers:
@@ -182,7 +192,8 @@ class JRDMethod(Method):
                             "params), or AMSoftmaxParams for AM-Softmax alone")
         super().__init__()
         self.backbone = backbone
-        self.head = JRDHead(feature_size_of(backbone), embedding_size, num_classes)
+        self.num_classes = int(num_classes)
+        self.head = JRDHead(feature_size_of(backbone), int(embedding_size), self.num_classes)
         if params.proxy_init == "kaiming":  # the authors' CosineSoftmax.fc (loss.py)
             nn.init.kaiming_uniform_(self.head.proxies, a=math.sqrt(5))
         self.decay_proxies = params.decay_proxies
@@ -220,6 +231,7 @@ class JRDMethod(Method):
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 target_inputs: torch.Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
+        self._check_labels(inputs, labels)
         representations = self.head(pooled_features(self.backbone, inputs))
         all_labels = gather(labels)
         all_cosines = gather(representations.class_level)
@@ -238,6 +250,22 @@ class JRDMethod(Method):
         loss = am_softmax + self.alpha * regularizer
         terms = detached(loss=loss, am_softmax=am_softmax, regularizer=regularizer)
         return StepOutput(loss, terms, representations.embedding)
+
+    def _check_labels(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Refuse, in one line, labels that are not one integer class index in
+        ``[0, num_classes)`` per input, on the inputs' device. Used outside the trainer (a PML
+        loop), wrong ones used to fail inside the AM-Softmax loss (a device-side assert on a
+        GPU). Shapes, dtypes and devices; the range is read on the CPU only (on a GPU: an
+        asynchronous assert, see :func:`~kdml.checks.check_class_range`), so no host sync."""
+        check_tensors("JRDMethod", labels, [inputs], "inputs")
+        check_integer_labels("JRDMethod", labels)
+        check_label_device("JRDMethod", labels, [inputs], "inputs", "inputs")
+        if inputs.ndim == 0 or labels.shape != inputs.shape[:1]:
+            raise KdmlError(f"JRDMethod needs one label per input, labels [B] for inputs "
+                            f"[B, ...], got labels {tuple(labels.shape)} for inputs "
+                            f"{tuple(inputs.shape)}")
+        check_class_range("JRDMethod", labels, self.num_classes,
+                          f"as it was built with num_classes={self.num_classes}")
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.head(pooled_features(self.backbone, inputs)).embedding
