@@ -95,8 +95,9 @@ def test_something_in_the_way_of_a_result_is_named(tmp_path, capsys, finished_ru
     shutil.rmtree(finished_run / "plots")
     (finished_run / "plots").write_text("mine\n")
     err = refused(tmp_path, capsys, "plot", "retrieval", finished_run)
-    assert err == (f"kdml: error: {finished_run / 'plots'}: File exists; move what is in the "
-                   "way or choose another path")
+    assert err == (f"kdml: error: cannot write into {finished_run / 'plots'}: "
+                   f"{finished_run / 'plots'} is not a folder; plots go there: move what is in "
+                   "the way, or make the folder writable")
     assert (finished_run / "plots").read_text() == "mine\n"
 
 
@@ -525,6 +526,37 @@ def test_eval_of_a_run_folder_it_cannot_write_still_prints_its_metrics(finished_
     assert captured.err.strip() == (f"kdml: error: {finished_run / 'eval.json'}: Permission "
                                     "denied; check its permissions")
     assert not any(path.name.startswith(".eval.") for path in finished_run.iterdir())
+
+
+@pytest.mark.parametrize(("command", "folder"), [(["plot", "embedding"], "plots"),
+                                                 (["plot", "retrieval"], "plots"),
+                                                 (["analyze", "generalization"], "")])
+def test_a_picture_or_analysis_of_a_run_folder_it_cannot_write_is_refused_before_the_work(
+        finished_run, capsys, monkeypatch, command, folder):
+    """These write their only output into the run folder: unwritable, they had embedded the
+    test part (and run t-SNE, minutes on a large one) before failing to save the result."""
+    import kdml.file_write
+    from kdml import inspection
+
+    real_temporary_file = kdml.file_write.tempfile.TemporaryFile
+
+    def read_only_run(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve().is_relative_to(finished_run.resolve()):
+            raise PermissionError(13, "Permission denied")
+        return real_temporary_file(*args, dir=dir, **kwargs)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the work started before the refusal")
+
+    monkeypatch.setattr(kdml.file_write.tempfile, "TemporaryFile", read_only_run)
+    monkeypatch.setattr(inspection, "embed_dataset", no_work)
+    capsys.readouterr()
+    assert cli.main([*command, str(finished_run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kdml: error: cannot write into {finished_run / folder}".rstrip("/")
+                          + " (Permission denied); "), err
+    assert err.endswith("make the run folder writable" if command[0] == "analyze" else
+                        "move what is in the way, or make the folder writable"), err
 
 
 def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch, capsys):

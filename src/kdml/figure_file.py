@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from kdml import __version__
 from kdml.errors import KdmlError
-from kdml.file_write import write_through_new_file
+from kdml.file_write import check_writable_folder, write_through_new_file
 
 SOFTWARE = f"kdml {__version__}"  # the PNG "Software" text of every plot kdml writes
 # Plots written before kdml marked its own carry only matplotlib's mark; a resumed older run
@@ -37,14 +37,17 @@ def drawn_by_kdml(path: Path) -> bool:
 
 
 def check_replaceable(path: Path) -> None:
-    """Refuse a plot path that does not end in ``.png``, or where something kdml did not draw
-    is in the way (checked before the work, so the user learns it at once)."""
+    """Refuse a plot path that does not end in ``.png``, where something kdml did not draw
+    is in the way, or in a folder that cannot be written (checked before the work, so the user
+    learns it at once)."""
     path = Path(path)
     if path.suffix.lower() != ".png":  # the bytes are always PNG, whatever the name says
         raise KdmlError(f"{path}: kdml draws its plots as PNG files; give a path ending in .png")
     if path.is_symlink() or path.is_dir() or (path.exists() and not drawn_by_kdml(path)):
         raise KdmlError(f"{path} is in the way and kdml did not draw it; move it away (kdml "
                         "never replaces a file it did not write)")
+    check_writable_folder(path.parent, "plots go there: move what is in the way, or make the "
+                          "folder writable")
 
 
 def write_png(figure: Figure, path: Path, dpi: int = 100) -> Path:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from kdml.errors import KdmlError
 
 
 def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
@@ -39,3 +42,22 @@ def _about(error: OSError, path: Path, partial: Path) -> OSError:
     if error.filename not in (None, str(partial), partial) or isinstance(error, FileExistsError):
         return error
     return OSError(error.errno, error.strerror or str(error), str(path))
+
+
+def check_writable_folder(folder: Path, advice: str = "choose another --out") -> None:
+    """Check that ``folder`` exists or can be made, by writing a scratch file into it or into
+    its nearest existing parent, so that a command that would write there at its end (a report
+    after hours of training) fails at once instead. Makes nothing: the writer makes the folder
+    when it writes, and a command that fails before then leaves no empty folder behind."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: mkdir would fail on it later
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KdmlError(f"cannot write into {folder}: {existing} is not a folder; {advice}")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise KdmlError(f"cannot write into {folder} ({error.strerror}); {advice}") from None

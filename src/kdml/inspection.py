@@ -42,10 +42,9 @@ from kdml.evaluation.index import (
 )
 from kdml.evaluation.knn import as_metric, knn_search, l2_normalize
 from kdml.figure_file import check_replaceable
-from kdml.file_write import write_through_new_file
+from kdml.file_write import check_writable_folder, write_through_new_file
 from kdml.training.run_folder import (
     check_json_replaceable,
-    check_writable_folder,
     write_json,
 )
 from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
@@ -511,6 +510,8 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     embeddings (Chu et al. 2020, Sec. 2), also written to the run's ``generalization.json``."""
     path = trained.run.root / "generalization.json"
     check_json_replaceable(path, ["settings"])  # before minutes of embedding
+    # unlike eval's metrics, these are shown only once written
+    check_writable_folder(path.parent, "make the run folder writable")
     splits = trained.splits
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)

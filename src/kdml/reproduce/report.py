@@ -16,11 +16,10 @@ from pathlib import Path
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import copy_png
-from kdml.file_write import write_through_new_file
+from kdml.file_write import check_writable_folder, write_through_new_file
 from kdml.reproduce.experiments import Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult
-from kdml.training.run_folder import check_writable_folder
 
 MARKER = "<!-- Written by kdml reproduce; it rewrites this file on every run. -->"
 PLOTS_MARKER = ".written-by-kdml-reproduce"

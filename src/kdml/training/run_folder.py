@@ -10,7 +10,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -286,27 +285,6 @@ def make_folder(root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise KdmlError(f"cannot make the folder {root}: {error.strerror}") from None
-
-
-def check_writable_folder(folder: Path, option: str = "--out") -> None:
-    """Check that ``folder`` exists or can be made, by writing a scratch file into it or into
-    its nearest existing parent, so that a command that would write there at its end (a report
-    after hours of training) fails at once instead. Makes nothing: the writer makes the folder
-    when it writes, and a command that fails before then leaves no empty folder behind."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        if existing.is_symlink():  # a dangling link: mkdir would fail on it later
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise KdmlError(f"cannot write into {folder}: {existing} is not a folder; choose another "
-                        f"{option}")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        raise KdmlError(f"cannot write into {folder} ({error.strerror}); choose another "
-                        f"{option}") from None
 
 
 def written_by_kdml(path: Path, fields: Iterable[str]) -> bool:
