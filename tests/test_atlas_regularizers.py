@@ -1,18 +1,21 @@
 """The Atlas regularizers against literal float64 loops of Eq. 5 (Prop. 1) and of l_J.
 
 The references loop over charts, point pairs and prior samples, evaluate the inverse
-multiquadric kernel with plain floats and apply the logit to the prior sample by hand.
+multiquadric kernel with plain floats and apply the logit to the prior sample by hand. The
+last section checks what the Atlas API takes: bad input gets one line, not torch's error.
 """
 
 from __future__ import annotations
 
 import doctest
 import math
+import re
 
 import pytest
 import torch
 from torch.autograd import gradcheck
 
+from kdml.atlas import chart_distances, manifold_distance
 from kdml.errors import KdmlError
 from kdml.regularizers import manifold as manifold_module
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
@@ -217,3 +220,71 @@ def test_chart_membership_loss_gradcheck():
 
 def test_docstring_examples():
     assert doctest.testmod(manifold_module, raise_on_error=False).failed == 0
+
+
+# ----------------------------------------------------------------- what the Atlas API takes
+
+
+def raises_one_line(pattern, call, *args, **kwargs):
+    """``call(*args, **kwargs)`` raises a one-line KdmlError matching ``pattern``."""
+    with pytest.raises(KdmlError, match=pattern) as error:
+        call(*args, **kwargs)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("n_charts", "shape"), [(1, (4, 3)), (1, (4, 1, 3)), (2, (4, 2, 3))])
+def test_manifold_mmd_refuses_integer_coordinates_in_one_line(n_charts, shape):
+    """torch.rand raised NotImplementedError: "check_uniform_bounds" not implemented for
+    'Long'."""
+    coords = torch.ones(shape, dtype=torch.long)
+    q = None if n_charts == 1 else torch.full((4, n_charts), 1 / n_charts)
+    raises_one_line(r"^ManifoldMMD expects floating point chart coordinates, got torch\.int64; "
+                    r"convert with \.float\(\)$", ManifoldMMD(3, n_charts), coords, q)
+
+
+def test_manifold_mmd_refuses_arrays_and_memberships_on_another_device_in_one_line():
+    """NumPy raised "'numpy.ndarray' object has no attribute 'new_ones'" (or '...ndim'), and
+    memberships on another device "Tensor on device cpu is not on the expected device
+    meta!"."""
+    coords, q, prior = make_batch(4, 2, 3, seed=7)
+    mmd = ManifoldMMD(3, 2)
+    for args in ((coords.numpy(), q), (coords, q.numpy())):
+        raises_one_line(r"^ManifoldMMD takes torch tensors \(chart coordinates and memberships\), "
+                        r"got ndarray; convert with torch\.as_tensor$", mmd, *args, prior)
+    raises_one_line(r"^ManifoldMMD takes torch tensors \(prior_sample\), got ndarray;",
+                    mmd, coords, q, prior.numpy())
+    raises_one_line(r"^ManifoldMMD: the chart coordinates and memberships are on different "
+                    r"devices \(cpu, meta\); put them on one device$",
+                    mmd, coords, q.to("meta"), prior)
+    # all on one device (meta: shapes only) still works, and the prior follows the coords
+    assert mmd(coords.to("meta"), q.to("meta"), prior).device.type == "meta"
+
+
+@pytest.mark.parametrize(("first", "second"), [((4, 2, 3), (5, 2, 4)), ((4, 2, 3), (5, 3, 3)),
+                                               ((4, 3), (5, 3))],
+                         ids=["widths", "charts", "no chart axis"])
+def test_chart_distances_refuses_coordinates_of_other_shapes_in_one_line(first, second):
+    """Other widths or charts raised "The size of tensor a (3) must match the size of tensor b
+    (4) at non-singleton dimension 3"; [N, d] without the chart axis silently gave [N1, N2]."""
+    raises_one_line(rf"^chart_distances needs c1 \[N1, n, d\] and c2 \[N2, n, d\] with the "
+                    rf"same \(n, d\), got {re.escape(str(first))} and {re.escape(str(second))}$",
+                    chart_distances, torch.randn(first), torch.randn(second))
+
+
+@pytest.mark.parametrize("call", [chart_distances, manifold_distance],
+                         ids=["chart_distances", "manifold_distance"])
+def test_atlas_distances_refuse_arrays_and_mixed_devices_in_one_line(call):
+    """NumPy raised "'numpy.ndarray' object has no attribute 'pow'", two devices "Tensor on
+    device meta is not on the expected device cpu!"."""
+    coords, q, _ = make_batch(4, 2, 3, seed=8)
+    name = call.__name__
+    args = ((coords, coords) if call is chart_distances else (q, coords, q, coords))
+    what = ("pre-sigmoid chart coordinates" if call is chart_distances
+            else "memberships and coordinates")
+    raises_one_line(rf"^{name} takes torch tensors \({what}\), got ndarray; convert with "
+                    r"torch\.as_tensor$", call, *(arg.numpy() for arg in args))
+    on_meta = (*args[:len(args) // 2], *(arg.to("meta") for arg in args[len(args) // 2:]))
+    raises_one_line(rf"^{name}: the .* are on different devices \(cpu, meta\); put them on one "
+                    r"device$", call, *on_meta)
+    expected = (4, 4, 2) if call is chart_distances else (4, 4)  # [N1, N2, n] or [N1, N2]
+    assert call(*(arg.to("meta") for arg in args)).shape == expected  # one device: works

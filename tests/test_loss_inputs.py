@@ -20,6 +20,7 @@ from kdml.kernels import GaussianMixtureKernel, LaplaceKernel, PolynomialKernel
 from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.dtml_objective import DTMLObjective
 from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.losses.nt_xent import nt_xent_loss
 from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
 from kdml.regularizers.domain import DomainMMD
 from kdml.regularizers.jrs import (
@@ -182,6 +183,46 @@ def test_integer_embeddings_are_refused_in_one_line(name, call):
                     r"\.float\(\)$", call, embeddings.round().long(), labels)
 
 
+@pytest.mark.parametrize(("owner", "what", "call"), [
+    ("nt_xent_loss", "projections", lambda x: nt_xent_loss(x, 0.5)),  # torch's vector_norm
+    ("am_softmax_loss", "cosines", lambda x: am_softmax_loss(x, torch.arange(6) % 3, 20.0,
+                                                             0.1)),  # silently
+], ids=["nt_xent_loss", "am_softmax_loss"])
+def test_integer_projections_and_cosines_are_refused_in_one_line(owner, what, call):
+    """nt_xent_loss raised "linalg.vector_norm: Expected a floating point or complex tensor";
+    am_softmax_loss took integer cosines silently."""
+    raises_one_line(rf"^{owner} expects floating point {what}, got torch\.int64; convert with "
+                    r"\.float\(\)$", call, torch.ones(6, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("second", [torch.randn(6, 3), torch.randn(4, 3), torch.randn(4, 4)],
+                         ids=["another batch size", "the same batch size", "square"])
+def test_nt_xent_refuses_two_views_given_as_two_arguments(second):
+    """nt_xent_loss(view1, view2) took the second view for a (learned) temperature: torch's
+    broadcasting error, or for a square view a silently wrong loss. The views go in stacked."""
+    first = torch.randn(4, 3)
+    raises_one_line(r"^nt_xent_loss takes the two views stacked as one \[2N, D\] tensor, "
+                    r"torch\.cat\(\[view1, view2\]\), and a temperature; got a temperature "
+                    rf"tensor of shape {re.escape(str(tuple(second.shape)))}$",
+                    nt_xent_loss, first, second)
+    raises_one_line(r"^nt_xent_loss takes the two views stacked .*, got tuple$",
+                    nt_xent_loss, (first, first), 0.5)
+    # one number in a tensor (a learned temperature) is still taken as it was
+    torch.testing.assert_close(nt_xent_loss(first, torch.tensor([0.5])),
+                               nt_xent_loss(first, 0.5))
+
+
+@pytest.mark.parametrize("kernel", [None, GaussianMixtureKernel()], ids=["Eq. 6", "kernel"])
+@pytest.mark.parametrize("convert", [Tensor.numpy, Tensor.tolist], ids=["ndarray", "list"])
+def test_domain_mmd_refuses_arrays_in_one_line(kernel, convert):
+    """NumPy arrays raised "'numpy.ndarray' object has no attribute 'is_floating_point'"."""
+    source, _ = batch()
+    kind = type(convert(source)).__name__
+    raises_one_line(rf"^DomainMMD takes torch tensors \(source and target embeddings\), got "
+                    rf"{kind}; convert with torch\.as_tensor$",
+                    DomainMMD(kernel), convert(source), source)
+
+
 # ----------------------------------------------------------------- settings
 
 
@@ -327,6 +368,21 @@ def test_regularizers_refuse_a_miner_s_tuple_in_one_line(name, miner):
     loss = TripletMarginLoss()(embeddings, labels, mined) + regularizer([embeddings], labels)
     loss.backward()
     assert embeddings.grad is not None and torch.isfinite(embeddings.grad).all()
+
+
+@pytest.mark.parametrize("build", [build for build, _ in REGULARIZERS.values()]
+                         + [lambda: DTMLObjective(k1=1, k2=2, beta=0.0, gamma=0.0)],
+                         ids=[*REGULARIZERS, "DTMLObjective"])
+def test_a_generator_of_representations_is_refused_in_one_line(build):
+    """A generator raised "TypeError: object of type 'generator' has no len()" (and would run
+    out after one pass over the layers)."""
+    regularizer = build()
+    embeddings, labels = batch()
+    raises_one_line(rf"^{type(regularizer).__name__} takes a sequence of representations "
+                    r"\(one tensor per layer\), e\.g\. \[embeddings\], got generator; pass a "
+                    r"list$", regularizer, (rep for rep in [embeddings]), labels)
+    value = regularizer((embeddings,), labels)  # a tuple is a sequence: taken as before
+    assert torch.isfinite(getattr(value, "total", value))  # DTMLObjective's ObjectiveOutput
 
 
 # ----------------------------------------------------------------- exports

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from kdml.checks import check_same_device, check_tensor_inputs
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -115,6 +116,11 @@ def chart_distances(c1: Tensor, c2: Tensor, d0: str = "euclidean") -> Tensor:
     """
     if d0 not in D0_CHOICES:
         raise KdmlError(f"d0 must be one of {', '.join(D0_CHOICES)}, got {d0!r}")
+    check_tensor_inputs("chart_distances", [c1, c2], "pre-sigmoid chart coordinates")
+    if c1.ndim != 3 or c2.ndim != 3 or c1.shape[1:] != c2.shape[1:]:
+        raise KdmlError(f"chart_distances needs c1 [N1, n, d] and c2 [N2, n, d] with the same "
+                        f"(n, d), got {tuple(c1.shape)} and {tuple(c2.shape)}")
+    check_same_device("chart_distances", [c1, c2], "chart coordinates")
     squared = (c1[:, None] - c2[None, :]).pow(2).sum(dim=-1)
     if d0 == "euclidean":
         return safe_sqrt(squared)
@@ -202,6 +208,7 @@ def manifold_distance(
     """
     if variant not in DISTANCE_VARIANTS:
         raise KdmlError(f"variant must be one of {', '.join(DISTANCE_VARIANTS)}, got {variant!r}")
+    check_tensor_inputs("manifold_distance", [q1, c1, q2, c2], "memberships and coordinates")
     for name, q, c in (("first", q1, c1), ("second", q2, c2)):
         if c.ndim != 3 or q.shape != c.shape[:2]:
             raise KdmlError(
@@ -213,6 +220,7 @@ def manifold_distance(
             f"manifold_distance: both sets need the same (n, d), got {tuple(c1.shape[1:])} and "
             f"{tuple(c2.shape[1:])}"
         )
+    check_same_device("manifold_distance", [q1, c1, q2, c2], "memberships and coordinates")
     if d0 is None:
         d0 = "euclidean" if variant == "paper" else "mean_squared"
     per_chart = chart_distances(c1, c2, d0)  # [N1, N2, n]

@@ -1,6 +1,7 @@
 """Input checks shared by the public API: counts and settings (Python and NumPy numbers pass,
 bools do not), the labels of a batch (torch tensors of integers, on the batch's device, in the
-range of the classes) and pytorch-metric-learning's call."""
+range of the classes), the tensors of a call (torch tensors, floating point, on one device) and
+pytorch-metric-learning's call."""
 
 from __future__ import annotations
 
@@ -39,12 +40,37 @@ def check_tensors(owner: str, labels: object, tensors: Sequence[object],
                   what: str = "embeddings") -> None:
     """Refuse, in one line naming ``owner``, labels or ``what`` (e.g. ``"embeddings"``) that
     are not torch tensors: a PML loop's labels are often NumPy arrays or lists."""
-    everything = [labels, *tensors]
-    if not all(isinstance(tensor, Tensor) for tensor in everything):
-        kinds = ", ".join(sorted({type(t).__name__ for t in everything
-                                  if not isinstance(t, Tensor)}))
+    kinds = _not_tensors([labels, *tensors])
+    if kinds:
         raise KdmlError(f"{owner} takes torch tensors (the batch's labels and {what}), "
                         f"got {kinds}; convert with torch.as_tensor")
+
+
+def _not_tensors(values: Sequence[object]) -> str:
+    """The sorted type names of the ``values`` that are not torch tensors, or ``""``."""
+    return ", ".join(sorted({type(value).__name__ for value in values
+                             if not isinstance(value, Tensor)}))
+
+
+def check_tensor_inputs(owner: str, tensors: Sequence[object], what: str) -> None:
+    """Refuse, in one line naming ``owner``, ``what`` (e.g. ``"source and target
+    embeddings"``) that are not torch tensors: a NumPy array or a list fails deep inside the
+    maths ("'numpy.ndarray' object has no attribute ..."). :func:`check_tensors` is the same
+    for a call that also takes the batch's labels."""
+    kinds = _not_tensors(tensors)
+    if kinds:
+        raise KdmlError(f"{owner} takes torch tensors ({what}), got {kinds}; convert with "
+                        f"torch.as_tensor")
+
+
+def check_same_device(owner: str, tensors: Sequence[Tensor], what: str) -> None:
+    """Refuse, in one line naming ``owner`` and the devices, ``what`` (e.g. ``"embeddings"``)
+    on different devices: torch's own "Tensor on device cpu is not on the expected device
+    meta!" comes from deep inside the maths. Devices only, no host sync."""
+    devices = list(dict.fromkeys(tensor.device for tensor in tensors))
+    if len(devices) > 1:
+        raise KdmlError(f"{owner}: the {what} are on different devices "
+                        f"({', '.join(map(str, devices))}); put them on one device")
 
 
 def check_integer_labels(owner: str, labels: Tensor) -> None:
@@ -60,13 +86,10 @@ def check_label_device(owner: str, labels: Tensor, tensors: Sequence[Tensor],
     ``what`` (which must share one device): torch's own error comes from deep inside the
     maths. ``like`` names the tensor whose device the message tells the caller to move the
     labels to."""
-    devices = list(dict.fromkeys(tensor.device for tensor in tensors))
-    if len(devices) > 1:
-        raise KdmlError(f"{owner}: the {what} are on different devices "
-                        f"({', '.join(map(str, devices))}); put them on one device")
-    if devices and labels.device != devices[0]:
+    check_same_device(owner, tensors, what)
+    if tensors and labels.device != tensors[0].device:
         raise KdmlError(f"{owner}: the labels are on {labels.device} but the {what} on "
-                        f"{devices[0]}; move the labels with labels.to({like}.device)")
+                        f"{tensors[0].device}; move the labels with labels.to({like}.device)")
 
 
 def check_labels(owner: str, labels: Tensor, tensors: Sequence[Tensor],

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from kdml.checks import (
     check_class_range,
+    check_float_inputs,
     check_integer_labels,
     check_label_device,
     check_tensors,
@@ -82,6 +83,7 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
                         f"{tuple(cosines.shape)} and {tuple(labels.shape)}")
     if cosines.shape[0] == 0:  # the mean over no sample is NaN
         raise KdmlError("am_softmax_loss got an empty batch")
+    check_float_inputs("am_softmax_loss", [cosines], "cosines")
     check_integer_labels("am_softmax_loss", labels)  # bool ones are the classes 0 and 1
     check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")
     _check_setting("scale", scale, 0.0, strict=True)

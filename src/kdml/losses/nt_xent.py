@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdml.checks import is_finite_number
+from kdml.checks import check_float_inputs, is_finite_number
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -33,8 +33,9 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
     input dtype, with no host-device synchronisation.
 
     Args:
-        projections: :math:`(2N, D)` projections, [view 1; view 2] (not necessarily
-            normalised: the similarity is the cosine).
+        projections: :math:`(2N, D)` floating point projections, [view 1; view 2] in one
+            tensor, ``torch.cat([view1, view2])`` (not necessarily normalised: the similarity
+            is the cosine).
         temperature: :math:`\tau` (the Atlas paper: 1 for MNIST and Fashion-MNIST, 0.5 for
             CIFAR-10).
 
@@ -47,9 +48,17 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
         >>> round(nt_xent_loss(views, 0.5).item(), 4)
         0.2899
     """
+    # shapes and dtypes only: the two views go in stacked, as one tensor
+    stack = "the two views stacked as one [2N, D] tensor, torch.cat([view1, view2])"
+    if not isinstance(projections, Tensor):
+        raise KdmlError(f"nt_xent_loss takes {stack}, got {type(projections).__name__}")
+    if isinstance(temperature, Tensor) and temperature.numel() != 1:
+        raise KdmlError(f"nt_xent_loss takes {stack}, and a temperature; got a temperature "
+                        f"tensor of shape {tuple(temperature.shape)}")
     if projections.ndim != 2 or len(projections) % 2:
         raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image), got "
                         f"{tuple(projections.shape)}")
+    check_float_inputs("nt_xent_loss", [projections], "projections")
     # A number is checked (0 gives NaN, a negative one rewards the wrong pairs); a tensor, e.g.
     # a learned temperature, is not: reading its value would be a host sync every step.
     if not isinstance(temperature, Tensor) and not is_finite_number(temperature, above=0):

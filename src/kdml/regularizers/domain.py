@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_float_inputs
+from kdml.checks import check_float_inputs, check_tensor_inputs
 from kdml.errors import KdmlError
 from kdml.kernels import Kernel
 from kdml.precision import full_precision
@@ -57,6 +57,7 @@ class DomainMMD(nn.Module):
 
     @full_precision
     def forward(self, source: Tensor, target: Tensor) -> Tensor:
+        check_tensor_inputs("DomainMMD", [source, target], "source and target embeddings")
         if source.ndim != 2 or target.ndim != 2 or source.shape[1] != target.shape[1]:
             raise KdmlError(f"DomainMMD expects source [Ns, D] and target [Nt, D] embeddings, "
                             f"got {tuple(source.shape)} and {tuple(target.shape)}")

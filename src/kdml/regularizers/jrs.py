@@ -49,6 +49,11 @@ def check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -
             f"{owner} takes a sequence of representations (one tensor per layer), e.g. "
             "[embeddings], not a bare tensor"
         )
+    if not isinstance(representations, Sequence):  # a generator has no len() and runs out
+        raise KdmlError(
+            f"{owner} takes a sequence of representations (one tensor per layer), e.g. "
+            f"[embeddings], got {type(representations).__name__}; pass a list"
+        )
     if len(representations) == 0:
         raise KdmlError(f"{owner} needs at least one representation")
     check_labels(owner, labels, representations, "representations", "representations[0]")

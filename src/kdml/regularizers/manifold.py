@@ -16,7 +16,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import is_positive_int
+from kdml.checks import (
+    check_float_inputs,
+    check_same_device,
+    check_tensor_inputs,
+    is_positive_int,
+)
 from kdml.errors import KdmlError
 from kdml.kernels import InverseMultiquadricKernel
 from kdml.precision import full_precision
@@ -78,7 +83,9 @@ class ManifoldMMD(nn.Module):
 
     Raises:
         KdmlError: for a batch or prior sample of fewer than 2 points (the U-statistic needs
-        pairs) and for shapes that do not match ``dim`` / ``n_charts``.
+        pairs), for shapes that do not match ``dim`` / ``n_charts``, for inputs that are not
+        torch tensors, integer coordinates and memberships on another device than the
+        coordinates.
 
     Example (the Sec. 3.2.2 regularizer next to a pytorch-metric-learning loss)::
 
@@ -110,7 +117,9 @@ class ManifoldMMD(nn.Module):
         num_points = len(coords)
         if prior_sample is None:
             prior_sample = self.sample_prior(num_points, coords, generator)
-        elif prior_sample.ndim != 2 or prior_sample.shape[1] != self.dim or len(prior_sample) < 2:
+        else:
+            check_tensor_inputs("ManifoldMMD", [prior_sample], "prior_sample")
+        if prior_sample.ndim != 2 or prior_sample.shape[1] != self.dim or len(prior_sample) < 2:
             raise KdmlError(
                 f"ManifoldMMD: prior_sample must be [M, {self.dim}] with M >= 2, "
                 f"got {tuple(prior_sample.shape)}"
@@ -144,6 +153,9 @@ class ManifoldMMD(nn.Module):
         return sample.to(like.device)
 
     def _check_batch(self, coords: Tensor, q: Tensor | None) -> tuple[Tensor, Tensor]:
+        # types, shapes, dtypes and devices: no host sync
+        check_tensor_inputs("ManifoldMMD", [coords] if q is None else [coords, q],
+                            "chart coordinates and memberships")
         if coords.ndim == 2 and self.n_charts == 1:
             coords = coords[:, None, :]
         expected = f"[N, {self.n_charts}, {self.dim}]"
@@ -161,6 +173,8 @@ class ManifoldMMD(nn.Module):
             raise KdmlError(
                 f"ManifoldMMD: q must be [N, n] = {tuple(coords.shape[:2])}, got {tuple(q.shape)}"
             )
+        check_float_inputs("ManifoldMMD", [coords], "chart coordinates")
+        check_same_device("ManifoldMMD", [coords, q], "chart coordinates and memberships")
         return coords, q
 
     def extra_repr(self) -> str:
