@@ -484,6 +484,12 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     errors = _errors_after(run_dir / "generalization.json",
                            json.dumps({**stored, "lambda": 1}), runs)
     assert errors["tiny-generalization"].startswith(f"{run_dir / 'generalization.json'} is not")
+    # one written before it recorded its distance (cosine runs analysed by Euclidean distance)
+    # is computed again, not trusted
+    old = {key: value for key, value in stored.items() if key != "distance"}
+    errors = _errors_after(run_dir / "generalization.json", json.dumps({**old, "lambda": 1}),
+                           runs)
+    assert not errors["tiny-generalization"]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     metrics["final"]["recall@1"] = "0.5"
     errors = _errors_after(run_dir / "metrics.json", json.dumps(metrics), runs)
@@ -648,7 +654,11 @@ def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, mo
     assert seen == ["cpu"]
 
 
-def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, checkpoint):
+    """Resumed from its checkpoint, a run's earlier sessions count; without one (a record
+    kept without checkpoints) it trains again from epoch 1 and they were lost (they had been
+    counted too)."""
     from kdml.reproduce import runner
 
     run_dir = tmp_path / "run"
@@ -657,13 +667,33 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch):
     (run_dir / "train.log").write_text(
         "2026-01-01 10:00:00,000 start epoch 1 of 2, device cpu\n"
         "2026-01-01 10:02:00,000 epoch 1: lr=0.001, train/loss=1.0\n")
+    if checkpoint:
+        (run_dir / "checkpoints").mkdir()
+        (run_dir / "checkpoints" / "last.pt").write_bytes(b"epoch 1")
     monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
     experiment = experiments("jrd", quick=True)[0]
     config = cell_config(experiment, experiment.cells[0], 0, "cpu")
     wall, diverged, reused = train_planned(PlannedRun(config, run_dir), False)
     assert not diverged and not reused
-    assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's instant
+    if checkpoint:
+        assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's
+    else:
+        assert wall < 10.0  # this session's instant alone
     assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
+
+
+def test_runs_of_a_revised_objective_get_folders_of_their_own(tmp_path, monkeypatch):
+    """DSTML's objective changed (Eq. 13): its earlier runs trained another objective and must
+    not be reused; the other recipes' folders stay where they were."""
+    from kdml.reproduce import runner
+
+    (experiment,) = [e for e in experiments("dtml", quick=True)]
+    configs = {cell.recipe: cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells}
+    now = {recipe: run_folder_of(config, tmp_path) for recipe, config in configs.items()}
+    monkeypatch.setattr(runner, "REVISED", {})
+    before = {recipe: run_folder_of(config, tmp_path) for recipe, config in configs.items()}
+    assert now["dstml"] != before["dstml"]
+    assert all(now[recipe] == before[recipe] for recipe in now if recipe != "dstml")
 
 
 def test_the_training_time_restarts_with_a_run_trained_again_from_epoch_1(tmp_path):

@@ -91,6 +91,10 @@ ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
 # so a run that records more or less shares their folder.
 RECORDED_ONLY = {("train", "eval_every"): 1}
 
+# Recipes whose objective changed after runs existed: hashed with the change, so that their
+# earlier runs, which trained the old objective, are not reused (they stay in their folders).
+REVISED = {"dstml": "each hidden layer's weight penalty inside its hinge (Eq. 13)"}
+
 
 def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
     """``RUNS/<recipe>-<dataset>-<hash of the config without its seed>/seed-<seed>``."""
@@ -103,6 +107,8 @@ def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
     for (section, key), earlier in ADDED_LATER.items():
         if values[section][key] == earlier:
             values[section].pop(key)
+    if config.recipe in REVISED:
+        values["revised"] = REVISED[config.recipe]
     digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
     name = f"{config.recipe}-{safe_name(config.data.dataset)}-{digest[:10]}"
     return runs_root / name / f"seed-{seed}"
@@ -160,7 +166,9 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
             if not isinstance(wall, (int, float)):
                 raise not_as_written(timing, f"wall_s is {wall!r}")
             return Trained(float(wall), diverged, reused=True)
-    earlier = logged_seconds(folder.log)  # sessions of an interrupted run, before this one
+    # sessions of an interrupted run before this one; without a checkpoint to resume from it
+    # trains again from epoch 1, and those sessions' time is lost, not part of the run's
+    earlier = logged_seconds(folder.log) if folder.checkpoint.exists() else 0.0
     start = time.perf_counter()
     diverged = ""
     try:
@@ -306,13 +314,15 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
 
 def _generalization(run_dir: Path) -> dict[str, float]:
     """lambda, d_H and their sum with ``kdml analyze generalization``'s defaults, kept in the
-    run folder's ``generalization.json``."""
+    run folder's ``generalization.json`` (one written before it recorded its ``distance``, when
+    cosine runs were analysed by Euclidean distance, is computed again)."""
     path = run_dir / "generalization.json"
     settings = GeneralizationSettings()
     stored = read_stored(path) if path.is_file() else {}
     used = stored.get("settings") if isinstance(stored, dict) else None
     wanted = {**vars(settings)}
-    if not isinstance(used, dict) or {key: used.get(key) for key in wanted} != wanted:
+    if (not isinstance(used, dict) or {key: used.get(key) for key in wanted} != wanted
+            or "distance" not in stored):
         analyze_generalization(load_run(run_dir), settings)
     lam = read_stored(path, "lambda", "mean")
     h_divergence = read_stored(path, "h_divergence", "mean")
