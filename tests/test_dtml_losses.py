@@ -325,7 +325,7 @@ def test_each_layer_penalty_counts_once_in_its_hinge_or_in_the_top_term():
                                          rel=1e-12)
     assert terms["j@1"].item() == pytest.approx(criteria[0] + gamma * first, rel=1e-12)
     assert "j@2" not in terms
-    with pytest.raises(KdmlError, match="3 layer penalties for 2 layer outputs"):
+    with pytest.raises(KdmlError, match=r"has shape \(3,\), not \(2,\) for 2 layer outputs"):
         DTMLObjective(alpha, beta, gamma, k1, k2, hidden_weight=1.0)(
             source_layers[1:], torch.tensor(DSTML_LABELS), target_layers[1:], network)
 
@@ -403,6 +403,9 @@ def test_objective_errors():
         DTMLObjective(k1=2, k2=4)(source, labels, None, network)
     with pytest.raises(KdmlError, match="0 target"):
         DTMLObjective(k1=2, k2=4)(source, labels, network(random_points(10, 4)[:0]), network)
+    with pytest.raises(KdmlError, match="layer_penalties"):
+        DTMLObjective(k1=2, k2=4, beta=0.0)(source, labels, None, SimpleNamespace(
+            weight_penalty=network.weight_penalty))  # the interface before per-layer terms
     with pytest.raises(KdmlError, match="layer_penalties"):
         DTMLObjective(k1=2, k2=4, beta=0.0)(source, labels, None, None)
     with pytest.raises(KdmlError, match="per hidden layer"):

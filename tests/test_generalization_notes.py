@@ -132,9 +132,9 @@ def test_the_command_refuses_the_fraction_before_embedding(monkeypatch, tmp_path
     monkeypatch.setattr(inspection, "analyze_generalization", no_work)
     assert cli.main([*command, "--labelled-fraction", "0.999"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("kdml: error: labelled_fraction 0.999 leaves the unseen set 299 fitted and "
-                   "1 scored of its 300 samples; each set needs at least 5 scored: use a "
-                   "labelled_fraction of at most 0.983")
+    assert err == ("kdml: error: --labelled-fraction 0.999 leaves the unseen set 299 fitted "
+                   "and 1 scored of its 300 samples; each set needs at least 5 scored: use a "
+                   "--labelled-fraction of at most 0.983")
 
 
 @pytest.mark.slow

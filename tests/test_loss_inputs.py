@@ -165,6 +165,17 @@ def test_the_label_range_is_an_asynchronous_assert_where_reading_it_would_sync()
     assert loss.device.type == "meta"
 
 
+def test_the_asynchronous_label_assert_keeps_within_cuda_s_message_limit():
+    """CUDA refuses an assert message of 255 characters or more, and then fails every step,
+    good labels too: a long owner or class description is cut short."""
+    from kdml import checks
+
+    # not by patching torch._assert_async: that leaves torch.compile unable to trace it
+    assert checks.assert_message("short") == "short"
+    cut = checks.assert_message("a long description of the classes " * 10)
+    assert len(cut) == checks.ASSERT_MESSAGE_LIMIT < 255 and cut.endswith("...")
+
+
 @pytest.mark.parametrize(("name", "call"), [
     ("MarginalFisherLoss", lambda x, y: MarginalFisherLoss(1, 2)(x, y)),
     ("DomainMMD", lambda x, y: DomainMMD()(x, x)),

@@ -114,6 +114,9 @@ def check_float_inputs(owner: str, tensors: Sequence[Tensor], what: str = "embed
                         f"with .float()")
 
 
+ASSERT_MESSAGE_LIMIT = 250  # characters of a torch._assert_async message (CUDA's limit: 254)
+
+
 def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str) -> None:
     """Refuse, in one line naming ``owner``, integer ``labels`` outside ``[0, num_classes)``,
     the classes ``classes`` names (e.g. "one per column of the cosines"): torch's own error is
@@ -135,8 +138,16 @@ def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str
                             f"{classes}, got {low if low < 0 else high}; {advice}")
         return
     torch._assert_async(((labels >= 0) & (labels < num_classes)).all(),
-                        f"{owner}: labels must be class indices in [0, {num_classes}), "
-                        f"{classes}; {advice}")
+                        assert_message(f"{owner}: labels must be class indices in "
+                                       f"[0, {num_classes}), {classes}; {advice}"))
+
+
+def assert_message(message: str) -> str:
+    """``message`` cut to :data:`ASSERT_MESSAGE_LIMIT` characters for ``torch._assert_async``:
+    CUDA refuses a longer one on every call, with good labels too."""
+    if len(message) <= ASSERT_MESSAGE_LIMIT:
+        return message
+    return message[:ASSERT_MESSAGE_LIMIT - 3] + "..."
 
 
 def check_pml_extras(owner: str, reason: str, call: str, indices_tuple: object,

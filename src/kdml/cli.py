@@ -676,7 +676,7 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     trained = load_run(args.run_dir, args.data_root)
     # before minutes of embedding (checked again on the embedded sets)
     check_scored_counts(len(trained.splits.train), len(trained.splits.test),
-                        args.labelled_fraction)
+                        args.labelled_fraction, "--labelled-fraction")
     terms, path = analyze_generalization(trained, settings)
     print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
           f"{args.neighbors}-NN classifiers, 95% CI):")

@@ -26,10 +26,11 @@ counts it as an error: ``unfitted``, the share of such samples, says how much of
 is (it grows as ``labelled_fraction`` shrinks, and with classes of very few samples).
 
 At the other end, each set must keep at least :data:`MIN_SCORED` samples to score: with
-:math:`n` scored samples per set, a classifier at chance has :math:`e_s, e_u \in \{0, 1\}`
-together often enough to read :math:`d_H = 1` with probability :math:`2^{1 - 2n}` (1/2 for one
-sample, 1/512 for five), and lambda's errors move in steps of :math:`1/n`; a
-``labelled_fraction`` that leaves fewer is refused, with the largest one that would do.
+:math:`n` scored samples per set, a classifier at chance gets both sets all right or both all
+wrong (:math:`e_s = e_u \in \{0, 1\}`, which reads :math:`d_H = 1`) with probability
+:math:`2^{1 - 2n}` (1/2 for one sample, 1/512 for five), and lambda's errors move in steps
+of :math:`1/n`; a ``labelled_fraction`` that leaves fewer is refused, with the largest one that
+would do.
 
 The classifiers rank neighbours by the Euclidean distance between the vectors given. ``kdml
 analyze generalization`` gives a run's ``embed`` outputs; for an Atlas run that is not the
@@ -166,10 +167,12 @@ def _cut(count: int, fraction: float) -> int:
     return min(max(int(round(fraction * count)), 1), count - 1)
 
 
-def check_scored_counts(seen_count: int, unseen_count: int, fraction: float) -> None:
+def check_scored_counts(seen_count: int, unseen_count: int, fraction: float,
+                        option: str = "labelled_fraction") -> None:
     """Refuse sets or a ``fraction`` that leave a set fewer than :data:`MIN_SCORED` samples to
     score, naming the set, its fitted and scored counts and the fraction to use instead
-    (:func:`generalization_terms` checks this; a caller may check first, before embedding)."""
+    (:func:`generalization_terms` checks this; a caller may check first, before embedding).
+    ``option`` names the fraction in the message (the command line's ``--labelled-fraction``)."""
     sets = {"seen": seen_count, "unseen": unseen_count}
     for name, count in sets.items():
         if count < MIN_SCORED + 1:
@@ -181,10 +184,9 @@ def check_scored_counts(seen_count: int, unseen_count: int, fraction: float) -> 
     if count - fitted < MIN_SCORED:
         # round(f * n) <= n - MIN_SCORED for every set once f <= 1 - MIN_SCORED / (smallest n)
         largest = math.floor((1 - MIN_SCORED / min(sets.values())) * 1000) / 1000
-        raise KdmlError(f"labelled_fraction {fraction} leaves the {name} set {fitted} fitted "
+        raise KdmlError(f"{option} {fraction} leaves the {name} set {fitted} fitted "
                         f"and {count - fitted} scored of its {count} samples; each set needs at "
-                        f"least {MIN_SCORED} scored: use a labelled_fraction of at most "
-                        f"{largest}")
+                        f"least {MIN_SCORED} scored: use a {option} of at most {largest}")
 
 
 def _split(count: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

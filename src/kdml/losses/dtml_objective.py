@@ -185,11 +185,14 @@ class DTMLObjective(nn.Module):
         total = top
         penalties: Tensor | None = None
         if self.gamma > 0:
-            if network is None:
-                raise KdmlError(f"gamma={self.gamma} > 0 needs the network (layer_penalties())")
+            if network is None or not hasattr(network, "layer_penalties"):
+                raise KdmlError(f"gamma={self.gamma} > 0 needs the network, with "
+                                "layer_penalties(): ||W||_F^2 + ||b||^2 of each layer, [M] "
+                                "(as DTMLNetwork has)")
             penalties = network.layer_penalties()
             if penalties.shape != (num_layers,):
-                raise KdmlError(f"the network has {penalties.numel()} layer penalties for "
+                raise KdmlError(f"the network's layer_penalties() has shape "
+                                f"{tuple(penalties.shape)}, not ({num_layers},) for "
                                 f"{num_layers} layer outputs; pass the network that made them")
             terms["weight_penalty"] = penalties.sum()
             # the top layer's, and those of hidden layers without a hinged criterion of their own
