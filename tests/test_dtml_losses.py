@@ -401,6 +401,10 @@ def test_objective_errors():
     source = network(random_points(10, 4))
     with pytest.raises(KdmlError, match="target-domain batch"):
         DTMLObjective(k1=2, k2=4)(source, labels, None, network)
+    with pytest.raises(KdmlError, match="got generator; pass a list"):
+        DTMLObjective(k1=2, k2=4)(source, labels, (layer for layer in source), network)
+    with pytest.raises(KdmlError, match="got Tensor; pass a list"):
+        DTMLObjective(k1=2, k2=4)(source, labels, source[-1], network)
     with pytest.raises(KdmlError, match="0 target"):
         DTMLObjective(k1=2, k2=4)(source, labels, network(random_points(10, 4)[:0]), network)
     with pytest.raises(KdmlError, match="layer_penalties"):

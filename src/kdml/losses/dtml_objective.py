@@ -172,6 +172,11 @@ class DTMLObjective(nn.Module):
                 network: WeightPenalized | None = None) -> ObjectiveOutput:
         check_batch(type(self).__name__, source_layers, labels)
         num_layers = len(source_layers)
+        if target_layers is not None and (isinstance(target_layers, Tensor)
+                                          or not isinstance(target_layers, Sequence)):
+            raise KdmlError(f"{type(self).__name__} takes the target's layer outputs as a "
+                            f"sequence, as the source's, got {type(target_layers).__name__}; "
+                            "pass a list")
         if target_layers is not None and len(target_layers) != num_layers:
             raise KdmlError(f"{num_layers} source layer outputs but {len(target_layers)} target")
         weights = _per_hidden_layer("hidden_weight", self.hidden_weight, num_layers - 1)
