@@ -165,15 +165,28 @@ def test_the_label_range_is_an_asynchronous_assert_where_reading_it_would_sync()
     assert loss.device.type == "meta"
 
 
-def test_the_asynchronous_label_assert_keeps_within_cuda_s_message_limit():
+def test_the_asynchronous_label_assert_keeps_within_cuda_s_message_limit(monkeypatch):
     """CUDA refuses an assert message of 255 characters or more, and then fails every step,
     good labels too: a long owner or class description is cut short."""
     from kdml import checks
 
-    # not by patching torch._assert_async: that leaves torch.compile unable to trace it
     assert checks.assert_message("short") == "short"
     cut = checks.assert_message("a long description of the classes " * 10)
     assert len(cut) == checks.ASSERT_MESSAGE_LIMIT < 255 and cut.endswith("...")
+    wide = checks.assert_message("é" * 200)  # 400 bytes: CUDA counts bytes, not characters
+    assert len(wide.encode()) <= checks.ASSERT_MESSAGE_LIMIT and wide.endswith("é...")
+    # the asynchronous check goes through it (watched here, not by patching
+    # torch._assert_async, which leaves torch.compile unable to trace it)
+    given: list[str] = []
+    cut_short = checks.assert_message
+
+    def watched(message: str) -> str:
+        given.append(message)
+        return cut_short(message)
+
+    monkeypatch.setattr(checks, "assert_message", watched)
+    checks.check_class_range("owner", torch.tensor([0, 1], device="meta"), 3, "x" * 300)
+    assert len(given) == 1 and given[0].startswith("owner: labels must be class indices")
 
 
 @pytest.mark.parametrize(("name", "call"), [

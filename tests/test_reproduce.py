@@ -682,6 +682,25 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
     assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
 
 
+# results/NAME: the experiments its report's command (results/README.md) trains there
+COMMITTED_RECORDS = {"dtml": ("dtml", None), "reproduce": ("atlas", "atlas-mmd64-fashion-mnist")}
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED_RECORDS))
+def test_the_committed_run_records_keep_the_folders_their_commands_look_in(name):
+    """results/ keeps run records (without checkpoints) so that a report's command reuses
+    them; a change to how run folders are named (a new setting left out of ADDED_LATER, an
+    edit of REVISED's text) would train every one of them again."""
+    root = Path(__file__).resolve().parents[1] / "results" / name
+    paper, key = COMMITTED_RECORDS[name]
+    chosen = [experiment for experiment in experiments(paper)
+              if key is None or experiment.key == key]
+    planned = {run.run_dir for runs in plan(chosen, 5, root, "cpu").values() for run in runs}
+    committed = {path.parent for path in root.glob("*/seed-*/config.yaml")}
+    assert committed, f"no run records in {root}"
+    assert committed <= planned, sorted(committed - planned)
+
+
 def test_runs_of_a_revised_objective_get_folders_of_their_own(tmp_path, monkeypatch):
     """DSTML's objective changed (Eq. 13): its earlier runs trained another objective and must
     not be reused; the other recipes' folders stay where they were."""

@@ -114,7 +114,7 @@ def check_float_inputs(owner: str, tensors: Sequence[Tensor], what: str = "embed
                         f"with .float()")
 
 
-ASSERT_MESSAGE_LIMIT = 250  # characters of a torch._assert_async message (CUDA's limit: 254)
+ASSERT_MESSAGE_LIMIT = 250  # UTF-8 bytes of a torch._assert_async message (CUDA's limit: 254)
 
 
 def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str) -> None:
@@ -143,11 +143,12 @@ def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str
 
 
 def assert_message(message: str) -> str:
-    """``message`` cut to :data:`ASSERT_MESSAGE_LIMIT` characters for ``torch._assert_async``:
+    """``message`` cut to :data:`ASSERT_MESSAGE_LIMIT` UTF-8 bytes for ``torch._assert_async``:
     CUDA refuses a longer one on every call, with good labels too."""
-    if len(message) <= ASSERT_MESSAGE_LIMIT:
+    encoded = message.encode()
+    if len(encoded) <= ASSERT_MESSAGE_LIMIT:
         return message
-    return message[:ASSERT_MESSAGE_LIMIT - 3] + "..."
+    return encoded[:ASSERT_MESSAGE_LIMIT - 3].decode(errors="ignore") + "..."
 
 
 def check_pml_extras(owner: str, reason: str, call: str, indices_tuple: object,

@@ -93,6 +93,8 @@ RECORDED_ONLY = {("train", "eval_every"): 1}
 
 # Recipes whose objective changed after runs existed: hashed with the change, so that their
 # earlier runs, which trained the old objective, are not reused (they stay in their folders).
+# The text is hashed as written: editing it would train those recipes' runs again (a test
+# checks that the records in results/ keep their folders).
 REVISED = {"dstml": "each hidden layer's weight penalty inside its hinge (Eq. 13)"}
 
 
