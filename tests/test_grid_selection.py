@@ -91,6 +91,28 @@ def test_a_cell_without_a_finite_score_is_never_best(tmp_path, capsys, scored):
         "best on validation by recall@1: none, no cell has a finite score")
 
 
+def test_the_table_has_every_cell_s_metrics(tmp_path, capsys, monkeypatch):
+    """A grid over what is scored (eval.nmi, eval.ks) gives its cells different metrics: the
+    table had only the first cell's columns, and named no best cell when the first lacked the
+    selection metric."""
+    def train(config, run_dir, resume=False, progress=None):
+        size = config.model.embedding_size
+        final = {"map@r": 0.1} if size == 2 else {"map@r": 0.2, "recall@1": size / 100}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        RunFolder(run_dir).write_metrics([{"epoch": 1, **{f"val/{key}": value for key, value
+                                                          in final.items()}}],
+                                         final, "validation")
+        return final
+
+    monkeypatch.setattr(trainer, "train", train)
+    assert cli.main(grid_of(tmp_path, {"validation": 0.4})) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("cell"))
+    assert header.split() == ["cell", "map@r", "recall@1"]
+    assert "embedding_size=2" in out and "nan" in out  # the first cell has no recall@1
+    assert best_line(out).startswith("best on validation by recall@1: embedding_size=16;")
+
+
 def test_best_cells():
     assert best_cells([0.25, 0.3, 0.1 + 0.2, math.nan]) == [1, 2]
     assert best_cells([0.5, None, 0.4]) == [0]

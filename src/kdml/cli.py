@@ -513,7 +513,9 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
         finals = [best_scores(as_validation_history(RunFolder(root / cell.name).history()),
                               metric) or final for cell, final in zip(cells, finals, strict=True)]
         scored += f", at each cell's best epoch by {metric} (train.keep_best)"
-    names = list(finals[0])
+    # every cell's metrics, in order of first appearance: a grid over eval.nmi or eval.ks
+    # scores its cells on different metrics (the first cell's alone had hidden the others')
+    names = list(dict.fromkeys(name for final in finals for name in final))
     _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
     _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
     for cell, final in zip(cells, finals, strict=True):
