@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from kdml.atlas import chart_distances, manifold_distance
+from kdml.atlas import ChartOutputs, chart_distances, compressed_code, manifold_distance
 from kdml.errors import KdmlError
 from kdml.regularizers import manifold as manifold_module
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
@@ -288,3 +288,17 @@ def test_atlas_distances_refuse_arrays_and_mixed_devices_in_one_line(call):
                     r"device$", call, *on_meta)
     expected = (4, 4, 2) if call is chart_distances else (4, 4)  # [N1, N2, n] or [N1, N2]
     assert call(*(arg.to("meta") for arg in args)).shape == expected  # one device: works
+
+
+def test_integer_coordinates_and_array_inputs_of_the_chart_codes_are_refused_in_one_line():
+    """Integer chart coordinates gave int64 distances silently (d0="squared"); NumPy inputs
+    to compressed_code and ChartMembershipLoss raised deep inside."""
+    coords, q, _ = make_batch(4, 2, 3, seed=9)
+    raises_one_line(r"^chart_distances expects floating point chart coordinates, got "
+                    r"torch\.int64; convert with \.float\(\)$", chart_distances,
+                    coords.long(), coords.long(), "squared")
+    raises_one_line(r"^compressed_code takes torch tensors \(chart coordinates and "
+                    r"memberships\), got ndarray", compressed_code,
+                    ChartOutputs(coords.numpy(), q.numpy()))
+    raises_one_line(r"^ChartMembershipLoss takes torch tensors \(memberships q\), got ndarray",
+                    ChartMembershipLoss(), q.numpy())

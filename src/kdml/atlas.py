@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from kdml.checks import check_same_device, check_tensor_inputs
+from kdml.checks import check_float_inputs, check_same_device, check_tensor_inputs
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -76,6 +76,7 @@ def compressed_code(outputs: ChartOutputs) -> tuple[Tensor, Tensor]:
         ([[2.0, 3.0], [6.0, 7.0]], [1, 0])
     """
     coords, q = outputs.coords, outputs.q
+    check_tensor_inputs("compressed_code", [coords, q], "chart coordinates and memberships")
     if coords.ndim != 3 or q.shape != coords.shape[:2]:
         raise KdmlError(
             f"compressed_code needs coords [B, n, d] and q [B, n], got {tuple(coords.shape)} and "
@@ -117,6 +118,7 @@ def chart_distances(c1: Tensor, c2: Tensor, d0: str = "euclidean") -> Tensor:
     if d0 not in D0_CHOICES:
         raise KdmlError(f"d0 must be one of {', '.join(D0_CHOICES)}, got {d0!r}")
     check_tensor_inputs("chart_distances", [c1, c2], "pre-sigmoid chart coordinates")
+    check_float_inputs("chart_distances", [c1, c2], "chart coordinates")
     if c1.ndim != 3 or c2.ndim != 3 or c1.shape[1:] != c2.shape[1:]:
         raise KdmlError(f"chart_distances needs c1 [N1, n, d] and c2 [N2, n, d] with the same "
                         f"(n, d), got {tuple(c1.shape)} and {tuple(c2.shape)}")

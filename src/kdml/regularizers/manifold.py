@@ -205,6 +205,7 @@ class ChartMembershipLoss(nn.Module):
 
     @full_precision
     def forward(self, q: Tensor) -> Tensor:
+        check_tensor_inputs("ChartMembershipLoss", [q], "memberships q")
         if q.ndim != 2 or q.shape[0] == 0 or q.shape[1] == 0:
             raise KdmlError(f"ChartMembershipLoss expects q [N, n] with N, n >= 1, "
                             f"got {tuple(q.shape)}")
