@@ -596,3 +596,23 @@ def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):
         write_through_new_file(tmp_path / "eval.json", full_disk)
     assert caught.value.errno == 28 and caught.value.filename == str(tmp_path / "eval.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_evaluated_on_data_with_other_classes_says_what_changed(tmp_path, capsys):
+    """Classes added to a run's data after training: the checkpoint's proxies no longer fit
+    the model built for the data. This had read "checkpoint ... does not match the run's
+    config", which sent the user to the checkpoint, not the data."""
+    from fixtures_photo_sets import make_cub
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "cub", "--data-root",
+                     str(make_cub(tmp_path / "cub6", classes=6)), "--out", str(out),
+                     *TINY, "model.backbone=cnn", "eval.ks=[1]", "data.batch_size=6",
+                     "data.samples_per_class=2", "train.steps_per_epoch=1"]) == 0
+    err = refused(tmp_path, capsys, "eval", out, "--data-root",
+                  make_cub(tmp_path / "cub10", classes=10))
+    assert err.startswith(f"kdml: error: checkpoint {out / 'checkpoints' / 'last.pt'} does not "
+                          "match the model built from the run's config and its data as they "
+                          "are now (5 training classes): "), err
+    assert "(3, " in err or ", 3)" in err  # the checkpoint's 3 classes, named in a shape
+    assert err.rstrip().endswith("point --data-root at the data the run trained on")

@@ -260,10 +260,27 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     try:
         method.load_state_dict(state["method"])
     except RuntimeError:
-        raise KdmlError(f"checkpoint {checkpoint} does not match the run's config") from None
+        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from the "
+                        f"run's config and its data as they are now "
+                        f"({len(splits.train_classes)} training classes): "
+                        f"{_first_mismatch(state['method'], method.state_dict())}; if the data "
+                        "changed since training (classes added or removed), point --data-root "
+                        "at the data the run trained on") from None
     embedder = build_embedder(config, build_pipeline(config, splits, method),
                               torch.device("cpu"))
     return TrainedRun(run, config, test_splits, method, state["epoch"], embedder, checkpoint)
+
+
+def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
+    """The first difference between a checkpoint's weights and a model's, in words."""
+    for key in saved.keys() & built.keys():
+        if tuple(saved[key].shape) != tuple(built[key].shape):
+            return (f"{key} is {tuple(saved[key].shape)} in the checkpoint and "
+                    f"{tuple(built[key].shape)} in the model")
+    missing, extra = sorted(built.keys() - saved.keys()), sorted(saved.keys() - built.keys())
+    return (f"the checkpoint lacks {missing[0]}" if missing else
+            f"the checkpoint has {extra[0]}, which the model does not" if extra else
+            "their weights differ")
 
 
 def resolve_device(name: str) -> torch.device:
