@@ -343,6 +343,12 @@ def test_folder_errors(tmp_path):
     flat.mkdir()
     (flat / "a.jpg").write_bytes(b"")
     one_line_error(lambda: load_folder(flat), "no class sub-folders", str(flat))
+    # one level too high (DIR/images/<class>/): it had trained one class and then refused "a
+    # class-disjoint split needs at least 2 classes, got 1", naming neither folder
+    images = make_image_folder(tmp_path / "photos", classes=3)
+    one_line_error(lambda: load_folder(tmp_path / "photos"), "folder:photos: it holds one "
+                   "folder, images/, whose 3 sub-folders (c00, c01, c02) look like the classes: "
+                   f"give {images} as the folder")
     folder = make_image_folder(tmp_path, classes=2, per_class=1)
     (folder / "c02_empty").mkdir()
     (folder / "c02_empty" / "readme.md").write_text("no images here")

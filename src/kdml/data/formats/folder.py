@@ -92,6 +92,14 @@ def load_folder(folder: Path) -> DatasetParts:
                      if entry.is_dir() and not entry.name.startswith("."))
     if not classes:
         raise layout.error("no class sub-folders")
+    if len(classes) == 1:  # one level too high: DIR/images/<class>/ is a common layout
+        inner = sorted(entry.name for entry in os.scandir(folder / classes[0])
+                       if entry.is_dir() and not entry.name.startswith("."))
+        if len(inner) > 1:
+            raise layout.error(f"it holds one folder, {classes[0]}/, whose {len(inner)} "
+                               f"sub-folders ({', '.join(inner[:3])}"
+                               f"{', ...' if len(inner) > 3 else ''}) look like the classes: "
+                               f"give {folder / classes[0]} as the folder")
     paths: list[str] = []
     labels: list[int] = []
     read = {os.path.realpath(folder): str(folder)}  # a link back to DIR is a loop
