@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import pickle
 import struct
@@ -28,6 +29,7 @@ from kdml.data.formats.common import DEFAULT_KS
 from kdml.data.formats.csv_list import load_csv
 from kdml.data.formats.folder import load_folder
 from kdml.data.formats.idx import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
+from kdml.data.images import IMAGE_EXTENSIONS
 from kdml.errors import KdmlError
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -327,6 +329,30 @@ def test_folder_classes_files_and_labels(tmp_path):
     assert all(Path(path).is_absolute() for path in data.paths)
     batch = data.resized(16).__getitems__([0, 6])
     assert batch.inputs.shape == (2, 3, 16, 16) and not batch.unreadable.any()
+
+
+def test_folder_says_which_files_it_left_out(tmp_path, caplog):
+    """Photos in a format kdml does not read (.heic, .jfif) and images beside the class
+    folders had been dropped without a word; hidden files are still passed over quietly."""
+    folder = make_image_folder(tmp_path, classes=2, per_class=2)
+    (folder / "c00" / "a.HEIC").write_bytes(b"x")
+    (folder / "c01" / "b.jfif").write_bytes(b"x")
+    (folder / "c01" / "c.jfif").write_bytes(b"x")
+    (folder / "c01" / ".DS_Store").write_bytes(b"x")
+    (folder / "loose.jpg").write_bytes((folder / "c00" / "000.jpg").read_bytes())
+    with caplog.at_level(logging.WARNING, logger="kdml.data"):
+        assert len(load_folder(folder).dataset) == 4
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "folder:images: files left out: 2 .jfif, 1 .heic in the class folders (not among the "
+        f"image extensions {' '.join(IMAGE_EXTENSIONS)}); 1 directly in {folder}, in no class "
+        "folder")
+    caplog.clear()
+    (folder / "loose.jpg").unlink()
+    for path in (folder / "c00" / "a.HEIC", folder / "c01" / "b.jfif", folder / "c01" / "c.jfif"):
+        path.unlink()
+    load_folder(folder)
+    assert not caplog.records  # nothing left out: nothing said
 
 
 def test_folder_through_the_registry(tmp_path):

@@ -346,10 +346,13 @@ def warning_handler() -> logging.Handler:
 
 
 @contextmanager
-def warnings_on_stderr() -> Iterator[None]:
+def warnings_on_stderr(shown: bool = True) -> Iterator[None]:
     """Show kdml's warnings (a skipped image while embedding) as ``kdml: warning: ...`` for a
-    command that does not train (training's :func:`run_logging` shows them itself)."""
-    package, to_screen = logging.getLogger("kdml"), warning_handler()
+    command that does not train (training's :func:`run_logging` shows them itself), and while
+    a run loads its data, before its log opens. ``shown=False`` (torchrun's other ranks, which
+    load the same data) drops them instead of letting Python print them bare."""
+    package = logging.getLogger("kdml")
+    to_screen = warning_handler() if shown else logging.NullHandler()
     package.addHandler(to_screen)
     try:
         yield

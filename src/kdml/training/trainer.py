@@ -73,6 +73,7 @@ from kdml.training.run_folder import (
     check_new_run_folder,
     run_logging,
     start_afresh,
+    warnings_on_stderr,
 )
 from kdml.training.selection import (
     SCORED_PARTS,
@@ -590,7 +591,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
 
         if resume:  # the folder exists: refuse one another process trains before loading data
             distributed.from_main(hold)
-        session = Session.build(config, echo)  # checks everything before a new folder is made
+        with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
+            session = Session.build(config, echo)  # checks everything before a new folder
         if not resume:
             distributed.from_main(hold)
         distributed.from_main(lambda: _open_run_folder(run, config, resume, echo))

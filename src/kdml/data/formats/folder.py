@@ -5,7 +5,8 @@
 As torchvision's ``ImageFolder``: the classes are the sorted sub-folder names, labelled
 0..C-1 and named by their folders; a class's images are the files found at any depth inside its
 folder whose extension (in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`;
-other files, and files directly in ``DIR``, are ignored. Unlike ``ImageFolder``, hidden folders
+other files, and images directly in ``DIR``, are left out, with one warning that counts them
+by extension (a ``.heic`` or ``.jfif`` photo is not dropped without a word). Unlike ``ImageFolder``, hidden folders
 and files (names starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's
 ``._photo.jpg``) are ignored too, and a folder or image reached twice through links, or an
 image that is a link to no file, is refused.
@@ -15,7 +16,9 @@ Split: none of its own; ``data.split`` decides.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +28,11 @@ from kdml.data.formats.common import DatasetParts, Layout
 from kdml.data.images import IMAGE_EXTENSIONS, ImageFiles
 
 EXPECTED = "one sub-folder per class holding its images, e.g. DIR/<class>/<image>.jpg"
+logger = logging.getLogger("kdml.data")
 
 
 def class_images(folder: Path, layout: Layout, read: dict[str, str],
-                 listed: dict[str, str]) -> list[str]:
+                 listed: dict[str, str], passed_over: Counter[str] | None = None) -> list[str]:
     """The image files at any depth inside ``folder``, sorted, hidden entries skipped (the
     order of ``os.walk``: a folder's files, then its sub-folders one by one).
 
@@ -36,7 +40,8 @@ def class_images(folder: Path, layout: Layout, read: dict[str, str],
     real path of each image already listed to its path. A linked folder read twice (in two
     classes, or in a loop) or a linked image that is already listed is refused: it would be
     its twin's perfect match, or the same image under two labels. os.scandir, not os.walk,
-    because its entries say which files are links without a system call per file."""
+    because its entries say which files are links without a system call per file.
+    ``passed_over`` counts the other files by extension (e.g. ``.heic``, ``.txt``)."""
     found = []
     pending = [str(folder)]
     while pending:
@@ -56,7 +61,11 @@ def class_images(folder: Path, layout: Layout, read: dict[str, str],
                                "make it readable or move it out") from None
         folders = {entry.path for entry in entries if _is_folder(entry)}
         for entry in entries:
-            if entry.path in folders or not entry.name.lower().endswith(IMAGE_EXTENSIONS):
+            if entry.path in folders:
+                continue
+            if not entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                if passed_over is not None:
+                    passed_over[os.path.splitext(entry.name)[1].lower() or entry.name] += 1
                 continue
             target = (os.path.realpath(entry.path) if entry.is_symlink()
                       else os.path.join(real, entry.name))
@@ -104,14 +113,24 @@ def load_folder(folder: Path) -> DatasetParts:
     labels: list[int] = []
     read = {os.path.realpath(folder): str(folder)}  # a link back to DIR is a loop
     listed: dict[str, str] = {}
+    passed_over: Counter[str] = Counter()
     for label, name in enumerate(classes):
-        images = class_images(folder / name, layout, read, listed)
+        images = class_images(folder / name, layout, read, listed, passed_over)
         if not images:
             raise layout.error(f"class folder {name}/ holds no images (extensions: "
                                f"{' '.join(IMAGE_EXTENSIONS)})")
         paths.extend(images)
         labels.extend([label] * len(images))
     layout.check_images(paths)  # a link that leads to no file would fail only after training
+    top = sum(entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
+              for entry in os.scandir(folder))
+    if passed_over or top:  # said, not silently dropped (a .heic or .jfif photo, say)
+        kinds = ", ".join(f"{count} {kind}" for kind, count in passed_over.most_common())
+        logger.warning("%s: %s left out: %s%s", layout.dataset, "files" if passed_over else
+                       "images", f"{kinds} in the class folders (not among the image "
+                       f"extensions {' '.join(IMAGE_EXTENSIONS)})" if passed_over else "",
+                       f"{'; ' if passed_over else ''}{top} directly in {folder}, in no class "
+                       "folder" if top else "")
     dataset = ImageFiles(layout.dataset, f"images in {folder}, {len(classes)} classes "
                          "(one sub-folder each)", np.asarray(paths), torch.tensor(labels),
                          class_names=dict(enumerate(classes)))
