@@ -616,3 +616,11 @@ def test_a_run_evaluated_on_data_with_other_classes_says_what_changed(tmp_path, 
                           "are now (5 training classes): "), err
     assert "(3, " in err or ", 3)" in err  # the checkpoint's 3 classes, named in a shape
     assert err.rstrip().endswith("point --data-root at the data the run trained on")
+
+
+def test_recall_at_more_than_the_references_names_the_ks_to_give(tmp_path, capsys):
+    """The hint had said "lower eval.ks" without the form it takes; eval.ks=1,2,4 then failed
+    a type check."""
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  tmp_path / "run", *TINY, "eval.ks=[1,2,4000]")
+    assert err.endswith("references; lower eval.ks, e.g. 'eval.ks=[1, 2]'"), err

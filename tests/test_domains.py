@@ -181,7 +181,7 @@ def test_npz_loader_splits_the_domains(tmp_path, domain_style):
     ({"y": np.zeros(6, dtype=int)}, "y must have shape \\(7,\\)"),
     ({"domain": np.array(["source"] * 6)}, "domain must have shape"),
     ({"y": np.array([0, -1, 2, 0, -1, -1, 2])}, "1 source samples are unlabelled"),
-    ({"y": np.arange(7, dtype=float)}, "y must be integers"),
+    ({"y": np.arange(7, dtype=float)}, "y must be integers .*; save it as y.astype\\(int\\)"),
     ({"X": np.full((7, 3), np.nan)}, "NaN"),
     ({"X": np.full((7, 3), 1e39)}, "beyond float32's range"),  # finite in float64 only
     ({"domain": np.array(["source"] * 6 + ["test"])}, "unknown domain value"),

@@ -265,7 +265,9 @@ def load_feature_domains(path: str | Path) -> DomainPair:
             raise KdmlError(f"{path}: {key} must have shape ({num_samples},) to match X, "
                             f"got {array.shape}")
     if labels.dtype.kind not in "iu":
-        raise KdmlError(f"{path}: y must be integers (-1 = unlabelled), got dtype {labels.dtype}")
+        raise KdmlError(f"{path}: y must be integers (-1 = unlabelled), got dtype "
+                        f"{labels.dtype}; save it as y.astype(int) if its values are whole "
+                        "numbers")
     if not np.isfinite(features).all():
         raise KdmlError(f"{path}: X contains NaN or infinite values")
     with np.errstate(over="ignore"):  # an overflow is reported just below, in one line

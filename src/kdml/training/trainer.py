@@ -374,8 +374,10 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
     only)."""
     ks = config.eval.ks or splits.eval_ks
     if max(ks) > splits.reference_size:
+        fitting = ", ".join(str(k) for k in ks if k <= splits.reference_size) or "1"
         raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
-                        f"{splits.reference_size} references; lower eval.ks")
+                        f"{splits.reference_size} references; lower eval.ks, e.g. "
+                        f"'eval.ks=[{fitting}]'")
     if splits.kind == DOMAIN:
         if not (splits.test.labels >= 0).any():
             raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "

@@ -6,10 +6,10 @@ As torchvision's ``ImageFolder``: the classes are the sorted sub-folder names, l
 0..C-1 and named by their folders; a class's images are the files found at any depth inside its
 folder whose extension (in any case) is one of :data:`~kdml.data.images.IMAGE_EXTENSIONS`;
 other files, and images directly in ``DIR``, are left out, with one warning that counts them
-by extension (a ``.heic`` or ``.jfif`` photo is not dropped without a word). Unlike ``ImageFolder``, hidden folders
-and files (names starting with ``.``, such as ``.ipynb_checkpoints`` or macOS's
-``._photo.jpg``) are ignored too, and a folder or image reached twice through links, or an
-image that is a link to no file, is refused.
+by extension (a ``.heic`` or ``.jfif`` photo is not dropped without a word). Unlike
+``ImageFolder``, hidden folders and files (names starting with ``.``, such as
+``.ipynb_checkpoints`` or macOS's ``._photo.jpg``) are ignored too, and a folder or image
+reached twice through links, or an image that is a link to no file, is refused.
 
 Split: none of its own; ``data.split`` decides.
 """
