@@ -30,6 +30,15 @@ def grid_of(tmp_path, data: dict, sizes: list[int] | None = None, **train: objec
     return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
 
 
+def finished(run_dir, final: dict[str, float]) -> dict[str, float]:
+    """A run folder of one epoch scored ``final`` on its validation part, as training leaves
+    it; returns ``final``, as ``train`` does."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    RunFolder(run_dir).write_metrics([{"epoch": 1, **{f"val/{key}": value for key, value
+                                                      in final.items()}}], final, "validation")
+    return final
+
+
 @pytest.fixture
 def scored(monkeypatch):
     """Cells that train at once into metrics.json, scoring recall@1 as ``scores`` says by
@@ -37,12 +46,8 @@ def scored(monkeypatch):
     scores: dict[int, float] = {}
 
     def train(config, run_dir, resume=False, progress=None):
-        final = {"recall@1": scores[config.model.embedding_size], "map@r": 0.1}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        RunFolder(run_dir).write_metrics([{"epoch": 1, **{f"val/{key}": value for key, value
-                                                          in final.items()}}],
-                                         final, "validation")
-        return final
+        return finished(run_dir, {"recall@1": scores[config.model.embedding_size],
+                                  "map@r": 0.1})
 
     monkeypatch.setattr(trainer, "train", train)
     return scores
@@ -97,12 +102,8 @@ def test_the_table_has_every_cell_s_metrics(tmp_path, capsys, monkeypatch):
     selection metric."""
     def train(config, run_dir, resume=False, progress=None):
         size = config.model.embedding_size
-        final = {"map@r": 0.1} if size == 2 else {"map@r": 0.2, "recall@1": size / 100}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        RunFolder(run_dir).write_metrics([{"epoch": 1, **{f"val/{key}": value for key, value
-                                                          in final.items()}}],
-                                         final, "validation")
-        return final
+        return finished(run_dir, {"map@r": 0.1} if size == 2 else
+                        {"map@r": 0.2, "recall@1": size / 100})
 
     monkeypatch.setattr(trainer, "train", train)
     assert cli.main(grid_of(tmp_path, {"validation": 0.4})) == 0
