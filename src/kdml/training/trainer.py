@@ -274,7 +274,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
 
 def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
     """The first difference between a checkpoint's weights and a model's, in words."""
-    for key in saved.keys() & built.keys():
+    for key in (key for key in saved if key in built):  # in the checkpoint's order
         if tuple(saved[key].shape) != tuple(built[key].shape):
             return (f"{key} is {tuple(saved[key].shape)} in the checkpoint and "
                     f"{tuple(built[key].shape)} in the model")
