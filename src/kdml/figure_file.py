@@ -41,13 +41,19 @@ def check_replaceable(path: Path) -> None:
     is in the way, or in a folder that cannot be written (checked before the work, so the user
     learns it at once)."""
     path = Path(path)
+    _check_not_in_the_way(path)
+    check_writable_folder(path.parent, "plots go there: move what is in the way, or make the "
+                          "folder writable")
+
+
+def _check_not_in_the_way(path: Path) -> None:
+    """The checks of :func:`check_replaceable` that a write repeats: whether the folder can be
+    written it finds out by writing (a scratch file per plot of every epoch would be waste)."""
     if path.suffix.lower() != ".png":  # the bytes are always PNG, whatever the name says
         raise KdmlError(f"{path}: kdml draws its plots as PNG files; give a path ending in .png")
     if path.is_symlink() or path.is_dir() or (path.exists() and not drawn_by_kdml(path)):
         raise KdmlError(f"{path} is in the way and kdml did not draw it; move it away (kdml "
                         "never replaces a file it did not write)")
-    check_writable_folder(path.parent, "plots go there: move what is in the way, or make the "
-                          "folder writable")
 
 
 def write_png(figure: Figure, path: Path, dpi: int = 100) -> Path:
@@ -64,5 +70,5 @@ def copy_png(source: Path, path: Path) -> Path:
 
 def _replace(path: Path, write: Callable[[Path], object]) -> Path:
     """Check that kdml may replace ``path``, then write it whole or not at all."""
-    check_replaceable(path)
+    _check_not_in_the_way(path)
     return write_through_new_file(path, write)
