@@ -97,7 +97,9 @@ def load_folder(folder: Path) -> DatasetParts:
     layout = Layout(f"folder:{folder.name}", folder, EXPECTED)
     if not folder.is_dir():
         raise layout.error("no such folder")
-    classes = sorted(entry.name for entry in os.scandir(folder)
+    with os.scandir(folder) as scanned:
+        entries = list(scanned)  # read once: the classes, and the images beside them
+    classes = sorted(entry.name for entry in entries
                      if entry.is_dir() and not entry.name.startswith("."))
     if not classes:
         raise layout.error("no class sub-folders")
@@ -123,7 +125,7 @@ def load_folder(folder: Path) -> DatasetParts:
         labels.extend([label] * len(images))
     layout.check_images(paths)  # a link that leads to no file would fail only after training
     top = sum(entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
-              for entry in os.scandir(folder))
+              for entry in entries)
     if passed_over or top:  # said, not silently dropped (a .heic or .jfif photo, say)
         kinds = ", ".join(f"{count} {kind}" for kind, count in passed_over.most_common())
         logger.warning("%s: %s left out: %s%s", layout.dataset, "files" if passed_over else
