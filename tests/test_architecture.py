@@ -36,6 +36,21 @@ def test_packages_do_not_import_downstream(package, forbidden):
     assert not {path: names for path, names in offenders.items() if names}
 
 
+def test_scikit_learn_is_imported_only_by_the_functions_that_use_it():
+    """scikit-learn brings scipy.stats and pandas, seconds of importing that every kdml command
+    (and every rank of a torchrun job) paid at its start, though only NMI, the piecewise-linear
+    probe, the H-divergence estimate and the digits loader use it."""
+    def names(node: ast.stmt) -> list[str]:
+        if isinstance(node, ast.ImportFrom):
+            return [node.module or ""]
+        return [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+
+    at_top = [f"{path.relative_to(SRC)}: {name}" for path in sorted(SRC.rglob("*.py"))
+              for node in ast.parse(path.read_text()).body for name in names(node)
+              if name.split(".")[0] == "sklearn"]
+    assert not at_top
+
+
 @pytest.mark.parametrize("folder", ["training/recipes", "regularizers", "losses", "kernels.py",
                                     "atlas.py", "models"])
 def test_no_host_sync_in_the_maths_and_the_steps(folder):

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
 
 from kdml.checks import is_finite_number
 from kdml.errors import KdmlError
@@ -333,6 +332,8 @@ def piecewise_linear_accuracy(
         ...                           sigmoid=False)["accuracy"]
         1.0
     """
+    from sklearn.linear_model import LogisticRegression  # here: see retrieval.nmi_score
+
     if not is_finite_number(C, above=0):
         raise KdmlError(f"C (the inverse L2 strength of the logistic regressions) must be a "
                         f"finite number > 0, got {C!r}")

@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.neighbors import KNeighborsClassifier
 
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
@@ -84,6 +83,8 @@ def distance_note(has_charts: bool) -> str | None:
 def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
              neighbors: int = 1) -> float:
     """Test error of a k-nearest-neighbour classifier (Euclidean) fitted on the train part."""
+    from sklearn.neighbors import KNeighborsClassifier  # here: see retrieval.nmi_score
+
     classifier = KNeighborsClassifier(n_neighbors=neighbors).fit(train_x, train_y)
     return float(np.mean(classifier.predict(test_x) != test_y))
 
@@ -108,6 +109,8 @@ def generalization_terms(
         ``{"h_divergence": Estimate, "h_divergence_bd": Estimate, "lambda": Estimate,
         "err_seen": ..., "err_unseen": ..., "unfitted": ...}`` (see the module docstring).
     """
+    from sklearn.neighbors import KNeighborsClassifier  # here: see retrieval.nmi_score
+
     seen, unseen = as_float_matrix(seen, "seen"), as_float_matrix(unseen, "unseen")
     if seen.shape[1] != unseen.shape[1]:
         raise KdmlError(f"seen and unseen embeddings must have one dimension, got "

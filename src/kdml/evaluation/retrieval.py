@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 import faiss
 import numpy as np
 import torch
-from sklearn.metrics import normalized_mutual_info_score
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
@@ -196,6 +195,10 @@ def kmeans_assign(vectors: np.ndarray, num_clusters: int, niter: int = 20,
 
 def nmi_score(labels: np.ndarray, clusters: np.ndarray) -> float:
     """scikit-learn's NMI, kept within [0, 1] (its float rounding can give 1 + 2e-16)."""
+    # imported here, not at the top: scikit-learn (which brings scipy.stats and pandas)
+    # takes seconds to import, and every kdml command would pay that to start
+    from sklearn.metrics import normalized_mutual_info_score
+
     return float(np.clip(normalized_mutual_info_score(labels, clusters), 0.0, 1.0))
 
 
