@@ -116,7 +116,8 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_override
 @pytest.mark.slow
 def test_resume_after_sigkill(tmp_path, tiny_overrides):
     """A real kill -9 in the middle of training loses nothing already written."""
-    overrides = [*tiny_overrides, "train.epochs=6"]
+    # the kill lands after epoch 1's checkpoint, with five epochs of 10 steps still to train
+    overrides = [*tiny_overrides, "train.epochs=6", "train.steps_per_epoch=10"]
     run_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "kdml.cli", "train", "amsoftmax", "--dataset", "digits",
                "--out", str(run_dir), "--no-progress", *overrides]
@@ -184,10 +185,12 @@ def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
 
 def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
-    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out) == 0
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out,
+                   *tiny_overrides) == 0
     before = (out / "checkpoints" / "last.pt").read_bytes()
     capsys.readouterr()
-    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out) == 2
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out,
+                   *tiny_overrides) == 2
     assert "already holds a run; continue it with 'kdml train --resume" in error_line(capsys)
     assert (out / "checkpoints" / "last.pt").read_bytes() == before
 

@@ -283,7 +283,8 @@ def test_plot_retrieval_and_image_queries_need_images(tmp_path, capsys):
     from PIL import Image
 
     run = tmp_path / "signals"
-    assert kdml("train", "amsoftmax", "--dataset", "mnist1d", "--out", run, *TINY) == 0
+    assert kdml("train", "amsoftmax", "--dataset", "mnist1d", "--out", run, *TINY,
+                "train.steps_per_epoch=2") == 0
     capsys.readouterr()
     assert kdml("plot", "retrieval", run) == 2
     assert "not images" in capsys.readouterr().err

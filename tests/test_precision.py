@@ -173,6 +173,7 @@ def test_jrd_trains_under_autocast_and_keeps_float32_parameters(tmp_path, monkey
     out = tmp_path / "run"
     assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), "--no-progress",
                      f"train.precision={precision}", "train.epochs=1", "eval.nmi=false",
+                     "train.steps_per_epoch=3",
                      "model.embedding_size=16", "train.device=cpu"]) == 0
     dtype = AUTOCAST_DTYPES[precision]
     assert seen and set(seen) == {(True, dtype, dtype)}

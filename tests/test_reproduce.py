@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -424,12 +425,31 @@ def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, 
     assert again.cells["steady"].values == result.cells["steady"].values
 
 
-def test_a_report_is_kept_when_none_of_its_experiments_ran(tmp_path, capsys, monkeypatch):
+@pytest.fixture(scope="module")
+def quick_dtml(tmp_path_factory) -> Path:
+    """A folder holding ``report.md`` and ``runs/`` of ``kdml reproduce dtml --quick --seeds
+    2``: trained once, for the tests that read that report or reuse (a copy of) its runs."""
+    root = tmp_path_factory.mktemp("quick-dtml")
+    assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "2", "--out",
+                     str(root / "report.md"), "--runs", str(root / "runs"), "--no-progress",
+                     "--device", "cpu"]) == 0
+    return root
+
+
+def reusing(quick_dtml: Path, runs: Path) -> Path:
+    """``runs``, a copy of the quick DTML runs: a command on it reuses them, not trains them."""
+    shutil.copytree(quick_dtml / "runs", runs)
+    return runs
+
+
+def test_a_report_is_kept_when_none_of_its_experiments_ran(quick_dtml, tmp_path, capsys,
+                                                           monkeypatch):
     from kdml.reproduce import runner
 
     report = tmp_path / "reproduction.md"
     cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only", "dtml-mnist5k-*",
-              "--out", str(report), "--runs", str(tmp_path / "runs"), "--no-progress"])
+              "--out", str(report), "--runs", str(reusing(quick_dtml, tmp_path / "runs")),
+              "--no-progress", "--device", "cpu"])
     written = report.read_text()
     assert "| DTML" in written
 
@@ -575,15 +595,12 @@ def test_list_prints_experiments_and_cells(capsys):
             in capsys.readouterr().out)
 
 
-def test_quick_dtml_from_the_command_line(tmp_path, capsys):
-    report = tmp_path / "report.md"
-    code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "2", "--out", str(report),
-                     "--runs", str(tmp_path / "runs"), "--no-progress", "--device", "cpu"])
-    assert code == 0, capsys.readouterr().err
+def test_quick_dtml_from_the_command_line(quick_dtml):
+    report = quick_dtml / "report.md"
     text = report.read_text()
     # a report written elsewhere names its path: its commands rewrite it, not the default;
     # and its runs folder, so that they reuse its runs rather than train them again
-    runs = tmp_path / "runs"
+    runs = quick_dtml / "runs"
     assert f"`kdml reproduce dtml --seeds 2 --quick --runs {runs} --out {report}`" in text
     assert (f"--only dtml-mnist5k-to-digits --seeds 2 --quick --runs {runs} --out {report}`"
             in text)
@@ -592,11 +609,12 @@ def test_quick_dtml_from_the_command_line(tmp_path, capsys):
     assert "| 0.8558 |" in text  # the paper's DTML on LFW (85.58%), beside kdml's numbers
     assert "| 0.8380 |" in text  # 83.80%: the column's precision, not 0.838
     assert text.count("- DTML beats") == 2
-    assert Path(tmp_path / "runs").is_dir()
 
 
-def test_a_quick_report_goes_beside_its_runs_not_into_docs(tmp_path, monkeypatch, capsys):
+def test_a_quick_report_goes_beside_its_runs_not_into_docs(quick_dtml, tmp_path, monkeypatch,
+                                                          capsys):
     """--quick without --out must not replace the committed docs/reproduction.md."""
+    reusing(quick_dtml, tmp_path / "quick-runs")
     monkeypatch.chdir(tmp_path)
     code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
                      "dtml-mnist5k-to-digits", "--runs", "quick-runs", "--no-progress",
@@ -744,6 +762,7 @@ def test_scoring_less_often_trains_the_same_model(tmp_path, tiny_overrides):
         out = tmp_path / f"every-{every}"
         assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
                          "--no-progress", *tiny_overrides, "train.epochs=3",
+                         "train.steps_per_epoch=4",
                          f"train.eval_every={every}"]) == 0
         finals.append(json.loads((out / "metrics.json").read_text())["final"])
         weights.append(torch.load(out / "checkpoints" / "last.pt", weights_only=True)["method"])
