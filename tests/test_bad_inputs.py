@@ -39,11 +39,19 @@ def refused(tmp_path: Path, capsys, *args: str | Path) -> str:
     return err
 
 
-@pytest.fixture
-def finished_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained") / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      *TINY]) == 0
+    return out
+
+
+@pytest.fixture
+def finished_run(trained_run, tmp_path_factory) -> Path:
+    """A copy of one finished tiny run, for each test to break as it likes."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    shutil.copytree(trained_run, out)
     return out
 
 
@@ -102,27 +110,27 @@ def test_something_in_the_way_of_a_result_is_named(tmp_path, capsys, finished_ru
 
 
 @pytest.mark.parametrize("name", ["eval.json", "generalization.json"])
-@pytest.mark.parametrize("theirs", ['{"note": "mine"}', "[1, 2]", "notes, not JSON\n"])
 def test_a_result_file_kdml_did_not_write_is_never_replaced(tmp_path, capsys, finished_run,
-                                                            name, theirs):
+                                                            name):
     """A user's file under a result's name (a JSON object with none of kdml's fields, or
     anything else) is refused before any work and left as it was; kdml's own is replaced."""
     from kdml import inspection
     from kdml.evaluation import evaluator
 
     command = {"eval.json": ["eval"], "generalization.json": ["analyze", "generalization"]}[name]
-    (finished_run / name).write_text(theirs)
 
     def no_work(*args, **kwargs):
         raise AssertionError("the embedding started before the refusal")
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(evaluator, "evaluate_method", no_work)
-        patch.setattr(inspection, "embed_dataset", no_work)
-        err = refused(tmp_path, capsys, *command, finished_run)
-    assert err == (f"kdml: error: {finished_run / name} is in the way and kdml did not write "
-                   "it; move it away (kdml never replaces a file it did not write)")
-    assert (finished_run / name).read_text() == theirs
+    for theirs in ('{"note": "mine"}', "[1, 2]", "notes, not JSON\n"):
+        (finished_run / name).write_text(theirs)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(evaluator, "evaluate_method", no_work)
+            patch.setattr(inspection, "embed_dataset", no_work)
+            err = refused(tmp_path, capsys, *command, finished_run)
+        assert err == (f"kdml: error: {finished_run / name} is in the way and kdml did not "
+                       "write it; move it away (kdml never replaces a file it did not write)")
+        assert (finished_run / name).read_text() == theirs
     (finished_run / name).unlink()
     for _ in range(2):  # the second run replaces the first's file
         assert cli.main([*command, str(finished_run)]) == 0
