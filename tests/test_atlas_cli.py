@@ -22,7 +22,7 @@ def train(tmp_path, name: str, *overrides: str) -> dict:
 
 
 # The SimCLR recipes default to the paper's ResNet-18; the small CPU network runs anywhere, and
-# a few steps reach every part of the run (test_atlas_recipes trains MSimCLR a whole epoch).
+# a few steps reach every part of the run.
 CPU_SIMCLR = ["model.backbone=cnn", "model.small_input=false", "train.steps_per_epoch=2"]
 
 

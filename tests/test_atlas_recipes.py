@@ -363,8 +363,9 @@ def test_msimclr_end_to_end_with_the_piecewise_linear_probe(tmp_path):
 
     recipe = next(r for r in RECIPES if r.name == "msimclr")
     config = resolve_config("msimclr", recipe.params, recipe.defaults, overrides=[
-        "train.epochs=1", "data.dataset=digits", "data.batch_size=64", "method.n_charts=4",
-        "eval.nmi=false", "model.backbone=cnn", "model.small_input=false"])
+        "train.epochs=1", "train.steps_per_epoch=3", "data.dataset=digits",
+        "data.batch_size=64", "method.n_charts=4", "eval.nmi=false", "model.backbone=cnn",
+        "model.small_input=false"])
     assert config.data.split == "seen-holdout"
     metrics = train(config, tmp_path / "run", progress=False, echo=lambda _: None)
     assert 0.0 <= metrics["linear_accuracy"] <= 1.0 and 0.0 <= metrics["recall@1"] <= 1.0

@@ -78,7 +78,7 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "data.batch_size=12",
                      "data.validation=0.4", "train.epochs=6", "train.patience=2",
-                     "train.keep_best=true"]) == 0
+                     "train.keep_best=true", "train.steps_per_epoch=3"]) == 0
     printed = capsys.readouterr().out
     # epochs 3 and 4 do not beat epoch 2: stop after epoch 4, never reaching 0.9
     metrics = json.loads((out / "metrics.json").read_text())
@@ -169,7 +169,7 @@ def test_a_grid_keeping_best_epochs_compares_them_not_the_last(tmp_path, capsys,
     scripted_scores(monkeypatch, [0.5, 0.9, 0.6, 0.7, 0.8, 0.75])
     config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": [2, 8]},
               "data": {"dataset": "digits", "batch_size": 12, "validation": 0.4},
-              "train": {"epochs": 3, "device": "cpu", "keep_best": True},
+              "train": {"epochs": 3, "device": "cpu", "keep_best": True, "steps_per_epoch": 3},
               "eval": {"nmi": False}}
     file = tmp_path / "grid.yaml"
     file.write_text(yaml.safe_dump(config))
