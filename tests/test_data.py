@@ -450,3 +450,17 @@ def test_pipeline_can_leave_training_batches_unnormalised():
     normalizing = InputPipeline(normalization=normalization)
     assert torch.allclose(normalizing.train(raw, torch.Generator().manual_seed(0)),
                           (unit - 0.5) / 0.25)
+
+
+@pytest.mark.parametrize("loader", ["load_mnist5k", "load_mnist1d"])
+def test_datasets_read_once_per_process_are_handed_out_as_fresh_copies(loader):
+    """MNIST 5k and MNIST-1D are read (generated) once per process: a caller that changes its
+    tensors in place must not change what the next caller gets."""
+    from kdml.data import offline
+
+    first_x, first_labels = getattr(offline, loader)()
+    kept_x, kept_labels = first_x.clone(), first_labels.clone()
+    first_x.zero_()
+    first_labels.fill_(-1)
+    second_x, second_labels = getattr(offline, loader)()
+    assert torch.equal(second_x, kept_x) and torch.equal(second_labels, kept_labels)

@@ -1,8 +1,8 @@
 """Datasets that ship with installed packages, so nothing is downloaded.
 
 Each loader returns ``(samples, labels)`` as float32 and int64 tensors, fresh copies of what
-was read: MNIST 5k's text file takes seconds to parse, so one process (``kdml reproduce``,
-a grid) reads it once.
+was read: MNIST 5k's text file takes seconds to parse, and MNIST-1D seconds to generate, so
+one process (``kdml reproduce``, a grid) reads or generates each once.
 """
 
 from __future__ import annotations
@@ -42,9 +42,16 @@ def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor]:
 
     The generator's two splits are concatenated: kdml makes its own (class-disjoint) splits.
     """
+    signals, labels = _generate_mnist1d()
+    return torch.from_numpy(signals.copy()), torch.from_numpy(labels.copy())
+
+
+@functools.lru_cache(maxsize=1)
+def _generate_mnist1d() -> tuple[np.ndarray, np.ndarray]:
+    """The generator's signals, made once per process: generating them takes seconds."""
     from mnist1d.data import get_dataset_args, make_dataset
 
     data = make_dataset(get_dataset_args())
     x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
     y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
+    return x, y
