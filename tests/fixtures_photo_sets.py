@@ -109,6 +109,16 @@ def make_cars196(root: Path, classes: int = 4, per_class: int = 3,
     return root
 
 
+def write_matlab_v73(path: Path) -> None:
+    """Write the start of a MATLAB v7.3 file, which is HDF5 (as ``save(..., '-v7.3')`` writes
+    it): the 128-byte MATLAB header (version 0x0200, endian mark ``IM``) in a 512-byte user
+    block, then HDF5's signature. scipy.io.loadmat reads the version and stops there."""
+    text = (b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 "
+            b"HDF5 schema 1.00 .")
+    header = text.ljust(116, b" ") + bytes(8) + b"\x00\x02IM"
+    path.write_bytes(header.ljust(512, b"\0") + b"\x89HDF\r\n\x1a\n" + bytes(56))
+
+
 def make_sop(root: Path, classes: int = 4, per_class: int = 2, size: tuple[int, int] = (36, 36),
              seed: int = 0) -> Path:
     """Stanford Online Products: Ebay_train.txt (class ids 1..classes//2) and Ebay_test.txt (the

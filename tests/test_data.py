@@ -1,8 +1,12 @@
 """The data path: datasets, splits, seeded samplers, loaders and the batch transforms."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from fixtures_array_sets import make_image_folder
+from fixtures_photo_sets import make_inshop
 from PIL import Image
 
 from kdml.data import (
@@ -19,6 +23,7 @@ from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
 from kdml.data.splits import SEEN, UNSEEN, make_splits, validation_split
 from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
 from kdml.errors import KdmlError
+from kdml.evaluation.retrieval import index_labels
 
 
 def reference_digits():
@@ -174,6 +179,59 @@ def test_class_names_follow_the_training_splits_new_labels():
     shuffled = splits.test.relabelled(torch.tensor([0, 1]))
     assert shuffled.class_names is None and shuffled.class_name(0) is None
     assert vectors([0, 1]).class_name(0) is None
+
+
+def no_gallery(root: Path, item: str) -> None:
+    """List the gallery images of In-Shop's ``item`` as queries: its queries find nothing."""
+    listing = root / "list_eval_partition.txt"
+    lines = listing.read_text().splitlines()
+    listing.write_text("\n".join(line.replace("gallery", "query") if f" {item} " in line
+                                 else line for line in lines) + "\n")
+
+
+def lone_by_the_evaluator(splits) -> int:
+    """The queries retrieval leaves out (R = 0), as the evaluator counts them."""
+    gallery = None if splits.gallery is None else splits.gallery.labels.numpy()
+    return int((index_labels(splits.test.labels.numpy(), gallery).num_relevant == 0).sum())
+
+
+def test_the_test_set_line_counts_query_and_gallery_and_the_queries_left_out(tmp_path):
+    """In-Shop's line counts the gallery too (it had said "6 samples": the queries alone), and
+    says how many queries have no gallery image of their item, which retrieval leaves out."""
+    root = make_inshop(tmp_path, items=6, per_item=3)  # test items: 2 queries, 1 gallery image
+    parts = open_dataset("inshop", str(root))
+    splits = make_splits(parts.dataset, parts.parts, "standard")
+    assert splits.test_set == "6 query and 3 gallery samples of 3 classes not seen in training"
+    assert splits.lone_queries() == lone_by_the_evaluator(splits) == 0
+    no_gallery(root, "id_00000004")
+    parts = open_dataset("inshop", str(root))
+    splits = make_splits(parts.dataset, parts.parts, "standard")
+    assert splits.test_set == (
+        "7 query and 2 gallery samples of 3 classes not seen in training; 3 queries have no "
+        "gallery sample of their class (nothing to retrieve): Recall@K, MAP@R and R-Precision "
+        "leave them out")
+    assert splits.lone_queries() == lone_by_the_evaluator(splits) == 3
+
+
+def test_the_test_set_line_counts_the_samples_alone_in_their_class(tmp_path):
+    """A test class of one image has nothing to retrieve: retrieval leaves it out as a query
+    (it had done so without a word), and the line printed before training says so."""
+    folder = make_image_folder(tmp_path, classes=6, per_class=2)  # c03..c05 test
+    for name in ("c04", "c05"):
+        sorted((folder / name).iterdir())[0].unlink()
+    parts = open_dataset(f"folder:{folder}")
+    splits = make_splits(parts.dataset, parts.parts, "standard")
+    assert splits.test_set == (
+        "4 samples of classes not seen in training; 2 of them are the only sample of their "
+        "class and cannot be queries (nothing to retrieve): Recall@K, MAP@R and R-Precision "
+        "leave them out")
+    assert splits.lone_queries() == lone_by_the_evaluator(splits) == 2
+    copy = sorted((folder / "c04").iterdir())[0]
+    copy.with_name(f"copy{copy.suffix}").write_bytes(copy.read_bytes())  # c04: 2 images
+    splits = make_splits(open_dataset(f"folder:{folder}").dataset, {}, "standard")
+    assert splits.test_set.endswith("; 1 of them is the only sample of its class and cannot be "
+                                    "a query (nothing to retrieve): Recall@K, MAP@R and "
+                                    "R-Precision leave it out")
 
 
 def test_validation_holds_out_the_last_training_classes_and_never_touches_the_test_part():

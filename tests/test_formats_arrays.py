@@ -288,6 +288,36 @@ def test_idx_file_errors(tmp_path):
     one_line_error(lambda: load_mnist(folder), "t10k-images-idx3-ubyte.gz", "gzip")
 
 
+def dotted(folder: Path) -> Path:
+    """Rename the IDX files as some copies (Kaggle's) do: ``train-images.idx3-ubyte``."""
+    for path in folder.iterdir():
+        path.rename(path.with_name(path.name.replace("-idx", ".idx")))
+    return folder
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_idx_files_with_a_dot_before_idx_are_found(tmp_path, monkeypatch, gzipped):
+    """``train-images.idx3-ubyte`` (``.gz`` or not) is read as ``train-images-idx3-ubyte``,
+    by the reader and by the search of ``$KDML_DATA_ROOT`` (its marker file)."""
+    folder = dotted(make_idx(tmp_path, train=20, test=10, gzipped=gzipped,
+                             name="fashion-mnist"))
+    assert (folder / f"t10k-labels.idx1-ubyte{'.gz' if gzipped else ''}").is_file()
+    expected = load_fashion_mnist(make_idx(tmp_path / "dashed", train=20, test=10,
+                                           name="fashion-mnist")).dataset
+    assert torch.equal(load_fashion_mnist(folder).dataset.x, expected.x)
+    monkeypatch.setenv("KDML_DATA_ROOT", str(tmp_path))  # before the system's copy
+    found = open_dataset("fashion-mnist").dataset
+    assert torch.equal(found.x, expected.x) and torch.equal(found.labels, expected.labels)
+
+
+def test_a_missing_idx_file_names_every_name_searched(tmp_path):
+    folder = make_idx(tmp_path, train=10, test=5, gzipped=False)
+    (folder / "t10k-labels-idx1-ubyte").unlink()
+    one_line_error(lambda: load_mnist(folder), "mnist: missing t10k-labels-idx1-ubyte (searched "
+                   "for t10k-labels-idx1-ubyte, t10k-labels-idx1-ubyte.gz, "
+                   "t10k-labels.idx1-ubyte, t10k-labels.idx1-ubyte.gz)", str(folder))
+
+
 def test_real_fashion_mnist(monkeypatch):
     if not FASHION_MNIST.is_dir():
         pytest.skip("real Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")

@@ -3,6 +3,7 @@ fixtures: what they read, and the one-line errors for broken folders."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 import scipy.io
 import torch
-from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop
+from fixtures_array_sets import make_cifar10, make_cifar100, make_idx
+from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop, write_matlab_v73
 
 from kdml.data.formats.cars import load_cars196
 from kdml.data.formats.common import DatasetParts
@@ -18,7 +20,7 @@ from kdml.data.formats.cub import load_cub
 from kdml.data.formats.inshop import load_inshop
 from kdml.data.formats.sop import load_sop
 from kdml.data.images import ImageFiles
-from kdml.data.registry import ROOT_VARIABLE, open_dataset
+from kdml.data.registry import FORMATS, ROOT_VARIABLE, find_root, open_dataset
 from kdml.errors import KdmlError
 
 
@@ -198,6 +200,36 @@ def with_path(annotations: np.ndarray, number: int, path: str) -> np.ndarray:
     """Annotation ``number`` (1-based) names the image ``path``."""
     annotations[0, number - 1]["relative_im_path"] = np.array([path])
     return annotations
+
+
+def classification_release(root: Path) -> None:
+    """Turn a Cars196 folder into the other release of the photos, for classification:
+    devkit/cars_meta.mat, cars_train/, no cars_annos.mat nor car_ims/."""
+    (root / "devkit").mkdir()
+    names = scipy.io.loadmat(root / "cars_annos.mat")["class_names"]
+    scipy.io.savemat(root / "devkit" / "cars_meta.mat", {"class_names": names})
+    (root / "cars_annos.mat").unlink()
+    (root / "car_ims").rename(root / "cars_train")
+
+
+@pytest.mark.parametrize(("break_it", "match"), [
+    (lambda root: (root / "cars_annos.mat").unlink(),
+     r"missing cars_annos\.mat: put Cars196's cars_annos\.mat beside car_ims/"),
+    (lambda root: ((root / "cars_annos.mat").unlink(), shutil.rmtree(root / "car_ims")),
+     r"missing cars_annos\.mat: pass the folder that holds cars_annos\.mat and car_ims/"),
+    (classification_release,
+     r"missing cars_annos\.mat: devkit/cars_meta\.mat is of the Stanford Cars classification "
+     r"release .*; get the same page's car_ims\.tgz and cars_annos\.mat"),
+    (lambda root: write_matlab_v73(root / "cars_annos.mat"),
+     r"cars_annos\.mat is a MATLAB v7\.3 \(HDF5\) file, which scipy cannot read; use the "
+     r"original file \(MATLAB v5\), or save it again as v7"),
+], ids=["car_ims-only", "empty", "classification-release", "matlab-v7.3"])
+def test_cars196_says_what_to_do_without_a_readable_cars_annos_mat(tmp_path, break_it, match):
+    """The devkit's files (the classification release) and a v7.3 file are named as such, with
+    what to get instead; scipy's own words on a v7.3 file were 'use an HDF reader'."""
+    make_cars196(tmp_path)
+    break_it(tmp_path)
+    one_line_error(load_cars196, tmp_path, match)
 
 
 @pytest.mark.parametrize(("break_it", "match"), [
@@ -419,4 +451,53 @@ def test_open_dataset_finds_the_folder_under_the_data_root_variable(tmp_path, mo
     assert len(open_dataset("inshop").dataset) == 18
     with pytest.raises(KdmlError, match="cub: no dataset found") as info:
         open_dataset("cub")
+    assert "\n" not in str(info.value)
+
+
+# The folder names searched: --data-root and $KDML_DATA_ROOT alike
+
+ARCHIVE_FOLDERS = {"cub": "CUB_200_2011", "sop": "Stanford_Online_Products",
+                   "cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    **MAKERS, "cifar10": make_cifar10, "cifar100": lambda root: make_cifar100(root, classes=10),
+    "mnist": lambda root: make_idx(root, train=20, test=10),
+    "fashion-mnist": lambda root: make_idx(root, train=20, test=10, name="fashion-mnist"),
+}
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_data_root_and_the_variable_search_the_same_folder_names(tmp_path, monkeypatch, name):
+    """A base folder holding the dataset as the folder its archive unpacks to, as ``<name>``,
+    or as ``<name>/<archive folder>``, is found both as ``--data-root BASE`` and as
+    ``$KDML_DATA_ROOT=BASE``. The variable had looked in ``<name>`` only (not in
+    ``CUB_200_2011``), and ``--data-root`` not in ``<name>``."""
+    assert set(BUILDERS) == set(FORMATS)
+    built = BUILDERS[name](tmp_path / "built")
+    archive = ARCHIVE_FOLDERS.get(name, "")
+    names = [archive, name, f"{name}/{archive}"] if archive else [name]
+    for number, relative in enumerate(names):
+        base = tmp_path / f"base{number}"
+        shutil.copytree(built, base / relative)
+        monkeypatch.delenv(ROOT_VARIABLE, raising=False)
+        assert find_root(FORMATS[name], str(base)) == base / relative, relative
+        monkeypatch.setenv(ROOT_VARIABLE, str(base))
+        assert find_root(FORMATS[name]) == base / relative, relative
+    assert len(open_dataset(name).dataset) == len(open_dataset(name, str(built)).dataset)
+
+
+def test_the_data_root_variable_holds_datasets_and_names_the_folders_searched(tmp_path,
+                                                                                monkeypatch):
+    """``$KDML_DATA_ROOT`` is a folder of datasets, not one: files directly in it are read as no
+    dataset (MNIST's and Fashion-MNIST's have the same names); ``--data-root`` reads them. A
+    dataset not found is refused with every folder searched."""
+    files = make_idx(tmp_path, train=20, test=10, name="data")
+    monkeypatch.setenv(ROOT_VARIABLE, str(files))
+    with pytest.raises(KdmlError, match=f"mnist: no dataset found .searched: {files}/mnist.;"):
+        open_dataset("mnist")
+    assert len(open_dataset("mnist", str(files)).dataset) == 30
+    with pytest.raises(KdmlError) as info:
+        open_dataset("cub")
+    searched = ", ".join(f"{files}/{name}" for name in ("CUB_200_2011", "cub",
+                                                        "cub/CUB_200_2011"))
+    assert f"(searched: {searched}); pass its folder with --data-root DIR" in str(info.value)
     assert "\n" not in str(info.value)

@@ -832,7 +832,8 @@ def _datasets(args: argparse.Namespace) -> int:
     print("Offline and your own data:")
     for name, description in rows:
         print(f"  {name:<{width}}  {description}")
-    print(f"On-disk datasets (--data-root DIR, or ${ROOT_VARIABLE}/<name>):")
+    print(f"On-disk datasets (--data-root DIR, or ${ROOT_VARIABLE}/<name> or the archive's "
+          "folder):")
     for name, description, where in on_disk:
         print(f"  {name:<{width}}  {description}; {where}")
     return 0

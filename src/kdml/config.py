@@ -28,7 +28,7 @@ class DataConfig:
     # a dataset name (see `kdml datasets`), folder:DIR, csv:FILE, a domain pair
     # "SOURCE->TARGET", or "npz:PATH" (features of two domains)
     dataset: str = "mnist5k"
-    root: str = ""  # folder of an on-disk dataset; "" = $KDML_DATA_ROOT/<name>, then system
+    root: str = ""  # folder of an on-disk dataset; "" = searched in $KDML_DATA_ROOT, then system
     # standard (the dataset's own split; class-disjoint where it has none) | class-disjoint |
     # seen-holdout (ignored for domain pairs)
     split: str = "standard"

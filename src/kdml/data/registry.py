@@ -1,12 +1,18 @@
 """``--dataset`` names -> datasets: the offline sets, the on-disk formats, ``folder:DIR`` and
 ``csv:FILE``.
 
-An on-disk dataset is read from the first of these roots:
+An on-disk dataset is read from the first of these base folders:
 
 1. ``data.root`` (the command line's ``--data-root DIR``);
-2. ``$KDML_DATA_ROOT/<name>``;
+2. ``$KDML_DATA_ROOT``;
 3. the format's system folder, where a distribution installs one (Debian's and Ubuntu's
    ``dataset-fashion-mnist`` package: ``/usr/share/datasets/fashion-mnist``).
+
+Inside each base the same folder names are searched (:meth:`DiskFormat.folders`): the folder
+the dataset's archive unpacks to (``CUB_200_2011``), ``<name>`` (``cub``) and the archive's
+folder inside that (``cub/CUB_200_2011``); before them the base itself, except
+``$KDML_DATA_ROOT``, which holds many datasets (MNIST's and Fashion-MNIST's files have the same
+names, so files directly in it could be read as the wrong one).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts
+from kdml.data.formats.idx import file_names as idx_file_names
 from kdml.errors import KdmlError
 
 ROOT_VARIABLE = "KDML_DATA_ROOT"
@@ -61,7 +68,7 @@ class DiskFormat:
             only when used).
         markers: files that show the dataset is in a folder (any one of them).
         archive_folder: the folder its archive extracts to (``CUB_200_2011``), also looked
-            for inside a root.
+            for inside a root (:meth:`folders`).
         system_root: a folder where an operating-system package installs the files.
     """
 
@@ -76,13 +83,19 @@ class DiskFormat:
         module, function = self.loader.split(":")
         return getattr(importlib.import_module(module), function)(root)
 
+    def folders(self, base: Path, shared: bool = False) -> list[Path]:
+        """The folders searched for the dataset in ``base``, in order: ``base`` itself
+        (unless ``shared``: a folder of many datasets, ``$KDML_DATA_ROOT``), its archive
+        folder, ``<name>`` and the archive folder inside that. One list for ``--data-root``,
+        ``$KDML_DATA_ROOT`` and the system folder alike."""
+        archive = self.archive_folder
+        names = [archive, self.name, f"{self.name}/{archive}"] if archive else [self.name]
+        inside = [base / name for name in names]
+        return inside if shared else [base, *inside]
+
     def located(self, folder: Path) -> Path | None:
-        """``folder`` or its archive folder, whichever holds the dataset's files."""
-        for candidate in (folder, folder / self.archive_folder) if self.archive_folder else (
-                folder,):
-            if any((candidate / marker).is_file() for marker in self.markers):
-                return candidate
-        return None
+        """``folder`` if it holds one of the dataset's marker files, else ``None``."""
+        return folder if any((folder / marker).is_file() for marker in self.markers) else None
 
 
 def _format(name: str, description: str, module: str, function: str, *markers: str,
@@ -108,10 +121,10 @@ FORMATS: dict[str, DiskFormat] = {
         _format("cifar100", "CIFAR-100, 60,000 3x32x32 images, 100 classes (files' split)",
                 "cifar", "load_cifar100", "train", archive_folder="cifar-100-python"),
         _format("mnist", "MNIST, 70,000 1x28x28 digits (IDX files, files' split)",
-                "idx", "load_mnist", "train-labels-idx1-ubyte", "train-labels-idx1-ubyte.gz"),
+                "idx", "load_mnist", *idx_file_names("train-labels-idx1-ubyte")),
         _format("fashion-mnist", "Fashion-MNIST, 70,000 1x28x28 clothing images (IDX files)",
-                "idx", "load_fashion_mnist", "train-labels-idx1-ubyte",
-                "train-labels-idx1-ubyte.gz", system_root="/usr/share/datasets/fashion-mnist"),
+                "idx", "load_fashion_mnist", *idx_file_names("train-labels-idx1-ubyte"),
+                system_root="/usr/share/datasets/fashion-mnist"),
     )
 }
 
@@ -120,29 +133,30 @@ PREFIXES = {"folder:": "a folder of images, one sub-folder per class",
 
 
 def candidate_roots(entry: DiskFormat, configured: str = "") -> list[Path]:
-    """The folders searched for ``entry``, in order (see the module docstring)."""
+    """Every folder searched for ``entry``, in order (see the module docstring): the
+    :meth:`DiskFormat.folders` of ``configured`` (``data.root``), or else of
+    ``$KDML_DATA_ROOT`` and of the format's system folder."""
     if configured:
-        return [Path(configured).expanduser()]
+        return entry.folders(Path(configured).expanduser())
     roots = []
     if os.environ.get(ROOT_VARIABLE):
-        roots.append(Path(os.environ[ROOT_VARIABLE]).expanduser() / entry.name)
+        roots += entry.folders(Path(os.environ[ROOT_VARIABLE]).expanduser(), shared=True)
     if entry.system_root:
-        roots.append(Path(entry.system_root))
+        roots += entry.folders(Path(entry.system_root))
     return roots
 
 
 def find_root(entry: DiskFormat, configured: str = "") -> Path:
     """The folder to read ``entry`` from, or a one-line error saying where to put it."""
     roots = candidate_roots(entry, configured)
+    if configured and not roots[0].is_dir():
+        raise KdmlError(f"{entry.name}: data root {roots[0]} is not a folder; pass the "
+                        "folder that holds the extracted dataset to --data-root")
+    found = next((root for root in roots if entry.located(root) is not None), None)
+    if found is not None:
+        return found
     if configured:
-        if not roots[0].is_dir():
-            raise KdmlError(f"{entry.name}: data root {roots[0]} is not a folder; pass the "
-                            "folder that holds the extracted dataset to --data-root")
-        return entry.located(roots[0]) or roots[0]  # the reader names what is missing
-    for root in roots:
-        found = entry.located(root)
-        if found is not None:
-            return found
+        return roots[0]  # the reader names the file that is missing
     searched = ", ".join(str(root) for root in roots) or f"${ROOT_VARIABLE} is not set"
     raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); pass its folder "
                     f"with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml datasets')")

@@ -36,6 +36,14 @@ TEST_SETS = {UNSEEN: "classes not seen in training",
              DOMAIN: "the target domain, whose labels training never sees"}
 
 
+def counted_classes(count: int, kind: str) -> str:
+    """``"3,985 classes not seen in training"``: :data:`TEST_SETS`'s words with a count (of a
+    query/gallery split, never a domain pair's)."""
+    if kind == SEEN:
+        return f"{count:,} training classes, held out from training"
+    return f"{count:,} {TEST_SETS[UNSEEN]}"
+
+
 @dataclass
 class DataSplits:
     """What the trainer trains on and the evaluator scores.
@@ -63,11 +71,47 @@ class DataSplits:
     @property
     def test_set(self) -> str:
         """One line on the test samples, e.g. ``"1,000 samples of classes not seen in
-        training"``."""
+        training"``, or with a gallery ``"14,218 query and 12,612 gallery samples of 3,985
+        classes not seen in training"``, saying how many queries retrieval leaves out
+        (:meth:`lone_queries`)."""
         if self.validation:
-            return (f"{len(self.test):,} validation samples of {TEST_SETS[self.kind]}, carved "
+            line = (f"{len(self.test):,} validation samples of {TEST_SETS[self.kind]}, carved "
                     "from the training part (data.validation; the test part is not used)")
-        return f"{len(self.test):,} samples of {TEST_SETS[self.kind]}"
+        elif self.gallery is not None:
+            classes = torch.cat([self.test.labels, self.gallery.labels]).unique().numel()
+            line = (f"{len(self.test):,} query and {len(self.gallery):,} gallery samples of "
+                    f"{counted_classes(classes, self.kind)}")
+        else:
+            line = f"{len(self.test):,} samples of {TEST_SETS[self.kind]}"
+        return line + self.lone_queries_note()
+
+    def lone_queries(self) -> int:
+        """How many test queries have nothing to retrieve, so that Recall@K, MAP@R and
+        R-Precision leave them out (as PML's ``AccuracyCalculator``): with a gallery, the
+        queries whose class has no gallery sample; without, each sample that is the only one
+        of its class. A domain pair's target is not counted (its unlabelled samples are -1)."""
+        labels = self.test.labels
+        if self.kind == DOMAIN:
+            return 0
+        if self.gallery is not None:
+            return int((~torch.isin(labels, self.gallery.labels)).sum())
+        _, inverse, counts = labels.unique(return_inverse=True, return_counts=True)
+        return int((counts[inverse] == 1).sum())
+
+    def lone_queries_note(self) -> str:
+        """``""``, or the clause of :attr:`test_set` that counts :meth:`lone_queries`."""
+        lone = self.lone_queries()
+        if not lone:
+            return ""
+        one = lone == 1
+        left_out = ("(nothing to retrieve): Recall@K, MAP@R and R-Precision leave "
+                    f"{'it' if one else 'them'} out")
+        if self.gallery is not None:
+            return (f"; {lone:,} {'query has' if one else 'queries have'} no gallery sample of "
+                    f"{'its' if one else 'their'} class {left_out}")
+        return (f"; {lone:,} of them {'is' if one else 'are'} the only sample of "
+                f"{'its' if one else 'their'} class and cannot be {'a query' if one else 'queries'}"
+                f" {left_out}")
 
     @property
     def reference_size(self) -> int:

@@ -11,7 +11,10 @@ The extracted archive::
 Split of deep metric learning (Oh Song et al. 2016): the first half of the class ids (1-98,
 8,054 images) train, the second half (99-196, 8,131 images) test. The ``test`` flag (a split of
 every class's images, for classification) and the bounding boxes are not used; ``class_names``,
-where present, names the classes.
+where present, names the classes. The other release of the same photos, for classification
+(``cars_train/``, ``cars_test/``, ``devkit/cars_meta.mat``), is not read: it is named as such
+when found instead. ``cars_annos.mat`` is a MATLAB v5 file; one saved again as v7.3 (HDF5) is
+refused with a line saying so (scipy cannot read it).
 """
 
 from __future__ import annotations
@@ -29,18 +32,48 @@ from kdml.data.images import ImageFiles
 EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
 FILE = "cars_annos.mat"
 FIELDS = ("relative_im_path", "class")
+# Files of the other release of the same photos, for classification (cars_train/, cars_test/,
+# car_devkit.tgz): another split and other annotation files, which kdml does not read.
+DEVKIT_FILES = ("devkit/cars_meta.mat", "cars_meta.mat", "devkit/cars_train_annos.mat",
+                "cars_train_annos.mat")
+
+
+def annotations_file(layout: Layout) -> Path:
+    """``cars_annos.mat`` in the root, or a one-line error saying what to put there."""
+    path = layout.root / FILE
+    if path.is_file():
+        return path
+    devkit = next((name for name in DEVKIT_FILES if (layout.root / name).is_file()), None)
+    if devkit is not None:
+        raise layout.error(f"missing {FILE}: {devkit} is of the Stanford Cars classification "
+                           "release (cars_train/, cars_test/, devkit/), whose files and split "
+                           f"kdml does not read; get the same page's car_ims.tgz and {FILE}, "
+                           "the Cars196 release of deep metric learning")
+    if (layout.root / "car_ims").is_dir():
+        raise layout.error(f"missing {FILE}: put Cars196's {FILE} beside car_ims/")
+    raise layout.error(f"missing {FILE}: pass the folder that holds {FILE} and car_ims/")
+
+
+def read_annotations(layout: Layout) -> dict:
+    """The variables of ``cars_annos.mat``, or a one-line error (a MATLAB v7.3 file named as
+    such: scipy reads v4 to v7 files only)."""
+    path = annotations_file(layout)
+    try:
+        return scipy.io.loadmat(str(path))
+    except NotImplementedError:  # scipy's answer to a v7.3 (HDF5) file
+        raise layout.error(f"{FILE} is a MATLAB v7.3 (HDF5) file, which scipy cannot read; use "
+                           "the original file (MATLAB v5), or save it again as v7 (MATLAB or "
+                           "Octave: save(..., '-v7'))") from None
+    except Exception as error:  # scipy raises many types for a damaged or non-MATLAB file
+        reason = " ".join(str(error).split())[:80]
+        raise layout.error(f"{FILE} is not a readable MATLAB file "
+                           f"({type(error).__name__}: {reason})") from None
 
 
 def load_cars196(root: Path) -> DatasetParts:
     """Read Cars196 from its extracted folder ``root``."""
     layout = Layout("cars196", root, EXPECTED)
-    path = layout.file(FILE)
-    try:
-        contents = scipy.io.loadmat(str(path))
-    except Exception as error:  # scipy raises many types for a damaged or non-MATLAB file
-        reason = " ".join(str(error).split())[:80]
-        raise layout.error(f"{FILE} is not a readable MATLAB file "
-                           f"({type(error).__name__}: {reason})") from None
+    contents = read_annotations(layout)
     annotations = contents.get("annotations")
     if annotations is None:
         raise layout.error(f"{FILE} has no 'annotations' variable")

@@ -6,6 +6,9 @@ The four files, each as distributed (``.gz``) or decompressed::
     train-images-idx3-ubyte   60,000 images     train-labels-idx1-ubyte   60,000 labels
     t10k-images-idx3-ubyte    10,000 images     t10k-labels-idx1-ubyte    10,000 labels
 
+each also found with a dot before the ``idx`` part (``train-images.idx3-ubyte``), as some
+copies (Kaggle's) name them.
+
 An IDX file is a big-endian header, the magic number ``0x00000803`` (uint8, 3 dimensions:
 images) or ``0x00000801`` (uint8, 1 dimension: labels) then one uint32 per dimension, followed
 by the uint8 values in row-major order.
@@ -27,7 +30,8 @@ from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts, Layout
 
 EXPECTED = ("the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-            "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each may end in .gz)")
+            "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each may end in .gz, and "
+            "have a dot before idx: train-images.idx3-ubyte)")
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 CLASSES = 10  # both datasets' labels are 0-9
@@ -38,12 +42,21 @@ FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
                          "Sneaker", "Bag", "Ankle boot")
 
 
+def file_names(name: str) -> tuple[str, ...]:
+    """The names the IDX file ``name`` (``train-images-idx3-ubyte``) is looked for under, in
+    order: as named, gzipped, then with a dot before ``idx`` (``train-images.idx3-ubyte``, as
+    in some Kaggle copies), decompressed or gzipped."""
+    dotted = name.replace("-idx", ".idx")
+    return name, f"{name}.gz", dotted, f"{dotted}.gz"
+
+
 def find_file(layout: Layout, name: str) -> Path:
-    """``root/name`` or, failing that, ``root/name.gz``."""
-    for candidate in (name, f"{name}.gz"):
+    """The first of :func:`file_names` that is a file in the root."""
+    names = file_names(name)
+    for candidate in names:
         if (layout.root / candidate).is_file():
             return layout.root / candidate
-    raise layout.error(f"missing {name} (or {name}.gz)")
+    raise layout.error(f"missing {name} (searched for {', '.join(names)})")
 
 
 def read_idx(layout: Layout, name: str, magic: int) -> np.ndarray:
