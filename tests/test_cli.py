@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -111,6 +112,97 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_override
     state_a = torch.load(part / "checkpoints/last.pt", weights_only=True)["method"]
     state_b = torch.load(full / "checkpoints/last.pt", weights_only=True)["method"]
     assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+
+
+def same(a, b) -> bool:
+    """Whether two checkpoint parts (nested dicts and lists of tensors and numbers) are equal."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return (isinstance(b, dict) and a.keys() == b.keys()
+                and all(same(a[key], b[key]) for key in a))
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(same(x, y) for x, y in zip(a, b, strict=True)))
+    return a == b
+
+
+def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, tiny_overrides,
+                                                                   monkeypatch, capsys):
+    """Scoring can take many minutes (SOP: 60k test images embedded and searched); a kill then
+    keeps the trained epoch (checkpoints/unscored.pt), and --resume scores it without training
+    it again, ending where the uninterrupted run ends."""
+    overrides = [*tiny_overrides, "train.epochs=3", "optim.lr_step=2", "train.steps_per_epoch=4"]
+    real_save, real_train, real_evaluate = (trainer.save_checkpoint, trainer.train_one_epoch,
+                                            trainer.evaluate_method)
+    saved: dict[tuple[str, int], dict] = {}
+
+    def kept_save(state, path):
+        saved[path.name, state["epoch"]] = copy.deepcopy(state)  # not the live tensors
+        real_save(state, path)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", kept_save)
+    full = tmp_path / "full"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
+                   *overrides) == 0
+    assert not (full / "checkpoints" / "unscored.pt").exists()  # gone once last.pt holds it
+    # scoring leaves the training state as it was: resuming before it or after it is the same
+    before, after = saved["unscored.pt", 2], saved["last.pt", 2]
+    assert before["unscored"]["row"] == {key: value for key, value in after["history"][-1].items()
+                                         if not key.startswith("test/")}
+    assert before["history"] == after["history"][:-1] and not before["finished"]
+    for key in ("method", "optimizer", "scheduler", "scaler"):
+        assert same(before[key], after[key]), key
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+
+    trained, scored = [], []
+
+    def counted_train(session, epoch, progress):
+        trained.append(epoch)
+        return real_train(session, epoch, progress)
+
+    def killed_scoring_epoch_2(*args, **kwargs):
+        scored.append(len(scored) + 1)
+        if len(scored) == 2:  # what a kill leaves: no except clause of kdml's runs
+            raise KeyboardInterrupt
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", counted_train)
+    monkeypatch.setattr(trainer, "evaluate_method", killed_scoring_epoch_2)
+    part = tmp_path / "part"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", part, "--no-progress",
+                   *overrides) == 130
+    assert trained == [1, 2]
+    checkpoints = part / "checkpoints"
+    assert torch.load(checkpoints / "last.pt", weights_only=True)["epoch"] == 1
+    assert torch.load(checkpoints / "unscored.pt", weights_only=True)["epoch"] == 2
+    assert [row["epoch"] for row in read_metrics(part)["epochs"]] == [1]  # no half epoch
+    assert "epoch 2 trained; scoring" in (part / "train.log").read_text()
+    # kdml eval scores last.pt, the epoch metrics.json ends with
+    monkeypatch.setattr(trainer, "evaluate_method", real_evaluate)
+    assert run_cli("eval", part) == 0
+    assert json.loads((part / "eval.json").read_text())["epoch"] == 1
+    # a new run into the folder is refused: it holds a trained epoch
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", part, "--no-progress",
+                   *overrides) == 2
+    assert "already holds a run; continue it with 'kdml train --resume" in capsys.readouterr().err
+
+    trained.clear()
+    torch.manual_seed(12345)  # another process: training draws nothing from the global streams
+    assert run_cli("train", "--resume", part, "--no-progress") == 0
+    assert "after epoch 2 of 3, trained but not yet scored: scoring it first" in (
+        capsys.readouterr().out)
+    assert trained == [3]  # epoch 2 is scored, not trained again
+    # the session's first line says so (kdml reproduce's time accounting reads it)
+    from kdml.training.run_folder import SCORED_FIRST
+
+    assert f"start epoch 2 of 3 ({SCORED_FIRST})," in (part / "train.log").read_text()
+    assert not (checkpoints / "unscored.pt").exists()
+    assert read_metrics(part) == read_metrics(full)
+    state_a = torch.load(checkpoints / "last.pt", weights_only=True)
+    state_b = torch.load(full / "checkpoints/last.pt", weights_only=True)
+    assert state_a["finished"] and state_a["history"] == state_b["history"]
+    assert all(torch.equal(state_a["method"][k], state_b["method"][k]) for k in state_a["method"])
 
 
 @pytest.mark.slow

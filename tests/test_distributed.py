@@ -3,6 +3,7 @@ global batch, gradients are exact, only rank 0 writes, evaluation is exact."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,6 +193,42 @@ def test_batchnorm_layers_that_train_per_process_are_named_once(torchrun_run, tm
     assert (tmp_path / "run" / "train.log").read_text().count("BatchNorm layers") == 1
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command name)"
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def kill_job(launcher: subprocess.Popen) -> None:
+    """SIGKILL a torchrun job, launcher and ranks, and wait until the ranks are gone: torchrun
+    starts each rank in a session of its own, so a kill of its process group alone leaves the
+    ranks training on."""
+    ranks = children(launcher.pid)
+    assert ranks, "torchrun has not started its ranks"
+    for pid in [*ranks, launcher.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+    launcher.wait()
+    deadline = time.time() + 30
+    while any(alive(pid) for pid in ranks) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in ranks), "a rank outlived the kill"
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: neither gone nor a zombie (dead, waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
     folder, _ = torchrun_run
     out = tmp_path / "run"
@@ -201,8 +239,7 @@ def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
     deadline = time.time() + 240
     while not (out / "checkpoints" / "last.pt").exists() and time.time() < deadline:
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)  # torchrun and both ranks, mid-epoch 2
-    process.wait()
+    kill_job(process)  # torchrun and both ranks, mid-epoch 2
     assert json.loads((out / "metrics.json").read_text())["final"] is None
     result = torchrun("train", "--resume", out, "--no-progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -746,6 +746,21 @@ def test_the_training_time_restarts_with_a_run_trained_again_from_epoch_1(tmp_pa
     assert logged_seconds(log) == 90.0
 
 
+def test_a_session_that_only_scores_epoch_1_keeps_the_time_that_trained_it(tmp_path):
+    """Killed while epoch 1 was scored, a run resumes by scoring it (checkpoints/unscored.pt):
+    its 'start epoch 1' line starts no run afresh, so the first session's time still counts,
+    as the trainer writes that line."""
+    from kdml.training.run_folder import SCORED_FIRST
+
+    log = tmp_path / "train.log"
+    log.write_text("2026-01-01 10:00:00,000 start epoch 1 of 2, device cpu\n"
+                   "2026-01-01 10:05:00,000 epoch 1 trained; scoring\n"
+                   f"2026-01-01 11:00:00,000 start epoch 1 of 2 ({SCORED_FIRST}), device cpu\n"
+                   "2026-01-01 11:01:00,000 epoch 1: lr=0.001, train/loss=1.0\n"
+                   "2026-01-01 11:01:30,000 epoch 2: lr=0.001, train/loss=0.5\n")
+    assert logged_seconds(log) == 300.0 + 90.0
+
+
 def test_reproduction_runs_score_once_and_keep_the_folders_of_runs_that_scored_every_epoch():
     experiment = experiments("jrd", quick=False)[0]
     config = cell_config(experiment, experiment.cells[0], 0, "cpu")

@@ -438,3 +438,128 @@ def test_a_trained_run_loads_whatever_the_checks_before_training_now_refuse(tmp_
     config.write_text(config.read_text().replace("metric: euclidean", "metric: cosine"))
     assert "metric: cosine" in config.read_text()
     assert cli.main(["eval", str(out)]) == 0
+
+
+def scoring_killed_at(monkeypatch, kills: set[int], script: list[float] | None = None
+                      ) -> list[int]:
+    """Make the trainer's scoring raise KeyboardInterrupt (as a kill stops it: no except
+    clause of kdml's runs) at the given calls, counted over every session; the other calls
+    score as usual, or by ``script`` (validation recall@1, epoch by epoch: a killed call
+    takes none). Returns the epochs trained, session by session, in order."""
+    from kdml.training import trainer
+
+    real_train, real_evaluate = trainer.train_one_epoch, trainer.evaluate_method
+    calls, scores, trained = [0], iter(script or []), []
+
+    def scoring(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] in kills:
+            raise KeyboardInterrupt
+        if script is not None:
+            return {"recall@1": next(scores), "map@r": 0.0}
+        return real_evaluate(*args, **kwargs)
+
+    def counted(session, epoch, progress):
+        trained.append(epoch)
+        return real_train(session, epoch, progress)
+
+    monkeypatch.setattr(trainer, "evaluate_method", scoring)
+    monkeypatch.setattr(trainer, "train_one_epoch", counted)
+    return trained
+
+
+def test_keep_best_and_patience_decide_alike_after_kills_while_scoring(tmp_path, monkeypatch):
+    """The best checkpoint and the patience rule are decided once an epoch is scored: a run
+    killed while scoring its best epoch (2), then while scoring the one patience stops at (4),
+    keeps and stops as the uninterrupted run does, training no epoch twice."""
+    settings = ["--no-progress", "data.batch_size=12", "data.validation=0.4", "train.epochs=6",
+                "train.patience=2", "train.keep_best=true", "train.steps_per_epoch=2"]
+    script = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]
+    full, part = tmp_path / "full", tmp_path / "part"
+    with monkeypatch.context() as patched:
+        scoring_killed_at(patched, set(), script)
+        assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(full),
+                         *TINY, *settings]) == 0
+    trained = scoring_killed_at(monkeypatch, {2, 5}, script)
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(part), *TINY,
+                     *settings]) == 130
+    best = part / "checkpoints" / "best.pt"
+    assert torch.load(best, weights_only=True)["epoch"] == 1  # epoch 2 is not scored yet
+    assert cli.main(["train", "--resume", str(part), "--no-progress"]) == 130
+    assert torch.load(best, weights_only=True)["epoch"] == 2
+    assert cli.main(["train", "--resume", str(part), "--no-progress"]) == 0
+    assert trained == [1, 2, 3, 4]
+    assert "without a better validation recall@1 than epoch 2's" in (
+        part / "train.log").read_text()
+    assert (json.loads((part / "metrics.json").read_text())
+            == json.loads((full / "metrics.json").read_text()))
+    for name in ("best.pt", "last.pt"):
+        mine, theirs = (torch.load(run / "checkpoints" / name, weights_only=True)
+                        for run in (part, full))
+        assert (mine["epoch"], mine["finished"]) == (theirs["epoch"], theirs["finished"])
+        assert all(torch.equal(mine["method"][key], theirs["method"][key])
+                   for key in theirs["method"])
+    assert sorted(path.name for path in (part / "checkpoints").iterdir()) == ["best.pt",
+                                                                              "last.pt"]
+
+
+def test_only_epochs_that_are_scored_are_kept_before_their_scoring(tmp_path, monkeypatch):
+    """train.eval_every: an epoch not scored has its checkpoint at once, as before; a scored
+    one is kept as trained before it is scored. A kept epoch that last.pt holds already (a
+    kill came between the two files) is superseded: a resume removes it."""
+    from kdml.training import trainer
+
+    real_save, written = trainer.save_checkpoint, []
+
+    def save(state, path):
+        written.append((path.name, state["epoch"]))
+        real_save(state, path)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=3", "train.eval_every=2",
+          "train.steps_per_epoch=2")
+    assert written == [("last.pt", 1), ("unscored.pt", 2), ("last.pt", 2), ("unscored.pt", 3),
+                       ("last.pt", 3)]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    state = torch.load(checkpoints / "last.pt", weights_only=True)
+    before = (tmp_path / "run" / "metrics.json").read_text()
+    torch.save({**state, "unscored": {"row": {"epoch": 3}, "over": False}},
+               checkpoints / "unscored.pt")
+    assert cli.main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert not (checkpoints / "unscored.pt").exists()
+    assert (tmp_path / "run" / "metrics.json").read_text() == before
+
+
+def test_an_error_kdml_reports_while_scoring_drops_the_epoch_as_before(tmp_path, monkeypatch,
+                                                                       capsys):
+    """An error, not a kill (a setting refused once scored, embeddings that overflow): the
+    trained epoch goes, the folder keeps last.pt as before the epoch (as the error says), and
+    a resume trains the epoch again."""
+    from kdml.training import trainer
+
+    real_evaluate, calls = trainer.evaluate_method, []
+
+    def fails_in_epoch_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise trainer.NonFiniteEmbeddings("the test embeddings contain NaN")
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate_method", fails_in_epoch_2)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.steps_per_epoch=2"]) == 2
+    assert "the run folder keeps epoch 1's checkpoint" in capsys.readouterr().err
+    assert [path.name for path in (out / "checkpoints").iterdir()] == ["last.pt"]
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1
+    trained = scoring_killed_at(monkeypatch, set())
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert trained == [2]
+
+
+def test_a_kill_while_the_unscored_epoch_is_written_leaves_a_partial_file_that_goes(tmp_path):
+    from kdml.training.checkpoint import partial_checkpoints
+
+    (tmp_path / ".unscored.pt.0q9ai83d.tmp").write_bytes(b"")
+    (tmp_path / "unscored.pt").write_bytes(b"")
+    assert partial_checkpoints(tmp_path) == [tmp_path / ".unscored.pt.0q9ai83d.tmp"]

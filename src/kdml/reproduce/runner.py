@@ -27,7 +27,13 @@ from kdml.inspection import GeneralizationSettings, analyze_generalization, draw
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
 from kdml.training.nonfinite import NonFiniteLoss
 from kdml.training.recipes import get_recipe
-from kdml.training.run_folder import NOTHING_LEFT, RunFolder, safe_name, write_json
+from kdml.training.run_folder import (
+    NOTHING_LEFT,
+    SCORED_FIRST,
+    RunFolder,
+    safe_name,
+    write_json,
+)
 from kdml.training.trainer import load_run, resolve_device, train
 
 # Written by kdml into each run folder it trains: the wall time and device of the training.
@@ -170,7 +176,8 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
             return Trained(float(wall), diverged, reused=True)
     # sessions of an interrupted run before this one; without a checkpoint to resume from it
     # trains again from epoch 1, and those sessions' time is lost, not part of the run's
-    earlier = logged_seconds(folder.log) if folder.checkpoint.exists() else 0.0
+    resumable = folder.checkpoint.exists() or folder.unscored_checkpoint.exists()
+    earlier = logged_seconds(folder.log) if resumable else 0.0
     start = time.perf_counter()
     diverged = ""
     try:
@@ -207,7 +214,8 @@ def logged_seconds(log: Path) -> float:
     line to its last line (an epoch cut short by a kill is not counted). 0 without a log.
 
     A session that starts at epoch 1 trains the run from scratch (its checkpoint was lost, as
-    in a run record kept without checkpoints), so the sessions before it are not counted.
+    in a run record kept without checkpoints), so the sessions before it are not counted;
+    unless it only scores epoch 1, trained by the session before (``SCORED_FIRST``).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -237,7 +245,7 @@ def logged_seconds(log: Path) -> float:
         if message.startswith("start epoch") or message.endswith(NOTHING_LEFT):
             if started is not None and last is not None:
                 total += max((last - started).total_seconds(), 0.0)  # local time: DST
-            if message.startswith("start epoch 1 of"):
+            if message.startswith("start epoch 1 of") and SCORED_FIRST not in message:
                 total = 0.0
             started = stamp if message.startswith("start epoch") else None
         last = stamp

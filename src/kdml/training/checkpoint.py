@@ -13,7 +13,7 @@ import torch
 from kdml.errors import KdmlError
 
 # save_checkpoint's partial files: mkstemp's ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
-_PARTIAL = re.compile(r"\.(last|best)\.pt\.[a-z0-9_]{8}\.tmp")
+_PARTIAL = re.compile(r"\.(last|best|unscored)\.pt\.[a-z0-9_]{8}\.tmp")
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

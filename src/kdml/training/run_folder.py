@@ -40,6 +40,7 @@ class RunFolder:
         train.log          the log of every session of this run
         checkpoints/last.pt
         checkpoints/best.pt  the best validation epoch's (train.keep_best)
+        checkpoints/unscored.pt  an epoch trained but not yet scored, while it is scored
         .training.lock     held by the process training the run
         tensorboard/       TensorBoard events
         plots/*.png        training loss and test (or validation) metrics over epochs
@@ -71,6 +72,13 @@ class RunFolder:
     def best_checkpoint(self) -> Path:
         """The best-scoring epoch's checkpoint (``train.keep_best``)."""
         return self.root / "checkpoints" / "best.pt"
+
+    @property
+    def unscored_checkpoint(self) -> Path:
+        """The checkpoint of an epoch trained but not yet scored, written before the scoring
+        (which can take minutes) and removed once ``last.pt`` holds the epoch: a kill while
+        it is scored loses none of its training (``kdml train --resume`` scores it first)."""
+        return self.root / "checkpoints" / "unscored.pt"
 
     @property
     def tensorboard(self) -> Path:
@@ -154,10 +162,11 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     ``held`` the folder already)."""
     # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
     run = RunFolder(root)
-    holds_a_run = run.config.is_file() and (run.log.is_file() or run.checkpoint.is_file())
+    trained = run.checkpoint.is_file() or run.unscored_checkpoint.is_file()
+    holds_a_run = run.config.is_file() and (run.log.is_file() or trained)
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
-        if not (run.checkpoint.is_file() or run.best_checkpoint.is_file()):
+        if not (trained or run.best_checkpoint.is_file()):
             # it would make way, were it not for files kdml did not write (or cannot tell)
             raise KdmlError(f"{root} holds a run that saved no checkpoint, beside files kdml "
                             f"did not write{_example_of_others(root)}, so a new run does not "
@@ -194,6 +203,9 @@ def _example_of_others(root: Path) -> str:
 
 # How train.log ends the line of a finished run resumed (no epoch starts).
 NOTHING_LEFT = "nothing left to train"
+# What a session's "start epoch N of M" line adds when epoch N was trained in the session before
+# and is only scored in this one (checkpoints/unscored.pt): it does not start the run afresh.
+SCORED_FIRST = "trained before the run stopped, scored first"
 
 # The first line a run writes to train.log (run_logging's time stamp, then the trainer's).
 _LOG_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} start epoch \d+ of \d+")

@@ -69,6 +69,7 @@ from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import (
     NOTHING_LEFT,
+    SCORED_FIRST,
     RunFolder,
     check_new_run_folder,
     run_logging,
@@ -513,9 +514,9 @@ class Session:
             raise KdmlError(f"checkpoint {path} does not match the run's config (another model "
                             "shape or recipe); it belongs to another run") from None
 
-    def run_epoch(self, epoch: int, history: list[dict[str, Any]],
-                  progress: bool | None) -> tuple[dict[str, Any], bool]:
-        """Train (or fit) one epoch and evaluate when due; returns the epoch's row and whether
+    def train_epoch(self, epoch: int, history: list[dict[str, Any]],
+                    progress: bool | None) -> tuple[dict[str, Any], bool]:
+        """Train (or fit) one epoch; returns the epoch's row, not yet scored, and whether
         training is over (converged, or nothing to train)."""
         config, method = self.config, self.method
         row: dict[str, Any] = {"epoch": epoch}
@@ -533,23 +534,37 @@ class Session:
                 warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
                 scheduler.step()
         converged = _converged(history, row, config.train.tolerance) or method.needs_fit
-        if epoch % config.train.eval_every == 0 or epoch == config.train.epochs or converged:
-            try:
-                metrics = evaluate_method(method, self.splits, config.eval, self.embedder)
-            except NonFiniteEmbeddings as error:  # finite losses, then an overflowing update
-                raise NonFiniteLoss(f"training stopped after epoch {epoch}: {error}; "
-                                    f"{kept_checkpoint(epoch)}. {ADVICE}") from None
-            prefix = scored_prefix(self.splits)
-            row.update({f"{prefix}/{name}": value for name, value in metrics.items()})
         return row, converged
 
-    def checkpoint(self, epoch: int, history: list[dict[str, Any]],
-                   finished: bool) -> dict[str, Any]:
-        return {"epoch": epoch, "method": self.method.state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                "scaler": self.scaler.state_dict(), "history": history,
-                "config": self.config.to_dict(), "finished": finished}
+    def is_scored(self, epoch: int, over: bool) -> bool:
+        """Whether ``epoch`` is scored: every ``train.eval_every`` epochs, the last one, and
+        the one training ends with."""
+        train = self.config.train
+        return epoch % train.eval_every == 0 or epoch == train.epochs or over
+
+    def score(self, epoch: int, row: dict[str, Any]) -> None:
+        """Add the trained model's scores (test, or validation) to ``epoch``'s row."""
+        try:
+            metrics = evaluate_method(self.method, self.splits, self.config.eval, self.embedder)
+        except NonFiniteEmbeddings as error:  # finite losses, then an overflowing update
+            raise NonFiniteLoss(f"training stopped after epoch {epoch}: {error}; "
+                                f"{kept_checkpoint(epoch)}. {ADVICE}") from None
+        prefix = scored_prefix(self.splits)
+        row.update({f"{prefix}/{name}": value for name, value in metrics.items()})
+
+    def checkpoint(self, epoch: int, history: list[dict[str, Any]], finished: bool,
+                   unscored: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's state after ``epoch``; ``history`` holds the rows before it when
+        ``unscored`` is given: the trained epoch's row, not yet scored, and whether training
+        is over (``checkpoints/unscored.pt``)."""
+        state = {"epoch": epoch, "method": self.method.state_dict(),
+                 "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                 "scaler": self.scaler.state_dict(), "history": history,
+                 "config": self.config.to_dict(), "finished": finished}
+        if unscored is not None:
+            state["unscored"] = unscored
+        return state
 
 
 # A validation part of fewer classes chooses on little: an embedding that separates none of C
@@ -578,11 +593,13 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
           progress: bool | None = None, echo: Callable[[str], None] = print) -> dict[str, float]:
     """Train ``config`` into ``run_dir`` and return the final test metrics.
 
-    With ``resume=True`` the run continues from ``checkpoints/last.pt``; batches, augmentations
-    and prior samples are drawn from (seed, epoch, step), so a resumed run ends where an
-    uninterrupted one would (same seed, CPU). ``progress=None`` shows progress bars only on a
-    terminal. Under torchrun every rank trains and only rank 0 writes the run folder and
-    prints.
+    With ``resume=True`` the run continues from ``checkpoints/last.pt``, or first scores the
+    epoch after it where that was trained and killed while scored (``checkpoints/unscored.pt``,
+    written before each scoring); batches, augmentations and prior samples are drawn from
+    (seed, epoch, step), and scoring draws from no stream training uses, so a resumed run ends
+    where an uninterrupted one would (same seed, CPU). ``progress=None`` shows progress bars
+    only on a terminal. Under torchrun every rank trains and only rank 0 writes the run folder
+    and prints.
     """
     main = distributed.world().is_main
     echo = echo if main else _silent
@@ -608,11 +625,14 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
     echo(f"test set: {session.splits.test_set}")
     history: list[dict[str, Any]] = []
     start_epoch, stopped_early = 1, False
+    # an epoch trained before the session stopped, while it was scored: (row, over), unscored
+    unscored: tuple[dict[str, Any], bool] | None = None
     state = distributed.from_main(lambda: _checkpoint_to_resume(run) if resume else None)
     if resume and state is None:  # stopped before its first checkpoint: start over
         echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
     elif state is not None:  # resuming
-        session.restore(state, run.checkpoint)
+        session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
+                        else run.checkpoint)
         history, start_epoch = state["history"], state["epoch"] + 1
         if scored_prefix(session.splits) == VALIDATION:
             history = as_validation_history(history)
@@ -620,23 +640,32 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
         stopped_early = bool(state.get("finished")) and state["epoch"] < planned
         if stopped_early:  # by the convergence or patience rule: nothing left to do
             start_epoch = config.train.epochs + 1
-        echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
+        if state.get("unscored") is not None:  # its epoch is scored first, then on as before
+            unscored = dict(state["unscored"]["row"]), bool(state["unscored"]["over"])
+            start_epoch = state["epoch"]
+            echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}"
+                 f", trained but not yet scored: scoring it first")
+        else:
+            echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
         if not stopped_early and planned < config.train.epochs:  # train.epochs was raised
             echo(f"train.epochs is {config.train.epochs}, not the {planned} it was trained "
-                 f"for: training epochs {start_epoch} to {config.train.epochs}")
+                 f"for: training epochs {state['epoch'] + 1} to {config.train.epochs}")
+    # an unscored epoch is scored even where train.epochs was lowered below it since
+    end_epoch = max(config.train.epochs, start_epoch) if unscored else config.train.epochs
 
     prefix = scored_prefix(session.splits)
     with Recorder(run, main, prefix) as recorder:
-        if start_epoch > config.train.epochs and stopped_early:
+        if start_epoch > end_epoch and stopped_early:
             recorder.log.info("it stopped early, after epoch %d; %s", len(history),
                               NOTHING_LEFT)
-        elif start_epoch > config.train.epochs:  # a finished run resumed: nothing to train
+        elif start_epoch > end_epoch:  # a finished run resumed: nothing to train
             recorder.log.info("all %d epochs are trained; %s", config.train.epochs,
                               NOTHING_LEFT)
         else:
-            recorder.log.info("start epoch %d of %d, device %s, %d train / %d test samples, "
+            recorder.log.info("start epoch %d of %d%s, device %s, %d train / %d test samples, "
                               "%d loader workers, %d process(es)", start_epoch,
-                              config.train.epochs, session.device, len(session.splits.train),
+                              config.train.epochs, f" ({SCORED_FIRST})" if unscored else "",
+                              session.device, len(session.splits.train),
                               len(session.splits.test), session.batches.loader.num_workers,
                               session.world.size)
         warn_about_splits(session.splits, recorder.log)
@@ -651,23 +680,40 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                 "one process would train; model.sync_bn=true (GPUs) or model.freeze_bn=true "
                 "make them see the whole batch", config.data.batch_size // session.world.size,
                 config.data.batch_size)
-        epochs = tqdm(range(start_epoch, config.train.epochs + 1), desc="epochs",
-                      initial=start_epoch - 1, total=config.train.epochs,
+        epochs = tqdm(range(start_epoch, end_epoch + 1), desc="epochs",
+                      initial=start_epoch - 1, total=end_epoch,
                       disable=_no_bar(progress) or not main)
         metric = config.train.select_metric
         for epoch in epochs:
-            row, over = session.run_epoch(epoch, history, progress)
-            history.append(row)
-            epochs.set_postfix({k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items()
-                                if k == f"{prefix}/recall@1" or k == "train/loss"})
-            if config.train.keep_best or config.train.patience:
-                check_scored(row, metric)
-            out_of_patience = patience_exhausted(history, metric, config.train.patience)
-            finished = over or out_of_patience or epoch == config.train.epochs
-            recorder.epoch(row, history,
-                           functools.partial(session.checkpoint, epoch, history, finished),
-                           keep_as_best=(config.train.keep_best
-                                         and best_epoch(history, metric) == epoch))
+            try:
+                if unscored is not None:  # trained in the session before, stopped scoring it
+                    (row, over), scored = unscored, True
+                    unscored = None
+                    recorder.log.info("epoch %d was trained before the run stopped; scoring "
+                                      "it", epoch)
+                else:
+                    row, over = session.train_epoch(epoch, history, progress)
+                    scored = session.is_scored(epoch, over)
+                    if scored:  # a kill while it is scored must not lose its training
+                        recorder.trained(epoch, functools.partial(
+                            session.checkpoint, epoch, history, False,
+                            {"row": dict(row), "over": over}))
+                if scored:
+                    session.score(epoch, row)
+                history.append(row)
+                epochs.set_postfix({k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items()
+                                    if k == f"{prefix}/recall@1" or k == "train/loss"})
+                if config.train.keep_best or config.train.patience:
+                    check_scored(row, metric)
+                out_of_patience = patience_exhausted(history, metric, config.train.patience)
+                finished = over or out_of_patience or epoch >= config.train.epochs
+                recorder.epoch(row, history,
+                               functools.partial(session.checkpoint, epoch, history, finished),
+                               keep_as_best=(config.train.keep_best
+                                             and best_epoch(history, metric) == epoch))
+            except KdmlError:  # not a kill: an error that scoring it again would repeat
+                recorder.drop_unscored()  # so the folder is as it was before the epoch
+                raise
             if over:
                 recorder.log.info("stopping after epoch %d: converged or nothing to train",
                                   epoch)
@@ -706,7 +752,18 @@ def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
 
 
 def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
-    return load_checkpoint(run.checkpoint) if run.checkpoint.exists() else None
+    """The state a resumed run continues from: ``last.pt``'s, or ``unscored.pt``'s where the
+    session before was stopped while it scored the epoch after ``last.pt``'s (the run then
+    scores that epoch first). An ``unscored.pt`` of another epoch was superseded (a kill
+    came between writing ``last.pt`` and removing it) and goes."""
+    state = load_checkpoint(run.checkpoint) if run.checkpoint.exists() else None
+    if run.unscored_checkpoint.exists():
+        trained = load_checkpoint(run.unscored_checkpoint)
+        if trained.get("unscored") is not None and trained["epoch"] == (
+                state["epoch"] if state is not None else 0) + 1:
+            return trained
+        run.unscored_checkpoint.unlink()
+    return state
 
 
 class Recorder:
@@ -733,6 +790,24 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    def trained(self, epoch: int, checkpoint: Callable[[], dict[str, Any]]) -> None:
+        """Keep an epoch trained but not yet scored (``checkpoints/unscored.pt``): scoring can
+        take minutes, and a kill then loses none of its training."""
+        if not self.writes:
+            return
+        save_checkpoint(checkpoint(), self.run.unscored_checkpoint)
+        self.log.info("epoch %d trained; scoring", epoch)
+
+    def drop_unscored(self) -> None:
+        """Remove the epoch that an error kdml reports stopped while scoring (embeddings that
+        overflow, a setting refused once scored): the run folder is then as it was before the
+        epoch, with no checkpoint at all if it was the first."""
+        if not self.writes:
+            return
+        self.run.unscored_checkpoint.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only when empty: no earlier checkpoint there
+            self.run.unscored_checkpoint.parent.rmdir()
+
     def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
               checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False) -> None:
         if not self.writes or self.writer is None:
@@ -747,6 +822,7 @@ class Recorder:
             self.log.info("epoch %d has the best validation score so far: kept as %s",
                           row["epoch"], self.run.best_checkpoint.name)
         save_checkpoint(state, self.run.checkpoint)
+        self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
         self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
         try:
             plot_training(history, self.run.plots)
