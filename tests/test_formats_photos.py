@@ -501,3 +501,14 @@ def test_the_data_root_variable_holds_datasets_and_names_the_folders_searched(tm
                                                         "cub/CUB_200_2011"))
     assert f"(searched: {searched}); pass its folder with --data-root DIR" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_data_root_holding_the_dataset_s_folder_is_read_there_even_when_incomplete(tmp_path):
+    """--data-root DIR with the files in DIR/<name>/ but not all of them: the reader names
+    what is missing in DIR/<name>, where they are, not in DIR."""
+    make_cars196(tmp_path / "cars196")
+    classification_release(tmp_path / "cars196")
+    assert find_root(FORMATS["cars196"], str(tmp_path)) == tmp_path / "cars196"
+    with pytest.raises(KdmlError, match=r"devkit/cars_meta\.mat is of the Stanford Cars "
+                                        r"classification release"):
+        open_dataset("cars196", root=str(tmp_path))

@@ -155,8 +155,8 @@ def find_root(entry: DiskFormat, configured: str = "") -> Path:
     found = next((root for root in roots if entry.located(root) is not None), None)
     if found is not None:
         return found
-    if configured:
-        return roots[0]  # the reader names the file that is missing
+    if configured:  # the reader names what is missing, in the most specific folder there
+        return next(root for root in reversed(roots) if root.is_dir())
     searched = ", ".join(str(root) for root in roots) or f"${ROOT_VARIABLE} is not set"
     raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); pass its folder "
                     f"with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml datasets')")
