@@ -563,3 +563,51 @@ def test_a_kill_while_the_unscored_epoch_is_written_leaves_a_partial_file_that_g
     (tmp_path / ".unscored.pt.0q9ai83d.tmp").write_bytes(b"")
     (tmp_path / "unscored.pt").write_bytes(b"")
     assert partial_checkpoints(tmp_path) == [tmp_path / ".unscored.pt.0q9ai83d.tmp"]
+
+
+def test_an_error_that_mending_ends_keeps_the_trained_epoch_for_resume(tmp_path, monkeypatch,
+                                                                      capsys):
+    """An unreadable test image (a one-off read failure, or a file to replace) while epoch 2
+    is scored: the trained epoch is kept, and --resume scores it without training it again.
+    In epoch 1 the same error leaves no checkpoint, so the corrected command starts afresh."""
+    from kdml.training import trainer
+
+    real_evaluate, calls = trainer.evaluate_method, []
+
+    def unreadable_at(failing: int):
+        def scoring(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == failing:
+                raise KdmlError("cannot decode image x.jpg; replace or remove it")
+            return real_evaluate(*args, **kwargs)
+        return scoring
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(trainer, "evaluate_method", unreadable_at(2))
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.steps_per_epoch=2"]) == 2
+    assert "cannot decode image" in capsys.readouterr().err
+    assert sorted(path.name for path in (out / "checkpoints").iterdir()) == [
+        "last.pt", "unscored.pt"]
+    trained = scoring_killed_at(monkeypatch, set())
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert trained == []  # epoch 2, the last, is scored, not trained again
+    assert [row["epoch"] for row in json.loads((out / "metrics.json").read_text())["epochs"]] \
+        == [1, 2]
+    calls.clear()
+    first = tmp_path / "first"
+    monkeypatch.setattr(trainer, "evaluate_method", unreadable_at(1))
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(first), *TINY,
+                     "train.steps_per_epoch=2"]) == 2
+    assert not (first / "checkpoints").exists()
+
+
+def test_an_unreadable_unscored_epoch_says_that_deleting_it_loses_that_epoch_only(tmp_path,
+                                                                                   capsys):
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.steps_per_epoch=2")
+    out = tmp_path / "run"
+    (out / "checkpoints" / "unscored.pt").write_bytes(b"half a file")
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: {out / 'checkpoints' / 'unscored.pt'}, an epoch trained but not yet "
+        "scored, is unreadable; delete it, and --resume trains that epoch again\n")

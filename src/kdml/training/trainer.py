@@ -711,8 +711,14 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                                functools.partial(session.checkpoint, epoch, history, finished),
                                keep_as_best=(config.train.keep_best
                                              and best_epoch(history, metric) == epoch))
-            except KdmlError:  # not a kill: an error that scoring it again would repeat
-                recorder.drop_unscored()  # so the folder is as it was before the epoch
+            except KdmlError as error:  # not a kill: an error kdml reports
+                # the trained epoch goes where scoring it again would repeat the error (a
+                # diverged model: the message names the checkpoint kept), or where it would be
+                # the run's only checkpoint, so that the corrected command starts afresh
+                # (check_new_run_folder); otherwise (an unreadable test image, say) --resume
+                # scores it once the cause is mended
+                if isinstance(error, NonFiniteLoss) or not run.checkpoint.exists():
+                    recorder.drop_unscored()
                 raise
             if over:
                 recorder.log.info("stopping after epoch %d: converged or nothing to train",
@@ -758,7 +764,12 @@ def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
     came between writing ``last.pt`` and removing it) and goes."""
     state = load_checkpoint(run.checkpoint) if run.checkpoint.exists() else None
     if run.unscored_checkpoint.exists():
-        trained = load_checkpoint(run.unscored_checkpoint)
+        try:
+            trained = load_checkpoint(run.unscored_checkpoint)
+        except KdmlError:  # its own words would say "train again", losing last.pt's epochs
+            raise KdmlError(f"{run.unscored_checkpoint}, an epoch trained but not yet scored, "
+                            "is unreadable; delete it, and --resume trains that epoch "
+                            "again") from None
         if trained.get("unscored") is not None and trained["epoch"] == (
                 state["epoch"] if state is not None else 0) + 1:
             return trained
@@ -799,9 +810,10 @@ class Recorder:
         self.log.info("epoch %d trained; scoring", epoch)
 
     def drop_unscored(self) -> None:
-        """Remove the epoch that an error kdml reports stopped while scoring (embeddings that
-        overflow, a setting refused once scored): the run folder is then as it was before the
-        epoch, with no checkpoint at all if it was the first."""
+        """Remove the epoch whose scoring stopped with an error kdml reports that scoring it
+        again would repeat (embeddings that overflow), or with any error in the run's first
+        epoch: the run folder is then as it was before the epoch, with no checkpoint at all
+        if it was the first."""
         if not self.writes:
             return
         self.run.unscored_checkpoint.unlink(missing_ok=True)
