@@ -20,7 +20,7 @@ from kdml.data import (
     seen_holdout_split,
 )
 from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
-from kdml.data.splits import SEEN, UNSEEN, make_splits, validation_split
+from kdml.data.splits import SEEN, UNSEEN, DataSplits, make_splits, validation_split
 from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
 from kdml.errors import KdmlError
 from kdml.evaluation.retrieval import index_labels
@@ -195,17 +195,21 @@ def lone_by_the_evaluator(splits) -> int:
     return int((index_labels(splits.test.labels.numpy(), gallery).num_relevant == 0).sum())
 
 
+def standard_splits(dataset: str, root: str = "") -> DataSplits:
+    """The standard split of ``dataset`` as training makes it."""
+    parts = open_dataset(dataset, root)
+    return make_splits(parts.dataset, parts.parts, "standard")
+
+
 def test_the_test_set_line_counts_query_and_gallery_and_the_queries_left_out(tmp_path):
     """In-Shop's line counts the gallery too (it had said "6 samples": the queries alone), and
     says how many queries have no gallery image of their item, which retrieval leaves out."""
     root = make_inshop(tmp_path, items=6, per_item=3)  # test items: 2 queries, 1 gallery image
-    parts = open_dataset("inshop", str(root))
-    splits = make_splits(parts.dataset, parts.parts, "standard")
+    splits = standard_splits("inshop", str(root))
     assert splits.test_set == "6 query and 3 gallery samples of 3 classes not seen in training"
     assert splits.lone_queries() == lone_by_the_evaluator(splits) == 0
     no_gallery(root, "id_00000004")
-    parts = open_dataset("inshop", str(root))
-    splits = make_splits(parts.dataset, parts.parts, "standard")
+    splits = standard_splits("inshop", str(root))
     assert splits.test_set == (
         "7 query and 2 gallery samples of 3 classes not seen in training; 3 queries have no "
         "gallery sample of their class (nothing to retrieve): Recall@K, MAP@R and R-Precision "
@@ -219,8 +223,7 @@ def test_the_test_set_line_counts_the_samples_alone_in_their_class(tmp_path):
     folder = make_image_folder(tmp_path, classes=6, per_class=2)  # c03..c05 test
     for name in ("c04", "c05"):
         sorted((folder / name).iterdir())[0].unlink()
-    parts = open_dataset(f"folder:{folder}")
-    splits = make_splits(parts.dataset, parts.parts, "standard")
+    splits = standard_splits(f"folder:{folder}")
     assert splits.test_set == (
         "4 samples of classes not seen in training; 2 of them are the only sample of their "
         "class and cannot be queries (nothing to retrieve): Recall@K, MAP@R and R-Precision "
@@ -228,7 +231,7 @@ def test_the_test_set_line_counts_the_samples_alone_in_their_class(tmp_path):
     assert splits.lone_queries() == lone_by_the_evaluator(splits) == 2
     copy = sorted((folder / "c04").iterdir())[0]
     copy.with_name(f"copy{copy.suffix}").write_bytes(copy.read_bytes())  # c04: 2 images
-    splits = make_splits(open_dataset(f"folder:{folder}").dataset, {}, "standard")
+    splits = standard_splits(f"folder:{folder}")
     assert splits.test_set.endswith("; 1 of them is the only sample of its class and cannot be "
                                     "a query (nothing to retrieve): Recall@K, MAP@R and "
                                     "R-Precision leave it out")
