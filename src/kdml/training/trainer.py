@@ -686,11 +686,11 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
         metric = config.train.select_metric
         for epoch in epochs:
             try:
-                if unscored is not None:  # trained in the session before, stopped scoring it
+                # trained in the session before, stopped while scored (the session's start
+                # line says so: SCORED_FIRST)
+                if unscored is not None:
                     (row, over), scored = unscored, True
                     unscored = None
-                    recorder.log.info("epoch %d was trained before the run stopped; scoring "
-                                      "it", epoch)
                 else:
                     row, over = session.train_epoch(epoch, history, progress)
                     scored = session.is_scored(epoch, over)
