@@ -512,3 +512,20 @@ def test_a_data_root_holding_the_dataset_s_folder_is_read_there_even_when_incomp
     with pytest.raises(KdmlError, match=r"devkit/cars_meta\.mat is of the Stanford Cars "
                                         r"classification release"):
         open_dataset("cars196", root=str(tmp_path))
+
+
+def test_the_data_root_variable_reads_an_incomplete_dataset_folder_there(tmp_path, monkeypatch):
+    """Under ``$KDML_DATA_ROOT`` as under ``--data-root``: a folder named for the dataset but
+    without its files is handed to the reader, which names what is missing there (the
+    classification release of Stanford Cars, an empty CUB folder), rather than the generic
+    "no dataset found"."""
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
+    make_cars196(tmp_path / "cars196")
+    classification_release(tmp_path / "cars196")
+    with pytest.raises(KdmlError, match=r"devkit/cars_meta\.mat is of the Stanford Cars "
+                                        r"classification release"):
+        open_dataset("cars196")
+    (tmp_path / "cub" / "CUB_200_2011").mkdir(parents=True)
+    with pytest.raises(KdmlError, match="cub: missing images.txt") as info:
+        open_dataset("cub")
+    assert str(tmp_path / "cub" / "CUB_200_2011") in str(info.value)

@@ -136,27 +136,40 @@ def candidate_roots(entry: DiskFormat, configured: str = "") -> list[Path]:
     """Every folder searched for ``entry``, in order (see the module docstring): the
     :meth:`DiskFormat.folders` of ``configured`` (``data.root``), or else of
     ``$KDML_DATA_ROOT`` and of the format's system folder."""
+    return [root for group in _searched_bases(entry, configured) for root in group]
+
+
+def _searched_bases(entry: DiskFormat, configured: str) -> list[list[Path]]:
+    """:func:`candidate_roots`, one list per base folder."""
     if configured:
-        return entry.folders(Path(configured).expanduser())
-    roots = []
+        return [entry.folders(Path(configured).expanduser())]
+    bases = []
     if os.environ.get(ROOT_VARIABLE):
-        roots += entry.folders(Path(os.environ[ROOT_VARIABLE]).expanduser(), shared=True)
+        bases.append(entry.folders(Path(os.environ[ROOT_VARIABLE]).expanduser(), shared=True))
     if entry.system_root:
-        roots += entry.folders(Path(entry.system_root))
-    return roots
+        bases.append(entry.folders(Path(entry.system_root)))
+    return bases
 
 
 def find_root(entry: DiskFormat, configured: str = "") -> Path:
-    """The folder to read ``entry`` from, or a one-line error saying where to put it."""
-    roots = candidate_roots(entry, configured)
-    if configured and not roots[0].is_dir():
-        raise KdmlError(f"{entry.name}: data root {roots[0]} is not a folder; pass the "
+    """The folder to read ``entry`` from, or a one-line error saying where to put it.
+
+    Where no folder searched holds the dataset's marker files but one of them exists (an
+    incomplete copy, another release of the dataset), that folder is returned, the most
+    specific one of the first base that has any: the dataset's reader then names what is
+    missing there, which says more than a list of folders."""
+    bases = _searched_bases(entry, configured)
+    if configured and not bases[0][0].is_dir():
+        raise KdmlError(f"{entry.name}: data root {bases[0][0]} is not a folder; pass the "
                         "folder that holds the extracted dataset to --data-root")
+    roots = [root for group in bases for root in group]
     found = next((root for root in roots if entry.located(root) is not None), None)
     if found is not None:
         return found
-    if configured:  # the reader names what is missing, in the most specific folder there
-        return next(root for root in reversed(roots) if root.is_dir())
+    for group in bases:
+        existing = [root for root in group if root.is_dir()]
+        if existing:
+            return existing[-1]
     searched = ", ".join(str(root) for root in roots) or f"${ROOT_VARIABLE} is not set"
     raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); pass its folder "
                     f"with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml datasets')")
