@@ -236,6 +236,16 @@ def test_nt_xent_refuses_two_views_given_as_two_arguments(second):
                                nt_xent_loss(first, 0.5))
 
 
+def test_nt_xent_refuses_a_temperature_on_another_device():
+    """A learned temperature left on another device failed deep in the division ("Tensor on
+    device meta is not on the expected device cpu!"); the meta device stands in for a GPU. A
+    0-dim CPU tensor, which torch takes with any device's tensors, is still taken."""
+    views = torch.randn(4, 3)
+    raises_one_line(r"^nt_xent_loss got a temperature on meta and projections on cpu; move the "
+                    r"temperature to cpu$", nt_xent_loss, views, torch.tensor([0.5], device="meta"))
+    torch.testing.assert_close(nt_xent_loss(views, torch.tensor(0.5)), nt_xent_loss(views, 0.5))
+
+
 @pytest.mark.parametrize("kernel", [None, GaussianMixtureKernel()], ids=["Eq. 6", "kernel"])
 @pytest.mark.parametrize("convert", [Tensor.numpy, Tensor.tolist], ids=["ndarray", "list"])
 def test_domain_mmd_refuses_arrays_in_one_line(kernel, convert):

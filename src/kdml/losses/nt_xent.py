@@ -55,6 +55,12 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
     if isinstance(temperature, Tensor) and temperature.numel() != 1:
         raise KdmlError(f"nt_xent_loss takes {stack}, and a temperature; got a temperature "
                         f"tensor of shape {tuple(temperature.shape)}")
+    if (isinstance(temperature, Tensor) and temperature.device != projections.device
+            and not (temperature.device.type == "cpu" and temperature.ndim == 0)):
+        # torch takes a 0-dim CPU tensor with any device's; others fail deep in the division
+        raise KdmlError(f"nt_xent_loss got a temperature on {temperature.device} and projections "
+                        f"on {projections.device}; move the temperature to "
+                        f"{projections.device}")
     if projections.ndim != 2 or len(projections) % 2:
         raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image), got "
                         f"{tuple(projections.shape)}")
