@@ -617,6 +617,7 @@ def test_a_run_evaluated_on_data_with_other_classes_says_what_changed(tmp_path, 
                      str(make_cub(tmp_path / "cub6", classes=6)), "--out", str(out),
                      *TINY, "model.backbone=cnn", "eval.ks=[1]", "data.batch_size=6",
                      "data.samples_per_class=2", "train.steps_per_epoch=1"]) == 0
+    (out / "data.json").unlink()  # as a run made before kdml wrote one (else data.json says it)
     err = refused(tmp_path, capsys, "eval", out, "--data-root",
                   make_cub(tmp_path / "cub10", classes=10))
     assert err.startswith(f"kdml: error: checkpoint {out / 'checkpoints' / 'last.pt'} does not "

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from kdml.config import SECTIONS
+from kdml.data.fingerprint import FORMAT_FIELD
 from kdml.errors import KdmlError, why_missing
 from kdml.file_write import write_through_new_file
 from kdml.training.checkpoint import partial_checkpoints
@@ -34,6 +35,8 @@ class RunFolder:
     Layout::
 
         config.yaml        the resolved configuration
+        data.json          a fingerprint of the data it trains and scores on (counts and
+                           digests, :mod:`kdml.data.fingerprint`), checked by every reader
         metrics.csv        one row per epoch: train/<loss term>, then test/<metric> (or
                            val/<metric> when data.validation is scored instead)
         metrics.json       {"epochs": [...], "final": {...}, "scored": "test" or "validation"}
@@ -51,6 +54,11 @@ class RunFolder:
     @property
     def config(self) -> Path:
         return self.root / "config.yaml"
+
+    @property
+    def data_fingerprint(self) -> Path:
+        """``data.json``: the fingerprint of the run's data (:mod:`kdml.data.fingerprint`)."""
+        return self.root / "data.json"
 
     @property
     def metrics_csv(self) -> Path:
@@ -108,6 +116,17 @@ class RunFolder:
         if not run.config.is_file():
             raise KdmlError(f"{run.root} is not a kdml run folder (no config.yaml)")
         return run
+
+    def recorded_data(self) -> dict[str, Any] | None:
+        """The fingerprint of the data the run trained on (``data.json``), or ``None`` where
+        there is none kdml wrote: a run of a kdml before data.json, or a file of the user's."""
+        if not written_by_kdml(self.data_fingerprint, (FORMAT_FIELD,)):
+            return None
+        return json.loads(self.data_fingerprint.read_text(encoding="utf-8"))
+
+    def write_data_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        """Write ``data.json`` whole or not at all, never over a file kdml did not write."""
+        write_json(fingerprint, self.data_fingerprint, (FORMAT_FIELD,))
 
     def final_metrics(self) -> dict[str, float] | None:
         """The last epoch's scores of a finished run (``metrics.json``'s ``final``: of the test
@@ -191,7 +210,8 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
 
 def _run_entries(run: RunFolder) -> set[Path]:
     """The top-level entries a run of kdml's writes before its first checkpoint."""
-    return {run.config, run.log, run.lock_file, run.tensorboard, run.checkpoint.parent}
+    return {run.config, run.data_fingerprint, run.log, run.lock_file, run.tensorboard,
+            run.checkpoint.parent}
 
 
 def _example_of_others(root: Path) -> str:
@@ -215,10 +235,10 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 def stale_run_files(root: Path) -> list[Path] | None:
     """The files of a run in ``root`` that stopped before saving its first checkpoint (a
     setting found wrong in its first epoch, an unreadable image, a NaN loss, a kill while the
-    checkpoint was being written): its config.yaml, train.log, TensorBoard events and partial
-    checkpoint file, all written by kdml, which a new run may replace. ``None`` when ``root``
-    holds anything else: a checkpoint, metrics, plots, a file of the user's (a config.yaml and
-    train.log count as kdml's only in kdml's own form)."""
+    checkpoint was being written): its config.yaml, data.json, train.log, TensorBoard events
+    and partial checkpoint file, all written by kdml, which a new run may replace. ``None``
+    when ``root`` holds anything else: a checkpoint, metrics, plots, a file of the user's (a
+    config.yaml, data.json and train.log count as kdml's only in kdml's own form)."""
     run = RunFolder(root)
     checkpoints = run.checkpoint.parent
     allowed = _run_entries(run)
@@ -240,9 +260,12 @@ def stale_run_files(root: Path) -> list[Path] | None:
                    or not path.is_file() for path in events)
             or (run.tensorboard.exists() and not run.tensorboard.is_dir())
             or not run.config.is_file() or not _LOG_START.match(first_line)
-            or not isinstance(values, dict) or list(values) != ["recipe", *SECTIONS]):
+            or not isinstance(values, dict) or list(values) != ["recipe", *SECTIONS]
+            or (run.data_fingerprint.exists()
+                and not written_by_kdml(run.data_fingerprint, (FORMAT_FIELD,)))):
         return None
-    return [*events, *partial, run.log, run.config]
+    fingerprint = [run.data_fingerprint] if run.data_fingerprint.exists() else []
+    return [*events, *partial, *fingerprint, run.log, run.config]
 
 
 def start_afresh(root: Path) -> str | None:
@@ -320,9 +343,10 @@ def check_json_replaceable(path: Path, fields: Iterable[str]) -> None:
                         "never replaces a file it did not write)")
 
 
-def write_json(values: dict[str, Any], path: Path) -> None:
-    """Write ``values`` to ``path`` whole or not at all, never over a file kdml did not write."""
-    check_json_replaceable(path, values)
+def write_json(values: dict[str, Any], path: Path, fields: Iterable[str] | None = None) -> None:
+    """Write ``values`` to ``path`` whole or not at all, never over a file kdml did not write
+    (one sharing none of ``fields``, by default ``values``' own top-level fields)."""
+    check_json_replaceable(path, values if fields is None else fields)
     text = json.dumps(values, indent=2)
     write_through_new_file(path, lambda partial: partial.write_text(text))
 

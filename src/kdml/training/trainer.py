@@ -39,8 +39,9 @@ from kdml.config import (
     with_absolute_paths,
 )
 from kdml.data.dataset import Batch, DmlDataset
+from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
-from kdml.data.prepare import prepare_data, prepare_data_and_test_part
+from kdml.data.prepare import prepare_data_and_test_part
 from kdml.data.registry import relocated, root_is_read
 from kdml.data.samplers import (
     ClassBalancedBatches,
@@ -245,7 +246,8 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
     loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
     validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
-    model on the classes it was never chosen on; the model is built as trained."""
+    model on the classes it was never chosen on; the model is built as trained.
+    Data other than the run's is refused (:func:`check_run_data`)."""
     run = RunFolder.existing(run_dir)
     config = run_config(run)
     if data_root is not None:  # set directly: a path is not parsed as an override's YAML
@@ -257,7 +259,14 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
                         "train.keep_best=true keep one")
     state = load_checkpoint(checkpoint)
-    splits, test_splits = prepare_data_and_test_part(config.data, test_part)
+    recorded = run.recorded_data()
+    # the test part too where it was recorded: the check compares every part training saw
+    splits, test_splits = prepare_data_and_test_part(config.data,
+                                                     test_part or recorded is not None)
+    check_run_data(run, recorded, config, splits, test_splits,
+                   "point --data-root at the data the run trained on")
+    if not test_part:
+        test_splits = splits
     method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
     try:
         method.load_state_dict(state["method"])
@@ -271,6 +280,27 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     embedder = build_embedder(config, build_pipeline(config, splits, method),
                               torch.device("cpu"))
     return TrainedRun(run, config, test_splits, method, state["epoch"], embedder, checkpoint)
+
+
+def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunConfig,
+                   splits: DataSplits, test_part: DataSplits, remedy: str) -> None:
+    """Refuse, with one line ending in ``remedy``, data other than what the run trained on:
+    ``recorded`` is its fingerprint (``data.json``; ``None`` for a run made before kdml wrote
+    one, which goes unchecked), ``splits`` and ``test_part`` the data as read now (see
+    :func:`~kdml.data.prepare.prepare_data_and_test_part`)."""
+    if recorded is None:
+        return
+    now = data_fingerprint(splits, test_part)
+    difference = fingerprint_difference(recorded, now)
+    if difference is None:
+        return
+    place = now["folder"] or config.data.root
+    then = recorded.get("folder")
+    trained_at = f" (it read {then})" if then and then != place else ""
+    where = f"read from {place}" if place else f"of {config.data.dataset}"
+    raise KdmlError(f"the data {where} is not what {run.root} trained on: "
+                    f"{difference}; {remedy}{trained_at}, or delete {run.data_fingerprint} "
+                    "to use this data anyway")
 
 
 def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
@@ -438,6 +468,8 @@ class Session:
     model: nn.Module  # what the steps call: the method or its DistributedDataParallel, compiled
     # with train.compile
     world: World
+    test_part: DataSplits  # the data split without data.validation (else ``splits``), which
+    # the run's data.json covers too
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print) -> Session:
@@ -446,7 +478,7 @@ class Session:
         check_distributed(config, world, device)
         if config.train.deterministic:
             make_deterministic()
-        splits = prepare_data(config.data)
+        splits, test_part = prepare_data_and_test_part(config.data)
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
         check_evaluation(config, splits)
@@ -471,7 +503,7 @@ class Session:
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device, world),
-                   gradient_scaler(device, config.train.precision), model, world)
+                   gradient_scaler(device, config.train.precision), model, world, test_part)
 
     def unused_embedding_size(self) -> str | None:
         """The setting that sizes this recipe's embedding, where ``model.embedding_size`` was
@@ -614,7 +646,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             session = Session.build(config, echo)  # checks everything before a new folder
         if not resume:
             distributed.from_main(hold)
-        distributed.from_main(lambda: _open_run_folder(run, config, resume, echo))
+        distributed.from_main(lambda: _open_run_folder(run, session, resume, echo))
         return _train_session(session, run, resume, progress, echo)
 
 
@@ -744,17 +776,29 @@ def _silent(message: str) -> None:
     """The echo of the ranks other than 0: they print nothing."""
 
 
-def _open_run_folder(run: RunFolder, config: RunConfig, resume: bool,
+def _open_run_folder(run: RunFolder, session: Session, resume: bool,
                      echo: Callable[[str], None]) -> None:
+    """Make a new run's folder (its config and data.json), or check a resumed run's data
+    against its data.json."""
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
         partial.unlink(missing_ok=True)
-    if not resume:
-        check_new_run_folder(run.root, held=True)  # again: another run may have started here
-        afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
-        if afresh:
-            echo(afresh)
-        # absolute: kdml eval and the other commands read it again from any folder
-        save_config(with_absolute_paths(config), run.config)
+    splits, test_part = session.splits, session.test_part
+    if resume:
+        recorded = run.recorded_data()
+        check_run_data(run, recorded, session.config, splits, test_part,
+                       "put back the data the run trained on where its config.yaml says")
+        # A run of a kdml before data.json gets one: from now on it trains on this data,
+        # and the commands that read it check against it. Not where a file of the user's is.
+        if recorded is None and not run.data_fingerprint.exists():
+            run.write_data_fingerprint(data_fingerprint(splits, test_part))
+        return
+    check_new_run_folder(run.root, held=True)  # again: another run may have started here
+    afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
+    if afresh:
+        echo(afresh)
+    # absolute: kdml eval and the other commands read it again from any folder
+    save_config(with_absolute_paths(session.config), run.config)
+    run.write_data_fingerprint(data_fingerprint(splits, test_part))
 
 
 def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:

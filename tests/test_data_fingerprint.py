@@ -1,0 +1,236 @@
+"""A run's data.json: the fingerprint of the data it trained on, which ``kdml eval`` and the
+other commands (``--data-root``), and ``kdml train --resume``, check before scoring: other data
+with as many training classes had loaded the checkpoint and been scored without a word."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from fixtures_array_sets import make_image_folder
+
+from kdml import cli
+from kdml.data.dataset import ArrayDataset
+from kdml.data.fingerprint import FORMAT_FIELD, data_fingerprint, fingerprint_difference
+from kdml.data.images import ImageFiles
+from kdml.data.splits import make_splits
+from kdml.training.run_folder import RunFolder, stale_run_files
+
+TINY = ["--no-progress", "train.epochs=1", "eval.nmi=false", "train.device=cpu",
+        "data.batch_size=4", "data.resize=28", "data.image_size=24", "eval.ks=[1]",
+        "model.embedding_size=8"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """A tiny run trained on ``folder:DIR`` (4 classes of 3 images: 2 train, 2 test), its
+    data, and other data of as many classes: the same with one file renamed (same counts),
+    and another folder with fewer images per class."""
+    base = tmp_path_factory.mktemp("fingerprint")
+    data = make_image_folder(base / "here", classes=4, per_class=3, size=24)
+    renamed = base / "renamed" / "images"
+    shutil.copytree(data, renamed)
+    (renamed / "c00" / "000.jpg").rename(renamed / "c00" / "100.jpg")
+    fewer = make_image_folder(base / "fewer", classes=4, per_class=2, size=24, seed=1)
+    run = base / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", f"folder:{data}", "--out", str(run),
+                     *TINY]) == 0
+    return {"base": base, "data": data, "renamed": renamed, "fewer": fewer, "run": run}
+
+
+def copy_of(folder: Path, tmp_path: Path, name: str) -> Path:
+    return Path(shutil.copytree(folder, tmp_path / name))
+
+
+def refused(capsys, *args: str | Path) -> str:
+    """Run ``kdml ARGS``; assert exit 2 and one line on stderr, no traceback."""
+    capsys.readouterr()
+    assert cli.main([str(arg) for arg in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kdml: error:") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# ----------------------------------------------------------------------------- the run folder
+
+
+def test_a_new_run_records_its_data(folders):
+    recorded = json.loads((folders["run"] / "data.json").read_text())
+    assert recorded[FORMAT_FIELD] == 1 and recorded["folder"] == str(folders["data"].resolve())
+    assert {name: (part["samples"], part["classes"], part["kind"])
+            for name, part in recorded["parts"].items()} == {"train": (6, 2, "files"),
+                                                             "test": (6, 2, "files")}
+
+
+@pytest.mark.parametrize("other, difference", [
+    ("renamed", "its train part has the same 6 samples of 2 classes but its files or labels "
+                "differ"),
+    ("fewer", "its train part had 6 samples of 2 classes then and has 4 samples of 2 classes "
+              "now"),
+])
+def test_eval_on_other_data_of_as_many_classes_is_refused(folders, capsys, other, difference):
+    err = refused(capsys, "eval", folders["run"], "--data-root", folders[other])
+    assert difference in err
+    read, trained = folders[other].resolve(), folders["data"].resolve()
+    assert f"the data read from {read} is not what {folders['run']} trained on: " in err
+    assert f"point --data-root at the data the run trained on (it read {trained}), or " in err
+    assert not (folders["run"] / "eval.json").exists()
+
+
+def test_a_moved_copy_of_the_data_is_evaluated(folders, tmp_path, capsys):
+    moved = copy_of(folders["data"], tmp_path, "moved")
+    run = copy_of(folders["run"], tmp_path, "run")  # eval writes its eval.json there
+    assert cli.main(["eval", str(run), "--data-root", str(moved)]) == 0
+    assert "test set: 6 samples" in capsys.readouterr().out
+
+
+def test_a_run_without_data_json_is_not_checked(folders, tmp_path, capsys):
+    """A run trained before kdml wrote data.json: scored as before, and given no file."""
+    run = copy_of(folders["run"], tmp_path, "old")
+    (run / "data.json").unlink()
+    assert cli.main(["eval", str(run), "--data-root", str(folders["renamed"])]) == 0
+    assert not (run / "data.json").exists()
+
+
+def test_embedding_another_dataset_with_the_runs_model_is_not_refused(folders, tmp_path):
+    out = tmp_path / "other.npz"
+    assert cli.main(["embed", str(folders["run"]), "--dataset", f"folder:{folders['fewer']}",
+                     "--out", str(out)]) == 0
+    assert out.is_file()
+
+
+def run_on_a_copy(folders, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the run and of its data, the run's config pointing at the copy: the same run
+    as one trained on it (its data.json holds paths relative to the data's folder)."""
+    data = copy_of(folders["data"], tmp_path, "data")
+    run = copy_of(folders["run"], tmp_path, "run")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["dataset"] = f"folder:{data}"
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return run, data
+
+
+def test_resume_on_changed_data_is_refused(folders, tmp_path, capsys):
+    run, data = run_on_a_copy(folders, tmp_path)
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0  # unchanged: fine
+    (data / "c01" / "001.png").rename(data / "c01" / "100.png")
+    before = (run / "data.json").read_text()
+    err = refused(capsys, "train", "--resume", run, "--no-progress")
+    assert "its train part has the same 6 samples of 2 classes but its files or labels" in err
+    assert "put back the data the run trained on where its config.yaml says" in err
+    assert (run / "data.json").read_text() == before
+
+
+def test_resuming_a_run_without_data_json_writes_it_and_never_over_a_users_file(
+        folders, tmp_path):
+    run, _ = run_on_a_copy(folders, tmp_path)
+    (run / "data.json").unlink()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert json.loads((run / "data.json").read_text()) == json.loads(
+        (folders["run"] / "data.json").read_text()) | {"folder": str((tmp_path / "data").resolve())}
+    (run / "data.json").write_text('{"mine": 1}')
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert (run / "data.json").read_text() == '{"mine": 1}'
+    assert RunFolder(run).recorded_data() is None
+
+
+def test_a_run_that_saved_no_checkpoint_takes_its_data_json_with_it(folders, tmp_path):
+    run = copy_of(folders["run"], tmp_path, "stale")
+    for name in ("checkpoints", "plots"):
+        shutil.rmtree(run / name)
+    for name in ("metrics.csv", "metrics.json"):
+        (run / name).unlink()
+    assert run / "data.json" in (stale_run_files(run) or [])
+    (run / "data.json").write_text('{"mine": 1}')  # a file of the user's: not kdml's to remove
+    assert stale_run_files(run) is None
+
+
+# ----------------------------------------------------------------------------- the fingerprint
+
+
+def files(root: str, labels: list[int], names: dict[int, str] | None = None) -> ImageFiles:
+    paths = [f"{root}/c{label}/{number}.jpg" for number, label in enumerate(labels)]
+    return ImageFiles("folder:x", "", np.asarray(paths), torch.tensor(labels),
+                      class_names=names)
+
+
+def arrays(x: torch.Tensor, labels: list[int]) -> ArrayDataset:
+    return ArrayDataset("mnist", "", x, torch.tensor(labels))
+
+
+def parts(dataset, **settings) -> dict:
+    """The fingerprint's parts of ``dataset`` split class-disjoint (settings: make_splits's)."""
+    splits = make_splits(dataset, {}, "class-disjoint", **settings)
+    test_part = make_splits(dataset, {}, "class-disjoint") if splits.validation else None
+    return data_fingerprint(splits, test_part)["parts"]
+
+
+LABELS = [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_the_digest_is_the_same_in_every_process():
+    """Golden digests: no Python hash(), no memory address, nothing of the process in them (a
+    change of what is hashed must change FORMAT)."""
+    x = torch.arange(8 * 4, dtype=torch.uint8).reshape(8, 1, 2, 2)
+    assert {name: part["sha256"][:16] for name, part in parts(arrays(x, LABELS)).items()} == {
+        "train": "e75ae6a67046f47c", "test": "d7dce322490e7b8e"}
+    assert {name: part["sha256"][:16] for name, part in parts(files("/d", LABELS)).items()} == {
+        "train": "b0648cf0e1f0995f", "test": "98596beda385f579"}
+
+
+def test_files_are_known_by_their_path_below_the_data_folder():
+    here = data_fingerprint(make_splits(files("/data/sets/photos", LABELS), {},
+                                        "class-disjoint"))
+    moved = data_fingerprint(make_splits(files("/mnt/photos", LABELS), {}, "class-disjoint"))
+    assert here["parts"] == moved["parts"]
+    assert (here["folder"], moved["folder"]) == ("/data/sets/photos", "/mnt/photos")
+    assert fingerprint_difference(here, moved) is None
+
+
+def test_labels_samples_and_class_names_change_the_digest():
+    x = torch.rand(8, 3)
+    changed_x = x.clone()
+    changed_x[1, 2] += 1
+    assert parts(arrays(x, LABELS)) == parts(arrays(x.clone(), LABELS))  # same data
+    assert parts(arrays(changed_x, LABELS))["train"] != parts(arrays(x, LABELS))["train"]
+    assert parts(arrays(x, [0, 1, 0, 1, 2, 2, 3, 3]))["train"] != (
+        parts(arrays(x, LABELS))["train"])
+    assert parts(files("/d", [0, 1, 0, 1, 2, 2, 3, 3]))["train"] != (
+        parts(files("/d", LABELS))["train"])
+    names = {label: f"class {label}" for label in range(4)}
+    assert parts(files("/d", LABELS, names))["train"] != parts(
+        files("/d", LABELS, names | {0: "renamed"}))["train"]
+
+
+def test_computed_features_are_known_despite_last_bit_differences():
+    """Generated and PCA-reduced features are floats that another BLAS, CPU or thread count
+    computes a last bit apart: those differences (and -0.0 for 0.0) do not refuse the run's
+    own data; a change in the fourth significant digit does."""
+    x = torch.rand(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
+    x[0, 0] = 0.0
+    nudged = torch.from_numpy(np.nextafter(x.numpy(), np.inf))
+    nudged[0, 0] = -0.0
+    assert parts(arrays(nudged, LABELS)) == parts(arrays(x, LABELS))
+    changed = x.clone()
+    changed[1, 2] *= 1.001
+    assert parts(arrays(changed, LABELS))["train"] != parts(arrays(x, LABELS))["train"]
+
+
+def test_a_validated_run_records_its_validation_and_test_parts():
+    recorded = parts(files("/d", [label for label in range(10) for _ in range(2)]),
+                     validation=0.4)
+    assert {name: (part["samples"], part["classes"]) for name, part in recorded.items()} == {
+        "train": (6, 3), "validation": (4, 2), "test": (10, 5)}
+
+
+def test_the_difference_is_said_part_by_part():
+    recorded = data_fingerprint(make_splits(files("/d", LABELS), {}, "class-disjoint"))
+    fewer = data_fingerprint(make_splits(files("/d", LABELS[:-1]), {}, "class-disjoint"))
+    assert fingerprint_difference(recorded, fewer) == (
+        "its test part had 4 samples of 2 classes then and has 3 samples of 2 classes now")
+    assert fingerprint_difference({**recorded, FORMAT_FIELD: 2}, fewer) is None  # a newer kdml's
