@@ -115,6 +115,15 @@ def run_on_a_copy(folders, tmp_path: Path) -> tuple[Path, Path]:
     return run, data
 
 
+def test_resume_with_data_root_says_where_moved_data_is_given(folders, capsys):
+    """--resume takes no --data-root (nor any other flag): its refusal said only that the run
+    keeps its own config, not how to follow data that moved (run_on_a_copy's edit)."""
+    err = refused(capsys, "train", "--resume", folders["run"], "--data-root", folders["data"])
+    assert err.endswith("--resume takes only the run folder: the run keeps its own config (edit "
+                        "its config.yaml for what a resumed run can change, such as "
+                        "train.epochs, or data.root where its data moved)"), err
+
+
 def test_resume_on_changed_data_is_refused(folders, tmp_path, capsys):
     run, data = run_on_a_copy(folders, tmp_path)
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0  # unchanged: fine

@@ -191,6 +191,41 @@ def test_a_finished_run_resumed_with_more_epochs_trains_them(tmp_path, capsys):
                for key in straight["method"])
 
 
+def test_resume_refuses_a_config_edited_beyond_what_it_can_take(tmp_path, capsys):
+    """An edit of config.yaml before --resume was taken in part without a word: a new
+    method.alpha applied, a new optim.lr did not (the optimizer's state brought the old one
+    back). Such edits are refused in one line naming the first; the settings a resumed run
+    can take (train.epochs, and where and how fast it runs) still change; lowering
+    train.epochs below the trained epochs says so."""
+    train(tmp_path, "jrd", "--dataset", "digits", "train.epochs=1")
+    run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
+    trained = yaml.safe_load(config.read_text())
+    edited = yaml.safe_load(config.read_text())
+    edited["optim"]["lr"], edited["method"]["alpha"] = 0.1, 0.0
+    config.write_text(yaml.safe_dump(edited))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kdml: error: {config} was edited since its checkpoint: "
+                          "optim.lr 0.001 -> 0.1 (and 1 more); --resume continues the run as "
+                          "it trained, and takes a change of ") and "\n" not in err, err
+    assert [row["epoch"] for row in json.loads((run / "metrics.json").read_text())["epochs"]
+            ] == [1]
+    resumable = yaml.safe_load(config.read_text())
+    resumable["optim"]["lr"], resumable["method"]["alpha"] = 0.001, trained["method"]["alpha"]
+    resumable["train"]["epochs"], resumable["data"]["num_workers"] = 2, 0
+    resumable["eval"]["embed_batch_size"] = 17
+    config.write_text(yaml.safe_dump(resumable))
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert [row["epoch"] for row in json.loads((run / "metrics.json").read_text())["epochs"]
+            ] == [1, 2]
+    resumable["train"]["epochs"] = 1
+    config.write_text(yaml.safe_dump(resumable))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert f"resuming {run} after epoch 2 (train.epochs is now 1)" in capsys.readouterr().out
+
+
 def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys):
     train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
     run = tmp_path / "run"

@@ -110,8 +110,9 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
                 raise KdmlError(f"cannot decode image {sources[0]}: "
                                 f"{decode_failure(dataset, int(indices[0]))}; "
                                 "replace or remove it, or skip such files with "
-                                "data.on_bad_image=skip (a run's setting, which its eval, "
-                                "embed and plots follow)")
+                                "data.on_bad_image=skip (a run's setting: for a trained run, "
+                                "set it in its config.yaml, which --resume, eval, embed and "
+                                "plots follow)")
             for source in sources:
                 logger.warning("skipping unreadable image %s", source)
             batch = Batch(*(field[~batch.unreadable] for field in batch))

@@ -68,6 +68,7 @@ from kdml.training.determinism import make_deterministic
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
+from kdml.training.resume_settings import RESUMABLE, changed_settings
 from kdml.training.run_folder import (
     NOTHING_LEFT,
     SCORED_FIRST,
@@ -665,6 +666,14 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
     elif state is not None:  # resuming
         session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
                         else run.checkpoint)
+        # after restore, which names a checkpoint of another recipe or shape as such
+        changed = changed_settings(state.get("config", {}), config)
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise KdmlError(f"{run.config} was edited since its checkpoint: {changed[0]}{more}; "
+                            "--resume continues the run as it trained, and takes a change of "
+                            f"{', '.join(sorted(RESUMABLE))} only: put the setting back, or "
+                            "train a new run with it")
         history, start_epoch = state["history"], state["epoch"] + 1
         if scored_prefix(session.splits) == VALIDATION:
             history = as_validation_history(history)
@@ -672,13 +681,15 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
         stopped_early = bool(state.get("finished")) and state["epoch"] < planned
         if stopped_early:  # by the convergence or patience rule: nothing left to do
             start_epoch = config.train.epochs + 1
+        of_epochs = (f" of {config.train.epochs}" if state["epoch"] <= config.train.epochs
+                     else f" (train.epochs is now {config.train.epochs})")
         if state.get("unscored") is not None:  # its epoch is scored first, then on as before
             unscored = dict(state["unscored"]["row"]), bool(state["unscored"]["over"])
             start_epoch = state["epoch"]
-            echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}"
-                 f", trained but not yet scored: scoring it first")
+            echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}, trained but "
+                 "not yet scored: scoring it first")
         else:
-            echo(f"resuming {run.root} after epoch {state['epoch']} of {config.train.epochs}")
+            echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}")
         if not stopped_early and planned < config.train.epochs:  # train.epochs was raised
             echo(f"train.epochs is {config.train.epochs}, not the {planned} it was trained "
                  f"for: training epochs {state['epoch'] + 1} to {config.train.epochs}")

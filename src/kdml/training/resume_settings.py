@@ -1,0 +1,66 @@
+"""Which settings of a run's ``config.yaml`` may change before ``kdml train --resume``.
+
+A resumed run continues the run its checkpoint holds: the optimizer's state brings back the
+learning rate it trained with, the model its sizes, the sampler its batches. An edit of another
+setting would be taken in part (a new ``method.alpha`` applies, a new ``optim.lr`` does not)
+and the run's metrics would mix two configurations without a word, so it is refused. These may
+change, since they change where or how fast the same run trains, or how long:
+
+- ``train.epochs``: train on, or stop sooner (the README's way to extend a finished run);
+- ``train.device``: the same run on another device (a GPU no longer lent, say);
+- ``data.num_workers``, ``eval.embed_batch_size``: loader processes, embedding batch size;
+- ``data.on_bad_image``: skip an image found unreadable since (its error message says so);
+- the paths, ``data.root``, a path-named ``data.dataset`` (``folder:DIR``) and
+  ``model.weights``: the data moved (``data.json`` still checks it is the run's), and the
+  checkpoint holds the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kdml.config import RunConfig
+
+RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
+                       "eval.embed_batch_size", "data.on_bad_image", "data.root",
+                       "model.weights"})
+PATH_PREFIXES = ("folder:", "csv:", "npz:")
+
+
+def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
+    """The settings of ``config`` (the run's ``config.yaml`` now) that differ from those the
+    checkpoint was trained with (``trained``, its ``config``), as ``"optim.lr 0.001 -> 0.1"``,
+    leaving out :data:`RESUMABLE` and settings one of the two does not have (added to kdml
+    since, or removed)."""
+    now = config.to_dict()
+    changes = []
+    if trained.get("recipe", config.recipe) != config.recipe:
+        changes.append(f"recipe {trained['recipe']!r} -> {config.recipe!r}")
+    for section, values in trained.items():
+        if not isinstance(values, dict) or not isinstance(now.get(section), dict):
+            continue
+        for key, before in values.items():
+            name = f"{section}.{key}"
+            if name in RESUMABLE or key not in now[section]:
+                continue
+            after = now[section][key]
+            if name == "data.dataset" and _path_named(before) and _path_named(after):
+                before, after = _prefix(before), _prefix(after)  # relative then, absolute now
+            if _plain(before) != _plain(after):
+                changes.append(f"{name} {before!r} -> {after!r}")
+    return changes
+
+
+def _path_named(dataset: Any) -> bool:
+    return isinstance(dataset, str) and dataset.startswith(PATH_PREFIXES)
+
+
+def _prefix(dataset: str) -> str:
+    return dataset.split(":", 1)[0] + ":"
+
+
+def _plain(value: Any) -> Any:
+    """Lists for tuples (YAML reads a tuple back as a list)."""
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
