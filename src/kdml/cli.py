@@ -371,7 +371,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if (args.recipe or args.overrides or args.dataset or args.config or args.weights
                 or args.seed is not None or args.data_root or args.out):
-            raise KdmlError("--resume takes only the run folder: the run keeps its own config")
+            raise KdmlError("--resume takes only the run folder: the run keeps its own config "
+                            "(edit its config.yaml for what a resumed run can change, such as "
+                            "train.epochs, or data.root where its data moved)")
         run = RunFolder.existing(args.resume)
         config = run_config(run)
         _join_processes(config)
