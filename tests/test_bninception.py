@@ -336,3 +336,23 @@ def test_jrd_trains_on_a_folder_with_bninception_weights(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "ignored the classifier (last_linear" in printed  # the one-line weights report
     assert "recall@1" in printed
+
+
+def test_frozen_batchnorm_without_weights_is_warned_of(tmp_path, capsys):
+    """The paper configs' model.freeze_bn=true, run without --weights, trained a random
+    BN-Inception with its BatchNorm statistics at 0 and 1 and said nothing."""
+    from fixtures_array_sets import make_image_folder
+
+    from kdml import cli
+
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=48)
+    out = tmp_path / "run"
+    assert cli.main(["train", "jrd", "--dataset", f"folder:{folder}", "model.backbone=bninception",
+                     "--out", str(out), "--no-progress", "data.batch_size=4", "data.resize=72",
+                     "data.image_size=64", "model.freeze_bn=true", "train.epochs=1",
+                     "train.steps_per_epoch=1", "eval.nmi=false", "eval.ks=[1]",
+                     "train.device=cpu"]) == 0
+    warning = ("model.freeze_bn=true with no model.weights: the bninception backbone starts "
+               "from random weights")
+    assert f"kdml: warning: {warning}" in capsys.readouterr().err
+    assert warning in (out / "train.log").read_text()

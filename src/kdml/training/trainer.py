@@ -712,6 +712,16 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                               len(session.splits.test), session.batches.loader.num_workers,
                               session.world.size)
         warn_about_splits(session.splits, recorder.log)
+        if (config.model.freeze_bn and not config.model.weights
+                and config.model.backbone.startswith(IMAGENET_BACKBONES)):
+            # the paper configs' setting, meant for ImageNet weights: without them it trains
+            # with its statistics at 0 and 1, a run far from the paper's, without a word
+            recorder.log.warning(
+                "model.freeze_bn=true with no model.weights: the %s backbone starts from "
+                "random weights and its BatchNorm statistics stay at their initial values "
+                "(mean 0, variance 1), far from the papers' ImageNet start; give --weights "
+                "FILE, or model.freeze_bn=false to train it from scratch",
+                config.model.backbone)
         sizing = session.unused_embedding_size()
         if sizing:
             recorder.log.warning("model.embedding_size=%d does not size %s's embedding: %s "
@@ -781,6 +791,10 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                 kept = f"; {run.best_checkpoint} holds it" if config.train.keep_best else ""
                 echo(f"best validation {metric}: {score:.4f} at epoch {best}{kept}")
     return final
+
+
+# backbones the papers start from ImageNet weights (model.weights)
+IMAGENET_BACKBONES = ("bninception", "timm:", "torchvision:")
 
 
 def _silent(message: str) -> None:
