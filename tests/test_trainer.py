@@ -646,3 +646,25 @@ def test_an_unreadable_unscored_epoch_says_that_deleting_it_loses_that_epoch_onl
     assert capsys.readouterr().err == (
         f"kdml: error: {out / 'checkpoints' / 'unscored.pt'}, an epoch trained but not yet "
         "scored, is unreadable; delete it, and --resume trains that epoch again\n")
+
+
+def test_embedding_a_test_set_shows_a_progress_bar_unless_told_not_to(capsys):
+    """Scoring printed nothing for minutes while a large test set was embedded (kdml eval on
+    10,000 images: a minute of silence); the embedding now counts its batches: on a terminal
+    by default (tqdm's rule: not under pytest's capture), always with progress=True, never
+    with False (--no-progress)."""
+    from kdml.data.dataset import ArrayDataset
+    from kdml.evaluation.evaluator import Embedder, embed_dataset
+
+    dataset = ArrayDataset("rows", "", torch.rand(10, 3), torch.arange(10) % 2)
+    class Rows(torch.nn.Linear):
+        def embed(self, inputs: torch.Tensor) -> torch.Tensor:  # what the evaluator calls
+            return self(inputs)
+
+    method = Rows(3, 2)
+    for progress, shown in ((None, False), (False, False), (True, True)):
+        capsys.readouterr()
+        embedded = embed_dataset(method, dataset, Embedder(batch_size=4, progress=progress))
+        assert embedded.values.shape == (10, 2)
+        err = capsys.readouterr().err
+        assert ("embedding:" in err and "/3 " in err) == shown, (progress, err)  # 3 batches

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from kdml import distributed
 from kdml.config import EvalConfig
@@ -59,6 +60,8 @@ class Embedder:
         num_workers: loader processes (``-1``: automatic, see :mod:`kdml.data.loaders`).
         on_bad_image: ``"error"`` or ``"skip"`` for undecodable image files.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the autocast of the forward pass.
+        progress: a progress bar over the batches: ``None`` on a terminal only (tqdm's rule),
+            ``False`` never; only rank 0 draws one under torchrun.
     """
 
     transform: Callable[[Tensor], Tensor] = to_unit_float
@@ -67,6 +70,7 @@ class Embedder:
     num_workers: int = 0
     on_bad_image: str = "error"
     precision: str = "fp32"
+    progress: bool | None = None
 
     def inputs(self, dataset: DmlDataset,
                shard: bool = False) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -143,7 +147,8 @@ def _embed_for_evaluation(method: Method, splits: DataSplits,
     if splits.gallery is not None:
         parts["gallery"] = splits.gallery
     function = method.chart_codes if method.has_charts else method.embed
-    return {role: _run(method, function, dataset, embedder, shard=True)
+    return {role: _run(method, function, dataset, embedder, shard=True,
+                       what=f"embedding the {role} set")
             for role, dataset in parts.items()}
 
 
@@ -234,14 +239,22 @@ def _train_space(splits: DataSplits, labels: Tensor) -> Tensor:
 # Every embedding path goes through here, so no autograd graph is ever kept for test data.
 @torch.no_grad()
 def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDataset,
-         embedder: Embedder, shard: bool = False) -> Embedded:
+         embedder: Embedder, shard: bool = False, what: str = "embedding") -> Embedded:
     was_training = method.training
     method.eval()
     chunks: list[Output] = []
     labels: list[Tensor] = []
     indices: list[Tensor] = []
+    # a large test set takes minutes to embed (SOP: 60,502 images): the batches are counted
+    per_rank = -(-len(dataset) // (distributed.world().size if shard else 1))
+    num_batches = -(-per_rank // embedder.batch_size)
+    # disable=None: on a terminal only (tqdm's rule)
+    hidden = (True if not distributed.world().is_main else
+              None if embedder.progress is None else not embedder.progress)
+    batches = tqdm(embedder.inputs(dataset, shard), total=num_batches, desc=what, leave=False,
+                   disable=hidden)
     try:
-        for inputs, batch_labels, batch_indices in embedder.inputs(dataset, shard):
+        for inputs, batch_labels, batch_indices in batches:
             with autocast(embedder.device, embedder.precision):
                 output = function(inputs)
             chunks.append(output)

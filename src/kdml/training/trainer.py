@@ -575,10 +575,12 @@ class Session:
         train = self.config.train
         return epoch % train.eval_every == 0 or epoch == train.epochs or over
 
-    def score(self, epoch: int, row: dict[str, Any]) -> None:
-        """Add the trained model's scores (test, or validation) to ``epoch``'s row."""
+    def score(self, epoch: int, row: dict[str, Any], progress: bool | None = None) -> None:
+        """Add the trained model's scores (test, or validation) to ``epoch``'s row
+        (``progress``: bars while it embeds, as :func:`train`'s)."""
+        embedder = dataclasses.replace(self.embedder, progress=progress)
         try:
-            metrics = evaluate_method(self.method, self.splits, self.config.eval, self.embedder)
+            metrics = evaluate_method(self.method, self.splits, self.config.eval, embedder)
         except NonFiniteEmbeddings as error:  # finite losses, then an overflowing update
             raise NonFiniteLoss(f"training stopped after epoch {epoch}: {error}; "
                                 f"{kept_checkpoint(epoch)}. {ADVICE}") from None
@@ -752,7 +754,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                             session.checkpoint, epoch, history, False,
                             {"row": dict(row), "over": over}))
                 if scored:
-                    session.score(epoch, row)
+                    session.score(epoch, row, progress)
                 history.append(row)
                 epochs.set_postfix({k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items()
                                     if k == f"{prefix}/recall@1" or k == "train/loss"})
