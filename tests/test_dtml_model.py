@@ -174,6 +174,17 @@ def test_dtml_without_target_is_a_clear_error():
     assert "d_ts" not in ddml(source, labels).terms  # the baseline runs without a target
 
 
+def test_pca_refuses_inputs_too_wide_before_allocating_anything():
+    # 3 x 224 x 224 image files: the d x d scatter would be ~180 GB, a raw allocator traceback
+    with pytest.raises(KdmlError, match=r"150528 features, too many: .* GiB .*feature vectors"):
+        build("pca", "method.pca_dim=2", input_size=3 * 224 * 224)
+    from kdml.training.recipes.dtml import check_pca_input_size
+
+    with pytest.raises(KdmlError, match="half the machine's memory"):  # 2.2 GiB of 1 GiB
+        check_pca_input_size(10_000, memory=2**30)
+    check_pca_input_size(10_000, memory=2**40)  # fits: no refusal
+
+
 def test_pca_recipe_is_fitted_on_the_source_and_has_no_parameters():
     config, method = build("pca", "method.pca_dim=2")
     assert isinstance(method, PCAMethod) and method.needs_fit

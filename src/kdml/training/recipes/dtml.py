@@ -19,6 +19,7 @@ other recipe's method.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -251,6 +252,7 @@ class PCAMethod(Method):
         super().__init__()
         if not 1 <= dim <= input_size:
             raise KdmlError(f"PCA dim must be from 1 to input_size={input_size}, got {dim}")
+        check_pca_input_size(input_size)  # before the buffers below, and fit()'s, allocate
         self.backbone = nn.Identity()
         self.mean: Tensor
         self.components: Tensor
@@ -321,6 +323,39 @@ def _build_dtml(config: RunConfig, backbone: nn.Module, num_classes: int) -> Met
 
 def _build_ddml_logistic(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
     return DDMLLogisticMethod(config.method, feature_size_of(backbone))
+
+
+# PCAMethod holds a d x d float64 scatter matrix, and eigh works on two more d x d matrices
+# (the covariance and its eigenvectors): 24 * d^2 bytes. Image files fed whole (3 x 224 x 224 =
+# 150,528 features) would need about 500 GiB, which torch only finds out when it allocates,
+# with a raw traceback. PCAMethod is refused when the recipe builds it (before the run folder
+# is made) where that exceeds half of the machine's memory, or where d exceeds PCA_MAX_INPUT:
+# a fixed cap, so that a machine with terabytes does not start an eigh of cubic time that runs
+# for hours (16,384 takes 6 GiB, and is far above feature vectors' usual 64 to 4,096).
+PCA_MAX_INPUT = 16_384
+PCA_BYTES_PER_ENTRY = 3 * 8  # scatter, covariance and eigenvectors, all float64
+
+
+def _physical_memory() -> int | None:
+    """The machine's memory in bytes, or ``None`` where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def check_pca_input_size(input_size: int, memory: int | None = None) -> None:
+    """Refuse, in one line, a PCA whose d x d matrices would not fit (see PCA_MAX_INPUT);
+    ``memory`` is the machine's (by default asked of the system)."""
+    memory = _physical_memory() if memory is None else memory
+    needed = PCA_BYTES_PER_ENTRY * input_size ** 2
+    if input_size > PCA_MAX_INPUT or (memory is not None and needed > memory // 2):
+        raise KdmlError(f"the pca recipe's inputs have {input_size} features, too many: "
+                        f"its {input_size} x {input_size} float64 matrices would need "
+                        f"{needed / 2**30:,.1f} GiB (it takes at most {PCA_MAX_INPUT} features "
+                        "and half the machine's memory); PCA is for feature vectors: train it "
+                        "on a domain pair or npz features, or give image files a much smaller "
+                        "data.resize and data.image_size")
 
 
 def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
