@@ -503,6 +503,32 @@ def test_the_data_root_variable_holds_datasets_and_names_the_folders_searched(tm
     assert "\n" not in str(info.value)
 
 
+def test_the_data_root_variable_set_to_a_dataset_s_own_or_a_missing_folder_says_so(
+        tmp_path, monkeypatch):
+    """``$KDML_DATA_ROOT`` naming the dataset's own folder (``.../CUB_200_2011``) or a folder
+    that does not exist had been told only the folders searched inside it, and to set the
+    variable it had set."""
+    cub = make_cub(tmp_path / "CUB_200_2011")
+    monkeypatch.setenv(ROOT_VARIABLE, str(cub))
+    with pytest.raises(KdmlError, match=f"; .{ROOT_VARIABLE}={cub} is cub's own folder, but the "
+                                        f"variable names the folder that holds the datasets, "
+                                        f"each in a folder of its own: set it to {tmp_path}, or "
+                                        f"pass this one with --data-root {cub}$"):
+        open_dataset("cub")
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))  # what the message says works
+    assert len(open_dataset("cub").dataset) == 12
+    files = make_idx(tmp_path / "digits", train=20, test=10, name="data")  # not named mnist
+    monkeypatch.setenv(ROOT_VARIABLE, str(files))
+    with pytest.raises(KdmlError, match=f"move the files into {files}/mnist, or pass this one "
+                                        f"with --data-root {files}$"):
+        open_dataset("mnist")
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path / "nowhere"))
+    with pytest.raises(KdmlError, match=f"; .{ROOT_VARIABLE}={tmp_path}/nowhere does not exist: "
+                                        "set it to the folder that holds your datasets") as info:
+        open_dataset("cub")
+    assert "\n" not in str(info.value)
+
+
 def test_a_data_root_holding_the_dataset_s_folder_is_read_there_even_when_incomplete(tmp_path):
     """--data-root DIR with the files in DIR/<name>/ but not all of them: the reader names
     what is missing in DIR/<name>, where they are, not in DIR."""

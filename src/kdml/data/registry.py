@@ -29,7 +29,7 @@ from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts
 from kdml.data.formats.idx import file_names as idx_file_names
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 
 ROOT_VARIABLE = "KDML_DATA_ROOT"
 
@@ -171,8 +171,30 @@ def find_root(entry: DiskFormat, configured: str = "") -> Path:
         if existing:
             return existing[-1]
     searched = ", ".join(str(root) for root in roots) or f"${ROOT_VARIABLE} is not set"
-    raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); pass its folder "
-                    f"with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml datasets')")
+    raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); "
+                    f"{_what_to_do(entry, configured)}")
+
+
+def _what_to_do(entry: DiskFormat, configured: str) -> str:
+    """The end of :func:`find_root`'s refusal. Where ``$KDML_DATA_ROOT`` is what was searched
+    and is itself wrong, it says how: a folder that does not exist, or the dataset's own
+    folder (``.../CUB_200_2011``, holding ``images.txt``) where the variable names the folder
+    that holds the datasets; the folders searched inside it alone would not show why."""
+    value = "" if configured else os.environ.get(ROOT_VARIABLE, "")
+    base = Path(value).expanduser()
+    if value and not base.is_dir():
+        return (f"${ROOT_VARIABLE}={value} {why_missing(base, 'folder')}: set it to the folder "
+                "that holds your datasets, or pass the dataset's folder with --data-root DIR")
+    if value and entry.located(base) is not None:
+        if base in entry.folders(base.parent, shared=True):  # its name is one searched
+            move = f"set it to {base.parent}"
+        else:
+            move = f"move the files into {base / entry.name}"
+        return (f"${ROOT_VARIABLE}={value} is {entry.name}'s own folder, but the variable names "
+                f"the folder that holds the datasets, each in a folder of its own: {move}, or "
+                f"pass this one with --data-root {value}")
+    return (f"pass its folder with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml "
+            "datasets')")
 
 
 def is_known_dataset(name: str) -> bool:
