@@ -578,6 +578,27 @@ def test_an_unwritable_report_is_refused_before_anything_trains(tmp_path, capsys
     assert not runs.exists() and (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_the_settings_line_counts_one_epoch_and_one_step_in_the_singular():
+    from types import SimpleNamespace
+
+    from kdml.config import resolve_config
+    from kdml.reproduce.report import _settings
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("jrd")
+
+    def settings(*overrides: str) -> str:
+        config = resolve_config(recipe.name, recipe.params, recipe.defaults,
+                                overrides=list(overrides))
+        return _settings(SimpleNamespace(config=config, cells={}))  # type: ignore[arg-type]
+
+    assert ", 1 epoch of at most 1 step, " in settings("train.epochs=1",
+                                                       "train.steps_per_epoch=1")
+    assert ", 1 epoch of at most 20 steps, " in settings("train.epochs=1",
+                                                         "train.steps_per_epoch=20")
+    assert ", 3 epochs, " in settings("train.epochs=3", "train.steps_per_epoch=0")
+
+
 def test_only_that_matches_nothing_lists_the_keys(capsys):
     assert cli.main(["reproduce", "jrd", "--only", "nope-*", "--list"]) == 2
     err = capsys.readouterr().err

@@ -198,10 +198,10 @@ def _settings(result: ExperimentResult) -> str:
     config = result.config
     assert config is not None
     split = config.data.split
+    epochs, steps = config.train.epochs, config.train.steps_per_epoch
     return (f"backbone `{config.model.backbone}`, batch {config.data.batch_size}, "
-            f"{config.train.epochs} epochs"
-            + (f" of at most {config.train.steps_per_epoch} steps"
-               if config.train.steps_per_epoch else "")
+            f"{epochs} epoch{'s' * (epochs != 1)}"  # "1 epoch", not "1 epochs"
+            + (f" of at most {steps} step{'s' * (steps != 1)}" if steps else "")
             + f", {config.optim.name} lr {config.optim.lr:g}, split `{split}`, "
             f"{_minutes(result):.1f} min of training")
 
