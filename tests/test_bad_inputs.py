@@ -154,13 +154,48 @@ def test_an_out_that_is_a_symbolic_link_is_never_replaced(tmp_path, capsys, fini
     assert all((tmp_path / name).is_symlink() for name in ("emb.npz", "index", "report.md"))
 
 
-def test_default_run_folder_names_are_single_safe_folders():
+def test_default_run_folder_names_are_single_safe_folders(tmp_path, monkeypatch):
     from kdml.training.run_folder import default_run_dir
 
+    monkeypatch.chdir(tmp_path)  # the folders are made
     for dataset in ("folder:/data/my photos/", "csv:../lists/train.csv", "npz:/x/y/f.npz",
                     "mnist5k->digits"):
         path = default_run_dir("jrd", dataset, parent=Path("runs"))
         assert path.parent == Path("runs") and re.fullmatch(r"[\w.-]+", path.name), path
+
+
+def test_default_run_folders_claimed_in_the_same_second_are_each_their_own(tmp_path,
+                                                                           monkeypatch):
+    # jobs started together without --out once picked the same free name; all but one failed
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import datetime
+
+    from kdml.errors import KdmlError
+    from kdml.training import run_folder
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(run_folder, "datetime", Frozen)
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda _: run_folder.default_run_dir("jrd", "digits",
+                                                                   tmp_path / "runs"), range(8)))
+    assert len(set(paths)) == 8 and all(path.is_dir() for path in paths)
+    assert tmp_path / "runs" / "jrd-digits-20260102-030405" in paths
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(KdmlError, match=f"cannot make the run folder {tmp_path}/afile/jrd-"
+                                        f"digits-20260102-030405: {tmp_path}/afile is a file$"):
+        run_folder.default_run_dir("jrd", "digits", tmp_path / "afile")
+
+
+def test_a_refused_run_leaves_no_default_run_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a setting refused once the data loads, after the claim
+    err = refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits",
+                  "data.batch_size=100000", *TINY[3:])
+    assert "batch_size" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_safe_name_examples_of_its_docstring():

@@ -275,6 +275,22 @@ def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
     assert "not a kdml run folder" in error_line(capsys)
 
 
+def test_a_grid_folder_given_as_a_run_names_one_of_its_cells(tmp_path, capsys):
+    # it had said "not a kdml run folder (no config.yaml)", of a folder kdml made
+    from kdml.training.grid import grid_cells, write_marker
+
+    grid = tmp_path / "g1"
+    values = {"train.seed": [0, 1]}
+    write_marker(grid, grid_cells(values), values)
+    (grid / "seed=1").mkdir()  # a cell started (seed=0 not yet): the one named
+    (grid / "seed=1" / "config.yaml").write_text("recipe: jrd\n")
+    for args in (("eval", grid), ("train", "--resume", grid),
+                 ("index", grid, "--out", tmp_path / "idx")):
+        assert run_cli(*args) == 2
+        assert (f"{grid} is a grid's folder (grid.yaml), not a run: each of its cells is a run "
+                f"folder (such as {grid}/seed=1); give one of those") in error_line(capsys)
+
+
 def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out,

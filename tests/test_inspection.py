@@ -361,6 +361,17 @@ def test_an_interrupted_index_build_leaves_nothing_and_can_be_run_again(runs, tm
     assert "not an empty folder" in capsys.readouterr().err
 
 
+def test_an_index_out_that_is_a_file_is_called_a_file(tmp_path):
+    from kdml.evaluation.index import check_index_folder
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(KdmlError, match=f"^--out {afile} is a file; an index goes into a new "
+                                        "folder: choose another --out$"):  # not "an empty..."
+        check_index_folder(afile)
+    assert afile.read_text() == "mine"
+
+
 @pytest.mark.parametrize("name", ["plain", "atlas"])
 def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tmp_path, name):
     """An .npz of raw inputs (it may hold a whole test split) is embedded batch by batch,

@@ -365,7 +365,12 @@ def _train(args: argparse.Namespace) -> int:
     from kdml import distributed
     from kdml.config import load_config_file, resolve_config, with_absolute_paths
     from kdml.training.recipes import get_recipe
-    from kdml.training.run_folder import RunFolder, check_new_run_folder, default_run_dir
+    from kdml.training.run_folder import (
+        RunFolder,
+        check_new_run_folder,
+        default_run_dir,
+        remove_if_unused,
+    )
     from kdml.training.trainer import run_config, train
 
     if args.resume is not None:
@@ -410,8 +415,12 @@ def _train(args: argparse.Namespace) -> int:
 
     run_dir = distributed.from_main(new_run_folder)
     _say(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
-    return _run_training(lambda: train(config, run_dir, progress=_progress(args)), config,
-                         run_dir)
+    try:
+        return _run_training(lambda: train(config, run_dir, progress=_progress(args)), config,
+                             run_dir)
+    finally:  # default_run_dir made the folder: a run refused before writing leaves none
+        if args.out is None and distributed.world().is_main:
+            remove_if_unused(run_dir)
 
 
 def _join_processes(config: RunConfig) -> None:

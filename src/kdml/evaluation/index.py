@@ -101,7 +101,10 @@ def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
 def check_index_folder(folder: Path) -> None:
     """Refuse an ``--out`` that is a file, a link or a folder with anything in it."""
     check_not_a_link(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+    if folder.exists() and not folder.is_dir():  # "not an empty folder" misled: it is a file
+        raise KdmlError(f"--out {folder} is a file; an index goes into a new folder: choose "
+                        "another --out")
+    if folder.exists() and any(folder.iterdir()):
         raise KdmlError(f"--out {folder} is not an empty folder; an index goes into a new one")
 
 

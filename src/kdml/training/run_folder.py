@@ -114,6 +114,13 @@ class RunFolder:
         if not run.root.is_dir():
             raise KdmlError(f"run folder {run.root} {why_missing(run.root, 'folder')}")
         if not run.config.is_file():
+            from kdml.training.grid import MARKER  # grid imports this module
+
+            if (run.root / MARKER).is_file():  # a grid's cells are its runs, not the grid
+                raise KdmlError(f"{run.root} is a grid's folder ({MARKER}), not a run: each "
+                                f"of its cells is a run folder{_example_cell(run.root)}; give "
+                                "one of those (to continue the whole grid, run the command "
+                                f"that made it again with --out {run.root})")
             raise KdmlError(f"{run.root} is not a kdml run folder (no config.yaml)")
         return run
 
@@ -162,6 +169,19 @@ class RunFolder:
 
         write_through_new_file(self.metrics_csv, write_csv)
         write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json)
+
+
+def _example_cell(root: Path) -> str:
+    """`` (such as ROOT/CELL)`` for a cell of the grid in ``root`` that holds a run (the first
+    in grid.yaml's order), or ``""`` where none does yet."""
+    cells = sorted(path.parent for path in root.glob("*/config.yaml"))
+    try:
+        listed = yaml.safe_load((root / "grid.yaml").read_text(encoding="utf-8"))["cells"]
+        cells = [root / str(name) for name in listed if (root / str(name) / "config.yaml")
+                 .is_file()] or cells
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, KeyError):
+        pass  # not the file kdml wrote: the cells found on disk
+    return f" (such as {cells[0]})" if cells else ""
 
 
 def holds_files(folder: Path) -> bool:
@@ -363,14 +383,36 @@ def safe_name(dataset: str) -> str:
 
 
 def default_run_dir(recipe: str, dataset: str, parent: Path = Path("runs")) -> Path:
+    """A new folder for a run (or a grid) given no ``--out``: ``RECIPE-DATASET-TIMESTAMP`` in
+    ``parent``, or with ``-2``, ``-3``, ... where that is taken. It is made here (``mkdir``,
+    which one process alone can win), so that it is this process's: picking a name that did
+    not exist yet let jobs started in the same second take the same one, and all but one fail.
+    The command removes it again where the run is refused before writing in it
+    (:func:`remove_if_unused`)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    dataset = safe_name(dataset)
-    path = parent / f"{recipe}-{dataset}-{stamp}"
+    base = f"{recipe}-{safe_name(dataset)}-{stamp}"
     suffix = 1
-    while path.exists():
-        suffix += 1
-        path = parent / f"{recipe}-{dataset}-{stamp}-{suffix}"
-    return path
+    while True:
+        path = parent / (base if suffix == 1 else f"{base}-{suffix}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:  # another run's (or anything else): the next name
+            suffix += 1
+        except OSError as error:  # a parent that is a file, not writable, ...
+            there = next((folder for folder in path.parents if folder.exists()), Path("."))
+            why = error.strerror if there.is_dir() else f"{there} is a file"
+            raise KdmlError(f"cannot make the run folder {path}: {why}") from None
+
+
+def remove_if_unused(root: Path) -> None:
+    """Remove ``root``, a folder :func:`default_run_dir` made, where the run it was made for
+    wrote nothing in it (refused, or interrupted, before it started: at most its lock file
+    is there), so that no empty folder is left behind."""
+    with contextlib.suppress(OSError):  # anything in it, or gone: it stays as it is
+        if not holds_files(root):
+            (root / LOCK_NAME).unlink(missing_ok=True)
+            root.rmdir()
 
 
 def warning_handler() -> logging.Handler:
