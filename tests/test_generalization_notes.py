@@ -90,7 +90,7 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
     run = SimpleNamespace(
         method=SimpleNamespace(has_charts=has_charts),
         config=SimpleNamespace(eval=SimpleNamespace(metric=metric)),
-        splits=SimpleNamespace(train=range(sizes[0]), test=range(sizes[1])))
+        splits=SimpleNamespace(train=range(sizes[0]), test=range(sizes[1]), validation=False))
     estimate = Estimate.of([0.5, 0.5])
 
     def analyze(trained, settings):
@@ -178,7 +178,7 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
     monkeypatch.setattr(inspection, "dataset_labels", lambda splits, found: found)
     monkeypatch.setattr(inspection, "generalization_terms", terms)
     trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path), epoch=1, embedder=None,
-                              splits=SimpleNamespace(train="train", test="test"),
+                              splits=SimpleNamespace(train="train", test="test", validation=False),
                               method=SimpleNamespace(has_charts=has_charts),
                               config=SimpleNamespace(eval=SimpleNamespace(metric=metric)))
     inspection.analyze_generalization(trained, inspection.GeneralizationSettings(repeats=2))

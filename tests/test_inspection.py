@@ -794,6 +794,12 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
         assert kdml("plot", "retrieval", run, *test) == 0
         assert ("validation part" in capsys.readouterr().err) == (not test)
     assert mapped == [{3, 4}, {5, 6, 7, 8, 9}]
+    # analyze generalization took the validation part as its unseen classes without a word
+    capsys.readouterr()
+    assert kdml("analyze", "generalization", run, "--repeats", "2") == 0
+    assert "its unseen classes here are the validation part (364 samples" in (
+        capsys.readouterr().err)
+    assert json.loads((run / "generalization.json").read_text())["unseen"] == "validation"
 
 
 @pytest.mark.parametrize("charts", [None, 3])

@@ -690,6 +690,10 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     # before minutes of embedding (checked again on the embedded sets)
     check_scored_counts(len(trained.splits.train), len(trained.splits.test),
                         args.labelled_fraction, "--labelled-fraction")
+    if trained.splits.validation:
+        print(f"kdml: note: this run validated (data.validation): its unseen classes here are "
+              f"the validation part ({len(trained.splits.test):,} samples of training classes "
+              "it did not train on); the test part is not used", file=sys.stderr)
     terms, path = analyze_generalization(trained, settings)
     print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
           f"{args.neighbors}-NN classifiers, 95% CI):")

@@ -507,7 +507,9 @@ class GeneralizationSettings:
 def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
                            ) -> tuple[dict[str, Estimate], Path]:
     """The H-divergence and lambda between the training (seen) and test (unseen) classes'
-    embeddings (Chu et al. 2020, Sec. 2), also written to the run's ``generalization.json``."""
+    embeddings (Chu et al. 2020, Sec. 2), also written to the run's ``generalization.json``.
+    For a run that validated (``data.validation``), the unseen classes are its validation
+    part, which it did not train on either (``"unseen": "validation"`` in the file)."""
     path = trained.run.root / "generalization.json"
     check_json_replaceable(path, ["settings"])  # before minutes of embedding
     # unlike eval's metrics, these are shown only once written
@@ -528,7 +530,7 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     distance = ("euclidean on the Atlas embedding" if trained.method.has_charts else
                 "cosine" if cosine else "euclidean")
     written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
-               "distance": distance,
+               "distance": distance, "unseen": "validation" if splits.validation else "test",
                **{name: estimate.to_dict() for name, estimate in terms.items()}}
     write_json(written, path)
     return terms, path
