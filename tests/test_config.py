@@ -59,6 +59,15 @@ def test_config_file_errors(tmp_path):
     listed.write_text("- 1\n- 2\n")
     with pytest.raises(KdmlError, match="mapping"):
         load_config_file(listed)
+    # PyYAML keeps the last of a repeated key: "epochs: 1" then "epochs: 2" trained 2 epochs
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("recipe: jrd\ntrain:\n  epochs: 1\n  lr_note: x\n  epochs: 2\n")
+    with pytest.raises(KdmlError, match=r"^config file .*twice\.yaml is not valid YAML: key "
+                                        r"'epochs' is given twice \(lines 3 and 5\): keep one$"):
+        load_config_file(twice)
+    nested = tmp_path / "nested.yaml"  # the same key in two sections is two keys
+    nested.write_text("train:\n  epochs: 1\neval:\n  epochs: 2\n")
+    assert load_config_file(nested) == {"train": {"epochs": 1}, "eval": {"epochs": 2}}
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -168,13 +168,31 @@ def resolve_config(
     return config
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML forbids it, but
+    PyYAML keeps the last value, so ``epochs: 1`` then ``epochs: 2`` would train 2 epochs
+    without a word about the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (lines {seen[key]} and {line}): "
+                    "keep one", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file into a nested dict."""
+    """Read a YAML config file into a nested dict (a key given twice is refused)."""
     path = Path(path)
     if not path.is_file():
         raise KdmlError(f"config file {path} {why_missing(path, 'file')}")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        values = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError:
         raise KdmlError(f"config file {path} is not UTF-8 text; save it as a YAML file") from None
     except yaml.YAMLError as error:
