@@ -668,3 +668,14 @@ def test_recall_at_more_than_the_references_names_the_ks_to_give(tmp_path, capsy
     err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
                   tmp_path / "run", *TINY, "eval.ks=[1,2,4000]")
     assert err.endswith("references; lower eval.ks, e.g. 'eval.ks=[1, 2]'"), err
+
+
+def test_a_held_out_share_too_small_to_retrieve_names_holdout_fraction(tmp_path, capsys):
+    """A seen-holdout split whose classes each hold out one test sample has nothing to
+    retrieve: the refusal said "use a split with at least two test samples per class", not
+    which setting makes them."""
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  tmp_path / "run", "data.split=seen-holdout", "data.holdout_fraction=0.001",
+                  *TINY)
+    assert err.endswith("so Recall@K is undefined; raise data.holdout_fraction, the share of "
+                        "each class held out for testing"), err

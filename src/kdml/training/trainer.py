@@ -428,9 +428,11 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
     else:
         scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
     if not scorable:
+        how = ("raise data.holdout_fraction, the share of each class held out for testing"
+               if splits.kind == SEEN else "use a split with at least two test samples per "
+               "class")
         raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
-                        "to retrieve, so Recall@K is undefined; use a split with at least two "
-                        "test samples per class")
+                        f"to retrieve, so Recall@K is undefined; {how}")
 
 
 class CompiledSteps(nn.Module):
