@@ -238,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
-                       help_text: str = "the part to embed (default test)") -> None:
+                       help_text: str = "the part to embed (default test; where the test "
+                                        "set is queries and a gallery, as In-Shop's is, test "
+                                        "is the queries)") -> None:
     parser.add_argument("--split", choices=("test", "train", "gallery"), default=default,
                         help=help_text)
     parser.add_argument("--dataset", help="embed another dataset with the run's model")
