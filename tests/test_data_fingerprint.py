@@ -131,7 +131,8 @@ def test_resume_on_changed_data_is_refused(folders, tmp_path, capsys):
     before = (run / "data.json").read_text()
     err = refused(capsys, "train", "--resume", run, "--no-progress")
     assert "its train part has the same 6 samples of 2 classes but its files or labels" in err
-    assert "put back the data the run trained on where its config.yaml says" in err
+    assert ("put back the data the run trained on where its config.yaml says, or point its "
+            "data.root (or folder:/csv: path) at where it is now" in err)
     assert (run / "data.json").read_text() == before
 
 

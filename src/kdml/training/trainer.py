@@ -815,7 +815,8 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     if resume:
         recorded = run.recorded_data()
         check_run_data(run, recorded, session.config, splits, test_part,
-                       "put back the data the run trained on where its config.yaml says")
+                       "put back the data the run trained on where its config.yaml says, "
+                       "or point its data.root (or folder:/csv: path) at where it is now")
         # A run of a kdml before data.json gets one: from now on it trains on this data,
         # and the commands that read it check against it. Not where a file of the user's is.
         if recorded is None and not run.data_fingerprint.exists():
