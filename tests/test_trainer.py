@@ -668,3 +668,15 @@ def test_embedding_a_test_set_shows_a_progress_bar_unless_told_not_to(capsys):
         assert embedded.values.shape == (10, 2)
         err = capsys.readouterr().err
         assert ("embedding:" in err and "/3 " in err) == shown, (progress, err)  # 3 batches
+
+
+def test_training_bars_stay_out_of_output_that_is_not_a_terminal(tmp_path, capsys):
+    """Without --no-progress the bars follow tqdm's rule, drawn on a terminal only: rank 0's
+    had been drawn everywhere (``None or not main`` is False), so a run's redirected output
+    filled with thousands of bar lines (2.6 MB for six short runs)."""
+    out = tmp_path / "run"
+    settings = [arg for arg in TINY if arg != "--no-progress"]
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *settings,
+                     "train.epochs=1", "train.steps_per_epoch=3"]) == 0
+    err = capsys.readouterr().err
+    assert "epoch 1:" not in err and "epochs:" not in err and "embedding" not in err, err

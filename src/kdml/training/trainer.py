@@ -739,7 +739,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                 config.data.batch_size)
         epochs = tqdm(range(start_epoch, end_epoch + 1), desc="epochs",
                       initial=start_epoch - 1, total=end_epoch,
-                      disable=_no_bar(progress) or not main)
+                      disable=_no_bar(progress, main))
         metric = config.train.select_metric
         for epoch in epochs:
             try:
@@ -940,7 +940,7 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY)
     steps = 0
     bar = tqdm(session.batches.epoch(epoch), total=len(session.batches), desc=f"epoch {epoch}",
-               leave=False, disable=_no_bar(progress) or not session.world.is_main)
+               leave=False, disable=_no_bar(progress, session.world.is_main))
     world = session.world
     for step, (batch, target_batch) in enumerate(bar):
         local = len(batch.labels)
@@ -981,7 +981,12 @@ def _converged(history: list[dict[str, Any]], row: dict[str, Any], tolerance: fl
     return abs(row["train/loss"] - history[-1]["train/loss"]) < tolerance
 
 
-def _no_bar(progress: bool | None) -> bool | None:
+def _no_bar(progress: bool | None, main: bool = True) -> bool | None:
+    """tqdm's ``disable``: ``None`` (shown on a terminal only, tqdm's rule) where ``progress``
+    is None, hidden on every rank but 0. ``None or not main`` had read as ``False`` on rank 0,
+    so bars filled redirected logs with thousands of lines."""
+    if not main:
+        return True
     return None if progress is None else not progress
 
 
