@@ -68,6 +68,14 @@ def test_config_file_errors(tmp_path):
     nested = tmp_path / "nested.yaml"  # the same key in two sections is two keys
     nested.write_text("train:\n  epochs: 1\neval:\n  epochs: 2\n")
     assert load_config_file(nested) == {"train": {"epochs": 1}, "eval": {"epochs": 2}}
+    # YAML merge keys are not repeated keys: a merged key may be given again, overriding it
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &c\n  epochs: 1\n  seed: 1\ntrain:\n  <<: *c\n  seed: 3\n")
+    assert load_config_file(merged)["train"] == {"epochs": 1, "seed": 3}
+    unhashable = tmp_path / "unhashable.yaml"  # refused in one line, not a TypeError
+    unhashable.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(KdmlError, match="is not valid YAML"):
+        load_config_file(unhashable)
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -176,11 +176,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *anchor": keys it may override
+                continue
             key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
-            if key in seen:
+            try:
+                given = seen.get(key)
+            except TypeError:  # an unhashable key: the mapping's own construction says so
+                break
+            if given is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (lines {seen[key]} and {line}): "
+                    None, None, f"key {key!r} is given twice (lines {given} and {line}): "
                     "keep one", key_node.start_mark)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
