@@ -136,6 +136,21 @@ def test_resume_on_changed_data_is_refused(folders, tmp_path, capsys):
     assert (run / "data.json").read_text() == before
 
 
+def test_a_run_refused_before_its_first_checkpoint_resumes_on_the_mended_data(
+        folders, tmp_path, capsys):
+    """A run that stopped in its first epoch (an unreadable image: "replace or remove it")
+    trained nothing, and --resume starts it over: on the data as mended, not refused for it."""
+    run, data = run_on_a_copy(folders, tmp_path)
+    for name in ("checkpoints", "plots", "tensorboard"):
+        shutil.rmtree(run / name, ignore_errors=True)
+    for name in ("metrics.csv", "metrics.json"):
+        (run / name).unlink()
+    (data / "c01" / "001.png").unlink()  # the unreadable image, removed
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert "has no checkpoint yet; training it from epoch 1" in capsys.readouterr().out
+    assert json.loads((run / "data.json").read_text())["parts"]["train"]["samples"] == 5
+
+
 def test_resuming_a_run_without_data_json_writes_it_and_never_over_a_users_file(
         folders, tmp_path):
     run, _ = run_on_a_copy(folders, tmp_path)
@@ -200,6 +215,25 @@ def test_files_are_known_by_their_path_below_the_data_folder():
     assert here["parts"] == moved["parts"]
     assert (here["folder"], moved["folder"]) == ("/data/sets/photos", "/mnt/photos")
     assert fingerprint_difference(here, moved) is None
+
+
+def test_the_same_files_on_windows_or_macos_hash_the_same(monkeypatch):
+    """A run trained on Linux and scored on Windows (paths joined with a backslash) or on
+    macOS (file names in decomposed Unicode) reads the same files: the same digest."""
+    import unicodedata
+
+    from kdml.data import fingerprint
+
+    def named(paths: list[str]) -> dict:
+        return parts(ImageFiles("folder:x", "", np.asarray(paths), torch.tensor(LABELS)))
+
+    linux = [f"/data/café{label}/{number}.jpg" for number, label in enumerate(LABELS)]
+    here = named(linux)
+    decomposed = [unicodedata.normalize("NFD", path) for path in linux]  # as HFS+ stores them
+    assert decomposed != linux and named(decomposed) == here
+    windows = [f"C:\\data\\café{label}\\{number}.jpg" for number, label in enumerate(LABELS)]
+    monkeypatch.setattr(fingerprint.os, "sep", "\\")
+    assert named(windows) == here
 
 
 def test_labels_samples_and_class_names_change_the_digest():

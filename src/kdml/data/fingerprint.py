@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from typing import Any
 
 import numpy as np
@@ -57,8 +58,7 @@ def data_fingerprint(splits: DataSplits, test_part: DataSplits | None = None) ->
         if part is not None:
             entries[name], folder = _part(part, extra.get(name, b""))
             folders += [folder] if folder else []
-    return {FORMAT_FIELD: FORMAT, "folder": os.path.commonpath(folders) if folders else None,
-            "parts": entries}
+    return {FORMAT_FIELD: FORMAT, "folder": _shared_folder(folders), "parts": entries}
 
 
 def fingerprint_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -104,6 +104,8 @@ def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None
         # string's replace, many times faster than slicing 100,000 paths one by one
         joined = "\0" + "\0".join(paths)
         relative = joined.replace("\0" + folder, "\0") if folder else joined
+        # the same files on Windows ("\\") or macOS (decomposed accents) hash the same
+        relative = unicodedata.normalize("NFC", relative.replace(os.sep, "/"))
         # surrogateescape: a file name that is not UTF-8, as Python reads one
         digest.update(relative.encode("utf-8", "surrogateescape"))
     elif isinstance(dataset, ArrayDataset):
@@ -120,11 +122,22 @@ def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None
             "sha256": digest.hexdigest()}, folder
 
 
+def _shared_folder(folders: list[str]) -> str | None:
+    """The folder holding every part's files, for messages (``None`` for arrays, or where the
+    parts lie on different Windows drives and no folder holds them all)."""
+    try:
+        return os.path.commonpath(folders) if folders else None
+    except ValueError:
+        return None
+
+
 def _stable_bytes(array: np.ndarray) -> memoryview:
     """The bytes of ``array`` to hash: as they are for integers (images); for floating point
-    (generated MNIST-1D, PCA-reduced features) rounded to float32 with the last 8 of its 23
-    mantissa bits cleared (a relative step of 3e-5), so that the last-bit differences another
-    BLAS, CPU or thread count gives computed features do not refuse the run's own data."""
+    (generated MNIST-1D, PCA-reduced features, computed in float64) rounded to float32 with the
+    last 8 of its 23 mantissa bits cleared (a relative step of 3e-5), so that the last-bit
+    differences another BLAS, CPU or thread count gives float64 features do not refuse the
+    run's own data. A value within that of a rounding boundary can still tip over (float32
+    noise would do so for a few values in a thousand); the refusal then says how to go on."""
     if not np.issubdtype(array.dtype, np.floating):
         return array.data
     coarse = array.astype(np.float32) + np.float32(0.0)  # + 0: -0.0 and 0.0 alike

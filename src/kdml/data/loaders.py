@@ -109,9 +109,10 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
             if on_bad_image == "error":
                 raise KdmlError(f"cannot decode image {sources[0]}: "
                                 f"{decode_failure(dataset, int(indices[0]))}; "
-                                "replace or remove it, or skip such files with "
-                                "data.on_bad_image=skip (a run's setting: for a trained run, "
-                                "set it in its config.yaml, which --resume, eval, embed and "
+                                "replace or remove it (a trained run takes a readable copy "
+                                "under the same name: its data.json records its files), or "
+                                "skip such files with data.on_bad_image=skip (for a trained "
+                                "run, in its config.yaml, which --resume, eval, embed and "
                                 "plots follow)")
             for source in sources:
                 logger.warning("skipping unreadable image %s", source)

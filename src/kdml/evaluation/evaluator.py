@@ -44,6 +44,7 @@ from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import target_metrics
 from kdml.models.method import Method
 from kdml.precision import autocast
+from kdml.progress import bar_disabled
 
 Output = Tensor | tuple[Tensor, ...]
 logger = logging.getLogger("kdml.evaluation")
@@ -248,11 +249,8 @@ def _run(method: Method, function: Callable[[Tensor], Output], dataset: DmlDatas
     # a large test set takes minutes to embed (SOP: 60,502 images): the batches are counted
     per_rank = -(-len(dataset) // (distributed.world().size if shard else 1))
     num_batches = -(-per_rank // embedder.batch_size)
-    # disable=None: on a terminal only (tqdm's rule)
-    hidden = (True if not distributed.world().is_main else
-              None if embedder.progress is None else not embedder.progress)
     batches = tqdm(embedder.inputs(dataset, shard), total=num_batches, desc=what, leave=False,
-                   disable=hidden)
+                   disable=bar_disabled(embedder.progress, distributed.world().is_main))
     try:
         for inputs, batch_labels, batch_indices in batches:
             with autocast(embedder.device, embedder.precision):

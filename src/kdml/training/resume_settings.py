@@ -10,8 +10,11 @@ change, since they change where or how fast the same run trains, or how long:
 - ``train.device``: the same run on another device (a GPU no longer lent, say);
 - ``data.num_workers``, ``eval.embed_batch_size``: loader processes, embedding batch size;
 - ``data.on_bad_image``: skip an image found unreadable since (its error message says so);
-- the paths, ``data.root``, a path-named ``data.dataset`` (``folder:DIR``) and
-  ``model.weights``: the data moved (``data.json`` still checks it is the run's), and the
+- ``train.compile``, ``train.eval_every``: how the steps run and which epochs are scored,
+  not the model (``kdml reproduce`` leaves both out of its run folders' names, and resumes
+  its runs with today's values);
+- the paths, ``data.root``, a path-named ``data.dataset`` (``folder:``, ``csv:``, ``npz:``)
+  and ``model.weights``: the data moved (``data.json`` still checks it is the run's), and the
   checkpoint holds the weights.
 """
 
@@ -22,8 +25,8 @@ from typing import Any
 from kdml.config import RunConfig
 
 RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
-                       "eval.embed_batch_size", "data.on_bad_image", "data.root",
-                       "model.weights"})
+                       "eval.embed_batch_size", "data.on_bad_image", "train.compile",
+                       "train.eval_every", "data.root", "model.weights"})
 PATH_PREFIXES = ("folder:", "csv:", "npz:")
 
 
@@ -52,10 +55,12 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
 
 
 def _path_named(dataset: Any) -> bool:
+    """Whether ``dataset`` names its files by path (``folder:DIR``, ...)."""
     return isinstance(dataset, str) and dataset.startswith(PATH_PREFIXES)
 
 
 def _prefix(dataset: str) -> str:
+    """``"folder:"`` of ``"folder:/data/photos"``: the kind, without the path."""
     return dataset.split(":", 1)[0] + ":"
 
 

@@ -61,6 +61,7 @@ from kdml.models.backbones import build_backbone, freeze_batchnorm
 from kdml.models.method import Method
 from kdml.models.weights import load_weights
 from kdml.precision import autocast, gradient_scaler
+from kdml.progress import bar_disabled
 from kdml.regularizers.domain import DomainMMD
 from kdml.seeding import AUGMENT, BatchShare, StepRandom, with_cpu_seed
 from kdml.training.checkpoint import load_checkpoint, partial_checkpoints, save_checkpoint
@@ -676,8 +677,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
             raise KdmlError(f"{run.config} was edited since its checkpoint: {changed[0]}{more}; "
                             "--resume continues the run as it trained, and takes a change of "
-                            f"{', '.join(sorted(RESUMABLE))} only: put the setting back, or "
-                            "train a new run with it")
+                            f"{', '.join(sorted(RESUMABLE))} or a path-named data.dataset "
+                            "only: put the setting back, or train a new run with it")
         history, start_epoch = state["history"], state["epoch"] + 1
         if scored_prefix(session.splits) == VALIDATION:
             history = as_validation_history(history)
@@ -739,7 +740,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool, progress: boo
                 config.data.batch_size)
         epochs = tqdm(range(start_epoch, end_epoch + 1), desc="epochs",
                       initial=start_epoch - 1, total=end_epoch,
-                      disable=_no_bar(progress, main))
+                      disable=bar_disabled(progress, main))
         metric = config.train.select_metric
         for epoch in epochs:
             try:
@@ -812,6 +813,12 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
         partial.unlink(missing_ok=True)
     splits, test_part = session.splits, session.test_part
+    if resume and not (run.checkpoint.exists() or run.unscored_checkpoint.exists()):
+        # nothing trained yet (a run refused in its first epoch: an unreadable image, say):
+        # it starts over on the data as it is now, mended, which data.json then records
+        if run.recorded_data() is not None or not run.data_fingerprint.exists():
+            run.write_data_fingerprint(data_fingerprint(splits, test_part))
+        return
     if resume:
         recorded = run.recorded_data()
         check_run_data(run, recorded, session.config, splits, test_part,
@@ -940,7 +947,7 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY)
     steps = 0
     bar = tqdm(session.batches.epoch(epoch), total=len(session.batches), desc=f"epoch {epoch}",
-               leave=False, disable=_no_bar(progress, session.world.is_main))
+               leave=False, disable=bar_disabled(progress, session.world.is_main))
     world = session.world
     for step, (batch, target_batch) in enumerate(bar):
         local = len(batch.labels)
@@ -979,15 +986,6 @@ def _converged(history: list[dict[str, Any]], row: dict[str, Any], tolerance: fl
     if tolerance <= 0 or not history or "train/loss" not in row:
         return False
     return abs(row["train/loss"] - history[-1]["train/loss"]) < tolerance
-
-
-def _no_bar(progress: bool | None, main: bool = True) -> bool | None:
-    """tqdm's ``disable``: ``None`` (shown on a terminal only, tqdm's rule) where ``progress``
-    is None, hidden on every rank but 0. ``None or not main`` had read as ``False`` on rank 0,
-    so bars filled redirected logs with thousands of lines."""
-    if not main:
-        return True
-    return None if progress is None else not progress
 
 
 def _format_row(row: dict[str, Any]) -> str:
