@@ -195,7 +195,11 @@ def test_a_refused_run_leaves_no_default_run_folder(tmp_path, capsys, monkeypatc
     err = refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits",
                   "data.batch_size=100000", *TINY[3:])
     assert "batch_size" in err
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()  # nor the runs/ folder made for it
+    (tmp_path / "runs").mkdir()  # a runs/ folder of the user's stays, empty as it was
+    refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits", "data.batch_size=100000",
+            *TINY[3:])
+    assert (tmp_path / "runs").is_dir() and not any((tmp_path / "runs").iterdir())
 
 
 def test_safe_name_examples_of_its_docstring():

@@ -6,6 +6,7 @@ Every user error becomes one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import re
@@ -410,6 +411,8 @@ def _train(args: argparse.Namespace) -> int:
     _check_dataset_name(config.data.dataset)
     _join_processes(config)
 
+    runs_made = not Path("runs").exists()  # by default_run_dir, if it is used
+
     def new_run_folder() -> Path:  # rank 0 names and checks it (its time stamp for all)
         run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
         check_new_run_folder(run_dir)
@@ -423,6 +426,9 @@ def _train(args: argparse.Namespace) -> int:
     finally:  # default_run_dir made the folder: a run refused before writing leaves none
         if args.out is None and distributed.world().is_main:
             remove_if_unused(run_dir)
+            if runs_made and not run_dir.exists():  # nor the runs/ folder made for it
+                with contextlib.suppress(OSError):
+                    run_dir.parent.rmdir()
 
 
 def _join_processes(config: RunConfig) -> None:
