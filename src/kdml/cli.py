@@ -369,6 +369,7 @@ def _train(args: argparse.Namespace) -> int:
     from kdml.config import load_config_file, resolve_config, with_absolute_paths
     from kdml.training.recipes import get_recipe
     from kdml.training.run_folder import (
+        RUNS_FOLDER,
         RunFolder,
         check_new_run_folder,
         default_run_dir,
@@ -411,7 +412,7 @@ def _train(args: argparse.Namespace) -> int:
     _check_dataset_name(config.data.dataset)
     _join_processes(config)
 
-    runs_made = not Path("runs").exists()  # by default_run_dir, if it is used
+    runs_made = not RUNS_FOLDER.exists()  # by default_run_dir, if it is used
 
     def new_run_folder() -> Path:  # rank 0 names and checks it (its time stamp for all)
         run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)

@@ -176,8 +176,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
             return Trained(float(wall), diverged, reused=True)
     # sessions of an interrupted run before this one; without a checkpoint to resume from it
     # trains again from epoch 1, and those sessions' time is lost, not part of the run's
-    resumable = folder.checkpoint.exists() or folder.unscored_checkpoint.exists()
-    earlier = logged_seconds(folder.log) if resumable else 0.0
+    earlier = logged_seconds(folder.log) if folder.resumable else 0.0
     start = time.perf_counter()
     diverged = ""
     try:

@@ -89,6 +89,12 @@ class RunFolder:
         return self.root / "checkpoints" / "unscored.pt"
 
     @property
+    def resumable(self) -> bool:
+        """Whether the run saved training to continue from: ``last.pt``, or ``unscored.pt``
+        (an epoch trained and not yet scored). Without either, ``--resume`` starts over."""
+        return self.checkpoint.is_file() or self.unscored_checkpoint.is_file()
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
@@ -201,7 +207,7 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     ``held`` the folder already)."""
     # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
     run = RunFolder(root)
-    trained = run.checkpoint.is_file() or run.unscored_checkpoint.is_file()
+    trained = run.resumable
     holds_a_run = run.config.is_file() and (run.log.is_file() or trained)
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
@@ -382,7 +388,11 @@ def safe_name(dataset: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", dataset).strip("-.") or "data"
 
 
-def default_run_dir(recipe: str, dataset: str, parent: Path = Path("runs")) -> Path:
+# where runs go when given no --out
+RUNS_FOLDER = Path("runs")
+
+
+def default_run_dir(recipe: str, dataset: str, parent: Path = RUNS_FOLDER) -> Path:
     """A new folder for a run (or a grid) given no ``--out``: ``RECIPE-DATASET-TIMESTAMP`` in
     ``parent``, or with ``-2``, ``-3``, ... where that is taken. It is made here (``mkdir``,
     which one process alone can win), so that it is this process's: picking a name that did

@@ -813,7 +813,7 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
         partial.unlink(missing_ok=True)
     splits, test_part = session.splits, session.test_part
-    if resume and not (run.checkpoint.exists() or run.unscored_checkpoint.exists()):
+    if resume and not run.resumable:
         # nothing trained yet (a run refused in its first epoch: an unreadable image, say):
         # it starts over on the data as it is now, mended, which data.json then records
         if run.recorded_data() is not None or not run.data_fingerprint.exists():
