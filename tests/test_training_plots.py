@@ -1,4 +1,4 @@
-"""The plots a run writes each epoch: loss.png and recall.png."""
+"""The plots a run writes: loss.png and recall.png, and when the trainer redraws them."""
 
 from __future__ import annotations
 
@@ -102,3 +102,57 @@ def test_a_plot_path_that_does_not_end_in_png_is_refused(tmp_path, name):
     assert not path.exists() and list(tmp_path.iterdir()) == []
     assert plot_embedding_map(np.zeros((4, 2)), np.arange(4), tmp_path / "map.PNG", "t-SNE",
                               "map").is_file()
+
+
+def _drawn_epochs(monkeypatch) -> list[list[int]]:
+    """The epochs of each history the trainer draws, from here on."""
+    from kdml.training import trainer
+
+    drawn: list[list[int]] = []
+    real = trainer.plot_training
+
+    def record(history, folder):
+        drawn.append([row["epoch"] for row in history])
+        return real(history, folder)
+
+    monkeypatch.setattr(trainer, "plot_training", record)
+    return drawn
+
+
+TINY_PLOTTED = ["--dataset", "digits", "--no-progress", "train.epochs=3",
+                "train.steps_per_epoch=2", "data.batch_size=20", "model.embedding_size=8",
+                "eval.nmi=false", "train.device=cpu"]
+
+
+@pytest.mark.parametrize(("every", "expected"), [(0.0, [[1], [1, 2], [1, 2, 3]]),
+                                                 (3600.0, [[1, 2, 3]])])
+def test_plots_are_redrawn_at_most_every_so_often_and_at_the_end(every, expected, tmp_path,
+                                                                 monkeypatch):
+    from kdml import cli
+    from kdml.training import trainer
+
+    monkeypatch.setattr(trainer, "PLOT_EVERY_S", every)
+    drawn = _drawn_epochs(monkeypatch)
+    assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(tmp_path / "run")]) == 0
+    assert drawn == expected
+    assert sorted(path.name for path in (tmp_path / "run" / "plots").iterdir()) == [
+        "loss.png", "recall.png"]
+
+
+def test_a_run_stopped_between_redraws_draws_the_epochs_it_finished(tmp_path, monkeypatch):
+    """Ctrl-C (or an error) in epoch 3, after epoch 2's metrics: the plots show epochs 1, 2."""
+    from kdml import cli
+    from kdml.training import trainer
+
+    monkeypatch.setattr(trainer, "PLOT_EVERY_S", 3600.0)
+    drawn = _drawn_epochs(monkeypatch)
+    real_save = trainer.save_checkpoint
+
+    def save_then_stop(state, path):
+        real_save(state, path)
+        if path.name == "unscored.pt" and state["epoch"] == 3:  # trained, before scoring
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_stop)
+    assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(tmp_path / "run")]) == 130
+    assert drawn == [[1, 2]]

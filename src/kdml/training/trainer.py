@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import re
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -97,6 +98,11 @@ if TYPE_CHECKING:
 
 # Steps between reads of the non-finite flag on a GPU (each read is a host sync).
 NONFINITE_CHECK_EVERY = 50
+
+# Seconds between redraws of plots/ while a run trains; the session's end draws the last epochs.
+# Drawing the two plots takes about 0.5 s (matplotlib), more than a small run's epoch: small
+# runs (tests, `kdml reproduce --quick`) spent half their time redrawing them every epoch.
+PLOT_EVERY_S = 30.0
 
 
 # Backbones made for RGB images (BN-Inception) get grayscale images as three equal channels.
@@ -859,14 +865,18 @@ def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
 
 
 class Recorder:
-    """What a run writes: ``train.log``, TensorBoard events, the checkpoint, the metrics and
-    the plots, once per epoch. Only rank 0 writes; on the others every call does nothing."""
+    """What a run writes: ``train.log``, TensorBoard events, the checkpoint and the metrics
+    once per epoch, and the plots at most every :data:`PLOT_EVERY_S` seconds and when the
+    session ends (the metrics they draw are written every epoch). Only rank 0 writes; on the
+    others every call does nothing."""
 
     def __init__(self, run: RunFolder, writes: bool, scored: str = "test") -> None:
         self.run, self.writes, self.scored = run, writes, scored  # scored: "test" or "val"
         self._stack = contextlib.ExitStack()
         self.log = logging.getLogger("kdml.train")
         self.writer: SummaryWriter | None = None
+        self._plotted_at = time.monotonic()
+        self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
 
     def __enter__(self) -> Recorder:
         if self.writes:
@@ -880,7 +890,18 @@ class Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        with self._stack:  # train.log is still open for the plots' warning
+            self._plot()
+
+    def _plot(self) -> None:
+        """Draw the history not drawn yet (if any) into ``plots/``."""
+        if self._unplotted is None:
+            return
+        try:
+            plot_training(self._unplotted, self.run.plots)
+        except KdmlError as error:  # a picture of the user's in plots/ must not stop training
+            self.log.warning("the training plots are not drawn: %s", error)
+        self._unplotted, self._plotted_at = None, time.monotonic()
 
     def trained(self, epoch: int, checkpoint: Callable[[], dict[str, Any]]) -> None:
         """Keep an epoch trained but not yet scored (``checkpoints/unscored.pt``): scoring can
@@ -917,10 +938,9 @@ class Recorder:
         save_checkpoint(state, self.run.checkpoint)
         self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
         self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
-        try:
-            plot_training(history, self.run.plots)
-        except KdmlError as error:  # a picture of the user's in plots/ must not stop training
-            self.log.warning("the training plots are not drawn: %s", error)
+        self._unplotted = list(history)
+        if time.monotonic() - self._plotted_at >= PLOT_EVERY_S:
+            self._plot()
 
     def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
         if self.writes:
