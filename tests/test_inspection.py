@@ -379,13 +379,14 @@ def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tm
     import dataclasses
 
     from kdml.data.offline import load_digits
-    from kdml.inspection import query_vectors
+    from kdml.inspection import RunWithoutData, query_vectors
     from kdml.training.trainer import load_run
 
     images, _ = load_digits()
     np.savez(tmp_path / "raw.npz", inputs=images[:50].numpy())
     trained = load_run(runs / name)
-    whole = query_vectors(trained, tmp_path / "raw.npz")
+    run = RunWithoutData(trained.run, trained.config, trained.checkpoint)
+    whole = query_vectors(run, tmp_path / "raw.npz", name == "atlas", lambda: trained)
     sizes, original = [], trained.embedder.transform
 
     def transform(batch):
@@ -393,7 +394,7 @@ def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tm
         return original(batch)
 
     trained.embedder = dataclasses.replace(trained.embedder, batch_size=7, transform=transform)
-    batched = query_vectors(trained, tmp_path / "raw.npz")
+    batched = query_vectors(run, tmp_path / "raw.npz", name == "atlas", lambda: trained)
     assert sizes == [7] * 7 + [1]
     assert batched[0].shape == whole[0].shape and len(batched[2]) == 50
     assert np.allclose(batched[0], whole[0], atol=1e-5)
@@ -894,3 +895,89 @@ def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_
     assert capsys.readouterr().err == (
         f"kdml: error: {tmp_path / 'index'} holds a damaged index ({words}); build it again "
         "with 'kdml index'\n")
+
+
+def test_embeddings_are_searched_without_the_run_s_data(tmp_path, capsys):
+    """An .npz of `kdml embed` is searched with the run's config and checkpoint alone: a search
+    away from the data (another machine, a dataset moved) had stopped at reading the data to
+    rebuild a model it did not use. Images and raw 'inputs' still need the model, so the data;
+    every check of the query and the index holds without it."""
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1,2]") == 0
+    index = tmp_path / "index"
+    assert kdml("index", run, "--out", index) == 0
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0
+    image = sorted((folder / "c03").iterdir())[0]
+    np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 3, 36, 36), dtype=np.uint8))
+    np.savez(tmp_path / "wide.npz", embeddings=np.ones((1, 5), dtype=np.float32))
+    stranger = dict(np.load(tmp_path / "test.npz"))
+    np.savez(tmp_path / "stranger.npz", **{**stranger, "checkpoint_sha256": np.array("0" * 64)})
+
+    def search(query, *flags):
+        capsys.readouterr()
+        code = kdml("search", run, "--index", index, "--query", query, "-k", "3", *flags)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    with_data = search(tmp_path / "test.npz")
+    moved = tmp_path / "moved"
+    folder.rename(moved)
+    assert search(tmp_path / "test.npz") == with_data
+    assert with_data[0] == 0 and "c03" in with_data[1]
+    for query, words in (("wide.npz", "dimension 5"),
+                         ("stranger.npz", "holds embeddings of another checkpoint")):
+        code, _, err = search(tmp_path / query)
+        assert code == 2 and words in err and err.count("\n") == 1, err
+    # an index of another checkpoint of this run: refused with the epochs of both
+    other = tmp_path / "other-index"
+    shutil.copytree(index, other)
+    meta = other / "index.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "checkpoint_sha256": "0"}))
+    code, _, err = search(tmp_path / "test.npz", "--index", other)
+    assert code == 2 and "another checkpoint of this run (last.pt at epoch 1; this search " \
+        "reads last.pt at epoch 1)" in err
+    # what the model embeds needs the data: where it was, or where --data-root says it is now
+    for query in (tmp_path / "raw.npz", moved / "c03" / image.name):
+        code, _, err = search(query)
+        assert code == 2 and "no such folder" in err and err.count("\n") == 1, err
+        code, out, _ = search(query, "--data-root", moved)
+        assert code == 0 and "rank" in out
+    (run / "checkpoints" / "last.pt").unlink()
+    code, _, err = search(tmp_path / "test.npz")
+    assert code == 2 and "no checkpoint at" in err and err.count("\n") == 1, err
+
+
+def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsys, monkeypatch):
+    """An Atlas run's chart codes are searched, and their charts checked against the run's
+    n_charts, without the data; its raw 'inputs' read the data to embed them."""
+    import kdml.training.trainer as trainer
+
+    assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
+    assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
+    codes = np.load(tmp_path / "codes.npz")
+    coords, charts = codes["chart_coords"][:4], codes["chart_index"][:4]
+    np.savez(tmp_path / "q.npz", chart_coords=coords, chart_index=charts)
+    np.savez(tmp_path / "chart-5.npz", chart_coords=coords, chart_index=np.array([0, 5, 1, 0]))
+    np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 1, 8, 8), dtype=np.float32))
+
+    def search(query):
+        capsys.readouterr()
+        code = kdml("search", runs / "atlas", "--index", tmp_path / "index", "--query",
+                    tmp_path / query, "-k", "3", "--json")
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    with_data = search("q.npz")
+
+    def unread(*args, **kwargs):
+        raise KdmlError("the data was read")
+
+    monkeypatch.setattr(trainer, "prepare_data_and_test_part", unread)
+    assert search("q.npz") == with_data and with_data[0] == 0
+    for query, words in (("chart-5.npz", "chart_index[1] is 5, but the run has charts 0 to 2"),
+                         ("raw.npz", "the data was read")):
+        code, _, err = search(query)
+        assert code == 2 and words in err, err

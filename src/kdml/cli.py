@@ -158,10 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     search = commands.add_parser(
         "search", help="the nearest indexed items of a query image or .npz",
-        description="Embed a query (an image file, or an .npz with 'embeddings' or raw "
-        "'inputs') with the run's model and print its nearest items in the index. For runs on "
-        "in-memory images (e.g. Fashion-MNIST) an image is fitted to the samples' size and "
-        "channels.")
+        description="Print a query's nearest items in the index. The query is an .npz of "
+        "precomputed 'embeddings' (Atlas runs: 'chart_coords' and 'chart_index'), as 'kdml "
+        "embed' writes them, which needs only the run's config and checkpoint, not its data; "
+        "or an image file, or an .npz of raw 'inputs', which the run's model embeds, rebuilt "
+        "from the run's data (--data-root if it moved). For runs on in-memory images (e.g. "
+        "Fashion-MNIST) an image is fitted to the samples' size and channels.")
     search.add_argument("run_dir", type=Path)
     search.add_argument("--index", type=_folder, required=True, metavar="DIR")
     search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")
@@ -791,11 +793,14 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from kdml.inspection import results_as_json, score_name, search
+    from kdml.inspection import results_as_json, run_without_data, score_name, search
     from kdml.training.trainer import load_run
 
-    trained = load_run(args.run_dir, args.data_root, best=args.best)
-    results = search(trained, args.index, args.query, args.k)
+    def model() -> TrainedRun:  # images and 'inputs' only: embeddings need neither it nor data
+        return load_run(args.run_dir, args.data_root, best=args.best)
+
+    results = search(run_without_data(args.run_dir, args.best), args.index, args.query, args.k,
+                     model)
     short = sum(len(result["neighbours"]) < args.k for result in results)
     if short:  # an exact index holds too few items (in the query's chart) or ivf/hnsw missed
         print(f"kdml: note: {short} of {len(results)} queries found fewer than {args.k} "

@@ -43,11 +43,19 @@ from kdml.evaluation.index import (
 from kdml.evaluation.knn import as_metric, knn_search, l2_normalize
 from kdml.figure_file import check_replaceable
 from kdml.file_write import check_writable_folder, write_through_new_file
+from kdml.training.checkpoint import load_checkpoint
 from kdml.training.run_folder import (
+    RunFolder,
     check_json_replaceable,
     write_json,
 )
-from kdml.training.trainer import TrainedRun, build_embedder, build_pipeline
+from kdml.training.trainer import (
+    TrainedRun,
+    build_embedder,
+    build_pipeline,
+    chosen_checkpoint,
+    run_config,
+)
 from kdml.viz_charts import plot_charts
 from kdml.viz_retrieval import (
     embedding_map,
@@ -209,66 +217,111 @@ def _holds_pixels(dataset: DmlDataset) -> bool:
     return x.dtype == torch.uint8 or bool(x.min() >= 0 and x.max() <= 1)
 
 
-def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndarray | None,
-                                                                 list[str]]:
-    """The query's vectors (embeddings, or chart coordinates for Atlas runs), their charts and
-    names, from an image file (decoded as the run's data loader decodes image files, or
-    fitted to the samples' ``(C, H, W)`` for in-memory image datasets such as Fashion-MNIST)
-    or an ``.npz`` with ``embeddings`` (Atlas runs: ``chart_coords`` and ``chart_index``) or
-    raw ``inputs`` shaped like the run's samples."""
+@dataclasses.dataclass(frozen=True)
+class RunWithoutData:
+    """A run's folder, config and the checkpoint a command reads (``last.pt``, or ``best.pt``),
+    neither its data nor its model loaded: all a search of precomputed embeddings needs."""
+
+    run: RunFolder
+    config: RunConfig
+    checkpoint: Path
+
+
+def run_without_data(run_dir: Path, best: bool = False) -> RunWithoutData:
+    """The run at ``run_dir`` and its checkpoint (``best``: ``best.pt``), refused as
+    :func:`~kdml.training.trainer.load_run` refuses them, without reading data or weights."""
+    run = RunFolder.existing(run_dir)
+    return RunWithoutData(run, run_config(run), chosen_checkpoint(run, best))
+
+
+def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
+                  model: Callable[[], TrainedRun]) -> tuple[np.ndarray, np.ndarray | None,
+                                                            list[str]]:
+    """The query's vectors (embeddings, or chart coordinates for Atlas runs: ``atlas``), their
+    charts and names, from an image file (decoded as the run's data loader decodes image
+    files, or fitted to the samples' ``(C, H, W)`` for in-memory image datasets such as
+    Fashion-MNIST) or an ``.npz`` with ``embeddings`` (Atlas runs: ``chart_coords`` and
+    ``chart_index``) or raw ``inputs`` shaped like the run's samples. Only images and
+    ``inputs`` call ``model`` (the run's model, which is rebuilt from the run's data)."""
     if not query.is_file():
         raise KdmlError(f"query {query} {why_missing(query, 'file')}: give an image file or an "
                         ".npz")
-    method, embedder = trained.method, trained.embedder
     if query.suffix.lower() == ".npz":
-        if not zipfile.is_zipfile(query):  # np.load would talk of pickles
-            raise KdmlError(f"query {query} is not an .npz archive (numpy.savez writes one)")
-        try:
-            with np.load(query, allow_pickle=False) as archive:
-                arrays = {key: archive[key] for key in archive.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as error:
-            raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
+        arrays = _query_arrays(query)
         # Atlas runs search chart coordinates; kdml embed writes them beside the embeddings
-        searched = "chart_coords" if method.has_charts else "embeddings"
+        searched = "chart_coords" if atlas else "embeddings"
         vector_keys = [key for key in dict.fromkeys((searched, "embeddings")) if key in arrays]
         if vector_keys and "inputs" in arrays:  # either could be meant
             raise KdmlError(f"query {query} holds both '{vector_keys[0]}' and 'inputs'; save "
                             "only the one to search with")
         if vector_keys:
-            # an .npz of `kdml embed` names its model; a user's own names none
-            made_by = str(arrays.get("checkpoint_sha256", ""))
-            if made_by and made_by != checkpoint_fingerprint(trained.checkpoint):
-                raise KdmlError(f"query {query} holds embeddings of another checkpoint than "
-                                f"this run's (its checkpoint_sha256 differs); embed the queries "
-                                f"with this run (kdml embed {trained.run.root} --dataset ...), "
-                                f"or search with their run")
-            if searched not in arrays:
-                raise KdmlError(f"query {query} needs '{searched}' for this Atlas run")
-            vectors = _query_rows(arrays[searched], searched, query)
-            charts = None
-            if method.has_charts:
-                charts = _query_charts(arrays.get("chart_index"), len(vectors), query,
-                                       trained.config.method.n_charts)
-            return vectors, charts, [f"{query.name}[{i}]" for i in range(len(vectors))]
+            return _stored_vectors(run, query, arrays, searched)
         if "inputs" not in arrays:
             raise KdmlError(f"query {query} holds neither '{searched}' nor 'inputs'")
+        trained = model()
         inputs = _query_inputs(arrays["inputs"], trained.splits.train, query)
         names = [f"{query.name}[{i}]" for i in range(len(inputs))]
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
-        train = trained.splits.train
-        shape = tuple(train.sample_shape)
-        if not train.is_file_backed and not _holds_pixels(train):
-            raise KdmlError(f"image queries need a run trained on images (uint8, or float in "
-                            f"[0, 1]); this run's samples are {shape}: give an .npz with "
-                            f"'inputs' or 'embeddings'")
-        try:
-            inputs = (load_image(query, trained.config.data.resize) if train.is_file_backed
-                      else load_image_as(query, shape))[None]
-        except DECODE_ERRORS as error:
-            raise KdmlError(f"cannot decode image {query} ({error})") from None
-        names = [query.name]
+        trained = model()
+        inputs, names = _query_image(trained, query), [query.name]
     else:
         raise KdmlError(f"query {query} must be an image file or an .npz")
+    return (*_embedded_queries(trained, inputs), names)
+
+
+def _query_arrays(query: Path) -> dict[str, np.ndarray]:
+    """The arrays of a query ``.npz`` (one line where it is not a readable one)."""
+    if not zipfile.is_zipfile(query):  # np.load would talk of pickles
+        raise KdmlError(f"query {query} is not an .npz archive (numpy.savez writes one)")
+    try:
+        with np.load(query, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise KdmlError(f"query {query} is not a readable .npz ({error})") from None
+
+
+def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarray],
+                    searched: str) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+    """Precomputed query vectors ``arrays[searched]`` ``[Q, d]`` (and, for ``chart_coords``,
+    their charts ``[Q]``) and their names: checked against the run's checkpoint and config,
+    with no model (the width is checked against the index's when searched)."""
+    # an .npz of `kdml embed` names its model; a user's own names none
+    made_by = str(arrays.get("checkpoint_sha256", ""))
+    if made_by and made_by != checkpoint_fingerprint(run.checkpoint):
+        raise KdmlError(f"query {query} holds embeddings of another checkpoint than "
+                        f"this run's (its checkpoint_sha256 differs); embed the queries "
+                        f"with this run (kdml embed {run.run.root} --dataset ...), "
+                        f"or search with their run")
+    if searched not in arrays:
+        raise KdmlError(f"query {query} needs '{searched}' for this Atlas run")
+    vectors = _query_rows(arrays[searched], searched, query)
+    charts = None
+    if searched == "chart_coords":
+        charts = _query_charts(arrays.get("chart_index"), len(vectors), query,
+                               run.config.method.n_charts)
+    return vectors, charts, [f"{query.name}[{i}]" for i in range(len(vectors))]
+
+
+def _query_image(trained: TrainedRun, query: Path) -> torch.Tensor:
+    """An image file as one sample ``[1, *sample_shape]`` of the run's model."""
+    train = trained.splits.train
+    shape = tuple(train.sample_shape)
+    if not train.is_file_backed and not _holds_pixels(train):
+        raise KdmlError(f"image queries need a run trained on images (uint8, or float in "
+                        f"[0, 1]); this run's samples are {shape}: give an .npz with "
+                        f"'inputs' or 'embeddings'")
+    try:
+        return (load_image(query, trained.config.data.resize) if train.is_file_backed
+                else load_image_as(query, shape))[None]
+    except DECODE_ERRORS as error:
+        raise KdmlError(f"cannot decode image {query} ({error})") from None
+
+
+def _embedded_queries(trained: TrainedRun, inputs: torch.Tensor
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The run's model's vectors of ``inputs`` ``[Q, *sample_shape]``: embeddings ``[Q, d]``,
+    or for Atlas runs chart coordinates ``[Q, d]`` and charts ``[Q]``."""
+    method, embedder = trained.method, trained.embedder
     method.eval()
     vector_chunks: list[torch.Tensor] = []
     chart_chunks: list[torch.Tensor] = []
@@ -282,7 +335,7 @@ def query_vectors(trained: TrainedRun, query: Path) -> tuple[np.ndarray, np.ndar
             else:
                 vector_chunks.append(method.embed(batch).float().cpu())
     return (torch.cat(vector_chunks).numpy(),
-            torch.cat(chart_chunks).numpy() if chart_chunks else None, names)
+            torch.cat(chart_chunks).numpy() if chart_chunks else None)
 
 
 def _query_inputs(raw: np.ndarray, train: DmlDataset, query: Path) -> torch.Tensor:
@@ -344,13 +397,17 @@ def _query_charts(chart_index: np.ndarray | None, count: int, query: Path,
     return chart_index
 
 
-def search(trained: TrainedRun, index_folder: Path, query: Path, k: int) -> list[dict[str, Any]]:
+def search(run: RunWithoutData, index_folder: Path, query: Path, k: int,
+           model: Callable[[], TrainedRun]) -> list[dict[str, Any]]:
     """Each query's ``k`` nearest indexed items (rank, score, label, source) and the index's
-    ``metric``: scores are cosine similarities (higher is nearer) or Euclidean distances."""
+    ``metric``: scores are cosine similarities (higher is nearer) or Euclidean distances.
+    ``model`` loads the run's model, and with it the run's data: only image and ``inputs``
+    queries call it, so precomputed embeddings are searched without the data."""
     loaded = load_index(index_folder)
-    if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(trained.checkpoint):
-        raise KdmlError(_another_checkpoint(loaded.info, trained, index_folder))
-    vectors, charts, names = query_vectors(trained, query)
+    if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(run.checkpoint):
+        raise KdmlError(_another_checkpoint(loaded.info, run, index_folder))
+    # the index is of this run's checkpoint: per chart (info.charts) iff the run is an Atlas's
+    vectors, charts, names = query_vectors(run, query, loaded.info.charts is not None, model)
     scores, positions = search_index(loaded, vectors, k, charts)
     class_names = loaded.items.get("class_names")
     results = []
@@ -375,24 +432,25 @@ def score_name(metric: str) -> str:
     return "similarity" if metric == "cosine" else "distance"
 
 
-def _another_checkpoint(info: IndexInfo, trained: TrainedRun, folder: Path) -> str:
+def _another_checkpoint(info: IndexInfo, run: RunWithoutData, folder: Path) -> str:
     """Why an index of another checkpoint is refused: of this run (built before it trained on,
     or from best.pt rather than last.pt) or of another one."""
-    best = " --best" if trained.checkpoint == trained.run.best_checkpoint else ""
-    rebuild = f"'kdml index {trained.run.root}{best} --out DIR'"
+    best = " --best" if run.checkpoint == run.run.best_checkpoint else ""
+    rebuild = f"'kdml index {run.run.root}{best} --out DIR'"
     built_from = Path(info.run)
-    if not (built_from.is_dir() and built_from.samefile(trained.run.root)):
+    if not (built_from.is_dir() and built_from.samefile(run.run.root)):
         return (f"index {folder} was built from another checkpoint ({info.run}); build it from "
                 f"this run with {rebuild}")
-    other = (trained.run.checkpoint if best else trained.run.best_checkpoint)
+    other = (run.run.checkpoint if best else run.run.best_checkpoint)
     if other.is_file() and checkpoint_fingerprint(other) == info.checkpoint_sha256:
         flag = "without --best" if best else "with --best"
-        return (f"index {folder} holds {other.name} of this run, not {trained.checkpoint.name}: "
-                f"search it {flag}, or build one of {trained.checkpoint.name} with {rebuild}")
+        return (f"index {folder} holds {other.name} of this run, not {run.checkpoint.name}: "
+                f"search it {flag}, or build one of {run.checkpoint.name} with {rebuild}")
     then = (f"{info.checkpoint} at epoch {info.epoch}" if info.checkpoint is not None
             else "an earlier one")
+    epoch = load_checkpoint(run.checkpoint)["epoch"]  # read only for this message
     return (f"index {folder} was built from another checkpoint of this run ({then}; this "
-            f"search reads {trained.checkpoint.name} at epoch {trained.epoch}); build it again "
+            f"search reads {run.checkpoint.name} at epoch {epoch}); build it again "
             f"with {rebuild}")
 
 

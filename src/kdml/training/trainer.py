@@ -247,6 +247,18 @@ def run_config(run: RunFolder) -> RunConfig:
     return config
 
 
+def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:
+    """The checkpoint a command reads: ``checkpoints/best.pt`` with ``best``
+    (``train.keep_best``), else ``last.pt``; one line where it is not there."""
+    checkpoint = run.best_checkpoint if best else run.checkpoint
+    if best and not checkpoint.is_file():
+        raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
+                        "train.keep_best=true keep one")
+    if not checkpoint.is_file():  # load_checkpoint's one line: the run never finished an epoch
+        load_checkpoint(checkpoint)
+    return checkpoint
+
+
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
              test_part: bool = False) -> TrainedRun:
     """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
@@ -262,10 +274,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         dataset, root = relocated(config.data.dataset, data_root)
         config = dataclasses.replace(
             config, data=dataclasses.replace(config.data, dataset=dataset, root=root))
-    checkpoint = run.best_checkpoint if best else run.checkpoint
-    if best and not checkpoint.is_file():
-        raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
-                        "train.keep_best=true keep one")
+    checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
     recorded = run.recorded_data()
     # the test part too where it was recorded: the check compares every part training saw
