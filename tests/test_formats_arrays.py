@@ -630,3 +630,29 @@ def test_a_csv_query_gallery_split_without_queries_names_the_query_part(tmp_path
     parts = load_csv(csv_file)
     with pytest.raises(KdmlError, match=r"the standard split leaves the query part empty$"):
         make_splits(parts.dataset, parts.parts, "standard")
+
+
+def test_idx_reads_a_decompressed_file_whose_gz_agrees(tmp_path):
+    """torchvision leaves each download's ``.gz`` beside the file it extracts: such a folder is
+    read (the decompressed files), whereas a ``.gz`` with other bytes is refused, naming both."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
+    expected = load_mnist(folder).dataset
+    for path in list(folder.iterdir()):  # torchvision's raw/ folder: both of each
+        Path(f"{path}.gz").write_bytes(gzip.compress(path.read_bytes(), mtime=0))
+    both = load_mnist(folder).dataset
+    assert torch.equal(both.x, expected.x) and torch.equal(both.labels, expected.labels)
+
+    labels = folder / "t10k-labels-idx1-ubyte"
+    good = labels.read_bytes()
+    changed = good[:-1] + bytes([(good[-1] + 1) % 10])  # same size, another last label
+    for gz_content in (gzip.compress(changed), gzip.compress(good + b"\0"), b"gz"):
+        Path(f"{labels}.gz").write_bytes(gz_content)
+        one_line_error(lambda: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte and "
+                       "t10k-labels-idx1-ubyte.gz both exist but hold different data; remove "
+                       "the one that is not wanted", str(folder))
+    Path(f"{labels}.gz").write_bytes(gzip.compress(good))  # another mtime: the data agree
+    assert torch.equal(load_mnist(folder).dataset.labels, expected.labels)
+    Path(f"{labels}.gz").write_bytes(gzip.compress(changed))  # and with a dot before idx
+    dotted(folder)
+    one_line_error(lambda: load_mnist(folder), "t10k-labels.idx1-ubyte and "
+                   "t10k-labels.idx1-ubyte.gz both exist but hold different data")

@@ -59,13 +59,45 @@ def find_file(layout: Layout, name: str) -> Path:
     raise layout.error(f"missing {name} (searched for {', '.join(names)})")
 
 
+def gzip_trailer(path: Path) -> tuple[int, int] | None:
+    """The CRC-32 and the uncompressed size mod 2**32 that the gzip file ``path`` records in its
+    last 8 bytes, or ``None`` where it is too short to be a gzip file."""
+    with path.open("rb") as file:
+        if file.seek(0, 2) < 18:  # a 10-byte header, an empty deflate block, the trailer
+            return None
+        file.seek(-8, 2)
+        trailer = file.read(8)
+    return int.from_bytes(trailer[:4], "little"), int.from_bytes(trailer[4:], "little")
+
+
+def check_gzip_twin(layout: Layout, path: Path, raw: bytes) -> None:
+    """Refuse when ``path``, a decompressed IDX file read as ``raw``, has a ``.gz`` beside it
+    that holds other bytes. torchvision leaves both (it extracts each download next to it), so
+    the pair alone is no error; the gzip's trailer (CRC-32 and size) tells without
+    decompressing it whether the two agree."""
+    twin = path.with_name(f"{path.name}.gz")
+    if not twin.is_file():
+        return
+    try:
+        trailer = gzip_trailer(twin)
+    except OSError as error:
+        raise layout.error(f"cannot read {twin.name}, found beside {path.name}: {error}; "
+                           "remove the one that is not wanted") from None
+    if trailer != (zlib.crc32(raw), len(raw) % 2**32):
+        raise layout.error(f"{path.name} and {twin.name} both exist but hold different data; "
+                           "remove the one that is not wanted")
+
+
 def read_idx(layout: Layout, name: str, magic: int) -> np.ndarray:
-    """The uint8 array of the IDX file ``name`` (``magic`` says how many dimensions)."""
+    """The uint8 array of the IDX file ``name`` (``magic`` says how many dimensions); a
+    decompressed file is read in preference to its ``.gz``, which must hold the same bytes."""
     path = find_file(layout, name)
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as error:
         raise layout.error(f"{path.name} is not a readable gzip file: {error}") from None
+    if path.suffix != ".gz":
+        check_gzip_twin(layout, path, raw)
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     if len(raw) < header:
