@@ -683,3 +683,20 @@ def test_a_held_out_share_too_small_to_retrieve_names_holdout_fraction(tmp_path,
                   *TINY)
     assert err.endswith("so Recall@K is undefined; raise data.holdout_fraction, the share of "
                         "each class held out for testing"), err
+
+
+def test_a_test_part_that_cannot_be_scored_is_refused_before_its_eval_ks(tmp_path, capsys):
+    """A test part of one class, or with nothing to retrieve, was refused for its eval.ks
+    first (too few references); lowering eval.ks then only led to the refusal of the data."""
+    from fixtures_array_sets import make_csv_list
+
+    csv_file = make_csv_list(tmp_path, classes=2, per_class=6)  # 5 references per query
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"csv:{csv_file}",
+                  "--out", tmp_path / "run", *TINY, "eval.ks=[1,2,4,8]", "data.resize=32",
+                  "data.image_size=24")
+    assert "every test sample of " in err and "has the same class" in err, err
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  tmp_path / "run", "data.split=seen-holdout", "data.holdout_fraction=0.001",
+                  *TINY, "eval.ks=[1,2,4,16]")  # 10 test samples: 9 references per query
+    assert err.endswith("so Recall@K is undefined; raise data.holdout_fraction, the share of "
+                        "each class held out for testing"), err

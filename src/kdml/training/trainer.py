@@ -417,22 +417,29 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
-    """Refuse a test set that cannot be scored, before anything is trained: Recall@K values
-    beyond the references, a single class, or no query with a relevant reference (labels
-    only)."""
-    ks = config.eval.ks or splits.eval_ks
-    if max(ks) > splits.reference_size:
-        fitting = ", ".join(str(k) for k in ks if k <= splits.reference_size) or "1"
-        raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
-                        f"{splits.reference_size} references; lower eval.ks, e.g. "
-                        f"'eval.ks=[{fitting}]'")
+    """Refuse a test set that cannot be scored, before anything is trained: a target domain
+    without labels, a single class or no query with a relevant reference
+    (:func:`check_test_classes`), then Recall@K values beyond the references. The data's own
+    defects come first: lowering eval.ks would only have led to them."""
     if splits.kind == DOMAIN:
         if not (splits.test.labels >= 0).any():
             raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
                             "a run cannot be scored (target retrieval and source-NN accuracy "
                             "need target labels); label some of its samples (-1 marks the "
                             "unlabelled ones)")
-        return
+    else:
+        check_test_classes(splits)
+    ks = config.eval.ks or splits.eval_ks
+    if max(ks) > splits.reference_size:
+        fitting = ", ".join(str(k) for k in ks if k <= splits.reference_size) or "1"
+        raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
+                        f"{splits.reference_size} references; lower eval.ks, e.g. "
+                        f"'eval.ks=[{fitting}]'")
+
+
+def check_test_classes(splits: DataSplits) -> None:
+    """Refuse a test part (its gallery, where it has one) of a single class, or without a
+    query that has a sample of its class to retrieve."""
     references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
                                                                              "gallery")
     if references.num_classes == 1:  # it had trained, then reported every metric as 1
