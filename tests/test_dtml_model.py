@@ -185,6 +185,31 @@ def test_pca_refuses_inputs_too_wide_before_allocating_anything():
     check_pca_input_size(10_000, memory=2**40)  # fits: no refusal
 
 
+def test_a_pca_too_wide_to_fit_here_is_built_and_loaded_but_not_fitted(monkeypatch):
+    """A run fitted on a large machine is evaluated on a smaller one: building the method, as
+    load_run does, checks only its own buffers (it had been refused as if to be fitted);
+    fitting it there is refused in one line. 6 features: the fit's matrices take 864 bytes,
+    the mean and 2 components 72."""
+    from kdml.training.recipes import dtml
+
+    source, _, target = tiny_domains()
+    _, trained = build("pca", "method.pca_dim=2")
+    trained.fit(source)
+    monkeypatch.setattr(dtml, "_physical_memory", lambda: 1000)  # 500 bytes may be used
+    _, loaded = build("pca", "method.pca_dim=2")
+    loaded.load_state_dict(trained.state_dict())
+    assert torch.equal(loaded.embed(target), trained.embed(target))
+    with pytest.raises(KdmlError, match=r"^the pca recipe's inputs have 6 features, too many: "
+                       r"its fit's 6 x 6 float64 matrices .*half the machine's memory") as fit:
+        loaded.fit(source)
+    assert "\n" not in str(fit.value)
+    monkeypatch.setattr(dtml, "_physical_memory", lambda: 100)  # not even the buffers
+    with pytest.raises(KdmlError, match=r"^a pca method of 2 components of 6 features would "
+                       r"need 0\.0 GiB for them, more than half the machine's memory; lower "
+                       r"method\.pca_dim, or use a machine with more$"):
+        build("pca", "method.pca_dim=2")
+
+
 def test_pca_recipe_is_fitted_on_the_source_and_has_no_parameters():
     config, method = build("pca", "method.pca_dim=2")
     assert isinstance(method, PCAMethod) and method.needs_fit

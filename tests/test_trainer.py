@@ -227,6 +227,91 @@ def test_resume_refuses_a_config_edited_beyond_what_it_can_take(tmp_path, capsys
     assert f"resuming {run} after epoch 2 (train.epochs is now 1)" in capsys.readouterr().out
 
 
+def test_resume_refuses_an_edited_config_before_reading_the_data(tmp_path, capsys,
+                                                                 monkeypatch):
+    """The edit was refused only after all the data was read and the checkpoint restored
+    (minutes on SOP), and a run of a kdml before data.json got its data.json written first."""
+    from kdml.training import trainer
+
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
+    (run / "data.json").unlink()  # as a run made before kdml wrote one
+    edited = yaml.safe_load(config.read_text())
+    edited["optim"]["lr"] = 0.1
+    config.write_text(yaml.safe_dump(edited))
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read before the edit was refused")
+
+    monkeypatch.setattr(trainer, "prepare_data_and_test_part", no_data)
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kdml: error: {config} was edited since its checkpoint: "
+                          "optim.lr 0.001 -> 0.1; --resume continues"), err
+    assert not (run / "data.json").exists()
+
+
+def test_resume_of_a_config_leaving_eval_ks_to_the_data_is_not_refused(tmp_path):
+    """A config whose eval.ks is empty (kdml reproduce's and a grid's, resumed) gets the
+    data's Ks from Session.build: the checkpoint's, so the check before the data is read
+    does not take it for an edit."""
+    from kdml.config import resolve_config
+    from kdml.training import trainer
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("amsoftmax")
+
+    def config(epochs: int):
+        return resolve_config(recipe.name, recipe.params, recipe.defaults, {}, [
+            "data.dataset=digits", f"train.epochs={epochs}", "data.batch_size=40",
+            "model.embedding_size=8", "eval.nmi=false", "train.device=cpu"])
+
+    assert config(1).eval.ks == []
+    trainer.train(config(1), tmp_path / "run", progress=False, echo=lambda line: None)
+    trainer.train(config(2), tmp_path / "run", resume=True, progress=False,
+                  echo=lambda line: None)
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt",
+                      weights_only=True)["epoch"] == 2
+
+
+def test_train_says_where_it_trains_once_its_checks_pass(tmp_path, capsys):
+    """"training RECIPE on DATASET into FOLDER" had been printed before the config and data
+    were checked: a refusal followed it, naming a folder that was never made."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "eval.ks=[1,2,4000]"]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.rstrip().endswith("lower eval.ks, e.g. 'eval.ks=[1, 2]'"), printed.err
+    assert "training" not in printed.out and not out.exists()
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if line.startswith("training amsoftmax on digits into ")]
+    assert said == [f"training amsoftmax on digits into {out}"]
+    assert lines.index(said[0]) < next(number for number, line in enumerate(lines)
+                                       if line.startswith("test set:"))
+
+
+def test_a_pca_run_is_loaded_where_its_fit_would_not_fit(tmp_path, capsys, monkeypatch):
+    """A pca run fitted on a large machine is evaluated on a smaller one (building its method
+    had been refused as if to fit it); there, kdml train pca is refused in one line before the
+    run folder is made. 64 features: the fit takes 96 KiB, the model 16 KiB."""
+    from kdml.training.recipes import dtml
+    from kdml.training.trainer import load_run
+
+    train(tmp_path, "pca", "--dataset", "mnist5k->digits", "train.epochs=1")
+    monkeypatch.setattr(dtml, "_physical_memory", lambda: 100_000)  # 50,000 bytes may be used
+    assert bool(load_run(tmp_path / "run").method.fitted)
+    new = tmp_path / "new"
+    capsys.readouterr()
+    assert cli.main(["train", "pca", "--dataset", "mnist5k->digits", "--out", str(new),
+                     *TINY]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith("kdml: error: the pca recipe's inputs have 64 features, too "
+                                  "many: ") and printed.err.count("\n") == 1, printed.err
+    assert "training" not in printed.out and not new.exists()
+
+
 def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys):
     train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
     run = tmp_path / "run"

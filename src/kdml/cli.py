@@ -422,10 +422,12 @@ def _train(args: argparse.Namespace) -> int:
         return run_dir
 
     run_dir = distributed.from_main(new_run_folder)
-    _say(f"training {recipe.name} on {config.data.dataset} into {run_dir}")
+    # said by train() once the config, the data and the folder pass its checks (rank 0 only):
+    # said here, it had preceded their refusals, naming a folder that was never made
+    start_line = f"training {recipe.name} on {config.data.dataset} into {run_dir}"
     try:
-        return _run_training(lambda: train(config, run_dir, progress=_progress(args)), config,
-                             run_dir)
+        return _run_training(lambda: train(config, run_dir, progress=_progress(args),
+                                           start_line=start_line), config, run_dir)
     finally:  # default_run_dir made the folder: a run refused before writing leaves none
         if args.out is None and distributed.world().is_main:
             remove_if_unused(run_dir)

@@ -650,7 +650,8 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
 
 
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
-          progress: bool | None = None, echo: Callable[[str], None] = print) -> dict[str, float]:
+          progress: bool | None = None, echo: Callable[[str], None] = print,
+          start_line: str | None = None) -> dict[str, float]:
     """Train ``config`` into ``run_dir`` and return the final test metrics.
 
     With ``resume=True`` the run continues from ``checkpoints/last.pt``, or first scores the
@@ -659,48 +660,94 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     (seed, epoch, step), and scoring draws from no stream training uses, so a resumed run ends
     where an uninterrupted one would (same seed, CPU). ``progress=None`` shows progress bars
     only on a terminal. Under torchrun every rank trains and only rank 0 writes the run folder
-    and prints.
+    and prints. ``start_line`` (``kdml train``'s "training ... into ...") is echoed once the
+    config, the data and the run folder are checked, before the first epoch's output.
     """
     main = distributed.world().is_main
     echo = echo if main else _silent
     run = RunFolder(run_dir)
+    state: dict[str, Any] | None = None  # the checkpoint a resumed run continues from
     with contextlib.ExitStack() as held:  # the run folder, held while this process trains
         def hold() -> None:
             held.enter_context(run.held())
 
         if resume:  # the folder exists: refuse one another process trains before loading data
             distributed.from_main(hold)
+            # read once, here, so that a refused edit of config.yaml is refused before the
+            # data is read (minutes on SOP) and before a resumed old run gets its data.json
+            state = distributed.from_main(lambda: _resumed_state(run, config))
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
             session = Session.build(config, echo)  # checks everything before a new folder
         if not resume:
+            session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
+        if not resume:
             distributed.from_main(hold)
         distributed.from_main(lambda: _open_run_folder(run, session, resume, echo))
-        return _train_session(session, run, resume, progress, echo)
+        if start_line is not None:
+            echo(start_line)
+        return _train_session(session, run, resume, state, progress, echo)
 
 
-def _train_session(session: Session, run: RunFolder, resume: bool, progress: bool | None,
+# The config sections whose settings cannot size the model or name another run's checkpoint:
+# an edit confined to them is refused before the data is read (_resumed_state).
+UNSIZING_SECTIONS = ("optim", "train", "eval")
+
+
+def _resumed_state(run: RunFolder, config: RunConfig) -> dict[str, Any] | None:
+    """The checkpoint ``run`` resumes from (:func:`_checkpoint_to_resume`), its settings
+    checked against ``config`` before any data is read where that can be decided then.
+
+    Where the recipe or a setting of the data, model, method or domain differs, the
+    checkpoint may be another run's, of another recipe or model shape: nothing is refused here,
+    so that :meth:`Session.restore` names it as such, and where it loads, the check after it
+    names the edit (:func:`_train_session`). Otherwise the edits, in :data:`UNSIZING_SECTIONS`
+    only (optim.lr, say), are refused here. ``eval.ks`` left empty is filled from the data by
+    :meth:`Session.build`, so it is compared after it."""
+    state = _checkpoint_to_resume(run)
+    trained = (state or {}).get("config") or {}
+    sizing = {key: value for key, value in trained.items() if key not in UNSIZING_SECTIONS}
+    if changed_settings(sizing, config):
+        return state
+    unsizing = {key: value for key, value in trained.items() if key in UNSIZING_SECTIONS}
+    if not config.eval.ks and isinstance(unsizing.get("eval"), dict):
+        unsizing["eval"] = {key: value for key, value in unsizing["eval"].items()
+                            if key != "ks"}
+    _refuse_edited_settings(changed_settings(unsizing, config), run)
+    return state
+
+
+def _refuse_edited_settings(changed: list[str], run: RunFolder) -> None:
+    """Refuse, in one line naming the first, settings edited since the checkpoint that
+    ``--resume`` cannot take (:func:`~kdml.training.resume_settings.changed_settings`)."""
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise KdmlError(f"{run.config} was edited since its checkpoint: {changed[0]}{more}; "
+                        "--resume continues the run as it trained, and takes a change of "
+                        f"{', '.join(sorted(RESUMABLE))} or a path-named data.dataset "
+                        "only: put the setting back, or train a new run with it")
+
+
+def _train_session(session: Session, run: RunFolder, resume: bool,
+                   state: dict[str, Any] | None, progress: bool | None,
                    echo: Callable[[str], None]) -> dict[str, float]:
-    """The epochs of :func:`train`, once the run folder is open and held."""
+    """The epochs of :func:`train`, once the run folder is open and held; ``state`` is the
+    checkpoint a resumed run continues from (:func:`_resumed_state`), ``None`` for a new run
+    and one resumed before its first checkpoint."""
     config, main = session.config, session.world.is_main
     echo(f"test set: {session.splits.test_set}")
     history: list[dict[str, Any]] = []
     start_epoch, stopped_early = 1, False
     # an epoch trained before the session stopped, while it was scored: (row, over), unscored
     unscored: tuple[dict[str, Any], bool] | None = None
-    state = distributed.from_main(lambda: _checkpoint_to_resume(run) if resume else None)
     if resume and state is None:  # stopped before its first checkpoint: start over
         echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
     elif state is not None:  # resuming
         session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
                         else run.checkpoint)
-        # after restore, which names a checkpoint of another recipe or shape as such
-        changed = changed_settings(state.get("config", {}), config)
-        if changed:
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise KdmlError(f"{run.config} was edited since its checkpoint: {changed[0]}{more}; "
-                            "--resume continues the run as it trained, and takes a change of "
-                            f"{', '.join(sorted(RESUMABLE))} or a path-named data.dataset "
-                            "only: put the setting back, or train a new run with it")
+        # after restore, which names a checkpoint of another recipe or shape as such: the
+        # edits _resumed_state left to it (of settings that size the model, or an empty
+        # eval.ks, filled from the data since)
+        _refuse_edited_settings(changed_settings(state.get("config", {}), config), run)
         history, start_epoch = state["history"], state["epoch"] + 1
         if scored_prefix(session.splits) == VALIDATION:
             history = as_validation_history(history)

@@ -252,7 +252,9 @@ class PCAMethod(Method):
         super().__init__()
         if not 1 <= dim <= input_size:
             raise KdmlError(f"PCA dim must be from 1 to input_size={input_size}, got {dim}")
-        check_pca_input_size(input_size)  # before the buffers below, and fit()'s, allocate
+        # only the buffers below: a trained run loaded for eval (load_run) is not fitted, and
+        # fit() checks its own, larger matrices (check_fit)
+        check_pca_buffers(input_size, dim)
         self.backbone = nn.Identity()
         self.mean: Tensor
         self.components: Tensor
@@ -271,6 +273,7 @@ class PCAMethod(Method):
         covariance (the right singular vectors of the centred data), each signed so that its
         largest-magnitude entry is positive.
         """
+        self.check_fit()  # before the d x d matrices below are allocated
         if isinstance(batches, Tensor):
             batches = [batches]
         dim, input_size = self.components.shape
@@ -295,6 +298,12 @@ class PCAMethod(Method):
         self.mean.copy_(mean)
         self.components.copy_(directions * signs)
         self.fitted.fill_(True)
+
+    def check_fit(self) -> None:
+        """Refuse, in one line, a :meth:`fit` whose d x d matrices this machine cannot hold
+        (:func:`check_pca_input_size`): :meth:`fit` calls it first, and a trainer before it
+        makes a run folder."""
+        check_pca_input_size(self.components.shape[1])
 
     def embed(self, inputs: Tensor) -> Tensor:
         if not bool(self.fitted):
@@ -325,15 +334,19 @@ def _build_ddml_logistic(config: RunConfig, backbone: nn.Module, num_classes: in
     return DDMLLogisticMethod(config.method, feature_size_of(backbone))
 
 
-# PCAMethod holds a d x d float64 scatter matrix, and eigh works on two more d x d matrices
+# PCAMethod.fit holds a d x d float64 scatter matrix, and eigh works on two more d x d matrices
 # (the covariance and its eigenvectors): 24 * d^2 bytes. Image files fed whole (3 x 224 x 224 =
 # 150,528 features) would need about 500 GiB, which torch only finds out when it allocates,
-# with a raw traceback. PCAMethod is refused when the recipe builds it (before the run folder
-# is made) where that exceeds half of the machine's memory, or where d exceeds PCA_MAX_INPUT:
-# a fixed cap, so that a machine with terabytes does not start an eigh of cubic time that runs
-# for hours (16,384 takes 6 GiB, and is far above feature vectors' usual 64 to 4,096).
+# with a raw traceback. A fit is refused where that exceeds half of the machine's memory, or
+# where d exceeds PCA_MAX_INPUT: a fixed cap, so that a machine with terabytes does not start
+# an eigh of cubic time that runs for hours (16,384 takes 6 GiB, and is far above feature
+# vectors' usual 64 to 4,096). The trainer checks it before it makes the run folder
+# (PCAMethod.check_fit), fit() again before it allocates. The method itself holds only its
+# float32 mean and dim x d components, all that evaluating a trained run needs: building it
+# checks those only, so a run fitted on a large machine is evaluated on a smaller one.
 PCA_MAX_INPUT = 16_384
-PCA_BYTES_PER_ENTRY = 3 * 8  # scatter, covariance and eigenvectors, all float64
+PCA_BYTES_PER_ENTRY = 3 * 8  # fit's scatter, covariance and eigenvectors, all float64
+PCA_BUFFER_BYTES_PER_ENTRY = 4  # the method's mean and components, float32
 
 
 def _physical_memory() -> int | None:
@@ -344,18 +357,37 @@ def _physical_memory() -> int | None:
         return None
 
 
-def check_pca_input_size(input_size: int, memory: int | None = None) -> None:
-    """Refuse, in one line, a PCA whose d x d matrices would not fit (see PCA_MAX_INPUT);
-    ``memory`` is the machine's (by default asked of the system)."""
+def _over_half(needed: int, memory: int | None) -> bool:
+    """Whether ``needed`` bytes exceed half of ``memory`` (by default the machine's, asked of
+    the system; unknown: never)."""
     memory = _physical_memory() if memory is None else memory
+    return memory is not None and needed > memory // 2
+
+
+def check_pca_input_size(input_size: int, memory: int | None = None) -> None:
+    """Refuse, in one line, a PCA fit whose d x d matrices would not fit (see PCA_MAX_INPUT);
+    ``memory`` is the machine's (by default asked of the system)."""
     needed = PCA_BYTES_PER_ENTRY * input_size ** 2
-    if input_size > PCA_MAX_INPUT or (memory is not None and needed > memory // 2):
+    if input_size > PCA_MAX_INPUT or _over_half(needed, memory):
         raise KdmlError(f"the pca recipe's inputs have {input_size} features, too many: "
-                        f"its {input_size} x {input_size} float64 matrices would need "
+                        f"its fit's {input_size} x {input_size} float64 matrices would need "
                         f"{needed / 2**30:,.1f} GiB (it takes at most {PCA_MAX_INPUT} features "
                         "and half the machine's memory); PCA is for feature vectors: train it "
                         "on a domain pair or npz features, or give image files a much smaller "
                         "data.resize and data.image_size")
+
+
+def check_pca_buffers(input_size: int, dim: int, memory: int | None = None) -> None:
+    """Refuse, in one line, a PCAMethod whose own buffers (the mean and ``dim`` x d
+    components) would exceed half of ``memory``, or whose d exceeds PCA_MAX_INPUT, which no fit
+    can have reached (so no trained run is refused for it)."""
+    if input_size > PCA_MAX_INPUT:
+        check_pca_input_size(input_size, memory)  # its words: too wide for any fit
+    needed = PCA_BUFFER_BYTES_PER_ENTRY * input_size * (dim + 1)
+    if _over_half(needed, memory):
+        raise KdmlError(f"a pca method of {dim} components of {input_size} features would "
+                        f"need {needed / 2**30:,.1f} GiB for them, more than half the "
+                        "machine's memory; lower method.pca_dim, or use a machine with more")
 
 
 def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
