@@ -825,3 +825,41 @@ def test_a_sweep_point_of_one_seed_draws_no_error_bar(tmp_path, monkeypatch):
     drawn_bars = [segment.size > 0 and bool(np.isfinite(segment).all())
                   for segment in bars.get_segments()]
     assert drawn_bars == [False, True]  # a's bar is not drawn (an empty segment), b's is
+
+
+def test_a_run_whose_data_changed_is_refused_with_what_reproduce_can_do(tmp_path, monkeypatch):
+    """A reused or resumed run whose data.json records other data than reproduce reads now:
+    the refusal named kdml train's and eval's remedies (--data-root, its config.yaml's
+    data.root), which reproduce does not take; it now says to train the run again or to put
+    the data back where reproduce reads it. Following it trains the run again."""
+    from fixtures_array_sets import make_idx
+
+    monkeypatch.setenv("KDML_DATA_ROOT", str(tmp_path / "data"))
+    make_idx(tmp_path / "data", train=40, test=20)
+    (experiment,) = [Experiment(
+        "tiny-mnist", "atlas", "Table 3", "charts", "mnist",  # its charts reload the run
+        (Cell("MTriplet", "mtriplet", ("method.n_charts=2",), plot_charts=True),),
+        ("recall@1",), "CUB", common=(*TINY, "data.batch_size=20"))]
+    runs = tmp_path / "runs"
+    (first,) = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    assert not first.error
+    run_dir = first.cells["MTriplet"].run_dirs[0]
+    make_idx(tmp_path / "data", train=40, test=20, seed=1)  # other images, as many
+
+    def refusal() -> str:
+        (result,) = reproduce([experiment], 1, runs, "cpu", progress=False,
+                              echo=lambda line: None)
+        return result.error
+
+    reused = refusal()  # finished: reused, and reloaded for its charts
+    (run_dir / "metrics.json").unlink()  # interrupted after its checkpoint: resumed
+    (run_dir / "reproduce.json").unlink()
+    for error in (reused, refusal()):
+        assert error.startswith(f"the data of mnist is not what {run_dir} trained on: ")
+        assert (f"; delete {run_dir} to train the run again on this data, or put back the data "
+                "it trained on where kdml reproduce reads it ($KDML_DATA_ROOT, else the "
+                "dataset's system folder), or delete ") in error
+        assert "--data-root" not in error and "config.yaml" not in error
+        assert "data.root" not in error and "\n" not in error
+    shutil.rmtree(run_dir)
+    assert not refusal()

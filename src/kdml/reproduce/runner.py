@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kdml.config import RunConfig, resolve_config
+from kdml.data.registry import ROOT_VARIABLE, root_is_read
 from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import embed_dataset
 from kdml.evaluation.knn import as_metric
@@ -34,7 +35,13 @@ from kdml.training.run_folder import (
     safe_name,
     write_json,
 )
-from kdml.training.trainer import load_run, resolve_device, train
+from kdml.training.trainer import (
+    TrainedRun,
+    load_run,
+    resolve_device,
+    run_config,
+    train,
+)
 
 # Written by kdml into each run folder it trains: the wall time and device of the training.
 TIMING_FILE = "reproduce.json"
@@ -181,13 +188,31 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     diverged = ""
     try:
         train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
-              echo=lambda line: None)
+              echo=lambda line: None,
+              data_remedy=reproduce_remedy(run.run_dir, run.config.data.dataset))
     except NonFiniteLoss as error:
         diverged = str(error)
     wall = earlier + time.perf_counter() - start
     write_json({"wall_s": wall, "device": run.config.train.device,
                 **({"diverged": diverged} if diverged else {})}, timing)
     return Trained(wall, diverged, reused=False)
+
+
+def reproduce_remedy(run_dir: Path, dataset: str) -> str:
+    """What a ``kdml reproduce`` user can do about data other than what the run in ``run_dir``
+    trained on: train it again, or put the data back where reproduce reads it (the trainer's
+    own words name --data-root and the run's config.yaml, which reproduce does not take)."""
+    again = f"delete {run_dir} to train the run again on this data"
+    if not root_is_read(dataset):  # kdml's own offline data: nothing to put back
+        return again
+    return (f"{again}, or put back the data it trained on where kdml reproduce reads it "
+            f"(${ROOT_VARIABLE}, else the dataset's system folder)")
+
+
+def reload_run(run_dir: Path) -> TrainedRun:
+    """:func:`~kdml.training.trainer.load_run`, refusing changed data in reproduce's words."""
+    dataset = run_config(RunFolder.existing(run_dir)).data.dataset
+    return load_run(run_dir, data_remedy=reproduce_remedy(run_dir, dataset))
 
 
 def read_stored(path: Path, *keys: str) -> Any:
@@ -280,7 +305,7 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
-                result.charts, result.charts_seed = draw_charts(load_run(run.run_dir)), seed
+                result.charts, result.charts_seed = draw_charts(reload_run(run.run_dir)), seed
         cells[cell.label] = result
     first = planned[experiment.key, experiment.cells[0].label][0].config
     return ExperimentResult(experiment, cells, first)
@@ -311,7 +336,7 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
                 for estimate in stored.values()):
             return stored
         raise not_as_written(path, "a metric without a numeric mean and ci95")
-    trained = load_run(run_dir)
+    trained = reload_run(run_dir)
     embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
     ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
     estimates = retrieval_over_parts(embedded.tensor(), embedded.labels, ks, NUM_PARTS,
@@ -332,7 +357,7 @@ def _generalization(run_dir: Path) -> dict[str, float]:
     wanted = {**vars(settings)}
     if (not isinstance(used, dict) or {key: used.get(key) for key in wanted} != wanted
             or "distance" not in stored):
-        analyze_generalization(load_run(run_dir), settings)
+        analyze_generalization(reload_run(run_dir), settings)
     lam = read_stored(path, "lambda", "mean")
     h_divergence = read_stored(path, "h_divergence", "mean")
     return {"lambda": lam, "h_divergence": h_divergence, "bound": lam + h_divergence}

@@ -259,15 +259,21 @@ def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:
     return checkpoint
 
 
+# What a refusal of changed data tells the user of kdml train --resume, and of kdml eval & co.
+RESUME_DATA_REMEDY = ("put back the data the run trained on where its config.yaml says, or point "
+                      "its data.root (or folder:/csv: path) at where it is now")
+LOAD_DATA_REMEDY = "point --data-root at the data the run trained on"
+
+
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
-             test_part: bool = False) -> TrainedRun:
+             test_part: bool = False, data_remedy: str = LOAD_DATA_REMEDY) -> TrainedRun:
     """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
 
     ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
     loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
     validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
     model on the classes it was never chosen on; the model is built as trained.
-    Data other than the run's is refused (:func:`check_run_data`)."""
+    Data other than the run's is refused (:func:`check_run_data`), saying ``data_remedy``."""
     run = RunFolder.existing(run_dir)
     config = run_config(run)
     if data_root is not None:  # set directly: a path is not parsed as an override's YAML
@@ -280,8 +286,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     # the test part too where it was recorded: the check compares every part training saw
     splits, test_splits = prepare_data_and_test_part(config.data,
                                                      test_part or recorded is not None)
-    check_run_data(run, recorded, config, splits, test_splits,
-                   "point --data-root at the data the run trained on")
+    check_run_data(run, recorded, config, splits, test_splits, data_remedy)
     if not test_part:
         test_splits = splits
     method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
@@ -651,7 +656,8 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
 
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
           progress: bool | None = None, echo: Callable[[str], None] = print,
-          start_line: str | None = None) -> dict[str, float]:
+          start_line: str | None = None, data_remedy: str = RESUME_DATA_REMEDY
+          ) -> dict[str, float]:
     """Train ``config`` into ``run_dir`` and return the final test metrics.
 
     With ``resume=True`` the run continues from ``checkpoints/last.pt``, or first scores the
@@ -662,6 +668,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     only on a terminal. Under torchrun every rank trains and only rank 0 writes the run folder
     and prints. ``start_line`` (``kdml train``'s "training ... into ...") is echoed once the
     config, the data and the run folder are checked, before the first epoch's output.
+    ``data_remedy`` ends the refusal of a resumed run's changed data (:func:`check_run_data`).
     """
     main = distributed.world().is_main
     echo = echo if main else _silent
@@ -682,7 +689,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
         if not resume:
             distributed.from_main(hold)
-        distributed.from_main(lambda: _open_run_folder(run, session, resume, echo))
+        distributed.from_main(lambda: _open_run_folder(run, session, resume, echo,
+                                                       data_remedy))
         if start_line is not None:
             echo(start_line)
         return _train_session(session, run, resume, state, progress, echo)
@@ -876,9 +884,9 @@ def _silent(message: str) -> None:
 
 
 def _open_run_folder(run: RunFolder, session: Session, resume: bool,
-                     echo: Callable[[str], None]) -> None:
+                     echo: Callable[[str], None], data_remedy: str) -> None:
     """Make a new run's folder (its config and data.json), or check a resumed run's data
-    against its data.json."""
+    against its data.json (refused saying ``data_remedy``)."""
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
         partial.unlink(missing_ok=True)
     splits, test_part = session.splits, session.test_part
@@ -890,9 +898,7 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
         return
     if resume:
         recorded = run.recorded_data()
-        check_run_data(run, recorded, session.config, splits, test_part,
-                       "put back the data the run trained on where its config.yaml says, "
-                       "or point its data.root (or folder:/csv: path) at where it is now")
+        check_run_data(run, recorded, session.config, splits, test_part, data_remedy)
         # A run of a kdml before data.json gets one: from now on it trains on this data,
         # and the commands that read it check against it. Not where a file of the user's is.
         if recorded is None and not run.data_fingerprint.exists():
