@@ -766,3 +766,27 @@ def test_training_bars_stay_out_of_output_that_is_not_a_terminal(tmp_path, capsy
                      "train.epochs=1", "train.steps_per_epoch=3"]) == 0
     err = capsys.readouterr().err
     assert "epoch 1:" not in err and "epochs:" not in err and "embedding" not in err, err
+
+
+def test_a_run_whose_data_folder_moved_is_told_how_to_follow_it(tmp_path, capsys):
+    """kdml eval and kdml train --resume of a folder: run whose folder moved got the reader's
+    "no such folder" alone, which says neither that the run's data moved nor what follows it."""
+    from fixtures_array_sets import make_image_folder
+
+    folder = make_image_folder(tmp_path / "data", classes=4, per_class=4, size=24)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", str(run),
+                     *TINY, "train.epochs=1", "train.steps_per_epoch=1", "data.batch_size=4",
+                     "data.resize=24", "data.image_size=24", "eval.ks=[1,2]"]) == 0
+    moved = folder.rename(tmp_path / "moved")
+    resume = ["train", "--resume", str(run), "--no-progress"]
+    for command, remedy in ((["eval", str(run)], "point --data-root at the data the run "
+                             "trained on"),
+                            (resume, "put back the data the run trained on where its "
+                             "config.yaml says, or point its data.root (or folder:/csv: path) "
+                             "at where it is now")):
+        capsys.readouterr()
+        assert cli.main(command) == 2
+        assert capsys.readouterr().err == (f"kdml: error: {run} trained on folder:{folder}, "
+                                           f"whose folder does not exist now; {remedy}\n")
+    assert cli.main(["eval", str(run), "--data-root", str(moved)]) == 0

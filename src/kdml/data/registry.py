@@ -201,6 +201,10 @@ def is_known_dataset(name: str) -> bool:
     return name in DATASETS or name in FORMATS or name.startswith(tuple(PREFIXES))
 
 
+# The datasets named by their path, and what the path names.
+PATH_FORMATS = {"folder:": "folder", "csv:": "file", "npz:": "file"}
+
+
 def relocated(dataset: str, root: str) -> tuple[str, str]:
     """``(data.dataset, data.root)`` of a run whose on-disk data moved to ``root``: the
     formats keep their name and take the new root; ``folder:DIR`` becomes ``folder:ROOT``, and

@@ -43,7 +43,7 @@ from kdml.data.dataset import Batch, DmlDataset
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data_and_test_part
-from kdml.data.registry import relocated, root_is_read
+from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
 from kdml.data.samplers import (
     ClassBalancedBatches,
     EpochBatches,
@@ -55,7 +55,7 @@ from kdml.data.samplers import (
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
 from kdml.distributed import World
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, why_missing
 from kdml.evaluation.evaluator import Embedder, NonFiniteEmbeddings, evaluate_method
 from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone, freeze_batchnorm
@@ -280,6 +280,8 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         dataset, root = relocated(config.data.dataset, data_root)
         config = dataclasses.replace(
             config, data=dataclasses.replace(config.data, dataset=dataset, root=root))
+    else:
+        check_data_path(run, config.data.dataset, data_remedy)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
     recorded = run.recorded_data()
@@ -302,6 +304,18 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     embedder = build_embedder(config, build_pipeline(config, splits, method),
                               torch.device("cpu"))
     return TrainedRun(run, config, test_splits, method, state["epoch"], embedder, checkpoint)
+
+
+def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
+    """Refuse, saying ``remedy``, a path-named dataset (``folder:DIR``, ``csv:FILE``,
+    ``npz:FILE``) whose path is gone: the reader's own words would not say that the run's
+    data moved, nor that --data-root follows it."""
+    for prefix, kind in PATH_FORMATS.items():
+        if dataset.startswith(prefix):
+            path = Path(dataset.removeprefix(prefix))
+            if not (path.is_dir() if kind == "folder" else path.is_file()):
+                raise KdmlError(f"{run.root} trained on {dataset}, whose {kind} "
+                                f"{why_missing(path, kind)} now; {remedy}")
 
 
 def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunConfig,
@@ -683,6 +697,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             # read once, here, so that a refused edit of config.yaml is refused before the
             # data is read (minutes on SOP) and before a resumed old run gets its data.json
             state = distributed.from_main(lambda: _resumed_state(run, config))
+            check_data_path(run, config.data.dataset, data_remedy)
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
             session = Session.build(config, echo)  # checks everything before a new folder
         if not resume:
