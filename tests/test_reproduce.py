@@ -604,6 +604,13 @@ def test_only_that_matches_nothing_lists_the_keys(capsys):
     err = capsys.readouterr().err
     assert "matches no experiment" in err and "jrd-table2-mnist5k" in err
     assert len(err.strip().splitlines()) == 1
+    # a full run's experiment that --quick leaves out is named as such (its key was not listed)
+    assert cli.main(["reproduce", "atlas", "--quick", "--only", "atlas-mmd64-fashion-*",
+                     "--list"]) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: --only atlas-mmd64-fashion-* matches no experiment of atlas with --quick "
+        "(without it: atlas-mmd64-fashion-mnist); the keys are: atlas-table2-mnist5k, "
+        "atlas-ablation-mnist5k, atlas-triplet-mnist5k, atlas-mmd64-mnist5k\n")
 
 
 def test_list_prints_experiments_and_cells(capsys):

@@ -902,8 +902,12 @@ def _reproduce(args: argparse.Namespace) -> int:
                   if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)]
         if not chosen:
             keys = ", ".join(experiment.key for experiment in experiments(args.paper, args.quick))
+            # --quick keeps the first dataset of each table: a full run's key is not among them
+            full = [experiment.key for experiment in experiments(args.paper)
+                    if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)]
+            quick = f" with --quick (without it: {', '.join(full)})" if args.quick and full else ""
             raise KdmlError(f"--only {' '.join(args.only)} matches no experiment of "
-                            f"{args.paper}; the keys are: {keys}")
+                            f"{args.paper}{quick}; the keys are: {keys}")
     if args.list:
         for experiment in chosen:
             print(f"{experiment.key}  ({experiment.mirrors}; {len(experiment.cells)} cells)")
