@@ -97,6 +97,24 @@ def test_a_run_without_data_json_is_not_checked(folders, tmp_path, capsys):
     assert not (run / "data.json").exists()
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ("{bad", "not readable JSON: Expecting property name enclosed in double quotes: line 1 "
+             "column 2 (char 1)"),
+    ('{"data_fingerprint": 1, "parts": {}}', "kdml's record without its parts"),
+])
+def test_a_damaged_data_json_is_refused_not_taken_for_the_users(folders, tmp_path, capsys,
+                                                                 text, why):
+    """A data.json that is not JSON was taken for a file of the user's: the check of the data
+    was off without a word, and other data was scored."""
+    run = copy_of(folders["run"], tmp_path, "damaged")
+    (run / "data.json").write_text(text)
+    err = refused(capsys, "eval", run, "--data-root", folders["renamed"])
+    assert err == (f"kdml: error: {run / 'data.json'} is damaged ({why}), so the data this run "
+                   "trained on cannot be checked; restore it from a copy, or delete it to use "
+                   "the data unchecked")
+    assert not (run / "eval.json").exists()
+
+
 def test_embedding_another_dataset_with_the_runs_model_is_not_refused(folders, tmp_path):
     out = tmp_path / "other.npz"
     assert cli.main(["embed", str(folders["run"]), "--dataset", f"folder:{folders['fewer']}",

@@ -132,10 +132,29 @@ class RunFolder:
 
     def recorded_data(self) -> dict[str, Any] | None:
         """The fingerprint of the data the run trained on (``data.json``), or ``None`` where
-        there is none kdml wrote: a run of a kdml before data.json, or a file of the user's."""
-        if not written_by_kdml(self.data_fingerprint, (FORMAT_FIELD,)):
+        there is none kdml wrote: a run of a kdml before data.json, or a file of the user's
+        (JSON without kdml's fields). One that is not JSON, or kdml's without its parts, is
+        refused in one line: taken for the user's, it had turned the data check off unseen."""
+        path = self.data_fingerprint
+        if not path.is_file():
             return None
-        return json.loads(self.data_fingerprint.read_text(encoding="utf-8"))
+
+        def damaged(why: str) -> KdmlError:
+            return KdmlError(f"{path} is damaged ({why}), so the data this run trained on "
+                             "cannot be checked; restore it from a copy, or delete it to use "
+                             "the data unchecked")
+
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise damaged(f"not readable JSON: {error}") from None
+        if not isinstance(recorded, dict) or FORMAT_FIELD not in recorded:
+            return None
+        parts = recorded.get("parts")
+        if not (isinstance(parts, dict) and parts
+                and all(isinstance(part, dict) for part in parts.values())):
+            raise damaged("kdml's record without its parts")
+        return recorded
 
     def write_data_fingerprint(self, fingerprint: dict[str, Any]) -> None:
         """Write ``data.json`` whole or not at all, never over a file kdml did not write."""
