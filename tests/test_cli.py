@@ -409,3 +409,29 @@ def test_a_flag_over_which_the_grid_runs_is_refused(tmp_path, monkeypatch, capsy
     assert capsys.readouterr().err.strip() == (
         "kdml: error: --seed sets train.seed, over which the config's grid runs; give one")
     assert not os.path.exists("never-made")
+
+
+def test_the_metrics_table_and_the_index_line_read_right(capsys, monkeypatch, tmp_path):
+    """Metric names longer than the column (source_nn_accuracy) had pushed their values out of
+    it; an index of one chart said "1 charts"."""
+    import argparse
+
+    from kdml.config import resolve_config
+    from kdml.evaluation.index import IndexInfo
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("dtml")
+    config = resolve_config(recipe.name, recipe.params, recipe.defaults, {},
+                            ["data.dataset=mnist5k->digits"])
+    cli._print_results(config, {"recall@1": 0.5, "source_nn_accuracy": 0.25}, tmp_path)
+    rows = capsys.readouterr().out.splitlines()[2:5]
+    assert [row.index(row.split()[1]) for row in rows] == [21, 21, 21], rows
+
+    import kdml.inspection
+
+    for charts, said in (([0], ", 1 chart written"), ([0, 2], ", 2 charts written")):
+        info = IndexInfo("run", "0", "cosine", 2, "exact", 9, 1.0, charts)
+        monkeypatch.setattr(cli, "_run_and_part", lambda args: (None, None))
+        monkeypatch.setattr(kdml.inspection, "index_part", lambda *args, info=info: info)
+        assert cli._index(argparse.Namespace(out=tmp_path / "index", kind="exact")) == 0
+        assert said in capsys.readouterr().out

@@ -788,7 +788,8 @@ def _index(args: argparse.Namespace) -> int:
 
     trained, part = _run_and_part(args)
     info = index_part(trained, part, args.out, args.kind)
-    charts = f", {len(info.charts)} charts" if info.charts is not None else ""
+    charts = ("" if info.charts is None else
+              f", {len(info.charts)} chart{'' if len(info.charts) == 1 else 's'}")
     print(f"{info.kind} {info.metric} index of {info.count} {info.dim}-d vectors{charts} "
           f"written to {args.out}")
     return 0
@@ -975,9 +976,10 @@ def _print_results(config: RunConfig, metrics: dict[str, float], run_dir: Path,
     validated = bool(config.data.validation) if validated is None else validated
     scored = "Validation" if validated else "Test"
     print(f"\n{scored} metrics ({config.recipe}, {config.data.dataset}):")
-    print(f"  {'metric':<12} value")
+    width = max([12, *map(len, metrics)])  # source_nn_accuracy is 18 long
+    print(f"  {'metric':<{width}} value")
     for name, value in metrics.items():
-        print(f"  {name:<12} {value:.4f}")
+        print(f"  {name:<{width}} {value:.4f}")
     print(f"run folder: {run_dir}")
 
 
