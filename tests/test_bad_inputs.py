@@ -700,3 +700,23 @@ def test_a_test_part_that_cannot_be_scored_is_refused_before_its_eval_ks(tmp_pat
                   *TINY, "eval.ks=[1,2,4,16]")  # 10 test samples: 9 references per query
     assert err.endswith("so Recall@K is undefined; raise data.holdout_fraction, the share of "
                         "each class held out for testing"), err
+
+
+def test_a_pca_dimension_too_large_names_data_pca_dim(tmp_path, capsys):
+    """It said "PCA dim must be an integer from 1 to 64", the words of the library function."""
+    err = refused(tmp_path, capsys, "train", "dtml", "--dataset", "digits->mnist5k", "--out",
+                  tmp_path / "run", *TINY, "data.pca_dim=100")
+    assert err == ("kdml: error: data.pca_dim=100 exceeds 64, the smaller of the source's "
+                   "samples and features in digits->mnist5k; lower it")
+
+
+def test_a_removed_checkpoint_is_not_said_never_to_have_been_trained(tmp_path, capsys):
+    """A run whose last.pt was removed after epoch 1 was said to have never finished one."""
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "train.epochs=1", "train.steps_per_epoch=1"]) == 0
+    (run / "checkpoints" / "last.pt").unlink()
+    err = refused(tmp_path, capsys, "eval", run)
+    assert err == (f"kdml: error: no checkpoint at {run / 'checkpoints' / 'last.pt'}: the run "
+                   "has not finished an epoch (or the file was removed); train it with "
+                   f"'kdml train --resume {run}'")

@@ -186,10 +186,18 @@ def test_few_other_class_samples_clamp_k2_and_warn():
     labels = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 1, 1])  # class 0 sees only 3 others < k2
     points = random_points(len(labels), 2, seed=5)
     loss = MarginalFisherLoss(k1=2, k2=10)
-    with pytest.warns(UserWarning, match="k2=10"):
+    with pytest.warns(UserWarning, match="k2=10") as warned:
         s_c, s_b = loss.terms(points, labels)
     ref_c, ref_b = ref_fisher_terms(points.tolist(), labels.tolist(), 2, 10)
     assert (s_c.item(), s_b.item()) == pytest.approx((ref_c, ref_b), rel=1e-12)
+    # the graph that is short, alone: it had read "only 2 same-class (k1=2) or 3 other-class"
+    assert str(warned[0].message).startswith("MarginalFisherLoss: a batch has samples with "
+                                             "only 3 other-class neighbours for k2=10; ")
+    with pytest.warns(UserWarning) as warned:
+        MarginalFisherLoss(k1=5, k2=10).terms(points, labels)
+    assert str(warned[0].message).startswith(
+        "MarginalFisherLoss: a batch has samples with only 2 same-class neighbours for k1=5 "
+        "and 3 other-class neighbours for k2=10; ")
 
 
 def test_batch_without_pairs_gives_zero_attached_to_the_graph():

@@ -798,8 +798,9 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
     # analyze generalization took the validation part as its unseen classes without a word
     capsys.readouterr()
     assert kdml("analyze", "generalization", run, "--repeats", "2") == 0
-    assert "its unseen classes here are the validation part (364 samples" in (
-        capsys.readouterr().err)
+    assert ("its unseen classes here are the validation part (364 samples of the classes held "
+            "out of its training classes to choose its epoch); the test part is not used") in (
+        capsys.readouterr().err)  # not "of training classes it did not train on"
     assert json.loads((run / "generalization.json").read_text())["unseen"] == "validation"
 
 

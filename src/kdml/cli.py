@@ -705,8 +705,9 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
                         args.labelled_fraction, "--labelled-fraction")
     if trained.splits.validation:
         print(f"kdml: note: this run validated (data.validation): its unseen classes here are "
-              f"the validation part ({len(trained.splits.test):,} samples of training classes "
-              "it did not train on); the test part is not used", file=sys.stderr)
+              f"the validation part ({len(trained.splits.test):,} samples of the classes held "
+              "out of its training classes to choose its epoch); the test part is not used",
+              file=sys.stderr)
     terms, path = analyze_generalization(trained, settings)
     print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
           f"{args.neighbors}-NN classifiers, 95% CI):")

@@ -30,6 +30,12 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
                             "(the target's labels are for evaluation only)")
         pair = load_domain_data(data.dataset)
         if data.pca_dim:
+            # in the setting's name: fit_source_pca, a library function, names its argument
+            limit = min(pair.source.x.flatten(1).shape)
+            if data.pca_dim > limit:
+                raise KdmlError(f"data.pca_dim={data.pca_dim} exceeds {limit}, the smaller of "
+                                f"the source's samples and features in {data.dataset}; lower "
+                                "it")
             pair = fit_source_pca(pair, data.pca_dim)
         splits = domain_splits(pair.source, pair.target)
         return splits, splits

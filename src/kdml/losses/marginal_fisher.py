@@ -154,11 +154,14 @@ class MarginalFisherLoss(nn.Module):
             return
         self._checked = True
         fewest_same, fewest_other = int(num_same.min()), int(num_other.min())
-        if fewest_same < self.k1 or fewest_other < self.k2:
+        short = [f"{fewest} {kind} neighbours for {k_name}={k}"
+                 for fewest, kind, k_name, k in ((fewest_same, "same-class", "k1", self.k1),
+                                                 (fewest_other, "other-class", "k2", self.k2))
+                 if fewest < k]  # name only the graph that is short
+        if short:
             warnings.warn(
-                f"MarginalFisherLoss: a batch has samples with only {fewest_same} same-class "
-                f"(k1={self.k1}) or {fewest_other} other-class (k2={self.k2}) neighbours; they "
-                "use all they have (use larger or class-balanced batches, e.g. "
+                f"MarginalFisherLoss: a batch has samples with only {' and '.join(short)}; "
+                "they use all they have (use larger or class-balanced batches, e.g. "
                 f"data.samples_per_class >= {self.k1 + 1}). Checked on the first batch.",
                 stacklevel=3,
             )

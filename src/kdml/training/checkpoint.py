@@ -46,8 +46,9 @@ def partial_checkpoints(folder: Path) -> list[Path]:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (tensors and plain data only)."""
     if not path.is_file():
-        raise KdmlError(f"no checkpoint at {path}: the run never finished an epoch; train it "
-                        f"with 'kdml train --resume {path.parent.parent}'")
+        raise KdmlError(f"no checkpoint at {path}: the run has not finished an epoch (or the "
+                        "file was removed); train it with "
+                        f"'kdml train --resume {path.parent.parent}'")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a damaged file
