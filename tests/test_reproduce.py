@@ -321,7 +321,7 @@ def test_runner_and_report_end_to_end(tmp_path):
     text = report.read_text()
     assert "## Not run for this report" in text
     # left out on this report's dataset: listed with its command; on others: only counted
-    assert f"`kdml reproduce jrd --only {on_digits.key}`" in text
+    assert f"`kdml reproduce jrd --only {on_digits.key} --seeds 2 --quick`" in text
     assert "dtml-mnist5k-to-digits" not in text
     assert "2 experiments on other datasets (mnist5k, mnist5k->digits) are not listed" in text
     assert "Other reports" not in text
@@ -342,7 +342,7 @@ def test_runner_and_report_end_to_end(tmp_path):
     write_report(results, report, context, not_run=experiments("dtml", quick=True))
     elsewhere = dataclasses.replace(context, runs="elsewhere/runs")
     write_report(results, report, elsewhere, not_run=[on_digits])
-    assert (f"`kdml reproduce jrd --only {on_digits.key} --runs elsewhere/runs`"
+    assert (f"`kdml reproduce jrd --only {on_digits.key} --seeds 2 --quick --runs elsewhere/runs`"
             in report.read_text())
     write_report(results, report, context, not_run=experiments("dtml", quick=True))
     assert ("Other reports of `kdml reproduce` beside this one: "
@@ -870,3 +870,83 @@ def test_a_run_whose_data_changed_is_refused_with_what_reproduce_can_do(tmp_path
         assert "data.root" not in error and "\n" not in error
     shutil.rmtree(run_dir)
     assert not refusal()
+
+
+def _two_tiny_tables(monkeypatch) -> list[Experiment]:
+    """A catalog of two one-cell JRD experiments on digits, for the commands to choose from."""
+    tables = [Experiment(key, "jrd", mirrors, key, "digits",
+                         (Cell("JRD", "jrd", (f"method.alpha={alpha}",)),), ("recall@1",),
+                         common=TINY)
+              for key, mirrors, alpha in (("tiny-a", "Table 2", 1), ("tiny-b", "Table 4", 0))]
+    monkeypatch.setattr("kdml.reproduce.catalog.experiments",
+                        lambda paper, quick=False: list(tables))
+    return tables
+
+
+def _sections(report: Path) -> list[str]:
+    return [line for line in report.read_text().splitlines() if line.startswith("### ")]
+
+
+def test_only_adds_to_the_report_from_finished_runs_and_refuses_to_drop_a_section(
+        tmp_path, monkeypatch, capsys):
+    """--only used to replace the report at --out with its own sections, and a second --only
+    listed the first's experiment as not run although its runs had finished."""
+    from kdml.reproduce import runner
+
+    _two_tiny_tables(monkeypatch)
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
+              "--device", "cpu"]
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-a", *common]) == 0
+    real_train = runner.train
+    trained: list[float] = []
+
+    def train_counted(config, run_dir, **kwargs):
+        trained.append(config.method.alpha)
+        return real_train(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(runner, "train", train_counted)
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-b", *common]) == 0
+    assert trained == [0]  # tiny-a's section is read from its finished run, not trained
+    assert _sections(report) == ["### Table 2: digits", "### Table 4: digits"]
+    assert "## Not run for this report" not in report.read_text()
+
+    # a report whose sections' runs are not in --runs, or that another setting wrote, is
+    # refused before anything trains
+    kept = report.read_text()
+    capsys.readouterr()
+    for other in (["--seeds", "1", "--runs", str(tmp_path / "none")],
+                  ["--seeds", "2", "--runs", str(runs)]):
+        assert cli.main(["reproduce", "jrd", "--only", "tiny-b", *other, "--out", str(report),
+                         "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"kdml: error: {report} holds 1 section that this report would "
+                              "drop (tiny-a") and err.count("\n") == 1, err
+        assert "another --out, or delete" in err
+    assert "(tiny-a (written at --seeds 1))" in err
+    assert trained == [0] and not (tmp_path / "none").exists()
+    assert report.read_text() == kept
+    # without --only, the command writes what it runs, as before
+    assert cli.main(["reproduce", "jrd", *common]) == 0
+    assert len(_sections(report)) == 2
+
+
+def test_a_not_run_command_adds_its_section_to_the_same_report(tmp_path, monkeypatch):
+    """The commands listed as not run left out --seeds, --quick, --device and --out: pasted,
+    they trained another setting into the default report."""
+    _two_tiny_tables(monkeypatch)
+    # here `auto` would be a GPU: runs trained with --device cpu are found only with it
+    monkeypatch.setattr("kdml.training.trainer.resolve_device",
+                        lambda name: torch.device("cuda" if name == "auto" else name))
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    assert cli.main(["reproduce", "jrd", "--quick", "--seeds", "1", "--only", "tiny-a",
+                     "--runs", str(runs), "--out", str(report), "--no-progress",
+                     "--device", "cpu"]) == 0
+    text = report.read_text()
+    command = (f"kdml reproduce jrd --only tiny-b --seeds 1 --quick --device cpu --runs {runs} "
+               f"--out {report}")
+    assert f"- `tiny-b` (Table 4, digits): `{command}`" in text
+    assert "Command: `kdml reproduce jrd --only tiny-a --seeds 1 --quick --device cpu " in text
+    assert cli.main([*command.split()[1:], "--no-progress"]) == 0
+    assert _sections(report) == ["### Table 2: digits", "### Table 4: digits"]
+    assert "## Not run for this report" not in report.read_text()

@@ -890,7 +890,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml import __version__, distributed
     from kdml.machine import machine_description
     from kdml.reproduce.catalog import experiments
-    from kdml.reproduce.report import ReportContext, check_outputs, write_report
+    from kdml.reproduce.report import ReportContext, check_outputs, keep_reported, write_report
     from kdml.reproduce.runner import reproduce
     from kdml.training.run_folder import hold_folder
     from kdml.training.trainer import resolve_device
@@ -926,6 +926,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
     check_outputs(report)
     device = resolve_device(args.device)
+    if args.only:
+        # --only adds to the report at --out: its other sections are read again from their
+        # finished runs (never trained here), and one that cannot be is refused, not dropped
+        chosen = keep_reported(chosen, experiments("all", args.quick), report, seeds,
+                               args.quick, runs, str(device))
     busy = (f"{runs} is in use by another kdml reproduce (it trains its runs one at a time); "
             "wait for it to finish, or give this one other --runs")
     try:
@@ -943,16 +948,19 @@ def _reproduce(args: argparse.Namespace) -> int:
     out = "" if report == DEFAULT_REPORT and not args.quick else str(report)
     # and other runs than the default, so that its commands reuse them rather than train anew
     other_runs = "" if runs == default_runs else str(runs)
+    # and the device where `auto` would find other runs here (run folders hash the device)
+    other_device = "" if device == resolve_device("auto") else str(device)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
                *(["--quick"] if args.quick else []),
                *(item for pattern in args.only for item in ("--only", pattern)),
+               *(["--device", other_device] if other_device else []),
                *(["--runs", other_runs] if other_runs else []),
                *(["--out", out] if out else [])]
     context = ReportContext(
         command=shlex.join(command), machine=machine_description(device),
         versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "",
-        runs=shlex.quote(other_runs) if other_runs else "")
+        runs=shlex.quote(other_runs) if other_runs else "", device=other_device)
     not_run = [experiment for experiment in experiments(args.paper, args.quick)
                if experiment not in chosen]
     failed = [result for result in results if result.error]

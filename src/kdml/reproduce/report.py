@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from kdml.figure_file import copy_png
 from kdml.file_write import check_writable_folder, write_through_new_file
 from kdml.reproduce.experiments import Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
-from kdml.reproduce.runner import ExperimentResult
+from kdml.reproduce.runner import ExperimentResult, all_finished
 
 MARKER = "<!-- Written by kdml reproduce; it rewrites this file on every run. -->"
 PLOTS_MARKER = ".written-by-kdml-reproduce"
@@ -47,6 +49,9 @@ class ReportContext:
     quick: bool
     out: str = ""  # a report path other than the default: the commands it prints name it
     runs: str = ""  # a runs folder other than the default: the commands it prints name it
+    # a device other than what `auto` resolves to here: run folders hash the device, so the
+    # commands it prints name it to find the report's runs
+    device: str = ""
 
 
 def plots_folder(report: Path) -> Path:
@@ -72,6 +77,79 @@ def check_outputs(report: Path) -> None:
                         "another --out")
 
 
+# how a section names the command that wrote it (see _experiment_section)
+SECTION_COMMAND = re.compile(r"Command: `(kdml reproduce [^`]*)`")
+
+
+@dataclass(frozen=True)
+class Section:
+    """An experiment's section of a report kdml wrote, as its command names it."""
+
+    key: str
+    seeds: int | None  # None: its command does not say
+    quick: bool
+
+
+def reported_sections(report: Path) -> list[Section]:
+    """The sections with numbers of the report at ``report`` (none when there is no file):
+    one that says "Not run here" holds none, so nothing of it can be lost."""
+    if not report.is_file():
+        return []
+    sections: list[Section] = []
+    current: Section | None = None
+    for line in report.read_text(errors="replace").splitlines():
+        if line.startswith("#") or line.startswith("Not run here:"):
+            sections += [current] if current else []
+            current = None
+        elif (found := SECTION_COMMAND.search(line)) is not None:
+            current = _section(found.group(1))
+    return sections + ([current] if current else [])
+
+
+def _section(command: str) -> Section | None:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    value = {word: after for word, after in zip(words, words[1:], strict=False)}
+    if "--only" not in value:
+        return None
+    seeds = value.get("--seeds", "")
+    return Section(value["--only"], int(seeds) if seeds.isdigit() else None, "--quick" in words)
+
+
+def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], report: Path,
+                  seeds: int, quick: bool, runs: Path, device: str) -> list[Experiment]:
+    """``chosen`` (``--only``) and the other experiments whose numbers ``report`` holds, in
+    ``catalog``'s order: their runs finished in ``runs``, so rewriting the report reads them
+    again and trains nothing. Refuses, before anything trains, when one of them cannot be
+    read so (another setting, or runs not there): the report would lose its section."""
+    keys = {experiment.key for experiment in chosen}
+    by_key = {experiment.key: experiment for experiment in catalog}
+    lost = []
+    kept = set()
+    for section in reported_sections(report):
+        if section.key in keys:
+            continue
+        if section.quick != quick or section.seeds not in (None, seeds):
+            lost.append(f"{section.key} (written at --seeds {section.seeds}"
+                        f"{' --quick' if section.quick else ''})")
+        elif section.key in by_key and all_finished(by_key[section.key], seeds, runs, device):
+            kept.add(section.key)
+        else:
+            lost.append(section.key)
+    if lost:
+        named = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        raise KdmlError(
+            f"{report} holds {len(lost)} section{'s' * (len(lost) != 1)} that this report "
+            f"would drop ({named}), as their runs at --seeds {seeds}"
+            f"{' --quick' if quick else ''} on {device} are not all finished in "
+            f"{runs}; give the --seeds, --runs and --device they were written with, another "
+            f"--out, or delete {report} first")
+    return [experiment for experiment in catalog
+            if experiment.key in keys or experiment.key in kept]
+
+
 def write_report(results: Sequence[ExperimentResult], report: Path, context: ReportContext,
                  not_run: Sequence[Experiment] = ()) -> Path:
     """Write the Markdown report (atomically) and its plots; returns the report's path.
@@ -89,7 +167,7 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
         for result in chosen:
             lines += ["", *_experiment_section(result, plots, report.parent, context)]
     lines += _not_run_section(not_run, {result.experiment.dataset for result in results},
-                              sibling_reports(report), context.runs)
+                              context, sibling_reports(report))
     text = "\n".join(lines) + "\n"
     return write_through_new_file(report, lambda partial: partial.write_text(text))
 
@@ -107,23 +185,20 @@ def sibling_reports(report: Path) -> list[str]:
 
 
 def _not_run_section(not_run: Sequence[Experiment], datasets: set[str],
-                     siblings: Sequence[str] = (), runs: str = "") -> list[str]:
-    """The experiments left out on this report's datasets, each with its command (with
-    ``--runs runs`` when the report's runs are not in the default folder). Those on other
-    datasets are only counted, with the reports beside this one (``siblings``) that may hold
-    them (as Fashion-MNIST's are beside the offline digits')."""
+                     context: ReportContext, siblings: Sequence[str] = ()) -> list[str]:
+    """The experiments left out on this report's datasets, each with the command that adds it
+    to this report. Those on other datasets are only counted, with the reports beside this one
+    (``siblings``) that may hold them (as Fashion-MNIST's are beside the offline digits')."""
     if not not_run:
         return []
     listed = [experiment for experiment in not_run if experiment.dataset in datasets]
     elsewhere = sorted({experiment.dataset for experiment in not_run} - datasets)
     lines = ["", "## Not run for this report", ""]
     if listed:
-        lines += ["Each runs with its command (the same `--seeds` and, where given, "
-                  "`--quick`):", ""]
+        lines += ["Each is added to this report by its command (which reuses this report's "
+                  "runs):", ""]
         lines += [f"- `{experiment.key}` ({experiment.mirrors}, {experiment.dataset}): "
-                  f"`kdml reproduce {experiment.paper} --only {experiment.key}"
-                  f"{f' --runs {runs}' if runs else ''}`"
-                  for experiment in listed]
+                  f"`{_command(experiment, context)}`" for experiment in listed]
     if elsewhere:
         count = len(not_run) - len(listed)
         lines += [*([""] if listed else []),
@@ -164,12 +239,8 @@ def _header(context: ReportContext) -> list[str]:
 def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
                         context: ReportContext) -> list[str]:
     experiment = result.experiment
-    command = (f"kdml reproduce {experiment.paper} --only {experiment.key} --seeds "
-               f"{context.seeds}{' --quick' if context.quick else ''}"
-               + (f" --runs {context.runs}" if context.runs else "")
-               + (f" --out {context.out}" if context.out else ""))
     lines = [f"### {experiment.mirrors}: {experiment.dataset}", "",
-             f"{experiment.title}. Command: `{command}`."]
+             f"{experiment.title}. Command: `{_command(experiment, context)}`."]
     if result.error:
         return [*lines, "", f"Not run here: {result.error}"]
     lines += [f"Settings: {_settings(result)}. Paper column: {experiment.paper_data}.", ""]
@@ -192,6 +263,17 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
         lines += ["", experiment.note]
     lines += _figures(result, plots, report_dir)
     return lines
+
+
+def _command(experiment: Experiment, context: ReportContext) -> str:
+    """The command that (re)writes ``experiment``'s section of this report: the report's seeds,
+    setting, device, runs and path, so that it reuses the report's runs and keeps its other
+    sections."""
+    return (f"kdml reproduce {experiment.paper} --only {experiment.key} --seeds "
+            f"{context.seeds}{' --quick' if context.quick else ''}"
+            + (f" --device {context.device}" if context.device else "")
+            + (f" --runs {context.runs}" if context.runs else "")
+            + (f" --out {context.out}" if context.out else ""))
 
 
 def _settings(result: ExperimentResult) -> str:

@@ -171,16 +171,11 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     same seed diverges again the same way (delete the run folder to train it anyway)."""
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
-    if timing.is_file():
-        try:
-            diverged = str(json.loads(timing.read_text()).get("diverged", ""))
-        except (OSError, ValueError, AttributeError):
-            diverged = ""  # a broken file gets its one-line error from read_stored
-        if diverged or folder.final_metrics() is not None:
-            wall = read_stored(timing, "wall_s")
-            if not isinstance(wall, (int, float)):
-                raise not_as_written(timing, f"wall_s is {wall!r}")
-            return Trained(float(wall), diverged, reused=True)
+    if finished_earlier(run.run_dir):
+        wall = read_stored(timing, "wall_s")
+        if not isinstance(wall, (int, float)):
+            raise not_as_written(timing, f"wall_s is {wall!r}")
+        return Trained(float(wall), _stored_divergence(timing), reused=True)
     # sessions of an interrupted run before this one; without a checkpoint to resume from it
     # trains again from epoch 1, and those sessions' time is lost, not part of the run's
     earlier = logged_seconds(folder.log) if folder.resumable else 0.0
@@ -196,6 +191,32 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     write_json({"wall_s": wall, "device": run.config.train.device,
                 **({"diverged": diverged} if diverged else {})}, timing)
     return Trained(wall, diverged, reused=False)
+
+
+def finished_earlier(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` finished (or diverged) under ``kdml reproduce``, which
+    writes ``reproduce.json`` after it: :func:`train_planned` then reuses it untrained."""
+    timing = run_dir / TIMING_FILE
+    return timing.is_file() and (bool(_stored_divergence(timing))
+                                 or RunFolder(run_dir).final_metrics() is not None)
+
+
+def _stored_divergence(timing: Path) -> str:
+    """Why the run diverged, as its ``reproduce.json`` records ("" when it did not)."""
+    try:
+        return str(json.loads(timing.read_text()).get("diverged", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""  # a broken file gets its one-line error from read_stored
+
+
+def all_finished(experiment: Experiment, seeds: int, runs_root: Path, device: str) -> bool:
+    """Whether every run of ``experiment`` (``seeds`` seeds, on ``device``) finished in
+    ``runs_root``, so that its numbers can be read without training anything."""
+    try:
+        planned = plan([experiment], seeds, runs_root, device)
+    except KdmlError:  # it cannot be configured here: it has no runs to read
+        return False
+    return all(finished_earlier(run.run_dir) for runs in planned.values() for run in runs)
 
 
 def reproduce_remedy(run_dir: Path, dataset: str) -> str:
