@@ -202,9 +202,14 @@ def test_a_run_without_a_checkpoint_that_another_process_trains_is_refused(tmp_p
 def fail_in_the_first_epoch(failure: str, monkeypatch) -> list[str]:
     """The settings (and patches) of a run that fails in its first epoch, before any
     checkpoint: a setting found wrong only once scored, or a NaN loss."""
-    if failure == "setting":
-        return ["train.select_metric=foo", "train.keep_best=true", "data.validation=0.5",
-                "data.samples_per_class=0"]
+    if failure == "setting":  # refused before training since: as if only scoring found it
+        from kdml.training import trainer
+
+        def unscored(row, metric):
+            raise KdmlError(f"train.select_metric={metric!r} is not scored by this run")
+
+        monkeypatch.setattr(trainer, "check_scored", unscored)
+        return ["train.keep_best=true", "data.validation=0.5", "data.samples_per_class=0"]
     from kdml.training.recipes.jrd import JRDMethod  # amsoftmax's too
 
     real_forward = JRDMethod.forward

@@ -210,3 +210,40 @@ def test_a_validation_run_from_before_the_val_keys_resumes_with_its_earlier_choi
     assert torch.load(out / "checkpoints" / "best.pt", weights_only=True)["epoch"] == 1
     header = (out / "metrics.csv").read_text().splitlines()[0]
     assert "val/recall@1" in header and "test/" not in header
+
+
+@pytest.mark.parametrize(("metric", "patience"), [("foo", "0"), ("nmi", "2")])
+def test_an_unscored_select_metric_is_refused_before_an_epoch_trains(
+        tmp_path, tiny_overrides, capsys, monkeypatch, metric, patience):
+    trained = []
+    monkeypatch.setattr(trainer, "train_one_epoch", lambda *args: trained.append(args) or {})
+    out = tmp_path / "run"
+    assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), "--no-progress",
+                     *tiny_overrides, "data.batch_size=12", "data.validation=0.4",
+                     f"train.select_metric={metric}", f"train.patience={patience}",
+                     f"train.keep_best={patience == '0'}".lower()]) == 2
+    assert not trained  # the old check came after epoch 1 had trained and been scored
+    assert (f"train.select_metric='{metric}' is not scored by this run; choose one of "
+            "recall@1, recall@2, recall@4, recall@8, map@r, r_precision\n"
+            ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("recipe", "overrides"), [
+    ("amsoftmax", ["data.dataset=digits", "eval.nmi=false"]),
+    ("amsoftmax", ["data.dataset=digits", "data.validation=0.4", "eval.ks=[1, 3]"]),
+    ("amsoftmax", ["data.dataset=digits", "data.split=seen-holdout", "eval.nmi=false"]),
+    ("mtriplet", ["data.dataset=digits", "data.split=seen-holdout", "eval.nmi=true"]),
+    ("dtml", ["data.dataset=mnist5k->digits", "eval.nmi=false"]),
+])
+def test_the_metric_names_known_before_training_are_those_scored(recipe, overrides):
+    from kdml.config import resolve_config
+    from kdml.evaluation.evaluator import evaluate_method, metric_names
+    from kdml.training.recipes import get_recipe
+
+    spec = get_recipe(recipe)
+    config = resolve_config(spec.name, spec.params, spec.defaults, {},
+                            ["train.device=cpu", "model.embedding_size=8", *overrides])
+    splits = prepare.prepare_data(config.data)
+    method = trainer.build_method(config, splits, echo=lambda line: None)
+    scored = evaluate_method(method, splits, config.eval)
+    assert metric_names(config.eval, splits) == list(scored)

@@ -204,6 +204,21 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
     return metrics
 
 
+def metric_names(config: EvalConfig, splits: DataSplits) -> list[str]:
+    """The names of the metrics :func:`evaluate_method` returns for ``splits``, known before
+    anything is embedded (``train.select_metric`` is checked against them before training),
+    in its order. Keep in step with :func:`_score`."""
+    ks = tuple(config.ks) or splits.eval_ks
+    names = [*dict.fromkeys(f"recall@{k}" for k in ks), "map@r", "r_precision"]
+    if config.nmi:
+        names.append("nmi")
+    if splits.kind == DOMAIN:
+        names.append("source_nn_accuracy")
+    elif splits.kind == SEEN:
+        names.append("linear_accuracy")
+    return names
+
+
 # Embeddings whose spread is below this share of their size have collapsed to one point.
 COLLAPSE_SPREAD = 1e-6
 

@@ -10,6 +10,7 @@ Higher scores are better (Recall@K, MAP@R, R-Precision, NMI, accuracy).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kdml.errors import KdmlError
@@ -98,6 +99,17 @@ def patience_exhausted(history: list[dict[str, Any]], metric: str, patience: int
 def check_scored(row: dict[str, Any], metric: str) -> None:
     """A one-line error if an evaluated ``row`` lacks ``metric``."""
     scored = list(part_scores(row))
-    if scored and metric not in scored:
+    if scored:
+        check_selectable(metric, scored)
+
+
+def check_selectable(metric: str, scored: Sequence[str]) -> None:
+    """A one-line error if ``metric`` is not among the ``scored`` metric names: training
+    checks this before its first epoch, from the names the evaluator will give
+    (:func:`kdml.evaluation.evaluator.metric_names`), so a typo costs no epoch.
+
+    >>> check_selectable("map@r", ["recall@1", "map@r"])
+    """
+    if metric not in scored:
         raise KdmlError(f"train.select_metric={metric!r} is not scored by this run; choose one "
                         f"of {', '.join(scored)}")

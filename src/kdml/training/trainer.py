@@ -56,7 +56,12 @@ from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
 from kdml.distributed import World
 from kdml.errors import KdmlError, why_missing
-from kdml.evaluation.evaluator import Embedder, NonFiniteEmbeddings, evaluate_method
+from kdml.evaluation.evaluator import (
+    Embedder,
+    NonFiniteEmbeddings,
+    evaluate_method,
+    metric_names,
+)
 from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone, freeze_batchnorm
 from kdml.models.method import Method
@@ -86,6 +91,7 @@ from kdml.training.selection import (
     as_validation_history,
     best_epoch,
     check_scored,
+    check_selectable,
     part_scores,
     patience_exhausted,
     scored_prefix,
@@ -439,8 +445,9 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
 def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
     """Refuse a test set that cannot be scored, before anything is trained: a target domain
     without labels, a single class or no query with a relevant reference
-    (:func:`check_test_classes`), then Recall@K values beyond the references. The data's own
-    defects come first: lowering eval.ks would only have led to them."""
+    (:func:`check_test_classes`), then Recall@K values beyond the references, then a
+    ``train.select_metric`` the run will not score (it had trained an epoch first). The data's
+    own defects come first: lowering eval.ks would only have led to them."""
     if splits.kind == DOMAIN:
         if not (splits.test.labels >= 0).any():
             raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
@@ -455,6 +462,8 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
         raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
                         f"{splits.reference_size} references; lower eval.ks, e.g. "
                         f"'eval.ks=[{fitting}]'")
+    if config.train.keep_best or config.train.patience:
+        check_selectable(config.train.select_metric, metric_names(config.eval, splits))
 
 
 def check_test_classes(splits: DataSplits) -> None:
