@@ -10,8 +10,9 @@ import yaml
 from fixtures_photo_sets import make_cub
 
 from kdml import cli
+from kdml.errors import KdmlError
 from kdml.training import trainer
-from kdml.training.grid import best_cells
+from kdml.training.grid import best_cells, grid_cells
 from kdml.training.run_folder import RunFolder
 from kdml.training.trainer import MIN_VALIDATION_CLASSES
 
@@ -154,3 +155,24 @@ def test_a_seen_class_validation_part_of_few_classes_asks_for_more_classes(tmp_p
     captured = capsys.readouterr()
     assert "the validation part holds 4 classes" in captured.out + captured.err
     assert "a dataset of more classes" in captured.out + captured.err
+
+
+@pytest.mark.parametrize(("grid", "message"), [
+    ({"train.seed": [0, 1, 0]}, "grid.train.seed lists 0 twice"),
+    ({"optim.lr": [1, 0.5, 1.0]}, "grid.optim.lr lists 1.0 twice"),  # one learning rate
+    ({"eval.ks": [[1, 2], [1.0, 2]]}, r"grid.eval.ks lists \[1.0, 2\] twice"),
+    ({"method.kernel": ["gaussian", "gaussian"]}, "grid.method.kernel lists 'gaussian' twice"),
+    ({"model.weights": [None, None]}, "grid.model.weights lists None twice"),
+])
+def test_a_grid_repeating_a_value_is_refused_naming_it(grid, message):
+    with pytest.raises(KdmlError, match=message):
+        grid_cells(grid)
+
+
+def test_a_grid_repeating_a_value_trains_nothing(tmp_path, capsys, scored):
+    arguments = grid_of(tmp_path, {}, sizes=[8, 8])
+    assert cli.main(arguments) == 2
+    assert capsys.readouterr().err == ("kdml: error: grid.model.embedding_size lists 8 twice, "
+                                       "which would train the same cells twice; drop the "
+                                       "repeat\n")
+    assert not (tmp_path / "grid").exists()

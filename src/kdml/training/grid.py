@@ -61,9 +61,27 @@ def grid_cells(grid: Any) -> list[Cell]:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise KdmlError(f"grid.{key} must be a non-empty list of values, got {values!r}")
+        repeated = repeated_position(values)
+        if repeated is not None:  # a position: the repeated value may be None (null)
+            raise KdmlError(f"grid.{key} lists {values[repeated]!r} twice, which would train "
+                            "the same cells twice; drop the repeat")
     keys = list(grid)
     return [Cell(dict(zip(keys, combination, strict=True)))
             for combination in itertools.product(*(grid[key] for key in keys))]
+
+
+def repeated_position(values: list[Any]) -> int | None:
+    """The position of the first value of ``values`` equal to an earlier one, as the resolved
+    config compares them (``1`` and ``1.0`` are one learning rate, ``[1, 2]`` and ``[1.0, 2]``
+    one eval.ks), or None. Pairwise: values may be lists or mappings, which do not hash.
+
+    >>> repeated_position([1e-4, 0.001, 1.0e-3])
+    2
+    """
+    for position, value in enumerate(values):
+        if any(value == earlier for earlier in values[:position]):
+            return position
+    return None
 
 
 def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
