@@ -113,3 +113,47 @@ def test_a_nan_in_a_config_file_is_refused_naming_its_key(tmp_path):
     path.write_text("recipe: jrd\nmethod:\n  alpha: .nan\n")
     with pytest.raises(KdmlError, match=r"^method\.alpha must be a finite number"):
         resolve_config("jrd", JRDParams, None, load_config_file(path), [])
+
+
+def config_command(tmp_path, capsys, text: str, *overrides: str) -> tuple[int, str, str]:
+    """``kdml config --config FILE`` of a file holding ``text``: the exit code, stdout and
+    stderr."""
+    from kdml import cli
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(text)
+    code = cli.main(["config", "--config", str(path), *overrides])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_kdml_config_names_a_file_s_grid_and_prints_its_first_cell(tmp_path, capsys):
+    import yaml
+
+    code, out, err = config_command(tmp_path, capsys, "recipe: jrd\ntrain: {keep_best: true}\n"
+                                    "grid: {data.validation: [0.2, 0.4], train.seed: [3, 4]}\n")
+    # the file's values alone (keep_best without data.validation) were refused before
+    assert (code, err) == (0, "")
+    assert out.startswith(f"# {tmp_path / 'grid.yaml'} holds a grid of 4 runs over "
+                          "data.validation, train.seed, one per cell;\n# printed: the first "
+                          "cell's config, validation=0.2-seed=3\nrecipe: jrd\n")
+    printed = yaml.safe_load(out)
+    assert (printed["data"]["validation"], printed["train"]["seed"]) == (0.2, 3)
+
+
+@pytest.mark.parametrize(("text", "overrides", "message"), [
+    ("grid: {method.alpah: [0, 1]}", [],
+     "unknown config key 'method.alpah' for recipe 'jrd'; did you mean 'method.alpha'?"),
+    ("grid: {method.alpha: [0, -1]}", [], "method.alpha"),  # a bad value in the second cell
+    ("grid: {method.alpha: [0, 1]}", ["alpha=2"], "the override alpha=2 sets method.alpha"),
+    ("grid: {train.seed: [0, 0]}", [], "grid.train.seed lists 0 twice"),
+])
+def test_kdml_config_refuses_a_grid_as_kdml_train_does(tmp_path, capsys, text, overrides,
+                                                       message):
+    from kdml import cli
+
+    code, _, err = config_command(tmp_path, capsys, f"recipe: jrd\n{text}\n", *overrides)
+    assert code == 2 and message in err
+    assert cli.main(["train", "--config", str(tmp_path / "grid.yaml"), *overrides,
+                     "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == err

@@ -231,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser(
         "config", help="print a recipe's configuration: every key with its value",
         description="Print the configuration RECIPE resolves to (defaults < --config < "
-        "key=value), as YAML: every key 'kdml train' accepts.")
+        "key=value), as YAML: every key 'kdml train' accepts. Of a --config file with a "
+        "grid: the first cell's config, the grid named in a comment and checked as 'kdml "
+        "train' checks it.")
     config.add_argument("recipe", nargs="?",
                         help="recipe name (see 'kdml recipes'); optional with a --config file "
                         "that names one")
@@ -666,10 +668,36 @@ def _config(args: argparse.Namespace) -> int:
     file_values = load_config_file(args.config) if args.config else {}
     recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     recipe = get_recipe(recipe_name)
+    cell: list[str] = []
+    if "grid" in file_values:  # the file's values alone may be no run's (keep_best without
+        # the data.validation its grid gives): print the first cell's, saying so
+        note, cell = _first_grid_cell(args.config, recipe, file_values, overrides)
+        print(note)
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
-                            overrides)
+                            [*overrides, *cell])
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     return 0
+
+
+def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
+                     overrides: list[str]) -> tuple[str, list[str]]:
+    """A YAML comment naming the --config file's grid, and the overrides of its first cell,
+    after refusing what kdml train would refuse of the grid: an override of one of its keys,
+    a malformed grid, a repeated value, an unknown key or a bad value in any cell."""
+    from kdml.config import resolve_config
+    from kdml.training.grid import grid_cells
+
+    grid = file_values["grid"]
+    keys = [str(key) for key in grid] if isinstance(grid, dict) else []
+    # kdml config has none of kdml train's flags (--dataset, --seed, ...) to compare
+    _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
+                                      overrides, keys)
+    cells = grid_cells(grid)
+    for cell in cells:
+        resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                       [*overrides, *cell.overrides])
+    return (f"# {file} holds a grid of {len(cells)} runs over {', '.join(keys)}, one per "
+            f"cell;\n# printed: the first cell's config, {cells[0].name}"), cells[0].overrides
 
 
 def _eval(args: argparse.Namespace) -> int:
