@@ -176,3 +176,19 @@ def test_a_grid_repeating_a_value_trains_nothing(tmp_path, capsys, scored):
                                        "which would train the same cells twice; drop the "
                                        "repeat\n")
     assert not (tmp_path / "grid").exists()
+
+
+def test_grid_values_the_same_only_once_resolved_are_refused(tmp_path, capsys):
+    """YAML reads 1e-3 as a string, which the config makes the float 0.001: the raw values
+    differ and both cells trained; true and 1 are no repeat (1 is refused as no bool)."""
+    assert grid_cells({"eval.nmi": [True, 1]})  # not "lists 1 twice"
+    file = tmp_path / "grid.yaml"
+    file.write_text("recipe: amsoftmax\ngrid:\n  optim.lr: [1e-3, 0.001]\n"
+                    "data: {dataset: digits}\n")
+    expected = ("kdml: error: the grid's cells lr=1e-3 and lr=0.001 give the same config, which "
+                "would train the same run twice; drop one of their values\n")
+    for command in (["train", "--config", str(file), "--out", str(tmp_path / "grid")],
+                    ["config", "--config", str(file)]):
+        assert cli.main(command) == 2
+        assert capsys.readouterr().err == expected
+    assert not (tmp_path / "grid").exists()

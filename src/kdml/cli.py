@@ -464,6 +464,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     from kdml.training.grid import (
         best_cells,
         changed_setting,
+        check_distinct_cells,
         check_grid_folder,
         grid_cells,
         write_marker,
@@ -476,6 +477,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     configs = [with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
                                                   file_values, [*overrides, *cell.overrides]))
                for cell in cells]
+    check_distinct_cells(cells, [config.to_dict() for config in configs])
     shares = sorted({config.data.validation for config in configs})
     if len(shares) > 1:
         raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
@@ -685,7 +687,7 @@ def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
     after refusing what kdml train would refuse of the grid: an override of one of its keys,
     a malformed grid, a repeated value, an unknown key or a bad value in any cell."""
     from kdml.config import resolve_config
-    from kdml.training.grid import grid_cells
+    from kdml.training.grid import check_distinct_cells, grid_cells
 
     grid = file_values["grid"]
     keys = [str(key) for key in grid] if isinstance(grid, dict) else []
@@ -693,9 +695,9 @@ def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
     _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
                                       overrides, keys)
     cells = grid_cells(grid)
-    for cell in cells:
-        resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
-                       [*overrides, *cell.overrides])
+    check_distinct_cells(cells, [resolve_config(recipe.name, recipe.params, recipe.defaults,
+                                                file_values, [*overrides, *cell.overrides]
+                                                ).to_dict() for cell in cells])
     return (f"# {file} holds a grid of {len(cells)} runs over {', '.join(keys)}, one per "
             f"cell;\n# printed: the first cell's config, {cells[0].name}"), cells[0].overrides
 

@@ -79,9 +79,23 @@ def repeated_position(values: list[Any]) -> int | None:
     2
     """
     for position, value in enumerate(values):
-        if any(value == earlier for earlier in values[:position]):
+        # true == 1 in Python, but a bool and a number are no one setting's same value
+        if any(value == earlier and isinstance(value, bool) == isinstance(earlier, bool)
+               for earlier in values[:position]):
             return position
     return None
+
+
+def check_distinct_cells(cells: list[Cell], resolved: list[dict[str, Any]]) -> None:
+    """Refuse two cells whose configs (``resolved``, one per cell) are the same: values that
+    differ only as written, such as YAML's ``1e-3`` (a string, made a float by the config)
+    and ``0.001``, would train the same run twice."""
+    for position, config in enumerate(resolved):
+        for earlier in range(position):
+            if resolved[earlier] == config:
+                raise KdmlError(f"the grid's cells {cells[earlier].name} and "
+                                f"{cells[position].name} give the same config, which would "
+                                "train the same run twice; drop one of their values")
 
 
 def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
