@@ -944,7 +944,7 @@ def test_embeddings_are_searched_without_the_run_s_data(tmp_path, capsys):
     for query in (tmp_path / "raw.npz", moved / "c03" / image.name):
         code, _, err = search(query)
         assert code == 2 and err.count("\n") == 1, err
-        assert err.endswith(f"trained on folder:{folder}, whose folder does not "
+        assert err.endswith(f"config.yaml names folder:{folder}, whose folder does not "
                             "exist now; point --data-root at the data the run trained on\n")
         code, out, _ = search(query, "--data-root", moved)
         assert code == 0 and "rank" in out

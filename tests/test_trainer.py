@@ -768,7 +768,8 @@ def test_training_bars_stay_out_of_output_that_is_not_a_terminal(tmp_path, capsy
     assert "epoch 1:" not in err and "epochs:" not in err and "embedding" not in err, err
 
 
-def test_a_run_whose_data_folder_moved_is_told_how_to_follow_it(tmp_path, capsys):
+def test_a_run_whose_data_folder_moved_is_told_how_to_follow_it(tmp_path, capsys,
+                                                                monkeypatch):
     """kdml eval and kdml train --resume of a folder: run whose folder moved got the reader's
     "no such folder" alone, which says neither that the run's data moved nor what follows it."""
     from fixtures_array_sets import make_image_folder
@@ -787,6 +788,12 @@ def test_a_run_whose_data_folder_moved_is_told_how_to_follow_it(tmp_path, capsys
                              "at where it is now")):
         capsys.readouterr()
         assert cli.main(command) == 2
-        assert capsys.readouterr().err == (f"kdml: error: {run} trained on folder:{folder}, "
-                                           f"whose folder does not exist now; {remedy}\n")
+        assert capsys.readouterr().err == (f"kdml: error: {run / 'config.yaml'} names "
+                                           f"folder:{folder}, whose folder does not exist "
+                                           f"now; {remedy}\n")
     assert cli.main(["eval", str(run), "--data-root", str(moved)]) == 0
+    # a path edited into config.yaml as the readers take it, ~ for the home folder too
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace(f"folder:{folder}", "folder:~/moved"))
+    assert cli.main(["eval", str(run)]) == 0

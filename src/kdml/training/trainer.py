@@ -287,9 +287,9 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         dataset, root = relocated(config.data.dataset, data_root)
         config = dataclasses.replace(
             config, data=dataclasses.replace(config.data, dataset=dataset, root=root))
-    else:
+    checkpoint = chosen_checkpoint(run, best)  # needs no data: said first
+    if data_root is None:
         check_data_path(run, config.data.dataset, data_remedy)
-    checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
     recorded = run.recorded_data()
     # the test part too where it was recorded: the check compares every part training saw
@@ -319,9 +319,9 @@ def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
     data moved, nor that --data-root follows it."""
     for prefix, kind in PATH_FORMATS.items():
         if dataset.startswith(prefix):
-            path = Path(dataset.removeprefix(prefix))
+            path = Path(dataset.removeprefix(prefix)).expanduser()  # as the readers take it
             if not (path.is_dir() if kind == "folder" else path.is_file()):
-                raise KdmlError(f"{run.root} trained on {dataset}, whose {kind} "
+                raise KdmlError(f"{run.config} names {dataset}, whose {kind} "
                                 f"{why_missing(path, kind)} now; {remedy}")
 
 
