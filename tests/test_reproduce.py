@@ -950,3 +950,15 @@ def test_a_not_run_command_adds_its_section_to_the_same_report(tmp_path, monkeyp
     assert cli.main([*command.split()[1:], "--no-progress"]) == 0
     assert _sections(report) == ["### Table 2: digits", "### Table 4: digits"]
     assert "## Not run for this report" not in report.read_text()
+
+
+def test_a_section_not_run_holds_nothing_to_keep(tmp_path):
+    """A failed experiment's section ("Not run here: ...") had been counted as one with
+    numbers, so every --only of another key on that report was refused."""
+    from kdml.reproduce.report import Section, reported_sections
+
+    report = tmp_path / "report.md"
+    report.write_text("### M: digits\n\nA. Command: `kdml reproduce jrd --only jrd-a --seeds 1 "
+                      "--quick`.\n\nNot run here: boom\n\n### N: digits\n\nB. Command: `kdml "
+                      "reproduce jrd --only jrd-b --seeds 1 --quick`.\n\n| table |\n")
+    assert reported_sections(report) == [Section("jrd-b", 1, True)]

@@ -98,8 +98,10 @@ def reported_sections(report: Path) -> list[Section]:
     sections: list[Section] = []
     current: Section | None = None
     for line in report.read_text(errors="replace").splitlines():
-        if line.startswith("#") or line.startswith("Not run here:"):
+        if line.startswith("#"):
             sections += [current] if current else []
+            current = None
+        elif line.startswith("Not run here:"):  # its section holds no numbers to keep
             current = None
         elif (found := SECTION_COMMAND.search(line)) is not None:
             current = _section(found.group(1))
@@ -132,8 +134,9 @@ def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], r
         if section.key in keys:
             continue
         if section.quick != quick or section.seeds not in (None, seeds):
-            lost.append(f"{section.key} (written at --seeds {section.seeds}"
-                        f"{' --quick' if section.quick else ''})")
+            written = " ".join([*([f"--seeds {section.seeds}"] if section.seeds is not None
+                                  else []), *(["--quick"] if section.quick else [])])
+            lost.append(f"{section.key} (written at {written or 'the full setting'})")
         elif section.key in by_key and all_finished(by_key[section.key], seeds, runs, device):
             kept.add(section.key)
         else:
