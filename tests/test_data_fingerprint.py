@@ -110,8 +110,8 @@ def test_a_damaged_data_json_is_refused_not_taken_for_the_users(folders, tmp_pat
     (run / "data.json").write_text(text)
     err = refused(capsys, "eval", run, "--data-root", folders["renamed"])
     assert err == (f"kdml: error: {run / 'data.json'} is damaged ({why}), so the data this run "
-                   "trained on cannot be checked; restore it from a copy, or delete it to use "
-                   "the data unchecked")
+                   "trained on cannot be checked; restore it from a copy, or delete it to go on "
+                   "unchecked (a --resume then records the data it reads)")
     assert not (run / "eval.json").exists()
 
 

@@ -141,8 +141,8 @@ class RunFolder:
 
         def damaged(why: str) -> KdmlError:
             return KdmlError(f"{path} is damaged ({why}), so the data this run trained on "
-                             "cannot be checked; restore it from a copy, or delete it to use "
-                             "the data unchecked")
+                             "cannot be checked; restore it from a copy, or delete it to go on "
+                             "unchecked (a --resume then records the data it reads)")
 
         try:
             recorded = json.loads(path.read_text(encoding="utf-8"))
