@@ -734,10 +734,17 @@ def _resumed_state(run: RunFolder, config: RunConfig) -> dict[str, Any] | None:
     checkpoint may be another run's, of another recipe or model shape: nothing is refused here,
     so that :meth:`Session.restore` names it as such, and where it loads, the check after it
     names the edit (:func:`_train_session`). Otherwise the edits, in :data:`UNSIZING_SECTIONS`
-    only (optim.lr, say), are refused here. ``eval.ks`` left empty is filled from the data by
+    only (optim.lr, say), are refused here, as is another ``data.dataset`` (not a moved path)
+    whatever else differs. ``eval.ks`` left empty is filled from the data by
     :meth:`Session.build`, so it is compared after it."""
     state = _checkpoint_to_resume(run)
     trained = (state or {}).get("config") or {}
+    # another dataset is an edit whatever the checkpoint: read first, the data's check would
+    # have refused it as other data, and deleting data.json as told led to the restore's
+    # "another run's checkpoint"
+    if isinstance(trained.get("data"), dict) and "dataset" in trained["data"]:
+        _refuse_edited_settings(
+            changed_settings({"data": {"dataset": trained["data"]["dataset"]}}, config), run)
     sizing = {key: value for key, value in trained.items() if key not in UNSIZING_SECTIONS}
     if changed_settings(sizing, config):
         return state
