@@ -21,6 +21,8 @@ from kdml.errors import KdmlError, QuietExit
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
     from kdml.inspection import Part
+    from kdml.reproduce.experiments import Experiment
+    from kdml.training.grid import Cell
     from kdml.training.recipes import Recipe
     from kdml.training.trainer import TrainedRun
 
@@ -460,24 +462,14 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                 args: argparse.Namespace) -> int:
     """One run per cell of the config file's grid (see kdml.training.grid)."""
     from kdml import distributed
-    from kdml.config import resolve_config, with_absolute_paths
-    from kdml.training.grid import (
-        best_cells,
-        changed_setting,
-        check_distinct_cells,
-        check_grid_folder,
-        grid_cells,
-        write_marker,
-    )
+    from kdml.config import with_absolute_paths
+    from kdml.training.grid import best_cells, changed_setting, check_grid_folder, write_marker
     from kdml.training.run_folder import RunFolder, default_run_dir
     from kdml.training.selection import as_validation_history, best_scores
     from kdml.training.trainer import run_config, train
 
-    cells = grid_cells(file_values["grid"])
-    configs = [with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
-                                                  file_values, [*overrides, *cell.overrides]))
-               for cell in cells]
-    check_distinct_cells(cells, [config.to_dict() for config in configs])
+    cells, resolved = _grid_configs(recipe, file_values, overrides)
+    configs = [with_absolute_paths(config) for config in resolved]
     shares = sorted({config.data.validation for config in configs})
     if len(shares) > 1:
         raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
@@ -670,36 +662,45 @@ def _config(args: argparse.Namespace) -> int:
     file_values = load_config_file(args.config) if args.config else {}
     recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     recipe = get_recipe(recipe_name)
-    cell: list[str] = []
     if "grid" in file_values:  # the file's values alone may be no run's (keep_best without
         # the data.validation its grid gives): print the first cell's, saying so
-        note, cell = _first_grid_cell(args.config, recipe, file_values, overrides)
+        note, config = _first_grid_cell(args.config, recipe, file_values, overrides)
         print(note)
-    config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
-                            [*overrides, *cell])
+    else:
+        config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                                overrides)
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     return 0
 
 
 def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
-                     overrides: list[str]) -> tuple[str, list[str]]:
-    """A YAML comment naming the --config file's grid, and the overrides of its first cell,
-    after refusing what kdml train would refuse of the grid: an override of one of its keys,
-    a malformed grid, a repeated value, an unknown key or a bad value in any cell."""
-    from kdml.config import resolve_config
-    from kdml.training.grid import check_distinct_cells, grid_cells
-
+                     overrides: list[str]) -> tuple[str, RunConfig]:
+    """A YAML comment naming the --config file's grid, and its first cell's config, after
+    refusing what kdml train would refuse of the grid: an override of one of its keys, and
+    what :func:`_grid_configs` refuses."""
     grid = file_values["grid"]
     keys = [str(key) for key in grid] if isinstance(grid, dict) else []
     # kdml config has none of kdml train's flags (--dataset, --seed, ...) to compare
     _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
                                       overrides, keys)
-    cells = grid_cells(grid)
-    check_distinct_cells(cells, [resolve_config(recipe.name, recipe.params, recipe.defaults,
-                                                file_values, [*overrides, *cell.overrides]
-                                                ).to_dict() for cell in cells])
+    cells, configs = _grid_configs(recipe, file_values, overrides)
     return (f"# {file} holds a grid of {len(cells)} runs over {', '.join(keys)}, one per "
-            f"cell;\n# printed: the first cell's config, {cells[0].name}"), cells[0].overrides
+            f"cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
+
+
+def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
+                  ) -> tuple[list[Cell], list[RunConfig]]:
+    """The config file's grid cells and each one's config (the file's values, ``overrides``,
+    then the cell's), refusing a malformed grid, a bad value in any cell, and two cells of
+    one config."""
+    from kdml.config import resolve_config
+    from kdml.training.grid import check_distinct_cells, grid_cells
+
+    cells = grid_cells(file_values["grid"])
+    configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                              [*overrides, *cell.overrides]) for cell in cells]
+    check_distinct_cells(cells, [config.to_dict() for config in configs])
+    return cells, configs
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -928,15 +929,16 @@ def _reproduce(args: argparse.Namespace) -> int:
     if distributed.launched_by_torchrun():
         raise KdmlError("kdml reproduce trains its runs one after another in one process; "
                         "run it without torchrun (each run may use one GPU via --device)")
+    def matches(experiment: Experiment) -> bool:
+        return any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)
+
     chosen = experiments(args.paper, args.quick)
     if args.only:
-        chosen = [experiment for experiment in chosen
-                  if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)]
+        chosen = [experiment for experiment in chosen if matches(experiment)]
         if not chosen:
             keys = ", ".join(experiment.key for experiment in experiments(args.paper, args.quick))
             # --quick keeps the first dataset of each table: a full run's key is not among them
-            full = [experiment.key for experiment in experiments(args.paper)
-                    if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)]
+            full = [experiment.key for experiment in experiments(args.paper) if matches(experiment)]
             quick = f" with --quick (without it: {', '.join(full)})" if args.quick and full else ""
             raise KdmlError(f"--only {' '.join(args.only)} matches no experiment of "
                             f"{args.paper}{quick}; the keys are: {keys}")
