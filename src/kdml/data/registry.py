@@ -210,11 +210,11 @@ def relocated(dataset: str, root: str) -> tuple[str, str]:
     formats keep their name and take the new root; ``folder:DIR`` becomes ``folder:ROOT``, and
     ``csv:FILE`` and a feature file ``npz:FILE`` the file of the same name in ``root`` (their
     paths are in their names)."""
-    if dataset.startswith("folder:"):
-        return f"folder:{root}", ""
-    for prefix in ("csv:", "npz:"):
+    for prefix, kind in PATH_FORMATS.items():
         if dataset.startswith(prefix):
-            return f"{prefix}{Path(root) / Path(dataset.removeprefix(prefix)).name}", ""
+            moved = Path(root) if kind == "folder" else Path(root) / Path(
+                dataset.removeprefix(prefix)).name
+            return f"{prefix}{moved}", ""
     return dataset, root
 
 
@@ -222,7 +222,7 @@ def with_absolute_path(dataset: str) -> str:
     """``folder:DIR``, ``csv:FILE`` and ``npz:FILE`` with the path made absolute against the
     current folder (``~`` expanded); any other name unchanged. A run stores its dataset so:
     a relative path, read again by ``kdml eval`` in another folder, would name other files."""
-    for prefix in ("folder:", "csv:", "npz:"):
+    for prefix in PATH_FORMATS:
         if dataset.startswith(prefix) and dataset.removeprefix(prefix).strip():
             return f"{prefix}{Path(dataset.removeprefix(prefix)).expanduser().absolute()}"
     return dataset

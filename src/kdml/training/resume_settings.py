@@ -23,11 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 from kdml.config import RunConfig
+from kdml.data.registry import PATH_FORMATS
 
 RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
                        "eval.embed_batch_size", "data.on_bad_image", "train.compile",
                        "train.eval_every", "data.root", "model.weights"})
-PATH_PREFIXES = ("folder:", "csv:", "npz:")
 
 
 def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
@@ -56,7 +56,7 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
 
 def _path_named(dataset: Any) -> bool:
     """Whether ``dataset`` names its files by path (``folder:DIR``, ...)."""
-    return isinstance(dataset, str) and dataset.startswith(PATH_PREFIXES)
+    return isinstance(dataset, str) and dataset.startswith(tuple(PATH_FORMATS))
 
 
 def _prefix(dataset: str) -> str:
