@@ -712,7 +712,6 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             session = Session.build(config, echo)  # checks everything before a new folder
         if not resume:
             session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
-        if not resume:
             distributed.from_main(hold)
         distributed.from_main(lambda: _open_run_folder(run, session, resume, echo,
                                                        data_remedy))
