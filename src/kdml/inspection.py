@@ -8,6 +8,7 @@ return data and write files, and print nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import zipfile
 from collections.abc import Callable
@@ -226,6 +227,12 @@ class RunWithoutData:
     config: RunConfig
     checkpoint: Path
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The checkpoint's SHA-256, read once: the index and the query's .npz are both
+        checked against it, and a checkpoint may be hundreds of megabytes."""
+        return checkpoint_fingerprint(self.checkpoint)
+
 
 def run_without_data(run_dir: Path, best: bool = False) -> RunWithoutData:
     """The run at ``run_dir`` and its checkpoint (``best``: ``best.pt``), refused as
@@ -287,7 +294,7 @@ def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarr
     with no model (the width is checked against the index's when searched)."""
     # an .npz of `kdml embed` names its model; a user's own names none
     made_by = str(arrays.get("checkpoint_sha256", ""))
-    if made_by and made_by != checkpoint_fingerprint(run.checkpoint):
+    if made_by and made_by != run.fingerprint:
         raise KdmlError(f"query {query} holds embeddings of another checkpoint than "
                         f"this run's (its checkpoint_sha256 differs); embed the queries "
                         f"with this run (kdml embed {run.run.root} --dataset ...), "
@@ -404,7 +411,7 @@ def search(run: RunWithoutData, index_folder: Path, query: Path, k: int,
     ``model`` loads the run's model, and with it the run's data: only image and ``inputs``
     queries call it, so precomputed embeddings are searched without the data."""
     loaded = load_index(index_folder)
-    if loaded.info.checkpoint_sha256 != checkpoint_fingerprint(run.checkpoint):
+    if loaded.info.checkpoint_sha256 != run.fingerprint:
         raise KdmlError(_another_checkpoint(loaded.info, run, index_folder))
     # the index is of this run's checkpoint: per chart (info.charts) iff the run is an Atlas's
     vectors, charts, names = query_vectors(run, query, loaded.info.charts is not None, model)
