@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 import torch
@@ -818,3 +819,37 @@ def test_a_run_whose_data_folder_moved_is_told_how_to_follow_it(tmp_path, capsys
     config = run / "config.yaml"
     config.write_text(config.read_text().replace(f"folder:{folder}", "folder:~/moved"))
     assert cli.main(["eval", str(run)]) == 0
+
+
+@pytest.mark.parametrize(("raised", "code", "logged"), [
+    (KeyboardInterrupt, 130, "stopped: interrupted (Ctrl-C)"),
+    (KdmlError("the embeddings overflow"), 2, "stopped: the embeddings overflow"),
+    (ZeroDivisionError("boom"), None, "stopped: an error"),
+])
+def test_train_log_says_why_a_session_stopped(tmp_path, monkeypatch, raised, code, logged):
+    """train.log ends with why the session stopped (before, it ended at "epoch 1 trained;
+    scoring" as if still running); an unexpected error leaves its traceback there, and the
+    stop line is not counted as training time."""
+    from kdml.reproduce.runner import logged_seconds
+    from kdml.training import trainer
+
+    def scoring(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(trainer, "evaluate_method", scoring)
+    run = tmp_path / "run"
+    command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+               "--no-progress", "train.steps_per_epoch=2"]
+    if code is None:
+        with pytest.raises(ZeroDivisionError):
+            cli.main(command)
+    else:
+        assert cli.main(command) == code
+    lines = (run / "train.log").read_text().splitlines()
+    stop = next(position for position, line in enumerate(lines) if logged in line)
+    assert lines[stop - 1].endswith("epoch 1 trained; scoring")
+    assert ("Traceback (most recent call last):" in lines[stop + 1:]) == (code is None)
+    start, end = (datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                  for line in (lines[0], lines[stop - 1]))
+    assert "start epoch 1 of 2" in lines[0]
+    assert logged_seconds(run / "train.log") == pytest.approx((end - start).total_seconds())

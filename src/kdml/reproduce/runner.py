@@ -31,6 +31,7 @@ from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import (
     NOTHING_LEFT,
     SCORED_FIRST,
+    STOPPED,
     RunFolder,
     safe_name,
     write_json,
@@ -256,7 +257,8 @@ def not_as_written(path: Path, detail: str) -> KdmlError:
 
 def logged_seconds(log: Path) -> float:
     r"""The training time ``train.log`` records: for each session, from its ``start epoch``
-    line to its last line (an epoch cut short by a kill is not counted). 0 without a log.
+    line to its last line (an epoch cut short by a kill, an error or Ctrl-C is not counted,
+    nor is the ``stopped:`` line the last two leave). 0 without a log.
 
     A session that starts at epoch 1 trains the run from scratch (its checkpoint was lost, as
     in a run record kept without checkpoints), so the sessions before it are not counted;
@@ -286,6 +288,8 @@ def logged_seconds(log: Path) -> float:
         except ValueError:  # a line of a multi-line message
             continue
         message = line[24:]
+        if message.startswith(STOPPED):  # written at the stop: the cut-short epoch is redone
+            continue
         # a session starts training, or (a finished run resumed) has nothing to train
         if message.startswith("start epoch") or message.endswith(NOTHING_LEFT):
             if started is not None and last is not None:

@@ -268,6 +268,8 @@ def _example_of_others(root: Path) -> str:
 
 # How train.log ends the line of a finished run resumed (no epoch starts).
 NOTHING_LEFT = "nothing left to train"
+# How train.log's line for a session that stopped before its end starts (an error, Ctrl-C).
+STOPPED = "stopped: "
 # What a session's "start epoch N of M" line adds when epoch N was trained in the session before
 # and is only scored in this one (checkpoints/unscored.pt): it does not start the run afresh.
 SCORED_FIRST = "trained before the run stopped, scored first"

@@ -79,6 +79,7 @@ from kdml.training.resume_settings import RESUMABLE, changed_settings
 from kdml.training.run_folder import (
     NOTHING_LEFT,
     SCORED_FIRST,
+    STOPPED,
     RunFolder,
     check_new_run_folder,
     run_logging,
@@ -989,9 +990,24 @@ class Recorder:
             self._stack.callback(setattr, self.log, "disabled", False)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        with self._stack:  # train.log is still open for the plots' warning
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: object) -> None:
+        with self._stack:  # train.log is still open for the plots' warning and the stop line
+            if kind is not None and self.writes:
+                self._log_stop(kind, error)
             self._plot()
+
+    def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
+        """Say in ``train.log`` why the session stopped before its end: the log otherwise ends
+        at the last thing it did, as if still running. kdml's own errors and a Ctrl-C take one
+        line; anything else its traceback. (A kill leaves no line: training keeps SIGTERM's
+        default.) Logged as INFO: the command itself prints the error on stderr."""
+        if issubclass(kind, KeyboardInterrupt):
+            self.log.info("%sinterrupted (Ctrl-C)", STOPPED)
+        elif isinstance(error, KdmlError):
+            self.log.info("%s%s", STOPPED, error)
+        else:
+            self.log.info("%san error", STOPPED, exc_info=error)
 
     def _plot(self) -> None:
         """Draw the history not drawn yet (if any) into ``plots/``."""
