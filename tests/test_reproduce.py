@@ -629,8 +629,11 @@ def test_quick_dtml_from_the_command_line(quick_dtml):
     # a report written elsewhere names its path: its commands rewrite it, not the default;
     # and its runs folder, so that they reuse its runs rather than train them again
     runs = quick_dtml / "runs"
-    assert f"`kdml reproduce dtml --seeds 2 --quick --runs {runs} --out {report}`" in text
-    assert (f"--only dtml-mnist5k-to-digits --seeds 2 --quick --runs {runs} --out {report}`"
+    # and the device, always: on a GPU machine `auto` would look for cuda runs
+    assert (f"`kdml reproduce dtml --seeds 2 --quick --device cpu --runs {runs} --out {report}`"
+            in text)
+    assert (f"--only dtml-mnist5k-to-digits --seeds 2 --quick --device cpu --runs {runs} "
+            f"--out {report}`"
             in text)
     for label in ("PCA", "DDML (2014)", "DTML, beta = 0", "DTML", "DSTML"):
         assert f"| {label} |" in text
@@ -650,7 +653,7 @@ def test_a_quick_report_goes_beside_its_runs_not_into_docs(quick_dtml, tmp_path,
     assert code == 0, capsys.readouterr().err
     assert not (tmp_path / "docs").exists()
     text = (tmp_path / "quick-runs" / "reproduction.md").read_text()
-    assert "--quick --runs quick-runs --out quick-runs/reproduction.md`" in text
+    assert "--quick --device cpu --runs quick-runs --out quick-runs/reproduction.md`" in text
     # even at docs/reproduction.md, a quick report's command names it: without --out, the
     # same command would write beside its runs
     code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
@@ -658,7 +661,7 @@ def test_a_quick_report_goes_beside_its_runs_not_into_docs(quick_dtml, tmp_path,
                      "--device", "cpu", "--out", "docs/reproduction.md"])
     assert code == 0, capsys.readouterr().err
     text = (tmp_path / "docs" / "reproduction.md").read_text()
-    assert "--quick --runs quick-runs --out docs/reproduction.md`" in text
+    assert "--quick --device cpu --runs quick-runs --out docs/reproduction.md`" in text
 
 
 def test_plan_hashes_the_device_auto_resolves_to(tmp_path):

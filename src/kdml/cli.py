@@ -980,19 +980,19 @@ def _reproduce(args: argparse.Namespace) -> int:
     out = "" if report == DEFAULT_REPORT and not args.quick else str(report)
     # and other runs than the default, so that its commands reuse them rather than train anew
     other_runs = "" if runs == default_runs else str(runs)
-    # and the device where `auto` would find other runs here (run folders hash the device)
-    other_device = "" if device == resolve_device("auto") else str(device)
+    # and always the device: run folders hash it, so the commands find these runs even where
+    # `auto` picks another device (a CPU report's commands pasted on a GPU machine)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),
                *(["--quick"] if args.quick else []),
                *(item for pattern in args.only for item in ("--only", pattern)),
-               *(["--device", other_device] if other_device else []),
+               "--device", str(device),
                *(["--runs", other_runs] if other_runs else []),
                *(["--out", out] if out else [])]
     context = ReportContext(
         command=shlex.join(command), machine=machine_description(device),
         versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "",
-        runs=shlex.quote(other_runs) if other_runs else "", device=other_device)
+        runs=shlex.quote(other_runs) if other_runs else "", device=str(device))
     not_run = [experiment for experiment in experiments(args.paper, args.quick)
                if experiment not in chosen]
     failed = [result for result in results if result.error]

@@ -49,8 +49,8 @@ class ReportContext:
     quick: bool
     out: str = ""  # a report path other than the default: the commands it prints name it
     runs: str = ""  # a runs folder other than the default: the commands it prints name it
-    # a device other than what `auto` resolves to here: run folders hash the device, so the
-    # commands it prints name it to find the report's runs
+    # the device the runs trained on: run folders hash the device, so the commands it prints
+    # name it to find the report's runs on any machine ("": commands without --device)
     device: str = ""
 
 
