@@ -639,7 +639,8 @@ def test_an_index_of_an_older_kdml_without_a_centre_is_searched_unshifted(tmp_pa
 
 
 def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch,
+                                                                              capsys):
     """In-Shop's queries are searched in its gallery, as its metrics are (they had been searched
     among the other queries). Each of the 3 test items has one gallery image here, so with
     k = 3 every row shows the whole gallery, once, and exactly one hit."""
@@ -665,8 +666,15 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
         return path
 
     monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
+    capsys.readouterr()
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
     assert drawn == {"hits": [1] * 6}
+    # fewer queries and neighbours than asked for are said, not drawn without a word
+    err = capsys.readouterr().err
+    assert ("kdml: warning: the retrieval grid shows 6 queries, not 8: only 6 test samples "
+            "have another of their class to retrieve") in err
+    assert ("kdml: warning: the retrieval grid shows 3 neighbours per query, not 5: the "
+            "gallery holds only 3 images") in err
     # kdml index builds what queries search: the gallery (3 images), unless told the part
     for split, count in ((None, 3), ("test", 6)):
         folder = tmp_path / f"index-{split}"

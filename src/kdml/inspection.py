@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,7 @@ from kdml.viz_retrieval import (
 )
 
 SPLITS = ("test", "train", "gallery")
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -477,6 +479,7 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
     labels = embedded.labels.numpy()
     metric = as_metric(trained.config.eval.metric)
+    requested_k = k
     if not searches_gallery(trained):
         found, reference, reference_labels = part, embedded, labels
         _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
@@ -490,6 +493,15 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
         k = min(k, len(reference_labels))
     if not len(eligible):
         raise KdmlError("no test query has another sample of its class to retrieve")
+    # said, not drawn smaller without a word (kdml search notes short rows alike)
+    if len(eligible) < queries:
+        _log.warning("the retrieval grid shows %d queries, not %d: only %d test samples have "
+                     "another of their class to retrieve", len(eligible), queries,
+                     len(eligible))
+    if k < requested_k:
+        _log.warning("the retrieval grid shows %d neighbours per query, not %d: %s", k,
+                     requested_k, f"the test part holds only {k} images besides the query"
+                     if found is part else f"the gallery holds only {k} images")
     chosen = np.random.default_rng(seed).choice(eligible, min(queries, len(eligible)),
                                                 replace=False)
     same_set = found is part
