@@ -46,7 +46,7 @@ def scored(monkeypatch):
     embedding size (a later run of the grid reads them back from the JSON as finished)."""
     scores: dict[int, float] = {}
 
-    def train(config, run_dir, resume=False, progress=None):
+    def train(config, run_dir, resume=False, progress=None, **_):
         return finished(run_dir, {"recall@1": scores[config.model.embedding_size],
                                   "map@r": 0.1})
 
@@ -101,7 +101,7 @@ def test_the_table_has_every_cell_s_metrics(tmp_path, capsys, monkeypatch):
     """A grid over what is scored (eval.nmi, eval.ks) gives its cells different metrics: the
     table had only the first cell's columns, and named no best cell when the first lacked the
     selection metric."""
-    def train(config, run_dir, resume=False, progress=None):
+    def train(config, run_dir, resume=False, progress=None, **_):
         size = config.model.embedding_size
         return finished(run_dir, {"map@r": 0.1} if size == 2 else
                         {"map@r": 0.2, "recall@1": size / 100})
@@ -192,3 +192,84 @@ def test_grid_values_the_same_only_once_resolved_are_refused(tmp_path, capsys):
         assert cli.main(command) == 2
         assert capsys.readouterr().err == expected
     assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize(("grid", "message"), [
+    ({"method.kernel": ["a b", "a_b"]},
+     "the grid's values grid.method.kernel='a b' and grid.method.kernel='a_b' would share one "
+     "run folder, kernel=a_b "),
+    ({"data.dataset": ["x/y", "x_y"], "train.seed": [0, 1]},  # named by the values that differ
+     "the grid's values grid.data.dataset='x/y' and grid.data.dataset='x_y' would share one "
+     "run folder, dataset=x_y-seed=0 "),
+    # across keys: a value may spell out the next key's part of the name
+    ({"data.a": ["1-b=2", "1"], "data.b": ["3", "2-b=3"]},
+     "the grid's values grid.data.a='1-b=2', grid.data.b='3' and grid.data.a='1', "
+     "grid.data.b='2-b=3' would share one run folder, a=1-b=2-b=3 "),
+])
+def test_grid_values_of_one_folder_name_are_refused(grid, message):
+    """Values that differ only in characters the folder name replaces had given two cells one
+    run folder: the second had continued (or been counted as) the first."""
+    with pytest.raises(KdmlError) as raised:
+        grid_cells(grid)
+    assert str(raised.value).startswith(message)
+    assert str(raised.value).endswith(
+        "(a cell's folder name keeps letters, digits, '.', '_', '=' and '-', and writes '_' for "
+        "any other characters); choose values that differ in those characters")
+
+
+def test_grid_values_of_one_folder_name_train_nothing(tmp_path, capsys, scored):
+    file = tmp_path / "grid.yaml"
+    file.write_text("recipe: amsoftmax\ngrid: {data.dataset: [digits/a, digits_a]}\n")
+    for command in (["train", "--config", str(file), "--out", str(tmp_path / "grid")],
+                    ["config", "--config", str(file)]):
+        assert cli.main(command) == 2
+        assert capsys.readouterr().err.startswith(
+            "kdml: error: the grid's values grid.data.dataset='digits/a' and "
+            "grid.data.dataset='digits_a' would share one run folder, dataset=digits_a ")
+    assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize("keys", [("embedding_size", "model.embedding_size"),
+                                  ("model.embedding_size", "embedding_size")])
+def test_a_grid_naming_one_setting_twice_is_refused(tmp_path, capsys, scored, keys):
+    """A leaf name and its dotted key are one setting: the later one's values had won in every
+    cell (one cell, or cells refused as "the same config" without the cause)."""
+    first, second = keys
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump({"recipe": "amsoftmax", "data": {"dataset": "digits"},
+                                    "grid": {first: [2, 4], second: [8]}}, sort_keys=False))
+    for command in (["train", "--config", str(file), "--out", str(tmp_path / "grid")],
+                    ["config", "--config", str(file)]):
+        assert cli.main(command) == 2
+        assert capsys.readouterr().err == (
+            f"kdml: error: grid.{first} and grid.{second} both set model.embedding_size, so "
+            "the later would win in every cell; keep one of them, with every value to try in "
+            "its list\n")
+    assert not (tmp_path / "grid").exists()
+
+
+def test_a_select_metric_no_cell_scores_is_said(tmp_path, capsys, scored):
+    """A misspelt train.select_metric (no keep_best or patience to check it before training)
+    had left the closing best-cell line out without a word."""
+    scored.update({2: 0.25, 8: 0.75, 16: 0.7})
+    assert cli.main(grid_of(tmp_path, {"validation": 0.4}, select_metric="recal@1")) == 0
+    assert best_line(capsys.readouterr().out) == (
+        "best on validation by recal@1: none, no cell scores train.select_metric='recal@1' "
+        "(they score recall@1, map@r)")
+
+
+def test_a_misspelt_select_metric_of_a_validation_grid_trains_nothing(tmp_path, capsys):
+    """Without keep_best or patience, train.select_metric was checked nowhere before training,
+    though a validation grid names its best cell by it."""
+    arguments = grid_of(tmp_path, {"validation": 0.4}, sizes=[2], select_metric="recal@1")
+    assert cli.main(arguments) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("kdml: error: grid cell embedding_size=2 failed: "
+                            "train.select_metric='recal@1' is not scored by this run; choose "
+                            "one of recall@1, "), error
+    assert not (tmp_path / "grid" / "embedding_size=2").exists()
+    # a single run does not choose by it: not refused (its default, recall@1, unscored here)
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
+                     str(tmp_path / "single"), "--no-progress", "data.validation=0.4",
+                     "eval.ks=[2]", "train.epochs=1", "train.steps_per_epoch=1",
+                     "train.device=cpu", "eval.nmi=false", "data.batch_size=12"]) == 0

@@ -513,7 +513,8 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
             continue
         _say(f"[{number}/{len(cells)}] {cell.name}")
         try:
-            finals.append(train(config, run.root, resume=started, progress=_progress(args)))
+            finals.append(train(config, run.root, resume=started, progress=_progress(args),
+                                selects=True))  # validation chooses the best cell by it
         except KdmlError as error:
             raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
                             f"before it are kept in {root}: the same command continues there "
@@ -541,7 +542,10 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     for cell, final in zip(cells, finals, strict=True):
         _say("  " + "  ".join([f"{cell.name:<24}",
                               *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
-    if validation and metric in names:  # the choice validation exists for; not made on test
+    if validation and metric not in names:  # e.g. cells finished before a check of the name
+        _say(f"best on validation by {metric}: none, no cell scores train.select_metric="
+             f"{metric!r} (they score {', '.join(names)})")
+    elif validation:  # the choice validation exists for; not made on test
         tied = best_cells([final.get(metric) for final in finals])
         if not tied:
             _say(f"best on validation by {metric}: none, no cell has a finite score")
@@ -691,12 +695,16 @@ def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
 def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
                   ) -> tuple[list[Cell], list[RunConfig]]:
     """The config file's grid cells and each one's config (the file's values, ``overrides``,
-    then the cell's), refusing a malformed grid, a bad value in any cell, and two cells of
+    then the cell's), refusing a malformed grid, two keys of one setting (``dim`` and
+    ``method.dim``), two cells of one folder name, a bad value in any cell, and two cells of
     one config."""
-    from kdml.config import resolve_config
-    from kdml.training.grid import check_distinct_cells, grid_cells
+    from kdml.config import RunConfig, resolve_config, resolve_key
+    from kdml.training.grid import check_distinct_cells, check_distinct_keys, grid_cells
 
     cells = grid_cells(file_values["grid"])
+    blank = RunConfig(recipe=recipe.name, method=recipe.params())  # the keys a cell may set
+    check_distinct_keys([str(key) for key in file_values["grid"]],
+                        functools.partial(resolve_key, blank))
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                               [*overrides, *cell.overrides]) for cell in cells]
     check_distinct_cells(cells, [config.to_dict() for config in configs])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +66,43 @@ def grid_cells(grid: Any) -> list[Cell]:
             raise KdmlError(f"grid.{key} lists {values[repeated]!r} twice, which would train "
                             "the same cells twice; drop the repeat")
     keys = list(grid)
-    return [Cell(dict(zip(keys, combination, strict=True)))
-            for combination in itertools.product(*(grid[key] for key in keys))]
+    cells = [Cell(dict(zip(keys, combination, strict=True)))
+             for combination in itertools.product(*(grid[key] for key in keys))]
+    check_distinct_names(cells)
+    return cells
+
+
+def check_distinct_names(cells: list[Cell]) -> None:
+    """Refuse two cells of one folder name: :attr:`Cell.name` writes ``_`` for any run of
+    characters other than letters, digits, ``.``, ``_``, ``=`` and ``-`` (``"a b"``, ``"a_b"``
+    and ``"a/b"`` are all ``a_b``), and the two cells would share one run folder."""
+    named: dict[str, Cell] = {}
+    for cell in cells:
+        earlier = named.setdefault(cell.name, cell)
+        if earlier is cell:
+            continue
+        first, second = (", ".join(f"grid.{key}={values[key]!r}" for key in cell.values
+                                   if repr(cell.values[key]) != repr(earlier.values[key]))
+                         for values in (earlier.values, cell.values))
+        raise KdmlError(f"the grid's values {first} and {second} would share one run "
+                        f"folder, {cell.name} (a "
+                        "cell's folder name keeps letters, digits, '.', '_', '=' and '-', and "
+                        "writes '_' for any other characters); choose values that differ in "
+                        "those characters")
+
+
+def check_distinct_keys(keys: Sequence[str], full_key: Callable[[str], str]) -> None:
+    """Refuse two grid keys of one setting, such as a leaf name and its dotted key (``dim``
+    and ``method.dim``; ``full_key`` resolves either, as the config does): the later key's
+    value had silently won in every cell."""
+    seen: dict[str, str] = {}
+    for key in keys:
+        full = full_key(key)
+        if full in seen:
+            raise KdmlError(f"grid.{seen[full]} and grid.{key} both set {full}, so the later "
+                            "would win in every cell; keep one of them, with every value to "
+                            "try in its list")
+        seen[full] = key
 
 
 def repeated_position(values: list[Any]) -> int | None:

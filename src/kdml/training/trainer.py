@@ -443,7 +443,7 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
                         "use error under torchrun")
 
 
-def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
+def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False) -> None:
     """Refuse a test set that cannot be scored, before anything is trained: a target domain
     without labels, a single class or no query with a relevant reference
     (:func:`check_test_classes`), then Recall@K values beyond the references, then a
@@ -463,7 +463,7 @@ def check_evaluation(config: RunConfig, splits: DataSplits) -> None:
         raise KdmlError(f"eval.ks asks for Recall@{max(ks)} but a test query has only "
                         f"{splits.reference_size} references; lower eval.ks, e.g. "
                         f"'eval.ks=[{fitting}]'")
-    if config.train.keep_best or config.train.patience:
+    if config.train.keep_best or config.train.patience or (selects and splits.validation):
         check_selectable(config.train.select_metric, metric_names(config.eval, splits))
 
 
@@ -528,7 +528,8 @@ class Session:
     # the run's data.json covers too
 
     @classmethod
-    def build(cls, config: RunConfig, echo: Callable[[str], None] = print) -> Session:
+    def build(cls, config: RunConfig, echo: Callable[[str], None] = print,
+              selects: bool = False) -> Session:
         world = distributed.world()
         device = resolve_device(distributed.device_for(config.train.device))
         check_distributed(config, world, device)
@@ -537,7 +538,7 @@ class Session:
         splits, test_part = prepare_data_and_test_part(config.data)
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
-        check_evaluation(config, splits)
+        check_evaluation(config, splits, selects)
         method = build_method(config, splits, echo=echo)
         check_method_on_splits(config, splits, method)
         check_batching(splits.train.labels, config.data.samples_per_class,
@@ -681,8 +682,8 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
 
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
           progress: bool | None = None, echo: Callable[[str], None] = print,
-          start_line: str | None = None, data_remedy: str = RESUME_DATA_REMEDY
-          ) -> dict[str, float]:
+          start_line: str | None = None, data_remedy: str = RESUME_DATA_REMEDY,
+          selects: bool = False) -> dict[str, float]:
     """Train ``config`` into ``run_dir`` and return the final test metrics.
 
     With ``resume=True`` the run continues from ``checkpoints/last.pt``, or first scores the
@@ -710,7 +711,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             state = distributed.from_main(lambda: _resumed_state(run, config))
             check_data_path(run, config.data.dataset, data_remedy)
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
-            session = Session.build(config, echo)  # checks everything before a new folder
+            session = Session.build(config, echo, selects)  # checks all before a new folder
         if not resume:
             session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
             distributed.from_main(hold)
