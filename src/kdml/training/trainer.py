@@ -695,6 +695,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     and prints. ``start_line`` (``kdml train``'s "training ... into ...") is echoed once the
     config, the data and the run folder are checked, before the first epoch's output.
     ``data_remedy`` ends the refusal of a resumed run's changed data (:func:`check_run_data`).
+    ``selects=True`` (a grid's cell, whose validation score picks the best cell) checks
+    ``train.select_metric`` with ``data.validation`` even without keep_best or patience.
     """
     main = distributed.world().is_main
     echo = echo if main else _silent
