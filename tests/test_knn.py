@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -152,6 +153,17 @@ def test_bad_arguments_raise_at_call_time(points, kwargs):
     queries, _ = points
     with pytest.raises(KdmlError):
         knn_search(queries, exclude_self=True, **kwargs)  # not iterated: must raise eagerly
+
+
+@pytest.mark.parametrize("k", [np.array([1, 2]), np.ones((53, 1), dtype=int), [[1]]])
+def test_a_per_query_k_of_another_length_is_refused_in_one_line(points, k):
+    """numpy's broadcast error ("operands could not be broadcast together with remapped
+    shapes") named neither k nor the number of queries."""
+    queries, _ = points
+    shape = np.asarray(k).shape
+    with pytest.raises(KdmlError, match=rf"^k must be one int or one per query \(53,\), got "
+                                        rf"shape {re.escape(str(shape))}$"):
+        knn_search(queries, k=k, exclude_self=True)
 
 
 @pytest.mark.parametrize(

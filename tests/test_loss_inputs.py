@@ -246,6 +246,20 @@ def test_nt_xent_refuses_a_temperature_on_another_device():
     torch.testing.assert_close(nt_xent_loss(views, torch.tensor(0.5)), nt_xent_loss(views, 0.5))
 
 
+def test_nt_xent_refuses_an_empty_batch():
+    """A (0, D) batch has an even length and gave a NaN loss without a word."""
+    raises_one_line(r"^nt_xent_loss needs \[2N, D\] projections \(two views per image, N >= "
+                    r"1\), got \(0, 5\)$", nt_xent_loss, torch.randn(0, 5), 0.5)
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", 3, nn.Linear(3, 3)])
+def test_domain_mmd_refuses_what_is_no_kernel_when_built(kernel):
+    """A kernel's name or a number was taken, then failed at the first batch with "'str'
+    object is not callable"; it is refused when built, as JRS refuses one."""
+    raises_one_line(rf"^DomainMMD: kernels must be kernel modules called as kernel\(x, y\) "
+                    rf"\(see kdml\.kernels\), got {type(kernel).__name__}$", DomainMMD, kernel)
+
+
 @pytest.mark.parametrize("kernel", [None, GaussianMixtureKernel()], ids=["Eq. 6", "kernel"])
 @pytest.mark.parametrize("convert", [Tensor.numpy, Tensor.tolist], ids=["ndarray", "list"])
 def test_domain_mmd_refuses_arrays_in_one_line(kernel, convert):

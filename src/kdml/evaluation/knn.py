@@ -444,7 +444,11 @@ def knn_search(
             f"exclude_self needs the reference to be the queries, got {num_queries} "
             f"queries and {num_reference} references"
         )
-    ks = np.broadcast_to(np.asarray(k), (num_queries,))
+    ks = np.asarray(k)
+    if ks.ndim > 1 or ks.size not in (1, num_queries):  # numpy's broadcast error names neither
+        raise KdmlError(f"k must be one int or one per query ({num_queries},), got shape "
+                        f"{ks.shape}")
+    ks = np.broadcast_to(ks, (num_queries,))
     if ks.dtype.kind not in "iu":
         raise KdmlError(f"k must be an integer or integers, got dtype {ks.dtype}")
     available = num_reference - int(exclude_self)

@@ -61,9 +61,9 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
         raise KdmlError(f"nt_xent_loss got a temperature on {temperature.device} and projections "
                         f"on {projections.device}; move the temperature to "
                         f"{projections.device}")
-    if projections.ndim != 2 or len(projections) % 2:
-        raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image), got "
-                        f"{tuple(projections.shape)}")
+    if projections.ndim != 2 or len(projections) % 2 or not len(projections):
+        raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image, N >= "
+                        f"1), got {tuple(projections.shape)}")
     check_float_inputs("nt_xent_loss", [projections], "projections")
     # A number is checked (0 gives NaN, a negative one rewards the wrong pairs); a tensor, e.g.
     # a learned temperature, is not: reading its value would be a host sync every step.

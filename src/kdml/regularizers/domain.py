@@ -9,6 +9,7 @@ from kdml.checks import check_float_inputs, check_tensor_inputs
 from kdml.errors import KdmlError
 from kdml.kernels import Kernel
 from kdml.precision import full_precision
+from kdml.regularizers.jrs import check_kernel
 
 
 class DomainMMD(nn.Module):
@@ -39,7 +40,8 @@ class DomainMMD(nn.Module):
     sample is undefined, and silently returning 0 would hide a data-loading bug.
 
     Args:
-        kernel: a :class:`~kdml.kernels.Kernel`, or ``None`` for Eq. 6. Default: ``None``.
+        kernel: a :class:`~kdml.kernels.Kernel`, or ``None`` for Eq. 6 (anything else,
+            such as a kernel's name, is refused when built). Default: ``None``.
 
     Inputs: ``source`` :math:`(N_s, D)`, ``target`` :math:`(N_t, D)`.
     Shape: output is a scalar.
@@ -53,7 +55,8 @@ class DomainMMD(nn.Module):
 
     def __init__(self, kernel: Kernel | None = None) -> None:
         super().__init__()
-        self.kernel = kernel
+        # refused here, as JRS refuses one, not by "'str' object is not callable" at a batch
+        self.kernel = None if kernel is None else check_kernel("DomainMMD", kernel)
 
     @full_precision
     def forward(self, source: Tensor, target: Tensor) -> Tensor:

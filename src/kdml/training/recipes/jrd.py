@@ -36,6 +36,7 @@ from kdml.checks import (
     check_integer_labels,
     check_label_device,
     check_tensors,
+    is_finite_number,
     is_positive_int,
 )
 from kdml.config import OptimConfig, RunConfig
@@ -104,8 +105,8 @@ class JRDParams(AMSoftmaxParams):
 
     def validate(self) -> None:
         super().validate()
-        if self.alpha < 0:
-            raise KdmlError(f"method.alpha must be >= 0, got {self.alpha}")
+        if not is_finite_number(self.alpha) or self.alpha < 0:  # NaN < 0 is False
+            raise KdmlError(f"method.alpha must be a finite number >= 0, got {self.alpha}")
         if self.regularizer not in REGULARIZERS:
             raise KdmlError(f"method.regularizer must be one of {', '.join(REGULARIZERS)}, "
                             f"got {self.regularizer!r}")
