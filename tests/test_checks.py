@@ -3,6 +3,7 @@ and floats are taken as Python ones everywhere, and bools are refused in one lin
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -147,3 +148,27 @@ def test_array_arguments_of_counts_are_taken_too():
     for wrong in (np.array([[1, 2]]), "12", np.array([1.0])):
         with pytest.raises(KdmlError, match="ranks must be a sequence of positive integers"):
             single_shot_cmc(x, ids, ranks=wrong)
+
+
+def _float_settings() -> list[tuple[type, str]]:
+    import dataclasses
+
+    from kdml.training.recipes import RECIPES
+
+    params = {recipe.params for recipe in RECIPES.values()}
+    return sorted({(kind, item.name) for kind in params for item in dataclasses.fields(kind)
+                   if type(getattr(kind(), item.name)) is float},
+                  key=lambda pair: (pair[0].__name__, pair[1]))
+
+
+@pytest.mark.parametrize(("params", "name"), _float_settings(),
+                         ids=lambda value: getattr(value, "__name__", value))
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_every_float_setting_of_a_recipe_s_params_refuses_nan_and_infinity(params, name, value):
+    """Built in Python (no config, whose values are checked as read), JRDParams(alpha=nan) gave
+    a NaN loss: range checks such as alpha < 0 let NaN and infinity through."""
+    import dataclasses
+
+    with pytest.raises(KdmlError, match=rf"^method\.{name} must be a finite number, got "
+                                        rf"{re.escape(repr(value))}$"):
+        dataclasses.replace(params(), **{name: value}).validate()

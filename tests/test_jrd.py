@@ -355,9 +355,11 @@ def test_methods_built_directly_check_their_settings():
 
     with pytest.raises(KdmlError, match=r"^method.margin must be in \[0, 1\), got 1.5$"):
         jrd(AMSoftmaxParams(margin=1.5))
-    for alpha in (-1, float("nan"), float("inf")):  # NaN and inf had given a NaN/inf loss
-        with pytest.raises(KdmlError, match=rf"^method.alpha must be a finite number >= 0, "
-                                            rf"got {alpha}$"):
+    with pytest.raises(KdmlError, match=r"^method.alpha must be >= 0, got -1$"):
+        jrd(JRDParams(alpha=-1))
+    for alpha in (float("nan"), float("inf")):  # they had given a NaN or infinite loss
+        with pytest.raises(KdmlError, match=rf"^method.alpha must be a finite number, got "
+                                            rf"{alpha}$"):
             jrd(JRDParams(alpha=alpha))
     jrs = JointRepresentationSimilarity([GaussianMixtureKernel()])
     with pytest.raises(KdmlError, match=r"^a regularizer needs its weight alpha: pass JRDParams "

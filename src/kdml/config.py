@@ -285,6 +285,14 @@ def check_finite(value: Any, key: str) -> None:
         raise KdmlError(f"{key} must be a finite number, got {value!r}")
 
 
+def check_finite_fields(settings: Any, section: str = "method") -> None:
+    """Refuse NaN and infinity in any float field of a settings dataclass (a recipe's params),
+    as :func:`check_finite` does for a config's values: the params' own range checks, such as
+    ``alpha < 0``, let both through, and a library user builds the params without a config."""
+    for item in dataclasses.fields(settings):
+        check_finite(getattr(settings, item.name), f"{section}.{item.name}")
+
+
 def coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check ``value`` against a field's annotation; ints are accepted for floats."""
     origin = typing.get_origin(annotation)

@@ -45,7 +45,7 @@ from kdml.atlas import (
     safe_sqrt,
 )
 from kdml.checks import is_positive_int
-from kdml.config import RunConfig
+from kdml.config import RunConfig, check_finite_fields
 from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
 from kdml.distributed import gather
@@ -147,6 +147,7 @@ class TripletParams:
     triplet_reduction: str = "all"  # all (authors' code) | nonzero (PML / Hermans et al.)
 
     def validate(self) -> None:
+        check_finite_fields(self)  # NaN and infinity, which the range checks let through
         _check_positive_int(self, "dim")
         _check_non_negative("margin", self.margin)
         if self.triplet_reduction not in TRIPLET_REDUCTIONS:
@@ -191,6 +192,7 @@ class SimCLRParams:
     horizontal_flip: bool = False  # off for digits
 
     def validate(self) -> None:
+        check_finite_fields(self)  # NaN and infinity, which the range checks let through
         _check_positive_int(self, "dim")
         _check_positive_int(self, "proj_dim")
         if isinstance(self.crop_size, bool) or not self.crop_size >= 0:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from kdml.config import OptimConfig, RunConfig
+from kdml.config import OptimConfig, RunConfig, check_finite_fields
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel
@@ -53,6 +53,7 @@ class NetworkParams:
     init: str = "identity"  # ones on the diagonal, zero bias (the authors'); or "standard"
 
     def validate(self) -> None:
+        check_finite_fields(self)  # NaN and infinity, which the range checks let through
         if any(size < 1 for size in self.layer_sizes):
             raise KdmlError(f"method.layer_sizes must be positive, got {self.layer_sizes}")
         if self.activation not in ACTIVATIONS:

@@ -36,10 +36,9 @@ from kdml.checks import (
     check_integer_labels,
     check_label_device,
     check_tensors,
-    is_finite_number,
     is_positive_int,
 )
-from kdml.config import OptimConfig, RunConfig
+from kdml.config import OptimConfig, RunConfig, check_finite_fields
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
@@ -78,6 +77,7 @@ class AMSoftmaxParams:
     decay_proxies: bool = False
 
     def validate(self) -> None:
+        check_finite_fields(self)  # NaN and infinity, which the range checks let through
         if self.scale <= 0:
             raise KdmlError(f"method.scale must be positive, got {self.scale}")
         if not 0 <= self.margin < 1:
@@ -105,8 +105,8 @@ class JRDParams(AMSoftmaxParams):
 
     def validate(self) -> None:
         super().validate()
-        if not is_finite_number(self.alpha) or self.alpha < 0:  # NaN < 0 is False
-            raise KdmlError(f"method.alpha must be a finite number >= 0, got {self.alpha}")
+        if self.alpha < 0:
+            raise KdmlError(f"method.alpha must be >= 0, got {self.alpha}")
         if self.regularizer not in REGULARIZERS:
             raise KdmlError(f"method.regularizer must be one of {', '.join(REGULARIZERS)}, "
                             f"got {self.regularizer!r}")
