@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -854,10 +855,10 @@ def _search(args: argparse.Namespace) -> int:
         return 0
     class_names = [item["class_name"] for result in results for item in result["neighbours"]
                    if "class_name" in item]
-    width = max([5, *map(len, class_names)]) if class_names else 0
+    width = max([5, *map(_columns, class_names)]) if class_names else 0
 
     def named(text: str) -> str:  # a column only where the classes have names
-        return f"{text:<{width}}  " if width else ""
+        return f"{text}{' ' * (width - _columns(text))}  " if width else ""
 
     for result in results:
         print(f"query {result['query']}:")
@@ -867,6 +868,14 @@ def _search(args: argparse.Namespace) -> int:
             print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  "
                   f"{named(item.get('class_name', ''))}{item['source']}")
     return 0
+
+
+def _columns(text: str) -> int:
+    """The terminal columns ``text`` takes: East Asian wide and full-width characters take two
+    (class names in Chinese or Japanese), so a table padded by ``len`` would not line up.
+    (The standard library's table, not the wcwidth package: nothing else here needs it.)"""
+    return sum(2 if unicodedata.east_asian_width(character) in "WF" else 1
+               for character in text)
 
 
 def _plot_retrieval(args: argparse.Namespace) -> int:
