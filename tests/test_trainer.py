@@ -365,6 +365,17 @@ def test_pca_baseline_fits_once_without_an_optimiser(tmp_path):
     assert metrics["final"]["source_nn_accuracy"] > 0.5  # raw 64-d transfer is ~0.8
 
 
+def test_pca_is_fitted_whatever_the_batch_settings_it_does_not_use(tmp_path, capsys):
+    """PCA reads every training sample once, in no batches of classes: batch settings that a
+    trained recipe's sampler could not fill had been refused, for nothing."""
+    unused = ["data.batch_size=7", "data.samples_per_class=8"]
+    assert train(tmp_path / "odd", "pca", "--dataset", "mnist5k->digits", *unused)["final"] == (
+        train(tmp_path / "default", "pca", "--dataset", "mnist5k->digits")["final"])
+    assert cli.main(["train", "dtml", "--dataset", "mnist5k->digits", "--out",
+                     str(tmp_path / "trained"), *TINY, *unused]) == 2
+    assert "must be a multiple of samples_per_class=8" in capsys.readouterr().err
+
+
 def test_domain_mmd_composes_with_any_recipe(tmp_path):
     """domain.beta and domain.kernel reach the method: a DomainAdaptedMethod around the recipe's
     method whose loss on a batch is the recipe's loss plus beta times the kernel MMD."""

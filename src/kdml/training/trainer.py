@@ -373,14 +373,15 @@ def resolve_device(name: str) -> torch.device:
 class TrainingBatches:
     """The training split's batches, epoch by epoch, with a target batch for each when the
     method uses a target domain. Sampling is seeded from (seed, epoch) and decoding happens in
-    the loader's workers."""
+    the loader's workers. ``drawn=False`` (a method fitted in closed form, which reads every
+    training sample once instead) draws plain batches, whatever ``data.samples_per_class``."""
 
     def __init__(self, config: RunConfig, splits: DataSplits, uses_target: bool,
-                 device: torch.device, world: World | None = None) -> None:
+                 device: torch.device, world: World | None = None, drawn: bool = True) -> None:
         data, seed, world = config.data, config.train.seed, world or World()
         train = splits.train
         global_batches: ShuffledBatches | ClassBalancedBatches
-        if data.batch_size and data.samples_per_class:
+        if data.batch_size and data.samples_per_class and drawn:
             global_batches = ClassBalancedBatches(train.labels, data.samples_per_class,
                                                   data.batch_size, seed)
         else:
@@ -541,8 +542,9 @@ class Session:
         check_evaluation(config, splits, selects)
         method = build_method(config, splits, echo=echo)
         check_method_on_splits(config, splits, method)
-        check_batching(splits.train.labels, config.data.samples_per_class,
-                       config.data.batch_size)
+        if not method.needs_fit:  # PCA's fit reads the whole split, in no batches of classes
+            check_batching(splits.train.labels, config.data.samples_per_class,
+                           config.data.batch_size)
         if config.model.sync_bn:
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
         method = method.to(device)
@@ -559,7 +561,8 @@ class Session:
             model = CompiledSteps(model)  # checkpoints save the method: its names unchanged
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
-                   TrainingBatches(config, splits, method.uses_target, device, world),
+                   TrainingBatches(config, splits, method.uses_target, device, world,
+                                   drawn=not method.needs_fit),
                    gradient_scaler(device, config.train.precision), model, world, test_part)
 
     def unused_embedding_size(self) -> str | None:
