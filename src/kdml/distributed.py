@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from kdml.errors import KdmlError, QuietExit
 
@@ -134,6 +134,18 @@ def broadcast(value: T) -> T:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def broadcast_buffers(module: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank, in place; nothing in a
+    single process. DistributedDataParallel sends them at the start of each training forward,
+    and each rank's own forward then updates its copy from its share of the batch: after the
+    last step they differ, and ranks scoring their slices of the test set with them would
+    score a model that is no one's (rank 0's is the one saved)."""
+    if not world().is_distributed:
+        return
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def from_main(function: Callable[[], T]) -> T:

@@ -638,6 +638,7 @@ class Session:
         """Add the trained model's scores (test, or validation) to ``epoch``'s row
         (``progress``: bars while it embeds, as :func:`train`'s)."""
         embedder = dataclasses.replace(self.embedder, progress=progress)
+        distributed.broadcast_buffers(self.method)  # the saved model's: rank 0's statistics
         try:
             metrics = evaluate_method(self.method, self.splits, self.config.eval, embedder)
         except NonFiniteEmbeddings as error:  # finite losses, then an overflowing update
