@@ -864,3 +864,34 @@ def test_train_log_says_why_a_session_stopped(tmp_path, monkeypatch, raised, cod
                   for line in (lines[0], lines[stop - 1]))
     assert "start epoch 1 of 2" in lines[0]
     assert logged_seconds(run / "train.log") == pytest.approx((end - start).total_seconds())
+
+
+def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch(
+        tmp_path, monkeypatch, capsys):
+    """Stopped after epoch 2 of 4 (scored every 4th), then resumed with train.epochs lowered
+    to 2: the run ended with an empty metrics table and "final": {}, as its epoch 2 was
+    never scored. It is scored now, as a run's last epoch always is."""
+    from kdml.training import trainer
+
+    real_train = trainer.train_one_epoch
+
+    def stop_at_3(session, epoch, progress):
+        if epoch == 3:
+            raise KeyboardInterrupt
+        return real_train(session, epoch, progress)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", stop_at_3)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "--no-progress", "train.epochs=4", "train.eval_every=4",
+                     "train.steps_per_epoch=2"]) == 130
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("epochs: 4", "epochs: 2"))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert "recall@1" in capsys.readouterr().out
+    final = json.loads((run / "metrics.json").read_text())["final"]
+    assert "test/recall@1" in json.loads((run / "metrics.json").read_text())["epochs"][-1]
+    assert "epoch 2 was trained but not scored; scoring it" in (run / "train.log").read_text()
+    assert cli.main(["eval", str(run)]) == 0
+    assert final == json.loads((run / "eval.json").read_text())["metrics"]

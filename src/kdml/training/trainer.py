@@ -825,6 +825,11 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
         elif start_epoch > end_epoch:  # a finished run resumed: nothing to train
             recorder.log.info("all %d epochs are trained; %s", config.train.epochs,
                               NOTHING_LEFT)
+            if not part_scores(history[-1], prefix):
+                # its last epoch trained but never scored (train.eval_every, then train.epochs
+                # lowered to it): scored now, as a run always scores its last epoch, or the
+                # run would end with no final metrics
+                _score_last_epoch(session, recorder, history, progress)
         else:
             recorder.log.info("start epoch %d of %d%s, device %s, %d train / %d test samples, "
                               "%d loader workers, %d process(es)", start_epoch,
@@ -912,6 +917,18 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 kept = f"; {run.best_checkpoint} holds it" if config.train.keep_best else ""
                 echo(f"best validation {metric}: {score:.4f} at epoch {best}{kept}")
     return final
+
+
+def _score_last_epoch(session: Session, recorder: Recorder, history: list[dict[str, Any]],
+                      progress: bool | None) -> None:
+    """Score the restored model, the last epoch of ``history``, and record it as scored."""
+    row, config = history[-1], session.config
+    epoch, metric = row["epoch"], config.train.select_metric
+    recorder.log.info("epoch %d was trained but not scored; scoring it", epoch)
+    session.score(epoch, row, progress)
+    recorder.epoch(row, history, functools.partial(session.checkpoint, epoch, history, True),
+                   keep_as_best=(config.train.keep_best
+                                 and best_epoch(history, metric) == epoch))
 
 
 # backbones the papers start from ImageNet weights (model.weights)
