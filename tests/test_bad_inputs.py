@@ -3,6 +3,7 @@ and no file that existed before is changed."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -608,8 +609,9 @@ def test_a_picture_or_analysis_of_a_run_folder_it_cannot_write_is_refused_before
 
 def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch, capsys):
     """SIGTERM raises KeyboardInterrupt (Terminated) in embed, index, search, eval and the
-    plots, so what they write through a hidden partial is removed (training keeps the default
-    handler); it ends with the shell's code for SIGTERM, 143, not Ctrl-C's 130."""
+    plots, so what they write through a hidden partial is removed (training too: see
+    test_trainer's SIGTERM test); it ends with the shell's code for SIGTERM, 143, not Ctrl-C's
+    130."""
     import signal
 
     handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGPIPE)}
@@ -643,6 +645,36 @@ def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):
         write_through_new_file(tmp_path / "eval.json", full_disk)
     assert caught.value.errno == 28 and caught.value.filename == str(tmp_path / "eval.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_and_resumes(tmp_path, capsys,
+                                                                         monkeypatch):
+    """torch's writer wraps a full disk's OSError in "RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos 88768 vs 88664", whose traceback buried the
+    cause: the error names the checkpoint and the disk, in one line, in train.log too."""
+    from kdml.training import checkpoint
+
+    real_save = torch.save
+
+    def full_disk(state, file):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:  # raised as torch's writer raises it: the OSError its context only
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "  # noqa: B904
+                               "88768 vs 88664")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "--no-progress", "train.epochs=1", "train.steps_per_epoch=1"]) == 2
+    unscored = out / "checkpoints" / "unscored.pt"
+    assert capsys.readouterr().err == (
+        f"kdml: error: {unscored}: No space left on device; free space on its disk and run the "
+        "command again (a stopped run continues with kdml train --resume)\n")
+    assert f"stopped: {unscored}: No space left on device" in (out / "train.log").read_text()
+    assert not [path for path in out.rglob("*.tmp")]  # no partial checkpoint left behind
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)  # space freed
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
 
 
 def test_a_run_evaluated_on_data_with_other_classes_says_what_changed(tmp_path, capsys):

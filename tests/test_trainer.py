@@ -895,3 +895,33 @@ def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch
     assert "epoch 2 was trained but not scored; scoring it" in (run / "train.log").read_text()
     assert cli.main(["eval", str(run)]) == 0
     assert final == json.loads((run / "eval.json").read_text())["metrics"]
+
+
+def test_a_killed_training_says_so_and_resumes(tmp_path):
+    """SIGTERM (kill, timeout, a scheduler's preemption) had stopped training without a word
+    on the terminal or in train.log; it now stops it as Ctrl-C does, with the shell's code for
+    SIGTERM, and the run resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kdml", "train", "amsoftmax", "--dataset", "digits", "--out",
+         str(run), *TINY, "train.epochs=200", "train.eval_every=200", "--no-progress"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = run / "train.log"
+    deadline = time.time() + 120
+    while not (log.exists() and "epoch 2:" in log.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.endswith(f"kdml: terminated; continue with: kdml train --resume {run}\n"), err
+    assert log.read_text().splitlines()[-1].endswith("stopped: terminated (SIGTERM)")
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("epochs: 200", "epochs: 3"))
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import json
 import re
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from kdml.errors import KdmlError, QuietExit
+from kdml.errors import KdmlError, QuietExit, Terminated
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -273,14 +274,10 @@ def _add_data_root(parser: argparse.ArgumentParser) -> None:
                         "folder:DIR the folder itself, for csv:FILE the folder of the list)")
 
 
-class Terminated(KeyboardInterrupt):
-    """A kill (SIGTERM), unwound as Ctrl-C is."""
-
-
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed.
-    (Training keeps the default: its checkpoints are whole or absent, a partial one is removed
-    when the run resumes, and torchrun stops its ranks with SIGTERM.)"""
+    """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed, and a
+    run's train.log says it stopped. (Training under torchrun keeps the default: torchrun
+    stops its ranks with SIGTERM when one fails, and the failing one says why.)"""
     raise Terminated
 
 
@@ -301,10 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extras:
         args.overrides = [*args.overrides, *extras]
     try:
-        if args.command in ("train", "reproduce"):  # training shows its warnings itself
-            return _COMMANDS[args.command](args)
-        if argv is None:  # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
+        training = args.command in ("train", "reproduce")
+        # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
+        if argv is None and not (training and _launched_by_torchrun()):
             signal.signal(signal.SIGTERM, _interrupt)
+        if training:  # training shows its warnings itself
+            return _COMMANDS[args.command](args)
         from kdml.training.run_folder import warnings_on_stderr
 
         with warnings_on_stderr():
@@ -343,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       else "move what is in the way or choose another path"
                       if isinstance(error, (FileExistsError, IsADirectoryError,
                                             NotADirectoryError))
+                      else "free space on its disk and run the command again (a stopped run "
+                      "continues with kdml train --resume)"
+                      if error.errno in (errno.ENOSPC, errno.EDQUOT)
                       else "fix it or choose another path")
             print(f"kdml: error: {paths}: {error.strerror or error}; {advice}", file=sys.stderr)
         return 2
@@ -364,6 +366,20 @@ def _failed_collective(error: RuntimeError) -> bool:
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return False
     return isinstance(error, distributed.DistNetworkError) or bool(_PEER_LOST.search(str(error)))
+
+
+def _stop_code(stop: KeyboardInterrupt) -> tuple[int, str]:
+    """The shell's exit code for a stop, and the word for it: a kill (SIGTERM, 143) or
+    Ctrl-C (130)."""
+    if isinstance(stop, Terminated):
+        return 128 + signal.SIGTERM, "terminated"
+    return 130, "interrupted"
+
+
+def _launched_by_torchrun() -> bool:
+    from kdml.distributed import launched_by_torchrun  # torch: only for training commands
+
+    return launched_by_torchrun()
 
 
 def _is_main_process() -> bool:
@@ -521,11 +537,12 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                             f"before it are kept in {root}: the same command continues there "
                             "once the cause is fixed outside the grid (a changed grid or "
                             "setting needs another --out)") from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            code, stopped = _stop_code(stop)
             if distributed.world().is_main:
-                print(f"kdml: interrupted in cell {cell.name}; continue with the same command "
+                print(f"kdml: {stopped} in cell {cell.name}; continue with the same command "
                       f"and --out {root}", file=sys.stderr)
-            return 130
+            return code
     validation = configs[0].data.validation
     metric = configs[0].train.select_metric
     scored = (f"Validation metrics per cell (data.validation={validation}; the test part was "
@@ -643,16 +660,17 @@ def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,
 
     try:
         final = run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        code, stopped = _stop_code(stop)
         if not distributed.world().is_main:
-            return 130
+            return code
         if (run_dir / "config.yaml").is_file():
-            print(f"kdml: interrupted; continue with: kdml train --resume {run_dir}",
+            print(f"kdml: {stopped}; continue with: kdml train --resume {run_dir}",
                   file=sys.stderr)
         else:
-            print("kdml: interrupted before training started; nothing was written",
+            print(f"kdml: {stopped} before training started; nothing was written",
                   file=sys.stderr)
-        return 130
+        return code
     if distributed.world().is_main:
         _print_results(config, final, run_dir)
     return 0
@@ -985,10 +1003,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     try:
         with hold_folder(runs / ".reproduce.lock", busy):
             results = reproduce(chosen, seeds, runs, str(device), _progress(args))
-    except KeyboardInterrupt:
-        print("kdml: interrupted; finished runs are kept, and the same command continues",
+    except KeyboardInterrupt as stop:
+        code, stopped = _stop_code(stop)
+        print(f"kdml: {stopped}; finished runs are kept, and the same command continues",
               file=sys.stderr)
-        return 130
+        return code
     minutes = sum(cell_wall for result in results for cell in result.cells.values()
                   for cell_wall in cell.wall_s if cell_wall == cell_wall) / 60
 

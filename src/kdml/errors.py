@@ -14,6 +14,10 @@ class QuietExit(KdmlError):
     printing it again."""
 
 
+class Terminated(KeyboardInterrupt):
+    """A kill (SIGTERM), unwound as Ctrl-C is (the CLI's handler raises it)."""
+
+
 def why_missing(path: Path, kind: str) -> str:
     """Why ``path`` is not the ``kind`` ("file" or "folder") a message expected: "is not a
     file" where something else is there, else "does not exist"."""

@@ -28,9 +28,22 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
             tmp_file.flush()
             os.fsync(tmp_file.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp_name).unlink(missing_ok=True)
+        refused = _os_error(error) if isinstance(error, OSError | RuntimeError) else None
+        if refused is not None:  # a full disk, say: one line about the file (the CLI's)
+            raise OSError(refused.errno, refused.strerror or str(refused), str(path)) from None
         raise
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The file system's error behind ``error``: itself, or the one torch's writer wraps in a
+    RuntimeError ("unexpected pos ... vs ...", with the OSError of a full disk as its
+    context), which names no file."""
+    for cause in (error, error.__cause__, error.__context__):
+        if isinstance(cause, OSError):
+            return cause
+    return None
 
 
 def partial_checkpoints(folder: Path) -> list[Path]:

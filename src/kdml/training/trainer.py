@@ -55,7 +55,7 @@ from kdml.data.samplers import (
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
 from kdml.distributed import World
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, Terminated, why_missing
 from kdml.evaluation.evaluator import (
     Embedder,
     NonFiniteEmbeddings,
@@ -1023,13 +1023,18 @@ class Recorder:
 
     def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
         """Say in ``train.log`` why the session stopped before its end: the log otherwise ends
-        at the last thing it did, as if still running. kdml's own errors and a Ctrl-C take one
-        line; anything else its traceback. (A kill leaves no line: training keeps SIGTERM's
-        default.) Logged as INFO: the command itself prints the error on stderr."""
-        if issubclass(kind, KeyboardInterrupt):
+        at the last thing it did, as if still running. kdml's own errors, the file system's
+        about a file (a full disk), a Ctrl-C and a kill (SIGTERM, :class:`Terminated`; not
+        under torchrun, which stops its ranks with it) take one line; anything else its
+        traceback (SIGKILL leaves no line). Logged as INFO: the command prints the error."""
+        if issubclass(kind, Terminated):
+            self.log.info("%sterminated (SIGTERM)", STOPPED)
+        elif issubclass(kind, KeyboardInterrupt):
             self.log.info("%sinterrupted (Ctrl-C)", STOPPED)
         elif isinstance(error, KdmlError):
             self.log.info("%s%s", STOPPED, error)
+        elif isinstance(error, OSError) and error.filename is not None:  # a full disk, say
+            self.log.info("%s%s: %s", STOPPED, error.filename, error.strerror or error)
         else:
             self.log.info("%san error", STOPPED, exc_info=error)
 
