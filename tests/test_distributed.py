@@ -303,3 +303,22 @@ def test_errors_are_reported_once(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("kdml: error")]
     assert errors == ["kdml: error: data.batch_size=41 is the global batch and must split "
                       "evenly over the 2 processes"]
+
+
+def test_an_error_one_rank_meets_alone_is_said_by_that_rank(monkeypatch, capsys):
+    """An unreadable image in rank 1's share of a batch stopped a torchrun job with rank 0's
+    "a collective operation failed ... its output says why", and rank 1's output said
+    nothing: it left every error to rank 0, which says those all ranks meet alike."""
+    from kdml import distributed
+    from kdml.errors import LocalError
+
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(rank=1, size=2))
+    for error, said in ((KdmlError("every rank meets this"), ""),
+                        (LocalError("cannot decode image a/b.jpg: truncated"),
+                         "kdml: error: rank 1: cannot decode image a/b.jpg: truncated\n")):
+        def command(args, error=error):
+            raise error
+
+        monkeypatch.setitem(cli._COMMANDS, "recipes", command)
+        assert cli.main(["recipes"]) == 2
+        assert capsys.readouterr().err == said

@@ -10,7 +10,6 @@ import contextlib
 import errno
 import functools
 import json
-import re
 import signal
 import sys
 import unicodedata
@@ -18,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from kdml.errors import KdmlError, QuietExit, Terminated
+from kdml.errors import KdmlError, LocalError, QuietExit, Terminated
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -313,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KdmlError as error:
         if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
             print(f"kdml: error: {error}", file=sys.stderr)
+        elif isinstance(error, LocalError):  # met by this rank alone: rank 0 cannot say it
+            print(f"kdml: error: rank {_rank()}: {error}", file=sys.stderr)
         return 2
     except Terminated:  # the shell's code for a process ended by SIGTERM
         print("kdml: terminated", file=sys.stderr)
@@ -353,19 +354,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["kdml.distributed"].teardown()
 
 
-# What gloo and NCCL say when a peer of a collective is gone (killed, crashed, out of memory)
-_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|communicator was "
-                        r"aborted|ProcessGroupNCCL's watchdog|remote process exited", re.I)
-
-
 def _failed_collective(error: RuntimeError) -> bool:
-    """Whether ``error`` is a torch.distributed collective of a started process group failing
-    because a peer is gone (gloo's "Connection reset by peer" when a rank is killed), not a
-    collective called wrongly, whose traceback is kept."""
-    distributed = sys.modules.get("torch.distributed")
-    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+    """Whether ``error`` is a collective failing because a peer is gone
+    (:func:`kdml.distributed.failed_collective`); False where torch.distributed was never
+    imported (a command that does not train)."""
+    if "torch.distributed" not in sys.modules:
         return False
-    return isinstance(error, distributed.DistNetworkError) or bool(_PEER_LOST.search(str(error)))
+    from kdml.distributed import failed_collective
+
+    return failed_collective(error)
 
 
 def _stop_code(stop: KeyboardInterrupt) -> tuple[int, str]:
@@ -385,6 +382,11 @@ def _launched_by_torchrun() -> bool:
 def _is_main_process() -> bool:
     module = sys.modules.get("kdml.distributed")
     return module is None or module.world().is_main
+
+
+def _rank() -> int:
+    module = sys.modules.get("kdml.distributed")
+    return 0 if module is None else module.world().rank
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ has one rank, and rank 0 is the only rank.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -134,6 +135,21 @@ def broadcast(value: T) -> T:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+# What gloo and NCCL say when a peer of a collective is gone (killed, crashed, out of memory)
+_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|communicator was "
+                        r"aborted|ProcessGroupNCCL's watchdog|remote process exited", re.I)
+
+
+def failed_collective(error: BaseException) -> bool:
+    """Whether ``error`` is a torch.distributed collective of a started process group failing
+    because a peer is gone (gloo's "Connection reset by peer" when a rank is killed), not a
+    collective called wrongly, whose traceback is kept."""
+    if not isinstance(error, RuntimeError) or not (dist.is_available()
+                                                   and dist.is_initialized()):
+        return False
+    return isinstance(error, dist.DistNetworkError) or bool(_PEER_LOST.search(str(error)))
 
 
 def broadcast_buffers(module: nn.Module) -> None:

@@ -14,6 +14,12 @@ class QuietExit(KdmlError):
     printing it again."""
 
 
+class LocalError(KdmlError):
+    """An error one process meets alone, in its own share of the data (an unreadable image):
+    under torchrun the process says it itself, since rank 0, which says the errors all ranks
+    meet alike, sees only a failed collective."""
+
+
 class Terminated(KeyboardInterrupt):
     """A kill (SIGTERM), unwound as Ctrl-C is (the CLI's handler raises it)."""
 

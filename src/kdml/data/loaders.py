@@ -19,7 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, Sampler, SequentialSample
 
 from kdml.data.dataset import Batch, DmlDataset, collate_batch
 from kdml.data.images import DECODE_ERRORS
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, LocalError
 
 MAX_AUTO_WORKERS = 8
 BAD_IMAGE_POLICIES = ("error", "skip")
@@ -107,7 +107,7 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
             indices = batch.indices[batch.unreadable].tolist()
             sources = [dataset.source_of(int(i)) for i in indices]
             if on_bad_image == "error":
-                raise KdmlError(f"cannot decode image {sources[0]}: "
+                raise LocalError(f"cannot decode image {sources[0]}: "
                                 f"{decode_failure(dataset, int(indices[0]))}; "
                                 "replace or remove it (a trained run takes a readable copy "
                                 "under the same name: its data.json records its files), or "

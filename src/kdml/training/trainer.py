@@ -1024,9 +1024,10 @@ class Recorder:
     def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
         """Say in ``train.log`` why the session stopped before its end: the log otherwise ends
         at the last thing it did, as if still running. kdml's own errors, the file system's
-        about a file (a full disk), a Ctrl-C and a kill (SIGTERM, :class:`Terminated`; not
-        under torchrun, which stops its ranks with it) take one line; anything else its
-        traceback (SIGKILL leaves no line). Logged as INFO: the command prints the error."""
+        about a file (a full disk), a collective whose peer process is gone, a Ctrl-C and a
+        kill (SIGTERM, :class:`Terminated`; not under torchrun, which stops its ranks with it)
+        take one line; anything else its traceback (SIGKILL leaves no line). Logged as INFO:
+        the command itself prints the error."""
         if issubclass(kind, Terminated):
             self.log.info("%sterminated (SIGTERM)", STOPPED)
         elif issubclass(kind, KeyboardInterrupt):
@@ -1035,6 +1036,9 @@ class Recorder:
             self.log.info("%s%s", STOPPED, error)
         elif isinstance(error, OSError) and error.filename is not None:  # a full disk, say
             self.log.info("%s%s: %s", STOPPED, error.filename, error.strerror or error)
+        elif error is not None and distributed.failed_collective(error):
+            self.log.info("%sa collective operation failed, most likely because another "
+                          "process of this job stopped: its output says why", STOPPED)
         else:
             self.log.info("%san error", STOPPED, exc_info=error)
 
