@@ -534,6 +534,10 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
     ("path,label,split,is_query\nphotos/c00/000.jpg,a,test,1\n", ["line 1", "is_gallery"]),
     ("path,label,split\nphotos/c00/000.jpg,a,train\nphotos/c00/gone.jpg,a,test\n",
      ["line 3", "missing image", "gone.jpg", "1 of 2"]),
+    # a folder is there: "missing image" had sent the user looking for it
+    ("path,label,split\nphotos/c00/000.jpg,a,train\nphotos/c01,b,test\n",
+     ["line 3", "photos/c01 is a folder, not an image file", "list its images one per line",
+      "1 of 2 listed images are not files"]),
     ('path,label,split\n"photos/c00/000.jpg,a,train\n', ["line 2", "malformed CSV"]),
     (b"path,label,split\nphotos/c00/\xe9.jpg,a,train\n", ["not UTF-8"]),
     # An image listed twice would be its twin's perfect match, or have two labels.

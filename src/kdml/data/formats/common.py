@@ -124,6 +124,10 @@ class Layout:
         where = f"line {lines[list(paths).index(first)]}: " if lines is not None else ""
         link = (f", a link to {os.readlink(first)} that leads to no file"
                 if os.path.islink(first) else "")
+        if os.path.isdir(first):  # there, but a folder: "missing" would send the user looking
+            raise self.error(f"{where}{first} is a folder, not an image file; list its images "
+                             f"one per line ({len(missing)} of {len(paths)} listed images are "
+                             "not files)")
         raise self.error(f"{where}missing image {first}{link} ({len(missing)} of {len(paths)} "
                          "listed images are missing)")
 
