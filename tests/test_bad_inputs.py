@@ -677,6 +677,42 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_and_resumes(tmp_p
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
 
 
+@pytest.mark.parametrize("write", [1, 2, 3])
+def test_a_stop_while_a_checkpoint_is_written_is_that_stop(tmp_path, monkeypatch, write):
+    """A Ctrl-C or kill inside torch's writer made it raise "RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos 64 vs 0" over the stop: a traceback, exit 1.
+    The stop itself is raised, and no partial file stays."""
+    from kdml.errors import Terminated
+    from kdml.training import checkpoint
+
+    real_fdopen = os.fdopen
+
+    class StopsAtAWrite:  # the checkpoint's file, whose write number `write` is stopped
+        def __init__(self, handle):
+            self.handle, self.writes = handle, 0
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == write:
+                raise Terminated
+            return self.handle.write(data)
+
+    monkeypatch.setattr(checkpoint.os, "fdopen",
+                        lambda fd, mode: StopsAtAWrite(real_fdopen(fd, mode)))
+    with pytest.raises(Terminated):
+        checkpoint.save_checkpoint({"weights": torch.randn(1000, 100)}, tmp_path / "last.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_run_evaluated_on_data_with_other_classes_says_what_changed(tmp_path, capsys):
     """Classes added to a run's data after training: the checkpoint's proxies no longer fit
     the model built for the data. This had read "checkpoint ... does not match the run's

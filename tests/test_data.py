@@ -22,7 +22,7 @@ from kdml.data import (
 from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
 from kdml.data.splits import SEEN, UNSEEN, DataSplits, make_splits, validation_split
 from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, LocalError
 from kdml.evaluation.retrieval import index_labels
 
 
@@ -421,6 +421,8 @@ def test_unreadable_images_stop_or_are_skipped(tmp_path):
     with pytest.raises(KdmlError, match="cannot decode image .*broken.jpg") as error:
         list(readable_batches(loader, dataset, "error"))
     assert "\n" not in str(error.value)
+    # met by one process alone (its share): under torchrun that process says it
+    assert isinstance(error.value, LocalError)
     kept = list(readable_batches(loader, dataset, "skip"))
     assert torch.cat([batch.indices for batch in kept]).tolist() == [0, 1, 2, 3]
 

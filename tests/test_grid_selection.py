@@ -268,6 +268,9 @@ def test_a_misspelt_select_metric_of_a_validation_grid_trains_nothing(tmp_path, 
                             "train.select_metric='recal@1' is not scored by this run; choose "
                             "one of recall@1, "), error
     assert not (tmp_path / "grid" / "embedding_size=2").exists()
+    # not "the 0 cells before it are kept ... a changed setting needs another --out"
+    assert error.rstrip().endswith("-- nothing was trained; the same command, corrected, goes "
+                                   f"on in {tmp_path / 'grid'}"), error
     # a single run does not choose by it: not refused (its default, recall@1, unscored here)
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
                      str(tmp_path / "single"), "--no-progress", "data.validation=0.4",

@@ -898,7 +898,8 @@ def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch
 def test_a_killed_training_says_so(tmp_path):
     """SIGTERM (kill, timeout, a scheduler's preemption) had stopped training without a word
     on the terminal or in train.log; it now stops it as Ctrl-C does (whose resume is tested
-    above), with the shell's code for SIGTERM."""
+    above), with the shell's code for SIGTERM. Sent to the whole process group (as SLURM
+    does), it also ends the loader's workers, whose deaths torch raised over the stop."""
     import os
     import signal
     import subprocess
@@ -909,14 +910,18 @@ def test_a_killed_training_says_so(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "kdml", "train", "amsoftmax", "--dataset", "digits", "--out",
-         str(run), *TINY, "train.epochs=200", "train.eval_every=200", "--no-progress"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         str(run), *TINY, "train.epochs=200", "train.eval_every=200", "--no-progress",
+         "data.num_workers=2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
     log = run / "train.log"
     deadline = time.time() + 120
     while not (log.exists() and "epoch 1:" in log.read_text()) and time.time() < deadline:
         time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    assert log.exists() and "epoch 1:" in log.read_text(), "epoch 1 did not end in 120 s"
+    os.killpg(process.pid, signal.SIGTERM)  # the run and its loader's workers
     _, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, err
     assert err.endswith(f"kdml: terminated; continue with: kdml train --resume {run}\n"), err
+    assert "Traceback" not in err
     assert log.read_text().splitlines()[-1].endswith("stopped: terminated (SIGTERM)")

@@ -276,7 +276,13 @@ def _add_data_root(parser: argparse.ArgumentParser) -> None:
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed, and a
     run's train.log says it stopped. (Training under torchrun keeps the default: torchrun
-    stops its ranks with SIGTERM when one fails, and the failing one says why.)"""
+    stops its ranks with SIGTERM when one fails, and the failing one says why.)
+
+    A kill of the whole process group (SLURM, systemd) also ends the data loader's workers,
+    and torch's SIGCHLD handler would then raise "DataLoader worker ... is killed by signal"
+    over this stop: it goes back to the default first."""
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     raise Terminated
 
 
@@ -322,6 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("kdml: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as error:
+        stop = _stop_behind(error)
+        if stop is not None:  # a worker's death raised over a kill or Ctrl-C: that stop
+            code, stopped = _stop_code(stop)
+            print(f"kdml: {stopped}", file=sys.stderr)
+            return code
         if not _failed_collective(error):
             raise
         # another process of the job died (killed, out of memory): its own output says why;
@@ -343,8 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       else "move what is in the way or choose another path"
                       if isinstance(error, (FileExistsError, IsADirectoryError,
                                             NotADirectoryError))
-                      else "free space on its disk and run the command again (a stopped run "
-                      "continues with kdml train --resume)"
+                      else "free space on its disk and run the command again"
+                      + _FULL_DISK_NOTES.get(args.command, "")
                       if error.errno in (errno.ENOSPC, errno.EDQUOT)
                       else "fix it or choose another path")
             print(f"kdml: error: {paths}: {error.strerror or error}; {advice}", file=sys.stderr)
@@ -363,6 +374,19 @@ def _failed_collective(error: RuntimeError) -> bool:
     from kdml.distributed import failed_collective
 
     return failed_collective(error)
+
+
+# What a command stopped by a full disk keeps, said after "run the command again".
+_FULL_DISK_NOTES = {"train": " (a stopped run continues with kdml train --resume)",
+                    "reproduce": " (it keeps its finished runs and continues)"}
+
+
+def _stop_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or kill that ``error`` was raised over (its context), if any."""
+    for cause in (error.__cause__, error.__context__):
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+    return None
 
 
 def _stop_code(stop: KeyboardInterrupt) -> tuple[int, str]:
@@ -535,6 +559,10 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
             finals.append(train(config, run.root, resume=started, progress=_progress(args),
                                 selects=True))  # validation chooses the best cell by it
         except KdmlError as error:
+            if not finals and not run.config.is_file():  # refused before anything trained
+                raise KdmlError(f"grid cell {cell.name} failed: {error} -- nothing was "
+                                f"trained; the same command, corrected, goes on in "
+                                f"{root}") from None
             raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
                             f"before it are kept in {root}: the same command continues there "
                             "once the cause is fixed outside the grid (a changed grid or "

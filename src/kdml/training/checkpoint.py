@@ -30,6 +30,11 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
         os.replace(tmp_name, path)
     except BaseException as error:
         Path(tmp_name).unlink(missing_ok=True)
+        # a Ctrl-C or kill mid-write makes torch's writer raise "unexpected pos" over it
+        stop = next((cause for cause in (error.__cause__, error.__context__)
+                     if isinstance(cause, KeyboardInterrupt)), None)
+        if isinstance(error, RuntimeError) and stop is not None:
+            raise stop from None
         refused = _os_error(error) if isinstance(error, OSError | RuntimeError) else None
         if refused is not None:  # a full disk, say: one line about the file (the CLI's)
             raise OSError(refused.errno, refused.strerror or str(refused), str(path)) from None

@@ -924,7 +924,9 @@ def _score_last_epoch(session: Session, recorder: Recorder, history: list[dict[s
     """Score the restored model, the last epoch of ``history``, and record it as scored."""
     row, config = history[-1], session.config
     epoch, metric = row["epoch"], config.train.select_metric
-    recorder.log.info("epoch %d was trained but not scored; scoring it", epoch)
+    beyond = (f" (beyond train.epochs={config.train.epochs}, lowered since)"
+              if epoch > config.train.epochs else "")
+    recorder.log.info("epoch %d%s was trained but not scored; scoring it", epoch, beyond)
     session.score(epoch, row, progress)
     recorder.epoch(row, history, functools.partial(session.checkpoint, epoch, history, True),
                    keep_as_best=(config.train.keep_best
@@ -1019,7 +1021,12 @@ class Recorder:
         with self._stack:  # train.log is still open for the plots' warning and the stop line
             if kind is not None and self.writes:
                 self._log_stop(kind, error)
-            self._plot()
+                try:  # the plots' own error (the same full disk) must not hide the stop's
+                    self._plot()
+                except Exception as plotting:
+                    self.log.warning("the training plots are not drawn: %s", plotting)
+            else:
+                self._plot()
 
     def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
         """Say in ``train.log`` why the session stopped before its end: the log otherwise ends

@@ -18,7 +18,6 @@ other recipe's method.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -124,13 +123,10 @@ class DDMLLogisticParams(NetworkParams):
     # other DTML recipes this one uses the trainer's optimiser (optim.*).
 
     def validate(self) -> None:
-        super().validate()
-        if not (math.isfinite(self.sharpness) and self.sharpness > 0):
+        super().validate()  # NaN and infinity first (check_finite_fields): the threshold too
+        if not self.sharpness > 0:
             raise KdmlError(f"method.sharpness (DDML's beta) must be > 0, got {self.sharpness}")
-        if not math.isfinite(self.threshold):
-            raise KdmlError(f"method.threshold (DDML's tau) must be finite, got "
-                            f"{self.threshold}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+        if not self.weight_decay >= 0:
             raise KdmlError(f"method.weight_decay (DDML's lambda) must be >= 0, got "
                             f"{self.weight_decay}")
 
