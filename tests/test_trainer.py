@@ -925,3 +925,26 @@ def test_a_killed_training_says_so(tmp_path):
     assert err.endswith(f"kdml: terminated; continue with: kdml train --resume {run}\n"), err
     assert "Traceback" not in err
     assert log.read_text().splitlines()[-1].endswith("stopped: terminated (SIGTERM)")
+
+
+def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, capsys):
+    """Drawn as the session ends, the plots met the same full disk that stopped the run and
+    their error was raised in place of the stop (here a Ctrl-C)."""
+    import errno
+
+    from kdml.training import trainer
+
+    def scoring(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def full_disk(history, folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "loss.png"))
+
+    monkeypatch.setattr(trainer, "evaluate_method", scoring)
+    monkeypatch.setattr(trainer, "plot_training", full_disk)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "train.steps_per_epoch=2", "train.eval_every=2"]) == 130
+    err = capsys.readouterr().err
+    assert "kdml: warning: the training plots are not drawn: " in err
+    assert err.rstrip().endswith(f"kdml: interrupted; continue with: kdml train --resume {run}")
