@@ -948,3 +948,20 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "kdml: warning: the training plots are not drawn: " in err
     assert err.rstrip().endswith(f"kdml: interrupted; continue with: kdml train --resume {run}")
+
+
+def test_plots_that_cannot_be_written_do_not_stop_training(tmp_path, monkeypatch, capsys):
+    """plots/ not writable (an OSError, not kdml's own refusal of a picture it did not draw)
+    had stopped the run with its checkpoints and metrics still writable."""
+    from kdml.training import trainer
+
+    def not_writable(history, folder):
+        raise PermissionError(13, "Permission denied", str(folder / "loss.png"))
+
+    monkeypatch.setattr(trainer, "plot_training", not_writable)
+    monkeypatch.setattr(trainer, "PLOT_EVERY_S", 0.0)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "train.steps_per_epoch=2"]) == 0
+    assert "kdml: warning: the training plots are not drawn: " in capsys.readouterr().err
+    assert len(json.loads((run / "metrics.json").read_text())["epochs"]) == 2

@@ -1055,7 +1055,9 @@ class Recorder:
             return
         try:
             plot_training(self._unplotted, self.run.plots)
-        except KdmlError as error:  # a picture of the user's in plots/ must not stop training
+        # a picture of the user's in plots/, or plots/ not writable, must not stop training:
+        # later epochs draw the whole history again (a full disk stops it at the checkpoint)
+        except (KdmlError, OSError) as error:
             self.log.warning("the training plots are not drawn: %s", error)
         self._unplotted, self._plotted_at = None, time.monotonic()
 
