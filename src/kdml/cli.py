@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from kdml.errors import KdmlError, LocalError, QuietExit, Terminated
+from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -321,16 +321,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif isinstance(error, LocalError):  # met by this rank alone: rank 0 cannot say it
             print(f"kdml: error: rank {_rank()}: {error}", file=sys.stderr)
         return 2
-    except Terminated:  # the shell's code for a process ended by SIGTERM
-        print("kdml: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print("kdml: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or a kill (SIGTERM: Terminated)
+        code, stopped = _stop_code(stop)
+        print(f"kdml: {stopped}", file=sys.stderr)
+        return code
     except RuntimeError as error:
-        stop = _stop_behind(error)
-        if stop is not None:  # a worker's death raised over a kill or Ctrl-C: that stop
-            code, stopped = _stop_code(stop)
+        behind = raised_over(error, KeyboardInterrupt)
+        if behind is not None:  # a worker's death raised over a kill or Ctrl-C: that stop
+            code, stopped = _stop_code(behind)
             print(f"kdml: {stopped}", file=sys.stderr)
             return code
         if not _failed_collective(error):
@@ -381,14 +379,6 @@ _FULL_DISK_NOTES = {"train": " (a stopped run continues with kdml train --resume
                     "reproduce": " (it keeps its finished runs and continues)"}
 
 
-def _stop_behind(error: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or kill that ``error`` was raised over (its context), if any."""
-    for cause in (error.__cause__, error.__context__):
-        if isinstance(cause, KeyboardInterrupt):
-            return cause
-    return None
-
-
 def _stop_code(stop: KeyboardInterrupt) -> tuple[int, str]:
     """The shell's exit code for a stop, and the word for it: a kill (SIGTERM, 143) or
     Ctrl-C (130)."""
@@ -404,12 +394,11 @@ def _launched_by_torchrun() -> bool:
 
 
 def _is_main_process() -> bool:
-    module = sys.modules.get("kdml.distributed")
-    return module is None or module.world().is_main
+    return _rank() == 0
 
 
 def _rank() -> int:
-    module = sys.modules.get("kdml.distributed")
+    module = sys.modules.get("kdml.distributed")  # imported only by commands that train
     return 0 if module is None else module.world().rank
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class KdmlError(ValueError):
@@ -22,6 +25,16 @@ class LocalError(KdmlError):
 
 class Terminated(KeyboardInterrupt):
     """A kill (SIGTERM), unwound as Ctrl-C is (the CLI's handler raises it)."""
+
+
+def raised_over(error: BaseException, kind: type[E]) -> E | None:
+    """``error`` if it is a ``kind``, else the ``kind`` it was raised over (its cause or
+    context), or None: torch raises its own errors over a stop or a full disk ("unexpected
+    pos" in its checkpoint writer, "DataLoader worker ... is killed" after a kill)."""
+    for candidate in (error, error.__cause__, error.__context__):
+        if isinstance(candidate, kind):
+            return candidate
+    return None
 
 
 def why_missing(path: Path, kind: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, raised_over
 
 # save_checkpoint's partial files: mkstemp's ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
 _PARTIAL = re.compile(r"\.(last|best|unscored)\.pt\.[a-z0-9_]{8}\.tmp")
@@ -31,24 +31,14 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     except BaseException as error:
         Path(tmp_name).unlink(missing_ok=True)
         # a Ctrl-C or kill mid-write makes torch's writer raise "unexpected pos" over it
-        stop = next((cause for cause in (error.__cause__, error.__context__)
-                     if isinstance(cause, KeyboardInterrupt)), None)
-        if isinstance(error, RuntimeError) and stop is not None:
+        stop = raised_over(error, KeyboardInterrupt) if isinstance(error, RuntimeError) else None
+        if stop is not None:
             raise stop from None
-        refused = _os_error(error) if isinstance(error, OSError | RuntimeError) else None
-        if refused is not None:  # a full disk, say: one line about the file (the CLI's)
+        # a full disk: the OS's error, or torch's over it, names no file; say which
+        refused = raised_over(error, OSError) if isinstance(error, RuntimeError | OSError) else None
+        if refused is not None:
             raise OSError(refused.errno, refused.strerror or str(refused), str(path)) from None
         raise
-
-
-def _os_error(error: BaseException) -> OSError | None:
-    """The file system's error behind ``error``: itself, or the one torch's writer wraps in a
-    RuntimeError ("unexpected pos ... vs ...", with the OSError of a full disk as its
-    context), which names no file."""
-    for cause in (error, error.__cause__, error.__context__):
-        if isinstance(cause, OSError):
-            return cause
-    return None
 
 
 def partial_checkpoints(folder: Path) -> list[Path]:
