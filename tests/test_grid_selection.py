@@ -217,6 +217,17 @@ def test_grid_values_of_one_folder_name_are_refused(grid, message):
         "any other characters); choose values that differ in those characters")
 
 
+def test_grid_values_that_differ_only_in_case_are_refused():
+    """``Adam`` and ``adam`` name two folders here but one on macOS and Windows, where the
+    second cell had continued the first: refused on every machine alike."""
+    with pytest.raises(KdmlError) as raised:
+        grid_cells({"optim.name": ["Adam", "adam"], "train.seed": [0]})
+    assert str(raised.value) == (
+        "the grid's values grid.optim.name='Adam' and grid.optim.name='adam' differ only in "
+        "case, so their run folders name=Adam-seed=0 and name=adam-seed=0 would be one on "
+        "macOS and Windows; choose values that differ in more than case")
+
+
 def test_grid_values_of_one_folder_name_train_nothing(tmp_path, capsys, scored):
     file = tmp_path / "grid.yaml"
     file.write_text("recipe: amsoftmax\ngrid: {data.dataset: [digits/a, digits_a]}\n")

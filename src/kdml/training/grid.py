@@ -75,15 +75,22 @@ def grid_cells(grid: Any) -> list[Cell]:
 def check_distinct_names(cells: list[Cell]) -> None:
     """Refuse two cells of one folder name: :attr:`Cell.name` writes ``_`` for any run of
     characters other than letters, digits, ``.``, ``_``, ``=`` and ``-`` (``"a b"``, ``"a_b"``
-    and ``"a/b"`` are all ``a_b``), and the two cells would share one run folder."""
+    and ``"a/b"`` are all ``a_b``), and the two cells would share one run folder. Names that
+    differ only in case are one folder on the file systems of macOS and Windows, so they are
+    refused everywhere: a grid behaves alike on every machine."""
     named: dict[str, Cell] = {}
     for cell in cells:
-        earlier = named.setdefault(cell.name, cell)
+        earlier = named.setdefault(cell.name.casefold(), cell)
         if earlier is cell:
             continue
         first, second = (", ".join(f"grid.{key}={values[key]!r}" for key in cell.values
                                    if repr(cell.values[key]) != repr(earlier.values[key]))
                          for values in (earlier.values, cell.values))
+        if cell.name != earlier.name:
+            raise KdmlError(f"the grid's values {first} and {second} differ only in case, so "
+                            f"their run folders {earlier.name} and {cell.name} would be one "
+                            "on macOS and Windows; choose values that differ in more than "
+                            "case")
         raise KdmlError(f"the grid's values {first} and {second} would share one run "
                         f"folder, {cell.name} (a "
                         "cell's folder name keeps letters, digits, '.', '_', '=' and '-', and "
