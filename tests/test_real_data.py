@@ -219,7 +219,12 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     assert str(broken) in line and "data.on_bad_image=skip" in line
     skipped = tmp_path / "skipped"
     assert train("train", "amsoftmax", "--out", skipped, *args, "data.on_bad_image=skip") == 0
-    assert str(broken) in (skipped / "train.log").read_text()
+    log = (skipped / "train.log").read_text()
+    assert str(broken) in log
+    # the metrics are not those of the 8 samples the "test set" line counted
+    assert "test set: 8 samples of classes not seen in training" in capsys.readouterr().out
+    assert ("1 of the 8 test samples were skipped as unreadable images "
+            "(data.on_bad_image=skip): the metrics use the other 7") in log
     # the commands that do not train warn in the same form, once per skipped image
     capsys.readouterr()
     assert train("embed", skipped, "--out", tmp_path / "emb.npz") == 0

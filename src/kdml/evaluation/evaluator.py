@@ -165,9 +165,23 @@ def _check_finite(embedded: dict[str, Embedded]) -> None:
                                       "the model's weights or its outputs overflowed")
 
 
+def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
+    """Say how many samples of each set ``data.on_bad_image=skip`` left out, so that the
+    metrics are not read as those of the whole set the run's "test set" line counted."""
+    datasets = {"test": splits.test, "gallery": splits.gallery, "train": splits.train,
+                "source": splits.train}
+    for role, outputs in embedded.items():
+        total = len(datasets[role] or ())
+        if (scored := len(outputs.labels)) < total:
+            logger.warning("%d of the %d %s samples were skipped as unreadable images "
+                           "(data.on_bad_image=skip): the metrics use the other %d",
+                           total - scored, total, role, scored)
+
+
 def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
            charts: bool) -> dict[str, float]:
     _check_finite(embedded)
+    _warn_of_skipped(embedded, splits)
     ks = tuple(config.ks) or splits.eval_ks
     test = embedded["test"]
     if splits.kind == DOMAIN:
