@@ -227,7 +227,10 @@ def test_msimclr_objective_is_nt_xent_plus_regularizers():
     torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
     view1, view2 = method.augment(x)
     prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
-    outputs = method.charts(torch.cat([view1, view2]))
+    # each view on its own, as the authors' code forwards them (BatchNorm sees one view)
+    first, second = method.charts(view1), method.charts(view2)
+    outputs = ChartOutputs(torch.cat([first.coords, second.coords]),
+                           torch.cat([first.q, second.q]))
     coords = outputs.coords.clamp(-10, 10)  # the authors' clamp (method.coordinate_clamp)
     projections = method.projection(coords, outputs.q)
     nt_xent = literal_nt_xent(projections.tolist(), 0.5)
@@ -244,8 +247,7 @@ def test_simclr_baseline_is_nt_xent_of_the_projection():
     torch.manual_seed(6)
     output = method(x, torch.tensor(LABELS))
     torch.manual_seed(6)
-    views = torch.cat(method.augment(x))
-    representation = method.embed(views)
+    representation = torch.cat([method.embed(view) for view in method.augment(x)])
     w1, w2 = method.projection.hidden_weight[0], method.projection.output_weight[0]
     projections = torch.relu(representation @ w1) @ w2  # h(f(x)), no sigmoid
     assert output.loss.item() == pytest.approx(literal_nt_xent(projections.tolist(), 1.0),
@@ -396,7 +398,10 @@ def test_msimclr_clamps_coordinates_before_the_mmd():
     torch.manual_seed(1)  # replay the forward's random draws: two views, then two priors
     view1, view2 = method.augment(x)
     prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
-    outputs = method.charts(torch.cat([view1, view2]))
+    # each view on its own, as the authors' code forwards them (BatchNorm sees one view)
+    first, second = method.charts(view1), method.charts(view2)
+    outputs = ChartOutputs(torch.cat([first.coords, second.coords]),
+                           torch.cat([first.q, second.q]))
     assert bool((outputs.coords > 10).all())
     at_ten = torch.full_like(outputs.coords, 10.0)  # the authors' clamp: [-10, 10]
     expected = 0.5 * (ManifoldMMD(2, 3)(at_ten[:8], outputs.q[:8], prior1)
@@ -406,6 +411,27 @@ def test_msimclr_clamps_coordinates_before_the_mmd():
     torch.manual_seed(1)
     free = method(x, torch.tensor(LABELS)).terms["mmd"]
     assert float(clamped) != pytest.approx(float(free))
+
+
+@pytest.mark.parametrize("name", ["msimclr", "simclr"])
+@pytest.mark.parametrize("joint", [False, True])
+def test_simclr_recipes_forward_each_view_on_its_own(name, joint):
+    """The authors' code forwards the two views one after the other
+    (neurve/contrastive/trainer.py), so BatchNorm normalises each view's images alone and
+    updates its running statistics twice a step; one batch of both views had mixed them (now
+    ``method.joint_views=true``)."""
+    method = build(name, joint_views=joint)
+    norms = [module for module in method.backbone.modules()
+             if isinstance(module, torch.nn.BatchNorm2d)]
+    assert norms, "the test needs a backbone with BatchNorm"
+    batches = []
+    hooks = [norm.register_forward_pre_hook(lambda _, args: batches.append(len(args[0])))
+             for norm in norms[:1]]
+    method(images(num=8), torch.tensor(LABELS))
+    for hook in hooks:
+        hook.remove()
+    assert batches == ([16] if joint else [8, 8])
+    assert int(norms[0].num_batches_tracked) == (1 if joint else 2)
 
 
 @pytest.mark.parametrize("name", ["msimclr", "simclr"])
@@ -429,7 +455,7 @@ def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
     original_forward = method.backbone.forward
 
     def recording_forward(inputs):
-        seen["backbone"] = inputs
+        seen.setdefault("backbone", []).append(inputs)
         return original_forward(inputs)
 
     monkeypatch.setattr(method.augment, "forward", recording_augment)
@@ -437,7 +463,8 @@ def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
     x = images()
     method(x, torch.tensor(LABELS))
     assert seen["augmented"] is x
-    assert torch.allclose(seen["backbone"], (seen["views"] - 0.5) / 0.25)
+    # one view at a time (test_simclr_recipes_forward_each_view_on_its_own)
+    assert torch.allclose(torch.cat(seen["backbone"]), (seen["views"] - 0.5) / 0.25)
     assert method.augments_inputs
 
     class Splits:  # what build_pipeline reads of the data splits

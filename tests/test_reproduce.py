@@ -15,6 +15,7 @@ import torch
 from scipy import stats
 
 from kdml import cli
+from kdml.config import RunConfig
 from kdml.data.registry import DATASETS
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
@@ -765,6 +766,37 @@ def test_runs_of_a_revised_objective_get_folders_of_their_own(tmp_path, monkeypa
     before = {recipe: run_folder_of(config, tmp_path) for recipe, config in configs.items()}
     assert now["dstml"] != before["dstml"]
     assert all(now[recipe] == before[recipe] for recipe in now if recipe != "dstml")
+
+
+@pytest.mark.parametrize("recipe", ["msimclr", "simclr"])
+def test_a_setting_added_later_keeps_the_folders_of_the_runs_it_describes(tmp_path, monkeypatch,
+                                                                          recipe):
+    """The SimCLR recipes forwarded both views as one batch before ``method.joint_views``
+    existed: its old value keeps those runs' folders, the new default gets others."""
+    from kdml.reproduce import runner
+
+    (experiment,) = [e for e in experiments("atlas", quick=True)
+                     if e.key == "atlas-table2-mnist5k"]
+    cell = next(cell for cell in experiment.cells if cell.recipe == recipe)
+    config = cell_config(experiment, cell, 0, "cpu")
+    assert config.method.joint_views is False
+    joint = cell_config(experiment, cell, 0, "cpu")
+    joint.method.joint_views = True
+    now = {value: run_folder_of(c, tmp_path) for value, c in ((False, config), (True, joint))}
+    assert now[False] != now[True]
+    # the code before the setting: configs without it, hashed without it
+    to_dict = RunConfig.to_dict
+
+    def without_the_setting(self):
+        values = to_dict(self)
+        del values["method"]["joint_views"]
+        return values
+
+    monkeypatch.setattr(RunConfig, "to_dict", without_the_setting)
+    monkeypatch.setattr(runner, "ADDED_LATER", {key: value for key, value
+                                                in runner.ADDED_LATER.items()
+                                                if key != ("method", "joint_views")})
+    assert run_folder_of(joint, tmp_path) == now[True]
 
 
 def test_the_training_time_restarts_with_a_run_trained_again_from_epoch_1(tmp_path):

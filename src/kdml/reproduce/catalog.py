@@ -335,7 +335,9 @@ def _atlas_ablation_cnn(dataset: str) -> Experiment:
 _REVERTED_SIMCLR = (("crops at the input's size, not 32", ("method.crop_size=0",)),
                     ("no clamp of the coordinates", ("method.coordinate_clamp=0",)),
                     ("no 2048-d feature layer", ("method.feature_dim=0",)),
-                    ("no weight decay", ("optim.weight_decay=0",)))
+                    ("no weight decay", ("optim.weight_decay=0",)),
+                    ("both views as one batch, not one after the other",
+                     ("method.joint_views=true",)))
 
 
 def _ablation_cells_and_claims(

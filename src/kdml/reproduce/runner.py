@@ -97,7 +97,9 @@ EXECUTION_ONLY = (("train", "compile"),)
 # left out of the hash at that value (another value is another run, in another folder).
 ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
                ("train", "patience"): 0, ("train", "select_metric"): "recall@1",
-               ("optim", "lr_milestones"): []}
+               ("optim", "lr_milestones"): [],
+               # the SimCLR recipes forwarded both views as one batch before
+               ("method", "joint_views"): True}
 
 
 # Settings that change only what a run records along the way, not its model or its last
@@ -121,8 +123,8 @@ def run_folder_of(config: RunConfig, runs_root: Path) -> Path:
     for (section, key), first in RECORDED_ONLY.items():
         values[section][key] = first
     for (section, key), earlier in ADDED_LATER.items():
-        if values[section][key] == earlier:
-            values[section].pop(key)
+        if values[section].get(key, earlier) == earlier:  # of some recipes only
+            values[section].pop(key, None)
     if config.recipe in REVISED:
         values["revised"] = REVISED[config.recipe]
     digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()

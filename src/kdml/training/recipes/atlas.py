@@ -31,7 +31,9 @@ is docs/recipes.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +192,10 @@ class SimCLRParams:
     # 28-pixel MNIST); 0 = the input's own size
     crop_scale_min: float = 0.08  # smallest crop area fraction of the random resized crop
     horizontal_flip: bool = False  # off for digits
+    # the authors' code forwards the two views one after the other, so BatchNorm normalises
+    # one view at a time (the paper does not say); true: both views as one batch of 2B, as
+    # SimCLR's own code does (and kdml did before: the runs of docs/reproduction.md)
+    joint_views: bool = False
 
     def validate(self) -> None:
         check_finite_fields(self)  # NaN and infinity, which the range checks let through
@@ -366,6 +372,26 @@ def _two_views(augment: SimCLRAugment, inputs: Tensor, rng: StepRandom | None,
     return normalization(torch.cat([view1, view2])), len(inputs)
 
 
+_Output = TypeVar("_Output", Tensor, ChartOutputs)
+
+
+def _per_view(function: Callable[[Tensor], _Output], views: Tensor,
+              batch_size: int) -> _Output:
+    """``function`` of each view's images on their own, the outputs stacked as the views are
+    ([view 1; view 2]): the authors' code forwards the two views one after the other
+    (neurve/contrastive/trainer.py), so BatchNorm layers normalise one view's B images at a
+    time, and update their running statistics twice a step. The paper does not say; one
+    batch of 2B, as SimCLR's own code has it, would mix the views' statistics."""
+    first, second = function(views[:batch_size]), function(views[batch_size:])
+    if isinstance(first, Tensor) and isinstance(second, Tensor):
+        return cast(_Output, torch.cat([first, second]))
+    charts1, charts2 = cast(ChartOutputs, first), cast(ChartOutputs, second)
+    log_q = (None if charts1.log_q is None or charts2.log_q is None
+             else torch.cat([charts1.log_q, charts2.log_q]))
+    return cast(_Output, ChartOutputs(torch.cat([charts1.coords, charts2.coords]),
+                                      torch.cat([charts1.q, charts2.q]), log_q))
+
+
 def _global_views(local: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
     """The two views' rows of ``local`` ([view 1; view 2] of this rank's images), each
     gathered over the ranks: the layout of a single process's global batch."""
@@ -396,11 +422,13 @@ class MSimCLRMethod(_AtlasMethod):
                                      size=params.crop_size or None)
         self.tau = params.tau
         self.clamp = params.coordinate_clamp
+        self.joint_views = params.joint_views
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         views, batch_size = _two_views(self.augment, inputs, rng, self.backbone)
-        outputs = self.charts(views)
+        outputs = (self.charts(views) if self.joint_views
+                   else _per_view(self.charts, views, batch_size))
         coords = outputs.coords.clamp(-self.clamp, self.clamp) if self.clamp else outputs.coords
         projections = torch.cat(_global_views(self.projection(coords, outputs.q), batch_size))
         nt_xent = nt_xent_loss(projections, self.tau)
@@ -437,11 +465,13 @@ class SimCLRMethod(Method):
                                      horizontal_flip=params.horizontal_flip,
                                      size=params.crop_size or None)
         self.tau = params.tau
+        self.joint_views = params.joint_views
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         views, batch_size = _two_views(self.augment, inputs, rng, self.backbone)
-        representation = self.embed(views)
+        representation = (self.embed(views) if self.joint_views
+                          else _per_view(self.embed, views, batch_size))
         projections = torch.cat(_global_views(self.projection(
             representation[:, None, :], representation.new_ones(len(representation), 1)),
             batch_size))
