@@ -59,7 +59,9 @@ class MarginalFisherLoss(nn.Module):
     when :math:`x_j` is one of the :math:`k_1` nearest same-class neighbours of :math:`x_i`
     (:math:`i` itself excluded) and :math:`Q_{ij} = 1` when :math:`x_j` is one of its
     :math:`k_2` nearest different-class neighbours. :math:`P` and :math:`Q` are rebuilt on every
-    call from the current embeddings of the batch, without gradient (ties: lower index first).
+    call from the current embeddings of the batch, without gradient (equal computed distances:
+    lower index first; distances equal only in exact arithmetic may differ in the last bit
+    and go either way, which leaves :math:`S_c` and :math:`S_b` unchanged).
 
     **Small batches.** A sample whose class has fewer than :math:`k_1 + 1` members in the batch
     takes all its same-class samples; one with fewer than :math:`k_2` samples of other classes

@@ -1,0 +1,120 @@
+"""NMI of the retrieval evaluation (plain and per chart, Atlas) against a literal float64
+implementation of its definition,
+
+    NMI(Y, C) = I(Y; C) / ((H(Y) + H(C)) / 2),
+
+with entropies and mutual information summed over the label/cluster contingency table (natural
+logarithms; two one-block partitions score 1, the convention of scikit-learn, the peer kdml
+uses). The clusterings are fixed by the data: tight, far-apart blobs that k-means (one cluster
+per label) must recover exactly, and that do not follow the labels, so the scores are neither 0
+nor 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from sklearn.metrics import normalized_mutual_info_score
+
+from kdml.evaluation.charts import chart_clustering_nmi
+from kdml.evaluation.retrieval import clustering_nmi, nmi_score, retrieval_metrics
+
+
+def literal_nmi(labels: list[int], clusters: list[int]) -> float:
+    n = len(labels)
+    label_counts, cluster_counts = Counter(labels), Counter(clusters)
+    if len(label_counts) == len(cluster_counts) == 1:
+        return 1.0  # both partitions are one block: identical
+    joint = Counter(zip(labels, clusters, strict=True))
+    mutual = sum(
+        c / n * math.log((c / n) / (label_counts[y] / n * cluster_counts[k] / n))
+        for (y, k), c in joint.items()
+    )
+    h_labels = -sum(c / n * math.log(c / n) for c in label_counts.values())
+    h_clusters = -sum(c / n * math.log(c / n) for c in cluster_counts.values())
+    if mutual == 0.0:
+        return 0.0
+    return mutual / ((h_labels + h_clusters) / 2)
+
+
+@pytest.mark.parametrize(
+    ("n", "num_labels", "num_clusters", "seed"),
+    [(1, 1, 1, 0), (5, 1, 3, 1), (5, 3, 1, 2), (12, 3, 3, 3), (40, 6, 4, 4), (60, 5, 60, 5)],
+)
+def test_nmi_score_matches_the_literal_definition(n, num_labels, num_clusters, seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_labels, n) * 7 - 3
+    clusters = (
+        rng.permutation(n) % num_clusters if num_clusters == n else rng.integers(0, num_clusters, n)
+    )
+    expected = literal_nmi(labels.tolist(), clusters.tolist())
+    assert nmi_score(labels, clusters) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert normalized_mutual_info_score(labels, clusters) == pytest.approx(
+        expected, rel=1e-12, abs=1e-15
+    )
+
+
+def blob_data(
+    blob_sizes: list[int], num_labels: int, dim: int, seed: int, offset: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Points in tight blobs 100 apart, labels drawn independently of the blobs (each label
+    used), and the blob of each point."""
+    rng = np.random.default_rng(seed)
+    blobs = np.repeat(np.arange(len(blob_sizes)), blob_sizes)
+    centres = 100.0 * rng.standard_normal((len(blob_sizes), dim)) + offset
+    points = centres[blobs] + 0.01 * rng.standard_normal((len(blobs), dim))
+    labels = rng.permutation(np.arange(len(blobs)) % num_labels)
+    order = rng.permutation(len(blobs))
+    return points[order], labels[order] * 3 + 1, blobs[order]
+
+
+@pytest.mark.parametrize(
+    ("blob_sizes", "dim", "seed"),
+    [([4, 6, 5], 2, 0), ([10, 3, 7, 8], 3, 1), ([12, 12, 12, 12, 12], 4, 2)],
+)
+def test_clustering_nmi_of_recoverable_blobs_is_the_literal_nmi_of_the_blobs(blob_sizes, dim, seed):
+    points, labels, blobs = blob_data(blob_sizes, len(blob_sizes), dim, seed)
+    expected = literal_nmi(labels.tolist(), blobs.tolist())
+    assert 0.0 < expected < 1.0
+    got = clustering_nmi(points, labels, metric="euclidean")
+    assert got == pytest.approx(expected, rel=1e-12)
+    scores = retrieval_metrics(points, labels, ks=(1,), metric="euclidean")
+    assert scores["nmi"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_cosine_nmi_clusters_directions():
+    """Under the cosine metric blobs of one direction at different norms are one cluster."""
+    rng = np.random.default_rng(3)
+    directions = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    blobs = np.repeat(np.arange(3), [5, 7, 6])
+    norms = rng.uniform(0.5, 20.0, len(blobs))[:, None]
+    points = norms * (directions[blobs] + 1e-4 * rng.standard_normal((len(blobs), 3)))
+    labels = rng.permutation(np.arange(len(blobs)) % 3)
+    expected = literal_nmi(labels.tolist(), blobs.tolist())
+    assert clustering_nmi(points, labels, metric="cosine") == pytest.approx(expected, rel=1e-12)
+
+
+def test_chart_nmi_clusters_each_chart_apart_literally():
+    """Charts 0 and 3 (6 and 12 points) and 4 labels: largest-remainder allocation gives the
+    charts 1 and 3 clusters (4 * 6/18 = 1.33, 4 * 12/18 = 2.67). Chart 3's points sit in three
+    tight blobs k-means must find; chart 0 is one cluster although its points are spread, and
+    although its coordinates coincide with chart 3's first blob (other charts are infinitely
+    far, whatever the coordinates)."""
+    rng = np.random.default_rng(4)
+    chart_three_blobs = np.repeat(np.arange(3), [3, 4, 5])
+    centres = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 100.0]])
+    chart_three = centres[chart_three_blobs] + 0.01 * rng.standard_normal((12, 2))
+    chart_zero = 0.01 * rng.standard_normal((6, 2))
+    chart_zero[:3] += [[30.0, 30.0]]  # spread, but one cluster
+    coords = np.concatenate([chart_zero, chart_three])
+    charts = np.array([0] * 6 + [3] * 12)
+    clusters = np.concatenate([np.zeros(6, dtype=np.int64), 1 + chart_three_blobs])
+    labels = rng.permutation(np.arange(18) % 4) * 2
+    order = rng.permutation(18)
+    expected = literal_nmi(labels[order].tolist(), clusters[order].tolist())
+    assert 0.0 < expected < 1.0
+    got = chart_clustering_nmi(coords[order], charts[order], labels[order])
+    assert got == pytest.approx(expected, rel=1e-12)
