@@ -356,3 +356,30 @@ def test_frozen_batchnorm_without_weights_is_warned_of(tmp_path, capsys):
                "from random weights")
     assert f"kdml: warning: {warning}" in capsys.readouterr().err
     assert warning in (out / "train.log").read_text()
+
+
+@pytest.mark.parametrize(("recipe", "extra", "warned"), [
+    ("mtriplet", ["data.samples_per_class=2", "method.n_charts=2"], True),
+    # the SimCLR recipes train their backbone from scratch, as their paper does
+    ("simclr", ["method.crop_size=0", "data.holdout_fraction=0.5", "model.small_input=false"],
+     False),
+])
+def test_a_backbone_its_paper_fine_tunes_warns_without_weights(tmp_path, capsys, recipe, extra,
+                                                               warned):
+    """The MTriplet configs (model.freeze_bn=false) run without --weights trained a random
+    BN-Inception at the fine-tuning rate for hundreds of epochs and said nothing."""
+    from fixtures_array_sets import make_image_folder
+
+    from kdml import cli
+
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=48)
+    out = tmp_path / "run"
+    assert cli.main(["train", recipe, "--dataset", f"folder:{folder}",
+                     "model.backbone=bninception", "--out", str(out), "--no-progress",
+                     "data.batch_size=4", "data.resize=72", "data.image_size=64",
+                     "model.freeze_bn=false", "train.epochs=1", "train.steps_per_epoch=1",
+                     "eval.nmi=false", "eval.ks=[1]", "train.device=cpu", *extra]) == 0
+    warning = (f"no model.weights: the bninception backbone starts from random weights, while "
+               f"{recipe}'s paper fine-tunes it from ImageNet weights")
+    assert (warning in capsys.readouterr().err) == warned
+    assert (warning in (out / "train.log").read_text()) == warned

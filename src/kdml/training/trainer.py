@@ -838,16 +838,25 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                               len(session.splits.test), session.batches.loader.num_workers,
                               session.world.size)
         warn_about_splits(session.splits, recorder.log)
-        if (config.model.freeze_bn and not config.model.weights
+        if (not config.model.weights
                 and config.model.backbone.startswith(IMAGENET_BACKBONES)):
-            # the paper configs' setting, meant for ImageNet weights: without them it trains
-            # with its statistics at 0 and 1, a run far from the paper's, without a word
-            recorder.log.warning(
-                "model.freeze_bn=true with no model.weights: the %s backbone starts from "
-                "random weights and its BatchNorm statistics stay at their initial values "
-                "(mean 0, variance 1), far from the papers' ImageNet start; give --weights "
-                "FILE, or model.freeze_bn=false to train it from scratch",
-                config.model.backbone)
+            if config.model.freeze_bn:
+                # the JRD configs' setting, meant for ImageNet weights: without them it trains
+                # with its statistics at 0 and 1, a run far from the paper's, without a word
+                recorder.log.warning(
+                    "model.freeze_bn=true with no model.weights: the %s backbone starts from "
+                    "random weights and its BatchNorm statistics stay at their initial values "
+                    "(mean 0, variance 1), far from the papers' ImageNet start; give --weights "
+                    "FILE, or model.freeze_bn=false to train it from scratch",
+                    config.model.backbone)
+            elif get_recipe(config.recipe).pretrained:
+                # the MTriplet configs train BatchNorm: without weights they had trained a
+                # random network for hundreds of epochs at the fine-tuning rate, silently
+                recorder.log.warning(
+                    "no model.weights: the %s backbone starts from random weights, while %s's "
+                    "paper fine-tunes it from ImageNet weights (its learning rate and epochs "
+                    "are set for that); give --weights FILE", config.model.backbone,
+                    config.recipe)
         sizing = session.unused_embedding_size()
         if sizing:
             recorder.log.warning("model.embedding_size=%d does not size %s's embedding: %s "

@@ -538,8 +538,9 @@ RECIPES = (
            "loss", MSimCLRParams, _build_msimclr,
            {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},
             "model": dict(SIMCLR_MODEL), "optim": dict(SIMCLR_OPTIM),
-            "train": dict(SIMCLR_TRAIN)}, "method.dim"),
+            "train": dict(SIMCLR_TRAIN)}, "method.dim", pretrained=False),
     Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
            {"data": dict(SIMCLR_DATA), "model": dict(SIMCLR_MODEL),
-            "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}, "method.dim"),
+            "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}, "method.dim",
+           pretrained=False),
 )

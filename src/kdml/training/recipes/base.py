@@ -24,3 +24,6 @@ class Recipe:
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of other sections
     # the setting that sizes the embedding, where it is not model.embedding_size
     embedding_setting: str = "model.embedding_size"
+    # whether its paper starts an ImageNet backbone from ImageNet weights (model.weights); the
+    # SimCLR recipes train theirs from scratch
+    pretrained: bool = True
