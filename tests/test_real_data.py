@@ -304,3 +304,25 @@ def test_peak_memory_stays_flat_as_images_quadruple(tmp_path):
         peaks[count] = int(out.split("peak_kib")[-1])
     extra_decoded = 300 * 3 * 512 * 512 / 1024  # KiB the 300 extra images would hold
     assert peaks[400] - peaks[100] < 0.5 * extra_decoded, peaks
+
+
+@pytest.mark.parametrize("out", [None, "inside/run"])
+def test_a_run_folder_inside_the_image_folder_is_refused(tmp_path, capsys, monkeypatch, out):
+    """Trained from inside the photo folder with no --out, the run's runs/ folder became a
+    class of the data: refused on a first run (no images yet) and, once runs/ existed, read
+    with kdml's plots as its images."""
+    folder = make_folder(tmp_path / "photos", classes=4, per_class=4, size=24)
+    monkeypatch.chdir(folder)
+    args = ["train", "amsoftmax", "--dataset", "folder:.", "data.batch_size=4", *TINY]
+    assert train(*args, *(["--out", out] if out else [])) == 2
+    assert error_line(capsys) == (
+        f"kdml: error: the run folder {out or 'runs (where runs go without --out)'} would lie "
+        f"inside {folder}, the image folder of --dataset folder:{folder}: its plots would be "
+        "read as images of a class the next time; give --out a folder outside it")
+    assert sorted(path.name for path in folder.iterdir()) == ["c00", "c01", "c02", "c03"]
+    grid = tmp_path / "grid.yaml"  # a grid's folder alike
+    grid.write_text("recipe: amsoftmax\ngrid: {train.seed: [0]}\n")
+    assert train("train", "--config", grid, *args[2:], *(["--out", out] if out else [])) == 2
+    assert "would lie inside" in error_line(capsys)
+    assert sorted(path.name for path in folder.iterdir()) == ["c00", "c01", "c02", "c03"]
+    assert train(*args, "--out", tmp_path / "run") == 0

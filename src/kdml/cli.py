@@ -410,6 +410,7 @@ def _train(args: argparse.Namespace) -> int:
         RUNS_FOLDER,
         RunFolder,
         check_new_run_folder,
+        check_outside_image_folders,
         default_run_dir,
         remove_if_unused,
     )
@@ -453,6 +454,7 @@ def _train(args: argparse.Namespace) -> int:
     runs_made = not RUNS_FOLDER.exists()  # by default_run_dir, if it is used
 
     def new_run_folder() -> Path:  # rank 0 names and checks it (its time stamp for all)
+        check_outside_image_folders(args.out or RUNS_FOLDER, config.data.dataset)
         run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
         check_new_run_folder(run_dir)
         return run_dir
@@ -496,7 +498,12 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     from kdml import distributed
     from kdml.config import with_absolute_paths
     from kdml.training.grid import best_cells, changed_setting, check_grid_folder, write_marker
-    from kdml.training.run_folder import RunFolder, default_run_dir
+    from kdml.training.run_folder import (
+        RUNS_FOLDER,
+        RunFolder,
+        check_outside_image_folders,
+        default_run_dir,
+    )
     from kdml.training.selection import as_validation_history, best_scores
     from kdml.training.trainer import run_config, train
 
@@ -512,6 +519,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     _join_processes(configs[0])
 
     def grid_folder() -> Path:  # rank 0 names, checks and marks it
+        check_outside_image_folders(args.out or RUNS_FOLDER, configs[0].data.dataset)
         root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
         if not check_grid_folder(root, cells):
             write_marker(root, cells, file_values["grid"])

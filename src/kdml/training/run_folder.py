@@ -436,6 +436,24 @@ def default_run_dir(recipe: str, dataset: str, parent: Path = RUNS_FOLDER) -> Pa
             raise KdmlError(f"cannot make the run folder {path}: {why}") from None
 
 
+def check_outside_image_folders(run_dir: Path, dataset: str) -> None:
+    """Refuse a run folder (or, given no ``--out``, the ``runs/`` folder) inside the folder of
+    a ``folder:`` dataset, as when training from inside the photo folder: the run's plots
+    would be read as the images of a class the next time the folder is read, and its
+    data.json would no longer match the data."""
+    for part in dataset.split("->"):  # either side of a domain pair
+        if not part.startswith("folder:"):
+            continue
+        images = Path(part.removeprefix("folder:")).expanduser().resolve()
+        place = run_dir.expanduser().resolve()
+        if place == images or images in place.parents:
+            named = f"{run_dir} (where runs go without --out)" if run_dir == RUNS_FOLDER else (
+                str(run_dir))
+            raise KdmlError(f"the run folder {named} would lie inside {images}, the image "
+                            f"folder of --dataset {part}: its plots would be read as images of "
+                            "a class the next time; give --out a folder outside it")
+
+
 def remove_if_unused(root: Path) -> None:
     """Remove ``root``, a folder :func:`default_run_dir` made, where the run it was made for
     wrote nothing in it (refused, or interrupted, before it started: at most its lock file
