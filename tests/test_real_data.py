@@ -326,3 +326,21 @@ def test_a_run_folder_inside_the_image_folder_is_refused(tmp_path, capsys, monke
     assert "would lie inside" in error_line(capsys)
     assert sorted(path.name for path in folder.iterdir()) == ["c00", "c01", "c02", "c03"]
     assert train(*args, "--out", tmp_path / "run") == 0
+
+
+def test_skipped_images_that_leave_one_test_class_are_refused(tmp_path, capsys):
+    """Every image of one of the two test classes unreadable: skipped, they left a one-class
+    test part whose metrics were all a trivial 1.0 (the listed labels had passed the check)."""
+    folder = make_folder(tmp_path, classes=4, per_class=4, size=24)
+    for image in (folder / "c03").iterdir():
+        image.write_bytes(b"\xff\xd8 this is not really a JPEG")
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", out,
+                 "data.batch_size=4", "data.on_bad_image=skip", *TINY) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "kdml: error: the unreadable images data.on_bad_image=skip left out leave the test part "
+        "with fewer than 2 classes, so Recall@K, MAP@R and R-Precision would be trivially 1 (or "
+        "undefined); replace those images")
+    assert not (out / "metrics.json").exists() or json.loads(
+        (out / "metrics.json").read_text())["final"] is None

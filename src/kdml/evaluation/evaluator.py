@@ -170,12 +170,34 @@ def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
     metrics are not read as those of the whole set the run's "test set" line counted."""
     datasets = {"test": splits.test, "gallery": splits.gallery, "train": splits.train,
                 "source": splits.train}
+    skipped = False
     for role, outputs in embedded.items():
         total = len(datasets[role] or ())
         if (scored := len(outputs.labels)) < total:
+            skipped = True
             logger.warning("%d of the %d %s samples were skipped as unreadable images "
                            "(data.on_bad_image=skip): the metrics use the other %d",
                            total - scored, total, role, scored)
+    if skipped and splits.kind != DOMAIN:
+        _check_scorable(embedded)
+
+
+def _check_scorable(embedded: dict[str, Embedded]) -> None:
+    """The training's check of the test part (a single class scores a trivial 1; a part where
+    no query has a sample of its class to retrieve scores nothing), again on what was read:
+    skipped images can leave either, which the check of the listed labels had passed."""
+    queries = embedded["test"].labels
+    references = embedded["gallery"].labels if "gallery" in embedded else queries
+    if references.unique().numel() < 2:
+        raise KdmlError("the unreadable images data.on_bad_image=skip left out leave the test "
+                        "part with fewer than 2 classes, so Recall@K, MAP@R and R-Precision "
+                        "would be trivially 1 (or undefined); replace those images")
+    scorable = (torch.isin(queries, references).any() if "gallery" in embedded
+                else (queries.unique(return_counts=True)[1] > 1).any())
+    if not scorable:
+        raise KdmlError("the unreadable images data.on_bad_image=skip left out leave no test "
+                        "query with another sample of its class to retrieve, so Recall@K is "
+                        "undefined; replace those images")
 
 
 def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
