@@ -339,7 +339,7 @@ def test_a_dataset_prefix_without_a_path_asks_for_one(tmp_path, capsys, prefix):
 @pytest.mark.parametrize(("dataset", "why"), [
     ("digits", "it is not read from a data folder"),
     ("mnist5k->digits", "it is not read from a data folder"),
-    ("folder:{tmp}", "its path is in its name")])
+    ("folder:{tmp}/photos", "its path is in its name")])
 def test_a_data_root_that_the_dataset_would_ignore_is_refused(tmp_path, capsys, dataset, why,
                                                               finished_run):
     """It used to be ignored without a word: a user pointing at their own copy trained on
