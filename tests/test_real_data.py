@@ -344,3 +344,29 @@ def test_skipped_images_that_leave_one_test_class_are_refused(tmp_path, capsys):
         "undefined); replace those images")
     assert not (out / "metrics.json").exists() or json.loads(
         (out / "metrics.json").read_text())["final"] is None
+
+
+@pytest.mark.parametrize(("dataset", "overrides", "message"), [
+    ("cub", ["data.train_classes=4"],
+     "data.train_classes applies to the class-disjoint split only, and cub has a split of its "
+     "own, which data.split=standard takes; drop it, or set data.split=class-disjoint"),
+    ("digits", ["data.holdout_fraction=0.3"],
+     "data.holdout_fraction applies to the seen-holdout split only, and the split is "
+     "class-disjoint; drop it, or set data.split=seen-holdout"),
+    ("digits", ["data.split=seen-holdout", "data.train_classes=3"],
+     "data.train_classes applies to the class-disjoint split only, and the split is "
+     "seen-holdout; drop it, or set data.split=class-disjoint"),
+    ("mnist5k->digits", ["data.train_classes=3"],
+     "data.train_classes applies to the class-disjoint split only, and mnist5k->digits is a "
+     "domain pair, trained on its source and scored on its target; drop it"),
+])
+def test_a_split_setting_the_split_does_not_use_is_refused(tmp_path, capsys, dataset,
+                                                           overrides, message):
+    """data.train_classes on CUB's own split was ignored without a word (3 of 6 classes
+    trained), while config.yaml recorded it; holdout_fraction outside seen-holdout alike."""
+    root = make_cub(tmp_path / "cub", classes=6, per_class=2) if dataset == "cub" else None
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", dataset, "--out", out, *overrides, *TINY,
+                 *(["--data-root", root] if root else [])) == 2
+    assert error_line(capsys) == f"kdml: error: {message}"
+    assert not out.exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kdml.config import DataConfig
@@ -25,6 +27,8 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
     dataset is opened once for both; without ``test_part`` or validation both are the same."""
     if is_domain_dataset(data.dataset):
         check_root_is_read(data.dataset, data.root)
+        check_split_settings(data, f"{data.dataset} is a domain pair, trained on its source "
+                                   "and scored on its target", pair=True)
         if data.validation:
             raise KdmlError("data.validation applies to single datasets, not to domain pairs "
                             "(the target's labels are for evaluation only)")
@@ -43,6 +47,13 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
         raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")
     parts = open_dataset(data.dataset, data.root)
     dataset = parts.dataset
+    if data.split == "standard" and parts.parts:
+        check_split_settings(data, f"{data.dataset} has a split of its own, which "
+                                   "data.split=standard takes")
+    elif data.split == "seen-holdout":
+        check_split_settings(data, "the split is seen-holdout", holdout=True)
+    else:
+        check_split_settings(data, "the split is class-disjoint", disjoint=True)
     if isinstance(dataset, ImageFiles):
         dataset = dataset.resized(data.resize)
 
@@ -52,6 +63,20 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
 
     trained = split(data.validation)
     return trained, split(0.0) if test_part and data.validation else trained
+
+
+def check_split_settings(data: DataConfig, why: str, disjoint: bool = False,
+                         holdout: bool = False, pair: bool = False) -> None:
+    """Refuse ``data.train_classes`` (class-disjoint splits only) or ``data.holdout_fraction``
+    (seen-holdout only) changed from their defaults where the split does not use them: they
+    had been ignored without a word, while config.yaml recorded them."""
+    defaults = {field.name: field.default for field in dataclasses.fields(DataConfig)}
+    for setting, used, split in (("train_classes", disjoint, "class-disjoint"),
+                                 ("holdout_fraction", holdout, "seen-holdout")):
+        if not used and getattr(data, setting) != defaults[setting]:
+            remedy = "drop it" if pair else f"drop it, or set data.split={split}"
+            raise KdmlError(f"data.{setting} applies to the {split} split only, and {why}; "
+                            f"{remedy}")
 
 
 def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:
