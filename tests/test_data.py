@@ -165,6 +165,14 @@ def test_a_split_whose_test_classes_are_partly_trained_on_is_refused():
         make_splits(dataset, parts, "standard", validation=0.5)
     # the dataset's own split is not used by the other splits
     assert make_splits(dataset, parts, "seen-holdout").kind == SEEN
+    # a gallery is scored too: a training class there had passed as "not seen in training"
+    parts = {"train": torch.tensor([0, 1, 2, 3]), "query": torch.tensor([6]),
+             "gallery": torch.tensor([7, 4])}
+    with pytest.raises(KdmlError, match=r"^toy: its train and test parts share 1 of the 2 test "
+                                        r"classes \(e.g. 'cat'\)"):
+        make_splits(dataset, parts, "standard")
+    parts["gallery"] = torch.tensor([7])
+    assert make_splits(dataset, parts, "standard").kind == UNSEEN
 
 
 def test_class_names_follow_the_training_splits_new_labels():

@@ -200,7 +200,9 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
                           ("gallery", gallery_idx)):
         if indices is not None and len(indices) == 0:
             raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty")
-    refuse_partly_seen(dataset, train_idx, test_idx)
+    # the gallery is scored too: a gallery image of a training class had passed as unseen
+    refuse_partly_seen(dataset, train_idx, test_idx if gallery_idx is None
+                       else torch.cat([test_idx, gallery_idx]))
     test_name = "test"
     if validation:
         seen = bool(torch.isin(dataset.labels[test_idx], dataset.labels[train_idx]).all())
@@ -221,7 +223,8 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
 def refuse_partly_seen(dataset: DmlDataset, train_idx: Tensor, test_idx: Tensor) -> None:
     """Refuse a split (a dataset's own, such as a CSV's) whose test classes are partly training
     classes: the run could neither call them unseen nor score a probe on them, and their
-    samples would match samples of the same class trained on, raising Recall@K."""
+    samples would match samples of the same class trained on, raising Recall@K. With a
+    gallery, ``test_idx`` holds the queries and the gallery."""
     test_classes = dataset.labels[test_idx].unique()
     trained = torch.isin(test_classes, dataset.labels[train_idx].unique())
     if not trained.any() or trained.all():  # unseen, or seen: both are scored as such
