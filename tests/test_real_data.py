@@ -141,6 +141,23 @@ def test_eval_finds_a_moved_feature_file_with_data_root(tmp_path, capsys):
     assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_target_without_source_classes_is_warned_of(tmp_path, capsys, shared):
+    """Its source_nn_accuracy can only be 0, and was printed as a plain 0.0000."""
+    rng = np.random.default_rng(0)
+    features = tmp_path / "lbp.npz"
+    labels = np.tile(np.arange(4), 10) if shared else np.repeat(np.arange(4), 10)
+    np.savez(features, X=rng.standard_normal((40, 6)).astype(np.float32), y=labels,
+             domain=np.repeat(["source", "target"], 20))
+    out = tmp_path / "run"
+    assert train("train", "dtml", "--dataset", f"npz:{features}", "--out", out,
+                 "data.batch_size=16", "method.k1=2", "method.k2=3", *TINY) == 0
+    warned = "lbp/target has a source class, so source_nn_accuracy" in capsys.readouterr().err
+    assert warned != shared
+    assert (json.loads((out / "metrics.json").read_text())["final"]["source_nn_accuracy"] == 0
+            or shared)
+
+
 # ----------------------------------------------------------------------------- broken layouts
 
 

@@ -670,8 +670,9 @@ MIN_VALIDATION_CLASSES = 5
 
 def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
     """Warn about data that trains but means little: a single training class (a single test
-    class is refused, :func:`check_evaluation`), and a validation part of fewer than
-    :data:`MIN_VALIDATION_CLASSES` classes."""
+    class is refused, :func:`check_evaluation`), a validation part of fewer than
+    :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose target shares no class
+    with its source."""
     if splits.train.num_classes == 1:
         log.warning("the training split of %s has a single class: class-based losses have "
                     "nothing to separate", splits.train.name)
@@ -682,6 +683,13 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
         log.warning("the validation part holds %d classes, too few for what is chosen on it "
                     "(train.keep_best's epoch, train.patience's stop, a grid's best cell) to "
                     "mean much; %s", splits.test.num_classes, more)
+    if splits.kind == DOMAIN:
+        target = splits.test.labels[splits.test.labels >= 0]
+        if not torch.isin(target, torch.tensor(splits.train_classes)).any():
+            log.warning("no labelled target sample of %s has a source class, so "
+                        "source_nn_accuracy (the target samples whose nearest source sample has "
+                        "their label) is 0 whatever the model; the target retrieval metrics "
+                        "still mean what they say", splits.test.name)
 
 
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
