@@ -387,3 +387,20 @@ def test_a_split_setting_the_split_does_not_use_is_refused(tmp_path, capsys, dat
                  *(["--data-root", root] if root else [])) == 2
     assert error_line(capsys) == f"kdml: error: {message}"
     assert not out.exists()
+
+
+def test_a_relative_data_root_gives_sources_that_lead_to_the_images(tmp_path, monkeypatch,
+                                                                     capsys):
+    """``kdml embed``/``index`` with a relative --data-root kept the sources relative to the
+    folder they ran in, so ``kdml search`` run elsewhere printed paths that led nowhere."""
+    root = make_cub(tmp_path / "cub", classes=4, per_class=4)
+    out = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", "cub", "--data-root", root, "--out", out,
+                 "data.batch_size=4", *TINY) == 0
+    monkeypatch.chdir(tmp_path)
+    assert train("embed", out, "--data-root", "cub", "--out", tmp_path / "emb.npz") == 0
+    sources = np.load(tmp_path / "emb.npz")["sources"]
+    assert all(Path(source).is_absolute() and Path(source).is_file() for source in sources)
+    # a file (a CSV list, say) is not the folder the data lies in: it had been searched under
+    assert train("eval", out, "--data-root", root / "images.txt") == 2
+    assert "images.txt is a file; give the folder the data lies in" in error_line(capsys)

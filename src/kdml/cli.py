@@ -267,8 +267,19 @@ def _add_test_part(parser: argparse.ArgumentParser) -> None:
                         "run that did not validate uses it anyway)")
 
 
+def _data_folder(text: str) -> Path:
+    """An argparse type: :func:`_folder`, made absolute, so that the sources an index or an
+    embedding file records lead to the images from any folder (train's config records it so
+    too). A file is refused: for ``csv:FILE`` it is the folder the list lies in."""
+    folder = _folder(text).absolute()
+    if folder.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give the folder the data lies in "
+                                         "(for csv:FILE, the folder of the list)")
+    return folder
+
+
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-root", metavar="DIR", type=_folder,
+    parser.add_argument("--data-root", metavar="DIR", type=_data_folder,
                         help="where the run's on-disk dataset is now, if it moved (for "
                         "folder:DIR the folder itself, for csv:FILE the folder of the list)")
 
