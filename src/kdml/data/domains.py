@@ -242,7 +242,9 @@ def load_feature_domains(path: str | Path) -> DomainPair:
                         "numpy.savez(path, X=..., y=..., domain=...)")
     try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+            arrays = {key: _member(archive, key, path) for key in archive.files}
+    except KdmlError:  # a ValueError too: not to be caught just below
+        raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise KdmlError(f"{path} is not a readable .npz file without object arrays "
                         f"({(str(error) or 'empty').splitlines()[0]})") from None
@@ -290,6 +292,24 @@ def load_feature_domains(path: str | Path) -> DomainPair:
     source = ArrayDataset(f"{path.stem}/source", description, x[is_source], y[is_source])
     target = ArrayDataset(f"{path.stem}/target", description, x[~is_source], y[~is_source])
     return DomainPair(source, target, path.stem, description)
+
+
+# What to save an object array as: strings for domain, the numeric dtype the others need.
+OBJECT_FIXES = {"domain": "domain.astype(str)", "y": "y.astype(int)", "X": "X.astype(np.float32)"}
+
+
+def _member(archive: Any, key: str, path: Path) -> Any:
+    """The array ``key`` of an open .npz; an object array (pandas' ``.values`` of a text
+    column) is refused by name: np.load would unpickle it, which can run code."""
+    try:
+        return archive[key]
+    except ValueError as error:
+        if "allow_pickle" not in str(error):
+            raise
+        fix = OBJECT_FIXES.get(key, f"{key} with a numeric or string dtype")
+        raise KdmlError(f"{path}: the array {key!r} holds Python objects (dtype object, as "
+                        "pandas' .values gives), and kdml reads no object arrays (loading one "
+                        f"can run code); save it as {fix}") from None
 
 
 def _parse_domains(domains: np.ndarray, path: Path) -> np.ndarray:

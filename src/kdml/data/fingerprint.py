@@ -117,7 +117,10 @@ def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None
         raise TypeError(f"no fingerprint for a {type(dataset).__name__}")
     digest.update(b"\0labels\0" + dataset.labels.numpy().astype("<i8").tobytes())
     names = sorted((dataset.class_names or {}).items())
-    digest.update(b"\0classes\0" + json.dumps(names, ensure_ascii=False).encode() + extra)
+    # surrogateescape: a name holding bytes that are not UTF-8, as Python reads a file name;
+    # a UTF-8 name encodes as before, so existing runs' data.json still match
+    names_json = json.dumps(names, ensure_ascii=False).encode("utf-8", "surrogateescape")
+    digest.update(b"\0classes\0" + names_json + extra)
     return {"samples": len(dataset), "classes": dataset.num_classes, "kind": kind,
             "sha256": digest.hexdigest()}, folder
 

@@ -188,7 +188,7 @@ def missing_files(paths: Sequence[str] | np.ndarray) -> list[str]:
         try:
             with os.scandir(folder) as entries:
                 present = {entry.name for entry in entries if _is_file(entry)}
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL byte in the folder's name
             present = set()
         missing.update(path for path in members if os.path.basename(path) not in present)
     return [str(path) for path in paths if str(path) in missing]

@@ -444,8 +444,11 @@ def check_outside_image_folders(run_dir: Path, dataset: str) -> None:
     for part in dataset.split("->"):  # either side of a domain pair
         if not part.startswith("folder:"):
             continue
-        images = Path(part.removeprefix("folder:")).expanduser().resolve()
-        place = run_dir.expanduser().resolve()
+        try:
+            images = Path(part.removeprefix("folder:")).expanduser().resolve()
+            place = run_dir.expanduser().resolve()
+        except (RuntimeError, OSError):  # a loop of links: the data's reader says so
+            continue
         if place == images or images in place.parents:
             named = f"{run_dir} (where runs go without --out)" if run_dir == RUNS_FOLDER else (
                 str(run_dir))

@@ -114,6 +114,13 @@ class Layout:
             raise self.error(f"{relative} line {line} is malformed: {text!r} is not an "
                              "integer") from None
 
+    def check_path(self, path: str, where: str) -> None:
+        """Refuse a listed path that holds a NUL byte, a damaged list: no file name can hold
+        one, and the file system's calls raise on it instead of saying the file is missing."""
+        if "\0" in path:
+            raise self.error(f"{where}the path {path!r} holds a NUL byte, which no file name "
+                             "can: the list is damaged; correct or remove that line")
+
     def check_images(self, paths: Sequence[str], lines: Sequence[int] | None = None) -> None:
         """Every listed image must be a file (a link must lead to one); report the first that
         is not, on its line of the list where ``lines`` gives each path's, and the count."""
@@ -122,6 +129,7 @@ class Layout:
             return
         first = missing[0]
         where = f"line {lines[list(paths).index(first)]}: " if lines is not None else ""
+        self.check_path(first, where)
         link = (f", a link to {os.readlink(first)} that leads to no file"
                 if os.path.islink(first) else "")
         if os.path.isdir(first):  # there, but a folder: "missing" would send the user looking
@@ -130,6 +138,19 @@ class Layout:
                              "not files)")
         raise self.error(f"{where}missing image {first}{link} ({len(missing)} of {len(paths)} "
                          "listed images are missing)")
+
+
+def resolved(path: Path, dataset: str, kind: str) -> Path:
+    """``path`` made absolute, links resolved, or a one-line error where it is a loop of
+    links (Python before 3.13 raises RuntimeError there; 3.13 returns the link)."""
+    try:
+        real = Path(path).expanduser().resolve()
+    except (RuntimeError, OSError):
+        real = Path(path).expanduser().absolute()
+    if real.is_symlink():  # resolving stopped at a link: one that leads back to itself
+        raise KdmlError(f"{dataset}: {real} is a symbolic link in a loop (it leads back to "
+                        f"itself), so it names no {kind}; give the path of the {kind} itself")
+    return real
 
 
 def first_repeat(keys: Iterable[tuple[Hashable, Line]]) -> tuple[Hashable, Line, Line]:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where
+from kdml.data.formats.common import DatasetParts, Layout, indices_where, resolved
 from kdml.data.images import ImageFiles
 
 EXPECTED = "a header 'path,label,split[,is_query,is_gallery]' then one row per image"
@@ -41,6 +41,9 @@ FLAG_VALUES = {"0": False, "1": True, "false": False, "true": True, "": False}
 
 def read_table(layout: Layout, csv_file: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
     """The lower-cased header and the non-blank rows, each with its line number."""
+    if csv_file.is_dir():
+        raise layout.error(f"it is a folder, not a CSV file; for a folder of class sub-folders "
+                           f"use --dataset folder:{csv_file}")
     if not csv_file.is_file():
         raise layout.error("no such file")
     with csv_file.open(newline="", encoding="utf-8-sig") as stream:
@@ -94,7 +97,7 @@ def label_ids(names: list[str]) -> tuple[list[int], dict[int, str]]:
 
 def load_csv(csv_file: Path) -> DatasetParts:
     """Read the images listed in ``csv_file`` with their labels and split."""
-    csv_file = Path(csv_file).expanduser().resolve()
+    csv_file = resolved(csv_file, f"csv:{Path(csv_file).name}", "file")
     layout = Layout(f"csv:{csv_file.name}", csv_file, EXPECTED)
     header, rows = read_table(layout, csv_file)
     column = {name: header.index(name) for name in (*REQUIRED, *FLAGS) if name in header}
@@ -107,6 +110,7 @@ def load_csv(csv_file: Path) -> DatasetParts:
             raise layout.error(f"line {line}: empty {'path' if not path else 'label'}")
         if split.lower() not in ("train", "test"):
             raise layout.error(f"line {line}: split must be train or test, got {split!r}")
+        layout.check_path(path, f"line {line}: ")
         # An image listed twice is its twin's perfect match (Recall@1 of 1), or has two labels;
         # so is one listed under two names, through a link.
         image = os.path.realpath(csv_file.parent / path)

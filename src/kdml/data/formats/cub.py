@@ -44,8 +44,10 @@ def load_cub(root: Path) -> DatasetParts:
     path_of = {layout.integer(f[0], "images.txt", n): f[1] for n, f in images}
     class_of = {layout.integer(f[0], "image_class_labels.txt", n):
                 layout.integer(f[1], "image_class_labels.txt", n) for n, f in classes}
-    if len(path_of) != len(images):
-        raise layout.error("images.txt lists an image id twice")
+    if len(path_of) != len(images):  # the last line's image would win
+        image_id, first, line = first_repeat([(int(f[0]), n) for n, f in images])
+        raise layout.error(f"images.txt lists an image id twice: lines {first} and {line} "
+                           f"both list id {image_id}; give each image its own id")
     if len(class_of) != len(classes):  # the last line's label would win
         image_id, first, line = first_repeat([(int(f[0]), n) for n, f in classes])
         raise layout.error(f"image_class_labels.txt lines {first} and {line} both label image "

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout
+from kdml.data.formats.common import DatasetParts, Layout, resolved
 from kdml.data.images import IMAGE_EXTENSIONS, ImageFiles
 
 EXPECTED = "one sub-folder per class holding its images, e.g. DIR/<class>/<image>.jpg"
@@ -93,8 +93,10 @@ def relative(path: str, layout: Layout) -> str:
 
 def load_folder(folder: Path) -> DatasetParts:
     """Read the images of ``folder``, labelled by the sorted names of its sub-folders."""
-    folder = Path(folder).expanduser().resolve()
+    folder = resolved(folder, f"folder:{Path(folder).name}", "folder")
     layout = Layout(f"folder:{folder.name}", folder, EXPECTED)
+    if folder.is_file():
+        raise layout.error(f"it is a file, not a folder; {_file_hint(folder)}")
     if not folder.is_dir():
         raise layout.error("no such folder")
     with os.scandir(folder) as scanned:
@@ -135,5 +137,24 @@ def load_folder(folder: Path) -> DatasetParts:
                        "folder" if top else "")
     dataset = ImageFiles(layout.dataset, f"images in {folder}, {len(classes)} classes "
                          "(one sub-folder each)", np.asarray(paths), torch.tensor(labels),
-                         class_names=dict(enumerate(classes)))
+                         class_names={label: shown_name(name) for label, name in
+                                      enumerate(classes)})
     return DatasetParts(dataset)
+
+
+def _file_hint(path: Path) -> str:
+    """What to do about ``folder:FILE``, by what the file's extension says it is."""
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".npz"):
+        what = "a CSV list of images" if suffix == ".csv" else "a feature file"
+        return f"for {what} use --dataset {suffix[1:]}:{path}"
+    if suffix in (".zip", ".tar", ".gz", ".tgz", ".7z"):
+        return "extract it and give the folder it unpacks to"
+    return "give the folder that holds the class sub-folders"
+
+
+def shown_name(name: str) -> str:
+    """A class folder's name as the class is shown: the name itself where it is UTF-8, else
+    with each byte that is not (Latin-1 from an old zip, which Python reads as a surrogate)
+    written ``\\xNN``: ``f\\xf6x``, which captions, fonts and strict terminals can all show."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")

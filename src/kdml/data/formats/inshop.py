@@ -61,6 +61,7 @@ def load_inshop(root: Path) -> DatasetParts:
     if repeat:
         raise repeated_image(layout, relative, rows, repeat)
     paths = [str(root / path) for _, (path, _, _) in rows]
+    check_image_folder(layout, relative, rows[0][1][0])
     layout.check_images(paths)
     number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
     labels = torch.tensor([number_of[item] for _, (_, item, _) in rows])
@@ -69,6 +70,17 @@ def load_inshop(root: Path) -> DatasetParts:
     dataset = ImageFiles("inshop", "In-Shop Clothes Retrieval, 7,982 items; query vs gallery",
                          np.asarray(paths), labels, default_backbone="cnn")
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 20, 30, 40, 50))
+
+
+def check_image_folder(layout: Layout, relative: str, first_path: str) -> None:
+    """Refuse the archive's own layout, ``Img/img/...`` (``Img/img.zip`` unpacked where it
+    lies), where the list names ``img/...``: every image would be reported missing."""
+    root = layout.root
+    if (first_path.startswith("img/") and not (root / "img").exists()
+            and (root / "Img" / "img").is_dir()):
+        raise layout.error(f"the images are in Img/img/ (Img/img.zip unpacked where it lies), "
+                           f"but {relative} lists them as img/...: move {root / 'Img' / 'img'} "
+                           f"to {root / 'img'}")
 
 
 def repeated_image(layout: Layout, relative: str, rows: list[tuple[int, list[str]]],
