@@ -173,3 +173,17 @@ def test_training_on_a_folder_that_is_a_symlink_loop_says_so(tmp_path, capsys):
                      str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "symbolic link in a loop" in err, err
+
+
+def test_a_file_name_that_is_not_utf8_prints_on_a_strict_terminal():
+    """``kdml search`` prints each neighbour's file; one named in Latin-1 stopped it with a
+    UnicodeEncodeError where the locale makes stdout strict UTF-8 (en_US.UTF-8)."""
+    import subprocess
+    import sys
+
+    script = ("from kdml.cli import _lenient_stdout\n_lenient_stdout()\n"
+              "print('/data/f\\udcf6x/1.jpg')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "/data/f\\udcf6x/1.jpg\n"

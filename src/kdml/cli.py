@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import errno
 import functools
+import io
 import json
 import signal
 import sys
@@ -297,9 +298,19 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _lenient_stdout() -> None:
+    """Print a file name that is not UTF-8 (a Latin-1 folder from an old zip, read as
+    surrogates) with its bytes escaped: a terminal whose locale makes stdout strict UTF-8 had
+    stopped ``kdml search`` with a UnicodeEncodeError (stderr escapes already)."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if argv is None:  # the console command: this process's stdout is kdml's to set
+        _lenient_stdout()
     parser = build_parser()
     # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
     # matching does not allow, so collect the leftovers and accept only overrides among them.
