@@ -41,12 +41,19 @@ COMMON = ["train.epochs=1", "train.steps_per_epoch=3", "model.embedding_size=8",
           "optim.proxy_lr=0.05"]
 
 
+# float32's rounding of a value of size 1: parameters that start at 0 (BatchNorm's biases)
+# move by ~1e-4 in three steps, and their float32 gradient sums over a batch split otherwise
+# (the SimCLR recipes forward each view on its own: 16 images a rank against 32) differ in the
+# last bits, ~1e-8, which is 1e-4 of so small a parameter
+FLOAT32_FLOOR = torch.finfo(torch.float32).eps
+
+
 def assert_same_training(single, double, tolerance=1e-5):
     for name, value in single["terms"].items():
         assert double["terms"][name] == pytest.approx(value, rel=tolerance, abs=1e-7), name
     for key, value in single["state"].items():
-        scale = value.abs().max().clamp_min(1e-12)
-        assert (double["state"][key] - value).abs().max() / scale <= tolerance, key
+        allowed = max(tolerance * float(value.abs().max()), FLOAT32_FLOOR)
+        assert float((double["state"][key] - value).abs().max()) <= allowed, key
 
 
 @pytest.mark.parametrize(("recipe", "overrides"), [
