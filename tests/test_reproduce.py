@@ -736,7 +736,8 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
 # results/NAME: (paper, the experiments whose runs it keeps; None: all of the paper's)
 COMMITTED_RECORDS = {"dtml": ("dtml", None),
                      "reproduce": ("atlas", ("atlas-mmd64-fashion-mnist",
-                                             "atlas-triplet-fashion-mnist"))}
+                                             "atlas-triplet-fashion-mnist")),
+                     "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",))}
 
 
 @pytest.mark.parametrize("name", sorted(COMMITTED_RECORDS))
