@@ -142,6 +142,29 @@ def test_a_low_precision_tensor_passed_twice_is_one_tensor_after_the_cast(dtype)
         assert torch.equal(kernel(x, x), kernel(x))
 
 
+def test_a_named_tuple_of_representations_is_cast_as_itself():
+    """JRDHead's JRDRepresentations under bf16 autocast: the cast rebuilt the NamedTuple from
+    one generator and raised a TypeError."""
+    from kdml.kernels import GaussianMixtureKernel
+    from kdml.models.heads import JRDHead
+    from kdml.precision import upcast
+    from kdml.regularizers import JointRepresentationSimilarity
+
+    head = JRDHead(32, 16, 4)
+    jrs = JointRepresentationSimilarity([GaussianMixtureKernel(3), GaussianMixtureKernel(3),
+                                         GaussianMixtureKernel(1)])
+    pooled, labels = torch.randn(12, 32, generator=torch.Generator().manual_seed(0)), \
+        torch.arange(4).repeat(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        representations = head(pooled)
+        value = jrs(representations, labels)
+    cast = upcast(representations)
+    assert type(cast) is type(representations)
+    assert all(part.dtype == torch.float32 for part in cast)
+    assert value.dtype == torch.float32
+    assert float(value) == pytest.approx(float(jrs(cast, labels)), rel=1e-6)
+
+
 def test_maths_is_not_cast_down_by_autocast():
     x = torch.randn(16, 12, generator=torch.Generator().manual_seed(4))
     kernel = GaussianMixtureKernel(3)

@@ -37,7 +37,9 @@ def upcast(value: Any, made: dict[int, torch.Tensor] | None = None) -> Any:
             made[id(value)] = value.float()
         return made[id(value)]
     if isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(upcast(v, made) for v in value)
+        cast = [upcast(v, made) for v in value]
+        # a NamedTuple (JRDHead's JRDRepresentations) takes its fields as arguments
+        return type(value)(*cast) if hasattr(value, "_fields") else type(value)(cast)
     return value
 
 
