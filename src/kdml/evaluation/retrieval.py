@@ -311,6 +311,12 @@ def retrieval_metrics(
     check_metric(metric)
     if (reference is None) != (reference_labels is None):
         raise KdmlError("reference and reference_labels must be given together")
+    if reference is not None and reference is embeddings:
+        # each query would find itself first: Recall@1 of 1 on random data (PML's
+        # ref_includes_query); the same set is searched leave-one-out without a reference
+        raise KdmlError("reference is the query set itself, where each query would retrieve "
+                        "itself; leave reference and reference_labels out to search the set "
+                        "leave-one-out")
     check_positive_int("chunk_size", chunk_size)
     same_set = reference is None
     backend = resolve_backend(backend, embeddings, reference)

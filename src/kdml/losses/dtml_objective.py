@@ -144,6 +144,11 @@ class DTMLObjective(nn.Module):
         self.hidden_threshold = _check_per_layer("hidden_threshold", hidden_threshold,
                                                  nonnegative=False)
         self.fisher = MarginalFisherLoss(k1, k2, alpha)
+        if mmd is not None and not isinstance(mmd, DomainMMD):
+            # a kernel gave a matrix "loss", a string failed at the first batch
+            raise KdmlError(f"DTMLObjective: mmd must be a DomainMMD (e.g. "
+                            f"DomainMMD(GaussianMixtureKernel(1))), got {type(mmd).__name__}; "
+                            "wrap a kernel in DomainMMD")
         self.mmd = mmd if mmd is not None else DomainMMD()
 
     def layer_criterion(self, source: Tensor, labels: Tensor,

@@ -65,9 +65,10 @@ class MarginalFisherLoss(nn.Module):
 
     **Small batches.** A sample whose class has fewer than :math:`k_1 + 1` members in the batch
     takes all its same-class samples; one with fewer than :math:`k_2` samples of other classes
-    takes all of those. A warning is issued the first time this happens (once per loss
-    object). :math:`S_c` and :math:`S_b` are divided by the number of neighbour pairs actually
-    used, :math:`\sum_{ij} P_{ij}` and :math:`\sum_{ij} Q_{ij}`: this *is* :math:`N k_1` and
+    takes all of those. The first batch a loss object sees is checked for this, and warned of
+    (later batches are not checked: the check is a host sync). :math:`S_c` and :math:`S_b`
+    are divided by the number of neighbour pairs actually used, :math:`\sum_{ij} P_{ij}` and
+    :math:`\sum_{ij} Q_{ij}`: this *is* :math:`N k_1` and
     :math:`N k_2` whenever the graphs are complete (so Eq. 4-5 hold exactly), and otherwise
     keeps :math:`S_c, S_b` the mean squared distance to a neighbour, instead of shrinking them
     by the share of samples that lack neighbours. A batch with no pair at all gives 0 (still

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_float_inputs, check_tensor_inputs
+from kdml.checks import check_float_inputs, check_same_device, check_tensor_inputs
 from kdml.errors import KdmlError
 from kdml.kernels import Kernel
 from kdml.precision import full_precision
@@ -65,6 +65,7 @@ class DomainMMD(nn.Module):
             raise KdmlError(f"DomainMMD expects source [Ns, D] and target [Nt, D] embeddings, "
                             f"got {tuple(source.shape)} and {tuple(target.shape)}")
         check_float_inputs("DomainMMD", [source, target])
+        check_same_device("DomainMMD", [source, target], "source and target embeddings")
         if len(source) == 0 or len(target) == 0:
             raise KdmlError(f"DomainMMD needs at least one sample of each domain, got "
                             f"{len(source)} source and {len(target)} target samples")

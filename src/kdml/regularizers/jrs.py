@@ -78,6 +78,10 @@ def check_kernel(owner: str, kernel: object) -> nn.Module:
     returns no :math:`(M, M)` matrix is refused at the call (:func:`kernel_matrix`)."""
     if isinstance(kernel, Kernel):
         return kernel
+    if getattr(kernel, "is_inverted", None) is False:  # pytorch-metric-learning's LpDistance
+        raise KdmlError(f"{owner}: {type(kernel).__name__} is a distance (larger is farther), "
+                        "not a kernel (larger is more alike): a regularizer of it would pull "
+                        "what it should push apart; use a kernel of kdml.kernels")
     if isinstance(kernel, nn.Module):
         try:
             signature = inspect.signature(kernel.forward)
