@@ -737,7 +737,8 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
 COMMITTED_RECORDS = {"dtml": ("dtml", None),
                      "reproduce": ("atlas", ("atlas-mmd64-fashion-mnist",
                                              "atlas-triplet-fashion-mnist")),
-                     "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",))}
+                     "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",)),
+                     "jrd-code-settings": ("jrd", ("jrd-code-settings-mnist5k",))}
 
 
 @pytest.mark.parametrize("name", sorted(COMMITTED_RECORDS))
