@@ -4,6 +4,8 @@ a perfect Recall@1 on random data)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +13,14 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance, SNRD
 
 from kdml.errors import KdmlError
 from kdml.evaluation.retrieval import retrieval_metrics
-from kdml.kernels import GaussianMixtureKernel
+from kdml.kernels import GaussianMixtureKernel, PolynomialKernel
 from kdml.losses.dtml_objective import DTMLObjective
-from kdml.regularizers import DomainMMD, JointRepresentationSimilarity
+from kdml.regularizers import (
+    DomainMMD,
+    IntraClassPenalty,
+    JointRepresentationSimilarity,
+    ManifoldMMD,
+)
 
 
 @pytest.mark.parametrize("mmd", [GaussianMixtureKernel(1), "gaussian"])
@@ -52,3 +59,22 @@ def test_the_query_set_as_its_own_reference_is_refused():
     with pytest.raises(KdmlError, match="^reference is the query set itself"):
         retrieval_metrics(embeddings, labels, reference=embeddings, reference_labels=labels)
     assert retrieval_metrics(embeddings, labels, nmi=False)["recall@1"] < 0.5
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: PolynomialKernel(bias=float("inf")), "bias must be a finite number >= 0"),
+    (lambda: PolynomialKernel(bias=None), "bias must be a finite number >= 0"),
+    (lambda: PolynomialKernel(bias="1"), "bias must be a finite number >= 0"),
+    (lambda: GaussianMixtureKernel(9, multiplier=1e300), "multiplier=1e+300 to the power 4"),
+    (lambda: GaussianMixtureKernel(4, multiplier=1e200), "multiplier=1e+200 makes a bandwidth"),
+    (lambda: JointRepresentationSimilarity(GaussianMixtureKernel),
+     "takes a sequence of kernels, one per representation"),
+    (lambda: IntraClassPenalty(3), "IntraClassPenalty takes a kernel module"),
+    (lambda: ManifoldMMD(2, 1, eps="x"), "eps must be a number in (0, 0.5)"),
+    (lambda: ManifoldMMD(2, 1, generator=0), "generator must be a torch.Generator"),
+])
+def test_constructor_settings_are_checked_where_they_are_given(build, message):
+    """They had been raw TypeErrors or OverflowErrors, or accepted (an infinite bias gave an
+    infinite JRS; a generator of 0 failed at the first call)."""
+    with pytest.raises(KdmlError, match=re.escape(message)):
+        build()

@@ -270,7 +270,16 @@ class GaussianMixtureKernel(Kernel):
         self.multiplier = _check_positive("multiplier", multiplier)
         self.bandwidth = None if bandwidth is None else _check_positive("bandwidth", bandwidth)
         # sigma_i^2 / tau for i = 0..K-1
-        self.scales = tuple(self.multiplier ** (i - num_kernels // 2) for i in range(num_kernels))
+        try:
+            self.scales = tuple(self.multiplier ** (i - num_kernels // 2)
+                                for i in range(num_kernels))
+        except OverflowError:
+            raise KdmlError(f"multiplier={multiplier!r} to the power {num_kernels // 2} "
+                            "overflows a float: choose a smaller multiplier or fewer "
+                            "kernels") from None
+        if not all(0 < scale < math.inf for scale in self.scales):  # 1e300 ** -4 is 0
+            raise KdmlError(f"multiplier={multiplier!r} makes a bandwidth of 0 or infinity "
+                            f"across {num_kernels} kernels: choose a multiplier nearer 1")
         # -tau / sigma_i^2 per (device, dtype), made once from float64: all K Gaussians then
         # take one broadcast product, a few GPU kernels instead of 5K (a JRD step on a GPU
         # spends its time launching them). Not a buffer: .half() would round it.
@@ -361,8 +370,9 @@ class PolynomialKernel(Kernel):
         super().__init__()
         if not is_positive_int(degree):
             raise KdmlError(f"degree must be an integer >= 1, got {degree!r}")
-        if not bias >= 0:  # a negative offset is not a positive-definite kernel
-            raise KdmlError(f"bias must be >= 0, got {bias}")
+        # a negative offset is not a positive-definite kernel; an infinite one gives inf
+        if not is_finite_number(bias, at_least=0):
+            raise KdmlError(f"bias must be a finite number >= 0, got {bias!r}")
         self.degree = int(degree)
         self.bias = float(bias)
 

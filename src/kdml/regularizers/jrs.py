@@ -26,7 +26,7 @@ losses besides the batch, a miner's ``indices_tuple`` and a reference batch (``r
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -152,7 +152,9 @@ class _JointKernelRegularizer(nn.Module):
 
     def __init__(self, kernels: Sequence[Kernel]) -> None:
         super().__init__()
-        if isinstance(kernels, nn.Module):
+        # a kernel, or its class (GaussianMixtureKernel without the brackets), had failed in
+        # list() with "'type' object is not iterable"
+        if isinstance(kernels, nn.Module | type) or not isinstance(kernels, Iterable):
             raise KdmlError(
                 f"{type(self).__name__} takes a sequence of kernels, one per representation, "
                 "e.g. [GaussianMixtureKernel()]"
@@ -404,6 +406,9 @@ class IntraClassPenalty(nn.Module):
         elif isinstance(kernels, str):
             raise KdmlError(f"IntraClassPenalty takes a kernel module, not the name {kernels!r}; "
                             f"e.g. kdml.kernels.build_kernel({kernels!r})")
+        elif isinstance(kernels, type) or not isinstance(kernels, Iterable):
+            raise KdmlError(f"IntraClassPenalty takes a kernel module, e.g. "
+                            f"GaussianMixtureKernel(1), got {kernels!r}")
         else:
             kernels = list(kernels)
             if len(kernels) != 1:

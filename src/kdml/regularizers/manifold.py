@@ -20,6 +20,7 @@ from kdml.checks import (
     check_float_inputs,
     check_same_device,
     check_tensor_inputs,
+    is_finite_number,
     is_positive_int,
 )
 from kdml.errors import KdmlError
@@ -103,8 +104,11 @@ class ManifoldMMD(nn.Module):
         for name, value in (("dim", dim), ("n_charts", n_charts)):
             if not is_positive_int(value):
                 raise KdmlError(f"ManifoldMMD: {name} must be a positive integer, got {value!r}")
-        if not 0 < eps < 0.5:
-            raise KdmlError(f"ManifoldMMD: eps must be in (0, 0.5), got {eps}")
+        if not is_finite_number(eps, above=0) or not eps < 0.5:
+            raise KdmlError(f"ManifoldMMD: eps must be a number in (0, 0.5), got {eps!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise KdmlError(f"ManifoldMMD: generator must be a torch.Generator (e.g. "
+                            f"torch.Generator().manual_seed(0)) or None, got {generator!r}")
         self.dim, self.n_charts, self.eps = int(dim), int(n_charts), eps
         self.generator = generator
         self.kernel = InverseMultiquadricKernel(dim / 6)
