@@ -78,3 +78,16 @@ def test_constructor_settings_are_checked_where_they_are_given(build, message):
     infinite JRS; a generator of 0 failed at the first call)."""
     with pytest.raises(KdmlError, match=re.escape(message)):
         build()
+
+
+@pytest.mark.parametrize("regularizer", [
+    JointRepresentationSimilarity([GaussianMixtureKernel()]), IntraClassPenalty()])
+def test_a_regularizer_given_no_labels_says_where_it_goes(regularizer):
+    """As PML's embedding_regularizer= calls it, with the embeddings alone: a TypeError about
+    forward()'s missing 'labels' had been all it said."""
+    from pytorch_metric_learning.losses import ContrastiveLoss
+
+    loss = ContrastiveLoss(embedding_regularizer=regularizer)
+    with pytest.raises(KdmlError, match=r"needs the batch's labels.*add it to the loss "
+                                        r"instead"):
+        loss(torch.randn(8, 4), torch.arange(4).repeat(2))

@@ -40,6 +40,19 @@ from kdml.precision import full_precision
 __all__ = ["IntraClassPenalty", "JointIntra", "JointMMD", "JointRepresentationSimilarity"]
 
 
+def required_labels(owner: str, labels: Tensor | None) -> Tensor:
+    """``labels``, or a one-line error where they are missing: pytorch-metric-learning calls
+    an ``embedding_regularizer=`` with the embeddings alone, which had been a TypeError."""
+    if labels is None:
+        raise KdmlError(
+            f"{owner} needs the batch's labels, as {owner}(...)([embeddings], labels); "
+            "pytorch-metric-learning's embedding_regularizer= passes the embeddings alone, so "
+            "add it to the loss instead: loss = metric_loss + alpha * regularizer([embeddings], "
+            "labels)"
+        )
+    return labels
+
+
 def check_batch(owner: str, representations: Sequence[Tensor], labels: Tensor) -> None:
     """Refuse, in one line naming ``owner``, a batch that is not a sequence of float [M, D_l]
     representations with integer [M] labels on their device (JRS, its baselines, the sharded
@@ -242,9 +255,10 @@ class JointRepresentationSimilarity(_JointKernelRegularizer):
     """
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+    def forward(self, representations: Sequence[Tensor], labels: Tensor | None = None,
                 indices_tuple: object = None, ref_emb: object = None,
                 ref_labels: object = None) -> Tensor:
+        labels = required_labels(type(self).__name__, labels)
         check_no_miner(type(self).__name__, "averages the joint kernel over every inter-class "
                        "pair of the batch", indices_tuple, ref_emb, ref_labels)
         joint = self.joint_kernel(representations, labels)
@@ -302,9 +316,10 @@ class JointMMD(_JointKernelRegularizer):
     """
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+    def forward(self, representations: Sequence[Tensor], labels: Tensor | None = None,
                 indices_tuple: object = None, ref_emb: object = None,
                 ref_labels: object = None) -> Tensor:
+        labels = required_labels(type(self).__name__, labels)
         check_no_miner(type(self).__name__, "compares the kernel embeddings of the batch's "
                        "classes, each over all its samples", indices_tuple, ref_emb, ref_labels)
         sums = _class_sums(self.joint_kernel(representations, labels), labels)
@@ -350,9 +365,10 @@ class JointIntra(_JointKernelRegularizer):
     """
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+    def forward(self, representations: Sequence[Tensor], labels: Tensor | None = None,
                 indices_tuple: object = None, ref_emb: object = None,
                 ref_labels: object = None) -> Tensor:
+        labels = required_labels(type(self).__name__, labels)
         check_no_miner(type(self).__name__, "uses the kernel embeddings of the batch's "
                        "classes, each over all its samples", indices_tuple, ref_emb, ref_labels)
         sums = _class_sums(self.joint_kernel(representations, labels), labels)
@@ -420,9 +436,10 @@ class IntraClassPenalty(nn.Module):
         self.kernel = check_kernel(type(self).__name__, kernel)
 
     @full_precision
-    def forward(self, representations: Sequence[Tensor], labels: Tensor,
+    def forward(self, representations: Sequence[Tensor], labels: Tensor | None = None,
                 indices_tuple: object = None, ref_emb: object = None,
                 ref_labels: object = None) -> Tensor:
+        labels = required_labels(type(self).__name__, labels)
         owner = type(self).__name__
         check_no_miner(owner, "averages the kernel over every same-class pair of the batch",
                        indices_tuple, ref_emb, ref_labels)
