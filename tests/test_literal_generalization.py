@@ -151,17 +151,8 @@ def test_generalization_terms_equal_literal_knn_on_the_drawn_splits(
             assert len(fit) >= 1 and len(score) >= 1
             assert abs(len(fit) - fraction * size) <= 0.5 or len(fit) in (1, size - 1)
         (s_fit, s_score, _, _), (u_fit, u_score, _, _) = splits
-        values = literal_terms(
-            seen.tolist(),
-            seen_y.tolist(),
-            unseen.tolist(),
-            unseen_y.tolist(),
-            s_fit,
-            s_score,
-            u_fit,
-            u_score,
-            neighbors,
-        )
+        values = literal_terms(seen.tolist(), seen_y.tolist(), unseen.tolist(),
+                               unseen_y.tolist(), s_fit, s_score, u_fit, u_score, neighbors)
         for name, value in values.items():
             expected.setdefault(name, []).append(value)
     assert set(terms) == set(expected)
@@ -188,17 +179,8 @@ def test_vote_ties_between_classes_go_to_the_smallest_label(monkeypatch):
     for repeat in range(3):
         (s_fit, s_score, _, _), (u_fit, u_score, _, _) = draws[2 * repeat : 2 * repeat + 2]
         assert len(s_fit) == len(u_fit) == 2
-        values = literal_terms(
-            seen.tolist(),
-            seen_y.tolist(),
-            unseen.tolist(),
-            unseen_y.tolist(),
-            s_fit,
-            s_score,
-            u_fit,
-            u_score,
-            2,
-        )
+        values = literal_terms(seen.tolist(), seen_y.tolist(), unseen.tolist(),
+                               unseen_y.tolist(), s_fit, s_score, u_fit, u_score, 2)
         for name in ("lambda", "h_divergence", "err_seen", "err_unseen"):
             assert terms[name].values[repeat] == pytest.approx(values[name], abs=1e-15), name
         fit_x = np.concatenate([seen[s_fit], unseen[u_fit]])
