@@ -38,8 +38,9 @@ def upcast(value: Any, made: dict[int, torch.Tensor] | None = None) -> Any:
         return made[id(value)]
     if isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
         cast = [upcast(v, made) for v in value]
-        # a NamedTuple (JRDHead's JRDRepresentations) takes its fields as arguments
-        return type(value)(*cast) if hasattr(value, "_fields") else type(value)(cast)
+        # a NamedTuple (JRDHead's JRDRepresentations) is made from its fields by _make
+        make = getattr(type(value), "_make", type(value))
+        return make(cast)
     return value
 
 
