@@ -274,9 +274,10 @@ class GaussianMixtureKernel(Kernel):
             self.scales = tuple(self.multiplier ** (i - num_kernels // 2)
                                 for i in range(num_kernels))
         except OverflowError:
-            raise KdmlError(f"multiplier={multiplier!r} to the power {num_kernels // 2} "
-                            "overflows a float: choose a smaller multiplier or fewer "
-                            "kernels") from None
+            low, high = -(num_kernels // 2), num_kernels - 1 - num_kernels // 2
+            raise KdmlError(f"multiplier={multiplier!r} to the powers {low} to {high} (the "
+                            f"{num_kernels} kernels' bandwidths) overflows a float: choose a "
+                            "multiplier nearer 1 or fewer kernels") from None
         if not all(0 < scale < math.inf for scale in self.scales):  # 1e300 ** -4 is 0
             raise KdmlError(f"multiplier={multiplier!r} makes a bandwidth of 0 or infinity "
                             f"across {num_kernels} kernels: choose a multiplier nearer 1")
