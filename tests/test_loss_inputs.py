@@ -283,6 +283,11 @@ def test_domain_mmd_refuses_arrays_in_one_line(kernel, convert):
     (20.0, float("nan"), "a margin that is a finite number >= 0, got nan"),  # gave NaN
     (20.0, float("inf"), "a margin that is a finite number >= 0, got inf"),
     (20.0, -0.1, r"a margin that is a finite number >= 0, got -0\.1"),
+    # a per-class scale had been taken silently, a margin of another length a raw size error
+    (torch.full((3,), 20.0), 0.1, r"a scale that is one number \(a tensor of one element, if "
+                                  r"learned\), got shape \(3,\)"),
+    (20.0, torch.full((5,), 0.1), r"a margin that is one number \(a tensor of one element, if "
+                                  r"learned\), got shape \(5,\)"),
 ])
 def test_am_softmax_refuses_a_scale_or_margin_outside_eq_12(scale, margin, message):
     cosines, labels = torch.rand(4, 3), torch.tensor([0, 1, 2, 0])

@@ -37,6 +37,9 @@ def _check_setting(name: str, value: float, low: float, strict: bool) -> None:
     """Refuse a ``scale`` or ``margin`` that is not a finite number above ``low`` (at least
     ``low`` unless ``strict``); a tensor, e.g. a learned scale, is not read (a host sync)."""
     if isinstance(value, Tensor):
+        if value.numel() != 1:  # one of shape [C] had silently weighted each class
+            raise KdmlError(f"am_softmax_loss needs a {name} that is one number (a tensor of "
+                            f"one element, if learned), got shape {tuple(value.shape)}")
         return
     if not (is_finite_number(value, above=low) if strict
             else is_finite_number(value, at_least=low)):
