@@ -406,3 +406,17 @@ def test_kernel_settings_take_zero_dimensional_tensors_and_arrays():
 
     assert GaussianMixtureKernel(bandwidth=torch.tensor(2.0)).bandwidth == 2.0
     assert GaussianMixtureKernel(multiplier=np.array(3.0)).multiplier == 3.0
+
+
+@pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), LaplaceKernel(), LaplaceKernel(1.0),
+                                    PolynomialKernel(), MomentGeneratingKernel(),
+                                    InverseMultiquadricKernel(0.5)], ids=repr)
+def test_a_float32_and_a_float64_input_are_taken_in_float64(kernel):
+    """Fixed-bandwidth Laplace, polynomial and MGF raised torch's dtype mismatch where the
+    Gaussian kernels promoted: each now computes in the wider dtype."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    y = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    mixed = kernel(x.float(), y)
+    assert mixed.dtype == torch.float64
+    assert torch.allclose(mixed, kernel(x.float().double(), y), rtol=1e-12, atol=0)

@@ -217,6 +217,11 @@ class Kernel(nn.Module):
         if y is None:
             y = x
         _check_inputs(self, x, y)
+        if y is not x and x.dtype != y.dtype:
+            # float32 against float64: every kernel works in the wider one, as torch's own
+            # arithmetic promotes (matmul and cdist would refuse the pair)
+            wider = torch.promote_types(x.dtype, y.dtype)
+            x, y = x.to(wider), y.to(wider)
         return self.matrix(x, y)
 
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:
