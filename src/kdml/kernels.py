@@ -248,7 +248,9 @@ class GaussianMixtureKernel(Kernel):
     different batches ``kernel(x, y)`` they are the pairs of the concatenation ``[x; y]``, as
     in the DAN / JAN (JMMD) code, so that :math:`K(x, y)` is the off-diagonal block of the
     kernel matrix of the joint sample. It is floored at :func:`resolution_floor` of those
-    points (``power=2``), which only a batch collapsed to float rounding reaches.
+    points (``power=2``): a batch collapsed to float rounding reaches it, and so does one
+    whose spread is small beside its distance from the origin (float32 points 1e4 from
+    the origin with a unit spread), whose kernels it flattens.
 
     Args:
         num_kernels: number :math:`K` of Gaussians. Default: 3.
