@@ -893,7 +893,19 @@ def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch
     assert "recall@1" in capsys.readouterr().out
     final = json.loads((run / "metrics.json").read_text())["final"]
     assert "test/recall@1" in json.loads((run / "metrics.json").read_text())["epochs"][-1]
-    assert "epoch 2 was trained but not scored; scoring it" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "epoch 2 was trained but not scored; scoring it" in log
+    # each value once: epoch 2's training terms were logged when it trained, its scores now
+    # (the scoring had logged the whole row again, and TensorBoard got lr and loss twice)
+    assert sum("epoch 2: " in line and "train/loss=" in line for line in log.splitlines()) == 1
+    scored = next(line for line in log.splitlines() if "epoch 2 scored: " in line)
+    assert "test/recall@1=" in scored and "train/loss" not in scored and "lr=" not in scored
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/loss")] == [1, 2]
+    assert [event.step for event in events.Scalars("test/recall@1")] == [2]
     assert cli.main(["eval", str(run)]) == 0
     assert final == json.loads((run / "eval.json").read_text())["metrics"]
 

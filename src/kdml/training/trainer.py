@@ -18,7 +18,7 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -944,10 +944,12 @@ def _score_last_epoch(session: Session, recorder: Recorder, history: list[dict[s
     beyond = (f" (beyond train.epochs={config.train.epochs}, lowered since)"
               if epoch > config.train.epochs else "")
     recorder.log.info("epoch %d%s was trained but not scored; scoring it", epoch, beyond)
+    recorded = set(row)  # its training terms: logged when it trained
     session.score(epoch, row, progress)
     recorder.epoch(row, history, functools.partial(session.checkpoint, epoch, history, True),
                    keep_as_best=(config.train.keep_best
-                                 and best_epoch(history, metric) == epoch))
+                                 and best_epoch(history, metric) == epoch),
+                   recorded=recorded)
 
 
 # backbones the papers start from ImageNet weights (model.weights)
@@ -1098,13 +1100,20 @@ class Recorder:
             self.run.unscored_checkpoint.parent.rmdir()
 
     def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
-              checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False) -> None:
+              checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False,
+              recorded: Collection[str] = ()) -> None:
+        """Record ``row`` (log line, TensorBoard), then save the checkpoint and the metrics.
+        ``recorded``: keys of ``row`` an earlier session logged already (an epoch trained
+        then, scored now): only the others are logged, so that train.log and TensorBoard
+        hold each value once."""
         if not self.writes or self.writer is None:
             return
-        for key, value in row.items():
-            if key != "epoch":
-                self.writer.add_scalar(key, value, row["epoch"])
-        self.log.info("epoch %d: %s", row["epoch"], _format_row(row))
+        new = {key: value for key, value in row.items()
+               if key != "epoch" and key not in recorded}
+        for key, value in new.items():
+            self.writer.add_scalar(key, value, row["epoch"])
+        self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
+                      _format_row(new))
         state = checkpoint()
         if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
             save_checkpoint(state, self.run.best_checkpoint)
