@@ -996,17 +996,19 @@ def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsy
 
 def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, capsys):
     """Padded by len(), a class named in Chinese (two terminal columns a character) pushed its
-    row's source column out of line with the others'."""
+    row's source column out of line with the others', and so did one with an accent stored
+    decomposed (macOS folder names: "e" and a combining acute, two characters, one column)."""
     from kdml import inspection
 
-    names = ["猫", "Black footed Albatross", "東京タワー"]
+    names = ["猫", "Black footed Albatross", "東京タワー", "Cafe\u0301 cre\u0300me"]
     neighbours = [{"rank": rank, "score": 0.5, "label": rank, "class_name": name,
                    "source": f"img{rank}.jpg"} for rank, name in enumerate(names, 1)]
     monkeypatch.setattr(inspection, "run_without_data", lambda *args: None)
     monkeypatch.setattr(inspection, "search", lambda *args: [
         {"query": "q.jpg", "metric": "cosine", "neighbours": neighbours}])
-    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "3"]) == 0
+    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "4"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.endswith(".jpg")]
     columns = [cli._columns(row[: row.index("img")]) for row in rows]
-    assert len(rows) == 3 and len(set(columns)) == 1, rows
+    assert len(rows) == 4 and len(set(columns)) == 1, rows
     assert cli._columns("東京タワー") == 10 and cli._columns("Albatross") == 9
+    assert cli._columns("Cafe\u0301") == 4 and cli._columns("a\u200db") == 2  # + a joiner

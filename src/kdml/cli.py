@@ -939,9 +939,12 @@ def _search(args: argparse.Namespace) -> int:
 
 def _columns(text: str) -> int:
     """The terminal columns ``text`` takes: East Asian wide and full-width characters take two
-    (class names in Chinese or Japanese), so a table padded by ``len`` would not line up.
-    (The standard library's table, not the wcwidth package: nothing else here needs it.)"""
-    return sum(2 if unicodedata.east_asian_width(character) in "WF" else 1
+    (class names in Chinese or Japanese), combining marks and format characters none (the
+    accents of a folder name macOS stored decomposed, "e" + U+0301), so a table padded by
+    ``len`` would not line up. (The standard library's tables, not the wcwidth package:
+    nothing else here needs it.)"""
+    return sum(0 if unicodedata.category(character) in ("Mn", "Me", "Cf")
+               else 2 if unicodedata.east_asian_width(character) in "WF" else 1
                for character in text)
 
 
