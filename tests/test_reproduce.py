@@ -738,6 +738,7 @@ COMMITTED_RECORDS = {"dtml": ("dtml", None),
                      "reproduce": ("atlas", ("atlas-mmd64-fashion-mnist",
                                              "atlas-triplet-fashion-mnist")),
                      "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",)),
+                     "simclr-table2-cnn": ("atlas", ("atlas-table2-cnn-mnist5k",)),
                      "jrd-code-settings": ("jrd", ("jrd-code-settings-mnist5k",))}
 
 
