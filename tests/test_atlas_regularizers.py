@@ -11,6 +11,7 @@ import doctest
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -302,3 +303,24 @@ def test_integer_coordinates_and_array_inputs_of_the_chart_codes_are_refused_in_
                     ChartOutputs(coords.numpy(), q.numpy()))
     raises_one_line(r"^ChartMembershipLoss takes torch tensors \(memberships q\), got ndarray",
                     ChartMembershipLoss(), q.numpy())
+
+
+@pytest.mark.parametrize("eps", [torch.tensor(0.1), torch.tensor(0.1, dtype=torch.float64),
+                                 np.array(0.1), np.float32(0.1)],
+                         ids=["tensor", "tensor64", "array", "np.float32"])
+def test_manifold_mmd_takes_a_zero_dimensional_eps_as_its_float(eps):
+    """A 0-d tensor or array had been refused ("eps must be a number in (0, 0.5)"), where the
+    kernels' settings take one: it is read once, as a Python float."""
+    mmd = ManifoldMMD(3, 2, eps=eps)
+    assert type(mmd.eps) is float and mmd.eps == float(eps)
+    coords, q, prior = make_batch(4, 2, 3, seed=10)
+    prior[0, 0] = 0.0  # clamped to eps
+    expected = ManifoldMMD(3, 2, eps=float(eps))(coords, q, prior)
+    assert mmd(coords, q, prior).item() == expected.item()
+
+
+@pytest.mark.parametrize("eps", [torch.tensor(0.5), np.array(-0.1), torch.tensor([0.1]),
+                                 np.array([0.1])], ids=["0.5", "negative", "1-d", "1-d array"])
+def test_manifold_mmd_refuses_a_tensor_eps_out_of_range_or_not_zero_dimensional(eps):
+    raises_one_line(r"^ManifoldMMD: eps must be a number in \(0, 0\.5\), got ",
+                    ManifoldMMD, 3, 2, eps=eps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import math
+import re
 
 import pytest
 import torch
@@ -406,6 +407,72 @@ def test_kernel_settings_take_zero_dimensional_tensors_and_arrays():
 
     assert GaussianMixtureKernel(bandwidth=torch.tensor(2.0)).bandwidth == 2.0
     assert GaussianMixtureKernel(multiplier=np.array(3.0)).multiplier == 3.0
+    # the polynomial bias had been refused as "bias must be a finite number >= 0"
+    for bias in (torch.tensor(1.5), np.array(1.5), torch.tensor(0.0, dtype=torch.float64)):
+        kernel = PolynomialKernel(2, bias)
+        assert type(kernel.bias) is float and kernel.bias == float(bias)
+    with pytest.raises(KdmlError, match=r"^bias must be a finite number >= 0, got "):
+        PolynomialKernel(2, torch.tensor(-1.0))
+    with pytest.raises(KdmlError, match=r"^bias must be a finite number >= 0, got "):
+        PolynomialKernel(2, torch.tensor([1.0]))  # one value, but not a 0-d tensor
+
+
+FLOAT32_LOW, FLOAT32_HIGH = 2.0**-126, 2.0**126  # normal float32 numbers with their reciprocals
+
+
+@pytest.mark.parametrize(("num_kernels", "multiplier"), [
+    (3, 1e39), (5, 1e20), (3, 1e-39), (254, 2.0), (2, 2.0**127)])
+def test_a_gaussian_mixture_refuses_bandwidth_ratios_float32_cannot_take(num_kernels,
+                                                                          multiplier):
+    """Checked in float64 only, they had passed, and -1 / ratio overflowed to -inf in the
+    float32 coefficients: 0 * -inf put NaN on the diagonal (float64 inputs gave ones)."""
+    with pytest.raises(KdmlError, match=rf"^multiplier={re.escape(repr(multiplier))} makes a "
+                                        r"bandwidth sigma_i\^2 = \S+ \* tau across "
+                                        rf"{num_kernels} kernels, outside \[1.18e-38, 8.51e\+37\]"
+                                        r" where .*: choose a multiplier nearer 1 or fewer "
+                                        r"kernels$"):
+        GaussianMixtureKernel(num_kernels, multiplier=multiplier)
+
+
+@pytest.mark.parametrize("make", [
+    lambda value: GaussianMixtureKernel(1, bandwidth=value),
+    lambda value: GaussianMixtureKernel(3, bandwidth=value),
+    lambda value: LaplaceKernel(bandwidth=value),
+    InverseMultiquadricKernel,
+], ids=["gaussian-1", "gaussian-3", "laplace", "imq"])
+@pytest.mark.parametrize("value", [1e-300, 1e-39, 1e38, 1e300])
+def test_fixed_bandwidths_and_scales_float32_cannot_take_are_refused(make, value):
+    """The same defect: 1e-300 became 0 in float32 (0 / 0 = NaN on the diagonal), 1e300
+    infinity (inf / inf = NaN everywhere for the inverse multiquadric)."""
+    with pytest.raises(KdmlError, match=r"^(bandwidth|scale)=\S+ is outside \[1.18e-38, "
+                                        r"8.51e\+37\], where .*inside it$"):
+        make(value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("num_kernels", "multiplier", "bandwidth"), [
+    (5, 1e18, None), (3, FLOAT32_HIGH, None), (3, FLOAT32_LOW, None), (253, 2.0, None),
+    (5, 1e18, 0.5), (3, FLOAT32_HIGH, 1e-20), (1, 3.0, FLOAT32_LOW), (1, 3.0, FLOAT32_HIGH),
+])
+def test_a_gaussian_mixture_in_float32_is_its_float64_formula_up_to_the_range_ends(
+        dtype, num_kernels, multiplier, bandwidth):
+    """At the ends of the range taken, the float32 kernel (bfloat16 and float16 inputs are
+    computed in it) is the literal float64 formula of the rounded inputs, to float32 rounding:
+    no NaN, ones on the diagonal."""
+    generator = torch.Generator().manual_seed(num_kernels)
+    x = (3 * torch.randn(6, 3, generator=generator)).to(dtype)
+    y = (3 * torch.randn(4, 3, generator=generator)).to(dtype)
+    xs, ys = x.double().tolist(), y.double().tolist()
+    kernel = GaussianMixtureKernel(num_kernels, multiplier, bandwidth)
+    for first, second, points in ((x, None, xs), (x, y, xs + ys)):
+        tau = bandwidth if bandwidth is not None else mean_over_pairs(points, sq_dist)
+        expected = loop_matrix(xs, xs if second is None else ys,
+                               lambda a, b, tau=tau: gaussian_mixture(a, b, tau, num_kernels,
+                                                                      multiplier))
+        value = kernel(first, second)
+        assert value.dtype == torch.float32
+        torch.testing.assert_close(value.double(), expected, rtol=0, atol=1e-6)
+    assert torch.equal(kernel(x).diag(), torch.ones(6))
 
 
 @pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), LaplaceKernel(), LaplaceKernel(1.0),

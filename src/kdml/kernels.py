@@ -34,6 +34,7 @@ from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
 __all__ = [
+    "FLOAT32_SETTING_RANGE",
     "KERNELS",
     "GaussianMixtureKernel",
     "InverseMultiquadricKernel",
@@ -190,12 +191,38 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
     check_float_inputs(name, [x, y], "inputs")
 
 
-def _check_positive(name: str, value: float) -> float:
+def _as_number(value: object) -> object:
+    """A 0-d tensor or array as its Python float (read once, where a setting is given); any
+    other value unchanged, for the caller's check to refuse or take."""
     if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 0:
-        value = float(value)  # a 0-d tensor or array, read once when the kernel is built
+        return float(value)
+    return value
+
+
+def _check_positive(name: str, value: float) -> float:
+    value = _as_number(value)  # type: ignore[assignment]
     if not is_finite_number(value, above=0):
         raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+#: The range [2^-126, 2^126] of a kernel's fixed bandwidths and scales (and the Gaussian
+#: mixture's bandwidth ratios): a number in it and its reciprocal are both normal float32
+#: numbers. Every kernel computes in float32 or wider (bfloat16 and float16 inputs are upcast
+#: to float32), where a setting outside it, or its reciprocal, rounds to 0 or infinity and
+#: puts 0 * inf = NaN on the diagonal (float64 would have given 1).
+FLOAT32_SETTING_RANGE = (torch.finfo(torch.float32).tiny, 1.0 / torch.finfo(torch.float32).tiny)
+
+
+def _check_setting(name: str, value: float) -> float:
+    """:func:`_check_positive`, within :data:`FLOAT32_SETTING_RANGE`."""
+    number = _check_positive(name, value)
+    low, high = FLOAT32_SETTING_RANGE
+    if not low <= number <= high:
+        raise KdmlError(f"{name}={number!r} is outside [{low:.3g}, {high:.3g}], where it and its "
+                        "reciprocal are normal float32 numbers (the kernel computes in float32 "
+                        f"or wider): rescale the inputs and choose a {name} inside it")
+    return number
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -252,6 +279,14 @@ class GaussianMixtureKernel(Kernel):
     whose spread is small beside its distance from the origin (float32 points 1e4 from
     the origin with a unit spread), whose kernels it flattens.
 
+    **Range.** The kernel computes in float32 or wider (bfloat16 and float16 inputs are upcast
+    to float32) with the coefficients :math:`-1 / m^{\,i - \lfloor K/2 \rfloor}`, so every
+    ratio :math:`\sigma_i^2 / \tau = m^{\,i - \lfloor K/2 \rfloor}` and a fixed :math:`\tau`
+    must lie in :data:`FLOAT32_SETTING_RANGE`, :math:`[2^{-126}, 2^{126}]`, where they and
+    their reciprocals are normal float32 numbers; others are refused when the kernel is built
+    (outside it a float32 coefficient rounded to infinity and put :math:`0 \cdot \infty` =
+    NaN on the diagonal). Inside it the float32 result is the float64 one to float32 rounding.
+
     Args:
         num_kernels: number :math:`K` of Gaussians. Default: 3.
         multiplier: ratio :math:`m` between consecutive bandwidths. Default: 2.0.
@@ -275,7 +310,7 @@ class GaussianMixtureKernel(Kernel):
             raise KdmlError(f"num_kernels must be an integer >= 1, got {num_kernels!r}")
         self.num_kernels = num_kernels = int(num_kernels)
         self.multiplier = _check_positive("multiplier", multiplier)
-        self.bandwidth = None if bandwidth is None else _check_positive("bandwidth", bandwidth)
+        self.bandwidth = None if bandwidth is None else _check_setting("bandwidth", bandwidth)
         # sigma_i^2 / tau for i = 0..K-1
         try:
             self.scales = tuple(self.multiplier ** (i - num_kernels // 2)
@@ -285,9 +320,16 @@ class GaussianMixtureKernel(Kernel):
             raise KdmlError(f"multiplier={multiplier!r} to the powers {low} to {high} (the "
                             f"{num_kernels} kernels' bandwidths) overflows a float: choose a "
                             "multiplier nearer 1 or fewer kernels") from None
-        if not all(0 < scale < math.inf for scale in self.scales):  # 1e300 ** -4 is 0
-            raise KdmlError(f"multiplier={multiplier!r} makes a bandwidth of 0 or infinity "
-                            f"across {num_kernels} kernels: choose a multiplier nearer 1")
+        # 1e300 ** -4 is 0 in float64; 1e20 ** -2 is a float64 number whose reciprocal,
+        # -1e40, overflows float32 (the coefficient below), and 0 * -inf is NaN
+        smallest, largest = FLOAT32_SETTING_RANGE
+        outside = [scale for scale in self.scales if not smallest <= scale <= largest]
+        if outside:
+            raise KdmlError(f"multiplier={multiplier!r} makes a bandwidth sigma_i^2 = "
+                            f"{outside[0]:.3g} * tau across {num_kernels} kernels, outside "
+                            f"[{smallest:.3g}, {largest:.3g}] where it and its reciprocal are "
+                            "normal float32 numbers (the kernel computes in float32 or wider): "
+                            "choose a multiplier nearer 1 or fewer kernels")
         # -tau / sigma_i^2 per (device, dtype), made once from float64: all K Gaussians then
         # take one broadcast product, a few GPU kernels instead of 5K (a JRD step on a GPU
         # spends its time launching them). Not a buffer: .half() would round it.
@@ -336,7 +378,9 @@ class LaplaceKernel(Kernel):
     floored at :func:`resolution_floor` of the points (``power=1``).
 
     Args:
-        bandwidth: fixed :math:`\sigma`, or ``None`` for the self-adaptive one. Default: ``None``.
+        bandwidth: fixed :math:`\sigma` in :data:`FLOAT32_SETTING_RANGE` (the kernel
+            computes in float32 or wider), or ``None`` for the self-adaptive one.
+            Default: ``None``.
 
     Inputs: ``x`` :math:`(M, D)`, optional ``y`` :math:`(N, D)`.
     Shape: output :math:`(M, N)`, values in :math:`(0, 1]`.
@@ -344,7 +388,7 @@ class LaplaceKernel(Kernel):
 
     def __init__(self, bandwidth: float | None = None) -> None:
         super().__init__()
-        self.bandwidth = None if bandwidth is None else _check_positive("bandwidth", bandwidth)
+        self.bandwidth = None if bandwidth is None else _check_setting("bandwidth", bandwidth)
 
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:
         if y is x:
@@ -369,7 +413,8 @@ class PolynomialKernel(Kernel):
 
     Args:
         degree: :math:`p`, an integer >= 1. Default: 2.
-        bias: :math:`c \ge 0` (``0`` gives the homogeneous kernel). Default: 1.0.
+        bias: :math:`c \ge 0` (``0`` gives the homogeneous kernel); a number, or a 0-d tensor
+            or array (stored as a Python float). Default: 1.0.
 
     Inputs: ``x`` :math:`(M, D)`, optional ``y`` :math:`(N, D)`. Shape: output :math:`(M, N)`.
     """
@@ -378,6 +423,7 @@ class PolynomialKernel(Kernel):
         super().__init__()
         if not is_positive_int(degree):
             raise KdmlError(f"degree must be an integer >= 1, got {degree!r}")
+        bias = _as_number(bias)  # type: ignore[assignment]
         # a negative offset is not a positive-definite kernel; an infinite one gives inf
         if not is_finite_number(bias, at_least=0):
             raise KdmlError(f"bias must be a finite number >= 0, got {bias!r}")
@@ -413,7 +459,8 @@ class InverseMultiquadricKernel(Kernel):
     Atlas uses :math:`C = d / 6` on pre-sigmoid chart coordinates of dimension :math:`d`.
 
     Args:
-        scale: :math:`C > 0`.
+        scale: :math:`C > 0`, in :data:`FLOAT32_SETTING_RANGE` (the kernel computes in
+            float32 or wider).
 
     Inputs: ``x`` :math:`(M, D)`, optional ``y`` :math:`(N, D)`.
     Shape: output :math:`(M, N)`, values in :math:`(0, 1]`.
@@ -421,7 +468,7 @@ class InverseMultiquadricKernel(Kernel):
 
     def __init__(self, scale: float) -> None:
         super().__init__()
-        self.scale = _check_positive("scale", scale)
+        self.scale = _check_setting("scale", scale)
 
     def matrix(self, x: Tensor, y: Tensor) -> Tensor:
         return self.scale / (self.scale + squared_distances(x, y))

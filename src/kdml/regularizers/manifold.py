@@ -13,6 +13,7 @@ of Sec. 3.2.2 and can be added to any metric-learning loss (see its example).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -69,7 +70,8 @@ class ManifoldMMD(nn.Module):
         dim: chart dimension :math:`d` (sets :math:`C = d / 6`).
         n_charts: number of charts :math:`n`.
         generator: ``torch.Generator`` for the prior sample, or ``None``.
-        eps: clamp of the prior sample before the logit. Default: 1e-6
+        eps: clamp of the prior sample before the logit, in :math:`(0, 0.5)`; a number, or a
+            0-d tensor or array (stored as a Python float). Default: 1e-6
             (:math:`|\sigma^{-1}| \le 13.8`).
 
     Inputs:
@@ -104,12 +106,14 @@ class ManifoldMMD(nn.Module):
         for name, value in (("dim", dim), ("n_charts", n_charts)):
             if not is_positive_int(value):
                 raise KdmlError(f"ManifoldMMD: {name} must be a positive integer, got {value!r}")
+        if isinstance(eps, Tensor | np.ndarray) and eps.ndim == 0:
+            eps = float(eps)  # a 0-d tensor or array, read once here, as the kernels do
         if not is_finite_number(eps, above=0) or not eps < 0.5:
             raise KdmlError(f"ManifoldMMD: eps must be a number in (0, 0.5), got {eps!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise KdmlError(f"ManifoldMMD: generator must be a torch.Generator (e.g. "
                             f"torch.Generator().manual_seed(0)) or None, got {generator!r}")
-        self.dim, self.n_charts, self.eps = int(dim), int(n_charts), eps
+        self.dim, self.n_charts, self.eps = int(dim), int(n_charts), float(eps)
         self.generator = generator
         self.kernel = InverseMultiquadricKernel(dim / 6)
 
