@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import faiss
 import numpy as np
@@ -370,3 +371,76 @@ def test_transposed_embeddings_are_named_as_the_likely_mistake():
         retrieval_metrics(embeddings.T, labels, ks=(1,))
     with pytest.raises(KdmlError, match=r"got \(6,\)$"):
         retrieval_metrics(embeddings, labels[:6], ks=(1,))
+
+
+# ------------------------------------------------- the query set given as its own reference
+
+
+def query_set(seed=0):
+    """40 random vectors in 8 classes: leave-one-out Recall@1 near 1/8, each query finding
+    itself 1.0."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((40, 8)), np.repeat(np.arange(8), 5)
+
+
+@pytest.mark.parametrize(("kind", "view"), [
+    ("tensor", lambda x: x.detach()), ("tensor", lambda x: x[:]),
+    ("tensor", lambda x: x.view(x.shape)), ("array", lambda x: x[:])],
+    ids=["detach", "slice", "view", "array slice"])
+def test_a_view_of_the_query_set_as_reference_is_refused(kind, view):
+    """Only ``reference is embeddings`` was refused: x.detach() or x[:] gave Recall@1 = 1.0
+    on random data (0.075 leave-one-out)."""
+    embeddings, labels = query_set()
+    queries = torch.from_numpy(embeddings) if kind == "tensor" else embeddings
+    with pytest.raises(KdmlError, match="^reference is the query set itself, where each query "
+                                        "would retrieve itself; leave reference and "
+                                        "reference_labels out to search the set leave-one-out$"):
+        retrieval_metrics(queries, labels, reference=view(queries), reference_labels=labels,
+                          nmi=False)
+    assert retrieval_metrics(queries, labels, nmi=False)["recall@1"] < 0.2
+
+
+@pytest.mark.parametrize("copy", [
+    lambda x: x.clone(), lambda x: x.numpy().copy(), lambda x: x.float().double()],
+    ids=["clone", "array copy", "float64 of float32 values"])
+def test_a_copy_of_the_query_set_as_reference_is_warned_of_and_searched(copy):
+    """A copy with the same labels is most likely the query set again (Recall@1 of 1), but
+    different samples can embed alike, so it is searched, with a warning."""
+    embeddings, labels = query_set()
+    queries = torch.from_numpy(embeddings).float().double()
+    with pytest.warns(UserWarning, match="^reference holds the same embeddings and labels as "
+                                         "the queries, so each query retrieves its own copy "
+                                         "first .*leave-one-out, unless the gallery truly "
+                                         "duplicates the queries$") as warned:
+        scores = retrieval_metrics(queries, labels, reference=copy(queries),
+                                   reference_labels=labels, nmi=False)
+    assert len(warned) == 1 and warned[0].filename == __file__  # the caller's line
+    assert scores["recall@1"] == 1.0
+
+
+def test_a_collapsed_gallery_equal_to_the_queries_is_searched_as_given():
+    """The legitimate case a refusal would break: a collapsed model embeds equally many gallery
+    and query images, in one label order, identically. Every reference then ties, and each
+    metric is its expectation over the tie's orders: Recall@1 = 5 / 40."""
+    labels = np.repeat(np.arange(8), 5)
+    queries, gallery = np.ones((40, 4)), np.ones((40, 4))
+    with pytest.warns(UserWarning, match="^reference holds the same embeddings and labels"):
+        scores = retrieval_metrics(queries, labels, reference=gallery, reference_labels=labels,
+                                   ks=(1,), nmi=False)
+    assert scores["recall@1"] == pytest.approx(5 / 40)
+
+
+@pytest.mark.parametrize("change", ["labels", "values", "rows"])
+def test_a_reference_that_differs_from_the_queries_is_not_warned_of(change):
+    embeddings, labels = query_set()
+    reference, reference_labels = embeddings.copy(), labels.copy()
+    if change == "labels":
+        reference_labels = np.roll(labels, 1)
+    elif change == "values":
+        reference[3, 2] = np.nextafter(reference[3, 2], np.inf)
+    else:
+        reference, reference_labels = reference[:-1], reference_labels[:-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        retrieval_metrics(embeddings, labels, reference=reference,
+                          reference_labels=reference_labels, nmi=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ from kdml.evaluation.knn import (
     Vectors,
     check_metric,
     check_positive_int,
+    host_array,
     prepare_pair,
     prepare_vectors,
     resolve_backend,
@@ -282,7 +284,13 @@ def retrieval_metrics(
         metric: ``"cosine"`` (L2-normalize, rank by inner product) or ``"euclidean"``
             (rank by squared L2 distance).
         reference: optional ``(M, D)`` reference embeddings searched instead of the
-            queries themselves.
+            queries themselves. The query set itself (``embeddings``, or a view of its memory
+            with the same shape, such as ``x.detach()`` or ``x[:]``) is refused: each query
+            would retrieve itself first. A copy with equal values and equal
+            ``reference_labels`` (``x.clone()``) is warned of but searched: different samples
+            can legitimately embed alike (a collapsed model's equally many gallery and query
+            images in one label order, or a gallery that truly duplicates the queries), so
+            equal contents do not prove the same set.
         reference_labels: ``(M,)`` integer labels of ``reference``; required exactly
             when ``reference`` is given.
         nmi: also compute NMI (slow for many classes).
@@ -298,7 +306,12 @@ def retrieval_metrics(
     Raises:
         KdmlError: on mismatched shapes, non-integer labels, non-finite or empty
             embeddings, invalid ``ks``, an unknown ``metric``, ``reference`` without
-            ``reference_labels`` (or the reverse), or when every query is lone.
+            ``reference_labels`` (or the reverse), a ``reference`` that is the query set
+            itself, or when every query is lone.
+
+    Warns:
+        UserWarning: when ``reference`` and ``reference_labels`` equal the queries and their
+            labels (see ``reference``).
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -311,7 +324,7 @@ def retrieval_metrics(
     check_metric(metric)
     if (reference is None) != (reference_labels is None):
         raise KdmlError("reference and reference_labels must be given together")
-    if reference is not None and reference is embeddings:
+    if reference is not None and _same_memory(reference, embeddings):
         # each query would find itself first: Recall@1 of 1 on random data (PML's
         # ref_includes_query); the same set is searched leave-one-out without a reference
         raise KdmlError("reference is the query set itself, where each query would retrieve "
@@ -330,6 +343,14 @@ def retrieval_metrics(
         reference_label_vector = as_label_vector(reference_labels, "reference_labels",
                                                  len(reference_vectors), reference_vectors.shape[1])
     query_labels = as_label_vector(labels, "labels", len(query_vectors), query_vectors.shape[1])
+    if (reference_label_vector is not None
+            and np.array_equal(query_labels, reference_label_vector)
+            and _equal_values(embeddings, reference)):
+        warnings.warn("reference holds the same embeddings and labels as the queries, so each "
+                      "query retrieves its own copy first (Recall@1 of 1 on random data); "
+                      "leave reference and reference_labels out to search the set "
+                      "leave-one-out, unless the gallery truly duplicates the queries",
+                      UserWarning, stacklevel=2)
     available = len(reference_vectors) - int(same_set)
     ks = check_ks(ks, available)
     label_index = index_labels(query_labels, reference_label_vector)
@@ -353,6 +374,41 @@ def retrieval_metrics(
     if nmi:
         results["nmi"] = kmeans_nmi(_on_host(query_vectors), query_labels)
     return results
+
+
+def _same_memory(reference: Any, embeddings: Any) -> bool:
+    """Whether ``reference`` is ``embeddings`` or a view of the same memory with the same
+    shape, strides and dtype (``x.detach()``, ``x[:]``, ``x.view(x.shape)``): the query set
+    itself, whatever the object. Tensors against tensors and NumPy arrays against arrays;
+    an empty or meta tensor has no memory to share."""
+    if reference is embeddings:
+        return True
+    if isinstance(reference, torch.Tensor) and isinstance(embeddings, torch.Tensor):
+        return (reference.device == embeddings.device and reference.device.type != "meta"
+                and reference.numel() > 0 and reference.dtype == embeddings.dtype
+                and reference.shape == embeddings.shape
+                and reference.stride() == embeddings.stride()
+                and reference.data_ptr() == embeddings.data_ptr())
+    if isinstance(reference, np.ndarray) and isinstance(embeddings, np.ndarray):
+        return (reference.size > 0 and reference.dtype == embeddings.dtype
+                and reference.shape == embeddings.shape
+                and reference.strides == embeddings.strides
+                and reference.__array_interface__["data"][0]
+                == embeddings.__array_interface__["data"][0])
+    return False
+
+
+def _equal_values(embeddings: Any, reference: Any) -> bool:
+    """Whether two validated ``(N, D)`` float matrices (tensors or NumPy arrays, any float
+    dtypes) hold the same values: compared on the device for two tensors on one device, on
+    the host otherwise. One pass over each, nothing beside the search."""
+    if tuple(embeddings.shape) != tuple(reference.shape):
+        return False
+    if (isinstance(embeddings, torch.Tensor) and isinstance(reference, torch.Tensor)
+            and embeddings.device == reference.device):
+        common = torch.promote_types(embeddings.dtype, reference.dtype)
+        return bool(torch.equal(embeddings.detach().to(common), reference.detach().to(common)))
+    return bool(np.array_equal(host_array(embeddings), host_array(reference)))
 
 
 def _on_host(vectors: np.ndarray | torch.Tensor) -> np.ndarray:
