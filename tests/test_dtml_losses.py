@@ -200,6 +200,34 @@ def test_few_other_class_samples_clamp_k2_and_warn():
         "and 3 other-class neighbours for k2=10; ")
 
 
+K1_ADVICE = ("For k1: class-balanced batches with at least {} samples of each class "
+             "(data.samples_per_class >= {}), or a smaller k1.")
+K2_ADVICE = ("For k2: more classes per batch, batches of at least {} at the same samples per "
+             "class (a larger data.batch_size, data.samples_per_class unchanged), or a smaller "
+             "k2.")
+
+
+@pytest.mark.parametrize(("k1", "k2", "message"), [
+    # a DTML run's class-balanced batch, 3 classes of 4: 8 others for k2=10 had been told
+    # "e.g. data.samples_per_class >= 6", which adds no sample of another class
+    (3, 10, "only 8 other-class neighbours for k2=10; they use all they have. "
+            + K2_ADVICE.format(14) + " Checked on the first batch."),
+    (5, 8, "only 3 same-class neighbours for k1=5; they use all they have. "
+           + K1_ADVICE.format(6, 6) + " Checked on the first batch."),
+    (5, 10, "only 3 same-class neighbours for k1=5 and 8 other-class neighbours for k2=10; "
+            "they use all they have. " + K1_ADVICE.format(6, 6) + " " + K2_ADVICE.format(14)
+            + " Checked on the first batch."),
+])
+def test_the_warning_gives_each_short_graph_its_own_remedy(k1, k2, message):
+    """More samples per class fill the same-class graph (k1); only more classes per batch
+    fill the other-class one (k2): a batch of 4 + k2 at 4 per class."""
+    labels = torch.arange(3).repeat_interleave(4)
+    with pytest.warns(UserWarning) as warned:
+        MarginalFisherLoss(k1=k1, k2=k2).terms(random_points(12, 2, seed=1), labels)
+    assert [str(warning.message) for warning in warned] == [
+        "MarginalFisherLoss: a batch has samples with " + message]
+
+
 def test_batch_without_pairs_gives_zero_attached_to_the_graph():
     points = random_points(3, 2).requires_grad_()
     with pytest.warns(UserWarning):

@@ -66,9 +66,11 @@ class MarginalFisherLoss(nn.Module):
     **Small batches.** A sample whose class has fewer than :math:`k_1 + 1` members in the batch
     takes all its same-class samples; one with fewer than :math:`k_2` samples of other classes
     takes all of those. The first batch a loss object sees is checked for this, and warned of
-    (later batches are not checked: the check is a host sync). :math:`S_c` and :math:`S_b`
-    are divided by the number of neighbour pairs actually used, :math:`\sum_{ij} P_{ij}` and
-    :math:`\sum_{ij} Q_{ij}`: this *is* :math:`N k_1` and
+    (later batches are not checked: the check is a host sync), with the remedy of each graph:
+    more samples per class (``data.samples_per_class``) fill :math:`P`, only more classes per
+    batch (a larger ``data.batch_size`` at the same samples per class) fill :math:`Q`.
+    :math:`S_c` and :math:`S_b` are divided by the number of neighbour pairs actually used,
+    :math:`\sum_{ij} P_{ij}` and :math:`\sum_{ij} Q_{ij}`: this *is* :math:`N k_1` and
     :math:`N k_2` whenever the graphs are complete (so Eq. 4-5 hold exactly), and otherwise
     keeps :math:`S_c, S_b` the mean squared distance to a neighbour, instead of shrinking them
     by the share of samples that lack neighbours. A batch with no pair at all gives 0 (still
@@ -157,15 +159,25 @@ class MarginalFisherLoss(nn.Module):
             return
         self._checked = True
         fewest_same, fewest_other = int(num_same.min()), int(num_other.min())
-        short = [f"{fewest} {kind} neighbours for {k_name}={k}"
-                 for fewest, kind, k_name, k in ((fewest_same, "same-class", "k1", self.k1),
-                                                 (fewest_other, "other-class", "k2", self.k2))
-                 if fewest < k]  # name only the graph that is short
+        # name only the graph that is short, each with what fills it: more samples of each
+        # class give same-class neighbours (k1), only more classes give other-class ones (k2)
+        short, advice = [], []
+        if fewest_same < self.k1:
+            short.append(f"{fewest_same} same-class neighbours for k1={self.k1}")
+            advice.append(f"For k1: class-balanced batches with at least {self.k1 + 1} samples "
+                          f"of each class (data.samples_per_class >= {self.k1 + 1}), or a "
+                          "smaller k1.")
+        if fewest_other < self.k2:
+            # the sample with the fewest is in the largest class, of len - fewest_other
+            needed = len(num_other) - fewest_other + self.k2
+            short.append(f"{fewest_other} other-class neighbours for k2={self.k2}")
+            advice.append(f"For k2: more classes per batch, batches of at least {needed} at the "
+                          "same samples per class (a larger data.batch_size, "
+                          "data.samples_per_class unchanged), or a smaller k2.")
         if short:
             warnings.warn(
                 f"MarginalFisherLoss: a batch has samples with only {' and '.join(short)}; "
-                "they use all they have (use larger or class-balanced batches, e.g. "
-                f"data.samples_per_class >= {self.k1 + 1}). Checked on the first batch.",
+                f"they use all they have. {' '.join(advice)} Checked on the first batch.",
                 stacklevel=3,
             )
 
