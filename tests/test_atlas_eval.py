@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import math
+import warnings
 
 import matplotlib.colors
 import numpy as np
@@ -387,3 +388,38 @@ def test_chart_retrieval_in_a_gallery_matches_brute_force(seed, chunk_size):
         assert got[key] == pytest.approx(value, abs=1e-12), key
     with pytest.raises(KdmlError, match="given together"):
         chart_retrieval_metrics(coords, charts, labels, reference_coords=coords)
+
+
+@pytest.mark.parametrize("view", [lambda x: x, lambda x: x[:], lambda x: torch.from_numpy(x)],
+                         ids=["itself", "slice", "tensor sharing its memory"])
+def test_chart_retrieval_refuses_the_query_set_as_its_gallery(view):
+    """The queries' own coordinates as the gallery: each query found itself first (Recall@1 of
+    1 on codes whose classes are random), as retrieval_metrics already refused."""
+    coords, charts, labels, _ = clustered_codes(60, 7, 3, 6, 0)
+    queries = view(coords)
+    with pytest.raises(KdmlError, match="^reference_coords is the query set itself, where each "
+                                        "query would retrieve itself; leave the reference_"):
+        chart_retrieval_metrics(queries, charts, labels, reference_coords=view(coords),
+                                reference_chart_index=charts, reference_labels=labels)
+
+
+def test_chart_retrieval_warns_of_a_gallery_equal_to_the_queries():
+    """An equal copy (coordinates, charts and labels) is searched, with a warning: a gallery
+    can duplicate the queries. One differing chart is no copy."""
+    rng = np.random.default_rng(0)
+    coords = rng.standard_normal((60, 2)).astype(np.float32)
+    charts, labels = rng.integers(0, 3, 60), rng.integers(0, 6, 60)
+    with pytest.warns(UserWarning, match="^the reference_\\* arguments hold the same "
+                                         "coordinates, charts and labels as the queries") as got:
+        scores = chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=False,
+                                         reference_coords=coords.copy(),
+                                         reference_chart_index=charts.copy(),
+                                         reference_labels=labels.copy())
+    assert len(got) == 1 and got[0].filename == __file__ and scores["recall@1"] == 1.0
+    other_charts = charts.copy()
+    other_charts[0] = (charts[0] + 1) % 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=False,
+                                reference_coords=coords.copy(),
+                                reference_chart_index=other_charts, reference_labels=labels)

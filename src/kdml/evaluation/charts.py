@@ -37,9 +37,12 @@ from kdml.evaluation.retrieval import (
     _RetrievalScores,
     as_label_vector,
     check_ks,
+    equal_values,
     index_labels,
     kmeans_assign,
     nmi_score,
+    refuse_query_set_as_reference,
+    warn_of_query_copy,
 )
 
 __all__ = [
@@ -114,7 +117,9 @@ def chart_retrieval_metrics(
         nmi: also compute :func:`chart_clustering_nmi` (of the queries).
         chunk_size: queries per k-NN search.
         reference_coords, reference_chart_index, reference_labels: a separate reference
-            set :math:`(G, d)`, :math:`(G,)`, :math:`(G,)`, given together, or none.
+            set :math:`(G, d)`, :math:`(G,)`, :math:`(G,)`, given together, or none. The
+            query set itself (``chart_coords`` or a view of its memory) is refused, and a copy
+            equal in coordinates, charts and labels warned of, as in ``retrieval_metrics``.
 
     Returns:
         ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` (floats in
@@ -122,7 +127,8 @@ def chart_retrieval_metrics(
 
     Raises:
         KdmlError: on mismatched shapes, non-integer labels or chart indices, non-finite or
-            empty coordinates, invalid ``ks``, or when every query is lone.
+            empty coordinates, invalid ``ks``, reference coordinates that are the query set
+            itself, or when every query is lone.
 
     Example:
         >>> coords = np.array([[0.0], [0.1], [5.0], [0.0], [0.2]])
@@ -138,6 +144,9 @@ def chart_retrieval_metrics(
         raise KdmlError("reference_coords, reference_chart_index and reference_labels must be "
                         "given together")
     same_set = not any(given)
+    if not same_set:
+        refuse_query_set_as_reference(chart_coords, reference_coords, "reference_coords",
+                                      "the reference_* arguments")
     if same_set:
         vectors = reference_vectors = prepare_vectors(chart_coords, "euclidean", "chart_coords")
     else:  # shifted and scaled alike
@@ -153,6 +162,11 @@ def chart_retrieval_metrics(
                                            len(reference_vectors))
         reference_label_vector = as_label_vector(reference_labels, "reference_labels",
                                                  len(reference_vectors))
+        if (np.array_equal(label_vector, reference_label_vector)
+                and np.array_equal(charts, reference_charts)
+                and equal_values(chart_coords, reference_coords)):
+            warn_of_query_copy("the reference_* arguments hold the same coordinates, charts "
+                               "and labels", "the reference_* arguments", stacklevel=2)
     ks = check_ks(ks, len(reference_vectors) - int(same_set))
     label_index = index_labels(label_vector, reference_label_vector)
     codes, num_relevant = label_index.query_codes, label_index.num_relevant

@@ -324,12 +324,9 @@ def retrieval_metrics(
     check_metric(metric)
     if (reference is None) != (reference_labels is None):
         raise KdmlError("reference and reference_labels must be given together")
-    if reference is not None and _same_memory(reference, embeddings):
-        # each query would find itself first: Recall@1 of 1 on random data (PML's
-        # ref_includes_query); the same set is searched leave-one-out without a reference
-        raise KdmlError("reference is the query set itself, where each query would retrieve "
-                        "itself; leave reference and reference_labels out to search the set "
-                        "leave-one-out")
+    if reference is not None:
+        refuse_query_set_as_reference(embeddings, reference, "reference",
+                                      "reference and reference_labels")
     check_positive_int("chunk_size", chunk_size)
     same_set = reference is None
     backend = resolve_backend(backend, embeddings, reference)
@@ -345,12 +342,9 @@ def retrieval_metrics(
     query_labels = as_label_vector(labels, "labels", len(query_vectors), query_vectors.shape[1])
     if (reference_label_vector is not None
             and np.array_equal(query_labels, reference_label_vector)
-            and _equal_values(embeddings, reference)):
-        warnings.warn("reference holds the same embeddings and labels as the queries, so each "
-                      "query retrieves its own copy first (Recall@1 of 1 on random data); "
-                      "leave reference and reference_labels out to search the set "
-                      "leave-one-out, unless the gallery truly duplicates the queries",
-                      UserWarning, stacklevel=2)
+            and equal_values(embeddings, reference)):
+        warn_of_query_copy("reference holds the same embeddings and labels",
+                           "reference and reference_labels", stacklevel=2)
     available = len(reference_vectors) - int(same_set)
     ks = check_ks(ks, available)
     label_index = index_labels(query_labels, reference_label_vector)
@@ -376,6 +370,27 @@ def retrieval_metrics(
     return results
 
 
+def refuse_query_set_as_reference(queries: Any, reference: Any, name: str,
+                                  arguments: str) -> None:
+    """Refuse a ``reference`` (the argument ``name``) that is the query set itself
+    (:func:`_same_memory`): each query would find itself first, Recall@1 of 1 on random data
+    (PML's ``ref_includes_query``); without the reference ``arguments`` the same set is
+    searched leave-one-out."""
+    if _same_memory(reference, queries):
+        raise KdmlError(f"{name} is the query set itself, where each query would retrieve "
+                        f"itself; leave {arguments} out to search the set leave-one-out")
+
+
+def warn_of_query_copy(what: str, arguments: str, stacklevel: int) -> None:
+    """Warn that a reference equals the queries (``what`` says in which parts): searched as
+    given, since a gallery can legitimately duplicate them. ``stacklevel`` as the calling
+    function's own ``warnings.warn`` would take it."""
+    warnings.warn(f"{what} as the queries, so each query retrieves its own copy first "
+                  f"(Recall@1 of 1 on random data); leave {arguments} out to search the set "
+                  "leave-one-out, unless the gallery truly duplicates the queries",
+                  UserWarning, stacklevel=stacklevel + 1)
+
+
 def _same_memory(reference: Any, embeddings: Any) -> bool:
     """Whether ``reference`` is ``embeddings`` or a view of the same memory with the same
     shape, strides and dtype (``x.detach()``, ``x[:]``, ``x.view(x.shape)``): the query set
@@ -398,7 +413,7 @@ def _same_memory(reference: Any, embeddings: Any) -> bool:
     return False
 
 
-def _equal_values(embeddings: Any, reference: Any) -> bool:
+def equal_values(embeddings: Any, reference: Any) -> bool:
     """Whether two validated ``(N, D)`` float matrices (tensors or NumPy arrays, any float
     dtypes) hold the same values: compared on the device for two tensors on one device, on
     the host otherwise. One pass over each, nothing beside the search."""
