@@ -15,20 +15,27 @@ from kdml.data.splits import DOMAIN, DataSplits, make_splits, remapped_to_traini
 from kdml.errors import KdmlError
 
 
-def prepare_data(data: DataConfig) -> DataSplits:
-    """Open ``data.dataset`` (or a domain pair) and split it as ``data.split`` asks."""
-    return prepare_data_and_test_part(data, test_part=False)[0]
+def prepare_data(data: DataConfig, *, new_run: bool = False) -> DataSplits:
+    """Open ``data.dataset`` (or a domain pair) and split it as ``data.split`` asks
+    (``new_run``: see :func:`prepare_data_and_test_part`)."""
+    return prepare_data_and_test_part(data, test_part=False, new_run=new_run)[0]
 
 
-def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
-                               ) -> tuple[DataSplits, DataSplits]:
+def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
+                               new_run: bool = False) -> tuple[DataSplits, DataSplits]:
     """The splits as trained and, with ``test_part``, the same dataset split without
     ``data.validation`` (the test classes a validated model is finally scored on). The
-    dataset is opened once for both; without ``test_part`` or validation both are the same."""
+    dataset is opened once for both; without ``test_part`` or validation both are the same.
+
+    ``new_run``: the data of a run about to train from its first epoch, whose config the user
+    can still change, so a split setting the split does not use is refused. Otherwise (a
+    trained run's data, or another dataset its model embeds) that setting is reset to its
+    default (:func:`settled_split_settings`): an older kdml recorded it and ignored it, and the
+    run is done."""
     if is_domain_dataset(data.dataset):
         check_root_is_read(data.dataset, data.root)
-        check_split_settings(data, f"{data.dataset} is a domain pair, trained on its source "
-                                   "and scored on its target", pair=True)
+        settled_split_settings(data, None, f"{data.dataset} is a domain pair, trained on its "
+                               "source and scored on its target", new_run, pair=True)
         if data.validation:
             raise KdmlError("data.validation applies to single datasets, not to domain pairs "
                             "(the target's labels are for evaluation only)")
@@ -48,12 +55,13 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
     parts = open_dataset(data.dataset, data.root)
     dataset = parts.dataset
     if data.split == "standard" and parts.parts:
-        check_split_settings(data, f"{data.dataset} has a split of its own, which "
-                                   "data.split=standard takes")
+        data = settled_split_settings(data, None, f"{data.dataset} has a split of its own, "
+                                      "which data.split=standard takes", new_run)
     elif data.split == "seen-holdout":
-        check_split_settings(data, "the split is seen-holdout", holdout=True)
+        data = settled_split_settings(data, SEEN_HOLDOUT, "the split is seen-holdout", new_run)
     else:
-        check_split_settings(data, "the split is class-disjoint", disjoint=True)
+        data = settled_split_settings(data, CLASS_DISJOINT, "the split is class-disjoint",
+                                      new_run)
     if isinstance(dataset, ImageFiles):
         dataset = dataset.resized(data.resize)
 
@@ -65,18 +73,36 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True
     return trained, split(0.0) if test_part and data.validation else trained
 
 
-def check_split_settings(data: DataConfig, why: str, disjoint: bool = False,
-                         holdout: bool = False, pair: bool = False) -> None:
-    """Refuse ``data.train_classes`` (class-disjoint splits only) or ``data.holdout_fraction``
-    (seen-holdout only) changed from their defaults where the split does not use them: they
-    had been ignored without a word, while config.yaml recorded them."""
-    defaults = {field.name: field.default for field in dataclasses.fields(DataConfig)}
-    for setting, used, split in (("train_classes", disjoint, "class-disjoint"),
-                                 ("holdout_fraction", holdout, "seen-holdout")):
-        if not used and getattr(data, setting) != defaults[setting]:
-            remedy = "drop it" if pair else f"drop it, or set data.split={split}"
-            raise KdmlError(f"data.{setting} applies to the {split} split only, and {why}; "
-                            f"{remedy}")
+# The split settings, each with the one split that reads it.
+CLASS_DISJOINT, SEEN_HOLDOUT = "class-disjoint", "seen-holdout"
+SPLIT_SETTINGS = {"train_classes": CLASS_DISJOINT, "holdout_fraction": SEEN_HOLDOUT}
+
+
+def unused_split_settings(data: DataConfig, split: str | None) -> list[str]:
+    """The split settings of ``data`` changed from their defaults that ``split``, the split
+    that applies (``None``: a dataset's own split or a domain pair's), does not read."""
+    defaults = DataConfig()
+    return [setting for setting, reader in SPLIT_SETTINGS.items()
+            if reader != split and getattr(data, setting) != getattr(defaults, setting)]
+
+
+def settled_split_settings(data: DataConfig, split: str | None, why: str, new_run: bool,
+                           pair: bool = False) -> DataConfig:
+    """``data`` with its :func:`unused_split_settings` reset to their defaults, or, for a
+    ``new_run``, refused saying ``why`` the split does not read them: they had been ignored
+    without a word while config.yaml recorded them (``pair``: a domain pair, which has no
+    other split to set). A trained run's config (an older kdml's, or another dataset swapped in
+    by ``--dataset``) can no longer change, and loses nothing the split read."""
+    unused = unused_split_settings(data, split)
+    if unused and new_run:
+        setting = unused[0]
+        reader = SPLIT_SETTINGS[setting]
+        remedy = "drop it" if pair else f"drop it, or set data.split={reader}"
+        raise KdmlError(f"data.{setting} applies to the {reader} split only, and {why}; "
+                        f"{remedy}")
+    defaults = DataConfig()
+    return dataclasses.replace(data, **{setting: getattr(defaults, setting)
+                                        for setting in unused})
 
 
 def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:

@@ -530,13 +530,17 @@ class Session:
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print,
-              selects: bool = False) -> Session:
+              selects: bool = False, new_run: bool = True) -> Session:
+        """``new_run``: the run trains from its first epoch, so its config can still change
+        and a split setting its split does not use is refused; a run resumed from a checkpoint
+        keeps the settings it trained with (an older kdml's, which ignored such a setting),
+        and --resume's own check refuses an edit of them."""
         world = distributed.world()
         device = resolve_device(distributed.device_for(config.train.device))
         check_distributed(config, world, device)
         if config.train.deterministic:
             make_deterministic()
-        splits, test_part = prepare_data_and_test_part(config.data)
+        splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
         check_evaluation(config, splits, selects)
@@ -725,7 +729,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             state = distributed.from_main(lambda: _resumed_state(run, config))
             check_data_path(run, config.data.dataset, data_remedy)
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
-            session = Session.build(config, echo, selects)  # checks all before a new folder
+            # checks all before a new folder; a run resumed from a checkpoint keeps its settings
+            session = Session.build(config, echo, selects, new_run=state is None)
         if not resume:
             session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
             distributed.from_main(hold)
