@@ -175,15 +175,38 @@ def test_training_on_a_folder_that_is_a_symlink_loop_says_so(tmp_path, capsys):
     assert err.count("\n") == 1 and "symbolic link in a loop" in err, err
 
 
-def test_a_file_name_that_is_not_utf8_prints_on_a_strict_terminal():
+def test_a_file_name_that_is_not_utf8_prints_on_a_strict_terminal(tmp_path):
     """``kdml search`` prints each neighbour's file; one named in Latin-1 stopped it with a
-    UnicodeEncodeError where the locale makes stdout strict UTF-8 (en_US.UTF-8)."""
+    UnicodeEncodeError where the locale makes stdout strict UTF-8 (en_US.UTF-8). Run as the
+    command, so that main() is what makes its stdout lenient: the byte written ``\\xf6``, as
+    shown_name writes it, here in the run folder kdml eval names."""
     import subprocess
     import sys
 
-    script = ("from kdml.cli import _lenient_stdout\n_lenient_stdout()\n"
-              "print('/data/f\\udcf6x/1.jpg')\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
+                     "train.epochs=1", "train.steps_per_epoch=1", "model.embedding_size=8",
+                     "eval.nmi=false", "eval.ks=[1]", "train.device=cpu", "--no-progress"]) == 0
+    named = run.rename(tmp_path / os.fsdecode(b"f\xf6x"))
+    result = subprocess.run([sys.executable, "-m", "kdml", "eval", str(named)],
+                            capture_output=True, text=True,
                             env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "/data/f\\udcf6x/1.jpg\n"
+    assert result.stdout.endswith(f"run folder: {tmp_path}/f\\xf6x\n"), result.stdout
+
+
+def test_the_lenient_stdout_writes_a_name_as_shown_name_does():
+    """Its handler writes a byte that is not UTF-8 ``\\xNN``, as class captions show it
+    (``backslashreplace`` wrote ``\\udcf6``), and any other character a stream cannot encode as
+    ``backslashreplace`` does."""
+    import codecs
+
+    from kdml.cli import ESCAPED_BYTES, _escaped_bytes
+    from kdml.data.formats.folder import shown_name
+
+    codecs.register_error(ESCAPED_BYTES, _escaped_bytes)
+    name = os.fsdecode(b"f\xf6x \xc3\xa9 \xff")
+    assert name.encode("utf-8", ESCAPED_BYTES).decode("utf-8") == shown_name(name)
+    assert shown_name(name) == "f\\xf6x \u00e9 \\xff"
+    assert "\u00e9\u20ac\U0001f600\udcf6".encode("ascii", ESCAPED_BYTES) == (
+        b"\\xe9\\u20ac\\U0001f600\\xf6")

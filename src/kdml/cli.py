@@ -6,6 +6,7 @@ Every user error becomes one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import errno
 import functools
@@ -298,12 +299,32 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Terminated
 
 
+# The error handler of the console command's stdout (_lenient_stdout), by its codecs name.
+ESCAPED_BYTES = "kdml.escaped-bytes"
+
+
+def _escaped_bytes(error: UnicodeError) -> tuple[str, int]:
+    """A codecs error handler: each byte of a file name that is not UTF-8 (which Python reads
+    as a surrogate, U+DC80 to U+DCFF) written ``\\xNN``, as
+    :func:`~kdml.data.formats.folder.shown_name` writes it in kdml's captions and tables
+    (``backslashreplace`` wrote ``\\udcf6`` for the byte 0xF6); any other character the stream
+    cannot encode is written as ``backslashreplace`` writes it."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    failed = error.object[error.start:error.end]
+    return "".join(f"\\x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF
+                   else char.encode("ascii", "backslashreplace").decode("ascii")
+                   for char in failed), error.end
+
+
 def _lenient_stdout() -> None:
     """Print a file name that is not UTF-8 (a Latin-1 folder from an old zip, read as
-    surrogates) with its bytes escaped: a terminal whose locale makes stdout strict UTF-8 had
-    stopped ``kdml search`` with a UnicodeEncodeError (stderr escapes already)."""
+    surrogates) with each such byte written ``\\xNN`` (``f\\xf6x``, as kdml's captions show
+    it; :func:`_escaped_bytes`): a terminal whose locale makes stdout strict UTF-8 had stopped
+    ``kdml search`` with a UnicodeEncodeError (stderr escapes already, as ``\\udcf6``)."""
     if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(errors="backslashreplace")
+        codecs.register_error(ESCAPED_BYTES, _escaped_bytes)
+        sys.stdout.reconfigure(errors=ESCAPED_BYTES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
