@@ -269,3 +269,44 @@ def test_starting_afresh_says_so_and_leaves_no_stale_events(tmp_path, tiny_overr
     assert f"starting afresh: the run in {out} saved no checkpoint" in capsys.readouterr().out
     assert len(list((out / "tensorboard").iterdir())) == 1
     assert (out / "train.log").read_text().count("start epoch 1 of 1") == 1
+
+
+def test_a_run_folder_not_named_in_utf8_is_refused_in_one_line(tmp_path, tiny_overrides,
+                                                               capsys):
+    """TensorBoard encodes its paths as UTF-8: a run folder named with a Latin-1 byte (read as
+    a surrogate) had stopped training with its UnicodeEncodeError traceback, the folder made.
+    A new run is refused before anything is written; a run moved to such a folder, when
+    resumed."""
+    import os
+
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/f\xf6x"))
+    args = ["train", "amsoftmax", "--dataset", "digits", "--no-progress", *tiny_overrides,
+            "train.epochs=1"]
+    assert cli.main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"kdml: error: the run folder {tmp_path}/f\\xf6x is not named in UTF-8, and "
+                   "TensorBoard writes its event files under UTF-8 paths only: choose an --out "
+                   "named in UTF-8\n")
+    assert not out.exists()
+    trained = tmp_path / "run"
+    assert cli.main([*args, "--out", str(trained)]) == 0
+    trained.rename(out)
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("epochs: 1", "epochs: 2"))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
+    assert "rename the folder (or a folder above it) in UTF-8 and resume it there" in (
+        capsys.readouterr().err)
+
+
+def test_a_grid_folder_not_named_in_utf8_is_refused_before_it_is_made(tmp_path, capsys):
+    import os
+
+    config = tmp_path / "grid.yaml"
+    config.write_text("recipe: amsoftmax\ngrid:\n  train.seed: [0, 1]\ntrain:\n  epochs: 1\n")
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/g\xf6"))
+    assert cli.main(["train", "--config", str(config), "--dataset", "digits", "--out", str(out),
+                     "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"kdml: error: the grid folder {tmp_path}/g\\xf6 is not named in UTF-8")
+    assert not out.exists()

@@ -545,6 +545,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
         RUNS_FOLDER,
         RunFolder,
         check_outside_image_folders,
+        check_utf8_path,
         default_run_dir,
     )
     from kdml.training.selection import as_validation_history, best_scores
@@ -564,6 +565,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     def grid_folder() -> Path:  # rank 0 names, checks and marks it
         check_outside_image_folders(args.out or RUNS_FOLDER, configs[0].data.dataset)
         root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
+        check_utf8_path(root, what="grid folder")  # its cells' TensorBoard writes need it
         if not check_grid_folder(root, cells):
             write_marker(root, cells, file_values["grid"])
         return root

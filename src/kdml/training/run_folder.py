@@ -215,6 +215,21 @@ def holds_files(folder: Path) -> bool:
     return any(path.name != LOCK_NAME for path in folder.iterdir())
 
 
+def check_utf8_path(root: Path, resume: bool = False, what: str = "run folder") -> None:
+    """Refuse a run (or grid: ``what``) folder whose path is not UTF-8 (a byte such as
+    Latin-1's 0xF6, which Python reads as a surrogate): TensorBoard, which writes the run's
+    ``tensorboard/``, encodes its paths as UTF-8 and stopped the run with a UnicodeEncodeError
+    traceback."""
+    try:
+        str(root).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(root).decode("utf-8", "backslashreplace")
+        remedy = ("rename the folder (or a folder above it) in UTF-8 and resume it there"
+                  if resume else "choose an --out named in UTF-8")
+        raise KdmlError(f"the {what} {shown} is not named in UTF-8, and TensorBoard writes "
+                        f"its event files under UTF-8 paths only: {remedy}") from None
+
+
 def check_new_run_folder(root: Path, held: bool = False) -> None:
     """Refuse a folder a new run must not write into, with one line: an existing run, a
     non-empty folder that is not a run (kdml never overwrites a file it did not create), a
@@ -224,6 +239,7 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     refusal: a new run starts afresh over its files (:func:`start_afresh`), unless another
     process is training it (checked by taking its lock for a moment, unless this process
     ``held`` the folder already)."""
+    check_utf8_path(root)
     # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
     run = RunFolder(root)
     trained = run.resumable

@@ -82,6 +82,7 @@ from kdml.training.run_folder import (
     STOPPED,
     RunFolder,
     check_new_run_folder,
+    check_utf8_path,
     run_logging,
     start_afresh,
     warnings_on_stderr,
@@ -717,6 +718,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     main = distributed.world().is_main
     echo = echo if main else _silent
     run = RunFolder(run_dir)
+    check_utf8_path(run.root, resume)  # before anything is read or written
     state: dict[str, Any] | None = None  # the checkpoint a resumed run continues from
     with contextlib.ExitStack() as held:  # the run folder, held while this process trains
         def hold() -> None:
