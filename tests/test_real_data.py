@@ -376,6 +376,9 @@ def test_skipped_images_that_leave_one_test_class_are_refused(tmp_path, capsys):
     ("mnist5k->digits", ["data.train_classes=3"],
      "data.train_classes applies to the class-disjoint split only, and mnist5k->digits is a "
      "domain pair, trained on its source and scored on its target; drop it"),
+    ("mnist5k->digits", ["data.split=class-disjoint"],  # recorded, and ignored without a word
+     "data.split does not apply to a domain pair, trained on its source and scored on its "
+     "target; drop it"),
 ])
 def test_a_split_setting_the_split_does_not_use_is_refused(tmp_path, capsys, dataset,
                                                            overrides, message):

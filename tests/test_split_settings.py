@@ -105,3 +105,26 @@ def test_a_run_resumed_before_its_first_checkpoint_is_refused_as_a_new_run(tmp_p
     config.write_text(trained)
     assert kdml("train", "--resume", run, "--no-progress") == 0
     assert "has no checkpoint yet; training it from epoch 1" in capsys.readouterr().out
+
+
+def test_an_older_pair_run_with_a_split_it_ignored_is_still_evaluated(tmp_path, capsys):
+    """data.split on a domain pair is refused for a new run (test_real_data.py), but a pair run
+    whose config.yaml recorded it (an older kdml ignored it: a pair trains on its source and is
+    scored on its target) is still evaluated on the same data, and embedded."""
+    run = tmp_path / "run"
+    assert kdml("train", "dtml", "--dataset", "mnist5k->digits", "--out", run, *TINY) == 0
+    metrics = capsys.readouterr().out.split("Test metrics")[-1]
+    config = run / "config.yaml"
+    assert "split: standard\n" in config.read_text()
+    config.write_text(config.read_text().replace("split: standard\n",
+                                                 "split: class-disjoint\n"))
+    checkpoint = run / "checkpoints" / "last.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    state["config"]["data"]["split"] = "class-disjoint"
+    torch.save(state, checkpoint)
+    assert kdml("eval", run) == 0
+    out, err = capsys.readouterr()
+    assert "error" not in err, err
+    assert out.split("Test metrics")[-1] == metrics  # the same target as scored
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0, capsys.readouterr().err
+    assert len(np.load(tmp_path / "test.npz")["labels"]) > 0

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from kdml.checks import is_positive_int
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
+from kdml.data.registry import PATH_FORMATS
 from kdml.errors import KdmlError, why_missing
 
 # Binarisation threshold of the 32x32 bitmap, on intensities in [0, 1]. The mean amount of ink
@@ -362,8 +363,12 @@ def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
 
 
 def is_domain_dataset(name: str) -> bool:
-    """True for a domain pair (``SOURCE->TARGET``) or a feature file (``npz:PATH``)."""
-    return "->" in name or name.startswith("npz:")
+    """True for a domain pair (``SOURCE->TARGET``) or a feature file (``npz:PATH``). A name
+    with a path prefix (``folder:``, ``csv:``, ``npz:``) is that path, whatever characters
+    it holds: ``folder:/data/im->gs`` is a folder, not a pair."""
+    if name.startswith(tuple(PATH_FORMATS)):
+        return name.startswith("npz:")
+    return "->" in name
 
 
 def load_domain_data(name: str) -> DomainPair:

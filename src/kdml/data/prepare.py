@@ -34,6 +34,7 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
     run is done."""
     if is_domain_dataset(data.dataset):
         check_root_is_read(data.dataset, data.root)
+        data = settled_pair_split(data, new_run)
         settled_split_settings(data, None, f"{data.dataset} is a domain pair, trained on its "
                                "source and scored on its target", new_run, pair=True)
         if data.validation:
@@ -103,6 +104,21 @@ def settled_split_settings(data: DataConfig, split: str | None, why: str, new_ru
     defaults = DataConfig()
     return dataclasses.replace(data, **{setting: getattr(defaults, setting)
                                         for setting in unused})
+
+
+def settled_pair_split(data: DataConfig, new_run: bool) -> DataConfig:
+    """``data`` of a domain pair with ``data.split`` reset to its default, or, for a
+    ``new_run``, refused where it is not the default: a pair has no split to choose (trained on
+    its source, scored on its target), and the setting had been ignored without a word while
+    config.yaml recorded it. A trained run's config can no longer change (as in
+    :func:`settled_split_settings`)."""
+    default = DataConfig().split
+    if data.split == default:
+        return data
+    if new_run:
+        raise KdmlError("data.split does not apply to a domain pair, trained on its source and "
+                        "scored on its target; drop it")
+    return dataclasses.replace(data, split=default)
 
 
 def domain_splits(source: DmlDataset, target: DmlDataset) -> DataSplits:

@@ -457,20 +457,20 @@ def check_outside_image_folders(run_dir: Path, dataset: str) -> None:
     a ``folder:`` dataset, as when training from inside the photo folder: the run's plots
     would be read as the images of a class the next time the folder is read, and its
     data.json would no longer match the data."""
-    for part in dataset.split("->"):  # either side of a domain pair
-        if not part.startswith("folder:"):
-            continue
-        try:
-            images = Path(part.removeprefix("folder:")).expanduser().resolve()
-            place = run_dir.expanduser().resolve()
-        except (RuntimeError, OSError):  # a loop of links: the data's reader says so
-            continue
-        if place == images or images in place.parents:
-            named = f"{run_dir} (where runs go without --out)" if run_dir == RUNS_FOLDER else (
-                str(run_dir))
-            raise KdmlError(f"the run folder {named} would lie inside {images}, the image "
-                            f"folder of --dataset {part}: its plots would be read as images of "
-                            "a class the next time; give --out a folder outside it")
+    # the whole name is the folder's path, "->" included: no domain pair has a folder side
+    if not dataset.startswith("folder:"):
+        return
+    try:
+        images = Path(dataset.removeprefix("folder:")).expanduser().resolve()
+        place = run_dir.expanduser().resolve()
+    except (RuntimeError, OSError):  # a loop of links: the data's reader says so
+        return
+    if place == images or images in place.parents:
+        named = f"{run_dir} (where runs go without --out)" if run_dir == RUNS_FOLDER else (
+            str(run_dir))
+        raise KdmlError(f"the run folder {named} would lie inside {images}, the image "
+                        f"folder of --dataset {dataset}: its plots would be read as images of "
+                        "a class the next time; give --out a folder outside it")
 
 
 def remove_if_unused(root: Path) -> None:
