@@ -1000,3 +1000,125 @@ def test_a_section_not_run_holds_nothing_to_keep(tmp_path):
                       "--quick`.\n\nNot run here: boom\n\n### N: digits\n\nB. Command: `kdml "
                       "reproduce jrd --only jrd-b --seeds 1 --quick`.\n\n| table |\n")
     assert reported_sections(report) == [Section("jrd-b", 1, True)]
+
+
+def _two_papers(monkeypatch) -> dict[str, list[Experiment]]:
+    """A catalog of a one-cell JRD sweep (it draws a plot) and a one-cell DTML table."""
+    tables = {
+        "jrd": [Experiment("tiny-j", "jrd", "Figure 4", "alpha", "digits",
+                           (Cell("alpha = 1", "jrd", ("method.alpha=1",), series="JRD", x=1.0),),
+                           ("recall@1",), common=TINY, sweep="alpha")],
+        "dtml": [Experiment("tiny-d", "dtml", "LFW", "transfer", "digits",
+                            (Cell("JRD", "jrd", ("method.alpha=0",)),), ("recall@1",),
+                            common=TINY)]}
+    monkeypatch.setattr("kdml.reproduce.catalog.experiments",
+                        lambda paper, quick=False: list(
+                            tables["jrd"] + tables["dtml"] if paper == "all" else tables[paper]))
+    return tables
+
+
+def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkeypatch, capsys):
+    """`kdml reproduce dtml` without --only kept only its own sections: a JRD section that an
+    --only had added to the same report was dropped without a word, its plot left behind.
+    It now keeps them as --only does, and refuses a report it would cut."""
+    from kdml.reproduce import runner
+
+    _two_papers(monkeypatch)
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
+              "--device", "cpu"]
+    assert cli.main(["reproduce", "dtml", *common]) == 0
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-j", *common]) == 0
+    assert _sections(report) == ["### Figure 4: digits", "### LFW: digits"]
+    real_train = runner.train
+    trained: list[float] = []
+
+    def train_counted(config, run_dir, **kwargs):
+        trained.append(config.method.alpha)
+        return real_train(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(runner, "train", train_counted)
+    assert cli.main(["reproduce", "dtml", *common]) == 0
+    assert trained == []  # both read from their finished runs
+    text = report.read_text()
+    assert _sections(report) == ["### Figure 4: digits", "### LFW: digits"]
+    assert "](report-plots/tiny-j.png)" in text and (tmp_path / "report-plots/tiny-j.png").is_file()
+    # a report it would cut is refused in one line before anything trains
+    capsys.readouterr()
+    assert cli.main(["reproduce", "dtml", "--seeds", "1", "--runs", str(tmp_path / "none"),
+                     "--out", str(report), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: {report} holds 1 section that this report would drop "
+                          "(tiny-j)") and err.count("\n") == 1, err
+    assert "another --out, or delete" in err
+    assert trained == [] and not (tmp_path / "none").exists() and report.read_text() == text
+
+
+def test_a_chart_plot_without_its_checkpoint_leaves_the_table_and_says_why(tmp_path):
+    """Run records kept without checkpoints (as in results/) lost the whole table of an
+    experiment that draws chart plots ("could not run: no checkpoint at ..."), although its
+    numbers are in the records; and a protocol file missing without a checkpoint said to
+    resume the run with kdml train, which has nothing left to train."""
+    charts, general = _tiny_experiments()[2], _tiny_experiments()[1]
+    runs = tmp_path / "runs"
+    first = reproduce([charts, general], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    assert not any(result.error for result in first)
+    report = tmp_path / "report.md"
+    context = ReportContext("kdml reproduce atlas", "a test machine", "torch", 0.1, 1, True)
+    write_report(first, report, context)
+    plot = plots_folder(report) / "tiny-charts-charts.png"
+    assert plot.is_file()
+    for checkpoint in runs.rglob("*.pt"):
+        checkpoint.unlink()
+    (run_dir,) = first[0].cells["MTriplet"].run_dirs
+    (general_dir,) = first[1].cells["alpha = 1"].run_dirs
+    (general_dir / "generalization.json").unlink()
+    again = reproduce([charts, general], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    cell = again[0].cells["MTriplet"]
+    assert not again[0].error and cell.charts is None
+    assert cell.values == first[0].cells["MTriplet"].values
+    assert cell.charts_missing == (f"{run_dir} keeps its records but no checkpoint to draw its "
+                                   f"charts (last.pt is gone); delete {run_dir} and run the same "
+                                   "command again to train it again")
+    # lambda and d_H need the model: said so, with reproduce's remedy
+    assert again[1].error == (f"{general_dir} keeps its records but no checkpoint to compute "
+                              f"its generalization.json from (last.pt is gone); delete "
+                              f"{general_dir} and run the same command again to train it again")
+    text = write_report(again[:1], report, context).read_text()
+    assert f"| MTriplet | {cell.values['recall@1'][0]:.3f} |" in text
+    assert (f"Charts of MTriplet (Sec. A.2) are not drawn here: {cell.charts_missing}."
+            in text)
+    assert not plot.exists()  # the earlier report's plot is not left as if it were this one's
+    # a cell whose every seed diverged says so too, instead of showing nothing
+    diverged = dataclasses.replace(again[0], cells={"MTriplet": CellResult(
+        values={"recall@1": [math.nan]}, run_dirs=[run_dir], wall_s=[1.0],
+        diverged={0: "boom"})})
+    assert ("Charts of MTriplet (Sec. A.2) are not drawn here: every seed's run diverged"
+            in write_report([diverged], report, context).read_text())
+
+
+def test_an_only_pattern_that_matches_nothing_is_refused_beside_one_that_matches(capsys):
+    """A mistyped key beside a good one was ignored, and its experiment silently left out."""
+    assert cli.main(["reproduce", "dtml", "--quick", "--only", "dtml-*", "--only", "zzz",
+                     "--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: --only zzz matches no experiment of dtml; the keys are: "
+                          "dtml-mnist5k-to-digits") and err.count("\n") == 1, err
+    assert cli.main(["reproduce", "atlas", "--quick", "--only", "atlas-triplet-mnist5k",
+                     "--only", "atlas-mmd64-fashion-*", "--list"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "kdml: error: --only atlas-mmd64-fashion-* matches no experiment of atlas with --quick "
+        "(without it: atlas-mmd64-fashion-mnist); the keys are: ")
+
+
+def test_a_missing_cuda_device_is_named_as_reproduce_s_option(tmp_path, monkeypatch, capsys):
+    """It said "train.device=cuda but no CUDA device...", a setting reproduce does not take."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    runs = tmp_path / "runs"
+    for device in ("cuda", "cuda:1"):
+        assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                         "dtml-mnist5k-to-digits", "--runs", str(runs), "--device", device,
+                         "--out", str(tmp_path / "r.md")]) == 2
+        assert capsys.readouterr().err == (f"kdml: error: --device {device} but no CUDA device "
+                                           "is available here; give --device cpu or auto\n")
+    assert not runs.exists()

@@ -1024,6 +1024,7 @@ def _recipes(args: argparse.Namespace) -> int:
 
 def _reproduce(args: argparse.Namespace) -> int:
     import fnmatch
+    import re
     import shlex
 
     import torch
@@ -1043,15 +1044,19 @@ def _reproduce(args: argparse.Namespace) -> int:
         return any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)
 
     chosen = experiments(args.paper, args.quick)
+    # every pattern must match: a mistyped key among others would drop its experiment unsaid
+    unmatched = [pattern for pattern in args.only
+                 if not any(fnmatch.fnmatchcase(experiment.key, pattern) for experiment in chosen)]
+    if unmatched:
+        keys = ", ".join(experiment.key for experiment in chosen)
+        # --quick keeps the first dataset of each table: a full run's key is not among them
+        full = [experiment.key for experiment in experiments(args.paper)
+                if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in unmatched)]
+        quick = f" with --quick (without it: {', '.join(full)})" if args.quick and full else ""
+        raise KdmlError(f"--only {' '.join(unmatched)} matches no experiment of "
+                        f"{args.paper}{quick}; the keys are: {keys}")
     if args.only:
         chosen = [experiment for experiment in chosen if matches(experiment)]
-        if not chosen:
-            keys = ", ".join(experiment.key for experiment in experiments(args.paper, args.quick))
-            # --quick keeps the first dataset of each table: a full run's key is not among them
-            full = [experiment.key for experiment in experiments(args.paper) if matches(experiment)]
-            quick = f" with --quick (without it: {', '.join(full)})" if args.quick and full else ""
-            raise KdmlError(f"--only {' '.join(args.only)} matches no experiment of "
-                            f"{args.paper}{quick}; the keys are: {keys}")
     if args.list:
         for experiment in chosen:
             print(f"{experiment.key}  ({experiment.mirrors}; {len(experiment.cells)} cells)")
@@ -1067,12 +1072,16 @@ def _reproduce(args: argparse.Namespace) -> int:
     # its runs instead of replacing the committed docs/reproduction.md.
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
     check_outputs(report)
+    if re.fullmatch(r"cuda(:\d+)?", args.device) and not torch.cuda.is_available():
+        # in its own words: resolve_device's name train.device, which reproduce does not take
+        raise KdmlError(f"--device {args.device} but no CUDA device is available here; give "
+                        "--device cpu or auto")
     device = resolve_device(args.device)
-    if args.only:
-        # --only adds to the report at --out: its other sections are read again from their
-        # finished runs (never trained here), and one that cannot be is refused, not dropped
-        chosen = keep_reported(chosen, experiments("all", args.quick), report, seeds,
-                               args.quick, runs, str(device))
+    # The report at --out keeps its other sections, with --only or without: they are read
+    # again from their finished runs (never trained here), and one that cannot be is refused
+    # before anything trains, not dropped (`kdml reproduce dtml` keeps a report's JRD tables).
+    chosen = keep_reported(chosen, experiments("all", args.quick), report, seeds, args.quick,
+                           runs, str(device))
     busy = (f"{runs} is in use by another kdml reproduce (it trains its runs one at a time); "
             "wait for it to finish, or give this one other --runs")
     try:
@@ -1109,6 +1118,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     failed = [result for result in results if result.error]
     for result in failed:
         print(f"kdml: {result.experiment.key} could not run: {result.error}", file=sys.stderr)
+    for result in results:  # the table is written; only its chart plot is left out
+        for label, numbers in result.cells.items():
+            if numbers.charts is None and numbers.charts_missing:
+                print(f"kdml: {result.experiment.key}: the charts of {label} are not drawn: "
+                      f"{numbers.charts_missing}", file=sys.stderr)
     if len(failed) == len(results) and report.exists():  # it may hold numbers: keep them
         print(f"{report} is left as it was: none of its experiments ran", file=sys.stderr)
         return 1

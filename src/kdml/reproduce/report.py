@@ -122,10 +122,12 @@ def _section(command: str) -> Section | None:
 
 def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], report: Path,
                   seeds: int, quick: bool, runs: Path, device: str) -> list[Experiment]:
-    """``chosen`` (``--only``) and the other experiments whose numbers ``report`` holds, in
-    ``catalog``'s order: their runs finished in ``runs``, so rewriting the report reads them
-    again and trains nothing. Refuses, before anything trains, when one of them cannot be
-    read so (another setting, or runs not there): the report would lose its section."""
+    """``chosen`` (a paper's experiments, or those ``--only`` picks) and the other experiments
+    whose numbers ``report`` holds, in ``catalog``'s order: their runs finished in ``runs``, so
+    rewriting the report reads them again and trains nothing. Refuses, before anything trains,
+    when one of them cannot be read so (another setting, or runs not there): the report would
+    lose its section. The same with ``--only`` and without: ``kdml reproduce dtml`` on a
+    report that holds JRD's tables keeps them."""
     keys = {experiment.key for experiment in chosen}
     by_key = {experiment.key: experiment for experiment in catalog}
     lost = []
@@ -172,7 +174,20 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
     lines += _not_run_section(not_run, {result.experiment.dataset for result in results},
                               context, sibling_reports(report))
     text = "\n".join(lines) + "\n"
-    return write_through_new_file(report, lambda partial: partial.write_text(text))
+    path = write_through_new_file(report, lambda partial: partial.write_text(text))
+    _remove_unlinked_plots(plots, text)
+    return path
+
+
+def _remove_unlinked_plots(plots: Path, text: str) -> None:
+    """Remove the PNGs in the report's plot folder (kdml's own: it carries the marker) that
+    the report no longer links: a section not drawn this time (its charts not drawn, or not run
+    here) leaves no plot of an earlier report behind as if it were this one's."""
+    if not (plots / PLOTS_MARKER).is_file():
+        return
+    for path in plots.glob("*.png"):
+        if f"]({plots.name}/{path.name})" not in text and path.is_file():
+            path.unlink()
 
 
 def sibling_reports(report: Path) -> list[str]:
@@ -339,12 +354,16 @@ def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[st
         values = {label: cell.values[metric] for label, cell in result.cells.items()}
         path = plot_sweep(experiment, values, metric, plots / f"{experiment.key}.png")
         lines += ["", f"![{experiment.key}]({_relative(path, report_dir)})"]
-    for label, cell in result.cells.items():
+    for cell_spec in experiment.cells:
+        label, cell = cell_spec.label, result.cells[cell_spec.label]
         if cell.charts is not None:
             path = plots / f"{experiment.key}-charts.png"
             copy_png(cell.charts, path)
             lines += ["", f"Charts of {label}, seed {cell.charts_seed} (Sec. A.2):", "",
                       f"![charts]({_relative(path, report_dir)})"]
+        elif cell_spec.plot_charts:  # said, not left out without a word
+            why = cell.charts_missing or "every seed's run diverged, so no model has charts"
+            lines += ["", f"Charts of {label} (Sec. A.2) are not drawn here: {why}."]
     return lines
 
 

@@ -66,6 +66,9 @@ class CellResult:
     wall_s: list[float] = field(default_factory=list)
     charts: Path | None = None
     charts_seed: int = 0  # the seed the charts show: the first whose run finished
+    # why the charts are not drawn when ``charts`` is None: a run kept without its checkpoint
+    # (records alone) has numbers but no model to draw them from ("" when they are drawn)
+    charts_missing: str = ""
     run_dirs: list[Path] = field(default_factory=list)
     # seed -> why its run diverged; its values are NaN, so that the others stay paired by seed
     diverged: dict[int, str] = field(default_factory=dict)
@@ -239,6 +242,22 @@ def reload_run(run_dir: Path) -> TrainedRun:
     return load_run(run_dir, data_remedy=reproduce_remedy(run_dir, dataset))
 
 
+def no_checkpoint(run_dir: Path, purpose: str) -> str:
+    """Why a finished run kept without its checkpoint (its records alone, as in
+    ``results/``) cannot ``purpose``, and what to do: train it again."""
+    return (f"{run_dir} keeps its records but no checkpoint to {purpose} "
+            f"({RunFolder(run_dir).checkpoint.name} is gone); delete {run_dir} and run the "
+            "same command again to train it again")
+
+
+def reload_to(run_dir: Path, purpose: str) -> TrainedRun:
+    """:func:`reload_run`, refusing a run without its checkpoint in reproduce's words (the
+    loader's own advice, ``kdml train --resume``, has nothing left to train)."""
+    if not RunFolder(run_dir).checkpoint.is_file():
+        raise KdmlError(no_checkpoint(run_dir, purpose))
+    return reload_run(run_dir)
+
+
 def read_stored(path: Path, *keys: str) -> Any:
     """``path``'s JSON value at ``keys``: a file kdml wrote into a run folder, which a hand edit
     or a full disk may have broken (a one-line error then says how to recompute it)."""
@@ -332,7 +351,12 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
-                result.charts, result.charts_seed = draw_charts(reload_run(run.run_dir)), seed
+                # the numbers are in the records; only the plot needs the model
+                if RunFolder(run.run_dir).checkpoint.is_file():
+                    result.charts = draw_charts(reload_run(run.run_dir))
+                    result.charts_seed = seed
+                elif not result.charts_missing:
+                    result.charts_missing = no_checkpoint(run.run_dir, "draw its charts")
         cells[cell.label] = result
     first = planned[experiment.key, experiment.cells[0].label][0].config
     return ExperimentResult(experiment, cells, first)
@@ -363,7 +387,7 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
                 for estimate in stored.values()):
             return stored
         raise not_as_written(path, "a metric without a numeric mean and ci95")
-    trained = reload_run(run_dir)
+    trained = reload_to(run_dir, f"compute its {PARTS_FILE} from")
     embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
     ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
     estimates = retrieval_over_parts(embedded.tensor(), embedded.labels, ks, NUM_PARTS,
@@ -384,7 +408,7 @@ def _generalization(run_dir: Path) -> dict[str, float]:
     wanted = {**vars(settings)}
     if (not isinstance(used, dict) or {key: used.get(key) for key in wanted} != wanted
             or "distance" not in stored):
-        analyze_generalization(reload_run(run_dir), settings)
+        analyze_generalization(reload_to(run_dir, f"compute its {path.name} from"), settings)
     lam = read_stored(path, "lambda", "mean")
     h_divergence = read_stored(path, "h_divergence", "mean")
     return {"lambda": lam, "h_divergence": h_divergence, "bound": lam + h_divergence}
