@@ -929,21 +929,12 @@ def test_only_adds_to_the_report_from_finished_runs_and_refuses_to_drop_a_sectio
         tmp_path, monkeypatch, capsys):
     """--only used to replace the report at --out with its own sections, and a second --only
     listed the first's experiment as not run although its runs had finished."""
-    from kdml.reproduce import runner
-
     _two_tiny_tables(monkeypatch)
     runs, report = tmp_path / "runs", tmp_path / "report.md"
     common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
               "--device", "cpu"]
     assert cli.main(["reproduce", "jrd", "--only", "tiny-a", *common]) == 0
-    real_train = runner.train
-    trained: list[float] = []
-
-    def train_counted(config, run_dir, **kwargs):
-        trained.append(config.method.alpha)
-        return real_train(config, run_dir, **kwargs)
-
-    monkeypatch.setattr(runner, "train", train_counted)
+    trained = _count_training(monkeypatch)
     assert cli.main(["reproduce", "jrd", "--only", "tiny-b", *common]) == 0
     assert trained == [0]  # tiny-a's section is read from its finished run, not trained
     assert _sections(report) == ["### Table 2: digits", "### Table 4: digits"]
@@ -1021,8 +1012,6 @@ def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkey
     """`kdml reproduce dtml` without --only kept only its own sections: a JRD section that an
     --only had added to the same report was dropped without a word, its plot left behind.
     It now keeps them as --only does, and refuses a report it would cut."""
-    from kdml.reproduce import runner
-
     _two_papers(monkeypatch)
     runs, report = tmp_path / "runs", tmp_path / "report.md"
     common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
@@ -1030,14 +1019,7 @@ def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkey
     assert cli.main(["reproduce", "dtml", *common]) == 0
     assert cli.main(["reproduce", "jrd", "--only", "tiny-j", *common]) == 0
     assert _sections(report) == ["### Figure 4: digits", "### LFW: digits"]
-    real_train = runner.train
-    trained: list[float] = []
-
-    def train_counted(config, run_dir, **kwargs):
-        trained.append(config.method.alpha)
-        return real_train(config, run_dir, **kwargs)
-
-    monkeypatch.setattr(runner, "train", train_counted)
+    trained = _count_training(monkeypatch)
     assert cli.main(["reproduce", "dtml", *common]) == 0
     assert trained == []  # both read from their finished runs
     text = report.read_text()
@@ -1122,3 +1104,18 @@ def test_a_missing_cuda_device_is_named_as_reproduce_s_option(tmp_path, monkeypa
         assert capsys.readouterr().err == (f"kdml: error: --device {device} but no CUDA device "
                                            "is available here; give --device cpu or auto\n")
     assert not runs.exists()
+
+
+def _count_training(monkeypatch) -> list[float]:
+    """Patch reproduce's training to record each trained run's method.alpha, then train."""
+    from kdml.reproduce import runner
+
+    real_train = runner.train
+    trained: list[float] = []
+
+    def train_counted(config, run_dir, **kwargs):
+        trained.append(config.method.alpha)
+        return real_train(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(runner, "train", train_counted)
+    return trained
