@@ -30,8 +30,20 @@ def as_an_older_kdml_wrote_it(run: Path, setting: str, before: str, after: str) 
                                                  f"{setting}: {after}\n"))
     checkpoint = run / "checkpoints" / "last.pt"
     state = torch.load(checkpoint, weights_only=False)
-    state["config"]["data"][setting] = float(after)
+    state["config"]["data"][setting] = type(state["config"]["data"][setting])(after)
     torch.save(state, checkpoint)
+
+
+def assert_evaluated_and_embedded_as_trained(run: Path, metrics: str, tmp_path: Path,
+                                             capsys) -> None:
+    """``kdml eval`` prints the metrics training printed (the same split), and ``embed``
+    writes the test part."""
+    assert kdml("eval", run) == 0
+    out, err = capsys.readouterr()
+    assert "error" not in err, err
+    assert out.split("Test metrics")[-1] == metrics
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0, capsys.readouterr().err
+    assert len(np.load(tmp_path / "test.npz")["labels"]) > 0
 
 
 def test_an_older_run_with_a_setting_its_split_ignored_is_still_evaluated(tmp_path, capsys):
@@ -42,12 +54,7 @@ def test_an_older_run_with_a_setting_its_split_ignored_is_still_evaluated(tmp_pa
     assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", run, *TINY) == 0
     metrics = capsys.readouterr().out.split("Test metrics")[-1]
     as_an_older_kdml_wrote_it(run, "holdout_fraction", "0.2", "0.3")
-    assert kdml("eval", run) == 0
-    out, err = capsys.readouterr()
-    assert "error" not in err, err
-    assert out.split("Test metrics")[-1] == metrics  # the same split as trained
-    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0, capsys.readouterr().err
-    assert len(np.load(tmp_path / "test.npz")["labels"]) > 0
+    assert_evaluated_and_embedded_as_trained(run, metrics, tmp_path, capsys)
     # --resume continues it as it trained (its own check refuses an edit of the setting)
     assert kdml("train", "--resume", run, "--no-progress") == 0, capsys.readouterr().err
     assert "all 1 epochs are trained" in (run / "train.log").read_text()
@@ -114,17 +121,5 @@ def test_an_older_pair_run_with_a_split_it_ignored_is_still_evaluated(tmp_path, 
     run = tmp_path / "run"
     assert kdml("train", "dtml", "--dataset", "mnist5k->digits", "--out", run, *TINY) == 0
     metrics = capsys.readouterr().out.split("Test metrics")[-1]
-    config = run / "config.yaml"
-    assert "split: standard\n" in config.read_text()
-    config.write_text(config.read_text().replace("split: standard\n",
-                                                 "split: class-disjoint\n"))
-    checkpoint = run / "checkpoints" / "last.pt"
-    state = torch.load(checkpoint, weights_only=False)
-    state["config"]["data"]["split"] = "class-disjoint"
-    torch.save(state, checkpoint)
-    assert kdml("eval", run) == 0
-    out, err = capsys.readouterr()
-    assert "error" not in err, err
-    assert out.split("Test metrics")[-1] == metrics  # the same target as scored
-    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0, capsys.readouterr().err
-    assert len(np.load(tmp_path / "test.npz")["labels"]) > 0
+    as_an_older_kdml_wrote_it(run, "split", "standard", "class-disjoint")
+    assert_evaluated_and_embedded_as_trained(run, metrics, tmp_path, capsys)
