@@ -1040,23 +1040,23 @@ def _reproduce(args: argparse.Namespace) -> int:
     if distributed.launched_by_torchrun():
         raise KdmlError("kdml reproduce trains its runs one after another in one process; "
                         "run it without torchrun (each run may use one GPU via --device)")
-    def matches(experiment: Experiment) -> bool:
-        return any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in args.only)
+    def matches(experiment: Experiment, patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in patterns)
 
     chosen = experiments(args.paper, args.quick)
     # every pattern must match: a mistyped key among others would drop its experiment unsaid
     unmatched = [pattern for pattern in args.only
-                 if not any(fnmatch.fnmatchcase(experiment.key, pattern) for experiment in chosen)]
+                 if not any(matches(experiment, [pattern]) for experiment in chosen)]
     if unmatched:
         keys = ", ".join(experiment.key for experiment in chosen)
         # --quick keeps the first dataset of each table: a full run's key is not among them
         full = [experiment.key for experiment in experiments(args.paper)
-                if any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in unmatched)]
+                if matches(experiment, unmatched)]
         quick = f" with --quick (without it: {', '.join(full)})" if args.quick and full else ""
         raise KdmlError(f"--only {' '.join(unmatched)} matches no experiment of "
                         f"{args.paper}{quick}; the keys are: {keys}")
     if args.only:
-        chosen = [experiment for experiment in chosen if matches(experiment)]
+        chosen = [experiment for experiment in chosen if matches(experiment, args.only)]
     if args.list:
         for experiment in chosen:
             print(f"{experiment.key}  ({experiment.mirrors}; {len(experiment.cells)} cells)")

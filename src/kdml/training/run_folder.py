@@ -239,7 +239,6 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     refusal: a new run starts afresh over its files (:func:`start_afresh`), unless another
     process is training it (checked by taking its lock for a moment, unless this process
     ``held`` the folder already)."""
-    check_utf8_path(root)
     # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
     run = RunFolder(root)
     trained = run.resumable
