@@ -195,6 +195,21 @@ def test_a_file_name_that_is_not_utf8_prints_on_a_strict_terminal(tmp_path):
     assert result.stdout.endswith(f"run folder: {tmp_path}/f\\xf6x\n"), result.stdout
 
 
+def test_an_error_naming_a_file_that_is_not_utf8_writes_it_as_stdout_does(tmp_path):
+    """kdml's one-line errors go to stderr, whose ``backslashreplace`` had written the byte
+    0xF6 ``\\udcf6`` where stdout and the captions write ``\\xf6``. Run as the command, so
+    that main() is what sets its stderr, and on a strict terminal as the test above."""
+    import subprocess
+    import sys
+
+    missing = tmp_path / os.fsdecode(b"f\xf6x")
+    result = subprocess.run([sys.executable, "-m", "kdml", "eval", str(missing)],
+                            capture_output=True, text=True,
+                            env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    assert result.returncode == 2
+    assert result.stderr == f"kdml: error: run folder {tmp_path}/f\\xf6x does not exist\n"
+
+
 def test_the_lenient_stdout_writes_a_name_as_shown_name_does():
     """Its handler writes a byte that is not UTF-8 ``\\xNN``, as class captions show it
     (``backslashreplace`` wrote ``\\udcf6``), and any other character a stream cannot encode as

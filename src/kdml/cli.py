@@ -299,7 +299,8 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Terminated
 
 
-# The error handler of the console command's stdout (_lenient_stdout), by its codecs name.
+# The error handler of the console command's stdout and stderr (_lenient_streams), by its
+# codecs name.
 ESCAPED_BYTES = "kdml.escaped-bytes"
 
 
@@ -317,21 +318,24 @@ def _escaped_bytes(error: UnicodeError) -> tuple[str, int]:
                    for char in failed), error.end
 
 
-def _lenient_stdout() -> None:
+def _lenient_streams() -> None:
     """Print a file name that is not UTF-8 (a Latin-1 folder from an old zip, read as
     surrogates) with each such byte written ``\\xNN`` (``f\\xf6x``, as kdml's captions show
     it; :func:`_escaped_bytes`): a terminal whose locale makes stdout strict UTF-8 had stopped
-    ``kdml search`` with a UnicodeEncodeError (stderr escapes already, as ``\\udcf6``)."""
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        codecs.register_error(ESCAPED_BYTES, _escaped_bytes)
-        sys.stdout.reconfigure(errors=ESCAPED_BYTES)
+    ``kdml search`` with a UnicodeEncodeError. stderr too, where kdml's one-line errors and
+    warnings name such files: its default, ``backslashreplace``, had written the byte
+    ``\\udcf6``, not as stdout and the captions write it."""
+    codecs.register_error(ESCAPED_BYTES, _escaped_bytes)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors=ESCAPED_BYTES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if argv is None:  # the console command: this process's stdout is kdml's to set
-        _lenient_stdout()
+    if argv is None:  # the console command: this process's streams are kdml's to set
+        _lenient_streams()
     parser = build_parser()
     # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
     # matching does not allow, so collect the leftovers and accept only overrides among them.
