@@ -225,6 +225,34 @@ def test_the_test_set_line_counts_query_and_gallery_and_the_queries_left_out(tmp
     assert splits.lone_queries() == lone_by_the_evaluator(splits) == 3
 
 
+def test_the_test_set_line_counts_the_images_a_scoring_left_out_as_unreadable(tmp_path):
+    """Scored with data.on_bad_image=skip, the line had still counted an unreadable gallery
+    image among the 3 (and no query without a gallery image of its class): it counts what the
+    metrics are of, and says how many images were left out."""
+    from kdml.config import resolve_config
+    from kdml.evaluation.evaluator import Embedder, evaluate_method
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import build_method
+
+    root = make_inshop(tmp_path, items=6, per_item=3)  # test items: 2 queries, 1 gallery image
+    splits = standard_splits("inshop", str(root))
+    Path(splits.gallery.paths[0]).write_bytes(b"\xff\xd8 this is not really a JPEG")
+    spec = get_recipe("amsoftmax")
+    config = resolve_config(spec.name, spec.params, spec.defaults,
+                            overrides=["model.embedding_size=8", "eval.nmi=false",
+                                       "eval.ks=[1]", "train.device=cpu"])
+    method = build_method(config, splits, pretrained=False, echo=lambda line: None)
+    evaluate_method(method, splits, config.eval, Embedder(on_bad_image="skip"))
+    assert splits.test_set == (
+        "6 query and 2 gallery samples of 3 classes not seen in training; 2 queries have no "
+        "gallery sample of their class (nothing to retrieve): Recall@K, MAP@R and R-Precision "
+        "leave them out; 1 unreadable image of the 9 listed was left out "
+        "(data.on_bad_image=skip)")
+    Path(splits.gallery.paths[0]).write_bytes(Path(splits.gallery.paths[1]).read_bytes())
+    evaluate_method(method, splits, config.eval, Embedder(on_bad_image="skip"))
+    assert splits.test_set == "6 query and 3 gallery samples of 3 classes not seen in training"
+
+
 def test_the_test_set_line_counts_the_samples_alone_in_their_class(tmp_path):
     """A test class of one image has nothing to retrieve: retrieval leaves it out as a query
     (it had done so without a word), and the line printed before training says so."""

@@ -20,7 +20,7 @@ place of the test part, which it never touches.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -67,34 +67,52 @@ class DataSplits:
     target: DmlDataset | None = None
     eval_ks: tuple[int, ...] = (1, 2, 4, 8)
     validation: bool = False  # ``test`` is a validation part carved from the training part
+    # The positions in ``test`` and ``gallery`` (by those names) of the unreadable images that
+    # the last scoring left out (data.on_bad_image=skip): only decoding finds them, so the
+    # evaluator records them, and :attr:`test_set` counts the samples the metrics are of.
+    unreadable: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def test_set(self) -> str:
         """One line on the test samples, e.g. ``"1,000 samples of classes not seen in
         training"``, or with a gallery ``"14,218 query and 12,612 gallery samples of 3,985
         classes not seen in training"``, saying how many queries retrieval leaves out
-        (:meth:`lone_queries`)."""
+        (:meth:`lone_queries`). Once a scoring has left out unreadable images
+        (:attr:`unreadable`), it counts the samples scored, and says how many were left out."""
+        queries = self.scored_labels("test", self.test)
         if self.validation:
-            line = (f"{len(self.test):,} validation samples of {TEST_SETS[self.kind]}, carved "
+            line = (f"{len(queries):,} validation samples of {TEST_SETS[self.kind]}, carved "
                     "from the training part (data.validation; the test part is not used)")
         elif self.gallery is not None:
-            classes = torch.cat([self.test.labels, self.gallery.labels]).unique().numel()
-            line = (f"{len(self.test):,} query and {len(self.gallery):,} gallery samples of "
+            references = self.scored_labels("gallery", self.gallery)
+            classes = torch.cat([queries, references]).unique().numel()
+            line = (f"{len(queries):,} query and {len(references):,} gallery samples of "
                     f"{counted_classes(classes, self.kind)}")
         else:
-            line = f"{len(self.test):,} samples of {TEST_SETS[self.kind]}"
-        return line + self.lone_queries_note()
+            line = f"{len(queries):,} samples of {TEST_SETS[self.kind]}"
+        return line + self.lone_queries_note() + self.unreadable_note()
+
+    def scored_labels(self, part: str, dataset: DmlDataset) -> Tensor:
+        """The labels of ``dataset``, the ``"test"`` or ``"gallery"`` part, that are scored:
+        all of them but the :attr:`unreadable` images the last scoring left out."""
+        left_out = self.unreadable.get(part)
+        if left_out is None:
+            return dataset.labels
+        scored = torch.ones(len(dataset), dtype=torch.bool)
+        scored[left_out] = False
+        return dataset.labels[scored]
 
     def lone_queries(self) -> int:
         """How many test queries have nothing to retrieve, so that Recall@K, MAP@R and
         R-Precision leave them out (as PML's ``AccuracyCalculator``): with a gallery, the
         queries whose class has no gallery sample; without, each sample that is the only one
-        of its class. A domain pair's target is not counted (its unlabelled samples are -1)."""
-        labels = self.test.labels
+        of its class. A domain pair's target is not counted (its unlabelled samples are -1).
+        Of the samples scored: an unreadable image left out can leave a query alone."""
+        labels = self.scored_labels("test", self.test)
         if self.kind == DOMAIN:
             return 0
         if self.gallery is not None:
-            return int((~torch.isin(labels, self.gallery.labels)).sum())
+            return int((~torch.isin(labels, self.scored_labels("gallery", self.gallery))).sum())
         _, inverse, counts = labels.unique(return_inverse=True, return_counts=True)
         return int((counts[inverse] == 1).sum())
 
@@ -112,6 +130,17 @@ class DataSplits:
         return (f"; {lone:,} of them {'is' if one else 'are'} the only sample of "
                 f"{'its' if one else 'their'} class and cannot be {'a query' if one else 'queries'}"
                 f" {left_out}")
+
+    def unreadable_note(self) -> str:
+        """``""``, or the clause of :attr:`test_set` that counts the :attr:`unreadable` images
+        left out, of those listed (the count the line had shown)."""
+        left_out = sum(len(positions) for positions in self.unreadable.values())
+        if not left_out:
+            return ""
+        listed = len(self.test) + (len(self.gallery) if self.gallery is not None else 0)
+        one = left_out == 1
+        return (f"; {left_out:,} unreadable image{'' if one else 's'} of the {listed:,} listed "
+                f"{'was' if one else 'were'} left out (data.on_bad_image=skip)")
 
     @property
     def reference_size(self) -> int:

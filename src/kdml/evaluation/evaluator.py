@@ -165,9 +165,23 @@ def _check_finite(embedded: dict[str, Embedded]) -> None:
                                       "the model's weights or its outputs overflowed")
 
 
+def _record_unreadable(embedded: dict[str, Embedded], splits: DataSplits) -> None:
+    """Keep in ``splits`` the positions of the test (and gallery) samples that
+    ``data.on_bad_image=skip`` left out of this scoring, so that the "test set" line counts
+    the samples its metrics are of (decoding alone finds an unreadable image)."""
+    splits.unreadable = {}
+    for part, dataset in (("test", splits.test), ("gallery", splits.gallery)):
+        if dataset is None or part not in embedded:
+            continue
+        scored = torch.zeros(len(dataset), dtype=torch.bool)
+        scored[embedded[part].indices] = True
+        if not scored.all():
+            splits.unreadable[part] = (~scored).nonzero().squeeze(1)
+
+
 def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
-    """Say how many samples of each set ``data.on_bad_image=skip`` left out, so that the
-    metrics are not read as those of the whole set the run's "test set" line counted."""
+    """Say how many samples of each set ``data.on_bad_image=skip`` left out, in the log of
+    each scoring (train.log), so that its metrics are not read as those of the whole set."""
     datasets = {"test": splits.test, "gallery": splits.gallery, "train": splits.train,
                 "source": splits.train}
     skipped = False
@@ -203,6 +217,7 @@ def _check_scorable(embedded: dict[str, Embedded]) -> None:
 def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
            charts: bool) -> dict[str, float]:
     _check_finite(embedded)
+    _record_unreadable(embedded, splits)
     _warn_of_skipped(embedded, splits)
     ks = tuple(config.ks) or splits.eval_ks
     test = embedded["test"]

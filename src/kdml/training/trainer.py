@@ -940,6 +940,10 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 score = dict(scores(history, metric))[best]
                 kept = f"; {run.best_checkpoint} holds it" if config.train.keep_best else ""
                 echo(f"best validation {metric}: {score:.4f} at epoch {best}{kept}")
+        # the "test set" line at the start counted the unreadable images the scoring left
+        # out (only decoding finds them): the samples the metrics are of, once known
+        if session.splits.unreadable:
+            echo(f"test set: {session.splits.test_set}")
     return final
 
 
