@@ -64,6 +64,7 @@ def load_weights(backbone: nn.Module, path: str | Path,
     weights_target = getattr(backbone, "weights_target", None)
     target: nn.Module = weights_target() if callable(weights_target) else backbone
     state = read_state_dict(path)
+    file_keys = list(state)  # named in the refusal below: the classifier's are dropped next
     own = target.state_dict()
     ignored = sorted(key for key in state if key not in own and key.startswith(
         CLASSIFIER_PREFIXES))
@@ -84,7 +85,7 @@ def load_weights(backbone: nn.Module, path: str | Path,
     unexpected = sorted(set(state) - set(own))
     if not set(state) & set(own):
         raise KdmlError(f"weights file {path} shares no key with the backbone (its first keys: "
-                        f"{', '.join(list(state)[:3])}); it is for another model")
+                        f"{', '.join(file_keys[:3])}); it is for another model")
     target.load_state_dict(state, strict=False)
     notes = [f"loaded {len(set(state) & set(own))} tensors from {path}"]
     if missing:
