@@ -138,6 +138,12 @@ def test_domain_splits_describe_their_test_set_as_the_target():
     pair = load_domain_pair("mnist5k->digits")
     splits = domain_splits(pair.source, pair.target)
     assert splits.test_set == "1,797 samples of the target domain, whose labels training never sees"
+    # an npz: target's unlabelled samples (-1) are counted as not scored, as the metrics do
+    unlabelled = pair.target.relabelled(torch.where(torch.arange(len(pair.target)) < 400,
+                                                    -1, pair.target.labels))
+    assert domain_splits(pair.source, unlabelled).test_set == (
+        "1,797 samples of the target domain, whose labels training never sees, 1,397 of them "
+        "labelled and scored (400 unlabelled, left out)")
 
 
 def test_unknown_domain_pair_lists_the_valid_names():

@@ -90,7 +90,18 @@ class DataSplits:
                     f"{counted_classes(classes, self.kind)}")
         else:
             line = f"{len(queries):,} samples of {TEST_SETS[self.kind]}"
-        return line + self.lone_queries_note() + self.unreadable_note()
+        return line + self.unlabelled_note(queries) + self.lone_queries_note() + \
+            self.unreadable_note()
+
+    def unlabelled_note(self, labels: Tensor) -> str:
+        """``""``, or the clause counting a domain pair's unlabelled target samples (label
+        -1, an ``npz:`` file's): the metrics leave them out (:func:`~kdml.evaluation.transfer.
+        target_metrics`), so the line says how many of the samples it counts are scored."""
+        unlabelled = int((labels < 0).sum()) if self.kind == DOMAIN else 0
+        if not unlabelled:
+            return ""
+        return (f", {len(labels) - unlabelled:,} of them labelled and scored ({unlabelled:,} "
+                "unlabelled, left out)")
 
     def scored_labels(self, part: str, dataset: DmlDataset) -> Tensor:
         """The labels of ``dataset``, the ``"test"`` or ``"gallery"`` part, that are scored:
