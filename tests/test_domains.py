@@ -143,7 +143,14 @@ def test_domain_splits_describe_their_test_set_as_the_target():
                                                     -1, pair.target.labels))
     assert domain_splits(pair.source, unlabelled).test_set == (
         "1,797 samples of the target domain, whose labels training never sees, 1,397 of them "
-        "labelled and scored (400 unlabelled, left out)")
+        "labelled (400 unlabelled, which the metrics leave out)")
+    # a labelled target sample alone in its class is no query, as target_metrics scores it
+    # (an unlabelled one is no class of its own)
+    lone = pair.target.relabelled(torch.tensor([0, 0, 1, -1, -1] * 359 + [2, -1]))
+    assert domain_splits(pair.source, lone).lone_queries() == 1
+    assert domain_splits(pair.source, lone).test_set.endswith(
+        "1 of them is the only sample of its class and cannot be a query (nothing to "
+        "retrieve): Recall@K, MAP@R and R-Precision leave it out")
 
 
 def test_unknown_domain_pair_lists_the_valid_names():

@@ -90,18 +90,18 @@ class DataSplits:
                     f"{counted_classes(classes, self.kind)}")
         else:
             line = f"{len(queries):,} samples of {TEST_SETS[self.kind]}"
-        return line + self.unlabelled_note(queries) + self.lone_queries_note() + \
-            self.unreadable_note()
+        return (line + self.unlabelled_note(queries) + self.lone_queries_note()
+                + self.unreadable_note())
 
     def unlabelled_note(self, labels: Tensor) -> str:
         """``""``, or the clause counting a domain pair's unlabelled target samples (label
         -1, an ``npz:`` file's): the metrics leave them out (:func:`~kdml.evaluation.transfer.
-        target_metrics`), so the line says how many of the samples it counts are scored."""
+        target_metrics`), so the line says how many of the samples it counts are labelled."""
         unlabelled = int((labels < 0).sum()) if self.kind == DOMAIN else 0
         if not unlabelled:
             return ""
-        return (f", {len(labels) - unlabelled:,} of them labelled and scored ({unlabelled:,} "
-                "unlabelled, left out)")
+        return (f", {len(labels) - unlabelled:,} of them labelled ({unlabelled:,} unlabelled, "
+                "which the metrics leave out)")
 
     def scored_labels(self, part: str, dataset: DmlDataset) -> Tensor:
         """The labels of ``dataset``, the ``"test"`` or ``"gallery"`` part, that are scored:
@@ -117,11 +117,12 @@ class DataSplits:
         """How many test queries have nothing to retrieve, so that Recall@K, MAP@R and
         R-Precision leave them out (as PML's ``AccuracyCalculator``): with a gallery, the
         queries whose class has no gallery sample; without, each sample that is the only one
-        of its class. A domain pair's target is not counted (its unlabelled samples are -1).
-        Of the samples scored: an unreadable image left out can leave a query alone."""
+        of its class; of a domain pair's target, its labelled samples (the metrics leave out
+        those labelled -1). Of the samples scored: an unreadable image left out can leave a
+        query alone."""
         labels = self.scored_labels("test", self.test)
         if self.kind == DOMAIN:
-            return 0
+            labels = labels[labels >= 0]
         if self.gallery is not None:
             return int((~torch.isin(labels, self.scored_labels("gallery", self.gallery))).sum())
         _, inverse, counts = labels.unique(return_inverse=True, return_counts=True)
