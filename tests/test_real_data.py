@@ -244,16 +244,16 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     assert train("train", "amsoftmax", "--out", skipped, *args, "data.on_bad_image=skip") == 0
     log = (skipped / "train.log").read_text()
     assert str(broken) in log
-    # the line before training counts the 8 listed; once scored, it had still said 8, not the
-    # 7 the metrics are of: the run (again) and kdml eval count the 7
+    # the line before scoring counts the 8 listed; once scored, it had still said 8, not the
+    # 7 the metrics are of: the run and kdml eval count the 7 again above their metrics
+    listed = "test set: 8 samples of classes not seen in training"
     scored = ("test set: 7 samples of classes not seen in training; 1 unreadable image of the 8 "
               "listed was left out (data.on_bad_image=skip)")
-    assert printed_test_set_lines(capsys) == ["test set: 8 samples of classes not seen in training",
-                                      scored]
+    assert printed_test_set_lines(capsys) == [listed, scored]
     assert ("1 of the 8 test samples were skipped as unreadable images "
             "(data.on_bad_image=skip): the metrics use the other 7") in log
     assert train("eval", skipped) == 0
-    assert printed_test_set_lines(capsys) == [scored]
+    assert printed_test_set_lines(capsys) == [listed, scored]
     # the commands that do not train warn in the same form, once per skipped image
     capsys.readouterr()
     assert train("embed", skipped, "--out", tmp_path / "emb.npz") == 0

@@ -817,10 +817,11 @@ def _eval(args: argparse.Namespace) -> int:
     check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
     validated = trained.splits.validation
     print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
+    print(f"test set: {trained.splits.test_set}")
     metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
                               trained.embedder)
-    # once scored: only decoding finds the unreadable images data.on_bad_image=skip leaves out
-    print(f"test set: {trained.splits.test_set}")
+    if trained.splits.unreadable:  # counted again: only decoding finds the images it left out
+        print(f"test set: {trained.splits.test_set}")
     # printed first: a run folder that cannot be written (archived, read-only) still shows them
     _print_results(trained.config, metrics, trained.run.root, validated)
     write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")

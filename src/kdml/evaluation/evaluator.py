@@ -131,7 +131,9 @@ def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
     """Score ``method`` on ``splits`` (see the module docstring for what is scored).
 
     Under torchrun every rank embeds its share of each set; rank 0 scores the gathered
-    embeddings and every rank returns its metrics."""
+    embeddings and every rank returns its metrics. The scoring records in
+    ``splits.unreadable`` the test and gallery images ``data.on_bad_image=skip`` left out
+    (only decoding finds them), so that ``splits.test_set`` then counts the samples scored."""
     embedded = _embed_for_evaluation(method, splits, embedder or Embedder())
     # rank 0 scores; an error there stops the other ranks too instead of leaving them waiting
     return distributed.from_main(lambda: _score(embedded, splits, config, method.has_charts))
@@ -180,8 +182,8 @@ def _record_unreadable(embedded: dict[str, Embedded], splits: DataSplits) -> Non
 
 
 def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
-    """Say how many samples of each set ``data.on_bad_image=skip`` left out, in the log of
-    each scoring (train.log), so that its metrics are not read as those of the whole set."""
+    """Say how many samples of each set ``data.on_bad_image=skip`` left out, at each scoring
+    (in train.log, or on stderr), so that its metrics are not read as those of the whole set."""
     datasets = {"test": splits.test, "gallery": splits.gallery, "train": splits.train,
                 "source": splits.train}
     skipped = False
