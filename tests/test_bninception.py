@@ -270,7 +270,8 @@ def test_weights_errors_are_one_line(tmp_path):
     # a file of a classifier alone names its keys, though they are dropped before the check
     torch.save({"fc.weight": torch.zeros(2, 3), "fc.bias": torch.zeros(2)},
                tmp_path / "classifier.pth")
-    with pytest.raises(KdmlError, match=r"its first keys: fc\.weight, fc\.bias\)"):
+    with pytest.raises(KdmlError, match=r"its first keys: fc\.weight, fc\.bias\); it holds "
+                       "only a classifier"):
         load_weights(BNInception(), tmp_path / "classifier.pth")
     (tmp_path / "junk.pth").write_bytes(b"junk")
     with pytest.raises(KdmlError, match="not a readable state dict"):

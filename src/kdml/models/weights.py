@@ -84,8 +84,10 @@ def load_weights(backbone: nn.Module, path: str | Path,
     missing = sorted(set(own) - set(state) - _num_batches_tracked(own))
     unexpected = sorted(set(state) - set(own))
     if not set(state) & set(own):
+        what = ("holds only a classifier, which kdml never loads" if not state and file_keys
+                else "is for another model")
         raise KdmlError(f"weights file {path} shares no key with the backbone (its first keys: "
-                        f"{', '.join(file_keys[:3])}); it is for another model")
+                        f"{', '.join(file_keys[:3])}); it {what}")
     target.load_state_dict(state, strict=False)
     notes = [f"loaded {len(set(state) & set(own))} tensors from {path}"]
     if missing:
