@@ -207,10 +207,13 @@ def test_an_error_naming_a_file_that_is_not_utf8_writes_it_as_stdout_does(tmp_pa
                             capture_output=True, text=True,
                             env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
     assert result.returncode == 2
-    assert result.stderr == f"kdml: error: run folder {tmp_path}/f\\xf6x does not exist\n"
+    # the last line: an import may warn first (another machine's torch or numpy)
+    assert result.stderr.endswith("\n")
+    assert result.stderr.splitlines()[-1] == (
+        f"kdml: error: run folder {tmp_path}/f\\xf6x does not exist")
 
 
-def test_the_lenient_stdout_writes_a_name_as_shown_name_does():
+def test_the_lenient_streams_write_a_name_as_shown_name_does():
     """Its handler writes a byte that is not UTF-8 ``\\xNN``, as class captions show it
     (``backslashreplace`` wrote ``\\udcf6``), and any other character a stream cannot encode as
     ``backslashreplace`` does."""
