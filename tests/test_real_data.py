@@ -261,6 +261,30 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     assert warned == [f"kdml: warning: skipping unreadable image {broken}"]
 
 
+def test_finished_run_resumed_counts_the_images_its_last_scoring_left_out(tmp_path, capsys):
+    """A finished run resumed with nothing to train scores nothing: it had printed only the
+    listed count above the metrics of its last scoring, which had left an image out. The
+    checkpoint records the positions that scoring left out; one of a kdml before it (no such
+    record) prints the listed count alone, as before."""
+    folder = make_folder(tmp_path, classes=4, per_class=4, size=24)
+    sorted((folder / "c03").iterdir())[0].write_bytes(b"\xff\xd8 this is not really a JPEG")
+    run = tmp_path / "run"
+    assert train("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run,
+                 "data.batch_size=4", "data.on_bad_image=skip", *TINY) == 0
+    listed = "test set: 8 samples of classes not seen in training"
+    scored = ("test set: 7 samples of classes not seen in training; 1 unreadable image of the 8 "
+              "listed was left out (data.on_bad_image=skip)")
+    assert printed_test_set_lines(capsys) == [listed, scored]
+    assert train("train", "--resume", run, "--no-progress") == 0
+    assert printed_test_set_lines(capsys) == [listed, scored]
+    last = run / "checkpoints" / "last.pt"
+    old = torch.load(last, weights_only=True)
+    del old["unreadable"]  # a checkpoint of a kdml before the record
+    torch.save(old, last)
+    assert train("train", "--resume", run, "--no-progress") == 0
+    assert printed_test_set_lines(capsys) == [listed]
+
+
 def test_dataset_without_a_root_says_where_to_put_it(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("KDML_DATA_ROOT", raising=False)
     assert train("train", "amsoftmax", "--dataset", "cub", "--out", tmp_path / "run",

@@ -980,3 +980,24 @@ def test_plots_that_cannot_be_written_do_not_stop_training(tmp_path, monkeypatch
                      "train.steps_per_epoch=2"]) == 0
     assert "kdml: warning: the training plots are not drawn: " in capsys.readouterr().err
     assert len(json.loads((run / "metrics.json").read_text())["epochs"]) == 2
+
+
+def test_a_checkpoint_gives_back_the_images_its_last_scoring_left_out():
+    """A finished run resumed counts the samples its last scoring's metrics are of from the
+    positions its checkpoint recorded; a checkpoint of a kdml before the record gives none,
+    and positions that do not fit the splits are left out."""
+    from kdml.data.dataset import ArrayDataset
+    from kdml.data.splits import DataSplits
+    from kdml.training.trainer import recorded_unreadable
+
+    def rows(count: int) -> ArrayDataset:
+        return ArrayDataset("rows", "", torch.rand(count, 3), torch.arange(count) % 2)
+
+    splits = DataSplits(rows(10), rows(4), [0, 1], gallery=rows(6))
+    recorded = {"test": torch.tensor([1, 3]), "gallery": torch.tensor([5])}
+    given = recorded_unreadable({"epoch": 3, "unreadable": recorded}, splits)
+    assert {part: positions.tolist() for part, positions in given.items()} == {
+        "test": [1, 3], "gallery": [5]}
+    assert recorded_unreadable({"epoch": 3}, splits) == {}  # a kdml before the record
+    beyond = {"test": torch.tensor([4]), "gallery": torch.tensor([0]), "train": torch.tensor([0])}
+    assert recorded_unreadable({"unreadable": beyond}, DataSplits(rows(10), rows(4), [0, 1])) == {}

@@ -69,7 +69,8 @@ class DataSplits:
     validation: bool = False  # ``test`` is a validation part carved from the training part
     # The positions in ``test`` and ``gallery`` (by those names) of the unreadable images that
     # the last scoring left out (data.on_bad_image=skip): only decoding finds them, so the
-    # evaluator records them, and :attr:`test_set` counts the samples the metrics are of.
+    # evaluator records them (and a checkpoint keeps them, for a finished run resumed), and
+    # :attr:`test_set` counts the samples the metrics are of.
     unreadable: dict[str, Tensor] = field(default_factory=dict)
 
     @property

@@ -656,12 +656,16 @@ class Session:
                    unscored: dict[str, Any] | None = None) -> dict[str, Any]:
         """The run's state after ``epoch``; ``history`` holds the rows before it when
         ``unscored`` is given: the trained epoch's row, not yet scored, and whether training
-        is over (``checkpoints/unscored.pt``)."""
+        is over (``checkpoints/unscored.pt``). ``unreadable`` keeps the test and gallery
+        positions the last scoring left out (:attr:`DataSplits.unreadable`), so that a
+        finished run resumed counts the samples its metrics are of
+        (:func:`recorded_unreadable`)."""
         state = {"epoch": epoch, "method": self.method.state_dict(),
                  "optimizer": self.optimizer.state_dict() if self.optimizer else None,
                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                  "scaler": self.scaler.state_dict(), "history": history,
-                 "config": self.config.to_dict(), "finished": finished}
+                 "config": self.config.to_dict(), "finished": finished,
+                 "unreadable": dict(self.splits.unreadable)}
         if unscored is not None:
             state["unscored"] = unscored
         return state
@@ -811,6 +815,9 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
         # eval.ks, filled from the data since)
         _refuse_edited_settings(changed_settings(state.get("config", {}), config), run)
         history, start_epoch = state["history"], state["epoch"] + 1
+        # the images its last scoring left out: a finished run resumed scores nothing, and
+        # still counts the samples the metrics it ends with are of
+        session.splits.unreadable = recorded_unreadable(state, session.splits)
         if scored_prefix(session.splits) == VALIDATION:
             history = as_validation_history(history)
         planned = state.get("config", {}).get("train", {}).get("epochs", config.train.epochs)
@@ -941,7 +948,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 kept = f"; {run.best_checkpoint} holds it" if config.train.keep_best else ""
                 echo(f"best validation {metric}: {score:.4f} at epoch {best}{kept}")
         # the "test set" line at the start counted the unreadable images the scoring left
-        # out (only decoding finds them): the samples the metrics are of, once known
+        # out (only decoding finds them): the samples the metrics are of, once known (a
+        # finished run resumed: from its checkpoint)
         if session.splits.unreadable:
             echo(f"test set: {session.splits.test_set}")
     return final
@@ -999,6 +1007,17 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     # absolute: kdml eval and the other commands read it again from any folder
     save_config(with_absolute_paths(session.config), run.config)
     run.write_data_fingerprint(data_fingerprint(splits, test_part))
+
+
+def recorded_unreadable(state: dict[str, Any], splits: DataSplits) -> dict[str, torch.Tensor]:
+    """The positions in ``splits``' test (and gallery) part of the unreadable images that the
+    last scoring before the checkpoint ``state`` left out (``data.on_bad_image=skip``), as
+    :attr:`DataSplits.unreadable` holds them. ``{}`` for a checkpoint of a kdml before it
+    recorded them (the "test set" line then counts the images listed, as it did); a part
+    whose positions do not fit ``splits`` is left out alike."""
+    sizes = {"test": len(splits.test), "gallery": len(splits.gallery or ())}
+    return {part: positions for part, positions in (state.get("unreadable") or {}).items()
+            if part in sizes and bool((positions < sizes[part]).all())}
 
 
 def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
