@@ -1119,3 +1119,23 @@ def _count_training(monkeypatch) -> list[float]:
 
     monkeypatch.setattr(runner, "train", train_counted)
     return trained
+
+
+def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_why(tmp_path):
+    """A corrupt checkpoint stopped the whole table of an experiment that draws chart plots
+    ("could not run: ..."), although its numbers are in the run records: only the plot needs
+    the model, so the report says why it is not drawn, as for a missing checkpoint."""
+    charts = _tiny_experiments()[2]
+    runs = tmp_path / "runs"
+    first = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    assert not first[0].error
+    (run_dir,) = first[0].cells["MTriplet"].run_dirs
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    assert checkpoint.is_file()
+    checkpoint.write_bytes(b"not a checkpoint")
+    again = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    assert not again[0].error, again[0].error
+    cell = again[0].cells["MTriplet"]
+    assert cell.charts is None and cell.values == first[0].cells["MTriplet"].values
+    assert str(checkpoint) in cell.charts_missing and "\n" not in cell.charts_missing
+    assert checkpoint.read_bytes() == b"not a checkpoint"  # kept as it was, for the user

@@ -351,12 +351,13 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
-                # the numbers are in the records; only the plot needs the model
-                if RunFolder(run.run_dir).checkpoint.is_file():
-                    result.charts = draw_charts(reload_run(run.run_dir))
+                # the numbers are in the records; only the plot needs the model, so a
+                # checkpoint that will not load (or changed data) costs the plot alone
+                try:
+                    result.charts = draw_charts(reload_to(run.run_dir, "draw its charts"))
                     result.charts_seed = seed
-                elif not result.charts_missing:
-                    result.charts_missing = no_checkpoint(run.run_dir, "draw its charts")
+                except KdmlError as error:
+                    result.charts_missing = result.charts_missing or str(error)
         cells[cell.label] = result
     first = planned[experiment.key, experiment.cells[0].label][0].config
     return ExperimentResult(experiment, cells, first)
