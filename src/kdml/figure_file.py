@@ -9,8 +9,12 @@ folder in the way is refused.
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -24,6 +28,13 @@ SOFTWARE = f"kdml {__version__}"  # the PNG "Software" text of every plot kdml w
 # Plots written before kdml marked its own carry only matplotlib's mark; a resumed older run
 # must still be able to redraw them.
 REPLACEABLE_MARKS = ("kdml ", "Matplotlib version")
+# matplotlib warns once per character its fonts lack ("Glyph 34924 (...) missing from
+# font(s) DejaVu Sans."), at every layout and save: class names in another script (CJK, say)
+# gave a screenful per plot. kdml says it once per plot, with what to do.
+MISSING_GLYPH = r"Glyph (\d+) .*missing from font\(s\) (.+?)\.?$"
+SHOWN_MISSING = 8  # characters named in that one warning
+
+_log = logging.getLogger("kdml.plots")
 
 
 def drawn_by_kdml(path: Path) -> bool:
@@ -60,6 +71,48 @@ def write_png(figure: Figure, path: Path, dpi: int = 100) -> Path:
     """Save ``figure`` to ``path`` with kdml's mark; a crash leaves the old file whole."""
     return _replace(Path(path), lambda partial: figure.savefig(
         partial, dpi=dpi, metadata={"Software": SOFTWARE}))
+
+
+@contextmanager
+def missing_glyphs_named(path: Path) -> Iterator[None]:
+    """While the plot of ``path`` is laid out and saved (matplotlib warns at the first
+    drawing of each text, whichever that is), gather its warnings of characters that no font
+    has into one warning of ``kdml.plots`` that names them; other warnings show as ever."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.filterwarnings("always", message=MISSING_GLYPH, category=UserWarning)
+            yield
+    finally:  # also when the plot failed: its other warnings are not lost
+        missing = _show_all_but_missing_glyphs(caught)
+    if missing:
+        _log.warning(missing_glyphs_message(Path(path), missing))
+
+
+def _show_all_but_missing_glyphs(caught: list[warnings.WarningMessage]) -> dict[str, str]:
+    """Show the warnings in ``caught`` as they would have been shown, but for those of
+    missing glyphs: their characters, each to the fonts that lack it."""
+    missing: dict[str, str] = {}
+    for warning in caught:
+        glyph = re.match(MISSING_GLYPH, str(warning.message))
+        if glyph is not None and issubclass(warning.category, UserWarning):
+            missing.setdefault(chr(int(glyph[1])), glyph[2])
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno, source=warning.source)
+    return missing
+
+
+def missing_glyphs_message(path: Path, missing: dict[str, str]) -> str:
+    """The one warning of :func:`write_png` for the characters (``missing``: character to
+    the fonts that lack it) that ``path``'s plot shows as empty boxes."""
+    shown = ", ".join(list(missing)[:SHOWN_MISSING])
+    more = f" and {len(missing) - SHOWN_MISSING} more" if len(missing) > SHOWN_MISSING else ""
+    fonts = next(iter(missing.values()))
+    return (f"{path}: the plot's font ({fonts}) has no glyph for {len(missing)} "
+            f"character{'s' if len(missing) != 1 else ''} of its text ({shown}{more}), which "
+            "show as empty boxes; install a font that has them and put it first in "
+            "matplotlib's font.sans-serif (in a matplotlibrc file)")
 
 
 def copy_png(source: Path, path: Path) -> Path:

@@ -23,7 +23,7 @@ from matplotlib.patches import Rectangle
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.retrieval import as_label_vector
-from kdml.figure_file import write_png
+from kdml.figure_file import missing_glyphs_named, write_png
 from kdml.viz_retrieval import short_name
 
 __all__ = ["chart_figure", "plot_charts"]
@@ -105,9 +105,10 @@ def plot_charts(
         ...     plot_charts(codes, charts, labels, Path(folder) / "charts.png").name
         'charts.png'
     """
-    figure = chart_figure(chart_coords, chart_index, labels, images, max_thumbnails,
-                          thumbnail_zoom, seed, class_names)
-    return write_png(figure, Path(path))
+    with missing_glyphs_named(Path(path)):
+        figure = chart_figure(chart_coords, chart_index, labels, images, max_thumbnails,
+                              thumbnail_zoom, seed, class_names)
+        return write_png(figure, Path(path))
 
 
 def chart_figure(
