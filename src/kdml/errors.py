@@ -23,6 +23,11 @@ class LocalError(KdmlError):
     meet alike, sees only a failed collective."""
 
 
+class UnreadableCheckpoint(KdmlError):
+    """A checkpoint that cannot be read (gone, damaged, or not kdml's): a caller that needs
+    the model only for an extra, such as a plot, can go on without it."""
+
+
 class Terminated(KeyboardInterrupt):
     """A kill (SIGTERM), unwound as Ctrl-C is (the CLI's handler raises it)."""
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from kdml.config import RunConfig, resolve_config
 from kdml.data.registry import ROOT_VARIABLE, root_is_read
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, UnreadableCheckpoint
 from kdml.evaluation.evaluator import embed_dataset
 from kdml.evaluation.knn import as_metric
 from kdml.evaluation.parts import retrieval_over_parts
@@ -254,7 +254,7 @@ def reload_to(run_dir: Path, purpose: str) -> TrainedRun:
     """:func:`reload_run`, refusing a run without its checkpoint in reproduce's words (the
     loader's own advice, ``kdml train --resume``, has nothing left to train)."""
     if not RunFolder(run_dir).checkpoint.is_file():
-        raise KdmlError(no_checkpoint(run_dir, purpose))
+        raise UnreadableCheckpoint(no_checkpoint(run_dir, purpose))
     return reload_run(run_dir)
 
 
@@ -352,11 +352,12 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
                 # the numbers are in the records; only the plot needs the model, so a
-                # checkpoint that will not load (or changed data) costs the plot alone
+                # checkpoint gone or damaged costs the plot alone (changed data still stops
+                # the table: its records may not be of the data the report names)
                 try:
                     result.charts = draw_charts(reload_to(run.run_dir, "draw its charts"))
                     result.charts_seed = seed
-                except KdmlError as error:
+                except UnreadableCheckpoint as error:
                     result.charts_missing = result.charts_missing or str(error)
         cells[cell.label] = result
     first = planned[experiment.key, experiment.cells[0].label][0].config

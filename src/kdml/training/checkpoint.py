@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kdml.errors import KdmlError, raised_over
+from kdml.errors import UnreadableCheckpoint, raised_over
 
 # save_checkpoint's partial files: mkstemp's ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
 _PARTIAL = re.compile(r"\.(last|best|unscored)\.pt\.[a-z0-9_]{8}\.tmp")
@@ -54,17 +54,18 @@ def partial_checkpoints(folder: Path) -> list[Path]:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (tensors and plain data only)."""
     if not path.is_file():
-        raise KdmlError(f"no checkpoint at {path}: the run has not finished an epoch (or the "
-                        "file was removed); train it with "
-                        f"'kdml train --resume {path.parent.parent}'")
+        raise UnreadableCheckpoint(
+            f"no checkpoint at {path}: the run has not finished an epoch (or the file was "
+            f"removed); train it with 'kdml train --resume {path.parent.parent}'")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a damaged file
-        raise KdmlError(
+        raise UnreadableCheckpoint(
             f"checkpoint {path} is corrupt or unreadable ({type(error).__name__}); "
             "delete it and train again"
         ) from None
     required = {"epoch", "method", "optimizer", "history"}
     if not isinstance(state, dict) or not required <= state.keys():
-        raise KdmlError(f"checkpoint {path} is not a kdml checkpoint (missing {sorted(required)})")
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} is not a kdml checkpoint (missing {sorted(required)})")
     return state
