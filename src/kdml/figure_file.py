@@ -29,8 +29,8 @@ SOFTWARE = f"kdml {__version__}"  # the PNG "Software" text of every plot kdml w
 # must still be able to redraw them.
 REPLACEABLE_MARKS = ("kdml ", "Matplotlib version")
 # matplotlib warns once per character its fonts lack ("Glyph 34924 (...) missing from
-# font(s) DejaVu Sans."), at every layout and save: class names in another script (CJK, say)
-# gave a screenful per plot. kdml says it once per plot, with what to do.
+# font(s) DejaVu Sans."), at the first drawing of each text: class names in another script
+# (CJK, say) gave a screenful per plot. kdml says it once per plot, with what to do.
 MISSING_GLYPH = r"Glyph (\d+) .*missing from font\(s\) (.+?)\.?$"
 SHOWN_MISSING = 8  # characters named in that one warning
 
@@ -104,7 +104,7 @@ def _show_all_but_missing_glyphs(caught: list[warnings.WarningMessage]) -> dict[
 
 
 def missing_glyphs_message(path: Path, missing: dict[str, str]) -> str:
-    """The one warning of :func:`write_png` for the characters (``missing``: character to
+    """The one warning of :func:`missing_glyphs_named` for the characters (``missing``: character to
     the fonts that lack it) that ``path``'s plot shows as empty boxes."""
     shown = ", ".join(list(missing)[:SHOWN_MISSING])
     more = f" and {len(missing) - SHOWN_MISSING} more" if len(missing) > SHOWN_MISSING else ""
