@@ -52,32 +52,43 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
         gallery: ``(image, titles)`` of the neighbours where they are positions of another
             set than the queries (a gallery); by default the queries' own.
     """
-    neighbour_image, neighbour_titles = gallery or (image, titles)
-    rows, columns = neighbours.shape[0], neighbours.shape[1] + 1
-    with missing_glyphs_named(path):
-        figure = Figure(figsize=(1.3 * columns, 1.45 * rows))
-        FigureCanvasAgg(figure)
-        for row, query in enumerate(queries):
-            for column, position in enumerate([query, *neighbours[row]]):
-                load, caption_of = (image, titles) if column == 0 else (neighbour_image,
-                                                                        neighbour_titles)
-                axes = figure.add_subplot(rows, columns, row * columns + column + 1)
-                pixels, colour_map = _picture(load(int(position)))
-                axes.imshow(pixels, cmap=colour_map, vmin=0.0, vmax=1.0)
-                axes.set_xticks([])
-                axes.set_yticks([])
-                colour, width = "black", 1.0
-                if column:
-                    colour, width = (HIT if hits[row, column - 1] else MISS), 3.0
-                for spine in axes.spines.values():
-                    spine.set_edgecolor(colour)
-                    spine.set_linewidth(width)
-                caption = "query" if column == 0 else f"{column}"
-                if caption_of is not None:
-                    caption = f"{caption}: {caption_of(int(position))}"
-                axes.set_title(caption, fontsize=7)
-        figure.tight_layout()
+    with missing_glyphs_named(path):  # the captions may hold class or file names
+        figure = _retrieval_grid_figure(queries, neighbours, hits, (image, titles),
+                                        gallery or (image, titles))
         return write_png(figure, path)
+
+
+def _retrieval_grid_figure(queries: np.ndarray, neighbours: np.ndarray, hits: np.ndarray,
+                           own: tuple[Callable[[int], Any], Callable[[int], str] | None],
+                           gallery: tuple[Callable[[int], Any], Callable[[int], str] | None]
+                           ) -> Figure:
+    """The figure of :func:`plot_retrieval_grid`: ``own`` loads and captions the queries,
+    ``gallery`` their neighbours."""
+    (image, titles), (neighbour_image, neighbour_titles) = own, gallery
+    rows, columns = neighbours.shape[0], neighbours.shape[1] + 1
+    figure = Figure(figsize=(1.3 * columns, 1.45 * rows))
+    FigureCanvasAgg(figure)
+    for row, query in enumerate(queries):
+        for column, position in enumerate([query, *neighbours[row]]):
+            load, caption_of = (image, titles) if column == 0 else (neighbour_image,
+                                                                    neighbour_titles)
+            axes = figure.add_subplot(rows, columns, row * columns + column + 1)
+            pixels, colour_map = _picture(load(int(position)))
+            axes.imshow(pixels, cmap=colour_map, vmin=0.0, vmax=1.0)
+            axes.set_xticks([])
+            axes.set_yticks([])
+            colour, width = "black", 1.0
+            if column:
+                colour, width = (HIT if hits[row, column - 1] else MISS), 3.0
+            for spine in axes.spines.values():
+                spine.set_edgecolor(colour)
+                spine.set_linewidth(width)
+            caption = "query" if column == 0 else f"{column}"
+            if caption_of is not None:
+                caption = f"{caption}: {caption_of(int(position))}"
+            axes.set_title(caption, fontsize=7)
+    figure.tight_layout()
+    return figure
 
 
 def embedding_map(embeddings: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
@@ -112,22 +123,29 @@ def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
     """Scatter of 2-D ``coordinates`` ``[N, 2]``, coloured by class (``labels`` ``[N]``); the
     legend, drawn for up to 20 classes, names them by ``class_names`` (label -> name) or by
     their numbers."""
-    classes = np.unique(labels)
-    with missing_glyphs_named(path):
-        figure = Figure(figsize=(6, 6))
-        FigureCanvasAgg(figure)
-        axes = figure.add_subplot(1, 1, 1)
-        if len(classes) <= 20:  # one colour and legend entry per class
-            colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
-            for number, label in enumerate(classes):
-                members = labels == label
-                axes.scatter(coordinates[members, 0], coordinates[members, 1], s=6, linewidths=0,
-                             color=colours(number),
-                             label=short_name((class_names or {}).get(int(label), str(label)), 24))
-            axes.legend(title="class", fontsize=7, markerscale=2, loc="best")
-        else:  # too many classes for a legend: colours only tell neighbours apart
-            axes.scatter(coordinates[:, 0], coordinates[:, 1], c=np.searchsorted(classes, labels),
-                         s=6, cmap="tab20", linewidths=0)
-        axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
-        figure.tight_layout()
+    with missing_glyphs_named(path):  # the legend may hold class names
+        figure = _embedding_map_figure(coordinates, labels, method, title, class_names)
         return write_png(figure, path)
+
+
+def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: str,
+                          title: str, class_names: dict[int, str] | None) -> Figure:
+    """The figure of :func:`plot_embedding_map`."""
+    classes = np.unique(labels)
+    figure = Figure(figsize=(6, 6))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    if len(classes) <= 20:  # one colour and legend entry per class
+        colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
+        for number, label in enumerate(classes):
+            members = labels == label
+            axes.scatter(coordinates[members, 0], coordinates[members, 1], s=6, linewidths=0,
+                         color=colours(number),
+                         label=short_name((class_names or {}).get(int(label), str(label)), 24))
+        axes.legend(title="class", fontsize=7, markerscale=2, loc="best")
+    else:  # too many classes for a legend: colours only tell neighbours apart
+        axes.scatter(coordinates[:, 0], coordinates[:, 1], c=np.searchsorted(classes, labels),
+                     s=6, cmap="tab20", linewidths=0)
+    axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
+    figure.tight_layout()
+    return figure
