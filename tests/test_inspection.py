@@ -227,6 +227,19 @@ def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
                            [n["score"] for n in found["raw.npz"]], atol=0.02)
 
 
+def test_an_unreadable_query_image_says_what_to_give_instead(runs, tmp_path, capsys):
+    """An empty or cut-off image file as the query: one line naming it, why, and the remedy."""
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "empty.jpg") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: cannot decode image {tmp_path / 'empty.jpg'}")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "give a readable image file or an .npz" in err
+
+
 def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
     assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
     np.savez(tmp_path / "query.npz", embeddings=np.zeros((1, 8), dtype=np.float32))

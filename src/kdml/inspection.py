@@ -323,7 +323,8 @@ def _query_image(trained: TrainedRun, query: Path) -> torch.Tensor:
         return (load_image(query, trained.config.data.resize) if train.is_file_backed
                 else load_image_as(query, shape))[None]
     except DECODE_ERRORS as error:
-        raise KdmlError(f"cannot decode image {query} ({error})") from None
+        raise KdmlError(f"cannot decode image {query} ({error}); give a readable image file "
+                        f"or an .npz of inputs or embeddings") from None
 
 
 def _embedded_queries(trained: TrainedRun, inputs: torch.Tensor
