@@ -632,8 +632,28 @@ def test_a_csv_query_gallery_split_without_queries_names_the_query_part(tmp_path
                                    "photos/c00/000.jpg,a,train,0,0\n"
                                    "photos/c01/000.jpg,b,test,0,1\n")
     parts = load_csv(csv_file)
-    with pytest.raises(KdmlError, match=r"the standard split leaves the query part empty$"):
+    with pytest.raises(KdmlError, match=r"the standard split leaves the query part empty;"):
         make_splits(parts.dataset, parts.parts, "standard")
+
+
+@pytest.mark.parametrize("split", ["standard", "seen-holdout"])
+def test_a_split_that_leaves_a_part_empty_says_what_to_change(tmp_path, split):
+    """A CSV of training rows only (the standard split), or one image a class (the
+    seen-holdout split): the one-line error names the part and what fills it."""
+    from kdml.data.splits import make_splits
+
+    csv_file = write_csv(tmp_path, "path,label,split\n"
+                                   "photos/c00/000.jpg,a,train\n"
+                                   "photos/c01/000.jpg,b,train\n")
+    parts = load_csv(csv_file)
+    remedy = {"standard": "mark some of the dataset's images test in its own split, or choose "
+                          "data.split=class-disjoint or seen-holdout",
+              "seen-holdout": "give each class at least two images, or choose "
+                              "data.split=class-disjoint"}[split]
+    with pytest.raises(KdmlError) as error:
+        make_splits(parts.dataset, parts.parts, split)
+    assert str(error.value) == f"csv:{csv_file.name}: the {split} split leaves the test part " \
+                               f"empty; {remedy}"
 
 
 def test_idx_reads_a_decompressed_file_whose_gz_agrees(tmp_path):

@@ -209,6 +209,17 @@ def seen_holdout_split(
     return (~is_held).nonzero().squeeze(1), held_out_idx
 
 
+def _filling_remedy(split: str, own_parts: bool, part: str) -> str:
+    """What gives an empty ``part`` of ``split`` samples (the end of its one-line error)."""
+    if split == "standard" and own_parts:
+        part_name = "train" if part == "training" else part
+        return (f"mark some of the dataset's images {part_name} in its own split, or choose "
+                f"data.split=class-disjoint or seen-holdout")
+    if split == "seen-holdout":
+        return "give each class at least two images, or choose data.split=class-disjoint"
+    return "change data.train_classes"
+
+
 def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
                 train_classes: float | int = 0.5, holdout_fraction: float = 0.2,
                 eval_ks: tuple[int, ...] = (1, 2, 4, 8), validation: float = 0.0) -> DataSplits:
@@ -241,7 +252,8 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
     for part, indices in (("training", train_idx), (test_part, test_idx),
                           ("gallery", gallery_idx)):
         if indices is not None and len(indices) == 0:
-            raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty")
+            raise KdmlError(f"{dataset.name}: the {split} split leaves the {part} part empty; "
+                            f"{_filling_remedy(split, bool(parts), part)}")
     # the gallery is scored too: a gallery image of a training class had passed as unseen
     refuse_partly_seen(dataset, train_idx, test_idx if gallery_idx is None
                        else torch.cat([test_idx, gallery_idx]))
