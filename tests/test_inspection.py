@@ -199,6 +199,53 @@ def test_train_split_is_embedded_with_the_datasets_labels_and_names(tmp_path, ca
         assert int(folder.split(".")[0]) == label and name == folder_class_name(folder)
 
 
+def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
+    """``kdml eval RUN --dataset D`` scores D's test part (the run's data.split of it) and
+    writes nothing: on the run's own data it prints what ``kdml eval`` prints, and on another
+    folder its Recall@1 is a literal leave-one-out loop over that folder's embeddings."""
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1,2]") == 0
+
+    def scores(printed: str) -> list[str]:
+        return [line for line in printed.splitlines() if line.startswith("  recall@")]
+
+    capsys.readouterr()
+    assert kdml("eval", run) == 0
+    own = scores(capsys.readouterr().out)
+    (run / "eval.json").unlink()
+    assert kdml("eval", run, "--dataset", f"folder:{folder}") == 0
+    assert scores(capsys.readouterr().out) == own and len(own) == 2
+    assert not (run / "eval.json").exists()
+
+    second = make_image_folder(tmp_path / "second", classes=6, per_class=5, size=32, seed=7)
+    assert kdml("eval", run, "--dataset", f"folder:{second}") == 0
+    printed = capsys.readouterr().out
+    assert "test set: 15 samples" in printed and f"(amsoftmax, folder:{second})" in printed
+    assert kdml("embed", run, "--dataset", f"folder:{second}", "--out", tmp_path / "e.npz") == 0
+    arrays = np.load(tmp_path / "e.npz")
+    vectors, labels = arrays["embeddings"].astype(np.float64), arrays["labels"].tolist()
+    hits = 0
+    for i in range(len(labels)):
+        best, nearest = -2.0, -1
+        for j in range(len(labels)):
+            if j != i:
+                cosine = float(vectors[i] @ vectors[j] / np.linalg.norm(vectors[i])
+                               / np.linalg.norm(vectors[j]))
+                if cosine > best:
+                    best, nearest = cosine, j
+        hits += labels[nearest] == labels[i]
+    assert scores(printed)[0].split() == ["recall@1", f"{hits / len(labels):.4f}"]
+
+    capsys.readouterr()
+    assert kdml("eval", run, "--dataset", f"folder:{second}", "--test") == 2
+    assert capsys.readouterr().err.endswith("drop --test\n")
+    assert kdml("eval", run, "--dataset", "digits") == 2
+    assert "give a dataset shaped like the run's" in capsys.readouterr().err
+
+
 def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
     """A PNG of a digits sample finds what the same sample as raw inputs finds, in grey or
     RGB; an image of another size and mode is fitted to the samples' 1x8x8 grey."""

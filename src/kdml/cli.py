@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="for a run that validated (data.validation): score the test "
                                "part, which its training and choices never saw (a run that "
                                "did not validate scores it anyway)")
+    evaluate.add_argument("--dataset",
+                          help="score the run's model on another dataset's test part, as the "
+                               "run's data.split makes it (--data-root is then that dataset's "
+                               "folder); prints the scores and writes no eval.json")
     _add_data_root(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")
@@ -811,6 +815,8 @@ def _eval(args: argparse.Namespace) -> int:
     from kdml.training.run_folder import check_json_replaceable, write_json
     from kdml.training.trainer import load_run
 
+    if args.dataset is not None:
+        return _eval_other_dataset(args)
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
@@ -825,6 +831,28 @@ def _eval(args: argparse.Namespace) -> int:
     # printed first: a run folder that cannot be written (archived, read-only) still shows them
     _print_results(trained.config, metrics, trained.run.root, validated)
     write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
+    return 0
+
+
+def _eval_other_dataset(args: argparse.Namespace) -> int:
+    """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
+    written: the run folder's ``eval.json`` is of the run's own data."""
+    from kdml.evaluation.evaluator import evaluate_method
+    from kdml.inspection import other_data
+    from kdml.training.trainer import load_run
+
+    if args.test:  # another dataset has no validation part to stand in for its test part
+        raise KdmlError("--test picks a validated run's own test part; with --dataset the "
+                        "test part of that dataset is scored anyway: drop --test")
+    trained = load_run(args.run_dir, None, best=args.best)
+    other, splits, embedder = other_data(trained, args.dataset,
+                                         None if args.data_root is None else str(args.data_root))
+    print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
+    print(f"test set: {splits.test_set}")
+    metrics = evaluate_method(trained.method, splits, other.eval, embedder)
+    if splits.unreadable:
+        print(f"test set: {splits.test_set}")
+    _print_results(other, metrics, trained.run.root, validated=False)
     return 0
 
 

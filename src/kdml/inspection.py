@@ -23,6 +23,7 @@ from kdml.config import RunConfig
 from kdml.data.dataset import ArrayDataset, DmlDataset, renamed_classes
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
+from kdml.data.splits import DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError, check_not_a_link, why_missing
 from kdml.evaluation.estimate import Estimate
@@ -95,20 +96,9 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     the run never saw, has its own test part."""
     if split not in (*SPLITS, "searched"):
         raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
-    config: RunConfig = trained.config
     splits, embedder = trained.splits, trained.embedder
     if dataset is not None:
-        data = dataclasses.replace(config.data, dataset=dataset, root=data_root or "",
-                                   validation=0.0)
-        splits = prepare_data(data)
-        trained_shape, shape = trained.splits.train.sample_shape, splits.train.sample_shape
-        if shape != trained_shape:  # a CNN with global pooling would take any size silently
-            raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "
-                            f"trained on samples of shape {trained_shape}: give a dataset "
-                            "shaped like the run's")
-        other = dataclasses.replace(config, data=data)
-        embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
-                                  embedder.device)
+        _, splits, embedder = other_data(trained, dataset, data_root)
     if split == "searched":
         split = "gallery" if splits.gallery is not None else "test"  # that of --dataset too
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
@@ -120,6 +110,26 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     labels = dataset_labels(splits, chosen.labels)
     names = renamed_classes(chosen.class_names, dict(enumerate(splits.train_classes)))
     return Part(chosen.relabelled(labels, names), labels, embedder)
+
+
+def other_data(trained: TrainedRun, dataset: str, data_root: str | None
+               ) -> tuple[RunConfig, DataSplits, Embedder]:
+    """Another ``dataset`` (at ``data_root``, else where it is found) as the run's data
+    settings split it (``data.split``; no validation part), with the embedder that feeds it
+    to the run's model, and the run's config naming it. Its samples must have the shape the
+    run trained on."""
+    data = dataclasses.replace(trained.config.data, dataset=dataset, root=data_root or "",
+                               validation=0.0)
+    splits = prepare_data(data)
+    trained_shape, shape = trained.splits.train.sample_shape, splits.train.sample_shape
+    if shape != trained_shape:  # a CNN with global pooling would take any size silently
+        raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "
+                        f"trained on samples of shape {trained_shape}: give a dataset "
+                        "shaped like the run's")
+    other = dataclasses.replace(trained.config, data=data)
+    embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
+                              trained.embedder.device)
+    return other, splits, embedder
 
 
 def validation_note(part: Part) -> str | None:
