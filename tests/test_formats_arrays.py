@@ -399,6 +399,13 @@ def test_folder_errors(tmp_path):
     flat.mkdir()
     (flat / "a.jpg").write_bytes(b"")
     one_line_error(lambda: load_folder(flat), "no class sub-folders", str(flat))
+    # one level too low (the images of one class, or of none): say where they must go
+    (flat / "b.PNG").write_bytes(b"")
+    (flat / "notes.txt").write_bytes(b"")
+    one_line_error(lambda: load_folder(flat), "folder:flat: it holds 2 images but no class "
+                   "sub-folders; a class is a sub-folder: give the folder above, whose "
+                   "sub-folders are the classes, or move the images into one sub-folder per "
+                   "class", str(flat))
     # one level too high (DIR/images/<class>/): it had trained one class and then refused "a
     # class-disjoint split needs at least 2 classes, got 1", naming neither folder
     images = make_image_folder(tmp_path / "photos", classes=3)

@@ -104,6 +104,13 @@ def load_folder(folder: Path) -> DatasetParts:
     classes = sorted(entry.name for entry in entries
                      if entry.is_dir() and not entry.name.startswith("."))
     if not classes:
+        images = sum(entry.is_file() and os.path.splitext(entry.name)[1].lower()
+                     in IMAGE_EXTENSIONS for entry in entries)
+        if images:  # one level too low: the images of one class, or unsorted ones
+            raise layout.error(f"it holds {images} image{'' if images == 1 else 's'} but no "
+                               "class sub-folders; a class is a sub-folder: give the folder "
+                               "above, whose sub-folders are the classes, or move the images "
+                               "into one sub-folder per class")
         raise layout.error("no class sub-folders")
     if len(classes) == 1:  # one level too high: DIR/images/<class>/ is a common layout
         inner = sorted(entry.name for entry in os.scandir(folder / classes[0])
