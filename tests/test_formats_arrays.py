@@ -415,7 +415,8 @@ def test_folder_errors(tmp_path):
     folder = make_image_folder(tmp_path, classes=2, per_class=1)
     (folder / "c02_empty").mkdir()
     (folder / "c02_empty" / "readme.md").write_text("no images here")
-    one_line_error(lambda: load_folder(folder), "c02_empty/", "no images")
+    one_line_error(lambda: load_folder(folder), "c02_empty/", "no images",
+                   "; add its images or remove it")
 
 
 def test_folder_refuses_a_folder_read_twice_through_a_link(tmp_path):

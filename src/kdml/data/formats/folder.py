@@ -103,11 +103,11 @@ def load_folder(folder: Path) -> DatasetParts:
         entries = list(scanned)  # read once: the classes, and the images beside them
     classes = sorted(entry.name for entry in entries
                      if entry.is_dir() and not entry.name.startswith("."))
+    top = sum(entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
+              for entry in entries)  # images beside the class folders, which no class holds
     if not classes:
-        images = sum(entry.is_file() and os.path.splitext(entry.name)[1].lower()
-                     in IMAGE_EXTENSIONS for entry in entries)
-        if images:  # one level too low: the images of one class, or unsorted ones
-            raise layout.error(f"it holds {images} image{'' if images == 1 else 's'} but no "
+        if top:  # one level too low: the images of one class, or unsorted ones
+            raise layout.error(f"it holds {top} image{'' if top == 1 else 's'} but no "
                                "class sub-folders; a class is a sub-folder: give the folder "
                                "above, whose sub-folders are the classes, or move the images "
                                "into one sub-folder per class")
@@ -129,12 +129,10 @@ def load_folder(folder: Path) -> DatasetParts:
         images = class_images(folder / name, layout, read, listed, passed_over)
         if not images:
             raise layout.error(f"class folder {name}/ holds no images (extensions: "
-                               f"{' '.join(IMAGE_EXTENSIONS)})")
+                               f"{' '.join(IMAGE_EXTENSIONS)}); add its images or remove it")
         paths.extend(images)
         labels.extend([label] * len(images))
     layout.check_images(paths)  # a link that leads to no file would fail only after training
-    top = sum(entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
-              for entry in entries)
     if passed_over or top:  # said, not silently dropped (a .heic or .jfif photo, say)
         kinds = ", ".join(f"{count} {kind}" for kind, count in passed_over.most_common())
         logger.warning("%s: %s left out: %s%s", layout.dataset, "files" if passed_over else
