@@ -244,6 +244,10 @@ def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
     assert capsys.readouterr().err.endswith("drop --test\n")
     assert kdml("eval", run, "--dataset", "digits") == 2
     assert "give a dataset shaped like the run's" in capsys.readouterr().err
+    # two classes, split in halves: one test class would score 1 everywhere (training refuses it)
+    pair = make_image_folder(tmp_path / "pair", classes=2, per_class=6, size=32, seed=3)
+    assert kdml("eval", run, "--dataset", f"folder:{pair}") == 2
+    assert "has the same class" in capsys.readouterr().err
 
 
 def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):

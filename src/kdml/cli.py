@@ -839,7 +839,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     written: the run folder's ``eval.json`` is of the run's own data."""
     from kdml.evaluation.evaluator import evaluate_method
     from kdml.inspection import other_data
-    from kdml.training.trainer import load_run
+    from kdml.training.trainer import check_evaluation, load_run
 
     if args.test:  # another dataset has no validation part to stand in for its test part
         raise KdmlError("--test picks a validated run's own test part; with --dataset the "
@@ -847,6 +847,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     trained = load_run(args.run_dir, None, best=args.best)
     other, splits, embedder = other_data(trained, args.dataset,
                                          None if args.data_root is None else str(args.data_root))
+    check_evaluation(other, splits)  # one class would score 1 everywhere, as training refuses
     print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
     print(f"test set: {splits.test_set}")
     metrics = evaluate_method(trained.method, splits, other.eval, embedder)
