@@ -87,3 +87,12 @@ def test_a_run_folder_inside_an_image_folder_whose_path_holds_an_arrow_is_refuse
     with pytest.raises(KdmlError, match="would lie inside .*im->gs, the image folder"):
         check_outside_image_folders(images / "run", f"folder:{images}")
     check_outside_image_folders(tmp_path / "run", f"folder:{images}")  # beside it: fine
+
+
+def test_folder_without_a_path_says_so_also_with_a_relative_out(tmp_path, monkeypatch, capsys):
+    """``folder:`` of an unset variable is the current folder to Path(""): a relative --out
+    then lay "inside" it, and that refusal hid the one the data's reader gives."""
+    monkeypatch.chdir(tmp_path)
+    assert kdml("train", "jrd", "--dataset", "folder:", "--out", "runs/r", "--no-progress") == 2
+    assert capsys.readouterr().err == "kdml: error: folder: needs a path: --dataset folder:DIR\n"
+    assert not (tmp_path / "runs").exists()

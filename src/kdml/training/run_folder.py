@@ -457,8 +457,8 @@ def check_outside_image_folders(run_dir: Path, dataset: str) -> None:
     would be read as the images of a class the next time the folder is read, and its
     data.json would no longer match the data."""
     # the whole name is the folder's path, "->" included: no domain pair has a folder side
-    if not dataset.startswith("folder:"):
-        return
+    if not dataset.startswith("folder:") or not dataset.removeprefix("folder:").strip():
+        return  # no path (folder: of an unset variable): the data's reader says it needs one
     try:
         images = Path(dataset.removeprefix("folder:")).expanduser().resolve()
         place = run_dir.expanduser().resolve()
