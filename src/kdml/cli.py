@@ -23,6 +23,8 @@ from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_ove
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
+    from kdml.data.splits import DataSplits
+    from kdml.evaluation.evaluator import Embedder
     from kdml.inspection import Part
     from kdml.reproduce.experiments import Experiment
     from kdml.training.grid import Cell
@@ -811,7 +813,6 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from kdml.evaluation.evaluator import evaluate_method
     from kdml.training.run_folder import check_json_replaceable, write_json
     from kdml.training.trainer import load_run
 
@@ -821,15 +822,8 @@ def _eval(args: argparse.Namespace) -> int:
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
     check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
-    validated = trained.splits.validation
-    print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
-    print(f"test set: {trained.splits.test_set}")
-    metrics = evaluate_method(trained.method, trained.splits, trained.config.eval,
-                              trained.embedder)
-    if trained.splits.unreadable:  # counted again: only decoding finds the images it left out
-        print(f"test set: {trained.splits.test_set}")
-    # printed first: a run folder that cannot be written (archived, read-only) still shows them
-    _print_results(trained.config, metrics, trained.run.root, validated)
+    metrics = _score_and_print(trained, trained.config, trained.splits, trained.embedder,
+                               args.best, trained.splits.validation)
     write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
     return 0
 
@@ -837,7 +831,6 @@ def _eval(args: argparse.Namespace) -> int:
 def _eval_other_dataset(args: argparse.Namespace) -> int:
     """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
     written: the run folder's ``eval.json`` is of the run's own data."""
-    from kdml.evaluation.evaluator import evaluate_method
     from kdml.inspection import other_data
     from kdml.training.trainer import check_evaluation, load_run
 
@@ -848,13 +841,25 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     other, splits, embedder = other_data(trained, args.dataset,
                                          None if args.data_root is None else str(args.data_root))
     check_evaluation(other, splits)  # one class would score 1 everywhere, as training refuses
-    print(f"{'best' if args.best else 'last'} checkpoint: epoch {trained.epoch}")
-    print(f"test set: {splits.test_set}")
-    metrics = evaluate_method(trained.method, splits, other.eval, embedder)
-    if splits.unreadable:
-        print(f"test set: {splits.test_set}")
-    _print_results(other, metrics, trained.run.root, validated=False)
+    _score_and_print(trained, other, splits, embedder, args.best, validated=False)
     return 0
+
+
+def _score_and_print(trained: TrainedRun, config: RunConfig, splits: DataSplits,
+                     embedder: Embedder, best: bool, validated: bool) -> dict[str, float]:
+    """``kdml eval``'s output: the checkpoint, the test set, and the metrics of ``trained``'s
+    model on ``splits`` (``config`` names the data and its eval settings)."""
+    from kdml.evaluation.evaluator import evaluate_method
+
+    print(f"{'best' if best else 'last'} checkpoint: epoch {trained.epoch}")
+    print(f"test set: {splits.test_set}")
+    metrics = evaluate_method(trained.method, splits, config.eval, embedder)
+    if splits.unreadable:  # counted again: only decoding finds the images it left out
+        print(f"test set: {splits.test_set}")
+    # printed before eval.json: a run folder that cannot be written (archived, read-only)
+    # still shows them
+    _print_results(config, metrics, trained.run.root, validated)
+    return metrics
 
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
