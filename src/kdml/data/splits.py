@@ -67,6 +67,7 @@ class DataSplits:
     target: DmlDataset | None = None
     eval_ks: tuple[int, ...] = (1, 2, 4, 8)
     validation: bool = False  # ``test`` is a validation part carved from the training part
+    own_split: bool = False  # ``test`` (and ``gallery``) are the dataset's own parts
     # The positions in ``test`` and ``gallery`` (by those names) of the unreadable images that
     # the last scoring left out (data.on_bad_image=skip): only decoding finds them, so the
     # evaluator records them (and a checkpoint keeps them, for a finished run resumed), and
@@ -271,7 +272,8 @@ def make_splits(dataset: DmlDataset, parts: dict[str, Tensor], split: str,
     seen = bool(torch.isin(test.labels, classes).all())
     return DataSplits(remapped_to_training(train, classes, remapped), test, classes.tolist(),
                       SEEN if seen else UNSEEN, gallery=gallery, eval_ks=eval_ks,
-                      validation=bool(validation))
+                      validation=bool(validation),
+                      own_split=split == "standard" and bool(parts) and not validation)
 
 
 def refuse_partly_seen(dataset: DmlDataset, train_idx: Tensor, test_idx: Tensor) -> None:

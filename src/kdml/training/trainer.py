@@ -476,8 +476,8 @@ def check_test_classes(splits: DataSplits) -> None:
                                                                              "gallery")
     if references.num_classes == 1:  # it had trained, then reported every metric as 1
         raise KdmlError(f"every {part} sample of {splits.test.name} has the same class, so "
-                        "Recall@K, MAP@R and R-Precision would be trivially 1; give the test "
-                        "part at least 2 classes (data.train_classes, or more classes)")
+                        "Recall@K, MAP@R and R-Precision would be trivially 1; "
+                        f"{_more_test_classes(splits)}")
     if splits.gallery is not None:
         scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
     else:
@@ -488,6 +488,18 @@ def check_test_classes(splits: DataSplits) -> None:
                "class")
         raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
                         f"to retrieve, so Recall@K is undefined; {how}")
+
+
+def _more_test_classes(splits: DataSplits) -> str:
+    """What gives the test part (or gallery) of ``splits`` a second class."""
+    if splits.own_split:  # data.train_classes is refused with a dataset's own split
+        rows = ("mark gallery images (is_gallery=1 in a CSV) of at least 2 classes"
+                if splits.gallery is not None else "give the dataset's own split test rows of "
+                "at least 2 classes")
+        return f"{rows}, or set data.split=class-disjoint"
+    if splits.kind == SEEN:  # every class is tested: the dataset has one class
+        return "give the dataset images of at least 2 classes"
+    return "give the test part at least 2 classes (data.train_classes, or more classes)"
 
 
 class CompiledSteps(nn.Module):
