@@ -250,6 +250,37 @@ def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
     assert "has the same class" in capsys.readouterr().err
 
 
+def test_eval_ks_sets_the_recall_ks_it_scores(tmp_path, capsys):
+    """A run's eval.ks beyond another dataset's references had been refused with "lower
+    eval.ks", which kdml eval could not set: --ks sets them, for the run's own data too."""
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1,2,4]") == 0
+    small = make_image_folder(tmp_path / "small", classes=4, per_class=2, size=32, seed=5)
+    capsys.readouterr()
+    assert kdml("eval", run, "--dataset", f"folder:{small}") == 2  # 4 test samples: 3 refs
+    assert capsys.readouterr().err.rstrip().endswith("lower --ks, e.g. '--ks 1 2'")
+    assert kdml("eval", run, "--dataset", f"folder:{small}", "--ks", "1", "2") == 0
+    printed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+               if line.startswith("  recall@")]
+    assert printed == ["recall@1", "recall@2"]
+
+    assert kdml("eval", run) == 0
+    own = [line.split() for line in capsys.readouterr().out.splitlines()
+           if line.startswith("  recall@")]
+    assert kdml("eval", run, "--ks", "2", "8") == 2  # 8 test samples of the run: 7 refs
+    assert capsys.readouterr().err.rstrip().endswith("lower --ks, e.g. '--ks 2'")
+    assert kdml("eval", run, "--ks", "2") == 0
+    assert [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  recall@")] == [own[1]]
+    metrics = json.loads((run / "eval.json").read_text())["metrics"]
+    assert [name for name in metrics if name.startswith("recall@")] == ["recall@2"]
+    assert kdml("eval", run, "--ks", "0") == 2
+    assert "--ks" in capsys.readouterr().err
+
+
 def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
     """A PNG of a digits sample finds what the same sample as raw inputs finds, in grey or
     RGB; an image of another size and mode is fitted to the samples' 1x8x8 grey."""

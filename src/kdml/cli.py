@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import dataclasses
 import errno
 import functools
 import io
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="score the run's model on another dataset's test part, as the "
                                "run's data.split makes it (--data-root is then that dataset's "
                                "folder); prints the scores and writes no eval.json")
+    evaluate.add_argument("--ks", type=_integer(1), nargs="+", metavar="K",
+                          help="the Recall@K values to score (default: the run's eval.ks)")
     _add_data_root(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")
@@ -814,15 +817,18 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
 
 def _eval(args: argparse.Namespace) -> int:
     from kdml.training.run_folder import check_json_replaceable, write_json
-    from kdml.training.trainer import load_run
+    from kdml.training.trainer import check_evaluation, load_run
 
     if args.dataset is not None:
         return _eval_other_dataset(args)
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    config = _with_ks(trained.config, args.ks)
+    if args.ks:
+        check_evaluation(config, trained.splits, ks_flag=True)
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
     check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
-    metrics = _score_and_print(trained, trained.config, trained.splits, trained.embedder,
+    metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
                                args.best, trained.splits.validation)
     write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
     return 0
@@ -840,9 +846,19 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     trained = load_run(args.run_dir, None, best=args.best)
     other, splits, embedder = other_data(trained, args.dataset,
                                          None if args.data_root is None else str(args.data_root))
-    check_evaluation(other, splits)  # one class would score 1 everywhere, as training refuses
+    other = _with_ks(other, args.ks)
+    # one class would score 1 everywhere, as training refuses
+    check_evaluation(other, splits, ks_flag=True)
     _score_and_print(trained, other, splits, embedder, args.best, validated=False)
     return 0
+
+
+def _with_ks(config: RunConfig, ks: list[int] | None) -> RunConfig:
+    """``config`` scoring Recall@K at ``ks`` (``kdml eval --ks``; None: its eval.ks)."""
+    if not ks:
+        return config
+    return dataclasses.replace(config, eval=dataclasses.replace(config.eval,
+                                                                ks=sorted(set(ks))))
 
 
 def _score_and_print(trained: TrainedRun, config: RunConfig, splits: DataSplits,
