@@ -135,6 +135,10 @@ def test_verdict(better, worse, lower, expected):
      "not shown: A minus B is -0.0002 +- 0.0018, 3 seeds, within the seeds' spread"),
     ([0.8, 0.81, np.nan, 0.83], [0.7, 0.72, 0.7, 0.71], False,
      "holds: A is higher by +0.103 +- 0.038, 3 seeds; 1 seed left out, where A diverged"),
+    # differences summing to 0 up to float rounding (mnist1d's alpha 1 and 0, seeds 0-4) had
+    # printed "+0.000000 +- 0.009391": the rounding error is no difference to show
+    ([0.854, 0.8336, 0.848, 0.8176, 0.8472], [0.8524, 0.8396, 0.8412, 0.8272, 0.84], False,
+     "not shown: A minus B is +0.000 +- 0.009, 5 seeds, within the seeds' spread"),
 ])
 def test_verdict_says_what_it_cannot_judge(better, worse, lower, expected):
     claim = Claim("A beats B", "A", "B", "recall@1", lower_is_better=lower)

@@ -160,6 +160,8 @@ def _interval(mean: float, half_width: float, signed: bool = False) -> str:
     def shown(value: float, digits: int) -> str:
         return f"{abs(value):.{digits}f}"
 
+    if abs(mean) < 1e-9:  # differences summing to 0 leave float rounding, no difference
+        mean = 0.0
     digits = 3
     while digits < 6 and (shown(mean, digits) == shown(half_width, digits)
                           or float(shown(mean, digits)) == 0 < abs(mean)
