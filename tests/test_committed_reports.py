@@ -1,0 +1,72 @@
+"""The committed reproduction reports are what their committed run records give.
+
+``results/README.md`` lists, for each report trained with ``--runs results/NAME``, the command
+that writes it. Run on a copy of the records git keeps (config, metrics, logs, the cached
+protocol files; no checkpoints), each command must reuse every run, train nothing, and write
+the tables, settings and claim verdicts the committed report shows. A report edited by hand,
+records left uncommitted, or a change to how kdml names run folders or scores a table would
+each show up here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = [command for command in
+            re.findall(r"`(kdml reproduce [^`]*)`", (ROOT / "results" / "README.md").read_text())
+            if "--out" in command]
+
+
+def tracked_files(folder: str) -> list[str]:
+    """The files git keeps under ``folder`` (a checkout also holds checkpoints it ignores)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", folder], cwd=ROOT, check=True,
+                                capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the committed run records cannot be listed")
+    return [name for name in listed.split("\0") if name]
+
+
+def compared_lines(report: str) -> list[str]:
+    """The numbers of a report: its tables, settings lines and claims (the commands it prints
+    name the runs folder and report path, which differ for the copy)."""
+    return [line for line in report.splitlines()
+            if line.startswith(("|", "- ", "Settings:")) and "kdml reproduce" not in line]
+
+
+def test_results_readme_lists_each_records_folder():
+    folders = {shlex.split(command)[shlex.split(command).index("--runs") + 1]
+               for command in COMMANDS}
+    on_disk = {f"results/{path.name}" for path in (ROOT / "results").iterdir()
+               if path.is_dir()}
+    assert COMMANDS and folders == on_disk
+
+
+@pytest.mark.parametrize("command", COMMANDS,
+                         ids=[shlex.split(command)[-1] for command in COMMANDS])
+def test_a_committed_report_is_what_its_committed_records_give(command, tmp_path):
+    args = shlex.split(command)[1:]
+    runs, report = args[args.index("--runs") + 1], args[args.index("--out") + 1]
+    for name in tracked_files(runs):
+        copy = tmp_path / "runs" / name[len(runs) + 1:]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy)
+    args[args.index("--runs") + 1] = str(tmp_path / "runs")
+    args[args.index("--out") + 1] = str(tmp_path / "report.md")
+    done = subprocess.run([sys.executable, "-m", "kdml", *args, "--no-progress"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    planned = re.findall(r"^\[\d+/\d+\] ", done.stdout, re.MULTILINE)
+    reused = re.findall(r"^  reused: (?:finished|diverged) earlier", done.stdout, re.MULTILINE)
+    assert planned and len(reused) == len(planned), "a run was trained, not reused"
+    written = compared_lines((tmp_path / "report.md").read_text())
+    committed = compared_lines((ROOT / report).read_text())
+    assert written == committed
