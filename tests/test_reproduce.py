@@ -743,6 +743,8 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
 COMMITTED_RECORDS = {"dtml": ("dtml", None),
                      "reproduce": ("all", ("atlas-mmd64-fashion-mnist",
                                            "atlas-triplet-fashion-mnist",
+                                           # the JRD Fashion-MNIST reports', trained again
+                                           "jrd-*-fashion-mnist",
                                            # docs/reproduction.md's, trained again with records
                                            "jrd-*-mnist5k", "jrd-*-mnist1d",
                                            "atlas-triplet-mnist5k", "atlas-mmd64-mnist5k")),
