@@ -522,7 +522,8 @@ TRIPLET_BATCHES = {"batch_size": 20, "samples_per_class": 4}
 SIMCLR_DATA = {"split": "seen-holdout", "batch_size": 128}  # Sec. A.1: batch 128
 # App. A.1: ResNet-18 with SimCLR's small-input stem (ResNet-50 for CIFAR-10), Adam 1e-4,
 # 100 epochs; weight decay 2e-6 as in the authors' runs. `model.backbone=cnn
-# model.small_input=false` is a quick CPU setting, much weaker (docs/reproduction-mnist5k-table2-cnn.md).
+# model.small_input=false` is a quick CPU setting, much weaker
+# (docs/reproduction-mnist5k-table2-cnn.md).
 SIMCLR_MODEL = {"backbone": "torchvision:resnet18", "small_input": True}
 SIMCLR_OPTIM = {"lr": 1e-4, "weight_decay": 2e-6}
 SIMCLR_TRAIN = {"epochs": 100}
