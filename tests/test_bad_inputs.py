@@ -650,6 +650,34 @@ def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch, capsys
     assert capsys.readouterr().err == "kdml: terminated\n"
 
 
+def test_a_kill_that_reaches_a_forked_loader_worker_early_ends_it_quietly(monkeypatch):
+    """A worker forked by the data loader inherits kdml's SIGTERM handler until torch sets its
+    own: a kill of the process group in that window raised Terminated in the worker, which
+    unwound the parent's code it was forked from and printed a traceback over the stop. In a
+    forked process the handler now ends it by SIGTERM, as torch's own handler does."""
+    import os
+    import signal
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setattr(sys, "argv", ["kdml", "recipes"])
+        assert cli.main() == 0
+        assert signal.getsignal(signal.SIGTERM) is cli._interrupt
+        child = os.fork()
+        if child == 0:  # the worker: dies by the signal, or says how it went on
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except BaseException:
+                os._exit(3)
+            os._exit(4)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+        with pytest.raises(cli.Terminated):  # the process that installed it: as before
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
 def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):
     """ENOSPC from a write names no file: the error names the file asked for (the CLI prints
     one line about it instead of a traceback), and the hidden partial is gone."""

@@ -13,6 +13,7 @@ import errno
 import functools
 import io
 import json
+import os
 import signal
 import sys
 import unicodedata
@@ -295,6 +296,11 @@ def _add_data_root(parser: argparse.ArgumentParser) -> None:
                         "folder:DIR the folder itself, for csv:FILE the folder of the list)")
 
 
+# The process that set _interrupt as its SIGTERM handler (None: not set, as in tests that
+# call it directly); a process forked from it inherits the handler.
+_HANDLER_PID: int | None = None
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed, and a
     run's train.log says it stopped. (Training under torchrun keeps the default: torchrun
@@ -302,7 +308,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
     A kill of the whole process group (SLURM, systemd) also ends the data loader's workers,
     and torch's SIGCHLD handler would then raise "DataLoader worker ... is killed by signal"
-    over this stop: it goes back to the default first."""
+    over this stop: it goes back to the default first. A worker killed after its fork but
+    before torch set its own handler would have raised Terminated through the code it was
+    forked from: a forked process dies by the signal instead, as torch's handler has it."""
+    if _HANDLER_PID is not None and os.getpid() != _HANDLER_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if hasattr(signal, "SIGCHLD"):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     raise Terminated
@@ -341,6 +353,7 @@ def _lenient_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _HANDLER_PID
     if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if argv is None:  # the console command: this process's streams are kdml's to set
@@ -362,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         training = args.command in ("train", "reproduce")
         # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
         if argv is None and not (training and _launched_by_torchrun()):
+            _HANDLER_PID = os.getpid()
             signal.signal(signal.SIGTERM, _interrupt)
         if training:  # training shows its warnings itself
             return _COMMANDS[args.command](args)
