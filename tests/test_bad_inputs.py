@@ -496,34 +496,23 @@ def test_error_messages_advise_only_flags_that_exist():
     assert quoted - options == set()
 
 
-def test_a_single_class_test_split_is_refused_before_training(tmp_path, capsys):
-    """It had trained, warned, and reported Recall@1 = MAP@R = 1 as the run's result."""
+@pytest.mark.parametrize(("query_gallery", "part", "remedy"), [
+    (False, "test", "test rows of at least 2 classes"),
+    (True, "gallery", "mark gallery images (is_gallery=1 in a CSV) of at least 2 classes")])
+def test_a_single_class_test_split_is_refused_before_training(tmp_path, capsys, query_gallery,
+                                                               part, remedy):
+    """It had trained, warned, and reported Recall@1 = MAP@R = 1 as the run's result. The
+    remedy had then said to change data.train_classes, which a CSV's own split refuses."""
     from fixtures_array_sets import make_csv_list
 
-    csv_file = make_csv_list(tmp_path, classes=2, per_class=6)
+    csv_file = make_csv_list(tmp_path, classes=2, per_class=6, query_gallery=query_gallery)
     err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"csv:{csv_file}",
                   "--out", tmp_path / "run", "data.batch_size=4", "train.epochs=1",
                   "eval.nmi=false", "eval.ks=[1]", "data.resize=32", "data.image_size=24",
                   "--no-progress")
-    assert "has the same class, so Recall@K, MAP@R and R-Precision would be trivially 1" in err
-    # the CSV's own split is the test part: data.train_classes (refused with it) cannot help
-    assert "data.train_classes" not in err
-    assert "test rows of at least 2 classes" in err
-    assert not (tmp_path / "run").exists()
-
-
-def test_a_single_class_gallery_of_a_csv_says_to_mark_gallery_images(tmp_path, capsys):
-    """It had said to change data.train_classes, which a CSV's own split refuses."""
-    from fixtures_array_sets import make_csv_list
-
-    csv_file = make_csv_list(tmp_path, classes=2, per_class=6, query_gallery=True)
-    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"csv:{csv_file}",
-                  "--out", tmp_path / "run", "data.batch_size=4", "train.epochs=1",
-                  "eval.nmi=false", "eval.ks=[1]", "data.resize=32", "data.image_size=24",
-                  "--no-progress")
-    assert "every gallery sample" in err
-    assert "data.train_classes" not in err
-    assert "is_gallery=1" in err
+    assert (f"every {part} sample of csv:list.csv/{part} has the same class, so Recall@K, "
+            "MAP@R and R-Precision would be trivially 1") in err
+    assert remedy in err and "data.train_classes" not in err
     assert not (tmp_path / "run").exists()
 
 

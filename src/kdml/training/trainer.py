@@ -479,7 +479,7 @@ def check_test_classes(splits: DataSplits) -> None:
     references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
                                                                              "gallery")
     if references.num_classes == 1:  # it had trained, then reported every metric as 1
-        raise KdmlError(f"every {part} sample of {splits.test.name} has the same class, so "
+        raise KdmlError(f"every {part} sample of {references.name} has the same class, so "
                         "Recall@K, MAP@R and R-Precision would be trivially 1; "
                         f"{_more_test_classes(splits)}")
     if splits.gallery is not None:
