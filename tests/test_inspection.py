@@ -281,6 +281,18 @@ def test_eval_ks_sets_the_recall_ks_it_scores(tmp_path, capsys):
     assert "--ks" in capsys.readouterr().err
 
 
+def test_eval_ks_of_a_run_that_kept_its_best_epoch(tmp_path, capsys):
+    """kdml eval scores, it selects no epoch: --ks without the run's select_metric's K (its
+    Recall@1) is no reason to refuse."""
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", run, *TINY,
+                "data.validation=0.5", "train.keep_best=true") == 0
+    capsys.readouterr()
+    assert kdml("eval", run, "--best", "--ks", "2") == 0, capsys.readouterr().err
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  recall@")] == ["recall@2"]
+
+
 def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
     """A PNG of a digits sample finds what the same sample as raw inputs finds, in grey or
     RGB; an image of another size and mode is fitted to the samples' 1x8x8 grey."""

@@ -838,7 +838,7 @@ def _eval(args: argparse.Namespace) -> int:
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
     config = _with_ks(trained.config, args.ks)
     if args.ks:
-        check_evaluation(config, trained.splits, ks_flag=True)
+        check_evaluation(config, trained.splits, evaluating=True)
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
     check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
@@ -862,7 +862,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
                                          None if args.data_root is None else str(args.data_root))
     other = _with_ks(other, args.ks)
     # one class would score 1 everywhere, as training refuses
-    check_evaluation(other, splits, ks_flag=True)
+    check_evaluation(other, splits, evaluating=True)
     _score_and_print(trained, other, splits, embedder, args.best, validated=False)
     return 0
 

@@ -446,13 +446,14 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False,
-                     ks_flag: bool = False) -> None:
+                     evaluating: bool = False) -> None:
     """Refuse a test set that cannot be scored, before anything is trained: a target domain
     without labels, a single class or no query with a relevant reference
     (:func:`check_test_classes`), then Recall@K values beyond the references, then a
     ``train.select_metric`` the run will not score (it had trained an epoch first). The data's
-    own defects come first: lowering eval.ks would only have led to them. ``ks_flag``: the
-    Ks come from ``kdml eval --ks``, which the refusal then names."""
+    own defects come first: lowering eval.ks would only have led to them. ``evaluating``:
+    for ``kdml eval``, whose Ks come from its ``--ks`` (which the refusal then names) and which
+    selects no epoch."""
     if splits.kind == DOMAIN:
         if not (splits.test.labels >= 0).any():
             raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
@@ -464,11 +465,13 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
     ks = config.eval.ks or splits.eval_ks
     if max(ks) > splits.reference_size:
         fitting = [str(k) for k in ks if k <= splits.reference_size] or ["1"]
-        setting, example = (("--ks", f"--ks {' '.join(fitting)}") if ks_flag else
+        setting, example = (("--ks", f"--ks {' '.join(fitting)}") if evaluating else
                             ("eval.ks", f"eval.ks=[{', '.join(fitting)}]"))
         raise KdmlError(f"{setting} asks for Recall@{max(ks)} but a test query has only "
                         f"{splits.reference_size} references; lower {setting}, e.g. "
                         f"'{example}'")
+    if evaluating:
+        return
     if config.train.keep_best or config.train.patience or (selects and splits.validation):
         check_selectable(config.train.select_metric, metric_names(config.eval, splits))
 
