@@ -448,6 +448,43 @@ def test_loaders_yield_the_same_batches_with_or_without_workers(tmp_path, worker
         assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
+def test_a_worker_says_nothing_when_the_main_process_stops_mid_batch(tmp_path, monkeypatch,
+                                                                    capfd):
+    """A kill of the process group had printed a worker's traceback under kdml's one-line stop
+    (CI, once): the main process stopped after asking a worker for a batch's shared memory and
+    before receiving it, so the worker's send broke. Made certain here: the send comes late
+    and the receipt stops at once."""
+    import multiprocessing.reduction as reduction
+    import time
+
+    sent = tmp_path / "sent"
+    send_handle = reduction.send_handle
+
+    def late_send(*args):  # in the worker (forked with this patch)
+        time.sleep(0.3)
+        try:
+            return send_handle(*args)
+        finally:
+            sent.touch()
+
+    def stopped_receipt(connection):  # in the main process
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reduction, "send_handle", late_send)
+    monkeypatch.setattr(reduction, "recv_handle", stopped_receipt)
+    dataset = ArrayDataset("toy", "toy", torch.randn(16, 4), torch.arange(16) % 4)
+    batches = iter(sequential_loader(dataset, batch_size=8, num_workers=1))
+    with pytest.raises(KeyboardInterrupt):
+        next(batches)
+    deadline = time.time() + 30
+    while not sent.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert sent.exists(), "the worker did not send in 30 s"
+    time.sleep(0.5)  # the worker's thread would print its traceback now
+    del batches
+    assert capfd.readouterr().err == ""
+
+
 def test_unreadable_images_stop_or_are_skipped(tmp_path):
     paths = write_images(tmp_path, 4)
     broken = tmp_path / "broken.jpg"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator
+from types import TracebackType
 
 import torch
 from PIL import UnidentifiedImageError
@@ -56,7 +58,32 @@ def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_wo
                       collate_fn=collate_batch,  # type: ignore[arg-type]
                       pin_memory=pin_memory,
                       persistent_workers=persistent and num_workers > 0,
+                      worker_init_fn=quiet_when_the_receiver_goes,
                       generator=torch.Generator().manual_seed(0))
+
+
+# What a worker's send to the main process raises when the main process has gone or stopped.
+LOST_RECEIVER = (BrokenPipeError, ConnectionResetError, EOFError)
+
+
+def quiet_when_the_receiver_goes(worker_id: int) -> None:
+    """A worker's ``worker_init_fn``: a send that fails because the main process stopped is
+    not reported by the worker.
+
+    A worker hands each batch's shared memory to the main process through a file descriptor
+    that a thread of ``multiprocessing.resource_sharer`` sends on request; if the main process
+    is stopped (Ctrl-C, a kill) between asking and receiving, that thread's send fails and it
+    prints the error's traceback under the main process's own one-line stop. The main process
+    says why it stopped; any other error of the worker is reported as before.
+    """
+    report = sys.excepthook
+
+    def excepthook(kind: type[BaseException], error: BaseException,
+                   trace: TracebackType | None) -> None:
+        if not issubclass(kind, LOST_RECEIVER):
+            report(kind, error, trace)
+
+    sys.excepthook = excepthook
 
 
 def sequential_loader(dataset: DmlDataset, batch_size: int, num_workers: int,
