@@ -314,6 +314,16 @@ def test_train_says_where_it_trains_once_its_checks_pass(tmp_path, capsys):
                                        if line.startswith("test set:"))
 
 
+def test_train_log_names_the_cpu_thread_count(tmp_path, monkeypatch):
+    """A CPU run's float sums, so its numbers, depend on torch's thread count (JRD Figure 5's
+    JMMD rows moved when re-trained with one thread): each session's start line says it."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # not the tests' own 1 (conftest)
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1",
+          "train.steps_per_epoch=2")
+    start = (tmp_path / "run" / "train.log").read_text().splitlines()[0]
+    assert start.endswith("1 process(es), 3 CPU thread(s)"), start
+
+
 def test_a_pca_run_is_loaded_where_its_fit_would_not_fit(tmp_path, capsys, monkeypatch):
     """A pca run fitted on a large machine is evaluated on a smaller one (building its method
     had been refused as if to fit it); there, kdml train pca is refused in one line before the
