@@ -1,7 +1,10 @@
 """The cost of scoring a collapsed embedding exactly: every test embedding identical, so every
 neighbour of every query is tied and Recall@K, MAP@R and R-Precision are expectations over
 the whole test set (``kdml.evaluation.ties``). Timed beside a spread-out embedding of the same
-shape, and with the searches ``RankedSearch`` repeats (rows, width) counted.
+shape and a nearly collapsed one (one point moved by a few float32 rounding units in each
+coordinate: every float32 score tied, yet every float64 key distinct, so each query's whole
+row is re-scored in float64, ``kdml.evaluation.rescoring``), and with the searches
+``RankedSearch`` repeats (rows, width) counted.
 
 The default shape is a class-disjoint test split of Fashion-MNIST scaled down: ``--points``
 embeddings of size 64 in 5 equal classes (the real split has 35,000; the cost grows as its
@@ -44,7 +47,10 @@ def main() -> None:
 
     retrieval.search_rows = counted  # counts the repeated searches, same results
     print(f"{machine_description()}; torch {torch.__version__}")
-    for name, embeddings in (("collapsed", np.ones_like(spread)), ("spread", spread)):
+    # 1 + 5e-7 x: a few units of float32's rounding at 1 (2^-23 = 1.2e-7) in each coordinate
+    cases = (("collapsed", np.ones_like(spread)), ("spread", spread),
+             ("nearly collapsed", 1 + 5e-7 * spread))
+    for name, embeddings in cases:
         searches.clear()
         start = time.perf_counter()
         scores = retrieval_metrics(embeddings.astype(np.float32), labels, nmi=False)
