@@ -43,11 +43,14 @@ def literal_recall_at_1(points, labels, metric):
     return float((labels[keys.argmin(1)] == labels).mean())
 
 
+@pytest.mark.parametrize("scattered", [False, True])
 @pytest.mark.parametrize("duplicated", [False, True])
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-def test_nearness_is_the_literal_float64_score(metric, duplicated):
+def test_nearness_is_the_literal_float64_score(metric, duplicated, scattered):
     """Pair by pair, and (``duplicated``: fewer distinct combinations than pairs) through the
-    table of distinct queries and reference rows."""
+    table of distinct queries and reference rows; for every pair, or (``scattered``) for
+    pairs of some rows only, in no order, so that a row's place among those touched is not its
+    number."""
     rng = np.random.default_rng(0)
     queries = rng.standard_normal((5, 3)).astype(np.float32)
     reference = rng.standard_normal((7, 3)).astype(np.float32)
@@ -55,6 +58,8 @@ def test_nearness_is_the_literal_float64_score(metric, duplicated):
     if duplicated:
         reference[5] = reference[6] = reference[1]
     rows, columns = np.repeat(np.arange(5), 7), np.tile(np.arange(7), 5)
+    if scattered:  # queries 0 and 3 and reference row 0 untouched
+        rows, columns = rng.choice([1, 2, 4], 40), rng.choice(np.arange(1, 7), 40)
     got = ExactScores(torch.from_numpy(queries), reference, metric).nearness(rows, columns)
     expected = [literal_nearness(queries[i], reference[j], metric)
                 for i, j in zip(rows, columns, strict=True)]

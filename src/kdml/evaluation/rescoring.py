@@ -98,31 +98,42 @@ class ExactScores:
                                                   return_inverse=True)
         num_contents = len(first_of_content)
         if len(distinct_queries) * num_contents >= len(query_rows):
-            return self._keys(query_rows, reference_rows)
-        table = self._keys(np.repeat(distinct_queries, num_contents),
-                           np.tile(touched[first_of_content], len(distinct_queries)))
+            return self._keys(distinct_queries, query_slot, touched, touched_slot)
+        table = self._keys(distinct_queries,
+                           np.repeat(np.arange(len(distinct_queries)), num_contents),
+                           touched[first_of_content],
+                           np.tile(np.arange(num_contents), len(distinct_queries)))
         content_slot = content.ravel()[touched_slot]
         return table.reshape(len(distinct_queries), num_contents)[query_slot, content_slot]
 
-    def _keys(self, query_rows: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
+    def _keys(self, query_rows: np.ndarray, query_slots: np.ndarray,
+              reference_rows: np.ndarray, reference_slots: np.ndarray) -> np.ndarray:
+        """``[P]`` keys of the pairs ``(query_rows[query_slots[p]],
+        reference_rows[reference_slots[p]])``, each row given once."""
         queries, reference = self._arrays()
-        keys = np.empty(len(query_rows), dtype=np.float64)
+        # Each row is converted (and normalised) once, not once for each of its pairs: a
+        # nearly collapsed embedding pairs every query with every reference.
+        q_rows, q_zero = self._converted(queries[query_rows])
+        r_rows, r_zero = self._converted(reference[reference_rows])
+        keys = np.empty(len(query_slots), dtype=np.float64)
         step = max(1, GATHER_BUDGET // queries.shape[1])
-        for start in range(0, len(query_rows), step):
+        for start in range(0, len(query_slots), step):
             part = slice(start, start + step)
-            q = queries[query_rows[part]].astype(np.float64) / self._scale
-            r = reference[reference_rows[part]].astype(np.float64) / self._scale
-            if self.metric == "cosine":
-                q_norms = np.sqrt(np.einsum("pd,pd->p", q, q))[:, None]
-                r_norms = np.sqrt(np.einsum("pd,pd->p", r, r))[:, None]
-                zero = (q_norms[:, 0] == 0) | (r_norms[:, 0] == 0)
-                q = np.divide(q, q_norms, out=np.zeros_like(q), where=q_norms > 0)
-                r = np.divide(r, r_norms, out=np.zeros_like(r), where=r_norms > 0)
-            difference = q - r
+            difference = q_rows[query_slots[part]] - r_rows[reference_slots[part]]
             keys[part] = np.einsum("pd,pd->p", difference, difference)
-            if self.metric == "cosine":
-                keys[part][zero] = 2.0  # similarity 0, as in the float32 search
+            if self.metric == "cosine":  # similarity 0, as in the float32 search
+                keys[part][q_zero[query_slots[part]] | r_zero[reference_slots[part]]] = 2.0
         return keys
+
+    def _converted(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` in float64 divided by the scale, L2-normalised for cosine, and ``[n]``
+        bool: the row is zero (cosine only; all False otherwise)."""
+        rows = rows.astype(np.float64) / self._scale
+        if self.metric != "cosine":
+            return rows, np.zeros(len(rows), dtype=bool)
+        norms = np.sqrt(np.einsum("pd,pd->p", rows, rows))[:, None]
+        normalised = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
+        return normalised, norms[:, 0] == 0
 
 
 def _slots(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
