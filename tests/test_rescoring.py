@@ -180,7 +180,8 @@ def test_rescore_ties_is_the_literal_sort_and_anchored_ties_per_group(seed):
     """Random float32 groups and float64 keys (duplicates, near-duplicates within and beyond
     the rounding bound, both metrics) against a per-group loop: sort each group by key (float32
     order among equal keys), then a tie runs while a key stays within key_tolerance of the
-    first key of its tie."""
+    first key of its tie. Every fourth seed ties whole rows (groups of one size, sorted as
+    the rows of a matrix); the others draw groups of many sizes."""
     rng = np.random.default_rng(seed)
     metric = ("euclidean", "cosine")[seed % 2]
     n, width, dim = 3, 12, int(rng.integers(1, 600))
@@ -190,6 +191,8 @@ def test_rescore_ties_is_the_literal_sort_and_anchored_ties_per_group(seed):
     table = np.where(rng.random(base.shape) < 0.5, base, near)
     indices = np.stack([rng.permutation(40)[:width] for _ in range(n)])
     continues = rng.random((n, width)) < 0.6
+    if seed % 4 == 3:
+        continues[:] = True
     continues[:, 0] = False
     exact = GivenKeys(table, metric, dim)
     got_indices, got_continues = rescore_ties(np.arange(n), indices, continues, exact)

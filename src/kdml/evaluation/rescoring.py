@@ -178,12 +178,28 @@ def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
     if not uneven.any():
         return indices, continues
     group_rows, columns, keys, opens = (a[uneven] for a in (group_rows, columns, keys, opens))
-    group = np.cumsum(opens)
-    order = np.lexsort((columns, keys, group))  # by group, then key, then the float32 order
+    order = _sorted_within_groups(keys, opens, columns)
     indices, continues = indices.copy(), continues.copy()
     indices[group_rows, columns] = indices[group_rows[order], columns[order]]
     continues[group_rows, columns] = _ties_from_anchor(keys[order], opens, dim, exact.metric)
     return indices, continues
+
+
+def _sorted_within_groups(keys: np.ndarray, opens: np.ndarray,
+                          columns: np.ndarray) -> np.ndarray:
+    """``[P]`` positions ordered by group, then key, then column (the float32 order), for the
+    groups of consecutive positions that ``opens`` starts, whose columns ascend.
+
+    Groups of one size (a nearly collapsed embedding's: every row one group) are sorted as the
+    rows of a matrix, with a stable sort, which gives the same order several times faster
+    than ``lexsort`` (docs/benchmarks.md).
+    """
+    starts = np.flatnonzero(opens)
+    sizes = np.diff(np.append(starts, len(keys)))
+    if (sizes == sizes[0]).all():
+        within = np.argsort(keys.reshape(len(starts), sizes[0]), axis=1, kind="stable")
+        return (within + starts[:, None]).ravel()
+    return np.lexsort((columns, keys, np.cumsum(opens)))
 
 
 def _ties_from_anchor(keys: np.ndarray, opens: np.ndarray, dim: int, metric: str) -> np.ndarray:
