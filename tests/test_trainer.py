@@ -316,7 +316,8 @@ def test_train_says_where_it_trains_once_its_checks_pass(tmp_path, capsys):
 
 def test_train_log_names_the_cpu_thread_count(tmp_path, monkeypatch):
     """A CPU run's float sums, so its numbers, depend on torch's thread count (JRD Figure 5's
-    JMMD rows moved when re-trained with one thread): each session's start line says it."""
+    JMMD run at alpha = 2 trains differently with two than with one): each session's start
+    line says it."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # not the tests' own 1 (conftest)
     train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1",
           "train.steps_per_epoch=2")
