@@ -39,6 +39,7 @@ from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
 from kdml.evaluation.charts import chart_retrieval_metrics, piecewise_linear_accuracy
+from kdml.evaluation.collapse import collapse_warning
 from kdml.evaluation.knn import as_metric
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import target_metrics
@@ -225,6 +226,7 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
     test = embedded["test"]
     if splits.kind == DOMAIN:
         source = embedded["source"]
+        warn_if_collapsed(test.tensor(), config.metric)
         return target_metrics(source.values, dataset_labels(splits, source.labels),
                               test.values, test.labels, ks=ks, metric=as_metric(config.metric),
                               nmi=config.nmi)
@@ -272,26 +274,11 @@ def metric_names(config: EvalConfig, splits: DataSplits) -> list[str]:
     return names
 
 
-# Embeddings whose spread is below this share of their size have collapsed to one point.
-COLLAPSE_SPREAD = 1e-6
-
-
-def is_collapsed(embeddings: Tensor, metric: str) -> bool:
-    """True when every embedding is (numerically) the same point: the same direction for
-    ``metric="cosine"``; then every neighbour is tied and retrieval scores sit at chance."""
-    vectors = embeddings.double()
-    if metric == "cosine":
-        vectors = torch.nn.functional.normalize(vectors, dim=1)
-    size = vectors.abs().max()
-    spread = (vectors - vectors[:1]).abs().max()
-    return bool(spread <= COLLAPSE_SPREAD * size) or bool(size == 0)
-
-
 def warn_if_collapsed(embeddings: Tensor, metric: str) -> None:
-    if len(embeddings) > 1 and is_collapsed(embeddings, metric):
-        logger.warning("the test embeddings have collapsed to a single point: the model "
-                       "maps every input alike, so the metrics are those of chance; lower the "
-                       "learning rates (or check the loss terms in train.log)")
+    """Log :func:`kdml.evaluation.collapse.collapse_warning` for a collapsed test embedding."""
+    warning = collapse_warning(embeddings, metric)
+    if warning is not None:
+        logger.warning(warning)
 
 
 def dataset_labels(splits: DataSplits, train_labels: Tensor) -> Tensor:
