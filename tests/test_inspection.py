@@ -364,6 +364,28 @@ def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("command", ["retrieval", "embedding"])
+def test_a_collapsed_embedding_is_not_drawn(runs, tmp_path, capsys, monkeypatch, command):
+    """Every test digit embedded alike (JIntra at alpha = 2 does it on Fashion-MNIST): t-SNE
+    crashed the process on it (a segmentation fault), and a retrieval grid would show the
+    search's order of tied neighbours as hits and misses."""
+    from kdml.training.recipes.jrd import JRDMethod
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    (run / "plots" / f"{command}.png").unlink(missing_ok=True)  # drawn by another test
+    monkeypatch.setattr(JRDMethod, "embed", lambda self, inputs: torch.ones(len(inputs), 8))
+    capsys.readouterr()
+    assert kdml("plot", command, run) == 2
+    picture = ("a 2-D map of them" if command == "embedding"
+               else "a grid of their nearest neighbours")
+    assert capsys.readouterr().err == (
+        "kdml: error: the test embeddings have collapsed: 100.0% of them lie at one point "
+        f"(exactly): {picture} would show ties and float rounding, not the model; train the run "
+        "again with lower learning rates\n")
+    assert not (run / "plots" / f"{command}.png").exists()
+
+
 def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys, monkeypatch):
     from PIL import Image
 

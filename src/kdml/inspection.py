@@ -26,6 +26,7 @@ from kdml.data.prepare import prepare_data
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError, check_not_a_link, why_missing
+from kdml.evaluation.collapse import collapse_description
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import (
     Embedded,
@@ -478,6 +479,16 @@ def results_as_json(results: list[dict[str, Any]]) -> str:
     return json.dumps(results, indent=2)
 
 
+def refuse_collapsed(embedded: Embedded, trained: TrainedRun, picture: str) -> None:
+    """Raise :class:`KdmlError` when the test embeddings have collapsed to one point
+    (:func:`~kdml.evaluation.collapse.collapse_description`): ``picture`` would show ties and
+    float rounding, not the model."""
+    collapsed = collapse_description(embedded.tensor(), trained.config.eval.metric)
+    if collapsed is not None:
+        raise KdmlError(f"{collapsed}: {picture} would show ties and float rounding, not the "
+                        "model; train the run again with lower learning rates")
+
+
 def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> Path:
     """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
     queries (with at least one same-class sample to find) and their ``k`` nearest images, hits
@@ -488,6 +499,8 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     if not part.dataset.is_image:
         raise KdmlError("plot retrieval draws images; this run's samples are not images")
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    # a tied neighbour is drawn as found, so the grid's hits would be the search's tie order
+    refuse_collapsed(embedded, trained, "a grid of their nearest neighbours")
     labels = embedded.labels.numpy()
     metric = as_metric(trained.config.eval.metric)
     requested_k = k
@@ -548,6 +561,8 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     check_replaceable(trained.plot_path("embedding"))  # before minutes of embedding
     part = run_part(trained)
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    # t-SNE would spread float rounding out into clusters (and crashes on exact ties)
+    refuse_collapsed(embedded, trained, "a 2-D map of them")
     values = embedded.tensor().float().cpu().numpy()
     labels = embedded.labels.numpy()
     if len(values) > max_points:

@@ -84,9 +84,10 @@ def collapse(embeddings: Tensor, metric: str = "euclidean") -> Collapse:
                     spread=float(spread / size) if size > 0 else 0.0)
 
 
-def collapse_warning(embeddings: Tensor, metric: str) -> str | None:
-    """The one-line warning for a collapsed test embedding, or None: at least
-    ``COLLAPSE_SHARE`` of the points lie at one point (see :func:`collapse`)."""
+def collapse_description(embeddings: Tensor, metric: str) -> str | None:
+    """``"the test embeddings have collapsed: 99.8% of them lie at one point (...)"`` when at
+    least ``COLLAPSE_SHARE`` of the points lie at one point (see :func:`collapse`), else
+    None."""
     if len(embeddings) < 2:
         return None
     found = collapse(embeddings, metric)
@@ -96,6 +97,15 @@ def collapse_warning(embeddings: Tensor, metric: str) -> str | None:
     where = ("exactly" if found.exact == found.share else within if found.exact == 0
              else f"{found.exact:.1%} exactly, the rest {within}")
     return (f"the test embeddings have collapsed: {found.share:.1%} of them lie at one point "
-            f"({where}), so their neighbours are ties or differ by float rounding, which "
+            f"({where})")
+
+
+def collapse_warning(embeddings: Tensor, metric: str) -> str | None:
+    """The one-line warning for a collapsed test embedding (:func:`collapse_description`), or
+    None."""
+    description = collapse_description(embeddings, metric)
+    if description is None:
+        return None
+    return (f"{description}, so their neighbours are ties or differ by float rounding, which "
             f"another device, precision or thread count changes; their metrics say little of "
             f"the model. Lower the learning rates (or check the loss terms in train.log)")
