@@ -386,6 +386,25 @@ def test_a_collapsed_embedding_is_not_drawn(runs, tmp_path, capsys, monkeypatch,
     assert not (run / "plots" / f"{command}.png").exists()
 
 
+def test_the_generalization_terms_of_a_collapsed_embedding_come_with_a_warning(
+        runs, tmp_path, capsys, monkeypatch):
+    """1-NN classifiers among exact ties decide by the order of their training rows: the
+    terms are computed and written, beside a warning for each collapsed part."""
+    from kdml.training.recipes.jrd import JRDMethod
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    monkeypatch.setattr(JRDMethod, "embed", lambda self, inputs: torch.ones(len(inputs), 8))
+    capsys.readouterr()
+    assert kdml("analyze", "generalization", run, "--repeats", "2") == 0
+    err = capsys.readouterr().err
+    for part in ("the seen classes' embeddings", "the unseen (test) classes' embeddings"):
+        assert (f"kdml: warning: {part} have collapsed: 100.0% of them lie at one point "
+                "(exactly), so") in err
+    assert err.count("the H-divergence and lambda say little of the model") == 2
+    assert (run / "generalization.json").is_file()
+
+
 def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys, monkeypatch):
     from PIL import Image
 

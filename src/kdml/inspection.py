@@ -26,7 +26,7 @@ from kdml.data.prepare import prepare_data
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError, check_not_a_link, why_missing
-from kdml.evaluation.collapse import collapse_description
+from kdml.evaluation.collapse import collapse_description, collapse_warning
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import (
     Embedded,
@@ -620,6 +620,13 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     splits = trained.splits
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
+    for part, name in ((seen, "the seen classes' embeddings"),
+                       (unseen, f"the unseen ({'validation' if splits.validation else 'test'}) "
+                                "classes' embeddings")):
+        warning = collapse_warning(part.tensor(), trained.config.eval.metric, name,
+                                   "the H-divergence and lambda")
+        if warning is not None:
+            _log.warning(warning)
     seen_x, unseen_x = (part.tensor().float().cpu().numpy() for part in (seen, unseen))
     # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
     # run is evaluated with (Atlas runs' manifold distance has no such form: distance_note)

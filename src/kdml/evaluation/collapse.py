@@ -84,10 +84,11 @@ def collapse(embeddings: Tensor, metric: str = "euclidean") -> Collapse:
                     spread=float(spread / size) if size > 0 else 0.0)
 
 
-def collapse_description(embeddings: Tensor, metric: str) -> str | None:
-    """``"the test embeddings have collapsed: 99.8% of them lie at one point (...)"`` when at
-    least ``COLLAPSE_SHARE`` of the points lie at one point (see :func:`collapse`), else
-    None."""
+def collapse_description(embeddings: Tensor, metric: str,
+                         name: str = "the test embeddings") -> str | None:
+    """``"the test embeddings have collapsed: 99.8% of them lie at one point (...)"`` (``name``
+    first) when at least ``COLLAPSE_SHARE`` of the points lie at one point (see
+    :func:`collapse`), else None."""
     if len(embeddings) < 2:
         return None
     found = collapse(embeddings, metric)
@@ -96,16 +97,16 @@ def collapse_description(embeddings: Tensor, metric: str) -> str | None:
     within = f"to within {found.spread:.1g} of its size"
     where = ("exactly" if found.exact == found.share else within if found.exact == 0
              else f"{found.exact:.1%} exactly, the rest {within}")
-    return (f"the test embeddings have collapsed: {found.share:.1%} of them lie at one point "
-            f"({where})")
+    return f"{name} have collapsed: {found.share:.1%} of them lie at one point ({where})"
 
 
-def collapse_warning(embeddings: Tensor, metric: str) -> str | None:
-    """The one-line warning for a collapsed test embedding (:func:`collapse_description`), or
-    None."""
-    description = collapse_description(embeddings, metric)
+def collapse_warning(embeddings: Tensor, metric: str, name: str = "the test embeddings",
+                     scores: str = "their metrics") -> str | None:
+    """The one-line warning for a collapsed embedding (:func:`collapse_description`), or None:
+    ``scores`` (what was computed from them) say little of the model."""
+    description = collapse_description(embeddings, metric, name)
     if description is None:
         return None
     return (f"{description}, so their neighbours are ties or differ by float rounding, which "
-            f"another device, precision or thread count changes; their metrics say little of "
-            f"the model. Lower the learning rates (or check the loss terms in train.log)")
+            f"another device, precision or thread count changes; {scores} say little of the "
+            f"model. Lower the learning rates (or check the loss terms in train.log)")
