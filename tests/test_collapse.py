@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from kdml.evaluation.collapse import COLLAPSE_TOLERANCE, collapse, collapse_warning
+from kdml.evaluation.collapse import (
+    COLLAPSE_TOLERANCE,
+    chart_collapse,
+    collapse,
+    collapse_warning,
+)
 
 
 def literal_collapse(embeddings, metric):
@@ -105,3 +110,47 @@ def test_collapse_refuses_a_shape_that_is_not_an_embedding():
         collapse(torch.ones(3))
     with pytest.raises(ValueError, match=r"not shape \(0, 4\)"):
         collapse(torch.ones(0, 4))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_chart_collapse_agrees_with_a_literal_loop_over_the_charts(seed):
+    """Points at one place in one chart, the same coordinates in other charts, and the rest:
+    only the points of one chart count, as shares of all the points."""
+    generator = torch.Generator().manual_seed(100 + seed)
+    coords = clustered(seed, count=90, dim=2).double()
+    index = torch.randint(0, 3, (90,), generator=generator)
+    if seed % 2:
+        near = (coords - coords.median(dim=0).values).abs().amax(dim=1) < 1e-5
+        index[near] = 1  # the cluster, if any, kept in one chart
+    best = (0.0, 0.0, 0.0)
+    for chart in range(3):
+        members = [row for row, where in zip(coords, index, strict=True) if where == chart]
+        if members:
+            share, exact, spread = literal_collapse(torch.stack(members), "euclidean")
+            weight = len(members) / 90
+            if share * weight > best[0]:
+                best = (share * weight, exact * weight, spread)
+    found = chart_collapse(coords, index)
+    assert found.share == pytest.approx(best[0])
+    assert found.exact == pytest.approx(best[1])
+    assert found.spread == pytest.approx(best[2], rel=1e-6, abs=1e-12)
+
+
+def test_a_point_shared_by_two_charts_is_not_one_point():
+    """The manifold distance between charts is infinite: the same coordinates in two charts
+    are two places. 60% of the points at (0.3, 0.3), split 30/30 between two charts."""
+    coords = torch.randn(100, 2, generator=torch.Generator().manual_seed(0))
+    coords[:60] = 0.3
+    index = torch.tensor([0] * 30 + [1] * 30 + [2] * 40)
+    assert collapse(coords).share == 0.6
+    assert chart_collapse(coords, index).share == 0.3
+    assert collapse_warning(coords, "euclidean", chart_index=index) is None
+    index[:60] = 1
+    assert "60.0% of them lie at one point (exactly)" in collapse_warning(
+        coords, "euclidean", chart_index=index)
+
+
+def test_chart_collapse_needs_a_chart_per_row():
+    with pytest.raises(ValueError, match=r"chart_index has shape \(3,\); chart_coords of "
+                                         r"shape \(4, 2\) need one chart per row"):
+        chart_collapse(torch.ones(4, 2), torch.zeros(3, dtype=torch.long))

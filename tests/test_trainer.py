@@ -460,19 +460,27 @@ def test_seen_holdout_split_of_a_dataset_with_its_own_split(tmp_path):
     assert "linear_accuracy" in metrics["final"]
 
 
-@pytest.mark.parametrize("recipe", ["amsoftmax", "pca"])
+@pytest.mark.parametrize("recipe", ["amsoftmax", "pca", "mtriplet"])
 def test_a_collapsed_embedding_warns_on_screen_and_in_the_log(tmp_path, capsys, monkeypatch,
                                                               recipe):
     """Every test sample embedded alike (finite: JIntra at alpha = 2 does it on Fashion-MNIST),
-    in a class-disjoint run and in a domain pair's. optim.lr=1e10 no longer serves: it makes
-    BatchNorm's running variances infinite, which stops training as diverged."""
+    in a class-disjoint run, in a domain pair's and in an Atlas run's charts. optim.lr=1e10 no
+    longer serves: it makes BatchNorm's running variances infinite, which stops training as
+    diverged."""
+    from kdml.training.recipes.atlas import MTripletMethod
     from kdml.training.recipes.dtml import PCAMethod
     from kdml.training.recipes.jrd import JRDMethod
 
-    method = PCAMethod if recipe == "pca" else JRDMethod
-    monkeypatch.setattr(method, "embed", lambda self, inputs: torch.ones(len(inputs), 8))
+    if recipe == "mtriplet":  # one chart, one place in it
+        monkeypatch.setattr(MTripletMethod, "chart_codes", lambda self, inputs: (
+            torch.ones(len(inputs), 2), torch.zeros(len(inputs), dtype=torch.long)))
+    else:
+        method = PCAMethod if recipe == "pca" else JRDMethod
+        monkeypatch.setattr(method, "embed", lambda self, inputs: torch.ones(len(inputs), 8))
     dataset = "mnist5k->digits" if recipe == "pca" else "digits"
-    metrics = train(tmp_path, recipe, "--dataset", dataset, "train.epochs=1")
+    metrics = train(tmp_path, recipe, "--dataset", dataset, "train.epochs=1",
+                    *(["data.batch_size=20", "data.samples_per_class=4"] if recipe == "mtriplet"
+                      else []))
     warning = "the test embeddings have collapsed: 100.0% of them lie at one point (exactly)"
     assert warning in capsys.readouterr().err
     assert warning in (tmp_path / "run" / "train.log").read_text()

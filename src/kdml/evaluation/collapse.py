@@ -84,14 +84,37 @@ def collapse(embeddings: Tensor, metric: str = "euclidean") -> Collapse:
                     spread=float(spread / size) if size > 0 else 0.0)
 
 
+def chart_collapse(chart_coords: Tensor, chart_index: Tensor) -> Collapse:
+    """:func:`collapse` of an Atlas embedding (Korman): points lie at one point only in the
+    same chart (``chart_index`` [N], the argmax chart) at the same coordinates
+    (``chart_coords`` [N, d], compared as Euclidean points, as the manifold distance does).
+    The chart holding the most points at one point gives the result, its shares taken of all
+    N points. (A point where at least half of all lie is at least half of its chart's, so its
+    chart's median finds it.)"""
+    if chart_index.shape != chart_coords.shape[:1]:
+        raise ValueError(f"chart_index has shape {tuple(chart_index.shape)}; chart_coords of "
+                         f"shape {tuple(chart_coords.shape)} need one chart per row")
+    best = Collapse(0.0, 0.0, 0.0)
+    for chart in chart_index.unique():
+        members = chart_index == chart
+        found = collapse(chart_coords[members])
+        share = int(members.sum()) / len(chart_index)
+        if found.share * share > best.share:
+            best = Collapse(found.share * share, found.exact * share, found.spread)
+    return best
+
+
 def collapse_description(embeddings: Tensor, metric: str,
-                         name: str = "the test embeddings") -> str | None:
+                         name: str = "the test embeddings",
+                         chart_index: Tensor | None = None) -> str | None:
     """``"the test embeddings have collapsed: 99.8% of them lie at one point (...)"`` (``name``
     first) when at least ``COLLAPSE_SHARE`` of the points lie at one point (see
-    :func:`collapse`), else None."""
+    :func:`collapse`; with ``chart_index``, ``embeddings`` are an Atlas run's chart
+    coordinates and :func:`chart_collapse` measures them), else None."""
     if len(embeddings) < 2:
         return None
-    found = collapse(embeddings, metric)
+    found = (collapse(embeddings, metric) if chart_index is None
+             else chart_collapse(embeddings, chart_index))
     if found.share < COLLAPSE_SHARE:
         return None
     within = f"to within {found.spread:.1g} of its size"
@@ -101,10 +124,11 @@ def collapse_description(embeddings: Tensor, metric: str,
 
 
 def collapse_warning(embeddings: Tensor, metric: str, name: str = "the test embeddings",
-                     scores: str = "their metrics") -> str | None:
+                     scores: str = "their metrics",
+                     chart_index: Tensor | None = None) -> str | None:
     """The one-line warning for a collapsed embedding (:func:`collapse_description`), or None:
     ``scores`` (what was computed from them) say little of the model."""
-    description = collapse_description(embeddings, metric, name)
+    description = collapse_description(embeddings, metric, name, chart_index)
     if description is None:
         return None
     return (f"{description}, so their neighbours are ties or differ by float rounding, which "

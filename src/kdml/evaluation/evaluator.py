@@ -233,6 +233,7 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
     gallery = embedded.get("gallery")
     if charts:
         coords, index = test.values
+        warn_if_collapsed(coords, "euclidean", index)
         reference_coords, reference_index = (None, None) if gallery is None else gallery.values
         metrics = chart_retrieval_metrics(
             coords, index, test.labels, ks=ks, nmi=config.nmi, reference_coords=reference_coords,
@@ -274,9 +275,11 @@ def metric_names(config: EvalConfig, splits: DataSplits) -> list[str]:
     return names
 
 
-def warn_if_collapsed(embeddings: Tensor, metric: str) -> None:
-    """Log :func:`kdml.evaluation.collapse.collapse_warning` for a collapsed test embedding."""
-    warning = collapse_warning(embeddings, metric)
+def warn_if_collapsed(embeddings: Tensor, metric: str, chart_index: Tensor | None = None
+                      ) -> None:
+    """Log :func:`kdml.evaluation.collapse.collapse_warning` for a collapsed test embedding
+    (an Atlas run's chart coordinates with ``chart_index``)."""
+    warning = collapse_warning(embeddings, metric, chart_index=chart_index)
     if warning is not None:
         logger.warning(warning)
 
