@@ -24,13 +24,14 @@ import torch
 from torch import Tensor
 
 # Points this close to the centre, as a share of its size, lie at one point: 8 to 17 float32
-# units in the last place. kdml's collapsed JIntra runs (alpha = 2) lie within 1.1e-7 of it, or
-# 99.7% exactly at it; at alpha = 1, no point of seed 0's 35,000 lies within 0.015 of it.
+# units in the last place. kdml's collapsed JIntra runs (alpha = 2, seeds 0 to 4) lie within
+# 2.2e-7 of it, or (seeds 3 and 4) 99.7% and 100% exactly at it; at alpha = 1, no point of
+# seed 0's 35,000 lies within 0.015 of it.
 COLLAPSE_TOLERANCE = 1e-6
 # A collapse is reported when at least this share of the points lies at one point: half a test
 # set tied is no longer a ranking of it, and no real test set holds that many duplicates.
 COLLAPSE_SHARE = 0.5
-# Rows compared with the centre at a time (keeps the float64 copy to a few MB at 512-d).
+# Rows compared with the centre at a time (a float64 copy of 16 MB at 512-d).
 _CHUNK = 4096
 
 
