@@ -30,8 +30,10 @@ from kdml.evaluation.knn import host_array, search_scale
 from kdml.evaluation.ties import tied_positions
 
 EPS64 = float(np.finfo(np.float64).eps)
-# Pairs gathered at once, times the dimension: about 32 MB of float64 for each of the two sides.
-GATHER_BUDGET = 2**22
+# Pairs gathered at once, times the dimension: 2 MB of float64 a side, which stays in the
+# cache while it is subtracted and summed; at 32 MB the keys took twice as long
+# (docs/benchmarks.md).
+GATHER_BUDGET = 2**18
 
 
 def key_tolerance(keys: np.ndarray, dim: int, metric: str) -> np.ndarray:
@@ -117,11 +119,13 @@ class ExactScores:
         r_rows, r_zero = self._converted(reference[reference_rows])
         keys = np.empty(len(query_slots), dtype=np.float64)
         step = max(1, GATHER_BUDGET // queries.shape[1])
+        any_zero = bool(q_zero.any() or r_zero.any())
         for start in range(0, len(query_slots), step):
             part = slice(start, start + step)
-            difference = q_rows[query_slots[part]] - r_rows[reference_slots[part]]
+            difference = np.take(q_rows, query_slots[part], axis=0)
+            difference -= np.take(r_rows, reference_slots[part], axis=0)
             keys[part] = np.einsum("pd,pd->p", difference, difference)
-            if self.metric == "cosine":  # similarity 0, as in the float32 search
+            if any_zero:  # similarity 0, as in the float32 search
                 keys[part][q_zero[query_slots[part]] | r_zero[reference_slots[part]]] = 2.0
         return keys
 
@@ -167,7 +171,9 @@ def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
         return indices, continues
     group_rows, columns, opens = tied_positions(continues)
     starts = np.flatnonzero(opens)
-    keys = exact.nearness(rows[group_rows], indices[group_rows, columns])
+    # flat positions: indexing by (row, column) pairs took nearly twice as long
+    flat = group_rows * indices.shape[1] + columns
+    keys = exact.nearness(rows[group_rows], indices.ravel()[flat])
     dim = exact.dim
     # Groups whose keys all lie within the rounding of their largest are left as they are
     # (a collapsed embedding's, duplicates'): only the others are sorted.
@@ -177,47 +183,66 @@ def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
     uneven = np.repeat(spread > key_tolerance(largest, dim, exact.metric), sizes)
     if not uneven.any():
         return indices, continues
-    group_rows, columns, keys, opens = (a[uneven] for a in (group_rows, columns, keys, opens))
-    order = _sorted_within_groups(keys, opens, columns)
-    indices, continues = indices.copy(), continues.copy()
-    indices[group_rows, columns] = indices[group_rows[order], columns[order]]
-    continues[group_rows, columns] = _ties_from_anchor(keys[order], opens, dim, exact.metric)
+    flat, keys, opens = flat[uneven], keys[uneven], opens[uneven]
+    order = _sorted_within_groups(keys, opens)
+    indices, continues = indices.copy(order="C"), continues.copy(order="C")  # ravel: views
+    indices.ravel()[flat] = indices.ravel()[flat[order]]
+    continues.ravel()[flat] = _ties_from_anchor(keys[order], opens, dim, exact.metric)
     return indices, continues
 
 
-def _sorted_within_groups(keys: np.ndarray, opens: np.ndarray,
-                          columns: np.ndarray) -> np.ndarray:
-    """``[P]`` positions ordered by group, then key, then column (the float32 order), for the
-    groups of consecutive positions that ``opens`` starts, whose columns ascend.
+def _sorted_within_groups(keys: np.ndarray, opens: np.ndarray) -> np.ndarray:
+    """``[P]`` positions ordered by group, then key, then position, for the groups of
+    consecutive positions that ``opens`` starts (a group's positions are its float32 order).
 
-    Groups of one size (a nearly collapsed embedding's: every row one group) are sorted as the
-    rows of a matrix, with a stable sort, which gives the same order several times faster
-    than ``lexsort`` (docs/benchmarks.md).
+    The groups of each size are sorted together as the rows of a matrix with a stable sort,
+    which gives ``lexsort``'s order about five times faster (docs/benchmarks.md): a nearly
+    collapsed embedding's groups are whole rows, of one size; a concentrated one's number
+    millions, of a few members each.
     """
     starts = np.flatnonzero(opens)
     sizes = np.diff(np.append(starts, len(keys)))
-    if (sizes == sizes[0]).all():
+    if (sizes == sizes[0]).all():  # no gather needed
         within = np.argsort(keys.reshape(len(starts), sizes[0]), axis=1, kind="stable")
         return (within + starts[:, None]).ravel()
-    return np.lexsort((columns, keys, np.cumsum(opens)))
+    order = np.arange(len(keys))
+    by_size = np.argsort(sizes, kind="stable")
+    bounds = np.flatnonzero(np.diff(sizes[by_size])) + 1
+    for groups in np.split(by_size, bounds):
+        size = int(sizes[groups[0]])
+        if size > 1:
+            positions = starts[groups][:, None] + np.arange(size)
+            within = np.argsort(keys[positions], axis=1, kind="stable")
+            order[positions] = np.take_along_axis(positions, within, axis=1)
+    return order
 
 
 def _ties_from_anchor(keys: np.ndarray, opens: np.ndarray, dim: int, metric: str) -> np.ndarray:
     """``[P]`` bool: sorted key ``p`` is tied with the first key of its tie, where ``opens``
     marks the first position of each float32 group (never tied to the one before)."""
-    tolerance = key_tolerance(keys, dim, metric)
     tied = np.zeros(len(keys), dtype=bool)
-    tied[1:] = keys[1:] - keys[:-1] <= tolerance[1:]
-    tied &= ~opens
+    if len(keys) < 2:
+        return tied
+    steps = keys[1:] - keys[:-1]
+    # The tolerance grows with the key, so only steps within the largest key's can be ties:
+    # their own tolerances are computed, not those of every key (float64 ties are usually few).
+    candidates = np.flatnonzero(steps <= key_tolerance(keys.max(keepdims=True), dim, metric)) + 1
+    candidates = candidates[~opens[candidates]]
+    tied_at = candidates[steps[candidates - 1] <= key_tolerance(keys[candidates], dim, metric)]
+    if not len(tied_at):
+        return tied
+    tied[tied_at] = True
     # A run of steps each within the tolerance is one tie only if it spans no more than that
     # from its first key; the rare longer runs are cut again from each anchor, in order.
-    run_starts = np.flatnonzero(~tied)
-    run_ends = np.append(run_starts[1:], len(keys)) - 1
-    too_long = keys[run_ends] - keys[run_starts] > tolerance[run_ends]
+    breaks = np.flatnonzero(np.diff(tied_at) != 1) + 1
+    run_starts = tied_at[np.concatenate(([0], breaks))] - 1
+    run_ends = tied_at[np.concatenate((breaks - 1, [len(tied_at) - 1]))]
+    too_long = keys[run_ends] - keys[run_starts] > key_tolerance(keys[run_ends], dim, metric)
     for start, end in zip(run_starts[too_long], run_ends[too_long], strict=True):
         anchor = keys[start]
+        tolerance = key_tolerance(keys[start:end + 1], dim, metric)
         for position in range(start + 1, end + 1):
-            tied[position] = keys[position] - anchor <= tolerance[position]
+            tied[position] = keys[position] - anchor <= tolerance[position - start]
             if not tied[position]:
                 anchor = keys[position]
     return tied
