@@ -620,17 +620,17 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     splits = trained.splits
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
+    # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
+    # run is evaluated with (Atlas runs' manifold distance has no such form: distance_note)
+    cosine = not trained.method.has_charts and trained.config.eval.metric == "cosine"
     for part, name in ((seen, "the seen classes' embeddings"),
                        (unseen, f"the unseen ({'validation' if splits.validation else 'test'}) "
                                 "classes' embeddings")):
-        warning = collapse_warning(part.tensor(), trained.config.eval.metric, name,
+        warning = collapse_warning(part.tensor(), "cosine" if cosine else "euclidean", name,
                                    "the H-divergence and lambda")
         if warning is not None:
             _log.warning(warning)
     seen_x, unseen_x = (part.tensor().float().cpu().numpy() for part in (seen, unseen))
-    # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
-    # run is evaluated with (Atlas runs' manifold distance has no such form: distance_note)
-    cosine = not trained.method.has_charts and trained.config.eval.metric == "cosine"
     if cosine:
         seen_x, unseen_x = l2_normalize(seen_x, inplace=True), l2_normalize(unseen_x, True)
     terms = generalization_terms(
