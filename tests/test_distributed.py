@@ -263,6 +263,36 @@ def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
     assert resumed == uninterrupted
 
 
+NATIVE_THREADS = """
+import os, sys, threading
+from kdml import cli
+code = cli.main(sys.argv[1:])
+native = len(os.listdir("/proc/self/task")) - threading.active_count()
+print(f"rank {os.environ['RANK']}: exit {code}, {native} threads Python did not start")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_a_torchrun_run_leaves_no_collective_threads_behind(tmp_path):
+    """Once a training returns, its process group is freed with its gloo threads. Left alive
+    (torch.distributed.nn.functional's defaults held the group after DistributedDataParallel
+    imported it), a thread still finishing a collective when the interpreter shut down aborted
+    the rank: "terminate called without an active exception", and torchrun failed a finished
+    run."""
+    script = tmp_path / "count_threads.py"
+    script.write_text(NATIVE_THREADS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(script), *RUN, "train.epochs=1",
+               "train.steps_per_epoch=2", "--out", str(tmp_path / "run")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(re.findall(r"rank \d: .*", result.stdout)) == [
+        "rank 0: exit 0, 0 threads Python did not start",
+        "rank 1: exit 0, 0 threads Python did not start"]
+
+
 def test_a_dead_peer_is_told_from_a_programming_error(tmp_path):
     """A rank killed mid-run (out of memory, say) makes the others' next collective fail in
     gloo: kdml reports that in one line (the traceback would bury the dead rank's output),

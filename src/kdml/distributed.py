@@ -13,6 +13,7 @@ has one rank, and rank 0 is the only rank.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Callable
@@ -65,6 +66,13 @@ def setup(use_cuda: bool) -> World:
         return world()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # DistributedDataParallel imports this module on first use, and its functions' defaults
+    # (group=group.WORLD) would then hold the process group for good: teardown could not free
+    # it, and its gloo threads, still finishing a collective's cleanup (which takes the GIL),
+    # would abort the process if the interpreter were shutting down ("terminate called without
+    # an active exception"). Imported before the group exists, the defaults are None.
+    importlib.import_module("torch.distributed.nn.functional")
+
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
     return world()
 
@@ -190,5 +198,7 @@ def barrier() -> None:
 
 
 def teardown() -> None:
+    """Free the process group, which joins its threads, once the DistributedDataParallel
+    wrappers holding it are gone (:func:`setup` says why it matters)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
