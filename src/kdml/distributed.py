@@ -66,11 +66,12 @@ def setup(use_cuda: bool) -> World:
         return world()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    # DistributedDataParallel imports this module on first use, and its functions' defaults
-    # (group=group.WORLD) would then hold the process group for good: teardown could not free
-    # it, and its gloo threads, still finishing a collective's cleanup (which takes the GIL),
-    # would abort the process if the interpreter were shutting down ("terminate called without
-    # an active exception"). Imported before the group exists, the defaults are None.
+    # The first DistributedDataParallel imports this module (through torch.distributed._shard),
+    # and its functions' defaults (group=group.WORLD) would then hold the process group for
+    # good: teardown could not free it, and its gloo threads, still finishing a collective's
+    # cleanup (which takes the GIL), would abort the process if the interpreter were shutting
+    # down ("terminate called without an active exception"). Imported before the group
+    # exists, the defaults are None.
     importlib.import_module("torch.distributed.nn.functional")
 
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
