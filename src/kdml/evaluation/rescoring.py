@@ -209,11 +209,9 @@ def _sorted_within_groups(keys: np.ndarray, opens: np.ndarray) -> np.ndarray:
     by_size = np.argsort(sizes, kind="stable")
     bounds = np.flatnonzero(np.diff(sizes[by_size])) + 1
     for groups in np.split(by_size, bounds):
-        size = int(sizes[groups[0]])
-        if size > 1:
-            positions = starts[groups][:, None] + np.arange(size)
-            within = np.argsort(keys[positions], axis=1, kind="stable")
-            order[positions] = np.take_along_axis(positions, within, axis=1)
+        positions = starts[groups][:, None] + np.arange(sizes[groups[0]])
+        within = np.argsort(keys[positions], axis=1, kind="stable")
+        order[positions] = np.take_along_axis(positions, within, axis=1)
     return order
 
 
