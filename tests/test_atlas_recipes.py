@@ -467,15 +467,14 @@ def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
     assert torch.allclose(torch.cat(seen["backbone"]), (seen["views"] - 0.5) / 0.25)
     assert method.augments_inputs
 
-    class Splits:  # what build_pipeline reads of the data splits
-        class train:  # noqa: N801
-            is_file_backed = False
-            sample_shape = (1, 8, 8)
+    class Train:  # what build_pipeline reads of the training samples
+        is_file_backed = False
+        sample_shape = (1, 8, 8)
 
     recipe = next(r for r in RECIPES if r.name == name)
     config = resolve_config(name, recipe.params, recipe.defaults)
-    assert not build_pipeline(config, Splits, method).normalize_train
-    assert build_pipeline(config, Splits, build("mtriplet")).normalize_train
+    assert not build_pipeline(config, Train, method).normalize_train
+    assert build_pipeline(config, Train, build("mtriplet")).normalize_train
 
 
 def test_atlas_methods_built_directly_check_their_settings():

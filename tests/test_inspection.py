@@ -453,7 +453,7 @@ def test_only_pixel_samples_take_image_queries():
     """A decoded image matches uint8 or [0, 1] float samples of 1 or 3 channels, and nothing
     else shaped like an image (standardised features would be compared on the wrong scale)."""
     from kdml.data.dataset import ArrayDataset
-    from kdml.inspection import _holds_pixels
+    from kdml.data.sample_spec import holds_pixels
 
     labels = torch.zeros(4, dtype=torch.long)
     unit = torch.rand(4, 1, 5, 5, generator=torch.Generator().manual_seed(0))
@@ -461,7 +461,7 @@ def test_only_pixel_samples_take_image_queries():
              "rgb": (unit.expand(4, 3, 5, 5), True), "standardised": (unit * 4 - 2, False),
              "two channels": (unit.expand(4, 2, 5, 5), False), "vectors": (unit[:, 0, 0], False)}
     for name, (x, expected) in cases.items():
-        assert _holds_pixels(ArrayDataset("t", "t", x, labels)) is expected, name
+        assert holds_pixels(ArrayDataset("t", "t", x, labels)) is expected, name
 
 
 def test_embeddings_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -894,6 +894,7 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
     0-255 float pixels would be embedded as a glare; features are taken at any scale."""
     from kdml.data.dataset import ArrayDataset
     from kdml.data.offline import load_digits
+    from kdml.data.sample_spec import SampleSpec
     from kdml.inspection import _query_inputs
 
     images, _ = load_digits()
@@ -908,9 +909,9 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
     raw = np.full((2, 1, 5, 5), 200.0, dtype=np.float32)
     uint8_images = ArrayDataset("t", "t", torch.zeros(4, 1, 5, 5, dtype=torch.uint8), labels)
     with pytest.raises(KdmlError, match="range from 200 to 200"):
-        _query_inputs(raw, uint8_images, tmp_path / "q.npz")
+        _query_inputs(raw, SampleSpec.of(uint8_images, 1), tmp_path / "q.npz")
     features = ArrayDataset("t", "t", torch.rand(4, 5) * 9 - 3, labels)
-    assert _query_inputs(raw[:, 0, 0], features, tmp_path / "q.npz").max() == 200
+    assert _query_inputs(raw[:, 0, 0], SampleSpec.of(features, 1), tmp_path / "q.npz").max() == 200
 
 
 def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsys,
@@ -1054,11 +1055,13 @@ def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_
         "with 'kdml index'\n")
 
 
-def test_embeddings_are_searched_without_the_run_s_data(tmp_path, capsys):
-    """An .npz of `kdml embed` is searched with the run's config and checkpoint alone: a search
-    away from the data (another machine, a dataset moved) had stopped at reading the data to
-    rebuild a model it did not use. Images and raw 'inputs' still need the model, so the data;
-    every check of the query and the index holds without it."""
+def test_queries_are_searched_without_the_run_s_data(tmp_path, capsys):
+    """A search away from the data (another machine, a dataset moved) had stopped at reading
+    the data: an .npz of `kdml embed` is searched with the run's config and checkpoint alone,
+    and images and raw 'inputs' are embedded by the model rebuilt from the run folder
+    (data.json records what it takes), to the same neighbours as with the data. Every check of
+    the query and the index holds without it. A run whose data.json predates that record
+    rebuilds its model from its data, where it was or where --data-root says it is now."""
     folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
     run = tmp_path / "run"
     assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
@@ -1079,11 +1082,13 @@ def test_embeddings_are_searched_without_the_run_s_data(tmp_path, capsys):
         out, err = capsys.readouterr()
         return code, out, err
 
-    with_data = search(tmp_path / "test.npz")
+    queries = (tmp_path / "test.npz", tmp_path / "raw.npz", folder / "c03" / image.name)
+    with_data = [search(query) for query in queries]
     moved = tmp_path / "moved"
     folder.rename(moved)
-    assert search(tmp_path / "test.npz") == with_data
-    assert with_data[0] == 0 and "c03" in with_data[1]
+    image_query = moved / "c03" / image.name
+    assert [search(query) for query in (*queries[:2], image_query)] == with_data
+    assert all(code == 0 for code, _, _ in with_data) and "c03" in with_data[0][1]
     for query, words in (("wide.npz", "dimension 5"),
                          ("stranger.npz", "holds embeddings of another checkpoint")):
         code, _, err = search(tmp_path / query)
@@ -1096,14 +1101,17 @@ def test_embeddings_are_searched_without_the_run_s_data(tmp_path, capsys):
     code, _, err = search(tmp_path / "test.npz", "--index", other)
     assert code == 2 and "another checkpoint of this run (last.pt at epoch 1; this search " \
         "reads last.pt at epoch 1)" in err
-    # what the model embeds needs the data: where it was, or where --data-root says it is now
-    for query in (tmp_path / "raw.npz", moved / "c03" / image.name):
+    # a data.json without the record: the model is rebuilt from the data, where it was, or
+    # where --data-root says it is now
+    record = run / "data.json"
+    record.write_text(json.dumps({key: value for key, value in json.loads(
+        record.read_text()).items() if key != "model_input"}))
+    for query, found in zip((queries[1], image_query), with_data[1:], strict=True):
         code, _, err = search(query)
         assert code == 2 and err.count("\n") == 1, err
         assert err.endswith(f"config.yaml names folder:{folder}, whose folder does not "
                             "exist now; point --data-root at the data the run trained on\n")
-        code, out, _ = search(query, "--data-root", moved)
-        assert code == 0 and "rank" in out
+        assert search(query, "--data-root", moved)[:2] == found[:2]
     (run / "checkpoints" / "last.pt").unlink()
     code, _, err = search(tmp_path / "test.npz")
     assert code == 2 and "no checkpoint at" in err and err.count("\n") == 1, err
@@ -1111,7 +1119,8 @@ def test_embeddings_are_searched_without_the_run_s_data(tmp_path, capsys):
 
 def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsys, monkeypatch):
     """An Atlas run's chart codes are searched, and their charts checked against the run's
-    n_charts, without the data; its raw 'inputs' read the data to embed them."""
+    n_charts, without the data; its raw 'inputs' are embedded, into the same charts and
+    neighbours, by the model rebuilt from the run folder, without the data too."""
     import kdml.training.trainer as trainer
 
     assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
@@ -1129,17 +1138,16 @@ def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsy
         out, err = capsys.readouterr()
         return code, out, err
 
-    with_data = search("q.npz")
+    with_data = search("q.npz"), search("raw.npz")
 
     def unread(*args, **kwargs):
         raise KdmlError("the data was read")
 
     monkeypatch.setattr(trainer, "prepare_data_and_test_part", unread)
-    assert search("q.npz") == with_data and with_data[0] == 0
-    for query, words in (("chart-5.npz", "chart_index[1] is 5, but the run has charts 0 to 2"),
-                         ("raw.npz", "the data was read")):
-        code, _, err = search(query)
-        assert code == 2 and words in err, err
+    assert (search("q.npz"), search("raw.npz")) == with_data
+    assert [code for code, _, _ in with_data] == [0, 0]
+    code, _, err = search("chart-5.npz")
+    assert code == 2 and "chart_index[1] is 5, but the run has charts 0 to 2" in err, err
 
 
 def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, capsys):

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
     from kdml.reproduce.experiments import Experiment
     from kdml.training.grid import Cell
     from kdml.training.recipes import Recipe
-    from kdml.training.trainer import TrainedRun
+    from kdml.training.trainer import RunModel, TrainedRun
 
 
 class _Parser(argparse.ArgumentParser):
@@ -177,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
         "precomputed 'embeddings' (Atlas runs: 'chart_coords' and 'chart_index'), as 'kdml "
         "embed' writes them, which needs only the run's config and checkpoint, not its data; "
         "or an image file, or an .npz of raw 'inputs', which the run's model embeds, rebuilt "
-        "from the run's data (--data-root if it moved). For runs on in-memory images (e.g. "
-        "Fashion-MNIST) an image is fitted to the samples' size and channels.")
+        "from the run folder alone (config.yaml, the checkpoint and data.json; a run whose "
+        "data.json predates that record, from its data: --data-root if it moved). For runs "
+        "on in-memory images (e.g. Fashion-MNIST) an image is fitted to the samples' size and "
+        "channels.")
     search.add_argument("run_dir", type=Path)
     search.add_argument("--index", type=_folder, required=True, metavar="DIR")
     search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")
@@ -852,18 +854,18 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
     written: the run folder's ``eval.json`` is of the run's own data."""
     from kdml.inspection import other_data
-    from kdml.training.trainer import check_evaluation, load_run
+    from kdml.training.trainer import check_evaluation, load_model
 
     if args.test:  # another dataset has no validation part to stand in for its test part
         raise KdmlError("--test picks a validated run's own test part; with --dataset the "
                         "test part of that dataset is scored anyway: drop --test")
-    trained = load_run(args.run_dir, None, best=args.best)
-    other, splits, embedder = other_data(trained, args.dataset,
+    model = load_model(args.run_dir, best=args.best)  # without the run's data where it can
+    other, splits, embedder = other_data(model, args.dataset,
                                          None if args.data_root is None else str(args.data_root))
     other = _with_ks(other, args.ks)
     # one class would score 1 everywhere, as training refuses
     check_evaluation(other, splits, evaluating=True)
-    _score_and_print(trained, other, splits, embedder, args.best, validated=False)
+    _score_and_print(model, other, splits, embedder, args.best, validated=False)
     return 0
 
 
@@ -875,7 +877,7 @@ def _with_ks(config: RunConfig, ks: list[int] | None) -> RunConfig:
                                                                 ks=sorted(set(ks))))
 
 
-def _score_and_print(trained: TrainedRun, config: RunConfig, splits: DataSplits,
+def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
                      embedder: Embedder, best: bool, validated: bool) -> dict[str, float]:
     """``kdml eval``'s output: the checkpoint, the test set, and the metrics of ``trained``'s
     model on ``splits`` (``config`` names the data and its eval settings)."""
@@ -935,19 +937,22 @@ def _plot_charts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_and_part(args: argparse.Namespace) -> tuple[TrainedRun, Part]:
+def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
     """The run of ``args.run_dir`` and the ``--split`` part of its data (``--test``: of its
     test part), or of ``--dataset`` (then ``--data-root`` is that dataset's root, not the
-    run's); a note on stderr where "test" is a validation part."""
-    from kdml.inspection import run_part
-    from kdml.training.trainer import load_run
+    run's, and the model is rebuilt without the run's data where its folder records what it
+    takes); a note on stderr where "test" is a validation part."""
+    from kdml.inspection import dataset_part, run_part
+    from kdml.training.trainer import load_model, load_run
 
     if args.test and args.split == "train":  # the test part's load counts validation as trained
         raise KdmlError("--test picks the test part; with --split train it would add the "
                         "validation classes, which the run did not train on: drop --test")
-    trained = load_run(args.run_dir, None if args.dataset else args.data_root, best=args.best,
-                       test_part=args.test)
-    part = run_part(trained, args.split, args.dataset, args.data_root)
+    if args.dataset is not None:
+        model = load_model(args.run_dir, best=args.best)
+        return model, dataset_part(model, args.dataset, args.data_root, args.split)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    part = run_part(trained, args.split)
     _note_validation_part(part)
     return trained, part
 
@@ -998,10 +1003,10 @@ def _index(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from kdml.inspection import results_as_json, run_without_data, score_name, search
-    from kdml.training.trainer import load_run
+    from kdml.training.trainer import load_model
 
-    def model() -> TrainedRun:  # images and 'inputs' only: embeddings need neither it nor data
-        return load_run(args.run_dir, args.data_root, best=args.best)
+    def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
+        return load_model(args.run_dir, best=args.best, data_root=args.data_root)
 
     results = search(run_without_data(args.run_dir, args.best), args.index, args.query, args.k,
                      model)

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from kdml.config import RunConfig
-from kdml.data.dataset import ArrayDataset, DmlDataset, renamed_classes
+from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.prepare import prepare_data
+from kdml.data.sample_spec import SampleSpec
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError, check_not_a_link, why_missing
@@ -54,6 +55,7 @@ from kdml.training.run_folder import (
     write_json,
 )
 from kdml.training.trainer import (
+    RunModel,
     TrainedRun,
     build_embedder,
     build_pipeline,
@@ -88,20 +90,31 @@ def searches_gallery(trained: TrainedRun) -> bool:
     return trained.splits.gallery is not None
 
 
-def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = None,
-             data_root: str | None = None) -> Part:
-    """The run's ``split`` (or that of another dataset, embedded by the run's model);
-    ``"searched"`` is the part the metrics search: the gallery where they do
-    (:func:`searches_gallery`), else test. A run that validated (``data.validation``) and was
-    loaded without its test part has its validation part as test; another ``dataset``, which
-    the run never saw, has its own test part."""
+def run_part(trained: TrainedRun, split: str = "test") -> Part:
+    """The run's ``split``; ``"searched"`` is the part the metrics search: the gallery where
+    they do (:func:`searches_gallery`), else test. A run that validated (``data.validation``)
+    and was loaded without its test part has its validation part as test."""
+    return _part_of(trained.splits, trained.embedder, split)
+
+
+def dataset_part(model: RunModel, dataset: str, data_root: str | None = None,
+                 split: str = "test") -> Part:
+    """:func:`run_part` of another ``dataset`` (at ``data_root``, else where it is found),
+    which the run never saw, embedded by the run's model: its own test part is test."""
+    _check_split(split)  # before the data is read
+    _, splits, embedder = other_data(model, dataset, data_root)
+    return _part_of(splits, embedder, split)
+
+
+def _check_split(split: str) -> None:
     if split not in (*SPLITS, "searched"):
         raise KdmlError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
-    splits, embedder = trained.splits, trained.embedder
-    if dataset is not None:
-        _, splits, embedder = other_data(trained, dataset, data_root)
+
+
+def _part_of(splits: DataSplits, embedder: Embedder, split: str) -> Part:
+    _check_split(split)
     if split == "searched":
-        split = "gallery" if splits.gallery is not None else "test"  # that of --dataset too
+        split = "gallery" if splits.gallery is not None else "test"
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]
     if chosen is None:
         raise KdmlError(f"{splits.test.name.split('/')[0]} has no gallery; use --split test")
@@ -113,23 +126,23 @@ def run_part(trained: TrainedRun, split: str = "test", dataset: str | None = Non
     return Part(chosen.relabelled(labels, names), labels, embedder)
 
 
-def other_data(trained: TrainedRun, dataset: str, data_root: str | None
+def other_data(model: RunModel, dataset: str, data_root: str | None
                ) -> tuple[RunConfig, DataSplits, Embedder]:
     """Another ``dataset`` (at ``data_root``, else where it is found) as the run's data
     settings split it (``data.split``; no validation part), with the embedder that feeds it
     to the run's model, and the run's config naming it. Its samples must have the shape the
     run trained on."""
-    data = dataclasses.replace(trained.config.data, dataset=dataset, root=data_root or "",
+    data = dataclasses.replace(model.config.data, dataset=dataset, root=data_root or "",
                                validation=0.0)
     splits = prepare_data(data)
-    trained_shape, shape = trained.splits.train.sample_shape, splits.train.sample_shape
+    trained_shape, shape = model.samples.sample_shape, splits.train.sample_shape
     if shape != trained_shape:  # a CNN with global pooling would take any size silently
         raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "
                         f"trained on samples of shape {trained_shape}: give a dataset "
                         "shaped like the run's")
-    other = dataclasses.replace(trained.config, data=data)
-    embedder = build_embedder(other, build_pipeline(other, splits, trained.method),
-                              trained.embedder.device)
+    other = dataclasses.replace(model.config, data=data)
+    embedder = build_embedder(other, build_pipeline(other, splits.train, model.method),
+                              model.embedder.device)
     return other, splits, embedder
 
 
@@ -143,7 +156,7 @@ def validation_note(part: Part) -> str | None:
             "the test part, which its training and choices never saw")
 
 
-def embed_part(trained: TrainedRun, part: Part) -> dict[str, np.ndarray]:
+def embed_part(trained: RunModel, part: Part) -> dict[str, np.ndarray]:
     """Embeddings (and, for Atlas runs, chart codes), labels, positions, sources and the
     checkpoint's sha256 (``checkpoint_sha256``: ``kdml search`` refuses these embeddings as
     queries of another model's index)."""
@@ -203,7 +216,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     return write_through_new_file(path, save)
 
 
-def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> IndexInfo:
+def index_part(trained: RunModel, part: Part, folder: Path, kind: str) -> IndexInfo:
     """A faiss index of the part's embeddings (Atlas: one per chart, on chart coordinates)."""
     check_index_folder(folder)  # before embedding, which takes minutes on a large split
     check_writable_folder(folder.parent)
@@ -219,16 +232,6 @@ def index_part(trained: TrainedRun, part: Part, folder: Path, kind: str) -> Inde
     vectors = arrays["chart_coords"] if charts else arrays["embeddings"]
     return build_index(folder, vectors, items, info,
                        arrays["chart_index"] if charts else None)
-
-
-def _holds_pixels(dataset: DmlDataset) -> bool:
-    """Whether in-memory samples are grey or RGB images that a decoded file matches: uint8, or
-    float in [0, 1] (features shaped like images, e.g. standardised, are not)."""
-    if not (isinstance(dataset, ArrayDataset) and dataset.is_image
-            and dataset.sample_shape[0] in (1, 3)):
-        return False
-    x = dataset.x
-    return x.dtype == torch.uint8 or bool(x.min() >= 0 and x.max() <= 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,14 +258,14 @@ def run_without_data(run_dir: Path, best: bool = False) -> RunWithoutData:
 
 
 def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
-                  model: Callable[[], TrainedRun]) -> tuple[np.ndarray, np.ndarray | None,
+                  model: Callable[[], RunModel]) -> tuple[np.ndarray, np.ndarray | None,
                                                             list[str]]:
     """The query's vectors (embeddings, or chart coordinates for Atlas runs: ``atlas``), their
     charts and names, from an image file (decoded as the run's data loader decodes image
     files, or fitted to the samples' ``(C, H, W)`` for in-memory image datasets such as
     Fashion-MNIST) or an ``.npz`` with ``embeddings`` (Atlas runs: ``chart_coords`` and
     ``chart_index``) or raw ``inputs`` shaped like the run's samples. Only images and
-    ``inputs`` call ``model`` (the run's model, which is rebuilt from the run's data)."""
+    ``inputs`` call ``model`` (the run's model: :func:`~kdml.training.trainer.load_model`)."""
     if not query.is_file():
         raise KdmlError(f"query {query} {why_missing(query, 'file')}: give an image file or an "
                         ".npz")
@@ -279,7 +282,7 @@ def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
         if "inputs" not in arrays:
             raise KdmlError(f"query {query} holds neither '{searched}' nor 'inputs'")
         trained = model()
-        inputs = _query_inputs(arrays["inputs"], trained.splits.train, query)
+        inputs = _query_inputs(arrays["inputs"], trained.samples, query)
         names = [f"{query.name}[{i}]" for i in range(len(inputs))]
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
         trained = model()
@@ -322,23 +325,23 @@ def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarr
     return vectors, charts, [f"{query.name}[{i}]" for i in range(len(vectors))]
 
 
-def _query_image(trained: TrainedRun, query: Path) -> torch.Tensor:
+def _query_image(model: RunModel, query: Path) -> torch.Tensor:
     """An image file as one sample ``[1, *sample_shape]`` of the run's model."""
-    train = trained.splits.train
-    shape = tuple(train.sample_shape)
-    if not train.is_file_backed and not _holds_pixels(train):
+    samples = model.samples
+    shape = tuple(samples.sample_shape)
+    if not samples.is_file_backed and not samples.holds_pixels:
         raise KdmlError(f"image queries need a run trained on images (uint8, or float in "
                         f"[0, 1]); this run's samples are {shape}: give an .npz with "
                         f"'inputs' or 'embeddings'")
     try:
-        return (load_image(query, trained.config.data.resize) if train.is_file_backed
+        return (load_image(query, model.config.data.resize) if samples.is_file_backed
                 else load_image_as(query, shape))[None]
     except DECODE_ERRORS as error:
         raise KdmlError(f"cannot decode image {query} ({error}); give a readable image file "
                         f"or an .npz of inputs or embeddings") from None
 
 
-def _embedded_queries(trained: TrainedRun, inputs: torch.Tensor
+def _embedded_queries(trained: RunModel, inputs: torch.Tensor
                       ) -> tuple[np.ndarray, np.ndarray | None]:
     """The run's model's vectors of ``inputs`` ``[Q, *sample_shape]``: embeddings ``[Q, d]``,
     or for Atlas runs chart coordinates ``[Q, d]`` and charts ``[Q]``."""
@@ -359,14 +362,14 @@ def _embedded_queries(trained: TrainedRun, inputs: torch.Tensor
             torch.cat(chart_chunks).numpy() if chart_chunks else None)
 
 
-def _query_inputs(raw: np.ndarray, train: DmlDataset, query: Path) -> torch.Tensor:
+def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path) -> torch.Tensor:
     """Raw query ``inputs`` ``[Q, *sample_shape]`` as the model takes them: uint8, or float
     cast to the samples' float dtype (in [0, 1] where the samples are images)."""
     raw = _query_rows(raw, "inputs", query)
     if raw.dtype != np.uint8 and raw.dtype.kind != "f":
         raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
                         f"samples, got {raw.dtype}")
-    expected = tuple(train.sample_shape)
+    expected = tuple(samples.sample_shape)
     if tuple(raw.shape[1:]) != expected:
         raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but the "
                         f"run's samples are {expected}")
@@ -376,21 +379,13 @@ def _query_inputs(raw: np.ndarray, train: DmlDataset, query: Path) -> torch.Tens
         raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
     # the pipeline scales uint8 images to [0, 1] and passes floats as they are: 0-255 floats
     # would be embedded as images 255 times too bright
-    if train.is_file_backed or _holds_pixels(train):
+    if samples.is_file_backed or samples.holds_pixels:
         low, high = float(raw.min()), float(raw.max())
         if low < 0 or high > 1:
             raise KdmlError(f"query {query}: float 'inputs' range from {low:.4g} to "
                             f"{high:.4g}, but the run's images are in [0, 1]: divide 0-255 "
                             "pixels by 255, or save them as uint8")
-    return torch.from_numpy(raw).to(_float_dtype(train))
-
-
-def _float_dtype(dataset: DmlDataset) -> torch.dtype:
-    """The float dtype the model takes: that of float samples in memory, else float32 (what
-    the pipeline makes of uint8 images)."""
-    if isinstance(dataset, ArrayDataset) and dataset.x.is_floating_point():
-        return dataset.x.dtype
-    return torch.float32
+    return torch.from_numpy(raw).to(samples.dtype)
 
 
 def _query_rows(array: np.ndarray, key: str, query: Path) -> np.ndarray:
@@ -419,11 +414,11 @@ def _query_charts(chart_index: np.ndarray | None, count: int, query: Path,
 
 
 def search(run: RunWithoutData, index_folder: Path, query: Path, k: int,
-           model: Callable[[], TrainedRun]) -> list[dict[str, Any]]:
+           model: Callable[[], RunModel]) -> list[dict[str, Any]]:
     """Each query's ``k`` nearest indexed items (rank, score, label, source) and the index's
     ``metric``: scores are cosine similarities (higher is nearer) or Euclidean distances.
-    ``model`` loads the run's model, and with it the run's data: only image and ``inputs``
-    queries call it, so precomputed embeddings are searched without the data."""
+    ``model`` loads the run's model: only image and ``inputs`` queries call it, so
+    precomputed embeddings are searched without it."""
     loaded = load_index(index_folder)
     if loaded.info.checkpoint_sha256 != run.fingerprint:
         raise KdmlError(_another_checkpoint(loaded.info, run, index_folder))

@@ -36,7 +36,8 @@ class RunFolder:
 
         config.yaml        the resolved configuration
         data.json          a fingerprint of the data it trains and scores on (counts and
-                           digests, :mod:`kdml.data.fingerprint`), checked by every reader
+                           digests, :mod:`kdml.data.fingerprint`), checked by every reader,
+                           and what the model takes (:mod:`kdml.data.sample_spec`)
         metrics.csv        one row per epoch: train/<loss term>, then test/<metric> (or
                            val/<metric> when data.validation is scored instead)
         metrics.json       {"epochs": [...], "final": {...}, "scored": "test" or "validation"}

@@ -39,11 +39,14 @@ from kdml.config import (
     save_config,
     with_absolute_paths,
 )
-from kdml.data.dataset import Batch, DmlDataset
-from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
+from kdml.data.dataset import Batch
+from kdml.data.fingerprint import FORMAT as FINGERPRINT_FORMAT
+from kdml.data.fingerprint import FORMAT_FIELD, data_fingerprint, fingerprint_difference
 from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
 from kdml.data.prepare import prepare_data_and_test_part
 from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
+from kdml.data.sample_spec import FIELD as SAMPLES_FIELD
+from kdml.data.sample_spec import Samples, SampleSpec
 from kdml.data.samplers import (
     ClassBalancedBatches,
     EpochBatches,
@@ -118,11 +121,11 @@ PLOT_EVERY_S = 30.0
 RGB_ONLY = ("bninception",)
 
 
-def model_input_shape(config: RunConfig, dataset: DmlDataset) -> tuple[int, ...]:
+def model_input_shape(config: RunConfig, samples: Samples) -> tuple[int, ...]:
     """What the backbone takes: the crop of file-decoded images, else the sample itself;
     three channels for a grayscale image into an RGB-only backbone."""
-    shape = dataset.sample_shape
-    if dataset.is_file_backed:
+    shape = samples.sample_shape
+    if samples.is_file_backed:
         shape = (shape[0], config.data.image_size, config.data.image_size)
     if len(shape) == 3 and shape[0] == 1 and config.model.backbone in RGB_ONLY:
         shape = (3, *shape[1:])
@@ -133,21 +136,28 @@ def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
                  echo: Callable[[str], None] = print) -> Method:
     """The recipe's method for ``splits``, its initial weights drawn from ``train.seed``, and
     the backbone's from ``model.weights`` when ``pretrained``."""
+    if config.domain.beta > 0 and splits.target is None:
+        raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
+                        "e.g. mnist5k->digits")
+    return build_method_for(config, splits.train, len(splits.train_classes), pretrained, echo)
+
+
+def build_method_for(config: RunConfig, samples: Samples, train_classes: int,
+                     pretrained: bool = True, echo: Callable[[str], None] = print) -> Method:
+    """:func:`build_method` for training samples like ``samples`` (a dataset, or the
+    :class:`~kdml.data.sample_spec.SampleSpec` a run folder records) of ``train_classes``
+    classes."""
 
     def build() -> Method:
         model = config.model
-        backbone = build_backbone(model.backbone, model_input_shape(config, splits.train),
-                                  splits.train.default_backbone, model.pooling,
-                                  model.small_input)
+        backbone = build_backbone(model.backbone, model_input_shape(config, samples),
+                                  samples.default_backbone, model.pooling, model.small_input)
         if pretrained and model.weights:
             load_weights(backbone, model.weights, report=echo)
-        return get_recipe(config.recipe).build(config, backbone, len(splits.train_classes))
+        return get_recipe(config.recipe).build(config, backbone, train_classes)
 
     method = with_cpu_seed(config.train.seed, build)
     if config.domain.beta > 0:
-        if splits.target is None:
-            raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
-                            "e.g. mnist5k->digits")
         kernel = GaussianMixtureKernel() if config.domain.kernel == "gaussian" else None
         method = DomainAdaptedMethod(method, config.domain.beta, DomainMMD(kernel))
     return method
@@ -174,12 +184,13 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
                         "without charts (e.g. triplet) on the pair, with domain.beta")
 
 
-def build_pipeline(config: RunConfig, splits: DataSplits, method: Method) -> InputPipeline:
-    """The input pipeline: crops for file-decoded images, the backbone's channels and
-    normalisation (of test batches only, for methods that augment their inputs themselves)."""
+def build_pipeline(config: RunConfig, samples: Samples, method: Method) -> InputPipeline:
+    """The input pipeline of samples like ``samples`` (the training part, or its record):
+    crops for file-decoded images, the backbone's channels and normalisation (of test batches
+    only, for methods that augment their inputs themselves)."""
     normalization = getattr(method.backbone, "normalization", None) or Normalization()
-    crop = config.data.image_size if splits.train.is_file_backed else None
-    channels = model_input_shape(config, splits.train)[0]
+    crop = config.data.image_size if samples.is_file_backed else None
+    channels = model_input_shape(config, samples)[0]
     return InputPipeline(crop, normalization, channels=channels,
                          normalize_train=not method.augments_inputs)
 
@@ -221,14 +232,23 @@ def build_optimizer(method: Method, config: RunConfig
 
 
 @dataclass
-class TrainedRun:
+class RunModel:
+    """A run's model on the CPU, loaded from a checkpoint, and what it takes (``samples``)."""
+
     run: RunFolder
     config: RunConfig
-    splits: DataSplits
     method: Method
     epoch: int
     embedder: Embedder
     checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
+    samples: SampleSpec
+
+
+@dataclass
+class TrainedRun(RunModel):
+    """A run's model and its data (``splits``: the test part's with ``load_run(test_part=)``)."""
+
+    splits: DataSplits
 
     def plot_path(self, name: str) -> Path:
         """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
@@ -310,9 +330,46 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
                         f"{_first_mismatch(state['method'], method.state_dict())}; if the data "
                         "changed since training (classes added or removed), point --data-root "
                         "at the data the run trained on") from None
-    embedder = build_embedder(config, build_pipeline(config, splits, method),
+    embedder = build_embedder(config, build_pipeline(config, splits.train, method),
                               torch.device("cpu"))
-    return TrainedRun(run, config, test_splits, method, state["epoch"], embedder, checkpoint)
+    return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
+                      SampleSpec.of(splits.train, len(splits.train_classes)), test_splits)
+
+
+def load_model(run_dir: Path, best: bool = False, data_root: str | None = None) -> RunModel:
+    """A run's model (on the CPU, from ``last.pt``, or ``best.pt`` with ``best``), rebuilt from
+    the run folder alone: its config, its checkpoint and what its ``data.json`` records of the
+    samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
+    is rebuilt from its data by :func:`load_run` (at ``data_root`` where given)."""
+    run = RunFolder.existing(run_dir)
+    recorded = run.recorded_data()
+    samples = (None if recorded is None else
+               SampleSpec.from_record(recorded, str(run.data_fingerprint)))
+    if samples is None:
+        return load_run(run_dir, data_root, best=best)
+    config = run_config(run)
+    checkpoint = chosen_checkpoint(run, best)
+    state = load_checkpoint(checkpoint)
+    method = build_method_for(config, samples, samples.train_classes, pretrained=False)
+    try:
+        method.load_state_dict(state["method"])
+    except RuntimeError:
+        mismatch = _first_mismatch(state["method"], method.state_dict())
+        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from "
+                        f"{run.config} and {run.data_fingerprint} ({samples.train_classes} "
+                        f"training classes): {mismatch}; restore the run's files from a "
+                        "copy") from None
+    embedder = build_embedder(config, build_pipeline(config, samples, method),
+                              torch.device("cpu"))
+    return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
+
+
+def data_record(splits: DataSplits, test_part: DataSplits | None) -> dict[str, Any]:
+    """A run's ``data.json``: the fingerprint of its data (:mod:`kdml.data.fingerprint`) and
+    what its model takes (:mod:`kdml.data.sample_spec`), from which the run folder alone
+    rebuilds the model (:func:`load_model`)."""
+    return {**data_fingerprint(splits, test_part),
+            SAMPLES_FIELD: SampleSpec.of(splits.train, len(splits.train_classes)).to_record()}
 
 
 def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
@@ -572,7 +629,7 @@ class Session:
         if config.model.sync_bn:
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
         method = method.to(device)
-        pipeline = build_pipeline(config, splits, method)
+        pipeline = build_pipeline(config, splits.train, method)
         optimizer, scheduler = build_optimizer(method, config)
         if optimizer is None and not method.needs_fit:
             raise KdmlError(f"the {config.recipe} model has no parameters to train and no "
@@ -1010,15 +1067,19 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
         # nothing trained yet (a run refused in its first epoch: an unreadable image, say):
         # it starts over on the data as it is now, mended, which data.json then records
         if run.recorded_data() is not None or not run.data_fingerprint.exists():
-            run.write_data_fingerprint(data_fingerprint(splits, test_part))
+            run.write_data_fingerprint(data_record(splits, test_part))
         return
     if resume:
         recorded = run.recorded_data()
         check_run_data(run, recorded, session.config, splits, test_part, data_remedy)
         # A run of a kdml before data.json gets one: from now on it trains on this data,
         # and the commands that read it check against it. Not where a file of the user's is.
-        if recorded is None and not run.data_fingerprint.exists():
-            run.write_data_fingerprint(data_fingerprint(splits, test_part))
+        # One before the record of what the model takes gets it (its data was just checked;
+        # not a fingerprint of another format, which the check could not compare).
+        if (recorded is None and not run.data_fingerprint.exists()) or (
+                recorded is not None and recorded.get(FORMAT_FIELD) == FINGERPRINT_FORMAT
+                and SAMPLES_FIELD not in recorded):
+            run.write_data_fingerprint(data_record(splits, test_part))
         return
     check_new_run_folder(run.root, held=True)  # again: another run may have started here
     afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
@@ -1026,7 +1087,7 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
         echo(afresh)
     # absolute: kdml eval and the other commands read it again from any folder
     save_config(with_absolute_paths(session.config), run.config)
-    run.write_data_fingerprint(data_fingerprint(splits, test_part))
+    run.write_data_fingerprint(data_record(splits, test_part))
 
 
 def recorded_unreadable(state: dict[str, Any], splits: DataSplits) -> dict[str, torch.Tensor]:

@@ -1,0 +1,169 @@
+"""A run folder alone rebuilds its model: data.json records what the model takes
+(kdml.data.sample_spec), and load_model builds from it the model load_run builds from the data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from fixtures_array_sets import make_image_folder
+
+from kdml import cli
+from kdml.data.sample_spec import FIELD, SampleSpec
+from kdml.errors import KdmlError
+from kdml.training.trainer import TrainedRun, load_model, load_run
+
+TINY = ["--no-progress", "train.epochs=1", "train.steps_per_epoch=3", "eval.nmi=false",
+        "model.embedding_size=8", "train.device=cpu"]
+FOLDER = ["data.batch_size=4", "data.resize=36", "data.image_size=32", "eval.ks=[1,2]"]
+
+
+def kdml(*args) -> int:
+    return cli.main([str(arg) for arg in args])
+
+
+def train(tmp_path, name, recipe, dataset, *overrides):
+    run = tmp_path / name
+    assert kdml("train", recipe, "--dataset", dataset, "--out", run, *TINY, *overrides) == 0
+    return run
+
+
+def embedded(model, inputs: torch.Tensor) -> torch.Tensor:
+    """What ``model`` makes of ``inputs`` (chart codes for an Atlas run), as kdml embeds."""
+    model.method.eval()
+    with torch.no_grad():
+        batch = model.embedder.transform(inputs)
+        if model.method.has_charts:
+            coords, chart = model.method.chart_codes(batch)
+            return torch.cat([coords, chart[:, None].to(coords.dtype)], 1)
+        return model.method.embed(batch)
+
+
+@pytest.mark.parametrize("kind", ["images", "validated", "atlas", "files", "domain pair"])
+def test_the_run_folder_alone_rebuilds_the_model_its_data_builds(tmp_path, kind):
+    """The model, its input pipeline and what it makes of test samples are those load_run
+    builds from the data: digits' float images, a validated run's (its training classes less
+    the validation ones), an Atlas run's chart heads, decoded files (resize, then crop; three
+    channels) and a domain pair's PCA features (domain.beta wraps the method)."""
+    if kind == "files":
+        folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+        run = train(tmp_path, "run", "amsoftmax", f"folder:{folder}", *FOLDER)
+    elif kind == "atlas":
+        run = train(tmp_path, "run", "mtriplet", "digits", "method.n_charts=3",
+                    "data.batch_size=20", "data.samples_per_class=4")
+    elif kind == "domain pair":
+        run = train(tmp_path, "run", "triplet", "mnist5k->digits", "domain.beta=0.5",
+                    "data.batch_size=20", "data.samples_per_class=4")
+    elif kind == "validated":
+        run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4")
+    else:
+        run = train(tmp_path, "run", "amsoftmax", "digits")
+    trained, model = load_run(run), load_model(run)
+    assert not isinstance(model, TrainedRun)  # no data read
+    assert model.samples == trained.samples
+    assert model.samples == SampleSpec.from_record(
+        json.loads((run / "data.json").read_text()), "data.json")
+    assert type(model.method) is type(trained.method)
+    built, loaded = model.method.state_dict(), trained.method.state_dict()
+    assert built.keys() == loaded.keys()
+    assert all(torch.equal(built[key], loaded[key]) for key in built)
+    test = trained.splits.test
+    inputs = torch.stack([test.load(i) for i in range(min(len(test), 12))])
+    assert torch.equal(embedded(model, inputs), embedded(trained, inputs))
+    assert (model.epoch, model.checkpoint) == (trained.epoch, trained.checkpoint)
+    # digits trains on classes 0-4 (0-2 with validation), the folder on 2 of its 4 classes and
+    # the domain pair on all 10 digits
+    assert model.samples.train_classes == {"validated": 3, "files": 2, "domain pair": 10}.get(
+        kind, 5)
+
+
+def test_the_record_says_what_the_model_takes(tmp_path):
+    """Digits (8 x 8 float images in [0, 1], 5 training classes, class-disjoint) and a folder
+    of JPEGs (decoded to three channels at data.resize) as data.json records them."""
+    run = train(tmp_path, "digits", "amsoftmax", "digits")
+    assert json.loads((run / "data.json").read_text())[FIELD] == {
+        "sample_shape": [1, 8, 8], "is_file_backed": False, "holds_pixels": True,
+        "float_dtype": "float32", "default_backbone": "cnn", "train_classes": 5}
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = train(tmp_path, "files", "amsoftmax", f"folder:{folder}", *FOLDER)
+    record = json.loads((run / "data.json").read_text())[FIELD]
+    assert (record["sample_shape"], record["is_file_backed"], record["holds_pixels"]) == (
+        [3, 36, 36], True, False)
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("sample_shape", [1, 0, 8], "model_input.sample_shape is [1, 0, 8], not a list of sizes"),
+    ("holds_pixels", "yes", "model_input.holds_pixels is 'yes', not true or false"),
+    ("float_dtype", "int8", "model_input.float_dtype is 'int8', not one of float16"),
+    ("train_classes", 0, "model_input.train_classes is 0, not a count"),
+    ("default_backbone", "", "model_input.default_backbone is ''"),
+    (None, None, "its model_input is not kdml's record of the fields default_backbone"),
+])
+def test_a_damaged_record_is_refused_in_one_line(tmp_path, capsys, field, value, words):
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    assert kdml("index", run, "--out", tmp_path / "index") == 0
+    path = run / "data.json"
+    recorded = json.loads(path.read_text())
+    if field is None:
+        del recorded[FIELD]["holds_pixels"]
+    else:
+        recorded[FIELD][field] = value
+    path.write_text(json.dumps(recorded))
+    np.savez(tmp_path / "q.npz", inputs=np.zeros((1, 1, 8, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", run, "--index", tmp_path / "index", "--query", tmp_path / "q.npz") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: {path} is damaged (") and words in err, err
+    assert err.endswith("restore it from a copy, or delete its 'model_input' field to rebuild "
+                        "the model from the run's data\n") and err.count("\n") == 1
+
+
+def test_another_dataset_is_embedded_without_the_run_s_data(tmp_path, capsys):
+    """`kdml eval/embed/index RUN --dataset D` read D alone: the run's own data may be gone."""
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = train(tmp_path, "run", "amsoftmax", f"folder:{folder}", *FOLDER)
+    second = make_image_folder(tmp_path / "second", classes=6, per_class=5, size=32, seed=7)
+    capsys.readouterr()
+    there = [kdml("embed", run, "--dataset", f"folder:{second}", "--out", tmp_path / "a.npz"),
+             kdml("eval", run, "--dataset", f"folder:{second}")]
+    printed = capsys.readouterr().out
+    shutil.rmtree(folder)
+    gone = [kdml("embed", run, "--dataset", f"folder:{second}", "--out", tmp_path / "b.npz"),
+            kdml("eval", run, "--dataset", f"folder:{second}"),
+            kdml("index", run, "--dataset", f"folder:{second}", "--out", tmp_path / "index")]
+    assert there == gone[:2] == [0, 0] and gone[2] == 0
+    assert capsys.readouterr().out.startswith(printed.replace("a.npz", "b.npz"))
+    first, again = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert all(np.array_equal(first[key], again[key]) for key in first.files)
+    # the run's own data is still needed for its own parts
+    assert kdml("embed", run, "--out", tmp_path / "c.npz") == 2
+    assert "whose folder does not exist now" in capsys.readouterr().err
+
+
+def test_resuming_a_run_without_the_record_adds_it(tmp_path):
+    """A run whose data.json predates the record gets it when it is resumed (its data checked
+    against the fingerprint first; here a finished run, with nothing left to train), and is
+    then rebuilt without its data."""
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    path = run / "data.json"
+    recorded = json.loads(path.read_text())
+    path.write_text(json.dumps({key: value for key, value in recorded.items() if key != FIELD}))
+    assert isinstance(load_model(run), TrainedRun)  # from its data
+    assert kdml("train", "--resume", run, "--no-progress") == 0  # nothing left to train
+    assert json.loads(path.read_text()) == recorded
+    assert not isinstance(load_model(run), TrainedRun)
+
+
+def test_a_checkpoint_that_does_not_fit_the_record_is_refused(tmp_path):
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    path = run / "data.json"
+    recorded = json.loads(path.read_text())
+    recorded[FIELD]["train_classes"] = 7
+    path.write_text(json.dumps(recorded))
+    with pytest.raises(KdmlError, match=r"does not match the model built from .*config.yaml "
+                       r"and .*data.json \(7 training classes\): .* in the checkpoint and .* in "
+                       r"the model; restore the run's files from a copy"):
+        load_model(run)
