@@ -126,7 +126,7 @@ def test_a_result_file_kdml_did_not_write_is_never_replaced(tmp_path, capsys, fi
     for theirs in ('{"note": "mine"}', "[1, 2]", "notes, not JSON\n"):
         (finished_run / name).write_text(theirs)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(evaluator, "evaluate_method", no_work)
+            patch.setattr(evaluator, "score_method", no_work)
             patch.setattr(inspection, "embed_dataset", no_work)
             err = refused(tmp_path, capsys, *command, finished_run)
         assert err == (f"kdml: error: {finished_run / name} is in the way and kdml did not "

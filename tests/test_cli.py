@@ -134,7 +134,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
     it again, ending where the uninterrupted run ends."""
     overrides = [*tiny_overrides, "train.epochs=3", "optim.lr_step=2", "train.steps_per_epoch=4"]
     real_save, real_train, real_evaluate = (trainer.save_checkpoint, trainer.train_one_epoch,
-                                            trainer.evaluate_method)
+                                            trainer.score_method)
     saved: dict[tuple[str, int], dict] = {}
 
     def kept_save(state, path):
@@ -168,7 +168,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
         return real_evaluate(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "train_one_epoch", counted_train)
-    monkeypatch.setattr(trainer, "evaluate_method", killed_scoring_epoch_2)
+    monkeypatch.setattr(trainer, "score_method", killed_scoring_epoch_2)
     part = tmp_path / "part"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", part, "--no-progress",
                    *overrides) == 130
@@ -179,7 +179,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
     assert [row["epoch"] for row in read_metrics(part)["epochs"]] == [1]  # no half epoch
     assert "epoch 2 trained; scoring" in (part / "train.log").read_text()
     # kdml eval scores last.pt, the epoch metrics.json ends with
-    monkeypatch.setattr(trainer, "evaluate_method", real_evaluate)
+    monkeypatch.setattr(trainer, "score_method", real_evaluate)
     assert run_cli("eval", part) == 0
     assert json.loads((part / "eval.json").read_text())["epoch"] == 1
     # a new run into the folder is refused: it holds a trained epoch

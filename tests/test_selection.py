@@ -13,6 +13,7 @@ from kdml import cli
 from kdml.data import prepare
 from kdml.data.registry import open_dataset
 from kdml.errors import KdmlError
+from kdml.evaluation.evaluator import Scores
 from kdml.training import trainer
 from kdml.training.selection import (
     best_epoch,
@@ -67,8 +68,8 @@ def test_scores_on_the_test_part_are_never_chosen_from():
 def scripted_scores(monkeypatch, script: list[float] = SCRIPT) -> None:
     """Replace evaluation by a script, epoch by epoch, so the choice is known in advance."""
     calls = iter(script)
-    monkeypatch.setattr(trainer, "evaluate_method",
-                        lambda *args: {"recall@1": next(calls), "map@r": 0.0})
+    monkeypatch.setattr(trainer, "score_method",
+                        lambda *args: Scores({"recall@1": next(calls), "map@r": 0.0}))
 
 
 def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overrides, capsys,

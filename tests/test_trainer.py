@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 
 import pytest
@@ -28,6 +29,7 @@ def test_seen_holdout_split_adds_a_linear_probe(tmp_path):
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "data.split=seen-holdout")
     assert 0.5 < metrics["final"]["linear_accuracy"] <= 1.0  # 10 seen digit classes
     assert "recall@1" in metrics["final"]
+    assert "collapsed" not in metrics["final"]  # recorded only for a collapsed embedding
 
 
 def _digits_of_classes(classes: list[int]):
@@ -464,9 +466,10 @@ def test_seen_holdout_split_of_a_dataset_with_its_own_split(tmp_path):
 def test_a_collapsed_embedding_warns_on_screen_and_in_the_log(tmp_path, capsys, monkeypatch,
                                                               recipe):
     """Every test sample embedded alike (finite: JIntra at alpha = 2 does it on Fashion-MNIST),
-    in a class-disjoint run, in a domain pair's and in an Atlas run's charts. optim.lr=1e10 no
-    longer serves: it makes BatchNorm's running variances infinite, which stops training as
-    diverged."""
+    in a class-disjoint run, in a domain pair's and in an Atlas run's charts: warned of, and
+    recorded beside the metrics (``collapsed``: the share at one point) in metrics.json, the
+    printed table and ``kdml eval``'s eval.json. optim.lr=1e10 no longer serves: it makes
+    BatchNorm's running variances infinite, which stops training as diverged."""
     from kdml.training.recipes.atlas import MTripletMethod
     from kdml.training.recipes.dtml import PCAMethod
     from kdml.training.recipes.jrd import JRDMethod
@@ -482,9 +485,15 @@ def test_a_collapsed_embedding_warns_on_screen_and_in_the_log(tmp_path, capsys, 
                     *(["data.batch_size=20", "data.samples_per_class=4"] if recipe == "mtriplet"
                       else []))
     warning = "the test embeddings have collapsed: 100.0% of them lie at one point (exactly)"
-    assert warning in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert warning in err
     assert warning in (tmp_path / "run" / "train.log").read_text()
     assert metrics["final"]["recall@1"] < 0.5
+    assert metrics["final"]["collapsed"] == 1.0 == metrics["epochs"][-1]["test/collapsed"]
+    assert re.search(r"\n  collapsed +1\.0000\n", out)
+    assert cli.main(["eval", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["metrics"] == (
+        metrics["final"])
 
 
 @pytest.mark.parametrize("recipe", ["jrd", "mtriplet"])
@@ -625,9 +634,10 @@ def scoring_killed_at(monkeypatch, kills: set[int], script: list[float] | None =
     clause of kdml's runs) at the given calls, counted over every session; the other calls
     score as usual, or by ``script`` (validation recall@1, epoch by epoch: a killed call
     takes none). Returns the epochs trained, session by session, in order."""
+    from kdml.evaluation.evaluator import Scores
     from kdml.training import trainer
 
-    real_train, real_evaluate = trainer.train_one_epoch, trainer.evaluate_method
+    real_train, real_evaluate = trainer.train_one_epoch, trainer.score_method
     calls, scores, trained = [0], iter(script or []), []
 
     def scoring(*args, **kwargs):
@@ -635,14 +645,14 @@ def scoring_killed_at(monkeypatch, kills: set[int], script: list[float] | None =
         if calls[0] in kills:
             raise KeyboardInterrupt
         if script is not None:
-            return {"recall@1": next(scores), "map@r": 0.0}
+            return Scores({"recall@1": next(scores), "map@r": 0.0})
         return real_evaluate(*args, **kwargs)
 
     def counted(session, epoch, progress):
         trained.append(epoch)
         return real_train(session, epoch, progress)
 
-    monkeypatch.setattr(trainer, "evaluate_method", scoring)
+    monkeypatch.setattr(trainer, "score_method", scoring)
     monkeypatch.setattr(trainer, "train_one_epoch", counted)
     return trained
 
@@ -716,7 +726,7 @@ def test_an_error_kdml_reports_while_scoring_drops_the_epoch_as_before(tmp_path,
     a resume trains the epoch again."""
     from kdml.training import trainer
 
-    real_evaluate, calls = trainer.evaluate_method, []
+    real_evaluate, calls = trainer.score_method, []
 
     def fails_in_epoch_2(*args, **kwargs):
         calls.append(1)
@@ -724,7 +734,7 @@ def test_an_error_kdml_reports_while_scoring_drops_the_epoch_as_before(tmp_path,
             raise trainer.NonFiniteEmbeddings("the test embeddings contain NaN")
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "evaluate_method", fails_in_epoch_2)
+    monkeypatch.setattr(trainer, "score_method", fails_in_epoch_2)
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
                      "train.steps_per_epoch=2"]) == 2
@@ -751,7 +761,7 @@ def test_an_error_that_mending_ends_keeps_the_trained_epoch_for_resume(tmp_path,
     In epoch 1 the same error leaves no checkpoint, so the corrected command starts afresh."""
     from kdml.training import trainer
 
-    real_evaluate, calls = trainer.evaluate_method, []
+    real_evaluate, calls = trainer.score_method, []
 
     def unreadable_at(failing: int):
         def scoring(*args, **kwargs):
@@ -762,7 +772,7 @@ def test_an_error_that_mending_ends_keeps_the_trained_epoch_for_resume(tmp_path,
         return scoring
 
     out = tmp_path / "run"
-    monkeypatch.setattr(trainer, "evaluate_method", unreadable_at(2))
+    monkeypatch.setattr(trainer, "score_method", unreadable_at(2))
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
                      "train.steps_per_epoch=2"]) == 2
     assert "cannot decode image" in capsys.readouterr().err
@@ -775,7 +785,7 @@ def test_an_error_that_mending_ends_keeps_the_trained_epoch_for_resume(tmp_path,
         == [1, 2]
     calls.clear()
     first = tmp_path / "first"
-    monkeypatch.setattr(trainer, "evaluate_method", unreadable_at(1))
+    monkeypatch.setattr(trainer, "score_method", unreadable_at(1))
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(first), *TINY,
                      "train.steps_per_epoch=2"]) == 2
     assert not (first / "checkpoints").exists()
@@ -872,7 +882,7 @@ def test_train_log_says_why_a_session_stopped(tmp_path, monkeypatch, raised, cod
     def scoring(*args, **kwargs):
         raise raised
 
-    monkeypatch.setattr(trainer, "evaluate_method", scoring)
+    monkeypatch.setattr(trainer, "score_method", scoring)
     run = tmp_path / "run"
     command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                "--no-progress", "train.steps_per_epoch=2"]
@@ -979,7 +989,7 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
     def full_disk(history, folder):
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "loss.png"))
 
-    monkeypatch.setattr(trainer, "evaluate_method", scoring)
+    monkeypatch.setattr(trainer, "score_method", scoring)
     monkeypatch.setattr(trainer, "plot_training", full_disk)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,

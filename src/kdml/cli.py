@@ -881,11 +881,11 @@ def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
                      embedder: Embedder, best: bool, validated: bool) -> dict[str, float]:
     """``kdml eval``'s output: the checkpoint, the test set, and the metrics of ``trained``'s
     model on ``splits`` (``config`` names the data and its eval settings)."""
-    from kdml.evaluation.evaluator import evaluate_method
+    from kdml.evaluation.evaluator import score_method
 
     print(f"{'best' if best else 'last'} checkpoint: epoch {trained.epoch}")
     print(f"test set: {splits.test_set}")
-    metrics = evaluate_method(trained.method, splits, config.eval, embedder)
+    metrics = score_method(trained.method, splits, config.eval, embedder).recorded()
     if splits.unreadable:  # counted again: only decoding finds the images it left out
         print(f"test set: {splits.test_set}")
     # printed before eval.json: a run folder that cannot be written (archived, read-only)

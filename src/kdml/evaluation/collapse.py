@@ -105,33 +105,46 @@ def chart_collapse(chart_coords: Tensor, chart_index: Tensor) -> Collapse:
     return best
 
 
-def collapse_description(embeddings: Tensor, metric: str,
-                         name: str = "the test embeddings",
-                         chart_index: Tensor | None = None) -> str | None:
-    """``"the test embeddings have collapsed: 99.8% of them lie at one point (...)"`` (``name``
-    first) when at least ``COLLAPSE_SHARE`` of the points lie at one point (see
-    :func:`collapse`; with ``chart_index``, ``embeddings`` are an Atlas run's chart
-    coordinates and :func:`chart_collapse` measures them), else None."""
+def collapsed(embeddings: Tensor, metric: str, chart_index: Tensor | None = None
+              ) -> Collapse | None:
+    """:func:`collapse` of ``embeddings`` (with ``chart_index``, an Atlas run's chart
+    coordinates: :func:`chart_collapse`) when at least ``COLLAPSE_SHARE`` of the points lie at
+    one point, else None."""
     if len(embeddings) < 2:
         return None
     found = (collapse(embeddings, metric) if chart_index is None
              else chart_collapse(embeddings, chart_index))
-    if found.share < COLLAPSE_SHARE:
-        return None
+    return found if found.share >= COLLAPSE_SHARE else None
+
+
+def describe(found: Collapse, name: str = "the test embeddings") -> str:
+    """``"the test embeddings have collapsed: 99.8% of them lie at one point (...)"`` (``name``
+    first) for a :func:`collapsed` embedding."""
     within = f"to within {found.spread:.1g} of its size"
     where = ("exactly" if found.exact == found.share else within if found.exact == 0
              else f"{found.exact:.1%} exactly, the rest {within}")
     return f"{name} have collapsed: {found.share:.1%} of them lie at one point ({where})"
 
 
-def collapse_warning(embeddings: Tensor, metric: str, name: str = "the test embeddings",
-                     scores: str = "their metrics",
-                     chart_index: Tensor | None = None) -> str | None:
-    """The one-line warning for a collapsed embedding (:func:`collapse_description`), or None:
-    ``scores`` (what was computed from them) say little of the model."""
-    description = collapse_description(embeddings, metric, name, chart_index)
-    if description is None:
-        return None
+def collapse_description(embeddings: Tensor, metric: str,
+                         name: str = "the test embeddings",
+                         chart_index: Tensor | None = None) -> str | None:
+    """:func:`describe` of a :func:`collapsed` embedding, else None."""
+    found = collapsed(embeddings, metric, chart_index)
+    return None if found is None else describe(found, name)
+
+
+def warning(description: str, scores: str = "their metrics") -> str:
+    """The one-line warning for a collapsed embedding (:func:`describe`): ``scores`` (what was
+    computed from them) say little of the model."""
     return (f"{description}, so their neighbours are ties or differ by float rounding, which "
             f"another device, precision or thread count changes; {scores} say little of the "
             f"model. Lower the learning rates (or check the loss terms in train.log)")
+
+
+def collapse_warning(embeddings: Tensor, metric: str, name: str = "the test embeddings",
+                     scores: str = "their metrics",
+                     chart_index: Tensor | None = None) -> str | None:
+    """:func:`warning` for a :func:`collapsed` embedding, or None."""
+    description = collapse_description(embeddings, metric, name, chart_index)
+    return None if description is None else warning(description, scores)

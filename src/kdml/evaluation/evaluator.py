@@ -39,7 +39,7 @@ from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
 from kdml.evaluation.charts import chart_retrieval_metrics, piecewise_linear_accuracy
-from kdml.evaluation.collapse import collapse_warning
+from kdml.evaluation.collapse import collapsed, describe, warning
 from kdml.evaluation.knn import as_metric
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.evaluation.transfer import target_metrics
@@ -127,12 +127,43 @@ def chart_codes_of(method: Method, dataset: DmlDataset,
     return _run(method, method.chart_codes, dataset, embedder or Embedder())
 
 
+# The key of a collapsed scoring's share in a run's metrics (metrics.json, eval.json).
+COLLAPSED = "collapsed"
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A scoring's metrics (:func:`metric_names`) and ``collapsed``: the share of the test
+    embeddings that lie at one point where at least half do
+    (:func:`kdml.evaluation.collapse.collapsed`; the metrics then rest on ties and float
+    rounding), else None."""
+
+    metrics: dict[str, float]
+    collapsed: float | None = None
+
+    def recorded(self) -> dict[str, float]:
+        """The metrics, and ``collapsed`` where the embeddings collapsed: what a run folder
+        records and ``kdml eval`` prints."""
+        if self.collapsed is None:
+            return dict(self.metrics)
+        return {**self.metrics, COLLAPSED: self.collapsed}
+
+
+
 def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
                     embedder: Embedder | None = None) -> dict[str, float]:
-    """Score ``method`` on ``splits`` (see the module docstring for what is scored).
+    """Score ``method`` on ``splits`` (see the module docstring for what is scored): the
+    metrics of :func:`score_method`."""
+    return score_method(method, splits, config, embedder).metrics
+
+
+def score_method(method: Method, splits: DataSplits, config: EvalConfig,
+                 embedder: Embedder | None = None) -> Scores:
+    """Score ``method`` on ``splits``: its metrics, and whether its test embeddings collapsed
+    (warned of in the log too).
 
     Under torchrun every rank embeds its share of each set; rank 0 scores the gathered
-    embeddings and every rank returns its metrics. The scoring records in
+    embeddings and every rank returns its scores. The scoring records in
     ``splits.unreadable`` the test and gallery images ``data.on_bad_image=skip`` left out
     (only decoding finds them), so that ``splits.test_set`` then counts the samples scored."""
     embedded = _embed_for_evaluation(method, splits, embedder or Embedder())
@@ -218,7 +249,7 @@ def _check_scorable(embedded: dict[str, Embedded]) -> None:
 
 
 def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
-           charts: bool) -> dict[str, float]:
+           charts: bool) -> Scores:
     _check_finite(embedded)
     _record_unreadable(embedded, splits)
     _warn_of_skipped(embedded, splits)
@@ -226,14 +257,14 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
     test = embedded["test"]
     if splits.kind == DOMAIN:
         source = embedded["source"]
-        warn_if_collapsed(test.tensor(), config.metric)
-        return target_metrics(source.values, dataset_labels(splits, source.labels),
-                              test.values, test.labels, ks=ks, metric=as_metric(config.metric),
-                              nmi=config.nmi)
+        share = warn_if_collapsed(test.tensor(), config.metric)
+        return Scores(target_metrics(source.values, dataset_labels(splits, source.labels),
+                                     test.values, test.labels, ks=ks,
+                                     metric=as_metric(config.metric), nmi=config.nmi), share)
     gallery = embedded.get("gallery")
     if charts:
         coords, index = test.values
-        warn_if_collapsed(coords, "euclidean", index)
+        share = warn_if_collapsed(coords, "euclidean", index)
         reference_coords, reference_index = (None, None) if gallery is None else gallery.values
         metrics = chart_retrieval_metrics(
             coords, index, test.labels, ks=ks, nmi=config.nmi, reference_coords=reference_coords,
@@ -244,9 +275,9 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
             metrics["linear_accuracy"] = piecewise_linear_accuracy(
                 train_coords, train_index, embedded["train"].labels, coords, index,
                 _train_space(splits, test.labels))["accuracy"]
-        return metrics
+        return Scores(metrics, share)
     test_values = test.tensor()
-    warn_if_collapsed(test_values, config.metric)
+    share = warn_if_collapsed(test_values, config.metric)
     metrics = retrieval_metrics(test_values, test.labels, ks=ks, metric=as_metric(config.metric),
                                 reference=None if gallery is None else gallery.values,
                                 reference_labels=None if gallery is None else gallery.labels,
@@ -257,7 +288,7 @@ def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig
             train.values, torch.zeros(len(train.labels), dtype=torch.long), train.labels,
             test_values, torch.zeros(len(test.labels), dtype=torch.long),
             _train_space(splits, test.labels), sigmoid=False)["accuracy"]
-    return metrics
+    return Scores(metrics, share)
 
 
 def metric_names(config: EvalConfig, splits: DataSplits) -> list[str]:
@@ -276,12 +307,15 @@ def metric_names(config: EvalConfig, splits: DataSplits) -> list[str]:
 
 
 def warn_if_collapsed(embeddings: Tensor, metric: str, chart_index: Tensor | None = None
-                      ) -> None:
-    """Log :func:`kdml.evaluation.collapse.collapse_warning` for a collapsed test embedding
-    (an Atlas run's chart coordinates with ``chart_index``)."""
-    warning = collapse_warning(embeddings, metric, chart_index=chart_index)
-    if warning is not None:
-        logger.warning(warning)
+                      ) -> float | None:
+    """Log :func:`kdml.evaluation.collapse.warning` for a collapsed test embedding (an Atlas
+    run's chart coordinates with ``chart_index``) and return the share of it at one point;
+    None where it has not collapsed."""
+    found = collapsed(embeddings, metric, chart_index)
+    if found is None:
+        return None
+    logger.warning(warning(describe(found)))
+    return found.share
 
 
 def dataset_labels(splits: DataSplits, train_labels: Tensor) -> Tensor:

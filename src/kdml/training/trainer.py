@@ -62,8 +62,8 @@ from kdml.errors import KdmlError, Terminated, why_missing
 from kdml.evaluation.evaluator import (
     Embedder,
     NonFiniteEmbeddings,
-    evaluate_method,
     metric_names,
+    score_method,
 )
 from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone, freeze_batchnorm
@@ -721,7 +721,8 @@ class Session:
         embedder = dataclasses.replace(self.embedder, progress=progress)
         distributed.broadcast_buffers(self.method)  # the saved model's: rank 0's statistics
         try:
-            metrics = evaluate_method(self.method, self.splits, self.config.eval, embedder)
+            metrics = score_method(self.method, self.splits, self.config.eval,
+                                   embedder).recorded()
         except NonFiniteEmbeddings as error:  # finite losses, then an overflowing update
             raise NonFiniteLoss(f"training stopped after epoch {epoch}: {error}; "
                                 f"{kept_checkpoint(epoch)}. {ADVICE}") from None
