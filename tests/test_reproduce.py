@@ -368,6 +368,40 @@ def test_runner_and_report_end_to_end(tmp_path):
     write_report(again, report, context)  # its own report: rewritten
 
 
+def test_a_collapsed_run_is_marked_in_its_cell_and_its_claims(tmp_path):
+    """A run whose metrics.json records a collapse (``collapsed``: the share of its test
+    embeddings at one point) is counted as measured, but its row names the seeds, a note gives
+    each share, and each claim on its cell says so: a table of ties had read as a ranking."""
+    cells = (Cell("steady", "jrd", ()), Cell("flat", "jrd", ("method.alpha=0.5",)))
+    claims = (Claim("steady beats flat", "steady", "flat", "recall@1"),)
+    experiment = Experiment("tiny-collapse", "jrd", "Figure 5", "regularizers", "digits", cells,
+                            ("recall@1",), "CUB", claims, common=TINY)
+    (result,) = reproduce([experiment], 2, tmp_path / "runs", "cpu", progress=False,
+                          echo=lambda line: None)
+    assert result.cells["flat"].collapsed == {}
+    context = ReportContext("kdml reproduce jrd", "a test machine", "torch", 0.1, 2, False)
+    plain = write_report([result], tmp_path / "plain.md", context).read_text()
+    for seed, share in ((0, 0.998), (1, 1.0)):  # as kdml train records a collapsed scoring
+        record = result.cells["flat"].run_dirs[seed] / "metrics.json"
+        metrics = json.loads(record.read_text())
+        record.write_text(json.dumps({**metrics, "final": {**metrics["final"],
+                                                           "collapsed": share}}))
+    (again,) = reproduce([experiment], 2, tmp_path / "runs", "cpu", progress=False,
+                         echo=lambda line: None)
+    assert again.cells["flat"].collapsed == {0: 0.998, 1: 1.0}
+    assert again.cells["flat"].values == result.cells["flat"].values
+    assert again.cells["steady"].collapsed == {}
+    text = write_report([again], tmp_path / "report.md", context).read_text()
+    flat = Estimate.of(result.cells["flat"].values["recall@1"])
+    assert f"| flat (seeds 0, 1 collapsed) | {flat.mean:.3f} +- {flat.ci95:.3f} |" in text
+    assert "- flat, seed 0: 99.8% of the test embeddings at one point" in text
+    assert "- flat, seed 1: 100.0% of the test embeddings at one point" in text
+    claim_line = next(line for line in text.splitlines() if line.startswith("- steady beats"))
+    assert claim_line.endswith("; flat collapsed on 2 of 2 seeds.")
+    assert claim_line.removesuffix("; flat collapsed on 2 of 2 seeds.") in plain
+    assert "collapsed" not in plain
+
+
 def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, monkeypatch):
     """A run whose loss goes NaN is a result of its recipe: its cell keeps the other seeds,
     names the seed and why, and claims pair only the seeds both runs finished. It used to

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import copy_png
 from kdml.file_write import check_writable_folder, write_through_new_file
-from kdml.reproduce.experiments import Experiment, finished, verdict
+from kdml.reproduce.experiments import Claim, Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult, all_finished
 
@@ -276,11 +276,23 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
             better = result.cells[claim.better].values[claim.metric]
             worse = result.cells[claim.worse].values[claim.metric]
             lines.append(f"- {claim.text} ({_metric_name(claim.metric)}): "
-                         f"{verdict(claim, better, worse)}.")
+                         f"{verdict(claim, better, worse)}{_collapsed_in(claim, result)}.")
     if experiment.note:
         lines += ["", experiment.note]
     lines += _figures(result, plots, report_dir)
     return lines
+
+
+def _collapsed_in(claim: Claim, result: ExperimentResult) -> str:
+    """``"; X collapsed on 5 of 5 seeds"`` for each cell of ``claim`` whose runs collapsed,
+    or ``""``: a verdict on scores of ties says little of either model."""
+    said = []
+    for label in dict.fromkeys((claim.better, claim.worse)):
+        cell = result.cells[label]
+        if cell.collapsed:
+            said.append(f"{label} collapsed on {len(cell.collapsed)} of "
+                        f"{len(cell.run_dirs)} seeds")
+    return "".join(f"; {words}" for words in said)
 
 
 def _command(experiment: Experiment, context: ReportContext) -> str:
@@ -325,15 +337,19 @@ def _table(result: ExperimentResult) -> list[str]:
     # a column at the precision of its most precise number: 83.80% beside 85.58% is 0.8380
     digits = {key: max(_decimals(cell.paper[key]) for cell in experiment.cells
                        if key in cell.paper) for key in paper_keys}
-    notes = []
+    notes, collapse_notes = [], []
     for cell in experiment.cells:
         cell_result = result.cells[cell.label]
         label = cell.label
         if cell_result.diverged:
-            seeds = ", ".join(str(seed) for seed in sorted(cell_result.diverged))
-            label = f"{label} (seed{'s' if len(cell_result.diverged) > 1 else ''} {seeds} diverged)"
+            label = f"{label} ({_seeds(cell_result.diverged)} diverged)"
             notes += [f"- {cell.label}, seed {seed}: {why}"
                       for seed, why in sorted(cell_result.diverged.items())]
+        if cell_result.collapsed:
+            label = f"{label} ({_seeds(cell_result.collapsed)} collapsed)"
+            collapse_notes += [f"- {cell.label}, seed {seed}: {share:.1%} of the test "
+                               "embeddings at one point"
+                               for seed, share in sorted(cell_result.collapsed.items())]
         entries = [label, *(_format_finite(cell_result.values[name])
                             for name in experiment.metrics),
                    *(f"{cell.paper[key]:.{digits[key]}f}" if key in cell.paper else "-"
@@ -343,7 +359,19 @@ def _table(result: ExperimentResult) -> list[str]:
         rows += ["", "Diverged runs (their loss became NaN or infinite, so they have no scores; "
                  "the row is the other seeds' mean, and a claim pairs only the seeds both of "
                  "its runs finished; delete a run's folder to train it again):", "", *notes]
+    if collapse_notes:
+        rows += ["", "Collapsed runs (at least half of their test embeddings lie at one point, "
+                 "`kdml.evaluation.collapse`: their neighbours are ties or differ by float "
+                 "rounding, which another device, precision or thread count changes, so their "
+                 "scores say little of the model; they are counted in the row as measured):",
+                 "", *collapse_notes]
     return rows
+
+
+def _seeds(by_seed: Mapping[int, object]) -> str:
+    """``"seed 1"`` or ``"seeds 0, 1"``: the seeds of ``by_seed``."""
+    return (f"seed{'s' if len(by_seed) > 1 else ''} "
+            + ", ".join(str(seed) for seed in sorted(by_seed)))
 
 
 def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[str]:

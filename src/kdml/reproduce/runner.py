@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from kdml.config import RunConfig, resolve_config
 from kdml.data.registry import ROOT_VARIABLE, root_is_read
 from kdml.errors import KdmlError, UnreadableCheckpoint
-from kdml.evaluation.evaluator import embed_dataset
+from kdml.evaluation.evaluator import COLLAPSED, embed_dataset
 from kdml.evaluation.knn import as_metric
 from kdml.evaluation.parts import retrieval_over_parts
 from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
@@ -72,6 +72,9 @@ class CellResult:
     run_dirs: list[Path] = field(default_factory=list)
     # seed -> why its run diverged; its values are NaN, so that the others stay paired by seed
     diverged: dict[int, str] = field(default_factory=dict)
+    # seed -> the share of its run's test embeddings at one point, where at least half lie at
+    # one (its metrics.json's "collapsed"; a run recorded before kdml kept it has none)
+    collapsed: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -339,6 +342,9 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                 metrics: dict[str, Any] = dict.fromkeys(experiment.metrics, float("nan"))
             else:
                 metrics = _run_metrics(experiment, run.run_dir, result)
+                share = metrics.get(COLLAPSED)
+                if isinstance(share, (int, float)):
+                    result.collapsed[seed] = float(share)
             for name in experiment.metrics:
                 if name not in metrics:
                     raise KdmlError(f"{run.run_dir} has no {name!r}; the recipe "
