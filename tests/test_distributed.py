@@ -296,6 +296,42 @@ def test_a_torchrun_run_leaves_no_collective_threads_behind(tmp_path):
         "rank 0: exit 0, 0 native threads left", "rank 1: exit 0, 0 native threads left"]
 
 
+# A bug's exception on its way out of cli.main: the threads are counted while it is held, as
+# an uncaught one is held (sys.last_exc) until the interpreter shuts down.
+BUG_THREADS = NATIVE_THREADS.replace("""code = cli.main(sys.argv[1:])
+""", """import kdml.training.trainer as trainer
+def a_bug(*args, **kwargs):
+    raise ZeroDivisionError("a bug of kdml's")
+trainer.score_method = a_bug
+try:
+    code = cli.main(sys.argv[1:])
+except ZeroDivisionError as error:
+    code = type(error).__name__
+    print(f"rank {os.environ['RANK']}: exit {code}, {native() - before} native threads left")
+    sys.exit(0)
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_a_bug_under_torchrun_leaves_no_collective_threads_behind(tmp_path):
+    """An exception that is not kdml's (a bug) leaves cli.main with its traceback, whose frames
+    held the DistributedDataParallel wrapper and so the process group past its teardown: the
+    same exit race as above, on a run that fails anyway. Its frames' locals are cleared
+    first; the traceback still prints."""
+    script = tmp_path / "count_threads.py"
+    script.write_text(BUG_THREADS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(script), *RUN, "train.epochs=1",
+               "train.steps_per_epoch=2", "--out", str(tmp_path / "run")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(re.findall(r"rank \d: .*", result.stdout)) == [
+        "rank 0: exit ZeroDivisionError, 0 native threads left",
+        "rank 1: exit ZeroDivisionError, 0 native threads left"]
+
+
 def test_a_dead_peer_is_told_from_a_programming_error(tmp_path):
     """A rank killed mid-run (out of memory, say) makes the others' next collective fail in
     gloo: kdml reports that in one line (the traceback would bury the dead rank's output),

@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
-            sys.modules["kdml.distributed"].teardown()
+            sys.modules["kdml.distributed"].teardown(sys.exc_info()[1])
 
 
 def _failed_collective(error: RuntimeError) -> bool:

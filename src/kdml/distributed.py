@@ -13,9 +13,11 @@ has one rank, and rank 0 is the only rank.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -198,8 +200,17 @@ def barrier() -> None:
         dist.barrier()
 
 
-def teardown() -> None:
+def teardown(in_flight: BaseException | None = None) -> None:
     """Free the process group, which joins its threads, once the DistributedDataParallel
-    wrappers holding it are gone (:func:`setup` says why it matters)."""
+    wrappers holding it are gone (:func:`setup` says why it matters).
+
+    ``in_flight``: an exception on its way out (a bug's), whose traceback's frames hold the
+    wrapper: their locals are cleared first (the traceback still prints). Otherwise the
+    wrapper's reducer, freed with the exception at exit, dropped the group's last reference
+    while its gloo thread still finished the last broadcast: the rank then hung (the join
+    holding the GIL that thread waits for) or aborted."""
     if dist.is_available() and dist.is_initialized():
+        if in_flight is not None and in_flight.__traceback__ is not None:
+            traceback.clear_frames(in_flight.__traceback__)
+            gc.collect()  # a wrapper in a reference cycle
         dist.destroy_process_group()
