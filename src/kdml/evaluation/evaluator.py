@@ -149,7 +149,6 @@ class Scores:
         return {**self.metrics, COLLAPSED: self.collapsed}
 
 
-
 def evaluate_method(method: Method, splits: DataSplits, config: EvalConfig,
                     embedder: Embedder | None = None) -> dict[str, float]:
     """Score ``method`` on ``splits`` (see the module docstring for what is scored): the
