@@ -658,9 +658,10 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     names = list(dict.fromkeys(name for final in finals for name in final))
     _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
     _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
-    for cell, final in zip(cells, finals, strict=True):
+    for cell, final in zip(cells, finals, strict=True):  # "-": not scored (or not collapsed)
         _say("  " + "  ".join([f"{cell.name:<24}",
-                              *(f"{final.get(name, float('nan')):>12.4f}" for name in names)]))
+                              *(f"{final[name]:>12.4f}" if name in final else f"{'-':>12}"
+                                for name in names)]))
     if validation and metric not in names:  # e.g. cells finished before a check of the name
         _say(f"best on validation by {metric}: none, no cell scores train.select_metric="
              f"{metric!r} (they score {', '.join(names)})")
