@@ -57,11 +57,13 @@ def test_the_run_folder_alone_rebuilds_the_model_its_data_builds(tmp_path, kind)
     elif kind == "domain pair":
         run = train(tmp_path, "run", "triplet", "mnist5k->digits", "domain.beta=0.5",
                     "data.batch_size=20", "data.samples_per_class=4")
-    elif kind == "validated":
-        run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4")
+    elif kind == "validated":  # and its best.pt is rebuilt alike
+        run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4",
+                    "train.keep_best=true")
     else:
         run = train(tmp_path, "run", "amsoftmax", "digits")
-    trained, model = load_run(run), load_model(run)
+    best = kind == "validated"
+    trained, model = load_run(run, best=best), load_model(run, best=best)
     assert not isinstance(model, TrainedRun)  # no data read
     assert model.samples == trained.samples
     assert model.samples == SampleSpec.from_record(
@@ -74,6 +76,7 @@ def test_the_run_folder_alone_rebuilds_the_model_its_data_builds(tmp_path, kind)
     inputs = torch.stack([test.load(i) for i in range(min(len(test), 12))])
     assert torch.equal(embedded(model, inputs), embedded(trained, inputs))
     assert (model.epoch, model.checkpoint) == (trained.epoch, trained.checkpoint)
+    assert model.checkpoint.name == ("best.pt" if best else "last.pt")
     # digits trains on classes 0-4 (0-2 with validation), the folder on 2 of its 4 classes and
     # the domain pair on all 10 digits
     assert model.samples.train_classes == {"validated": 3, "files": 2, "domain pair": 10}.get(
