@@ -281,15 +281,15 @@ def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
             return _stored_vectors(run, query, arrays, searched)
         if "inputs" not in arrays:
             raise KdmlError(f"query {query} holds neither '{searched}' nor 'inputs'")
-        trained = model()
-        inputs = _query_inputs(arrays["inputs"], trained.samples, query)
+        loaded = model()
+        inputs = _query_inputs(arrays["inputs"], loaded.samples, query)
         names = [f"{query.name}[{i}]" for i in range(len(inputs))]
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
-        trained = model()
-        inputs, names = _query_image(trained, query), [query.name]
+        loaded = model()
+        inputs, names = _query_image(loaded, query), [query.name]
     else:
         raise KdmlError(f"query {query} must be an image file or an .npz")
-    return (*_embedded_queries(trained, inputs), names)
+    return (*_embedded_queries(loaded, inputs), names)
 
 
 def _query_arrays(query: Path) -> dict[str, np.ndarray]:
