@@ -112,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "did not validate scores it anyway)")
     evaluate.add_argument("--dataset",
                           help="score the run's model on another dataset's test part, as the "
-                               "run's data.split makes it (--data-root is then that dataset's "
-                               "folder); prints the scores and writes no eval.json")
+                               "run's data.split makes it (without the run's own data where "
+                               "its data.json records what the model takes; --data-root is "
+                               "then that dataset's folder); prints the scores and writes no "
+                               "eval.json")
     evaluate.add_argument("--ks", type=_integer(1), nargs="+", metavar="K",
                           help="the Recall@K values to score (default: the run's eval.ks)")
     _add_data_root(evaluate)
@@ -265,7 +267,9 @@ def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
                                         "is the queries)") -> None:
     parser.add_argument("--split", choices=("test", "train", "gallery"), default=default,
                         help=help_text)
-    parser.add_argument("--dataset", help="embed another dataset with the run's model")
+    parser.add_argument("--dataset", help="embed another dataset with the run's model (without "
+                        "the run's own data where its data.json records what the model "
+                        "takes; --data-root is then that dataset's folder)")
     _add_data_root(parser)
 
 
