@@ -94,6 +94,7 @@ def run_part(trained: TrainedRun, split: str = "test") -> Part:
     """The run's ``split``; ``"searched"`` is the part the metrics search: the gallery where
     they do (:func:`searches_gallery`), else test. A run that validated (``data.validation``)
     and was loaded without its test part has its validation part as test."""
+    _check_split(split)
     return _part_of(trained.splits, trained.embedder, split)
 
 
@@ -112,7 +113,7 @@ def _check_split(split: str) -> None:
 
 
 def _part_of(splits: DataSplits, embedder: Embedder, split: str) -> Part:
-    _check_split(split)
+    """``split`` (checked: :func:`_check_split`) of ``splits``, fed by ``embedder``."""
     if split == "searched":
         split = "gallery" if splits.gallery is not None else "test"
     chosen = {"test": splits.test, "train": splits.train, "gallery": splits.gallery}[split]

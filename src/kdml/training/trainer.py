@@ -321,15 +321,10 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     if not test_part:
         test_splits = splits
     method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
-    try:
-        method.load_state_dict(state["method"])
-    except RuntimeError:
-        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from the "
-                        f"run's config and its data as they are now "
-                        f"({len(splits.train_classes)} training classes): "
-                        f"{_first_mismatch(state['method'], method.state_dict())}; if the data "
-                        "changed since training (classes added or removed), point --data-root "
-                        "at the data the run trained on") from None
+    _load_weights(method, state, checkpoint,
+                  f"the run's config and its data as they are now ({len(splits.train_classes)} "
+                  "training classes)", "if the data changed since training (classes added or "
+                  "removed), point --data-root at the data the run trained on")
     embedder = build_embedder(config, build_pipeline(config, splits.train, method),
                               torch.device("cpu"))
     return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
@@ -351,14 +346,9 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None) 
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
     method = build_method_for(config, samples, samples.train_classes, pretrained=False)
-    try:
-        method.load_state_dict(state["method"])
-    except RuntimeError:
-        mismatch = _first_mismatch(state["method"], method.state_dict())
-        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from "
-                        f"{run.config} and {run.data_fingerprint} ({samples.train_classes} "
-                        f"training classes): {mismatch}; restore the run's files from a "
-                        "copy") from None
+    _load_weights(method, state, checkpoint,
+                  f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
+                  "classes)", "restore the run's files from a copy")
     embedder = build_embedder(config, build_pipeline(config, samples, method),
                               torch.device("cpu"))
     return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
@@ -403,6 +393,18 @@ def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunC
     raise KdmlError(f"the data {where} is not what {run.root} trained on: "
                     f"{difference}; {remedy}{trained_at}, or delete {run.data_fingerprint} "
                     "to use this data anyway")
+
+
+def _load_weights(method: Method, state: dict[str, Any], checkpoint: Path, built_from: str,
+                  remedy: str) -> None:
+    """Load a checkpoint's weights into ``method``, built from ``built_from``; one line saying
+    ``remedy`` where they do not fit it."""
+    try:
+        method.load_state_dict(state["method"])
+    except RuntimeError:
+        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from "
+                        f"{built_from}: {_first_mismatch(state['method'], method.state_dict())}"
+                        f"; {remedy}") from None
 
 
 def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
