@@ -210,15 +210,15 @@ def test_full_catalog_covers_the_issue_s_grids():
         "pca", "ddml-logistic", "ddml", "dtml", "dstml"]
 
 
-def test_the_cpu_setting_of_atlas_table2_changes_only_backbone_and_epochs(tmp_path):
+@pytest.mark.parametrize("dataset", ["mnist5k", "fashion-mnist"])
+def test_the_cpu_setting_of_atlas_table2_changes_only_backbone_and_epochs(dataset, tmp_path):
     # Issue 12 keeps a small-CNN setting for CPU runs; its rows must differ from the paper's
-    # setting (Appendix A.1) only where the catalog says so, and the ablation's base must be
-    # Table 2's n = 16 run, trained once.
+    # setting (Appendix A.1) only where the catalog says so, on each dataset of Table 2.
     found = {experiment.key: experiment for experiment in experiments("atlas")}
-    table2 = found["atlas-table2-mnist5k"]
-    cpu_table2 = found["atlas-table2-cnn-mnist5k"]
-    ablation = found["atlas-ablation-mnist5k"]
-    cpu_ablation = found["atlas-ablation-cnn-mnist5k"]
+    table2 = found[f"atlas-table2-{dataset}"]
+    cpu_table2 = found[f"atlas-table2-cnn-{dataset}"]
+    assert [cell.paper for cell in cpu_table2.cells] == [
+        table2.cell(cell.label).paper for cell in cpu_table2.cells]
     paper_config = cell_config(table2, table2.cell("MSimCLR, n = 16, d = 2"), 0, "cpu")
     cpu_config = cell_config(cpu_table2, cpu_table2.cell("MSimCLR, n = 16, d = 2"), 0, "cpu")
     paper_values, cpu_values = paper_config.to_dict(), cpu_config.to_dict()
@@ -228,12 +228,23 @@ def test_the_cpu_setting_of_atlas_table2_changes_only_backbone_and_epochs(tmp_pa
     assert changed == {("model", "backbone"), ("model", "small_input"), ("train", "epochs"),
                        ("train", "eval_every")}  # scored after the last epoch: follows epochs
     assert (cpu_config.model.backbone, cpu_config.train.epochs) == ("cnn", 10)
+    assert cpu_table2.paper_data.startswith(
+        {"mnist5k": "MNIST (", "fashion-mnist": "Fashion-MNIST ("}[dataset])
+    assert "cnn" not in " ".join(experiment.key for experiment in experiments("atlas", True))
+
+
+def test_the_cpu_ablation_is_table2_s_setting_less_the_backbone(tmp_path):
+    # The CPU ablation's base must be the CPU Table 2's n = 16 run, trained once.
+    found = {experiment.key: experiment for experiment in experiments("atlas")}
+    ablation = found["atlas-ablation-mnist5k"]
+    cpu_ablation = found["atlas-ablation-cnn-mnist5k"]
+    cpu_table2 = found["atlas-table2-cnn-mnist5k"]
     assert [cell.label for cell in cpu_ablation.cells] == [
         cell.label for cell in ablation.cells if cell.label != "small CNN instead of ResNet-18"]
     base = run_folder_of(cell_config(cpu_ablation, cpu_ablation.cell("Appendix A.1"), 0, "cpu"),
                          tmp_path)
+    cpu_config = cell_config(cpu_table2, cpu_table2.cell("MSimCLR, n = 16, d = 2"), 0, "cpu")
     assert base == run_folder_of(cpu_config, tmp_path)
-    assert "cnn" not in " ".join(experiment.key for experiment in experiments("atlas", True))
 
 
 def test_jrd_experiments_are_class_disjoint_on_every_dataset():
