@@ -71,7 +71,7 @@ def test_the_two_collapses_seen_in_kdmls_runs_are_both_reported():
     mostly[:2] += 1e-5 * torch.randn(2, 64, generator=generator)
     warning = collapse_warning(mostly, "cosine")
     assert "99.6% of them lie at one point (exactly)" in warning
-    assert warning.endswith("check the loss terms in train.log)")
+    assert warning.endswith("check the loss terms in its train.log)")
 
 
 def test_a_spread_or_partly_tied_embedding_is_not_reported():

@@ -139,7 +139,8 @@ def warning(description: str, scores: str = "their metrics") -> str:
     computed from them) say little of the model."""
     return (f"{description}, so their neighbours are ties or differ by float rounding, which "
             f"another device, precision or thread count changes; {scores} say little of the "
-            f"model. Lower the learning rates (or check the loss terms in train.log)")
+            f"model. Train it again with lower learning rates (or check the loss terms in "
+            f"its train.log)")
 
 
 def collapse_warning(embeddings: Tensor, metric: str, name: str = "the test embeddings",
