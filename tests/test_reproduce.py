@@ -3,6 +3,7 @@ finished runs, and the report (end to end on tiny grids)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -35,6 +36,7 @@ from kdml.reproduce.runner import (
     run_folder_of,
     train_planned,
 )
+from kdml.training.run_folder import RunFolder, hold_folder
 
 
 def test_parts_are_disjoint_cover_every_class_and_are_balanced():
@@ -1195,3 +1197,71 @@ def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_w
     assert cell.charts is None and cell.values == first[0].cells["MTriplet"].values
     assert str(checkpoint) in cell.charts_missing and "\n" not in cell.charts_missing
     assert checkpoint.read_bytes() == b"not a checkpoint"  # kept as it was, for the user
+
+
+def test_a_run_another_process_trains_is_read_after_the_others(tmp_path, monkeypatch):
+    """Several kdml reproduce may share a runs folder (one per GPU): a run another one holds is
+    left for later, and read once it lets go, not refused or trained twice."""
+    from kdml.reproduce import runner
+
+    experiment = Experiment("tiny-shared", "jrd", "Table 2", "shared", "digits",
+                            (Cell("JRD", "jrd"),), ("recall@1",), common=TINY)
+    runs = tmp_path / "runs"
+    first, second = (run.run_dir for run in plan([experiment], 2, runs, "cpu")[
+        experiment.key, "JRD"])
+    other = contextlib.ExitStack()  # another process's claim (flock: another open file)
+    other.enter_context(hold_folder(runner.claim_file(first), "held by the other"))
+    trained: list[Path] = []
+    real = runner.train_planned
+
+    def recorded(run, progress):
+        trained.append(run.run_dir)
+        other.close()  # the other process finishes while this one trains its own run
+        return real(run, progress)
+
+    monkeypatch.setattr(runner, "train_planned", recorded)
+    said: list[str] = []
+    (result,) = reproduce([experiment], 2, runs, "cpu", progress=False, echo=said.append)
+    assert trained == [second, first]
+    assert "  another process is training it: it is read when that one has finished" in said
+    assert f"waiting for {first}, which another process is training" in said
+    assert not result.error and len(result.cells["JRD"].values["recall@1"]) == 2
+
+
+def test_a_run_kdml_train_holds_is_a_failure_once_waited_for(tmp_path):
+    # kdml train --resume on a reproduce run: waited for like another reproduce, then its
+    # refusal is the run's failure, not a wait without end
+    experiment = Experiment("tiny-held", "jrd", "Table 2", "held", "digits",
+                            (Cell("JRD", "jrd"),), ("recall@1",), common=TINY)
+    runs = tmp_path / "runs"
+    (run,) = plan([experiment], 1, runs, "cpu")[experiment.key, "JRD"]
+    said: list[str] = []
+    with RunFolder(run.run_dir).held():
+        (result,) = reproduce([experiment], 1, runs, "cpu", progress=False, echo=said.append)
+    assert said[-1] == f"  failed: {run.run_dir} is being trained by another process; let it " \
+                       "finish or stop it first"
+    assert "is being trained by another process" in result.error
+
+
+def test_a_report_keeps_the_sections_another_reproduce_wrote_while_this_one_trained(
+        tmp_path, monkeypatch):
+    """Two kdml reproduce on one runs folder and report: the one that writes last used to
+    drop the other's section, read from the report before it trained."""
+    from kdml.reproduce import runner
+
+    _two_tiny_tables(monkeypatch)
+    common = ["--seeds", "1", "--runs", str(tmp_path / "runs"), "--out",
+              str(tmp_path / "report.md"), "--no-progress", "--device", "cpu"]
+    real = runner.reproduce
+    others: list[int] = []
+
+    def beside_another(*args, **kwargs):
+        if not others:  # while this one trains, the other writes its section
+            others.append(-1)
+            others[0] = cli.main(["reproduce", "jrd", "--only", "tiny-b", *common])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "reproduce", beside_another)
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-a", *common]) == 0
+    assert others == [0]
+    assert _sections(tmp_path / "report.md") == ["### Table 2: digits", "### Table 4: digits"]

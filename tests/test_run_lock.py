@@ -1,5 +1,5 @@
-"""One process at a time trains a run folder, and one ``kdml reproduce`` at a time uses a runs
-folder: a second one gets a one-line error instead of interleaving its writes."""
+"""One process at a time trains a run folder: a second one gets a one-line error instead of
+interleaving its writes (a second ``kdml reproduce`` waits for it: tests/test_reproduce.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overr
 
 
 @contextlib.contextmanager
-def held_by_another_process(lock: Path) -> Iterator[None]:
+def held_by_another_process(lock: Path) -> Iterator[subprocess.Popen[str]]:
     """Another Python process holds ``lock`` (:func:`hold_folder`) until it is killed."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import time; from pathlib import Path; "
@@ -49,7 +50,7 @@ def held_by_another_process(lock: Path) -> Iterator[None]:
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        yield
+        yield holder
     finally:
         holder.kill()
         holder.wait()
@@ -64,14 +65,13 @@ def test_a_killed_process_leaves_nothing_held(tmp_path):
         pass
 
 
-def test_a_second_reproduce_on_the_same_runs_folder_is_refused(tmp_path, capsys):
-    runs = tmp_path / "runs"
-    with hold_folder(runs / ".reproduce.lock", "held by this test"):
-        assert cli.main(["reproduce", "dtml", "--quick", "--out", str(tmp_path / "r.md"),
-                         "--runs", str(runs)]) == 2
-    err = capsys.readouterr().err
-    assert f"{runs} is in use by another kdml reproduce" in err and err.count("\n") == 1
-    assert not (tmp_path / "r.md").exists()
+def test_a_waiting_hold_takes_the_folder_once_the_other_process_lets_go(tmp_path):
+    # how a kdml reproduce waits for another to write their shared report, or to finish a run
+    lock = tmp_path / "runs" / ".reproduce.lock"
+    with held_by_another_process(lock) as holder:
+        threading.Timer(0.5, holder.kill).start()
+        with hold_folder(lock, "busy", wait=True):
+            assert holder.wait(timeout=5) is not None  # held until it was killed
 
 
 def test_a_folder_holding_only_a_lock_file_takes_a_new_run(tmp_path, tiny_overrides):

@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, NoReturn
 from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
+    import torch
+
     from kdml.config import RunConfig
     from kdml.data.splits import DataSplits
     from kdml.evaluation.evaluator import Embedder
     from kdml.inspection import Part
     from kdml.reproduce.experiments import Experiment
+    from kdml.reproduce.runner import ExperimentResult
     from kdml.training.grid import Cell
     from kdml.training.recipes import Recipe
     from kdml.training.trainer import RunModel, TrainedRun
@@ -223,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train each paper's tables and figures on the offline data (mean +- 95% "
         "CI over seeds, the paper's numbers beside them, a verdict per claim) and write a "
         "Markdown report with PNG plots. Finished runs are reused and interrupted ones "
-        "resumed, so the same command continues a stopped reproduction.")
+        "resumed, so the same command continues a stopped reproduction. The same command "
+        "started several times (one per GPU, with CUDA_VISIBLE_DEVICES) shares the runs: "
+        "each trains those no other is training, then waits for the others'.")
     reproduce.add_argument("paper", choices=("jrd", "atlas", "dtml", "all"))
     reproduce.add_argument("--seeds", type=_integer(1), default=None,
                            help="seeds per cell, 0..N-1 (default 5; 3 with --quick)")
@@ -1105,14 +1110,12 @@ def _recipes(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     import fnmatch
     import re
-    import shlex
 
     import torch
 
-    from kdml import __version__, distributed
-    from kdml.machine import machine_description
+    from kdml import distributed
     from kdml.reproduce.catalog import experiments
-    from kdml.reproduce.report import ReportContext, check_outputs, keep_reported, write_report
+    from kdml.reproduce.report import check_outputs, keep_reported
     from kdml.reproduce.runner import reproduce
     from kdml.training.run_folder import hold_folder
     from kdml.training.trainer import resolve_device
@@ -1146,8 +1149,7 @@ def _reproduce(args: argparse.Namespace) -> int:
                 print(f"    {cell.label}: {cell.recipe} {' '.join(cell.overrides)}".rstrip())
         return 0
     seeds = args.seeds or (3 if args.quick else 5)
-    default_runs = Path("runs/reproduce-quick" if args.quick else "runs/reproduce")
-    runs = args.runs or default_runs
+    runs = args.runs or _default_runs(args.quick)
     # A quick report's numbers say nothing about the methods, so by default it stays beside
     # its runs instead of replacing the committed docs/reproduction.md.
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
@@ -1162,16 +1164,46 @@ def _reproduce(args: argparse.Namespace) -> int:
     # before anything trains, not dropped (`kdml reproduce dtml` keeps a report's JRD tables).
     chosen = keep_reported(chosen, experiments("all", args.quick), report, seeds, args.quick,
                            runs, str(device))
-    busy = (f"{runs} is in use by another kdml reproduce (it trains its runs one at a time); "
-            "wait for it to finish, or give this one other --runs")
     try:
-        with hold_folder(runs / ".reproduce.lock", busy):
-            results = reproduce(chosen, seeds, runs, str(device), _progress(args))
+        results = reproduce(chosen, seeds, runs, str(device), _progress(args))
+        # Another kdml reproduce on these runs may be writing the same report: one writes at a
+        # time, and each keeps the sections the others added meanwhile (their runs finished).
+        with hold_folder(runs / ".reproduce.lock", "", wait=True):
+            added = [experiment for experiment in keep_reported(
+                chosen, experiments("all", args.quick), report, seeds, args.quick, runs,
+                str(device)) if experiment not in chosen]
+            if added:
+                print(f"{report} gained {len(added)} section(s) from another kdml reproduce "
+                      "while this one trained; reading their runs again")
+                results += reproduce(added, seeds, runs, str(device), _progress(args))
+                chosen = [experiment for experiment in experiments("all", args.quick)
+                          if experiment in chosen or experiment in added]
+                results.sort(key=lambda result: chosen.index(result.experiment))
+            return _write_reproduction(args, chosen, results, report, runs, seeds, device)
     except KeyboardInterrupt as stop:
         code, stopped = _stop_code(stop)
         print(f"kdml: {stopped}; finished runs are kept, and the same command continues",
               file=sys.stderr)
         return code
+
+
+def _default_runs(quick: bool) -> Path:
+    return Path("runs/reproduce-quick" if quick else "runs/reproduce")
+
+
+def _write_reproduction(args: argparse.Namespace, chosen: list[Experiment],
+                        results: list[ExperimentResult], report: Path, runs: Path, seeds: int,
+                        device: torch.device) -> int:
+    """Write ``kdml reproduce``'s report of ``results``; the exit code."""
+    import shlex
+
+    import torch
+
+    from kdml import __version__
+    from kdml.machine import machine_description
+    from kdml.reproduce.catalog import experiments
+    from kdml.reproduce.report import ReportContext, write_report
+
     minutes = sum(cell_wall for result in results for cell in result.cells.values()
                   for cell_wall in cell.wall_s if cell_wall == cell_wall) / 60
 
@@ -1179,7 +1211,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     # the default report (a quick report always does: its default follows --runs).
     out = "" if report == DEFAULT_REPORT and not args.quick else str(report)
     # and other runs than the default, so that its commands reuse them rather than train anew
-    other_runs = "" if runs == default_runs else str(runs)
+    other_runs = "" if runs == _default_runs(args.quick) else str(runs)
     # and always the device: run folders hash it, so the commands find these runs even where
     # `auto` picks another device (a CPU report's commands pasted on a GPU machine)
     command = ["kdml", "reproduce", args.paper, "--seeds", str(seeds),

@@ -32,7 +32,9 @@ from kdml.training.run_folder import (
     NOTHING_LEFT,
     SCORED_FIRST,
     STOPPED,
+    FolderBusy,
     RunFolder,
+    hold_folder,
     safe_name,
     write_json,
 )
@@ -200,6 +202,15 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     write_json({"wall_s": wall, "device": run.config.train.device,
                 **({"diverged": diverged} if diverged else {})}, timing)
     return Trained(wall, diverged, reused=False)
+
+
+def claim_file(run_dir: Path) -> Path:
+    """The lock a ``kdml reproduce`` holds while it trains or reads ``run_dir``: beside the
+    run's folder, not in it (a new run's folder holds nothing else), and ignored by git."""
+    return run_dir.parent / f".{run_dir.name}.reproduce.lock"
+
+
+_CLAIMED = "another kdml reproduce is training this run"
 
 
 def finished_earlier(run_dir: Path) -> bool:
@@ -439,15 +450,19 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
     wall: dict[Path, float] = {}
     broken: dict[Path, str] = {}
     diverged: dict[Path, str] = {}  # a result of the recipe, reported in its cell
-    for number, run in enumerate(runs, start=1):
-        echo(f"[{number}/{len(runs)}] {run.config.recipe} on {run.config.data.dataset}, seed "
-             f"{run.config.train.seed}: {run.run_dir}")
+
+    def train_held(run: PlannedRun, wait: bool) -> None:
+        """Train (or reuse) ``run`` while holding its claim; :class:`FolderBusy` without
+        ``wait`` when another process holds the claim or trains the run."""
         try:
-            trained = train_planned(run, progress)
+            with hold_folder(claim_file(run.run_dir), _CLAIMED, wait=wait):
+                trained = train_planned(run, progress)
         except KdmlError as failure:
+            if isinstance(failure, FolderBusy) and not wait:  # come back to it later
+                raise
             broken[run.run_dir] = str(failure)
             echo(f"  failed: {failure}")
-            continue
+            return
         wall[run.run_dir] = trained.wall_s
         if trained.reused:
             echo(f"  reused: {'diverged' if trained.diverged else 'finished'} earlier, after "
@@ -455,6 +470,21 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
         if trained.diverged:
             diverged[run.run_dir] = trained.diverged
             echo(f"  diverged: {trained.diverged}")
+
+    # Several kdml reproduce may share a runs folder (one per GPU, say): each trains the runs
+    # no other holds, then waits for the others' and reads them.
+    later = []
+    for number, run in enumerate(runs, start=1):
+        echo(f"[{number}/{len(runs)}] {run.config.recipe} on {run.config.data.dataset}, seed "
+             f"{run.config.train.seed}: {run.run_dir}")
+        try:
+            train_held(run, wait=False)
+        except FolderBusy:
+            echo("  another process is training it: it is read when that one has finished")
+            later.append(run)
+    for run in later:
+        echo(f"waiting for {run.run_dir}, which another process is training")
+        train_held(run, wait=True)
     results = []
     for experiment in experiments:
         why_not = failed.get(experiment.key) or next(

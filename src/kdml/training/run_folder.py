@@ -352,11 +352,16 @@ def _busy(root: Path) -> str:
     return f"{root} is being trained by another process; let it finish or stop it first"
 
 
+class FolderBusy(KdmlError):
+    """Another process holds the folder (:func:`hold_folder`)."""
+
+
 @contextmanager
-def hold_folder(lock_file: Path, busy: str) -> Iterator[None]:
+def hold_folder(lock_file: Path, busy: str, wait: bool = False) -> Iterator[None]:
     """Hold ``lock_file``'s folder for this process (``flock``), or raise ``busy`` as a
-    one-line error when another process holds it. The operating system drops the lock when
-    the process ends, however it ends, so a crash or a kill never leaves the folder held."""
+    one-line error (:class:`FolderBusy`) when another process holds it; with ``wait``, wait
+    until it lets go instead. The operating system drops the lock when the process ends,
+    however it ends, so a crash or a kill never leaves the folder held."""
     make_folder(lock_file.parent)
     try:
         import fcntl
@@ -369,9 +374,9 @@ def hold_folder(lock_file: Path, busy: str) -> Iterator[None]:
         raise KdmlError(f"cannot write {lock_file}: {error.strerror}") from None
     with handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise KdmlError(busy) from None
+            raise FolderBusy(busy) from None
         except OSError:  # a file system without locks (some NFS, FUSE): go on unguarded
             pass
         yield
