@@ -438,6 +438,8 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
               echo: Callable[[str], None] = print) -> list[ExperimentResult]:
     """Train what is missing and collect every experiment's numbers. An experiment that
     cannot run here (a dataset or extra missing) is reported with its reason; the others go on.
+    A run another process is training (another ``kdml reproduce`` on the same ``runs_root``,
+    which holds its :func:`claim_file`) is read after the others, once that process lets go.
     """
     planned: dict[tuple[str, str], list[PlannedRun]] = {}
     failed: dict[str, str] = {}
