@@ -1162,21 +1162,21 @@ def _reproduce(args: argparse.Namespace) -> int:
     # The report at --out keeps its other sections, with --only or without: they are read
     # again from their finished runs (never trained here), and one that cannot be is refused
     # before anything trains, not dropped (`kdml reproduce dtml` keeps a report's JRD tables).
-    chosen = keep_reported(chosen, experiments("all", args.quick), report, seeds, args.quick,
-                           runs, str(device))
+    catalog = experiments("all", args.quick)
+    chosen = keep_reported(chosen, catalog, report, seeds, args.quick, runs, str(device))
     try:
         results = reproduce(chosen, seeds, runs, str(device), _progress(args))
         # Another kdml reproduce on these runs may be writing the same report: one writes at a
         # time, and each keeps the sections the others added meanwhile (their runs finished).
         with hold_folder(runs / ".reproduce.lock", "", wait=True):
             added = [experiment for experiment in keep_reported(
-                chosen, experiments("all", args.quick), report, seeds, args.quick, runs,
-                str(device)) if experiment not in chosen]
+                chosen, catalog, report, seeds, args.quick, runs, str(device))
+                     if experiment not in chosen]
             if added:
                 print(f"{report} gained {len(added)} section(s) from another kdml reproduce "
                       "while this one trained; reading their runs again")
                 results += reproduce(added, seeds, runs, str(device), _progress(args))
-                chosen = [experiment for experiment in experiments("all", args.quick)
+                chosen = [experiment for experiment in catalog
                           if experiment in chosen or experiment in added]
                 results.sort(key=lambda result: chosen.index(result.experiment))
             return _write_reproduction(args, chosen, results, report, runs, seeds, device)
