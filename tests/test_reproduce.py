@@ -314,8 +314,13 @@ def _tiny_experiments() -> list[Experiment]:
 
 def test_runner_and_report_end_to_end(tmp_path):
     runs = tmp_path / "runs"
+    trained: list[str] = []
     results = reproduce(_tiny_experiments(), 2, runs, "cpu", progress=False,
-                        echo=lambda line: None)
+                        echo=trained.append)
+    # each run trained now says that it ended (a log without progress bars shows nothing else)
+    failed = sum(line.startswith("  failed: ") for line in trained)  # tiny-missing's 2 seeds
+    assert sum(line.startswith("  finished after ") for line in trained) == \
+        sum(line.startswith("[") for line in trained) - failed > 0 and failed == 2
     by_key = {result.experiment.key: result for result in results}
     parts = by_key["tiny-parts"].cells["alpha = 1"]
     assert len(parts.values["recall@1"]) == 2 and len(parts.part_ci95["recall@1"]) == 2

@@ -469,6 +469,8 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
         if trained.reused:
             echo(f"  reused: {'diverged' if trained.diverged else 'finished'} earlier, after "
                  f"{trained.wall_s / 60:.1f} minutes of training")
+        elif not trained.diverged:  # a log without progress bars (nohup, CI) says it ended
+            echo(f"  finished after {trained.wall_s / 60:.1f} minutes of training")
         if trained.diverged:
             diverged[run.run_dir] = trained.diverged
             echo(f"  diverged: {trained.diverged}")
