@@ -9,6 +9,7 @@ import fnmatch
 import json
 import math
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -1204,9 +1205,11 @@ def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_w
     assert checkpoint.read_bytes() == b"not a checkpoint"  # kept as it was, for the user
 
 
-def test_a_run_another_process_trains_is_read_after_the_others(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lets_go", ["while this one trains", "while this one waits"])
+def test_a_run_another_process_trains_is_read_after_the_others(tmp_path, monkeypatch, lets_go):
     """Several kdml reproduce may share a runs folder (one per GPU): a run another one holds is
-    left for later, and read once it lets go, not refused or trained twice."""
+    left for later, and read once it lets go, not refused or trained twice. A wait is said
+    only where there is one (the other had mostly finished long before)."""
     from kdml.reproduce import runner
 
     experiment = Experiment("tiny-shared", "jrd", "Table 2", "shared", "digits",
@@ -1221,15 +1224,25 @@ def test_a_run_another_process_trains_is_read_after_the_others(tmp_path, monkeyp
 
     def recorded(run, progress):
         trained.append(run.run_dir)
-        other.close()  # the other process finishes while this one trains its own run
+        if lets_go == "while this one trains":
+            other.close()  # the other process finishes while this one trains its own run
         return real(run, progress)
 
+    def held(lock, busy, wait=False):  # the other lets go once this one waits for it
+        if wait and lets_go == "while this one waits":
+            threading.Timer(0.2, other.close).start()
+        return real_hold(lock, busy, wait)
+
+    real_hold = runner.hold_folder
     monkeypatch.setattr(runner, "train_planned", recorded)
+    monkeypatch.setattr(runner, "hold_folder", held)
     said: list[str] = []
     (result,) = reproduce([experiment], 2, runs, "cpu", progress=False, echo=said.append)
     assert trained == [second, first]
     assert "  another process is training it: it is read when that one has finished" in said
-    assert f"waiting for {first}, which another process is training" in said
+    assert f"back to {first}, which another process was training" in said
+    waited = "  it still is: waiting for it to finish" in said
+    assert waited == (lets_go == "while this one waits")
     assert not result.error and len(result.cells["JRD"].values["recall@1"]) == 2
 
 

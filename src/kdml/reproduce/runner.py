@@ -487,8 +487,12 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
             echo("  another process is training it: it is read when that one has finished")
             later.append(run)
     for run in later:
-        echo(f"waiting for {run.run_dir}, which another process is training")
-        train_held(run, wait=True)
+        echo(f"back to {run.run_dir}, which another process was training")
+        try:  # mostly finished long ago: the wait is said only where there is one
+            train_held(run, wait=False)
+        except FolderBusy:
+            echo("  it still is: waiting for it to finish")
+            train_held(run, wait=True)
     results = []
     for experiment in experiments:
         why_not = failed.get(experiment.key) or next(
