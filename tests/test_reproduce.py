@@ -1258,6 +1258,7 @@ def test_a_run_kdml_train_holds_is_a_failure_once_waited_for(tmp_path):
         (result,) = reproduce([experiment], 1, runs, "cpu", progress=False, echo=said.append)
     assert said[-1] == f"  failed: {run.run_dir} is being trained by another process; let it " \
                        "finish or stop it first"
+    assert said[-2] == f"back to {run.run_dir}, which another process was training"  # no wait
     assert "is being trained by another process" in result.error
 
 

@@ -490,8 +490,9 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
         echo(f"back to {run.run_dir}, which another process was training")
         try:  # mostly finished long ago: the wait is said only where there is one
             train_held(run, wait=False)
-        except FolderBusy:
-            echo("  it still is: waiting for it to finish")
+        except FolderBusy as busy:
+            if str(busy) == _CLAIMED:  # not kdml train's lock, which is not waited for
+                echo("  it still is: waiting for it to finish")
             train_held(run, wait=True)
     results = []
     for experiment in experiments:
