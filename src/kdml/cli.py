@@ -1179,7 +1179,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                 chosen = [experiment for experiment in catalog
                           if experiment in chosen or experiment in added]
                 results.sort(key=lambda result: chosen.index(result.experiment))
-            return _write_reproduction(args, chosen, results, report, runs, seeds, device)
+            return _write_reproduction(args, catalog, chosen, results, report, runs, seeds,
+                                       device)
     except KeyboardInterrupt as stop:
         code, stopped = _stop_code(stop)
         print(f"kdml: {stopped}; finished runs are kept, and the same command continues",
@@ -1191,17 +1192,18 @@ def _default_runs(quick: bool) -> Path:
     return Path("runs/reproduce-quick" if quick else "runs/reproduce")
 
 
-def _write_reproduction(args: argparse.Namespace, chosen: list[Experiment],
-                        results: list[ExperimentResult], report: Path, runs: Path, seeds: int,
-                        device: torch.device) -> int:
-    """Write ``kdml reproduce``'s report of ``results``; the exit code."""
+def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
+                        chosen: list[Experiment], results: list[ExperimentResult], report: Path,
+                        runs: Path, seeds: int, device: torch.device) -> int:
+    """Write ``kdml reproduce``'s report of ``results``; the exit code. ``catalog``: every
+    experiment (``experiments("all", args.quick)``), of which the report lists the paper's
+    others as not run."""
     import shlex
 
     import torch
 
     from kdml import __version__
     from kdml.machine import machine_description
-    from kdml.reproduce.catalog import experiments
     from kdml.reproduce.report import ReportContext, write_report
 
     minutes = sum(cell_wall for result in results for cell in result.cells.values()
@@ -1225,8 +1227,8 @@ def _write_reproduction(args: argparse.Namespace, chosen: list[Experiment],
         versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "",
         runs=shlex.quote(other_runs) if other_runs else "", device=str(device))
-    not_run = [experiment for experiment in experiments(args.paper, args.quick)
-               if experiment not in chosen]
+    not_run = [experiment for experiment in catalog  # the paper's, as experiments(paper)
+               if args.paper in ("all", experiment.paper) and experiment not in chosen]
     failed = [result for result in results if result.error]
     for result in failed:
         print(f"kdml: {result.experiment.key} could not run: {result.error}", file=sys.stderr)
