@@ -936,6 +936,22 @@ def test_a_sweep_point_of_one_seed_draws_no_error_bar(tmp_path, monkeypatch):
     assert drawn_bars == [False, True]  # a's bar is not drawn (an empty segment), b's is
 
 
+def test_a_sweep_plot_has_a_tick_at_each_swept_value(tmp_path, monkeypatch):
+    from kdml.reproduce import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    cells = (Cell("base", "jrd", x=0.0), Cell("a", "jrd", x=0.25, series="s"),
+             Cell("b", "jrd", x=2.0, series="s"), Cell("c", "jrd", x=8.0, series="t"))
+    experiment = Experiment("sweep", "jrd", "Figure", "t", "digits", cells, ("recall@1",),
+                            sweep="alpha")
+    plots.plot_sweep(experiment, {"base": [0.4], "a": [0.5], "b": [0.6], "c": [0.7]},
+                     "recall@1", tmp_path / "sweep.png")
+    axis = drawn[0].axes[0]
+    assert list(axis.get_xticks()) == [0.0, 0.25, 2.0, 8.0]
+    assert [label.get_text() for label in axis.get_xticklabels()] == ["0", "0.25", "2", "8"]
+
+
 def test_a_run_whose_data_changed_is_refused_with_what_reproduce_can_do(tmp_path, monkeypatch):
     """A reused or resumed run whose data.json records other data than reproduce reads now:
     the refusal named kdml train's and eval's remedies (--data-root, its config.yaml's

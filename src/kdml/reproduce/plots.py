@@ -35,6 +35,9 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
         # NaN (one seed: no interval) draws no bar, where 0 would draw a bar of no spread
         error = np.array([point[1].ci95 for point in points])
         ax.errorbar(x, mean, yerr=error, marker="o", capsize=3, label=name)
+    # a tick at each swept value (d = 2, 4, 8 read off the axis, not 2.25, 2.5, ...)
+    swept = sorted({point[0] for points in (*series.values(), shared) for point in points})
+    ax.set_xticks(swept, [f"{x:g}" for x in swept])
     ax.set(xlabel=experiment.sweep, ylabel=metric,
            title=f"{experiment.mirrors}: {experiment.dataset}")
     if len(series) > 1:
