@@ -275,9 +275,10 @@ def simclr_split(dataset: str) -> str:
     return "seen-holdout" if dataset == "mnist5k" else "standard"
 
 
-def _atlas_table2(dataset: str, quick: bool) -> Experiment:
-    dims = (2,) if quick else (2, 4, 8)
-    charts = (16,) if quick else (1, 4, 16, 32)
+def _table2_cells(dataset: str, dims: tuple[int, ...],
+                  charts: tuple[int, ...]) -> tuple[Cell, ...]:
+    """Table 2's rows: SimCLR, then MSimCLR with each number of charts, at each d of ``dims``,
+    with the paper's number on ``dataset`` beside each; the chart plot at d = 2, n = 16."""
     paper = ATLAS_TABLE2[dataset]
     cells = [Cell(f"SimCLR, d = {d}", "simclr", (f"method.dim={d}",),
                   paper={"linear_accuracy": paper[None][(2, 4, 8).index(d)]}, series="SimCLR",
@@ -287,6 +288,13 @@ def _atlas_table2(dataset: str, quick: bool) -> Experiment:
                    paper={"linear_accuracy": paper[n][(2, 4, 8).index(d)]},
                    series=f"MSimCLR, n = {n}", x=d, plot_charts=d == 2 and n == 16)
               for n in charts for d in dims]
+    return tuple(cells)
+
+
+def _atlas_table2(dataset: str, quick: bool) -> Experiment:
+    dims = (2,) if quick else (2, 4, 8)
+    charts = (16,) if quick else (1, 4, 16, 32)
+    cells = _table2_cells(dataset, dims, charts)
     # the paper claims its boost "especially in dimensions two and four" (Sec. 3.1)
     claims = tuple(Claim(f"MSimCLR (n = 16) beats SimCLR at d = {d}", f"MSimCLR, n = 16, d = {d}",
                          f"SimCLR, d = {d}", "linear_accuracy") for d in dims if d < 8)
@@ -295,7 +303,7 @@ def _atlas_table2(dataset: str, quick: bool) -> Experiment:
     return Experiment(
         f"atlas-table2-{dataset}", "atlas", "Korman, Table 2 and Sec. A.2 (chart plots)",
         "MSimCLR against SimCLR: piecewise-linear accuracy on held-out samples of the seen "
-        "classes", dataset, tuple(cells), ("linear_accuracy",),
+        "classes", dataset, cells, ("linear_accuracy",),
         "MNIST (60,000) or Fashion-MNIST, ResNet-18, 100 epochs, 3 runs", claims,
         common=common, sweep="d",
         note=("Quick setting: the small CNN, not ResNet-18, and a few steps: far weaker than "
@@ -311,15 +319,7 @@ _TABLE2_DATA = {"mnist5k": "MNIST (60,000)", "fashion-mnist": "Fashion-MNIST (60
 
 def _atlas_table2_cnn(dataset: str, dims: tuple[int, ...]) -> Experiment:
     """Table 2's columns ``dims`` in the CPU setting (:data:`CNN_SIMCLR`)."""
-    paper = ATLAS_TABLE2[dataset]
-    cells = [Cell(f"SimCLR, d = {d}", "simclr", (f"method.dim={d}",),
-                  paper={"linear_accuracy": paper[None][(2, 4, 8).index(d)]}, series="SimCLR",
-                  x=d) for d in dims]
-    cells += [Cell(f"MSimCLR, n = {n}, d = {d}", "msimclr",
-                   (f"method.dim={d}", f"method.n_charts={n}"),
-                   paper={"linear_accuracy": paper[n][(2, 4, 8).index(d)]},
-                   series=f"MSimCLR, n = {n}", x=d, plot_charts=d == 2 and n == 16)
-              for n in (1, 4, 16, 32) for d in dims]
+    cells = _table2_cells(dataset, dims, (1, 4, 16, 32))
     # the paper claims its boost "especially in dimensions two and four" (Sec. 3.1)
     claims = tuple(claim for d in dims if d < 8 for claim in (
         Claim(f"MSimCLR (n = 16) beats SimCLR at d = {d}", f"MSimCLR, n = 16, d = {d}",
@@ -330,9 +330,8 @@ def _atlas_table2_cnn(dataset: str, dims: tuple[int, ...]) -> Experiment:
     return Experiment(
         f"atlas-table2-cnn-{dataset}", "atlas", f"Korman, Table 2, d = {columns} (CPU setting)",
         f"MSimCLR against SimCLR at d = {columns} with the small CNN for 10 epochs: "
-        "piecewise-linear accuracy on held-out samples of the seen classes", dataset,
-        tuple(cells), ("linear_accuracy",),
-        f"{_TABLE2_DATA[dataset]}, ResNet-18, 100 epochs, 3 runs", claims,
+        "piecewise-linear accuracy on held-out samples of the seen classes", dataset, cells,
+        ("linear_accuracy",), f"{_TABLE2_DATA[dataset]}, ResNet-18, 100 epochs, 3 runs", claims,
         common=(f"data.split={simclr_split(dataset)}", *CNN_SIMCLR),
         sweep="d" if len(dims) > 1 else "",
         note="CPU setting, much weaker than the paper's: the small CNN for 10 epochs instead of "
