@@ -616,6 +616,31 @@ def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):
     assert "- JRS helps (R@1): not testable with one seed (alpha = 1 higher by 0.100)." in text
 
 
+def test_a_setting_the_cells_differ_in_is_said_with_each_value(tmp_path):
+    """The Settings line described the first cell alone: the epochs ablation's table said
+    '10 epochs' above its 100-epoch rows."""
+    experiment = _tiny_experiments()[0]
+    configs = tuple(cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells)
+    configs[1].train.epochs, configs[1].optim.lr = 100, 0.5
+    cells = {cell.label: CellResult(values={"recall@1": [0.5, 0.6], "recall@2": [0.7, 0.8]},
+                                    wall_s=[60.0, 60.0],
+                                    run_dirs=[tmp_path / cell.label / "0",
+                                              tmp_path / cell.label / "1"])
+             for cell in experiment.cells}
+    context = ReportContext("kdml reproduce jrd --seeds 2", "a test machine", "torch", 1.0, 2,
+                            False)
+    first = configs[0]
+    text = write_report([ExperimentResult(experiment, cells, first, configs=configs)],
+                        tmp_path / "settings.md", context).read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("Settings:")]
+    assert line.startswith("Settings: backbone `auto`, batch 40, 1 epoch of at most 3 steps or "
+                           "100 epochs of at most 3 steps, adam lr 0.001 or adam lr 0.5, split "
+                           "`standard`, 4.0 min of training.")  # each value once, cell order
+    alone = write_report([ExperimentResult(experiment, cells, first)], tmp_path / "first.md",
+                         context).read_text()  # without the cells' configs: the first's
+    assert ", 1 epoch of at most 3 steps, adam lr 0.001, " in alone and " or " not in alone
+
+
 def test_report_never_replaces_a_file_kdml_did_not_write(tmp_path, capsys):
     report = tmp_path / "reproduction.md"
     report.write_text("# my notes\n")
@@ -664,7 +689,7 @@ def test_the_settings_line_counts_one_epoch_and_one_step_in_the_singular():
     def settings(*overrides: str) -> str:
         config = resolve_config(recipe.name, recipe.params, recipe.defaults,
                                 overrides=list(overrides))
-        return _settings(SimpleNamespace(config=config, cells={}))  # type: ignore[arg-type]
+        return _settings(SimpleNamespace(config=config, configs=(), cells={}))  # type: ignore[arg-type]
 
     assert ", 1 epoch of at most 1 step, " in settings("train.epochs=1",
                                                        "train.steps_per_epoch=1")

@@ -11,10 +11,11 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kdml.config import RunConfig
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import copy_png
@@ -307,14 +308,23 @@ def _command(experiment: Experiment, context: ReportContext) -> str:
 
 
 def _settings(result: ExperimentResult) -> str:
-    config = result.config
-    assert config is not None
-    split = config.data.split
-    epochs, steps = config.train.epochs, config.train.steps_per_epoch
-    return (f"backbone `{config.model.backbone}`, batch {config.data.batch_size}, "
-            f"{epochs} epoch{'s' * (epochs != 1)}"  # "1 epoch", not "1 epochs"
-            + (f" of at most {steps} step{'s' * (steps != 1)}" if steps else "")
-            + f", {config.optim.name} lr {config.optim.lr:g}, split `{split}`, "
+    """The table's training settings; one its cells differ in is given with each value, in
+    cell order ("10 epochs or 100 epochs"), not only the first cell's."""
+    assert result.config is not None
+    configs = result.configs or (result.config,)
+
+    def each(describe: Callable[[RunConfig], str]) -> str:
+        return " or ".join(dict.fromkeys(describe(config) for config in configs))
+
+    def epochs(config: RunConfig) -> str:
+        count, steps = config.train.epochs, config.train.steps_per_epoch
+        return (f"{count} epoch{'s' * (count != 1)}"  # "1 epoch", not "1 epochs"
+                + (f" of at most {steps} step{'s' * (steps != 1)}" if steps else ""))
+
+    return (f"backbone {each(lambda config: f'`{config.model.backbone}`')}, "
+            f"batch {each(lambda config: str(config.data.batch_size))}, {each(epochs)}, "
+            f"{each(lambda config: f'{config.optim.name} lr {config.optim.lr:g}')}, "
+            f"split {each(lambda config: f'`{config.data.split}`')}, "
             f"{_minutes(result):.1f} min of training")
 
 

@@ -85,6 +85,8 @@ class ExperimentResult:
     cells: dict[str, CellResult]
     config: RunConfig | None  # the first cell's, to describe the settings
     error: str = ""  # why the experiment could not run ("" when it did)
+    # every cell's (seed 0's), so that a setting the cells differ in is said with each value
+    configs: tuple[RunConfig, ...] = ()
 
 
 def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> RunConfig:
@@ -377,8 +379,8 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                 except UnreadableCheckpoint as error:
                     result.charts_missing = result.charts_missing or str(error)
         cells[cell.label] = result
-    first = planned[experiment.key, experiment.cells[0].label][0].config
-    return ExperimentResult(experiment, cells, first)
+    configs = tuple(planned[experiment.key, cell.label][0].config for cell in experiment.cells)
+    return ExperimentResult(experiment, cells, configs[0], configs=configs)
 
 
 def _run_metrics(experiment: Experiment, run_dir: Path, result: CellResult) -> dict[str, Any]:
