@@ -265,6 +265,27 @@ def test_the_cpu_ablation_is_table2_s_setting_less_the_backbone(tmp_path):
     assert base == run_folder_of(cpu_config, tmp_path)
 
 
+def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epochs(tmp_path):
+    # Its 10-epoch rows are the CPU Table 2's runs (trained once); its 100-epoch rows differ
+    # from them in the epochs alone (and eval_every, which follows them), so that the
+    # comparison isolates the epochs from the backbone.
+    found = {experiment.key: experiment for experiment in experiments("atlas")}
+    epochs, cpu_table2 = found["atlas-epochs-cnn-mnist5k"], found["atlas-table2-cnn-mnist5k"]
+    for name in ("SimCLR", "MSimCLR, n = 1", "MSimCLR, n = 16"):
+        short = cell_config(epochs, epochs.cell(f"{name}, d = 2, 10 epochs"), 0, "cpu")
+        long = cell_config(epochs, epochs.cell(f"{name}, d = 2, 100 epochs"), 0, "cpu")
+        table2 = cell_config(cpu_table2, cpu_table2.cell(f"{name}, d = 2"), 0, "cpu")
+        assert run_folder_of(short, tmp_path) == run_folder_of(table2, tmp_path)
+        short_values, long_values = short.to_dict(), long.to_dict()
+        changed = {(section, key) for section, values in short_values.items()
+                   if isinstance(values, dict) for key in values
+                   if values[key] != long_values[section][key]}
+        assert changed == {("train", "epochs"), ("train", "eval_every")}
+        assert (short.train.epochs, long.train.epochs) == (10, 100)
+    assert {claim.better for claim in epochs.claims} <= {
+        "MSimCLR, n = 16, d = 2, 100 epochs", "SimCLR, d = 2, 100 epochs"}
+
+
 def test_jrd_experiments_are_class_disjoint_on_every_dataset():
     # Issue 12: JRD on mnist5k, mnist1d and Fashion-MNIST, class-disjoint. `standard` is
     # class-disjoint only on the offline sets, which have no split of their own.
@@ -842,7 +863,8 @@ COMMITTED_RECORDS = {"dtml": ("dtml", None),
                                            "jrd-*-mnist5k", "jrd-*-mnist1d",
                                            "atlas-triplet-mnist5k", "atlas-mmd64-mnist5k")),
                      "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",)),
-                     "simclr-table2-cnn": ("atlas", ("atlas-table2-cnn-mnist5k",)),
+                     "simclr-table2-cnn": ("atlas", ("atlas-table2-cnn-mnist5k",
+                                                     "atlas-epochs-cnn-mnist5k")),
                      "jrd-code-settings": ("jrd", ("jrd-code-settings-mnist5k",))}
 
 
