@@ -1014,6 +1014,21 @@ def test_a_sweep_plot_has_a_tick_at_each_swept_value(tmp_path, monkeypatch):
     assert [label.get_text() for label in axis.get_xticklabels()] == ["0", "0.25", "2", "8"]
 
 
+def test_a_long_sweep_title_is_wrapped_to_fit_the_figure(tmp_path, monkeypatch):
+    from kdml.reproduce import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    experiment = experiments("atlas")[0]
+    long = dataclasses.replace(experiment, mirrors="Korman, Table 2, d = 2 (kdml's ablation: "
+                                                   "the CPU setting for the paper's 100 epochs)")
+    values = {cell.label: [0.5, 0.6] for cell in experiment.cells}
+    plots.plot_sweep(long, values, "linear_accuracy", tmp_path / "long.png")
+    title = drawn[0].axes[0].get_title()
+    assert title.replace("\n", " ") == f"{long.mirrors}: {long.dataset}"
+    assert max(len(line) for line in title.splitlines()) <= 60 < len(long.mirrors)
+
+
 def test_a_run_whose_data_changed_is_refused_with_what_reproduce_can_do(tmp_path, monkeypatch):
     """A reused or resumed run whose data.json records other data than reproduce reads now:
     the refusal named kdml train's and eval's remedies (--data-root, its config.yaml's

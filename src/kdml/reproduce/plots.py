@@ -3,6 +3,7 @@ confidence bars over seeds (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,9 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
     # a tick at each swept value (d = 2, 4, 8 read off the axis, not 2.25, 2.5, ...)
     swept = sorted({point[0] for points in (*series.values(), shared) for point in points})
     ax.set_xticks(swept, [f"{x:g}" for x in swept])
-    ax.set(xlabel=experiment.sweep, ylabel=metric,
-           title=f"{experiment.mirrors}: {experiment.dataset}")
+    # wrapped: a long one ran past the figure's edges and was cut off
+    title = "\n".join(textwrap.wrap(f"{experiment.mirrors}: {experiment.dataset}", 60))
+    ax.set(xlabel=experiment.sweep, ylabel=metric, title=title)
     if len(series) > 1:
         ax.legend()
     return save_figure(fig, path)
