@@ -549,7 +549,7 @@ def test_a_report_is_kept_when_none_of_its_experiments_ran(quick_dtml, tmp_path,
     assert "| DTML" in written
 
     def unavailable(experiments, *args, **kwargs):
-        return [runner.ExperimentResult(experiment, {}, None, "no such data here")
+        return [runner.ExperimentResult(experiment, {}, (), "no such data here")
                 for experiment in experiments]
 
     monkeypatch.setattr(runner, "reproduce", unavailable)
@@ -626,7 +626,7 @@ def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):
              for index, cell in enumerate(experiment.cells)}
     context = ReportContext("kdml reproduce jrd --seeds 1", "a test machine", "torch", 1.0, 1,
                             False)
-    report = write_report([ExperimentResult(experiment, cells, config)],
+    report = write_report([ExperimentResult(experiment, cells, (config,))],
                           tmp_path / "one.md", context)
     text = report.read_text()
     assert "Values are from one seed (0)" in text and "1 seeds" not in text
@@ -651,15 +651,15 @@ def test_a_setting_the_cells_differ_in_is_said_with_each_value(tmp_path):
     context = ReportContext("kdml reproduce jrd --seeds 2", "a test machine", "torch", 1.0, 2,
                             False)
     first = configs[0]
-    text = write_report([ExperimentResult(experiment, cells, first, configs=configs)],
+    text = write_report([ExperimentResult(experiment, cells, configs)],
                         tmp_path / "settings.md", context).read_text()
     (line,) = [line for line in text.splitlines() if line.startswith("Settings:")]
     assert line.startswith("Settings: backbone `auto`, batch 40, 1 epoch of at most 3 steps or "
                            "100 epochs of at most 3 steps, adam lr 0.001 or adam lr 0.5, split "
                            "`standard`, 4.0 min of training.")  # each value once, cell order
-    alone = write_report([ExperimentResult(experiment, cells, first)], tmp_path / "first.md",
-                         context).read_text()  # without the cells' configs: the first's
-    assert ", 1 epoch of at most 3 steps, adam lr 0.001, " in alone and " or " not in alone
+    alike = write_report([ExperimentResult(experiment, cells, (first, first))],
+                         tmp_path / "first.md", context).read_text()  # cells alike: once each
+    assert ", 1 epoch of at most 3 steps, adam lr 0.001, " in alike and " or " not in alike
 
 
 def test_report_never_replaces_a_file_kdml_did_not_write(tmp_path, capsys):
@@ -710,7 +710,7 @@ def test_the_settings_line_counts_one_epoch_and_one_step_in_the_singular():
     def settings(*overrides: str) -> str:
         config = resolve_config(recipe.name, recipe.params, recipe.defaults,
                                 overrides=list(overrides))
-        return _settings(SimpleNamespace(config=config, configs=(), cells={}))  # type: ignore[arg-type]
+        return _settings(SimpleNamespace(configs=(config,), cells={}))  # type: ignore[arg-type]
 
     assert ", 1 epoch of at most 1 step, " in settings("train.epochs=1",
                                                        "train.steps_per_epoch=1")

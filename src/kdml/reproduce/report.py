@@ -310,8 +310,8 @@ def _command(experiment: Experiment, context: ReportContext) -> str:
 def _settings(result: ExperimentResult) -> str:
     """The table's training settings; one its cells differ in is given with each value, in
     cell order ("10 epochs or 100 epochs"), not only the first cell's."""
-    assert result.config is not None
-    configs = result.configs or (result.config,)
+    configs = result.configs
+    assert configs
 
     def each(describe: Callable[[RunConfig], str]) -> str:
         return " or ".join(dict.fromkeys(describe(config) for config in configs))

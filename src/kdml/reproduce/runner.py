@@ -83,10 +83,9 @@ class CellResult:
 class ExperimentResult:
     experiment: Experiment
     cells: dict[str, CellResult]
-    config: RunConfig | None  # the first cell's, to describe the settings
+    # every cell's (its first seed's), to describe the settings; () when it could not run
+    configs: tuple[RunConfig, ...]
     error: str = ""  # why the experiment could not run ("" when it did)
-    # every cell's (seed 0's), so that a setting the cells differ in is said with each value
-    configs: tuple[RunConfig, ...] = ()
 
 
 def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> RunConfig:
@@ -380,7 +379,7 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                     result.charts_missing = result.charts_missing or str(error)
         cells[cell.label] = result
     configs = tuple(planned[experiment.key, cell.label][0].config for cell in experiment.cells)
-    return ExperimentResult(experiment, cells, configs[0], configs=configs)
+    return ExperimentResult(experiment, cells, configs)
 
 
 def _run_metrics(experiment: Experiment, run_dir: Path, result: CellResult) -> dict[str, Any]:
@@ -507,5 +506,5 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
                 continue
             except KdmlError as problem:
                 why_not = str(problem)
-        results.append(ExperimentResult(experiment, {}, None, why_not))
+        results.append(ExperimentResult(experiment, {}, (), why_not))
     return results
