@@ -250,6 +250,23 @@ def test_squared_distances_are_accurate_far_from_the_origin():
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
 
 
+def test_a_points_squared_distance_to_itself_is_zero_whatever_the_matmul_rounds(monkeypatch):
+    """An Intel CPU's BLAS rounded c_i . c_i otherwise than ||c_i||^2: the diagonal was not 0,
+    and a narrow Gaussian gave a point a similarity of 0.59 with itself. A matmul that is off
+    by 1e-3 everywhere stands in for any such rounding here."""
+    addmm = torch.addmm
+    # above 0: the clamp at 0 would hide a round-off below it
+    monkeypatch.setattr(torch, "addmm", lambda *args, **kwargs: addmm(*args, **kwargs) + 1e-3)
+    x = 3 * torch.randn(6, 3, generator=torch.Generator().manual_seed(3))
+    distances = squared_distances(x, x)
+    assert torch.equal(distances.diag(), torch.zeros(6))
+    points = x.double().tolist()
+    off_diagonal = ~torch.eye(6, dtype=torch.bool)
+    torch.testing.assert_close(distances.double()[off_diagonal],
+                               loop_matrix(points, points, sq_dist)[off_diagonal],
+                               rtol=0, atol=2e-3)
+
+
 # ----------------------------------------------------------------- gradients
 
 

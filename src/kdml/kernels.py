@@ -71,8 +71,11 @@ class _SelfSquaredDistances(torch.autograd.Function):
     def forward(ctx: Any, c: Tensor) -> Tensor:
         ctx.save_for_backward(c)
         sq_norms = c.pow(2).sum(dim=1)
-        return torch.addmm(sq_norms[:, None] + sq_norms[None, :], c, c.T, alpha=-2.0
-                           ).clamp_min_(0.0)
+        distances = torch.addmm(sq_norms[:, None] + sq_norms[None, :], c, c.T, alpha=-2.0)
+        # A point's distance to itself is 0 exactly: the matmul's c_i . c_i need not round as
+        # ||c_i||^2 does (it did not with an Intel CPU's BLAS, 2026-12-03), and a narrow
+        # kernel turned that round-off into a self-similarity of 0.59 instead of 1.
+        return distances.clamp_min_(0.0).fill_diagonal_(0.0)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:
