@@ -16,6 +16,7 @@ from torch.autograd import gradcheck
 from kdml import atlas as atlas_module
 from kdml.atlas import ChartOutputs, compressed_code, manifold_distance, safe_sqrt
 from kdml.errors import KdmlError
+from kdml.losses.nt_xent import nt_xent_loss
 from kdml.models import atlas_heads as heads_module
 from kdml.models.atlas_heads import AtlasHead, ProjectionHeads
 
@@ -266,6 +267,40 @@ def test_projection_heads_match_the_weighted_sum_of_table_1(head_input):
                 projection = sum(hidden[h] * w2[i][h][p] for h in range(5))
                 expected[p] += q[b, i].item() * projection
         assert got[b].tolist() == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("head_input", ["sigmoid", "pre-sigmoid"])
+def test_active_share_counts_each_samples_on_units_weighted_by_membership(head_input):
+    torch.manual_seed(1)
+    heads = ProjectionHeads(dim=2, n_charts=3, out_features=4, hidden=5,
+                            head_input=head_input).double()
+    coords, q = random_coords(6, 3, 2, 42), random_memberships(6, 3, 43)
+    w1 = heads.hidden_weight.tolist()
+    total = 0.0
+    for b in range(6):
+        for i in range(3):
+            u = coords[b, i].tolist()
+            if head_input == "sigmoid":
+                u = [1.0 / (1.0 + math.exp(-v)) for v in u]
+            on = sum(1 for h in range(5) if sum(u[k] * w1[i][k][h] for k in range(2)) > 0)
+            total += q[b, i].item() * on / 5
+    share = heads.active_share(coords, q)
+    assert not share.requires_grad
+    assert share.item() == pytest.approx(total / 6, abs=1e-12)
+
+
+def test_a_head_whose_units_are_all_off_gives_chance_nt_xent():
+    """The failure the active share shows: no bias, sigmoid coordinates >= 0 and negative
+    weights switch every unit off, every projection is 0 and NT-Xent is ln(2B - 1)."""
+    heads = ProjectionHeads(dim=2, n_charts=1, out_features=4).double()
+    with torch.no_grad():
+        heads.hidden_weight.copy_(-heads.hidden_weight.abs())
+    coords, q = random_coords(8, 1, 2, 44), torch.ones(8, 1, dtype=torch.float64)
+    assert heads.active_share(coords, q).item() == 0.0
+    projections = heads(coords, q)
+    assert torch.count_nonzero(projections) == 0
+    # 8 rows are the two views of B = 4 images: 2B - 1 = 7 others in each denominator
+    assert nt_xent_loss(projections, 1.0).item() == pytest.approx(math.log(7), abs=1e-12)
 
 
 def test_head_arguments_are_checked():

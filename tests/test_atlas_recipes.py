@@ -338,6 +338,7 @@ def test_recipe_records_and_defaults():
     (TripletParams(triplet_reduction="sum"), "triplet_reduction"),
     (SimCLRParams(tau=0.0), "tau"),
     (MSimCLRParams(proj_input="tanh"), "proj_input"),
+    (SimCLRParams(proj_hidden=-1), r"^method.proj_hidden must be >= 0 \(0 = dim\), got -1$"),
 ])
 def test_bad_parameters(params, message):
     with pytest.raises(KdmlError, match=message):
@@ -386,6 +387,25 @@ def test_msimclr_follows_appendix_a1_and_the_authors_code_by_default():
     assert method.features.out_features == 2048 and method.head.coordinates.in_features == 2048
     view1, _ = method.augment(images())
     assert view1.shape[-2:] == (32, 32)  # crops of 32 also from smaller images
+
+
+@pytest.mark.parametrize("name", ["msimclr", "simclr"])
+def test_simclr_heads_are_as_wide_as_d_unless_proj_hidden_is_set(name):
+    """The authors' heads are d -> d -> 64 (neurve/contrastive/models.py); method.proj_hidden
+    widens the hidden layer for kdml's ablation, and the logged head_active term is the share
+    of its units the samples switch on."""
+    for hidden, width in ((0, 3), (7, 7)):
+        method = build(name, dim=3, proj_hidden=hidden)
+        assert method.projection.hidden_weight.shape[2] == width
+        assert method.projection.output_weight.shape[1:] == (width, 64)
+        terms = method(images(), torch.tensor(LABELS)).terms
+        assert 0.0 <= float(terms["head_active"]) <= 1.0
+    with torch.no_grad():  # every unit off: the projections are 0, NT-Xent at chance
+        method.projection.hidden_weight.fill_(-1.0)
+    if name == "msimclr":  # sigmoid coordinates are > 0, so every unit stays off
+        terms = method(images(), torch.tensor(LABELS)).terms
+        assert float(terms["head_active"]) == 0.0
+        assert float(terms["nt_xent"]) == pytest.approx(math.log(15), abs=1e-6)
 
 
 def test_msimclr_clamps_coordinates_before_the_mmd():

@@ -48,9 +48,18 @@ COMMON = ["train.epochs=1", "train.steps_per_epoch=3", "model.embedding_size=8",
 FLOAT32_FLOOR = torch.finfo(torch.float32).eps
 
 
+# Shares of a count above a threshold: a pre-activation within float32 rounding of 0 may count
+# on one side in one process and on the other in two (seen: the SimCLR heads' head_active,
+# 0.333348 against 0.333313), so these compare to an absolute 1e-3 of their [0, 1] range.
+COUNTED_TERMS = ("head_active", "active_triplets")
+
+
 def assert_same_training(single, double, tolerance=1e-5):
     for name, value in single["terms"].items():
-        assert double["terms"][name] == pytest.approx(value, rel=tolerance, abs=1e-7), name
+        if name in COUNTED_TERMS:
+            assert double["terms"][name] == pytest.approx(value, abs=1e-3), name
+        else:
+            assert double["terms"][name] == pytest.approx(value, rel=tolerance, abs=1e-7), name
     for key, value in single["state"].items():
         allowed = max(tolerance * float(value.abs().max()), FLOAT32_FLOOR)
         assert float((double["state"][key] - value).abs().max()) <= allowed, key

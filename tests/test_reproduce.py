@@ -864,7 +864,8 @@ COMMITTED_RECORDS = {"dtml": ("dtml", None),
                                            "atlas-triplet-mnist5k", "atlas-mmd64-mnist5k")),
                      "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",)),
                      "simclr-table2-cnn": ("atlas", ("atlas-table2-cnn-mnist5k",
-                                                     "atlas-epochs-cnn-mnist5k")),
+                                                     "atlas-epochs-cnn-mnist5k",
+                                                     "atlas-head-cnn-mnist5k")),
                      "jrd-code-settings": ("jrd", ("jrd-code-settings-mnist5k",))}
 
 
@@ -926,6 +927,31 @@ def test_a_setting_added_later_keeps_the_folders_of_the_runs_it_describes(tmp_pa
                                                 in runner.ADDED_LATER.items()
                                                 if key != ("method", "joint_views")})
     assert run_folder_of(joint, tmp_path) == now[True]
+
+
+@pytest.mark.parametrize("recipe", ["msimclr", "simclr"])
+def test_the_heads_width_added_later_keeps_the_folders_of_the_runs_before_it(tmp_path,
+                                                                            monkeypatch, recipe):
+    """Runs trained before ``method.proj_hidden`` had heads as wide as d, its default 0: they
+    keep their folders; a wider head is another run."""
+    (experiment,) = [e for e in experiments("atlas", quick=True)
+                     if e.key == "atlas-table2-mnist5k"]
+    cell = next(cell for cell in experiment.cells if cell.recipe == recipe)
+    config = cell_config(experiment, cell, 0, "cpu")
+    assert config.method.proj_hidden == 0
+    wide = cell_config(experiment, cell, 0, "cpu")
+    wide.method.proj_hidden = 64
+    now = {0: run_folder_of(config, tmp_path), 64: run_folder_of(wide, tmp_path)}
+    assert now[0] != now[64]
+    to_dict = RunConfig.to_dict
+
+    def without_the_setting(self):  # the code before the setting
+        values = to_dict(self)
+        del values["method"]["proj_hidden"]
+        return values
+
+    monkeypatch.setattr(RunConfig, "to_dict", without_the_setting)
+    assert run_folder_of(config, tmp_path) == now[0]
 
 
 def test_the_training_time_restarts_with_a_run_trained_again_from_epoch_1(tmp_path):

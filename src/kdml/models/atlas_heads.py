@@ -137,9 +137,27 @@ class ProjectionHeads(nn.Module):
                 f"ProjectionHeads expects coords [B, {self.n_charts}, {self.dim}], got "
                 f"{tuple(coords.shape)}"
             )
-        inputs = torch.sigmoid(coords) if self.head_input == "sigmoid" else coords
-        hidden = torch.relu(torch.einsum("bnd,ndh->bnh", inputs, self.hidden_weight))
+        hidden = torch.relu(self.hidden_preactivations(coords))
         return torch.einsum("bnh,nhp->bnp", hidden, self.output_weight)
+
+    def hidden_preactivations(self, coords: Tensor) -> Tensor:
+        r""":math:`W^{(1)}_i \phi_i(x)` for every chart, shape :math:`(B, n, h)`."""
+        inputs = torch.sigmoid(coords) if self.head_input == "sigmoid" else coords
+        return torch.einsum("bnd,ndh->bnh", inputs, self.hidden_weight)
+
+    def active_share(self, coords: Tensor, q: Tensor) -> Tensor:
+        r"""The membership-weighted share of hidden units a sample activates,
+        :math:`\frac{1}{B} \sum_b \sum_i q_i(x_b) \frac{1}{h} |\{k : (W^{(1)}_i
+        \phi_i(x_b))_k > 0\}|`, a scalar in [0, 1], without gradient.
+
+        A diagnostic: the heads have no bias and, on the paper's sigmoid coordinates
+        (:math:`\phi \ge 0`), a unit whose weights are all negative is off for every input.
+        With :math:`h = d = 2` units, a sample with fewer than two on projects onto one
+        direction at most (zero when none is on), so NT-Xent, which compares directions,
+        cannot tell the samples apart."""
+        with torch.no_grad():
+            active = (self.hidden_preactivations(coords) > 0).to(q.dtype).mean(dim=2)
+            return (q * active).sum(dim=1).mean()
 
     def forward(self, coords: Tensor, q: Tensor) -> Tensor:
         if q.shape != coords.shape[:2]:

@@ -108,7 +108,9 @@ ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
                ("train", "patience"): 0, ("train", "select_metric"): "recall@1",
                ("optim", "lr_milestones"): [],
                # the SimCLR recipes forwarded both views as one batch before
-               ("method", "joint_views"): True}
+               ("method", "joint_views"): True,
+               # the SimCLR recipes' heads were as wide as d (0) before it could be set
+               ("method", "proj_hidden"): 0}
 
 
 # Settings that change only what a run records along the way, not its model or its last

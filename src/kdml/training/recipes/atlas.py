@@ -188,6 +188,10 @@ class SimCLRParams:
     dim: int = 2  # d: the representation f(x) in R^d
     tau: float = 1.0  # NT-Xent temperature (1 for MNIST / FashionMNIST, 0.5 for CIFAR-10)
     proj_dim: int = 64  # projection heads d -> d -> proj_dim, no bias (the authors' runs)
+    # the heads' hidden width; 0 = d, as in the authors' code (SimCLR's own head is as wide as
+    # its 2048-d representation). At d = 2 a bias-free ReLU layer two units wide can die on
+    # every input (docs/reproduction-mnist5k-head-cnn.md); kdml's ablation sets it wider
+    proj_hidden: int = 0
     crop_size: int = 32  # side of the random resized crops (the authors' code: 32, also for
     # 28-pixel MNIST); 0 = the input's own size
     crop_scale_min: float = 0.08  # smallest crop area fraction of the random resized crop
@@ -201,6 +205,8 @@ class SimCLRParams:
         check_finite_fields(self)  # NaN and infinity, which the range checks let through
         _check_positive_int(self, "dim")
         _check_positive_int(self, "proj_dim")
+        if isinstance(self.proj_hidden, bool) or not self.proj_hidden >= 0:
+            raise KdmlError(f"method.proj_hidden must be >= 0 (0 = dim), got {self.proj_hidden!r}")
         if isinstance(self.crop_size, bool) or not self.crop_size >= 0:
             raise KdmlError(f"method.crop_size must be >= 0 (0 = the input size), got "
                             f"{self.crop_size!r}")
@@ -416,6 +422,7 @@ class MSimCLRMethod(_AtlasMethod):
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2,
                          params.feature_dim)
         self.projection = ProjectionHeads(params.dim, params.n_charts, params.proj_dim,
+                                          hidden=params.proj_hidden or None,
                                           head_input=params.proj_input)
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
                                      horizontal_flip=params.horizontal_flip,
@@ -441,7 +448,8 @@ class MSimCLRMethod(_AtlasMethod):
         chart = self.chart_loss(q)
         loss = nt_xent + self.lambda1 * mmd + self.lambda2 * chart
         terms = detached(loss=loss, nt_xent=nt_xent, mmd=mmd, chart=chart,
-                         q_max=q.max(dim=1).values.mean())
+                         q_max=q.max(dim=1).values.mean(),
+                         head_active=self.projection.active_share(coords, outputs.q))
         return StepOutput(loss, terms, None)  # the views are not the batch: no embeddings
 
 
@@ -460,6 +468,7 @@ class SimCLRMethod(Method):
         self.backbone = backbone
         self.encoder_head = nn.Linear(feature_size_of(backbone), params.dim)
         self.projection = ProjectionHeads(params.dim, 1, params.proj_dim,
+                                          hidden=params.proj_hidden or None,
                                           head_input="pre-sigmoid")
         self.augment = SimCLRAugment(crop_scale=(params.crop_scale_min, 1.0),
                                      horizontal_flip=params.horizontal_flip,
@@ -476,7 +485,9 @@ class SimCLRMethod(Method):
             representation[:, None, :], representation.new_ones(len(representation), 1)),
             batch_size))
         loss = nt_xent_loss(projections, self.tau)
-        return StepOutput(loss, detached(loss=loss), None)
+        head_active = self.projection.active_share(representation[:, None, :],
+                                                   representation.new_ones(len(representation), 1))
+        return StepOutput(loss, detached(loss=loss, head_active=head_active), None)
 
     def embed(self, inputs: Tensor) -> Tensor:
         return self.encoder_head(pooled_features(self.backbone, inputs))
