@@ -286,6 +286,25 @@ def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epo
         "MSimCLR, n = 16, d = 2, 100 epochs", "SimCLR, d = 2, 100 epochs"}
 
 
+def test_the_head_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_heads(tmp_path):
+    # Its hidden-d rows are the CPU Table 2's runs; its hidden-64 rows differ from them in the
+    # projection heads' width alone.
+    found = {experiment.key: experiment for experiment in experiments("atlas")}
+    heads, cpu_table2 = found["atlas-head-cnn-mnist5k"], found["atlas-table2-cnn-mnist5k"]
+    for name in ("SimCLR", "MSimCLR, n = 1", "MSimCLR, n = 16"):
+        for d in (2, 4, 8):
+            narrow = cell_config(heads, heads.cell(f"{name}, d = {d}, hidden d"), 0, "cpu")
+            wide = cell_config(heads, heads.cell(f"{name}, d = {d}, hidden 64"), 0, "cpu")
+            table2 = cell_config(cpu_table2, cpu_table2.cell(f"{name}, d = {d}"), 0, "cpu")
+            assert run_folder_of(narrow, tmp_path) == run_folder_of(table2, tmp_path)
+            narrow_values, wide_values = narrow.to_dict(), wide.to_dict()
+            changed = {(section, key) for section, values in narrow_values.items()
+                       if isinstance(values, dict) for key in values
+                       if values[key] != wide_values[section][key]}
+            assert changed == {("method", "proj_hidden")}
+            assert (narrow.method.proj_hidden, wide.method.proj_hidden) == (0, 64)
+
+
 def test_jrd_experiments_are_class_disjoint_on_every_dataset():
     # Issue 12: JRD on mnist5k, mnist1d and Fashion-MNIST, class-disjoint. `standard` is
     # class-disjoint only on the offline sets, which have no split of their own.
