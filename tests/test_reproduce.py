@@ -305,6 +305,28 @@ def test_the_head_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_heads
             assert (narrow.method.proj_hidden, wide.method.proj_hidden) == (0, 64)
 
 
+def test_the_mmd_weight_ablation_reuses_the_wide_head_runs_and_changes_only_lambda1(tmp_path):
+    found = {experiment.key: experiment for experiment in experiments("atlas")}
+    weights, heads = found["atlas-mmd-weight-cnn-mnist5k"], found["atlas-head-cnn-mnist5k"]
+    for d in (2, 4, 8):
+        simclr = cell_config(weights, weights.cell(f"SimCLR, d = {d}"), 0, "cpu")
+        wide_simclr = cell_config(heads, heads.cell(f"SimCLR, d = {d}, hidden 64"), 0, "cpu")
+        assert run_folder_of(simclr, tmp_path) == run_folder_of(wide_simclr, tmp_path)
+        for name in ("MSimCLR, n = 1", "MSimCLR, n = 16"):
+            with_mmd = cell_config(weights, weights.cell(f"{name}, d = {d}, lambda1 = 20"), 0,
+                                   "cpu")
+            without = cell_config(weights, weights.cell(f"{name}, d = {d}, lambda1 = 0"), 0,
+                                  "cpu")
+            wide = cell_config(heads, heads.cell(f"{name}, d = {d}, hidden 64"), 0, "cpu")
+            assert run_folder_of(with_mmd, tmp_path) == run_folder_of(wide, tmp_path)
+            with_values, without_values = with_mmd.to_dict(), without.to_dict()
+            changed = {(section, key) for section, values in with_values.items()
+                       if isinstance(values, dict) for key in values
+                       if values[key] != without_values[section][key]}
+            assert changed == {("method", "lambda1")}
+            assert (with_mmd.method.lambda1, without.method.lambda1) == (20.0, 0.0)
+
+
 def test_jrd_experiments_are_class_disjoint_on_every_dataset():
     # Issue 12: JRD on mnist5k, mnist1d and Fashion-MNIST, class-disjoint. `standard` is
     # class-disjoint only on the offline sets, which have no split of their own.
@@ -884,7 +906,8 @@ COMMITTED_RECORDS = {"dtml": ("dtml", None),
                      "simclr-ablation": ("atlas", ("atlas-ablation-cnn-mnist5k",)),
                      "simclr-table2-cnn": ("atlas", ("atlas-table2-cnn-mnist5k",
                                                      "atlas-epochs-cnn-mnist5k",
-                                                     "atlas-head-cnn-mnist5k")),
+                                                     "atlas-head-cnn-mnist5k",
+                                                     "atlas-mmd-weight-cnn-mnist5k")),
                      "jrd-code-settings": ("jrd", ("jrd-code-settings-mnist5k",))}
 
 
