@@ -248,20 +248,29 @@ def test_atlas_head_is_n_linear_charts_and_a_softmax():
             assert out.log_q[b, i].item() == pytest.approx(logits[i] - math.log(total), abs=1e-12)
 
 
+def float64_heads(head_input: str, seed: int) -> ProjectionHeads:
+    """Three charts' heads 2 -> 5 -> 4, in float64 for the literal loops."""
+    torch.manual_seed(seed)
+    return ProjectionHeads(dim=2, n_charts=3, out_features=4, hidden=5,
+                           head_input=head_input).double()
+
+
+def literal_head_input(coords: torch.Tensor, b: int, i: int, head_input: str) -> list[float]:
+    """What chart i's head takes for sample b, written out: its coordinates, or their sigmoid."""
+    u = coords[b, i].tolist()
+    return [1.0 / (1.0 + math.exp(-v)) for v in u] if head_input == "sigmoid" else u
+
+
 @pytest.mark.parametrize("head_input", ["sigmoid", "pre-sigmoid"])
 def test_projection_heads_match_the_weighted_sum_of_table_1(head_input):
-    torch.manual_seed(0)
-    heads = ProjectionHeads(dim=2, n_charts=3, out_features=4, hidden=5,
-                            head_input=head_input).double()
+    heads = float64_heads(head_input, 0)
     coords, q = random_coords(4, 3, 2, 40), random_memberships(4, 3, 41)
     got = heads(coords, q)
     w1, w2 = heads.hidden_weight.tolist(), heads.output_weight.tolist()  # [n, d, h], [n, h, p]
     for b in range(4):
         expected = [0.0] * 4
         for i in range(3):
-            u = coords[b, i].tolist()
-            if head_input == "sigmoid":
-                u = [1.0 / (1.0 + math.exp(-v)) for v in u]
+            u = literal_head_input(coords, b, i, head_input)
             hidden = [max(0.0, sum(u[k] * w1[i][k][h] for k in range(2))) for h in range(5)]
             for p in range(4):
                 projection = sum(hidden[h] * w2[i][h][p] for h in range(5))
@@ -271,17 +280,13 @@ def test_projection_heads_match_the_weighted_sum_of_table_1(head_input):
 
 @pytest.mark.parametrize("head_input", ["sigmoid", "pre-sigmoid"])
 def test_active_share_counts_each_samples_on_units_weighted_by_membership(head_input):
-    torch.manual_seed(1)
-    heads = ProjectionHeads(dim=2, n_charts=3, out_features=4, hidden=5,
-                            head_input=head_input).double()
+    heads = float64_heads(head_input, 1)
     coords, q = random_coords(6, 3, 2, 42), random_memberships(6, 3, 43)
     w1 = heads.hidden_weight.tolist()
     total = 0.0
     for b in range(6):
         for i in range(3):
-            u = coords[b, i].tolist()
-            if head_input == "sigmoid":
-                u = [1.0 / (1.0 + math.exp(-v)) for v in u]
+            u = literal_head_input(coords, b, i, head_input)
             on = sum(1 for h in range(5) if sum(u[k] * w1[i][k][h] for k in range(2)) > 0)
             total += q[b, i].item() * on / 5
     share = heads.active_share(coords, q)

@@ -265,6 +265,14 @@ def test_the_cpu_ablation_is_table2_s_setting_less_the_backbone(tmp_path):
     assert base == run_folder_of(cpu_config, tmp_path)
 
 
+def changed_settings(first: RunConfig, second: RunConfig) -> set[tuple[str, str]]:
+    """The (section, key) settings whose values differ between two configs."""
+    first_values, second_values = first.to_dict(), second.to_dict()
+    return {(section, key) for section, values in first_values.items()
+            if isinstance(values, dict) for key in values
+            if values[key] != second_values[section][key]}
+
+
 def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epochs(tmp_path):
     # Its 10-epoch rows are the CPU Table 2's runs (trained once); its 100-epoch rows differ
     # from them in the epochs alone (and eval_every, which follows them), so that the
@@ -276,11 +284,7 @@ def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epo
         long = cell_config(epochs, epochs.cell(f"{name}, d = 2, 100 epochs"), 0, "cpu")
         table2 = cell_config(cpu_table2, cpu_table2.cell(f"{name}, d = 2"), 0, "cpu")
         assert run_folder_of(short, tmp_path) == run_folder_of(table2, tmp_path)
-        short_values, long_values = short.to_dict(), long.to_dict()
-        changed = {(section, key) for section, values in short_values.items()
-                   if isinstance(values, dict) for key in values
-                   if values[key] != long_values[section][key]}
-        assert changed == {("train", "epochs"), ("train", "eval_every")}
+        assert changed_settings(short, long) == {("train", "epochs"), ("train", "eval_every")}
         assert (short.train.epochs, long.train.epochs) == (10, 100)
     assert {claim.better for claim in epochs.claims} <= {
         "MSimCLR, n = 16, d = 2, 100 epochs", "SimCLR, d = 2, 100 epochs"}
@@ -297,11 +301,7 @@ def test_the_head_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_heads
             wide = cell_config(heads, heads.cell(f"{name}, d = {d}, hidden 64"), 0, "cpu")
             table2 = cell_config(cpu_table2, cpu_table2.cell(f"{name}, d = {d}"), 0, "cpu")
             assert run_folder_of(narrow, tmp_path) == run_folder_of(table2, tmp_path)
-            narrow_values, wide_values = narrow.to_dict(), wide.to_dict()
-            changed = {(section, key) for section, values in narrow_values.items()
-                       if isinstance(values, dict) for key in values
-                       if values[key] != wide_values[section][key]}
-            assert changed == {("method", "proj_hidden")}
+            assert changed_settings(narrow, wide) == {("method", "proj_hidden")}
             assert (narrow.method.proj_hidden, wide.method.proj_hidden) == (0, 64)
 
 
@@ -319,11 +319,7 @@ def test_the_mmd_weight_ablation_reuses_the_wide_head_runs_and_changes_only_lamb
                                   "cpu")
             wide = cell_config(heads, heads.cell(f"{name}, d = {d}, hidden 64"), 0, "cpu")
             assert run_folder_of(with_mmd, tmp_path) == run_folder_of(wide, tmp_path)
-            with_values, without_values = with_mmd.to_dict(), without.to_dict()
-            changed = {(section, key) for section, values in with_values.items()
-                       if isinstance(values, dict) for key in values
-                       if values[key] != without_values[section][key]}
-            assert changed == {("method", "lambda1")}
+            assert changed_settings(with_mmd, without) == {("method", "lambda1")}
             assert (with_mmd.method.lambda1, without.method.lambda1) == (20.0, 0.0)
 
 
