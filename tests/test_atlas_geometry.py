@@ -292,6 +292,8 @@ def test_active_share_counts_each_samples_on_units_weighted_by_membership(head_i
     share = heads.active_share(coords, q)
     assert not share.requires_grad
     assert share.item() == pytest.approx(total / 6, abs=1e-12)
+    projection, same_share = heads.project(coords, q)  # the recipes' one pass gives both
+    assert torch.equal(projection, heads(coords, q)) and torch.equal(same_share, share)
 
 
 def test_a_head_whose_units_are_all_off_gives_chance_nt_xent():

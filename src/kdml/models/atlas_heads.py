@@ -132,16 +132,15 @@ class ProjectionHeads(nn.Module):
 
     def per_chart(self, coords: Tensor) -> Tensor:
         r""":math:`h_i(\phi_i(x))` for every chart, shape :math:`(B, n, \tilde d)`."""
+        return self._per_chart_of(self.hidden_preactivations(coords))
+
+    def hidden_preactivations(self, coords: Tensor) -> Tensor:
+        r""":math:`W^{(1)}_i \phi_i(x)` for every chart, shape :math:`(B, n, h)`."""
         if coords.ndim != 3 or coords.shape[1:] != (self.n_charts, self.dim):
             raise KdmlError(
                 f"ProjectionHeads expects coords [B, {self.n_charts}, {self.dim}], got "
                 f"{tuple(coords.shape)}"
             )
-        hidden = torch.relu(self.hidden_preactivations(coords))
-        return torch.einsum("bnh,nhp->bnp", hidden, self.output_weight)
-
-    def hidden_preactivations(self, coords: Tensor) -> Tensor:
-        r""":math:`W^{(1)}_i \phi_i(x)` for every chart, shape :math:`(B, n, h)`."""
         inputs = torch.sigmoid(coords) if self.head_input == "sigmoid" else coords
         return torch.einsum("bnd,ndh->bnh", inputs, self.hidden_weight)
 
@@ -154,19 +153,39 @@ class ProjectionHeads(nn.Module):
         (:math:`\phi \ge 0`), a unit whose weights are all negative is off for every input.
         With :math:`h = d = 2` units, a sample with fewer than two on projects onto one
         direction at most (zero when none is on), so NT-Xent, which compares directions,
-        cannot tell the samples apart."""
-        with torch.no_grad():
-            active = (self.hidden_preactivations(coords) > 0).to(q.dtype).mean(dim=2)
-            return (q * active).sum(dim=1).mean()
+        cannot tell the samples apart. :meth:`project` gives it with the projection, from the
+        same pre-activations."""
+        return _active_share_of(self.hidden_preactivations(coords), q)
+
+    def project(self, coords: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+        """The projection of :meth:`forward` and the :meth:`active_share` of the same pass."""
+        self._check_memberships(coords, q)
+        preactivations = self.hidden_preactivations(coords)
+        projection = torch.einsum("bn,bnp->bp", q, self._per_chart_of(preactivations))
+        return projection, _active_share_of(preactivations, q)
 
     def forward(self, coords: Tensor, q: Tensor) -> Tensor:
+        self._check_memberships(coords, q)
+        return torch.einsum("bn,bnp->bp", q, self.per_chart(coords))
+
+    def _per_chart_of(self, preactivations: Tensor) -> Tensor:
+        return torch.einsum("bnh,nhp->bnp", torch.relu(preactivations), self.output_weight)
+
+    @staticmethod
+    def _check_memberships(coords: Tensor, q: Tensor) -> None:
         if q.shape != coords.shape[:2]:
             raise KdmlError(
                 f"ProjectionHeads: q must be [B, n] = {tuple(coords.shape[:2])}, "
                 f"got {tuple(q.shape)}"
             )
-        return torch.einsum("bn,bnp->bp", q, self.per_chart(coords))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, n_charts={self.n_charts}, hidden={self.hidden_weight.shape[2]}, "
                 f"out_features={self.output_weight.shape[2]}, head_input={self.head_input!r}")
+
+
+def _active_share_of(preactivations: Tensor, q: Tensor) -> Tensor:
+    """:meth:`ProjectionHeads.active_share` from the heads' pre-activations [B, n, h]."""
+    with torch.no_grad():
+        active = (preactivations > 0).to(q.dtype).mean(dim=2)
+        return (q * active).sum(dim=1).mean()

@@ -437,7 +437,8 @@ class MSimCLRMethod(_AtlasMethod):
         outputs = (self.charts(views) if self.joint_views
                    else _per_view(self.charts, views, batch_size))
         coords = outputs.coords.clamp(-self.clamp, self.clamp) if self.clamp else outputs.coords
-        projections = torch.cat(_global_views(self.projection(coords, outputs.q), batch_size))
+        projected, head_active = self.projection.project(coords, outputs.q)
+        projections = torch.cat(_global_views(projected, batch_size))
         nt_xent = nt_xent_loss(projections, self.tau)
         coords1, coords2 = _global_views(coords, batch_size)
         q1, q2 = _global_views(outputs.q, batch_size)
@@ -449,7 +450,7 @@ class MSimCLRMethod(_AtlasMethod):
         loss = nt_xent + self.lambda1 * mmd + self.lambda2 * chart
         terms = detached(loss=loss, nt_xent=nt_xent, mmd=mmd, chart=chart,
                          q_max=q.max(dim=1).values.mean(),
-                         head_active=self.projection.active_share(coords, outputs.q))
+                         head_active=head_active)
         return StepOutput(loss, terms, None)  # the views are not the batch: no embeddings
 
 
@@ -481,12 +482,10 @@ class SimCLRMethod(Method):
         views, batch_size = _two_views(self.augment, inputs, rng, self.backbone)
         representation = (self.embed(views) if self.joint_views
                           else _per_view(self.embed, views, batch_size))
-        projections = torch.cat(_global_views(self.projection(
-            representation[:, None, :], representation.new_ones(len(representation), 1)),
-            batch_size))
+        projected, head_active = self.projection.project(
+            representation[:, None, :], representation.new_ones(len(representation), 1))
+        projections = torch.cat(_global_views(projected, batch_size))
         loss = nt_xent_loss(projections, self.tau)
-        head_active = self.projection.active_share(representation[:, None, :],
-                                                   representation.new_ones(len(representation), 1))
         return StepOutput(loss, detached(loss=loss, head_active=head_active), None)
 
     def embed(self, inputs: Tensor) -> Tensor:
