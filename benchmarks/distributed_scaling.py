@@ -27,8 +27,9 @@ from machine import machine_description
 
 from kdml import distributed
 from kdml.config import resolve_config
+from kdml.training.build import model_input_shape
 from kdml.training.recipes import get_recipe
-from kdml.training.trainer import Session, model_input_shape
+from kdml.training.trainer import Session
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:

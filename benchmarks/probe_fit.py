@@ -34,7 +34,7 @@ from torch.nn import functional
 
 from kdml.evaluation.charts import piecewise_linear_accuracy
 from kdml.inspection import embed_part, run_part
-from kdml.training.trainer import load_run
+from kdml.training.loading import load_run
 
 
 def chart_logits(weights: torch.Tensor, biases: torch.Tensor, charts: torch.Tensor,

@@ -9,7 +9,7 @@ import torch
 
 from kdml import cli, inspection
 from kdml.data.transforms import to_unit_float
-from kdml.training.trainer import load_run
+from kdml.training.loading import load_run
 
 TINY = ["train.epochs=1", "model.backbone=mlp", "eval.nmi=false", "--no-progress"]
 

@@ -459,7 +459,7 @@ def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
     """The colour jitter works on [0, 1] images; the backbone's normalisation comes after it
     (and the trainer leaves training batches unnormalised for these methods)."""
     from kdml.data.transforms import Normalization
-    from kdml.training.trainer import build_pipeline
+    from kdml.training.build import build_pipeline
 
     method = build(name)
     method.backbone.normalization = Normalization((0.5,), (0.25,))

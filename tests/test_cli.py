@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kdml import cli
-from kdml.training import trainer
+from kdml.training import recorder, trainer
 
 
 def run_cli(*args: str) -> int:
@@ -91,7 +91,7 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_override
                    *overrides) == 0
 
     # Crash right after the first checkpoint has been written.
-    real_save = trainer.save_checkpoint
+    real_save = recorder.save_checkpoint
     calls = []
 
     def save_then_crash(state, path):
@@ -99,12 +99,12 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_override
         calls.append(state["epoch"])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(recorder, "save_checkpoint", save_then_crash)
     part = tmp_path / "part"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", part, "--no-progress",
                    *overrides) == 130
     assert calls == [1]
-    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    monkeypatch.setattr(recorder, "save_checkpoint", real_save)
     assert run_cli("train", "--resume", part, "--no-progress") == 0
 
     resumed, uninterrupted = read_metrics(part), read_metrics(full)
@@ -133,7 +133,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
     keeps the trained epoch (checkpoints/unscored.pt), and --resume scores it without training
     it again, ending where the uninterrupted run ends."""
     overrides = [*tiny_overrides, "train.epochs=3", "optim.lr_step=2", "train.steps_per_epoch=4"]
-    real_save, real_train, real_evaluate = (trainer.save_checkpoint, trainer.train_one_epoch,
+    real_save, real_train, real_evaluate = (recorder.save_checkpoint, trainer.train_one_epoch,
                                             trainer.score_method)
     saved: dict[tuple[str, int], dict] = {}
 
@@ -141,7 +141,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
         saved[path.name, state["epoch"]] = copy.deepcopy(state)  # not the live tensors
         real_save(state, path)
 
-    monkeypatch.setattr(trainer, "save_checkpoint", kept_save)
+    monkeypatch.setattr(recorder, "save_checkpoint", kept_save)
     full = tmp_path / "full"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
                    *overrides) == 0
@@ -153,7 +153,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
     assert before["history"] == after["history"][:-1] and not before["finished"]
     for key in ("method", "optimizer", "scheduler", "scaler"):
         assert same(before[key], after[key]), key
-    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    monkeypatch.setattr(recorder, "save_checkpoint", real_save)
 
     trained, scored = [], []
 

@@ -231,8 +231,8 @@ def test_the_test_set_line_counts_the_images_a_scoring_left_out_as_unreadable(tm
     metrics are of, and says how many images were left out."""
     from kdml.config import resolve_config
     from kdml.evaluation.evaluator import Embedder, evaluate_method
+    from kdml.training.build import build_method
     from kdml.training.recipes import get_recipe
-    from kdml.training.trainer import build_method
 
     root = make_inshop(tmp_path, items=6, per_item=3)  # test items: 2 queries, 1 gallery image
     splits = standard_splits("inshop", str(root))

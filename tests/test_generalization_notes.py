@@ -20,7 +20,7 @@ from kdml.evaluation.generalization import (
     distance_note,
     generalization_terms,
 )
-from kdml.training import trainer
+from kdml.training import loading
 
 # ----------------------------------------------------------------- too few scored samples
 
@@ -99,7 +99,7 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
                                             "err_seen", "err_unseen")} | {
             "unfitted": Estimate.of([0.0, 0.0])}, tmp_path / "generalization.json"
 
-    monkeypatch.setattr(trainer, "load_run", lambda run_dir, data_root=None: run)
+    monkeypatch.setattr(loading, "load_run", lambda run_dir, data_root=None: run)
     monkeypatch.setattr(inspection, "analyze_generalization", analyze)
     return ["analyze", "generalization", str(tmp_path), "--repeats", "2"]
 

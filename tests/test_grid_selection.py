@@ -12,9 +12,9 @@ from fixtures_photo_sets import make_cub
 from kdml import cli
 from kdml.errors import KdmlError
 from kdml.training import trainer
+from kdml.training.checks import MIN_VALIDATION_CLASSES
 from kdml.training.grid import best_cells, grid_cells
 from kdml.training.run_folder import RunFolder
-from kdml.training.trainer import MIN_VALIDATION_CLASSES
 
 SIZES = [2, 8, 16]
 

@@ -528,7 +528,7 @@ def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tm
 
     from kdml.data.offline import load_digits
     from kdml.inspection import RunWithoutData, query_vectors
-    from kdml.training.trainer import load_run
+    from kdml.training.loading import load_run
 
     images, _ = load_digits()
     np.savez(tmp_path / "raw.npz", inputs=images[:50].numpy())
@@ -1121,7 +1121,7 @@ def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsy
     """An Atlas run's chart codes are searched, and their charts checked against the run's
     n_charts, without the data; its raw 'inputs' are embedded, into the same charts and
     neighbours, by the model rebuilt from the run folder, without the data too."""
-    import kdml.training.trainer as trainer
+    from kdml.training import loading, trainer
 
     assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
     assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
@@ -1144,6 +1144,7 @@ def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsy
         raise KdmlError("the data was read")
 
     monkeypatch.setattr(trainer, "prepare_data_and_test_part", unread)
+    monkeypatch.setattr(loading, "prepare_data_and_test_part", unread)
     assert (search("q.npz"), search("raw.npz")) == with_data
     assert [code for code, _, _ in with_data] == [0, 0]
     code, _, err = search("chart-5.npz")

@@ -32,7 +32,7 @@ from kdml.regularizers import (
 )
 from kdml.regularizers.domain import DomainMMD
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
-from kdml.training import trainer
+from kdml.training import build
 
 LABELS = torch.arange(4).repeat_interleave(4)
 WEIGHTS = torch.rand(16, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
@@ -192,7 +192,7 @@ def test_jrd_trains_under_autocast_and_keeps_float32_parameters(tmp_path, monkey
         backbone.register_forward_hook(record)
         return backbone
 
-    monkeypatch.setattr(trainer, "build_backbone", hooked_backbone)
+    monkeypatch.setattr(build, "build_backbone", hooked_backbone)
     out = tmp_path / "run"
     assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), "--no-progress",
                      f"train.precision={precision}", "train.epochs=1", "eval.nmi=false",

@@ -824,7 +824,7 @@ def test_a_quick_report_goes_beside_its_runs_not_into_docs(quick_dtml, tmp_path,
 def test_plan_hashes_the_device_auto_resolves_to(tmp_path):
     """A library caller passing 'auto' must find the runs its device trained under that
     device's own name (the CLI is not the only caller of the runner)."""
-    from kdml.training.trainer import resolve_device
+    from kdml.training.build import resolve_device
 
     found = experiments("dtml", quick=True)[:1]
     resolved = str(resolve_device("auto"))
@@ -853,7 +853,7 @@ def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, mo
         raise KeyboardInterrupt  # stop before training anything
 
     monkeypatch.setattr(runner, "reproduce", record)
-    monkeypatch.setattr("kdml.training.trainer.resolve_device",
+    monkeypatch.setattr("kdml.training.build.resolve_device",
                         lambda name: torch.device("cpu" if name == "auto" else name))
     assert cli.main(["reproduce", "dtml", "--quick", "--device", "auto", "--out",
                      str(tmp_path / "r.md"), "--runs", str(tmp_path / "runs")]) == 130
@@ -1186,7 +1186,7 @@ def test_a_not_run_command_adds_its_section_to_the_same_report(tmp_path, monkeyp
     they trained another setting into the default report."""
     _two_tiny_tables(monkeypatch)
     # here `auto` would be a GPU: runs trained with --device cpu are found only with it
-    monkeypatch.setattr("kdml.training.trainer.resolve_device",
+    monkeypatch.setattr("kdml.training.build.resolve_device",
                         lambda name: torch.device("cuda" if name == "auto" else name))
     runs, report = tmp_path / "runs", tmp_path / "report.md"
     assert cli.main(["reproduce", "jrd", "--quick", "--seeds", "1", "--only", "tiny-a",

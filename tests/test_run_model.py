@@ -14,7 +14,7 @@ from fixtures_array_sets import make_image_folder
 from kdml import cli
 from kdml.data.sample_spec import FIELD, SampleSpec
 from kdml.errors import KdmlError
-from kdml.training.trainer import TrainedRun, load_model, load_run
+from kdml.training.loading import TrainedRun, load_model, load_run
 
 TINY = ["--no-progress", "train.epochs=1", "train.steps_per_epoch=3", "eval.nmi=false",
         "model.embedding_size=8", "train.device=cpu"]

@@ -42,8 +42,8 @@ def _digits_of_classes(classes: list[int]):
 
 def _untrained_method(recipe: str, splits, *overrides: str):
     from kdml.config import resolve_config
+    from kdml.training.build import build_method
     from kdml.training.recipes import get_recipe
-    from kdml.training.trainer import build_method
 
     spec = get_recipe(recipe)
     config = resolve_config(spec.name, spec.params, spec.defaults,
@@ -123,8 +123,8 @@ def test_sgd_with_per_epoch_decay_and_step_decay(tmp_path):
 def test_lr_milestones_follow_torchs_multistep_schedule():
     """[19, 39] is the JRD authors' schedule: rates / 10 from 0-based epochs 19 and 39."""
     from kdml.config import resolve_config
+    from kdml.training.build import build_method, build_optimizer
     from kdml.training.recipes import get_recipe
-    from kdml.training.trainer import build_method, build_optimizer
 
     recipe = get_recipe("amsoftmax")
     config = resolve_config("amsoftmax", recipe.params, recipe.defaults, None,
@@ -331,8 +331,8 @@ def test_a_pca_run_is_loaded_where_its_fit_would_not_fit(tmp_path, capsys, monke
     """A pca run fitted on a large machine is evaluated on a smaller one (building its method
     had been refused as if to fit it); there, kdml train pca is refused in one line before the
     run folder is made. 64 features: the fit takes 96 KiB, the model 16 KiB."""
+    from kdml.training.loading import load_run
     from kdml.training.recipes import dtml
-    from kdml.training.trainer import load_run
 
     train(tmp_path, "pca", "--dataset", "mnist5k->digits", "train.epochs=1")
     monkeypatch.setattr(dtml, "_physical_memory", lambda: 100_000)  # 50,000 bytes may be used
@@ -396,9 +396,9 @@ def test_domain_mmd_composes_with_any_recipe(tmp_path):
     from kdml.config import resolve_config
     from kdml.kernels import GaussianMixtureKernel
     from kdml.regularizers.domain import DomainMMD
+    from kdml.training.build import build_method
     from kdml.training.domain_adapted import DomainAdaptedMethod
     from kdml.training.recipes import get_recipe
-    from kdml.training.trainer import build_method
 
     domain = ["domain.beta=0.5", "domain.kernel=gaussian"]
     metrics = train(tmp_path, "jrd", "--dataset", "mnist5k->digits", *domain)
@@ -696,15 +696,15 @@ def test_only_epochs_that_are_scored_are_kept_before_their_scoring(tmp_path, mon
     """train.eval_every: an epoch not scored has its checkpoint at once, as before; a scored
     one is kept as trained before it is scored. A kept epoch that last.pt holds already (a
     kill came between the two files) is superseded: a resume removes it."""
-    from kdml.training import trainer
+    from kdml.training import recorder
 
-    real_save, written = trainer.save_checkpoint, []
+    real_save, written = recorder.save_checkpoint, []
 
     def save(state, path):
         written.append((path.name, state["epoch"]))
         real_save(state, path)
 
-    monkeypatch.setattr(trainer, "save_checkpoint", save)
+    monkeypatch.setattr(recorder, "save_checkpoint", save)
     train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=3", "train.eval_every=2",
           "train.steps_per_epoch=2")
     assert written == [("last.pt", 1), ("unscored.pt", 2), ("last.pt", 2), ("unscored.pt", 3),
@@ -981,7 +981,7 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
     their error was raised in place of the stop (here a Ctrl-C)."""
     import errno
 
-    from kdml.training import trainer
+    from kdml.training import recorder, trainer
 
     def scoring(*args, **kwargs):
         raise KeyboardInterrupt
@@ -990,7 +990,7 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "loss.png"))
 
     monkeypatch.setattr(trainer, "score_method", scoring)
-    monkeypatch.setattr(trainer, "plot_training", full_disk)
+    monkeypatch.setattr(recorder, "plot_training", full_disk)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                      "train.steps_per_epoch=2", "train.eval_every=2"]) == 130
@@ -1002,13 +1002,13 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
 def test_plots_that_cannot_be_written_do_not_stop_training(tmp_path, monkeypatch, capsys):
     """plots/ not writable (an OSError, not kdml's own refusal of a picture it did not draw)
     had stopped the run with its checkpoints and metrics still writable."""
-    from kdml.training import trainer
+    from kdml.training import recorder
 
     def not_writable(history, folder):
         raise PermissionError(13, "Permission denied", str(folder / "loss.png"))
 
-    monkeypatch.setattr(trainer, "plot_training", not_writable)
-    monkeypatch.setattr(trainer, "PLOT_EVERY_S", 0.0)
+    monkeypatch.setattr(recorder, "plot_training", not_writable)
+    monkeypatch.setattr(recorder, "PLOT_EVERY_S", 0.0)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                      "train.steps_per_epoch=2"]) == 0

@@ -106,16 +106,16 @@ def test_a_plot_path_that_does_not_end_in_png_is_refused(tmp_path, name):
 
 def _drawn_epochs(monkeypatch) -> list[list[int]]:
     """The epochs of each history the trainer draws, from here on."""
-    from kdml.training import trainer
+    from kdml.training import recorder
 
     drawn: list[list[int]] = []
-    real = trainer.plot_training
+    real = recorder.plot_training
 
     def record(history, folder):
         drawn.append([row["epoch"] for row in history])
         return real(history, folder)
 
-    monkeypatch.setattr(trainer, "plot_training", record)
+    monkeypatch.setattr(recorder, "plot_training", record)
     return drawn
 
 
@@ -129,9 +129,9 @@ TINY_PLOTTED = ["--dataset", "digits", "--no-progress", "train.epochs=3",
 def test_plots_are_redrawn_at_most_every_so_often_and_at_the_end(every, expected, tmp_path,
                                                                  monkeypatch):
     from kdml import cli
-    from kdml.training import trainer
+    from kdml.training import recorder
 
-    monkeypatch.setattr(trainer, "PLOT_EVERY_S", every)
+    monkeypatch.setattr(recorder, "PLOT_EVERY_S", every)
     drawn = _drawn_epochs(monkeypatch)
     assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(tmp_path / "run")]) == 0
     assert drawn == expected
@@ -142,17 +142,17 @@ def test_plots_are_redrawn_at_most_every_so_often_and_at_the_end(every, expected
 def test_a_run_stopped_between_redraws_draws_the_epochs_it_finished(tmp_path, monkeypatch):
     """Ctrl-C (or an error) in epoch 3, after epoch 2's metrics: the plots show epochs 1, 2."""
     from kdml import cli
-    from kdml.training import trainer
+    from kdml.training import recorder
 
-    monkeypatch.setattr(trainer, "PLOT_EVERY_S", 3600.0)
+    monkeypatch.setattr(recorder, "PLOT_EVERY_S", 3600.0)
     drawn = _drawn_epochs(monkeypatch)
-    real_save = trainer.save_checkpoint
+    real_save = recorder.save_checkpoint
 
     def save_then_stop(state, path):
         real_save(state, path)
         if path.name == "unscored.pt" and state["epoch"] == 3:  # trained, before scoring
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(recorder, "save_checkpoint", save_then_stop)
     assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(tmp_path / "run")]) == 130
     assert drawn == [[1, 2]]

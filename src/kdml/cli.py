@@ -33,8 +33,8 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
     from kdml.reproduce.experiments import Experiment
     from kdml.reproduce.runner import ExperimentResult
     from kdml.training.grid import Cell
+    from kdml.training.loading import RunModel, TrainedRun
     from kdml.training.recipes import Recipe
-    from kdml.training.trainer import RunModel, TrainedRun
 
 
 class _Parser(argparse.ArgumentParser):
@@ -486,6 +486,7 @@ def _rank() -> int:
 def _train(args: argparse.Namespace) -> int:
     from kdml import distributed
     from kdml.config import load_config_file, resolve_config, with_absolute_paths
+    from kdml.training.loading import run_config
     from kdml.training.recipes import get_recipe
     from kdml.training.run_folder import (
         RUNS_FOLDER,
@@ -495,7 +496,7 @@ def _train(args: argparse.Namespace) -> int:
         default_run_dir,
         remove_if_unused,
     )
-    from kdml.training.trainer import run_config, train
+    from kdml.training.trainer import train
 
     if args.resume is not None:
         if (args.recipe or args.overrides or args.dataset or args.config or args.weights
@@ -558,7 +559,7 @@ def _train(args: argparse.Namespace) -> int:
 def _join_processes(config: RunConfig) -> None:
     """Under torchrun: join the process group (NCCL when training on GPUs, else gloo)."""
     from kdml import distributed
-    from kdml.training.trainer import resolve_device
+    from kdml.training.build import resolve_device
 
     if distributed.launched_by_torchrun():
         device = resolve_device(distributed.device_for(config.train.device))
@@ -579,6 +580,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     from kdml import distributed
     from kdml.config import with_absolute_paths
     from kdml.training.grid import best_cells, changed_setting, check_grid_folder, write_marker
+    from kdml.training.loading import run_config
     from kdml.training.run_folder import (
         RUNS_FOLDER,
         RunFolder,
@@ -587,7 +589,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
         default_run_dir,
     )
     from kdml.training.selection import as_validation_history, best_scores
-    from kdml.training.trainer import run_config, train
+    from kdml.training.trainer import train
 
     cells, resolved = _grid_configs(recipe, file_values, overrides)
     configs = [with_absolute_paths(config) for config in resolved]
@@ -842,8 +844,9 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from kdml.training.checks import check_evaluation
+    from kdml.training.loading import load_run
     from kdml.training.run_folder import check_json_replaceable, write_json
-    from kdml.training.trainer import check_evaluation, load_run
 
     if args.dataset is not None:
         return _eval_other_dataset(args)
@@ -864,7 +867,8 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
     written: the run folder's ``eval.json`` is of the run's own data."""
     from kdml.inspection import other_data
-    from kdml.training.trainer import check_evaluation, load_model
+    from kdml.training.checks import check_evaluation
+    from kdml.training.loading import load_model
 
     if args.test:  # another dataset has no validation part to stand in for its test part
         raise KdmlError("--test picks a validated run's own test part; with --dataset the "
@@ -907,7 +911,7 @@ def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
 def _analyze_generalization(args: argparse.Namespace) -> int:
     from kdml.evaluation.generalization import check_scored_counts, distance_note
     from kdml.inspection import GeneralizationSettings, analyze_generalization
-    from kdml.training.trainer import load_run
+    from kdml.training.loading import load_run
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
@@ -953,7 +957,7 @@ def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
     run's, and the model is rebuilt without the run's data where its folder records what it
     takes); a note on stderr where "test" is a validation part."""
     from kdml.inspection import dataset_part, run_part
-    from kdml.training.trainer import load_model, load_run
+    from kdml.training.loading import load_model, load_run
 
     if args.test and args.split == "train":  # the test part's load counts validation as trained
         raise KdmlError("--test picks the test part; with --split train it would add the "
@@ -971,7 +975,7 @@ def _plotted_run(args: argparse.Namespace) -> TrainedRun:
     """The run a plot draws: its test part (``--test``), or a validated run's validation part,
     which is then said on stderr."""
     from kdml.inspection import run_part
-    from kdml.training.trainer import load_run
+    from kdml.training.loading import load_run
 
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
     _note_validation_part(run_part(trained))
@@ -1013,7 +1017,7 @@ def _index(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from kdml.inspection import results_as_json, run_without_data, score_name, search
-    from kdml.training.trainer import load_model
+    from kdml.training.loading import load_model
 
     def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
         return load_model(args.run_dir, best=args.best, data_root=args.data_root)
@@ -1117,8 +1121,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml.reproduce.catalog import experiments
     from kdml.reproduce.report import check_outputs, keep_reported
     from kdml.reproduce.runner import reproduce
+    from kdml.training.build import resolve_device
     from kdml.training.run_folder import hold_folder
-    from kdml.training.trainer import resolve_device
 
     if distributed.launched_by_torchrun():
         raise KdmlError("kdml reproduce trains its runs one after another in one process; "

@@ -48,19 +48,13 @@ from kdml.evaluation.index import (
 from kdml.evaluation.knn import as_metric, knn_search, l2_normalize
 from kdml.figure_file import check_replaceable
 from kdml.file_write import check_writable_folder, write_through_new_file
+from kdml.training.build import build_embedder, build_pipeline
 from kdml.training.checkpoint import load_checkpoint
+from kdml.training.loading import RunModel, TrainedRun, chosen_checkpoint, run_config
 from kdml.training.run_folder import (
     RunFolder,
     check_json_replaceable,
     write_json,
-)
-from kdml.training.trainer import (
-    RunModel,
-    TrainedRun,
-    build_embedder,
-    build_pipeline,
-    chosen_checkpoint,
-    run_config,
 )
 from kdml.viz_charts import plot_charts
 from kdml.viz_retrieval import (
@@ -253,7 +247,7 @@ class RunWithoutData:
 
 def run_without_data(run_dir: Path, best: bool = False) -> RunWithoutData:
     """The run at ``run_dir`` and its checkpoint (``best``: ``best.pt``), refused as
-    :func:`~kdml.training.trainer.load_run` refuses them, without reading data or weights."""
+    :func:`~kdml.training.loading.load_run` refuses them, without reading data or weights."""
     run = RunFolder.existing(run_dir)
     return RunWithoutData(run, run_config(run), chosen_checkpoint(run, best))
 
@@ -266,7 +260,7 @@ def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
     files, or fitted to the samples' ``(C, H, W)`` for in-memory image datasets such as
     Fashion-MNIST) or an ``.npz`` with ``embeddings`` (Atlas runs: ``chart_coords`` and
     ``chart_index``) or raw ``inputs`` shaped like the run's samples. Only images and
-    ``inputs`` call ``model`` (the run's model: :func:`~kdml.training.trainer.load_model`)."""
+    ``inputs`` call ``model`` (the run's model: :func:`~kdml.training.loading.load_model`)."""
     if not query.is_file():
         raise KdmlError(f"query {query} {why_missing(query, 'file')}: give an image file or an "
                         ".npz")

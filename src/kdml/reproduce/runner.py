@@ -26,6 +26,8 @@ from kdml.evaluation.knn import as_metric
 from kdml.evaluation.parts import retrieval_over_parts
 from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
+from kdml.training.build import resolve_device
+from kdml.training.loading import TrainedRun, load_run, run_config
 from kdml.training.nonfinite import NonFiniteLoss
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import (
@@ -38,13 +40,7 @@ from kdml.training.run_folder import (
     safe_name,
     write_json,
 )
-from kdml.training.trainer import (
-    TrainedRun,
-    load_run,
-    resolve_device,
-    run_config,
-    train,
-)
+from kdml.training.trainer import train
 
 # Written by kdml into each run folder it trains: the wall time and device of the training.
 TIMING_FILE = "reproduce.json"
@@ -254,7 +250,7 @@ def reproduce_remedy(run_dir: Path, dataset: str) -> str:
 
 
 def reload_run(run_dir: Path) -> TrainedRun:
-    """:func:`~kdml.training.trainer.load_run`, refusing changed data in reproduce's words."""
+    """:func:`~kdml.training.loading.load_run`, refusing changed data in reproduce's words."""
     dataset = run_config(RunFolder.existing(run_dir)).data.dataset
     return load_run(run_dir, data_remedy=reproduce_remedy(run_dir, dataset))
 

@@ -3,569 +3,90 @@
 Data flows one way: a batch sampler picks indices, a ``DataLoader`` (worker processes for image
 files) yields raw batches, the input pipeline augments and normalises them on the training
 device, the method returns its loss terms as tensors, and the trainer reduces them once per
-epoch.
+epoch. What the loop uses lives beside it: :mod:`~kdml.training.build` (the method, pipeline
+and optimiser), :mod:`~kdml.training.checks` (refusals before anything trains),
+:mod:`~kdml.training.batches` and :mod:`~kdml.training.recorder` (what a run writes);
+:mod:`~kdml.training.loading` reads a trained run back.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import functools
-import itertools
-import logging
-import math
-import re
-import time
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from kdml import distributed
-from kdml.config import (
-    SECTIONS,
-    ModelConfig,
-    RunConfig,
-    load_config_file,
-    resolve_config,
-    save_config,
-    with_absolute_paths,
-)
-from kdml.data.dataset import Batch
+from kdml.config import ModelConfig, RunConfig, save_config, with_absolute_paths
 from kdml.data.fingerprint import FORMAT as FINGERPRINT_FORMAT
-from kdml.data.fingerprint import FORMAT_FIELD, data_fingerprint, fingerprint_difference
-from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers, to_device
+from kdml.data.fingerprint import FORMAT_FIELD
+from kdml.data.loaders import to_device
 from kdml.data.prepare import prepare_data_and_test_part
-from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
 from kdml.data.sample_spec import FIELD as SAMPLES_FIELD
-from kdml.data.sample_spec import Samples, SampleSpec
-from kdml.data.samplers import (
-    ClassBalancedBatches,
-    EpochBatches,
-    RankShare,
-    ShuffledBatches,
-    TargetBatches,
-    check_batching,
-)
-from kdml.data.splits import DOMAIN, SEEN, DataSplits
-from kdml.data.transforms import InputPipeline, Normalization
+from kdml.data.samplers import check_batching
+from kdml.data.splits import DataSplits
+from kdml.data.transforms import InputPipeline
 from kdml.distributed import World
-from kdml.errors import KdmlError, Terminated, why_missing
-from kdml.evaluation.evaluator import (
-    Embedder,
-    NonFiniteEmbeddings,
-    metric_names,
-    score_method,
-)
-from kdml.kernels import GaussianMixtureKernel
-from kdml.models.backbones import build_backbone, freeze_batchnorm
+from kdml.errors import KdmlError
+from kdml.evaluation.evaluator import Embedder, NonFiniteEmbeddings, score_method
+from kdml.models.backbones import freeze_batchnorm
 from kdml.models.method import Method
-from kdml.models.weights import load_weights
 from kdml.precision import autocast, gradient_scaler
 from kdml.progress import bar_disabled
-from kdml.regularizers.domain import DomainMMD
-from kdml.seeding import AUGMENT, BatchShare, StepRandom, with_cpu_seed
-from kdml.training.checkpoint import load_checkpoint, partial_checkpoints, save_checkpoint
+from kdml.seeding import AUGMENT, BatchShare, StepRandom
+from kdml.training.batches import TrainingBatches
+from kdml.training.build import (
+    Schedule,
+    build_embedder,
+    build_method,
+    build_optimizer,
+    build_pipeline,
+    resolve_device,
+)
+from kdml.training.checkpoint import load_checkpoint, partial_checkpoints
+from kdml.training.checks import (
+    check_distributed,
+    check_evaluation,
+    check_method_on_splits,
+    warn_about_splits,
+)
 from kdml.training.determinism import make_deterministic
-from kdml.training.domain_adapted import DomainAdaptedMethod
+from kdml.training.loading import RESUME_DATA_REMEDY, check_data_path, check_run_data, data_record
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
+from kdml.training.recorder import Recorder
 from kdml.training.resume_settings import RESUMABLE, changed_settings
 from kdml.training.run_folder import (
     NOTHING_LEFT,
     SCORED_FIRST,
-    STOPPED,
     RunFolder,
     check_new_run_folder,
     check_utf8_path,
-    run_logging,
     start_afresh,
     warnings_on_stderr,
 )
 from kdml.training.selection import (
-    SCORED_PARTS,
     VALIDATION,
     as_validation_history,
     best_epoch,
     check_scored,
-    check_selectable,
     part_scores,
     patience_exhausted,
     scored_prefix,
     scores,
 )
-from kdml.viz import plot_training
-
-if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
 
 # Steps between reads of the non-finite flag on a GPU (each read is a host sync).
 NONFINITE_CHECK_EVERY = 50
-
-# Seconds between redraws of plots/ while a run trains; the session's end draws the last epochs.
-# Drawing the two plots takes about 0.3 s on a 2-core CPU (matplotlib; 0.27 s median of 7 for
-# 10 epochs), more than a small run's epoch: small runs (tests, `kdml reproduce --quick`) spent
-# up to half their time redrawing them every epoch.
-PLOT_EVERY_S = 30.0
-
-
-# Backbones made for RGB images (BN-Inception) get grayscale images as three equal channels.
-RGB_ONLY = ("bninception",)
-
-
-def model_input_shape(config: RunConfig, samples: Samples) -> tuple[int, ...]:
-    """What the backbone takes: the crop of file-decoded images, else the sample itself;
-    three channels for a grayscale image into an RGB-only backbone."""
-    shape = samples.sample_shape
-    if samples.is_file_backed:
-        shape = (shape[0], config.data.image_size, config.data.image_size)
-    if len(shape) == 3 and shape[0] == 1 and config.model.backbone in RGB_ONLY:
-        shape = (3, *shape[1:])
-    return shape
-
-
-def build_method(config: RunConfig, splits: DataSplits, pretrained: bool = True,
-                 echo: Callable[[str], None] = print) -> Method:
-    """The recipe's method for ``splits``, its initial weights drawn from ``train.seed``, and
-    the backbone's from ``model.weights`` when ``pretrained``."""
-    if config.domain.beta > 0 and splits.target is None:
-        raise KdmlError("domain.beta > 0 needs a domain pair as data.dataset, "
-                        "e.g. mnist5k->digits")
-    return build_method_for(config, splits.train, len(splits.train_classes), pretrained, echo)
-
-
-def build_method_for(config: RunConfig, samples: Samples, train_classes: int,
-                     pretrained: bool = True, echo: Callable[[str], None] = print) -> Method:
-    """:func:`build_method` for training samples like ``samples`` (a dataset, or the
-    :class:`~kdml.data.sample_spec.SampleSpec` a run folder records) of ``train_classes``
-    classes."""
-
-    def build() -> Method:
-        model = config.model
-        backbone = build_backbone(model.backbone, model_input_shape(config, samples),
-                                  samples.default_backbone, model.pooling, model.small_input)
-        if pretrained and model.weights:
-            load_weights(backbone, model.weights, report=echo)
-        return get_recipe(config.recipe).build(config, backbone, train_classes)
-
-    method = with_cpu_seed(config.train.seed, build)
-    if config.domain.beta > 0:
-        kernel = GaussianMixtureKernel() if config.domain.kernel == "gaussian" else None
-        method = DomainAdaptedMethod(method, config.domain.beta, DomainMMD(kernel))
-    return method
-
-
-def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:
-    """Refuse, before anything trains, a recipe that cannot train or be scored on these
-    splits: each of these had failed only when the first epoch was scored, losing it. (Not on
-    loading a trained run: its config was taken when it trained.)"""
-    if method.uses_target and splits.target is None:
-        raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
-                        "pair such as mnist5k->digits")
-    if config.domain.beta > 0 and isinstance(method, DomainAdaptedMethod) and (
-            method.inner.uses_target):
-        raise KdmlError(f"{config.recipe} has its own domain term between source and "
-                        "target: set method.beta, not domain.beta")
-    if method.has_charts and config.eval.metric != "euclidean":
-        raise KdmlError(f"{config.recipe} is scored by chart retrieval, with the manifold "
-                        f"distance (Euclidean within a chart): eval.metric={config.eval.metric} "
-                        "does not apply to it; drop it")
-    if splits.kind == DOMAIN and method.has_charts:
-        raise KdmlError(f"{config.recipe} is scored by chart retrieval, which kdml does not do "
-                        "across a domain pair; train it on one dataset, or train a recipe "
-                        "without charts (e.g. triplet) on the pair, with domain.beta")
-
-
-def build_pipeline(config: RunConfig, samples: Samples, method: Method) -> InputPipeline:
-    """The input pipeline of samples like ``samples`` (the training part, or its record):
-    crops for file-decoded images, the backbone's channels and normalisation (of test batches
-    only, for methods that augment their inputs themselves)."""
-    normalization = getattr(method.backbone, "normalization", None) or Normalization()
-    crop = config.data.image_size if samples.is_file_backed else None
-    channels = model_input_shape(config, samples)[0]
-    return InputPipeline(crop, normalization, channels=channels,
-                         normalize_train=not method.augments_inputs)
-
-
-def build_embedder(config: RunConfig, pipeline: InputPipeline,
-                   device: torch.device) -> Embedder:
-    return Embedder(pipeline.test, device, config.eval.embed_batch_size, config.data.num_workers,
-                    config.data.on_bad_image, config.train.precision)
-
-
-Schedule = torch.optim.lr_scheduler.LRScheduler
-
-
-def build_optimizer(method: Method, config: RunConfig
-                    ) -> tuple[torch.optim.Optimizer | None, Schedule | None]:
-    """Adam, RMSProp or plain gradient steps over the method's parameter groups, with step decay
-    (``lr_step`` or ``lr_milestones``, ``lr_gamma``; Sec. 5.1 of Chu et al.) and per-epoch decay
-    (``lr_decay``; DTML's lambda <- 0.95 lambda). ``(None, None)`` for a method with nothing to
-    train."""
-    groups = [group for group in method.param_groups(config.optim) if group["params"]]
-    if not groups:
-        return None, None
-    optim = config.optim
-    if optim.name == "adam":
-        optimizer: torch.optim.Optimizer = torch.optim.Adam(groups, eps=optim.adam_eps)
-    elif optim.name == "rmsprop":
-        optimizer = torch.optim.RMSprop(groups)
-    else:
-        optimizer = torch.optim.SGD(groups, lr=optim.lr)
-
-    def factor(epoch: int) -> float:  # epoch: 0-based, the epochs finished so far
-        if optim.lr_milestones:
-            steps = bisect.bisect_right(optim.lr_milestones, epoch)
-        else:
-            steps = epoch // optim.lr_step if optim.lr_step else 0
-        return optim.lr_gamma ** steps * optim.lr_decay ** epoch
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-@dataclass
-class RunModel:
-    """A run's model on the CPU, loaded from a checkpoint, and what it takes (``samples``)."""
-
-    run: RunFolder
-    config: RunConfig
-    method: Method
-    epoch: int
-    embedder: Embedder
-    checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
-    samples: SampleSpec
-
-
-@dataclass
-class TrainedRun(RunModel):
-    """A run's model and its data (``splits``: the test part's with ``load_run(test_part=)``)."""
-
-    splits: DataSplits
-
-    def plot_path(self, name: str) -> Path:
-        """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
-        the kept best epoch, so the two never overwrite each other."""
-        best = self.checkpoint == self.run.best_checkpoint
-        return self.run.plots / f"{name}{'-best' if best else ''}.png"
-
-
-def run_config(run: RunFolder) -> RunConfig:
-    """The configuration in a run folder's ``config.yaml``, which kdml wrote whole: a file
-    without its recipe or one of its sections (cut short, emptied, or the user's own) is
-    refused, where reading it as a config file would fill the gaps with defaults, silently."""
-    file_values = load_config_file(run.config)
-    missing = [key for key in ("recipe", *SECTIONS) if key not in file_values]
-    if missing:
-        raise KdmlError(f"{run.config} has no {missing[0]!r}: it is not the whole config kdml "
-                        "wrote for this run (cut short, emptied or replaced); restore it, or "
-                        "train the run again into a new folder")
-    recipe = get_recipe(str(file_values["recipe"]))
-    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
-    if config.data.root and not root_is_read(config.data.dataset):
-        # Saved before kdml refused a root the dataset does not read: it was ignored in
-        # training, so it is dropped here rather than refused for a run already trained.
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, root=""))
-    return config
-
-
-def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:
-    """The checkpoint a command reads: ``checkpoints/best.pt`` with ``best``
-    (``train.keep_best``), else ``last.pt``; one line where it is not there."""
-    checkpoint = run.best_checkpoint if best else run.checkpoint
-    if best and not checkpoint.is_file():
-        raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
-                        "train.keep_best=true keep one")
-    if not checkpoint.is_file():  # load_checkpoint's one line: the run never finished an epoch
-        load_checkpoint(checkpoint)
-    return checkpoint
-
-
-# What a refusal of changed data tells the user of kdml train --resume, and of kdml eval & co.
-RESUME_DATA_REMEDY = ("put back the data the run trained on where its config.yaml says, or point "
-                      "its data.root (or folder:/csv: path) at where it is now")
-LOAD_DATA_REMEDY = "point --data-root at the data the run trained on"
-
-
-def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
-             test_part: bool = False, data_remedy: str = LOAD_DATA_REMEDY) -> TrainedRun:
-    """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
-
-    ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
-    loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
-    validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
-    model on the classes it was never chosen on; the model is built as trained.
-    Data other than the run's is refused (:func:`check_run_data`), saying ``data_remedy``."""
-    run = RunFolder.existing(run_dir)
-    config = run_config(run)
-    if data_root is not None:  # set directly: a path is not parsed as an override's YAML
-        dataset, root = relocated(config.data.dataset, data_root)
-        config = dataclasses.replace(
-            config, data=dataclasses.replace(config.data, dataset=dataset, root=root))
-    checkpoint = chosen_checkpoint(run, best)  # needs no data: said first
-    if data_root is None:
-        check_data_path(run, config.data.dataset, data_remedy)
-    state = load_checkpoint(checkpoint)
-    recorded = run.recorded_data()
-    # the test part too where it was recorded: the check compares every part training saw
-    splits, test_splits = prepare_data_and_test_part(config.data,
-                                                     test_part or recorded is not None)
-    check_run_data(run, recorded, config, splits, test_splits, data_remedy)
-    if not test_part:
-        test_splits = splits
-    method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
-    _load_weights(method, state, checkpoint,
-                  f"the run's config and its data as they are now ({len(splits.train_classes)} "
-                  "training classes)", "if the data changed since training (classes added or "
-                  "removed), point --data-root at the data the run trained on")
-    embedder = build_embedder(config, build_pipeline(config, splits.train, method),
-                              torch.device("cpu"))
-    return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
-                      SampleSpec.of(splits.train, len(splits.train_classes)), test_splits)
-
-
-def load_model(run_dir: Path, best: bool = False, data_root: str | None = None) -> RunModel:
-    """A run's model (on the CPU, from ``last.pt``, or ``best.pt`` with ``best``), rebuilt from
-    the run folder alone: its config, its checkpoint and what its ``data.json`` records of the
-    samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
-    is rebuilt from its data by :func:`load_run` (at ``data_root`` where given)."""
-    run = RunFolder.existing(run_dir)
-    recorded = run.recorded_data()
-    samples = (None if recorded is None else
-               SampleSpec.from_record(recorded, str(run.data_fingerprint)))
-    if samples is None:
-        return load_run(run_dir, data_root, best=best)
-    config = run_config(run)
-    checkpoint = chosen_checkpoint(run, best)
-    state = load_checkpoint(checkpoint)
-    method = build_method_for(config, samples, samples.train_classes, pretrained=False)
-    _load_weights(method, state, checkpoint,
-                  f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
-                  "classes)", "restore the run's files from a copy")
-    embedder = build_embedder(config, build_pipeline(config, samples, method),
-                              torch.device("cpu"))
-    return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
-
-
-def data_record(splits: DataSplits, test_part: DataSplits | None) -> dict[str, Any]:
-    """A run's ``data.json``: the fingerprint of its data (:mod:`kdml.data.fingerprint`) and
-    what its model takes (:mod:`kdml.data.sample_spec`), from which the run folder alone
-    rebuilds the model (:func:`load_model`)."""
-    return {**data_fingerprint(splits, test_part),
-            SAMPLES_FIELD: SampleSpec.of(splits.train, len(splits.train_classes)).to_record()}
-
-
-def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
-    """Refuse, saying ``remedy``, a path-named dataset (``folder:DIR``, ``csv:FILE``,
-    ``npz:FILE``) whose path is gone: the reader's own words would not say that the run's
-    data moved, nor that --data-root follows it."""
-    for prefix, kind in PATH_FORMATS.items():
-        if dataset.startswith(prefix):
-            path = Path(dataset.removeprefix(prefix)).expanduser()  # as the readers take it
-            if not (path.is_dir() if kind == "folder" else path.is_file()):
-                raise KdmlError(f"{run.config} names {dataset}, whose {kind} "
-                                f"{why_missing(path, kind)} now; {remedy}")
-
-
-def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunConfig,
-                   splits: DataSplits, test_part: DataSplits, remedy: str) -> None:
-    """Refuse, with one line ending in ``remedy``, data other than what the run trained on:
-    ``recorded`` is its fingerprint (``data.json``; ``None`` for a run made before kdml wrote
-    one, which goes unchecked), ``splits`` and ``test_part`` the data as read now (see
-    :func:`~kdml.data.prepare.prepare_data_and_test_part`)."""
-    if recorded is None:
-        return
-    now = data_fingerprint(splits, test_part)
-    difference = fingerprint_difference(recorded, now)
-    if difference is None:
-        return
-    place = now["folder"] or config.data.root
-    then = recorded.get("folder")
-    trained_at = f" (it read {then})" if then and then != place else ""
-    where = f"read from {place}" if place else f"of {config.data.dataset}"
-    raise KdmlError(f"the data {where} is not what {run.root} trained on: "
-                    f"{difference}; {remedy}{trained_at}, or delete {run.data_fingerprint} "
-                    "to use this data anyway")
-
-
-def _load_weights(method: Method, state: dict[str, Any], checkpoint: Path, built_from: str,
-                  remedy: str) -> None:
-    """Load a checkpoint's weights into ``method``, built from ``built_from``; one line saying
-    ``remedy`` where they do not fit it."""
-    try:
-        method.load_state_dict(state["method"])
-    except RuntimeError:
-        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from "
-                        f"{built_from}: {_first_mismatch(state['method'], method.state_dict())}"
-                        f"; {remedy}") from None
-
-
-def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
-    """The first difference between a checkpoint's weights and a model's, in words."""
-    for key in (key for key in saved if key in built):  # in the checkpoint's order
-        if tuple(saved[key].shape) != tuple(built[key].shape):
-            return (f"{key} is {tuple(saved[key].shape)} in the checkpoint and "
-                    f"{tuple(built[key].shape)} in the model")
-    missing, extra = sorted(built.keys() - saved.keys()), sorted(saved.keys() - built.keys())
-    return (f"the checkpoint lacks {missing[0]}" if missing else
-            f"the checkpoint has {extra[0]}, which the model does not" if extra else
-            "their weights differ")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
-    if not re.fullmatch(r"auto|(cpu|cuda)(:\d+)?", name):
-        raise KdmlError(f"the device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise KdmlError(f"train.device={name} but no CUDA device is available; use cpu or auto")
-    return torch.device(name)
-
-
-class TrainingBatches:
-    """The training split's batches, epoch by epoch, with a target batch for each when the
-    method uses a target domain. Sampling is seeded from (seed, epoch) and decoding happens in
-    the loader's workers. ``drawn=False`` (a method fitted in closed form, which reads every
-    training sample once instead) draws plain batches, whatever ``data.samples_per_class``."""
-
-    def __init__(self, config: RunConfig, splits: DataSplits, uses_target: bool,
-                 device: torch.device, world: World | None = None, drawn: bool = True) -> None:
-        data, seed, world = config.data, config.train.seed, world or World()
-        train = splits.train
-        global_batches: ShuffledBatches | ClassBalancedBatches
-        if data.batch_size and data.samples_per_class and drawn:
-            global_batches = ClassBalancedBatches(train.labels, data.samples_per_class,
-                                                  data.batch_size, seed)
-        else:
-            global_batches = ShuffledBatches(len(train), data.batch_size, seed)
-        self.batch_size = global_batches.batch_size  # the global batch
-        # Under torchrun every rank draws the same global batches and loads its share.
-        self.sampler: EpochBatches = (RankShare(global_batches, world.rank, world.size)
-                                      if world.is_distributed else global_batches)
-        self.dataset, self.on_bad_image = train, data.on_bad_image
-        self.max_steps = config.train.steps_per_epoch
-        pin = device.type == "cuda"
-        self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
-                                                                            train),
-                                   pin_memory=pin, persistent=True)
-        self.target_sampler: EpochBatches | None = None
-        self.target_loader: DataLoader | None = None
-        if uses_target:
-            if splits.target is None:
-                raise KdmlError("this recipe needs a target domain: set data.dataset to a "
-                                "domain pair such as mnist5k->digits")
-            target_sampler: EpochBatches = TargetBatches(
-                len(splits.target), [self.batch_size] * len(self.sampler), seed)
-            if world.is_distributed:
-                target_sampler = RankShare(target_sampler, world.rank, world.size)
-            self.target_sampler = target_sampler
-            self.target_loader = batch_loader(
-                splits.target, target_sampler,
-                resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
-
-    def __len__(self) -> int:
-        return min(len(self.sampler), self.max_steps or len(self.sampler))
-
-    def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
-        self.sampler.set_epoch(epoch)
-        source = readable_batches(self.loader, self.dataset, self.on_bad_image)
-        if self.target_loader is None or self.target_sampler is None:
-            pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
-        else:
-            self.target_sampler.set_epoch(epoch)
-            # not strict: skipped unreadable images can leave the source a batch short
-            pairs = zip(source, self.target_loader, strict=False)
-        yield from itertools.islice(pairs, len(self))
-
-
-def check_distributed(config: RunConfig, world: World, device: torch.device) -> None:
-    """Refuse, before anything runs, settings that cannot work over several processes."""
-    if config.model.sync_bn and device.type != "cuda":
-        raise KdmlError("model.sync_bn needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
-                        "drop it on CPUs")
-    if config.train.sharded_kernels and not world.is_distributed:
-        raise KdmlError("train.sharded_kernels splits JRS's kernel rows over torchrun's "
-                        "processes; launch with torchrun or drop it")
-    if not world.is_distributed:
-        return
-    if config.data.batch_size % world.size:
-        raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
-                        f"split evenly over the {world.size} processes")
-    if config.data.on_bad_image == "skip":
-        raise KdmlError("data.on_bad_image=skip would leave the processes' batches unequal; "
-                        "use error under torchrun")
-
-
-def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False,
-                     evaluating: bool = False) -> None:
-    """Refuse a test set that cannot be scored, before anything is trained: a target domain
-    without labels, a single class or no query with a relevant reference
-    (:func:`check_test_classes`), then Recall@K values beyond the references, then a
-    ``train.select_metric`` the run will not score (it had trained an epoch first). The data's
-    own defects come first: lowering eval.ks would only have led to them. ``evaluating``:
-    for ``kdml eval``, whose Ks come from its ``--ks`` (which the refusal then names) and which
-    selects no epoch."""
-    if splits.kind == DOMAIN:
-        if not (splits.test.labels >= 0).any():
-            raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
-                            "a run cannot be scored (target retrieval and source-NN accuracy "
-                            "need target labels); label some of its samples (-1 marks the "
-                            "unlabelled ones)")
-    else:
-        check_test_classes(splits)
-    ks = config.eval.ks or splits.eval_ks
-    if max(ks) > splits.reference_size:
-        fitting = [str(k) for k in ks if k <= splits.reference_size] or ["1"]
-        setting, example = (("--ks", f"--ks {' '.join(fitting)}") if evaluating else
-                            ("eval.ks", f"eval.ks=[{', '.join(fitting)}]"))
-        raise KdmlError(f"{setting} asks for Recall@{max(ks)} but a test query has only "
-                        f"{splits.reference_size} references; lower {setting}, e.g. "
-                        f"'{example}'")
-    if evaluating:
-        return
-    if config.train.keep_best or config.train.patience or (selects and splits.validation):
-        check_selectable(config.train.select_metric, metric_names(config.eval, splits))
-
-
-def check_test_classes(splits: DataSplits) -> None:
-    """Refuse a test part (its gallery, where it has one) of a single class, or without a
-    query that has a sample of its class to retrieve."""
-    references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
-                                                                             "gallery")
-    if references.num_classes == 1:  # it had trained, then reported every metric as 1
-        raise KdmlError(f"every {part} sample of {references.name} has the same class, so "
-                        "Recall@K, MAP@R and R-Precision would be trivially 1; "
-                        f"{_more_test_classes(splits)}")
-    if splits.gallery is not None:
-        scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
-    else:
-        scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
-    if not scorable:
-        how = ("raise data.holdout_fraction, the share of each class held out for testing"
-               if splits.kind == SEEN else "use a split with at least two test samples per "
-               "class")
-        raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
-                        f"to retrieve, so Recall@K is undefined; {how}")
-
-
-def _more_test_classes(splits: DataSplits) -> str:
-    """What gives the test part (or gallery) of ``splits`` a second class."""
-    if splits.own_split:  # data.train_classes is refused with a dataset's own split
-        rows = ("mark gallery images (is_gallery=1 in a CSV) of at least 2 classes"
-                if splits.gallery is not None else "give the dataset's own split test rows of "
-                "at least 2 classes")
-        return f"{rows}, or set data.split=class-disjoint"
-    if splits.kind == SEEN:  # every class is tested: the dataset has one class
-        return "give the dataset images of at least 2 classes"
-    return "give the test part at least 2 classes (data.train_classes, or more classes)"
 
 
 class CompiledSteps(nn.Module):
@@ -750,36 +271,6 @@ class Session:
         return state
 
 
-# A validation part of fewer classes chooses on little: an embedding that separates none of C
-# equal classes already scores Recall@1 about 1/C, and a few held-out classes say little of the
-# next ones.
-MIN_VALIDATION_CLASSES = 5
-
-
-def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
-    """Warn about data that trains but means little: a single training class (a single test
-    class is refused, :func:`check_evaluation`), a validation part of fewer than
-    :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose target shares no class
-    with its source."""
-    if splits.train.num_classes == 1:
-        log.warning("the training split of %s has a single class: class-based losses have "
-                    "nothing to separate", splits.train.name)
-    if splits.validation and splits.test.num_classes < MIN_VALIDATION_CLASSES:
-        more = ("a dataset of more classes: this validation part holds a share of every "
-                "training class's samples" if splits.kind == SEEN else
-                "a larger data.validation (or more training classes) holds out more")
-        log.warning("the validation part holds %d classes, too few for what is chosen on it "
-                    "(train.keep_best's epoch, train.patience's stop, a grid's best cell) to "
-                    "mean much; %s", splits.test.num_classes, more)
-    if splits.kind == DOMAIN:
-        target = splits.test.labels[splits.test.labels >= 0]
-        if not torch.isin(target, torch.tensor(splits.train_classes)).any():
-            log.warning("no labelled target sample of %s has a source class, so "
-                        "source_nn_accuracy (the target samples whose nearest source sample has "
-                        "their label) is 0 whatever the model; the target retrieval metrics "
-                        "still mean what they say", splits.test.name)
-
-
 def train(config: RunConfig, run_dir: Path, resume: bool = False,
           progress: bool | None = None, echo: Callable[[str], None] = print,
           start_line: str | None = None, data_remedy: str = RESUME_DATA_REMEDY,
@@ -794,7 +285,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     only on a terminal. Under torchrun every rank trains and only rank 0 writes the run folder
     and prints. ``start_line`` (``kdml train``'s "training ... into ...") is echoed once the
     config, the data and the run folder are checked, before the first epoch's output.
-    ``data_remedy`` ends the refusal of a resumed run's changed data (:func:`check_run_data`).
+    ``data_remedy`` ends the refusal of a resumed run's changed data
+    (:func:`~kdml.training.loading.check_run_data`).
     ``selects=True`` (a grid's cell, whose validation score picks the best cell) checks
     ``train.select_metric`` with ``data.validation`` even without keep_best or patience.
     """
@@ -1124,128 +616,6 @@ def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
     return state
 
 
-class Recorder:
-    """What a run writes: ``train.log``, TensorBoard events, the checkpoint and the metrics
-    once per epoch, and the plots at most every :data:`PLOT_EVERY_S` seconds and when the
-    session ends (the metrics they draw are written every epoch). Only rank 0 writes; on the
-    others every call does nothing."""
-
-    def __init__(self, run: RunFolder, writes: bool, scored: str = "test") -> None:
-        self.run, self.writes, self.scored = run, writes, scored  # scored: "test" or "val"
-        self._stack = contextlib.ExitStack()
-        self.log = logging.getLogger("kdml.train")
-        self.writer: SummaryWriter | None = None
-        self._plotted_at = time.monotonic()
-        self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
-
-    def __enter__(self) -> Recorder:
-        if self.writes:
-            from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
-
-            self.log = self._stack.enter_context(run_logging(self.run.log))
-            self.writer = self._stack.enter_context(SummaryWriter(str(self.run.tensorboard)))
-        else:
-            self.log.disabled = True
-            self._stack.callback(setattr, self.log, "disabled", False)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: object) -> None:
-        with self._stack:  # train.log is still open for the plots' warning and the stop line
-            if kind is not None and self.writes:
-                self._log_stop(kind, error)
-                try:  # the plots' own error (the same full disk) must not hide the stop's
-                    self._plot()
-                except Exception as plotting:
-                    self.log.warning("the training plots are not drawn: %s", plotting)
-            else:
-                self._plot()
-
-    def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
-        """Say in ``train.log`` why the session stopped before its end: the log otherwise ends
-        at the last thing it did, as if still running. kdml's own errors, the file system's
-        about a file (a full disk), a collective whose peer process is gone, a Ctrl-C and a
-        kill (SIGTERM, :class:`Terminated`; not under torchrun, which stops its ranks with it)
-        take one line; anything else its traceback (SIGKILL leaves no line). Logged as INFO:
-        the command itself prints the error."""
-        if issubclass(kind, Terminated):
-            self.log.info("%sterminated (SIGTERM)", STOPPED)
-        elif issubclass(kind, KeyboardInterrupt):
-            self.log.info("%sinterrupted (Ctrl-C)", STOPPED)
-        elif isinstance(error, KdmlError):
-            self.log.info("%s%s", STOPPED, error)
-        elif isinstance(error, OSError) and error.filename is not None:  # a full disk, say
-            self.log.info("%s%s: %s", STOPPED, error.filename, error.strerror or error)
-        elif error is not None and distributed.failed_collective(error):
-            self.log.info("%sa collective operation failed, most likely because another "
-                          "process of this job stopped: its output says why", STOPPED)
-        else:
-            self.log.info("%san error", STOPPED, exc_info=error)
-
-    def _plot(self) -> None:
-        """Draw the history not drawn yet (if any) into ``plots/``."""
-        if self._unplotted is None:
-            return
-        try:
-            plot_training(self._unplotted, self.run.plots)
-        # a picture of the user's in plots/, or plots/ not writable, must not stop training:
-        # later epochs draw the whole history again (a full disk stops it at the checkpoint)
-        except (KdmlError, OSError) as error:
-            self.log.warning("the training plots are not drawn: %s", error)
-        self._unplotted, self._plotted_at = None, time.monotonic()
-
-    def trained(self, epoch: int, checkpoint: Callable[[], dict[str, Any]]) -> None:
-        """Keep an epoch trained but not yet scored (``checkpoints/unscored.pt``): scoring can
-        take minutes, and a kill then loses none of its training."""
-        if not self.writes:
-            return
-        save_checkpoint(checkpoint(), self.run.unscored_checkpoint)
-        self.log.info("epoch %d trained; scoring", epoch)
-
-    def drop_unscored(self) -> None:
-        """Remove the epoch whose scoring stopped with an error kdml reports that scoring it
-        again would repeat (embeddings that overflow), or with any error in the run's first
-        epoch: the run folder is then as it was before the epoch, with no checkpoint at all
-        if it was the first."""
-        if not self.writes:
-            return
-        self.run.unscored_checkpoint.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # only when empty: no earlier checkpoint there
-            self.run.unscored_checkpoint.parent.rmdir()
-
-    def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
-              checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False,
-              recorded: Collection[str] = ()) -> None:
-        """Record ``row`` (log line, TensorBoard), then save the checkpoint and the metrics.
-        ``recorded``: keys of ``row`` an earlier session logged already (an epoch trained
-        then, scored now): only the others are logged, so that train.log and TensorBoard
-        hold each value once."""
-        if not self.writes or self.writer is None:
-            return
-        new = {key: value for key, value in row.items()
-               if key != "epoch" and key not in recorded}
-        for key, value in new.items():
-            self.writer.add_scalar(key, value, row["epoch"])
-        self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
-                      _format_row(new))
-        state = checkpoint()
-        if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
-            save_checkpoint(state, self.run.best_checkpoint)
-            self.log.info("epoch %d has the best validation score so far: kept as %s",
-                          row["epoch"], self.run.best_checkpoint.name)
-        save_checkpoint(state, self.run.checkpoint)
-        self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
-        self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
-        self._unplotted = list(history)
-        if time.monotonic() - self._plotted_at >= PLOT_EVERY_S:
-            self._plot()
-
-    def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
-        if self.writes:
-            self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
-            self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
-
-
 def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:
     """One pass over the training split; returns each loss term's mean over the steps.
 
@@ -1304,8 +674,3 @@ def _converged(history: list[dict[str, Any]], row: dict[str, Any], tolerance: fl
     if tolerance <= 0 or not history or "train/loss" not in row:
         return False
     return abs(row["train/loss"] - history[-1]["train/loss"]) < tolerance
-
-
-def _format_row(row: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}"
-                     for k, v in row.items() if k != "epoch")

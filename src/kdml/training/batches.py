@@ -1,0 +1,80 @@
+"""The training split's batches, epoch by epoch: sampled from (seed, epoch), decoded in the
+loader's workers, shared over torchrun's processes."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from kdml.config import RunConfig
+from kdml.data.dataset import Batch
+from kdml.data.loaders import batch_loader, readable_batches, resolve_num_workers
+from kdml.data.samplers import (
+    ClassBalancedBatches,
+    EpochBatches,
+    RankShare,
+    ShuffledBatches,
+    TargetBatches,
+)
+from kdml.data.splits import DataSplits
+from kdml.distributed import World
+from kdml.errors import KdmlError
+
+
+class TrainingBatches:
+    """The training split's batches, epoch by epoch, with a target batch for each when the
+    method uses a target domain. Sampling is seeded from (seed, epoch) and decoding happens in
+    the loader's workers. ``drawn=False`` (a method fitted in closed form, which reads every
+    training sample once instead) draws plain batches, whatever ``data.samples_per_class``."""
+
+    def __init__(self, config: RunConfig, splits: DataSplits, uses_target: bool,
+                 device: torch.device, world: World | None = None, drawn: bool = True) -> None:
+        data, seed, world = config.data, config.train.seed, world or World()
+        train = splits.train
+        global_batches: ShuffledBatches | ClassBalancedBatches
+        if data.batch_size and data.samples_per_class and drawn:
+            global_batches = ClassBalancedBatches(train.labels, data.samples_per_class,
+                                                  data.batch_size, seed)
+        else:
+            global_batches = ShuffledBatches(len(train), data.batch_size, seed)
+        self.batch_size = global_batches.batch_size  # the global batch
+        # Under torchrun every rank draws the same global batches and loads its share.
+        self.sampler: EpochBatches = (RankShare(global_batches, world.rank, world.size)
+                                      if world.is_distributed else global_batches)
+        self.dataset, self.on_bad_image = train, data.on_bad_image
+        self.max_steps = config.train.steps_per_epoch
+        pin = device.type == "cuda"
+        self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
+                                                                            train),
+                                   pin_memory=pin, persistent=True)
+        self.target_sampler: EpochBatches | None = None
+        self.target_loader: DataLoader | None = None
+        if uses_target:
+            if splits.target is None:
+                raise KdmlError("this recipe needs a target domain: set data.dataset to a "
+                                "domain pair such as mnist5k->digits")
+            target_sampler: EpochBatches = TargetBatches(
+                len(splits.target), [self.batch_size] * len(self.sampler), seed)
+            if world.is_distributed:
+                target_sampler = RankShare(target_sampler, world.rank, world.size)
+            self.target_sampler = target_sampler
+            self.target_loader = batch_loader(
+                splits.target, target_sampler,
+                resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
+
+    def __len__(self) -> int:
+        return min(len(self.sampler), self.max_steps or len(self.sampler))
+
+    def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
+        self.sampler.set_epoch(epoch)
+        source = readable_batches(self.loader, self.dataset, self.on_bad_image)
+        if self.target_loader is None or self.target_sampler is None:
+            pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
+        else:
+            self.target_sampler.set_epoch(epoch)
+            # not strict: skipped unreadable images can leave the source a batch short
+            pairs = zip(source, self.target_loader, strict=False)
+        yield from itertools.islice(pairs, len(self))

@@ -1,0 +1,150 @@
+"""Refusals and warnings about a run's settings and data, said before anything trains: the
+method against the splits, the distributed settings, the test set's scorability."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kdml.config import RunConfig
+from kdml.data.splits import DOMAIN, SEEN, DataSplits
+from kdml.distributed import World
+from kdml.errors import KdmlError
+from kdml.evaluation.evaluator import metric_names
+from kdml.models.method import Method
+from kdml.training.domain_adapted import DomainAdaptedMethod
+from kdml.training.selection import check_selectable
+
+
+def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:
+    """Refuse, before anything trains, a recipe that cannot train or be scored on these
+    splits: each of these had failed only when the first epoch was scored, losing it. (Not on
+    loading a trained run: its config was taken when it trained.)"""
+    if method.uses_target and splits.target is None:
+        raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
+                        "pair such as mnist5k->digits")
+    if config.domain.beta > 0 and isinstance(method, DomainAdaptedMethod) and (
+            method.inner.uses_target):
+        raise KdmlError(f"{config.recipe} has its own domain term between source and "
+                        "target: set method.beta, not domain.beta")
+    if method.has_charts and config.eval.metric != "euclidean":
+        raise KdmlError(f"{config.recipe} is scored by chart retrieval, with the manifold "
+                        f"distance (Euclidean within a chart): eval.metric={config.eval.metric} "
+                        "does not apply to it; drop it")
+    if splits.kind == DOMAIN and method.has_charts:
+        raise KdmlError(f"{config.recipe} is scored by chart retrieval, which kdml does not do "
+                        "across a domain pair; train it on one dataset, or train a recipe "
+                        "without charts (e.g. triplet) on the pair, with domain.beta")
+
+
+def check_distributed(config: RunConfig, world: World, device: torch.device) -> None:
+    """Refuse, before anything runs, settings that cannot work over several processes."""
+    if config.model.sync_bn and device.type != "cuda":
+        raise KdmlError("model.sync_bn needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
+                        "drop it on CPUs")
+    if config.train.sharded_kernels and not world.is_distributed:
+        raise KdmlError("train.sharded_kernels splits JRS's kernel rows over torchrun's "
+                        "processes; launch with torchrun or drop it")
+    if not world.is_distributed:
+        return
+    if config.data.batch_size % world.size:
+        raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
+                        f"split evenly over the {world.size} processes")
+    if config.data.on_bad_image == "skip":
+        raise KdmlError("data.on_bad_image=skip would leave the processes' batches unequal; "
+                        "use error under torchrun")
+
+
+def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False,
+                     evaluating: bool = False) -> None:
+    """Refuse a test set that cannot be scored, before anything is trained: a target domain
+    without labels, a single class or no query with a relevant reference
+    (:func:`check_test_classes`), then Recall@K values beyond the references, then a
+    ``train.select_metric`` the run will not score (it had trained an epoch first). The data's
+    own defects come first: lowering eval.ks would only have led to them. ``evaluating``:
+    for ``kdml eval``, whose Ks come from its ``--ks`` (which the refusal then names) and which
+    selects no epoch."""
+    if splits.kind == DOMAIN:
+        if not (splits.test.labels >= 0).any():
+            raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
+                            "a run cannot be scored (target retrieval and source-NN accuracy "
+                            "need target labels); label some of its samples (-1 marks the "
+                            "unlabelled ones)")
+    else:
+        check_test_classes(splits)
+    ks = config.eval.ks or splits.eval_ks
+    if max(ks) > splits.reference_size:
+        fitting = [str(k) for k in ks if k <= splits.reference_size] or ["1"]
+        setting, example = (("--ks", f"--ks {' '.join(fitting)}") if evaluating else
+                            ("eval.ks", f"eval.ks=[{', '.join(fitting)}]"))
+        raise KdmlError(f"{setting} asks for Recall@{max(ks)} but a test query has only "
+                        f"{splits.reference_size} references; lower {setting}, e.g. "
+                        f"'{example}'")
+    if evaluating:
+        return
+    if config.train.keep_best or config.train.patience or (selects and splits.validation):
+        check_selectable(config.train.select_metric, metric_names(config.eval, splits))
+
+
+def check_test_classes(splits: DataSplits) -> None:
+    """Refuse a test part (its gallery, where it has one) of a single class, or without a
+    query that has a sample of its class to retrieve."""
+    references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
+                                                                             "gallery")
+    if references.num_classes == 1:  # it had trained, then reported every metric as 1
+        raise KdmlError(f"every {part} sample of {references.name} has the same class, so "
+                        "Recall@K, MAP@R and R-Precision would be trivially 1; "
+                        f"{_more_test_classes(splits)}")
+    if splits.gallery is not None:
+        scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
+    else:
+        scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
+    if not scorable:
+        how = ("raise data.holdout_fraction, the share of each class held out for testing"
+               if splits.kind == SEEN else "use a split with at least two test samples per "
+               "class")
+        raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
+                        f"to retrieve, so Recall@K is undefined; {how}")
+
+
+def _more_test_classes(splits: DataSplits) -> str:
+    """What gives the test part (or gallery) of ``splits`` a second class."""
+    if splits.own_split:  # data.train_classes is refused with a dataset's own split
+        rows = ("mark gallery images (is_gallery=1 in a CSV) of at least 2 classes"
+                if splits.gallery is not None else "give the dataset's own split test rows of "
+                "at least 2 classes")
+        return f"{rows}, or set data.split=class-disjoint"
+    if splits.kind == SEEN:  # every class is tested: the dataset has one class
+        return "give the dataset images of at least 2 classes"
+    return "give the test part at least 2 classes (data.train_classes, or more classes)"
+
+
+# A validation part of fewer classes chooses on little: an embedding that separates none of C
+# equal classes already scores Recall@1 about 1/C, and a few held-out classes say little of the
+# next ones.
+MIN_VALIDATION_CLASSES = 5
+
+
+def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
+    """Warn about data that trains but means little: a single training class (a single test
+    class is refused, :func:`check_evaluation`), a validation part of fewer than
+    :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose target shares no class
+    with its source."""
+    if splits.train.num_classes == 1:
+        log.warning("the training split of %s has a single class: class-based losses have "
+                    "nothing to separate", splits.train.name)
+    if splits.validation and splits.test.num_classes < MIN_VALIDATION_CLASSES:
+        more = ("a dataset of more classes: this validation part holds a share of every "
+                "training class's samples" if splits.kind == SEEN else
+                "a larger data.validation (or more training classes) holds out more")
+        log.warning("the validation part holds %d classes, too few for what is chosen on it "
+                    "(train.keep_best's epoch, train.patience's stop, a grid's best cell) to "
+                    "mean much; %s", splits.test.num_classes, more)
+    if splits.kind == DOMAIN:
+        target = splits.test.labels[splits.test.labels >= 0]
+        if not torch.isin(target, torch.tensor(splits.train_classes)).any():
+            log.warning("no labelled target sample of %s has a source class, so "
+                        "source_nn_accuracy (the target samples whose nearest source sample has "
+                        "their label) is 0 whatever the model; the target retrieval metrics "
+                        "still mean what they say", splits.test.name)

@@ -1,0 +1,214 @@
+"""Rebuild a trained run's model from its folder (config, checkpoint, ``data.json``), and check
+that the data a command reads is the data the run trained on."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config
+from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
+from kdml.data.prepare import prepare_data_and_test_part
+from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
+from kdml.data.sample_spec import FIELD as SAMPLES_FIELD
+from kdml.data.sample_spec import SampleSpec
+from kdml.data.splits import DataSplits
+from kdml.errors import KdmlError, why_missing
+from kdml.evaluation.evaluator import Embedder
+from kdml.models.method import Method
+from kdml.training.build import build_embedder, build_method, build_method_for, build_pipeline
+from kdml.training.checkpoint import load_checkpoint
+from kdml.training.recipes import get_recipe
+from kdml.training.run_folder import RunFolder
+
+
+@dataclass
+class RunModel:
+    """A run's model on the CPU, loaded from a checkpoint, and what it takes (``samples``)."""
+
+    run: RunFolder
+    config: RunConfig
+    method: Method
+    epoch: int
+    embedder: Embedder
+    checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
+    samples: SampleSpec
+
+
+@dataclass
+class TrainedRun(RunModel):
+    """A run's model and its data (``splits``: the test part's with ``load_run(test_part=)``)."""
+
+    splits: DataSplits
+
+    def plot_path(self, name: str) -> Path:
+        """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
+        the kept best epoch, so the two never overwrite each other."""
+        best = self.checkpoint == self.run.best_checkpoint
+        return self.run.plots / f"{name}{'-best' if best else ''}.png"
+
+
+def run_config(run: RunFolder) -> RunConfig:
+    """The configuration in a run folder's ``config.yaml``, which kdml wrote whole: a file
+    without its recipe or one of its sections (cut short, emptied, or the user's own) is
+    refused, where reading it as a config file would fill the gaps with defaults, silently."""
+    file_values = load_config_file(run.config)
+    missing = [key for key in ("recipe", *SECTIONS) if key not in file_values]
+    if missing:
+        raise KdmlError(f"{run.config} has no {missing[0]!r}: it is not the whole config kdml "
+                        "wrote for this run (cut short, emptied or replaced); restore it, or "
+                        "train the run again into a new folder")
+    recipe = get_recipe(str(file_values["recipe"]))
+    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    if config.data.root and not root_is_read(config.data.dataset):
+        # Saved before kdml refused a root the dataset does not read: it was ignored in
+        # training, so it is dropped here rather than refused for a run already trained.
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, root=""))
+    return config
+
+
+def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:
+    """The checkpoint a command reads: ``checkpoints/best.pt`` with ``best``
+    (``train.keep_best``), else ``last.pt``; one line where it is not there."""
+    checkpoint = run.best_checkpoint if best else run.checkpoint
+    if best and not checkpoint.is_file():
+        raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
+                        "train.keep_best=true keep one")
+    if not checkpoint.is_file():  # load_checkpoint's one line: the run never finished an epoch
+        load_checkpoint(checkpoint)
+    return checkpoint
+
+
+# What a refusal of changed data tells the user of kdml train --resume, and of kdml eval & co.
+RESUME_DATA_REMEDY = ("put back the data the run trained on where its config.yaml says, or point "
+                      "its data.root (or folder:/csv: path) at where it is now")
+LOAD_DATA_REMEDY = "point --data-root at the data the run trained on"
+
+
+def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
+             test_part: bool = False, data_remedy: str = LOAD_DATA_REMEDY) -> TrainedRun:
+    """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
+
+    ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
+    loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
+    validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
+    model on the classes it was never chosen on; the model is built as trained.
+    Data other than the run's is refused (:func:`check_run_data`), saying ``data_remedy``."""
+    run = RunFolder.existing(run_dir)
+    config = run_config(run)
+    if data_root is not None:  # set directly: a path is not parsed as an override's YAML
+        dataset, root = relocated(config.data.dataset, data_root)
+        config = dataclasses.replace(
+            config, data=dataclasses.replace(config.data, dataset=dataset, root=root))
+    checkpoint = chosen_checkpoint(run, best)  # needs no data: said first
+    if data_root is None:
+        check_data_path(run, config.data.dataset, data_remedy)
+    state = load_checkpoint(checkpoint)
+    recorded = run.recorded_data()
+    # the test part too where it was recorded: the check compares every part training saw
+    splits, test_splits = prepare_data_and_test_part(config.data,
+                                                     test_part or recorded is not None)
+    check_run_data(run, recorded, config, splits, test_splits, data_remedy)
+    if not test_part:
+        test_splits = splits
+    method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
+    _load_weights(method, state, checkpoint,
+                  f"the run's config and its data as they are now ({len(splits.train_classes)} "
+                  "training classes)", "if the data changed since training (classes added or "
+                  "removed), point --data-root at the data the run trained on")
+    embedder = build_embedder(config, build_pipeline(config, splits.train, method),
+                              torch.device("cpu"))
+    return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
+                      SampleSpec.of(splits.train, len(splits.train_classes)), test_splits)
+
+
+def load_model(run_dir: Path, best: bool = False, data_root: str | None = None) -> RunModel:
+    """A run's model (on the CPU, from ``last.pt``, or ``best.pt`` with ``best``), rebuilt from
+    the run folder alone: its config, its checkpoint and what its ``data.json`` records of the
+    samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
+    is rebuilt from its data by :func:`load_run` (at ``data_root`` where given)."""
+    run = RunFolder.existing(run_dir)
+    recorded = run.recorded_data()
+    samples = (None if recorded is None else
+               SampleSpec.from_record(recorded, str(run.data_fingerprint)))
+    if samples is None:
+        return load_run(run_dir, data_root, best=best)
+    config = run_config(run)
+    checkpoint = chosen_checkpoint(run, best)
+    state = load_checkpoint(checkpoint)
+    method = build_method_for(config, samples, samples.train_classes, pretrained=False)
+    _load_weights(method, state, checkpoint,
+                  f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
+                  "classes)", "restore the run's files from a copy")
+    embedder = build_embedder(config, build_pipeline(config, samples, method),
+                              torch.device("cpu"))
+    return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
+
+
+def data_record(splits: DataSplits, test_part: DataSplits | None) -> dict[str, Any]:
+    """A run's ``data.json``: the fingerprint of its data (:mod:`kdml.data.fingerprint`) and
+    what its model takes (:mod:`kdml.data.sample_spec`), from which the run folder alone
+    rebuilds the model (:func:`load_model`)."""
+    return {**data_fingerprint(splits, test_part),
+            SAMPLES_FIELD: SampleSpec.of(splits.train, len(splits.train_classes)).to_record()}
+
+
+def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
+    """Refuse, saying ``remedy``, a path-named dataset (``folder:DIR``, ``csv:FILE``,
+    ``npz:FILE``) whose path is gone: the reader's own words would not say that the run's
+    data moved, nor that --data-root follows it."""
+    for prefix, kind in PATH_FORMATS.items():
+        if dataset.startswith(prefix):
+            path = Path(dataset.removeprefix(prefix)).expanduser()  # as the readers take it
+            if not (path.is_dir() if kind == "folder" else path.is_file()):
+                raise KdmlError(f"{run.config} names {dataset}, whose {kind} "
+                                f"{why_missing(path, kind)} now; {remedy}")
+
+
+def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunConfig,
+                   splits: DataSplits, test_part: DataSplits, remedy: str) -> None:
+    """Refuse, with one line ending in ``remedy``, data other than what the run trained on:
+    ``recorded`` is its fingerprint (``data.json``; ``None`` for a run made before kdml wrote
+    one, which goes unchecked), ``splits`` and ``test_part`` the data as read now (see
+    :func:`~kdml.data.prepare.prepare_data_and_test_part`)."""
+    if recorded is None:
+        return
+    now = data_fingerprint(splits, test_part)
+    difference = fingerprint_difference(recorded, now)
+    if difference is None:
+        return
+    place = now["folder"] or config.data.root
+    then = recorded.get("folder")
+    trained_at = f" (it read {then})" if then and then != place else ""
+    where = f"read from {place}" if place else f"of {config.data.dataset}"
+    raise KdmlError(f"the data {where} is not what {run.root} trained on: "
+                    f"{difference}; {remedy}{trained_at}, or delete {run.data_fingerprint} "
+                    "to use this data anyway")
+
+
+def _load_weights(method: Method, state: dict[str, Any], checkpoint: Path, built_from: str,
+                  remedy: str) -> None:
+    """Load a checkpoint's weights into ``method``, built from ``built_from``; one line saying
+    ``remedy`` where they do not fit it."""
+    try:
+        method.load_state_dict(state["method"])
+    except RuntimeError:
+        raise KdmlError(f"checkpoint {checkpoint} does not match the model built from "
+                        f"{built_from}: {_first_mismatch(state['method'], method.state_dict())}"
+                        f"; {remedy}") from None
+
+
+def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
+    """The first difference between a checkpoint's weights and a model's, in words."""
+    for key in (key for key in saved if key in built):  # in the checkpoint's order
+        if tuple(saved[key].shape) != tuple(built[key].shape):
+            return (f"{key} is {tuple(saved[key].shape)} in the checkpoint and "
+                    f"{tuple(built[key].shape)} in the model")
+    missing, extra = sorted(built.keys() - saved.keys()), sorted(saved.keys() - built.keys())
+    return (f"the checkpoint lacks {missing[0]}" if missing else
+            f"the checkpoint has {extra[0]}, which the model does not" if extra else
+            "their weights differ")

@@ -1,0 +1,155 @@
+"""What a training run writes into its folder, epoch by epoch: the log, TensorBoard events,
+checkpoints, metrics and plots."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any
+
+from kdml import distributed
+from kdml.errors import KdmlError, Terminated
+from kdml.training.checkpoint import save_checkpoint
+from kdml.training.run_folder import STOPPED, RunFolder, run_logging
+from kdml.training.selection import SCORED_PARTS
+from kdml.viz import plot_training
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+
+# Seconds between redraws of plots/ while a run trains; the session's end draws the last epochs.
+# Drawing the two plots takes about 0.3 s on a 2-core CPU (matplotlib; 0.27 s median of 7 for
+# 10 epochs), more than a small run's epoch: small runs (tests, `kdml reproduce --quick`) spent
+# up to half their time redrawing them every epoch.
+PLOT_EVERY_S = 30.0
+
+
+class Recorder:
+    """What a run writes: ``train.log``, TensorBoard events, the checkpoint and the metrics
+    once per epoch, and the plots at most every :data:`PLOT_EVERY_S` seconds and when the
+    session ends (the metrics they draw are written every epoch). Only rank 0 writes; on the
+    others every call does nothing."""
+
+    def __init__(self, run: RunFolder, writes: bool, scored: str = "test") -> None:
+        self.run, self.writes, self.scored = run, writes, scored  # scored: "test" or "val"
+        self._stack = contextlib.ExitStack()
+        self.log = logging.getLogger("kdml.train")
+        self.writer: SummaryWriter | None = None
+        self._plotted_at = time.monotonic()
+        self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
+
+    def __enter__(self) -> Recorder:
+        if self.writes:
+            from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
+
+            self.log = self._stack.enter_context(run_logging(self.run.log))
+            self.writer = self._stack.enter_context(SummaryWriter(str(self.run.tensorboard)))
+        else:
+            self.log.disabled = True
+            self._stack.callback(setattr, self.log, "disabled", False)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: object) -> None:
+        with self._stack:  # train.log is still open for the plots' warning and the stop line
+            if kind is not None and self.writes:
+                self._log_stop(kind, error)
+                try:  # the plots' own error (the same full disk) must not hide the stop's
+                    self._plot()
+                except Exception as plotting:
+                    self.log.warning("the training plots are not drawn: %s", plotting)
+            else:
+                self._plot()
+
+    def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
+        """Say in ``train.log`` why the session stopped before its end: the log otherwise ends
+        at the last thing it did, as if still running. kdml's own errors, the file system's
+        about a file (a full disk), a collective whose peer process is gone, a Ctrl-C and a
+        kill (SIGTERM, :class:`Terminated`; not under torchrun, which stops its ranks with it)
+        take one line; anything else its traceback (SIGKILL leaves no line). Logged as INFO:
+        the command itself prints the error."""
+        if issubclass(kind, Terminated):
+            self.log.info("%sterminated (SIGTERM)", STOPPED)
+        elif issubclass(kind, KeyboardInterrupt):
+            self.log.info("%sinterrupted (Ctrl-C)", STOPPED)
+        elif isinstance(error, KdmlError):
+            self.log.info("%s%s", STOPPED, error)
+        elif isinstance(error, OSError) and error.filename is not None:  # a full disk, say
+            self.log.info("%s%s: %s", STOPPED, error.filename, error.strerror or error)
+        elif error is not None and distributed.failed_collective(error):
+            self.log.info("%sa collective operation failed, most likely because another "
+                          "process of this job stopped: its output says why", STOPPED)
+        else:
+            self.log.info("%san error", STOPPED, exc_info=error)
+
+    def _plot(self) -> None:
+        """Draw the history not drawn yet (if any) into ``plots/``."""
+        if self._unplotted is None:
+            return
+        try:
+            plot_training(self._unplotted, self.run.plots)
+        # a picture of the user's in plots/, or plots/ not writable, must not stop training:
+        # later epochs draw the whole history again (a full disk stops it at the checkpoint)
+        except (KdmlError, OSError) as error:
+            self.log.warning("the training plots are not drawn: %s", error)
+        self._unplotted, self._plotted_at = None, time.monotonic()
+
+    def trained(self, epoch: int, checkpoint: Callable[[], dict[str, Any]]) -> None:
+        """Keep an epoch trained but not yet scored (``checkpoints/unscored.pt``): scoring can
+        take minutes, and a kill then loses none of its training."""
+        if not self.writes:
+            return
+        save_checkpoint(checkpoint(), self.run.unscored_checkpoint)
+        self.log.info("epoch %d trained; scoring", epoch)
+
+    def drop_unscored(self) -> None:
+        """Remove the epoch whose scoring stopped with an error kdml reports that scoring it
+        again would repeat (embeddings that overflow), or with any error in the run's first
+        epoch: the run folder is then as it was before the epoch, with no checkpoint at all
+        if it was the first."""
+        if not self.writes:
+            return
+        self.run.unscored_checkpoint.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only when empty: no earlier checkpoint there
+            self.run.unscored_checkpoint.parent.rmdir()
+
+    def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
+              checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False,
+              recorded: Collection[str] = ()) -> None:
+        """Record ``row`` (log line, TensorBoard), then save the checkpoint and the metrics.
+        ``recorded``: keys of ``row`` an earlier session logged already (an epoch trained
+        then, scored now): only the others are logged, so that train.log and TensorBoard
+        hold each value once."""
+        if not self.writes or self.writer is None:
+            return
+        new = {key: value for key, value in row.items()
+               if key != "epoch" and key not in recorded}
+        for key, value in new.items():
+            self.writer.add_scalar(key, value, row["epoch"])
+        self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
+                      _format_row(new))
+        state = checkpoint()
+        if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
+            save_checkpoint(state, self.run.best_checkpoint)
+            self.log.info("epoch %d has the best validation score so far: kept as %s",
+                          row["epoch"], self.run.best_checkpoint.name)
+        save_checkpoint(state, self.run.checkpoint)
+        self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
+        self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
+        self._unplotted = list(history)
+        if time.monotonic() - self._plotted_at >= PLOT_EVERY_S:
+            self._plot()
+
+    def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
+        if self.writes:
+            self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
+            self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
+
+
+def _format_row(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}"
+                     for k, v in row.items() if k != "epoch")
