@@ -491,7 +491,7 @@ def test_error_messages_advise_only_flags_that_exist():
             if hasattr(action, "choices") and isinstance(action.choices, dict):
                 parsers.extend(action.choices.values())
     source = "\n".join(path.read_text() for path in
-                       (Path(cli.__file__).parent).rglob("*.py"))
+                       Path(cli.__file__).parents[1].rglob("*.py"))
     quoted = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", source))
     assert quoted - options == set()
 

@@ -211,7 +211,7 @@ def test_resume_after_sigkill(tmp_path, tiny_overrides):
     # the kill lands after epoch 1's checkpoint, with five epochs of 10 steps still to train
     overrides = [*tiny_overrides, "train.epochs=6", "train.steps_per_epoch=10"]
     run_dir = tmp_path / "killed"
-    command = [sys.executable, "-m", "kdml.cli", "train", "amsoftmax", "--dataset", "digits",
+    command = [sys.executable, "-m", "kdml", "train", "amsoftmax", "--dataset", "digits",
                "--out", str(run_dir), "--no-progress", *overrides]
     # Same thread count as this process (conftest): float sums depend on it.
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -423,7 +423,7 @@ def test_the_metrics_table_and_the_index_line_read_right(capsys, monkeypatch, tm
     recipe = get_recipe("dtml")
     config = resolve_config(recipe.name, recipe.params, recipe.defaults, {},
                             ["data.dataset=mnist5k->digits"])
-    cli._print_results(config, {"recall@1": 0.5, "source_nn_accuracy": 0.25}, tmp_path)
+    cli.output._print_results(config, {"recall@1": 0.5, "source_nn_accuracy": 0.25}, tmp_path)
     rows = capsys.readouterr().out.splitlines()[2:5]
     assert [row.index(row.split()[1]) for row in rows] == [21, 21, 21], rows
 
@@ -431,7 +431,7 @@ def test_the_metrics_table_and_the_index_line_read_right(capsys, monkeypatch, tm
 
     for charts, said in (([0], ", 1 chart written"), ([0, 2], ", 2 charts written")):
         info = IndexInfo("run", "0", "cosine", 2, "exact", 9, 1.0, charts)
-        monkeypatch.setattr(cli, "_run_and_part", lambda args: (None, None))
+        monkeypatch.setattr(cli.evaluate, "_run_and_part", lambda args: (None, None))
         monkeypatch.setattr(kdml.inspection, "index_part", lambda *args, info=info: info)
-        assert cli._index(argparse.Namespace(out=tmp_path / "index", kind="exact")) == 0
+        assert cli.evaluate._index(argparse.Namespace(out=tmp_path / "index", kind="exact")) == 0
         assert said in capsys.readouterr().out

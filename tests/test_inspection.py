@@ -1165,7 +1165,8 @@ def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, c
         {"query": "q.jpg", "metric": "cosine", "neighbours": neighbours}])
     assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "4"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.endswith(".jpg")]
-    columns = [cli._columns(row[: row.index("img")]) for row in rows]
+    width = cli.evaluate._columns
+    columns = [width(row[: row.index("img")]) for row in rows]
     assert len(rows) == 4 and len(set(columns)) == 1, rows
-    assert cli._columns("東京タワー") == 10 and cli._columns("Albatross") == 9
-    assert cli._columns("Cafe\u0301") == 4 and cli._columns("a\u200db") == 2  # + a joiner
+    assert width("東京タワー") == 10 and width("Albatross") == 9
+    assert width("Cafe\u0301") == 4 and width("a\u200db") == 2  # + a joiner

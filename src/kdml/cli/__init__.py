@@ -1,0 +1,201 @@
+"""The ``kdml`` command line: its entry point, which runs a subcommand and turns its errors and
+stops into one line and an exit status. The subcommands live beside it (parser, train,
+evaluate, reproduce; output: what they print).
+
+Every user error becomes one line on stderr and exit status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import io
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from kdml.cli.evaluate import (
+    _analyze_generalization,
+    _embed,
+    _eval,
+    _index,
+    _plot_charts,
+    _plot_embedding,
+    _plot_retrieval,
+    _search,
+)
+from kdml.cli.output import _is_main_process, _rank, _stop_code
+from kdml.cli.parser import build_parser
+from kdml.cli.reproduce import _reproduce
+from kdml.cli.train import _config, _datasets, _recipes, _train
+from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
+
+# The process that set _interrupt as its SIGTERM handler (None: not set, as in tests that
+# call it directly); a process forked from it inherits the handler.
+_HANDLER_PID: int | None = None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the files being written through a hidden partial are removed, and a
+    run's train.log says it stopped. (Training under torchrun keeps the default: torchrun
+    stops its ranks with SIGTERM when one fails, and the failing one says why.)
+
+    A kill of the whole process group (SLURM, systemd) also ends the data loader's workers,
+    and torch's SIGCHLD handler would then raise "DataLoader worker ... is killed by signal"
+    over this stop: it goes back to the default first. A worker killed after its fork but
+    before torch set its own handler would have raised Terminated through the code it was
+    forked from: a forked process dies by the signal instead, as torch's handler has it."""
+    if _HANDLER_PID is not None and os.getpid() != _HANDLER_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    raise Terminated
+
+
+# The error handler of the console command's stdout and stderr (_lenient_streams), by its
+# codecs name.
+ESCAPED_BYTES = "kdml.escaped-bytes"
+
+
+def _escaped_bytes(error: UnicodeError) -> tuple[str, int]:
+    """A codecs error handler: each byte of a file name that is not UTF-8 (which Python reads
+    as a surrogate, U+DC80 to U+DCFF) written ``\\xNN``, as
+    :func:`~kdml.data.formats.folder.shown_name` writes it in kdml's captions and tables
+    (``backslashreplace`` wrote ``\\udcf6`` for the byte 0xF6); any other character the stream
+    cannot encode is written as ``backslashreplace`` writes it."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    failed = error.object[error.start:error.end]
+    return "".join(f"\\x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF
+                   else char.encode("ascii", "backslashreplace").decode("ascii")
+                   for char in failed), error.end
+
+
+def _lenient_streams() -> None:
+    """Print a file name that is not UTF-8 (a Latin-1 folder from an old zip, read as
+    surrogates) with each such byte written ``\\xNN`` (``f\\xf6x``, as kdml's captions show
+    it; :func:`_escaped_bytes`): a terminal whose locale makes stdout strict UTF-8 had stopped
+    ``kdml search`` with a UnicodeEncodeError. stderr too, where kdml's one-line errors and
+    warnings name such files: its default, ``backslashreplace``, had written the byte
+    ``\\udcf6``, not as stdout and the captions write it."""
+    codecs.register_error(ESCAPED_BYTES, _escaped_bytes)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors=ESCAPED_BYTES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _HANDLER_PID
+    if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if argv is None:  # the console command: this process's streams are kdml's to set
+        _lenient_streams()
+    parser = build_parser()
+    # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
+    # matching does not allow, so collect the leftovers and accept only overrides among them.
+    try:  # argparse exits on --help, --version and bad arguments; return its status instead
+        args, extras = parser.parse_known_args(argv)
+        unknown = [item for item in extras
+                   if item.startswith("-") or args.command not in ("train", "config")]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as exit_request:
+        return int(exit_request.code or 0)
+    if extras:
+        args.overrides = [*args.overrides, *extras]
+    try:
+        training = args.command in ("train", "reproduce")
+        # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
+        if argv is None and not (training and _launched_by_torchrun()):
+            _HANDLER_PID = os.getpid()
+            signal.signal(signal.SIGTERM, _interrupt)
+        if training:  # training shows its warnings itself
+            return _COMMANDS[args.command](args)
+        from kdml.training.run_folder import warnings_on_stderr
+
+        with warnings_on_stderr():
+            return _COMMANDS[args.command](args)
+    except QuietExit:  # rank 0 reported it
+        return 2
+    except KdmlError as error:
+        if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
+            print(f"kdml: error: {error}", file=sys.stderr)
+        elif isinstance(error, LocalError):  # met by this rank alone: rank 0 cannot say it
+            print(f"kdml: error: rank {_rank()}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C, or a kill (SIGTERM: Terminated)
+        code, stopped = _stop_code(stop)
+        print(f"kdml: {stopped}", file=sys.stderr)
+        return code
+    except RuntimeError as error:
+        behind = raised_over(error, KeyboardInterrupt)
+        if behind is not None:  # a worker's death raised over a kill or Ctrl-C: that stop
+            code, stopped = _stop_code(behind)
+            print(f"kdml: {stopped}", file=sys.stderr)
+            return code
+        if not _failed_collective(error):
+            raise
+        # another process of the job died (killed, out of memory): its own output says why;
+        # this one's traceback, deep in gloo or NCCL, would only bury it
+        reason = (str(error).splitlines() or [type(error).__name__])[0]
+        print(f"kdml: error: a collective operation failed, most likely because another "
+              f"process of this job stopped: its output says why ({reason[:300]})",
+              file=sys.stderr)
+        return 1
+    except OSError as error:
+        if error.filename is None:  # not about a path: a bug, so keep its traceback
+            raise
+        # the file system refused a path (a file where a folder goes, no permission, a full
+        # disk): say which and why in one line, as for any other bad input
+        if _is_main_process():
+            paths = " -> ".join(str(name) for name in (error.filename, error.filename2)
+                                if name is not None)
+            advice = ("check its permissions" if isinstance(error, PermissionError)
+                      else "move what is in the way or choose another path"
+                      if isinstance(error, (FileExistsError, IsADirectoryError,
+                                            NotADirectoryError))
+                      else "free space on its disk and run the command again"
+                      + _FULL_DISK_NOTES.get(args.command, "")
+                      if error.errno in (errno.ENOSPC, errno.EDQUOT)
+                      else "fix it or choose another path")
+            print(f"kdml: error: {paths}: {error.strerror or error}; {advice}", file=sys.stderr)
+        return 2
+    finally:
+        if "kdml.distributed" in sys.modules:  # imported only by commands that train
+            sys.modules["kdml.distributed"].teardown(sys.exc_info()[1])
+
+
+def _failed_collective(error: RuntimeError) -> bool:
+    """Whether ``error`` is a collective failing because a peer is gone
+    (:func:`kdml.distributed.failed_collective`); False where torch.distributed was never
+    imported (a command that does not train)."""
+    if "torch.distributed" not in sys.modules:
+        return False
+    from kdml.distributed import failed_collective
+
+    return failed_collective(error)
+
+
+# What a command stopped by a full disk keeps, said after "run the command again".
+_FULL_DISK_NOTES = {"train": " (a stopped run continues with kdml train --resume)",
+                    "reproduce": " (it keeps its finished runs and continues)"}
+
+
+def _launched_by_torchrun() -> bool:
+    from kdml.distributed import launched_by_torchrun  # torch: only for training commands
+
+    return launched_by_torchrun()
+
+
+_ANALYSES = {"generalization": _analyze_generalization}
+_PLOTS = {"charts": _plot_charts, "retrieval": _plot_retrieval,
+          "embedding": _plot_embedding}
+_COMMANDS = {"train": _train, "eval": _eval, "datasets": _datasets, "recipes": _recipes,
+             "config": _config, "embed": _embed, "index": _index, "search": _search,
+             "reproduce": _reproduce,
+             "analyze": lambda args: _ANALYSES[args.analysis](args),
+             "plot": lambda args: _PLOTS[args.plot](args)}
+

@@ -1,0 +1,253 @@
+"""The commands that read a trained run: ``kdml eval``, ``analyze``, ``plot``, ``embed``,
+``index`` and ``search``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import unicodedata
+from typing import TYPE_CHECKING
+
+from kdml.cli.output import _print_results
+from kdml.errors import KdmlError
+
+if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
+    from kdml.config import RunConfig
+    from kdml.data.splits import DataSplits
+    from kdml.evaluation.evaluator import Embedder
+    from kdml.inspection import Part
+    from kdml.training.loading import RunModel, TrainedRun
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from kdml.training.checks import check_evaluation
+    from kdml.training.loading import load_run
+    from kdml.training.run_folder import check_json_replaceable, write_json
+
+    if args.dataset is not None:
+        return _eval_other_dataset(args)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    config = _with_ks(trained.config, args.ks)
+    if args.ks:
+        check_evaluation(config, trained.splits, evaluating=True)
+    result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
+              "scored": "validation" if trained.splits.validation else "test"}
+    check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
+    metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
+                               args.best, trained.splits.validation)
+    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
+    return 0
+
+
+def _eval_other_dataset(args: argparse.Namespace) -> int:
+    """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
+    written: the run folder's ``eval.json`` is of the run's own data."""
+    from kdml.inspection import other_data
+    from kdml.training.checks import check_evaluation
+    from kdml.training.loading import load_model
+
+    if args.test:  # another dataset has no validation part to stand in for its test part
+        raise KdmlError("--test picks a validated run's own test part; with --dataset the "
+                        "test part of that dataset is scored anyway: drop --test")
+    model = load_model(args.run_dir, best=args.best)  # without the run's data where it can
+    other, splits, embedder = other_data(model, args.dataset,
+                                         None if args.data_root is None else str(args.data_root))
+    other = _with_ks(other, args.ks)
+    # one class would score 1 everywhere, as training refuses
+    check_evaluation(other, splits, evaluating=True)
+    _score_and_print(model, other, splits, embedder, args.best, validated=False)
+    return 0
+
+
+def _with_ks(config: RunConfig, ks: list[int] | None) -> RunConfig:
+    """``config`` scoring Recall@K at ``ks`` (``kdml eval --ks``; None: its eval.ks)."""
+    if not ks:
+        return config
+    return dataclasses.replace(config, eval=dataclasses.replace(config.eval,
+                                                                ks=sorted(set(ks))))
+
+
+def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
+                     embedder: Embedder, best: bool, validated: bool) -> dict[str, float]:
+    """``kdml eval``'s output: the checkpoint, the test set, and the metrics of ``trained``'s
+    model on ``splits`` (``config`` names the data and its eval settings)."""
+    from kdml.evaluation.evaluator import score_method
+
+    print(f"{'best' if best else 'last'} checkpoint: epoch {trained.epoch}")
+    print(f"test set: {splits.test_set}")
+    metrics = score_method(trained.method, splits, config.eval, embedder).recorded()
+    if splits.unreadable:  # counted again: only decoding finds the images it left out
+        print(f"test set: {splits.test_set}")
+    # printed before eval.json: a run folder that cannot be written (archived, read-only)
+    # still shows them
+    _print_results(config, metrics, trained.run.root, validated)
+    return metrics
+
+
+def _analyze_generalization(args: argparse.Namespace) -> int:
+    from kdml.evaluation.generalization import check_scored_counts, distance_note
+    from kdml.inspection import GeneralizationSettings, analyze_generalization
+    from kdml.training.loading import load_run
+
+    settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
+                                      args.seed)
+    trained = load_run(args.run_dir, args.data_root)
+    # before minutes of embedding (checked again on the embedded sets)
+    check_scored_counts(len(trained.splits.train), len(trained.splits.test),
+                        args.labelled_fraction, "--labelled-fraction")
+    if trained.splits.validation:
+        print(f"kdml: note: this run validated (data.validation): its unseen classes here are "
+              f"the validation part ({len(trained.splits.test):,} samples of the classes held "
+              "out of its training classes to choose its epoch); the test part is not used",
+              file=sys.stderr)
+    terms, path = analyze_generalization(trained, settings)
+    print(f"Generalization terms, seen vs unseen classes ({args.repeats} random splits, "
+          f"{args.neighbors}-NN classifiers, 95% CI):")
+    for name, label in (("h_divergence", "H-divergence d_H"),
+                        ("h_divergence_bd", "  Ben-David form"), ("lambda", "lambda"),
+                        ("err_seen", "  err_s(h*)"), ("err_unseen", "  err_u(h*)")):
+        print(f"  {label:<18} {terms[name].mean:.4f} +- {terms[name].ci95:.4f}")
+    print("(chance, sets a classifier cannot tell apart: d_H 0.5, Ben-David form 0)")
+    if terms["unfitted"].mean > 0:
+        print(f"kdml: note: {terms['unfitted'].mean:.1%} of the scored samples are of classes "
+              "with no sample in the fitted part; lambda counts them as errors: raise "
+              "--labelled-fraction", file=sys.stderr)
+    note = distance_note(trained.method.has_charts)
+    if note:
+        print(f"kdml: note: {note}", file=sys.stderr)
+    print(f"written to {path}")
+    return 0
+
+
+def _plot_charts(args: argparse.Namespace) -> int:
+    from kdml.inspection import draw_charts
+
+    path = draw_charts(_plotted_run(args), args.thumbnails)
+    print(f"chart plot written to {path}")
+    return 0
+
+
+def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
+    """The run of ``args.run_dir`` and the ``--split`` part of its data (``--test``: of its
+    test part), or of ``--dataset`` (then ``--data-root`` is that dataset's root, not the
+    run's, and the model is rebuilt without the run's data where its folder records what it
+    takes); a note on stderr where "test" is a validation part."""
+    from kdml.inspection import dataset_part, run_part
+    from kdml.training.loading import load_model, load_run
+
+    if args.test and args.split == "train":  # the test part's load counts validation as trained
+        raise KdmlError("--test picks the test part; with --split train it would add the "
+                        "validation classes, which the run did not train on: drop --test")
+    if args.dataset is not None:
+        model = load_model(args.run_dir, best=args.best)
+        return model, dataset_part(model, args.dataset, args.data_root, args.split)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    part = run_part(trained, args.split)
+    _note_validation_part(part)
+    return trained, part
+
+
+def _plotted_run(args: argparse.Namespace) -> TrainedRun:
+    """The run a plot draws: its test part (``--test``), or a validated run's validation part,
+    which is then said on stderr."""
+    from kdml.inspection import run_part
+    from kdml.training.loading import load_run
+
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    _note_validation_part(run_part(trained))
+    return trained
+
+
+def _note_validation_part(part: Part) -> None:
+    """Say on stderr where a validated run's "test" is its validation part."""
+    from kdml.inspection import validation_note
+
+    note = validation_note(part)
+    if note:
+        print(f"kdml: note: {note}", file=sys.stderr)
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from kdml.inspection import check_npz_out, embed_part, write_npz
+
+    check_npz_out(args.out)  # before the run is loaded and embedded
+    trained, part = _run_and_part(args)
+    arrays = embed_part(trained, part)
+    path = write_npz(args.out, arrays)
+    print(f"{len(arrays['labels'])} embeddings of size {arrays['embeddings'].shape[1]} "
+          f"written to {path}")
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from kdml.inspection import index_part
+
+    trained, part = _run_and_part(args)
+    info = index_part(trained, part, args.out, args.kind)
+    charts = ("" if info.charts is None else
+              f", {len(info.charts)} chart{'' if len(info.charts) == 1 else 's'}")
+    print(f"{info.kind} {info.metric} index of {info.count} {info.dim}-d vectors{charts} "
+          f"written to {args.out}")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from kdml.inspection import results_as_json, run_without_data, score_name, search
+    from kdml.training.loading import load_model
+
+    def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
+        return load_model(args.run_dir, best=args.best, data_root=args.data_root)
+
+    results = search(run_without_data(args.run_dir, args.best), args.index, args.query, args.k,
+                     model)
+    short = sum(len(result["neighbours"]) < args.k for result in results)
+    if short:  # an exact index holds too few items (in the query's chart) or ivf/hnsw missed
+        print(f"kdml: note: {short} of {len(results)} queries found fewer than {args.k} "
+              "neighbours: the index holds fewer (in their chart), or an ivf or hnsw index "
+              "missed some", file=sys.stderr)
+    if args.json:
+        print(results_as_json(results))
+        return 0
+    class_names = [item["class_name"] for result in results for item in result["neighbours"]
+                   if "class_name" in item]
+    width = max([5, *map(_columns, class_names)]) if class_names else 0
+
+    def named(text: str) -> str:  # a column only where the classes have names
+        return f"{text}{' ' * (width - _columns(text))}  " if width else ""
+
+    for result in results:
+        print(f"query {result['query']}:")
+        score = score_name(result["metric"])  # cosine similarity or Euclidean distance
+        print(f"  {'rank':>4}  {score:>10}  {'label':>6}  {named('class')}source")
+        for item in result["neighbours"]:
+            print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  "
+                  f"{named(item.get('class_name', ''))}{item['source']}")
+    return 0
+
+
+def _columns(text: str) -> int:
+    """The terminal columns ``text`` takes: East Asian wide and full-width characters take two
+    (class names in Chinese or Japanese), combining marks and format characters none (the
+    accents of a folder name macOS stored decomposed, "e" + U+0301), so a table padded by
+    ``len`` would not line up. (The standard library's tables, not the wcwidth package:
+    nothing else here needs it.)"""
+    return sum(0 if unicodedata.category(character) in ("Mn", "Me", "Cf")
+               else 2 if unicodedata.east_asian_width(character) in "WF" else 1
+               for character in text)
+
+
+def _plot_retrieval(args: argparse.Namespace) -> int:
+    from kdml.inspection import plot_retrieval
+
+    path = plot_retrieval(_plotted_run(args), args.queries, args.k, args.seed)
+    print(f"retrieval grid written to {path}")
+    return 0
+
+
+def _plot_embedding(args: argparse.Namespace) -> int:
+    from kdml.inspection import plot_embedding
+
+    path = plot_embedding(_plotted_run(args), args.max_points)
+    print(f"embedding map written to {path}")
+    return 0

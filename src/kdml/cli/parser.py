@@ -1,0 +1,279 @@
+"""The ``kdml`` command's arguments: its subcommands, their options and the argparse types
+that refuse a bad value in one line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + message
+        self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n")
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``minimum`` (to ``maximum``), else a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
+def _folder(text: str) -> Path:
+    """An argparse type: a path, never empty (an empty one would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty one")
+    return Path(text).expanduser()
+
+
+MAX_SEED = 2**63 - 1  # seeds feed NumPy's SeedSequence and torch generators
+DEFAULT_REPORT = Path("docs/reproduction.md")  # kdml reproduce --out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kdml import __version__
+
+    parser = _Parser(prog="kdml", description="Kernel-regularized deep metric learning.")
+    parser.add_argument("--version", action="version", version=f"kdml {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train a recipe into a run folder",
+                                description="Train RECIPE on a dataset. Extra key=value "
+                                "arguments override the config, e.g. train.epochs=5 or epochs=5.")
+    train.add_argument("recipe", nargs="?", help="recipe name (see 'kdml recipes')")
+    train.add_argument("overrides", nargs="*", metavar="key=value", default=[])
+    train.add_argument("--dataset", help="dataset name, folder:DIR, csv:FILE, a domain pair "
+                       "(SOURCE->TARGET, npz:PATH); see 'kdml datasets'")
+    train.add_argument("--data-root", metavar="DIR", type=_folder,
+                       help="folder of an on-disk dataset (data.root)")
+    train.add_argument("--config", type=Path, help="YAML file with config values")
+    train.add_argument("--weights", metavar="FILE", type=_folder,
+                       help="pretrained backbone weights, a local .pth or .safetensors file "
+                       "(model.weights)")
+    train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
+    train.add_argument("--out", type=_folder,
+                       help="run folder: new, empty, or one whose run stopped before its first "
+                       "checkpoint (default: runs/RECIPE-DATASET-TIME)")
+    train.add_argument("--resume", type=_folder, metavar="RUN_DIR",
+                       help="continue an interrupted run from its last checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    evaluate = commands.add_parser("eval", help="evaluate a run's last (or --best) checkpoint")
+    evaluate.add_argument("run_dir", type=Path)
+    _add_best(evaluate)
+    evaluate.add_argument("--test", action="store_true",
+                          help="for a run that validated (data.validation): score the test "
+                               "part, which its training and choices never saw (a run that "
+                               "did not validate scores it anyway)")
+    evaluate.add_argument("--dataset",
+                          help="score the run's model on another dataset's test part, as the "
+                               "run's data.split makes it (without the run's own data where "
+                               "its data.json records what the model takes; --data-root is "
+                               "then that dataset's folder); prints the scores and writes no "
+                               "eval.json")
+    evaluate.add_argument("--ks", type=_integer(1), nargs="+", metavar="K",
+                          help="the Recall@K values to score (default: the run's eval.ks)")
+    _add_data_root(evaluate)
+
+    analyze = commands.add_parser("analyze", help="analyses of a trained run")
+    analyses = analyze.add_subparsers(dest="analysis", required=True, parser_class=_Parser)
+    general = analyses.add_parser(
+        "generalization", help="H-divergence and lambda between seen and unseen classes",
+        description="Estimate the H-divergence and lambda of Chu et al. 2020 (Sec. 2) with "
+        "nearest-neighbour classifiers on a trained run's embeddings.")
+    general.add_argument("run_dir", type=Path)
+    _add_data_root(general)
+    general.add_argument("--repeats", type=_integer(2), default=10,
+                         help="random splits (default 10; at least 2, for the 95%% interval)")
+    general.add_argument("--labelled-fraction", type=_fraction, default=0.5,
+                         help="share of each set the classifiers are fitted on (default 0.5)")
+    general.add_argument("--neighbors", type=_integer(1), default=1,
+                         help="k of the k-NN (default 1)")
+    general.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
+
+    plot = commands.add_parser("plot", help="plots of a trained run")
+    plots = plot.add_subparsers(dest="plot", required=True, parser_class=_Parser)
+    charts = plots.add_parser(
+        "charts", help="d = 2 charts of an Atlas run: one panel per chart, test points by class",
+        description="Plot the test points of an Atlas run (d = 2) at their chart coordinates, "
+        "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
+    charts.add_argument("run_dir", type=Path)
+    _add_best(charts)
+    _add_test_part(charts)
+    _add_data_root(charts)
+    charts.add_argument("--thumbnails", type=_integer(0), default=100,
+                        help="images drawn as thumbnails (0 = points only; default 100)")
+
+    embed = commands.add_parser(
+        "embed", help="write a run's embeddings of a split to an .npz",
+        description="Embed a split (or another dataset) with a trained run's model; writes "
+        "embeddings, labels, positions, sources and, for Atlas runs, chart codes.")
+    embed.add_argument("run_dir", type=Path)
+    _add_split_options(embed)
+    _add_best(embed)
+    _add_test_part(embed)
+    embed.add_argument("--out", type=_folder, required=True, help="the .npz to write")
+
+    index = commands.add_parser(
+        "index", help="build a faiss index of a run's embeddings",
+        description="Build a search index of a split's embeddings: exact by default, IVF or "
+        "HNSW for large galleries; Atlas runs get one index per chart.")
+    index.add_argument("run_dir", type=Path)
+    _add_split_options(index, "searched", "the part to index (default: the gallery where the "
+                       "data has one, as In-Shop, else test)")
+    _add_best(index)
+    _add_test_part(index)
+    index.add_argument("--out", type=_folder, required=True, help="a new index folder")
+    index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact",
+                       help="exact (default): brute-force float32 search; ivf or "
+                       "hnsw: approximate, for large galleries")
+
+    search = commands.add_parser(
+        "search", help="the nearest indexed items of a query image or .npz",
+        description="Print a query's nearest items in the index. The query is an .npz of "
+        "precomputed 'embeddings' (Atlas runs: 'chart_coords' and 'chart_index'), as 'kdml "
+        "embed' writes them, which needs only the run's config and checkpoint, not its data; "
+        "or an image file, or an .npz of raw 'inputs', which the run's model embeds, rebuilt "
+        "from the run folder alone (config.yaml, the checkpoint and data.json; a run whose "
+        "data.json predates that record, from its data: --data-root if it moved). For runs "
+        "on in-memory images (e.g. Fashion-MNIST) an image is fitted to the samples' size and "
+        "channels.")
+    search.add_argument("run_dir", type=Path)
+    search.add_argument("--index", type=_folder, required=True, metavar="DIR")
+    search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")
+    search.add_argument("-k", type=_integer(1), default=10, help="neighbours (default 10)")
+    search.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_best(search)
+    _add_data_root(search)
+
+    retrieval = plots.add_parser(
+        "retrieval", help="queries and their nearest images, hits and misses marked",
+        description="Draw random test queries and their top-K images (the gallery's where the "
+        "metrics search one, else the other test images) into plots/retrieval.png, each result "
+        "framed green (same class) or red.")
+    retrieval.add_argument("run_dir", type=Path)
+    _add_best(retrieval)
+    _add_test_part(retrieval)
+    _add_data_root(retrieval)
+    # A grid of thumbnails past 64 a side is too large to read (and to draw: 10,000 of them
+    # made a 116,480-pixel-wide PNG).
+    retrieval.add_argument("--queries", type=_integer(1, 64), default=8,
+                           help="rows of the grid (default 8, at most 64)")
+    retrieval.add_argument("-k", type=_integer(1, 64), default=8,
+                           help="neighbours per query (default 8, at most 64)")
+    retrieval.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
+    embedding = plots.add_parser(
+        "embedding", help="a 2-D map of the test embeddings, by class (UMAP or t-SNE)",
+        description="Map the test embeddings to 2-D with UMAP when umap-learn is installed, "
+        "else t-SNE (scikit-learn), into plots/embedding.png.")
+    embedding.add_argument("run_dir", type=Path)
+    _add_best(embedding)
+    _add_test_part(embedding)
+    _add_data_root(embedding)
+    embedding.add_argument("--max-points", type=_integer(3), default=5000,
+                           help="plot a random sample of at most this many (default 5000)")
+
+    reproduce = commands.add_parser(
+        "reproduce", help="run the papers' experiments and write a report",
+        description="Train each paper's tables and figures on the offline data (mean +- 95% "
+        "CI over seeds, the paper's numbers beside them, a verdict per claim) and write a "
+        "Markdown report with PNG plots. Finished runs are reused and interrupted ones "
+        "resumed, so the same command continues a stopped reproduction. The same command "
+        "started several times (one per GPU, with CUDA_VISIBLE_DEVICES) shares the runs: "
+        "each trains those no other is training, then waits for the others'.")
+    reproduce.add_argument("paper", choices=("jrd", "atlas", "dtml", "all"))
+    reproduce.add_argument("--seeds", type=_integer(1), default=None,
+                           help="seeds per cell, 0..N-1 (default 5; 3 with --quick)")
+    reproduce.add_argument("--quick", action="store_true",
+                           help="a few steps per run and a small grid: checks the pipeline in "
+                           "minutes on a CPU; its numbers say nothing about the methods")
+    reproduce.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    reproduce.add_argument("--out", type=Path, default=None,
+                           help="the report (default docs/reproduction.md, or "
+                           "reproduction.md in the runs folder with --quick); plots go beside "
+                           "it, to OUT's name without .md plus -plots/")
+    reproduce.add_argument("--runs", type=Path, default=None,
+                           help="where the runs go (default runs/reproduce, or "
+                           "runs/reproduce-quick)")
+    reproduce.add_argument("--only", action="append", metavar="PATTERN", default=[],
+                           help="run only the experiments whose key matches (shell pattern, "
+                           "e.g. 'jrd-table2-*'; repeatable)")
+    reproduce.add_argument("--list", action="store_true",
+                           help="list the experiments and their cells, train nothing")
+    reproduce.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    commands.add_parser("datasets", help="list the datasets")
+    commands.add_parser("recipes", help="list the recipes")
+    config = commands.add_parser(
+        "config", help="print a recipe's configuration: every key with its value",
+        description="Print the configuration RECIPE resolves to (defaults < --config < "
+        "key=value), as YAML: every key 'kdml train' accepts. Of a --config file with a "
+        "grid: the first cell's config, the grid named in a comment and checked as 'kdml "
+        "train' checks it.")
+    config.add_argument("recipe", nargs="?",
+                        help="recipe name (see 'kdml recipes'); optional with a --config file "
+                        "that names one")
+    config.add_argument("overrides", nargs="*", metavar="key=value", default=[])
+    config.add_argument("--config", type=Path, help="YAML file with config values")
+    return parser
+
+
+def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
+                       help_text: str = "the part to embed (default test; where the test "
+                                        "set is queries and a gallery, as In-Shop's is, test "
+                                        "is the queries)") -> None:
+    parser.add_argument("--split", choices=("test", "train", "gallery"), default=default,
+                        help=help_text)
+    parser.add_argument("--dataset", help="embed another dataset with the run's model (without "
+                        "the run's own data where its data.json records what the model "
+                        "takes; --data-root is then that dataset's folder)")
+    _add_data_root(parser)
+
+
+def _add_best(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--best", action="store_true",
+                        help="use checkpoints/best.pt (runs with train.keep_best), not last.pt")
+
+
+def _add_test_part(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--test", action="store_true",
+                        help="for a run that validated (data.validation): use the test part, "
+                        "which its training and choices never saw, not the validation part (a "
+                        "run that did not validate uses it anyway)")
+
+
+def _data_folder(text: str) -> Path:
+    """An argparse type: :func:`_folder`, made absolute, so that the sources an index or an
+    embedding file records lead to the images from any folder (train's config records it so
+    too). A file is refused: for ``csv:FILE`` it is the folder the list lies in."""
+    folder = _folder(text).absolute()
+    if folder.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give the folder the data lies in "
+                                         "(for csv:FILE, the folder of the list)")
+    return folder
+
+
+def _add_data_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-root", metavar="DIR", type=_data_folder,
+                        help="where the run's on-disk dataset is now, if it moved (for "
+                        "folder:DIR the folder itself, for csv:FILE the folder of the list)")

@@ -1,0 +1,408 @@
+"""``kdml train`` (one run, a config grid, torchrun), ``kdml config``, ``kdml datasets`` and
+``kdml recipes``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kdml.cli.output import _print_results, _progress, _say, _stop_code
+from kdml.errors import KdmlError
+
+if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
+    from kdml.config import RunConfig
+    from kdml.training.grid import Cell
+    from kdml.training.recipes import Recipe
+
+
+def _train(args: argparse.Namespace) -> int:
+    from kdml import distributed
+    from kdml.config import load_config_file, resolve_config, with_absolute_paths
+    from kdml.training.loading import run_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.run_folder import (
+        RUNS_FOLDER,
+        RunFolder,
+        check_new_run_folder,
+        check_outside_image_folders,
+        default_run_dir,
+        remove_if_unused,
+    )
+    from kdml.training.trainer import train
+
+    if args.resume is not None:
+        if (args.recipe or args.overrides or args.dataset or args.config or args.weights
+                or args.seed is not None or args.data_root or args.out):
+            raise KdmlError("--resume takes only the run folder: the run keeps its own config "
+                            "(edit its config.yaml for what a resumed run can change, such as "
+                            "train.epochs, or data.root where its data moved)")
+        run = RunFolder.existing(args.resume)
+        config = run_config(run)
+        _join_processes(config)
+        return _run_training(lambda: train(config, run.root, resume=True,
+                                           progress=_progress(args)), config, run.root)
+
+    file_values = load_config_file(args.config) if args.config else {}
+    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
+    recipe = get_recipe(recipe_name)
+    grid = file_values.get("grid")
+    _check_flags_agree_with_overrides(
+        args, overrides, [str(key) for key in grid] if isinstance(grid, dict) else [])
+    # Quoted (a JSON string is a YAML string): unquoted, an override's value is read as YAML,
+    # which makes `folder:` a mapping and a path named `yes` or `1e5` a bool or a number.
+    if args.dataset is not None:
+        overrides.append(f"data.dataset={json.dumps(str(args.dataset))}")
+    if args.data_root:
+        overrides.append(f"data.root={json.dumps(str(args.data_root))}")
+    if args.weights:
+        overrides.append(f"model.weights={json.dumps(str(args.weights))}")
+    if args.seed is not None:
+        overrides.append(f"train.seed={args.seed}")
+    if "grid" in file_values:
+        return _train_grid(recipe, file_values, overrides, args)
+    config = with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
+                                                file_values, overrides))
+    _check_dataset_name(config.data.dataset)
+    _join_processes(config)
+
+    runs_made = not RUNS_FOLDER.exists()  # by default_run_dir, if it is used
+
+    def new_run_folder() -> Path:  # rank 0 names and checks it (its time stamp for all)
+        check_outside_image_folders(args.out or RUNS_FOLDER, config.data.dataset)
+        run_dir = args.out or default_run_dir(recipe.name, config.data.dataset)
+        check_new_run_folder(run_dir)
+        return run_dir
+
+    run_dir = distributed.from_main(new_run_folder)
+    # said by train() once the config, the data and the folder pass its checks (rank 0 only):
+    # said here, it had preceded their refusals, naming a folder that was never made
+    start_line = f"training {recipe.name} on {config.data.dataset} into {run_dir}"
+    try:
+        return _run_training(lambda: train(config, run_dir, progress=_progress(args),
+                                           start_line=start_line), config, run_dir)
+    finally:  # default_run_dir made the folder: a run refused before writing leaves none
+        if args.out is None and distributed.world().is_main:
+            remove_if_unused(run_dir)
+            if runs_made and not run_dir.exists():  # nor the runs/ folder made for it
+                with contextlib.suppress(OSError):
+                    run_dir.parent.rmdir()
+
+
+def _join_processes(config: RunConfig) -> None:
+    """Under torchrun: join the process group (NCCL when training on GPUs, else gloo)."""
+    from kdml import distributed
+    from kdml.training.build import resolve_device
+
+    if distributed.launched_by_torchrun():
+        device = resolve_device(distributed.device_for(config.train.device))
+        distributed.setup(use_cuda=device.type == "cuda")
+
+
+def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
+                args: argparse.Namespace) -> int:
+    """One run per cell of the config file's grid (see kdml.training.grid)."""
+    from kdml import distributed
+    from kdml.config import with_absolute_paths
+    from kdml.training.grid import best_cells, changed_setting, check_grid_folder, write_marker
+    from kdml.training.loading import run_config
+    from kdml.training.run_folder import (
+        RUNS_FOLDER,
+        RunFolder,
+        check_outside_image_folders,
+        check_utf8_path,
+        default_run_dir,
+    )
+    from kdml.training.selection import as_validation_history, best_scores
+    from kdml.training.trainer import train
+
+    cells, resolved = _grid_configs(recipe, file_values, overrides)
+    configs = [with_absolute_paths(config) for config in resolved]
+    shares = sorted({config.data.validation for config in configs})
+    if len(shares) > 1:
+        raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
+                        f"{shares[-1]:g}): each would be scored on another part (the test part, "
+                        "or another validation part), which one table cannot compare; give "
+                        "every cell the same data.validation")
+    _check_dataset_name(configs[0].data.dataset)
+    _join_processes(configs[0])
+
+    def grid_folder() -> Path:  # rank 0 names, checks and marks it
+        check_outside_image_folders(args.out or RUNS_FOLDER, configs[0].data.dataset)
+        root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
+        check_utf8_path(root, what="grid folder")  # its cells' TensorBoard writes need it
+        if not check_grid_folder(root, cells):
+            write_marker(root, cells, file_values["grid"])
+        return root
+
+    root = distributed.from_main(grid_folder)
+
+    def cell_state(run: RunFolder) -> tuple[dict[str, float] | None, bool]:
+        return run.final_metrics(), run.config.is_file()
+
+    def check_cells_settings() -> None:  # rank 0: before any cell trains
+        for cell, config in zip(cells, configs, strict=True):
+            run = RunFolder(root / cell.name)
+            if run.config.is_file():
+                changed = changed_setting(run_config(run).to_dict(), config.to_dict())
+                if changed:
+                    raise KdmlError(f"grid cell {cell.name} in {root} was trained with other "
+                                    f"settings ({changed}); give the command it was trained "
+                                    "with, or train this grid into another --out")
+
+    distributed.from_main(check_cells_settings)
+
+    _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
+    finals = []
+    for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
+        run = RunFolder(root / cell.name)
+        done, started = distributed.from_main(functools.partial(cell_state, run))
+        if done is not None:
+            _say(f"[{number}/{len(cells)}] {cell.name}: finished earlier")
+            finals.append(done)
+            continue
+        _say(f"[{number}/{len(cells)}] {cell.name}")
+        try:
+            finals.append(train(config, run.root, resume=started, progress=_progress(args),
+                                selects=True))  # validation chooses the best cell by it
+        except KdmlError as error:
+            if not finals and not run.config.is_file():  # refused before anything trained
+                raise KdmlError(f"grid cell {cell.name} failed: {error} -- nothing was "
+                                f"trained; the same command, corrected, goes on in "
+                                f"{root}") from None
+            raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
+                            f"before it are kept in {root}: the same command continues there "
+                            "once the cause is fixed outside the grid (a changed grid or "
+                            "setting needs another --out)") from None
+        except KeyboardInterrupt as stop:
+            code, stopped = _stop_code(stop)
+            if distributed.world().is_main:
+                print(f"kdml: {stopped} in cell {cell.name}; continue with the same command "
+                      f"and --out {root}", file=sys.stderr)
+            return code
+    validation = configs[0].data.validation
+    metric = configs[0].train.select_metric
+    scored = (f"Validation metrics per cell (data.validation={validation}; the test part was "
+              "not used)" if validation else "Test metrics per cell")
+    if all(config.train.keep_best for config in configs):  # each cell's kept model is its
+        # best epoch: compare those (keep_best needs data.validation: the history is validation)
+        finals = [best_scores(as_validation_history(RunFolder(root / cell.name).history()),
+                              metric) or final for cell, final in zip(cells, finals, strict=True)]
+        scored += f", at each cell's best epoch by {metric} (train.keep_best)"
+    # every cell's metrics, in order of first appearance: a grid over eval.nmi or eval.ks
+    # scores its cells on different metrics (the first cell's alone had hidden the others')
+    names = list(dict.fromkeys(name for final in finals for name in final))
+    _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
+    _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
+    for cell, final in zip(cells, finals, strict=True):  # "-": not scored (or not collapsed)
+        _say("  " + "  ".join([f"{cell.name:<24}",
+                              *(f"{final[name]:>12.4f}" if name in final else f"{'-':>12}"
+                                for name in names)]))
+    if validation and metric not in names:  # e.g. cells finished before a check of the name
+        _say(f"best on validation by {metric}: none, no cell scores train.select_metric="
+             f"{metric!r} (they score {', '.join(names)})")
+    elif validation:  # the choice validation exists for; not made on test
+        tied = best_cells([final.get(metric) for final in finals])
+        if not tied:
+            _say(f"best on validation by {metric}: none, no cell has a finite score")
+        else:
+            best = tied[0]
+            test_it = (f"kdml eval {root / cells[best].name} --best --test tests its kept "
+                       "epoch" if configs[best].train.keep_best else
+                       "train it without data.validation to test it")
+            tie = (f" (tied at {finals[best][metric]:.4f} with "
+                   f"{', '.join(cells[i].name for i in tied[1:])}: validation does not tell "
+                   "them apart, and the first in grid order is named)" if len(tied) > 1 else "")
+            _say(f"best on validation by {metric}: {cells[best].name}{tie}; {test_it}")
+    _say(f"grid folder: {root}")
+    return 0
+
+
+def _recipe_and_overrides(args: argparse.Namespace, in_file: object) -> tuple[str, list[str]]:
+    """The recipe and the key=value overrides. With a --config file that names its recipe,
+    the overrides may come first (``kdml train --config FILE train.epochs=2``): argparse
+    reads the first of them as the recipe."""
+    given, overrides = args.recipe, list(args.overrides)
+    if given and "=" in given and args.config and in_file is not None:
+        given, overrides = None, [given, *overrides]
+    return _recipe_name(given, in_file, args.config, args.command), overrides
+
+
+def _recipe_name(given: str | None, in_file: object, config_file: Path | None,
+                 command: str) -> str:
+    """The recipe named on the command line, else by the --config file; never two."""
+    if given and "=" in given and config_file is not None:  # in_file is None: no recipe there
+        raise KdmlError(f"{config_file} has no recipe: line, so the first argument must name "
+                        f"the recipe: 'kdml {command} RECIPE --config {config_file} {given}'")
+    if given and "=" in given:
+        raise KdmlError(f"the first argument must be a recipe name, got {given!r}")
+    if given and in_file is not None and str(in_file) != given:
+        raise KdmlError(f"{config_file} is a config for recipe {in_file!r} but the command "
+                        f"names {given!r}; drop one of them")
+    if not given and in_file is None:
+        example = "train jrd --dataset mnist5k" if command == "train" else f"{command} jrd"
+        raise KdmlError(f"name a recipe, e.g. 'kdml {example}' (or a --config file with a "
+                        "recipe: line)")
+    return given or str(in_file)
+
+
+# a flag of `kdml train` and the config key it sets
+FLAG_KEYS = {"dataset": ("--dataset", "data.dataset"), "data_root": ("--data-root", "data.root"),
+             "weights": ("--weights", "model.weights"), "seed": ("--seed", "train.seed")}
+
+
+def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[str],
+                                      grid_keys: list[str]) -> None:
+    """Refuse a flag and an override of its key, or a grid over it, together (``--dataset
+    digits data.dataset=cub``), and an override of a key the grid runs over: one of them
+    would be ignored without a word."""
+    from kdml.config import parse_override
+
+    for item in overrides:
+        key = str(parse_override(item)[0])
+        for grid_key in grid_keys:  # either may be dotted or a bare leaf
+            if key == grid_key or key.split(".")[-1] == grid_key.split(".")[-1] and (
+                    "." not in key or "." not in grid_key):
+                raise KdmlError(f"the override {item} sets {grid_key}, over which the "
+                                "config's grid runs: the cells' values would win; drop it or "
+                                "edit the grid")
+    for attribute, (flag, key) in FLAG_KEYS.items():
+        if getattr(args, attribute) is None:
+            continue
+        names = (key, key.split(".", 1)[1])
+        for item in overrides:
+            if parse_override(item)[0] in names:
+                raise KdmlError(f"{flag} and the override {item} both set {key}; give one")
+        for grid_key in grid_keys:
+            if grid_key in names:
+                raise KdmlError(f"{flag} sets {key}, over which the config's grid runs; give "
+                                f"one")
+
+
+def _check_dataset_name(dataset: str) -> None:
+    from kdml.data.domains import DOMAIN_PAIRS, is_domain_dataset
+    from kdml.data.registry import DATASETS, FORMATS, is_known_dataset
+
+    if not is_known_dataset(dataset) and not is_domain_dataset(dataset):
+        # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
+        hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
+                if dataset.endswith("-") else "")
+        raise KdmlError(f"unknown dataset {dataset!r}; choose one of: "
+                        f"{', '.join([*DATASETS, *FORMATS, *DOMAIN_PAIRS])}, folder:DIR, "
+                        f"csv:FILE or npz:PATH{hint}")
+
+
+def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,
+                  run_dir: Path) -> int:
+    from kdml import distributed
+
+    try:
+        final = run()
+    except KeyboardInterrupt as stop:
+        code, stopped = _stop_code(stop)
+        if not distributed.world().is_main:
+            return code
+        if (run_dir / "config.yaml").is_file():
+            print(f"kdml: {stopped}; continue with: kdml train --resume {run_dir}",
+                  file=sys.stderr)
+        else:
+            print(f"kdml: {stopped} before training started; nothing was written",
+                  file=sys.stderr)
+        return code
+    if distributed.world().is_main:
+        _print_results(config, final, run_dir)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from kdml.config import load_config_file, resolve_config
+    from kdml.training.recipes import get_recipe
+
+    file_values = load_config_file(args.config) if args.config else {}
+    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
+    recipe = get_recipe(recipe_name)
+    if "grid" in file_values:  # the file's values alone may be no run's (keep_best without
+        # the data.validation its grid gives): print the first cell's, saying so
+        note, config = _first_grid_cell(args.config, recipe, file_values, overrides)
+        print(note)
+    else:
+        config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                                overrides)
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
+                     overrides: list[str]) -> tuple[str, RunConfig]:
+    """A YAML comment naming the --config file's grid, and its first cell's config, after
+    refusing what kdml train would refuse of the grid: an override of one of its keys, and
+    what :func:`_grid_configs` refuses."""
+    grid = file_values["grid"]
+    keys = [str(key) for key in grid] if isinstance(grid, dict) else []
+    # kdml config has none of kdml train's flags (--dataset, --seed, ...) to compare
+    _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
+                                      overrides, keys)
+    cells, configs = _grid_configs(recipe, file_values, overrides)
+    return (f"# {file} holds a grid of {len(cells)} runs over {', '.join(keys)}, one per "
+            f"cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
+
+
+def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
+                  ) -> tuple[list[Cell], list[RunConfig]]:
+    """The config file's grid cells and each one's config (the file's values, ``overrides``,
+    then the cell's), refusing a malformed grid, two keys of one setting (``dim`` and
+    ``method.dim``), two cells of one folder name, a bad value in any cell, and two cells of
+    one config."""
+    from kdml.config import RunConfig, resolve_config, resolve_key
+    from kdml.training.grid import check_distinct_cells, check_distinct_keys, grid_cells
+
+    cells = grid_cells(file_values["grid"])
+    blank = RunConfig(recipe=recipe.name, method=recipe.params())  # the keys a cell may set
+    check_distinct_keys([str(key) for key in file_values["grid"]],
+                        functools.partial(resolve_key, blank))
+    configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
+                              [*overrides, *cell.overrides]) for cell in cells]
+    check_distinct_cells(cells, [config.to_dict() for config in configs])
+    return cells, configs
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    from kdml.data.domains import DOMAIN_PAIRS
+    from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE, candidate_roots
+
+    rows = [(entry.name, entry.description) for entry in DATASETS.values()]
+    rows += [(entry.name, entry.description) for entry in DOMAIN_PAIRS.values()]
+    rows += [("npz:PATH", "pre-extracted features of two domains (X, y, domain)")]
+    rows += [(f"{prefix}{'DIR' if prefix == 'folder:' else 'FILE'}", text)
+             for prefix, text in PREFIXES.items()]
+    on_disk = []
+    for entry in FORMATS.values():
+        roots = [folder for root in candidate_roots(entry)
+                 if (folder := entry.located(root)) is not None]
+        on_disk.append((entry.name, entry.description,
+                        f"found in {roots[0]}" if roots else "not found"))
+    width = max(len(name) for name, *_ in rows + on_disk)
+    print("Offline and your own data:")
+    for name, description in rows:
+        print(f"  {name:<{width}}  {description}")
+    print(f"On-disk datasets (--data-root DIR, or ${ROOT_VARIABLE}/<name> or the archive's "
+          "folder):")
+    for name, description, where in on_disk:
+        print(f"  {name:<{width}}  {description}; {where}")
+    return 0
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from kdml.training.recipes import RECIPES
+
+    width = max(map(len, RECIPES))
+    for recipe in RECIPES.values():
+        print(f"{recipe.name:<{width}}  {recipe.summary}")
+    return 0
