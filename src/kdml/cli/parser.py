@@ -117,10 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "charts", help="d = 2 charts of an Atlas run: one panel per chart, test points by class",
         description="Plot the test points of an Atlas run (d = 2) at their chart coordinates, "
         "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
-    charts.add_argument("run_dir", type=Path)
-    _add_best(charts)
-    _add_test_part(charts)
-    _add_data_root(charts)
+    _add_plotted_run(charts)
     charts.add_argument("--thumbnails", type=_integer(0), default=100,
                         help="images drawn as thumbnails (0 = points only; default 100)")
 
@@ -171,10 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draw random test queries and their top-K images (the gallery's where the "
         "metrics search one, else the other test images) into plots/retrieval.png, each result "
         "framed green (same class) or red.")
-    retrieval.add_argument("run_dir", type=Path)
-    _add_best(retrieval)
-    _add_test_part(retrieval)
-    _add_data_root(retrieval)
+    _add_plotted_run(retrieval)
     # A grid of thumbnails past 64 a side is too large to read (and to draw: 10,000 of them
     # made a 116,480-pixel-wide PNG).
     retrieval.add_argument("--queries", type=_integer(1, 64), default=8,
@@ -186,10 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedding", help="a 2-D map of the test embeddings, by class (UMAP or t-SNE)",
         description="Map the test embeddings to 2-D with UMAP when umap-learn is installed, "
         "else t-SNE (scikit-learn), into plots/embedding.png.")
-    embedding.add_argument("run_dir", type=Path)
-    _add_best(embedding)
-    _add_test_part(embedding)
-    _add_data_root(embedding)
+    _add_plotted_run(embedding)
     embedding.add_argument("--max-points", type=_integer(3), default=5000,
                            help="plot a random sample of at most this many (default 5000)")
 
@@ -247,6 +238,14 @@ def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
     parser.add_argument("--dataset", help="embed another dataset with the run's model (without "
                         "the run's own data where its data.json records what the model "
                         "takes; --data-root is then that dataset's folder)")
+    _add_data_root(parser)
+
+
+def _add_plotted_run(parser: argparse.ArgumentParser) -> None:
+    """The run a ``kdml plot`` draws, and which of its checkpoints, parts and data."""
+    parser.add_argument("run_dir", type=Path)
+    _add_best(parser)
+    _add_test_part(parser)
     _add_data_root(parser)
 
 
