@@ -339,6 +339,10 @@ def test_recipe_records_and_defaults():
     (SimCLRParams(tau=0.0), "tau"),
     (MSimCLRParams(proj_input="tanh"), "proj_input"),
     (SimCLRParams(proj_hidden=-1), r"^method.proj_hidden must be >= 0 \(0 = dim\), got -1$"),
+    (SimCLRParams(crop_size=-1),
+     r"^method.crop_size must be >= 0 \(0 = the input size\), got -1$"),
+    (SimCLRParams(crop_size=True), r"^method.crop_size must be >= 0 .*, got True$"),
+    (MSimCLRParams(feature_dim=-1), r"^method.feature_dim must be >= 0, got -1$"),
 ])
 def test_bad_parameters(params, message):
     with pytest.raises(KdmlError, match=message):

@@ -292,7 +292,7 @@ def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epo
 
 @pytest.mark.parametrize(("dataset", "names", "dims"), [
     ("mnist5k", ("SimCLR", "MSimCLR, n = 1", "MSimCLR, n = 16"), (2, 4, 8)),
-    # Fashion-MNIST's runs take 17 minutes each: its d = 2 column, without SimCLR
+    # Fashion-MNIST's runs take 17 to 34 minutes each: its d = 2 column, without SimCLR
     ("fashion-mnist", ("MSimCLR, n = 1", "MSimCLR, n = 16"), (2,))])
 def test_the_head_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_heads(
         tmp_path, dataset, names, dims):
@@ -951,7 +951,6 @@ def test_a_setting_added_later_keeps_the_folders_of_the_runs_it_describes(tmp_pa
                                                                           recipe):
     """The SimCLR recipes forwarded both views as one batch before ``method.joint_views``
     existed: its old value keeps those runs' folders, the new default gets others."""
-    from kdml.reproduce import runner
 
     (experiment,) = [e for e in experiments("atlas", quick=True)
                      if e.key == "atlas-table2-mnist5k"]
@@ -962,19 +961,28 @@ def test_a_setting_added_later_keeps_the_folders_of_the_runs_it_describes(tmp_pa
     joint.method.joint_views = True
     now = {value: run_folder_of(c, tmp_path) for value, c in ((False, config), (True, joint))}
     assert now[False] != now[True]
-    # the code before the setting: configs without it, hashed without it
+    assert folder_before_the_setting(joint, "joint_views", tmp_path, monkeypatch) == now[True]
+
+
+def folder_before_the_setting(config: RunConfig, setting: str, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run folder of ``config`` under the code before ``method.<setting>`` existed:
+    configs without it, hashed without its ADDED_LATER entry."""
+    from kdml.reproduce import runner
+
     to_dict = RunConfig.to_dict
 
     def without_the_setting(self):
         values = to_dict(self)
-        del values["method"]["joint_views"]
+        del values["method"][setting]
         return values
 
-    monkeypatch.setattr(RunConfig, "to_dict", without_the_setting)
-    monkeypatch.setattr(runner, "ADDED_LATER", {key: value for key, value
-                                                in runner.ADDED_LATER.items()
-                                                if key != ("method", "joint_views")})
-    assert run_folder_of(joint, tmp_path) == now[True]
+    with monkeypatch.context() as before:
+        before.setattr(RunConfig, "to_dict", without_the_setting)
+        before.setattr(runner, "ADDED_LATER", {key: value for key, value
+                                               in runner.ADDED_LATER.items()
+                                               if key != ("method", setting)})
+        return run_folder_of(config, tmp_path)
 
 
 @pytest.mark.parametrize("recipe", ["msimclr", "simclr"])
@@ -991,15 +999,7 @@ def test_the_heads_width_added_later_keeps_the_folders_of_the_runs_before_it(tmp
     wide.method.proj_hidden = 64
     now = {0: run_folder_of(config, tmp_path), 64: run_folder_of(wide, tmp_path)}
     assert now[0] != now[64]
-    to_dict = RunConfig.to_dict
-
-    def without_the_setting(self):  # the code before the setting
-        values = to_dict(self)
-        del values["method"]["proj_hidden"]
-        return values
-
-    monkeypatch.setattr(RunConfig, "to_dict", without_the_setting)
-    assert run_folder_of(config, tmp_path) == now[0]
+    assert folder_before_the_setting(config, "proj_hidden", tmp_path, monkeypatch) == now[0]
 
 
 def test_the_training_time_restarts_with_a_run_trained_again_from_epoch_1(tmp_path):

@@ -161,12 +161,14 @@ class ProjectionHeads(nn.Module):
         """The projection of :meth:`forward` and the :meth:`active_share` of the same pass."""
         self._check_memberships(coords, q)
         preactivations = self.hidden_preactivations(coords)
-        projection = torch.einsum("bn,bnp->bp", q, self._per_chart_of(preactivations))
-        return projection, _active_share_of(preactivations, q)
+        return self._projection_of(preactivations, q), _active_share_of(preactivations, q)
 
     def forward(self, coords: Tensor, q: Tensor) -> Tensor:
         self._check_memberships(coords, q)
-        return torch.einsum("bn,bnp->bp", q, self.per_chart(coords))
+        return self._projection_of(self.hidden_preactivations(coords), q)
+
+    def _projection_of(self, preactivations: Tensor, q: Tensor) -> Tensor:
+        return torch.einsum("bn,bnp->bp", q, self._per_chart_of(preactivations))
 
     def _per_chart_of(self, preactivations: Tensor) -> Tensor:
         return torch.einsum("bnh,nhp->bnp", torch.relu(preactivations), self.output_weight)

@@ -137,6 +137,14 @@ def _check_positive_int(params: object, name: str) -> None:
     setattr(params, name, int(value))  # a NumPy integer taken as its Python int
 
 
+def _check_int_or_zero(params: object, name: str, zero: str = "") -> None:
+    """A size of which 0 means a default (``zero`` names it); booleans are refused."""
+    value = getattr(params, name)
+    if isinstance(value, bool) or not value >= 0:
+        meaning = f" (0 = {zero})" if zero else ""
+        raise KdmlError(f"method.{name} must be >= 0{meaning}, got {value!r}")
+
+
 def _check_non_negative(name: str, value: float) -> None:
     if not value >= 0:
         raise KdmlError(f"method.{name} must be >= 0, got {value}")
@@ -205,11 +213,8 @@ class SimCLRParams:
         check_finite_fields(self)  # NaN and infinity, which the range checks let through
         _check_positive_int(self, "dim")
         _check_positive_int(self, "proj_dim")
-        if isinstance(self.proj_hidden, bool) or not self.proj_hidden >= 0:
-            raise KdmlError(f"method.proj_hidden must be >= 0 (0 = dim), got {self.proj_hidden!r}")
-        if isinstance(self.crop_size, bool) or not self.crop_size >= 0:
-            raise KdmlError(f"method.crop_size must be >= 0 (0 = the input size), got "
-                            f"{self.crop_size!r}")
+        _check_int_or_zero(self, "proj_hidden", "dim")
+        _check_int_or_zero(self, "crop_size", "the input size")
         if not (math.isfinite(self.tau) and self.tau > 0):
             raise KdmlError(f"method.tau must be > 0, got {self.tau}")
         if not 0 < self.crop_scale_min <= 1:
@@ -233,8 +238,7 @@ class MSimCLRParams(SimCLRParams):
         super().validate()
         _check_positive_int(self, "n_charts")
         _check_non_negative("coordinate_clamp", self.coordinate_clamp)
-        if isinstance(self.feature_dim, bool) or not self.feature_dim >= 0:
-            raise KdmlError(f"method.feature_dim must be >= 0, got {self.feature_dim!r}")
+        _check_int_or_zero(self, "feature_dim")
         _check_non_negative("lambda1", self.lambda1)
         _check_non_negative("lambda2", self.lambda2)
         if self.proj_input not in PROJECTION_INPUTS:
