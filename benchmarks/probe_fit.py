@@ -33,7 +33,7 @@ from machine import machine_description
 from torch.nn import functional
 
 from kdml.evaluation.charts import piecewise_linear_accuracy
-from kdml.inspection import embed_part, run_part
+from kdml.inspection.parts import embed_part, run_part
 from kdml.training.loading import load_run
 
 

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from kdml import cli, inspection
+from kdml import cli
 from kdml.data.transforms import to_unit_float
+from kdml.inspection import plots
 from kdml.training.loading import load_run
 
 TINY = ["train.epochs=1", "model.backbone=mlp", "eval.nmi=false", "--no-progress"]
@@ -41,13 +42,13 @@ def test_atlas_recipes_end_to_end(tmp_path, name, overrides, metric):
 def test_plot_charts(tmp_path, capsys, monkeypatch):
     train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2")
     drawn: dict = {}
-    real = inspection.plot_charts
+    real = plots.plot_charts
 
     def recording(coords, index, labels, path, **options):
         drawn.update(coords=coords, index=index, labels=labels, **options)
         return real(coords, index, labels, path, **options)
 
-    monkeypatch.setattr(inspection, "plot_charts", recording)
+    monkeypatch.setattr(plots, "plot_charts", recording)
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet"), "--thumbnails", "5"]) == 0
     assert (tmp_path / "mtriplet" / "plots" / "charts.png").stat().st_size > 1000
     assert "charts.png" in capsys.readouterr().out
@@ -88,7 +89,7 @@ def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(tmp_path, cap
     def no_embedding(*args, **kwargs):
         raise AssertionError("embedded before refusing the picture in the way")
 
-    monkeypatch.setattr(inspection, "chart_codes_of", no_embedding)
+    monkeypatch.setattr(plots, "chart_codes_of", no_embedding)
     capsys.readouterr()
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
     assert f"{mine} is in the way and kdml did not draw it" in capsys.readouterr().err
@@ -101,7 +102,7 @@ def test_plot_charts_of_a_validated_run_draws_its_test_part_with_test(tmp_path, 
     train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2", "data.validation=0.4",
           "data.batch_size=12")  # 3 classes of 4 once 2 of the 5 training classes validate
     drawn: list[set[int]] = []
-    monkeypatch.setattr(inspection, "plot_charts",
+    monkeypatch.setattr(plots, "plot_charts",
                         lambda coords, index, labels, path, **options:
                         drawn.append(set(labels.tolist())) or path)
     for test in ([], ["--test"]):

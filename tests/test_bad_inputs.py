@@ -115,8 +115,8 @@ def test_a_result_file_kdml_did_not_write_is_never_replaced(tmp_path, capsys, fi
                                                             name):
     """A user's file under a result's name (a JSON object with none of kdml's fields, or
     anything else) is refused before any work and left as it was; kdml's own is replaced."""
-    from kdml import inspection
     from kdml.evaluation import evaluator
+    from kdml.inspection import analysis
 
     command = {"eval.json": ["eval"], "generalization.json": ["analyze", "generalization"]}[name]
 
@@ -127,7 +127,7 @@ def test_a_result_file_kdml_did_not_write_is_never_replaced(tmp_path, capsys, fi
         (finished_run / name).write_text(theirs)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(evaluator, "score_method", no_work)
-            patch.setattr(inspection, "embed_dataset", no_work)
+            patch.setattr(analysis, "embed_dataset", no_work)
             err = refused(tmp_path, capsys, *command, finished_run)
         assert err == (f"kdml: error: {finished_run / name} is in the way and kdml did not "
                        "write it; move it away (kdml never replaces a file it did not write)")
@@ -591,7 +591,7 @@ def test_a_picture_or_analysis_of_a_run_folder_it_cannot_write_is_refused_before
     """These write their only output into the run folder: unwritable, they had embedded the
     test part (and run t-SNE, minutes on a large one) before failing to save the result."""
     import kdml.file_write
-    from kdml import inspection
+    from kdml.inspection import analysis, plots
 
     real_temporary_file = kdml.file_write.tempfile.TemporaryFile
 
@@ -604,7 +604,8 @@ def test_a_picture_or_analysis_of_a_run_folder_it_cannot_write_is_refused_before
         raise AssertionError("the work started before the refusal")
 
     monkeypatch.setattr(kdml.file_write.tempfile, "TemporaryFile", read_only_run)
-    monkeypatch.setattr(inspection, "embed_dataset", no_work)
+    for module in (plots, analysis):
+        monkeypatch.setattr(module, "embed_dataset", no_work)
     capsys.readouterr()
     assert cli.main([*command, str(finished_run)]) == 2
     err = capsys.readouterr().err.strip()

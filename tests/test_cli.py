@@ -427,11 +427,11 @@ def test_the_metrics_table_and_the_index_line_read_right(capsys, monkeypatch, tm
     rows = capsys.readouterr().out.splitlines()[2:5]
     assert [row.index(row.split()[1]) for row in rows] == [21, 21, 21], rows
 
-    import kdml.inspection
+    import kdml.inspection.parts
 
     for charts, said in (([0], ", 1 chart written"), ([0, 2], ", 2 charts written")):
         info = IndexInfo("run", "0", "cosine", 2, "exact", 9, 1.0, charts)
         monkeypatch.setattr(cli.evaluate, "_run_and_part", lambda args: (None, None))
-        monkeypatch.setattr(kdml.inspection, "index_part", lambda *args, info=info: info)
+        monkeypatch.setattr(kdml.inspection.parts, "index_part", lambda *args, info=info: info)
         assert cli.evaluate._index(argparse.Namespace(out=tmp_path / "index", kind="exact")) == 0
         assert said in capsys.readouterr().out

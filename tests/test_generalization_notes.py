@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdml import cli, inspection
+from kdml import cli
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.generalization import (
@@ -20,6 +20,7 @@ from kdml.evaluation.generalization import (
     distance_note,
     generalization_terms,
 )
+from kdml.inspection import analysis
 from kdml.training import loading
 
 # ----------------------------------------------------------------- too few scored samples
@@ -100,7 +101,7 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
             "unfitted": Estimate.of([0.0, 0.0])}, tmp_path / "generalization.json"
 
     monkeypatch.setattr(loading, "load_run", lambda run_dir, data_root=None: run)
-    monkeypatch.setattr(inspection, "analyze_generalization", analyze)
+    monkeypatch.setattr(analysis, "analyze_generalization", analyze)
     return ["analyze", "generalization", str(tmp_path), "--repeats", "2"]
 
 
@@ -129,7 +130,7 @@ def test_the_command_refuses_the_fraction_before_embedding(monkeypatch, tmp_path
     def no_work(*args, **kwargs):
         raise AssertionError("the embedding started before the refusal")
 
-    monkeypatch.setattr(inspection, "analyze_generalization", no_work)
+    monkeypatch.setattr(analysis, "analyze_generalization", no_work)
     assert cli.main([*command, "--labelled-fraction", "0.999"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("kdml: error: --labelled-fraction 0.999 leaves the unseen set 299 fitted "
@@ -174,14 +175,14 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
         given.append((seen, unseen))
         return {"h_divergence": Estimate.of([0.5, 0.5])}
 
-    monkeypatch.setattr(inspection, "embed_dataset", embed)
-    monkeypatch.setattr(inspection, "dataset_labels", lambda splits, found: found)
-    monkeypatch.setattr(inspection, "generalization_terms", terms)
+    monkeypatch.setattr(analysis, "embed_dataset", embed)
+    monkeypatch.setattr(analysis, "dataset_labels", lambda splits, found: found)
+    monkeypatch.setattr(analysis, "generalization_terms", terms)
     trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path), epoch=1, embedder=None,
                               splits=SimpleNamespace(train="train", test="test", validation=False),
                               method=SimpleNamespace(has_charts=has_charts),
                               config=SimpleNamespace(eval=SimpleNamespace(metric=metric)))
-    inspection.analyze_generalization(trained, inspection.GeneralizationSettings(repeats=2))
+    analysis.analyze_generalization(trained, analysis.GeneralizationSettings(repeats=2))
     (seen, unseen), = given
     for found, part in ((seen, "train"), (unseen, "test")):
         expected = raw[part] / np.linalg.norm(raw[part], axis=1, keepdims=True) \

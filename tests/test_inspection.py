@@ -140,7 +140,7 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
     assert set(train["labels"].tolist()) == {0, 1}
     assert [f"c{label:02d}" for label in train["labels"]] == train["class_names"].tolist()
     # The pictures caption the classes by name too.
-    import kdml.inspection as inspection
+    from kdml.inspection import plots
 
     drawn = {}
 
@@ -159,8 +159,8 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
         drawn["legend"] = {int(label): class_names[int(label)] for label in set(labels)}
         return path
 
-    monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
-    monkeypatch.setattr(inspection, "plot_embedding_map", embedding_map)
+    monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
+    monkeypatch.setattr(plots, "plot_embedding_map", embedding_map)
     # every test image; 5 neighbours, of which at most 3 share the query's class
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
     assert kdml("plot", "embedding", run) == 0
@@ -408,7 +408,7 @@ def test_the_generalization_terms_of_a_collapsed_embedding_come_with_a_warning(
 def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys, monkeypatch):
     from PIL import Image
 
-    from kdml import inspection
+    from kdml.inspection import plots
 
     def no_embedding(*args, **kwargs):
         raise AssertionError("embedded before refusing the picture in the way")
@@ -421,7 +421,7 @@ def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys,
         picture = mine.read_bytes()
         capsys.readouterr()
         with monkeypatch.context() as patch:  # refused at once, before minutes of embedding
-            patch.setattr(inspection, "embed_dataset", no_embedding)
+            patch.setattr(plots, "embed_dataset", no_embedding)
             assert kdml("plot", command, run, *option) == 2
         assert capsys.readouterr().err == (
             f"kdml: error: {mine} is in the way and kdml did not draw it; move it away (kdml "
@@ -465,18 +465,18 @@ def test_only_pixel_samples_take_image_queries():
 
 
 def test_embeddings_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
-    import kdml.inspection as inspection
+    from kdml.inspection import parts
 
-    path = inspection.write_npz(tmp_path / "emb.npz", {"labels": np.arange(3)})
+    path = parts.write_npz(tmp_path / "emb.npz", {"labels": np.arange(3)})
     assert np.load(path)["labels"].tolist() == [0, 1, 2]
 
     def killed_mid_write(handle, **arrays):
         handle.write(b"PK\x03\x04 half a zip")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(inspection.np, "savez", killed_mid_write)
+    monkeypatch.setattr(parts.np, "savez", killed_mid_write)
     with pytest.raises(KeyboardInterrupt):
-        inspection.write_npz(tmp_path / "cut.npz", {"labels": np.arange(3)})
+        parts.write_npz(tmp_path / "cut.npz", {"labels": np.arange(3)})
     assert list(tmp_path.iterdir()) == [path]  # nothing of the cut one: run it again
 
 
@@ -504,7 +504,7 @@ def test_an_interrupted_index_build_leaves_nothing_and_can_be_run_again(runs, tm
     assert kdml("index", runs / "plain", "--out", made) == 0
     assert (made / "index.json").is_file()
     capsys.readouterr()
-    monkeypatch.setattr("kdml.inspection.embed_part", interrupted)  # never reached
+    monkeypatch.setattr("kdml.inspection.parts.embed_part", interrupted)  # never reached
     assert kdml("index", runs / "plain", "--out", made) == 2
     assert "not an empty folder" in capsys.readouterr().err
 
@@ -527,7 +527,8 @@ def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tm
     import dataclasses
 
     from kdml.data.offline import load_digits
-    from kdml.inspection import RunWithoutData, query_vectors
+    from kdml.inspection.queries import query_vectors
+    from kdml.inspection.search import RunWithoutData
     from kdml.training.loading import load_run
 
     images, _ = load_digits()
@@ -686,7 +687,7 @@ def test_unwritable_outputs_are_refused_before_anything_is_embedded(runs, tmp_pa
     def never(*_):
         raise AssertionError("embedded before the output was checked")
 
-    monkeypatch.setattr("kdml.inspection.embed_part", never)
+    monkeypatch.setattr("kdml.inspection.parts.embed_part", never)
     for command in (["embed", runs / "plain", "--out", tmp_path / "notes.txt" / "e.npz"],
                     ["embed", runs / "plain", "--out", Path("/proc/kdml-e.npz")],
                     ["index", runs / "plain", "--out", tmp_path / "notes.txt" / "index"],
@@ -706,7 +707,7 @@ def test_a_command_that_fails_before_writing_leaves_no_new_folder(runs, tmp_path
         raise KdmlError("the embedding failed")
 
     with monkeypatch.context() as patched:
-        patched.setattr("kdml.inspection.embed_part", fails)
+        patched.setattr("kdml.inspection.parts.embed_part", fails)
         for command in (["embed", runs / "plain", "--out", tmp_path / "new" / "sub" / "e.npz"],
                         ["index", runs / "plain", "--out", tmp_path / "new" / "sub" / "index"]):
             assert kdml(*command) == 2
@@ -794,7 +795,7 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
     k = 3 every row shows the whole gallery, once, and exactly one hit."""
     from fixtures_photo_sets import make_inshop
 
-    from kdml import inspection
+    from kdml.inspection import plots
 
     root = make_inshop(tmp_path / "inshop", items=6, per_item=3)
     run = tmp_path / "run"
@@ -813,7 +814,7 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
         drawn["hits"] = hits.sum(axis=1).tolist()
         return path
 
-    monkeypatch.setattr(inspection, "plot_retrieval_grid", grid)
+    monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
     capsys.readouterr()
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
     assert drawn == {"hits": [1] * 6}
@@ -895,7 +896,7 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
     from kdml.data.dataset import ArrayDataset
     from kdml.data.offline import load_digits
     from kdml.data.sample_spec import SampleSpec
-    from kdml.inspection import _query_inputs
+    from kdml.inspection.queries import _query_inputs
 
     images, _ = load_digits()
     assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
@@ -920,7 +921,7 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
     say so on stderr, and --test reaches the test part that `kdml eval --test` scores. Another
     dataset (--dataset), which the run never saw, gives its own test part either way; --split
     train with --test is refused (it would count the validation classes as trained on)."""
-    from kdml import inspection
+    from kdml.inspection import plots
 
     run = tmp_path / "run"
     assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", run, *TINY,
@@ -941,9 +942,9 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
     assert kdml("index", run, "--test", "--out", tmp_path / "index") == 0
     assert json.loads((tmp_path / "index" / "index.json").read_text())["count"] == 896
     mapped = []
-    monkeypatch.setattr(inspection, "plot_embedding_map",
+    monkeypatch.setattr(plots, "plot_embedding_map",
                         lambda coordinates, labels, path, *_: mapped.append(set(labels)) or path)
-    monkeypatch.setattr(inspection, "plot_retrieval_grid",
+    monkeypatch.setattr(plots, "plot_retrieval_grid",
                         lambda queries, neighbours, hits, image, path, *_, **__: path)
     for test in ([], ["--test"]):
         capsys.readouterr()
@@ -1155,13 +1156,13 @@ def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, c
     """Padded by len(), a class named in Chinese (two terminal columns a character) pushed its
     row's source column out of line with the others', and so did one with an accent stored
     decomposed (macOS folder names: "e" and a combining acute, two characters, one column)."""
-    from kdml import inspection
+    from kdml.inspection import search
 
     names = ["猫", "Black footed Albatross", "東京タワー", "Cafe\u0301 cre\u0300me"]
     neighbours = [{"rank": rank, "score": 0.5, "label": rank, "class_name": name,
                    "source": f"img{rank}.jpg"} for rank, name in enumerate(names, 1)]
-    monkeypatch.setattr(inspection, "run_without_data", lambda *args: None)
-    monkeypatch.setattr(inspection, "search", lambda *args: [
+    monkeypatch.setattr(search, "run_without_data", lambda *args: None)
+    monkeypatch.setattr(search, "search", lambda *args: [
         {"query": "q.jpg", "metric": "cosine", "neighbours": neighbours}])
     assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "4"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.endswith(".jpg")]

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
     from kdml.config import RunConfig
     from kdml.data.splits import DataSplits
     from kdml.evaluation.evaluator import Embedder
-    from kdml.inspection import Part
+    from kdml.inspection.parts import Part
     from kdml.training.loading import RunModel, TrainedRun
 
 
@@ -43,7 +43,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _eval_other_dataset(args: argparse.Namespace) -> int:
     """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
     written: the run folder's ``eval.json`` is of the run's own data."""
-    from kdml.inspection import other_data
+    from kdml.inspection.parts import other_data
     from kdml.training.checks import check_evaluation
     from kdml.training.loading import load_model
 
@@ -87,7 +87,7 @@ def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
     from kdml.evaluation.generalization import check_scored_counts, distance_note
-    from kdml.inspection import GeneralizationSettings, analyze_generalization
+    from kdml.inspection.analysis import GeneralizationSettings, analyze_generalization
     from kdml.training.loading import load_run
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
@@ -121,7 +121,7 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
 
 def _plot_charts(args: argparse.Namespace) -> int:
-    from kdml.inspection import draw_charts
+    from kdml.inspection.plots import draw_charts
 
     path = draw_charts(_plotted_run(args), args.thumbnails)
     print(f"chart plot written to {path}")
@@ -133,7 +133,7 @@ def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
     test part), or of ``--dataset`` (then ``--data-root`` is that dataset's root, not the
     run's, and the model is rebuilt without the run's data where its folder records what it
     takes); a note on stderr where "test" is a validation part."""
-    from kdml.inspection import dataset_part, run_part
+    from kdml.inspection.parts import dataset_part, run_part
     from kdml.training.loading import load_model, load_run
 
     if args.test and args.split == "train":  # the test part's load counts validation as trained
@@ -151,7 +151,7 @@ def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
 def _plotted_run(args: argparse.Namespace) -> TrainedRun:
     """The run a plot draws: its test part (``--test``), or a validated run's validation part,
     which is then said on stderr."""
-    from kdml.inspection import run_part
+    from kdml.inspection.parts import run_part
     from kdml.training.loading import load_run
 
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
@@ -161,7 +161,7 @@ def _plotted_run(args: argparse.Namespace) -> TrainedRun:
 
 def _note_validation_part(part: Part) -> None:
     """Say on stderr where a validated run's "test" is its validation part."""
-    from kdml.inspection import validation_note
+    from kdml.inspection.parts import validation_note
 
     note = validation_note(part)
     if note:
@@ -169,7 +169,7 @@ def _note_validation_part(part: Part) -> None:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    from kdml.inspection import check_npz_out, embed_part, write_npz
+    from kdml.inspection.parts import check_npz_out, embed_part, write_npz
 
     check_npz_out(args.out)  # before the run is loaded and embedded
     trained, part = _run_and_part(args)
@@ -181,7 +181,7 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    from kdml.inspection import index_part
+    from kdml.inspection.parts import index_part
 
     trained, part = _run_and_part(args)
     info = index_part(trained, part, args.out, args.kind)
@@ -193,7 +193,7 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from kdml.inspection import results_as_json, run_without_data, score_name, search
+    from kdml.inspection.search import results_as_json, run_without_data, score_name, search
     from kdml.training.loading import load_model
 
     def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
@@ -238,7 +238,7 @@ def _columns(text: str) -> int:
 
 
 def _plot_retrieval(args: argparse.Namespace) -> int:
-    from kdml.inspection import plot_retrieval
+    from kdml.inspection.plots import plot_retrieval
 
     path = plot_retrieval(_plotted_run(args), args.queries, args.k, args.seed)
     print(f"retrieval grid written to {path}")
@@ -246,7 +246,7 @@ def _plot_retrieval(args: argparse.Namespace) -> int:
 
 
 def _plot_embedding(args: argparse.Namespace) -> int:
-    from kdml.inspection import plot_embedding
+    from kdml.inspection.plots import plot_embedding
 
     path = plot_embedding(_plotted_run(args), args.max_points)
     print(f"embedding map written to {path}")

@@ -24,7 +24,8 @@ from kdml.errors import KdmlError, UnreadableCheckpoint
 from kdml.evaluation.evaluator import COLLAPSED, embed_dataset
 from kdml.evaluation.knn import as_metric
 from kdml.evaluation.parts import retrieval_over_parts
-from kdml.inspection import GeneralizationSettings, analyze_generalization, draw_charts
+from kdml.inspection.analysis import GeneralizationSettings, analyze_generalization
+from kdml.inspection.plots import draw_charts
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
 from kdml.training.build import resolve_device
 from kdml.training.loading import TrainedRun, load_run, run_config

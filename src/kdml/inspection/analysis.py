@@ -1,0 +1,71 @@
+"""``kdml analyze generalization``: the H-divergence and lambda between the embeddings of a
+run's seen and unseen classes (Chu et al. 2020, Sec. 2), written to its
+``generalization.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from kdml.evaluation.collapse import collapse_warning
+from kdml.evaluation.estimate import Estimate
+from kdml.evaluation.evaluator import dataset_labels, embed_dataset
+from kdml.evaluation.generalization import generalization_terms
+from kdml.evaluation.knn import l2_normalize
+from kdml.file_write import check_writable_folder
+from kdml.training.loading import TrainedRun
+from kdml.training.run_folder import check_json_replaceable, write_json
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneralizationSettings:
+    """How ``kdml analyze generalization`` estimates the terms (see
+    :func:`~kdml.evaluation.generalization.generalization_terms`)."""
+
+    labelled_fraction: float = 0.5
+    repeats: int = 10
+    neighbors: int = 1
+    seed: int = 0
+
+
+def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
+                           ) -> tuple[dict[str, Estimate], Path]:
+    """The H-divergence and lambda between the training (seen) and test (unseen) classes'
+    embeddings (Chu et al. 2020, Sec. 2), also written to the run's ``generalization.json``.
+    For a run that validated (``data.validation``), the unseen classes are its validation
+    part, which it did not train on either (``"unseen": "validation"`` in the file)."""
+    path = trained.run.root / "generalization.json"
+    check_json_replaceable(path, ["settings"])  # before minutes of embedding
+    # unlike eval's metrics, these are shown only once written
+    check_writable_folder(path.parent, "make the run folder writable")
+    splits = trained.splits
+    seen = embed_dataset(trained.method, splits.train, trained.embedder)
+    unseen = embed_dataset(trained.method, splits.test, trained.embedder)
+    # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
+    # run is evaluated with (Atlas runs' manifold distance has no such form: distance_note)
+    cosine = not trained.method.has_charts and trained.config.eval.metric == "cosine"
+    for part, name in ((seen, "the seen classes' embeddings"),
+                       (unseen, f"the unseen ({'validation' if splits.validation else 'test'}) "
+                                "classes' embeddings")):
+        warning = collapse_warning(part.tensor(), "cosine" if cosine else "euclidean", name,
+                                   "the H-divergence and lambda")
+        if warning is not None:
+            _log.warning(warning)
+    seen_x, unseen_x = (part.tensor().float().cpu().numpy() for part in (seen, unseen))
+    if cosine:
+        seen_x, unseen_x = l2_normalize(seen_x, inplace=True), l2_normalize(unseen_x, True)
+    terms = generalization_terms(
+        seen_x, dataset_labels(splits, seen.labels).numpy(), unseen_x, unseen.labels.numpy(),
+        labelled_fraction=settings.labelled_fraction, repeats=settings.repeats,
+        neighbors=settings.neighbors, seed=settings.seed)
+    distance = ("euclidean on the Atlas embedding" if trained.method.has_charts else
+                "cosine" if cosine else "euclidean")
+    written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
+               "distance": distance, "unseen": "validation" if splits.validation else "test",
+               **{name: estimate.to_dict() for name, estimate in terms.items()}}
+    write_json(written, path)
+    return terms, path

@@ -1,0 +1,143 @@
+"""``kdml plot retrieval``, ``kdml plot embedding`` and ``kdml plot charts``: pictures of a
+run's test embeddings, written to its ``plots/`` folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kdml.data.dataset import DmlDataset
+from kdml.data.transforms import to_unit_float
+from kdml.errors import KdmlError
+from kdml.evaluation.collapse import collapse_description
+from kdml.evaluation.evaluator import Embedded, chart_codes_of, embed_dataset
+from kdml.evaluation.knn import as_metric, knn_search
+from kdml.figure_file import check_replaceable
+from kdml.inspection.parts import run_part, searches_gallery
+from kdml.training.loading import TrainedRun
+from kdml.viz_charts import plot_charts
+from kdml.viz_retrieval import embedding_map, plot_embedding_map, plot_retrieval_grid, short_name
+
+_log = logging.getLogger(__name__)
+
+
+def refuse_collapsed(embedded: Embedded, trained: TrainedRun, picture: str) -> None:
+    """Raise :class:`KdmlError` when the test embeddings have collapsed to one point
+    (:func:`~kdml.evaluation.collapse.collapse_description`): ``picture`` would show ties and
+    float rounding, not the model."""
+    collapsed = collapse_description(embedded.tensor(), trained.config.eval.metric)
+    if collapsed is not None:
+        raise KdmlError(f"{collapsed}: {picture} would show ties and float rounding, not the "
+                        "model; train the run again with lower learning rates")
+
+
+def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> Path:
+    """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
+    queries (with at least one same-class sample to find) and their ``k`` nearest images, hits
+    and misses marked. Where the metrics search a gallery (:func:`searches_gallery`), the
+    queries are searched in it; otherwise among the other test images."""
+    check_replaceable(trained.plot_path("retrieval"))  # before minutes of embedding
+    part = run_part(trained)
+    if not part.dataset.is_image:
+        raise KdmlError("plot retrieval draws images; this run's samples are not images")
+    embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    # a tied neighbour is drawn as found, so the grid's hits would be the search's tie order
+    refuse_collapsed(embedded, trained, "a grid of their nearest neighbours")
+    labels = embedded.labels.numpy()
+    metric = as_metric(trained.config.eval.metric)
+    requested_k = k
+    if not searches_gallery(trained):
+        found, reference, reference_labels = part, embedded, labels
+        _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+        eligible = np.flatnonzero(counts[codes] > 1)
+        k = min(k, len(labels) - 1)
+    else:
+        found = run_part(trained, "gallery")
+        reference = embed_dataset(trained.method, found.dataset, found.embedder)
+        reference_labels = reference.labels.numpy()
+        eligible = np.flatnonzero(np.isin(labels, reference_labels))
+        k = min(k, len(reference_labels))
+    if not len(eligible):
+        raise KdmlError("no test query has another sample of its class to retrieve")
+    # said, not drawn smaller without a word (kdml search notes short rows alike)
+    if len(eligible) < queries:
+        _log.warning("the retrieval grid shows %d queries, not %d: only %d test samples have "
+                     "another of their class to retrieve", len(eligible), queries,
+                     len(eligible))
+    if k < requested_k:
+        _log.warning("the retrieval grid shows %d neighbours per query, not %d: %s", k,
+                     requested_k, f"the test part holds only {k} images besides the query"
+                     if found is part else f"the gallery holds only {k} images")
+    chosen = np.random.default_rng(seed).choice(eligible, min(queries, len(eligible)),
+                                                replace=False)
+    same_set = found is part
+    if same_set:  # each test image against the others (its own row dropped)
+        chunks = knn_search(embedded.values, k=k, metric=metric, exclude_self=True)
+        neighbours = np.concatenate([chunk.indices for chunk in chunks])[chosen]
+    else:
+        chunks = knn_search(embedded.values[chosen], reference.values, k=k, metric=metric)
+        neighbours = np.concatenate([chunk.indices for chunk in chunks])
+    hits = reference_labels[neighbours] == labels[chosen][:, None]
+
+    def loader(dataset: DmlDataset) -> tuple[Callable[[int], torch.Tensor],
+                                             Callable[[int], str]]:
+        def image(position: int) -> torch.Tensor:
+            return to_unit_float(dataset.load(position))
+
+        def title(position: int) -> str:
+            label = int(dataset.labels[position])
+            return short_name(dataset.class_name(label) or str(label))
+
+        return image, title
+
+    query_image, query_title = loader(part.dataset)
+    return plot_retrieval_grid(
+        embedded.indices.numpy()[chosen], reference.indices.numpy()[neighbours], hits,
+        query_image, trained.plot_path("retrieval"), query_title,
+        gallery=None if same_set else loader(found.dataset))
+
+
+def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
+    """``plots/embedding.png`` (``embedding-best.png`` with the best checkpoint): the test
+    embeddings in 2-D (UMAP, else t-SNE), by class."""
+    check_replaceable(trained.plot_path("embedding"))  # before minutes of embedding
+    part = run_part(trained)
+    embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    # t-SNE would spread float rounding out into clusters (and crashes on exact ties)
+    refuse_collapsed(embedded, trained, "a 2-D map of them")
+    values = embedded.tensor().float().cpu().numpy()
+    labels = embedded.labels.numpy()
+    if len(values) > max_points:
+        keep = np.random.default_rng(seed).choice(len(values), max_points, replace=False)
+        values, labels = values[keep], labels[keep]
+    if len(values) < 3:
+        raise KdmlError("a 2-D map needs at least 3 test samples")
+    coordinates, method = embedding_map(values, seed)
+    return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
+                              f"{trained.config.recipe} on {trained.config.data.dataset}",
+                              part.dataset.class_names)
+
+
+def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
+    """``plots/charts.png`` (``charts-best.png`` with the best checkpoint): the test samples in
+    each chart of an Atlas run, by class (named in the legend), with up to ``thumbnails``
+    images drawn (Korman, Sec. A.2)."""
+    if not trained.method.has_charts:
+        raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
+                        "recipe (mtriplet, msimclr)")
+    check_replaceable(trained.plot_path("charts"))  # before minutes of embedding
+    test = trained.splits.test
+    codes = chart_codes_of(trained.method, test, trained.embedder)
+    coords, index = codes.values
+
+    def thumbnail(row: int) -> torch.Tensor:
+        return to_unit_float(test.load(int(codes.indices[row])))
+
+    return plot_charts(coords, index, codes.labels, trained.plot_path("charts"),
+                       images=thumbnail if test.is_image else None, max_thumbnails=thumbnails,
+                       class_names=test.class_names)
