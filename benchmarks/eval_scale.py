@@ -45,7 +45,7 @@ from machine import machine_description  # sibling module: scripts run as benchm
 from measure import busy_cpu_seconds, cpu_seconds, proc_status_kib, reset_peak_rss
 
 from kdml.evaluation import knn_search, retrieval_metrics
-from kdml.evaluation.retrieval import clustering_nmi
+from kdml.evaluation.clustering import clustering_nmi
 
 RETRIEVAL_KS = (1, 10, 100)
 FAST_STAGES = ("faiss", "kdml", "knn_search", "torch_topk")  # repeated; nmi and pml run once

@@ -20,7 +20,8 @@ import pytest
 from sklearn.metrics import normalized_mutual_info_score
 
 from kdml.evaluation.charts import chart_clustering_nmi
-from kdml.evaluation.retrieval import clustering_nmi, nmi_score, retrieval_metrics
+from kdml.evaluation.clustering import clustering_nmi, nmi_score
+from kdml.evaluation.retrieval import retrieval_metrics
 
 
 def literal_nmi(labels: list[int], clusters: list[int]) -> float:

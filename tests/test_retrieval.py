@@ -14,7 +14,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from kdml.errors import KdmlError
 from kdml.evaluation import retrieval_metrics
-from kdml.evaluation.retrieval import clustering_nmi
+from kdml.evaluation.clustering import clustering_nmi
 
 KS = (1, 2, 5, 10, 20)  # 5..20 exceed several class sizes below
 

@@ -22,7 +22,7 @@ from matplotlib.patches import Rectangle
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
-from kdml.evaluation.retrieval import as_label_vector
+from kdml.evaluation.labels import as_label_vector
 from kdml.figure_file import missing_glyphs_named, write_png
 from kdml.viz_retrieval import short_name
 

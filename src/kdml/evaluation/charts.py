@@ -23,6 +23,7 @@ import numpy as np
 
 from kdml.checks import is_finite_number
 from kdml.errors import KdmlError
+from kdml.evaluation.clustering import kmeans_assign, nmi_score
 from kdml.evaluation.knn import (
     DEFAULT_CHUNK_SIZE,
     as_float32_matrix,
@@ -31,16 +32,14 @@ from kdml.evaluation.knn import (
     prepare_pair,
     prepare_vectors,
 )
+from kdml.evaluation.labels import as_label_vector
 from kdml.evaluation.rescoring import ExactScores
 from kdml.evaluation.retrieval import (
     RankedSearch,
     _RetrievalScores,
-    as_label_vector,
     check_ks,
     equal_values,
     index_labels,
-    kmeans_assign,
-    nmi_score,
     refuse_query_set_as_reference,
     warn_of_query_copy,
 )
@@ -253,7 +252,7 @@ def chart_clustering_nmi(chart_coords: Any, chart_index: Any, labels: Any, niter
     the number of distinct labels, the :math:`K` clusters are split over the non-empty charts
     by :func:`allocate_clusters` (proportional to chart size, at least one per chart); each
     chart then runs seeded faiss k-means on its pre-sigmoid coordinates (all points used, as
-    :func:`~kdml.evaluation.retrieval.clustering_nmi`), and the (chart, cluster) assignments
+    :func:`~kdml.evaluation.clustering.clustering_nmi`), and the (chart, cluster) assignments
     are scored against the labels with ``sklearn.metrics.normalized_mutual_info_score``.
     A chart with one cluster is one cluster; a chart with as many clusters as points puts each
     point in its own.
@@ -346,7 +345,7 @@ def piecewise_linear_accuracy(
         ...                           sigmoid=False)["accuracy"]
         1.0
     """
-    from sklearn.linear_model import LogisticRegression  # here: see retrieval.nmi_score
+    from sklearn.linear_model import LogisticRegression  # here: see clustering.nmi_score
 
     if not is_finite_number(C, above=0):
         raise KdmlError(f"C (the inverse L2 strength of the logistic regressions) must be a "

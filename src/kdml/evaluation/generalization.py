@@ -48,7 +48,7 @@ import torch
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
-from kdml.evaluation.retrieval import transposed_hint
+from kdml.evaluation.labels import transposed_hint
 
 # the fewest samples of each set the classifiers are scored on (see the module docstring)
 MIN_SCORED = 5
@@ -83,7 +83,7 @@ def distance_note(has_charts: bool) -> str | None:
 def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
              neighbors: int = 1) -> float:
     """Test error of a k-nearest-neighbour classifier (Euclidean) fitted on the train part."""
-    from sklearn.neighbors import KNeighborsClassifier  # here: see retrieval.nmi_score
+    from sklearn.neighbors import KNeighborsClassifier  # here: see clustering.nmi_score
 
     classifier = KNeighborsClassifier(n_neighbors=neighbors).fit(train_x, train_y)
     return float(np.mean(classifier.predict(test_x) != test_y))
@@ -109,7 +109,7 @@ def generalization_terms(
         ``{"h_divergence": Estimate, "h_divergence_bd": Estimate, "lambda": Estimate,
         "err_seen": ..., "err_unseen": ..., "unfitted": ...}`` (see the module docstring).
     """
-    from sklearn.neighbors import KNeighborsClassifier  # here: see retrieval.nmi_score
+    from sklearn.neighbors import KNeighborsClassifier  # here: see clustering.nmi_score
 
     seen, unseen = as_float_matrix(seen, "seen"), as_float_matrix(unseen, "unseen")
     if seen.shape[1] != unseen.shape[1]:

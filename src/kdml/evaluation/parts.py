@@ -18,7 +18,8 @@ import torch
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import Metric, as_float_matrix
-from kdml.evaluation.retrieval import as_label_vector, retrieval_metrics
+from kdml.evaluation.labels import as_label_vector
+from kdml.evaluation.retrieval import retrieval_metrics
 
 
 def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[np.ndarray]:

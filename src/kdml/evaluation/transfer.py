@@ -22,8 +22,9 @@ from kdml.evaluation.knn import (
     knn_search,
     prepare_pair,
 )
+from kdml.evaluation.labels import as_label_vector
 from kdml.evaluation.rescoring import ExactScores
-from kdml.evaluation.retrieval import RankedSearch, as_label_vector, retrieval_metrics
+from kdml.evaluation.retrieval import RankedSearch, retrieval_metrics
 
 
 def _labelled(labels: np.ndarray, name: str) -> np.ndarray:
