@@ -48,7 +48,7 @@ from kdml.data.prepare import prepare_data
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import to_unit_float
 from kdml.evaluation.charts import piecewise_linear_accuracy
-from kdml.reproduce.catalog import simclr_split
+from kdml.reproduce.catalog.atlas import simclr_split
 from kdml.training.build import resolve_device
 from kdml.training.recipes import get_recipe
 from kdml.training.trainer import train
