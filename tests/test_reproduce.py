@@ -290,16 +290,17 @@ def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epo
         "MSimCLR, n = 16, d = 2, 100 epochs", "SimCLR, d = 2, 100 epochs"}
 
 
-@pytest.mark.parametrize(("dataset", "names", "dims"), [
-    ("mnist5k", ("SimCLR", "MSimCLR, n = 1", "MSimCLR, n = 16"), (2, 4, 8)),
-    # Fashion-MNIST's runs take 17 to 34 minutes each: its d = 2 column, without SimCLR
-    ("fashion-mnist", ("MSimCLR, n = 1", "MSimCLR, n = 16"), (2,))])
+@pytest.mark.parametrize(("dataset", "dims"), [
+    ("mnist5k", (2, 4, 8)),
+    # Fashion-MNIST's runs take 17 to 34 minutes each: its d = 2 column alone
+    ("fashion-mnist", (2,))])
 def test_the_head_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_heads(
-        tmp_path, dataset, names, dims):
+        tmp_path, dataset, dims):
     # Its hidden-d rows are the CPU Table 2's runs; its hidden-64 rows differ from them in the
     # projection heads' width alone.
     found = {experiment.key: experiment for experiment in experiments("atlas")}
     heads, cpu_table2 = found[f"atlas-head-cnn-{dataset}"], found[f"atlas-table2-cnn-{dataset}"]
+    names = ("SimCLR", "MSimCLR, n = 1", "MSimCLR, n = 16")
     assert {cell.label for cell in heads.cells} == {
         f"{name}, d = {d}, hidden {width}" for name in names for d in dims
         for width in ("d", "64")}
