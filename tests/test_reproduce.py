@@ -292,7 +292,7 @@ def test_the_epochs_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_epo
 
 @pytest.mark.parametrize(("dataset", "dims"), [
     ("mnist5k", (2, 4, 8)),
-    # Fashion-MNIST's runs take 17 to 34 minutes each: its d = 2 column alone
+    # Fashion-MNIST's runs take 15 to 39 minutes each: its d = 2 column alone
     ("fashion-mnist", (2,))])
 def test_the_head_ablation_reuses_the_cpu_table2_runs_and_changes_only_the_heads(
         tmp_path, dataset, dims):

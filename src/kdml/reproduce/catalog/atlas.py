@@ -50,7 +50,7 @@ def atlas_experiments(quick: bool = False) -> list[Experiment]:
     found.append(_atlas_ablation("mnist5k", quick))
     if not quick:  # --quick already runs the small CNN
         # Fashion-MNIST's d = 2 column alone, and its head ablation at d = 2: with 60,000
-        # training images to mnist5k's 4,000, its runs take 15 times as long (17 to 34
+        # training images to mnist5k's 4,000, its runs take 15 times as long (15 to 39
         # minutes each on one CPU core, not 1 to 2)
         found += [_atlas_table2_cnn("mnist5k", (2, 4, 8)), _atlas_ablation_cnn("mnist5k"),
                   _atlas_epochs_cnn("mnist5k"), _atlas_head_cnn("mnist5k"),
