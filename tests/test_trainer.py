@@ -1022,7 +1022,7 @@ def test_a_checkpoint_gives_back_the_images_its_last_scoring_left_out():
     and positions that do not fit the splits are left out."""
     from kdml.data.dataset import ArrayDataset
     from kdml.data.splits import DataSplits
-    from kdml.training.trainer import recorded_unreadable
+    from kdml.training.resume_state import recorded_unreadable
 
     def rows(count: int) -> ArrayDataset:
         return ArrayDataset("rows", "", torch.rand(count, 3), torch.arange(count) % 2)

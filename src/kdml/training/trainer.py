@@ -52,7 +52,7 @@ from kdml.training.build import (
     build_pipeline,
     resolve_device,
 )
-from kdml.training.checkpoint import load_checkpoint, partial_checkpoints
+from kdml.training.checkpoint import partial_checkpoints
 from kdml.training.checks import (
     check_distributed,
     check_evaluation,
@@ -64,7 +64,8 @@ from kdml.training.loading import RESUME_DATA_REMEDY, check_data_path, check_run
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
 from kdml.training.recorder import Recorder
-from kdml.training.resume_settings import RESUMABLE, changed_settings
+from kdml.training.resume_settings import changed_settings
+from kdml.training.resume_state import recorded_unreadable, refuse_edited_settings, resumed_state
 from kdml.training.run_folder import (
     NOTHING_LEFT,
     SCORED_FIRST,
@@ -303,7 +304,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             distributed.from_main(hold)
             # read once, here, so that a refused edit of config.yaml is refused before the
             # data is read (minutes on SOP) and before a resumed old run gets its data.json
-            state = distributed.from_main(lambda: _resumed_state(run, config))
+            state = distributed.from_main(lambda: resumed_state(run, config))
             check_data_path(run, config.data.dataset, data_remedy)
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
             # checks all before a new folder; a run resumed from a checkpoint keeps its settings
@@ -318,57 +319,11 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
         return _train_session(session, run, resume, state, progress, echo)
 
 
-# The config sections whose settings cannot size the model or name another run's checkpoint:
-# an edit confined to them is refused before the data is read (_resumed_state).
-UNSIZING_SECTIONS = ("optim", "train", "eval")
-
-
-def _resumed_state(run: RunFolder, config: RunConfig) -> dict[str, Any] | None:
-    """The checkpoint ``run`` resumes from (:func:`_checkpoint_to_resume`), its settings
-    checked against ``config`` before any data is read where that can be decided then.
-
-    Where the recipe or a setting of the data, model, method or domain differs, the
-    checkpoint may be another run's, of another recipe or model shape: nothing is refused here,
-    so that :meth:`Session.restore` names it as such, and where it loads, the check after it
-    names the edit (:func:`_train_session`). Otherwise the edits, in :data:`UNSIZING_SECTIONS`
-    only (optim.lr, say), are refused here, as is another ``data.dataset`` (not a moved path)
-    whatever else differs. ``eval.ks`` left empty is filled from the data by
-    :meth:`Session.build`, so it is compared after it."""
-    state = _checkpoint_to_resume(run)
-    trained = (state or {}).get("config") or {}
-    # another dataset is an edit whatever the checkpoint: read first, the data's check would
-    # have refused it as other data, and deleting data.json as told led to the restore's
-    # "another run's checkpoint"
-    if isinstance(trained.get("data"), dict) and "dataset" in trained["data"]:
-        _refuse_edited_settings(
-            changed_settings({"data": {"dataset": trained["data"]["dataset"]}}, config), run)
-    sizing = {key: value for key, value in trained.items() if key not in UNSIZING_SECTIONS}
-    if changed_settings(sizing, config):
-        return state
-    unsizing = {key: value for key, value in trained.items() if key in UNSIZING_SECTIONS}
-    if not config.eval.ks and isinstance(unsizing.get("eval"), dict):
-        unsizing["eval"] = {key: value for key, value in unsizing["eval"].items()
-                            if key != "ks"}
-    _refuse_edited_settings(changed_settings(unsizing, config), run)
-    return state
-
-
-def _refuse_edited_settings(changed: list[str], run: RunFolder) -> None:
-    """Refuse, in one line naming the first, settings edited since the checkpoint that
-    ``--resume`` cannot take (:func:`~kdml.training.resume_settings.changed_settings`)."""
-    if changed:
-        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise KdmlError(f"{run.config} was edited since its checkpoint: {changed[0]}{more}; "
-                        "--resume continues the run as it trained, and takes a change of "
-                        f"{', '.join(sorted(RESUMABLE))} or a path-named data.dataset "
-                        "only: put the setting back, or train a new run with it")
-
-
 def _train_session(session: Session, run: RunFolder, resume: bool,
                    state: dict[str, Any] | None, progress: bool | None,
                    echo: Callable[[str], None]) -> dict[str, float]:
     """The epochs of :func:`train`, once the run folder is open and held; ``state`` is the
-    checkpoint a resumed run continues from (:func:`_resumed_state`), ``None`` for a new run
+    checkpoint a resumed run continues from (:func:`resumed_state`), ``None`` for a new run
     and one resumed before its first checkpoint."""
     config, main = session.config, session.world.is_main
     echo(f"test set: {session.splits.test_set}")
@@ -382,9 +337,9 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
         session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
                         else run.checkpoint)
         # after restore, which names a checkpoint of another recipe or shape as such: the
-        # edits _resumed_state left to it (of settings that size the model, or an empty
+        # edits resumed_state left to it (of settings that size the model, or an empty
         # eval.ks, filled from the data since)
-        _refuse_edited_settings(changed_settings(state.get("config", {}), config), run)
+        refuse_edited_settings(changed_settings(state.get("config", {}), config), run)
         history, start_epoch = state["history"], state["epoch"] + 1
         # the images its last scoring left out: a finished run resumed scores nothing, and
         # still counts the samples the metrics it ends with are of
@@ -583,37 +538,6 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     # absolute: kdml eval and the other commands read it again from any folder
     save_config(with_absolute_paths(session.config), run.config)
     run.write_data_fingerprint(data_record(splits, test_part))
-
-
-def recorded_unreadable(state: dict[str, Any], splits: DataSplits) -> dict[str, torch.Tensor]:
-    """The positions in ``splits``' test (and gallery) part of the unreadable images that the
-    last scoring before the checkpoint ``state`` left out (``data.on_bad_image=skip``), as
-    :attr:`DataSplits.unreadable` holds them. ``{}`` for a checkpoint of a kdml before it
-    recorded them (the "test set" line then counts the images listed, as it did); a part
-    whose positions do not fit ``splits`` is left out alike."""
-    sizes = {"test": len(splits.test), "gallery": len(splits.gallery or ())}
-    return {part: positions for part, positions in (state.get("unreadable") or {}).items()
-            if part in sizes and bool((positions < sizes[part]).all())}
-
-
-def _checkpoint_to_resume(run: RunFolder) -> dict[str, Any] | None:
-    """The state a resumed run continues from: ``last.pt``'s, or ``unscored.pt``'s where the
-    session before was stopped while it scored the epoch after ``last.pt``'s (the run then
-    scores that epoch first). An ``unscored.pt`` of another epoch was superseded (a kill
-    came between writing ``last.pt`` and removing it) and goes."""
-    state = load_checkpoint(run.checkpoint) if run.checkpoint.exists() else None
-    if run.unscored_checkpoint.exists():
-        try:
-            trained = load_checkpoint(run.unscored_checkpoint)
-        except KdmlError:  # its own words would say "train again", losing last.pt's epochs
-            raise KdmlError(f"{run.unscored_checkpoint}, an epoch trained but not yet scored, "
-                            "is unreadable; delete it, and --resume trains that epoch "
-                            "again") from None
-        if trained.get("unscored") is not None and trained["epoch"] == (
-                state["epoch"] if state is not None else 0) + 1:
-            return trained
-        run.unscored_checkpoint.unlink()
-    return state
 
 
 def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:
