@@ -952,7 +952,6 @@ def test_a_setting_added_later_keeps_the_folders_of_the_runs_it_describes(tmp_pa
                                                                           recipe):
     """The SimCLR recipes forwarded both views as one batch before ``method.joint_views``
     existed: its old value keeps those runs' folders, the new default gets others."""
-
     (experiment,) = [e for e in experiments("atlas", quick=True)
                      if e.key == "atlas-table2-mnist5k"]
     cell = next(cell for cell in experiment.cells if cell.recipe == recipe)
