@@ -172,3 +172,51 @@ def test_every_float_setting_of_a_recipe_s_params_refuses_nan_and_infinity(param
     with pytest.raises(KdmlError, match=rf"^method\.{name} must be a finite number, got "
                                         rf"{re.escape(repr(value))}$"):
         dataclasses.replace(params(), **{name: value}).validate()
+
+
+def _int_settings() -> list[tuple[type, str]]:
+    import dataclasses
+
+    from kdml.training.recipes import RECIPES
+
+    params = {recipe.params for recipe in RECIPES.values()}
+    return sorted({(kind, item.name) for kind in params for item in dataclasses.fields(kind)
+                   if type(getattr(kind(), item.name)) is int},
+                  key=lambda pair: (pair[0].__name__, pair[1]))
+
+
+@pytest.mark.parametrize(("params", "name"), _int_settings(),
+                         ids=lambda value: getattr(value, "__name__", value))
+def test_every_int_setting_of_a_recipe_s_params_checks_its_type(params, name):
+    """Built in Python, PCAParams(pca_dim=1.5) and JRDParams(pool_num_kernels=2.5) were taken
+    and failed later inside torch, and DTMLParams(k1="5") raised a raw TypeError from its range
+    check: each int setting refuses a float, a string and a bool in one line, and takes a
+    NumPy integer as its Python int."""
+    import dataclasses
+
+    for wrong in (2.5, "2", True):
+        with pytest.raises(KdmlError, match=rf"^method\.{name}={re.escape(repr(wrong))} has "
+                                            r"the wrong type; expected int$"):
+            dataclasses.replace(params(), **{name: wrong}).validate()
+    default = getattr(params(), name)
+    settings = dataclasses.replace(params(), **{name: np.int64(default)})
+    settings.validate()
+    assert type(getattr(settings, name)) is int and getattr(settings, name) == default
+
+
+def test_the_list_and_float_settings_of_a_recipe_s_params_check_their_types():
+    from kdml.training.recipes.dtml import DTMLParams
+    from kdml.training.recipes.jrd import JRDParams
+
+    with pytest.raises(KdmlError, match=r"^method\.layer_sizes=\[2\.5\] has the wrong type; "
+                                        r"expected a list of int"):
+        DTMLParams(layer_sizes=[2.5]).validate()
+    sizes = DTMLParams(layer_sizes=list(np.arange(3, 5)))
+    sizes.validate()
+    assert sizes.layer_sizes == [3, 4] and {type(size) for size in sizes.layer_sizes} == {int}
+    with pytest.raises(KdmlError, match=r"^method\.scale='big' has the wrong type; "
+                                        r"expected float$"):
+        JRDParams(scale="big").validate()
+    weights = JRDParams(alpha=np.float32(0.5))
+    weights.validate()
+    assert type(weights.alpha) is float and weights.alpha == 0.5

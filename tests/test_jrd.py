@@ -355,7 +355,7 @@ def test_methods_built_directly_check_their_settings():
 
     with pytest.raises(KdmlError, match=r"^method.margin must be in \[0, 1\), got 1.5$"):
         jrd(AMSoftmaxParams(margin=1.5))
-    with pytest.raises(KdmlError, match=r"^method.alpha must be >= 0, got -1$"):
+    with pytest.raises(KdmlError, match=r"^method.alpha must be >= 0, got -1.0$"):  # as a float
         jrd(JRDParams(alpha=-1))
     for alpha in (float("nan"), float("inf")):  # they had given a NaN or infinite loss
         with pytest.raises(KdmlError, match=rf"^method.alpha must be a finite number, got "

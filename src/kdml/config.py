@@ -285,12 +285,18 @@ def check_finite(value: Any, key: str) -> None:
         raise KdmlError(f"{key} must be a finite number, got {value!r}")
 
 
-def check_finite_fields(settings: Any, section: str = "method") -> None:
-    """Refuse NaN and infinity in any float field of a settings dataclass (a recipe's params),
-    as :func:`check_finite` does for a config's values: the params' own range checks, such as
-    ``alpha < 0``, let both through, and a library user builds the params without a config."""
-    for item in dataclasses.fields(settings):
-        check_finite(getattr(settings, item.name), f"{section}.{item.name}")
+def check_fields(settings: Any, section: str = "method") -> None:
+    """Check every field of a settings dataclass (a recipe's params) as :func:`set_key` checks
+    a config's value: against its annotation, so that an int field refuses ``2.5`` and
+    ``"2"`` (a count of 2.5 failed later inside torch, a string in the range checks' ``<``
+    with a raw TypeError), a NumPy number is taken as its Python number, and a float field
+    refuses NaN and infinity, which the params' own range checks let through. A library user
+    builds the params without a config, so nothing else has checked them."""
+    for name, annotation in _field_types(type(settings)).items():
+        key = f"{section}.{name}"
+        value = coerce(_plain(getattr(settings, name)), annotation, key)
+        check_finite(value, key)
+        setattr(settings, name, value)
 
 
 def coerce(value: Any, annotation: Any, key: str) -> Any:

@@ -47,7 +47,7 @@ from kdml.atlas import (
     safe_sqrt,
 )
 from kdml.checks import is_positive_int
-from kdml.config import RunConfig, check_finite_fields
+from kdml.config import RunConfig, check_fields
 from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
 from kdml.distributed import gather
@@ -134,13 +134,13 @@ def _check_positive_int(params: object, name: str) -> None:
     value = getattr(params, name)
     if not is_positive_int(value):
         raise KdmlError(f"method.{name} must be a positive integer, got {value!r}")
-    setattr(params, name, int(value))  # a NumPy integer taken as its Python int
 
 
 def _check_int_or_zero(params: object, name: str, zero: str = "") -> None:
-    """A size of which 0 means a default (``zero`` names it); booleans are refused."""
+    """A size of which 0 means a default (``zero`` names it); its type was checked by
+    :func:`~kdml.config.check_fields`, which refuses floats, strings and booleans."""
     value = getattr(params, name)
-    if isinstance(value, bool) or not value >= 0:
+    if not value >= 0:
         meaning = f" (0 = {zero})" if zero else ""
         raise KdmlError(f"method.{name} must be >= 0{meaning}, got {value!r}")
 
@@ -157,7 +157,7 @@ class TripletParams:
     triplet_reduction: str = "all"  # all (authors' code) | nonzero (PML / Hermans et al.)
 
     def validate(self) -> None:
-        check_finite_fields(self)  # NaN and infinity, which the range checks let through
+        check_fields(self)  # types, NaN and infinity, before the range checks compare
         _check_positive_int(self, "dim")
         _check_non_negative("margin", self.margin)
         if self.triplet_reduction not in TRIPLET_REDUCTIONS:
@@ -210,7 +210,7 @@ class SimCLRParams:
     joint_views: bool = False
 
     def validate(self) -> None:
-        check_finite_fields(self)  # NaN and infinity, which the range checks let through
+        check_fields(self)  # types, NaN and infinity, before the range checks compare
         _check_positive_int(self, "dim")
         _check_positive_int(self, "proj_dim")
         _check_int_or_zero(self, "proj_hidden", "dim")

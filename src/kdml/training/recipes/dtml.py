@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from kdml.config import OptimConfig, RunConfig, check_finite_fields
+from kdml.config import OptimConfig, RunConfig, check_fields
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel
@@ -52,7 +52,7 @@ class NetworkParams:
     init: str = "identity"  # ones on the diagonal, zero bias (the authors'); or "standard"
 
     def validate(self) -> None:
-        check_finite_fields(self)  # NaN and infinity, which the range checks let through
+        check_fields(self)  # types, NaN and infinity, before the range checks compare
         if any(size < 1 for size in self.layer_sizes):
             raise KdmlError(f"method.layer_sizes must be positive, got {self.layer_sizes}")
         if self.activation not in ACTIVATIONS:
@@ -123,7 +123,7 @@ class DDMLLogisticParams(NetworkParams):
     # other DTML recipes this one uses the trainer's optimiser (optim.*).
 
     def validate(self) -> None:
-        super().validate()  # NaN and infinity first (check_finite_fields): the threshold too
+        super().validate()  # NaN and infinity first (check_fields): the threshold too
         if not self.sharpness > 0:
             raise KdmlError(f"method.sharpness (DDML's beta) must be > 0, got {self.sharpness}")
         if not self.weight_decay >= 0:
@@ -136,6 +136,7 @@ class PCAParams:
     pca_dim: int = 0  # output size; 0 = d (all components: plain Euclidean distance)
 
     def validate(self) -> None:
+        check_fields(self)  # types before the range check compares
         if self.pca_dim < 0:
             raise KdmlError(f"method.pca_dim must be >= 0 (0 = all components), "
                             f"got {self.pca_dim}")

@@ -38,7 +38,7 @@ from kdml.checks import (
     check_tensors,
     is_positive_int,
 )
-from kdml.config import OptimConfig, RunConfig, check_finite_fields
+from kdml.config import OptimConfig, RunConfig, check_fields
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import KERNELS, Kernel, build_kernel
@@ -77,7 +77,7 @@ class AMSoftmaxParams:
     decay_proxies: bool = False
 
     def validate(self) -> None:
-        check_finite_fields(self)  # NaN and infinity, which the range checks let through
+        check_fields(self)  # types, NaN and infinity, before the range checks compare
         if self.scale <= 0:
             raise KdmlError(f"method.scale must be positive, got {self.scale}")
         if not 0 <= self.margin < 1:
