@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -319,6 +320,59 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
         return _train_session(session, run, resume, state, progress, echo)
 
 
+@dataclass
+class _Start:
+    """Where a session's epochs start: the ``history`` it continues, the first ``epoch`` to
+    train, whether the run had ``stopped_early`` (nothing left to do), and the epoch trained
+    before the session stopped while it was scored, ``(row, over)``, to score first."""
+
+    history: list[dict[str, Any]]
+    epoch: int
+    stopped_early: bool
+    unscored: tuple[dict[str, Any], bool] | None
+
+
+def _start(session: Session, run: RunFolder, resume: bool, state: dict[str, Any] | None,
+           echo: Callable[[str], None]) -> _Start:
+    """Restore a resumed run's ``state`` into ``session`` and say where its epochs start; a
+    new run (and one resumed before its first checkpoint) starts at epoch 1."""
+    config = session.config
+    if state is None:
+        if resume:  # stopped before its first checkpoint: start over
+            echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
+        return _Start([], 1, False, None)
+    session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
+                    else run.checkpoint)
+    # after restore, which names a checkpoint of another recipe or shape as such: the
+    # edits resumed_state left to it (of settings that size the model, or an empty
+    # eval.ks, filled from the data since)
+    refuse_edited_settings(changed_settings(state.get("config", {}), config), run)
+    history, start_epoch = state["history"], state["epoch"] + 1
+    # the images its last scoring left out: a finished run resumed scores nothing, and
+    # still counts the samples the metrics it ends with are of
+    session.splits.unreadable = recorded_unreadable(state, session.splits)
+    if scored_prefix(session.splits) == VALIDATION:
+        history = as_validation_history(history)
+    planned = state.get("config", {}).get("train", {}).get("epochs", config.train.epochs)
+    stopped_early = bool(state.get("finished")) and state["epoch"] < planned
+    if stopped_early:  # by the convergence or patience rule: nothing left to do
+        start_epoch = config.train.epochs + 1
+    of_epochs = (f" of {config.train.epochs}" if state["epoch"] <= config.train.epochs
+                 else f" (train.epochs is now {config.train.epochs})")
+    unscored = None
+    if state.get("unscored") is not None:  # its epoch is scored first, then on as before
+        unscored = dict(state["unscored"]["row"]), bool(state["unscored"]["over"])
+        start_epoch = state["epoch"]
+        echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}, trained but "
+             "not yet scored: scoring it first")
+    else:
+        echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}")
+    if not stopped_early and planned < config.train.epochs:  # train.epochs was raised
+        echo(f"train.epochs is {config.train.epochs}, not the {planned} it was trained "
+             f"for: training epochs {state['epoch'] + 1} to {config.train.epochs}")
+    return _Start(history, start_epoch, stopped_early, unscored)
+
+
 def _train_session(session: Session, run: RunFolder, resume: bool,
                    state: dict[str, Any] | None, progress: bool | None,
                    echo: Callable[[str], None]) -> dict[str, float]:
@@ -327,41 +381,9 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
     and one resumed before its first checkpoint."""
     config, main = session.config, session.world.is_main
     echo(f"test set: {session.splits.test_set}")
-    history: list[dict[str, Any]] = []
-    start_epoch, stopped_early = 1, False
-    # an epoch trained before the session stopped, while it was scored: (row, over), unscored
-    unscored: tuple[dict[str, Any], bool] | None = None
-    if resume and state is None:  # stopped before its first checkpoint: start over
-        echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
-    elif state is not None:  # resuming
-        session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
-                        else run.checkpoint)
-        # after restore, which names a checkpoint of another recipe or shape as such: the
-        # edits resumed_state left to it (of settings that size the model, or an empty
-        # eval.ks, filled from the data since)
-        refuse_edited_settings(changed_settings(state.get("config", {}), config), run)
-        history, start_epoch = state["history"], state["epoch"] + 1
-        # the images its last scoring left out: a finished run resumed scores nothing, and
-        # still counts the samples the metrics it ends with are of
-        session.splits.unreadable = recorded_unreadable(state, session.splits)
-        if scored_prefix(session.splits) == VALIDATION:
-            history = as_validation_history(history)
-        planned = state.get("config", {}).get("train", {}).get("epochs", config.train.epochs)
-        stopped_early = bool(state.get("finished")) and state["epoch"] < planned
-        if stopped_early:  # by the convergence or patience rule: nothing left to do
-            start_epoch = config.train.epochs + 1
-        of_epochs = (f" of {config.train.epochs}" if state["epoch"] <= config.train.epochs
-                     else f" (train.epochs is now {config.train.epochs})")
-        if state.get("unscored") is not None:  # its epoch is scored first, then on as before
-            unscored = dict(state["unscored"]["row"]), bool(state["unscored"]["over"])
-            start_epoch = state["epoch"]
-            echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}, trained but "
-                 "not yet scored: scoring it first")
-        else:
-            echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}")
-        if not stopped_early and planned < config.train.epochs:  # train.epochs was raised
-            echo(f"train.epochs is {config.train.epochs}, not the {planned} it was trained "
-                 f"for: training epochs {state['epoch'] + 1} to {config.train.epochs}")
+    begin = _start(session, run, resume, state, echo)
+    history, start_epoch, stopped_early = begin.history, begin.epoch, begin.stopped_early
+    unscored = begin.unscored
     # an unscored epoch is scored even where train.epochs was lowered below it since
     end_epoch = max(config.train.epochs, start_epoch) if unscored else config.train.epochs
 
@@ -387,36 +409,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                               len(session.splits.test), session.batches.loader.num_workers,
                               session.world.size, torch.get_num_threads())
         warn_about_splits(session.splits, recorder.log)
-        if (not config.model.weights
-                and config.model.backbone.startswith(IMAGENET_BACKBONES)):
-            if config.model.freeze_bn:
-                # the JRD configs' setting, meant for ImageNet weights: without them it trains
-                # with its statistics at 0 and 1, a run far from the paper's, without a word
-                recorder.log.warning(
-                    "model.freeze_bn=true with no model.weights: the %s backbone starts from "
-                    "random weights and its BatchNorm statistics stay at their initial values "
-                    "(mean 0, variance 1), far from the papers' ImageNet start; give --weights "
-                    "FILE, or model.freeze_bn=false to train it from scratch",
-                    config.model.backbone)
-            elif get_recipe(config.recipe).pretrained:
-                # the MTriplet configs train BatchNorm: without weights they had trained a
-                # random network for hundreds of epochs at the fine-tuning rate, silently
-                recorder.log.warning(
-                    "no model.weights: the %s backbone starts from random weights, while %s's "
-                    "paper fine-tunes it from ImageNet weights (its learning rate and epochs "
-                    "are set for that); give --weights FILE", config.model.backbone,
-                    config.recipe)
-        sizing = session.unused_embedding_size()
-        if sizing:
-            recorder.log.warning("model.embedding_size=%d does not size %s's embedding: %s "
-                                 "does", config.model.embedding_size, config.recipe, sizing)
-        if session.batchnorm_is_per_process():
-            recorder.log.warning(
-                "the model's BatchNorm layers train on each process's share of the batch "
-                "(%d of %d samples), as DistributedDataParallel's do, so the run is not the "
-                "one process would train; model.sync_bn=true (GPUs) or model.freeze_bn=true "
-                "make them see the whole batch", config.data.batch_size // session.world.size,
-                config.data.batch_size)
+        _warn_about_settings(session, recorder.log)
         epochs = tqdm(range(start_epoch, end_epoch + 1), desc="epochs",
                       initial=start_epoch - 1, total=end_epoch,
                       disable=bar_disabled(progress, main))
@@ -500,6 +493,42 @@ def _score_last_epoch(session: Session, recorder: Recorder, history: list[dict[s
 
 # backbones the papers start from ImageNet weights (model.weights)
 IMAGENET_BACKBONES = ("bninception", "timm:", "torchvision:")
+
+
+def _warn_about_settings(session: Session, log: logging.Logger) -> None:
+    """Log, as warnings in ``train.log``, the settings that train a run far from what its
+    user most likely meant: a paper's backbone without its ImageNet weights, an embedding
+    size the recipe does not use, BatchNorm that sees only each process's share."""
+    config = session.config
+    if not config.model.weights and config.model.backbone.startswith(IMAGENET_BACKBONES):
+        if config.model.freeze_bn:
+            # the JRD configs' setting, meant for ImageNet weights: without them it trains
+            # with its statistics at 0 and 1, a run far from the paper's, without a word
+            log.warning(
+                "model.freeze_bn=true with no model.weights: the %s backbone starts from "
+                "random weights and its BatchNorm statistics stay at their initial values "
+                "(mean 0, variance 1), far from the papers' ImageNet start; give --weights "
+                "FILE, or model.freeze_bn=false to train it from scratch",
+                config.model.backbone)
+        elif get_recipe(config.recipe).pretrained:
+            # the MTriplet configs train BatchNorm: without weights they had trained a
+            # random network for hundreds of epochs at the fine-tuning rate, silently
+            log.warning(
+                "no model.weights: the %s backbone starts from random weights, while %s's "
+                "paper fine-tunes it from ImageNet weights (its learning rate and epochs "
+                "are set for that); give --weights FILE", config.model.backbone,
+                config.recipe)
+    sizing = session.unused_embedding_size()
+    if sizing:
+        log.warning("model.embedding_size=%d does not size %s's embedding: %s does",
+                    config.model.embedding_size, config.recipe, sizing)
+    if session.batchnorm_is_per_process():
+        log.warning(
+            "the model's BatchNorm layers train on each process's share of the batch "
+            "(%d of %d samples), as DistributedDataParallel's do, so the run is not the "
+            "one process would train; model.sync_bn=true (GPUs) or model.freeze_bn=true "
+            "make them see the whole batch", config.data.batch_size // session.world.size,
+            config.data.batch_size)
 
 
 def _silent(message: str) -> None:
