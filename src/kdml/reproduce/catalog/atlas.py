@@ -8,7 +8,7 @@ from kdml.reproduce.experiments import Cell, Claim, Experiment
 
 ATLAS_TABLE2_DATASETS = ("mnist5k", "fashion-mnist")
 ATLAS_TRIPLET_DATASETS = ("fashion-mnist", "mnist5k")
-# Quick runs: a couple of epochs capped at a few steps; the whole of `--quick` takes minutes.
+# Quick runs (`--quick`): one epoch of 10 steps, no NMI.
 QUICK_ATLAS = ("train.epochs=1", "train.steps_per_epoch=10", "eval.nmi=false")
 # Atlas Table 2 without torchvision: the small CNN at the digits' own size (much weaker).
 QUICK_SIMCLR = ("model.backbone=cnn", "model.small_input=false", "method.crop_size=28",

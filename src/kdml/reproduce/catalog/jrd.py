@@ -7,7 +7,7 @@ from kdml.reproduce.catalog.common import RECALL_AT, paper_values, percent
 from kdml.reproduce.experiments import Cell, Claim, Experiment
 
 JRD_DATASETS = ("mnist5k", "mnist1d", "fashion-mnist")
-# Quick runs: a couple of epochs capped at a few steps; the whole of `--quick` takes minutes.
+# Quick runs (`--quick`): one epoch of 20 steps, no NMI; the whole of `--quick` takes minutes.
 QUICK_JRD = ("train.epochs=1", "train.steps_per_epoch=20", "eval.nmi=false")
 # JRD is class-disjoint on every dataset (issue 12). The offline sets have no split of their
 # own, so their `standard` split already is; Fashion-MNIST's own (the files' train/test) keeps
