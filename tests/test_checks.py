@@ -150,18 +150,21 @@ def test_array_arguments_of_counts_are_taken_too():
             single_shot_cmc(x, ids, ranks=wrong)
 
 
-def _float_settings() -> list[tuple[type, str]]:
+def _settings_of_type(kind: type) -> list[tuple[type, str]]:
+    """(params class, field name) for every field of a recipe's params whose default is a
+    ``kind`` (float or int)."""
     import dataclasses
 
     from kdml.training.recipes import RECIPES
 
     params = {recipe.params for recipe in RECIPES.values()}
-    return sorted({(kind, item.name) for kind in params for item in dataclasses.fields(kind)
-                   if type(getattr(kind(), item.name)) is float},
+    return sorted({(settings, item.name) for settings in params
+                   for item in dataclasses.fields(settings)
+                   if type(getattr(settings(), item.name)) is kind},
                   key=lambda pair: (pair[0].__name__, pair[1]))
 
 
-@pytest.mark.parametrize(("params", "name"), _float_settings(),
+@pytest.mark.parametrize(("params", "name"), _settings_of_type(float),
                          ids=lambda value: getattr(value, "__name__", value))
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_every_float_setting_of_a_recipe_s_params_refuses_nan_and_infinity(params, name, value):
@@ -174,18 +177,7 @@ def test_every_float_setting_of_a_recipe_s_params_refuses_nan_and_infinity(param
         dataclasses.replace(params(), **{name: value}).validate()
 
 
-def _int_settings() -> list[tuple[type, str]]:
-    import dataclasses
-
-    from kdml.training.recipes import RECIPES
-
-    params = {recipe.params for recipe in RECIPES.values()}
-    return sorted({(kind, item.name) for kind in params for item in dataclasses.fields(kind)
-                   if type(getattr(kind(), item.name)) is int},
-                  key=lambda pair: (pair[0].__name__, pair[1]))
-
-
-@pytest.mark.parametrize(("params", "name"), _int_settings(),
+@pytest.mark.parametrize(("params", "name"), _settings_of_type(int),
                          ids=lambda value: getattr(value, "__name__", value))
 def test_every_int_setting_of_a_recipe_s_params_checks_its_type(params, name):
     """Built in Python, PCAParams(pca_dim=1.5) and JRDParams(pool_num_kernels=2.5) were taken
