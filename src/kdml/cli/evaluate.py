@@ -9,7 +9,7 @@ import sys
 import unicodedata
 from typing import TYPE_CHECKING
 
-from kdml.cli.output import _print_results
+from kdml.cli.output import _print_results, _progress
 from kdml.errors import KdmlError
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
@@ -27,7 +27,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.dataset is not None:
         return _eval_other_dataset(args)
-    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
+                       progress=_progress(args))
     config = _with_ks(trained.config, args.ks)
     if args.ks:
         check_evaluation(config, trained.splits, evaluating=True)
@@ -50,7 +51,8 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     if args.test:  # another dataset has no validation part to stand in for its test part
         raise KdmlError("--test picks a validated run's own test part; with --dataset the "
                         "test part of that dataset is scored anyway: drop --test")
-    model = load_model(args.run_dir, best=args.best)  # without the run's data where it can
+    # without the run's data where it can
+    model = load_model(args.run_dir, best=args.best, progress=_progress(args))
     other, splits, embedder = other_data(model, args.dataset,
                                          None if args.data_root is None else str(args.data_root))
     other = _with_ks(other, args.ks)
@@ -92,7 +94,7 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
-    trained = load_run(args.run_dir, args.data_root)
+    trained = load_run(args.run_dir, args.data_root, progress=_progress(args))
     # before minutes of embedding (checked again on the embedded sets)
     check_scored_counts(len(trained.splits.train), len(trained.splits.test),
                         args.labelled_fraction, "--labelled-fraction")
@@ -140,9 +142,10 @@ def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
         raise KdmlError("--test picks the test part; with --split train it would add the "
                         "validation classes, which the run did not train on: drop --test")
     if args.dataset is not None:
-        model = load_model(args.run_dir, best=args.best)
+        model = load_model(args.run_dir, best=args.best, progress=_progress(args))
         return model, dataset_part(model, args.dataset, args.data_root, args.split)
-    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
+                       progress=_progress(args))
     part = run_part(trained, args.split)
     _note_validation_part(part)
     return trained, part
@@ -154,7 +157,8 @@ def _plotted_run(args: argparse.Namespace) -> TrainedRun:
     from kdml.inspection.parts import run_part
     from kdml.training.loading import load_run
 
-    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test)
+    trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
+                       progress=_progress(args))
     _note_validation_part(run_part(trained))
     return trained
 
@@ -197,7 +201,8 @@ def _search(args: argparse.Namespace) -> int:
     from kdml.training.loading import load_model
 
     def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
-        return load_model(args.run_dir, best=args.best, data_root=args.data_root)
+        return load_model(args.run_dir, best=args.best, data_root=args.data_root,
+                          progress=_progress(args))
 
     results = search(run_without_data(args.run_dir, args.best), args.index, args.query, args.k,
                      model)

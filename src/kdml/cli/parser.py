@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "checkpoint (default: runs/RECIPE-DATASET-TIME)")
     train.add_argument("--resume", type=_folder, metavar="RUN_DIR",
                        help="continue an interrupted run from its last checkpoint")
-    train.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_no_progress(train)
 
     evaluate = commands.add_parser("eval", help="evaluate a run's last (or --best) checkpoint")
     evaluate.add_argument("run_dir", type=Path)
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ks", type=_integer(1), nargs="+", metavar="K",
                           help="the Recall@K values to score (default: the run's eval.ks)")
     _add_data_root(evaluate)
+    _add_no_progress(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")
     analyses = analyze.add_subparsers(dest="analysis", required=True, parser_class=_Parser)
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "nearest-neighbour classifiers on a trained run's embeddings.")
     general.add_argument("run_dir", type=Path)
     _add_data_root(general)
+    _add_no_progress(general)
     general.add_argument("--repeats", type=_integer(2), default=10,
                          help="random splits (default 10; at least 2, for the 95%% interval)")
     general.add_argument("--labelled-fraction", type=_fraction, default=0.5,
@@ -162,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_best(search)
     _add_data_root(search)
+    _add_no_progress(search)
 
     retrieval = plots.add_parser(
         "retrieval", help="queries and their nearest images, hits and misses marked",
@@ -211,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "e.g. 'jrd-table2-*'; repeatable)")
     reproduce.add_argument("--list", action="store_true",
                            help="list the experiments and their cells, train nothing")
-    reproduce.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_no_progress(reproduce)
 
     commands.add_parser("datasets", help="list the datasets")
     commands.add_parser("recipes", help="list the recipes")
@@ -239,6 +242,7 @@ def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
                         "the run's own data where its data.json records what the model "
                         "takes; --data-root is then that dataset's folder)")
     _add_data_root(parser)
+    _add_no_progress(parser)
 
 
 def _add_plotted_run(parser: argparse.ArgumentParser) -> None:
@@ -247,6 +251,12 @@ def _add_plotted_run(parser: argparse.ArgumentParser) -> None:
     _add_best(parser)
     _add_test_part(parser)
     _add_data_root(parser)
+    _add_no_progress(parser)
+
+
+def _add_no_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide progress bars (shown only on a terminal anyway)")
 
 
 def _add_best(parser: argparse.ArgumentParser) -> None:

@@ -81,10 +81,10 @@ def build_pipeline(config: RunConfig, samples: Samples, method: Method) -> Input
                          normalize_train=not method.augments_inputs)
 
 
-def build_embedder(config: RunConfig, pipeline: InputPipeline,
-                   device: torch.device) -> Embedder:
+def build_embedder(config: RunConfig, pipeline: InputPipeline, device: torch.device,
+                   progress: bool | None = None) -> Embedder:
     return Embedder(pipeline.test, device, config.eval.embed_batch_size, config.data.num_workers,
-                    config.data.on_bad_image, config.train.precision)
+                    config.data.on_bad_image, config.train.precision, progress)
 
 
 Schedule = torch.optim.lr_scheduler.LRScheduler

@@ -90,14 +90,16 @@ LOAD_DATA_REMEDY = "point --data-root at the data the run trained on"
 
 
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
-             test_part: bool = False, data_remedy: str = LOAD_DATA_REMEDY) -> TrainedRun:
+             test_part: bool = False, data_remedy: str = LOAD_DATA_REMEDY,
+             progress: bool | None = None) -> TrainedRun:
     """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
 
     ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
     loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
     validated (``data.validation``), ``splits`` are the test part's, for scoring the chosen
     model on the classes it was never chosen on; the model is built as trained.
-    Data other than the run's is refused (:func:`check_run_data`), saying ``data_remedy``."""
+    Data other than the run's is refused (:func:`check_run_data`), saying ``data_remedy``.
+    ``progress`` is its embedder's progress bar (:class:`~kdml.evaluation.evaluator.Embedder`)."""
     run = RunFolder.existing(run_dir)
     config = run_config(run)
     if data_root is not None:  # set directly: a path is not parsed as an override's YAML
@@ -121,22 +123,24 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
                   "training classes)", "if the data changed since training (classes added or "
                   "removed), point --data-root at the data the run trained on")
     embedder = build_embedder(config, build_pipeline(config, splits.train, method),
-                              torch.device("cpu"))
+                              torch.device("cpu"), progress)
     return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
                       SampleSpec.of(splits.train, len(splits.train_classes)), test_splits)
 
 
-def load_model(run_dir: Path, best: bool = False, data_root: str | None = None) -> RunModel:
+def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
+               progress: bool | None = None) -> RunModel:
     """A run's model (on the CPU, from ``last.pt``, or ``best.pt`` with ``best``), rebuilt from
     the run folder alone: its config, its checkpoint and what its ``data.json`` records of the
     samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
-    is rebuilt from its data by :func:`load_run` (at ``data_root`` where given)."""
+    is rebuilt from its data by :func:`load_run` (at ``data_root`` where given). ``progress``
+    is its embedder's progress bar."""
     run = RunFolder.existing(run_dir)
     recorded = run.recorded_data()
     samples = (None if recorded is None else
                SampleSpec.from_record(recorded, str(run.data_fingerprint)))
     if samples is None:
-        return load_run(run_dir, data_root, best=best)
+        return load_run(run_dir, data_root, best=best, progress=progress)
     config = run_config(run)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
@@ -145,7 +149,7 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None) 
                   f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
                   "classes)", "restore the run's files from a copy")
     embedder = build_embedder(config, build_pipeline(config, samples, method),
-                              torch.device("cpu"))
+                              torch.device("cpu"), progress)
     return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
 
 
