@@ -123,7 +123,7 @@ class DDMLLogisticParams(NetworkParams):
     # other DTML recipes this one uses the trainer's optimiser (optim.*).
 
     def validate(self) -> None:
-        super().validate()  # NaN and infinity first (check_fields): the threshold too
+        super().validate()  # types, NaN and infinity first (check_fields): the threshold too
         if not self.sharpness > 0:
             raise KdmlError(f"method.sharpness (DDML's beta) must be > 0, got {self.sharpness}")
         if not self.weight_decay >= 0:
