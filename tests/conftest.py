@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+
+from kdml import cli
 
 # The tests' tensors are tiny: one thread avoids thread start-up costs and, on a busy 2-core
 # machine, oversubscription that makes tiny ops up to 100x slower.
@@ -21,3 +25,14 @@ TINY_RUN = [
 def tiny_overrides() -> list[str]:
     """Overrides that make a run on ``digits`` take a few seconds."""
     return list(TINY_RUN)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A finished tiny run, trained once per test module, for the commands that read a run
+    (tests that change it work on a copy)."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    one_epoch = [o for o in TINY_RUN if not o.startswith("train.epochs=")]
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "train.epochs=1", *one_epoch, "--no-progress"]) == 0
+    return out

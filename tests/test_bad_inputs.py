@@ -40,14 +40,6 @@ def refused(tmp_path: Path, capsys, *args: str | Path) -> str:
     return err
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     *TINY]) == 0
-    return out
-
-
 @pytest.fixture
 def finished_run(trained_run, tmp_path_factory) -> Path:
     """A copy of one finished tiny run, for each test to break as it likes."""

@@ -3,25 +3,11 @@ do: on a terminal, embedding SOP's 60,502 test images draws a bar for minutes.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from tqdm.auto import tqdm
 
 from kdml import cli
 from kdml.evaluation import evaluator
-
-TINY = ["train.epochs=1", "data.batch_size=20", "data.samples_per_class=4",
-        "model.embedding_size=8", "eval.nmi=false", "train.device=cpu"]
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     "--no-progress", *TINY]) == 0
-    return out
-
 
 COMMANDS = {
     "eval": ["eval", "{run}"],
