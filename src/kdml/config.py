@@ -95,6 +95,9 @@ class TrainConfig:
     compile: bool = False
     # under torchrun: each rank computes only its rows of JRS's global kernel matrices
     sharded_kernels: bool = False
+    # treat floats below 1.2e-38 as zero on the CPU: a run whose weights decay towards zero
+    # otherwise slows down 3x or more (docs/benchmarks.md); it changes numbers only there
+    flush_denormal: bool = False
     # choosing an epoch on the validation part (both need data.validation > 0):
     keep_best: bool = False  # also keep checkpoints/best.pt, the best-scoring epoch
     patience: int = 0  # stop after this many evaluations without a better score; 0 = never

@@ -103,6 +103,7 @@ EXECUTION_ONLY = (("train", "compile"),)
 # left out of the hash at that value (another value is another run, in another folder).
 ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
                ("train", "patience"): 0, ("train", "select_metric"): "recall@1",
+               ("train", "flush_denormal"): False,
                ("optim", "lr_milestones"): [],
                # the SimCLR recipes forwarded both views as one batch before
                ("method", "joint_views"): True,

@@ -10,6 +10,8 @@ change, since they change where or how fast the same run trains, or how long:
 - ``train.device``: the same run on another device (a GPU no longer lent, say);
 - ``data.num_workers``, ``eval.embed_batch_size``: loader processes, embedding batch size;
 - ``data.on_bad_image``: skip an image found unreadable since (its error message says so);
+- ``train.flush_denormal``: a run slowed down by subnormal floats resumed without them (its
+  numbers change only below 1.2e-38, as another device's change in their last bits);
 - ``train.compile``, ``train.eval_every``: how the steps run and which epochs are scored,
   not the model (``kdml reproduce`` leaves both out of its run folders' names, and resumes
   its runs with today's values);
@@ -27,7 +29,8 @@ from kdml.data.registry import PATH_FORMATS
 
 RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
                        "eval.embed_batch_size", "data.on_bad_image", "train.compile",
-                       "train.eval_every", "data.root", "model.weights"})
+                       "train.eval_every", "train.flush_denormal", "data.root",
+                       "model.weights"})
 
 
 def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:

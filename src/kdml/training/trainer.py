@@ -60,6 +60,7 @@ from kdml.training.checks import (
     check_method_on_splits,
     warn_about_splits,
 )
+from kdml.training.denormal import flushing_denormals
 from kdml.training.determinism import make_deterministic
 from kdml.training.loading import RESUME_DATA_REMEDY, check_data_path, check_run_data, data_record
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
@@ -298,6 +299,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     check_utf8_path(run.root, resume)  # before anything is read or written
     state: dict[str, Any] | None = None  # the checkpoint a resumed run continues from
     with contextlib.ExitStack() as held:  # the run folder, held while this process trains
+        held.enter_context(flushing_denormals(config.train.flush_denormal, echo))
         def hold() -> None:
             held.enter_context(run.held())
 

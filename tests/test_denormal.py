@@ -1,0 +1,88 @@
+"""train.flush_denormal: subnormal floats flushed to zero while a run trains, and only then."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from kdml import cli
+from kdml.training import trainer
+from kdml.training.denormal import SUBNORMAL, flushes_denormals, flushing_denormals
+
+TINY = ["--dataset", "digits", "train.epochs=1", "data.batch_size=40",
+        "model.embedding_size=8", "eval.nmi=false", "--no-progress", "train.device=cpu"]
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    """Each test leaves the process's mode as it found it, whatever it asserts."""
+    before = flushes_denormals()
+    yield
+    torch.set_flush_denormal(before)
+
+
+def test_the_mode_read_back_is_the_mode_set():
+    assert torch.finfo(torch.float32).tiny > SUBNORMAL  # the probe is subnormal
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormal floats (no SSE3 / FZ)")
+    assert flushes_denormals()
+    assert (torch.tensor([SUBNORMAL]) * 2.0)[0] == 0
+    torch.set_flush_denormal(False)
+    assert not flushes_denormals()
+    assert (torch.tensor([SUBNORMAL]) * 2.0)[0] == pytest.approx(2 * SUBNORMAL, rel=1e-3)
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_the_block_flushes_and_the_mode_before_comes_back(before):
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormal floats (no SSE3 / FZ)")
+    torch.set_flush_denormal(before)
+    with flushing_denormals(True, echo=pytest.fail):
+        assert flushes_denormals()
+    assert flushes_denormals() == before
+    with pytest.raises(RuntimeError, match="inside"), flushing_denormals(True):
+        raise RuntimeError("inside")
+    assert flushes_denormals() == before  # restored after an error too
+    with flushing_denormals(False, echo=pytest.fail):
+        assert flushes_denormals() == before  # off: the mode is left alone
+
+
+def test_a_cpu_that_cannot_flush_says_so_and_runs_the_block(monkeypatch):
+    said, ran = [], []
+    monkeypatch.setattr(torch, "set_flush_denormal", lambda mode: False)
+    with flushing_denormals(True, echo=said.append):
+        ran.append(True)
+    assert ran == [True]
+    assert said == ["train.flush_denormal=true: this CPU cannot flush subnormal floats to "
+                    "zero; training with them"]
+
+
+def test_a_run_flushes_while_it_trains_and_a_resume_can_turn_it_on(tmp_path, monkeypatch):
+    """The epochs run with the mode on, the process gets its mode back after, and a run
+    slowed down by subnormal floats can be resumed with the setting (the measured case)."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormal floats (no SSE3 / FZ)")
+    torch.set_flush_denormal(False)
+    modes = []
+    train_session = trainer._train_session
+
+    def spy(*args, **kwargs):
+        modes.append(flushes_denormals())
+        return train_session(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_train_session", spy)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--out", str(run), *TINY]) == 0
+    assert modes == [False]  # off by default: PyTorch's mode
+    config = run / "config.yaml"
+    settings = yaml.safe_load(config.read_text())
+    assert settings["train"]["flush_denormal"] is False
+    settings["train"]["flush_denormal"], settings["train"]["epochs"] = True, 2
+    config.write_text(yaml.safe_dump(settings))
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert modes == [False, True]
+    assert not flushes_denormals()
+    assert [row["epoch"] for row in json.loads((run / "metrics.json").read_text())["epochs"]
+            ] == [1, 2]
