@@ -10,8 +10,9 @@ change, since they change where or how fast the same run trains, or how long:
 - ``train.device``: the same run on another device (a GPU no longer lent, say);
 - ``data.num_workers``, ``eval.embed_batch_size``: loader processes, embedding batch size;
 - ``data.on_bad_image``: skip an image found unreadable since (its error message says so);
-- ``train.flush_denormal``: a run slowed down by subnormal floats resumed without them (its
-  numbers change only below 1.2e-38, as another device's change in their last bits);
+- ``train.flush_denormal``: a run slowed down by subnormal floats goes on without them (its
+  numbers change only where values below 1.2e-38 occur, as a change of device changes their
+  last bits);
 - ``train.compile``, ``train.eval_every``: how the steps run and which epochs are scored,
   not the model (``kdml reproduce`` leaves both out of its run folders' names, and resumes
   its runs with today's values);
