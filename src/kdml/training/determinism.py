@@ -7,7 +7,9 @@ both off, at some cost in speed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -23,3 +25,24 @@ def make_deterministic() -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool) -> Iterator[None]:
+    """:func:`make_deterministic` while the block runs (``enabled``), then torch's flags as
+    they were before, so that a caller's later work in the same process runs as it would have.
+    The cuBLAS workspace setting stays: it only matters before the first cuBLAS call."""
+    if not enabled:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    make_deterministic()
+    try:
+        yield
+    finally:
+        algorithms, warn_only, benchmark, cudnn_deterministic = before
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        torch.backends.cudnn.benchmark = benchmark
+        torch.backends.cudnn.deterministic = cudnn_deterministic

@@ -61,7 +61,7 @@ from kdml.training.checks import (
     warn_about_splits,
 )
 from kdml.training.denormal import flushing_denormals
-from kdml.training.determinism import make_deterministic
+from kdml.training.determinism import deterministic_mode
 from kdml.training.loading import RESUME_DATA_REMEDY, check_data_path, check_run_data, data_record
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
@@ -141,8 +141,6 @@ class Session:
         world = distributed.world()
         device = resolve_device(distributed.device_for(config.train.device))
         check_distributed(config, world, device)
-        if config.train.deterministic:
-            make_deterministic()
         splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
@@ -299,7 +297,9 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     check_utf8_path(run.root, resume)  # before anything is read or written
     state: dict[str, Any] | None = None  # the checkpoint a resumed run continues from
     with contextlib.ExitStack() as held:  # the run folder, held while this process trains
+        # process-wide torch modes, set while this run trains and restored after
         held.enter_context(flushing_denormals(config.train.flush_denormal, echo))
+        held.enter_context(deterministic_mode(config.train.deterministic))
         def hold() -> None:
             held.enter_context(run.held())
 
