@@ -36,3 +36,24 @@ def trained_run(tmp_path_factory) -> Path:
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "train.epochs=1", *one_epoch, "--no-progress"]) == 0
     return out
+
+
+@pytest.fixture
+def modes_while_training(monkeypatch):
+    """``watch(read)``: a list that gets ``read()`` each time a run's epochs start (when
+    ``train()`` calls ``_train_session``), for the process-wide modes a run sets while it
+    trains."""
+    from kdml.training import trainer
+
+    def watch(read):
+        seen = []
+        train_session = trainer._train_session
+
+        def spy(*args, **kwargs):
+            seen.append(read())
+            return train_session(*args, **kwargs)
+
+        monkeypatch.setattr(trainer, "_train_session", spy)
+        return seen
+
+    return watch

@@ -9,7 +9,6 @@ import torch
 import yaml
 
 from kdml import cli
-from kdml.training import trainer
 from kdml.training.denormal import SUBNORMAL, flushes_denormals, flushing_denormals
 
 TINY = ["--dataset", "digits", "train.epochs=1", "data.batch_size=40",
@@ -59,20 +58,14 @@ def test_a_cpu_that_cannot_flush_says_so_and_runs_the_block(monkeypatch):
                     "zero; training with them"]
 
 
-def test_a_run_flushes_while_it_trains_and_a_resume_can_turn_it_on(tmp_path, monkeypatch):
+def test_a_run_flushes_while_it_trains_and_a_resume_can_turn_it_on(tmp_path,
+                                                                   modes_while_training):
     """The epochs run with the mode on, the process gets its mode back after, and a run
     slowed down by subnormal floats can be resumed with the setting (the measured case)."""
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush subnormal floats (no SSE3 / FZ)")
     torch.set_flush_denormal(False)
-    modes = []
-    train_session = trainer._train_session
-
-    def spy(*args, **kwargs):
-        modes.append(flushes_denormals())
-        return train_session(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "_train_session", spy)
+    modes = modes_while_training(flushes_denormals)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--out", str(run), *TINY]) == 0
     assert modes == [False]  # off by default: PyTorch's mode

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from kdml import cli
-from kdml.training import trainer
 from kdml.training.determinism import deterministic_mode
 
 
@@ -40,18 +39,11 @@ def test_the_block_is_deterministic_and_the_flags_before_come_back(benchmark):
         assert _flags() == (False, benchmark, False)  # off: the flags are left alone
 
 
-def test_a_deterministic_run_trains_so_and_the_process_gets_its_flags_back(tmp_path,
-                                                                          monkeypatch):
+def test_a_deterministic_run_trains_so_and_the_process_gets_its_flags_back(
+        tmp_path, modes_while_training):
     torch.use_deterministic_algorithms(False)
     before = _flags()
-    seen = []
-    train_session = trainer._train_session
-
-    def spy(*args, **kwargs):
-        seen.append(_flags())
-        return train_session(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "_train_session", spy)
+    seen = modes_while_training(_flags)
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(tmp_path / "run"),
                      "train.epochs=1", "data.batch_size=40", "model.embedding_size=8",
                      "eval.nmi=false", "--no-progress", "train.device=cpu",
