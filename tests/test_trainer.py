@@ -944,6 +944,38 @@ def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch
     assert final == json.loads((run / "eval.json").read_text())["metrics"]
 
 
+def test_a_worker_death_pending_with_the_sigterm_prints_nothing():
+    """A kill of the process group delivers the loader workers' SIGCHLD with the SIGTERM:
+    both pending, Python runs SIGTERM's handler first (the lower number), which took SIGCHLD's
+    handler back to SIG_DFL, and then printed "Signal 17 ignored due to race condition" with
+    a traceback over kdml's one-line stop (seen once in test_a_killed_training_says_so under
+    load). Blocking both and sending them makes that order certain."""
+    import subprocess
+    import sys
+
+    script = """
+import os, signal, sys
+from kdml import cli
+from kdml.errors import Terminated
+signal.signal(signal.SIGCHLD, lambda signum, frame: sys.exit("torch's handler ran"))
+signal.signal(signal.SIGTERM, cli._interrupt)
+both = {signal.SIGTERM, signal.SIGCHLD}
+signal.pthread_sigmask(signal.SIG_BLOCK, both)
+os.kill(os.getpid(), signal.SIGCHLD)
+os.kill(os.getpid(), signal.SIGTERM)
+try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+    sum(range(10))
+except Terminated:
+    print("terminated")
+sum(range(10))
+print("end")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "terminated\nend\n", "")
+
+
 def test_a_killed_training_says_so(tmp_path):
     """SIGTERM (kill, timeout, a scheduler's preemption) had stopped training without a word
     on the terminal or in train.log; it now stops it as Ctrl-C does (whose resume is tested

@@ -45,14 +45,22 @@ def _interrupt(signum: int, frame: object) -> None:
     and torch's SIGCHLD handler would then raise "DataLoader worker ... is killed by signal"
     over this stop: it goes back to the default first. A worker killed after its fork but
     before torch set its own handler would have raised Terminated through the code it was
-    forked from: a forked process dies by the signal instead, as torch's handler has it."""
+    forked from: a forked process dies by the signal instead, as torch's handler has it.
+
+    SIGCHLD gets a handler that does nothing, not ``SIG_DFL``: a worker's death that arrived
+    with the SIGTERM is still pending for Python, and Python prints "Signal 17 ignored due to
+    race condition" with a traceback for a pending signal whose handler became ``SIG_DFL``."""
     if _HANDLER_PID is not None and os.getpid() != _HANDLER_PID:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     if hasattr(signal, "SIGCHLD"):
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, _ignore_signal)
     raise Terminated
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    """A handler that does nothing (see :func:`_interrupt`)."""
 
 
 # The error handler of the console command's stdout and stderr (_lenient_streams), by its
