@@ -11,8 +11,6 @@ import yaml
 from kdml import cli
 from kdml.training.denormal import SUBNORMAL, flushes_denormals, flushing_denormals
 
-TINY = ["--dataset", "digits", "train.epochs=1", "data.batch_size=40",
-        "model.embedding_size=8", "eval.nmi=false", "--no-progress", "train.device=cpu"]
 
 @pytest.fixture(autouse=True)
 def _restore_mode():
@@ -58,7 +56,7 @@ def test_a_cpu_that_cannot_flush_says_so_and_runs_the_block(monkeypatch):
                     "zero; training with them"]
 
 
-def test_a_run_flushes_while_it_trains_and_a_resume_can_turn_it_on(tmp_path,
+def test_a_run_flushes_while_it_trains_and_a_resume_can_turn_it_on(tmp_path, tiny_overrides,
                                                                    modes_while_training):
     """The epochs run with the mode on, the process gets its mode back after, and a run
     slowed down by subnormal floats can be resumed with the setting (the measured case)."""
@@ -67,7 +65,8 @@ def test_a_run_flushes_while_it_trains_and_a_resume_can_turn_it_on(tmp_path,
     torch.set_flush_denormal(False)
     modes = modes_while_training(flushes_denormals)
     run = tmp_path / "run"
-    assert cli.main(["train", "amsoftmax", "--out", str(run), *TINY]) == 0
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
+                     *tiny_overrides, "train.epochs=1", "--no-progress"]) == 0
     assert modes == [False]  # off by default: PyTorch's mode
     config = run / "config.yaml"
     settings = yaml.safe_load(config.read_text())

@@ -40,13 +40,12 @@ def test_the_block_is_deterministic_and_the_flags_before_come_back(benchmark):
 
 
 def test_a_deterministic_run_trains_so_and_the_process_gets_its_flags_back(
-        tmp_path, modes_while_training):
+        tmp_path, tiny_overrides, modes_while_training):
     torch.use_deterministic_algorithms(False)
     before = _flags()
     seen = modes_while_training(_flags)
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(tmp_path / "run"),
-                     "train.epochs=1", "data.batch_size=40", "model.embedding_size=8",
-                     "eval.nmi=false", "--no-progress", "train.device=cpu",
+                     *tiny_overrides, "train.epochs=1", "--no-progress",
                      "train.deterministic=true"]) == 0
     assert seen == [(True, False, True)]
     assert _flags() == before
