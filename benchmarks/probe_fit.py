@@ -5,7 +5,8 @@ kdml's piecewise-linear probe (Korman, Sec. 3.1, Table 2) and the authors' one
 ``experiments/simclr.py``) are the same model, one affine classifier per chart on the sigmoid
 coordinates of each sample's argmax chart, fitted differently:
 
-- kdml: scikit-learn's ``LogisticRegression(C=1)`` (lbfgs, L2 penalty) per chart;
+- kdml: scikit-learn's ``LogisticRegression(C=1)`` (lbfgs, L2 penalty) per chart, fitted in
+  centred, rescaled coordinates to the penalised optimum (``charts._fit_and_predict``);
 - ``unpenalised``: the same with ``C=1e6``, the penalty all but gone;
 - ``authors``: the authors' recipe, written here from their code: all charts' classifiers in
   one module, Adam with lr 1e-3 and no weight decay, batch 128, shuffled, for as many epochs as

@@ -264,6 +264,79 @@ def test_piecewise_linear_accuracy_matches_per_chart_fits(sigmoid):
     assert sum(row["num_correct"] for row in got["charts"]) == correct
 
 
+def literal_logistic_predictions(train_x, train_y, test_x, C):
+    """argmax of the minimiser of C * sum_i CE_i + ||W||^2 / 2 (bias unpenalised), written out
+    point by point in float64 and minimised by scipy to a gradient of 1e-12."""
+    from scipy.optimize import minimize
+
+    classes = np.unique(train_y)
+    (n, d), k = train_x.shape, len(classes)
+    target = np.searchsorted(classes, train_y)
+
+    def objective(theta):
+        w, b = theta[:k * d].reshape(k, d), theta[k * d:]
+        value, grad_w, grad_b = 0.5 * np.sum(w * w), w.copy(), np.zeros(k)
+        for i in range(n):
+            logits = w @ train_x[i] + b
+            top = logits.max()
+            p = np.exp(logits - top)
+            value += C * (top + np.log(p.sum()) - logits[target[i]])
+            p /= p.sum()
+            p[target[i]] -= 1.0
+            grad_w += C * np.outer(p, train_x[i])
+            grad_b += C * p
+        return value, np.concatenate([grad_w.ravel(), grad_b])
+
+    theta = minimize(objective, np.zeros(k * d + k), jac=True, method="L-BFGS-B",
+                     options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 100_000}).x
+    w, b = theta[:k * d].reshape(k, d), theta[k * d:]
+    return classes[np.argmax(test_x @ w.T + b, axis=1)]
+
+
+def narrow_codes(seed, n, spread):
+    """Three balanced classes at the corners of a triangle, shrunk to ``spread`` around 0.3."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(3), n // 3)
+    corners = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    codes = 0.3 + spread * (corners[labels] + 0.4 * rng.standard_normal((len(labels), 2)))
+    return codes.astype(np.float32).astype(np.float64), labels
+
+
+@pytest.mark.parametrize("C", [1.0, 1e6])
+def test_piecewise_linear_accuracy_is_that_of_the_penalised_optimum_for_narrow_codes(C):
+    """Codes spread over 1e-3, as a network's at initialisation: lbfgs's absolute tolerance
+    stopped the plain fit at or near w = 0 (0.65 here at C = 1, chance on a real run)."""
+    train_x, train_y = narrow_codes(0, 90, 1e-3)
+    test_x, test_y = narrow_codes(1, 60, 1e-3)
+    expected = np.mean(literal_logistic_predictions(train_x, train_y, test_x, C) == test_y)
+    assert expected > 0.75  # the codes separate the classes
+    got = piecewise_linear_accuracy(train_x, np.zeros(90, int), train_y, test_x,
+                                    np.zeros(60, int), test_y, sigmoid=False, C=C)
+    assert got["accuracy"] == expected
+
+
+@pytest.mark.parametrize("factor", [1e-4, 1e3])
+def test_piecewise_linear_accuracy_scales_with_its_penalty(factor):
+    """The objective of codes a * x + b with C / a**2 is a**-2 times that of x with C: the same
+    predictions, whatever the scale of the codes."""
+    train_x, train_i, train_y, test_x, test_i, test_y = probe_data(2)
+    reference = piecewise_linear_accuracy(train_x, train_i, train_y, test_x, test_i, test_y,
+                                          sigmoid=False)
+    moved = piecewise_linear_accuracy(factor * train_x + 5.0, train_i, train_y,
+                                      factor * test_x + 5.0, test_i, test_y, sigmoid=False,
+                                      C=1.0 / factor**2)
+    assert moved["accuracy"] == reference["accuracy"]
+
+
+def test_piecewise_linear_accuracy_of_codes_at_one_point_is_the_majority_of_their_chart():
+    """No spread to rescale by (a collapsed embedding): only the intercept is fitted."""
+    codes = np.full((6, 2), 0.25)
+    labels = np.array([4, 4, 4, 1, 1, 2])
+    got = piecewise_linear_accuracy(codes, np.zeros(6, int), labels, codes[:4],
+                                    np.zeros(4, int), np.array([4, 4, 1, 2]))
+    assert got["accuracy"] == 0.5 and got["charts"][0]["classifier"] == "logistic"
+
+
 def test_piecewise_linear_accuracy_rejects_bad_inputs():
     train_x, train_i, train_y, test_x, test_i, test_y = probe_data(1)
     with pytest.raises(KdmlError, match="dimension"):
