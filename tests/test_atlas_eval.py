@@ -337,6 +337,28 @@ def test_piecewise_linear_accuracy_of_codes_at_one_point_is_the_majority_of_thei
     assert got["accuracy"] == 0.5 and got["charts"][0]["classifier"] == "logistic"
 
 
+def codes_ulps_apart(ulps):
+    """Labels 0, 0, 0, 1, 1 and 2-d float32 codes: 0.3 for label 0, ``ulps`` float32 ulps
+    above it for label 1."""
+    apart = np.float32(0.3)
+    for _ in range(ulps):
+        apart = np.nextafter(apart, np.float32(1.0))
+    labels = np.array([0, 0, 0, 1, 1])
+    codes = np.where(labels == 0, np.float32(0.3), apart).astype(np.float32)
+    return np.stack([codes, codes], axis=1), labels
+
+
+@pytest.mark.parametrize(("ulps", "expected"), [(1, 0.6), (4, 0.6), (8, 1.0)])
+def test_piecewise_linear_accuracy_reads_no_rounding_noise(ulps, expected):
+    """Codes a few float32 ulps apart, following the labels: up to 4 ulps (what retrieval
+    scores as ties) the probe takes them as one point and predicts the majority label, 0;
+    8 ulps apart it reads the labels (C large enough for weights of about 1e7 to pay)."""
+    codes, labels = codes_ulps_apart(ulps)
+    got = piecewise_linear_accuracy(codes, np.zeros(5, int), labels, codes, np.zeros(5, int),
+                                    labels, sigmoid=False, C=1e18)
+    assert got["accuracy"] == expected
+
+
 def test_piecewise_linear_accuracy_rejects_bad_inputs():
     train_x, train_i, train_y, test_x, test_i, test_y = probe_data(1)
     with pytest.raises(KdmlError, match="dimension"):

@@ -43,6 +43,7 @@ from kdml.evaluation.retrieval import (
     refuse_query_set_as_reference,
     warn_of_query_copy,
 )
+from kdml.evaluation.ties import TIE_ULPS
 
 __all__ = [
     "allocate_clusters",
@@ -288,6 +289,15 @@ def chart_clustering_nmi(chart_coords: Any, chart_index: Any, labels: Any, niter
     return nmi_score(label_vector, assignments)
 
 
+def _at_one_point(codes: np.ndarray) -> bool:
+    """Whether float32 ``codes`` ``(N, d)`` differ by no more than rounding: in every coordinate
+    by at most :data:`~kdml.evaluation.ties.TIE_ULPS` float32 ulps of the largest magnitude,
+    the differences that retrieval scores as ties (:mod:`kdml.evaluation.ties`)."""
+    magnitude = float(np.abs(codes).max(initial=0.0))
+    spread = np.ptp(codes.astype(np.float64), axis=0).max(initial=0.0)
+    return bool(spread <= TIE_ULPS * float(np.finfo(np.float32).eps) * magnitude)
+
+
 def _fit_and_predict(logistic_regression: Any, train_x: np.ndarray, train_y: np.ndarray,
                      test_x: np.ndarray, C: float, max_iter: int) -> np.ndarray:
     r"""Fit ``C * sum(loss) + ||w||^2 / 2`` on ``train_x`` and predict ``test_x``, well conditioned.
@@ -336,7 +346,9 @@ def piecewise_linear_accuracy(
     Each fit minimises :math:`C \sum_i \ell_i + \lVert w \rVert^2 / 2` (the intercept
     unpenalised) in centred, rescaled coordinates with the same minimiser, so that codes
     spread over only about 1e-3 are fitted too (a plain fit stopped at w = 0 there and read
-    chance: ``docs/findings.md``).
+    chance: ``docs/findings.md``). A chart whose training codes differ by no more than float32
+    rounding (:func:`_at_one_point`, as a collapsed embedding's) gets the intercept alone: its
+    most frequent training label, read from no rounding noise.
 
     Charts without a fitted classifier:
 
@@ -404,9 +416,11 @@ def piecewise_linear_accuracy(
         else:
             if len(chart_labels) >= 2:
                 kind = "logistic"
-                predicted = _fit_and_predict(LogisticRegression, train_features[in_train],
-                                             train_y[in_train], test_features[in_test],
-                                             C, max_iter)
+                fit_x, score_x = train_features[in_train], test_features[in_test]
+                if _at_one_point(train_x[in_train]):  # nothing but rounding to fit
+                    fit_x, score_x = np.zeros_like(fit_x), np.zeros_like(score_x)
+                predicted = _fit_and_predict(LogisticRegression, fit_x, train_y[in_train],
+                                             score_x, C, max_iter)
             else:
                 kind = "single-class" if len(chart_labels) == 1 else "majority"
                 constant = chart_labels[0] if len(chart_labels) == 1 else majority_label
