@@ -298,8 +298,8 @@ def _at_one_point(codes: np.ndarray) -> bool:
     return bool(spread <= TIE_ULPS * float(np.finfo(np.float32).eps) * magnitude)
 
 
-def _fit_and_predict(logistic_regression: Any, train_x: np.ndarray, train_y: np.ndarray,
-                     test_x: np.ndarray, C: float, max_iter: int) -> np.ndarray:
+def _fit_and_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, C: float,
+                     max_iter: int) -> np.ndarray:
     r"""Fit ``C * sum(loss) + ||w||^2 / 2`` on ``train_x`` and predict ``test_x``, well conditioned.
 
     The fit runs on :math:`x' = (x - \mu) / s` (:math:`\mu` the training mean, :math:`s` one
@@ -313,11 +313,13 @@ def _fit_and_predict(logistic_regression: Any, train_x: np.ndarray, train_y: np.
     these coordinates ``tol=1e-8`` reaches the minimiser (the predictions of a fit to 1e-10
     on the raw codes) in about the plain fit's time.
     """
+    from sklearn.linear_model import LogisticRegression  # here: see clustering.nmi_score
+
     mean = train_x.mean(axis=0)
     scale = float((train_x - mean).std())
     if scale == 0.0:  # all training points equal: only the intercept can be fitted
         scale = 1.0
-    classifier = logistic_regression(C=C * scale**2, tol=1e-8, max_iter=max_iter)
+    classifier = LogisticRegression(C=C * scale**2, tol=1e-8, max_iter=max_iter)
     classifier.fit((train_x - mean) / scale, train_y)
     return classifier.predict((test_x - mean) / scale)
 
@@ -386,8 +388,6 @@ def piecewise_linear_accuracy(
         ...                           sigmoid=False)["accuracy"]
         1.0
     """
-    from sklearn.linear_model import LogisticRegression  # here: see clustering.nmi_score
-
     if not is_finite_number(C, above=0):
         raise KdmlError(f"C (the inverse L2 strength of the logistic regressions) must be a "
                         f"finite number > 0, got {C!r}")
@@ -419,8 +419,7 @@ def piecewise_linear_accuracy(
                 fit_x, score_x = train_features[in_train], test_features[in_test]
                 if _at_one_point(train_x[in_train]):  # nothing but rounding to fit
                     fit_x, score_x = np.zeros_like(fit_x), np.zeros_like(score_x)
-                predicted = _fit_and_predict(LogisticRegression, fit_x, train_y[in_train],
-                                             score_x, C, max_iter)
+                predicted = _fit_and_predict(fit_x, train_y[in_train], score_x, C, max_iter)
             else:
                 kind = "single-class" if len(chart_labels) == 1 else "majority"
                 constant = chart_labels[0] if len(chart_labels) == 1 else majority_label
