@@ -315,6 +315,25 @@ def test_piecewise_linear_accuracy_is_that_of_the_penalised_optimum_for_narrow_c
     assert got["accuracy"] == expected
 
 
+def test_piecewise_linear_accuracy_converges_where_the_penalty_dominates():
+    """120 codes spread over 2e-4 in 9 unbalanced classes (as a tiny run's test part): the
+    penalty dominates, and rescaling by the spread alone left lbfgs 2,000 steps from the
+    optimum (a ConvergenceWarning at max_iter 1000); the fit must reach it without one."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(9), [52, 6, 4, 24, 4, 15, 1, 12, 2])
+    centres = rng.standard_normal((9, 2))
+    codes = 0.5 + 2e-4 * (centres[labels] + 0.4 * rng.standard_normal((len(labels), 2)))
+    codes = codes.astype(np.float32).astype(np.float64)
+    expected = np.mean(literal_logistic_predictions(codes, labels, codes, 1.0) == labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        got = piecewise_linear_accuracy(codes, np.zeros(len(labels), int), labels, codes,
+                                        np.zeros(len(labels), int), labels, sigmoid=False)
+    assert got["accuracy"] == expected
+
+
 @pytest.mark.parametrize("factor", [1e-4, 1e3])
 def test_piecewise_linear_accuracy_scales_with_its_penalty(factor):
     """The objective of codes a * x + b with C / a**2 is a**-2 times that of x with C: the same
