@@ -347,12 +347,14 @@ def test_piecewise_linear_accuracy_scales_with_its_penalty(factor):
     assert moved["accuracy"] == reference["accuracy"]
 
 
-def test_piecewise_linear_accuracy_of_codes_at_one_point_is_the_majority_of_their_chart():
-    """No spread to rescale by (a collapsed embedding): only the intercept is fitted."""
+@pytest.mark.parametrize("C", [1e-300, 1.0, 1.7e308])
+def test_piecewise_linear_accuracy_of_codes_at_one_point_is_the_majority_of_their_chart(C):
+    """No spread to rescale by (a collapsed embedding): only the intercept is fitted, also
+    for a C whose product with the number of points overflows."""
     codes = np.full((6, 2), 0.25)
     labels = np.array([4, 4, 4, 1, 1, 2])
     got = piecewise_linear_accuracy(codes, np.zeros(6, int), labels, codes[:4],
-                                    np.zeros(4, int), np.array([4, 4, 1, 2]))
+                                    np.zeros(4, int), np.array([4, 4, 1, 2]), C=C)
     assert got["accuracy"] == 0.5 and got["charts"][0]["classifier"] == "logistic"
 
 
