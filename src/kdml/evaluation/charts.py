@@ -324,10 +324,11 @@ def _fit_and_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarra
     from sklearn.linear_model import LogisticRegression  # here: see clustering.nmi_score
 
     mean = train_x.mean(axis=0)
+    centred = train_x - mean
     # 1/sqrt(C)/sqrt(n), not 1/sqrt(C n): C * n overflows for C near the float maximum
-    scale = max(float((train_x - mean).std()), 1.0 / math.sqrt(C) / math.sqrt(len(train_x)))
+    scale = max(float(centred.std()), 1.0 / math.sqrt(C) / math.sqrt(len(train_x)))
     classifier = LogisticRegression(C=C * scale**2, tol=1e-8, max_iter=max_iter)
-    classifier.fit((train_x - mean) / scale, train_y)
+    classifier.fit(centred / scale, train_y)
     return classifier.predict((test_x - mean) / scale)
 
 
