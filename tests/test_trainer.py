@@ -158,6 +158,23 @@ def test_bad_lr_milestones_are_refused(setting, message):
         resolve_config("amsoftmax", recipe.params, recipe.defaults, None, setting)
 
 
+def test_a_config_built_in_python_is_checked_before_anything_is_written(tmp_path):
+    from kdml.config import RunConfig
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import train as train_config
+
+    recipe = get_recipe("amsoftmax")
+    config = RunConfig(recipe="amsoftmax", method=recipe.params())
+    config.data.dataset = "digits"
+    config.train.epochs = 0  # resolve_config refuses this; set here, it is not seen by it
+    with pytest.raises(KdmlError, match=r"^train.epochs must be at least 1$"):
+        train_config(config, tmp_path / "run", progress=False, echo=lambda line: None)
+    config.train.epochs, config.method.margin = 1, float("nan")  # the recipe's own checks too
+    with pytest.raises(KdmlError, match="method.margin"):
+        train_config(config, tmp_path / "run", progress=False, echo=lambda line: None)
+    assert not (tmp_path / "run").exists()
+
+
 def test_tolerance_stops_early_and_resume_keeps_it_stopped(tmp_path):
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "train.tolerance=1e9",
                     "train.epochs=5")

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from kdml import distributed
-from kdml.config import ModelConfig, RunConfig, save_config, with_absolute_paths
+from kdml.config import ModelConfig, RunConfig, save_config, validate, with_absolute_paths
 from kdml.data.fingerprint import FORMAT as FINGERPRINT_FORMAT
 from kdml.data.fingerprint import FORMAT_FIELD
 from kdml.data.loaders import to_device
@@ -291,6 +291,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     ``selects=True`` (a grid's cell, whose validation score picks the best cell) checks
     ``train.select_metric`` with ``data.validation`` even without keep_best or patience.
     """
+    # resolve_config checks the settings; a RunConfig built in Python reaches here unchecked
+    validate(config)
     main = distributed.world().is_main
     echo = echo if main else _silent
     run = RunFolder(run_dir)
