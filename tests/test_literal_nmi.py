@@ -119,3 +119,20 @@ def test_chart_nmi_clusters_each_chart_apart_literally():
     assert 0.0 < expected < 1.0
     got = chart_clustering_nmi(coords[order], charts[order], labels[order])
     assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("offset", [64.0, 1024.0])
+def test_chart_nmi_does_not_depend_on_where_a_charts_codes_sit(offset):
+    """k-means is shift-invariant; faiss's float32 distances are not, and pre-sigmoid codes are
+    not centred. Overlapping blobs (the clustering is a close call) on a grid where ``x +
+    offset`` is exact in float32, so the two inputs differ by the shift alone."""
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(10), 100)
+    codes = 0.1 * (rng.standard_normal((10, 8))[labels] + rng.standard_normal((1000, 8)))
+    codes = np.round(codes * 2.0**12) / 2.0**12
+    shifted = (codes + offset).astype(np.float32)
+    assert np.array_equal(shifted.astype(np.float64) - offset, codes)
+    charts = np.zeros(len(codes), dtype=np.int64)
+    at_origin = chart_clustering_nmi(codes.astype(np.float32), charts, labels)
+    assert 0.3 < at_origin < 0.9
+    assert chart_clustering_nmi(shifted, charts, labels) == at_origin
