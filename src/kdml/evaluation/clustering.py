@@ -86,7 +86,11 @@ def kmeans_assign(vectors: np.ndarray, num_clusters: int, niter: int = 20,
     :func:`canonical_order`, on the rows less their mean: k-means does not depend on a shift,
     but faiss's float32 distances (``|x|^2 - 2 x.c + |c|^2``) lose the spread's digits when
     the rows sit far from the origin, as one chart's codes do (chart_clustering_nmi)."""
-    vectors = (vectors - vectors.mean(axis=0, dtype=np.float64)).astype(np.float32)
+    centred = np.empty_like(vectors, dtype=np.float32)
+    # subtracted in float64 element by element, rounded into float32: no (N, D) float64 copy
+    # (250 MB at SOP's size)
+    np.subtract(vectors, vectors.mean(axis=0, dtype=np.float64), out=centred, casting="unsafe")
+    vectors = centred
     order = canonical_order(vectors, seed)
     kmeans = faiss.Kmeans(
         vectors.shape[1],
