@@ -13,6 +13,9 @@
 #   QUICK=1 bash benchmarks/gpu_checks.sh throughput   # tiny sizes, any device: a smoke test
 #                                             # (timm's part skipped where timm is missing)
 #
+# benchmarks/gpu_session.sh runs all four in one call, each under a deadline (a session's device
+# time allows about one call).
+#
 # The GPU image lacks faiss, PML, kornia, mlxtend and mnist1d: fetch their wheels here with
 # ../shared/tools/gpu-wheels.sh and install them there first (that script prints how).
 # Record what it prints, with the GPU model from the log's first lines, in docs/benchmarks.md.
