@@ -21,7 +21,8 @@ the scalars stands in, since nothing here reads them.
     PYTHONPATH=src python benchmarks/neurve_side_by_side.py --neurve .neurve \\
         --dataset mnist5k --dim 2 --charts 16 --epochs 100 --seeds 0 1 2
 
-Prints one Markdown row per seed and a mean row, and writes them to ``--out`` as JSON.
+Prints each side's accuracy as soon as it is known, then one Markdown row per seed and a mean
+row; ``--out`` gets the rows as JSON, rewritten after each seed.
 """
 
 from __future__ import annotations
@@ -215,6 +216,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                Path(scratch) / f"neurve-{seed}")
             neurve_accuracy = neurve_probe(net, parts, args.charts)
             neurve_minutes = (time.perf_counter() - start) / 60
+            # each side's number as soon as it is known: a device call's deadline may stop the
+            # script before the table
+            print(f"seed {seed}: neurve {neurve_accuracy:.3f} in {neurve_minutes:.1f} min",
+                  flush=True)
             start = time.perf_counter()
             kdml_metrics = train(config, Path(scratch) / f"kdml-{seed}", progress=False,
                                  echo=lambda line: None)
@@ -222,6 +227,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "kdml": kdml_metrics["linear_accuracy"],
                          "neurve_minutes": neurve_minutes,
                          "kdml_minutes": (time.perf_counter() - start) / 60})
+            print(f"seed {seed}: kdml {rows[-1]['kdml']:.3f} in "
+                  f"{rows[-1]['kdml_minutes']:.1f} min", flush=True)
+            if args.out is not None:  # the seeds so far, rewritten after each
+                write_rows(args, rows)
     method = f"MSimCLR, n = {args.charts}" if args.charts else "SimCLR"
     print(f"\n{method}, d = {args.dim}, {args.dataset}, {args.epochs} epochs, tau {args.tau}, "
           f"{args.backbone} (neurve) / {config.model.backbone} (kdml); piecewise-linear "
@@ -234,10 +243,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if len(rows) > 1:
         print(f"| mean | {statistics.mean(r['neurve'] for r in rows):.3f} | "
               f"{statistics.mean(r['kdml'] for r in rows):.3f} | |")
-    if args.out is not None:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                        "rows": rows}, indent=2))
     return rows
+
+
+def write_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                    "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

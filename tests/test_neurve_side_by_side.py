@@ -140,6 +140,33 @@ def test_neurve_and_kdml_train_on_the_same_split_and_are_probed_alike(script, st
     assert json.loads(out.read_text())["rows"] == rows
     printed = capsys.readouterr().out
     assert "MSimCLR, n = 4, d = 2, mnist5k, 1 epochs" in printed and "1,000 held-out" in printed
+    # each side's number is printed as soon as it is known, before the table
+    progress = [line for line in printed.splitlines() if line.startswith("seed 0: ")]
+    assert progress == [f"seed 0: neurve {rows[0]['neurve']:.3f} in "
+                        f"{rows[0]['neurve_minutes']:.1f} min",
+                        f"seed 0: kdml {rows[0]['kdml']:.3f} in {rows[0]['kdml_minutes']:.1f} min"]
+    assert printed.index(progress[1]) < printed.index("| seed |")
+
+
+def test_the_json_keeps_each_finished_seed_when_a_later_one_is_stopped(script, stand_in,
+                                                                       tmp_path, monkeypatch):
+    """A device call's deadline stops the script mid-run: the seeds done so far are written."""
+    out = tmp_path / "rows.json"
+    trained = []
+
+    def train_until_the_deadline(*args, **kwargs):
+        if trained:
+            raise KeyboardInterrupt  # the deadline, during the second seed's kdml run
+        trained.append(args[0].train.seed)
+        return {"linear_accuracy": 0.5}
+
+    monkeypatch.setattr(script, "train", train_until_the_deadline)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(["--neurve", str(stand_in), "--charts", "0", "--epochs", "1", "--workers",
+                     "0", "--device", "cpu", "--train-limit", "64", "--seeds", "3", "4",
+                     "--out", str(out), "--set", "model.backbone=cnn",
+                     "model.small_input=false", "eval.nmi=false"])
+    assert [(row["seed"], row["kdml"]) for row in json.loads(out.read_text())["rows"]] == [(3, 0.5)]
 
 
 def test_a_train_limit_gives_neurve_the_first_training_images_only(script, stand_in):
