@@ -2,10 +2,10 @@
 
 ``results/README.md`` lists, for each report trained with ``--runs results/NAME``, the command
 that writes it. Run on a copy of the records git keeps (config, metrics, logs, the cached
-protocol files; no checkpoints), each command must reuse every run, train nothing, and write
-the tables, settings and claim verdicts the committed report shows. A report edited by hand,
-records left uncommitted, or a change to how kdml names run folders or scores a table would
-each show up here.
+protocol files, the chart plots; no checkpoints), each command must reuse every run, train
+nothing, and write the tables, settings, claim verdicts and chart plots the committed report
+shows. A report edited by hand, records left uncommitted, or a change to how kdml names run
+folders or scores a table would each show up here.
 """
 
 from __future__ import annotations
@@ -36,10 +36,18 @@ def tracked_files(folder: str) -> list[str]:
 
 
 def compared_lines(report: str) -> list[str]:
-    """The numbers of a report: its tables, settings lines and claims (the commands it prints
-    name the runs folder and report path, which differ for the copy)."""
+    """The numbers of a report: its tables, settings lines, claims and chart plots' captions
+    (the commands it prints name the runs folder and report path, which differ for the copy)."""
     return [line for line in report.splitlines()
-            if line.startswith(("|", "- ", "Settings:")) and "kdml reproduce" not in line]
+            if line.startswith(("|", "- ", "Settings:", "Charts of"))
+            and "kdml reproduce" not in line]
+
+
+def chart_plots(report: Path) -> dict[str, bytes]:
+    """The chart plots ``report`` shows, by file name: kept with the run records
+    (``reproduce-charts.png``), since the records have no checkpoints to draw them from."""
+    return {Path(link).name: (report.parent / link).read_bytes()
+            for link in re.findall(r"!\[charts\]\(([^)]*)\)", report.read_text())}
 
 
 def test_results_readme_lists_each_records_folder():
@@ -71,3 +79,4 @@ def test_a_committed_report_is_what_its_committed_records_give(command, tmp_path
     written = compared_lines((tmp_path / "report.md").read_text())
     committed = compared_lines((ROOT / report).read_text())
     assert written == committed
+    assert chart_plots(tmp_path / "report.md") == chart_plots(ROOT / report)

@@ -27,6 +27,7 @@ from kdml.reproduce.catalog import PAPERS, experiments
 from kdml.reproduce.experiments import PROTOCOLS, Cell, Claim, Experiment, verdict
 from kdml.reproduce.report import MARKER, ReportContext, plots_folder, write_report
 from kdml.reproduce.runner import (
+    CHARTS_RECORD,
     CellResult,
     ExperimentResult,
     PlannedRun,
@@ -1285,6 +1286,16 @@ def test_a_chart_plot_without_its_checkpoint_leaves_the_table_and_says_why(tmp_p
     (run_dir,) = first[0].cells["MTriplet"].run_dirs
     (general_dir,) = first[1].cells["alpha = 1"].run_dirs
     (general_dir / "generalization.json").unlink()
+    # the plot drawn while the checkpoint was there is kept with the records, and shown again
+    drawn = plot.read_bytes()
+    assert (run_dir / CHARTS_RECORD).read_bytes() == drawn
+    kept = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    assert kept[0].cells["MTriplet"].charts == run_dir / CHARTS_RECORD
+    plot.unlink()
+    text = write_report(kept, report, context).read_text()
+    assert "Charts of MTriplet, seed 0 (Sec. A.2):" in text and plot.read_bytes() == drawn
+    # without it too, the report says why there is no plot
+    (run_dir / CHARTS_RECORD).unlink()
     again = reproduce([charts, general], 1, runs, "cpu", progress=False, echo=lambda line: None)
     cell = again[0].cells["MTriplet"]
     assert not again[0].error and cell.charts is None
@@ -1366,9 +1377,29 @@ def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_w
     again = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
     assert not again[0].error, again[0].error
     cell = again[0].cells["MTriplet"]
+    # the plot drawn from it before is shown (kept with the records)
+    assert cell.charts == run_dir / CHARTS_RECORD and cell.charts.is_file()
+    assert cell.values == first[0].cells["MTriplet"].values
+    (run_dir / CHARTS_RECORD).unlink()
+    cell = reproduce([charts], 1, runs, "cpu", progress=False,
+                     echo=lambda line: None)[0].cells["MTriplet"]
     assert cell.charts is None and cell.values == first[0].cells["MTriplet"].values
     assert str(checkpoint) in cell.charts_missing and "\n" not in cell.charts_missing
     assert checkpoint.read_bytes() == b"not a checkpoint"  # kept as it was, for the user
+
+
+def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_replaced(tmp_path):
+    """The chart plot kept with a run's records goes where nothing of the user's may be."""
+    charts = _tiny_experiments()[2]
+    runs = tmp_path / "runs"
+    first = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    (run_dir,) = first[0].cells["MTriplet"].run_dirs
+    record = run_dir / CHARTS_RECORD
+    record.write_text("my notes")
+    again = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    assert again[0].error == (f"{record} is in the way and kdml did not draw it; move it away "
+                              "(kdml never replaces a file it did not write)")
+    assert record.read_text() == "my notes"
 
 
 @pytest.mark.parametrize("lets_go", ["while this one trains", "while this one waits"])

@@ -24,6 +24,7 @@ from kdml.errors import KdmlError, UnreadableCheckpoint
 from kdml.evaluation.evaluator import COLLAPSED, embed_dataset
 from kdml.evaluation.knn import as_metric
 from kdml.evaluation.parts import retrieval_over_parts
+from kdml.figure_file import copy_png, drawn_by_kdml
 from kdml.inspection.analysis import GeneralizationSettings, analyze_generalization
 from kdml.inspection.plots import draw_charts
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
@@ -46,6 +47,10 @@ from kdml.training.trainer import train
 # Written by kdml into each run folder it trains: the wall time and device of the training.
 TIMING_FILE = "reproduce.json"
 PARTS_FILE = "parts.json"
+# Written by kdml into the run folder of each run whose chart plot a report shows: that plot,
+# kept with the records (not under plots/, which results/ leaves out of git), so that a report
+# written again from records kept without their checkpoints still shows it.
+CHARTS_RECORD = "reproduce-charts.png"
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class CellResult:
     charts: Path | None = None
     charts_seed: int = 0  # the seed the charts show: the first whose run finished
     # why the charts are not drawn when ``charts`` is None: a run kept without its checkpoint
-    # (records alone) has numbers but no model to draw them from ("" when they are drawn)
+    # or its chart plot (records alone) has numbers but no model to draw them from ("" when
+    # they are drawn)
     charts_missing: str = ""
     run_dirs: list[Path] = field(default_factory=list)
     # seed -> why its run diverged; its values are NaN, so that the others stay paired by seed
@@ -370,16 +376,31 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
                 # the numbers are in the records; only the plot needs the model, so a
-                # checkpoint gone or damaged costs the plot alone (changed data still stops
-                # the table: its records may not be of the data the report names)
-                try:
-                    result.charts = draw_charts(reload_to(run.run_dir, "draw its charts"))
-                    result.charts_seed = seed
-                except UnreadableCheckpoint as error:
-                    result.charts_missing = result.charts_missing or str(error)
+                # checkpoint gone or damaged costs the plot alone, and not even that where the
+                # plot was kept (changed data still stops the table: its records may not be of
+                # the data the report names)
+                charts = _chart_plot(run.run_dir, result)
+                if charts is not None:
+                    result.charts, result.charts_seed = charts, seed
         cells[cell.label] = result
     configs = tuple(planned[experiment.key, cell.label][0].config for cell in experiment.cells)
     return ExperimentResult(experiment, cells, configs)
+
+
+def _chart_plot(run_dir: Path, result: CellResult) -> Path | None:
+    """The chart plot of the run in ``run_dir``: drawn from its checkpoint and kept with its
+    records (:data:`CHARTS_RECORD`), or, where the checkpoint is gone or will not load, the one
+    kept when it was drawn. ``None`` when there is neither (``result.charts_missing`` then
+    says why)."""
+    record = run_dir / CHARTS_RECORD
+    try:
+        drawn = draw_charts(reload_to(run_dir, "draw its charts"))
+    except UnreadableCheckpoint as error:
+        if record.is_file() and drawn_by_kdml(record):
+            return record
+        result.charts_missing = result.charts_missing or str(error)
+        return None
+    return copy_png(drawn, record)
 
 
 def _run_metrics(experiment: Experiment, run_dir: Path, result: CellResult) -> dict[str, Any]:
