@@ -36,11 +36,14 @@ def tracked_files(folder: str) -> list[str]:
 
 
 def compared_lines(report: str) -> list[str]:
-    """The numbers of a report: its tables, settings lines, claims and chart plots' captions
-    (the commands it prints name the runs folder and report path, which differ for the copy)."""
-    return [line for line in report.splitlines()
-            if line.startswith(("|", "- ", "Settings:", "Charts of"))
-            and "kdml reproduce" not in line]
+    """The numbers of a report: its training time and machines, tables, settings lines and
+    claims (the commands it prints name the runs folder and report path, which differ for the
+    copy, and its header names the machine writing it)."""
+    training = re.findall(r"^Written by .*?\(torch [^)]*\); (.*?)\. Settings:", report,
+                          re.MULTILINE)
+    return training + [line for line in report.splitlines()
+                       if line.startswith(("|", "- ", "Settings:", "Charts of"))
+                       and "kdml reproduce" not in line]
 
 
 def chart_plots(report: Path) -> dict[str, bytes]:

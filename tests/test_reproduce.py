@@ -1191,6 +1191,41 @@ def test_only_adds_to_the_report_from_finished_runs_and_refuses_to_drop_a_sectio
     assert len(_sections(report)) == 2
 
 
+def test_the_header_counts_a_shared_run_once_and_names_where_the_runs_trained(
+        tmp_path, monkeypatch):
+    """A run that several experiments share (JRD at alpha = 1 is in five) trained once, but
+    its minutes were added once per experiment (docs/reproduction.md said 308.3 minutes of
+    training for runs that took 271.1); and the header named the machine writing the report
+    as if the runs kept from elsewhere (results/) had trained there."""
+    from kdml.machine import machine_description
+
+    tables = [Experiment(key, "jrd", mirrors, key, "digits",
+                         (Cell("JRD", "jrd", ("method.alpha=1",)),), ("recall@1",),
+                         common=TINY)
+              for key, mirrors in (("tiny-a", "Table 2"), ("tiny-b", "Table 4"))]
+    monkeypatch.setattr("kdml.reproduce.catalog.experiments",
+                        lambda paper, quick=False: list(tables))
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    command = ["reproduce", "jrd", "--seeds", "1", "--runs", str(runs), "--out", str(report),
+               "--no-progress", "--device", "cpu"]
+    assert cli.main(command) == 0
+    (timing,) = runs.rglob("reproduce.json")  # one run, read by both tables
+    stored = json.loads(timing.read_text())
+    here = machine_description(torch.device("cpu"))
+    assert stored["machine"] == here
+    assert f"; {stored['wall_s'] / 60:.1f} minutes of training in all. Settings:" in \
+        report.read_text()
+    timing.write_text(json.dumps({**stored, "wall_s": 600.0, "machine": "Elsewhere CPU"}))
+    assert cli.main(command) == 0
+    assert ("; 10.0 minutes of training in all (1 run on Elsewhere CPU). Settings:"
+            in report.read_text())
+    del stored["machine"]  # as runs recorded before kdml kept it
+    timing.write_text(json.dumps({**stored, "wall_s": 600.0}))
+    assert cli.main(command) == 0
+    assert ("; 10.0 minutes of training in all (1 run on a machine not recorded: kdml did not "
+            "keep it then). Settings:" in report.read_text())
+
+
 def test_a_not_run_command_adds_its_section_to_the_same_report(tmp_path, monkeypatch):
     """The commands listed as not run left out --seeds, --quick, --device and --out: pasted,
     they trained another setting into the default report."""

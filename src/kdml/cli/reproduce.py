@@ -110,15 +110,17 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
     experiment (``experiments("all", args.quick)``), of which the report lists the paper's
     others as not run."""
     import shlex
+    from collections import Counter
 
     import torch
 
     from kdml import __version__
     from kdml.machine import machine_description
-    from kdml.reproduce.report import ReportContext, write_report
+    from kdml.reproduce.report import ReportContext, distinct_runs, write_report
 
-    minutes = sum(cell_wall for result in results for cell in result.cells.values()
-                  for cell_wall in cell.wall_s if cell_wall == cell_wall) / 60
+    read = distinct_runs(results)  # a run several cells share trained once: counted once
+    minutes = sum(wall for wall, _ in read.values() if wall == wall) / 60
+    trained_on = tuple(Counter(machine for _, machine in read.values()).most_common())
 
     # A report written elsewhere names its path, so that its command rewrites it and not
     # the default report (a quick report always does: its default follows --runs).
@@ -137,7 +139,8 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
         command=shlex.join(command), machine=machine_description(device),
         versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "",
-        runs=shlex.quote(other_runs) if other_runs else "", device=str(device))
+        runs=shlex.quote(other_runs) if other_runs else "", device=str(device),
+        trained_on=trained_on)
     not_run = [experiment for experiment in catalog  # the paper's, as experiments(paper)
                if args.paper in ("all", experiment.paper) and experiment not in chosen]
     failed = [result for result in results if result.error]

@@ -53,6 +53,9 @@ class ReportContext:
     # the device the runs trained on: run folders hash the device, so the commands it prints
     # name it to find the report's runs on any machine ("": commands without --device)
     device: str = ""
+    # (machine, how many runs trained on it) for the runs the report reads, most first; ""
+    # for runs recorded before kdml kept the machine. Said where it is not just ``machine``.
+    trained_on: tuple[tuple[str, int], ...] = ()
 
 
 def plots_folder(report: Path) -> Path:
@@ -246,13 +249,39 @@ def _header(context: ReportContext) -> list[str]:
                   "hold when it lies below, and is not shown otherwise.")
     return [
         f"Written by `{context.command}` on {context.machine} ({context.versions}); "
-        f"{context.wall_minutes:.1f} minutes of training in all. Settings: {setting}.",
+        f"{context.wall_minutes:.1f} minutes of training in all{_trained_on(context)}. "
+        f"Settings: {setting}.",
         "",
         "The papers' datasets (CUB-200-2011, Cars196, SOP, LFW, CIFAR-10) are not offline, so "
         "no row is a reproduction of a paper's table on its own data: each table runs the "
         "offline dataset named in its heading, and the `paper` columns give the paper's "
         f"numbers on its data, for orientation only. {values} Nothing was tuned.",
     ]
+
+
+def _trained_on(context: ReportContext) -> str:
+    """Where the report's runs trained, where that is not (all) the machine writing it: a
+    report written again from runs kept from elsewhere (``results/``) names their machines,
+    not its own."""
+    if all(machine == context.machine for machine, _ in context.trained_on):
+        return ""
+    return " (" + "; ".join(
+        f"{count} run{'s' if count != 1 else ''} on "
+        + (machine or "a machine not recorded: kdml did not keep it then")
+        for machine, count in context.trained_on) + ")"
+
+
+def distinct_runs(results: Sequence[ExperimentResult]) -> dict[Path, tuple[float, str]]:
+    """Each run that ``results`` read, once, with its training wall time and machine: a run
+    shared by cells or experiments (JRD at alpha = 1 is in five) trained once, so its minutes
+    count once in the report's total."""
+    runs: dict[Path, tuple[float, str]] = {}
+    for result in results:
+        for cell in result.cells.values():
+            for run_dir, wall, machine in zip(cell.run_dirs, cell.wall_s, cell.machines,
+                                              strict=True):
+                runs[run_dir] = (wall, machine)
+    return runs
 
 
 def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,

@@ -27,6 +27,7 @@ from kdml.evaluation.parts import retrieval_over_parts
 from kdml.figure_file import copy_png, drawn_by_kdml
 from kdml.inspection.analysis import GeneralizationSettings, analyze_generalization
 from kdml.inspection.plots import draw_charts
+from kdml.machine import machine_description
 from kdml.reproduce.experiments import NUM_PARTS, Cell, Experiment
 from kdml.training.build import resolve_device
 from kdml.training.loading import TrainedRun, load_run, run_config
@@ -44,7 +45,8 @@ from kdml.training.run_folder import (
 )
 from kdml.training.trainer import train
 
-# Written by kdml into each run folder it trains: the wall time and device of the training.
+# Written by kdml into each run folder it trains: the wall time, device and machine of the
+# training (runs recorded before kdml kept the machine have none).
 TIMING_FILE = "reproduce.json"
 PARTS_FILE = "parts.json"
 # Written by kdml into the run folder of each run whose chart plot a report shows: that plot,
@@ -68,6 +70,8 @@ class CellResult:
     values: dict[str, list[float]] = field(default_factory=dict)
     part_ci95: dict[str, list[float]] = field(default_factory=dict)  # parts protocol only
     wall_s: list[float] = field(default_factory=list)
+    # the machine each seed's run trained on, in words ("" where its record does not say)
+    machines: list[str] = field(default_factory=list)
     charts: Path | None = None
     charts_seed: int = 0  # the seed the charts show: the first whose run finished
     # why the charts are not drawn when ``charts`` is None: a run kept without its checkpoint
@@ -207,6 +211,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
         diverged = str(error)
     wall = earlier + time.perf_counter() - start
     write_json({"wall_s": wall, "device": run.config.train.device,
+                "machine": machine_description(resolve_device(run.config.train.device)),
                 **({"diverged": diverged} if diverged else {})}, timing)
     return Trained(wall, diverged, reused=False)
 
@@ -226,6 +231,16 @@ def finished_earlier(run_dir: Path) -> bool:
     timing = run_dir / TIMING_FILE
     return timing.is_file() and (bool(_stored_divergence(timing))
                                  or RunFolder(run_dir).final_metrics() is not None)
+
+
+def recorded_machine(run_dir: Path) -> str:
+    """The machine the run in ``run_dir`` trained on (the session that finished it), as its
+    ``reproduce.json`` says; "" for a run recorded before kdml kept it."""
+    try:
+        machine = json.loads((run_dir / TIMING_FILE).read_text()).get("machine", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return machine if isinstance(machine, str) else ""
 
 
 def _stored_divergence(timing: Path) -> str:
@@ -373,6 +388,7 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                                     "to train it again")
                 result.values.setdefault(name, []).append(float(metrics[name]))
             result.wall_s.append(wall.get(run.run_dir, float("nan")))
+            result.machines.append(recorded_machine(run.run_dir))
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
                 # the numbers are in the records; only the plot needs the model, so a
