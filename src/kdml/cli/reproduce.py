@@ -116,11 +116,16 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
 
     from kdml import __version__
     from kdml.machine import machine_description
-    from kdml.reproduce.report import ReportContext, distinct_runs, write_report
+    from kdml.reproduce.report import (
+        ReportContext,
+        distinct_runs,
+        training_minutes,
+        write_report,
+    )
 
-    read = distinct_runs(results)  # a run several cells share trained once: counted once
-    minutes = sum(wall for wall, _ in read.values() if wall == wall) / 60
-    trained_on = tuple(Counter(machine for _, machine in read.values()).most_common())
+    minutes = training_minutes(results)  # a run several tables read counted once
+    trained_on = tuple(Counter(machine for _, machine in distinct_runs(results).values())
+                       .most_common())
 
     # A report written elsewhere names its path, so that its command rewrites it and not
     # the default report (a quick report always does: its default follows --runs).

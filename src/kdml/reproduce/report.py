@@ -278,7 +278,8 @@ def distinct_runs(results: Sequence[ExperimentResult]) -> dict[Path, tuple[float
     runs: dict[Path, tuple[float, str]] = {}
     for result in results:
         for cell in result.cells.values():
-            for run_dir, wall, machine in zip(cell.run_dirs, cell.wall_s, cell.machines,
+            machines = cell.machines or [""] * len(cell.run_dirs)  # one built by hand has none
+            for run_dir, wall, machine in zip(cell.run_dirs, cell.wall_s, machines,
                                               strict=True):
                 runs[run_dir] = (wall, machine)
     return runs
@@ -354,15 +355,12 @@ def _settings(result: ExperimentResult) -> str:
             f"batch {each(lambda config: str(config.data.batch_size))}, {each(epochs)}, "
             f"{each(lambda config: f'{config.optim.name} lr {config.optim.lr:g}')}, "
             f"split {each(lambda config: f'`{config.data.split}`')}, "
-            f"{_minutes(result):.1f} min of training")
+            f"{training_minutes([result]):.1f} min of training")
 
 
-def _minutes(result: ExperimentResult) -> float:
-    seen: dict[Path, float] = {}
-    for cell in result.cells.values():
-        for run_dir, wall in zip(cell.run_dirs, cell.wall_s, strict=True):
-            seen[run_dir] = wall
-    return sum(wall for wall in seen.values() if math.isfinite(wall)) / 60
+def training_minutes(results: Sequence[ExperimentResult]) -> float:
+    """The training time of the runs that ``results`` read, each counted once."""
+    return sum(wall for wall, _ in distinct_runs(results).values() if math.isfinite(wall)) / 60
 
 
 def _table(result: ExperimentResult) -> list[str]:
