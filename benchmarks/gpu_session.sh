@@ -17,6 +17,7 @@ python=${PYTHON:-python3}
 checks=${GPU_CHECKS:-benchmarks/gpu_checks.sh}  # a stand-in, in its test
 out=${OUT:-gpu-checks}
 logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT  # after the copy into $out below
 start=$(date +%s)
 deadline=$((start + ${BUDGET:-500}))
 seconds_left() { echo $((deadline - $(date +%s))); }

@@ -40,12 +40,15 @@ def run_session(tmp_path: Path, budget: int, neurve: Path) -> tuple[Path, float]
     seen = tmp_path / "seen"
     seen.mkdir()
     out = tmp_path / "out"
+    scratch = tmp_path / "scratch"  # the session's own log folder goes here, and goes
+    scratch.mkdir()
     env = {**os.environ, "GPU_CHECKS": str(checks), "SEEN": str(seen), "OUT": str(out),
            "BUDGET": str(budget), "WHEELS": "none", "NEURVE": str(neurve),
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "TMPDIR": str(scratch)}
     start = time.perf_counter()
     subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], env=env, check=True,
                    capture_output=True, timeout=60)
+    assert list(scratch.iterdir()) == []  # gathered into $OUT, then removed
     return out, time.perf_counter() - start
 
 
