@@ -812,7 +812,22 @@ def test_a_removed_checkpoint_is_not_said_never_to_have_been_trained(tmp_path, c
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                      "train.epochs=1", "train.steps_per_epoch=1"]) == 0
     (run / "checkpoints" / "last.pt").unlink()
+    # finished: its scores are there (as in records kept without checkpoints, results/)
+    err = refused(tmp_path, capsys, "eval", run)
+    assert err == (f"kdml: error: no checkpoint at {run / 'checkpoints' / 'last.pt'}: the run "
+                   "finished (its scores are in metrics.json) but its checkpoint was removed; "
+                   f"'kdml train --resume {run}' trains it again from epoch 1")
+    # not finished: as a run stopped in its second epoch, whose first checkpoint was removed
+    metrics = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**metrics, "final": None}))
     err = refused(tmp_path, capsys, "eval", run)
     assert err == (f"kdml: error: no checkpoint at {run / 'checkpoints' / 'last.pt'}: the run "
                    "has not finished an epoch (or the file was removed); train it with "
                    f"'kdml train --resume {run}'")
+    # what the first line says: resumed, the finished run trains again from its first epoch
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert (run / "checkpoints" / "last.pt").is_file()
+    starts = [line for line in (run / "train.log").read_text().splitlines()
+              if " start epoch " in line]
+    assert len(starts) == 2 and " start epoch 1 of 1," in starts[1]

@@ -17,7 +17,7 @@ from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
 from kdml.data.sample_spec import FIELD as SAMPLES_FIELD
 from kdml.data.sample_spec import SampleSpec
 from kdml.data.splits import DataSplits
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, UnreadableCheckpoint, why_missing
 from kdml.evaluation.evaluator import Embedder
 from kdml.models.method import Method
 from kdml.training.build import build_embedder, build_method, build_method_for, build_pipeline
@@ -78,6 +78,13 @@ def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:
     if best and not checkpoint.is_file():
         raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
                         "train.keep_best=true keep one")
+    if not checkpoint.is_file() and run.final_metrics() is not None:
+        # a finished run kept as records alone (results/ in the repository): its scores are
+        # there, and it has to be trained again, from the start, to have a model
+        raise UnreadableCheckpoint(
+            f"no checkpoint at {checkpoint}: the run finished (its scores are in "
+            f"{run.metrics_json.name}) but its checkpoint was removed; 'kdml train --resume "
+            f"{run.root}' trains it again from epoch 1")
     if not checkpoint.is_file():  # load_checkpoint's one line: the run never finished an epoch
         load_checkpoint(checkpoint)
     return checkpoint
