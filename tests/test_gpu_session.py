@@ -40,7 +40,7 @@ def run_session(tmp_path: Path, budget: int, neurve: Path) -> tuple[Path, float]
     seen = tmp_path / "seen"
     seen.mkdir()
     out = tmp_path / "out"
-    scratch = tmp_path / "scratch"  # the session's own log folder goes here, and goes
+    scratch = tmp_path / "scratch"  # where mktemp makes the session's log folder
     scratch.mkdir()
     env = {**os.environ, "GPU_CHECKS": str(checks), "SEEN": str(seen), "OUT": str(out),
            "BUDGET": str(budget), "WHEELS": "none", "NEURVE": str(neurve),
