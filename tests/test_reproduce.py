@@ -888,13 +888,14 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
     monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
     experiment = experiments("jrd", quick=True)[0]
     config = cell_config(experiment, experiment.cells[0], 0, "cpu")
-    wall, diverged, reused = train_planned(PlannedRun(config, run_dir), False)
+    wall, diverged, reused, machine = train_planned(PlannedRun(config, run_dir), False)
     assert not diverged and not reused
     if checkpoint:
         assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's
     else:
         assert wall < 10.0  # this session's instant alone
-    assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == wall
+    stored = json.loads((run_dir / "reproduce.json").read_text())
+    assert stored["wall_s"] == wall and stored["machine"] == machine
 
 
 # results/NAME: the experiments its report's command (results/README.md) trains there

@@ -123,9 +123,8 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
         write_report,
     )
 
-    minutes = training_minutes(results)  # a run several tables read counted once
-    trained_on = tuple(Counter(machine for _, machine in distinct_runs(results).values())
-                       .most_common())
+    read = distinct_runs(results)  # a run several tables read counts once
+    trained_on = tuple(Counter(machine for _, machine in read.values()).most_common())
 
     # A report written elsewhere names its path, so that its command rewrites it and not
     # the default report (a quick report always does: its default follows --runs).
@@ -142,7 +141,8 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
                *(["--out", out] if out else [])]
     context = ReportContext(
         command=shlex.join(command), machine=machine_description(device),
-        versions=f"torch {torch.__version__}, kdml {__version__}", wall_minutes=minutes,
+        versions=f"torch {torch.__version__}, kdml {__version__}",
+        wall_minutes=training_minutes(read),
         seeds=seeds, quick=args.quick, out=shlex.quote(out) if out else "",
         runs=shlex.quote(other_runs) if other_runs else "", device=str(device),
         trained_on=trained_on)

@@ -355,12 +355,12 @@ def _settings(result: ExperimentResult) -> str:
             f"batch {each(lambda config: str(config.data.batch_size))}, {each(epochs)}, "
             f"{each(lambda config: f'{config.optim.name} lr {config.optim.lr:g}')}, "
             f"split {each(lambda config: f'`{config.data.split}`')}, "
-            f"{training_minutes([result]):.1f} min of training")
+            f"{training_minutes(distinct_runs([result])):.1f} min of training")
 
 
-def training_minutes(results: Sequence[ExperimentResult]) -> float:
-    """The training time of the runs that ``results`` read, each counted once."""
-    return sum(wall for wall, _ in distinct_runs(results).values() if math.isfinite(wall)) / 60
+def training_minutes(runs: Mapping[Path, tuple[float, str]]) -> float:
+    """The training time of ``runs`` (:func:`distinct_runs`)."""
+    return sum(wall for wall, _ in runs.values() if math.isfinite(wall)) / 60
 
 
 def _table(result: ExperimentResult) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -184,6 +184,7 @@ class Trained(NamedTuple):
     wall_s: float  # the run's training time, over all its sessions
     diverged: str  # why its loss became NaN or infinite ("" when it did not)
     reused: bool  # it had finished (or diverged) earlier, so nothing was trained now
+    machine: str  # where it trained, in words ("" for a run recorded before kdml kept it)
 
 
 def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
@@ -197,7 +198,8 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
         wall = read_stored(timing, "wall_s")
         if not isinstance(wall, (int, float)):
             raise not_as_written(timing, f"wall_s is {wall!r}")
-        return Trained(float(wall), _stored_divergence(timing), reused=True)
+        return Trained(float(wall), _stored_divergence(timing), reused=True,
+                       machine=_stored_machine(timing))
     # sessions of an interrupted run before this one; without a checkpoint to resume from it
     # trains again from epoch 1, and those sessions' time is lost, not part of the run's
     earlier = logged_seconds(folder.log) if folder.resumable else 0.0
@@ -210,10 +212,10 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     except NonFiniteLoss as error:
         diverged = str(error)
     wall = earlier + time.perf_counter() - start
-    write_json({"wall_s": wall, "device": run.config.train.device,
-                "machine": machine_description(resolve_device(run.config.train.device)),
+    machine = machine_description(resolve_device(run.config.train.device))
+    write_json({"wall_s": wall, "device": run.config.train.device, "machine": machine,
                 **({"diverged": diverged} if diverged else {})}, timing)
-    return Trained(wall, diverged, reused=False)
+    return Trained(wall, diverged, reused=False, machine=machine)
 
 
 def claim_file(run_dir: Path) -> Path:
@@ -233,22 +235,25 @@ def finished_earlier(run_dir: Path) -> bool:
                                  or RunFolder(run_dir).final_metrics() is not None)
 
 
-def recorded_machine(run_dir: Path) -> str:
-    """The machine the run in ``run_dir`` trained on (the session that finished it), as its
-    ``reproduce.json`` says; "" for a run recorded before kdml kept it."""
+def _stored(timing: Path, key: str) -> Any:
+    """``reproduce.json``'s value at ``key`` ("" where it has none, or is broken: a broken
+    file gets its one-line error from read_stored)."""
     try:
-        machine = json.loads((run_dir / TIMING_FILE).read_text()).get("machine", "")
+        return json.loads(timing.read_text()).get(key, "")
     except (OSError, ValueError, AttributeError):
         return ""
-    return machine if isinstance(machine, str) else ""
 
 
 def _stored_divergence(timing: Path) -> str:
     """Why the run diverged, as its ``reproduce.json`` records ("" when it did not)."""
-    try:
-        return str(json.loads(timing.read_text()).get("diverged", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""  # a broken file gets its one-line error from read_stored
+    return str(_stored(timing, "diverged"))
+
+
+def _stored_machine(timing: Path) -> str:
+    """The machine the run trained on (the session that finished it), as its
+    ``reproduce.json`` says; "" for a run recorded before kdml kept it."""
+    machine = _stored(timing, "machine")
+    return machine if isinstance(machine, str) else ""
 
 
 def all_finished(experiment: Experiment, seeds: int, runs_root: Path, device: str) -> bool:
@@ -361,17 +366,17 @@ def logged_seconds(log: Path) -> float:
 
 
 def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedRun]],
-            wall: dict[Path, float], diverged: dict[Path, str] | None = None
-            ) -> ExperimentResult:
-    """Read every cell's metrics from its finished runs, adding the experiment's protocol.
-    A run in ``diverged`` (its loss became NaN or infinite) counts NaN for every metric."""
-    diverged = diverged or {}
+            trained: Mapping[Path, Trained]) -> ExperimentResult:
+    """Read every cell's metrics from its finished runs (``trained``: what
+    :func:`train_planned` did for each), adding the experiment's protocol. A run that diverged
+    (its loss became NaN or infinite) counts NaN for every metric."""
     cells: dict[str, CellResult] = {}
     for cell in experiment.cells:
         result = CellResult()
         for seed, run in enumerate(planned[experiment.key, cell.label]):
-            if run.run_dir in diverged:
-                result.diverged[seed] = diverged[run.run_dir]
+            done = trained.get(run.run_dir)
+            if done is not None and done.diverged:
+                result.diverged[seed] = done.diverged
                 metrics: dict[str, Any] = dict.fromkeys(experiment.metrics, float("nan"))
             else:
                 metrics = _run_metrics(experiment, run.run_dir, result)
@@ -387,8 +392,8 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                                     f"{metrics[name]!r}, not a number; delete the run folder "
                                     "to train it again")
                 result.values.setdefault(name, []).append(float(metrics[name]))
-            result.wall_s.append(wall.get(run.run_dir, float("nan")))
-            result.machines.append(recorded_machine(run.run_dir))
+            result.wall_s.append(done.wall_s if done is not None else float("nan"))
+            result.machines.append(done.machine if done is not None else "")
             result.run_dirs.append(run.run_dir)
             if cell.plot_charts and result.charts is None and seed not in result.diverged:
                 # the numbers are in the records; only the plot needs the model, so a
@@ -487,9 +492,8 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
         except KdmlError as error:
             failed[experiment.key] = str(error)
     runs = unique_runs(planned)
-    wall: dict[Path, float] = {}
+    trained_runs: dict[Path, Trained] = {}  # a divergence is a result, reported in its cell
     broken: dict[Path, str] = {}
-    diverged: dict[Path, str] = {}  # a result of the recipe, reported in its cell
 
     def train_held(run: PlannedRun, wait: bool) -> None:
         """Train (or reuse) ``run`` while holding its claim; :class:`FolderBusy` without
@@ -503,14 +507,13 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
             broken[run.run_dir] = str(failure)
             echo(f"  failed: {failure}")
             return
-        wall[run.run_dir] = trained.wall_s
+        trained_runs[run.run_dir] = trained
         if trained.reused:
             echo(f"  reused: {'diverged' if trained.diverged else 'finished'} earlier, after "
                  f"{trained.wall_s / 60:.1f} minutes of training")
         elif not trained.diverged:  # a log without progress bars (nohup, CI) says it ended
             echo(f"  finished after {trained.wall_s / 60:.1f} minutes of training")
         if trained.diverged:
-            diverged[run.run_dir] = trained.diverged
             echo(f"  diverged: {trained.diverged}")
 
     # Several kdml reproduce may share a runs folder (one per GPU, say): each trains the runs
@@ -539,7 +542,7 @@ def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device
              for run in planned[experiment.key, cell.label] if run.run_dir in broken), "")
         if not why_not:
             try:
-                results.append(collect(experiment, planned, wall, diverged))
+                results.append(collect(experiment, planned, trained_runs))
                 continue
             except KdmlError as problem:
                 why_not = str(problem)
