@@ -88,3 +88,59 @@ def test_a_training_step_makes_no_host_device_synchronisation(recipe_name, preci
         step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+CPU_RUN = ["--dataset", "digits", "--no-progress", "train.device=cpu", "train.epochs=1",
+           "data.batch_size=20", "data.samples_per_class=4", "eval.nmi=false"]
+
+
+def test_the_commands_that_read_a_run_run_its_model_on_the_gpu(tmp_path):
+    """A run trained on the CPU, read with --device cuda: the model and its embeddings are on
+    the GPU, the scores and embeddings are the CPU's (up to TF32 and summation order), and
+    every file a command writes is written from the GPU's tensors."""
+    from kdml.training.loading import load_run
+
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--out", str(run), *CPU_RUN,
+                     "model.embedding_size=8"]) == 0
+    trained = load_run(run, device="cuda")
+    assert trained.embedder.device.type == "cuda"
+    assert next(trained.method.parameters()).is_cuda
+
+    scores = {}
+    for device in ("cpu", "cuda"):
+        assert cli.main(["eval", str(run), "--device", device, "--no-progress"]) == 0
+        scores[device] = json.loads((run / "eval.json").read_text())["metrics"]
+        assert cli.main(["embed", str(run), "--device", device, "--no-progress", "--out",
+                         str(tmp_path / f"{device}.npz")]) == 0
+    assert scores["cuda"] == pytest.approx(scores["cpu"], abs=5e-3)
+    cpu, gpu = np.load(tmp_path / "cpu.npz"), np.load(tmp_path / "cuda.npz")
+    np.testing.assert_allclose(gpu["embeddings"], cpu["embeddings"], rtol=1e-2, atol=1e-3)
+    assert (gpu["labels"] == cpu["labels"]).all()
+
+    index = tmp_path / "index"
+    assert cli.main(["index", str(run), "--device", "cuda", "--out", str(index),
+                     "--no-progress"]) == 0
+    test = trained.splits.test
+    np.savez(tmp_path / "q.npz", inputs=np.stack([test.load(i).numpy() for i in range(3)]))
+    assert cli.main(["search", str(run), "--index", str(index), "--device", "cuda", "--query",
+                     str(tmp_path / "q.npz"), "--json"]) == 0
+    assert cli.main(["analyze", "generalization", str(run), "--device", "cuda", "--repeats",
+                     "2", "--no-progress"]) == 0
+    for picture in ("retrieval", "embedding"):
+        assert cli.main(["plot", picture, str(run), "--device", "cuda", "--no-progress"]) == 0
+        assert (run / "plots" / f"{picture}.png").stat().st_size > 1000
+
+
+def test_an_atlas_run_s_charts_are_drawn_and_embedded_from_the_gpu(tmp_path):
+    run = tmp_path / "atlas"
+    assert cli.main(["train", "mtriplet", "--out", str(run), *CPU_RUN, "model.backbone=mlp",
+                     "method.n_charts=3", "method.dim=2"]) == 0
+    assert cli.main(["plot", "charts", str(run), "--device", "cuda", "--thumbnails", "5",
+                     "--no-progress"]) == 0
+    assert (run / "plots" / "charts.png").stat().st_size > 1000
+    assert cli.main(["embed", str(run), "--device", "cuda", "--no-progress", "--out",
+                     str(tmp_path / "codes.npz")]) == 0
+    codes = np.load(tmp_path / "codes.npz")
+    assert codes["chart_coords"].shape == (len(codes["labels"]), 2)
+    assert set(np.unique(codes["chart_index"])) <= {0, 1, 2}

@@ -100,7 +100,8 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
                                             "err_seen", "err_unseen")} | {
             "unfitted": Estimate.of([0.0, 0.0])}, tmp_path / "generalization.json"
 
-    monkeypatch.setattr(loading, "load_run", lambda run_dir, data_root=None, progress=None: run)
+    monkeypatch.setattr(loading, "load_run",
+                        lambda run_dir, data_root=None, progress=None, device=None: run)
     monkeypatch.setattr(analysis, "analyze_generalization", analyze)
     return ["analyze", "generalization", str(tmp_path), "--repeats", "2"]
 

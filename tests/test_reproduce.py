@@ -863,7 +863,8 @@ def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, mo
 
     monkeypatch.setattr(runner, "reproduce", record)
     monkeypatch.setattr("kdml.training.build.resolve_device",
-                        lambda name: torch.device("cpu" if name == "auto" else name))
+                        lambda name, option=None: torch.device("cpu" if name == "auto"
+                                                               else name))
     assert cli.main(["reproduce", "dtml", "--quick", "--device", "auto", "--out",
                      str(tmp_path / "r.md"), "--runs", str(tmp_path / "runs")]) == 130
     assert seen == ["cpu"]
@@ -1233,7 +1234,8 @@ def test_a_not_run_command_adds_its_section_to_the_same_report(tmp_path, monkeyp
     _two_tiny_tables(monkeypatch)
     # here `auto` would be a GPU: runs trained with --device cpu are found only with it
     monkeypatch.setattr("kdml.training.build.resolve_device",
-                        lambda name: torch.device("cuda" if name == "auto" else name))
+                        lambda name, option=None: torch.device("cuda" if name == "auto"
+                                                               else name))
     runs, report = tmp_path / "runs", tmp_path / "report.md"
     assert cli.main(["reproduce", "jrd", "--quick", "--seeds", "1", "--only", "tiny-a",
                      "--runs", str(runs), "--out", str(report), "--no-progress",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -143,6 +144,9 @@ def _plain(value: Any) -> Any:
         return type(value)(_plain(item) for item in value)
     return value.item() if isinstance(value, np.generic) else value
 
+
+# train.device and the --device of the commands that read a run: auto, cpu, cuda or cuda:N
+DEVICE_PATTERN = r"auto|(cpu|cuda)(:\d+)?"
 
 SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
 # Top-level keys of a config file that are not settings: the recipe's name, a description of
@@ -407,8 +411,8 @@ def validate(config: RunConfig) -> None:
         (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
         (all(k >= 1 for k in config.eval.ks), "eval.ks must be positive ints"),
         (config.eval.metric in ("cosine", "euclidean"), "eval.metric must be cosine or euclidean"),
-        (config.train.device == "auto" or config.train.device.startswith(("cpu", "cuda")),
-         "train.device must be auto, cpu or cuda[:N]"),
+        (re.fullmatch(DEVICE_PATTERN, config.train.device) is not None,
+         f"train.device must be auto, cpu, cuda or cuda:N, got {config.train.device!r}"),
     ]
     for ok, message in checks:
         if not ok:

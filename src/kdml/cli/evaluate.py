@@ -28,7 +28,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.dataset is not None:
         return _eval_other_dataset(args)
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
-                       progress=_progress(args))
+                       progress=_progress(args), device=args.device)
     config = _with_ks(trained.config, args.ks)
     if args.ks:
         check_evaluation(config, trained.splits, evaluating=True)
@@ -52,7 +52,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
         raise KdmlError("--test picks a validated run's own test part; with --dataset the "
                         "test part of that dataset is scored anyway: drop --test")
     # without the run's data where it can
-    model = load_model(args.run_dir, best=args.best, progress=_progress(args))
+    model = load_model(args.run_dir, best=args.best, progress=_progress(args), device=args.device)
     other, splits, embedder = other_data(model, args.dataset,
                                          None if args.data_root is None else str(args.data_root))
     other = _with_ks(other, args.ks)
@@ -94,7 +94,7 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
-    trained = load_run(args.run_dir, args.data_root, progress=_progress(args))
+    trained = load_run(args.run_dir, args.data_root, progress=_progress(args), device=args.device)
     # before minutes of embedding (checked again on the embedded sets)
     check_scored_counts(len(trained.splits.train), len(trained.splits.test),
                         args.labelled_fraction, "--labelled-fraction")
@@ -142,10 +142,11 @@ def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
         raise KdmlError("--test picks the test part; with --split train it would add the "
                         "validation classes, which the run did not train on: drop --test")
     if args.dataset is not None:
-        model = load_model(args.run_dir, best=args.best, progress=_progress(args))
+        model = load_model(args.run_dir, best=args.best, progress=_progress(args),
+                           device=args.device)
         return model, dataset_part(model, args.dataset, args.data_root, args.split)
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
-                       progress=_progress(args))
+                       progress=_progress(args), device=args.device)
     part = run_part(trained, args.split)
     _note_validation_part(part)
     return trained, part
@@ -158,7 +159,7 @@ def _plotted_run(args: argparse.Namespace) -> TrainedRun:
     from kdml.training.loading import load_run
 
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
-                       progress=_progress(args))
+                       progress=_progress(args), device=args.device)
     _note_validation_part(run_part(trained))
     return trained
 
@@ -202,7 +203,7 @@ def _search(args: argparse.Namespace) -> int:
 
     def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
         return load_model(args.run_dir, best=args.best, data_root=args.data_root,
-                          progress=_progress(args))
+                          progress=_progress(args), device=args.device)
 
     results = search(run_without_data(args.run_dir, args.best), args.index, args.query, args.k,
                      model)

@@ -46,6 +46,19 @@ def _folder(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _device(text: str) -> str:
+    """An argparse type: auto, cpu, cuda or cuda:N (whether this machine has it is checked
+    where the device is used)."""
+    import re
+
+    from kdml.config import DEVICE_PATTERN  # here, not at start-up: it imports numpy
+
+    if not re.fullmatch(DEVICE_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"the device must be auto, cpu, cuda or cuda:N, got "
+                                         f"{text!r}")
+    return text
+
+
 MAX_SEED = 2**63 - 1  # seeds feed NumPy's SeedSequence and torch generators
 DEFAULT_REPORT = Path("docs/reproduction.md")  # kdml reproduce --out
 
@@ -94,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ks", type=_integer(1), nargs="+", metavar="K",
                           help="the Recall@K values to score (default: the run's eval.ks)")
     _add_data_root(evaluate)
+    _add_device(evaluate)
     _add_no_progress(evaluate)
 
     analyze = commands.add_parser("analyze", help="analyses of a trained run")
@@ -104,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         "nearest-neighbour classifiers on a trained run's embeddings.")
     general.add_argument("run_dir", type=Path)
     _add_data_root(general)
+    _add_device(general)
     _add_no_progress(general)
     general.add_argument("--repeats", type=_integer(2), default=10,
                          help="random splits (default 10; at least 2, for the 95%% interval)")
@@ -164,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_best(search)
     _add_data_root(search)
+    _add_device(search, " (only image and 'inputs' queries run it)")
     _add_no_progress(search)
 
     retrieval = plots.add_parser(
@@ -201,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--quick", action="store_true",
                            help="a few steps per run and a small grid: checks the pipeline in "
                            "minutes on a CPU; its numbers say nothing about the methods")
-    reproduce.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    reproduce.add_argument("--device", type=_device, default="auto",
+                           help="cpu, cuda, cuda:N or auto (default)")
     reproduce.add_argument("--out", type=Path, default=None,
                            help="the report (default docs/reproduction.md, or "
                            "reproduction.md in the runs folder with --quick); plots go beside "
@@ -242,6 +259,7 @@ def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
                         "the run's own data where its data.json records what the model "
                         "takes; --data-root is then that dataset's folder)")
     _add_data_root(parser)
+    _add_device(parser)
     _add_no_progress(parser)
 
 
@@ -251,7 +269,15 @@ def _add_plotted_run(parser: argparse.ArgumentParser) -> None:
     _add_best(parser)
     _add_test_part(parser)
     _add_data_root(parser)
+    _add_device(parser)
     _add_no_progress(parser)
+
+
+def _add_device(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """Where the command runs the run's model (:func:`~kdml.training.build.run_device`)."""
+    parser.add_argument("--device", type=_device, default=None,
+                        help="where the run's model runs: cpu, cuda, cuda:N or auto (default: "
+                        f"where the run trained, if this machine has it, else auto){note}")
 
 
 def _add_no_progress(parser: argparse.ArgumentParser) -> None:

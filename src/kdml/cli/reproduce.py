@@ -20,9 +20,6 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
 
 def _reproduce(args: argparse.Namespace) -> int:
     import fnmatch
-    import re
-
-    import torch
 
     from kdml import distributed
     from kdml.reproduce.catalog import experiments
@@ -65,11 +62,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     # its runs instead of replacing the committed docs/reproduction.md.
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
     check_outputs(report)
-    if re.fullmatch(r"cuda(:\d+)?", args.device) and not torch.cuda.is_available():
-        # in its own words: resolve_device's name train.device, which reproduce does not take
-        raise KdmlError(f"--device {args.device} but no CUDA device is available here; give "
-                        "--device cpu or auto")
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     # The report at --out keeps its other sections, with --only or without: they are read
     # again from their finished runs (never trained here), and one that cannot be is refused
     # before anything trains, not dropped (`kdml reproduce dtml` keeps a report's JRD tables).

@@ -280,7 +280,9 @@ def reproduce_remedy(run_dir: Path, dataset: str) -> str:
 def reload_run(run_dir: Path) -> TrainedRun:
     """:func:`~kdml.training.loading.load_run`, refusing changed data in reproduce's words."""
     dataset = run_config(RunFolder.existing(run_dir)).data.dataset
-    return load_run(run_dir, data_remedy=reproduce_remedy(run_dir, dataset))
+    # On the CPU, where every committed record's parts.json and generalization.json were
+    # computed: kept once computed, they read the same whichever machine wrote them.
+    return load_run(run_dir, data_remedy=reproduce_remedy(run_dir, dataset), device="cpu")
 
 
 def no_checkpoint(run_dir: Path, purpose: str) -> str:

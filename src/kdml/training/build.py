@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from kdml.config import RunConfig
+from kdml.config import DEVICE_PATTERN, RunConfig
 from kdml.data.sample_spec import Samples
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
@@ -117,12 +117,36 @@ def build_optimizer(method: Method, config: RunConfig
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
-    if not re.fullmatch(r"auto|(cpu|cuda)(:\d+)?", name):
+def resolve_device(name: str, option: str | None = None) -> torch.device:
+    """``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. A device
+    not on this machine is refused in one line naming where ``name`` came from: ``option``
+    (a command-line option such as ``--device``), else the ``train.device`` setting."""
+    if not re.fullmatch(DEVICE_PATTERN, name):
         raise KdmlError(f"the device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    given, remedy = ((f"{option} {name}", f"give {option} cpu or auto") if option
+                     else (f"train.device={name}", "use cpu or auto"))
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise KdmlError(f"train.device={name} but no CUDA device is available; use cpu or auto")
-    return torch.device(name)
+        raise KdmlError(f"{given} but no CUDA device is available here; {remedy}")
+    device = torch.device(name)
+    count = torch.cuda.device_count()
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        # torch's own error would come later, as a traceback
+        raise KdmlError(f"{given} but this machine has {count} CUDA device"
+                        f"{'' if count == 1 else 's'} (cuda:0 to cuda:{count - 1}); {remedy}")
+    return device
+
+
+def run_device(requested: str | None, trained_on: str) -> torch.device:
+    """Where a command that reads a trained run (``kdml eval``, ``embed``, ``index``,
+    ``search``, ``plot``, ``analyze``) runs its model: ``requested`` (``--device``) where
+    given, else where the run trained (``trained_on``: its ``train.device``) where that device
+    is on this machine, else ``auto``: a run trained on a GPU is evaluated on this machine's
+    GPU, or its CPU, and one pinned to the CPU stays there."""
+    if requested is not None:
+        return resolve_device(requested, "--device")
+    try:
+        return resolve_device(trained_on)
+    except KdmlError:  # trained on a GPU this machine does not have
+        return resolve_device("auto")

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.prepare import prepare_data_and_test_part
@@ -20,7 +18,13 @@ from kdml.data.splits import DataSplits
 from kdml.errors import KdmlError, UnreadableCheckpoint, why_missing
 from kdml.evaluation.evaluator import Embedder
 from kdml.models.method import Method
-from kdml.training.build import build_embedder, build_method, build_method_for, build_pipeline
+from kdml.training.build import (
+    build_embedder,
+    build_method,
+    build_method_for,
+    build_pipeline,
+    run_device,
+)
 from kdml.training.checkpoint import load_checkpoint
 from kdml.training.recipes import get_recipe
 from kdml.training.run_folder import RunFolder
@@ -28,7 +32,8 @@ from kdml.training.run_folder import RunFolder
 
 @dataclass
 class RunModel:
-    """A run's model on the CPU, loaded from a checkpoint, and what it takes (``samples``)."""
+    """A run's model, loaded from a checkpoint onto its embedder's device, and what it takes
+    (``samples``)."""
 
     run: RunFolder
     config: RunConfig
@@ -98,8 +103,10 @@ LOAD_DATA_REMEDY = "point --data-root at the data the run trained on"
 
 def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
              test_part: bool = False, data_remedy: str = LOAD_DATA_REMEDY,
-             progress: bool | None = None) -> TrainedRun:
-    """Rebuild a run's method from its config and load its last checkpoint (on the CPU).
+             progress: bool | None = None, device: str | None = None) -> TrainedRun:
+    """Rebuild a run's method from its config and load its last checkpoint onto ``device``
+    (``None``: where the run trained, if this machine has it, else auto:
+    :func:`~kdml.training.build.run_device`).
 
     ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
     loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
@@ -109,6 +116,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     ``progress`` is its embedder's progress bar (:class:`~kdml.evaluation.evaluator.Embedder`)."""
     run = RunFolder.existing(run_dir)
     config = run_config(run)
+    target = run_device(device, config.train.device)  # a missing GPU said before the work
     if data_root is not None:  # set directly: a path is not parsed as an override's YAML
         dataset, root = relocated(config.data.dataset, data_root)
         config = dataclasses.replace(
@@ -129,15 +137,17 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
                   f"the run's config and its data as they are now ({len(splits.train_classes)} "
                   "training classes)", "if the data changed since training (classes added or "
                   "removed), point --data-root at the data the run trained on")
-    embedder = build_embedder(config, build_pipeline(config, splits.train, method),
-                              torch.device("cpu"), progress)
+    method.to(target)
+    embedder = build_embedder(config, build_pipeline(config, splits.train, method), target,
+                              progress)
     return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
                       SampleSpec.of(splits.train, len(splits.train_classes)), test_splits)
 
 
 def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
-               progress: bool | None = None) -> RunModel:
-    """A run's model (on the CPU, from ``last.pt``, or ``best.pt`` with ``best``), rebuilt from
+               progress: bool | None = None, device: str | None = None) -> RunModel:
+    """A run's model (on ``device``, as :func:`load_run` puts it, from ``last.pt``, or
+    ``best.pt`` with ``best``), rebuilt from
     the run folder alone: its config, its checkpoint and what its ``data.json`` records of the
     samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
     is rebuilt from its data by :func:`load_run` (at ``data_root`` where given). ``progress``
@@ -147,16 +157,17 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
     samples = (None if recorded is None else
                SampleSpec.from_record(recorded, str(run.data_fingerprint)))
     if samples is None:
-        return load_run(run_dir, data_root, best=best, progress=progress)
+        return load_run(run_dir, data_root, best=best, progress=progress, device=device)
     config = run_config(run)
+    target = run_device(device, config.train.device)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
     method = build_method_for(config, samples, samples.train_classes, pretrained=False)
     _load_weights(method, state, checkpoint,
                   f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
                   "classes)", "restore the run's files from a copy")
-    embedder = build_embedder(config, build_pipeline(config, samples, method),
-                              torch.device("cpu"), progress)
+    method.to(target)
+    embedder = build_embedder(config, build_pipeline(config, samples, method), target, progress)
     return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
 
 
