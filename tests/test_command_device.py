@@ -140,3 +140,20 @@ def test_train_device_is_checked_whole(tmp_path, capsys, device):
     assert capsys.readouterr().err == (f"kdml: error: train.device must be auto, cpu, cuda or "
                                        f"cuda:N, got {device!r}\n")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", [
+    *READERS, ["search", "{run}", "--index", "{tmp}/index", "--query", "{tmp}/q.npz"]],
+    ids=lambda c: " ".join(c[:2]))
+def test_the_commands_that_read_a_run_refuse_torchrun(trained_run, tmp_path, monkeypatch,
+                                                      capsys, command):
+    """Each rank ran the whole command again, all of them on the same GPU, writing the same
+    files."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before = sorted(path.name for path in trained_run.rglob("*"))
+    args = [part.format(run=trained_run, tmp=tmp_path) for part in command]
+    assert cli.main([*args, "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"kdml: error: kdml {command[0]} runs in one process, "
+                                       "on one device (--device): run it without torchrun\n")
+    assert sorted(path.name for path in trained_run.rglob("*")) == before
+    assert not list(tmp_path.iterdir())

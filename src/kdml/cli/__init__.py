@@ -31,6 +31,9 @@ from kdml.cli.reproduce import _reproduce
 from kdml.cli.train import _config, _datasets, _recipes, _train
 from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
 
+# The commands that read a trained run: one process each (torchrun is for training).
+READING_COMMANDS = ("eval", "analyze", "plot", "embed", "index", "search")
+
 # The process that set _interrupt as its SIGTERM handler (None: not set, as in tests that
 # call it directly); a process forked from it inherits the handler.
 _HANDLER_PID: int | None = None
@@ -116,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     try:
         training = args.command in ("train", "reproduce")
+        if args.command in READING_COMMANDS and _launched_by_torchrun():
+            # each rank would do the whole work again, on the same GPU, and write the same files
+            raise KdmlError(f"kdml {args.command} runs in one process, on one device "
+                            "(--device): run it without torchrun")
         # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
         if argv is None and not (training and _launched_by_torchrun()):
             _HANDLER_PID = os.getpid()
