@@ -157,3 +157,26 @@ def test_the_commands_that_read_a_run_refuse_torchrun(trained_run, tmp_path, mon
                                        "on one device (--device): run it without torchrun\n")
     assert sorted(path.name for path in trained_run.rglob("*")) == before
     assert not list(tmp_path.iterdir())
+
+
+def test_train_takes_its_device_as_a_flag_as_reproduce_and_the_reading_commands_do(
+        tmp_path, capsys, tiny_overrides, cuda_count):
+    import yaml
+
+    pinned = [item for item in tiny_overrides if not item.startswith("train.device=")]
+    train = ["train", "amsoftmax", "--dataset", "digits", "--no-progress", *pinned]
+    run = tmp_path / "run"
+    assert cli.main([*train, "--device", "cpu", "train.epochs=1", "--out", str(run)]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["device"] == "cpu"
+    capsys.readouterr()
+    assert cli.main([*train, "--device", "cpu", "device=auto", "--out",
+                     str(tmp_path / "both")]) == 2
+    assert capsys.readouterr().err == ("kdml: error: --device and the override device=auto "
+                                       "both set train.device; give one\n")
+    assert cli.main(["train", "--resume", str(run), "--device", "cpu"]) == 2
+    assert "--resume takes only the run folder" in capsys.readouterr().err
+    cuda_count(0)
+    assert cli.main([*train, "--device", "cuda", "--out", str(tmp_path / "gpu")]) == 2
+    assert capsys.readouterr().err == ("kdml: error: train.device=cuda but no CUDA device is "
+                                       "available here; use cpu or auto\n")
+    assert not (tmp_path / "both").exists() and not (tmp_path / "gpu").exists()

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pretrained backbone weights, a local .pth or .safetensors file "
                        "(model.weights)")
     train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
+    train.add_argument("--device", type=_device,
+                       help="cpu, cuda, cuda:N or auto (train.device; default auto)")
     train.add_argument("--out", type=_folder,
                        help="run folder: new, empty, or one whose run stopped before its first "
                        "checkpoint (default: runs/RECIPE-DATASET-TIME)")

@@ -38,7 +38,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         if (args.recipe or args.overrides or args.dataset or args.config or args.weights
-                or args.seed is not None or args.data_root or args.out):
+                or args.seed is not None or args.data_root or args.out or args.device):
             raise KdmlError("--resume takes only the run folder: the run keeps its own config "
                             "(edit its config.yaml for what a resumed run can change, such as "
                             "train.epochs, or data.root where its data moved)")
@@ -64,6 +64,8 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"model.weights={json.dumps(str(args.weights))}")
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
+    if args.device is not None:
+        overrides.append(f"train.device={json.dumps(args.device)}")
     if "grid" in file_values:
         return _train_grid(recipe, file_values, overrides, args)
     config = with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
@@ -253,7 +255,8 @@ def _recipe_name(given: str | None, in_file: object, config_file: Path | None,
 
 # a flag of `kdml train` and the config key it sets
 FLAG_KEYS = {"dataset": ("--dataset", "data.dataset"), "data_root": ("--data-root", "data.root"),
-             "weights": ("--weights", "model.weights"), "seed": ("--seed", "train.seed")}
+             "weights": ("--weights", "model.weights"), "seed": ("--seed", "train.seed"),
+             "device": ("--device", "train.device")}
 
 
 def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[str],
