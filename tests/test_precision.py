@@ -221,3 +221,58 @@ def test_an_fp16_epoch_of_skipped_steps_does_not_warn_about_the_schedule(tmp_pat
                          "train.epochs=1", "data.batch_size=896", "eval.nmi=false",
                          "train.device=cpu"]) == 0
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+
+
+@pytest.mark.parametrize(("precision", "trained_on", "device", "expected"), [
+    ("bf16", "auto", "cpu", "fp32"),    # a GPU run read on a CPU: float32, 11-14x faster here
+    ("fp16", "cuda:1", "cpu", "fp32"),
+    ("bf16", "cpu", "cpu", "bf16"),     # pinned to the CPU: read as it trained
+    ("bf16", "auto", "cuda", "bf16"),   # on a GPU: as it trained
+    ("fp16", "cpu", "cuda:0", "fp16"),
+    ("fp32", "auto", "cpu", "fp32"),
+])
+def test_a_run_is_read_in_its_precision_except_on_a_cpu_it_did_not_train_on(
+        precision, trained_on, device, expected):
+    from kdml.precision import reading_precision
+
+    assert reading_precision(precision, trained_on, torch.device(device)) == expected
+
+
+def _bf16_run(tmp_path, device: str):
+    out = tmp_path / device
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", "train.precision=bf16", f"train.device={device}",
+                     "train.epochs=1", "data.batch_size=20", "data.samples_per_class=4",
+                     "model.embedding_size=8", "eval.nmi=false"]) == 0
+    return out
+
+
+def test_a_bf16_run_pinned_to_the_cpu_is_read_in_bf16_and_scores_as_it_trained(tmp_path):
+    """And an image or 'inputs' query is embedded under the run's autocast, as the index's
+    items are: kdml search had embedded queries in float32 (5e-3 away from the items here)."""
+    import numpy as np
+
+    from kdml.inspection.parts import embed_part, run_part
+    from kdml.inspection.queries import _embedded_queries
+    from kdml.training.loading import load_run
+
+    run = _bf16_run(tmp_path, "cpu")
+    assert cli.main(["eval", str(run), "--no-progress"]) == 0
+    trained, evaluated = (json.loads((run / name).read_text())
+                          for name in ("metrics.json", "eval.json"))
+    assert evaluated["metrics"] == trained["final"]
+    loaded = load_run(run)
+    assert loaded.embedder.precision == "bf16"
+    items = embed_part(loaded, run_part(loaded))
+    test = loaded.splits.test
+    inputs = torch.stack([test.load(int(i)) for i in items["positions"][:50]])
+    queries, _ = _embedded_queries(loaded, inputs)
+    np.testing.assert_allclose(queries, items["embeddings"][:50], rtol=0, atol=1e-5)
+
+
+def test_a_bf16_run_not_pinned_to_the_cpu_is_read_there_in_float32(tmp_path):
+    from kdml.training.loading import load_model, load_run
+
+    run = _bf16_run(tmp_path, "auto")
+    assert load_run(run, device="cpu").embedder.precision == "fp32"
+    assert load_model(run, device="cpu").embedder.precision == "fp32"

@@ -80,6 +80,18 @@ def autocast(device: torch.device, precision: str) -> AbstractContextManager:
     return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
+def reading_precision(precision: str, trained_on: str, device: torch.device) -> str:
+    """The autocast of a command that reads a trained run (``kdml eval``, ``embed`` & co.) on
+    ``device``: the run's ``train.precision``, but float32 on a CPU unless the run was pinned to
+    the CPU (``trained_on``, its ``train.device``, is ``cpu``), so that its scores are those its
+    training gave. Most CPUs have no fast bfloat16 or float16 kernels: the small CNN embedded in
+    bf16 or fp16 took 11 to 14 times float32's time on the CPU of docs/benchmarks.md, and
+    float32 loses nothing of the float32 weights that autocast trains."""
+    if device.type == "cpu" and trained_on != "cpu":
+        return "fp32"
+    return precision
+
+
 def gradient_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """A loss scaler for float16 (its gradients underflow without one); disabled otherwise."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

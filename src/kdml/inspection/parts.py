@@ -100,7 +100,8 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
                         "shaped like the run's")
     other = dataclasses.replace(model.config, data=data)
     embedder = build_embedder(other, build_pipeline(other, splits.train, model.method),
-                              model.embedder.device, model.embedder.progress)
+                              model.embedder.device, model.embedder.progress,
+                              model.embedder.precision)
     return other, splits, embedder
 
 

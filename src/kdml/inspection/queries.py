@@ -16,6 +16,7 @@ import torch
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.sample_spec import SampleSpec
 from kdml.errors import KdmlError, why_missing
+from kdml.precision import autocast
 from kdml.training.loading import RunModel
 
 if TYPE_CHECKING:  # search imports this module
@@ -114,15 +115,18 @@ def _embedded_queries(trained: RunModel, inputs: torch.Tensor
     method.eval()
     vector_chunks: list[torch.Tensor] = []
     chart_chunks: list[torch.Tensor] = []
-    with torch.no_grad():  # in the evaluation's batches: an .npz may hold a whole test split
+    # in the evaluation's batches (an .npz may hold a whole test split), the model under its
+    # autocast, so that a query is embedded as the index's items were
+    with torch.no_grad():
         for chunk in inputs.split(embedder.batch_size):
             batch = embedder.transform(chunk.to(embedder.device))
-            if method.has_charts:
-                coords, chart = method.chart_codes(batch)
-                vector_chunks.append(coords.float().cpu())
-                chart_chunks.append(chart.cpu())
+            with autocast(embedder.device, embedder.precision):
+                output = method.chart_codes(batch) if method.has_charts else method.embed(batch)
+            if isinstance(output, tuple):
+                vector_chunks.append(output[0].float().cpu())
+                chart_chunks.append(output[1].cpu())
             else:
-                vector_chunks.append(method.embed(batch).float().cpu())
+                vector_chunks.append(output.float().cpu())
     return (torch.cat(vector_chunks).numpy(),
             torch.cat(chart_chunks).numpy() if chart_chunks else None)
 

@@ -82,9 +82,12 @@ def build_pipeline(config: RunConfig, samples: Samples, method: Method) -> Input
 
 
 def build_embedder(config: RunConfig, pipeline: InputPipeline, device: torch.device,
-                   progress: bool | None = None) -> Embedder:
+                   progress: bool | None = None, precision: str | None = None) -> Embedder:
+    """The embedder of ``config``'s test batches on ``device``, under ``precision`` (``None``:
+    ``train.precision``; the commands that read a run give
+    :func:`~kdml.precision.reading_precision`)."""
     return Embedder(pipeline.test, device, config.eval.embed_batch_size, config.data.num_workers,
-                    config.data.on_bad_image, config.train.precision, progress)
+                    config.data.on_bad_image, precision or config.train.precision, progress)
 
 
 Schedule = torch.optim.lr_scheduler.LRScheduler
