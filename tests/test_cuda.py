@@ -37,8 +37,17 @@ def test_deterministic_gpu_runs_repeat_bit_for_bit(tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_jrd_trains_in_mixed_precision_on_the_gpu(tmp_path, precision):
+    from kdml.training.loading import load_run
+
     final = train(tmp_path, precision, f"train.precision={precision}")["final"]
     assert 0.5 < final["recall@1"] <= 1.0
+    # read on the GPU as it trained, so kdml eval gives training's scores; on the CPU in float32
+    run = tmp_path / precision
+    assert load_run(run).embedder.precision == precision
+    assert load_run(run, device="cpu").embedder.precision == "fp32"
+    assert cli.main(["eval", str(run), "--no-progress"]) == 0
+    evaluated = json.loads((run / "eval.json").read_text())["metrics"]
+    assert evaluated == pytest.approx(final, abs=5e-3)
 
 
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
