@@ -3,10 +3,14 @@
 
 A run trained in bf16 or fp16 on a GPU and read on a CPU would embed under CPU autocast, which
 most CPUs (those without AVX512-BF16 or AMX) run far slower than float32; kdml reads such a run
-in float32 there (:func:`kdml.precision.reading_precision`). This times what that saves: the
-test split of ``--dataset`` embedded by a recipe's model (random weights: the time does not
-depend on them) through kdml's own :class:`~kdml.evaluation.evaluator.Embedder`, once per
-precision, ``--repeats`` times interleaved (best of them).
+in float32 there (:func:`kdml.precision.reading_precision`), and training in them on such a
+CPU warns. This times both, once per precision, ``--repeats`` times interleaved (best of them),
+with the recipe's model at random weights (the time does not depend on them):
+
+- embedding: the test split of ``--dataset`` through kdml's own
+  :class:`~kdml.evaluation.evaluator.Embedder`;
+- training: ``--steps`` training steps (forward under autocast, backward, Adam) of the recipe
+  on one batch of the training split (``data.batch_size``), as ``recipe_step.py`` builds them.
 
 Usage::
 
@@ -21,11 +25,13 @@ import time
 
 import torch
 from machine import machine_description
+from recipe_step import training_step
 
 from kdml.config import resolve_config
 from kdml.data.prepare import prepare_data
 from kdml.evaluation.evaluator import embed_dataset
-from kdml.training.build import build_embedder, build_method, build_pipeline
+from kdml.models.backbones import build_backbone
+from kdml.training.build import build_embedder, build_method, build_pipeline, model_input_shape
 from kdml.training.recipes import get_recipe
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -36,6 +42,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="jrd")
     parser.add_argument("--dataset", default="mnist5k")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
 
     recipe = get_recipe(args.recipe)
@@ -45,24 +52,41 @@ def main() -> None:
     method = build_method(config, splits, pretrained=False).eval()
     pipeline = build_pipeline(config, splits.train, method)
     device = torch.device("cpu")
-    best = {precision: float("inf") for precision in PRECISIONS}
+    embed_best = {precision: float("inf") for precision in PRECISIONS}
+    step_best = dict(embed_best)
+    drawn = torch.randperm(len(splits.train), generator=torch.Generator().manual_seed(0))
+    batch = splits.train.subset(drawn[:config.data.batch_size])  # of several classes
+    images = pipeline.test(torch.stack([batch.load(i) for i in range(len(batch))]))
+    labels = batch.labels.clone()
     for _ in range(args.repeats):
         for precision in PRECISIONS:
             embedder = build_embedder(config, pipeline, device, False, precision)
             start = time.perf_counter()
             embed_dataset(method, splits.test, embedder)
-            best[precision] = min(best[precision], time.perf_counter() - start)
+            embed_best[precision] = min(embed_best[precision], time.perf_counter() - start)
+            torch.manual_seed(0)
+            backbone = build_backbone(config.model.backbone,
+                                      model_input_shape(config, splits.train))
+            step = training_step(args.recipe, backbone, images, labels,
+                                 len(splits.train_classes), precision=precision)
+            step()  # Adam's state is made here
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            step_best[precision] = min(step_best[precision],
+                                       (time.perf_counter() - start) / args.steps)
     print(f"{args.recipe} ({type(method.backbone).__name__} backbone) on {args.dataset}: "
-          f"{len(splits.test):,} test samples, batches of {config.eval.embed_batch_size}, "
+          f"{len(splits.test):,} test samples embedded in batches of "
+          f"{config.eval.embed_batch_size}; training steps on batches of {len(images)}; "
           f"{torch.get_num_threads()} threads; best of {args.repeats}")
     print(f"machine: {machine_description(device)}")
-    print("| precision | seconds | samples/s | x float32's time |")
-    print("|---|---|---|---|")
+    print("| precision | embedding (s) | x float32's | training step (ms) | x float32's |")
+    print("|---|---|---|---|---|")
     for precision in PRECISIONS:
-        seconds = best[precision]
-        print(f"| {precision} | {seconds:.2f} | {len(splits.test) / seconds:,.0f} | "
-              f"{seconds / best['fp32']:.1f} |")
-
+        print(f"| {precision} | {embed_best[precision]:.2f} | "
+              f"{embed_best[precision] / embed_best['fp32']:.1f} | "
+              f"{step_best[precision] * 1000:.0f} | "
+              f"{step_best[precision] / step_best['fp32']:.1f} |")
 
 if __name__ == "__main__":
     main()

@@ -80,12 +80,23 @@ def autocast(device: torch.device, precision: str) -> AbstractContextManager:
     return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
+def cpu_has_kernels_for(precision: str) -> bool | None:
+    """Whether torch reports oneDNN kernels for ``precision`` (``bf16``, ``fp16``) on this
+    CPU (AVX-512 or AMX on x86, their counterparts on ARM); ``None`` where this torch does not
+    say (the probes are private to torch)."""
+    probe = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe[precision])())
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def reading_precision(precision: str, trained_on: str, device: torch.device) -> str:
     """The autocast of a command that reads a trained run (``kdml eval``, ``embed`` & co.) on
     ``device``: the run's ``train.precision``, but float32 on a CPU unless the run was pinned to
     the CPU (``trained_on``, its ``train.device``, is ``cpu``), so that its scores are those its
     training gave. Most CPUs have no fast bfloat16 or float16 kernels: the small CNN embedded in
-    bf16 or fp16 took 11 to 14 times float32's time on the CPU of docs/benchmarks.md, and
+    bf16 or fp16 took 12 to 14 times float32's time on the CPU of docs/benchmarks.md, and
     float32 loses nothing of the float32 weights that autocast trains."""
     if device.type == "cpu" and trained_on != "cpu":
         return "fp32"

@@ -41,7 +41,7 @@ from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import Embedder, NonFiniteEmbeddings, score_method
 from kdml.models.backbones import freeze_batchnorm
 from kdml.models.method import Method
-from kdml.precision import autocast, gradient_scaler
+from kdml.precision import autocast, cpu_has_kernels_for, gradient_scaler
 from kdml.progress import bar_disabled
 from kdml.seeding import AUGMENT, BatchShare, StepRandom
 from kdml.training.batches import TrainingBatches
@@ -502,7 +502,8 @@ IMAGENET_BACKBONES = ("bninception", "timm:", "torchvision:")
 def _warn_about_settings(session: Session, log: logging.Logger) -> None:
     """Log, as warnings in ``train.log``, the settings that train a run far from what its
     user most likely meant: a paper's backbone without its ImageNet weights, an embedding
-    size the recipe does not use, BatchNorm that sees only each process's share."""
+    size the recipe does not use, mixed precision on a CPU without kernels for it, BatchNorm
+    that sees only each process's share."""
     config = session.config
     if not config.model.weights and config.model.backbone.startswith(IMAGENET_BACKBONES):
         if config.model.freeze_bn:
@@ -526,6 +527,15 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
     if sizing:
         log.warning("model.embedding_size=%d does not size %s's embedding: %s does",
                     config.model.embedding_size, config.recipe, sizing)
+    precision = config.train.precision
+    if (session.device.type == "cpu" and precision != "fp32"
+            and cpu_has_kernels_for(precision) is False):
+        # a GPU config trained on a laptop: several times slower, and nothing said it
+        log.warning(
+            "train.precision=%s on a CPU for which torch has no %s kernels: on such a CPU "
+            "its training steps took about 3 times float32's time, and its scoring 12 to 14 "
+            "times (docs/benchmarks.md); train.precision=fp32 is faster here", precision,
+            {"bf16": "bfloat16", "fp16": "float16"}[precision])
     if session.batchnorm_is_per_process():
         log.warning(
             "the model's BatchNorm layers train on each process's share of the batch "
