@@ -133,11 +133,12 @@ def resolve_device(name: str, option: str | None = None) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise KdmlError(f"{given} but no CUDA device is available here; {remedy}")
     device = torch.device(name)
-    count = torch.cuda.device_count()
-    if device.type == "cuda" and device.index is not None and device.index >= count:
-        # torch's own error would come later, as a traceback
-        raise KdmlError(f"{given} but this machine has {count} CUDA device"
-                        f"{'' if count == 1 else 's'} (cuda:0 to cuda:{count - 1}); {remedy}")
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:  # torch's own error would come later, as a traceback
+            raise KdmlError(f"{given} but this machine has {count} CUDA device"
+                            f"{'' if count == 1 else 's'} (cuda:0 to cuda:{count - 1}); "
+                            f"{remedy}")
     return device
 
 
