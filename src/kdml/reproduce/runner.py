@@ -281,7 +281,7 @@ def reload_run(run_dir: Path) -> TrainedRun:
     """:func:`~kdml.training.loading.load_run`, refusing changed data in reproduce's words."""
     dataset = run_config(RunFolder.existing(run_dir)).data.dataset
     # On the CPU, where every committed record's parts.json and generalization.json were
-    # computed: kept once computed, they read the same whichever machine wrote them.
+    # computed, whichever device trained the run
     return load_run(run_dir, data_remedy=reproduce_remedy(run_dir, dataset), device="cpu")
 
 
