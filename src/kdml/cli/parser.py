@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_best(search)
     _add_data_root(search)
-    _add_device(search, " (only image and 'inputs' queries run it)")
+    _add_device(search, "; only image and 'inputs' queries run it")
     _add_no_progress(search)
 
     retrieval = plots.add_parser(
@@ -279,7 +279,7 @@ def _add_device(parser: argparse.ArgumentParser, note: str = "") -> None:
     """Where the command runs the run's model (:func:`~kdml.training.build.run_device`)."""
     parser.add_argument("--device", type=_device, default=None,
                         help="where the run's model runs: cpu, cuda, cuda:N or auto (default: "
-                        f"where the run trained, if this machine has it, else auto){note}")
+                        f"where the run trained, if this machine has it, else auto{note})")
 
 
 def _add_no_progress(parser: argparse.ArgumentParser) -> None:
