@@ -15,7 +15,7 @@ with the recipe's model at random weights (the time does not depend on them):
 Usage::
 
     PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/cpu_autocast.py \
-        --recipe jrd --dataset fashion-mnist --repeats 3
+        --recipe jrd --dataset fashion-mnist --repeats 3 [key=value ...]
 """
 
 from __future__ import annotations
@@ -43,11 +43,14 @@ def main() -> None:
     parser.add_argument("--dataset", default="mnist5k")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. model.backbone=bninception")
     args = parser.parse_args()
 
     recipe = get_recipe(args.recipe)
     config = resolve_config(recipe.name, recipe.params, recipe.defaults,
-                            overrides=[f"data.dataset={args.dataset}", "train.device=cpu"])
+                            overrides=[f"data.dataset={args.dataset}", "train.device=cpu",
+                                       *args.overrides])
     splits = prepare_data(config.data)
     method = build_method(config, splits, pretrained=False).eval()
     pipeline = build_pipeline(config, splits.train, method)

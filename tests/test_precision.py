@@ -224,7 +224,7 @@ def test_an_fp16_epoch_of_skipped_steps_does_not_warn_about_the_schedule(tmp_pat
 
 
 @pytest.mark.parametrize(("precision", "trained_on", "device", "expected"), [
-    ("bf16", "auto", "cpu", "fp32"),    # a GPU run read on a CPU: float32, 12-14x faster here
+    ("bf16", "auto", "cpu", "fp32"),    # a GPU run read on a CPU: float32, 12-15x faster here
     ("fp16", "cuda:1", "cpu", "fp32"),
     ("bf16", "cpu", "cpu", "bf16"),     # pinned to the CPU: read as it trained
     ("bf16", "auto", "cuda", "bf16"),   # on a GPU: as it trained
@@ -281,7 +281,7 @@ def test_a_bf16_run_not_pinned_to_the_cpu_is_read_there_in_float32(tmp_path):
 @pytest.mark.parametrize(("kernels", "warned"), [(False, True), (True, False), (None, False)])
 def test_mixed_precision_on_a_cpu_without_kernels_for_it_is_said_to_be_slow(
         tmp_path, monkeypatch, kernels, warned):
-    """A GPU config trained on a laptop took about 3 times float32's time a step, and 12 to 14
+    """A GPU config trained on a laptop took 3 to 12 times float32's time a step, and 12 to 15
     times for its scoring, silently.
     Said where torch reports no kernels for the precision, not where it cannot say."""
     from kdml.training import trainer

@@ -96,7 +96,8 @@ def reading_precision(precision: str, trained_on: str, device: torch.device) -> 
     ``device``: the run's ``train.precision``, but float32 on a CPU unless the run was pinned to
     the CPU (``trained_on``, its ``train.device``, is ``cpu``), so that its scores are those its
     training gave. Most CPUs have no fast bfloat16 or float16 kernels: the small CNN embedded in
-    bf16 or fp16 took 12 to 14 times float32's time on the CPU of docs/benchmarks.md, and
+    bf16 or fp16 took 12 to 15 times float32's time (the small CNN, BN-Inception) on the CPU of
+    docs/benchmarks.md, and
     float32 loses nothing of the float32 weights that autocast trains."""
     if device.type == "cpu" and trained_on != "cpu":
         return "fp32"

@@ -533,8 +533,9 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
         # a GPU config trained on a laptop: several times slower, and nothing said it
         log.warning(
             "train.precision=%s on a CPU for which torch has no %s kernels: on such a CPU "
-            "its training steps took about 3 times float32's time, and its scoring 12 to 14 "
-            "times (docs/benchmarks.md); train.precision=fp32 is faster here", precision,
+            "its training steps took 3 (a small CNN) to 12 (BN-Inception) times float32's "
+            "time, and its scoring 12 to 15 times (docs/benchmarks.md); train.precision=fp32 "
+            "is faster here", precision,
             {"bf16": "bfloat16", "fp16": "float16"}[precision])
     if session.batchnorm_is_per_process():
         log.warning(
