@@ -1,11 +1,11 @@
-"""What mixed precision costs a command that reads a run on the CPU (``kdml eval``, ``embed``,
-``search`` & co.).
+"""What mixed precision costs on a CPU: embedding test data, and training steps.
 
-A run trained in bf16 or fp16 on a GPU and read on a CPU would embed under CPU autocast, which
-most CPUs (those without AVX512-BF16 or AMX) run far slower than float32; kdml reads such a run
-in float32 there (:func:`kdml.precision.reading_precision`), and training in them on such a
-CPU warns. This times both, once per precision, ``--repeats`` times interleaved (best of them),
-with the recipe's model at random weights (the time does not depend on them):
+A run in bf16 or fp16 would embed its test data on a CPU (training's scoring, kdml eval & co.)
+under CPU autocast, which most CPUs (those without AVX512-BF16 or AMX) run far slower than
+float32; kdml embeds in float32 there (:func:`kdml.precision.embedding_precision`), and
+training in them on such a CPU warns. This times both, once per precision, ``--repeats``
+times interleaved (best of them), with the recipe's model at random weights (the time does
+not depend on them):
 
 - embedding: the test split of ``--dataset`` through kdml's own
   :class:`~kdml.evaluation.evaluator.Embedder`;

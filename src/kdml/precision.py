@@ -91,17 +91,15 @@ def cpu_has_kernels_for(precision: str) -> bool | None:
         return None
 
 
-def reading_precision(precision: str, trained_on: str, device: torch.device) -> str:
-    """The autocast of a command that reads a trained run (``kdml eval``, ``embed`` & co.) on
-    ``device``: the run's ``train.precision``, but float32 on a CPU unless the run was pinned to
-    the CPU (``trained_on``, its ``train.device``, is ``cpu``), so that its scores are those its
-    training gave. Most CPUs have no fast bfloat16 or float16 kernels: the small CNN embedded in
-    bf16 or fp16 took 12 to 15 times float32's time (the small CNN, BN-Inception) on the CPU of
-    docs/benchmarks.md, and
-    float32 loses nothing of the float32 weights that autocast trains."""
-    if device.type == "cpu" and trained_on != "cpu":
-        return "fp32"
-    return precision
+def embedding_precision(precision: str, device: torch.device) -> str:
+    """The autocast under which a run's model embeds data outside its training steps (its
+    scoring while it trains, and ``kdml eval``, ``embed`` & co.) on ``device``:
+    ``train.precision`` (``precision``) on a GPU, float32 on a CPU. Most CPUs have no fast
+    bfloat16 or float16 kernels: embedding in them took 12 to 15 times float32's time (the
+    small CNN, BN-Inception) on the CPU of docs/benchmarks.md, and float32 loses nothing of
+    the float32 weights that autocast trains. One rule for both, so that ``kdml eval`` on the
+    device a run trained on gives the scores its training gave."""
+    return "fp32" if device.type == "cpu" else precision
 
 
 def gradient_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:

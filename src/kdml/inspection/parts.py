@@ -100,8 +100,7 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
                         "shaped like the run's")
     other = dataclasses.replace(model.config, data=data)
     embedder = build_embedder(other, build_pipeline(other, splits.train, model.method),
-                              model.embedder.device, model.embedder.progress,
-                              model.embedder.precision)
+                              model.embedder.device, model.embedder.progress)
     return other, splits, embedder
 
 

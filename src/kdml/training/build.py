@@ -19,6 +19,7 @@ from kdml.kernels import GaussianMixtureKernel
 from kdml.models.backbones import build_backbone
 from kdml.models.method import Method
 from kdml.models.weights import load_weights
+from kdml.precision import embedding_precision
 from kdml.regularizers.domain import DomainMMD
 from kdml.seeding import with_cpu_seed
 from kdml.training.domain_adapted import DomainAdaptedMethod
@@ -84,10 +85,10 @@ def build_pipeline(config: RunConfig, samples: Samples, method: Method) -> Input
 def build_embedder(config: RunConfig, pipeline: InputPipeline, device: torch.device,
                    progress: bool | None = None, precision: str | None = None) -> Embedder:
     """The embedder of ``config``'s test batches on ``device``, under ``precision`` (``None``:
-    ``train.precision``; the commands that read a run give
-    :func:`~kdml.precision.reading_precision`)."""
+    :func:`~kdml.precision.embedding_precision` of ``train.precision``)."""
     return Embedder(pipeline.test, device, config.eval.embed_batch_size, config.data.num_workers,
-                    config.data.on_bad_image, precision or config.train.precision, progress)
+                    config.data.on_bad_image,
+                    precision or embedding_precision(config.train.precision, device), progress)
 
 
 Schedule = torch.optim.lr_scheduler.LRScheduler

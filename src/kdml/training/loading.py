@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.prepare import prepare_data_and_test_part
@@ -20,7 +18,6 @@ from kdml.data.splits import DataSplits
 from kdml.errors import KdmlError, UnreadableCheckpoint, why_missing
 from kdml.evaluation.evaluator import Embedder
 from kdml.models.method import Method
-from kdml.precision import reading_precision
 from kdml.training.build import (
     build_embedder,
     build_method,
@@ -109,8 +106,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
              progress: bool | None = None, device: str | None = None) -> TrainedRun:
     """Rebuild a run's method from its config and load its last checkpoint onto ``device``
     (``None``: where the run trained, if this machine has it, else auto:
-    :func:`~kdml.training.build.run_device`), its embedder under
-    :func:`~kdml.precision.reading_precision`.
+    :func:`~kdml.training.build.run_device`).
 
     ``data_root`` replaces the run's ``data.root`` (a dataset moved since training). ``best``
     loads ``checkpoints/best.pt`` (``train.keep_best``) instead. ``test_part``: for a run that
@@ -143,7 +139,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
                   "removed), point --data-root at the data the run trained on")
     method.to(target)
     embedder = build_embedder(config, build_pipeline(config, splits.train, method), target,
-                              progress, _precision(config, target))
+                              progress)
     return TrainedRun(run, config, method, state["epoch"], embedder, checkpoint,
                       SampleSpec.of(splits.train, len(splits.train_classes)), test_splits)
 
@@ -171,14 +167,8 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
                   f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
                   "classes)", "restore the run's files from a copy")
     method.to(target)
-    embedder = build_embedder(config, build_pipeline(config, samples, method), target, progress,
-                              _precision(config, target))
+    embedder = build_embedder(config, build_pipeline(config, samples, method), target, progress)
     return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
-
-
-def _precision(config: RunConfig, device: torch.device) -> str:
-    """The autocast the run's model is read under on ``device``."""
-    return reading_precision(config.train.precision, config.train.device, device)
 
 
 def data_record(splits: DataSplits, test_part: DataSplits | None) -> dict[str, Any]:

@@ -534,8 +534,8 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
         log.warning(
             "train.precision=%s on a CPU for which torch has no %s kernels: on such a CPU "
             "its training steps took 3 (a small CNN) to 12 (BN-Inception) times float32's "
-            "time, and its scoring 12 to 15 times (docs/benchmarks.md); train.precision=fp32 "
-            "is faster here", precision,
+            "time (docs/benchmarks.md; its scoring runs in float32 on a CPU); "
+            "train.precision=fp32 is faster here", precision,
             {"bf16": "bfloat16", "fp16": "float16"}[precision])
     if session.batchnorm_is_per_process():
         log.warning(
