@@ -45,8 +45,8 @@ def test_a_run_s_model_runs_on_the_device_asked_for_else_where_it_trained(
      "--device cuda but no CUDA device is available here; give --device cpu or auto"),
     ("--device", "cuda:2", 2, "--device cuda:2 but this machine has 2 CUDA devices (cuda:0 "
      "to cuda:1); give --device cpu or auto"),
-    (None, "cuda:1", 1, "train.device=cuda:1 but this machine has 1 CUDA device (cuda:0 to "
-     "cuda:0); use cpu or auto"),
+    (None, "cuda:1", 1, "train.device=cuda:1 but this machine has 1 CUDA device (cuda:0); use "
+     "cpu or auto"),
     (None, "cuda", 0, "train.device=cuda but no CUDA device is available here; use cpu or "
      "auto"),
 ])

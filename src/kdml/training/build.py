@@ -137,9 +137,9 @@ def resolve_device(name: str, option: str | None = None) -> torch.device:
     if device.type == "cuda" and device.index is not None:
         count = torch.cuda.device_count()
         if device.index >= count:  # torch's own error would come later, as a traceback
+            names = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
             raise KdmlError(f"{given} but this machine has {count} CUDA device"
-                            f"{'' if count == 1 else 's'} (cuda:0 to cuda:{count - 1}); "
-                            f"{remedy}")
+                            f"{'' if count == 1 else 's'} ({names}); {remedy}")
     return device
 
 
