@@ -91,5 +91,6 @@ def main() -> None:
               f"{step_best[precision] * 1000:.0f} | "
               f"{step_best[precision] / step_best['fp32']:.1f} |")
 
+
 if __name__ == "__main__":
     main()
