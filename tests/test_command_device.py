@@ -155,6 +155,9 @@ def test_the_commands_that_read_a_run_refuse_torchrun(trained_run, tmp_path, mon
     assert cli.main([*args, "--no-progress"]) == 2
     assert capsys.readouterr().err == (f"kdml: error: kdml {command[0]} runs in one process, "
                                        "on one device (--device): run it without torchrun\n")
+    monkeypatch.setenv("RANK", "1")  # every rank meets it alike: rank 0 alone prints it
+    assert cli.main([*args, "--no-progress"]) == 2
+    assert capsys.readouterr().err == ""
     assert sorted(path.name for path in trained_run.rglob("*")) == before
     assert not list(tmp_path.iterdir())
 

@@ -848,6 +848,9 @@ def test_reproduce_refuses_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["reproduce", "dtml", "--list"]) == 2
     assert "without torchrun" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")  # rank 0 says it once, for every rank
+    assert cli.main(["reproduce", "dtml", "--list"]) == 2
+    assert capsys.readouterr().err == ""
 
 
 def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, monkeypatch):

@@ -61,6 +61,14 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def refusal(message: str) -> KdmlError:
+    """The error that refuses a command under torchrun, before any process group exists: every
+    rank meets it alike, so rank 0 (torchrun's ``RANK``) prints it and the others stop quietly
+    (:class:`~kdml.errors.QuietExit`) rather than print the same line once each."""
+    rank = int(os.environ.get("RANK", "0")) if launched_by_torchrun() else 0
+    return KdmlError(message) if rank == 0 else QuietExit(message)
+
+
 def setup(use_cuda: bool) -> World:
     """Join the process group torchrun set up the environment for (NCCL on GPUs, gloo on
     CPUs); a single process stays as it is."""

@@ -121,8 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         training = args.command in ("train", "reproduce")
         if args.command in READING_COMMANDS and _launched_by_torchrun():
             # each rank would do the whole work again, on the same GPU, and write the same files
-            raise KdmlError(f"kdml {args.command} runs in one process, on one device "
-                            "(--device): run it without torchrun")
+            from kdml.distributed import refusal
+
+            raise refusal(f"kdml {args.command} runs in one process, on one device "
+                          "(--device): run it without torchrun")
         # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
         if argv is None and not (training and _launched_by_torchrun()):
             _HANDLER_PID = os.getpid()

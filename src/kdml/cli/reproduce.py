@@ -29,8 +29,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml.training.run_folder import hold_folder
 
     if distributed.launched_by_torchrun():
-        raise KdmlError("kdml reproduce trains its runs one after another in one process; "
-                        "run it without torchrun (each run may use one GPU via --device)")
+        raise distributed.refusal("kdml reproduce trains its runs one after another in one "
+                                  "process; run it without torchrun (each run may use one GPU "
+                                  "via --device)")
+
     def matches(experiment: Experiment, patterns: list[str]) -> bool:
         return any(fnmatch.fnmatchcase(experiment.key, pattern) for pattern in patterns)
 
