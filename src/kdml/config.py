@@ -148,6 +148,15 @@ def _plain(value: Any) -> Any:
 # train.device and the --device of the commands that read a run: auto, cpu, cuda or cuda:N
 DEVICE_PATTERN = r"auto|(cpu|cuda)(:\d+)?"
 
+
+def device_name_problem(name: str, what: str = "the device") -> str | None:
+    """What is wrong with ``name`` as a device (``what`` names where it came from), or None
+    where it is auto, cpu, cuda or cuda:N. Whether this machine has that device is checked
+    where it is used (:func:`kdml.training.build.resolve_device`)."""
+    if re.fullmatch(DEVICE_PATTERN, name):
+        return None
+    return f"{what} must be auto, cpu, cuda or cuda:N, got {name!r}"
+
 SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
 # Top-level keys of a config file that are not settings: the recipe's name, a description of
 # the paper table it mirrors, and a grid of settings to run one by one.
@@ -352,6 +361,7 @@ MAX_LR = 1e30
 
 def validate(config: RunConfig) -> None:
     """Range checks that need no data; the rest is checked where the data is known."""
+    device_problem = device_name_problem(config.train.device, "train.device")
     checks = [
         (config.data.dataset.strip() != "",
          "the dataset name is empty; name a dataset, e.g. --dataset mnist5k ('kdml datasets' "
@@ -411,8 +421,7 @@ def validate(config: RunConfig) -> None:
         (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
         (all(k >= 1 for k in config.eval.ks), "eval.ks must be positive ints"),
         (config.eval.metric in ("cosine", "euclidean"), "eval.metric must be cosine or euclidean"),
-        (re.fullmatch(DEVICE_PATTERN, config.train.device) is not None,
-         f"train.device must be auto, cpu, cuda or cuda:N, got {config.train.device!r}"),
+        (device_problem is None, device_problem or ""),
     ]
     for ok, message in checks:
         if not ok:

@@ -49,13 +49,11 @@ def _folder(text: str) -> Path:
 def _device(text: str) -> str:
     """An argparse type: auto, cpu, cuda or cuda:N (whether this machine has it is checked
     where the device is used)."""
-    import re
+    from kdml.config import device_name_problem  # here, not at start-up: it imports numpy
 
-    from kdml.config import DEVICE_PATTERN  # here, not at start-up: it imports numpy
-
-    if not re.fullmatch(DEVICE_PATTERN, text):
-        raise argparse.ArgumentTypeError(f"the device must be auto, cpu, cuda or cuda:N, got "
-                                         f"{text!r}")
+    problem = device_name_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -4,12 +4,11 @@ input pipeline, the embedder, the optimiser and its schedule, and the device."""
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Callable
 
 import torch
 
-from kdml.config import DEVICE_PATTERN, RunConfig
+from kdml.config import RunConfig, device_name_problem
 from kdml.data.sample_spec import Samples
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
@@ -125,8 +124,9 @@ def resolve_device(name: str, option: str | None = None) -> torch.device:
     """``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. A device
     not on this machine is refused in one line naming where ``name`` came from: ``option``
     (a command-line option such as ``--device``), else the ``train.device`` setting."""
-    if not re.fullmatch(DEVICE_PATTERN, name):
-        raise KdmlError(f"the device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    problem = device_name_problem(name, option or "the device")
+    if problem:
+        raise KdmlError(problem)
     given, remedy = ((f"{option} {name}", f"give {option} cpu or auto") if option
                      else (f"train.device={name}", "use cpu or auto"))
     if name == "auto":
