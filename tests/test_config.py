@@ -39,6 +39,26 @@ def test_malformed_override(item):
         parse_override(item)
 
 
+@pytest.mark.parametrize("item, key, expected", [
+    ("data.root=2024", "data.root", "2024"),  # YAML: an int
+    ("data.root=0010", "data.root", "0010"),  # YAML 1.1: the octal 8
+    ("data.root=no", "data.root", "no"),  # YAML 1.1: False
+    ("model.weights=1e3.pth", "model.weights", "1e3.pth"),
+    ("train.device=cuda:", "train.device", None),  # YAML: {'cuda': None}
+    ("data.root='quoted dir'", "data.root", "quoted dir"),  # YAML's own string: unquoted
+])
+def test_a_text_setting_takes_an_override_as_written(item, key, expected):
+    """The shell has taken the user's quotes, so a folder named 2024 or no could not be given
+    as an override at all ("has the wrong type; expected str")."""
+    if expected is None:
+        with pytest.raises(KdmlError, match=r"train.device must be auto, cpu, cuda or cuda:N, "
+                                            r"got 'cuda:'$"):
+            resolve(item)
+        return
+    section, leaf = key.split(".")
+    assert getattr(getattr(resolve(item), section), leaf) == expected
+
+
 def test_wrong_type_and_range():
     with pytest.raises(KdmlError, match="wrong type"):
         resolve("epochs=many")

@@ -179,7 +179,7 @@ def resolve_config(
             set_key(config, key, value)
     for item in overrides or []:
         key, value = parse_override(item)
-        set_key(config, key, value)
+        set_key(config, key, value, text=item.partition("=")[2].strip())
     validate(config)
     return config
 
@@ -282,11 +282,16 @@ def resolve_key(config: RunConfig, key: str) -> str:
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
 
 
-def set_key(config: RunConfig, key: str, value: Any) -> None:
+def set_key(config: RunConfig, key: str, value: Any, text: str | None = None) -> None:
+    """Set ``key`` to ``value``, checked against its field's type. ``text`` is an override's
+    value as written: a text setting takes it as it stands where YAML read something else
+    (``data.root=2024`` an int, ``data.root=no`` False, ``train.device=cuda:`` a mapping)."""
     full_key = resolve_key(config, key)
     section_name, leaf = full_key.split(".", 1)
     section = getattr(config, section_name)
     field_type = _field_types(type(section))[leaf]
+    if field_type is str and text is not None and not isinstance(value, str):
+        value = text
     value = coerce(value, field_type, full_key)
     check_finite(value, full_key)
     setattr(section, leaf, value)
