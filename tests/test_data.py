@@ -125,6 +125,14 @@ def test_seen_holdout_split_keeps_every_class_on_both_sides():
     assert torch.equal(kept, again)
 
 
+def test_seen_holdout_split_rounds_a_half_up_for_every_class_size():
+    """round() is half-to-even: at 0.5, classes of 3, 5, 7 and 9 samples held out 2, 2, 4, 4."""
+    sizes = [3, 5, 7, 9, 15, 25]
+    labels = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+    _, held = seen_holdout_split(labels, 0.5, seed=0)
+    assert torch.bincount(labels[held]).tolist() == [2, 3, 4, 5, 8, 13]
+
+
 def vectors(labels) -> ArrayDataset:
     labels = torch.as_tensor(labels)
     x = torch.arange(len(labels), dtype=torch.float32)[:, None].repeat(1, 3)  # row i = i

@@ -201,7 +201,9 @@ def seen_holdout_split(
     for label in labels.unique(sorted=True):
         members = (labels == label).nonzero().squeeze(1)
         members = members[torch.randperm(members.numel(), generator=generator)]
-        count = int(round(holdout_fraction * members.numel()))
+        # half up, as validation_split's classes (round() is half-to-even: at 0.5, classes
+        # of 5 and 7 samples held out 2 and 4)
+        count = math.floor(holdout_fraction * members.numel() + 0.5)
         count = min(max(count, 1), members.numel() - 1) if members.numel() > 1 else 0
         held_out.append(members[:count])
     held_out_idx = torch.cat(held_out).sort().values
