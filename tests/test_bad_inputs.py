@@ -781,6 +781,17 @@ def test_a_held_out_share_too_small_to_retrieve_names_holdout_fraction(tmp_path,
                         "each class held out for testing"), err
 
 
+def test_a_validation_part_too_small_to_retrieve_names_data_validation(tmp_path, capsys):
+    """A validation part is carved from the training part by data.validation: the refusal
+    had said to raise data.holdout_fraction, which does not change it (and which kdml refuses
+    beside a dataset's own split)."""
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", "digits", "--out",
+                  tmp_path / "run", "data.split=seen-holdout", "data.validation=0.001", *TINY)
+    assert err.endswith("so Recall@K is undefined; raise data.validation, the share of each "
+                        "training class held out for validation, or give each class more "
+                        "samples"), err
+
+
 def test_a_test_part_that_cannot_be_scored_is_refused_before_its_eval_ks(tmp_path, capsys):
     """A test part of one class, or with nothing to retrieve, was refused for its eval.ks
     first (too few references); lowering eval.ks then only led to the refusal of the data."""

@@ -101,9 +101,15 @@ def check_test_classes(splits: DataSplits) -> None:
     else:
         scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
     if not scorable:
-        how = ("raise data.holdout_fraction, the share of each class held out for testing"
-               if splits.kind == SEEN else "use a split with at least two test samples per "
-               "class")
+        if splits.validation:  # carved from the training part: data.holdout_fraction is not it
+            how = ("raise data.validation, the share of each training class held out for "
+                   "validation, or give each class more samples" if splits.kind == SEEN else
+                   "give the validation classes at least two samples each, or train without "
+                   "data.validation")
+        elif splits.kind == SEEN:
+            how = "raise data.holdout_fraction, the share of each class held out for testing"
+        else:
+            how = "use a split with at least two test samples per class"
         raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
                         f"to retrieve, so Recall@K is undefined; {how}")
 
