@@ -1,5 +1,6 @@
 """The data path: datasets, splits, seeded samplers, loaders and the batch transforms."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -608,3 +609,30 @@ def test_datasets_read_once_per_process_are_handed_out_as_fresh_copies(loader):
     first_labels.fill_(-1)
     second_x, second_labels = getattr(offline, loader)()
     assert torch.equal(second_x, kept_x) and torch.equal(second_labels, kept_labels)
+
+
+@pytest.mark.parametrize("batch_size, num_target, message", [
+    (0, 8, "data.batch_size=0 makes the whole training split (9 samples) one global batch, "
+           "which does not split evenly over the 2 processes; set data.batch_size to a "
+           "multiple of 2"),
+    (4, 3, "the target domain of t has 3 samples, fewer than the global batch of 4, so every "
+           "step takes all of them, and they do not split evenly over the 2 processes; lower "
+           "data.batch_size to a multiple of 2 of at most 3"),
+])
+def test_global_batches_that_the_processes_cannot_share_are_refused_before_training(
+        batch_size, num_target, message):
+    """Both had passed the check of data.batch_size and failed at the first step, saying to
+    make data.batch_size a multiple of the number of processes, which it already was."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.batches import TrainingBatches
+
+    config = RunConfig(recipe="dtml", method=None)
+    config.data.batch_size, config.data.num_workers = batch_size, 0
+    train = ArrayDataset("s", "s", torch.randn(9, 2), torch.arange(9) % 3)
+    target = ArrayDataset("t", "t", torch.randn(num_target, 2), torch.zeros(num_target).long())
+    splits = DataSplits(train, target, [0, 1, 2], kind="domain", target=target)
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}$"):
+        TrainingBatches(config, splits, True, torch.device("cpu"), World(rank=0, size=2))
+    shared = TrainingBatches(config, splits, True, torch.device("cpu"), World(rank=0, size=1))
+    assert len(shared) >= 1

@@ -41,6 +41,11 @@ class TrainingBatches:
         else:
             global_batches = ShuffledBatches(len(train), data.batch_size, seed)
         self.batch_size = global_batches.batch_size  # the global batch
+        if world.is_distributed and self.batch_size % world.size:  # data.batch_size=0
+            raise KdmlError(f"data.batch_size=0 makes the whole training split "
+                            f"({self.batch_size:,} samples) one global batch, which does not "
+                            f"split evenly over the {world.size} processes; set "
+                            f"data.batch_size to a multiple of {world.size}")
         # Under torchrun every rank draws the same global batches and loads its share.
         self.sampler: EpochBatches = (RankShare(global_batches, world.rank, world.size)
                                       if world.is_distributed else global_batches)
@@ -56,8 +61,17 @@ class TrainingBatches:
             if splits.target is None:
                 raise KdmlError("this recipe needs a target domain: set data.dataset to a "
                                 "domain pair such as mnist5k->digits")
+            num_target = len(splits.target)
+            if world.is_distributed and min(num_target, self.batch_size) % world.size:
+                # a target smaller than the global batch is taken whole at every step
+                raise KdmlError(f"the target domain of {splits.target.name} has {num_target:,} "
+                                f"samples, fewer than the global batch of {self.batch_size}, "
+                                "so every step takes all of them, and they do not split "
+                                f"evenly over the {world.size} processes; lower "
+                                f"data.batch_size to a multiple of {world.size} of at most "
+                                f"{num_target:,}")
             target_sampler: EpochBatches = TargetBatches(
-                len(splits.target), [self.batch_size] * len(self.sampler), seed)
+                num_target, [self.batch_size] * len(self.sampler), seed)
             if world.is_distributed:
                 target_sampler = RankShare(target_sampler, world.rank, world.size)
             self.target_sampler = target_sampler
