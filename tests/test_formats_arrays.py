@@ -573,6 +573,18 @@ def test_csv_errors(tmp_path, text, fragments):
     one_line_error(lambda: load_csv(csv_file), "csv:list.csv", str(csv_file), *fragments)
 
 
+def test_csv_does_not_read_a_train_rows_flags(tmp_path):
+    """As the module says, a train row's is_query and is_gallery are ignored: a value there
+    that is not a flag had refused the whole list."""
+    csv_file = write_csv(tmp_path, "path,label,split,is_query,is_gallery\n"
+                                   "photos/c00/000.jpg,a,train,n/a,-\n"
+                                   "photos/c00/001.png,a,test,1,0\n"
+                                   "photos/c01/000.jpg,b,test,0,1\n")
+    parts = load_csv(csv_file).parts
+    assert {name: part.tolist() for name, part in parts.items()} == {
+        "train": [0], "query": [1], "gallery": [2]}
+
+
 def test_csv_refuses_an_image_listed_twice_through_a_link(tmp_path):
     """Two names of one file (a link) are one image listed twice, as folder:DIR refuses."""
     csv_file = write_csv(tmp_path, "path,label,split\nphotos/c00/000.jpg,a,train\n"

@@ -127,17 +127,20 @@ def load_csv(csv_file: Path) -> DatasetParts:
         paths.append(str(csv_file.parent / path))
         names.append(name)
         is_train.append(split.lower() == "train")
-        if "is_query" in column:
+        if "is_query" in column and is_train[-1]:  # a train row's flags are not read
+            is_query.append(False)
+            is_gallery.append(False)
+        elif "is_query" in column:
             is_query.append(flag(layout, row[column["is_query"]], "is_query", line))
             is_gallery.append(flag(layout, row[column["is_gallery"]], "is_gallery", line))
             # The metrics search a gallery without leaving a query's own image out (as
             # In-Shop's disjoint parts need): a query in the gallery would find itself.
-            if is_query[-1] and is_gallery[-1] and not is_train[-1]:
+            if is_query[-1] and is_gallery[-1]:
                 raise layout.error(f"line {line}: {path} has is_query=1 and is_gallery=1, so it "
                                    "would find itself (a perfect Recall@1); make each test image "
                                    "a query or a gallery image, or drop both columns to search "
                                    "every test image among the others")
-            if not (is_query[-1] or is_gallery[-1] or is_train[-1]):
+            if not (is_query[-1] or is_gallery[-1]):
                 raise layout.error(f"line {line}: {path} has is_query=0 and is_gallery=0, so it "
                                    "would be left out of the test; mark it a query (is_query=1), "
                                    "a gallery image (is_gallery=1) or a train row (split=train)")
