@@ -145,6 +145,27 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
         "retrieval-best.png"]
 
 
+def test_a_run_out_of_patience_on_its_last_epoch_trains_no_further_when_epochs_are_raised(
+        tmp_path, tiny_overrides, monkeypatch):
+    """Patience ran out at epoch 4 of 4: raising train.epochs to 6 and resuming had trained
+    epoch 5, where a run of 6 epochs from the start stops after epoch 4 (its checkpoint said
+    only that the run was finished, at its last planned epoch)."""
+    scripted_scores(monkeypatch)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "data.batch_size=12",
+                     "data.validation=0.4", "train.epochs=4", "train.patience=2",
+                     "train.steps_per_epoch=3"]) == 0
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["stopped_early"]
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["train"]["epochs"] = 6
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 4
+    assert "it stopped early, after epoch 4; nothing left to train" in (
+        out / "train.log").read_text()
+
+
 def test_eval_best_needs_a_kept_best_checkpoint(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),

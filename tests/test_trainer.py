@@ -1084,3 +1084,21 @@ def test_a_checkpoint_gives_back_the_images_its_last_scoring_left_out():
     assert recorded_unreadable({"epoch": 3}, splits) == {}  # a kdml before the record
     beyond = {"test": torch.tensor([4]), "gallery": torch.tensor([0]), "train": torch.tensor([0])}
     assert recorded_unreadable({"unreadable": beyond}, DataSplits(rows(10), rows(4), [0, 1])) == {}
+
+
+def test_a_run_converged_on_its_last_epoch_trains_no_further_when_epochs_are_raised(
+        tmp_path, tiny_overrides):
+    """As a run out of patience (tests/test_selection.py): the convergence rule met on the last
+    planned epoch is met there by a longer run too, so raising train.epochs trains nothing."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "train.epochs=2",
+                     "train.tolerance=1e6"]) == 0
+    assert "stopping after epoch 2: converged" in (out / "train.log").read_text()
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["train"]["epochs"] = 3
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2
+    assert "it stopped early, after epoch 2; nothing left to train" in (
+        out / "train.log").read_text()

@@ -254,8 +254,12 @@ class Session:
         row.update({f"{prefix}/{name}": value for name, value in metrics.items()})
 
     def checkpoint(self, epoch: int, history: list[dict[str, Any]], finished: bool,
-                   unscored: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The run's state after ``epoch``; ``history`` holds the rows before it when
+                   unscored: dict[str, Any] | None = None,
+                   stopped_early: bool = False) -> dict[str, Any]:
+        """The run's state after ``epoch``; ``stopped_early``: training ended there by the
+        convergence or patience rule, which a run with more epochs would meet there too (so a
+        resumed run with train.epochs raised trains no further). ``history`` holds the rows
+        before it when
         ``unscored`` is given: the trained epoch's row, not yet scored, and whether training
         is over (``checkpoints/unscored.pt``). ``unreadable`` keeps the test and gallery
         positions the last scoring left out (:attr:`DataSplits.unreadable`), so that a
@@ -266,7 +270,7 @@ class Session:
                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                  "scaler": self.scaler.state_dict(), "history": history,
                  "config": self.config.to_dict(), "finished": finished,
-                 "unreadable": dict(self.splits.unreadable)}
+                 "stopped_early": stopped_early, "unreadable": dict(self.splits.unreadable)}
         if unscored is not None:
             state["unscored"] = unscored
         return state
@@ -358,7 +362,9 @@ def _start(session: Session, run: RunFolder, resume: bool, state: dict[str, Any]
     if scored_prefix(session.splits) == VALIDATION:
         history = as_validation_history(history)
     planned = state.get("config", {}).get("train", {}).get("epochs", config.train.epochs)
-    stopped_early = bool(state.get("finished")) and state["epoch"] < planned
+    # a stop on the last planned epoch too (checkpoints from before the key: before it only)
+    stopped_early = bool(state.get("finished")) and bool(state.get("stopped_early")
+                                                          or state["epoch"] < planned)
     if stopped_early:  # by the convergence or patience rule: nothing left to do
         start_epoch = config.train.epochs + 1
     of_epochs = (f" of {config.train.epochs}" if state["epoch"] <= config.train.epochs
@@ -442,7 +448,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 out_of_patience = patience_exhausted(history, metric, config.train.patience)
                 finished = over or out_of_patience or epoch >= config.train.epochs
                 recorder.epoch(row, history,
-                               functools.partial(session.checkpoint, epoch, history, finished),
+                               functools.partial(session.checkpoint, epoch, history, finished,
+                                                 stopped_early=over or out_of_patience),
                                keep_as_best=(config.train.keep_best
                                              and best_epoch(history, metric) == epoch))
             except KdmlError as error:  # not a kill: an error kdml reports
