@@ -310,3 +310,26 @@ def test_a_grid_folder_not_named_in_utf8_is_refused_before_it_is_made(tmp_path, 
     assert capsys.readouterr().err.startswith(
         f"kdml: error: the grid folder {tmp_path}/g\\xf6 is not named in UTF-8")
     assert not out.exists()
+
+
+def test_a_checkpoint_is_readable_as_the_runs_other_files_and_written_through_a_partial(
+        tmp_path, monkeypatch):
+    """mkstemp had made every checkpoint 0600: another user could read a run's metrics but
+    not run kdml eval on it. Its partial file is one that partial_checkpoints finds (and a
+    resumed run removes)."""
+    import os
+
+    from kdml.training import checkpoint
+
+    renamed = []
+    replace = os.replace
+    monkeypatch.setattr(checkpoint.os, "replace",
+                        lambda source, target: renamed.append(source) or replace(source, target))
+    path = tmp_path / "checkpoints" / "last.pt"
+    checkpoint.save_checkpoint({"epoch": 1}, path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    (partial,) = renamed
+    Path(partial).write_bytes(b"")  # as a SIGKILL mid-write leaves it
+    assert checkpoint.partial_checkpoints(path.parent) == [Path(partial)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import torch
 
 from kdml.errors import UnreadableCheckpoint, raised_over
 
-# save_checkpoint's partial files: mkstemp's ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
+# save_checkpoint's partial files: ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
 _PARTIAL = re.compile(r"\.(last|best|unscored)\.pt\.[a-z0-9_]{8}\.tmp")
 
 
@@ -21,7 +21,10 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     the new one, never a truncated file: write a temporary file in the same folder, flush it to
     disk, then rename it over the target (an atomic replace on POSIX)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp_name = str(path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp"))
+    # O_EXCL, as mkstemp; not mkstemp itself, whose 0600 would make a checkpoint unreadable to
+    # others where the run's other files are not (0666, less the umask)
+    handle = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as tmp_file:
             torch.save(state, tmp_file)
