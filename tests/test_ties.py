@@ -209,7 +209,7 @@ def test_tie_flags_skip_exact_tolerances_only_where_no_gap_could_be_a_tie(metric
     for chunk in retrieval.search_prepared(prepared, prepared, needed + 1, metric, True, 32):
         rows = np.arange(chunk.start, chunk.stop)
         exact = continues_group(chunk.scores, tie_tolerance(
-            search.query_norms[rows], search.reference_norms[chunk.indices], metric))
+            search.query_norms[rows], search.reference_norms[chunk.indices], metric, 6))
         np.testing.assert_array_equal(search._continues(rows, chunk.scores, chunk.indices),
                                       exact)
         flagged += exact.sum()
@@ -231,10 +231,94 @@ def test_a_group_of_every_neighbour_is_widened_straight_to_the_whole_set(monkeyp
     retrieval_metrics(np.ones((500, 4)), np.repeat(np.arange(50), 10), ks=(1, 8), nmi=False)
     assert widths == [(500, 499)]  # searched 10 wide, then once at all 499 others
     widths.clear()
-    # two close points, then 100 copies of a far one: the pair's groups start after their
-    # untied nearest neighbour, so they double (5 -> 10 -> ... -> 80); the copies (searched 50
-    # wide: R = 49) jump to 101, where the pair joins them
+    # two close points, then 100 copies of a far one, one of them of the pair's class: the
+    # pair's groups start after their untied nearest neighbour, so they double (5 -> 10 -> ...
+    # -> 80); the copies (searched 50 wide: R = 48 or 49) jump to 101, where the pair joins them
     embeddings = np.concatenate([[[1.0, 0.0], [1.0, 0.01]], np.tile([[0.0, 1.0]], (100, 1))])
-    labels = np.concatenate([[0, 0], np.arange(100) % 2 + 1])  # R = 1 for the pair
+    labels = np.concatenate([[0, 0], np.arange(100) % 2 + 1])
+    labels[2] = 0  # R = 2 for the pair
     retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False, chunk_size=1)
     assert widths == [(2, 10), (2, 20), (2, 40), (2, 80), (102, 101)]
+    widths.clear()
+    # with none of the copies of the pair's class, the pair's group of copies holds no
+    # relevant neighbour, and both its members are found before it: it is not searched further
+    labels[2] = 1
+    retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False, chunk_size=1)
+    assert widths == [(100, 101)]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_neighbours_a_few_ulps_apart_are_ordered_as_exact_arithmetic_orders_them(metric):
+    """Each query has a relevant reference A and an irrelevant one B, which is nearer by one
+    float32 ulp of the score in exact arithmetic on the given values: Recall@1 is 0. A fixed
+    tolerance of 4 ulps let float32 sums of 512 terms, off by up to about 6 ulps each, put A
+    first for some queries (10 of 4,000 for the cosine, 20 for the Euclidean distance)."""
+    rng = np.random.default_rng(2)
+    n, dim = 4000, 512
+    eps = float(np.finfo(np.float32).eps)
+    queries = rng.standard_normal((n, dim))
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+
+    def at_cosine(cosine: float) -> np.ndarray:
+        other = rng.standard_normal((n, dim))
+        other -= (other * queries).sum(1, keepdims=True) * queries
+        other /= np.linalg.norm(other, axis=1, keepdims=True)
+        return (cosine * queries + np.sqrt(1 - cosine**2) * other).astype(np.float32)
+
+    relevant, irrelevant = at_cosine(0.995), at_cosine(0.995 + eps)
+    queries = queries.astype(np.float32)
+    q, a, b = (x.astype(np.float64) for x in (queries, relevant, irrelevant))
+    if metric == "cosine":
+        b_nearer = ((q * b).sum(1) / np.linalg.norm(b, axis=1)
+                    > (q * a).sum(1) / np.linalg.norm(a, axis=1))
+    else:
+        b_nearer = ((q - b) ** 2).sum(1) < ((q - a) ** 2).sum(1)
+    assert b_nearer.sum() > 3000
+    labels = np.arange(n)
+    scores = retrieval_metrics(queries[b_nearer], labels[b_nearer], (1,), metric,
+                               reference=np.concatenate([relevant, irrelevant]),
+                               reference_labels=np.concatenate([labels, n + labels]), nmi=False)
+    assert scores["recall@1"] == 0.0
+
+
+@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_with_its_shortcuts_scores_as_the_exact_full_ranking(separate, seed):
+    """Integer points on a small grid: many exactly equal distances, long tie groups, groups of
+    only relevant or only irrelevant neighbours (not re-scored) and groups running past the
+    retrieved neighbours that hold no relevant one (not searched further). Each query's scores
+    must equal the tie expectation over its exact ranking of every reference, from integer
+    distances."""
+    rng = np.random.default_rng(seed)
+    points = rng.integers(-3, 4, size=(300, 3)).astype(np.float64)
+    labels = rng.integers(0, 30, size=300)
+    if separate:
+        queries, query_labels = points[:100], labels[:100]
+        reference, reference_labels = points[100:], labels[100:]
+    else:
+        queries, query_labels, reference, reference_labels = points, labels, points, labels
+    ks = (1, 2, 4, 8)
+    rows = []
+    for i, (query, label) in enumerate(zip(queries, query_labels, strict=True)):
+        others = [j for j in range(len(reference)) if separate or j != i]
+        distances = [int(((query - reference[j]) ** 2).sum()) for j in others]
+        order = sorted(range(len(others)), key=lambda position: distances[position])
+        hits = [reference_labels[others[position]] == label for position in order]
+        ranked = [distances[position] for position in order]
+        continues = [j > 0 and ranked[j] == ranked[j - 1] for j in range(len(ranked))]
+        rows.append((hits, continues, sum(hits)))
+    is_hit = np.array([hits for hits, _, _ in rows])
+    continues = np.array([flags for _, flags, _ in rows])
+    num_relevant = np.array([count for _, _, count in rows])
+    recall, average_precision, r_precision = expected_scores(is_hit, continues, ks,
+                                                             num_relevant)
+    counted = num_relevant > 0
+    expected = {f"recall@{k}": recall[i][counted].mean() for i, k in enumerate(ks)}
+    expected["map@r"] = average_precision[counted].mean()
+    expected["r_precision"] = r_precision[counted].mean()
+    given = ({"reference": reference, "reference_labels": reference_labels} if separate
+             else {})
+    for chunk_size in (7, 4096):
+        scores = retrieval_metrics(queries, query_labels, ks, "euclidean", nmi=False,
+                                   chunk_size=chunk_size, **given)
+        assert scores == pytest.approx(expected, abs=1e-12)

@@ -293,7 +293,8 @@ def chart_clustering_nmi(chart_coords: Any, chart_index: Any, labels: Any, niter
 def _at_one_point(codes: np.ndarray) -> bool:
     """Whether float32 ``codes`` ``(N, d)`` differ by no more than rounding: in every coordinate
     by at most :data:`~kdml.evaluation.ties.TIE_ULPS` float32 ulps of the largest magnitude,
-    the differences that retrieval scores as ties (:mod:`kdml.evaluation.ties`)."""
+    what rounding alone moves a value (retrieval's tie tolerance adds its sums' rounding to it:
+    :func:`~kdml.evaluation.ties.tie_tolerance`)."""
     magnitude = float(np.abs(codes).max(initial=0.0))
     spread = np.ptp(codes.astype(np.float64), axis=0).max(initial=0.0)
     return bool(spread <= TIE_ULPS * float(np.finfo(np.float32).eps) * magnitude)

@@ -1,7 +1,7 @@
 r"""Float64 re-scoring of the neighbours that a float32 search could not order.
 
 The k-NN search runs in float32 (faiss, or a matmul on a GPU), which cannot order scores
-closer than a few units in their last place (:mod:`kdml.evaluation.ties`): on dense
+closer than its rounding can move them (:func:`kdml.evaluation.ties.tie_tolerance`): on dense
 low-dimensional embeddings many true neighbours are that close (4,000 unit vectors on a circle:
 Recall@1 0.597 with such neighbours counted as ties, 0.666 exactly). The neighbours of a float32
 tie group are therefore scored again in float64, from the embeddings as given, and re-ordered
@@ -152,7 +152,8 @@ def _slots(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
-                 exact: ExactScores) -> tuple[np.ndarray, np.ndarray]:
+                 exact: ExactScores, is_hit: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-order each float32 tie group by its float64 keys and keep only float64 ties.
 
     Args:
@@ -161,6 +162,10 @@ def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
         continues: ``[n, w]`` bool, neighbour ``j`` tied with ``j - 1`` in float32
             (:func:`~kdml.evaluation.ties.continues_group`).
         exact: the float64 keys.
+        is_hit: ``[n, w]`` bool, the neighbour is relevant to its query, where only the
+            retrieval metrics read the result: a group all relevant or all irrelevant scores
+            the same in any order and split (its expectation over orders is its one value,
+            :mod:`kdml.evaluation.ties`), so only the groups that mix both are re-scored.
 
     Returns:
         ``(indices, continues)`` of the same shapes: within each group the neighbours sorted by
@@ -173,6 +178,14 @@ def rescore_ties(rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
     starts = np.flatnonzero(opens)
     # flat positions: indexing by (row, column) pairs took nearly twice as long
     flat = group_rows * indices.shape[1] + columns
+    if is_hit is not None:
+        sizes = np.diff(np.append(starts, len(flat)))
+        relevant = np.add.reduceat(is_hit.ravel()[flat].astype(np.int64), starts)
+        mixed = np.repeat((relevant > 0) & (relevant < sizes), sizes)
+        if not mixed.any():
+            return indices, continues
+        group_rows, flat, opens = group_rows[mixed], flat[mixed], opens[mixed]
+        starts = np.flatnonzero(opens)
     keys = exact.nearness(rows[group_rows], indices.ravel()[flat])
     dim = exact.dim
     # Groups whose keys all lie within the rounding of their largest are left as they are

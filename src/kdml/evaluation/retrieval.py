@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,6 +31,7 @@ from kdml.evaluation.ties import (
     continues_from_gaps,
     expected_scores,
     group_reaches_last_column,
+    last_group_settled,
     score_gaps,
     tie_tolerance,
 )
@@ -105,8 +106,9 @@ def retrieval_metrics(
     :class:`~kdml.errors.KdmlError` is raised rather than returning NaN.
 
     **Ties.** The search runs in float32, which cannot order neighbours whose scores differ by
-    a few ulps of the query's score scale (:func:`~kdml.evaluation.ties.tie_tolerance`). Such
-    neighbours are scored again in float64 from the embeddings as given and re-ordered
+    less than its rounding can move them: up to about the dimension's number of ulps of the
+    query's score scale (:func:`~kdml.evaluation.ties.tie_tolerance`). Such neighbours are
+    scored again in float64 from the embeddings as given and re-ordered
     (:mod:`kdml.evaluation.rescoring`), so the ranks are those of exact arithmetic on the
     given values (on 4,000 unit vectors on a circle Recall@1 is 0.666, where counting the
     float32 near-ties as ties gave 0.597). Neighbours whose float64 keys are equal within
@@ -220,13 +222,14 @@ def retrieval_metrics(
             "recall@K, map@r and r_precision are undefined"
         )
 
+    def relevance(rows: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        return label_index.reference_codes[indices] == label_index.query_codes[rows, None]
+
     search = RankedSearch(query_vectors, reference_vectors, metric, same_set, chunk_size,
-                          ExactScores(embeddings, reference, metric))
+                          ExactScores(embeddings, reference, metric), relevance, num_relevant)
     scores = _RetrievalScores(len(query_vectors), ks)
     for rows, ranked in search.ranked(np.maximum(max(ks), num_relevant)):
-        is_hit = label_index.reference_codes[ranked.indices] == label_index.query_codes[rows,
-                                                                                      None]
-        scores.add(rows, is_hit, num_relevant[rows], ranked.continues)
+        scores.add(rows, relevance(rows, ranked.indices), num_relevant[rows], ranked.continues)
 
     results = scores.averages(is_counted)
     if nmi:
@@ -318,9 +321,18 @@ class RankedSearch:
     WIDEN_BUDGET = 2**24
 
     def __init__(self, query_vectors: Vectors, reference_vectors: Vectors, metric: str,
-                 exclude_self: bool, chunk_size: int, exact: ExactScores | None = None) -> None:
+                 exclude_self: bool, chunk_size: int, exact: ExactScores | None = None,
+                 relevance: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+                 num_relevant: np.ndarray | None = None) -> None:
         self.queries, self.reference, self.exact = query_vectors, reference_vectors, exact
+        # (rows, indices [n, w]) -> [n, w] bool, and each query's number of relevant
+        # references: where only the retrieval metrics read the ranks, only tie groups of
+        # relevant and irrelevant neighbours are re-scored, and a group running past the
+        # retrieved neighbours is searched further only where its other members may change a
+        # score
+        self.relevance, self.num_relevant = relevance, num_relevant
         self.metric, self.exclude_self, self.chunk_size = metric, exclude_self, chunk_size
+        self.dim = int(reference_vectors.shape[1])
         self.available = len(reference_vectors) - int(exclude_self)
         self.reference_norms = _norms(reference_vectors)
         self.query_norms = self.reference_norms if exclude_self else _norms(query_vectors)
@@ -332,13 +344,13 @@ class RankedSearch:
         # neighbour at the largest reference norm, an upper bound of the exact one, which
         # gathers [n, w] norms: only queries with a gap under the bound need it. Same result.
         query_norms = self.query_norms[rows]
-        bound = tie_tolerance(query_norms, self.largest_reference_norm, self.metric)
+        bound = tie_tolerance(query_norms, self.largest_reference_norm, self.metric, self.dim)
         gaps = score_gaps(scores)
         maybe = (gaps <= bound).any(axis=1)
         continues = np.zeros(scores.shape, dtype=bool)
         if maybe.any():
             tolerance = tie_tolerance(query_norms[maybe], self.reference_norms[indices[maybe]],
-                                      self.metric)
+                                      self.metric, self.dim)
             continues[maybe] = continues_from_gaps(gaps[maybe], tolerance)
         return continues
 
@@ -355,7 +367,7 @@ class RankedSearch:
             continues = self._continues(rows, chunk.scores, chunk.indices)
             incomplete = np.zeros(len(rows), dtype=bool)
             if continues.any() and chunk.indices.shape[1] < self.available:
-                incomplete = group_reaches_last_column(continues, needed[rows])
+                incomplete = self._incomplete(rows, chunk.indices, continues, needed[rows])
             done = ~incomplete
             if done.any():
                 yield rows[done], self._ranked(rows[done], chunk.indices[done], continues[done])
@@ -363,10 +375,24 @@ class RankedSearch:
                 self._queue(pending, rows[incomplete], continues[incomplete])
         yield from self._widen(pending, needed)
 
+    def _incomplete(self, rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
+                    needed: np.ndarray) -> np.ndarray:
+        """``[n]`` bool: the tie group holding rank ``needed`` runs past the retrieved
+        neighbours, and (where relevance is known) its unretrieved members could change a score
+        (:func:`~kdml.evaluation.ties.last_group_settled`)."""
+        incomplete = group_reaches_last_column(continues, needed)
+        if self.relevance is not None and self.num_relevant is not None and incomplete.any():
+            these = np.flatnonzero(incomplete)
+            incomplete[these] = ~last_group_settled(
+                self.relevance(rows[these], indices[these]), continues[these],
+                self.num_relevant[rows[these]])
+        return incomplete
+
     def _ranked(self, rows: np.ndarray, indices: np.ndarray, continues: np.ndarray) -> Ranked:
         """Complete tie groups, re-ordered in float64 when ``exact`` is given."""
         if self.exact is not None:
-            indices, continues = rescore_ties(rows, indices, continues, self.exact)
+            is_hit = None if self.relevance is None else self.relevance(rows, indices)
+            indices, continues = rescore_ties(rows, indices, continues, self.exact, is_hit)
         return Ranked(indices, continues)
 
     def _queue(self, pending: dict[int, list[np.ndarray]], rows: np.ndarray,
@@ -395,7 +421,7 @@ class RankedSearch:
                 continues = self._continues(part, scores, indices)
                 done = np.ones(len(part), dtype=bool)
                 if width < self.available:
-                    done = ~group_reaches_last_column(continues, needed[part])
+                    done = ~self._incomplete(part, indices, continues, needed[part])
                 if done.any():
                     yield part[done], self._ranked(part[done], indices[done], continues[done])
                 if not done.all():

@@ -32,22 +32,39 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaln
 
-# Scores closer than this many float32 units in the last place of their scale are ties: float32
-# cannot order them reliably (the same vector scaled and normalised lands up to 2 ulps away,
-# and faiss gives identical vectors bit-identical scores).
+# Float32 ulps of their scale that the vectors' own preparation can move two scores apart: the
+# same vector scaled and normalised lands up to 2 ulps away (faiss gives identical vectors
+# bit-identical scores). The search's sums add search_error_ulps to it.
 TIE_ULPS = 4.0
 
 
+def search_error_ulps(dim: int, metric: str) -> float:
+    r"""A bound, in float32 ulps (``eps``) of the scores' scale, on how far rounding in the
+    float32 search can move the gap between two neighbours' scores: a dot product of ``dim``
+    terms, summed in any order (BLAS blocks it as it likes), is within
+    :math:`\gamma_d |q| |r|`, :math:`\gamma_d \approx d\,u = d\,\mathrm{eps} / 2`, of the
+    exact one (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, Sec. 3.1), so
+    the gap of two inner products is within :math:`d` ulps; faiss's squared L2 distance
+    :math:`|q|^2 + |r|^2 - 2 q \cdot r` adds the norms' sums and two roundings, within
+    :math:`2(d + 2)`. Typical errors are near :math:`\sqrt{d}` ulps, but a fixed few ulps
+    let float32 order some neighbours that exact arithmetic orders the other way (4 ulps at
+    d = 512: 10 of 4,000 queries whose true gap is 1 ulp)."""
+    return float(dim) if metric == "cosine" else 2.0 * (dim + 2)
+
+
 def tie_tolerance(query_norms: np.ndarray, neighbour_norms: np.ndarray,
-                  metric: str) -> np.ndarray:
+                  metric: str, dim: int) -> np.ndarray:
     r"""Tolerance ``[n, w]`` between neighbour ``j`` and ``j - 1`` of each query: TIE_ULPS
-    float32 ulps of the scale of their scores, :math:`|q| \max(|r_{j-1}|, |r_j|)` for inner
-    products and :math:`|q|^2 + \max(|r_{j-1}|, |r_j|)^2` for squared L2 distances (the
-    rounding error of faiss's :math:`|q|^2 + |r|^2 - 2 q \cdot r`).
+    plus :func:`search_error_ulps` float32 ulps of the scale of their scores,
+    :math:`|q| \max(|r_{j-1}|, |r_j|)` for inner products and
+    :math:`|q|^2 + \max(|r_{j-1}|, |r_j|)^2` for squared L2 distances. Gaps within it are
+    re-scored in float64 (:mod:`kdml.evaluation.rescoring`): beyond it, float32's order is
+    exact arithmetic's.
 
     Args:
         query_norms: ``[n]`` L2 norms of the (searched) queries.
         neighbour_norms: ``[n, w]`` L2 norms of their ranked neighbours.
+        dim: the vectors' dimension (the length of the search's sums).
     """
     eps = float(np.finfo(np.float32).eps)
     pair_norms = neighbour_norms.astype(np.float64, copy=True)
@@ -56,7 +73,7 @@ def tie_tolerance(query_norms: np.ndarray, neighbour_norms: np.ndarray,
         scale = query_norms[:, None] * pair_norms
     else:
         scale = query_norms[:, None] ** 2 + pair_norms**2
-    return TIE_ULPS * eps * scale
+    return (TIE_ULPS + search_error_ulps(dim, metric)) * eps * scale
 
 
 def continues_group(scores: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
@@ -91,6 +108,22 @@ def group_reaches_last_column(continues: np.ndarray, needed: np.ndarray) -> np.n
     """``[n]`` bool: the tie group holding rank ``needed`` (1-based) also holds the last
     column, so it may go on beyond the neighbours retrieved."""
     return _group_starts(continues)[:, -1] <= needed - 1
+
+
+def last_group_settled(is_hit: np.ndarray, continues: np.ndarray,
+                       num_relevant: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: no retrieval score depends on the members of the tie group holding the
+    last column beyond the retrieved ones, nor on how many there are. So it is where either
+
+    - all ``num_relevant`` (R) relevant neighbours are ranked before the group: its members
+      are all irrelevant, its relevant share 0 whatever its size; or
+    - the group starts at rank R or later (MAP@R and R-Precision read ranks before it) after a
+      relevant neighbour: every Recall@K whose rank K it holds is 1 whatever its members.
+    """
+    starts = _group_starts(continues)[:, -1]
+    before = np.arange(is_hit.shape[1]) < starts[:, None]
+    found_before = (is_hit & before).sum(axis=1)
+    return (found_before >= num_relevant) | ((num_relevant <= starts) & (found_before > 0))
 
 
 def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ...],
