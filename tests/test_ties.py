@@ -159,6 +159,26 @@ def test_metrics_are_invariant_to_a_positive_scaling(metric, factor):
     assert reference["recall@1"] == 1.0
 
 
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+@pytest.mark.parametrize(("dtype", "factor"), [(np.float32, 1e-14), (np.float32, 1e-25),
+                                               (np.float64, 1e-50)])
+def test_the_cosine_ignores_the_norm_of_one_tiny_row(backend, dtype, factor):
+    """A row scaled down among unit ones has the same cosines. Its float32 squared norm had
+    underflowed to 0 (faiss: a zero vector, similarity 0 to all), F.normalize's floor of 1e-12
+    had left it short of unit length (torch), and a float64 row of 1e-50 became zeros in
+    float32 before it was normalised (both)."""
+    import torch
+
+    embeddings = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]], dtype=dtype)
+    labels = np.array([0, 0, 1, 1])
+    scaled = embeddings.copy()
+    scaled[0] *= factor
+    expected = {"recall@1": 1.0, "map@r": 1.0, "r_precision": 1.0}
+    for given in (embeddings, scaled):
+        assert retrieval_metrics(torch.from_numpy(given), torch.from_numpy(labels), (1,),
+                                 "cosine", nmi=False, backend=backend) == expected
+
+
 def test_a_gallery_is_rescaled_with_its_queries():
     embeddings, labels = well_separated(1)
     queries, gallery = embeddings[::2] * 1e25, embeddings[1::2] * 1e25

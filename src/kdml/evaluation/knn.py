@@ -185,8 +185,10 @@ def search_scale(*arrays: Vectors) -> float:
 
 
 def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
-    """Scale rows to unit L2 norm; all-zero rows stay zero (similarity 0 to everything)."""
-    norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+    """Scale rows to unit L2 norm; all-zero rows stay zero (similarity 0 to everything). The
+    norms are summed in float64, where no float32 row's squares underflow (in float32 a row of
+    norm below about 1e-19 had a norm of 0 and stayed a zero vector)."""
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
     norms[norms == 0] = 1.0
     out = x if inplace else np.empty_like(x)
     np.divide(x, norms[:, None], out=out)
@@ -246,12 +248,23 @@ def to_search_vectors(array: Vectors, scale: float, metric: str) -> Vectors:
     Copies at most once: a float32 input that needs no change is returned as it is.
     """
     if isinstance(array, torch.Tensor):
-        vectors = (array / scale if scale != 1.0 else array).float().contiguous()
-        # F.normalize leaves all-zero rows at zero, as l2_normalize does
-        return torch.nn.functional.normalize(vectors, dim=1) if metric == "cosine" else vectors
+        vectors = array / scale if scale != 1.0 else array
+        if metric == "cosine":
+            # as l2_normalize: in float64, before float32 rounds a tiny row to zero, and
+            # all-zero rows left at zero (F.normalize's floor of 1e-12 on the norm left
+            # smaller rows short of unit length)
+            norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True, dtype=torch.float64)
+            vectors = vectors.double() / torch.where(norms > 0, norms, 1.0)
+        return vectors.float().contiguous()
     owned = False
     if scale != 1.0:
         array, owned = array / scale, True
+    if metric == "cosine" and array.dtype != np.float32:
+        # normalised before float32 rounds a tiny row's values to zero (a float64 row of norm
+        # 1e-50 among unit ones); then again in float32 below, for unit norms after rounding
+        array = l2_normalize(np.asarray(array, dtype=np.float64),
+                             inplace=owned and array.dtype == np.float64)
+        owned = True
     converted = np.ascontiguousarray(array, dtype=np.float32)
     owned = owned or not np.may_share_memory(converted, array)
     if metric == "cosine":
