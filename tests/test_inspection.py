@@ -364,6 +364,40 @@ def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_atlas_retrieval_grid_shows_the_neighbours_its_metrics_rank(runs, tmp_path,
+                                                                        monkeypatch):
+    """Within the query's chart, by the Euclidean distance of the chart coordinates: the grid
+    had ranked the stand-in embedding (sigmoid coordinates and a one-hot chart), and drew hits
+    and misses that neither the run's Recall@K nor kdml search had."""
+    from kdml.inspection import plots
+
+    run = tmp_path / "atlas"
+    shutil.copytree(runs / "atlas", run)
+    drawn = {}
+
+    def grid(queries, neighbours, hits, image, path, titles=None, gallery=None):
+        drawn.update(queries=queries, neighbours=neighbours, hits=hits)
+        return path
+
+    monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
+    assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "6") == 0
+    assert kdml("embed", run, "--out", tmp_path / "codes.npz") == 0
+    codes = np.load(tmp_path / "codes.npz")
+    coords, charts = codes["chart_coords"].astype(np.float64), codes["chart_index"]
+    labels = codes["labels"]
+    row_of = {int(position): row for row, position in enumerate(codes["positions"])}
+    for query, neighbours, hits in zip(drawn["queries"], drawn["neighbours"], drawn["hits"],
+                                       strict=True):
+        q = row_of[int(query)]
+        mates = [r for r in range(len(coords)) if charts[r] == charts[q] and r != q]
+        distances = sorted(float(np.linalg.norm(coords[r] - coords[q])) for r in mates)[:6]
+        listed = [row_of[int(position)] for position in neighbours if position >= 0]
+        assert [float(np.linalg.norm(coords[r] - coords[q])) for r in listed] == pytest.approx(
+            distances, abs=1e-6)
+        assert all(charts[r] == charts[q] for r in listed)
+        assert hits[:len(listed)].tolist() == [labels[r] == labels[q] for r in listed]
+
+
 @pytest.mark.parametrize("command", ["retrieval", "embedding"])
 def test_a_collapsed_embedding_is_not_drawn(runs, tmp_path, capsys, monkeypatch, command):
     """Every test digit embedded alike (JIntra at alpha = 2 does it on Fashion-MNIST): t-SNE
@@ -1171,3 +1205,21 @@ def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, c
     assert len(rows) == 4 and len(set(columns)) == 1, rows
     assert width("東京タワー") == 10 and width("Albatross") == 9
     assert width("Cafe\u0301") == 4 and width("a\u200db") == 2  # + a joiner
+
+
+def test_a_retrieval_grid_leaves_a_neighbour_that_does_not_exist_empty(tmp_path):
+    """-1: an Atlas query whose chart holds fewer images than the grid's columns."""
+    from kdml.viz_retrieval import plot_retrieval_grid
+
+    loaded = []
+
+    def image(position: int) -> torch.Tensor:
+        assert position >= 0
+        loaded.append(position)
+        return torch.full((8, 8), position / 10)
+
+    path = plot_retrieval_grid(np.array([0, 1]), np.array([[2, 3], [4, -1]]),
+                               np.array([[True, False], [True, False]]), image,
+                               tmp_path / "grid.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(loaded) == [0, 1, 2, 3, 4]

@@ -44,7 +44,8 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
 
     Args:
         queries: ``[Q]`` dataset positions of the queries.
-        neighbours: ``[Q, K]`` dataset positions of their nearest neighbours, nearest first.
+        neighbours: ``[Q, K]`` dataset positions of their nearest neighbours, nearest first;
+            -1 where a query has fewer (an Atlas chart of fewer images), drawn empty.
         hits: ``[Q, K]`` bool, the neighbour has the query's class.
         image: position -> image ``[C, H, W]`` or ``[H, W]`` in [0, 1].
         path: the PNG to write.
@@ -73,6 +74,9 @@ def _retrieval_grid_figure(queries: np.ndarray, neighbours: np.ndarray, hits: np
             load, caption_of = (image, titles) if column == 0 else (neighbour_image,
                                                                     neighbour_titles)
             axes = figure.add_subplot(rows, columns, row * columns + column + 1)
+            if position < 0:  # nothing more to find: its chart holds no more images
+                axes.axis("off")
+                continue
             pixels, colour_map = _picture(load(int(position)))
             axes.imshow(pixels, cmap=colour_map, vmin=0.0, vmax=1.0)
             axes.set_xticks([])

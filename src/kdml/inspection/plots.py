@@ -30,7 +30,11 @@ def refuse_collapsed(embedded: Embedded, trained: TrainedRun, picture: str) -> N
     """Raise :class:`KdmlError` when the test embeddings have collapsed to one point
     (:func:`~kdml.evaluation.collapse.collapse_description`): ``picture`` would show ties and
     float rounding, not the model."""
-    collapsed = collapse_description(embedded.tensor(), trained.config.eval.metric)
+    if isinstance(embedded.values, tuple):  # an Atlas run's chart codes, as its scoring's
+        coords, charts = embedded.values
+        collapsed = collapse_description(coords, "euclidean", chart_index=charts)
+    else:
+        collapsed = collapse_description(embedded.tensor(), trained.config.eval.metric)
     if collapsed is not None:
         raise KdmlError(f"{collapsed}: {picture} would show ties and float rounding, not the "
                         "model; train the run again with lower learning rates")
@@ -40,12 +44,16 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     """``plots/retrieval.png`` (``retrieval-best.png`` with the best checkpoint): random test
     queries (with at least one same-class sample to find) and their ``k`` nearest images, hits
     and misses marked. Where the metrics search a gallery (:func:`searches_gallery`), the
-    queries are searched in it; otherwise among the other test images."""
+    queries are searched in it; otherwise among the other test images. An Atlas run's are
+    searched as its metrics search them: within the query's chart, by the Euclidean distance
+    of the chart coordinates (:func:`~kdml.evaluation.charts.chart_retrieval_metrics`)."""
     check_replaceable(trained.plot_path("retrieval"))  # before minutes of embedding
     part = run_part(trained)
     if not part.dataset.is_image:
         raise KdmlError("plot retrieval draws images; this run's samples are not images")
-    embedded = embed_dataset(trained.method, part.dataset, part.embedder)
+    # an Atlas run's embedding (atlas_embedding) is a stand-in that ranks otherwise
+    embed = chart_codes_of if trained.method.has_charts else embed_dataset
+    embedded = embed(trained.method, part.dataset, part.embedder)
     # a tied neighbour is drawn as found, so the grid's hits would be the search's tie order
     refuse_collapsed(embedded, trained, "a grid of their nearest neighbours")
     labels = embedded.labels.numpy()
@@ -58,7 +66,7 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
         k = min(k, len(labels) - 1)
     else:
         found = run_part(trained, "gallery")
-        reference = embed_dataset(trained.method, found.dataset, found.embedder)
+        reference = embed(trained.method, found.dataset, found.embedder)
         reference_labels = reference.labels.numpy()
         eligible = np.flatnonzero(np.isin(labels, reference_labels))
         k = min(k, len(reference_labels))
@@ -76,13 +84,16 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     chosen = np.random.default_rng(seed).choice(eligible, min(queries, len(eligible)),
                                                 replace=False)
     same_set = found is part
-    if same_set:  # each test image against the others (its own row dropped)
+    if trained.method.has_charts:
+        neighbours = _chart_neighbours(embedded, chosen, reference, k, same_set)
+    elif same_set:  # each test image against the others (its own row dropped)
         chunks = knn_search(embedded.values, k=k, metric=metric, exclude_self=True)
         neighbours = np.concatenate([chunk.indices for chunk in chunks])[chosen]
     else:
         chunks = knn_search(embedded.values[chosen], reference.values, k=k, metric=metric)
         neighbours = np.concatenate([chunk.indices for chunk in chunks])
-    hits = reference_labels[neighbours] == labels[chosen][:, None]
+    found_any = neighbours >= 0
+    hits = found_any & (reference_labels[np.maximum(neighbours, 0)] == labels[chosen][:, None])
 
     def loader(dataset: DmlDataset) -> tuple[Callable[[int], torch.Tensor],
                                              Callable[[int], str]]:
@@ -96,10 +107,36 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
         return image, title
 
     query_image, query_title = loader(part.dataset)
+    positions = np.where(found_any, reference.indices.numpy()[np.maximum(neighbours, 0)], -1)
     return plot_retrieval_grid(
-        embedded.indices.numpy()[chosen], reference.indices.numpy()[neighbours], hits,
+        embedded.indices.numpy()[chosen], positions, hits,
         query_image, trained.plot_path("retrieval"), query_title,
         gallery=None if same_set else loader(found.dataset))
+
+
+def _chart_neighbours(queries: Embedded, chosen: np.ndarray, reference: Embedded, k: int,
+                      same_set: bool) -> np.ndarray:
+    """``[Q, k]`` rows of ``reference`` nearest to the ``chosen`` rows of ``queries`` (chart
+    codes), each among the references of its own chart by the Euclidean distance of their
+    coordinates, nearest first (its own row dropped where ``same_set``); -1 where its chart
+    holds fewer."""
+    coords, charts = (part.cpu().numpy() for part in queries.values)
+    reference_coords, reference_charts = (part.cpu().numpy() for part in reference.values)
+    neighbours = np.full((len(chosen), k), -1, dtype=np.int64)
+    for chart in np.unique(charts[chosen]):
+        rows = np.flatnonzero(charts[chosen] == chart)
+        members = np.flatnonzero(reference_charts == chart)
+        width = min(k + int(same_set), len(members))  # one more: the query itself, dropped
+        if width == 0:
+            continue
+        chunks = knn_search(coords[chosen[rows]], reference_coords[members], k=width,
+                            metric="euclidean")
+        found = members[np.concatenate([chunk.indices for chunk in chunks])]
+        for row, listed in zip(rows, found, strict=True):
+            if same_set:
+                listed = listed[listed != chosen[row]]
+            neighbours[row, :min(k, len(listed))] = listed[:k]
+    return neighbours
 
 
 def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
