@@ -692,15 +692,23 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
         assert f"fewer than {10**19} neighbours" in printed.err
 
 
-@pytest.mark.parametrize("damage", ["truncated", "no labels", "too few rows", "no chart"])
+@pytest.mark.parametrize("damage", ["truncated", "no labels", "too few rows", "no chart",
+                                    "labels as a column", "labels as text", "chart as floats"])
 def test_a_damaged_index_is_refused_in_one_line(runs, tmp_path, capsys, damage):
-    run = "atlas" if damage == "no chart" else "plain"
+    """The last three had stopped the search with a traceback (TypeError, ValueError)."""
+    run = "atlas" if "chart" in damage else "plain"
     assert kdml("index", runs / run, "--out", tmp_path / "index") == 0
     assert kdml("embed", runs / run, "--out", tmp_path / "q.npz") == 0
     items = tmp_path / "index" / "items.npz"
     arrays = dict(np.load(items))
     if damage == "truncated":
         items.write_bytes(items.read_bytes()[:100])
+    elif damage in ("labels as a column", "labels as text", "chart as floats"):
+        key = "chart" if "chart" in damage else "labels"
+        arrays[key] = {"labels as a column": arrays[key][:, None],
+                       "labels as text": arrays[key].astype(str),
+                       "chart as floats": arrays[key] + 0.5}[damage]
+        np.savez(items, **arrays)
     else:
         key = {"no labels": "labels", "no chart": "chart"}.get(damage)
         arrays = ({name: value for name, value in arrays.items() if name != key} if key

@@ -176,10 +176,16 @@ def load_index(folder: Path) -> LoadedIndex:
         raise KdmlError(f"{folder} holds a damaged index ({type(error).__name__}); build it "
                         "again with 'kdml index'") from None
     wanted = ["labels", "sources", *(["chart"] if info.charts is not None else [])]
-    short = [key for key in wanted if key not in items or len(items[key]) != info.count]
+    short = [key for key in wanted
+             if key not in items or items[key].ndim != 1 or len(items[key]) != info.count]
+    # labels and charts are read as ints: text or floats there crashed the search
+    not_whole = [key for key in wanted if key != "sources" and key not in short
+                 and items[key].dtype.kind not in "iu"]
     stored = sum(index.ntotal for index in indexes.values())
     if short:
         what: str | None = f"items.npz has no {short[0]!r} of {info.count} items"
+    elif not_whole:
+        what = f"items.npz's {not_whole[0]!r} are {items[not_whole[0]].dtype}, not integers"
     elif stored != info.count:
         what = f"its faiss files hold {stored} vectors, index.json says {info.count}"
     else:
