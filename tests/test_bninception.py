@@ -246,7 +246,8 @@ def test_weights_from_safetensors_and_nested_checkpoints(tmp_path):
     save_file(state, str(tmp_path / "weights.safetensors"))
     torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}},
                tmp_path / "training.pth")
-    for name in ("weights.safetensors", "training.pth"):
+    save_file(state, str(tmp_path / "WEIGHTS.SAFETENSORS"))  # had been read as a pickle
+    for name in ("weights.safetensors", "training.pth", "WEIGHTS.SAFETENSORS"):
         fresh = BNInception()
         load_weights(fresh, tmp_path / name, report=lambda line: None)
         assert torch.equal(fresh.conv1_7x7_s2.weight, net.conv1_7x7_s2.weight)
@@ -276,6 +277,11 @@ def test_weights_errors_are_one_line(tmp_path):
     (tmp_path / "junk.pth").write_bytes(b"junk")
     with pytest.raises(KdmlError, match="not a readable state dict"):
         load_weights(BNInception(), tmp_path / "junk.pth")
+    # a model's state dict saved on the meta device: shapes only (a traceback at loading)
+    torch.save({key: torch.empty_like(value, device="meta") for key, value in state.items()},
+               tmp_path / "meta.pth")
+    with pytest.raises(KdmlError, match="holds tensors without values .*meta device"):
+        load_weights(BNInception(), tmp_path / "meta.pth")
 
 
 def test_batchnorm_tensors_stored_as_rows_load(tmp_path):

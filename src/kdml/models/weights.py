@@ -39,7 +39,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise KdmlError(f"weights file {path} {why_missing(path, 'file')}; {WHERE_TO_GET}")
     state: Any
     try:
-        if path.suffix == ".safetensors":
+        if path.suffix.lower() == ".safetensors":
             from safetensors.torch import load_file
 
             state = load_file(str(path))
@@ -54,6 +54,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
                                               for v in state.values()):
         raise KdmlError(f"weights file {path} holds no state dict of tensors")
+    empty = [key for key, value in state.items() if value.is_meta]
+    if empty:  # saved from a model on the meta device: shapes without values
+        raise KdmlError(f"weights file {path} holds tensors without values ({empty[0]}, on "
+                        "torch's meta device); save the weights of a model that holds them")
     return {key.removeprefix("module."): value for key, value in state.items()}
 
 
