@@ -1102,3 +1102,25 @@ def test_a_run_converged_on_its_last_epoch_trains_no_further_when_epochs_are_rai
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2
     assert "it stopped early, after epoch 2; nothing left to train" in (
         out / "train.log").read_text()
+
+
+def test_a_resumed_run_takes_its_weights_from_its_checkpoint_not_from_model_weights(
+        tmp_path, tiny_overrides, capsys):
+    """--resume had read model.weights' file again, only for the checkpoint to replace every
+    weight, and stopped when the file was gone (its message said to pass the path, which
+    --resume refuses)."""
+    from kdml.models.backbones import build_backbone
+
+    weights = tmp_path / "pretrained.pth"
+    torch.save(build_backbone("cnn", (1, 8, 8)).state_dict(), weights)  # digits' default
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "train.epochs=1", "--weights",
+                     str(weights)]) == 0
+    assert f"from {weights}" in capsys.readouterr().out
+    weights.unlink()
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["train"]["epochs"] = 2
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2

@@ -145,7 +145,9 @@ class Session:
         if not config.eval.ks:
             config.eval.ks = list(splits.eval_ks)
         check_evaluation(config, splits, selects)
-        method = build_method(config, splits, echo=echo)
+        # a resumed run's checkpoint holds every weight: model.weights' file is not read (it
+        # may be gone), as by the commands that read a run
+        method = build_method(config, splits, pretrained=new_run, echo=echo)
         check_method_on_splits(config, splits, method)
         if not method.needs_fit:  # PCA's fit reads the whole split, in no batches of classes
             check_batching(splits.train.labels, config.data.samples_per_class,
