@@ -7,8 +7,9 @@ from kdml.errors import KdmlError
 from kdml.training.recipes.jrd import AMSoftmaxParams
 
 
-def resolve(*overrides, file_values=None):
-    return resolve_config("amsoftmax", AMSoftmaxParams, None, file_values, list(overrides))
+def resolve(*overrides, file_values=None, settings=None):
+    return resolve_config("amsoftmax", AMSoftmaxParams, None, file_values, list(overrides),
+                          settings)
 
 
 def test_defaults_then_file_then_overrides():
@@ -46,10 +47,14 @@ def test_malformed_override(item):
     ("model.weights=1e3.pth", "model.weights", "1e3.pth"),
     ("train.device=cuda:", "train.device", None),  # YAML: {'cuda': None}
     ("data.root='quoted dir'", "data.root", "quoted dir"),  # YAML's own string: unquoted
+    ("data.root=photos #2", "data.root", "photos #2"),  # YAML: a comment, cut off unsaid
+    ("data.root=@data", "data.root", "@data"),  # YAML: a reserved indicator, refused
+    ("model.weights= w.pth ", "model.weights", "w.pth"),
 ])
 def test_a_text_setting_takes_an_override_as_written(item, key, expected):
     """The shell has taken the user's quotes, so a folder named 2024 or no could not be given
-    as an override at all ("has the wrong type; expected str")."""
+    as an override at all ("has the wrong type; expected str"), and one named 'photos #2' was
+    read as 'photos' without a word."""
     if expected is None:
         with pytest.raises(KdmlError, match=r"train.device must be auto, cpu, cuda or cuda:N, "
                                             r"got 'cuda:'$"):
@@ -57,6 +62,49 @@ def test_a_text_setting_takes_an_override_as_written(item, key, expected):
         return
     section, leaf = key.split(".")
     assert getattr(getattr(resolve(item), section), leaf) == expected
+
+
+@pytest.mark.parametrize("file_values, spellings", [
+    ({"train": {"epochs": 2}, "epochs": 3}, "as train.epochs and as epochs"),
+    ({"train": {"epochs": 2}, "train.epochs": 3}, "as train.epochs and as train.epochs"),
+    ({"dataset": "digits", "data": {"dataset": "mnist5k"}}, "as dataset and as data.dataset"),
+])
+def test_a_config_file_that_sets_a_setting_twice_is_refused(file_values, spellings):
+    """YAML's check of a key given twice sees one mapping's keys only: the last spelling had
+    won without a word."""
+    setting = "train.epochs" if "epochs" in spellings else "data.dataset"
+    with pytest.raises(KdmlError, match=f"^the config file sets {setting} twice, "
+                                        f"{re.escape(spellings)}; keep one$"):
+        resolve(file_values=file_values)
+
+
+def test_a_grid_written_as_dotted_keys_is_refused_not_ignored():
+    with pytest.raises(KdmlError, match=r"^grid\.margin is not a setting; a config file's grid "
+                                        r"is one mapping"):
+        resolve(file_values={"grid.margin": [0.1, 0.2]})
+
+
+def test_a_grid_key_that_is_not_text_is_refused_in_one_line():
+    from kdml.training.grid import grid_cells
+
+    for key in (1, True, None):
+        with pytest.raises(KdmlError, match=f"^grid key {key!r} is not a config key"):
+            grid_cells({key: [1, 2]})
+
+
+def test_a_grid_value_reaches_a_text_setting_as_the_file_gives_it():
+    """Cells went through override text, where PyYAML's end-of-document marker made a value
+    of 2024 the text '2024\n...', and null the text 'null'."""
+    from kdml.training.grid import grid_cells
+
+    cells = grid_cells({"data.root": [2024, "x"], "model.weights": [None, "w.pth"]})
+    settings = [cell.values for cell in cells]
+    assert settings[3] == {"data.root": "x", "model.weights": "w.pth"}
+    assert resolve(settings=None).data.root == ""
+    with pytest.raises(KdmlError, match=r"^data.root=2024 has the wrong type; expected str$"):
+        resolve_config("amsoftmax", AMSoftmaxParams, None, None, None, settings[0])
+    config = resolve_config("amsoftmax", AMSoftmaxParams, None, None, None, settings[3])
+    assert (config.data.root, config.model.weights) == ("x", "w.pth")
 
 
 def test_wrong_type_and_range():
@@ -177,3 +225,12 @@ def test_kdml_config_refuses_a_grid_as_kdml_train_does(tmp_path, capsys, text, o
     assert cli.main(["train", "--config", str(tmp_path / "grid.yaml"), *overrides,
                      "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == err
+
+
+def test_invalid_yaml_is_named_by_its_problem_and_line(tmp_path):
+    """The message had been PyYAML's context alone: "while scanning for the next token"."""
+    tabbed = tmp_path / "tab.yaml"
+    tabbed.write_text("recipe: jrd\ntrain:\n\tepochs: 2\n")
+    with pytest.raises(KdmlError, match=r"^config file .*tab\.yaml is not valid YAML: found "
+                                        r"character '\\t' that cannot start any token \(line 3\)$"):
+        load_config_file(tabbed)

@@ -46,7 +46,7 @@ def test_paper_config_names_its_table_and_every_cell_resolves(path):
     cells = grid_cells(values["grid"]) if "grid" in values else [None]
     for cell in cells:
         config = resolve_config(recipe.name, recipe.params, recipe.defaults, values,
-                                cell.overrides if cell else [])
+                                settings=cell.values if cell else None)
         assert config.data.dataset in FIXTURES
 
 

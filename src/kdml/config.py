@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,17 +170,29 @@ def resolve_config(
     recipe_defaults: dict[str, Any] | None = None,
     file_values: dict[str, Any] | None = None,
     overrides: list[str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> RunConfig:
-    """Build a validated config: dataclass defaults < recipe defaults < file < overrides."""
+    """Build a validated config: dataclass defaults < recipe defaults < file < overrides <
+    ``settings`` (values as a config file gives them: a grid cell's)."""
     config = RunConfig(recipe=recipe, method=method_params())
     for source in (recipe_defaults or {}, file_values or {}):
-        for key, value in flatten(source).items():
-            if key.split(".")[0] in FILE_ONLY_KEYS:
-                continue
+        given: dict[str, str] = {}  # each setting's key as the file writes it
+        for key, value in _flat_items({name: value for name, value in source.items()
+                                       if name not in FILE_ONLY_KEYS}):
+            if key.split(".")[0] in FILE_ONLY_KEYS:  # grid.alpha: at the top level
+                raise KdmlError(f"{key} is not a setting; a config file's {key.split('.')[0]} "
+                                f"is one mapping, e.g. grid: {{method.alpha: [0.5, 1.0]}}")
+            full_key = resolve_key(config, key)
+            if full_key in given:  # YAML's own check sees only one mapping's keys
+                raise KdmlError(f"the config file sets {full_key} twice, as {given[full_key]} "
+                                f"and as {key}; keep one")
+            given[full_key] = key
             set_key(config, key, value)
     for item in overrides or []:
-        key, value = parse_override(item)
-        set_key(config, key, value, text=item.partition("=")[2].strip())
+        key, text = override_parts(item)
+        set_key(config, key, override_value(config, key, item, text))
+    for key, value in (settings or {}).items():
+        set_key(config, key, value)
     validate(config)
     return config
 
@@ -203,7 +216,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if given is not None:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} is given twice (lines {given} and {line}): "
-                    "keep one", key_node.start_mark)
+                    "keep one")  # no mark: the lines are said
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -218,8 +231,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise KdmlError(f"config file {path} is not UTF-8 text; save it as a YAML file") from None
     except yaml.YAMLError as error:
-        first_line = str(error).splitlines()[0]
-        raise KdmlError(f"config file {path} is not valid YAML: {first_line}") from None
+        # the problem and its line ("found character '\t' that cannot start any token"),
+        # not the context PyYAML's message starts with ("while scanning for the next token")
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise KdmlError(f"config file {path} is not valid YAML: {problem}{where}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -227,17 +244,53 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; values are parsed as YAML scalars/lists."""
+def override_parts(item: str) -> tuple[str, str]:
+    """``"train.epochs=3"`` -> ``("train.epochs", "3")``: an override's key and its value's
+    text."""
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key or any(c.isspace() for c in key):
         raise KdmlError(f"malformed override {item!r}: write key=value, e.g. train.epochs=5")
+    return key, text
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; the value is parsed as YAML."""
+    key, text = override_parts(item)
+    return key, _yaml_value(item, text)
+
+
+def override_value(config: RunConfig, key: str, item: str, text: str) -> Any:
+    """The value of the override ``item`` (``key=text``) of ``config``: a text setting takes
+    its text as written, less one pair of enclosing quotes (YAML would read ``data.root=2024``
+    as a number, ``data.root=no`` as False, and cut ``photos #2`` at its comment); any other
+    is read as YAML."""
+    full_key = resolve_key(config, key)
+    section, leaf = full_key.split(".", 1)
+    if _field_types(type(getattr(config, section)))[leaf] is not str:
+        return _yaml_value(item, text)
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    return text
+
+
+def _yaml_value(item: str, text: str) -> Any:
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        return yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         raise KdmlError(f"malformed value in override {item!r}") from None
-    return key, value
+
+
+def _flat_items(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """:func:`flatten`'s pairs, each as the file gives it: ``train: {epochs: 2}`` beside
+    ``train.epochs: 3`` is two pairs of one key (the dict would keep the last)."""
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flat_items(value, name + ".")
+        else:
+            yield name, value
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -282,16 +335,12 @@ def resolve_key(config: RunConfig, key: str) -> str:
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
 
 
-def set_key(config: RunConfig, key: str, value: Any, text: str | None = None) -> None:
-    """Set ``key`` to ``value``, checked against its field's type. ``text`` is an override's
-    value as written: a text setting takes it as it stands where YAML read something else
-    (``data.root=2024`` an int, ``data.root=no`` False, ``train.device=cuda:`` a mapping)."""
+def set_key(config: RunConfig, key: str, value: Any) -> None:
+    """Set ``key`` to ``value``, checked against its field's type."""
     full_key = resolve_key(config, key)
     section_name, leaf = full_key.split(".", 1)
     section = getattr(config, section_name)
     field_type = _field_types(type(section))[leaf]
-    if field_type is str and text is not None and not isinstance(value, str):
-        value = text
     value = coerce(value, field_type, full_key)
     check_finite(value, full_key)
     setattr(section, leaf, value)

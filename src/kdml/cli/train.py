@@ -264,10 +264,10 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
     """Refuse a flag and an override of its key, or a grid over it, together (``--dataset
     digits data.dataset=cub``), and an override of a key the grid runs over: one of them
     would be ignored without a word."""
-    from kdml.config import parse_override
+    from kdml.config import override_parts
 
     for item in overrides:
-        key = str(parse_override(item)[0])
+        key = override_parts(item)[0]
         for grid_key in grid_keys:  # either may be dotted or a bare leaf
             if key == grid_key or key.split(".")[-1] == grid_key.split(".")[-1] and (
                     "." not in key or "." not in grid_key):
@@ -279,7 +279,7 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
             continue
         names = (key, key.split(".", 1)[1])
         for item in overrides:
-            if parse_override(item)[0] in names:
+            if override_parts(item)[0] in names:
                 raise KdmlError(f"{flag} and the override {item} both set {key}; give one")
         for grid_key in grid_keys:
             if grid_key in names:
@@ -371,7 +371,7 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     check_distinct_keys([str(key) for key in file_values["grid"]],
                         functools.partial(resolve_key, blank))
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
-                              [*overrides, *cell.overrides]) for cell in cells]
+                              overrides, cell.values) for cell in cells]
     check_distinct_cells(cells, [config.to_dict() for config in configs])
     return cells, configs
 

@@ -47,10 +47,6 @@ class Cell:
         parts = [f"{key.rsplit('.', 1)[-1]}={value}" for key, value in self.values.items()]
         return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
 
-    @property
-    def overrides(self) -> list[str]:
-        return [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-                for key, value in self.values.items()]
 
 
 def grid_cells(grid: Any) -> list[Cell]:
@@ -59,6 +55,9 @@ def grid_cells(grid: Any) -> list[Cell]:
         raise KdmlError("grid must map config keys to lists of values, e.g. "
                         "grid: {method.dim: [2, 4, 8]}")
     for key, values in grid.items():
+        if not isinstance(key, str):  # YAML reads 1:, true: and null: as such
+            raise KdmlError(f"grid key {key!r} is not a config key; write a setting's name, "
+                            "e.g. grid: {method.dim: [2, 4, 8]}")
         if not isinstance(values, list) or not values:
             raise KdmlError(f"grid.{key} must be a non-empty list of values, got {values!r}")
         repeated = repeated_position(values)
