@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from kdml.config import load_config_file, parse_override, resolve_config
+from kdml.config import load_config_file, override_parts, resolve_config
 from kdml.errors import KdmlError
 from kdml.training.recipes.jrd import AMSoftmaxParams
 
@@ -37,7 +37,7 @@ def test_unknown_key_suggests_nearest():
 @pytest.mark.parametrize("item", ["epochs", "=3", "bad key=1"])
 def test_malformed_override(item):
     with pytest.raises(KdmlError, match="malformed override"):
-        parse_override(item)
+        override_parts(item)
 
 
 @pytest.mark.parametrize("item, key, expected", [

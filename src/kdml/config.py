@@ -158,6 +158,7 @@ def device_name_problem(name: str, what: str = "the device") -> str | None:
         return None
     return f"{what} must be auto, cpu, cuda or cuda:N, got {name!r}"
 
+
 SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
 # Top-level keys of a config file that are not settings: the recipe's name, a description of
 # the paper table it mirrors, and a grid of settings to run one by one.
@@ -254,12 +255,6 @@ def override_parts(item: str) -> tuple[str, str]:
     return key, text
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; the value is parsed as YAML."""
-    key, text = override_parts(item)
-    return key, _yaml_value(item, text)
-
-
 def override_value(config: RunConfig, key: str, item: str, text: str) -> Any:
     """The value of the override ``item`` (``key=text``) of ``config``: a text setting takes
     its text as written, less one pair of enclosing quotes (YAML would read ``data.root=2024``
@@ -294,14 +289,8 @@ def _flat_items(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str,
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
+    """``{"train": {"epochs": 2}}`` -> ``{"train.epochs": 2}``."""
+    return dict(_flat_items(values, prefix))
 
 
 def all_keys(config: RunConfig) -> list[str]:
