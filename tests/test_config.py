@@ -153,6 +153,10 @@ def test_config_file_errors(tmp_path):
     ("optim.lr_gamma=1.5", "optim.lr_gamma must be in (0, 1]"),
     ("data.dataset=", "dataset name is empty"),
     ("data.dataset=' '", "dataset name is empty"),
+    # a traceback of the allocator, and of islice after training an epoch
+    ("model.embedding_size=1000000000", "model.embedding_size must be from 1 to 65,536"),
+    ("eval.embed_batch_size=100000000000000000000",
+     "eval.embed_batch_size must be from 1 to 2,147,483,648"),
 ])
 def test_settings_of_the_right_type_that_make_no_sense(override, message):
     with pytest.raises(KdmlError, match=re.escape(message)):
@@ -199,10 +203,10 @@ def test_kdml_config_names_a_file_s_grid_and_prints_its_first_cell(tmp_path, cap
     import yaml
 
     code, out, err = config_command(tmp_path, capsys, "recipe: jrd\ntrain: {keep_best: true}\n"
-                                    "grid: {data.validation: [0.2, 0.4], train.seed: [3, 4]}\n")
+                                    "grid: {data.validation: [0.2], train.seed: [3, 4]}\n")
     # the file's values alone (keep_best without data.validation) were refused before
     assert (code, err) == (0, "")
-    assert out.startswith(f"# {tmp_path / 'grid.yaml'} holds a grid of 4 runs over "
+    assert out.startswith(f"# {tmp_path / 'grid.yaml'} holds a grid of 2 runs over "
                           "data.validation, train.seed, one per cell;\n# printed: the first "
                           "cell's config, validation=0.2-seed=3\nrecipe: jrd\n")
     printed = yaml.safe_load(out)
@@ -215,6 +219,8 @@ def test_kdml_config_names_a_file_s_grid_and_prints_its_first_cell(tmp_path, cap
     ("grid: {method.alpha: [0, -1]}", [], "method.alpha"),  # a bad value in the second cell
     ("grid: {method.alpha: [0, 1]}", ["alpha=2"], "the override alpha=2 sets method.alpha"),
     ("grid: {train.seed: [0, 0]}", [], "grid.train.seed lists 0 twice"),
+    # kdml config had printed it
+    ("grid: {data.validation: [0, 0.2]}", [], "the grid's cells have different data.validation"),
 ])
 def test_kdml_config_refuses_a_grid_as_kdml_train_does(tmp_path, capsys, text, overrides,
                                                        message):

@@ -402,6 +402,12 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 MAX_LR = 1e30
 
 
+# Far beyond any use, below what fails inside torch or Python with a traceback (a layer of 1e9
+# outputs cannot be allocated; a batch of 1e20 overflows the loaders' slicing).
+MAX_EMBEDDING_SIZE = 2**16
+MAX_BATCH = 2**31
+
+
 def validate(config: RunConfig) -> None:
     """Range checks that need no data; the rest is checked where the data is known."""
     device_problem = device_name_problem(config.train.device, "train.device")
@@ -418,7 +424,8 @@ def validate(config: RunConfig) -> None:
         (1 <= config.data.image_size <= config.data.resize,
          "data.image_size must be from 1 to data.resize"),
         (config.data.on_bad_image in ("error", "skip"), "data.on_bad_image must be error or skip"),
-        (config.eval.embed_batch_size >= 1, "eval.embed_batch_size must be at least 1"),
+        (1 <= config.eval.embed_batch_size <= MAX_BATCH,
+         f"eval.embed_batch_size must be from 1 to {MAX_BATCH:,}"),
         (0 < config.data.holdout_fraction < 1, "data.holdout_fraction must be in (0, 1)"),
         (0 <= config.data.validation < 1,
          "data.validation must be in [0, 1) (0 = test; e.g. 0.2 validates on a fifth of the "
@@ -461,7 +468,8 @@ def validate(config: RunConfig) -> None:
          "optim.lr_milestones must be increasing epoch numbers >= 1, e.g. [19, 39]"),
         (not (config.optim.lr_step and config.optim.lr_milestones),
          "set optim.lr_step or optim.lr_milestones, not both"),
-        (config.model.embedding_size >= 1, "model.embedding_size must be at least 1"),
+        (1 <= config.model.embedding_size <= MAX_EMBEDDING_SIZE,
+         f"model.embedding_size must be from 1 to {MAX_EMBEDDING_SIZE:,}"),
         (all(k >= 1 for k in config.eval.ks), "eval.ks must be positive ints"),
         (config.eval.metric in ("cosine", "euclidean"), "eval.metric must be cosine or euclidean"),
         (device_problem is None, device_problem or ""),

@@ -125,12 +125,6 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
 
     cells, resolved = _grid_configs(recipe, file_values, overrides)
     configs = [with_absolute_paths(config) for config in resolved]
-    shares = sorted({config.data.validation for config in configs})
-    if len(shares) > 1:
-        raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
-                        f"{shares[-1]:g}): each would be scored on another part (the test part, "
-                        "or another validation part), which one table cannot compare; give "
-                        "every cell the same data.validation")
     _check_dataset_name(configs[0].data.dataset)
     _join_processes(configs[0])
 
@@ -361,8 +355,8 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
                   ) -> tuple[list[Cell], list[RunConfig]]:
     """The config file's grid cells and each one's config (the file's values, ``overrides``,
     then the cell's), refusing a malformed grid, two keys of one setting (``dim`` and
-    ``method.dim``), two cells of one folder name, a bad value in any cell, and two cells of
-    one config."""
+    ``method.dim``), two cells of one folder name, a bad value in any cell, two cells of
+    one config, and cells scored on different parts (data.validation)."""
     from kdml.config import RunConfig, resolve_config, resolve_key
     from kdml.training.grid import check_distinct_cells, check_distinct_keys, grid_cells
 
@@ -373,6 +367,12 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                               overrides, cell.values) for cell in cells]
     check_distinct_cells(cells, [config.to_dict() for config in configs])
+    shares = sorted({config.data.validation for config in configs})
+    if len(shares) > 1:
+        raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
+                        f"{shares[-1]:g}): each would be scored on another part (the test part, "
+                        "or another validation part), which one table cannot compare; give "
+                        "every cell the same data.validation")
     return cells, configs
 
 
