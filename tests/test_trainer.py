@@ -1124,3 +1124,18 @@ def test_a_resumed_run_takes_its_weights_from_its_checkpoint_not_from_model_weig
     (out / "config.yaml").write_text(yaml.safe_dump(config))
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2
+
+
+def test_a_finished_run_resumed_with_fewer_epochs_logs_the_epochs_it_trained(
+        tmp_path, tiny_overrides):
+    """The log had said "all 1 epochs are trained" of a run whose checkpoint and metrics hold
+    2."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "train.epochs=2"]) == 0
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("epochs: 2", "epochs: 1"))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    log = (out / "train.log").read_text()
+    assert "all 2 epochs are trained (train.epochs is now 1); nothing left to train" in log
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2

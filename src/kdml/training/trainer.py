@@ -405,8 +405,10 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
             recorder.log.info("it stopped early, after epoch %d; %s", len(history),
                               NOTHING_LEFT)
         elif start_epoch > end_epoch:  # a finished run resumed: nothing to train
-            recorder.log.info("all %d epochs are trained; %s", config.train.epochs,
-                              NOTHING_LEFT)
+            trained = start_epoch - 1  # more than train.epochs where that was lowered since
+            recorder.log.info("all %d epochs are trained%s; %s", trained,
+                              f" (train.epochs is now {config.train.epochs})"
+                              if trained > config.train.epochs else "", NOTHING_LEFT)
             if not part_scores(history[-1], prefix):
                 # its last epoch trained but never scored (train.eval_every, then train.epochs
                 # lowered to it): scored now, as a run always scores its last epoch, or the
