@@ -1139,3 +1139,18 @@ def test_a_finished_run_resumed_with_fewer_epochs_logs_the_epochs_it_trained(
     log = (out / "train.log").read_text()
     assert "all 2 epochs are trained (train.epochs is now 1); nothing left to train" in log
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2
+
+
+def test_an_unknown_key_in_a_run_s_config_yaml_names_the_file(tmp_path, tiny_overrides,
+                                                              capsys):
+    """The refusal had read as one of a command's own inputs: "unknown config key
+    'train.foo' for recipe 'amsoftmax'", with no word of which file held it."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "train.epochs=1"]) == 0
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("train:\n", "train:\n  foo: 1\n"))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"kdml: error: {config}: unknown config key 'train.foo' for recipe 'amsoftmax'")

@@ -68,7 +68,10 @@ def run_config(run: RunFolder) -> RunConfig:
                         "wrote for this run (cut short, emptied or replaced); restore it, or "
                         "train the run again into a new folder")
     recipe = get_recipe(str(file_values["recipe"]))
-    config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    try:
+        config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+    except KdmlError as error:  # an edit of the file: say which file (not a command's input)
+        raise KdmlError(f"{run.config}: {error}") from None
     if config.data.root and not root_is_read(config.data.dataset):
         # Saved before kdml refused a root the dataset does not read: it was ignored in
         # training, so it is dropped here rather than refused for a run already trained.
