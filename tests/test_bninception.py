@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -277,6 +279,18 @@ def test_weights_errors_are_one_line(tmp_path):
     (tmp_path / "junk.pth").write_bytes(b"junk")
     with pytest.raises(KdmlError, match="not a readable state dict"):
         load_weights(BNInception(), tmp_path / "junk.pth")
+    torch.save({}, tmp_path / "empty.pth")  # had said "(its first keys: )"
+    with pytest.raises(KdmlError, match="empty.pth holds no state dict of tensors$"):
+        load_weights(BNInception(), tmp_path / "empty.pth")
+    # a TorchScript archive: refused in kdml's line alone, without torch's warning before it
+    with warnings.catch_warnings():  # torch.jit's own deprecation
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "scripted.pth")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(KdmlError, match="scripted.pth (holds no state dict|is not a "
+                                            "readable state dict)"):
+            load_weights(BNInception(), tmp_path / "scripted.pth")
     # a model's state dict saved on the meta device: shapes only (a traceback at loading)
     torch.save({key: torch.empty_like(value, device="meta") for key, value in state.items()},
                tmp_path / "meta.pth")

@@ -17,6 +17,7 @@ so their checkpoints load as they are):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,17 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
             state = load_file(str(path))
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's own words on a TorchScript archive
+                warnings.simplefilter("ignore", UserWarning)  # come before kdml's one line
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch and safetensors raise many types for a bad file
         raise KdmlError(f"weights file {path} is not a readable state dict "
                         f"({type(error).__name__}); expected a .pth or .safetensors file") from None
     for key in ("state_dict", "model"):  # training checkpoints nest the weights
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
-                                              for v in state.values()):
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor)
+                                                           for v in state.values()):
         raise KdmlError(f"weights file {path} holds no state dict of tensors")
     empty = [key for key, value in state.items() if value.is_meta]
     if empty:  # saved from a model on the meta device: shapes without values
