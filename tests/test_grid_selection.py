@@ -288,3 +288,26 @@ def test_a_misspelt_select_metric_of_a_validation_grid_trains_nothing(tmp_path, 
                      str(tmp_path / "single"), "--no-progress", "data.validation=0.4",
                      "eval.ks=[2]", "train.epochs=1", "train.steps_per_epoch=1",
                      "train.device=cpu", "eval.nmi=false", "data.batch_size=12"]) == 0
+
+
+def test_the_grid_marker_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A write cut short had left a grid.yaml that the next run took for another grid's."""
+    from pathlib import Path
+
+    from kdml.training.grid import MARKER, grid_cells, write_marker
+
+    grid = {"method.alpha": [0.5, 1.0]}
+    cells = grid_cells(grid)
+    real = Path.write_text
+
+    def cut_short(path, text, *args, **kwargs):
+        real(path, text[:5], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        write_marker(tmp_path / "grid", cells, grid)
+    assert list((tmp_path / "grid").iterdir()) == []
+    monkeypatch.setattr(Path, "write_text", real)
+    write_marker(tmp_path / "grid", cells, grid)
+    assert [path.name for path in (tmp_path / "grid").iterdir()] == [MARKER]

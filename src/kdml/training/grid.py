@@ -26,6 +26,7 @@ import yaml
 
 from kdml.config import flatten
 from kdml.errors import KdmlError
+from kdml.file_write import write_through_new_file
 from kdml.training.run_folder import holds_files
 
 MARKER = "grid.yaml"
@@ -175,10 +176,11 @@ def changed_setting(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 
 def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / MARKER).write_text(yaml.safe_dump({"grid": grid,
-                                               "cells": [cell.name for cell in cells]},
-                                              sort_keys=False))
+    """``grid.yaml``, whole or not at all: a file cut short by a kill would be taken for
+    another grid's (:func:`check_grid_folder`)."""
+    text = yaml.safe_dump({"grid": grid, "cells": [cell.name for cell in cells]},
+                          sort_keys=False)
+    write_through_new_file(root / MARKER, lambda partial: partial.write_text(text))
 
 
 def best_cells(scores: Sequence[Any]) -> list[int]:
