@@ -16,7 +16,7 @@ from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
 from kdml.evaluation.collapse import collapse_description
 from kdml.evaluation.evaluator import Embedded, chart_codes_of, embed_dataset
-from kdml.evaluation.knn import as_metric, knn_search
+from kdml.evaluation.knn import as_metric, drop_self, knn_search
 from kdml.figure_file import check_replaceable
 from kdml.inspection.parts import run_part, searches_gallery
 from kdml.training.loading import TrainedRun
@@ -129,13 +129,13 @@ def _chart_neighbours(queries: Embedded, chosen: np.ndarray, reference: Embedded
         width = min(k + int(same_set), len(members))  # one more: the query itself, dropped
         if width == 0:
             continue
-        chunks = knn_search(coords[chosen[rows]], reference_coords[members], k=width,
-                            metric="euclidean")
+        chunks = list(knn_search(coords[chosen[rows]], reference_coords[members], k=width,
+                                 metric="euclidean"))
+        scores = np.concatenate([chunk.scores for chunk in chunks])
         found = members[np.concatenate([chunk.indices for chunk in chunks])]
-        for row, listed in zip(rows, found, strict=True):
-            if same_set:
-                listed = listed[listed != chosen[row]]
-            neighbours[row, :min(k, len(listed))] = listed[:k]
+        if same_set:  # each query is among its chart's members
+            scores, found = drop_self(scores, found, chosen[rows])
+        neighbours[rows, :found.shape[1]] = found
     return neighbours
 
 
