@@ -240,3 +240,38 @@ def test_invalid_yaml_is_named_by_its_problem_and_line(tmp_path):
     with pytest.raises(KdmlError, match=r"^config file .*tab\.yaml is not valid YAML: found "
                                         r"character '\\t' that cannot start any token \(line 3\)$"):
         load_config_file(tabbed)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.seed=010", "'010' is read by YAML 1.1 as octal (8): write 10 or 8"),
+    ("train.seed=-0_10", "'-0_10' is read by YAML 1.1 as octal (-8): write -10 or -8"),
+    ("eval.ks=[1, 010]", "'010' is read by YAML 1.1 as octal (8): write 10 or 8"),
+    ("train.epochs=1:30", "'1:30' is read by YAML 1.1 as base 60 (90): write 90, "
+                          "or quote it as text"),
+    ("optim.lr=0:0.5", "'0:0.5' is read by YAML 1.1 as base 60 (0.5): write 0.5, "
+                       "or quote it as text"),
+])
+def test_a_number_yaml_1_1_reads_otherwise_than_it_looks_is_refused(override, message):
+    """PyYAML follows YAML 1.1: seed=010 had trained with seed 8 and epochs=1:30 for 90
+    epochs, without a word."""
+    with pytest.raises(KdmlError, match=f"^override {re.escape(repr(override))}: "
+                                        f"{re.escape(message)}$"):
+        resolve(override)
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    ("train.seed=0", "train.seed", 0), ("train.seed=00", "train.seed", 0),
+    ("train.seed=1_000", "train.seed", 1000), ("train.seed=0x10", "train.seed", 16),
+    ("optim.lr=0.05", "optim.lr", 0.05), ("optim.lr=00.5", "optim.lr", 0.5),
+])
+def test_numbers_that_read_as_they_look_are_kept(override, key, expected):
+    section, leaf = key.split(".")
+    assert getattr(getattr(resolve(override), section), leaf) == expected
+
+
+def test_a_config_file_s_octal_number_is_refused_with_its_line(tmp_path):
+    octal = tmp_path / "octal.yaml"
+    octal.write_text("recipe: jrd\ntrain:\n  seed: 010\n")
+    with pytest.raises(KdmlError, match=r"^config file .*octal\.yaml: '010' is read by YAML "
+                                        r"1\.1 as octal \(8\): write 10 or 8 \(line 3\)$"):
+        load_config_file(octal)

@@ -201,7 +201,17 @@ def resolve_config(
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping: YAML forbids it, but
     PyYAML keeps the last value, so ``epochs: 1`` then ``epochs: 2`` would train 2 epochs
-    without a word about the first."""
+    without a word about the first. It also refuses the numbers that YAML 1.1 (PyYAML's)
+    reads otherwise than they look: ``seed: 010`` is octal 8 and ``epochs: 1:30`` is base 60
+    (90); YAML 1.2 and most other readers would say 10 and a string."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        _refuse_yaml11_number(node)
+        return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        _refuse_yaml11_number(node)
+        return super().construct_yaml_float(node)  # type: ignore[no-untyped-call,no-any-return]
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -222,6 +232,34 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float",
+                                 _UniqueKeyLoader.construct_yaml_float)
+
+
+def _refuse_yaml11_number(node: yaml.ScalarNode) -> None:
+    text = node.value.replace("_", "")
+    digits = text.lstrip("+-")
+    octal = len(digits) > 1 and digits.isdigit() and digits[0] == "0" and digits.strip("0") != ""
+    if not octal and ":" not in text:
+        return
+    numbers = yaml.constructor.SafeConstructor()  # PyYAML's own reading, to say what it is
+    if octal:
+        value: Any = numbers.construct_yaml_int(node)  # type: ignore[no-untyped-call]
+        sign = "-" if text.startswith("-") else ""
+        problem = f"octal ({value}): write {sign}{digits.lstrip('0')} or {value}"
+    else:
+        read = numbers.construct_yaml_float if "." in text else numbers.construct_yaml_int
+        value = read(node)  # type: ignore[no-untyped-call]
+        problem = f"base 60 ({value}): write {value}, or quote it as text"
+    raise _AmbiguousNumber(
+        None, None, f"{node.value!r} is read by YAML 1.1 as {problem}", node.start_mark)
+
+
+class _AmbiguousNumber(yaml.constructor.ConstructorError):
+    """Valid YAML 1.1, but not the number most readers would take it for."""
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a nested dict (a key given twice is refused)."""
     path = Path(path)
@@ -231,6 +269,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         values = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError:
         raise KdmlError(f"config file {path} is not UTF-8 text; save it as a YAML file") from None
+    except _AmbiguousNumber as error:
+        line = error.problem_mark.line + 1 if error.problem_mark else "?"
+        raise KdmlError(f"config file {path}: {error.problem} (line {line})") from None
     except yaml.YAMLError as error:
         # the problem and its line ("found character '\t' that cannot start any token"),
         # not the context PyYAML's message starts with ("while scanning for the next token")
@@ -272,7 +313,9 @@ def override_value(config: RunConfig, key: str, item: str, text: str) -> Any:
 
 def _yaml_value(item: str, text: str) -> Any:
     try:
-        return yaml.safe_load(text) if text.strip() else ""
+        return yaml.load(text, Loader=_UniqueKeyLoader) if text.strip() else ""
+    except _AmbiguousNumber as error:
+        raise KdmlError(f"override {item!r}: {error.problem}") from None
     except yaml.YAMLError:
         raise KdmlError(f"malformed value in override {item!r}") from None
 
