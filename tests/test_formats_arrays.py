@@ -620,6 +620,22 @@ def test_csv_labels_differ_by_case_and_other_values_do_not(tmp_path):
         [0, 1], [2], [3]]
 
 
+def test_csv_integer_labels_are_written_with_digits_alone(tmp_path):
+    """int() reads 1_0 as 10 and +1 as 1: those labels had merged with 10 and 1 into one
+    class each. A leading zero is still the same number (07 is 7), as the docstring says."""
+    csv_file = write_csv(tmp_path, "path,label,split\n"
+                                   "photos/c00/000.jpg,1_0,train\n"
+                                   "photos/c00/001.png,10,train\n"
+                                   "photos/c01/000.jpg,+1,test\n"
+                                   "photos/c01/001.png,1,test\n")
+    assert load_csv(csv_file).dataset.labels.tolist() == [3, 2, 0, 1]  # four text labels
+    csv_file.write_text("path,label,split\nphotos/c00/000.jpg,07,train\n"
+                        "photos/c00/001.png,7,train\nphotos/c01/000.jpg,10,test\n")
+    parts = load_csv(csv_file)
+    assert parts.dataset.labels.tolist() == [0, 0, 1]
+    assert parts.dataset.class_names == {0: "07", 1: "10"}
+
+
 def test_csv_missing_file(tmp_path):
     one_line_error(lambda: open_dataset("csv:" + str(tmp_path / "none.csv")), "csv:none.csv",
                    "no such file")

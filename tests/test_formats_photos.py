@@ -308,6 +308,12 @@ def copy_path(source: Path, line: int, target: Path, target_line: int) -> None:
      r"Ebay_test\.txt line 3 is malformed: expected 4 fields"),
     (lambda root: set_line(root / "Ebay_train.txt", 2, "1 one 1 bicycle_final/1_0.JPG"),
      r"Ebay_train\.txt line 2 is malformed: 'one' is not an integer"),
+    # int() reads 1_1 as 11; a class id beyond int64 had stopped with a raw OverflowError
+    (lambda root: set_line(root / "Ebay_train.txt", 2, "1 1_1 1 bicycle_final/1_0.JPG"),
+     r"Ebay_train\.txt line 2 is malformed: '1_1' is not an integer"),
+    (lambda root: set_line(root / "Ebay_train.txt", 2, f"1 {2**63} 1 bicycle_final/1_0.JPG"),
+     r"Ebay_train\.txt line 2 is malformed: 9223372036854775808 is beyond the 64-bit integers "
+     r"an id can be \(searched"),
     (lambda root: next((root / "cabinet_final").iterdir()).unlink(),
      r"missing image \S*cabinet_final/\S+\.JPG \(1 of 8"),
     (lambda root: copy_path(root / "Ebay_test.txt", 2, root / "Ebay_test.txt", 3),

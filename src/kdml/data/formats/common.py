@@ -9,6 +9,7 @@ wrong, the expected layout and the root that was searched.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,10 @@ from kdml.data.images import missing_files
 from kdml.errors import KdmlError
 
 DEFAULT_KS = (1, 2, 4, 8)
+# An integer as a list writes one: int() also reads 1_000, +1 and other scripts' digits (one
+# class with 1000 and 1 in a label column).
+INTEGER = re.compile(r"-?[0-9]+")
+INT64 = range(-2**63, 2**63)  # what a label tensor holds
 Line = TypeVar("Line")  # where a key was read: a line number, or a (file, line number)
 PART_NAMES = ("train", "test", "query", "gallery")
 
@@ -108,11 +113,13 @@ class Layout:
             return [handle.readline().strip() for _ in range(count)]
 
     def integer(self, text: str, relative: str, line: int) -> int:
-        try:
-            return int(text)
-        except ValueError:
+        if not INTEGER.fullmatch(text):
             raise self.error(f"{relative} line {line} is malformed: {text!r} is not an "
-                             "integer") from None
+                             "integer")
+        if int(text) not in INT64:
+            raise self.error(f"{relative} line {line} is malformed: {text} is beyond the "
+                             "64-bit integers an id can be")
+        return int(text)
 
     def check_path(self, path: str, where: str) -> None:
         """Refuse a listed path that holds a NUL byte, a damaged list: no file name can hold

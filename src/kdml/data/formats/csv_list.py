@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where, resolved
+from kdml.data.formats.common import INTEGER, DatasetParts, Layout, indices_where, resolved
 from kdml.data.images import ImageFiles
 
 EXPECTED = "a header 'path,label,split[,is_query,is_gallery]' then one row per image"
@@ -84,10 +84,9 @@ def flag(layout: Layout, value: str, column: str, line: int) -> bool:
 def label_ids(names: list[str]) -> tuple[list[int], dict[int, str]]:
     """``names`` mapped to 0..C-1 in sorted order (numeric order when all are integers), and
     each id's label as the file writes it (its first spelling, for integers such as 07)."""
-    try:
-        keys: list[Any] = [int(name) for name in names]  # all ints or all strs: they sort
-    except ValueError:
-        keys = list(names)
+    keys: list[Any] = list(names)  # all ints or all strs: they sort
+    if all(INTEGER.fullmatch(name) for name in names):
+        keys = [int(name) for name in names]
     index = {key: position for position, key in enumerate(sorted(set(keys)))}
     spelling: dict[int, str] = {}
     for key, name in zip(keys, names, strict=True):
