@@ -616,6 +616,18 @@ def test_metrics_files_are_written_through_new_files_only(tmp_path):
         "metrics.csv", "metrics.csv.tmp", "metrics.json"]
 
 
+def test_metrics_files_are_left_alone_where_metrics_json_is_someone_else_s(tmp_path):
+    """metrics.csv had been replaced before metrics.json's own check refused the write."""
+    from kdml.training.run_folder import RunFolder
+
+    (tmp_path / "metrics.csv").write_text("epoch,train/loss\n1,0.5\n")
+    (tmp_path / "metrics.json").write_text('{"mine": true}')
+    with pytest.raises(KdmlError, match=r"metrics\.json is in the way and kdml did not write"):
+        RunFolder(tmp_path).write_metrics([{"epoch": 1, "train/loss": 0.25}], None)
+    assert (tmp_path / "metrics.csv").read_text() == "epoch,train/loss\n1,0.5\n"
+    assert (tmp_path / "metrics.json").read_text() == '{"mine": true}'
+
+
 def test_an_embedding_size_that_sizes_nothing_is_named(tmp_path, tiny_overrides, capsys):
     """Atlas and DTML size their embeddings with their own settings: a model.embedding_size
     given to them (tiny_overrides give 8) had been saved and left unused, silently."""
