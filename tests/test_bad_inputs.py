@@ -675,6 +675,34 @@ def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_a_new_file_never_replaces_one_that_appears_while_it_is_written(tmp_path, monkeypatch,
+                                                                       hard_links):
+    """kdml embed --out checks that its .npz is new, then writes for as long as it takes; a
+    rename would have replaced a file made there meanwhile. Also where the file system has no
+    hard links (EPERM), the way it places a new file."""
+    import kdml.file_write
+    from kdml.file_write import write_through_new_file
+
+    target = tmp_path / "embeddings.npz"
+
+    def someone_else_writes_there(partial: Path) -> None:
+        partial.write_text("kdml's")
+        target.write_text("theirs")
+
+    if not hard_links:
+        def no_links(source: object, destination: object) -> None:
+            raise PermissionError(1, "Operation not permitted")
+        monkeypatch.setattr(kdml.file_write.os, "link", no_links)
+    with pytest.raises(FileExistsError) as caught:
+        write_through_new_file(target, someone_else_writes_there, replace=False)
+    assert caught.value.filename == str(target)
+    assert target.read_text() == "theirs" and list(tmp_path.iterdir()) == [target]
+    target.unlink()
+    write_through_new_file(target, lambda partial: partial.write_text("kdml's"), replace=False)
+    assert target.read_text() == "kdml's" and list(tmp_path.iterdir()) == [target]
+
+
 def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_and_resumes(tmp_path, capsys,
                                                                          monkeypatch):
     """torch's writer wraps a full disk's OSError in "RuntimeError: [enforce fail at

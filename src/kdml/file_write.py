@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import tempfile
@@ -11,10 +12,12 @@ from pathlib import Path
 from kdml.errors import KdmlError
 
 
-def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
+def write_through_new_file(path: Path, write: Callable[[Path], object],
+                           replace: bool = True) -> Path:
     """Call ``write`` on a new hidden file beside ``path`` (never an existing file, nor a
     link), then rename it into place: a kill or a full disk leaves the old file or the new one,
-    and nothing half-written beside them."""
+    and nothing half-written beside them. With ``replace=False``, ``path`` must not exist: a
+    file that appears there meanwhile is kept (a ``FileExistsError``), never renamed over."""
     path.parent.mkdir(parents=True, exist_ok=True)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
     partial = path.with_name(f".{path.stem}.{token}{path.suffix.lower()}")
@@ -26,13 +29,36 @@ def write_through_new_file(path: Path, write: Callable[[Path], object]) -> Path:
         raise _about(error, path, partial) from None
     try:
         write(partial)
-        partial.replace(path)
+        if replace:
+            partial.replace(path)
+        else:
+            _place_new(partial, path)
     except BaseException as error:  # Ctrl-C or a full disk: nothing half-written stays behind
         partial.unlink(missing_ok=True)
         if isinstance(error, OSError):
             raise _about(error, path, partial) from None
         raise
     return path
+
+
+APPEARED = "a file appeared there while kdml wrote its own, and is kept"
+
+
+def _place_new(partial: Path, path: Path) -> None:
+    """Move ``partial`` to ``path`` where no file is: a rename would replace one, a hard link
+    fails on it (link, then unlink: no half-written ``path`` at any moment)."""
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, APPEARED, str(path)) from None
+    except OSError as error:  # a file system without hard links: check, then rename
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, APPEARED, str(path)) from None
+        partial.replace(path)
+        return
+    partial.unlink()
 
 
 def _about(error: OSError, path: Path, partial: Path) -> OSError:

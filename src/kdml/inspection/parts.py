@@ -171,7 +171,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
         with partial.open("wb") as handle:  # a handle: np.savez would add .npz to a name
             np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stubs
 
-    return write_through_new_file(path, save)
+    return write_through_new_file(path, save, replace=False)
 
 
 def index_part(trained: RunModel, part: Part, folder: Path, kind: str) -> IndexInfo:
