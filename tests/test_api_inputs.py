@@ -13,8 +13,16 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance, SNRD
 
 from kdml.errors import KdmlError
 from kdml.evaluation.retrieval import retrieval_metrics
-from kdml.kernels import GaussianMixtureKernel, PolynomialKernel
+from kdml.kernels import (
+    GaussianMixtureKernel,
+    PolynomialKernel,
+    adaptive_bandwidth,
+    l1_distances,
+    squared_distances,
+)
 from kdml.losses.dtml_objective import DTMLObjective
+from kdml.models.atlas_heads import AtlasHead
+from kdml.models.dtml import DTMLNetwork
 from kdml.regularizers import (
     DomainMMD,
     IntraClassPenalty,
@@ -92,3 +100,53 @@ def test_a_regularizer_given_no_labels_says_where_it_goes(regularizer):
     with pytest.raises(KdmlError, match=r"needs the batch's labels.*add it to the loss "
                                         r"instead"):
         loss(torch.randn(8, 4), torch.arange(4).repeat(2))
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: squared_distances(torch.arange(6).view(3, 2), torch.arange(4).view(2, 2)),
+     "squared_distances expects floating point points, got torch.int64"),
+    (lambda: squared_distances(torch.randn(3), torch.randn(3)),
+     "squared_distances expects 2-D points [M, D] and [N, D], got (3,) and (3,)"),
+    (lambda: l1_distances(torch.randn(3, 2), torch.randn(4, 5)),
+     "l1_distances expects 2-D points [M, D] and [N, D], got (3, 2) and (4, 5)"),
+    (lambda: adaptive_bandwidth(torch.ones(3, 3, dtype=torch.long)),
+     "adaptive_bandwidth expects floating point distances, got torch.int64"),
+    (lambda: DTMLNetwork(4), "DTMLNetwork needs at least two positive layer sizes "
+                             "[input, ..., top], got 4"),
+    (lambda: DTMLNetwork([4, 2])(torch.ones(3, 4, dtype=torch.long)),
+     "DTMLNetwork expects floating point features, got torch.int64"),
+    (lambda: DTMLNetwork([4, 2])(torch.ones(4)),
+     "DTMLNetwork expects a batch [N, 4], got (4,); a single sample is x[None]"),
+    (lambda: AtlasHead(8, dim=2, n_charts=3)(torch.randn(4, 7)),
+     "AtlasHead expects features [B, 8], got (4, 7)"),
+    (lambda: AtlasHead(8, dim=2, n_charts=3)(torch.randn(8)),
+     "AtlasHead expects features [B, 8], got (8,)"),
+])
+def test_public_helpers_and_models_refuse_malformed_inputs_in_one_line(call, message):
+    """They had raised torch's own errors from deep inside: "mat1 and mat2 shapes cannot be
+    multiplied", "cdist only supports floating-point dtypes", "'int' object is not
+    iterable"."""
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}"):
+        call()
+
+
+@pytest.mark.parametrize("setting", ["hidden_weight", "hidden_threshold"])
+@pytest.mark.parametrize("zero_d", [torch.tensor(0.5), np.array(0.5)])
+def test_dtml_objective_takes_a_0_d_tensor_or_array_as_a_number(setting, zero_d):
+    """As the kernels and ManifoldMMD(eps=) do; it had been iterated: a raw TypeError."""
+    objective = DTMLObjective(**{setting: zero_d})
+    assert getattr(objective, setting) == 0.5
+
+
+def test_an_empty_set_of_points_leaves_the_other_s_gradient_finite():
+    """The common centre was the mean of both sets: an empty one's mean is NaN, which made the
+    gradient of an empty [4, 0] distance matrix (and of the kernels on it) NaN."""
+    from kdml.kernels import InverseMultiquadricKernel
+
+    for distances in (squared_distances, InverseMultiquadricKernel(1.0),
+                      GaussianMixtureKernel(bandwidth=1.0)):
+        x = torch.randn(4, 3, requires_grad=True)
+        value = distances(x, torch.zeros(0, 3))
+        assert value.shape == (4, 0)
+        (value.sum() + x.pow(2).sum()).backward()
+        assert torch.equal(x.grad, 2 * x.detach())

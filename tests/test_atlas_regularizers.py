@@ -319,6 +319,20 @@ def test_manifold_mmd_takes_a_zero_dimensional_eps_as_its_float(eps):
     assert mmd(coords, q, prior).item() == expected.item()
 
 
+@pytest.mark.parametrize("eps", [1e-8, 1e-12])
+def test_manifold_mmd_s_clamp_keeps_the_logit_finite_in_float32(eps):
+    """In float32, 1 - eps rounds to 1 for eps below 2^-24: a prior sample holding 1.0 (a
+    grid, for a reproducible evaluation) had given a NaN value and gradient."""
+    coords, q, _ = make_batch(6, 2, 3, seed=11)
+    grid = torch.linspace(0.0, 1.0, 6, dtype=torch.float64)[:, None].repeat(1, 3)
+    coords32 = coords.float().requires_grad_(True)
+    value = ManifoldMMD(3, 2, eps=eps)(coords32, q.float(), grid.float())
+    value.backward()
+    assert torch.isfinite(coords32.grad).all()
+    expected = ManifoldMMD(3, 2, eps=eps)(coords.float().double(), q.float().double(), grid)
+    assert value.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
 @pytest.mark.parametrize("eps", [torch.tensor(0.5), np.array(-0.1), torch.tensor([0.1]),
                                  np.array([0.1])], ids=["0.5", "negative", "1-d", "1-d array"])
 def test_manifold_mmd_refuses_a_tensor_eps_out_of_range_or_not_zero_dimensional(eps):

@@ -36,6 +36,14 @@ def is_finite_number(value: object, above: float | None = None,
             and (at_least is None or number >= at_least))
 
 
+def as_number(value: object) -> object:
+    """A 0-d tensor or array as its Python float (read once, where a setting is given); any
+    other value unchanged, for the caller's check to refuse or take."""
+    if isinstance(value, Tensor | np.ndarray) and value.ndim == 0:
+        return float(value)
+    return value
+
+
 def check_tensors(owner: str, labels: object, tensors: Sequence[object],
                   what: str = "embeddings") -> None:
     """Refuse, in one line naming ``owner``, labels or ``what`` (e.g. ``"embeddings"``) that

@@ -25,11 +25,16 @@ import inspect
 import math
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_float_inputs, is_finite_number, is_positive_int
+from kdml.checks import (
+    as_number,
+    check_float_inputs,
+    check_tensor_inputs,
+    is_finite_number,
+    is_positive_int,
+)
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -95,9 +100,13 @@ def squared_distances(x: Tensor, y: Tensor) -> Tensor:
     disappears. The result is clamped at 0; there is no square root, so the gradient at
     coincident points is finite (zero).
     """
+    _check_pair("squared_distances", x, y)
     if y is x:
         return _SelfSquaredDistances.apply(x - x.detach().mean(dim=0))
-    centre = 0.5 * (x.detach().mean(dim=0) + y.detach().mean(dim=0))
+    # the mean of the sets that have points: an empty one's mean is NaN, which made the
+    # gradient of an empty [M, 0] result NaN
+    means = [points.detach().mean(dim=0) for points in (x, y) if len(points)]
+    centre = sum(means) / len(means) if means else 0.0
     x_c, y_c = x - centre, y - centre
     x_sq_norms, y_sq_norms = x_c.pow(2).sum(dim=1), y_c.pow(2).sum(dim=1)
     return torch.addmm(x_sq_norms[:, None] + y_sq_norms[None, :], x_c, y_c.T, alpha=-2.0
@@ -110,7 +119,18 @@ def l1_distances(x: Tensor, y: Tensor) -> Tensor:
     ``torch.cdist(p=1)`` differentiates :math:`|t|` with ``sign(t)``, which is 0 at
     :math:`t = 0`, so coincident points get a zero (finite) gradient.
     """
+    _check_pair("l1_distances", x, y)
     return torch.cdist(x, y, p=1.0)
+
+
+def _check_pair(owner: str, x: Tensor, y: Tensor) -> None:
+    """Two float sets of points :math:`(M, D)` and :math:`(N, D)`: torch's own errors (an
+    index out of range, "cdist only supports floating-point dtypes") come from deep inside."""
+    check_tensor_inputs(owner, [x, y], "points")
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise KdmlError(f"{owner} expects 2-D points [M, D] and [N, D], got "
+                        f"{tuple(x.shape)} and {tuple(y.shape)}")
+    check_float_inputs(owner, [x, y], "points")
 
 
 def adaptive_bandwidth(dists: Tensor, floor: Tensor | float | None = None) -> Tensor:
@@ -137,10 +157,12 @@ def adaptive_bandwidth(dists: Tensor, floor: Tensor | float | None = None) -> Te
     Returns:
         A 0-dim tensor with the dtype and device of ``dists``.
     """
+    check_tensor_inputs("adaptive_bandwidth", [dists], "distances")
     if dists.ndim != 2 or dists.shape[0] != dists.shape[1]:
         raise KdmlError(
             f"adaptive_bandwidth needs a square [M, M] matrix, got {tuple(dists.shape)}"
         )
+    check_float_inputs("adaptive_bandwidth", [dists], "distances")
     m = dists.shape[0]
     num_off_diagonal = max(m * m - m, 1)  # a single point has no pair: tau = 0 -> floor
     tau = dists.detach().sum() / num_off_diagonal
@@ -194,16 +216,8 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
     check_float_inputs(name, [x, y], "inputs")
 
 
-def _as_number(value: object) -> object:
-    """A 0-d tensor or array as its Python float (read once, where a setting is given); any
-    other value unchanged, for the caller's check to refuse or take."""
-    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 0:
-        return float(value)
-    return value
-
-
 def _check_positive(name: str, value: float) -> float:
-    value = _as_number(value)  # type: ignore[assignment]
+    value = as_number(value)  # type: ignore[assignment]
     if not is_finite_number(value, above=0):
         raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
@@ -426,7 +440,7 @@ class PolynomialKernel(Kernel):
         super().__init__()
         if not is_positive_int(degree):
             raise KdmlError(f"degree must be an integer >= 1, got {degree!r}")
-        bias = _as_number(bias)  # type: ignore[assignment]
+        bias = as_number(bias)  # type: ignore[assignment]
         # a negative offset is not a positive-definite kernel; an infinite one gives inf
         if not is_finite_number(bias, at_least=0):
             raise KdmlError(f"bias must be a finite number >= 0, got {bias!r}")

@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol, SupportsFloat, cast
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import is_finite_number
+from kdml.checks import as_number, is_finite_number
 from kdml.errors import KdmlError
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.precision import full_precision
@@ -46,6 +46,7 @@ def _check_number(name: str, value: object, nonnegative: bool) -> float:
 def _check_per_layer(name: str, value: float | Sequence[float],
                      nonnegative: bool) -> float | tuple[float, ...]:
     """One number for all hidden layers, or a sequence of one per hidden layer, checked."""
+    value = as_number(value)  # type: ignore[assignment]  # a 0-d tensor or array: a float
     if isinstance(value, Iterable) and not isinstance(value, str | numbers.Real):
         return tuple(_check_number(name, v, nonnegative) for v in value)
     return _check_number(name, value, nonnegative)  # a number, or refused as not one

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import is_positive_int
+from kdml.checks import check_float_inputs, check_tensor_inputs, is_positive_int
 from kdml.errors import KdmlError
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -63,10 +63,10 @@ class DTMLNetwork(nn.Module):
     def __init__(self, layer_sizes: Sequence[int], activation: str = "tanh",
                  init: str = "identity") -> None:
         super().__init__()
-        sizes = list(layer_sizes)
+        sizes = list(layer_sizes) if isinstance(layer_sizes, Sequence) else []
         if len(sizes) < 2 or not all(is_positive_int(s) for s in sizes):
             raise KdmlError(f"DTMLNetwork needs at least two positive layer sizes "
-                            f"[input, ..., top], got {sizes}")
+                            f"[input, ..., top], got {layer_sizes!r}")
         if activation not in ACTIVATIONS:
             raise KdmlError(f"unknown activation {activation!r}; choose one of "
                             f"{', '.join(ACTIVATIONS)}")
@@ -90,6 +90,11 @@ class DTMLNetwork(nn.Module):
 
     def forward(self, x: Tensor) -> list[Tensor]:
         phi = ACTIVATIONS[self.activation]
+        check_tensor_inputs("DTMLNetwork", [x], "features")
+        if x.ndim < 2:
+            raise KdmlError(f"DTMLNetwork expects a batch [N, {self.layer_sizes[0]}], got "
+                            f"{tuple(x.shape)}; a single sample is x[None]")
+        check_float_inputs("DTMLNetwork", [x], "features")
         hidden = x.flatten(1)
         if hidden.shape[1] != self.layer_sizes[0]:
             raise KdmlError(f"DTMLNetwork expects {self.layer_sizes[0]} input features, "

@@ -13,11 +13,11 @@ of Sec. 3.2.2 and can be added to any metric-learning loss (see its example).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from kdml.checks import (
+    as_number,
     check_float_inputs,
     check_same_device,
     check_tensor_inputs,
@@ -106,8 +106,7 @@ class ManifoldMMD(nn.Module):
         for name, value in (("dim", dim), ("n_charts", n_charts)):
             if not is_positive_int(value):
                 raise KdmlError(f"ManifoldMMD: {name} must be a positive integer, got {value!r}")
-        if isinstance(eps, Tensor | np.ndarray) and eps.ndim == 0:
-            eps = float(eps)  # a 0-d tensor or array, read once here, as the kernels do
+        eps = as_number(eps)  # type: ignore[assignment]  # a 0-d tensor or array: a float
         if not is_finite_number(eps, above=0) or not eps < 0.5:
             raise KdmlError(f"ManifoldMMD: eps must be a number in (0, 0.5), got {eps!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -132,7 +131,9 @@ class ManifoldMMD(nn.Module):
                 f"ManifoldMMD: prior_sample must be [M, {self.dim}] with M >= 2, "
                 f"got {tuple(prior_sample.shape)}"
             )
-        prior = torch.logit(prior_sample.to(coords).clamp(self.eps, 1.0 - self.eps))
+        # in float64: in float32, 1 - eps rounds to 1 for eps below 2^-24, a logit of inf
+        prior = torch.logit(prior_sample.to(coords.device, torch.float64)
+                            .clamp(self.eps, 1.0 - self.eps)).to(coords.dtype)
         num_prior, n = len(prior), self.n_charts
 
         # sum_{j != k} sum_i q_i(x_j) q_i(x_k) k0(c_i(x_j), c_i(x_k)), one chart at a time
