@@ -278,3 +278,41 @@ def test_the_adaptive_bandwidth_is_the_global_batch_s_not_the_rank_s(monkeypatch
     assert expected > 1e-3  # the global bandwidth keeps the kernels far from 0
     for value, _ in results:
         assert value == pytest.approx(expected, rel=1e-12)
+
+
+def test_no_rank_makes_a_matrix_of_the_whole_batch(monkeypatch):
+    """The mode's point: O(mM) memory per rank. Counting the inter-class pairs by comparing
+    the gathered labels with themselves had made one [M, M] matrix on every rank."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: set[tuple[int, ...]] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, tuple | list) else [out]:
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.add(tuple(tensor.shape))
+            return out
+
+    size, rows = 2, 6
+    ranks = ThreadRanks(size)
+    monkeypatch.setattr(distributed, "gather", ranks.gather)
+    monkeypatch.setattr(distributed, "all_reduce_sum", ranks.all_reduce_sum)
+    monkeypatch.setattr(distributed, "world", ranks.world)
+    layers = random_layers(size * rows, (3, 2), seed=5)
+    labels = torch.arange(size * rows) % 4
+
+    def work(rank: int) -> set[tuple[int, ...]]:
+        part = slice(rank * rows, (rank + 1) * rows)
+        local = [layer[part].detach().clone().requires_grad_() for layer in layers]
+        with Shapes() as recorded:
+            value = sharded_jrs([GaussianMixtureKernel(3), LaplaceKernel()], local, labels[part])
+            torch.autograd.grad(value, local)
+        return recorded.shapes
+
+    for shapes in ranks.run(work):
+        assert (rows, size * rows) in shapes  # the rank's own rows of the kernel matrices
+        assert (size * rows, size * rows) not in shapes

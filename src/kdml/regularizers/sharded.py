@@ -81,7 +81,9 @@ def sharded_jrs(kernels: Sequence[Kernel], local_representations: Sequence[Tenso
         joint = joint * block
     inter_class = local_labels[:, None] != labels[None, :]
     partial = torch.where(inter_class, joint, 0.0).sum()
-    num_pairs = (labels[:, None] != labels[None, :]).sum().clamp_min(1)
+    # the global count from each rank's rows: comparing the gathered labels with themselves
+    # would make the one [M, M] matrix this mode exists to avoid
+    num_pairs = distributed.all_reduce_sum(inter_class.sum()).clamp_min(1)
     total = distributed.all_reduce_sum(partial.detach())
     scale = 2.0 * distributed.world().size
     return (total + scale * (partial - partial.detach())) / num_pairs
