@@ -616,6 +616,21 @@ def test_metrics_files_are_written_through_new_files_only(tmp_path):
         "metrics.csv", "metrics.csv.tmp", "metrics.json"]
 
 
+def test_a_pooling_the_backbone_does_not_use_is_named(tmp_path, tiny_overrides, capsys):
+    """kdml's small backbones pool their own maps (or have none): model.pooling=max had been
+    saved in config.yaml and left unused, silently."""
+    out = tmp_path / "max"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "model.pooling=max"]) == 0
+    warned = ("model.pooling=max is not used by backbone 'cnn': it pools the feature maps of "
+              "bninception, timm and torchvision backbones only")
+    assert f"kdml: warning: {warned}" in capsys.readouterr().err
+    assert warned in (out / "train.log").read_text()
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
+                     str(tmp_path / "avg"), "--no-progress", *tiny_overrides]) == 0
+    assert "model.pooling" not in capsys.readouterr().err
+
+
 def test_metrics_files_are_left_alone_where_metrics_json_is_someone_else_s(tmp_path):
     """metrics.csv had been replaced before metrics.json's own check refused the write."""
     from kdml.training.run_folder import RunFolder

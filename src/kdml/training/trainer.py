@@ -181,6 +181,16 @@ class Session:
             return None
         return setting
 
+    def unpooled_backbone(self) -> str | None:
+        """The backbone that ``model.pooling``, given another value than its default, does
+        not reach: kdml's small backbones (``cnn``, ``conv1d``) average their own maps, and
+        ``mlp`` and ``identity`` have none."""
+        model = self.config.model
+        name = self.splits.train.default_backbone if model.backbone == "auto" else model.backbone
+        if model.pooling == ModelConfig().pooling or name.startswith(IMAGENET_BACKBONES):
+            return None
+        return name
+
     def batchnorm_is_per_process(self) -> bool:
         """Whether several processes train BatchNorm layers on their own shares of the batch
         (neither ``model.sync_bn`` nor ``model.freeze_bn``)."""
@@ -513,8 +523,8 @@ IMAGENET_BACKBONES = ("bninception", "timm:", "torchvision:")
 def _warn_about_settings(session: Session, log: logging.Logger) -> None:
     """Log, as warnings in ``train.log``, the settings that train a run far from what its
     user most likely meant: a paper's backbone without its ImageNet weights, an embedding
-    size the recipe does not use, mixed precision on a CPU without kernels for it, BatchNorm
-    that sees only each process's share."""
+    size or a pooling the model does not use, mixed precision on a CPU without kernels for
+    it, BatchNorm that sees only each process's share."""
     config = session.config
     if not config.model.weights and config.model.backbone.startswith(IMAGENET_BACKBONES):
         if config.model.freeze_bn:
@@ -538,6 +548,11 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
     if sizing:
         log.warning("model.embedding_size=%d does not size %s's embedding: %s does",
                     config.model.embedding_size, config.recipe, sizing)
+    unpooled = session.unpooled_backbone()
+    if unpooled:
+        log.warning("model.pooling=%s is not used by backbone '%s': it pools the feature "
+                    "maps of bninception, timm and torchvision backbones only",
+                    config.model.pooling, unpooled)
     precision = config.train.precision
     if (session.device.type == "cpu" and precision != "fp32"
             and cpu_has_kernels_for(precision) is False):
