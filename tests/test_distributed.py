@@ -377,6 +377,28 @@ def test_errors_are_reported_once(tmp_path):
                       "evenly over the 2 processes"]
 
 
+@pytest.mark.parametrize("batch_size, size", [(2, 2), (3, 3), (6, 6)])
+def test_a_global_batch_of_one_sample_per_process_is_refused(batch_size, size):
+    """A single process needs a batch of 2; under torchrun one sample per process had passed
+    the checks and stopped every process at the first step with BatchNorm's traceback
+    ("Expected more than 1 value per channel when training")."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.data.batch_size = batch_size
+    with pytest.raises(KdmlError, match=(
+            rf"^data\.batch_size={batch_size} gives each of the {size} processes one sample; "
+            rf"each needs at least 2, as a single process does: set data\.batch_size to "
+            rf"{2 * size} or more$")):
+        check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+    config.data.batch_size = 2 * size
+    check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+    config.data.batch_size = 0  # the whole split: checked against its size where it is known
+    check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+
+
 def test_an_error_one_rank_meets_alone_is_said_by_that_rank(monkeypatch, capsys):
     """An unreadable image in rank 1's share of a batch stopped a torchrun job with rank 0's
     "a collective operation failed ... its output says why", and rank 1's output said

@@ -51,6 +51,12 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
     if config.data.batch_size % world.size:
         raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
                         f"split evenly over the {world.size} processes")
+    if 0 < config.data.batch_size < 2 * world.size:
+        # as one process needs 2: BatchNorm cannot normalise one sample of features (torch's
+        # "Expected more than 1 value per channel" had stopped every process with a traceback)
+        raise KdmlError(f"data.batch_size={config.data.batch_size} gives each of the "
+                        f"{world.size} processes one sample; each needs at least 2, as a single "
+                        f"process does: set data.batch_size to {2 * world.size} or more")
     if config.data.on_bad_image == "skip":
         raise KdmlError("data.on_bad_image=skip would leave the processes' batches unequal; "
                         "use error under torchrun")
