@@ -615,6 +615,9 @@ def test_datasets_read_once_per_process_are_handed_out_as_fresh_copies(loader):
     (0, 8, "data.batch_size=0 makes the whole training split (9 samples) one global batch, "
            "which does not split evenly over the 2 processes; set data.batch_size to a "
            "multiple of 2"),
+    (12, 8, "data.batch_size=12 is more than the training split's 9 samples, so every step "
+            "takes all of them, and they do not split evenly over the 2 processes; lower "
+            "data.batch_size to a multiple of 2 of at most 9"),
     (4, 3, "the target domain of t has 3 samples, fewer than the global batch of 4, so every "
            "step takes all of them, and they do not split evenly over the 2 processes; lower "
            "data.batch_size to a multiple of 2 of at most 3"),
@@ -636,3 +639,23 @@ def test_global_batches_that_the_processes_cannot_share_are_refused_before_train
         TrainingBatches(config, splits, True, torch.device("cpu"), World(rank=0, size=2))
     shared = TrainingBatches(config, splits, True, torch.device("cpu"), World(rank=0, size=1))
     assert len(shared) >= 1
+
+
+
+def test_a_method_fitted_in_closed_form_is_not_refused_for_batches_it_does_not_draw():
+    """PCA reads the training split once for its fit, in no training batches: a global batch
+    of the whole split that 3 processes cannot share had refused it, and named a
+    data.batch_size=0 the user had not given."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.batches import TrainingBatches
+
+    config = RunConfig(recipe="pca", method=None)
+    config.data.batch_size, config.data.num_workers = 126, 0
+    train = ArrayDataset("s", "s", torch.randn(80, 2), torch.arange(80) % 4)
+    splits = DataSplits(train, train, [0, 1, 2, 3])
+    TrainingBatches(config, splits, False, torch.device("cpu"), World(rank=0, size=3),
+                    drawn=False)
+    with pytest.raises(KdmlError, match=r"^data\.batch_size=126 is more than the training "
+                                        r"split's 80 samples"):
+        TrainingBatches(config, splits, False, torch.device("cpu"), World(rank=0, size=3))

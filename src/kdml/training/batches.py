@@ -41,11 +41,19 @@ class TrainingBatches:
         else:
             global_batches = ShuffledBatches(len(train), data.batch_size, seed)
         self.batch_size = global_batches.batch_size  # the global batch
-        if world.is_distributed and self.batch_size % world.size:  # data.batch_size=0
-            raise KdmlError(f"data.batch_size=0 makes the whole training split "
-                            f"({self.batch_size:,} samples) one global batch, which does not "
-                            f"split evenly over the {world.size} processes; set "
-                            f"data.batch_size to a multiple of {world.size}")
+        # the whole split as one batch (data.batch_size 0, or beyond the split's size); a
+        # method fitted in closed form reads the split otherwise, in no such batches
+        if drawn and world.is_distributed and self.batch_size % world.size:
+            if data.batch_size == 0:
+                raise KdmlError(f"data.batch_size=0 makes the whole training split "
+                                f"({self.batch_size:,} samples) one global batch, which does "
+                                f"not split evenly over the {world.size} processes; set "
+                                f"data.batch_size to a multiple of {world.size}")
+            raise KdmlError(f"data.batch_size={data.batch_size} is more than the training "
+                            f"split's {self.batch_size:,} samples, so every step takes all of "
+                            f"them, and they do not split evenly over the {world.size} "
+                            f"processes; lower data.batch_size to a multiple of {world.size} "
+                            f"of at most {self.batch_size:,}")
         # Under torchrun every rank draws the same global batches and loads its share.
         self.sampler: EpochBatches = (RankShare(global_batches, world.rank, world.size)
                                       if world.is_distributed else global_batches)
