@@ -392,6 +392,25 @@ def test_class_balanced_batches():
         ClassBalancedBatches(labels, 2, 20, seed=0)
 
 
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: ClassBalancedBatches(torch.arange(8) % 2, 0, 8, seed=0),
+     "ClassBalancedBatches: samples_per_class must be a positive integer, got 0"),
+    (lambda: ClassBalancedBatches(torch.arange(8) % 2, 2, 0, seed=0),
+     "ClassBalancedBatches: batch_size must be a positive integer, got 0"),
+    (lambda: ShuffledBatches(10, -4, seed=0),
+     "ShuffledBatches: batch_size must be a whole number of samples (0 for all of them), "
+     "got -4"),
+    (lambda: ShuffledBatches(10, 2.5, seed=0),
+     "ShuffledBatches: batch_size must be a whole number of samples (0 for all of them), "
+     "got 2.5"),
+])
+def test_samplers_refuse_sizes_below_one_in_one_line(build, message):
+    """As a library user builds them: a ZeroDivisionError, or "__len__() should return >= 0"
+    at the first len(), had been all they said."""
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}$"):
+        build()
+
+
 def test_class_balanced_batches_repeat_samples_of_small_classes():
     labels = torch.tensor([0, 0, 0, 0, 1, 2, 2, 2, 2, 2])
     sampler = ClassBalancedBatches(labels, samples_per_class=3, batch_size=9, seed=1)

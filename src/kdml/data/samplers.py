@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.seeding import derive_seed
 
@@ -65,6 +66,9 @@ class ShuffledBatches(_SeededBatches):
         super().__init__(seed, stream)
         if num_samples < 1:
             raise KdmlError("cannot draw batches from an empty training split")
+        if not (batch_size == 0 or is_positive_int(batch_size)):
+            raise KdmlError(f"ShuffledBatches: batch_size must be a whole number of samples "
+                            f"(0 for all of them), got {batch_size!r}")
         self.num_samples = num_samples
         self.batch_size = min(batch_size or num_samples, num_samples)
 
@@ -95,6 +99,11 @@ class ClassBalancedBatches(_SeededBatches):
     def __init__(self, labels: torch.Tensor, samples_per_class: int, batch_size: int,
                  seed: int, stream: int = SOURCE_STREAM) -> None:
         super().__init__(seed, stream)
+        for name, value in (("samples_per_class", samples_per_class),
+                            ("batch_size", batch_size)):
+            if not is_positive_int(value):
+                raise KdmlError(f"ClassBalancedBatches: {name} must be a positive integer, "
+                                f"got {value!r}")
         check_batching(labels, samples_per_class, batch_size)
         self.samples_per_class, self.batch_size = samples_per_class, batch_size
         order = torch.argsort(labels, stable=True)
