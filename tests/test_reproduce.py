@@ -8,6 +8,7 @@ import dataclasses
 import fnmatch
 import json
 import math
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -1522,3 +1523,62 @@ def test_a_report_keeps_the_sections_another_reproduce_wrote_while_this_one_trai
     assert cli.main(["reproduce", "jrd", "--only", "tiny-a", *common]) == 0
     assert others == [0]
     assert _sections(tmp_path / "report.md") == ["### Table 2: digits", "### Table 4: digits"]
+
+
+def test_a_rewrite_removes_only_the_plots_kdml_drew(tmp_path):
+    """Every unlinked .png in the plot folder had been deleted: a user's own image there was
+    lost without a word. A plot from before kdml marked its own (matplotlib's mark alone) is
+    replaced where a report draws it again, but not deleted."""
+    import matplotlib.pyplot as plt
+    from PIL import Image, PngImagePlugin
+
+    from kdml.figure_file import write_png
+    from kdml.reproduce.report import PLOTS_MARKER, _remove_unlinked_plots
+
+    plots = tmp_path / "report-plots"
+    plots.mkdir()
+    (plots / PLOTS_MARKER).touch()
+    figure = plt.figure()
+    write_png(figure, plots / "stale.png")
+    write_png(figure, plots / "linked.png")
+    plt.close(figure)
+    Image.new("RGB", (4, 4)).save(plots / "mine.png")
+    older = PngImagePlugin.PngInfo()
+    older.add_text("Software", "Matplotlib version3.8.0, https://matplotlib.org/")
+    Image.new("RGB", (4, 4)).save(plots / "older.png", pnginfo=older)
+    _remove_unlinked_plots(plots, "![linked](report-plots/linked.png)\n")
+    assert sorted(path.name for path in plots.glob("*.png")) == [
+        "linked.png", "mine.png", "older.png"]
+
+
+@pytest.mark.parametrize("name", ["report.txt", "report", "report.MD"])
+def test_a_report_path_must_end_in_md(tmp_path, name):
+    """Its plot folder is named by the stem: report.md and report.txt had shared
+    report-plots/, and writing one deleted the other's plots."""
+    from kdml.reproduce.report import check_outputs
+
+    with pytest.raises(KdmlError, match=rf"^--out {re.escape(str(tmp_path / name))}: a report "
+                                        r"is Markdown; give a path ending in \.md$"):
+        check_outputs(tmp_path / name)
+    check_outputs(tmp_path / "report.md")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quick", "--runs", "afile"], "cannot write into afile: afile is not a folder; choose "
+                                     "another --runs"),
+    (["--runs", "afile"], "cannot write into afile: afile is not a folder; choose another "
+                          "--runs"),
+    (["--seeds", "1001"], "argument --seeds: must be from 1 to 1000, got 1001"),
+])
+def test_reproduce_refuses_a_runs_file_and_a_huge_seed_count_before_anything_runs(
+        tmp_path, monkeypatch, capsys, args, message):
+    """--runs FILE with --quick had blamed --out, which was not given, and without --quick
+    every run failed before a second error ended the command; --seeds 10^11 had planned with
+    its memory growing, saying nothing."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    trained = _count_training(monkeypatch)
+    assert cli.main(["reproduce", "jrd", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: {message}") and err.count("\n") == 1, err
+    assert trained == [] and (tmp_path / "afile").read_text() == "mine"

@@ -27,7 +27,8 @@ from kdml.file_write import check_writable_folder, write_through_new_file
 SOFTWARE = f"kdml {__version__}"  # the PNG "Software" text of every plot kdml writes
 # Plots written before kdml marked its own carry only matplotlib's mark; a resumed older run
 # must still be able to redraw them.
-REPLACEABLE_MARKS = ("kdml ", "Matplotlib version")
+SOFTWARE_MARK = "kdml "
+REPLACEABLE_MARKS = (SOFTWARE_MARK, "Matplotlib version")
 # matplotlib warns once per character its fonts lack ("Glyph 34924 (...) missing from
 # font(s) DejaVu Sans."), at the first drawing of each text: class names in another script
 # (CJK, say) gave a screenful per plot. kdml says it once per plot, with what to do.
@@ -37,14 +38,16 @@ SHOWN_MISSING = 8  # characters named in that one warning
 _log = logging.getLogger("kdml.plots")
 
 
-def drawn_by_kdml(path: Path) -> bool:
-    """True when ``path`` is a PNG whose "Software" text is kdml's (or matplotlib's)."""
+def drawn_by_kdml(path: Path, marked: bool = False) -> bool:
+    """True when ``path`` is a PNG whose "Software" text is kdml's (or matplotlib's, of plots
+    drawn before kdml marked its own; not with ``marked``, for a file to delete)."""
     try:
         with Image.open(path) as image:
             mark = str(getattr(image, "text", {}).get("Software", ""))
     except (OSError, UnidentifiedImageError):
         return False
-    return image.format == "PNG" and mark.startswith(REPLACEABLE_MARKS)
+    return image.format == "PNG" and mark.startswith(SOFTWARE_MARK if marked
+                                                     else REPLACEABLE_MARKS)
 
 
 def check_replaceable(path: Path) -> None:

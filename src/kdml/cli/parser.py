@@ -59,6 +59,7 @@ def _device(text: str) -> str:
 
 MAX_SEED = 2**63 - 1  # seeds feed NumPy's SeedSequence and torch generators
 DEFAULT_REPORT = Path("docs/reproduction.md")  # kdml reproduce --out
+MAX_SEEDS = 1000  # kdml reproduce --seeds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         "started several times (one per GPU, with CUDA_VISIBLE_DEVICES) shares the runs: "
         "each trains those no other is training, then waits for the others'.")
     reproduce.add_argument("paper", choices=("jrd", "atlas", "dtml", "all"))
-    reproduce.add_argument("--seeds", type=_integer(1), default=None,
+    # at most MAX_SEEDS: far beyond any use; a huge count had planned for minutes, unsaid
+    reproduce.add_argument("--seeds", type=_integer(1, MAX_SEEDS), default=None,
                            help="seeds per cell, 0..N-1 (default 5; 3 with --quick)")
     reproduce.add_argument("--quick", action="store_true",
                            help="a few steps per run and a small grid: checks the pipeline in "
@@ -220,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--device", type=_device, default="auto",
                            help="cpu, cuda, cuda:N or auto (default)")
     reproduce.add_argument("--out", type=Path, default=None,
-                           help="the report (default docs/reproduction.md, or "
+                           help="the report, a .md file (default docs/reproduction.md, or "
                            "reproduction.md in the runs folder with --quick); plots go beside "
                            "it, to OUT's name without .md plus -plots/")
     reproduce.add_argument("--runs", type=Path, default=None,

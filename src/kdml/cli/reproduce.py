@@ -22,6 +22,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     import fnmatch
 
     from kdml import distributed
+    from kdml.file_write import check_writable_folder
     from kdml.reproduce.catalog import experiments
     from kdml.reproduce.report import check_outputs, keep_reported
     from kdml.reproduce.runner import reproduce
@@ -63,6 +64,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     # A quick report's numbers say nothing about the methods, so by default it stays beside
     # its runs instead of replacing the committed docs/reproduction.md.
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
+    # first: with --quick the report goes into the runs folder, whose fault is --runs'
+    check_writable_folder(runs, "choose another --runs")
     check_outputs(report)
     device = resolve_device(args.device, "--device")
     # The report at --out keeps its other sections, with --only or without: they are read

@@ -18,7 +18,7 @@ from pathlib import Path
 from kdml.config import RunConfig
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
-from kdml.figure_file import copy_png
+from kdml.figure_file import copy_png, drawn_by_kdml
 from kdml.file_write import check_writable_folder, write_through_new_file
 from kdml.reproduce.experiments import Claim, Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
@@ -65,6 +65,8 @@ def plots_folder(report: Path) -> Path:
 def check_outputs(report: Path) -> None:
     """Refuse, before anything trains, to overwrite a report or plot folder kdml did not write.
     """
+    if report.suffix != ".md":  # the plot folder is named by the stem: y.md and y.txt shared it
+        raise KdmlError(f"--out {report}: a report is Markdown; give a path ending in .md")
     check_writable_folder(report.parent)
     check_not_a_link(report)
     if report.exists():
@@ -186,11 +188,13 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
 def _remove_unlinked_plots(plots: Path, text: str) -> None:
     """Remove the PNGs in the report's plot folder (kdml's own: it carries the marker) that
     the report no longer links: a section not drawn this time (its charts not drawn, or not run
-    here) leaves no plot of an earlier report behind as if it were this one's."""
+    here) leaves no plot of an earlier report behind as if it were this one's. Only plots
+    carrying kdml's mark: an image the user put there is kept."""
     if not (plots / PLOTS_MARKER).is_file():
         return
     for path in plots.glob("*.png"):
-        if f"]({plots.name}/{path.name})" not in text and path.is_file():
+        if (f"]({plots.name}/{path.name})" not in text and path.is_file()
+                and not path.is_symlink() and drawn_by_kdml(path, marked=True)):
             path.unlink()
 
 
