@@ -633,6 +633,15 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
                            runs)
     assert errors["tiny-parts"].startswith(f"{run_dir / 'parts.json'} is not as kdml wrote it")
     assert "delete it" in errors["tiny-parts"] and not errors["tiny-generalization"]
+    # a Recall@K the table reads, or the count of parts, gone: the cell had taken the whole
+    # test set's value for it, mixing the protocols
+    parts = json.loads((run_dir / "parts.json").read_text())
+    fewer = {**parts, "metrics": {k: v for k, v in parts["metrics"].items() if k != "recall@2"}}
+    for broken, detail in ((fewer, "no recall@2"), ({**parts, "num_parts": 5}, "not 10 parts")):
+        errors = _errors_after(run_dir / "parts.json", json.dumps(broken), runs)
+        assert errors["tiny-parts"] == (f"{run_dir / 'parts.json'} is not as kdml wrote it "
+                                        f"({detail}); delete it and run the same command again "
+                                        "to recompute it")
     errors = _errors_after(run_dir / "reproduce.json", "{", runs)
     assert errors["tiny-parts"] == errors["tiny-generalization"] == (
         f"{run_dir / 'reproduce.json'} is not as kdml wrote it (no wall_s); delete it and run "
@@ -646,6 +655,11 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     errors = _errors_after(run_dir / "generalization.json",
                            json.dumps({**stored, "lambda": 1}), runs)
     assert errors["tiny-generalization"].startswith(f"{run_dir / 'generalization.json'} is not")
+    errors = _errors_after(run_dir / "generalization.json", json.dumps(
+        {**stored, "lambda": {**stored["lambda"], "mean": None}}), runs)  # had been a TypeError
+    assert errors["tiny-generalization"] == (
+        f"{run_dir / 'generalization.json'} is not as kdml wrote it (lambda/mean is not a "
+        "number); delete it and run the same command again to recompute it")
     # one written before it recorded its distance (cosine runs analysed by Euclidean distance)
     # is computed again, not trusted
     old = {key: value for key, value in stored.items() if key != "distance"}

@@ -443,17 +443,24 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
     """Retrieval within 10 disjoint test parts (Chu et al. 2020, Table 2), kept in the run
     folder's ``parts.json``."""
     path = run_dir / PARTS_FILE
+    ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
     if path.is_file():
+        if read_stored(path, "num_parts") != NUM_PARTS:
+            raise not_as_written(path, f"not {NUM_PARTS} parts")
         stored = read_stored(path, "metrics")
-        if isinstance(stored, dict) and all(
-                isinstance(estimate, dict) and isinstance(estimate.get("mean"), (int, float))
-                and isinstance(estimate.get("ci95"), (int, float))
+        if not isinstance(stored, dict) or not all(
+                isinstance(estimate, dict) and _is_number(estimate.get("mean"))
+                and _is_number(estimate.get("ci95"))
                 for estimate in stored.values()):
-            return stored
-        raise not_as_written(path, "a metric without a numeric mean and ci95")
+            raise not_as_written(path, "a metric without a numeric mean and ci95")
+        # every Recall@K the table reads: a missing one had been taken from the whole test
+        # set, a cell mixing the two protocols
+        missing = [f"recall@{k}" for k in ks if f"recall@{k}" not in stored]
+        if missing:
+            raise not_as_written(path, f"no {missing[0]}")
+        return stored
     trained = reload_to(run_dir, f"compute its {PARTS_FILE} from")
     embedded = embed_dataset(trained.method, trained.splits.test, trained.embedder)
-    ks = [int(name.split("@")[1]) for name in experiment.metrics if name.startswith("recall@")]
     estimates = retrieval_over_parts(embedded.tensor(), embedded.labels, ks, NUM_PARTS,
                                      as_metric(trained.config.eval.metric))
     metrics = {name: {"mean": e.mean, "ci95": e.ci95} for name, e in estimates.items()}
@@ -475,7 +482,15 @@ def _generalization(run_dir: Path) -> dict[str, float]:
         analyze_generalization(reload_to(run_dir, f"compute its {path.name} from"), settings)
     lam = read_stored(path, "lambda", "mean")
     h_divergence = read_stored(path, "h_divergence", "mean")
+    for name, value in (("lambda", lam), ("h_divergence", h_divergence)):
+        if not _is_number(value):
+            raise not_as_written(path, f"{name}/mean is not a number")
     return {"lambda": lam, "h_divergence": h_divergence, "bound": lam + h_divergence}
+
+
+def _is_number(value: object) -> bool:
+    """A number as JSON stores one (not a bool, which Python counts as an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device: str,
