@@ -1596,3 +1596,32 @@ def test_reproduce_refuses_a_runs_file_and_a_huge_seed_count_before_anything_run
     err = capsys.readouterr().err
     assert err.startswith(f"kdml: error: {message}") and err.count("\n") == 1, err
     assert trained == [] and (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_kept_section_that_cannot_be_read_again_leaves_the_report_as_it_was(
+        tmp_path, monkeypatch, capsys):
+    """`kdml reproduce dtml` reads a report's JRD section again from its runs; where that
+    failed (a protocol file gone with its checkpoint), the section had become "Not run here",
+    its numbers lost, which docs/reproducing.md says is refused."""
+    from kdml.reproduce import runner
+
+    _two_papers(monkeypatch)
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
+              "--device", "cpu"]
+    assert cli.main(["reproduce", "dtml", *common]) == 0
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-j", *common]) == 0
+    written = report.read_text()
+    real_reproduce = runner.reproduce
+
+    def tiny_j_unreadable(experiments, *args, **kwargs):
+        return [dataclasses.replace(result, error="its parts.json is gone")
+                if result.experiment.key == "tiny-j" else result
+                for result in real_reproduce(experiments, *args, **kwargs)]
+
+    monkeypatch.setattr(runner, "reproduce", tiny_j_unreadable)
+    capsys.readouterr()
+    assert cli.main(["reproduce", "dtml", *common]) == 1
+    err = capsys.readouterr().err
+    assert f"{report} is left as it was: it holds the numbers of tiny-j, which could not" in err
+    assert report.read_text() == written

@@ -117,6 +117,7 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
     from kdml.reproduce.report import (
         ReportContext,
         distinct_runs,
+        reported_sections,
         training_minutes,
         write_report,
     )
@@ -156,6 +157,14 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
                       f"{numbers.charts_missing}", file=sys.stderr)
     if len(failed) == len(results) and report.exists():  # it may hold numbers: keep them
         print(f"{report} is left as it was: none of its experiments ran", file=sys.stderr)
+        return 1
+    # a section with numbers that failed to be read again would become "Not run here"
+    held = {section.key for section in reported_sections(report)}
+    losing = [result.experiment.key for result in failed if result.experiment.key in held]
+    if losing:
+        print(f"{report} is left as it was: it holds the numbers of {', '.join(losing)}, which "
+              "could not be read again (said above); the runs that ran are kept, and the same "
+              "command writes the report once that is mended", file=sys.stderr)
         return 1
     path = write_report(results, report, context, not_run)
     print(f"report written to {path} ({len(results) - len(failed)} of {len(results)} "
