@@ -1625,3 +1625,25 @@ def test_a_kept_section_that_cannot_be_read_again_leaves_the_report_as_it_was(
     err = capsys.readouterr().err
     assert f"{report} is left as it was: it holds the numbers of tiny-j, which could not" in err
     assert report.read_text() == written
+
+
+def test_an_image_where_a_plot_goes_is_refused_before_anything_trains(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The write at the end refused it, after every run had trained."""
+    from PIL import Image
+
+    from kdml.reproduce.report import PLOTS_MARKER
+
+    _two_papers(monkeypatch)
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    plots = tmp_path / "report-plots"
+    plots.mkdir()
+    (plots / PLOTS_MARKER).touch()
+    Image.new("RGB", (4, 4)).save(plots / "tiny-j.png")
+    trained = _count_training(monkeypatch)
+    assert cli.main(["reproduce", "jrd", "--seeds", "1", "--runs", str(runs), "--out",
+                     str(report), "--no-progress", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: {plots / 'tiny-j.png'} is in the way and kdml did not "
+                          "draw it") and err.count("\n") == 1, err
+    assert trained == [] and not runs.exists()

@@ -24,7 +24,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml import distributed
     from kdml.file_write import check_writable_folder
     from kdml.reproduce.catalog import experiments
-    from kdml.reproduce.report import check_outputs, keep_reported
+    from kdml.reproduce.report import check_outputs, check_plots, keep_reported
     from kdml.reproduce.runner import reproduce
     from kdml.training.build import resolve_device
     from kdml.training.run_folder import hold_folder
@@ -73,6 +73,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     # before anything trains, not dropped (`kdml reproduce dtml` keeps a report's JRD tables).
     catalog = experiments("all", args.quick)
     chosen = keep_reported(chosen, catalog, report, seeds, args.quick, runs, str(device))
+    check_plots(report, chosen)
     try:
         results = reproduce(chosen, seeds, runs, str(device), _progress(args))
         # Another kdml reproduce on these runs may be writing the same report: one writes at a

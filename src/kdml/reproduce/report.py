@@ -18,7 +18,7 @@ from pathlib import Path
 from kdml.config import RunConfig
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
-from kdml.figure_file import copy_png, drawn_by_kdml
+from kdml.figure_file import check_replaceable, copy_png, drawn_by_kdml
 from kdml.file_write import check_writable_folder, write_through_new_file
 from kdml.reproduce.experiments import Claim, Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
@@ -81,6 +81,17 @@ def check_outputs(report: Path) -> None:
                                                   and not (plots / PLOTS_MARKER).is_file())):
         raise KdmlError(f"{plots} holds files kdml reproduce did not write; move it or choose "
                         "another --out")
+
+
+def check_plots(report: Path, chosen: Sequence[Experiment]) -> None:
+    """Refuse, before anything trains, a file kdml did not draw where the report's plots of
+    ``chosen`` go (the write at the end had refused it, after hours of training)."""
+    plots = plots_folder(report)
+    for experiment in chosen:
+        if experiment.sweep:
+            check_replaceable(plots / f"{experiment.key}.png")
+        if any(cell.plot_charts for cell in experiment.cells):
+            check_replaceable(plots / f"{experiment.key}-charts.png")
 
 
 # how a section names the command that wrote it (see _experiment_section)
