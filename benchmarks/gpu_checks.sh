@@ -40,7 +40,8 @@ if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
 case "$part" in
   tests)
     # The suite as `make test` runs it, minus ruff and mypy (lint and types do not depend on
-    # the machine), in one process: pytest-xdist is not among the wheels the image gets.
+    # the machine); over several processes where pytest-xdist is installed and PYTEST_ADDOPTS
+    # asks for them (gpu_session.sh does), else in one.
     "$python" -m pytest -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$logs/tests.txt"
     ;;
   throughput)

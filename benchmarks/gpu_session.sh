@@ -3,21 +3,22 @@
 # the machine's start included) allows one call: the throughput part first, on a quiet GPU; then
 # the test suite and the torchrun part while the neurve part trains beside them (accuracy does
 # not depend on what shares the machine; the throughput timings would). Every part runs under a
-# deadline, so the logs are gathered into $OUT even when a part runs out of time: a neurve part
-# stopped early still leaves charts 16's JSON if that setting finished.
+# deadline, and every log is written straight into $OUT, so what ran comes back even when a part
+# runs out of time or the call itself is stopped: a neurve part stopped early still leaves charts
+# 16's JSON if that setting finished.
 #
 #   BUDGET=500 bash benchmarks/gpu_session.sh            # seconds for all parts together
 #   QUICK=1 WHEELS=none PYTHON=.venv/bin/python BUDGET=200 bash benchmarks/gpu_session.sh  # dry run
 #
-# Carry .whl (../shared/tools/gpu-wheels.sh) and .neurve (the authors' source) with the call,
-# and give the call a timeout_s about 60 s above BUDGET.
+# Carry .whl (bash ../shared/tools/gpu-wheels.sh pytest-xdist execnet) and .neurve (the authors'
+# source) with the call, and give the call a timeout_s about 60 s above BUDGET.
 set -u
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 checks=${GPU_CHECKS:-benchmarks/gpu_checks.sh}  # a stand-in, in its test
 out=${OUT:-gpu-checks}
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT  # after the copy into $out below
+logs=$out  # not a scratch folder copied at the end: a call stopped from outside lost them all
+mkdir -p "$logs"
 start=$(date +%s)
 deadline=$((start + ${BUDGET:-500}))
 seconds_left() { echo $((deadline - $(date +%s))); }
@@ -27,7 +28,8 @@ part() {
   local cap=$1 name=$2 left
   left=$(seconds_left)
   if ((left < 10)); then note "$name: not run, the budget is spent"; return; fi
-  OUT=$logs PYTHON=$python timeout $((left < cap ? left : cap)) \
+  # -k: a part that ignores the TERM (a stuck CUDA call) is killed 20 s later, not orphaned
+  OUT=$logs PYTHON=$python timeout -k 20 $((left < cap ? left : cap)) \
     bash "$checks" "$name" > "$logs/$name.out" 2>&1
   note "$name: exit status $?"
 }
@@ -46,11 +48,13 @@ if [[ -d ${NEURVE:-.neurve} ]]; then
 else
   note "neurve: not run, no source in ${NEURVE:-.neurve}"
 fi
-# pytest-xdist, where installed, spreads the suite over the CPUs the neurve loader leaves
-if "$python" -c "import xdist" 2>/dev/null; then export PYTEST_ADDOPTS="-n $(($(nproc) > 8 ? $(nproc) - 6 : 1))"; fi
+# pytest-xdist, where installed (gpu-wheels.sh pytest-xdist execnet), spreads the suite over the
+# CPUs the neurve loader leaves, a test file per worker at a time as `make test` does (module
+# fixtures built once)
+if "$python" -c "import xdist" 2>/dev/null; then
+  export PYTEST_ADDOPTS="-n $(($(nproc) > 8 ? $(nproc) - 6 : 1)) --dist loadfile"
+fi
 part 240 tests
 part 90 torchrun
 if [[ -n ${neurve:-} ]]; then wait "$neurve"; fi
-mkdir -p "$out"
-cp "$logs"/*.out "$logs"/neurve-charts*.json "$logs/session.txt" "$out"/ 2>/dev/null
 ls -l "$out"

@@ -40,7 +40,7 @@ def run_session(tmp_path: Path, budget: int, neurve: Path) -> tuple[Path, float]
     seen = tmp_path / "seen"
     seen.mkdir()
     out = tmp_path / "out"
-    scratch = tmp_path / "scratch"  # where mktemp makes the session's log folder
+    scratch = tmp_path / "scratch"  # nothing goes to a scratch folder: every log to $OUT
     scratch.mkdir()
     env = {**os.environ, "GPU_CHECKS": str(checks), "SEEN": str(seen), "OUT": str(out),
            "BUDGET": str(budget), "WHEELS": "none", "NEURVE": str(neurve),
@@ -48,7 +48,7 @@ def run_session(tmp_path: Path, budget: int, neurve: Path) -> tuple[Path, float]
     start = time.perf_counter()
     subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], env=env, check=True,
                    capture_output=True, timeout=60)
-    assert list(scratch.iterdir()) == []  # gathered into $OUT, then removed
+    assert list(scratch.iterdir()) == []
     return out, time.perf_counter() - start
 
 
@@ -66,6 +66,27 @@ def test_the_session_runs_every_part_and_stops_neurve_at_the_deadline(tmp_path):
     assert "neurve: exit status 124" in session  # timeout's status: stopped at the deadline
     assert "tests: exit status 0" in session and "torchrun: exit status 0" in session
     assert seconds < 30
+
+
+def test_a_session_stopped_from_outside_keeps_the_logs_of_what_ran(tmp_path):
+    """The logs had gone to a scratch folder copied into $OUT at the end, and removed on exit:
+    a device call stopped at its timeout returned nothing."""
+    checks = tmp_path / "checks.sh"
+    checks.write_text(STAND_IN)
+    (tmp_path / "seen").mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_CHECKS": str(checks), "SEEN": str(tmp_path / "seen"),
+           "OUT": str(out), "BUDGET": "60", "WHEELS": "none", "NEURVE": str(tmp_path),
+           "PYTHON": sys.executable}
+    session = subprocess.Popen(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    time.sleep(4)  # throughput and tests have run; neurve sleeps beside torchrun or later
+    os.killpg(session.pid, 9)
+    session.wait()
+    assert "throughput: exit status 0" in (out / "session.txt").read_text()
+    assert (out / "throughput.out").read_text().startswith("throughput ran beside:")
+    assert (out / "neurve-charts16.json").is_file()
 
 
 def test_without_neurve_source_the_session_says_so_and_runs_the_rest(tmp_path):
