@@ -144,6 +144,13 @@ def time_interleaved(
         for _ in range(args.warmup):
             step()
     clock = CLOCKS[args.clock]
+    if str(args.device).startswith("cuda"):  # a timer= replaces torch's, which synchronises
+        unsynchronised = clock
+
+        def clock() -> float:
+            torch.cuda.synchronize()
+            return unsynchronised()
+
     round_medians: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
@@ -154,7 +161,10 @@ def time_interleaved(
             round_medians[name].append(measurement.median * 1e3)
     summary = {}
     for name, values in round_medians.items():
-        q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+        # inclusive: quartiles within the values (the default extrapolates: negative times
+        # from two rounds)
+        q1, median, q3 = (statistics.quantiles(values, n=4, method="inclusive")
+                          if len(values) > 1 else values * 3)
         summary[name] = (median, q1, q3)
     return summary
 
