@@ -3,7 +3,8 @@ search replaced by precomputed results, i.e. what a GPU evaluation still spends 
 once the chunked matmul + topk is done (tie detection, label comparisons, Recall@K, MAP@R,
 R-Precision).
 
-SOP-shaped labels (60,502 queries, 11,316 classes of 2-12) and, per chunk, neighbours drawn at
+Labels of SOP's size (60,502 queries; classes of 2-12 samples, uniform sizes drawn for 11,316
+classes, of which the first 8,665 fill the 60,502) and, per chunk, neighbours drawn at
 random with sorted random float32 scores, k = 101 (the largest R of SOP is 11; Recall@100
 needs 100). Random neighbours are rarely relevant, so this times the scoring of misses; its
 cost does not depend much on the hit pattern. Each of ``--repeats`` timed runs replays the

@@ -193,6 +193,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5,
                         help="train section: interleaved rounds of the three steps")
     parser.add_argument("--eval-points", type=int, default=60502)
+    # sizes of 2-12 drawn for this many classes, cut at --eval-points: 8,665 classes at the
+    # defaults (uniform sizes, not SOP's mostly small ones)
     parser.add_argument("--eval-classes", type=int, default=11316)
     parser.add_argument("--eval-dim", type=int, default=512)
     parser.add_argument("--compile", action="store_true",
