@@ -180,13 +180,15 @@ def profile_section(args: argparse.Namespace, device: torch.device) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sections", nargs="+", default=["train", "eval"])
+    parser.add_argument("--sections", nargs="+", default=["train", "eval"],
+                        choices=("train", "eval", "profile"))
     parser.add_argument("--backbone", default="bninception")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--embedding", type=int, default=512)
     parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"],
+                        choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20, help="timed steps per round")
