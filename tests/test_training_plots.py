@@ -38,6 +38,50 @@ def test_training_plots_name_the_scored_part_and_count_whole_epochs(prefix, titl
         viz.plt.close(figure)
 
 
+def _drawn(history, tmp_path, monkeypatch):
+    drawn = {}
+
+    def keep(figure, path):  # instead of writing and closing it
+        drawn[path.name] = figure
+        return path
+
+    monkeypatch.setattr(viz, "save_figure", keep)
+    viz.plot_training(history, tmp_path)
+    return drawn
+
+
+def test_a_run_stopped_after_an_unscored_epoch_still_draws_its_scores(tmp_path, monkeypatch):
+    """The scores' names came from the last row alone: with train.eval_every=2, a run
+    stopped after epoch 3 drew no recall.png though epoch 2 was scored."""
+    history = [{"epoch": 1, "train/loss": 1.0}, {"epoch": 2, "train/loss": 0.8,
+                                                 "val/recall@1": 0.5},
+               {"epoch": 3, "train/loss": 0.7}]
+    drawn = _drawn(history, tmp_path, monkeypatch)
+    assert sorted(drawn) == ["loss.png", "recall.png"]
+    (axes,) = drawn["recall.png"].axes
+    assert axes.get_title() == "Validation retrieval"
+    assert list(axes.get_lines()[0].get_xdata()) == [2]
+    for figure in drawn.values():
+        viz.plt.close(figure)
+
+
+def test_logged_terms_that_are_not_losses_are_drawn_apart(tmp_path, monkeypatch):
+    """Atlas's q_max, active_triplets and infinite_positives (a count of hundreds) had been
+    drawn as loss terms, on the loss axis."""
+    history = [{"epoch": epoch, "train/loss": 1.0 / epoch, "train/mmd": 0.1, "train/q_max": 0.6,
+                "train/active_triplets": 0.3, "train/infinite_positives": 200.0}
+               for epoch in (1, 2)]
+    drawn = _drawn(history, tmp_path, monkeypatch)
+    assert sorted(drawn) == ["diagnostics.png", "loss.png"]
+    labels = {name: [line.get_label() for line in figure.axes[0].get_lines()]
+              for name, figure in drawn.items()}
+    assert labels == {"loss.png": ["loss", "mmd"],
+                      "diagnostics.png": ["q_max", "active_triplets", "infinite_positives"]}
+    assert drawn["diagnostics.png"].axes[0].get_title() == "Training diagnostics"
+    for figure in drawn.values():
+        viz.plt.close(figure)
+
+
 def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(tmp_path):
     from PIL import Image
 

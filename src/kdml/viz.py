@@ -14,14 +14,17 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from kdml.errors import KdmlError  # noqa: E402
 from kdml.figure_file import write_png  # noqa: E402
+from kdml.models.method import DIAGNOSTIC_TERMS  # noqa: E402
 from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
 
 
 def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
-    """``loss.png`` (every training loss term per epoch) and ``recall.png`` (Recall@K and
-    MAP@R at the evaluated epochs: of the test part, or of the validation part when the run
-    scores one). Returns the paths written. A plot whose path holds a file kdml did not draw
-    is skipped and the other still drawn; a :class:`~kdml.errors.KdmlError` then names it."""
+    """``loss.png`` (every training loss term per epoch), ``diagnostics.png`` (the logged
+    terms that are not losses, such as Atlas's ``q_max``, where a recipe logs them) and
+    ``recall.png`` (Recall@K and MAP@R at the evaluated epochs: of the test part, or of the
+    validation part when the run scores one). Returns the paths written. A plot whose path
+    holds a file kdml did not draw is skipped and the others still drawn; a
+    :class:`~kdml.errors.KdmlError` then names it."""
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     refused: list[str] = []
@@ -33,18 +36,26 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
             refused.append(str(error))
 
     epochs = [row["epoch"] for row in history]
-    loss_keys = [k for k in history[-1] if k.startswith("train/")]
-    if loss_keys:
+    # every row's keys: the last epoch may not be scored (train.eval_every) when a run stops
+    keys = list(dict.fromkeys(key for row in history for key in row))
+    terms = [k for k in keys if k.startswith("train/")]
+    for names, name, label, title in (
+            ([k for k in terms if k[6:] not in DIAGNOSTIC_TERMS], "loss.png",
+             "training loss (epoch mean)", "Training loss"),
+            ([k for k in terms if k[6:] in DIAGNOSTIC_TERMS], "diagnostics.png",
+             "value (epoch mean)", "Training diagnostics")):
+        if not names:
+            continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for key in loss_keys:
+        for key in names:
             ax.plot(epochs, [row.get(key, math.nan) for row in history], marker="o",
                     label=key[6:])
-        ax.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
+        ax.set(xlabel="epoch", ylabel=label, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not 1.5
         ax.legend()
-        save(fig, "loss.png")
-    prefix = VALIDATION if any(k.startswith(f"{VALIDATION}/") for k in history[-1]) else TEST
-    metric_keys = [k for k in history[-1]
+        save(fig, name)
+    prefix = VALIDATION if any(k.startswith(f"{VALIDATION}/") for k in keys) else TEST
+    metric_keys = [k for k in keys
                    if k.startswith(f"{prefix}/recall@") or k == f"{prefix}/map@r"]
     if metric_keys:
         part = SCORED_PARTS[prefix]

@@ -39,6 +39,11 @@ class StepOutput:
     embeddings: torch.Tensor | None = None
 
 
+# Logged terms that are not losses: fractions and counts, drawn apart from the loss terms
+# (a count of hundreds had flattened the loss curves on one axis).
+DIAGNOSTIC_TERMS = frozenset({"q_max", "active_triplets", "infinite_positives", "head_active"})
+
+
 def detached(**terms: torch.Tensor) -> dict[str, torch.Tensor]:
     """``terms`` with every value detached, for :attr:`StepOutput.terms`."""
     return {name: value.detach() for name, value in terms.items()}

@@ -47,7 +47,8 @@ class RunFolder:
         checkpoints/unscored.pt  an epoch trained but not yet scored, while it is scored
         .training.lock     held by the process training the run
         tensorboard/       TensorBoard events
-        plots/*.png        training loss and test (or validation) metrics over epochs
+        plots/*.png        training loss (and the logged terms that are not losses, in
+                           diagnostics.png) and test (or validation) metrics over epochs
     """
 
     root: Path
