@@ -10,6 +10,7 @@ import faiss
 import numpy as np
 import pytest
 import torch
+import yaml
 from fixtures_array_sets import make_image_folder
 
 from kdml import cli
@@ -362,6 +363,32 @@ def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
     for name in ("retrieval.png", "embedding.png"):
         path = runs / "plain" / "plots" / name
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_map_of_a_cosine_run_is_of_its_directions(runs, tmp_path, monkeypatch):
+    """The map had drawn the raw embeddings: points the cosine metric takes for one (the same
+    direction) sat apart by their lengths."""
+    from kdml.inspection import plots
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["eval"]["metric"] == "cosine"
+    mapped = {}
+
+    def map_of(values, seed=0):
+        mapped["values"] = values
+        return values[:, :2], "t-SNE"
+
+    def scatter(coordinates, labels, path, method, title, class_names=None):
+        mapped["method"] = method
+        return path
+
+    monkeypatch.setattr(plots, "embedding_map", map_of)
+    monkeypatch.setattr(plots, "plot_embedding_map", scatter)
+    assert kdml("plot", "embedding", run, "--max-points", "300") == 0
+    norms = np.linalg.norm(mapped["values"].astype(np.float64), axis=1)
+    assert len(norms) == 300 and np.allclose(norms, 1.0, atol=1e-6)
+    assert mapped["method"] == "t-SNE, of the L2-normalised embeddings (cosine metric)"
 
 
 def test_an_atlas_retrieval_grid_shows_the_neighbours_its_metrics_rank(runs, tmp_path,

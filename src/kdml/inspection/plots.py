@@ -16,7 +16,7 @@ from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
 from kdml.evaluation.collapse import collapse_description
 from kdml.evaluation.evaluator import Embedded, chart_codes_of, embed_dataset
-from kdml.evaluation.knn import as_metric, drop_self, knn_search
+from kdml.evaluation.knn import as_metric, drop_self, knn_search, l2_normalize
 from kdml.figure_file import check_replaceable
 from kdml.inspection.parts import run_part, searches_gallery
 from kdml.training.loading import TrainedRun
@@ -154,7 +154,13 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
         values, labels = values[keep], labels[keep]
     if len(values) < 3:
         raise KdmlError("a 2-D map needs at least 3 test samples")
+    if trained.config.eval.metric == "cosine":
+        # the map of what the run's metric compares: directions (points of one direction had
+        # been drawn apart by their lengths, which the cosine ignores)
+        values = l2_normalize(values, inplace=True)
     coordinates, method = embedding_map(values, seed)
+    if trained.config.eval.metric == "cosine":
+        method += ", of the L2-normalised embeddings (cosine metric)"
     return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}",
                               part.dataset.class_names)
