@@ -70,11 +70,16 @@ def test_plot_charts(tmp_path, capsys, monkeypatch):
     assert torch.equal(drawn["images"](len(test) - 1), to_unit_float(raw[-1]))
 
 
-def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys):
+def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys, monkeypatch):
     train(tmp_path, "triplet")
     assert cli.main(["plot", "charts", str(tmp_path / "triplet")]) == 2
     assert "has no charts" in capsys.readouterr().err
     train(tmp_path, "mtriplet", "method.n_charts=2", "method.dim=3")
+
+    def no_embedding(*args, **kwargs):  # refused before minutes of embedding
+        raise AssertionError("embedded before refusing d = 3")
+
+    monkeypatch.setattr(plots, "chart_codes_of", no_embedding)
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
     err = capsys.readouterr().err
     assert "draws 2-D charts only (d = 2), got d = 3; train with method.dim=2" in err
