@@ -69,6 +69,8 @@ def test_a_validation_run_scores_held_out_training_classes(tmp_path, tiny_overri
     assert ("test set: 364 validation samples of classes not seen in training, carved from the "
             "training part") in printed
     assert "validation: 0.4" in (out / "config.yaml").read_text()
+    # and train.log says so too (it had called them "364 test samples")
+    assert "537 train / 364 validation samples" in (out / "train.log").read_text()
     assert run_cli("embed", out, "--out", tmp_path / "validation.npz") == 0
     import numpy as np
 

@@ -426,11 +426,13 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 _score_last_epoch(session, recorder, history, progress)
         else:
             # the thread count too: a CPU run's float sums, so its numbers, depend on it
-            recorder.log.info("start epoch %d of %d%s, device %s, %d train / %d test samples, "
+            recorder.log.info("start epoch %d of %d%s, device %s, %d train / %d %s samples, "
                               "%d loader workers, %d process(es), %d CPU thread(s)", start_epoch,
                               config.train.epochs, f" ({SCORED_FIRST})" if unscored else "",
                               session.device, len(session.splits.train),
-                              len(session.splits.test), session.batches.loader.num_workers,
+                              len(session.splits.test),
+                              "validation" if session.splits.validation else "test",
+                              session.batches.loader.num_workers,
                               session.world.size, torch.get_num_threads())
         warn_about_splits(session.splits, recorder.log)
         _warn_about_settings(session, recorder.log)
