@@ -109,12 +109,15 @@ def test_plot_charts_of_a_validated_run_draws_its_test_part_with_test(tmp_path, 
     train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2", "data.validation=0.4",
           "data.batch_size=12")  # 3 classes of 4 once 2 of the 5 training classes validate
     drawn: list[set[int]] = []
+    paths: list[str] = []
     monkeypatch.setattr(plots, "plot_charts",
                         lambda coords, index, labels, path, **options:
-                        drawn.append(set(labels.tolist())) or path)
+                        drawn.append(set(labels.tolist())) or paths.append(path.name) or path)
     for test in ([], ["--test"]):
         capsys.readouterr()
         assert cli.main(["plot", "charts", str(tmp_path / "mtriplet"), "--thumbnails", "0",
                          *test]) == 0
         assert ("validation part" in capsys.readouterr().err) == (not test)
     assert drawn == [{3, 4}, {5, 6, 7, 8, 9}]
+    # the two parts' plots apart: --test had silently replaced the validation part's
+    assert paths == ["charts.png", "charts-test.png"]

@@ -52,9 +52,11 @@ class TrainedRun(RunModel):
 
     def plot_path(self, name: str) -> Path:
         """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
-        the kept best epoch, so the two never overwrite each other."""
-        best = self.checkpoint == self.run.best_checkpoint
-        return self.run.plots / f"{name}{'-best' if best else ''}.png"
+        the kept best epoch, so the two never overwrite each other; and ``-test`` after either
+        for the test part of a run that validated (its plots are of the validation part)."""
+        best = "-best" if self.checkpoint == self.run.best_checkpoint else ""
+        test = "-test" if self.config.data.validation > 0 and not self.splits.validation else ""
+        return self.run.plots / f"{name}{best}{test}.png"
 
 
 def run_config(run: RunFolder) -> RunConfig:
