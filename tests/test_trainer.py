@@ -988,6 +988,40 @@ def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch
     assert final == json.loads((run / "eval.json").read_text())["metrics"]
 
 
+def test_a_stop_while_a_checkpoint_is_written_leaves_each_epoch_logged_once(tmp_path,
+                                                                            monkeypatch):
+    """A Ctrl-C during epoch 2's last.pt (torch.save raises it mid-write): the epoch had been
+    logged to train.log and TensorBoard before the write, then again when --resume did it
+    over, two points for one epoch (of different values, where it trains again)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kdml.training import recorder
+
+    real_save = recorder.save_checkpoint
+    writes = []
+
+    def stopped_at_the_second_last_pt(state, path):
+        if path.name == "last.pt":
+            writes.append(path)
+            if len(writes) == 2:
+                raise KeyboardInterrupt
+        return real_save(state, path)
+
+    monkeypatch.setattr(recorder, "save_checkpoint", stopped_at_the_second_last_pt)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "--no-progress", "train.epochs=3", "train.steps_per_epoch=2"]) == 130
+    monkeypatch.setattr(recorder, "save_checkpoint", real_save)
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    log = (run / "train.log").read_text().splitlines()
+    for epoch in (1, 2, 3):
+        assert sum(f"epoch {epoch}: " in line for line in log) == 1, epoch
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/loss")] == [1, 2, 3]
+    assert [event.step for event in events.Scalars("test/recall@1")] == [1, 2, 3]
+
+
 def test_a_worker_death_pending_with_the_sigterm_prints_nothing():
     """A kill of the process group delivers the loader workers' SIGCHLD with the SIGTERM:
     both pending, Python runs SIGTERM's handler first (the lower number), which took SIGCHLD's

@@ -120,25 +120,27 @@ class Recorder:
     def epoch(self, row: dict[str, Any], history: list[dict[str, Any]],
               checkpoint: Callable[[], dict[str, Any]], keep_as_best: bool = False,
               recorded: Collection[str] = ()) -> None:
-        """Record ``row`` (log line, TensorBoard), then save the checkpoint and the metrics.
+        """Save the checkpoint, then record ``row`` (log line, TensorBoard) and the metrics.
         ``recorded``: keys of ``row`` an earlier session logged already (an epoch trained
         then, scored now): only the others are logged, so that train.log and TensorBoard
-        hold each value once."""
+        hold each value once. Logged after the checkpoint: a stop while it is written has the
+        epoch done again (or scored again) by --resume, and logged then, once."""
         if not self.writes or self.writer is None:
             return
+        state = checkpoint()
+        if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
+            save_checkpoint(state, self.run.best_checkpoint)
+        save_checkpoint(state, self.run.checkpoint)
+        self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
         new = {key: value for key, value in row.items()
                if key != "epoch" and key not in recorded}
         for key, value in new.items():
             self.writer.add_scalar(key, value, row["epoch"])
         self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
                       _format_row(new))
-        state = checkpoint()
-        if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
-            save_checkpoint(state, self.run.best_checkpoint)
+        if keep_as_best:
             self.log.info("epoch %d has the best validation score so far: kept as %s",
                           row["epoch"], self.run.best_checkpoint.name)
-        save_checkpoint(state, self.run.checkpoint)
-        self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
         self.run.write_metrics(history, None, SCORED_PARTS[self.scored])
         self._unplotted = list(history)
         if time.monotonic() - self._plotted_at >= PLOT_EVERY_S:
