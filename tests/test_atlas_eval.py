@@ -451,6 +451,28 @@ def test_the_chart_legend_names_each_class_in_its_points_colour():
     assert all(axes.get_legend() is None for axes in many.axes)
 
 
+@pytest.mark.parametrize(("n_charts", "n_classes"), [(1, 12), (1, 20), (2, 20), (4, 20)])
+def test_the_chart_legend_and_titles_are_drawn_whole(n_charts, n_classes):
+    """With one or two charts and long class names, or 15 to 20 classes, the legend had run
+    past the picture's edges (classes 18 and 19 not shown) or a title had started left of it,
+    and tight_layout had shrunk the panels to fit what it could."""
+    rng = np.random.default_rng(0)
+    codes, charts = rng.standard_normal((200, 2)), np.arange(200) % n_charts
+    names = {c: f"{c:02d} an extremely long class name number {c}" for c in range(n_classes)}
+    figure = chart_figure(codes, charts, np.arange(200) % n_classes, class_names=names)
+    renderer = figure.canvas.get_renderer()
+    width, height = figure.bbox.width, figure.bbox.height
+    legends = [axes.get_legend() for axes in figure.axes if axes.get_legend() is not None]
+    assert len(legends) == 1 and len(legends[0].get_texts()) == n_classes
+    for artist in [axes.title for axes in figure.axes] + legends:
+        box = artist.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, artist
+    for axes in figure.axes:  # the panels keep their size (3.2 inches a side, less margins)
+        assert axes.get_window_extent(renderer).height > 2.4 * figure.dpi
+        assert not axes.get_window_extent(renderer).overlaps(legends[0].get_window_extent(
+            renderer))
+
+
 @pytest.mark.parametrize("strength", [0, -1.0, math.inf])
 def test_piecewise_linear_accuracy_refuses_a_regularization_that_is_not_positive(strength):
     """C = 0 used to surface as scikit-learn's InvalidParameterError."""

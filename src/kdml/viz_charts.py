@@ -17,8 +17,10 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
+from matplotlib.transforms import Bbox
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
@@ -142,7 +144,8 @@ def chart_figure(
     columns = math.ceil(math.sqrt(len(shown)))
     rows = math.ceil(len(shown) / columns)
     figure = Figure(figsize=(3.2 * columns, 3.2 * rows))
-    FigureCanvasAgg(figure)
+    canvas = FigureCanvasAgg(figure)
+    legend: Legend | None = None
     rng = np.random.default_rng(seed)
     for position, chart in enumerate(shown):
         axes = figure.add_subplot(rows, columns, position + 1)
@@ -165,14 +168,33 @@ def chart_figure(
         axes.set(xlim=(-BORDER, 1 + BORDER), ylim=(-BORDER, 1 + BORDER), xticks=[],
                  yticks=[], aspect="equal", title=f"chart {chart} ({len(members)} points)")
         if position == min(columns, len(shown)) - 1 and len(classes) <= LEGEND_MAX_CLASSES:
-            # beside the first row's last panel, where tight_layout makes room for it
+            # beside the first row's last panel, left out of the layout (which shrank the
+            # panels to fit a long one, or gave up): the figure is widened for it below
             palette = matplotlib.colormaps[colour_map]
             names = class_names or {}
             handles = [Line2D([], [], marker="o", linestyle="", markersize=5,
                               color=palette(colour_scale(colour_of[label])),
                               label=short_name(names.get(int(label), str(label)), 24))
                        for label in classes]
-            axes.legend(handles=handles, title="class", fontsize=7, loc="upper left",
-                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            legend = axes.legend(handles=handles, title="class", fontsize=7, loc="upper left",
+                                 bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                                 ncols=2 if len(classes) > 12 else 1)
+            legend.set_in_layout(False)
     figure.tight_layout()
+    if legend is not None:
+        _widen_for(figure, legend.get_window_extent(canvas.get_renderer()))
     return figure
+
+
+def _widen_for(figure: Figure, box: Bbox) -> None:
+    """Widen ``figure`` (and heighten it, for a legend taller than its panels) by the width of
+    the legend's ``box`` (pixels), outside the panels on their right, so it is drawn whole."""
+    width, height = figure.get_size_inches()
+    wider = width + box.width / figure.dpi + 0.15
+    taller = max(height, box.height / figure.dpi + 0.3)
+    # the panels keep the sizes and places in inches that tight_layout gave them
+    params = figure.subplotpars
+    figure.set_size_inches(wider, taller)
+    figure.subplots_adjust(left=params.left * width / wider, right=params.right * width / wider,
+                           bottom=1 - (1 - params.bottom) * height / taller,
+                           top=1 - (1 - params.top) * height / taller)
