@@ -377,6 +377,21 @@ def test_errors_are_reported_once(tmp_path):
                       "evenly over the 2 processes"]
 
 
+def test_one_named_gpu_for_every_process_is_refused():
+    """train.device=cuda:0 under torchrun put every process on GPU 0 (device_for maps only
+    cuda and auto to each process's own), which NCCL refuses in an error of its own."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.train.device = "cuda:1"
+    with pytest.raises(KdmlError, match=r"^train\.device=cuda:1 puts all 2 processes on one "
+                                        r"GPU; under torchrun give train\.device=cuda"):
+        check_distributed(config, World(rank=0, size=2), torch.device("cpu"))
+    check_distributed(config, World(rank=0, size=1), torch.device("cpu"))  # one process: its GPU
+
+
 @pytest.mark.parametrize("batch_size, size", [(2, 2), (3, 3), (6, 6)])
 def test_a_global_batch_of_one_sample_per_process_is_refused(batch_size, size):
     """A single process needs a batch of 2; under torchrun one sample per process had passed

@@ -48,6 +48,12 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
                         "processes; launch with torchrun or drop it")
     if not world.is_distributed:
         return
+    if config.train.device.startswith("cuda:"):
+        # every process on that one GPU: NCCL refuses it, in an error of its own
+        raise KdmlError(f"train.device={config.train.device} puts all {world.size} processes on "
+                        "one GPU; under torchrun give train.device=cuda (or auto), and each "
+                        "process takes its own (LOCAL_RANK); pick the GPUs with "
+                        "CUDA_VISIBLE_DEVICES")
     if config.data.batch_size % world.size:
         raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
                         f"split evenly over the {world.size} processes")
