@@ -1258,3 +1258,41 @@ def test_a_retrieval_grid_leaves_a_neighbour_that_does_not_exist_empty(tmp_path)
                                tmp_path / "grid.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(loaded) == [0, 1, 2, 3, 4]
+
+
+def test_unlabelled_target_samples_are_no_class_to_the_analysis_or_the_map(tmp_path, capsys,
+                                                                           monkeypatch):
+    """An npz: domain pair's target rows of label -1 had been a class "-1" to lambda's
+    classifiers (0.53 on data where the same rows dropped give 0.00) and in the map's legend
+    and class count."""
+    from kdml.inspection import plots
+    from kdml.viz_retrieval import _embedding_map_figure
+
+    rng = np.random.default_rng(0)
+    truth = np.tile(np.arange(10), 20)  # classes 0-4 in the source, 5-9 in the target
+    x = 0.1 * rng.standard_normal((200, 8))
+    x[np.arange(200), truth % 8] += 5 + truth // 8 * 5
+    domain = np.where(truth < 5, "source", "target")
+    labels = truth.copy()
+    labels[np.flatnonzero(domain == "target")[::2]] = -1  # half the target unlabelled
+    np.savez(tmp_path / "pair.npz", X=x, y=labels, domain=domain)
+    run = tmp_path / "run"
+    assert kdml("train", "pca", "--dataset", f"npz:{tmp_path / 'pair.npz'}", "--out", run,
+                "--no-progress") == 0
+    capsys.readouterr()
+    assert kdml("analyze", "generalization", run, "--repeats", "3") == 0
+    assert ("kdml: warning: 50 unlabelled samples (label -1) of the unseen classes are left "
+            "out of the H-divergence and lambda") in capsys.readouterr().err
+    written = json.loads((run / "generalization.json").read_text())
+    assert written["lambda"]["mean"] == 0.0  # five well-separated classes on each side
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_embedding_map",
+                        lambda coordinates, labels, path, method, title, class_names=None:
+                        drawn.update(labels=labels) or path)
+    assert kdml("plot", "embedding", run) == 0
+    figure = _embedding_map_figure(np.zeros((len(drawn["labels"]), 2)), drawn["labels"], "PCA",
+                                   "pca", None)
+    (axes,) = figure.axes
+    assert axes.get_title() == "pca (PCA, 5 classes)"
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == [
+        "unlabelled", "5", "6", "7", "8", "9"]

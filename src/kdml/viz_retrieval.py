@@ -134,11 +134,17 @@ def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
 
 def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: str,
                           title: str, class_names: dict[int, str] | None) -> Figure:
-    """The figure of :func:`plot_embedding_map`."""
-    classes = np.unique(labels)
+    """The figure of :func:`plot_embedding_map`: a domain pair's unlabelled target samples
+    (label -1) are drawn grey, as no class."""
+    unlabelled = labels < 0
+    classes = np.unique(labels[~unlabelled])
     figure = Figure(figsize=(6, 6))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
+    if unlabelled.any():
+        axes.scatter(coordinates[unlabelled, 0], coordinates[unlabelled, 1], s=6,
+                     linewidths=0, color="0.75", label="unlabelled")
+    shown = ~unlabelled
     if len(classes) <= 20:  # one colour and legend entry per class
         colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
         for number, label in enumerate(classes):
@@ -148,8 +154,9 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
                          label=short_name((class_names or {}).get(int(label), str(label)), 24))
         axes.legend(title="class", fontsize=7, markerscale=2, loc="best")
     else:  # too many classes for a legend: colours only tell neighbours apart
-        axes.scatter(coordinates[:, 0], coordinates[:, 1], c=np.searchsorted(classes, labels),
-                     s=6, cmap="tab20", linewidths=0)
+        axes.scatter(coordinates[shown, 0], coordinates[shown, 1],
+                     c=np.searchsorted(classes, labels[shown]), s=6, cmap="tab20",
+                     linewidths=0)
     axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
     figure.tight_layout()
     return figure

@@ -56,10 +56,18 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
         if warning is not None:
             _log.warning(warning)
     seen_x, unseen_x = (part.tensor().float().cpu().numpy() for part in (seen, unseen))
+    unseen_labels = unseen.labels.numpy()
+    # a domain pair's unlabelled target samples (-1) would be a class of their own to the
+    # classifiers of lambda (it had been 0.53 where the same data without them gave 0.00)
+    labelled = unseen_labels >= 0
+    if not labelled.all():
+        _log.warning("%d unlabelled samples (label -1) of the unseen classes are left out of "
+                     "the H-divergence and lambda", int((~labelled).sum()))
+        unseen_x, unseen_labels = unseen_x[labelled], unseen_labels[labelled]
     if cosine:
         seen_x, unseen_x = l2_normalize(seen_x, inplace=True), l2_normalize(unseen_x, True)
     terms = generalization_terms(
-        seen_x, dataset_labels(splits, seen.labels).numpy(), unseen_x, unseen.labels.numpy(),
+        seen_x, dataset_labels(splits, seen.labels).numpy(), unseen_x, unseen_labels,
         labelled_fraction=settings.labelled_fraction, repeats=settings.repeats,
         neighbors=settings.neighbors, seed=settings.seed)
     distance = ("euclidean on the Atlas embedding" if trained.method.has_charts else
