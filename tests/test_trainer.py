@@ -376,7 +376,9 @@ def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys)
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert (run / "plots" / "loss.png").read_text() == "my notes"
     assert (run / "plots" / "recall.png").read_bytes() != recall  # redrawn with epoch 2
-    assert "the training plots are not drawn:" in (run / "train.log").read_text()
+    # the picture named, and the others said to be drawn (it had said no plot was drawn)
+    assert (f"a training plot is not drawn (the others are): {run / 'plots' / 'loss.png'} is "
+            "in the way") in (run / "train.log").read_text()
     assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 2
 
 

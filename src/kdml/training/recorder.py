@@ -94,7 +94,9 @@ class Recorder:
             plot_training(self._unplotted, self.run.plots)
         # a picture of the user's in plots/, or plots/ not writable, must not stop training:
         # later epochs draw the whole history again (a full disk stops it at the checkpoint)
-        except (KdmlError, OSError) as error:
+        except KdmlError as error:  # kdml's refusal of the pictures in the way: the rest drawn
+            self.log.warning("a training plot is not drawn (the others are): %s", error)
+        except OSError as error:
             self.log.warning("the training plots are not drawn: %s", error)
         self._unplotted, self._plotted_at = None, time.monotonic()
 
