@@ -1296,3 +1296,16 @@ def test_unlabelled_target_samples_are_no_class_to_the_analysis_or_the_map(tmp_p
     assert axes.get_title() == "pca (PCA, 5 classes)"
     assert [text.get_text() for text in axes.get_legend().get_texts()] == [
         "unlabelled", "5", "6", "7", "8", "9"]
+
+
+def test_search_refuses_a_data_root_its_run_does_not_read(runs, tmp_path, capsys):
+    """A query of embeddings needs no data, so --data-root had been ignored without a word on
+    a digits run, where eval, embed and analyze refuse it."""
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    np.savez(tmp_path / "q.npz", embeddings=np.ones((2, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz", "--data-root", tmp_path / "nowhere") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: --data-root {tmp_path / 'nowhere'} (data.root) is read "
+                          "only by the on-disk formats") and "digits does not use it" in err

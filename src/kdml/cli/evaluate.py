@@ -198,6 +198,7 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from kdml.data.registry import check_root_is_read, relocated
     from kdml.inspection.search import results_as_json, run_without_data, score_name, search
     from kdml.training.loading import load_model
 
@@ -205,8 +206,11 @@ def _search(args: argparse.Namespace) -> int:
         return load_model(args.run_dir, best=args.best, data_root=args.data_root,
                           progress=_progress(args), device=args.device)
 
-    results = search(run_without_data(args.run_dir, args.best), args.index, args.query, args.k,
-                     model)
+    run = run_without_data(args.run_dir, args.best)
+    if args.data_root is not None:  # read for image queries only: refused at once where its
+        # data reads no root, as eval refuses it, not ignored for a query of embeddings
+        check_root_is_read(*relocated(run.config.data.dataset, args.data_root))
+    results = search(run, args.index, args.query, args.k, model)
     short = sum(len(result["neighbours"]) < args.k for result in results)
     if short:  # an exact index holds too few items (in the query's chart) or ivf/hnsw missed
         print(f"kdml: note: {short} of {len(results)} queries found fewer than {args.k} "
