@@ -1195,15 +1195,19 @@ def test_only_adds_to_the_report_from_finished_runs_and_refuses_to_drop_a_sectio
     # refused before anything trains
     kept = report.read_text()
     capsys.readouterr()
+    reasons = []
     for other in (["--seeds", "1", "--runs", str(tmp_path / "none")],
                   ["--seeds", "2", "--runs", str(runs)]):
         assert cli.main(["reproduce", "jrd", "--only", "tiny-b", *other, "--out", str(report),
                          "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"kdml: error: {report} holds 1 section that this report would "
-                              "drop (tiny-a") and err.count("\n") == 1, err
+                              "drop: tiny-a (") and err.count("\n") == 1, err
         assert "another --out, or delete" in err
-    assert "(tiny-a (written at --seeds 1))" in err
+        reasons.append(err.split("drop: ", 1)[1].split("; give", 1)[0])
+    # each its own reason (the second had also said its runs were not finished)
+    assert reasons == [f"tiny-a (its runs at --seeds 1 on cpu are not all finished in "
+                       f"{tmp_path / 'none'})", "tiny-a (written at --seeds 1)"]
     assert trained == [0] and not (tmp_path / "none").exists()
     assert report.read_text() == kept
     # without --only, the command writes what it runs, as before
@@ -1317,8 +1321,9 @@ def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkey
     assert cli.main(["reproduce", "dtml", "--seeds", "1", "--runs", str(tmp_path / "none"),
                      "--out", str(report), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"kdml: error: {report} holds 1 section that this report would drop "
-                          "(tiny-j)") and err.count("\n") == 1, err
+    assert err.startswith(f"kdml: error: {report} holds 1 section that this report would drop: "
+                          "tiny-j (its runs at --seeds 1 on cpu are not all finished in "
+                          f"{tmp_path / 'none'})") and err.count("\n") == 1, err
     assert "another --out, or delete" in err
     assert trained == [] and not (tmp_path / "none").exists() and report.read_text() == text
 

@@ -159,15 +159,16 @@ def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], r
         elif section.key in by_key and all_finished(by_key[section.key], seeds, runs, device):
             kept.add(section.key)
         else:
-            lost.append(section.key)
+            lost.append(f"{section.key} (its runs at --seeds {seeds}{' --quick' * quick} on "
+                        f"{device} are not all finished in {runs})")
     if lost:
+        # each with its own reason: a section of other --seeds had been said to have runs
+        # not finished, which they all were
         named = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
         raise KdmlError(
             f"{report} holds {len(lost)} section{'s' * (len(lost) != 1)} that this report "
-            f"would drop ({named}), as their runs at --seeds {seeds}"
-            f"{' --quick' if quick else ''} on {device} are not all finished in "
-            f"{runs}; give the --seeds, --runs and --device they were written with, another "
-            f"--out, or delete {report} first")
+            f"would drop: {named}; give the --seeds, --runs and --device they were written "
+            f"with, another --out, or delete {report} first")
     return [experiment for experiment in catalog
             if experiment.key in keys or experiment.key in kept]
 
