@@ -150,9 +150,13 @@ def test_a_grid_refuses_what_would_mix_settings_across_or_within_its_cells(tmp_p
     file.write_text(yaml.safe_dump(config))
     other = tmp_path / "other"
     other.mkdir()
-    (other / "grid.yaml").write_text("- a list, not kdml's record\n")
     args[4] = str(other)
-    assert f"{other / 'grid.yaml'} is not a grid's record" in refused()
+    # a grid.yaml of the user's (a config file, a list) is no grid's record: it had made the
+    # folder "another grid's runs"
+    for text in ("- a list, not kdml's record\n", yaml.safe_dump(config)):
+        (other / "grid.yaml").write_text(text)
+        assert (f"--out {other} is not empty and holds no grid; a grid goes into a new or "
+                "empty folder") in refused()
 
 
 def test_a_validation_grid_says_so_and_names_its_best_cell(tmp_path, capsys):

@@ -140,20 +140,28 @@ def check_distinct_cells(cells: list[Cell], resolved: list[dict[str, Any]]) -> N
                                 "train the same run twice; drop one of their values")
 
 
+def recorded_cells(root: Path) -> list[str] | None:
+    """The cells listed by ``root``'s ``grid.yaml`` where kdml wrote it (a mapping of exactly
+    ``grid`` and ``cells``, see :func:`write_marker`); ``None`` where there is none, or a file
+    of the user's by that name (a config file, say: it had made its folder "another grid's")."""
+    try:
+        record = yaml.safe_load((root / MARKER).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if (not isinstance(record, dict) or set(record) != {"grid", "cells"}
+            or not isinstance(record["cells"], list)
+            or not all(isinstance(cell, str) for cell in record["cells"])):
+        return None
+    return record["cells"]
+
+
 def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
     """Whether ``root`` continues an earlier run of the same grid (``False``: a new grid).
 
     A non-empty folder that is not a grid folder, or one of another grid, is refused."""
-    marker = root / MARKER
-    if marker.is_file():
-        try:
-            earlier = yaml.safe_load(marker.read_text()) or {}
-        except yaml.YAMLError:
-            earlier = None
-        if not isinstance(earlier, dict):  # not the file kdml wrote
-            raise KdmlError(f"{marker} is not a grid's record (kdml writes a mapping of grid "
-                            "and cells); choose another --out")
-        if earlier.get("cells") != [cell.name for cell in cells]:
+    earlier = recorded_cells(root)
+    if earlier is not None:
+        if earlier != [cell.name for cell in cells]:
             raise KdmlError(f"{root} holds another grid's runs; choose another --out")
         return True
     if root.exists() and (not root.is_dir() or holds_files(root)):

@@ -122,9 +122,9 @@ class RunFolder:
         if not run.root.is_dir():
             raise KdmlError(f"run folder {run.root} {why_missing(run.root, 'folder')}")
         if not run.config.is_file():
-            from kdml.training.grid import MARKER  # grid imports this module
+            from kdml.training.grid import MARKER, recorded_cells  # grid imports this module
 
-            if (run.root / MARKER).is_file():  # a grid's cells are its runs, not the grid
+            if recorded_cells(run.root) is not None:  # a grid's cells are its runs, not the grid
                 raise KdmlError(f"{run.root} is a grid's folder ({MARKER}), not a run: each "
                                 f"of its cells is a run folder{_example_cell(run.root)}; give "
                                 "one of those (to continue the whole grid, run the command "
@@ -203,13 +203,11 @@ class RunFolder:
 def _example_cell(root: Path) -> str:
     """`` (such as ROOT/CELL)`` for a cell of the grid in ``root`` that holds a run (the first
     in grid.yaml's order), or ``""`` where none does yet."""
+    from kdml.training.grid import recorded_cells  # grid imports this module
+
     cells = sorted(path.parent for path in root.glob("*/config.yaml"))
-    try:
-        listed = yaml.safe_load((root / "grid.yaml").read_text(encoding="utf-8"))["cells"]
-        cells = [root / str(name) for name in listed if (root / str(name) / "config.yaml")
-                 .is_file()] or cells
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, KeyError):
-        pass  # not the file kdml wrote: the cells found on disk
+    listed = recorded_cells(root) or []
+    cells = [root / name for name in listed if (root / name / "config.yaml").is_file()] or cells
     return f" (such as {cells[0]})" if cells else ""
 
 
