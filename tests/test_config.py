@@ -243,9 +243,12 @@ def test_invalid_yaml_is_named_by_its_problem_and_line(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.seed=010", "'010' is read by YAML 1.1 as octal (8): write 10 or 8"),
-    ("train.seed=-0_10", "'-0_10' is read by YAML 1.1 as octal (-8): write -10 or -8"),
-    ("eval.ks=[1, 010]", "'010' is read by YAML 1.1 as octal (8): write 10 or 8"),
+    ("train.seed=010", "'010' is read by YAML 1.1 as octal (8): write 10 or 8, or quote it "
+                       "as text"),
+    ("train.seed=-0_10", "'-0_10' is read by YAML 1.1 as octal (-8): write -10 or -8, or "
+                         "quote it as text"),
+    ("eval.ks=[1, 010]", "'010' is read by YAML 1.1 as octal (8): write 10 or 8, or quote "
+                         "it as text"),
     ("train.epochs=1:30", "'1:30' is read by YAML 1.1 as base 60 (90): write 90, "
                           "or quote it as text"),
     ("optim.lr=0:0.5", "'0:0.5' is read by YAML 1.1 as base 60 (0.5): write 0.5, "
@@ -273,5 +276,6 @@ def test_a_config_file_s_octal_number_is_refused_with_its_line(tmp_path):
     octal = tmp_path / "octal.yaml"
     octal.write_text("recipe: jrd\ntrain:\n  seed: 010\n")
     with pytest.raises(KdmlError, match=r"^config file .*octal\.yaml: '010' is read by YAML "
-                                        r"1\.1 as octal \(8\): write 10 or 8 \(line 3\)$"):
+                                        r"1\.1 as octal \(8\): write 10 or 8, or quote it as "
+                                        r"text \(line 3\)$"):
         load_config_file(octal)

@@ -247,7 +247,8 @@ def _refuse_yaml11_number(node: yaml.ScalarNode) -> None:
     if octal:
         value: Any = numbers.construct_yaml_int(node)  # type: ignore[no-untyped-call]
         sign = "-" if text.startswith("-") else ""
-        problem = f"octal ({value}): write {sign}{digits.lstrip('0')} or {value}"
+        problem = (f"octal ({value}): write {sign}{digits.lstrip('0')} or {value}, or quote it as "
+                   "text")
     else:
         read = numbers.construct_yaml_float if "." in text else numbers.construct_yaml_int
         value = read(node)  # type: ignore[no-untyped-call]
