@@ -1299,16 +1299,23 @@ def _two_papers(monkeypatch) -> dict[str, list[Experiment]]:
     return tables
 
 
-def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkeypatch, capsys):
-    """`kdml reproduce dtml` without --only kept only its own sections: a JRD section that an
-    --only had added to the same report was dropped without a word, its plot left behind.
-    It now keeps them as --only does, and refuses a report it would cut."""
+def _report_of_both_papers(tmp_path, monkeypatch) -> tuple[Path, Path, list[str]]:
+    """The runs folder and a report of both tiny papers' sections (tiny-d by `kdml reproduce
+    dtml`, then tiny-j by an --only of jrd), and the options that wrote it."""
     _two_papers(monkeypatch)
     runs, report = tmp_path / "runs", tmp_path / "report.md"
     common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
               "--device", "cpu"]
     assert cli.main(["reproduce", "dtml", *common]) == 0
     assert cli.main(["reproduce", "jrd", "--only", "tiny-j", *common]) == 0
+    return runs, report, common
+
+
+def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkeypatch, capsys):
+    """`kdml reproduce dtml` without --only kept only its own sections: a JRD section that an
+    --only had added to the same report was dropped without a word, its plot left behind.
+    It now keeps them as --only does, and refuses a report it would cut."""
+    runs, report, common = _report_of_both_papers(tmp_path, monkeypatch)
     assert _sections(report) == ["### Figure 4: digits", "### LFW: digits"]
     trained = _count_training(monkeypatch)
     assert cli.main(["reproduce", "dtml", *common]) == 0
@@ -1610,12 +1617,7 @@ def test_a_kept_section_that_cannot_be_read_again_leaves_the_report_as_it_was(
     its numbers lost, which docs/reproducing.md says is refused."""
     from kdml.reproduce import runner
 
-    _two_papers(monkeypatch)
-    runs, report = tmp_path / "runs", tmp_path / "report.md"
-    common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
-              "--device", "cpu"]
-    assert cli.main(["reproduce", "dtml", *common]) == 0
-    assert cli.main(["reproduce", "jrd", "--only", "tiny-j", *common]) == 0
+    runs, report, common = _report_of_both_papers(tmp_path, monkeypatch)
     written = report.read_text()
     real_reproduce = runner.reproduce
 
