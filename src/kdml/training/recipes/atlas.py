@@ -23,7 +23,8 @@ images without normalisation, as in the authors' code (see :func:`_unnormalized`
 MTriplet's and the triplet baseline's paper settings that differ from the defaults here, which
 serve the offline small-CNN demo: batches of 8 classes x 4 images (the offline datasets have
 only 5 training classes, so the default is 5 x 4), RMSProp at 1e-5 for 300 epochs with an
-ImageNet-pretrained GoogLeNet, random resized crops of 227 (configs/mtriplet-cub.yaml,
+ImageNet-pretrained GoogLeNet (BN-Inception in the configs: kdml has no GoogLeNet), random
+resized crops of 227 (configs/mtriplet-cub.yaml,
 configs/triplet-cub.yaml). The recipe-by-recipe comparison with the paper and the authors' code
 is docs/recipes.md.
 """
@@ -339,7 +340,9 @@ class TripletMethod(Method):
     r"""Baseline: backbone -> ``Linear(D, d + 1)`` -> L2 normalisation, batch-all triplet loss
     on Euclidean distances (Atlas, Sec. 3.2.1: the unit sphere in :math:`\mathbb{R}^{d+1}` is
     :math:`d`-dimensional, a fair comparison with :math:`d`-dimensional charts). Uses the same
-    :func:`batch_all_triplet_loss` as MTriplet, so only the geometry differs."""
+    :func:`batch_all_triplet_loss` as MTriplet, so by default only the geometry differs;
+    ``squared_distance=true`` (the paper configs', as the authors' code) puts the loss on
+    squared distances instead."""
 
     def __init__(self, backbone: nn.Module,
                  params: NormalizedTripletParams | TripletParams) -> None:
@@ -413,8 +416,9 @@ class MSimCLRMethod(_AtlasMethod):
     \ell_{\mathcal{Z}} + \lambda_2 \ell_{\mathcal{J}}` (Atlas, Sec. 3.1, Table 1).
 
     Two views of every image are made inside :meth:`forward` with
-    :class:`~kdml.data.augment.SimCLRAugment` (labels are unused). The backbone sees both views
-    as one batch; the MMD is the mean of the two views' MMDs (each view is a sample of the
+    :class:`~kdml.data.augment.SimCLRAugment` (labels are unused). The backbone sees one view
+    at a time, as in the authors' code (``joint_views=true``: both as one batch, as SimCLR's
+    code does); the MMD is the mean of the two views' MMDs (each view is a sample of the
     data distribution; the pooled 2B points would hold correlated pairs), as in the authors'
     code, and the chart loss is averaged over all 2B views.
     """

@@ -45,8 +45,9 @@ MMD_KERNELS = ("linear", "gaussian")
 class NetworkParams:
     """The :class:`~kdml.models.dtml.DTMLNetwork` settings shared by the DTML family."""
 
-    # p^(1)..p^(M); empty = [d, d // 2]: two layers, the layout of the paper's re-id network
-    # (200-200-100) scaled to the input. The face network was 500-400-300.
+    # p^(1)..p^(M), the widths after the input (its width is added: the paper's face network,
+    # 500-400-300 on 500-d input, is [400, 300]); empty = [d, d // 2]: two layers, the layout
+    # of the paper's re-id network (200-200-100) scaled to the input.
     layer_sizes: list[int] = field(default_factory=list)
     activation: str = "tanh"
     init: str = "identity"  # ones on the diagonal, zero bias (the authors'); or "standard"
