@@ -498,8 +498,8 @@ def test_simclr_recipes_augment_raw_images_then_normalise(name, monkeypatch):
 
     recipe = next(r for r in RECIPES if r.name == name)
     config = resolve_config(name, recipe.params, recipe.defaults)
-    assert not build_pipeline(config, Train, method).normalize_train
-    assert build_pipeline(config, Train, build("mtriplet")).normalize_train
+    assert build_pipeline(config, Train, method).method_augments
+    assert not build_pipeline(config, Train, build("mtriplet")).method_augments
 
 
 def test_atlas_methods_built_directly_check_their_settings():

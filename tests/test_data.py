@@ -608,12 +608,26 @@ def test_pipeline_can_leave_training_batches_unnormalised():
     normalization = Normalization((0.5,), (0.25,))
     raw = torch.randint(0, 256, (4, 1, 6, 6), dtype=torch.uint8)
     unit = raw.float() / 255
-    pipeline = InputPipeline(normalization=normalization, normalize_train=False)
+    pipeline = InputPipeline(normalization=normalization, method_augments=True)
     assert torch.equal(pipeline.train(raw, torch.Generator().manual_seed(0)), unit)
     assert torch.allclose(pipeline.test(raw), (unit - 0.5) / 0.25)
     normalizing = InputPipeline(normalization=normalization)
     assert torch.allclose(normalizing.train(raw, torch.Generator().manual_seed(0)),
                           (unit - 0.5) / 0.25)
+
+
+def test_a_method_that_makes_its_own_views_of_image_files_gets_them_uncropped_and_unflipped():
+    """SimCLR's and MSimCLR's views of file-decoded images had been cropped twice (the
+    pipeline's random crop, then the views' own: areas down to 0.64%, not 8%) and flipped
+    even with method.horizontal_flip=false, both views sharing the first crop and flip."""
+    raw = torch.randint(0, 256, (6, 3, 40, 40), dtype=torch.uint8)
+    pipeline = InputPipeline(crop_size=32, normalization=Normalization((0.5,) * 3, (0.25,) * 3),
+                             method_augments=True)
+    assert pipeline.augment is None
+    for seed in (0, 1):  # the same for any step's generator: no random draw
+        prepared = pipeline.train(raw, torch.Generator().manual_seed(seed))
+        assert torch.equal(prepared, raw[..., 4:36, 4:36].float() / 255)  # unnormalised
+    assert torch.allclose(pipeline.test(raw), (raw[..., 4:36, 4:36].float() / 255 - 0.5) / 0.25)
 
 
 @pytest.mark.parametrize("loader", ["load_mnist5k", "load_mnist1d"])

@@ -95,9 +95,11 @@ class InputPipeline:
         normalization: the backbone's :class:`Normalization`.
         channels: the backbone's input channels; grayscale images are repeated to 3 when
             it takes RGB (``None``: as they come).
-        normalize_train: normalise training batches too; ``False`` for methods that augment
-            their [0, 1] inputs themselves and normalise afterwards
-            (:attr:`~kdml.models.method.Method.augments_inputs`).
+        method_augments: the method augments its [0, 1] training inputs itself and normalises
+            afterwards (:attr:`~kdml.models.method.Method.augments_inputs`, SimCLR's views):
+            training batches are then prepared as test batches are (the centre crop of
+            file-decoded images), without augmentation or normalisation, where a random crop
+            and flip here had been cropped again by the method's own views.
 
     Example::
 
@@ -111,13 +113,13 @@ class InputPipeline:
 
     def __init__(self, crop_size: int | None = None,
                  normalization: Normalization | None = None,
-                 channels: int | None = None, normalize_train: bool = True) -> None:
+                 channels: int | None = None, method_augments: bool = False) -> None:
         self.crop_size = crop_size
         self.normalization = normalization or Normalization()
         self.channels = channels
-        self.normalize_train = normalize_train
+        self.method_augments = method_augments
         self.augment = None
-        if crop_size is not None:
+        if crop_size is not None and not method_augments:
             self.augment = K.AugmentationSequential(
                 K.RandomResizedCrop((crop_size, crop_size), scale=CROP_SCALE, ratio=CROP_RATIO),
                 K.RandomHorizontalFlip(p=0.5), data_keys=["input"])
@@ -135,12 +137,15 @@ class InputPipeline:
               share: BatchShare | None = None) -> Tensor:
         """Augmented training inputs; the random draws come from ``generator`` (CPU), for the
         global batch when ``share`` says these are a rank's rows of it."""
+        if self.method_augments:
+            if self.crop_size is not None:
+                inputs = centre_crop(inputs, self.crop_size)
+            return self._channels(to_unit_float(inputs))
         images = to_unit_float(inputs)
         if self.augment is not None:
             params = draw_parameters(self.augment, images.shape, generator, share)
             images = self.augment(images, params=params)
-        images = self._channels(images)
-        return self.normalization(images) if self.normalize_train else images
+        return self.normalization(self._channels(images))
 
     def test(self, inputs: Tensor) -> Tensor:
         """Deterministic test inputs (centre crop for file-decoded images)."""

@@ -72,13 +72,14 @@ def build_method_for(config: RunConfig, samples: Samples, train_classes: int,
 
 def build_pipeline(config: RunConfig, samples: Samples, method: Method) -> InputPipeline:
     """The input pipeline of samples like ``samples`` (the training part, or its record):
-    crops for file-decoded images, the backbone's channels and normalisation (of test batches
-    only, for methods that augment their inputs themselves)."""
+    crops for file-decoded images, the backbone's channels and normalisation (for methods that
+    augment their inputs themselves, training batches get the test batches' centre crop and
+    neither augmentation nor normalisation)."""
     normalization = getattr(method.backbone, "normalization", None) or Normalization()
     crop = config.data.image_size if samples.is_file_backed else None
     channels = model_input_shape(config, samples)[0]
     return InputPipeline(crop, normalization, channels=channels,
-                         normalize_train=not method.augments_inputs)
+                         method_augments=method.augments_inputs)
 
 
 def build_embedder(config: RunConfig, pipeline: InputPipeline, device: torch.device,
