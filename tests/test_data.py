@@ -528,6 +528,24 @@ def test_unreadable_images_stop_or_are_skipped(tmp_path):
     assert torch.cat([batch.indices for batch in kept]).tolist() == [0, 1, 2, 3]
 
 
+def test_a_skipped_image_is_logged_once_for_all_epochs(tmp_path, caplog):
+    """Each draw of an unreadable file had logged it again: a bad file over 3 epochs gave 4
+    warnings, two in one epoch (its docstring said once)."""
+    paths = write_images(tmp_path, 3)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg at all")
+    dataset = ImageFiles("toy", "toy", [*paths, str(broken)], torch.arange(4), resize=16)
+    drawn = [[3, 0], [1, 3]]  # the bad file drawn twice in one epoch
+    logged: set[str] = set()
+    with caplog.at_level("WARNING", logger="kdml"):
+        for _ in range(3):  # three epochs sharing the training run's set
+            kept = list(readable_batches(batch_loader(dataset, drawn, num_workers=0), dataset,
+                                         "skip", logged))
+            assert [batch.indices.tolist() for batch in kept] == [[0], [1]]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"skipping unreadable image {broken}"]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_unreadable_images_row_is_zeros(tmp_path, workers):
     """A row whose file cannot be decoded reads as zeros, in every pass, with or without

@@ -120,13 +120,16 @@ def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
-def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
-                     on_bad_image: str) -> Iterator[Batch]:
+def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image: str,
+                     logged: set[str] | None = None) -> Iterator[Batch]:
     """``batches`` with undecodable images handled as ``data.on_bad_image`` says.
 
     ``"error"`` stops with a one-line error naming the file; ``"skip"`` drops those samples
-    from their batch (logging each file once) and drops batches left empty.
+    from their batch and drops batches left empty, logging each file once: once in
+    ``batches``, or once for all the calls that share ``logged`` (a training run's epochs,
+    which draw a file again and again).
     """
+    logged = set() if logged is None else logged
     if on_bad_image not in BAD_IMAGE_POLICIES:
         raise KdmlError(f"data.on_bad_image must be error or skip, got {on_bad_image!r}")
     for batch in batches:
@@ -142,7 +145,9 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset,
                                 "run, in its config.yaml, which --resume, eval, embed and "
                                 "plots follow)")
             for source in sources:
-                logger.warning("skipping unreadable image %s", source)
+                if source not in logged:
+                    logged.add(source)
+                    logger.warning("skipping unreadable image %s", source)
             batch = Batch(*(field[~batch.unreadable] for field in batch))
             if not len(batch.labels):
                 continue

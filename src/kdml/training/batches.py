@@ -58,6 +58,7 @@ class TrainingBatches:
         self.sampler: EpochBatches = (RankShare(global_batches, world.rank, world.size)
                                       if world.is_distributed else global_batches)
         self.dataset, self.on_bad_image = train, data.on_bad_image
+        self.skipped_logged: set[str] = set()  # unreadable files said once for all epochs
         self.max_steps = config.train.steps_per_epoch
         pin = device.type == "cuda"
         self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
@@ -92,7 +93,8 @@ class TrainingBatches:
 
     def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
         self.sampler.set_epoch(epoch)
-        source = readable_batches(self.loader, self.dataset, self.on_bad_image)
+        source = readable_batches(self.loader, self.dataset, self.on_bad_image,
+                                  self.skipped_logged)
         if self.target_loader is None or self.target_sampler is None:
             pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
         else:
