@@ -8,8 +8,10 @@ crop to ``data.image_size`` then run on whole batches on the training device
 
 The square crop is a departure from torchvision's pipelines, which crop the training image from
 the whole resized image: here the long side's margins beyond the centred square are never seen
-(for CUB's typical 4:3 photos, 1/8 of the width on each side). At test time it changes nothing:
-``Resize(256)`` then ``CenterCrop(224)`` equals the square crop then the centre crop.
+(for CUB's typical 4:3 photos, 1/8 of the width on each side). At test time it changes nothing
+but rounding: ``Resize(256)`` then ``CenterCrop(224)`` equals the square crop then the centre
+crop, up to a pixel (torchvision truncates the resized long side, kdml rounds it; the crops'
+offsets round differently for some widths).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ turns them into what the backbone takes:
 - images decoded from files (uint8 squares of side ``data.resize``): for training, kornia's
   random resized crop to ``data.image_size`` (area 8-100%, aspect ratio 3/4-4/3) and a
   horizontal flip with probability 0.5; for testing, the centre crop of ``data.image_size``
-  (the usual ``Resize(256)`` + ``CenterCrop(224)`` of DML papers);
+  (the usual ``Resize(256)`` + ``CenterCrop(224)`` of DML papers, up to a pixel of
+  rounding); ``simclr`` and ``msimclr`` train on that centre crop and make their own views;
 - in-memory datasets: no augmentation (uint8 images are scaled to [0, 1]);
 - then the backbone's :class:`Normalization` (mean, std, 0-255 scale, BGR order).
 
