@@ -437,3 +437,20 @@ def test_the_metrics_table_and_the_index_line_read_right(capsys, monkeypatch, tm
         monkeypatch.setattr(kdml.inspection.parts, "index_part", lambda *args, info=info: info)
         assert cli.evaluate._index(argparse.Namespace(out=tmp_path / "index", kind="exact")) == 0
         assert said in capsys.readouterr().out
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    """search's --index and --query and two --seed options had no help line."""
+    import argparse
+
+    from kdml.cli.parser import build_parser
+
+    def silent(parser: argparse.ArgumentParser, name: str):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, subparser in action.choices.items():
+                    yield from silent(subparser, f"{name} {command}")
+            elif action.option_strings and not action.help:
+                yield f"{name} {action.option_strings[0]}"
+
+    assert list(silent(build_parser(), "kdml")) == []

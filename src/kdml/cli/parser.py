@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="share of each set the classifiers are fitted on (default 0.5)")
     general.add_argument("--neighbors", type=_integer(1), default=1,
                          help="k of the k-NN (default 1)")
-    general.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
+    general.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0,
+                         help="seed of the random splits (default 0)")
 
     plot = commands.add_parser("plot", help="plots of a trained run")
     plots = plot.add_subparsers(dest="plot", required=True, parser_class=_Parser)
@@ -174,8 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on in-memory images (e.g. Fashion-MNIST) an image is fitted to the samples' size and "
         "channels.")
     search.add_argument("run_dir", type=Path)
-    search.add_argument("--index", type=_folder, required=True, metavar="DIR")
-    search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ")
+    search.add_argument("--index", type=_folder, required=True, metavar="DIR",
+                        help="an index folder 'kdml index' wrote of this run")
+    search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ",
+                        help="an image, or an .npz of 'embeddings' or raw 'inputs'")
     search.add_argument("-k", type=_integer(1), default=10, help="neighbours (default 10)")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_best(search)
@@ -195,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="rows of the grid (default 8, at most 64)")
     retrieval.add_argument("-k", type=_integer(1, 64), default=8,
                            help="neighbours per query (default 8, at most 64)")
-    retrieval.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
+    retrieval.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0,
+                           help="seed of the queries' draw (default 0)")
     embedding = plots.add_parser(
         "embedding", help="a 2-D map of the test embeddings, by class (UMAP or t-SNE)",
         description="Map the test embeddings to 2-D with UMAP when umap-learn is installed, "
