@@ -451,6 +451,17 @@ def test_the_chart_legend_names_each_class_in_its_points_colour():
     assert all(axes.get_legend() is None for axes in many.axes)
 
 
+def test_chart_coordinates_far_out_are_drawn_on_the_border_without_a_warning():
+    """exp(-c) overflowed for c below -709: numpy's RuntimeWarning, though the point landed
+    right."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figure = chart_figure(np.array([[-800.0, 800.0], [0.0, 0.0], [1.0, -1.0]]),
+                              np.zeros(3, dtype=int), np.arange(3))
+    (axes,) = figure.axes
+    assert axes.collections[0].get_offsets()[:2].tolist() == [[0.0, 1.0], [0.5, 0.5]]
+
+
 @pytest.mark.parametrize(("n_charts", "n_classes"), [(1, 12), (1, 20), (2, 20), (4, 20)])
 def test_the_chart_legend_and_titles_are_drawn_whole(n_charts, n_classes):
     """With one or two charts and long class names, or 15 to 20 classes, the legend had run

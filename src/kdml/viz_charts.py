@@ -21,6 +21,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import Bbox
+from scipy.special import expit
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
@@ -134,7 +135,8 @@ def chart_figure(
     charts = as_label_vector(chart_index, "chart_index", len(coords))
     label_vector = as_label_vector(labels, "labels", len(coords))
     thumbnails = None if images is None else _as_images(images, len(coords))
-    points = 1.0 / (1.0 + np.exp(-coords.astype(np.float64)))  # phi in [0, 1]^2
+    # phi in [0, 1]^2; scipy's sigmoid: exp(-c) overflowed (a warning) for c below -709
+    points = expit(coords.astype(np.float64))
 
     classes = np.unique(label_vector)
     colour_map = "tab10" if len(classes) <= 10 else "tab20"
