@@ -194,10 +194,9 @@ class RunFolder:
             with partial.open("w", newline="") as handle:
                 csv.writer(handle).writerows(lines)
 
-        values = {"epochs": history, "final": final, "scored": scored}
-        check_json_replaceable(self.metrics_json, values)  # before either file is replaced
+        # the JSON first: its check refuses someone else's file before either is replaced
+        write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json)
         write_through_new_file(self.metrics_csv, write_csv)
-        write_json(values, self.metrics_json)
 
 
 def _example_cell(root: Path) -> str:
