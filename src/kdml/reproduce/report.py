@@ -83,15 +83,25 @@ def check_outputs(report: Path) -> None:
                         "another --out")
 
 
+def _sweep_plot(plots: Path, experiment: Experiment) -> Path:
+    """Where an experiment's sweep plot goes in the report's plot folder ``plots``."""
+    return plots / f"{experiment.key}.png"
+
+
+def _charts_plot(plots: Path, experiment: Experiment) -> Path:
+    """Where an experiment's chart plot goes in the report's plot folder ``plots``."""
+    return plots / f"{experiment.key}-charts.png"
+
+
 def check_plots(report: Path, chosen: Sequence[Experiment]) -> None:
     """Refuse, before anything trains, a file kdml did not draw where the report's plots of
     ``chosen`` go (the write at the end had refused it, after hours of training)."""
     plots = plots_folder(report)
     for experiment in chosen:
         if experiment.sweep:
-            check_replaceable(plots / f"{experiment.key}.png")
+            check_replaceable(_sweep_plot(plots, experiment))
         if any(cell.plot_charts for cell in experiment.cells):
-            check_replaceable(plots / f"{experiment.key}-charts.png")
+            check_replaceable(_charts_plot(plots, experiment))
 
 
 # how a section names the command that wrote it (see _experiment_section)
@@ -433,12 +443,12 @@ def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[st
     if experiment.sweep:
         metric = experiment.metrics[0]
         values = {label: cell.values[metric] for label, cell in result.cells.items()}
-        path = plot_sweep(experiment, values, metric, plots / f"{experiment.key}.png")
+        path = plot_sweep(experiment, values, metric, _sweep_plot(plots, experiment))
         lines += ["", f"![{experiment.key}]({_relative(path, report_dir)})"]
     for cell_spec in experiment.cells:
         label, cell = cell_spec.label, result.cells[cell_spec.label]
         if cell.charts is not None:
-            path = plots / f"{experiment.key}-charts.png"
+            path = _charts_plot(plots, experiment)
             copy_png(cell.charts, path)
             lines += ["", f"Charts of {label}, seed {cell.charts_seed} (Sec. A.2):", "",
                       f"![charts]({_relative(path, report_dir)})"]
