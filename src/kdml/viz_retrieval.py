@@ -144,7 +144,6 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
     if unlabelled.any():
         axes.scatter(coordinates[unlabelled, 0], coordinates[unlabelled, 1], s=6,
                      linewidths=0, color="0.75", label="unlabelled")
-    shown = ~unlabelled
     if len(classes) <= 20:  # one colour and legend entry per class
         colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
         for number, label in enumerate(classes):
@@ -154,8 +153,9 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
                          label=short_name((class_names or {}).get(int(label), str(label)), 24))
         axes.legend(title="class", fontsize=7, markerscale=2, loc="best")
     else:  # too many classes for a legend: colours only tell neighbours apart
-        axes.scatter(coordinates[shown, 0], coordinates[shown, 1],
-                     c=np.searchsorted(classes, labels[shown]), s=6, cmap="tab20",
+        labelled = ~unlabelled
+        axes.scatter(coordinates[labelled, 0], coordinates[labelled, 1],
+                     c=np.searchsorted(classes, labels[labelled]), s=6, cmap="tab20",
                      linewidths=0)
     axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
     figure.tight_layout()

@@ -154,12 +154,12 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
         values, labels = values[keep], labels[keep]
     if len(values) < 3:
         raise KdmlError("a 2-D map needs at least 3 test samples")
-    if trained.config.eval.metric == "cosine":
-        # the map of what the run's metric compares: directions (points of one direction had
-        # been drawn apart by their lengths, which the cosine ignores)
-        values = l2_normalize(values, inplace=True)
-    coordinates, method = embedding_map(values, seed)
-    if trained.config.eval.metric == "cosine":
+    # the map of what the run's metric compares: directions (points of one direction had
+    # been drawn apart by their lengths, which the cosine ignores)
+    cosine = trained.config.eval.metric == "cosine"
+    coordinates, method = embedding_map(l2_normalize(values, inplace=True) if cosine
+                                        else values, seed)
+    if cosine:
         method += ", of the L2-normalised embeddings (cosine metric)"
     return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}",
