@@ -188,6 +188,13 @@ def test_npz_loader_splits_the_domains(tmp_path, domain_style):
     assert pair.target.y.tolist() == [-1, -1, 2]
 
 
+def test_npz_loader_reads_unsigned_labels(tmp_path):
+    arrays = good_arrays()
+    arrays["y"] = np.array([0, 1, 2, 0, 1, 1, 2], dtype=np.uint8)
+    pair = load_feature_domains(write_npz(tmp_path / "lbp.npz", **arrays))
+    assert pair.source.y.dtype == torch.int64 and pair.target.y.tolist() == [1, 1, 2]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"X": None}, "lacks the array\\(s\\) X"),
     ({"X": np.zeros((7,))}, "\\[N, D\\]"),
@@ -200,6 +207,9 @@ def test_npz_loader_splits_the_domains(tmp_path, domain_style):
     ({"domain": np.array(["source"] * 6 + ["test"])}, "unknown domain value"),
     ({"domain": np.array(["source"] * 7)}, "both domains"),
     ({"y": np.array([0, 1, 2, 0, -1, -3, 2])}, "-1 for unlabelled"),
+    # -1 saved unsigned is 2**64 - 1: the cast to int64 had wrapped it back to an unlabelled
+    # source sample, trained on as class -1
+    ({"y": np.array([0, 1, 2, -1, -1, -1, 2]).astype(np.uint64)}, "beyond int64's range"),
 ])
 def test_npz_loader_errors(tmp_path, change, message):
     arrays = good_arrays()

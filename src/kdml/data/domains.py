@@ -271,6 +271,11 @@ def load_feature_domains(path: str | Path) -> DomainPair:
         raise KdmlError(f"{path}: y must be integers (-1 = unlabelled), got dtype "
                         f"{labels.dtype}; save it as y.astype(int) if its values are whole "
                         "numbers")
+    if labels.dtype.kind == "u" and labels.size and labels.max() > np.iinfo(np.int64).max:
+        # int64 is what training uses, and the cast would wrap an unsigned -1 back to -1
+        raise KdmlError(f"{path}: y holds {labels.max()}, beyond int64's range; save -1 "
+                        "(unlabelled) as a signed integer: y.astype(np.int64)")
+    labels = labels.astype(np.int64)
     if not np.isfinite(features).all():
         raise KdmlError(f"{path}: X contains NaN or infinite values")
     with np.errstate(over="ignore"):  # an overflow is reported just below, in one line
@@ -288,7 +293,7 @@ def load_feature_domains(path: str | Path) -> DomainPair:
         raise KdmlError(f"{path}: {int((labels[is_source] < 0).sum())} source samples are "
                         "unlabelled (y < 0); every source sample needs a label")
     x = torch.from_numpy(features)
-    y = torch.from_numpy(labels.astype(np.int64))
+    y = torch.from_numpy(labels)
     description = f"features from {path.name}"
     source = ArrayDataset(f"{path.stem}/source", description, x[is_source], y[is_source])
     target = ArrayDataset(f"{path.stem}/target", description, x[~is_source], y[~is_source])
