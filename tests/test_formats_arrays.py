@@ -195,6 +195,12 @@ def test_cifar_file_errors(tmp_path):
     one_line_error(lambda: load_cifar10(folder), "data_batch_3", "[n, 3072]")
     write_cifar_file(folder / "data_batch_3", rows, np.zeros(4), b"fine_labels")
     one_line_error(lambda: load_cifar10(folder), "data_batch_3", "b'labels'")
+    # a label 1.7 had been read as class 1 without a word, and 2**70 ended in a traceback
+    for labels in ([0.0, 1.7, 2.9, 0.0], [0, 1, 2**70, 0], ["0", "1", "2", "0"]):
+        write_cifar_file(folder / "data_batch_3", rows, np.zeros(4), b"labels",
+                         extra={b"labels": labels})
+        one_line_error(lambda: load_cifar10(folder), "data_batch_3",
+                       "b'labels' is not a list of integer labels (0..9)")
 
 
 def test_cifar100_missing_file(tmp_path):

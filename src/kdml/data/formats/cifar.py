@@ -111,16 +111,19 @@ def read_batch(layout: Layout, relative: str, label_key: bytes,
         shape = getattr(data, "shape", type(data).__name__)
         raise layout.error(f"{relative}: b'data' must be a uint8 array [n, {IMAGE_BYTES}], "
                            f"got {shape}")
-    try:
-        labels = np.asarray(batch[label_key], dtype=np.int64)
+    try:  # no dtype here: np.int64 would truncate a label 1.7 to 1 without a word
+        labels = np.asarray(batch[label_key])
     except (TypeError, ValueError):
-        raise layout.error(f"{relative}: {label_key!r} is not a list of integers") from None
+        labels = np.asarray(None)
+    if labels.dtype.kind not in "iu":  # floats, strings, or ints beyond 64 bits (object)
+        raise layout.error(f"{relative}: {label_key!r} is not a list of integer labels "
+                           f"(0..{classes - 1})")
     if labels.shape != (data.shape[0],):
         raise layout.error(f"{relative} holds {data.shape[0]} images but {labels.size} labels")
     if labels.size and not 0 <= labels.min() <= labels.max() < classes:
         raise layout.error(f"{relative}: labels must lie in 0..{classes - 1}, got "
                            f"{labels.min()}..{labels.max()}")
-    return data.reshape(-1, 3, 32, 32), labels
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
 def load_batches(layout: Layout, train: list[str], test: list[str], label_key: bytes,
