@@ -254,6 +254,9 @@ def test_cars196_says_what_to_do_without_a_readable_cars_annos_mat(tmp_path, bre
      "cars_annos.mat: annotation 2 has class id nan, not a whole number"),
     (lambda root: rewrite_annotations(root, lambda a: with_class(a, 2.7)),
      "cars_annos.mat: annotation 2 has class id 2.7, not a whole number"),
+    # beyond int64, torch.tensor(labels) had stopped with a raw ValueError
+    (lambda root: rewrite_annotations(root, lambda a: with_class(a, 1e20)),
+     "cars_annos.mat: annotation 2 has class id 100000000000000000000, beyond a 64-bit label"),
     (lambda root: first_class_names(root, 2),  # the real file names all 196 classes
      "cars_annos.mat: 'class_names' names 2 classes but class id 3 has no name"),
     # One file named by two annotations: each copy its twin's perfect match, or two labels.

@@ -26,7 +26,7 @@ import numpy as np
 import scipy.io
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where, repeated_path
+from kdml.data.formats.common import INT64, DatasetParts, Layout, indices_where, repeated_path
 from kdml.data.images import ImageFiles
 
 EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
@@ -91,6 +91,9 @@ def load_cars196(root: Path) -> DatasetParts:
         if label.dtype.kind == "f" and not (np.isfinite(class_id) and class_id == int(class_id)):
             raise layout.error(f"{FILE}: annotation {number} has class id {class_id}, not a "
                                "whole number; give it its class's number (1-196)")
+        if int(class_id) not in INT64:  # what the label tensor holds, as the text formats check
+            raise layout.error(f"{FILE}: annotation {number} has class id {int(class_id)}, "
+                               "beyond a 64-bit label; give it its class's number (1-196)")
         paths.append(str(root / image[0]))
         labels.append(int(class_id))
     if not paths:
