@@ -662,6 +662,23 @@ def test_datasets_read_once_per_process_are_handed_out_as_fresh_copies(loader):
     assert torch.equal(second_x, kept_x) and torch.equal(second_labels, kept_labels)
 
 
+def test_generating_mnist1d_leaves_the_global_generators_as_they_were():
+    """mnist1d's make_dataset seeds Python's and NumPy's global generators with 42: loading it
+    had changed the draws of a user's own code that came after."""
+    import random
+
+    from kdml.data import offline
+
+    offline._generate_mnist1d.cache_clear()  # the generator runs on the first load only
+    random.seed(123)
+    np.random.seed(123)
+    expected = (random.random(), np.random.rand())
+    random.seed(123)
+    np.random.seed(123)
+    offline.load_mnist1d()
+    assert (random.random(), np.random.rand()) == expected
+
+
 @pytest.mark.parametrize("batch_size, num_target, message", [
     (0, 8, "data.batch_size=0 makes the whole training split (9 samples) one global batch, "
            "which does not split evenly over the 2 processes; set data.batch_size to a "

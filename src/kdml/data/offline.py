@@ -8,6 +8,7 @@ one process (``kdml reproduce``, a grid) reads or generates each once.
 from __future__ import annotations
 
 import functools
+import random
 
 import numpy as np
 import torch
@@ -51,7 +52,14 @@ def _generate_mnist1d() -> tuple[np.ndarray, np.ndarray]:
     """The generator's signals, made once per process: generating them takes seconds."""
     from mnist1d.data import get_dataset_args, make_dataset
 
-    data = make_dataset(get_dataset_args())
+    # make_dataset seeds and draws from Python's and NumPy's global generators: put back the
+    # caller's states, so that loading data does not change a user's own random draws
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        data = make_dataset(get_dataset_args())
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
     x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
     y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
     return x, y
