@@ -309,15 +309,52 @@ def test_batchnorm_tensors_stored_as_rows_load(tmp_path):
     assert torch.equal(fresh.conv2_3x3_bn.running_var, net.conv2_3x3_bn.running_var)
 
 
-def test_missing_and_unexpected_keys_are_reported_in_one_line(tmp_path):
-    state = BNInception().state_dict()
-    del state["conv1_7x7_s2.bias"]
-    state["extra_layer.weight"] = torch.zeros(2)
-    torch.save(state, tmp_path / "partial.pth")
-    lines = []
-    load_weights(BNInception(), tmp_path / "partial.pth", report=lines.append)
-    assert len(lines) == 1
-    assert "missing 1: conv1_7x7_s2.bias" in lines[0] and "unexpected 1: extra_layer" in lines[0]
+def test_a_file_for_another_model_is_refused_by_its_missing_and_unexpected_keys(tmp_path):
+    """A file whose every shape fits (ResNet-18's in a ResNet-34) had loaded with the rest left
+    random, and only a printed note said so."""
+    full = BNInception().state_dict()
+    missing = dict(full)
+    del missing["conv1_7x7_s2.bias"]
+    unexpected = dict(full, **{"extra_layer.weight": torch.zeros(2)})
+    both = dict(missing, **{"extra_layer.weight": torch.zeros(2)})
+    for name, state, message in [
+        ("missing", missing, r"lacks 1 of its tensors \(conv1_7x7_s2\.bias\): it is for "
+                             "another model than the backbone; pass the file of this very "
+                             "model$"),
+        ("unexpected", unexpected, r"holds 1 it does not have \(extra_layer\.weight\): it is "
+                                   "for another model"),
+        ("both", both, r"lacks 1 of its tensors \(conv1_7x7_s2\.bias\) and holds 1 it does not "
+                       r"have \(extra_layer\.weight\)"),
+    ]:
+        torch.save(state, tmp_path / f"{name}.pth")
+        fresh = BNInception()
+        before = fresh.conv2_3x3.weight.clone()
+        with pytest.raises(KdmlError, match=message):
+            load_weights(fresh, tmp_path / f"{name}.pth", report=lambda line: None)
+        assert torch.equal(fresh.conv2_3x3.weight, before)  # nothing loaded
+
+
+def test_training_checkpoint_layouts(tmp_path):
+    """PyTorch's tutorial's (and Proxy-Anchor's) model_state_dict loads; a checkpoint with a
+    script's objects is refused as such, not as an unreadable file."""
+    import argparse
+
+    net = randomised()
+    torch.save({"epoch": 5, "model_state_dict": net.state_dict(), "optimizer_state_dict": {}},
+               tmp_path / "tutorial.pth")
+    fresh = BNInception()
+    load_weights(fresh, tmp_path / "tutorial.pth", report=lambda line: None)
+    assert torch.equal(fresh.conv1_7x7_s2.weight, net.conv1_7x7_s2.weight)
+    torch.save({"state_dict": net.state_dict(), "args": argparse.Namespace(lr=0.1)},
+               tmp_path / "timm_train.pth.tar")
+    with pytest.raises(KdmlError, match=r"timm_train\.pth\.tar holds a Python object besides "
+                       r"tensors \(argparse\.Namespace\), which kdml does not unpickle.*"
+                       r"torch\.save\(checkpoint\['state_dict'\], 'weights\.pth'\)"):
+        load_weights(BNInception(), tmp_path / "timm_train.pth.tar")
+    torch.save({"epoch": 5, "optimizer": {"lr": torch.zeros(1)}}, tmp_path / "no_model.pth")
+    with pytest.raises(KdmlError, match=r"holds no state dict of tensors \(its keys: epoch, "
+                       r"optimizer\)$"):
+        load_weights(BNInception(), tmp_path / "no_model.pth")
 
 
 def test_an_rgb_first_convolution_loads_into_a_grayscale_backbone(tmp_path):

@@ -138,3 +138,91 @@ def test_a_backbone_whose_output_is_not_its_feature_size_is_refused(recipe, back
                rf"\[batch, feature_size\] features$")
     with pytest.raises(KdmlError, match=message):
         method.embed(inputs)
+
+
+class _StandInTimm(torch.nn.Module):
+    """The parts of a timm model that TimmBackbone uses: a ConvNeXt-like head whose norm comes
+    after the pooling, and a channels-last (Swin-like) variant. The vision extra does not
+    import everywhere."""
+
+    def __init__(self, channels_last: bool = False) -> None:
+        super().__init__()
+        self.num_features = self.head_hidden_size = 4
+        self.output_fmt = "NHWC" if channels_last else "NCHW"
+        self.stem = torch.nn.Conv2d(3, 4, 3)
+        self.norm = torch.nn.LayerNorm(4)
+        with torch.no_grad():
+            self.norm.weight.uniform_(1, 3)
+            self.norm.bias.uniform_(-1, 1)
+
+    def forward_features(self, images):
+        maps = self.stem(images)
+        return maps.permute(0, 2, 3, 1) if self.output_fmt == "NHWC" else maps
+
+    def forward_head(self, features, pre_logits=False):
+        assert pre_logits
+        pooled = features.mean((1, 2) if self.output_fmt == "NHWC" else (2, 3))  # timm's pool
+        return self.norm(pooled)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["NCHW", "NHWC"])
+@pytest.mark.parametrize("pooling", ["avg", "max", "avg+max"])
+def test_timm_backbone_applies_the_heads_layers_after_its_own_pooling(channels_last, pooling):
+    """ConvNeXt's head LayerNorm (MobileNetV3's conv_head) follows the pooling: kdml had
+    returned the pooled map without it, and pooled a Swin's [B, H, W, C] map over W and C."""
+    from kdml.models.bninception import global_pool
+    from kdml.models.vision import TimmBackbone
+
+    torch.manual_seed(0)
+    network = _StandInTimm(channels_last)
+    backbone = TimmBackbone(network, pooling, None)
+    images = torch.randn(2, 3, 9, 9)
+    expected = network.norm(global_pool(network.stem(images), pooling))
+    assert backbone.feature_size == 4
+    assert torch.allclose(backbone(images), expected, atol=1e-6)
+
+
+def test_a_broken_vision_install_is_one_line(monkeypatch):
+    """A torchvision built for another torch raises RuntimeError at import, not ImportError."""
+    import importlib
+
+    def broken(name):
+        raise RuntimeError("operator torchvision::nms does not exist\nmore lines")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(KdmlError, match=r"^torchvision:resnet18 needs torchvision, whose install "
+                       r"here is broken \(RuntimeError: operator torchvision::nms does not "
+                       r"exist\), most often built for another torch; reinstall the vision "
+                       "extra"):
+        build_backbone("torchvision:resnet18", (3, 32, 32))
+
+
+def test_vision_backbones_refuse_an_unknown_pooling():
+    with pytest.raises(KdmlError, match=r"pooling must be one of avg, max, avg\+max, got 'mean'"):
+        build_backbone("timm:resnet18", (3, 32, 32), pooling="mean")
+
+
+def test_weights_keep_a_small_input_stem_that_the_files_stem_does_not_fit(tmp_path):
+    """model.small_input's 3x3 stem with an ImageNet file (7x7) had been refused as a file
+    'for another model'; the stem keeps its initialisation, the rest loads."""
+    from kdml.models.weights import load_weights
+
+    def network(stem_kernel):
+        module = torch.nn.Module()
+        module.conv1 = torch.nn.Conv2d(3, 4, stem_kernel, bias=False)
+        module.layer1 = torch.nn.Linear(4, 4)
+        return module
+
+    imagenet = network(7)
+    torch.save(imagenet.state_dict(), tmp_path / "imagenet.pth")
+    small = network(3)
+    stem = small.conv1.weight.clone()
+    with pytest.raises(KdmlError, match="conv1.weight has shape"):  # not a small_input stem
+        load_weights(small, tmp_path / "imagenet.pth")
+    small.rebuilt_keys = ("conv1.weight",)
+    lines = []
+    load_weights(small, tmp_path / "imagenet.pth", report=lines.append)
+    assert torch.equal(small.conv1.weight, stem)
+    assert torch.equal(small.layer1.weight, imagenet.layer1.weight)
+    assert lines == [f"loaded 2 tensors from {tmp_path / 'imagenet.pth'}; kept the "
+                     "model.small_input stem as built (conv1.weight)"]

@@ -190,12 +190,17 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
             check_image_size(input_shape[1], input_shape[2])
             return BNInception(pooling)
         from kdml.models import vision
+        from kdml.models.bninception import POOLINGS
 
         library, _, model = name.partition(":")
         if not model:
             raise KdmlError(f"name the model, e.g. {library}:resnet50")
-        build = vision.timm_backbone if library == "timm" else vision.torchvision_backbone
-        return build(model, input_shape[0], pooling, small_input)
+        if pooling not in POOLINGS:  # global_pool would read any other word as avg+max
+            raise KdmlError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        if library == "timm":
+            return vision.timm_backbone(model, input_shape[0], pooling, small_input,
+                                        (input_shape[1], input_shape[2]))
+        return vision.torchvision_backbone(model, input_shape[0], pooling, small_input)
     raise KdmlError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}")
 
 

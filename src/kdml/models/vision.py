@@ -3,7 +3,8 @@ weights come only from local files (:mod:`kdml.models.weights`).
 
 Both libraries are the optional ``vision`` extra and are imported only here, when such a
 backbone is asked for. The networks are cut before their classifier; convolutional feature
-maps are pooled by ``model.pooling`` (``avg``, ``max``, ``avg+max``). The input channels follow
+maps are pooled by ``model.pooling`` (``avg``, ``max``, ``avg+max``), then go through the layers
+a timm head keeps before its classifier (ConvNeXt's norm). The input channels follow
 the data (1 for MNIST), and ``model.small_input`` swaps a ResNet's stem for a 3x3 stride-1
 convolution without max-pool, as SimCLR's CIFAR ResNets (the Atlas Table 2 runs use it).
 Normalisation follows the model's own config (timm's ``pretrained_cfg``), else ImageNet's.
@@ -11,6 +12,7 @@ Normalisation follows the model's own config (timm's ``pretrained_cfg``), else I
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from torch import Tensor, nn
@@ -30,6 +32,11 @@ VISION_EXTRA = ("pip install -c constraints.txt -e '.[vision]' in the kdml clone
 # forward_features, ...) are attributes that nn.Module's typing cannot see.
 
 
+# The weights a small_input stem replaces: a file's 7x7 ImageNet stem does not fit it, and
+# is left out of a load (kdml.models.weights) instead of refused.
+SMALL_STEM_KEYS = ("conv1.weight",)
+
+
 def _small_stem(network: Any, in_channels: int, name: str) -> None:
     """Replace a ResNet's 7x7 stride-2 convolution and max-pool with a 3x3 stride-1
     convolution (SimCLR's CIFAR variant; Atlas App. A.1), Kaiming-normal initialised."""
@@ -46,45 +53,81 @@ def _small_stem(network: Any, in_channels: int, name: str) -> None:
 
 
 class TimmBackbone(nn.Module):
-    """A timm model without its classifier: ``forward_features`` then global pooling.
+    """A timm model without its classifier: ``forward_features``, global pooling, then the
+    layers timm's head keeps before its classifier (``forward_head(pre_logits=True)``: e.g.
+    ConvNeXt's LayerNorm, MobileNetV3's ``conv_head``), so a checkpoint's head layers are used.
 
     ``network`` holds the timm model, so a timm checkpoint loads into it as it is.
+    ``rebuilt_keys``: the weights ``model.small_input`` re-made, whose file's shapes differ.
     """
 
     network: Any
 
-    def __init__(self, network: Any, pooling: str, normalization: Normalization) -> None:
+    def __init__(self, network: Any, pooling: str, normalization: Normalization,
+                 rebuilt_keys: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.network, self.pooling, self.normalization = network, pooling, normalization
-        self.feature_size = network.num_features
+        self.rebuilt_keys = rebuilt_keys
+        # [B, H, W, C] maps (Swin, MambaOut); timm's head pools them on the axes this names
+        self.channels_last = getattr(network, "output_fmt", "NCHW") == "NHWC"
+        # the head's output width where its pre-logits layers change it (MobileNetV3: 1280)
+        self.feature_size = getattr(network, "head_hidden_size", None) or network.num_features
 
     def forward(self, images: Tensor) -> Tensor:
         features = self.network.forward_features(images)
         if features.ndim == 4:  # a convolutional map: pooled as model.pooling says
-            return global_pool(features, self.pooling)
+            if self.channels_last:
+                pooled = global_pool(features.permute(0, 3, 1, 2), self.pooling)
+                features = pooled[:, None, None, :]
+            else:
+                features = global_pool(features, self.pooling)[:, :, None, None]
+            # timm's own global pooling, next, leaves the 1x1 map as it is
         return self.network.forward_head(features, pre_logits=True)  # tokens: timm's pooling
 
     def weights_target(self) -> nn.Module:
         return self.network
 
 
-def timm_backbone(name: str, in_channels: int, pooling: str, small_input: bool) -> nn.Module:
-    try:
-        import timm
-    except ImportError as error:  # an optional extra, absent from this environment
-        raise KdmlError(f"timm:{name} needs timm, which is not importable here ({error}); "
-                        f"install the vision extra: {VISION_EXTRA}") from None
+def timm_backbone(name: str, in_channels: int, pooling: str, small_input: bool,
+                  image_size: tuple[int, int]) -> nn.Module:
+    timm = _import_vision("timm", name)
     try:
         network = timm.create_model(name, pretrained=False, num_classes=0,
                                     in_chans=in_channels)
-    except RuntimeError as error:
-        raise KdmlError(f"timm cannot build {name!r}: {str(error).splitlines()[0]}") from None
+    except (RuntimeError, ValueError, OSError) as error:  # an unknown name, a bad local-dir:
+        raise KdmlError(f"timm cannot build {name!r}: {_first_line(error)}") from None
     if small_input:
         _small_stem(network, in_channels, f"timm:{name}")
     config = getattr(network, "pretrained_cfg", None) or {}
+    fixed_size = tuple(config.get("input_size", ()))[1:]
+    if config.get("fixed_input_size") and len(fixed_size) == 2 and image_size != fixed_size:
+        # a ViT's position embeddings are sized for it: other sizes fail in the first step
+        raise KdmlError(f"timm:{name} takes {fixed_size[0]}x{fixed_size[1]} images only, got "
+                        f"{image_size[0]}x{image_size[1]}; set data.image_size="
+                        f"{fixed_size[0]} (for image files) or choose a model without a fixed "
+                        "input size")
     normalization = Normalization(tuple(config.get("mean", IMAGENET_MEAN)),
                                   tuple(config.get("std", IMAGENET_STD)))
-    return TimmBackbone(network, pooling, normalization.for_channels(in_channels))
+    return TimmBackbone(network, pooling, normalization.for_channels(in_channels),
+                        SMALL_STEM_KEYS if small_input else ())
+
+
+def _import_vision(library: str, name: str) -> Any:
+    """``timm`` or ``torchvision``, or one line on why it cannot be used here."""
+    try:
+        return importlib.import_module(library)
+    except ImportError as error:  # an optional extra, absent from this environment
+        raise KdmlError(f"{library}:{name} needs {library}, which is not importable here "
+                        f"({error}); install the vision extra: {VISION_EXTRA}") from None
+    except Exception as error:  # e.g. a torchvision built for another torch: its operators
+        raise KdmlError(f"{library}:{name} needs {library}, whose install here is broken "
+                        f"({type(error).__name__}: {_first_line(error)}), most often built "
+                        f"for another torch; reinstall the vision extra: {VISION_EXTRA}"
+                        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [""])[0]
 
 
 class TorchvisionBackbone(nn.Module):
@@ -94,9 +137,10 @@ class TorchvisionBackbone(nn.Module):
     network: Any
 
     def __init__(self, network: Any, pooling: str,
-                 normalization: Normalization = IMAGENET) -> None:
+                 normalization: Normalization = IMAGENET,
+                 rebuilt_keys: tuple[str, ...] = ()) -> None:
         super().__init__()
-        self.normalization = normalization
+        self.normalization, self.rebuilt_keys = normalization, rebuilt_keys
         self.feature_size = network.fc.in_features
         network.fc = nn.Identity()  # classifier keys of a checkpoint are ignored
         self.network, self.pooling = network, pooling
@@ -113,11 +157,7 @@ class TorchvisionBackbone(nn.Module):
 
 def torchvision_backbone(name: str, in_channels: int, pooling: str,
                          small_input: bool) -> nn.Module:
-    try:
-        import torchvision
-    except ImportError as error:  # an optional extra, absent from this environment
-        raise KdmlError(f"torchvision:{name} needs torchvision, which is not importable here "
-                        f"({error}); install the vision extra: {VISION_EXTRA}") from None
+    torchvision = _import_vision("torchvision", name)
     try:
         network = torchvision.models.get_model(name, weights=None)
     except ValueError as error:
@@ -131,7 +171,8 @@ def torchvision_backbone(name: str, in_channels: int, pooling: str,
         old = network.conv1
         network.conv1 = nn.Conv2d(in_channels, old.out_channels, old.kernel_size, old.stride,
                                   old.padding, bias=old.bias is not None)
-    return TorchvisionBackbone(network, pooling, IMAGENET.for_channels(in_channels))
+    return TorchvisionBackbone(network, pooling, IMAGENET.for_channels(in_channels),
+                               SMALL_STEM_KEYS if small_input else ())
 
 
 def vision_available() -> tuple[bool, str]:

@@ -1,13 +1,16 @@
 """Pretrained backbone weights from a local file (``--weights PATH`` / ``model.weights``).
 
 kdml never downloads weights. A ``.pth``/``.pt`` file (a state dict, possibly under
-``state_dict`` or ``model``, keys possibly prefixed ``module.``) or a ``.safetensors`` file is
-loaded into the backbone (for timm and torchvision backbones, into the library's own network,
-so their checkpoints load as they are):
+``state_dict``, ``model`` or ``model_state_dict``, keys possibly prefixed ``module.``) or a
+``.safetensors`` file is loaded into the backbone (for timm and torchvision backbones, into
+the library's own network, so their checkpoints load as they are):
 
 - classifier keys the backbone does not have (``last_linear``, ``fc``, ``classifier``,
   ``head``) are ignored, with a note;
-- other missing and unexpected keys are reported in one line;
+- a backbone tensor the file lacks, or another tensor of the file, is refused in one line: the
+  file is for another model (a ResNet-18 file in a ResNet-34 fits every shape it has);
+- the first convolution ``model.small_input`` re-made (3x3) keeps its initialisation where the
+  file's (an ImageNet 7x7) does not fit it, with a note;
 - a first convolution trained on RGB loads into a 1-channel backbone by summing its input
   channels (as timm adapts pretrained stems for grayscale);
 - BatchNorm tensors stored as ``[1, C]`` (some copies of the BN-Inception file) load as
@@ -17,6 +20,7 @@ so their checkpoints load as they are):
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +36,8 @@ WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_incep
                 " of Cadene's pretrainedmodels (or bn_inception-239d2248.pth), for timm and "
                 "torchvision models the checkpoint files their model pages list; then pass the "
                 "file's path")
+# the class torch.load(weights_only=True) refused to unpickle, as its message names it
+UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -49,14 +55,24 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 warnings.simplefilter("ignore", UserWarning)  # come before kdml's one line
                 state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch and safetensors raise many types for a bad file
+        refused = UNSAFE_GLOBAL.search(str(error))
+        if refused:  # a training checkpoint with its script's objects (timm's args)
+            raise KdmlError(
+                f"weights file {path} holds a Python object besides tensors "
+                f"({refused.group(1)}), which kdml does not unpickle, as unpickling can run "
+                "code; where you trust the file, save its weights alone, e.g. torch.save("
+                "checkpoint['state_dict'], 'weights.pth'), and pass that file") from None
         raise KdmlError(f"weights file {path} is not a readable state dict "
                         f"({type(error).__name__}); expected a .pth or .safetensors file") from None
-    for key in ("state_dict", "model"):  # training checkpoints nest the weights
+    # training checkpoints nest the weights (model_state_dict: PyTorch's tutorial's layout)
+    for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor)
                                                            for v in state.values()):
-        raise KdmlError(f"weights file {path} holds no state dict of tensors")
+        keys = f" (its keys: {_few([str(key) for key in state], 5)})" if isinstance(
+            state, dict) and state else ""
+        raise KdmlError(f"weights file {path} holds no state dict of tensors{keys}")
     empty = [key for key, value in state.items() if value.is_meta]
     if empty:  # saved from a model on the meta device: shapes without values
         raise KdmlError(f"weights file {path} holds tensors without values ({empty[0]}, on "
@@ -76,8 +92,9 @@ def load_weights(backbone: nn.Module, path: str | Path,
     ignored = sorted(key for key in state if key not in own and key.startswith(
         CLASSIFIER_PREFIXES))
     state = {key: value for key, value in state.items() if key not in ignored}
-    adapted = []
-    for key, value in state.items():
+    rebuilt = set(getattr(backbone, "rebuilt_keys", ()))
+    adapted, kept = [], []
+    for key, value in list(state.items()):
         if key in own and value.shape != own[key].shape:
             if _is_rgb_to_gray_conv(value, own[key]):
                 state[key] = value.sum(dim=1, keepdim=True)
@@ -86,21 +103,32 @@ def load_weights(backbone: nn.Module, path: str | Path,
             if own[key].ndim == 1 and value.numel() == own[key].numel() and value.ndim == 2:
                 state[key] = value.reshape(own[key].shape)  # BatchNorm stored as [1, C]
                 continue
+            if key in rebuilt:  # model.small_input's 3x3 stem: a 7x7 ImageNet one cannot fit
+                del state[key]
+                kept.append(key)
+                continue
             raise KdmlError(f"weights file {path}: {key} has shape {tuple(value.shape)} but the "
                             f"backbone expects {tuple(own[key].shape)}; it is for another model")
-    missing = sorted(set(own) - set(state) - _num_batches_tracked(own))
+    missing = sorted(set(own) - set(state) - _num_batches_tracked(own) - set(kept))
     unexpected = sorted(set(state) - set(own))
     if not set(state) & set(own):
         what = ("holds only a classifier, which kdml never loads" if not state and file_keys
                 else "is for another model")
         raise KdmlError(f"weights file {path} shares no key with the backbone (its first keys: "
                         f"{', '.join(file_keys[:3])}); it {what}")
+    if missing or unexpected:
+        # a neighbouring depth (ResNet-18's file in a ResNet-34) shares every shape: loading
+        # what fits would train a half-pretrained network, as strict loading refuses to
+        lacks = f"lacks {len(missing)} of its tensors ({_few(missing)})" if missing else ""
+        extra = (f"holds {len(unexpected)} it does not have ({_few(unexpected)})"
+                 if unexpected else "")
+        raise KdmlError(f"weights file {path} {lacks}{' and ' if lacks and extra else ''}"
+                        f"{extra}: it is for another model than the backbone; pass the file "
+                        "of this very model")
     target.load_state_dict(state, strict=False)
     notes = [f"loaded {len(set(state) & set(own))} tensors from {path}"]
-    if missing:
-        notes.append(f"missing {len(missing)}: {_few(missing)}")
-    if unexpected:
-        notes.append(f"unexpected {len(unexpected)}: {_few(unexpected)}")
+    if kept:
+        notes.append(f"kept the model.small_input stem as built ({_few(kept)})")
     if ignored:
         notes.append(f"ignored the classifier ({_few(ignored)})")
     if adapted:
