@@ -1181,6 +1181,9 @@ def test_a_resumed_run_takes_its_weights_from_its_checkpoint_not_from_model_weig
                      "--no-progress", *tiny_overrides, "train.epochs=1", "--weights",
                      str(weights)]) == 0
     assert f"from {weights}" in capsys.readouterr().out
+    # the load's line is kept with the run, not only printed
+    assert re.search(rf"model\.weights: loaded \d+ tensors from {re.escape(str(weights))}",
+                     (out / "train.log").read_text())
     weights.unlink()
     config = yaml.safe_load((out / "config.yaml").read_text())
     config["train"]["epochs"] = 2

@@ -130,6 +130,7 @@ class Session:
     world: World
     test_part: DataSplits  # the data split without data.validation (else ``splits``), which
     # the run's data.json covers too
+    weights_report: str | None = None  # load_weights' line on model.weights, for train.log
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print,
@@ -147,7 +148,13 @@ class Session:
         check_evaluation(config, splits, selects)
         # a resumed run's checkpoint holds every weight: model.weights' file is not read (it
         # may be gone), as by the commands that read a run
-        method = build_method(config, splits, pretrained=new_run, echo=echo)
+        reports: list[str] = []  # printed now, logged once train.log is open
+
+        def report(line: str) -> None:
+            echo(line)
+            reports.append(line)
+
+        method = build_method(config, splits, pretrained=new_run, echo=report)
         check_method_on_splits(config, splits, method)
         if not method.needs_fit:  # PCA's fit reads the whole split, in no batches of classes
             check_batching(splits.train.labels, config.data.samples_per_class,
@@ -170,7 +177,8 @@ class Session:
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device, world,
                                    drawn=not method.needs_fit),
-                   gradient_scaler(device, config.train.precision), model, world, test_part)
+                   gradient_scaler(device, config.train.precision), model, world, test_part,
+                   "; ".join(reports) or None)
 
     def unused_embedding_size(self) -> str | None:
         """The setting that sizes this recipe's embedding, where ``model.embedding_size`` was
@@ -434,6 +442,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                               "validation" if session.splits.validation else "test",
                               session.batches.loader.num_workers,
                               session.world.size, torch.get_num_threads())
+        if session.weights_report:  # what the backbone loaded, kept with the run
+            recorder.log.info("model.weights: %s", session.weights_report)
         warn_about_splits(session.splits, recorder.log)
         _warn_about_settings(session, recorder.log)
         epochs = tqdm(range(start_epoch, end_epoch + 1), desc="epochs",
