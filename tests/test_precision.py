@@ -175,6 +175,31 @@ def test_maths_is_not_cast_down_by_autocast():
     assert torch.allclose(inside, kernel(x), atol=1e-6)
 
 
+@pytest.mark.parametrize("squared", [False, True])
+def test_triplet_distances_are_taken_in_float32_under_autocast(squared):
+    """The triplet baseline's distance matrix was computed in bfloat16 under autocast, outside
+    the float32 its loss is written for."""
+    from kdml.models.backbones import MLP
+    from kdml.training.recipes.atlas import (
+        NormalizedTripletParams,
+        TripletMethod,
+        batch_all_triplet_loss,
+    )
+
+    torch.manual_seed(0)
+    params = NormalizedTripletParams(squared_distance=squared)
+    method = TripletMethod(MLP(6), params)
+    inputs = torch.randn(12, 6, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(12) % 3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = method(inputs, labels)
+    batch = out.embeddings.detach().double()
+    expected = (batch[:, None] - batch[None, :]).pow(2).sum(-1)
+    expected = expected if squared else expected.sqrt()
+    loss, _ = batch_all_triplet_loss(expected, labels, params.margin)
+    assert float(out.loss.detach()) == pytest.approx(float(loss), rel=1e-5)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_jrd_trains_under_autocast_and_keeps_float32_parameters(tmp_path, monkeypatch,
                                                                 precision):

@@ -357,16 +357,21 @@ class TripletMethod(Method):
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         embeddings = self.embed(inputs)
-        batch = gather(embeddings)
-        # explicit differences: exact zeros on the diagonal, safe_sqrt keeps their gradient 0
-        squared = (batch[:, None] - batch[None, :]).pow(2).sum(dim=-1)
-        distances = squared if self.squared else safe_sqrt(squared)
+        distances = _triplet_distances(gather(embeddings), self.squared)
         loss, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
                                              self.params.triplet_reduction)
         return StepOutput(loss, detached(loss=loss, **stats), embeddings)
 
     def embed(self, inputs: Tensor) -> Tensor:
         return self.head(pooled_features(self.backbone, inputs))
+
+
+@full_precision  # in float32 under autocast: bf16 differences were ~50 times as far off
+def _triplet_distances(batch: Tensor, squared: bool) -> Tensor:
+    """:math:`(B, B)` Euclidean (or squared) distances of :math:`(B, d)` embeddings."""
+    # explicit differences: exact zeros on the diagonal, safe_sqrt keeps their gradient 0
+    squares = (batch[:, None] - batch[None, :]).pow(2).sum(dim=-1)
+    return squares if squared else safe_sqrt(squares)
 
 
 def _two_views(augment: SimCLRAugment, inputs: Tensor, rng: StepRandom | None,
