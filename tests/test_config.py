@@ -279,3 +279,27 @@ def test_a_config_file_s_octal_number_is_refused_with_its_line(tmp_path):
                                         r"1\.1 as octal \(8\): write 10 or 8, or quote it as "
                                         r"text \(line 3\)$"):
         load_config_file(octal)
+
+
+def test_a_config_write_cut_short_leaves_no_truncated_config_yaml(tmp_path, monkeypatch):
+    """config.yaml had been written in place: a full disk left its first lines, which --resume
+    read with the lost settings at their defaults."""
+    import errno
+    import pathlib
+
+    from kdml.config import save_config
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("jrd")
+    config = resolve_config("jrd", recipe.params, recipe.defaults)
+    real_write_text = pathlib.Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):
+        real_write_text(self, text[:200], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space left") as error:
+        save_config(config, tmp_path / "config.yaml")
+    assert error.value.filename == str(tmp_path / "config.yaml")  # one line from the CLI
+    assert list(tmp_path.iterdir()) == []  # neither a truncated file nor a partial one

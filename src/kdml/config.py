@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from kdml.errors import KdmlError, why_missing
+from kdml.file_write import write_through_new_file
 
 
 @dataclass
@@ -548,4 +549,7 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def save_config(config: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    """Write ``config`` as YAML, through a new file: a write cut short (a full disk) leaves no
+    truncated config.yaml, which --resume would complete with defaults."""
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    write_through_new_file(path, lambda new: new.write_text(text))
