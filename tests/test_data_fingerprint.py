@@ -169,6 +169,20 @@ def test_a_run_refused_before_its_first_checkpoint_resumes_on_the_mended_data(
     assert json.loads((run / "data.json").read_text())["parts"]["train"]["samples"] == 5
 
 
+def test_a_run_kept_as_records_alone_is_trained_again_on_its_own_data_only(
+        folders, tmp_path, capsys):
+    """docs/inspecting.md: `kdml train --resume RUN` trains a run kept without checkpoints
+    again. On changed data it had trained without a word and replaced data.json, the record
+    that told; the same resume with its checkpoint is refused."""
+    run, data = run_on_a_copy(folders, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    (data / "c01" / "001.png").unlink()
+    before = (run / "data.json").read_text()
+    err = refused(capsys, "train", "--resume", run, "--no-progress")
+    assert "its train part had 6 samples of 2 classes then and has 5 samples" in err
+    assert (run / "data.json").read_text() == before
+
+
 def test_resuming_a_run_without_data_json_writes_it_and_never_over_a_users_file(
         folders, tmp_path):
     run, _ = run_on_a_copy(folders, tmp_path)

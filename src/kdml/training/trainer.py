@@ -595,9 +595,11 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
         partial.unlink(missing_ok=True)
     splits, test_part = session.splits, session.test_part
-    if resume and not run.resumable:
+    if resume and not run.resumable and not run.history():
         # nothing trained yet (a run refused in its first epoch: an unreadable image, say):
-        # it starts over on the data as it is now, mended, which data.json then records
+        # it starts over on the data as it is now, mended, which data.json then records.
+        # Not a trained run kept as records alone (results/): it is trained again on the
+        # data its data.json names, checked below as any resumed run's
         if run.recorded_data() is not None or not run.data_fingerprint.exists():
             run.write_data_fingerprint(data_record(splits, test_part))
         return
