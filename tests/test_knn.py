@@ -221,3 +221,40 @@ def test_the_torch_search_multiplies_in_full_float32_and_restores_the_setting(mo
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         original(before)
+
+
+def test_queries_and_reference_of_two_float_dtypes_are_searched_as_one():
+    """Each matrix had the reference's median subtracted in its own dtype: float32 queries
+    moved by the median's float32 rounding against a float64 reference (recall@1 0.52 where
+    the float64 loop gives 0.48)."""
+    from kdml.evaluation.retrieval import retrieval_metrics
+
+    reference = 1000.0 + np.arange(21, dtype=np.float64)[:, None] * 1e-4  # median 1000.001
+    reference_labels = np.arange(21) % 2
+    rng = np.random.default_rng(0)
+    queries = (1000.0 + rng.uniform(0, 2e-3, size=(200, 1))).astype(np.float32)
+    query_labels = rng.integers(0, 2, size=200)
+    exact = queries.astype(np.float64)
+    hits = []
+    for query, label in zip(exact[:, 0], query_labels, strict=True):  # float64, ties averaged
+        distances = np.abs(query - reference[:, 0])
+        hits.append(np.mean(reference_labels[distances == distances.min()] == label))
+    for dtype in (np.float32, np.float64):
+        metrics = retrieval_metrics(queries.astype(dtype), query_labels, ks=(1,),
+                                    metric="euclidean", nmi=False, reference=reference,
+                                    reference_labels=reference_labels)
+        assert metrics["recall@1"] == pytest.approx(np.mean(hits), abs=1e-12)
+
+
+def test_numpy_float16_embeddings_are_searched_in_float32():
+    """A NumPy float16 matrix had been shifted in float16: shifted by a source median of
+    40000, -40000 overflowed float16, and source-NN accuracy was 0.5 where it is 1."""
+    from kdml.evaluation.transfer import source_nn_accuracy
+
+    source = np.array([[40000.0]] * 5 + [[-40000.0], [-39936.0]], dtype=np.float16)
+    source_labels = np.array([0] * 5 + [1, 2])
+    target = np.array([[-39900.0], [-39990.0]], dtype=np.float16)
+    target_labels = np.array([2, 1])
+    assert source_nn_accuracy(source, source_labels, target, target_labels) == 1.0
+    assert source_nn_accuracy(source.astype(np.float32), source_labels,
+                              target.astype(np.float32), target_labels) == 1.0

@@ -94,8 +94,10 @@ def host_array(x: Any) -> np.ndarray:
 def as_float_matrix(x: Any, name: str) -> np.ndarray:
     """``x`` as a validated 2-D NumPy float array, without copying where possible.
 
-    NumPy arrays keep their float dtype; tensors come to the CPU, float16 and bfloat16 as
-    float32. Checks the dtype, the shape, emptiness and finiteness (in the input's precision:
+    NumPy arrays keep a float32 or wider dtype, float16 comes as float32 (its own range and
+    rounding would overflow or round a shift or a distance); tensors come to the CPU, float16
+    and bfloat16 as float32. Checks the dtype, the shape, emptiness and finiteness (in the
+    input's precision:
     a float64 value too large for float32 is finite here; :func:`search_scale` handles it).
     """
     if isinstance(x, torch.Tensor):
@@ -106,6 +108,8 @@ def as_float_matrix(x: Any, name: str) -> np.ndarray:
         array = np.asarray(x)
         if array.dtype.kind != "f":
             raise KdmlError(f"{name} must have a floating dtype, got {array.dtype}")
+        if array.dtype.itemsize < 4:
+            array = array.astype(np.float32)
     if array.ndim != 2:
         raise KdmlError(f"{name} must be 2-D (N, D), got shape {tuple(array.shape)}")
     if array.shape[0] == 0 or array.shape[1] == 0:
@@ -308,12 +312,26 @@ def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, st
         query_matrix = as_float_matrix(queries, names[0])
         reference_matrix = as_float_matrix(reference, names[1])
     _check_dimensions(query_matrix, reference_matrix, names)
+    # one dtype for both: the centre rounded to float32 for one and float64 for the other
+    # would move every query against the reference, far beyond the tie tolerance
+    query_matrix, reference_matrix = _in_one_dtype(query_matrix, reference_matrix)
     centre = search_centre(reference_matrix, metric, query_matrix)
     query_matrix, reference_matrix = shifted(query_matrix, centre), shifted(reference_matrix,
                                                                              centre)
     scale = search_scale(query_matrix, reference_matrix)
     return (to_search_vectors(query_matrix, scale, metric),
             to_search_vectors(reference_matrix, scale, metric))
+
+
+def _in_one_dtype(queries: Vectors, reference: Vectors) -> tuple[Vectors, Vectors]:
+    """Both matrices in the wider of their two float dtypes (the narrower one copied)."""
+    if isinstance(queries, torch.Tensor) and isinstance(reference, torch.Tensor):
+        wide = torch.promote_types(queries.dtype, reference.dtype)
+        return queries.to(wide), reference.to(wide)
+    query_array, reference_array = np.asarray(queries), np.asarray(reference)
+    wide_dtype = np.result_type(query_array.dtype, reference_array.dtype)
+    return (query_array.astype(wide_dtype, copy=False),
+            reference_array.astype(wide_dtype, copy=False))
 
 
 def _check_dimensions(queries: Vectors, reference: Vectors, names: tuple[str, str]) -> None:
