@@ -324,7 +324,12 @@ def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, ca
     arrays = good_arrays()
     arrays["y"] = np.where(arrays["domain"] == "source", arrays["y"], -1)
     unlabelled = write_npz(tmp_path / "unlabelled.npz", **arrays)
-    labelled = write_npz(tmp_path / "labelled.npz", **good_arrays())
+    labelled_arrays = good_arrays()
+    labelled_arrays["y"] = np.array([0, 1, 2, 0, 1, -1, 2])  # 2 labelled targets: 1 reference
+    labelled = write_npz(tmp_path / "labelled.npz", **labelled_arrays)
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "dtml", "--dataset",
+                                   f"npz:{write_npz(tmp_path / 'one.npz', **good_arrays())}")
+    assert "has one labelled sample, so target retrieval has no reference to rank" in err
     err = _refused_before_training(tmp_path, capsys, monkeypatch, "mtriplet", "--dataset",
                                    "mnist5k->digits", "method.n_charts=2")
     assert "mtriplet is scored by chart retrieval, which kdml does not do across a domain " \
@@ -343,3 +348,21 @@ def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, ca
                                    "mnist5k")
     assert err == ("kdml: error: dtml needs a target domain: set data.dataset to a domain pair "
                    "such as mnist5k->digits\n")
+
+
+def test_evaluation_check_counts_only_the_labelled_target_as_references():
+    """Unlabelled target samples (-1) had been counted as references: eval.ks=[..., 8] passed
+    the check before training with 5 labelled targets, and the first scoring failed."""
+    from kdml.config import RunConfig
+    from kdml.training.checks import check_evaluation
+
+    source = ArrayDataset("src", "s", torch.rand(20, 4), torch.arange(20) % 2)
+    target = ArrayDataset("tgt", "t", torch.rand(20, 4),
+                          torch.tensor([0, 0, 1, 1, 0] + [-1] * 15))
+    splits = domain_splits(source, target)
+    assert splits.reference_size == 4
+    config = RunConfig(recipe="dtml")
+    config.eval.ks = [1, 2, 4, 8]
+    with pytest.raises(KdmlError, match=r"asks for Recall@8 but a test query has only 4 "
+                                        r"references; lower eval.ks, e.g. 'eval.ks=\[1, 2, 4\]'"):
+        check_evaluation(config, splits)

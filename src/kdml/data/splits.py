@@ -158,8 +158,13 @@ class DataSplits:
 
     @property
     def reference_size(self) -> int:
-        """How many references a test query is searched among."""
-        return len(self.gallery) if self.gallery is not None else len(self.test) - 1
+        """How many references a test query is searched among: of a domain pair's target, its
+        labelled samples alone (the metrics leave the unlabelled, -1, out)."""
+        if self.gallery is not None:
+            return len(self.gallery)
+        if self.kind == DOMAIN:
+            return int((self.test.labels >= 0).sum()) - 1
+        return len(self.test) - 1
 
 
 def class_disjoint_split(

@@ -83,6 +83,10 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
                             "a run cannot be scored (target retrieval and source-NN accuracy "
                             "need target labels); label some of its samples (-1 marks the "
                             "unlabelled ones)")
+        if splits.reference_size < 1:
+            raise KdmlError(f"the target domain of {splits.test.name} has one labelled sample, "
+                            "so target retrieval has no reference to rank; label two or more "
+                            "of its samples (-1 marks the unlabelled ones)")
     else:
         check_test_classes(splits)
     ks = config.eval.ks or splits.eval_ks
