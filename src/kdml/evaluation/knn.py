@@ -51,7 +51,8 @@ class KnnChunk(NamedTuple):
     """Neighbours of the queries ``start:stop``.
 
     ``scores`` are inner products of L2-normalized vectors (descending) for
-    ``metric="cosine"`` and squared L2 distances (ascending) for ``"euclidean"``;
+    ``metric="cosine"`` and squared L2 distances (ascending, in the units :func:`knn_search`
+    names) for ``"euclidean"``;
     ``indices`` are row indices into the reference set. Both have shape
     ``(stop - start, k_chunk)``.
     """
@@ -454,7 +455,12 @@ def knn_search(
     Returns:
         An iterator of :class:`KnnChunk` ``(start, stop, scores, indices)`` covering
         the queries in order; ``scores`` (float32) and ``indices`` (int64) have shape
-        ``(stop - start, k_chunk)``.
+        ``(stop - start, k_chunk)``. Euclidean scores are the squared distances of the
+        vectors as searched: shifted (which changes no distance) and divided by
+        :func:`search_scale`, a power of two that is 1 unless the largest absolute value lies
+        outside :data:`SAFE_MAGNITUDE` (then multiply them by its square for the inputs'
+        units), in float32 as :math:`|q|^2 + |r|^2 - 2 q \cdot r`: recompute a distance
+        whose value matters in float64.
 
     Example:
         >>> x = np.random.default_rng(0).standard_normal((100, 16)).astype(np.float32)
