@@ -444,3 +444,22 @@ def test_a_reference_that_differs_from_the_queries_is_not_warned_of(change):
         warnings.simplefilter("error")
         retrieval_metrics(embeddings, labels, reference=reference,
                           reference_labels=reference_labels, nmi=False)
+
+
+def test_python_lists_are_taken_as_a_reference_with_the_queries_labels():
+    """equal_values read .shape of a list: lists were taken everywhere but for a reference
+    whose labels equal the queries' (an AttributeError)."""
+    from kdml.evaluation.charts import chart_retrieval_metrics
+
+    queries, gallery, labels = [[0.0], [1.0], [5.0], [6.0]], [[0.1], [1.1], [5.1], [6.1]], [
+        0, 0, 1, 1]
+    metrics = retrieval_metrics(queries, labels, ks=(1,), nmi=False, metric="euclidean",
+                                reference=gallery, reference_labels=labels)
+    assert metrics == retrieval_metrics(np.array(queries), labels, ks=(1,), nmi=False,
+                                        metric="euclidean", reference=np.array(gallery),
+                                        reference_labels=labels)
+    assert metrics["recall@1"] == 1.0
+    charts = chart_retrieval_metrics(queries, [0] * 4, labels, ks=(1,), nmi=False,
+                                     reference_coords=gallery, reference_chart_index=[0] * 4,
+                                     reference_labels=labels)
+    assert charts["recall@1"] == 1.0

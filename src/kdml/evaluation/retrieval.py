@@ -283,7 +283,10 @@ def _same_memory(reference: Any, embeddings: Any) -> bool:
 def equal_values(embeddings: Any, reference: Any) -> bool:
     """Whether two validated ``(N, D)`` float matrices (tensors or NumPy arrays, any float
     dtypes) hold the same values: compared on the device for two tensors on one device, on
-    the host otherwise. One pass over each, nothing beside the search."""
+    the host otherwise. One pass over each, nothing beside the search. Lists, which the
+    search takes, are read as arrays."""
+    embeddings, reference = (matrix if isinstance(matrix, torch.Tensor) else np.asarray(matrix)
+                             for matrix in (embeddings, reference))
     if tuple(embeddings.shape) != tuple(reference.shape):
         return False
     if (isinstance(embeddings, torch.Tensor) and isinstance(reference, torch.Tensor)
