@@ -39,10 +39,11 @@ class Collapse(NamedTuple):
     """How much of an embedding lies at one point.
 
     ``share``: the fraction of the points within ``COLLAPSE_TOLERANCE`` of the centre's size
-    of the coordinate-wise median point (that point itself when at least half the points
-    are exactly alike). ``exact``: the fraction exactly at the centre. ``spread``: the
-    largest distance (max-norm) of the points within the tolerance from the centre, as a
-    share of its size; 0 when they are exactly alike."""
+    of the coordinate-wise median point (that point itself when more than half the points
+    are exactly alike; at exactly half, torch's median, the lower of the two middle values,
+    may fall on the other points' side). ``exact``: the fraction exactly at the centre.
+    ``spread``: the largest distance (max-norm) of the points within the tolerance from the
+    centre, as a share of its size; 0 when they are exactly alike."""
 
     share: float
     exact: float
@@ -68,7 +69,7 @@ def collapse(embeddings: Tensor, metric: str = "euclidean") -> Collapse:
         vectors = vectors.float()  # half-precision outputs are compared as float32
     if metric == "cosine":
         vectors = torch.nn.functional.normalize(vectors, dim=1)
-    # the median is an input value, so the centre of points that are at least half alike is
+    # the median is an input value, so the centre of points that are more than half alike is
     # exactly their point; float64 so that its size and the distances are not rounded again
     centre = vectors.median(dim=0).values.double()
     size = centre.abs().max()
