@@ -120,6 +120,11 @@ def test_best_threshold_separates_adjacent_and_extreme_scores(pair):
     ({"scores": [0.1, 0.2], "same": [0, 1], "folds": [0, 0]}, "at least 2 folds"),
     ({"scores": [0.1, 0.2], "same": [0, 1, 1]}, "one length"),
     ({"scores": [0.1, 0.2], "same": [0, 1], "folds": [0.0, 1.0]}, "integers"),
+    # a TypeError, a ValueError, and 2.0 taken as 2
+    ({"scores": [0.1, 0.2], "same": [0, 1], "num_folds": None},
+     r"num_folds must be an integer from 2 to the number of pairs \(2\), got None"),
+    ({"scores": [0.1, 0.2], "same": [0, 1], "num_folds": 2.0}, "integer from 2 .* got 2.0"),
+    ({"scores": ["a", "b"], "same": [0, 1], "num_folds": 2}, "scores must be numbers"),
 ])
 def test_verification_errors(kwargs, message):
     with pytest.raises(KdmlError, match=message):
@@ -139,6 +144,19 @@ def test_pair_scores_match_loops():
     assert pair_scores(np.zeros((1, 2)), np.ones((1, 2)))[0] == 0.0
     with pytest.raises(KdmlError):
         pair_scores(a, b, metric="manhattan")
+
+
+def test_pair_scores_of_large_finite_embeddings_and_non_finite_ones():
+    """Squares of 1e200 overflowed: every score was NaN, and NaN inputs gave NaN scores."""
+    big = np.array([[1e200, 3e200], [2e200, -1e200]])
+    other = np.array([[2e200, 6e200], [1e200, 1e200]])
+    with np.errstate(all="raise"):
+        cosine = pair_scores(big, other)
+        euclidean = pair_scores(big, other, metric="euclidean")
+    assert cosine == pytest.approx([1.0, 1 / math.sqrt(10)])
+    assert euclidean == pytest.approx([-math.sqrt(10) * 1e200, -math.sqrt(5) * 1e200])
+    with pytest.raises(KdmlError, match="pair embeddings contain NaN or infinite values"):
+        pair_scores(np.array([[np.nan, 1.0]]), np.ones((1, 2)))
 
 
 # ----------------------------------------------------------------- re-identification

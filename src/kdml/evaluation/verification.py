@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import host_array
 
@@ -113,7 +114,10 @@ def verification_accuracy(scores: Any, same: Any, folds: Any | None = None, num_
         >>> verification_accuracy(scores, same, folds=[0, 0, 0, 1, 1, 1]).mean
         1.0
     """
-    score_array = np.asarray(host_array(scores), dtype=np.float64)
+    raw_scores = np.asarray(host_array(scores))
+    if raw_scores.dtype.kind not in "iuf":
+        raise KdmlError(f"scores must be numbers, got dtype {raw_scores.dtype}")
+    score_array = raw_scores.astype(np.float64)
     same_array = host_array(same)
     if score_array.ndim != 1 or same_array.shape != score_array.shape:
         raise KdmlError(f"scores and same must be 1-D of one length, got {score_array.shape} "
@@ -124,8 +128,9 @@ def verification_accuracy(scores: Any, same: Any, folds: Any | None = None, num_
         raise KdmlError("same must hold booleans or 0/1")
     same_array = same_array.astype(bool)
     if folds is None:
-        if not 2 <= num_folds <= len(score_array):
-            raise KdmlError(f"num_folds must be from 2 to the number of pairs, got {num_folds}")
+        if not is_positive_int(num_folds) or not 2 <= num_folds <= len(score_array):
+            raise KdmlError(f"num_folds must be an integer from 2 to the number of pairs "
+                            f"({len(score_array)}), got {num_folds!r}")
         fold_array = _default_folds(len(score_array), num_folds)
     else:
         fold_array = np.asarray(folds)
@@ -168,9 +173,25 @@ def pair_scores(embeddings_a: Any, embeddings_b: Any, metric: PairMetric = "cosi
     a, b = (np.asarray(host_array(x), dtype=np.float64) for x in (embeddings_a, embeddings_b))
     if a.ndim != 2 or a.shape != b.shape:
         raise KdmlError(f"pair embeddings must both be (P, D), got {a.shape} and {b.shape}")
-    if metric == "euclidean":
-        return -np.sqrt(((a - b) ** 2).sum(axis=1))
-    if metric != "cosine":
+    if metric not in ("cosine", "euclidean"):
         raise KdmlError(f"metric must be cosine or euclidean, got {metric!r}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise KdmlError("pair embeddings contain NaN or infinite values")
+    if metric == "euclidean":
+        # each row scaled by its largest difference first: squares of 1e200 overflow float64
+        difference = a - b
+        return -_row_scale(difference) * np.sqrt((_scaled_rows(difference) ** 2).sum(axis=1))
+    a, b = _scaled_rows(a), _scaled_rows(b)  # a cosine is the same of any row's multiple
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     return (a * b).sum(axis=1) / np.where(norms > 0, norms, 1.0)
+
+
+def _row_scale(x: np.ndarray) -> np.ndarray:
+    """Each row's largest absolute value, 1 for an all-zero row."""
+    largest = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(len(x))
+    return np.where(largest > 0, largest, 1.0)
+
+
+def _scaled_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` with each row divided by its largest absolute value (values in [-1, 1])."""
+    return x / _row_scale(x)[:, None]
