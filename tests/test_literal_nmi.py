@@ -136,3 +136,13 @@ def test_chart_nmi_does_not_depend_on_where_a_charts_codes_sit(offset):
     at_origin = chart_clustering_nmi(codes.astype(np.float32), charts, labels)
     assert 0.3 < at_origin < 0.9
     assert chart_clustering_nmi(shifted, charts, labels) == at_origin
+
+
+@pytest.mark.parametrize("niter", [0, -1, 2.5])
+def test_clustering_nmi_refuses_a_count_of_iterations_that_is_not_one_or_more(niter):
+    """niter=0 or -1 had scored the k-means++ seeding's clusters without a word."""
+    from kdml.errors import KdmlError
+
+    x = np.random.default_rng(0).standard_normal((20, 3)).astype(np.float32)
+    with pytest.raises(KdmlError, match=f"niter must be a positive integer, got {niter}"):
+        clustering_nmi(x, np.arange(20) % 2, niter=niter)

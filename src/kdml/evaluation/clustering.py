@@ -8,7 +8,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from kdml.evaluation.knn import Metric, check_metric, prepare_vectors
+from kdml.evaluation.knn import Metric, check_metric, check_positive_int, prepare_vectors
 from kdml.evaluation.labels import as_label_vector
 
 
@@ -40,6 +40,7 @@ def clustering_nmi(
         NMI in ``[0, 1]``.
     """
     check_metric(metric)
+    check_positive_int("niter", niter)  # 0 or -1 had given the seeding's clusters silently
     vectors = prepare_vectors(embeddings, metric, "embeddings")
     return kmeans_nmi(vectors, as_label_vector(labels, "labels", len(vectors), vectors.shape[1]),
                       niter, seed)
