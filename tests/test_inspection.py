@@ -200,6 +200,21 @@ def test_train_split_is_embedded_with_the_datasets_labels_and_names(tmp_path, ca
         assert int(folder.split(".")[0]) == label and name == folder_class_name(folder)
 
 
+def test_a_run_with_a_source_pca_is_not_scored_on_another_dataset(tmp_path, capsys):
+    """data.pca_dim's PCA had been fitted again on the other pair's source: the model got its
+    inputs in a basis it never saw (Recall@1 0.81 -> 0.75 on the same target samples)."""
+    run = tmp_path / "run"
+    assert kdml("train", "ddml", "--dataset", "mnist5k->digits", "--out", run, *TINY,
+                "data.pca_dim=20") == 0
+    capsys.readouterr()
+    for command in (["eval", run], ["embed", run, "--out", tmp_path / "e.npz"]):
+        assert kdml(*command, "--dataset", "digits->mnist5k") == 2
+        err = capsys.readouterr().err
+        assert ("the run's inputs are projected by a PCA (data.pca_dim=20) fitted on the source "
+                "of mnist5k->digits, which the run does not keep") in err
+    assert not (tmp_path / "e.npz").exists()
+
+
 def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
     """``kdml eval RUN --dataset D`` scores D's test part (the run's data.split of it) and
     writes nothing: on the run's own data it prints what ``kdml eval`` prints, and on another

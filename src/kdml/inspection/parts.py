@@ -90,6 +90,13 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
     settings split it (``data.split``; no validation part), with the embedder that feeds it
     to the run's model, and the run's config naming it. Its samples must have the shape the
     run trained on."""
+    pca_dim = model.config.data.pca_dim
+    if pca_dim:  # prepare_data would fit another basis, on the other pair's source
+        raise KdmlError(f"the run's inputs are projected by a PCA (data.pca_dim={pca_dim}) "
+                        f"fitted on the source of {model.config.data.dataset}, which the run "
+                        "does not keep: on another dataset it would be fitted on that "
+                        "dataset's source, a basis the model never saw; score the run on its "
+                        "own data, or train a run on this one")
     data = dataclasses.replace(model.config.data, dataset=dataset, root=data_root or "",
                                validation=0.0)
     splits = prepare_data(data)
