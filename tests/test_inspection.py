@@ -997,6 +997,13 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
         _query_inputs(raw, SampleSpec.of(uint8_images, 1), tmp_path / "q.npz")
     features = ArrayDataset("t", "t", torch.rand(4, 5) * 9 - 3, labels)
     assert _query_inputs(raw[:, 0, 0], SampleSpec.of(features, 1), tmp_path / "q.npz").max() == 200
+    # uint8 features are features too: the pipeline, which scales uint8 to [0, 1], had made
+    # a feature 200 into 0.78; uint8 images stay uint8, for the pipeline to scale
+    features_as_uint8 = _query_inputs(raw[:, 0, 0].astype(np.uint8), SampleSpec.of(features, 1),
+                                      tmp_path / "q.npz")
+    assert features_as_uint8.dtype == torch.float32 and features_as_uint8.max() == 200
+    assert _query_inputs(raw.astype(np.uint8), SampleSpec.of(uint8_images, 1),
+                         tmp_path / "q.npz").dtype == torch.uint8
 
 
 def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsys,

@@ -132,8 +132,8 @@ def _embedded_queries(trained: RunModel, inputs: torch.Tensor
 
 
 def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path) -> torch.Tensor:
-    """Raw query ``inputs`` ``[Q, *sample_shape]`` as the model takes them: uint8, or float
-    cast to the samples' float dtype (in [0, 1] where the samples are images)."""
+    """Raw query ``inputs`` ``[Q, *sample_shape]`` as the model takes them: uint8 images, or
+    float (in [0, 1] where the samples are images) and features cast to the samples' dtype."""
     raw = _query_rows(raw, "inputs", query)
     if raw.dtype != np.uint8 and raw.dtype.kind != "f":
         raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
@@ -142,13 +142,16 @@ def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path) -> torch.Te
     if tuple(raw.shape[1:]) != expected:
         raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but the "
                         f"run's samples are {expected}")
+    is_images = samples.is_file_backed or samples.holds_pixels
     if raw.dtype == np.uint8:
-        return torch.from_numpy(raw)
+        # the pipeline scales uint8 to [0, 1]: right for pixels, not for features, which are
+        # taken at their own scale (a feature 200 had been embedded as 0.78)
+        return torch.from_numpy(raw) if is_images else torch.from_numpy(raw).to(samples.dtype)
     if not np.isfinite(raw).all():
         raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
     # the pipeline scales uint8 images to [0, 1] and passes floats as they are: 0-255 floats
     # would be embedded as images 255 times too bright
-    if samples.is_file_backed or samples.holds_pixels:
+    if is_images:
         low, high = float(raw.min()), float(raw.max())
         if low < 0 or high > 1:
             raise KdmlError(f"query {query}: float 'inputs' range from {low:.4g} to "
