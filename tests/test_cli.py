@@ -454,3 +454,22 @@ def test_every_option_of_every_command_says_what_it_is():
                 yield f"{name} {action.option_strings[0]}"
 
     assert list(silent(build_parser(), "kdml")) == []
+
+
+def test_the_grid_table_keeps_its_columns_in_line(tmp_path, capsys):
+    """Its columns were 24 and 12 wide whatever they held: a cell named by three keys' values
+    and source_nn_accuracy (18 letters) pushed their rows and header out of line."""
+    import re
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("recipe: pca\ndata:\n  dataset: mnist5k->digits\ngrid:\n"
+                    "  method.pca_dim: [8, 16]\n  eval.ks: [[1, 2]]\n  eval.nmi: [false]\n")
+    assert cli.main(["train", "--config", str(grid), "--out", str(tmp_path / "grid"),
+                     "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(printed) if line.startswith("Test metrics per cell"))
+    header, *rows = printed[start + 1:start + 4]
+    assert "source_nn_accuracy" in header and len(rows) == 2
+    ends = [[match.end() for match in re.finditer(r"\S+", line)] for line in (header, *rows)]
+    assert ends[0][1:] == ends[1][1:] == ends[2][1:]  # every metric column ends in one place
+    assert ends[1][0] < ends[0][1] - len(header.split()[1])  # the cell names fit their column

@@ -194,11 +194,18 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     # scores its cells on different metrics (the first cell's alone had hidden the others')
     names = list(dict.fromkeys(name for final in finals for name in final))
     _say(f"\n{scored} ({recipe.name}, {configs[0].data.dataset}):")
-    _say("  " + "  ".join([f"{'cell':<24}", *(f"{name:>12}" for name in names)]))
+    # columns as wide as their longest entry: a cell of three keys' values, or a name such
+    # as source_nn_accuracy, had pushed its row or header out of line
+    cell_width = max(24, *(len(cell.name) for cell in cells))
+    widths = [max(12, len(name)) for name in names]
+    _say("  " + "  ".join([f"{'cell':<{cell_width}}",
+                           *(f"{name:>{width}}" for name, width in zip(names, widths,
+                                                                       strict=True))]))
     for cell, final in zip(cells, finals, strict=True):  # "-": not scored (or not collapsed)
-        _say("  " + "  ".join([f"{cell.name:<24}",
-                              *(f"{final[name]:>12.4f}" if name in final else f"{'-':>12}"
-                                for name in names)]))
+        _say("  " + "  ".join([f"{cell.name:<{cell_width}}",
+                              *(f"{final[name]:>{width}.4f}" if name in final
+                                else f"{'-':>{width}}"
+                                for name, width in zip(names, widths, strict=True))]))
     if validation and metric not in names:  # e.g. cells finished before a check of the name
         _say(f"best on validation by {metric}: none, no cell scores train.select_metric="
              f"{metric!r} (they score {', '.join(names)})")
