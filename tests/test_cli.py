@@ -473,3 +473,14 @@ def test_the_grid_table_keeps_its_columns_in_line(tmp_path, capsys):
     ends = [[match.end() for match in re.finditer(r"\S+", line)] for line in (header, *rows)]
     assert ends[0][1:] == ends[1][1:] == ends[2][1:]  # every metric column ends in one place
     assert ends[1][0] < ends[0][1] - len(header.split()[1])  # the cell names fit their column
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_output_to_a_full_disk_is_one_line(tmp_path):
+    """print() into a full disk raised an OSError that names no file: a raw traceback."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "kdml", "config", "jrd"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == ("kdml: error: the output could not be written (No space left on "
+                           "device); free space where it goes, or send it elsewhere\n")

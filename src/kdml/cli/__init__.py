@@ -163,6 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     except OSError as error:
+        if error.filename is None and error.errno in UNWRITABLE_OUTPUT:
+            # kdml's own files name themselves in their errors (file_write): one that names
+            # none is a printed line's, > /dev/full or to a reader that is gone
+            _silence_stdout()  # Python's own flush at exit would add a traceback
+            print(f"kdml: error: the output could not be written ({error.strerror or error});"
+                  " free space where it goes, or send it elsewhere", file=sys.stderr)
+            return 2
         if error.filename is None:  # not about a path: a bug, so keep its traceback
             raise
         # the file system refused a path (a file where a folder goes, no permission, a full
@@ -183,6 +190,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
             sys.modules["kdml.distributed"].teardown(sys.exc_info()[1])
+
+
+# A write's errors that name no file: a full disk or quota, a pipe whose reader is gone.
+UNWRITABLE_OUTPUT = (errno.ENOSPC, errno.EDQUOT, errno.EPIPE)
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null (what it still buffers is dropped there)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        pass
 
 
 def _failed_collective(error: RuntimeError) -> bool:
