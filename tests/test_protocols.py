@@ -162,6 +162,21 @@ def test_pair_scores_of_large_finite_embeddings_and_non_finite_ones():
 # ----------------------------------------------------------------- re-identification
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("size", [1e160, 1e-160])
+def test_match_ranks_of_very_large_or_small_embeddings_are_their_unit_scale_ranks(metric,
+                                                                                 size):
+    """Squared distances of 1e160-sized vectors overflow float64 (cmc@1 had been 0 where it
+    is 1), and of 1e-160-sized ones underflow."""
+    rng = np.random.default_rng(0)
+    probe, gallery = rng.standard_normal((6, 4)), rng.standard_normal((6, 4))
+    ids = np.arange(6)
+    expected = match_ranks(probe, ids, gallery, ids, metric=metric)
+    with np.errstate(over="raise", under="ignore"):
+        ranks = match_ranks(probe * size, ids, gallery * size, ids, metric=metric)
+    assert ranks.tolist() == expected.tolist()
+
+
 def test_match_ranks_and_cmc_hand_case():
     gallery, gallery_ids = np.array([[0.0], [1.0], [3.0]]), np.array([0, 1, 2])
     probe, probe_ids = np.array([[1.1], [2.9], [3.5]]), np.array([0, 1, 2])

@@ -15,7 +15,7 @@ import numpy as np
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import as_float_matrix, host_array, l2_normalize
+from kdml.evaluation.knn import as_float_matrix, host_array, l2_normalize, search_scale
 
 
 def _as_array(x: Any, dtype: Any | None = None) -> np.ndarray:
@@ -78,7 +78,9 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
     is_match = probe_y[:, None] == gallery_y[None, :]
     if (is_match.sum(axis=1) != 1).any():
         raise KdmlError("every probe identity must appear exactly once in the gallery")
-    distances = _pairwise_distances(probe_x, gallery_x, metric)
+    # by one power of two (exact): distances of 1e160-sized vectors overflow float64
+    units = search_scale(probe_x, gallery_x)
+    distances = _pairwise_distances(probe_x / units, gallery_x / units, metric)
     true_distance = distances[is_match][:, None]
     # per probe: one far gallery entry must not widen every probe's ties
     scale = np.maximum(true_distance, np.finfo(float).tiny) if metric == "euclidean" else 1.0
