@@ -161,14 +161,19 @@ def test_one_training_step_reaches_the_backbone(name):
             assert codes.shape == (8, 2) and index.dtype == torch.int64
 
 
-def test_mtriplet_objective_is_triplet_plus_regularizers():
-    method = build("mtriplet", dim=3, n_charts=5, lambda1=0.7, lambda2=0.3).double()
+@pytest.mark.parametrize("reduction", ["all", "nonzero"])
+def test_mtriplet_objective_is_triplet_plus_regularizers(reduction):
+    # margin and reduction not at their defaults: a recipe that ignored either passed
+    method = build("mtriplet", dim=3, n_charts=5, lambda1=0.7, lambda2=0.3, margin=0.05,
+                   triplet_reduction=reduction).double()
     x, labels = images().double(), torch.tensor(LABELS)
     torch.manual_seed(3)
     output = method(x, labels)
     outputs = method.head(method.backbone(x))
     distances = manifold_distance(outputs.q, outputs.coords, outputs.q, outputs.coords)
-    triplet = literal_triplet(distances.tolist(), LABELS, 0.2, "all")
+    triplet = literal_triplet(distances.tolist(), LABELS, 0.05, reduction)
+    other = {"all": "nonzero", "nonzero": "all"}[reduction]  # some triplets are satisfied:
+    assert triplet != pytest.approx(literal_triplet(distances.tolist(), LABELS, 0.05, other))
     torch.manual_seed(3)
     prior = torch.rand(8, 3, dtype=torch.float64)  # the draw the forward made
     mmd = ManifoldMMD(3, 5)(outputs.coords, outputs.q, prior).item()
@@ -207,7 +212,7 @@ def test_mtriplet_code_distance_variant():
 
 
 def test_triplet_baseline_is_normalized_in_d_plus_one():
-    method = build("triplet", dim=4, triplet_reduction="nonzero").double()
+    method = build("triplet", dim=4, triplet_reduction="nonzero", margin=0.5).double()
     x = images().double()
     output = method(x, torch.tensor(LABELS))
     embeddings = method.embed(x)
@@ -216,11 +221,14 @@ def test_triplet_baseline_is_normalized_in_d_plus_one():
     rows = embeddings.tolist()
     distances = [[math.dist(a, b) for b in rows] for a in rows]
     assert output.loss.item() == pytest.approx(
-        literal_triplet(distances, LABELS, 0.2, "nonzero"), rel=1e-9)
+        literal_triplet(distances, LABELS, 0.5, "nonzero"), rel=1e-9)
 
 
 def test_msimclr_objective_is_nt_xent_plus_regularizers():
-    method = build("msimclr", dim=2, n_charts=3, tau=0.5, lambda1=2.0, lambda2=0.5).double()
+    # a clamp that bites (the authors' 10 does not on these coordinates): a recipe that
+    # ignored method.coordinate_clamp passed
+    method = build("msimclr", dim=2, n_charts=3, tau=0.5, lambda1=2.0, lambda2=0.5,
+                   coordinate_clamp=0.05).double()
     x = images().double()
     torch.manual_seed(5)
     output = method(x, torch.tensor(LABELS))
@@ -231,7 +239,8 @@ def test_msimclr_objective_is_nt_xent_plus_regularizers():
     first, second = method.charts(view1), method.charts(view2)
     outputs = ChartOutputs(torch.cat([first.coords, second.coords]),
                            torch.cat([first.q, second.q]))
-    coords = outputs.coords.clamp(-10, 10)  # the authors' clamp (method.coordinate_clamp)
+    assert (outputs.coords.abs() > 0.05).any()
+    coords = outputs.coords.clamp(-0.05, 0.05)  # method.coordinate_clamp (the authors': 10)
     projections = method.projection(coords, outputs.q)
     nt_xent = literal_nt_xent(projections.tolist(), 0.5)
     mmd = 0.5 * (ManifoldMMD(2, 3)(coords[:8], outputs.q[:8], prior1)
@@ -242,7 +251,7 @@ def test_msimclr_objective_is_nt_xent_plus_regularizers():
 
 
 def test_simclr_baseline_is_nt_xent_of_the_projection():
-    method = build("simclr", dim=3, tau=1.0, proj_dim=16).double()
+    method = build("simclr", dim=3, tau=0.5, proj_dim=16).double()  # the CIFAR config's tau
     x = images().double()
     torch.manual_seed(6)
     output = method(x, torch.tensor(LABELS))
@@ -250,7 +259,7 @@ def test_simclr_baseline_is_nt_xent_of_the_projection():
     representation = torch.cat([method.embed(view) for view in method.augment(x)])
     w1, w2 = method.projection.hidden_weight[0], method.projection.output_weight[0]
     projections = torch.relu(representation @ w1) @ w2  # h(f(x)), no sigmoid
-    assert output.loss.item() == pytest.approx(literal_nt_xent(projections.tolist(), 1.0),
+    assert output.loss.item() == pytest.approx(literal_nt_xent(projections.tolist(), 0.5),
                                                rel=1e-9)
 
 

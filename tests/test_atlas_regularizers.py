@@ -30,15 +30,16 @@ def literal_k0(a, b, dim) -> float:
     return scale / (scale + sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
 
 
-def literal_logit(w: float) -> float:
-    w = min(max(w, EPS), 1.0 - EPS)
+def literal_logit(w: float, eps: float = EPS) -> float:
+    w = min(max(w, eps), 1.0 - eps)
     return math.log(w / (1.0 - w))
 
 
-def literal_eq5(coords, q, prior) -> float:
-    """Eq. 5 with N points, M prior samples (M = N in the paper), n charts."""
+def literal_eq5(coords, q, prior, eps: float = EPS) -> float:
+    """Eq. 5 with N points, M prior samples (M = N in the paper), n charts; the prior's
+    samples clamped to [eps, 1 - eps] before their logit."""
     num_points, n_charts, dim = len(coords), len(coords[0]), len(coords[0][0])
-    pulled_back = [[literal_logit(v) for v in w] for w in prior]
+    pulled_back = [[literal_logit(v, eps) for v in w] for w in prior]
     num_prior = len(pulled_back)
     data = 0.0
     for j in range(num_points):
@@ -169,13 +170,33 @@ def test_degenerate_batches():
     assert torch.isfinite(same.grad).all() and torch.isfinite(one_chart.grad).all()
 
 
-def test_float32_default_prior_never_gives_nan():
+def test_float32_default_prior_never_gives_nan(monkeypatch):
+    """The prior's own draw can hold 0 (torch.rand's range is [0, 1)) and, in float32, values
+    whose 1 - w rounds to nothing: forced here, as 64 random draws almost never hit them."""
     torch.manual_seed(0)
     coords = torch.randn(32, 16, 2, requires_grad=True)
     q = torch.softmax(torch.randn(32, 16), 1).requires_grad_()
+    rand = torch.rand
+
+    def extreme_rand(*size, **kwargs):
+        sample = rand(*size, **kwargs)
+        sample[0, 0], sample[1, 1] = 0.0, 1.0 - 2.0**-24  # the largest float32 below 1
+        return sample
+
+    monkeypatch.setattr(torch, "rand", extreme_rand)
     value = ManifoldMMD(2, 16)(coords, q)
     value.backward()
     assert math.isfinite(value.item()) and torch.isfinite(coords.grad).all()
+
+
+@pytest.mark.parametrize("eps", [0.1, 1e-3])
+def test_manifold_mmd_clamps_the_prior_at_its_own_eps(eps):
+    """eps had only been compared with ManifoldMMD itself: a clamp fixed at 1e-6 passed."""
+    coords, q, prior = make_batch(5, 3, 2, seed=11)
+    prior[0, 0], prior[1, 1], prior[2, 0] = 0.0, 1.0, 0.05  # below, at and beyond the clamp
+    value = ManifoldMMD(2, 3, eps=eps)(coords, q, prior).item()
+    assert value == pytest.approx(literal_eq5(coords.tolist(), q.tolist(), prior.tolist(), eps),
+                                  rel=1e-9)
 
 
 # ----------------------------------------------------------------- chart membership loss

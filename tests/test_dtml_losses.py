@@ -314,7 +314,7 @@ def test_objective_matches_hand_computation(omega, tau):
     network = make_network()
     source_x, target_x = random_points(10, 4, seed=14), random_points(6, 4, seed=15) + 0.4
     source_layers, target_layers = network(source_x), network(target_x)
-    alpha, beta, gamma, k1, k2 = 0.1, 10.0, 0.1, 2, 4
+    alpha, beta, gamma, k1, k2 = 0.3, 2.5, 0.07, 2, 4  # not the defaults: each counts
     objective = DTMLObjective(alpha, beta, gamma, k1, k2, hidden_weight=omega,
                               hidden_threshold=tau)
     total, terms = objective(source_layers, torch.tensor(DSTML_LABELS), target_layers, network)
@@ -347,7 +347,7 @@ def test_each_layer_penalty_counts_once_in_its_hinge_or_in_the_top_term():
     network = DTMLNetwork([4, 5, 4, 3], init="standard").double()
     source_x, target_x = random_points(10, 4, seed=24), random_points(6, 4, seed=25) + 0.4
     source_layers, target_layers = network(source_x), network(target_x)
-    alpha, beta, gamma, k1, k2, tau = 0.1, 10.0, 0.3, 2, 4, 0.5
+    alpha, beta, gamma, k1, k2, tau = 0.25, 4.0, 0.3, 2, 4, 0.5
     objective = DTMLObjective(alpha, beta, gamma, k1, k2, hidden_weight=[1.0, 0.0],
                               hidden_threshold=tau)
     total, terms = objective(source_layers, torch.tensor(DSTML_LABELS), target_layers, network)

@@ -155,12 +155,23 @@ def test_dtml_family_default_data_is_a_domain_pair():
 
 
 def test_dtml_objective_value_is_the_objectives():
-    _, method = build("dstml", "method.k1=2", "method.k2=3")
+    """Each setting reaches the objective: every value here differs from its default (and
+    alpha from gamma), so a recipe that passed a default or swapped two of them fails."""
+    from kdml.losses.dtml_objective import DTMLObjective
+
+    _, method = build("dstml", "method.alpha=0.3", "method.beta=2.5", "method.gamma=0.07",
+                      "method.k1=2", "method.k2=3", "method.omega=0.6", "method.tau=0.2")
     source, labels, target = tiny_domains(1)
     output = method(source, labels, target)
-    direct = method.objective(method.backbone(source), labels, method.backbone(target),
-                              method.backbone)
+    objective = DTMLObjective(0.3, 2.5, 0.07, 2, 3, DomainMMD(), hidden_weight=0.6,
+                              hidden_threshold=0.2)
+    direct = objective(method.backbone(source), labels, method.backbone(target),
+                       method.backbone)
     assert output.loss.item() == pytest.approx(direct.total.item(), rel=1e-6)
+    # the defaults give another value on this batch, so the comparison above can fail
+    default = DTMLObjective(k1=2, k2=3, mmd=DomainMMD(), hidden_weight=1.0)(
+        method.backbone(source), labels, method.backbone(target), method.backbone)
+    assert default.total.item() != pytest.approx(direct.total.item(), rel=1e-3)
 
 
 def test_dtml_without_target_is_a_clear_error():

@@ -165,9 +165,9 @@ def test_kernel_options_per_layer():
     recipe = get_recipe("jrd")
     config = resolve_config("jrd", recipe.params, recipe.defaults, overrides=[
         "pool_num_kernels=5", "cls_kernel=laplace", "emb_kernel=polynomial",
-        "polynomial_degree=5"])
+        "polynomial_degree=5", "kernel_multiplier=3.5"])
     kernels = recipe.build(config, MLP(6, (12,)), 4).regularizer.kernels
-    assert kernels[0].num_kernels == 5
+    assert kernels[0].num_kernels == 5 and kernels[0].multiplier == 3.5
     assert type(kernels[1]).__name__ == "PolynomialKernel" and kernels[1].degree == 5
     assert type(kernels[2]).__name__ == "LaplaceKernel"
 

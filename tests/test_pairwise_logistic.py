@@ -214,7 +214,9 @@ def test_bad_recipe_settings_raise_one_line_errors(override, message):
 
 
 def test_a_training_step_is_the_pair_loss_plus_half_lambda_times_the_penalty():
-    config, method = build("method.weight_decay=0.3")
+    # threshold and sharpness not at their defaults: a recipe that ignored them passed
+    config, method = build("method.weight_decay=0.3", "method.threshold=1.5",
+                           "method.sharpness=4")
     generator = torch.Generator().manual_seed(0)
     labels = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
     inputs = torch.randn(9, 6, generator=generator) + labels[:, None].float()
@@ -222,7 +224,7 @@ def test_a_training_step_is_the_pair_loss_plus_half_lambda_times_the_penalty():
     output = method(inputs, labels)
     assert isinstance(output, StepOutput) and output.embeddings.shape == (9, 3)
     embeddings = method.embed(inputs)
-    expected_pairs = pairwise_logistic_loss(embeddings, labels, 3.0, 2.0)
+    expected_pairs = pairwise_logistic_loss(embeddings, labels, 1.5, 4.0)
     penalty = method.backbone.weight_penalty()
     assert output.terms["pair_loss"].item() == pytest.approx(expected_pairs.item(), rel=1e-6)
     assert output.terms["weight_penalty"].item() == pytest.approx(penalty.item(), rel=1e-6)
