@@ -878,3 +878,22 @@ def test_a_removed_checkpoint_is_not_said_never_to_have_been_trained(tmp_path, c
     starts = [line for line in (run / "train.log").read_text().splitlines()
               if " start epoch " in line]
     assert len(starts) == 2 and " start epoch 1 of 1," in starts[1]
+
+
+@pytest.mark.parametrize("args", [["eval", ""], ["plot", "retrieval", ""],
+                                  ["reproduce", "dtml", "--quick", "--runs", ""]])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, capsys, args):
+    """`kdml eval ""` had read the current folder as the run, and `--runs ""` put the runs
+    there."""
+    err = refused(tmp_path, capsys, *args)
+    assert "expected a path, got an empty one" in err
+
+
+def test_a_config_path_given_with_a_tilde_is_expanded(tmp_path, capsys, monkeypatch):
+    """--config=~/x.yaml reaches kdml unexpanded (the shell expands ~ only at a word's
+    start), as the other path options did already."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mine.yaml").write_text("train:\n  epochs: 7\n")
+    capsys.readouterr()
+    assert cli.main(["config", "amsoftmax", "--config=~/mine.yaml"]) == 0
+    assert "epochs: 7" in capsys.readouterr().out

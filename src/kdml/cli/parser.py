@@ -39,7 +39,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _folder(text: str) -> Path:
+def _path(text: str) -> Path:
     """An argparse type: a path, never empty (an empty one would mean the current folder)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty one")
@@ -76,24 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     train.add_argument("--dataset", help="dataset name, folder:DIR, csv:FILE, a domain pair "
                        "(SOURCE->TARGET, npz:PATH); see 'kdml datasets'")
-    train.add_argument("--data-root", metavar="DIR", type=_folder,
+    train.add_argument("--data-root", metavar="DIR", type=_path,
                        help="folder of an on-disk dataset (data.root)")
-    train.add_argument("--config", type=Path, help="YAML file with config values")
-    train.add_argument("--weights", metavar="FILE", type=_folder,
+    train.add_argument("--config", type=_path, help="YAML file with config values")
+    train.add_argument("--weights", metavar="FILE", type=_path,
                        help="pretrained backbone weights, a local .pth or .safetensors file "
                        "(model.weights)")
     train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
     train.add_argument("--device", type=_device,
                        help="cpu, cuda, cuda:N or auto (train.device; default auto)")
-    train.add_argument("--out", type=_folder,
+    train.add_argument("--out", type=_path,
                        help="run folder: new, empty, or one whose run stopped before its first "
                        "checkpoint (default: runs/RECIPE-DATASET-TIME)")
-    train.add_argument("--resume", type=_folder, metavar="RUN_DIR",
+    train.add_argument("--resume", type=_path, metavar="RUN_DIR",
                        help="continue an interrupted run from its last checkpoint")
     _add_no_progress(train)
 
     evaluate = commands.add_parser("eval", help="evaluate a run's last (or --best) checkpoint")
-    evaluate.add_argument("run_dir", type=Path)
+    evaluate.add_argument("run_dir", type=_path)
     _add_best(evaluate)
     evaluate.add_argument("--test", action="store_true",
                           help="for a run that validated (data.validation): score the test "
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generalization", help="H-divergence and lambda between seen and unseen classes",
         description="Estimate the H-divergence and lambda of Chu et al. 2020 (Sec. 2) with "
         "nearest-neighbour classifiers on a trained run's embeddings.")
-    general.add_argument("run_dir", type=Path)
+    general.add_argument("run_dir", type=_path)
     _add_data_root(general)
     _add_device(general)
     _add_no_progress(general)
@@ -144,22 +144,22 @@ def build_parser() -> argparse.ArgumentParser:
         "embed", help="write a run's embeddings of a split to an .npz",
         description="Embed a split (or another dataset) with a trained run's model; writes "
         "embeddings, labels, positions, sources and, for Atlas runs, chart codes.")
-    embed.add_argument("run_dir", type=Path)
+    embed.add_argument("run_dir", type=_path)
     _add_split_options(embed)
     _add_best(embed)
     _add_test_part(embed)
-    embed.add_argument("--out", type=_folder, required=True, help="the .npz to write")
+    embed.add_argument("--out", type=_path, required=True, help="the .npz to write")
 
     index = commands.add_parser(
         "index", help="build a faiss index of a run's embeddings",
         description="Build a search index of a split's embeddings: exact by default, IVF or "
         "HNSW for large galleries; Atlas runs get one index per chart.")
-    index.add_argument("run_dir", type=Path)
+    index.add_argument("run_dir", type=_path)
     _add_split_options(index, "searched", "the part to index (default: the gallery where the "
                        "data has one, as In-Shop, else test)")
     _add_best(index)
     _add_test_part(index)
-    index.add_argument("--out", type=_folder, required=True, help="a new index folder")
+    index.add_argument("--out", type=_path, required=True, help="a new index folder")
     index.add_argument("--kind", choices=("exact", "ivf", "hnsw"), default="exact",
                        help="exact (default): brute-force float32 search; ivf or "
                        "hnsw: approximate, for large galleries")
@@ -174,10 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         "data.json predates that record, from its data: --data-root if it moved). For runs "
         "on in-memory images (e.g. Fashion-MNIST) an image is fitted to the samples' size and "
         "channels.")
-    search.add_argument("run_dir", type=Path)
-    search.add_argument("--index", type=_folder, required=True, metavar="DIR",
+    search.add_argument("run_dir", type=_path)
+    search.add_argument("--index", type=_path, required=True, metavar="DIR",
                         help="an index folder 'kdml index' wrote of this run")
-    search.add_argument("--query", type=_folder, required=True, metavar="IMAGE_OR_NPZ",
+    search.add_argument("--query", type=_path, required=True, metavar="IMAGE_OR_NPZ",
                         help="an image, or an .npz of 'embeddings' or raw 'inputs'")
     search.add_argument("-k", type=_integer(1), default=10, help="neighbours (default 10)")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -225,11 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "minutes on a CPU; its numbers say nothing about the methods")
     reproduce.add_argument("--device", type=_device, default="auto",
                            help="cpu, cuda, cuda:N or auto (default)")
-    reproduce.add_argument("--out", type=Path, default=None,
+    reproduce.add_argument("--out", type=_path, default=None,
                            help="the report, a .md file (default docs/reproduction.md, or "
                            "reproduction.md in the runs folder with --quick); plots go beside "
                            "it, to OUT's name without .md plus -plots/")
-    reproduce.add_argument("--runs", type=Path, default=None,
+    reproduce.add_argument("--runs", type=_path, default=None,
                            help="where the runs go (default runs/reproduce, or "
                            "runs/reproduce-quick)")
     reproduce.add_argument("--only", action="append", metavar="PATTERN", default=[],
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="recipe name (see 'kdml recipes'); optional with a --config file "
                         "that names one")
     config.add_argument("overrides", nargs="*", metavar="key=value", default=[])
-    config.add_argument("--config", type=Path, help="YAML file with config values")
+    config.add_argument("--config", type=_path, help="YAML file with config values")
     return parser
 
 
@@ -271,7 +271,7 @@ def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",
 
 def _add_plotted_run(parser: argparse.ArgumentParser) -> None:
     """The run a ``kdml plot`` draws, and which of its checkpoints, parts and data."""
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir", type=_path)
     _add_best(parser)
     _add_test_part(parser)
     _add_data_root(parser)
@@ -304,10 +304,10 @@ def _add_test_part(parser: argparse.ArgumentParser) -> None:
 
 
 def _data_folder(text: str) -> Path:
-    """An argparse type: :func:`_folder`, made absolute, so that the sources an index or an
+    """An argparse type: :func:`_path`, made absolute, so that the sources an index or an
     embedding file records lead to the images from any folder (train's config records it so
     too). A file is refused: for ``csv:FILE`` it is the folder the list lies in."""
-    folder = _folder(text).absolute()
+    folder = _path(text).absolute()
     if folder.is_file():
         raise argparse.ArgumentTypeError(f"{text} is a file; give the folder the data lies in "
                                          "(for csv:FILE, the folder of the list)")
