@@ -196,6 +196,20 @@ def test_backbone_head_and_proxies_train_at_their_own_rates():
     assert method.param_groups(default.optim)[1]["lr"] == 0.5  # head_lr defaults to lr
 
 
+@pytest.mark.parametrize("decay_proxies", [False, True])
+def test_proxies_are_decayed_only_with_decay_proxies(decay_proxies):
+    """method.decay_proxies=true gives the proxies optim.weight_decay, as the authors' single
+    Adam group; by default they get none (a group with 0 had passed every test)."""
+    recipe = get_recipe("amsoftmax")
+    config = resolve_config("amsoftmax", recipe.params, recipe.defaults, overrides=[
+        f"method.decay_proxies={str(decay_proxies).lower()}", "optim.weight_decay=0.003"])
+    method = recipe.build(config, MLP(6, (12,)), 4)
+    groups = method.param_groups(config.optim)
+    proxies = next(group for group in groups if group["params"] == [method.head.proxies])
+    assert proxies["weight_decay"] == (0.003 if decay_proxies else 0.0)
+    assert all(group["weight_decay"] == 0.003 for group in groups if group is not proxies)
+
+
 def literal_nn_error(train_x, train_y, test_x, test_y) -> float:
     wrong = 0
     for x, y in zip(test_x, test_y, strict=True):
