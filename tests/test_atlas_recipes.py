@@ -534,3 +534,17 @@ def test_atlas_methods_built_directly_check_their_settings():
         nt_xent_loss(torch.randn(4, 3), 0)
     views = torch.randn(4, 3)  # a learned temperature (a tensor) is taken as it is
     assert torch.equal(nt_xent_loss(views, torch.tensor(0.5)), nt_xent_loss(views, 0.5))
+
+
+def test_projection_heads_are_initialised_per_chart_as_linear_layers():
+    """Each chart's layers get nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in being the
+    chart layer's input width (hidden 32 from d = 4, output 64 from 32): a bound from the
+    output width, or of 1, had passed every test."""
+    from kdml.models.atlas_heads import ProjectionHeads
+
+    torch.manual_seed(0)
+    heads = ProjectionHeads(dim=4, n_charts=16, out_features=64, hidden=32)
+    for weight, fan_in in ((heads.hidden_weight, 4), (heads.output_weight, 32)):
+        values, bound = weight.detach().double(), 1 / math.sqrt(fan_in)
+        assert 0.98 * bound < values.abs().max().item() <= bound
+        assert values.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)

@@ -196,6 +196,27 @@ def test_backbone_head_and_proxies_train_at_their_own_rates():
     assert method.param_groups(default.optim)[1]["lr"] == 0.5  # head_lr defaults to lr
 
 
+@pytest.mark.parametrize("init", ["normal", "kaiming"])
+def test_proxies_are_initialised_as_method_proxy_init_says(init):
+    """normal: N(0, 1), as PML's CosFaceLoss; kaiming: the authors' kaiming_uniform_(a=sqrt(5))
+    on the [d, C] matrix, U(-1/sqrt(C), 1/sqrt(C)). Either init could be swapped for the
+    other (or randn for rand) and every test had passed."""
+    recipe = get_recipe("amsoftmax")
+    config = resolve_config("amsoftmax", recipe.params, recipe.defaults, overrides=[
+        f"method.proxy_init={init}", "model.embedding_size=64"])
+    torch.manual_seed(0)
+    proxies = recipe.build(config, MLP(6, (12,)), 200).head.proxies.detach().double()
+    assert proxies.shape == (64, 200)
+    if init == "normal":
+        assert abs(proxies.mean().item()) < 0.03 and proxies.std().item() == pytest.approx(
+            1.0, rel=0.03)
+    else:
+        bound = 1 / math.sqrt(200)
+        assert 0.98 * bound < proxies.abs().max().item() <= bound
+        assert abs(proxies.mean().item()) < 0.03 * bound
+        assert proxies.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.03)
+
+
 @pytest.mark.parametrize("decay_proxies", [False, True])
 def test_proxies_are_decayed_only_with_decay_proxies(decay_proxies):
     """method.decay_proxies=true gives the proxies optim.weight_decay, as the authors' single
