@@ -170,6 +170,17 @@ def test_kernel_options_per_layer():
     assert kernels[0].num_kernels == 5 and kernels[0].multiplier == 3.5
     assert type(kernels[1]).__name__ == "PolynomialKernel" and kernels[1].degree == 5
     assert type(kernels[2]).__name__ == "LaplaceKernel"
+    # each Gaussian layer takes its own count (the emb and cls counts had been untested)
+    config = resolve_config("jrd", recipe.params, recipe.defaults, overrides=[
+        "pool_num_kernels=2", "emb_num_kernels=4", "cls_num_kernels=5"])
+    kernels = recipe.build(config, MLP(6, (12,)), 4).regularizer.kernels
+    assert [kernel.num_kernels for kernel in kernels] == [2, 4, 5]
+    # in the order the layers are given, as the representations are
+    config = resolve_config("jrd", recipe.params, recipe.defaults, overrides=[
+        "layers=[cls,emb]", "cls_kernel=laplace"])
+    kernels = recipe.build(config, MLP(6, (12,)), 4).regularizer.kernels
+    assert [type(kernel).__name__ for kernel in kernels] == ["LaplaceKernel",
+                                                             "GaussianMixtureKernel"]
 
 
 @pytest.mark.parametrize("override", ["layers=[emb,fc]", "layers=[]", "regularizer=mmd",
