@@ -548,3 +548,23 @@ def test_projection_heads_are_initialised_per_chart_as_linear_layers():
         values, bound = weight.detach().double(), 1 / math.sqrt(fan_in)
         assert 0.98 * bound < values.abs().max().item() <= bound
         assert values.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+
+
+def test_simclr_augment_grayscale_and_jitter_settings_shape_its_views():
+    """grayscale_p and jitter_strength could be hard-coded at their defaults (0.2, 0.5) and
+    every test had passed: here p = 1 greys every view, p = 0 none, and strength 0 leaves the
+    colours as the crop gives them."""
+    images = torch.rand(16, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+
+    def view(**settings):
+        augment = SimCLRAugment(crop_scale=(1.0, 1.0), **settings)
+        return augment.view(images, torch.Generator().manual_seed(1))
+
+    grey = view(jitter_p=0.0, grayscale_p=1.0)
+    assert torch.allclose(grey[:, 0], grey[:, 1]) and torch.allclose(grey[:, 1], grey[:, 2])
+    colour = view(jitter_p=0.0, grayscale_p=0.0)
+    assert not torch.allclose(colour[:, 0], colour[:, 1])
+    unjittered = view(jitter_p=1.0, jitter_strength=0.0, grayscale_p=0.0)
+    assert torch.allclose(unjittered, colour, atol=1e-6)
+    jittered = view(jitter_p=1.0, jitter_strength=0.5, grayscale_p=0.0)
+    assert not torch.allclose(jittered, colour, atol=1e-3)
