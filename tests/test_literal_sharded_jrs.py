@@ -316,3 +316,17 @@ def test_no_rank_makes_a_matrix_of_the_whole_batch(monkeypatch):
     for shapes in ranks.run(work):
         assert (rows, size * rows) in shapes  # the rank's own rows of the kernel matrices
         assert (size * rows, size * rows) not in shapes
+
+
+@pytest.mark.parametrize("kernel", [LaplaceKernel, GaussianMixtureKernel])
+def test_a_batch_collapsed_to_rounding_gets_the_floor_of_its_own_kernel(kernel):
+    """The resolution floor of the bandwidth is of distances for the Laplace kernel and of
+    squared distances for the Gaussian: sharded JRS had passed every test with the squared
+    floor for both (0.396 where JRS gives 0.997 on this batch)."""
+    from kdml.regularizers import JointRepresentationSimilarity
+
+    noise = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    x = torch.ones(8, 4) + 1e-6 * noise
+    y = torch.arange(4).repeat_interleave(2)
+    expected = JointRepresentationSimilarity([kernel()])([x], y)
+    assert sharded_jrs([kernel()], [x], y).item() == pytest.approx(expected.item(), rel=1e-5)
