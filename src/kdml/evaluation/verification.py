@@ -15,7 +15,7 @@ import numpy as np
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import host_array
+from kdml.evaluation.knn import host_array, search_scale
 
 PairMetric = Literal["cosine", "euclidean"]
 
@@ -177,21 +177,11 @@ def pair_scores(embeddings_a: Any, embeddings_b: Any, metric: PairMetric = "cosi
         raise KdmlError(f"metric must be cosine or euclidean, got {metric!r}")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise KdmlError("pair embeddings contain NaN or infinite values")
+    # both divided by one power of two (exact; 1 at ordinary sizes), as the searches do:
+    # squares of 1e200 overflow float64
+    units = search_scale(a, b) if a.size else 1.0
+    a, b = a / units, b / units
     if metric == "euclidean":
-        # each row scaled by its largest difference first: squares of 1e200 overflow float64
-        difference = a - b
-        return -_row_scale(difference) * np.sqrt((_scaled_rows(difference) ** 2).sum(axis=1))
-    a, b = _scaled_rows(a), _scaled_rows(b)  # a cosine is the same of any row's multiple
+        return -units * np.sqrt(((a - b) ** 2).sum(axis=1))
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     return (a * b).sum(axis=1) / np.where(norms > 0, norms, 1.0)
-
-
-def _row_scale(x: np.ndarray) -> np.ndarray:
-    """Each row's largest absolute value, 1 for an all-zero row."""
-    largest = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(len(x))
-    return np.where(largest > 0, largest, 1.0)
-
-
-def _scaled_rows(x: np.ndarray) -> np.ndarray:
-    """``x`` with each row divided by its largest absolute value (values in [-1, 1])."""
-    return x / _row_scale(x)[:, None]
