@@ -255,6 +255,7 @@ def test_an_unscored_select_metric_is_refused_before_an_epoch_trains(
     ("amsoftmax", ["data.dataset=digits", "data.validation=0.4", "eval.ks=[1, 3]"]),
     ("amsoftmax", ["data.dataset=digits", "data.split=seen-holdout", "eval.nmi=false"]),
     ("mtriplet", ["data.dataset=digits", "data.split=seen-holdout", "eval.nmi=true"]),
+    ("mtriplet", ["data.dataset=digits", "eval.nmi=false"]),  # chart metrics follow eval.nmi
     ("dtml", ["data.dataset=mnist5k->digits", "eval.nmi=false"]),
 ])
 def test_the_metric_names_known_before_training_are_those_scored(recipe, overrides):
