@@ -584,6 +584,20 @@ def test_pipeline_crops_are_a_function_of_the_generator():
     assert (sides < 32).any(dim=1).sum() >= 3
 
 
+def test_pipeline_crops_span_the_documented_area_and_aspect_ranges_and_flip_half():
+    """The module docstring's crop (area 8-100% of the image, aspect ratio 3/4-4/3) and flip
+    (probability 0.5), read from 4,000 drawn parameters (no images are warped)."""
+    pipeline = InputPipeline(crop_size=224)
+    params = draw_parameters(pipeline.augment, torch.Size((4000, 3, 256, 256)),
+                             torch.Generator().manual_seed(0))
+    boxes = params[0].data["src"]
+    width, height = (boxes[:, 2] - boxes[:, 0] + 1).double().unbind(1)
+    area, ratio = width * height / 256 ** 2, width / height
+    assert 0.079 <= area.min() < 0.09 and 0.98 < area.max() <= 1.0
+    assert 0.74 <= ratio.min() < 0.76 and 1.32 < ratio.max() <= 1.34
+    assert 0.47 < params[1].data["batch_prob"].mean() < 0.53
+
+
 def test_pipeline_test_inputs_are_the_centre_crop():
     raw = torch.randint(0, 256, (2, 3, 9, 9), dtype=torch.uint8)
     pipeline = InputPipeline(crop_size=5)
