@@ -127,6 +127,18 @@ def test_marginal_fisher_graphs_are_the_brute_force_neighbour_sets():
         assert sorted(torch.nonzero(graph_q[i]).flatten().tolist()) == sorted(inter[i])
 
 
+def test_tied_distances_pick_the_lowest_indices_as_the_docstring_says():
+    """All 24 points coincide: every distance ties, and each graph keeps the lowest-index
+    candidates (an unstable sort picks others once a row has about 20 ties)."""
+    labels = [i % 2 for i in range(24)]
+    intra, inter = ref_neighbours([[0.0, 0.0]] * 24, labels, 2, 3)
+    graph_p, graph_q = MarginalFisherLoss(k1=2, k2=3).graphs(
+        torch.zeros(24, 2, dtype=torch.float64), torch.tensor(labels))
+    for i in range(24):
+        assert torch.nonzero(graph_p[i]).flatten().tolist() == intra[i]
+        assert torch.nonzero(graph_q[i]).flatten().tolist() == inter[i]
+
+
 def test_complete_graphs_use_the_n_k_normalisation_of_eq_4_and_5():
     labels = [0] * 6 + [1] * 6 + [2] * 6  # every sample has 5 same-class and 12 other samples
     points = random_points(len(labels), 2, seed=1)
