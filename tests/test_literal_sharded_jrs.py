@@ -210,6 +210,11 @@ KERNEL_SETS = {
         lambda: [PolynomialKernel(2, 1.0), InverseMultiquadricKernel(0.5)],
         [polynomial_builder, imq_builder],
     ),
+    # JRD's three layers (pooling, embedding, class level): every layer's kernel enters the product
+    "jrd-three-layers": (
+        lambda: [GaussianMixtureKernel(3), GaussianMixtureKernel(3), GaussianMixtureKernel(1)],
+        [gaussian_builder(3), gaussian_builder(3), gaussian_builder(1)],
+    ),
 }
 
 # (world size, labels): unbalanced classes split across ranks, a rank holding one class only,
@@ -233,7 +238,7 @@ def test_every_rank_gets_the_literal_jrs_and_world_size_times_its_rows_gradient(
 ):
     size, label_list = LABEL_CASES[case]
     make_kernels, builders = KERNEL_SETS[kernel_set]
-    layers = random_layers(len(label_list), (3, 2), seed=size)
+    layers = random_layers(len(label_list), (3, 2, 4)[: len(builders)], seed=size)
     labels = torch.tensor(label_list)
     results = sharded_over_ranks(monkeypatch, make_kernels(), layers, labels, size)
 
