@@ -309,6 +309,9 @@ def copy_path(source: Path, line: int, target: Path, target_line: int) -> None:
      r"Ebay_test\.txt line 1 is not the header .*: '5 3 3 "),
     (lambda root: set_line(root / "Ebay_test.txt", 3, "6 3 bicycle_final/1_1.JPG"),
      r"Ebay_test\.txt line 3 is malformed: expected 4 fields"),
+    (lambda root: set_line(root / "Ebay_test.txt", 3, "6 3 3 bicycle_final/my bike.JPG"),
+     r"Ebay_test\.txt line 3 is malformed: expected 4 fields.*'6 3 3 bicycle_final/my bike\.JPG' "
+     r"\(fields are separated by whitespace: rename any file or folder with a space in its name\)"),
     (lambda root: set_line(root / "Ebay_train.txt", 2, "1 one 1 bicycle_final/1_0.JPG"),
      r"Ebay_train\.txt line 2 is malformed: 'one' is not an integer"),
     # int() reads 1_1 as 11; a class id beyond int64 had stopped with a raw OverflowError

@@ -100,8 +100,11 @@ class Layout:
                 continue
             if len(fields) != columns:
                 hint = f", e.g. {example!r}" if example else ""
+                # the official files separate fields by whitespace, so a space splits a path
+                spaces = (" (fields are separated by whitespace: rename any file or folder "
+                          "with a space in its name)") if len(fields) > columns else ""
                 raise self.error(f"{relative} line {number} is malformed: expected {columns} "
-                                 f"fields{hint}, got {line.strip()[:80]!r}")
+                                 f"fields{hint}, got {line.strip()[:80]!r}{spaces}")
             rows.append((number, fields))
         if not rows:
             raise self.error(f"{relative} lists nothing")
