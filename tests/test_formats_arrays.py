@@ -316,6 +316,26 @@ def test_idx_files_with_a_dot_before_idx_are_found(tmp_path, monkeypatch, gzippe
     assert torch.equal(found.x, expected.x) and torch.equal(found.labels, expected.labels)
 
 
+def test_an_incomplete_copy_under_the_data_root_variable_is_reported_not_passed_over(
+        tmp_path, monkeypatch):
+    """``$KDML_DATA_ROOT/fashion-mnist`` without its train labels: the reader names what is
+    missing there, where the system folder's copy had been read instead, silently."""
+    from dataclasses import replace
+
+    from kdml.data import registry
+
+    system = make_idx(tmp_path / "system", train=20, test=10, name="fashion-mnist")
+    monkeypatch.setitem(registry.FORMATS, "fashion-mnist",
+                        replace(registry.FORMATS["fashion-mnist"], system_root=str(system)))
+    monkeypatch.delenv("KDML_DATA_ROOT", raising=False)
+    assert len(open_dataset("fashion-mnist").dataset) == 30  # the variable unset: the system's
+    mine = make_idx(tmp_path / "mine", train=12, test=6, name="fashion-mnist")
+    (mine / "train-labels-idx1-ubyte.gz").unlink()
+    monkeypatch.setenv("KDML_DATA_ROOT", str(tmp_path / "mine"))
+    one_line_error(lambda: open_dataset("fashion-mnist"),
+                   "fashion-mnist: missing train-labels-idx1-ubyte", str(mine))
+
+
 def test_a_missing_idx_file_names_every_name_searched(tmp_path):
     folder = make_idx(tmp_path, train=10, test=5, gzipped=False)
     (folder / "t10k-labels-idx1-ubyte").unlink()

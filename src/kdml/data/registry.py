@@ -154,19 +154,20 @@ def _searched_bases(entry: DiskFormat, configured: str) -> list[list[Path]]:
 def find_root(entry: DiskFormat, configured: str = "") -> Path:
     """The folder to read ``entry`` from, or a one-line error saying where to put it.
 
-    Where no folder searched holds the dataset's marker files but one of them exists (an
-    incomplete copy, another release of the dataset), that folder is returned, the most
-    specific one of the first base that has any: the dataset's reader then names what is
-    missing there, which says more than a list of folders."""
+    The bases are tried in order, and the first with any of its folders decides: the folder
+    that holds the dataset's marker files, or else (an incomplete copy, another release of the
+    dataset) the most specific existing one, where the dataset's reader then names what is
+    missing, which says more than a list of folders. So an incomplete copy under
+    ``$KDML_DATA_ROOT`` is reported, not passed over for the system folder's copy."""
     bases = _searched_bases(entry, configured)
     if configured and not bases[0][0].is_dir():
         raise KdmlError(f"{entry.name}: data root {bases[0][0]} is not a folder; pass the "
                         "folder that holds the extracted dataset to --data-root")
     roots = [root for group in bases for root in group]
-    found = next((root for root in roots if entry.located(root) is not None), None)
-    if found is not None:
-        return found
     for group in bases:
+        found = next((root for root in group if entry.located(root) is not None), None)
+        if found is not None:
+            return found
         existing = [root for root in group if root.is_dir()]
         if existing:
             return existing[-1]
