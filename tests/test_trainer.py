@@ -247,6 +247,22 @@ def test_resume_refuses_a_config_edited_beyond_what_it_can_take(tmp_path, capsys
     assert f"resuming {run} after epoch 2 (train.epochs is now 1)" in capsys.readouterr().out
 
 
+def test_resume_names_an_edit_that_changes_the_model_s_shape(tmp_path, capsys):
+    """A new model.embedding_size cannot load the checkpoint: it had been named "another
+    run's checkpoint", where the run's own config.yaml had been edited."""
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
+    edited = yaml.safe_load(config.read_text())
+    edited["model"]["embedding_size"], edited["train"]["epochs"] = 16, 2
+    config.write_text(yaml.safe_dump(edited))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: checkpoint {run / 'checkpoints' / 'last.pt'} does not fit the run's "
+        "config, which differs from the one it was trained with: model.embedding_size 8 -> 16; "
+        "put the setting back in config.yaml, or the checkpoint belongs to another run\n")
+
+
 def test_resume_refuses_an_edited_config_before_reading_the_data(tmp_path, capsys,
                                                                  monkeypatch):
     """The edit was refused only after all the data was read and the checkpoint restored

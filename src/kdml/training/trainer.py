@@ -228,6 +228,15 @@ class Session:
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
         except (RuntimeError, ValueError, KeyError, TypeError):
+            # an edit of config.yaml since (a new model.embedding_size) reads the same as
+            # another run's checkpoint: name the setting where the checkpoint records it
+            changed = changed_settings(state.get("config") or {}, self.config)
+            if changed:
+                more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+                raise KdmlError(f"checkpoint {path} does not fit the run's config, which "
+                                f"differs from the one it was trained with: {changed[0]}{more}; "
+                                "put the setting back in config.yaml, or the checkpoint belongs "
+                                "to another run") from None
             raise KdmlError(f"checkpoint {path} does not match the run's config (another model "
                             "shape or recipe); it belongs to another run") from None
 
