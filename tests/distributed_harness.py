@@ -71,13 +71,17 @@ def config_of(recipe_name: str, overrides: list[str]):
 
 def train_steps(recipe_name: str, overrides: list[str]) -> dict[str, Any]:
     """One epoch of ``train.steps_per_epoch`` steps: the epoch's loss terms and the
-    parameters after it."""
+    parameters after it, and the terms of every rank."""
     session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
     terms = train_one_epoch(session, 1, progress=False)
     state = {key: value.detach().double().clone()
              for key, value in session.method.state_dict().items()
              if value.is_floating_point()}
-    return {"terms": terms, "state": state}
+    every_rank = [terms]  # rank 0 logs its terms: each is the global batch's, on every rank
+    if dist.is_initialized():
+        every_rank = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(every_rank, terms)
+    return {"terms": terms, "state": state, "terms_of_every_rank": every_rank}
 
 
 def evaluate_untrained(recipe_name: str, overrides: list[str]) -> dict[str, float]:

@@ -49,12 +49,15 @@ FLOAT32_FLOOR = torch.finfo(torch.float32).eps
 
 
 # Shares of a count above a threshold: a pre-activation within float32 rounding of 0 may count
-# on one side in one process and on the other in two (seen: the SimCLR heads' head_active,
-# 0.333348 against 0.333313), so these compare to an absolute 1e-3 of their [0, 1] range.
+# on one side in one process and on the other in two, so these compare to an absolute 1e-3 of
+# their [0, 1] range. (The SimCLR heads' head_active, 0.333348 against 0.333313, had been rank
+# 0's own share of the batch: now every rank's terms must be the same.)
 COUNTED_TERMS = ("head_active", "active_triplets")
 
 
 def assert_same_training(single, double, tolerance=1e-5):
+    for rank, terms in enumerate(double["terms_of_every_rank"]):
+        assert terms == double["terms"], f"rank {rank} logs other terms than rank 0"
     for name, value in single["terms"].items():
         if name in COUNTED_TERMS:
             assert double["terms"][name] == pytest.approx(value, abs=1e-3), name

@@ -147,6 +147,14 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     return total
 
 
+def mean_over_ranks(tensor: Tensor) -> Tensor:
+    """The mean of ``tensor`` over the ranks (``tensor`` in a single process): a mean over
+    the global batch, from each rank's mean over its equal share of it."""
+    if not world().is_distributed:
+        return tensor
+    return all_reduce_sum(tensor) / world().size
+
+
 def broadcast(value: T) -> T:
     """Rank 0's ``value`` on every rank (any picklable object)."""
     if not world().is_distributed:

@@ -51,7 +51,7 @@ from kdml.checks import is_positive_int
 from kdml.config import RunConfig, check_fields
 from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
-from kdml.distributed import gather
+from kdml.distributed import gather, mean_over_ranks
 from kdml.errors import KdmlError
 from kdml.losses.nt_xent import nt_xent_loss
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
@@ -451,6 +451,7 @@ class MSimCLRMethod(_AtlasMethod):
                    else _per_view(self.charts, views, batch_size))
         coords = outputs.coords.clamp(-self.clamp, self.clamp) if self.clamp else outputs.coords
         projected, head_active = self.projection.project(coords, outputs.q)
+        head_active = mean_over_ranks(head_active)  # of this rank's rows: the global batch's
         projections = torch.cat(_global_views(projected, batch_size))
         nt_xent = nt_xent_loss(projections, self.tau)
         coords1, coords2 = _global_views(coords, batch_size)
@@ -497,6 +498,7 @@ class SimCLRMethod(Method):
                           else _per_view(self.embed, views, batch_size))
         projected, head_active = self.projection.project(
             representation[:, None, :], representation.new_ones(len(representation), 1))
+        head_active = mean_over_ranks(head_active)  # of this rank's rows: the global batch's
         projections = torch.cat(_global_views(projected, batch_size))
         loss = nt_xent_loss(projections, self.tau)
         return StepOutput(loss, detached(loss=loss, head_active=head_active), None)
