@@ -116,6 +116,30 @@ def evaluate_failing_on_rank_0(recipe_name: str, overrides: list[str], out_dir: 
     return outcome
 
 
+def build_failing_on_rank_1(recipe_name: str, overrides: list[str], out_dir: str) -> str:
+    """``Session.build`` where rank 1 alone cannot read its data (a machine without the data
+    folder): each rank writes to ``out_dir`` which error it got."""
+    from kdml.errors import KdmlError, QuietExit
+    from kdml.training import trainer
+
+    if dist.get_rank() == 1:
+        def no_data(*args: Any, **kwargs: Any) -> Any:
+            raise KdmlError("folder:imgs: no such folder")
+
+        trainer.prepare_data_and_test_part = no_data
+    try:
+        Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+        outcome = "no error"
+    except QuietExit as error:  # before KdmlError, its base
+        outcome = f"QuietExit: {error}"
+    except KdmlError as error:
+        outcome = f"KdmlError: {error}"
+    except RuntimeError as error:  # a collective that lost its peer or timed out
+        outcome = f"RuntimeError: {str(error).splitlines()[0]}"
+    Path(out_dir, f"rank-{dist.get_rank()}.txt").write_text(outcome)
+    return outcome
+
+
 def write_domains(path: Path, seed: int = 0) -> Path:
     """A two-domain feature file: 4 source classes of 20, a shifted target of 60."""
     rng = np.random.default_rng(seed)

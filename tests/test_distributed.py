@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from distributed_harness import (
+    build_failing_on_rank_1,
     collective_failures,
+    config_of,
     evaluate_failing_on_rank_0,
     evaluate_untrained,
     run_ranks,
@@ -389,10 +391,27 @@ def test_one_named_gpu_for_every_process_is_refused():
 
     config = RunConfig(recipe="jrd", method=None)
     config.train.device = "cuda:1"
-    with pytest.raises(KdmlError, match=r"^train\.device=cuda:1 puts all 2 processes on one "
-                                        r"GPU; under torchrun give train\.device=cuda"):
+    with pytest.raises(KdmlError, match=r"^train\.device=cuda:1 puts all 2 processes of this "
+                                        r"machine on one GPU; under torchrun give "
+                                        r"train\.device=cuda"):
         check_distributed(config, World(rank=0, size=2), torch.device("cpu"))
     check_distributed(config, World(rank=0, size=1), torch.device("cpu"))  # one process: its GPU
+
+
+def test_one_process_per_machine_may_name_its_gpu(monkeypatch):
+    """--nnodes 2 --nproc_per_node 1: each process alone on its machine, so cuda:0 is its own
+    GPU; it had been refused as putting "all 2 processes on one GPU"."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.train.device = "cuda:0"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    check_distributed(config, World(rank=1, size=2), torch.device("cpu"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(KdmlError, match="puts all 2 processes of this machine on one GPU"):
+        check_distributed(config, World(rank=1, size=4), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("batch_size, size", [(2, 2), (3, 3), (6, 6)])
@@ -415,6 +434,68 @@ def test_a_global_batch_of_one_sample_per_process_is_refused(batch_size, size):
     check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
     config.data.batch_size = 0  # the whole split: checked against its size where it is known
     check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+
+
+def test_data_only_one_rank_cannot_read_is_named_by_rank_0(tmp_path):
+    """A rank whose machine lacks the data stopped by itself in silence (only rank 0 says
+    the errors all ranks meet), and torchrun stopped rank 0, waiting in DistributedDataParallel's
+    first collective, before it said anything: no process said what was wrong."""
+    overrides = [*COMMON, "data.dataset=digits", "data.batch_size=40"]
+    run_ranks(2, build_failing_on_rank_1, "amsoftmax", overrides, str(tmp_path),
+              tmp_path=tmp_path)
+    assert (tmp_path / "rank-0.txt").read_text() == ("KdmlError: rank 1: folder:imgs: no such "
+                                                      "folder")
+    assert (tmp_path / "rank-1.txt").read_text().startswith("QuietExit: ")
+
+
+def test_errors_before_the_process_group_are_said_by_rank_0_alone(monkeypatch, capsys):
+    """Refused before joining (an unknown dataset), every rank had printed the same line,
+    since each took itself for rank 0 until the group existed: now torchrun's RANK says."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert cli.main(["train", "jrd", "--dataset", "nosuch", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["train", "jrd", "--dataset", "nosuch", "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("kdml: error: unknown dataset 'nosuch'")
+
+
+def test_a_machine_with_fewer_gpus_than_processes_is_named_by_the_processes_without_one(
+        monkeypatch, capsys):
+    """With one GPU and two processes, rank 1 had been told "train.device=cuda:1 but this
+    machine has 1 CUDA device ...; use cpu or auto", though it had been given auto."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert cli.main(["train", "jrd", "--dataset", "digits", "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: rank 1: torchrun started 2 processes on this machine, which has 1 "
+        "visible GPU, and each process trains on its own GPU: give torchrun --nproc_per_node "
+        "1 (or train.device=cpu)\n")
+
+
+def test_sharded_kernels_are_refused_for_a_recipe_without_jrs():
+    """Under torchrun, amsoftmax and the other recipes without JRS had taken
+    train.sharded_kernels=true and ignored it, gathering every kernel matrix whole."""
+    from kdml.data import prepare
+    from kdml.training.checks import check_method_on_splits
+    from kdml.training.trainer import build_method
+
+    for recipe, refused in (("amsoftmax", True), ("mtriplet", True), ("jrd", False)):
+        config = config_of(recipe, ["data.dataset=digits", "train.sharded_kernels=true",
+                                    "model.embedding_size=8"])
+        splits = prepare.prepare_data(config.data)
+        method = build_method(config, splits, echo=lambda line: None)
+        if not refused:
+            check_method_on_splits(config, splits, method)
+            continue
+        with pytest.raises(KdmlError, match=(
+                rf"^train\.sharded_kernels splits JRS's kernel rows, and {recipe} has no JRS "
+                r"regularizer: drop it")):
+            check_method_on_splits(config, splits, method)
 
 
 def test_an_error_one_rank_meets_alone_is_said_by_that_rank(monkeypatch, capsys):

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from kdml.errors import KdmlError, QuietExit
+from kdml.errors import KdmlError, LocalError, QuietExit
 
 T = TypeVar("T")
 
@@ -89,10 +89,25 @@ def setup(use_cuda: bool) -> World:
 
 
 def device_for(name: str) -> str:
-    """``cuda`` becomes this process's own GPU (``cuda:LOCAL_RANK``) under torchrun."""
+    """``cuda`` becomes this process's own GPU (``cuda:LOCAL_RANK``) under torchrun; a machine
+    with fewer visible GPUs than torchrun's processes on it is refused by the processes left
+    without one (:class:`~kdml.errors.LocalError`: rank 0 may have one)."""
     if name in ("cuda", "auto") and torch.cuda.is_available() and launched_by_torchrun():
-        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= count:  # its cuda:N, refused later, would blame train.device
+            gpus = f"{count} visible GPU{'' if count == 1 else 's'}"
+            local = processes_on_this_machine(int(os.environ.get("WORLD_SIZE", "1")))
+            raise LocalError(f"torchrun started {local} processes on this machine, which has "
+                             f"{gpus}, and each process trains on its own GPU: give torchrun "
+                             f"--nproc_per_node {count} (or train.device=cpu)")
+        return f"cuda:{local_rank}"
     return name
+
+
+def processes_on_this_machine(size: int) -> int:
+    """How many of the job's ``size`` processes run on this machine: torchrun's
+    ``LOCAL_WORLD_SIZE``, else all of them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", size))
 
 
 class _GatherWithGradient(torch.autograd.Function):
@@ -209,6 +224,37 @@ def from_main(function: Callable[[], T]) -> T:
             raise value
         raise QuietExit(str(value))
     return value  # type: ignore[return-value]
+
+
+def agreed(function: Callable[[], T]) -> T:
+    """Run ``function`` on every rank, which then agree on its outcome: where it raised a
+    :class:`~kdml.errors.KdmlError` on any rank, rank 0 raises one (its own, else the first
+    failed rank's, named ``rank K: ...``) and the other ranks a :class:`QuietExit`.
+
+    For the work each process does for itself and may fail at alone (reading its machine's
+    copy of the data, its weights file): a rank that had stopped there by itself said nothing,
+    since only rank 0 prints an error all ranks meet, and rank 0, waiting in the next
+    collective, was stopped by torchrun before it could say anything. ``function`` must not
+    call collectives where one rank can fail before them."""
+    if not world().is_distributed:
+        return function()
+    error: KdmlError | None = None
+    value: T | None = None
+    try:
+        value = function()
+    except KdmlError as raised:
+        error = raised
+    messages: list[str | None] = [None] * world().size
+    dist.all_gather_object(messages, None if error is None else str(error))
+    failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
+    if not failed:
+        return value  # type: ignore[return-value]
+    if not world().is_main:
+        raise QuietExit(failed[0][1])
+    if error is not None:
+        raise error
+    rank, message = failed[0]
+    raise KdmlError(f"rank {rank}: {message}")
 
 
 def barrier() -> None:

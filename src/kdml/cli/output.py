@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,8 +21,15 @@ def _is_main_process() -> bool:
 
 
 def _rank() -> int:
+    """This process's rank: the process group's, else (torchrun started it, the group is not
+    joined yet) torchrun's ``RANK``, so that an error every rank meets before joining is
+    printed once, by rank 0, not once per process."""
     module = sys.modules.get("kdml.distributed")  # imported only by commands that train
-    return 0 if module is None else module.world().rank
+    if module is not None and module.world().is_distributed:
+        return int(module.world().rank)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ.get("RANK", "0"))
+    return 0
 
 
 def _say(message: str) -> None:

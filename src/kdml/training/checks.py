@@ -9,11 +9,12 @@ import torch
 
 from kdml.config import RunConfig
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
-from kdml.distributed import World
+from kdml.distributed import World, processes_on_this_machine
 from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import metric_names
 from kdml.models.method import Method
 from kdml.training.domain_adapted import DomainAdaptedMethod
+from kdml.training.recipes.jrd import JRDMethod
 from kdml.training.selection import check_selectable
 
 
@@ -24,6 +25,13 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
     if method.uses_target and splits.target is None:
         raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
                         "pair such as mnist5k->digits")
+    inner = method.inner if isinstance(method, DomainAdaptedMethod) else method
+    if config.train.sharded_kernels and not (isinstance(inner, JRDMethod) and inner.sharded):
+        # under torchrun (a single process refuses it in check_distributed): it had been
+        # taken and ignored, every kernel matrix gathered whole
+        raise KdmlError(f"train.sharded_kernels splits JRS's kernel rows, and {config.recipe} "
+                        "has no JRS regularizer: drop it (it applies where "
+                        "method.regularizer=jrs, as in jrd)")
     if config.domain.beta > 0 and isinstance(method, DomainAdaptedMethod) and (
             method.inner.uses_target):
         raise KdmlError(f"{config.recipe} has its own domain term between source and "
@@ -48,11 +56,13 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
                         "processes; launch with torchrun or drop it")
     if not world.is_distributed:
         return
-    if config.train.device.startswith("cuda:"):
-        # every process on that one GPU: NCCL refuses it, in an error of its own
-        raise KdmlError(f"train.device={config.train.device} puts all {world.size} processes on "
-                        "one GPU; under torchrun give train.device=cuda (or auto), and each "
-                        "process takes its own (LOCAL_RANK); pick the GPUs with "
+    local = processes_on_this_machine(world.size)
+    if config.train.device.startswith("cuda:") and local > 1:
+        # every process of this machine on that one GPU: NCCL refuses it, in an error of its
+        # own (one process per machine may name its GPU)
+        raise KdmlError(f"train.device={config.train.device} puts all {local} processes of "
+                        "this machine on one GPU; under torchrun give train.device=cuda (or "
+                        "auto), and each process takes its own (LOCAL_RANK); pick the GPUs with "
                         "CUDA_VISIBLE_DEVICES")
     if config.data.batch_size % world.size:
         raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "

@@ -140,33 +140,16 @@ class Session:
         keeps the settings it trained with (an older kdml's, which ignored such a setting),
         and --resume's own check refuses an edit of them."""
         world = distributed.world()
-        device = resolve_device(distributed.device_for(config.train.device))
-        check_distributed(config, world, device)
-        splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
-        if not config.eval.ks:
-            config.eval.ks = list(splits.eval_ks)
-        check_evaluation(config, splits, selects)
-        # a resumed run's checkpoint holds every weight: model.weights' file is not read (it
-        # may be gone), as by the commands that read a run
         reports: list[str] = []  # printed now, logged once train.log is open
 
         def report(line: str) -> None:
             echo(line)
             reports.append(line)
 
-        method = build_method(config, splits, pretrained=new_run, echo=report)
-        check_method_on_splits(config, splits, method)
-        if not method.needs_fit:  # PCA's fit reads the whole split, in no batches of classes
-            check_batching(splits.train.labels, config.data.samples_per_class,
-                           config.data.batch_size)
-        if config.model.sync_bn:
-            method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
-        method = method.to(device)
-        pipeline = build_pipeline(config, splits.train, method)
-        optimizer, scheduler = build_optimizer(method, config)
-        if optimizer is None and not method.needs_fit:
-            raise KdmlError(f"the {config.recipe} model has no parameters to train and no "
-                            f"closed-form fit")
+        # each process reads its own copy of the data and weights, and may fail alone (a
+        # machine without them): the ranks agree before DistributedDataParallel's collective
+        device, splits, test_part, method, pipeline, optimizer, scheduler = distributed.agreed(
+            lambda: _build_parts(config, world, selects, new_run, report))
         model: nn.Module = method
         if world.is_distributed and not method.needs_fit:
             model = DistributedDataParallel(
@@ -355,6 +338,37 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
         if start_line is not None:
             echo(start_line)
         return _train_session(session, run, resume, state, progress, echo)
+
+
+def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
+                 report: Callable[[str], None]) -> tuple[
+                     torch.device, DataSplits, DataSplits, Method, InputPipeline,
+                     torch.optim.Optimizer | None, Schedule | None]:
+    """What :meth:`Session.build` builds in each process by itself, checked: the device,
+    the data (and its test part), the method on the device, its input pipeline and its
+    optimiser and schedule."""
+    device = resolve_device(distributed.device_for(config.train.device))
+    check_distributed(config, world, device)
+    splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
+    if not config.eval.ks:
+        config.eval.ks = list(splits.eval_ks)
+    check_evaluation(config, splits, selects)
+    # a resumed run's checkpoint holds every weight: model.weights' file is not read (it
+    # may be gone), as by the commands that read a run
+    method = build_method(config, splits, pretrained=new_run, echo=report)
+    check_method_on_splits(config, splits, method)
+    if not method.needs_fit:  # PCA's fit reads the whole split, in no batches of classes
+        check_batching(splits.train.labels, config.data.samples_per_class,
+                       config.data.batch_size)
+    if config.model.sync_bn:
+        method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+    method = method.to(device)
+    pipeline = build_pipeline(config, splits.train, method)
+    optimizer, scheduler = build_optimizer(method, config)
+    if optimizer is None and not method.needs_fit:
+        raise KdmlError(f"the {config.recipe} model has no parameters to train and no "
+                        f"closed-form fit")
+    return device, splits, test_part, method, pipeline, optimizer, scheduler
 
 
 @dataclass
