@@ -506,7 +506,9 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 # diverged model: the message names the checkpoint kept), or where it would be
                 # the run's only checkpoint, so that the corrected command starts afresh
                 # (check_new_run_folder); otherwise (an unreadable test image, say) --resume
-                # scores it once the cause is mended
+                # scores it once the cause is mended. Under torchrun another rank's error
+                # reaches rank 0 as a failed collective, not here: the epoch is kept, since a
+                # killed peer looks the same, and --resume scores it.
                 if isinstance(error, NonFiniteLoss) or not run.checkpoint.exists():
                     recorder.drop_unscored()
                 raise
