@@ -666,6 +666,12 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     errors = _errors_after(run_dir / "generalization.json", json.dumps({**old, "lambda": 1}),
                            runs)
     assert not errors["tiny-generalization"]
+    # one of an earlier epoch (`kdml analyze` of the run stopped half-way) had been set beside
+    # the finished run's Recall@1: it is computed again
+    earlier = {**stored, "settings": {**stored["settings"], "epoch": 0}, "lambda": 1}
+    assert stored["settings"]["epoch"] == 1
+    errors = _errors_after(run_dir / "generalization.json", json.dumps(earlier), runs)
+    assert not errors["tiny-generalization"]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     metrics["final"]["recall@1"] = "0.5"
     errors = _errors_after(run_dir / "metrics.json", json.dumps(metrics), runs)

@@ -471,12 +471,17 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
 def _generalization(run_dir: Path) -> dict[str, float]:
     """lambda, d_H and their sum with ``kdml analyze generalization``'s defaults, kept in the
     run folder's ``generalization.json`` (one written before it recorded its ``distance``, when
-    cosine runs were analysed by Euclidean distance, is computed again)."""
+    cosine runs were analysed by Euclidean distance, is computed again, as is one of an epoch
+    before the run's last: ``kdml analyze`` of a run stopped half-way, which the table would
+    have set beside the finished run's Recall@1)."""
     path = run_dir / "generalization.json"
     settings = GeneralizationSettings()
     stored = read_stored(path) if path.is_file() else {}
     used = stored.get("settings") if isinstance(stored, dict) else None
-    wanted = {**vars(settings)}
+    wanted: dict[str, object] = {**vars(settings)}
+    history = RunFolder(run_dir).history()
+    if history:
+        wanted["epoch"] = history[-1].get("epoch")  # the checkpoint's, which analyze reads
     if (not isinstance(used, dict) or {key: used.get(key) for key in wanted} != wanted
             or "distance" not in stored):
         analyze_generalization(reload_to(run_dir, f"compute its {path.name} from"), settings)
