@@ -66,26 +66,40 @@ def test_parts_refuse_classes_too_small_for_every_part():
         stratified_parts(labels, 0)
 
 
-def _literal_recall(vectors: np.ndarray, labels: np.ndarray, k: int) -> float:
-    """Recall@K with plain loops, float64, cosine similarity, query left out."""
-    normed = [v / math.sqrt(sum(x * x for x in v)) for v in vectors.astype(np.float64)]
+def _literal_recall(vectors: np.ndarray, labels: np.ndarray, k: int,
+                    metric: str = "cosine") -> float:
+    """Recall@K with plain loops, float64, cosine similarity or Euclidean distance, query
+    left out."""
+    points = [v.tolist() for v in vectors.astype(np.float64)]
+    if metric == "cosine":
+        points = [[x / math.sqrt(sum(y * y for y in v)) for x in v] for v in points]
+
+    def score(a: list[float], b: list[float]) -> float:  # smaller is nearer
+        if metric == "cosine":
+            return -sum(x * y for x, y in zip(a, b, strict=True))
+        return sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
+
     hits = 0
-    for i in range(len(normed)):
-        scores = [(-float(np.dot(normed[i], normed[j])), j) for j in range(len(normed)) if j != i]
+    for i in range(len(points)):
+        scores = [(score(points[i], points[j]), j) for j in range(len(points)) if j != i]
         scores.sort()
         hits += any(labels[j] == labels[i] for _, j in scores[:k])
-    return hits / len(normed)
+    return hits / len(points)
 
 
-def test_retrieval_over_parts_is_the_mean_of_each_parts_literal_recall():
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_retrieval_over_parts_is_the_mean_of_each_parts_literal_recall(metric):
     rng = np.random.default_rng(1)
     labels = np.repeat(np.arange(4), 12)
     vectors = rng.normal(size=(48, 5)) + labels[:, None] * 0.4
     estimates = retrieval_over_parts(torch.from_numpy(vectors).float(), torch.from_numpy(labels),
-                                     ks=(1, 2), num_parts=3, seed=5)
+                                     ks=(1, 2), num_parts=3, metric=metric, seed=5)
+    parts = stratified_parts(labels, 3, seed=5)
+    # the two metrics rank these differently: the metric is not ignored (it had been untested)
+    assert ([_literal_recall(vectors[part], labels[part], 1, "cosine") for part in parts]
+            != [_literal_recall(vectors[part], labels[part], 1, "euclidean") for part in parts])
     for k in (1, 2):
-        per_part = [_literal_recall(vectors[part], labels[part], k)
-                    for part in stratified_parts(labels, 3, seed=5)]
+        per_part = [_literal_recall(vectors[part], labels[part], k, metric) for part in parts]
         assert estimates[f"recall@{k}"].mean == pytest.approx(np.mean(per_part), abs=1e-12)
         expected_ci = stats.t.ppf(0.975, 2) * np.std(per_part, ddof=1) / math.sqrt(3)
         assert estimates[f"recall@{k}"].ci95 == pytest.approx(expected_ci, abs=1e-12)
