@@ -1,5 +1,6 @@
 """The data path: datasets, splits, seeded samplers, loaders and the batch transforms."""
 
+import os
 import re
 from pathlib import Path
 
@@ -20,7 +21,12 @@ from kdml.data import (
     open_dataset,
     seen_holdout_split,
 )
-from kdml.data.loaders import batch_loader, readable_batches, sequential_loader
+from kdml.data.loaders import (
+    batch_loader,
+    readable_batches,
+    resolve_num_workers,
+    sequential_loader,
+)
 from kdml.data.splits import SEEN, UNSEEN, DataSplits, make_splits, validation_split
 from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
 from kdml.errors import KdmlError, LocalError
@@ -86,10 +92,13 @@ def test_class_disjoint_split_uses_first_half_of_sorted_classes():
 
 
 @pytest.mark.parametrize(("num_classes", "fraction"), [(c, f) for c in (3, 5, 7, 9, 11, 200)
-                                                        for f in (0.5, 0.3, 0.7)])
+                                                        for f in (0.5, 0.3, 0.7)]
+                         + [(100, 0.57), (100, 0.29)])
 def test_class_disjoint_fractions_round_down_for_every_class_count(num_classes, fraction):
     """Python's round() is half-to-even: 3 classes at 0.5 had trained on 2 and tested on 1,
-    5 on 2 and 3. The count is floor(fraction * classes), as the benchmarks' first half."""
+    5 on 2 and 3. The count is floor(fraction * classes), as the benchmarks' first half.
+    0.57 * 100 is 56.99999999999999 in floats: a floor without its 1e-9 (which had passed
+    every test) trains on 56 classes, not 57 (0.29: 28, not 29)."""
     labels = torch.arange(num_classes).repeat(2)
     try:
         train, _ = class_disjoint_split(labels, fraction)
@@ -437,6 +446,18 @@ def test_target_batches_match_the_source_sizes():
     assert set(sum(partial, [])) == set(range(5))
 
 
+def test_target_batches_are_drawn_independently_of_the_source_batches():
+    """The module's separate streams: a target sampler seeded on the source's stream (which
+    had passed every test) gives, for domains of one size, each epoch's first target batch the
+    source batch's indices, a pairing of index-aligned domains."""
+    for epoch in (1, 2, 3):
+        source = ShuffledBatches(num_samples=50, batch_size=10, seed=7)
+        target = TargetBatches(num_target=50, batch_sizes=[10] * 5, seed=7)
+        source.set_epoch(epoch)
+        target.set_epoch(epoch)
+        assert all(a != b for a, b in zip(source, target, strict=True))
+
+
 # ----------------------------------------------------------------------------- loaders
 
 
@@ -528,6 +549,30 @@ def test_unreadable_images_stop_or_are_skipped(tmp_path):
     assert torch.cat([batch.indices for batch in kept]).tolist() == [0, 1, 2, 3]
 
 
+def test_a_batch_of_unreadable_images_alone_is_skipped_whole(tmp_path):
+    """With data.on_bad_image=skip, a batch none of whose images decode is left out, not
+    yielded empty (the loss of an empty batch is NaN: the run would stop as diverged); yielding
+    it had passed every test."""
+    paths = write_images(tmp_path, 2)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg at all")
+    dataset = ImageFiles("toy", "toy", [*paths, str(broken)], torch.arange(3), resize=16)
+    loader = batch_loader(dataset, [[2], [0, 1], [2, 2]], num_workers=0)
+    kept = list(readable_batches(loader, dataset, "skip"))
+    assert [batch.indices.tolist() for batch in kept] == [[0, 1]]
+
+
+def test_automatic_workers_are_one_per_core_at_most_eight(monkeypatch):
+    """data.num_workers=-1 as the module doc says: a cap of 8 (whose loss had passed every
+    test) keeps a 32-core node from starting 32 decoding processes."""
+    files = ImageFiles("toy", "toy", ["/nonexistent/a.png"], torch.tensor([0]), resize=8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    assert resolve_num_workers(-1, files) == 8
+    assert resolve_num_workers(12, files) == 12  # a count that is set is taken as it is
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert resolve_num_workers(-1, files) == 3
+
+
 def test_a_skipped_image_is_logged_once_for_all_epochs(tmp_path, caplog):
     """Each draw of an unreadable file had logged it again: a bad file over 3 epochs gave 4
     warnings, two in one epoch (its docstring said once)."""
@@ -607,6 +652,18 @@ def test_pipeline_test_inputs_are_the_centre_crop():
         centre_crop(raw.float(), 10)
     in_memory = InputPipeline()  # arrays: no crop, no flip, uint8 scaled to [0, 1]
     assert torch.equal(in_memory.train(raw, torch.Generator()), raw.float() / 255)
+
+
+def test_the_centre_crop_rounds_a_half_pixel_margin_as_torchvision():
+    """torchvision's CenterCrop starts a 24-pixel crop of 27 at int(round(1.5)) = 2; a floor
+    (1, one pixel off) had passed every test, which only cropped an even margin."""
+    raw = torch.randint(0, 256, (2, 3, 27, 27), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(0))
+    expected = raw[:, :, 2:26, 2:26].float() / 255
+    assert torch.equal(InputPipeline(crop_size=24).test(raw), expected)
+    wide = torch.randint(0, 256, (1, 3, 24, 31), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(1))
+    assert torch.equal(centre_crop(wide, 24), wide[..., :, 4:28])  # round(3.5) = 4
 
 
 def test_normalization_follows_the_backbone_convention():
