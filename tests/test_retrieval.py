@@ -223,37 +223,63 @@ def test_nmi_is_one_for_well_separated_classes():
     assert retrieval_metrics(embeddings, labels, ks=(1,))["nmi"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-def test_nmi_matches_direct_faiss_kmeans_and_sklearn(metric):
-    embeddings, labels = clustered([25, 30, 20, 25, 30, 20], dim=8, noise=1.0, seed=6)
-    vectors = embeddings.astype(np.float32)
-    if metric == "cosine":
-        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    # the documented route, literally: order the points by two seeded projections, seed
-    # k-means++ with plain loops, run faiss k-means from those centres
+def literal_faiss_nmi(vectors: np.ndarray, labels: np.ndarray, num_clusters: int,
+                      niter: int = 20, max_points: int = 256) -> float:
+    """The documented route, literally: order the points by two seeded projections, seed
+    k-means++ with plain loops, run faiss k-means from those centres (``niter`` iterations,
+    trained on at most ``max_points`` points per centroid), NMI by scikit-learn."""
     projections = np.random.default_rng(0).standard_normal((vectors.shape[1], 2))
     keys = vectors.astype(np.float64) @ projections
     order = sorted(range(len(vectors)), key=lambda i: (keys[i, 0], keys[i, 1]))
     ordered = vectors[order]
     rng = np.random.default_rng(0)
     centres = [int(rng.integers(len(ordered)))]
-    for _ in range(5):
-        nearest = [min(float(((ordered[i].astype(np.float64) - ordered[c]) ** 2).sum())
-                       for c in centres) for i in range(len(ordered))]
+    nearest = [float(((row.astype(np.float64) - ordered[centres[0]]) ** 2).sum())
+               for row in ordered]
+    for _ in range(num_clusters - 1):
         threshold, running = rng.random() * sum(nearest), 0.0
         chosen = next(i for i, d in enumerate(nearest) if (running := running + d) >= threshold)
         centres.append(chosen)
-    kmeans = faiss.Kmeans(vectors.shape[1], 6, niter=20, seed=0)
+        nearest = [min(d, float(((row.astype(np.float64) - ordered[chosen]) ** 2).sum()))
+                   for d, row in zip(nearest, ordered, strict=True)]
+    kmeans = faiss.Kmeans(vectors.shape[1], num_clusters, niter=niter, seed=0,
+                          max_points_per_centroid=max_points)
     kmeans.train(np.ascontiguousarray(ordered), init_centroids=ordered[centres])
     _, assigned = kmeans.index.search(np.ascontiguousarray(ordered), 1)
     assignments = np.empty(len(vectors), dtype=np.int64)
     assignments[order] = assigned.ravel()
-    expected = normalized_mutual_info_score(labels, assignments)
+    return normalized_mutual_info_score(labels, assignments)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_nmi_matches_direct_faiss_kmeans_and_sklearn(metric):
+    embeddings, labels = clustered([25, 30, 20, 25, 30, 20], dim=8, noise=1.0, seed=6)
+    vectors = embeddings.astype(np.float32)
+    if metric == "cosine":
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    expected = literal_faiss_nmi(vectors, labels, 6)
 
     ours = retrieval_metrics(embeddings, labels, ks=(1,), metric=metric)["nmi"]
     assert ours == pytest.approx(expected, abs=1e-12)
     assert 0.2 < ours < 0.99
     assert clustering_nmi(embeddings, labels, metric=metric) == ours
+
+
+def test_nmi_runs_niter_iterations_on_every_point():
+    """niter reaches faiss (a fixed 20 had passed every test), and every point trains the
+    centroids, as the docstring says: above faiss's default of 256 points per centroid it
+    trains on a sample unless told otherwise (which had passed every test too)."""
+    embeddings, labels = clustered([60] * 8, dim=16, noise=1.6, seed=0)
+    by_niter = {niter: clustering_nmi(embeddings, labels, metric="euclidean", niter=niter)
+                for niter in (1, 2)}
+    for niter, nmi in by_niter.items():
+        assert nmi == pytest.approx(literal_faiss_nmi(embeddings, labels, 8, niter), abs=1e-12)
+    assert by_niter[1] != by_niter[2]
+    embeddings, labels = clustered([700, 700], dim=8, noise=2.0, seed=1)  # 700 > 256
+    every_point = literal_faiss_nmi(embeddings, labels, 2, max_points=len(embeddings))
+    assert every_point != literal_faiss_nmi(embeddings, labels, 2)  # faiss's sample differs
+    assert clustering_nmi(embeddings, labels, metric="euclidean") == pytest.approx(
+        every_point, abs=1e-12)
 
 
 def test_chunk_size_does_not_change_results(same_set_data):
