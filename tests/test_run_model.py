@@ -12,7 +12,8 @@ import torch
 from fixtures_array_sets import make_image_folder
 
 from kdml import cli
-from kdml.data.sample_spec import FIELD, SampleSpec
+from kdml.data.dataset import ArrayDataset
+from kdml.data.sample_spec import FIELD, SampleSpec, holds_pixels
 from kdml.errors import KdmlError
 from kdml.training.loading import TrainedRun, load_model, load_run
 
@@ -95,6 +96,19 @@ def test_the_record_says_what_the_model_takes(tmp_path):
     record = json.loads((run / "data.json").read_text())[FIELD]
     assert (record["sample_shape"], record["is_file_backed"], record["holds_pixels"]) == (
         [3, 36, 36], True, False)
+
+
+def test_image_shaped_features_with_negative_values_are_not_pixels():
+    """Standardised features shaped like images (negative values, none above 1) are not
+    pixels, whose queries would be decoded image files; a check of the maximum alone had
+    passed every test."""
+    labels = torch.arange(10) % 2
+    x = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(0)).clamp(max=1.0)
+    assert x.min() < 0 and x.max() <= 1
+    assert not holds_pixels(ArrayDataset("feat", "standardised", x, labels))
+    assert holds_pixels(ArrayDataset("img", "in [0, 1]", x.clamp(min=0.0), labels))
+    assert holds_pixels(ArrayDataset("img", "uint8", torch.zeros(10, 3, 4, 4, dtype=torch.uint8),
+                                     labels))
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
