@@ -93,6 +93,17 @@ def test_a_far_gallery_entry_does_not_tie_the_other_probes():
     assert match_ranks(probe, ids, gallery, ids).tolist() == literal == [1, 1, 1]
 
 
+def test_distances_equal_in_exact_arithmetic_tie_far_from_the_origin():
+    """A gallery entry at exactly the true match's distance ties, counted against the probe
+    (rank 2), also at coordinates near 1e6, where the distances' rounding exceeds an absolute
+    tolerance: the tolerance relative to the match's distance had passed every test."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        probe, step = rng.uniform(0, 1, 2) * 1e6, rng.uniform(0, 1, 2) * 1e6
+        gallery = np.stack([probe + step, probe + step[::-1]])  # mirrored: the same distance
+        assert match_ranks(probe[None], [0], gallery, [0, 1]).tolist() == [2]
+
+
 def test_best_threshold_hand_case():
     # sorted: 0.1 D, 0.3 S, 0.35 D, 0.4 S -> candidates 0.2 (3/4), 0.325 (2/4), 0.375 (3/4)...
     threshold, accuracy = best_threshold(np.array([0.3, 0.1, 0.4, 0.35]),
@@ -219,6 +230,8 @@ def test_single_shot_cmc_is_seeded():
     x, ids = rng.standard_normal((40, 4)), np.repeat(np.arange(10), 4)
     first = single_shot_cmc(x, ids, num_splits=5, seed=1)
     assert first == single_shot_cmc(x, ids, num_splits=5, seed=1)
+    # another seed draws other splits (every seed's had been seed 0's: passed every test)
+    assert first["cmc@1"] != single_shot_cmc(x, ids, num_splits=5, seed=2)["cmc@1"]
     assert first["gallery_size"] == 10.0
     assert 0 <= first["cmc@1"] <= first["cmc@5"] <= first["cmc@10"] == first["cmc@20"] == 1.0
 
