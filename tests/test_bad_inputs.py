@@ -310,6 +310,23 @@ def test_a_non_finite_loss_stops_with_its_epoch_step_and_term(tmp_path, capsys, 
                if value.is_floating_point())
 
 
+def test_a_watch_read_every_few_steps_names_the_first_non_finite_step_and_its_term():
+    """On a GPU the watch is read every NONFINITE_CHECK_EVERY steps; the CPU tests read it every
+    step, so a watch that kept the last bad step (and its terms) had passed every test."""
+    from kdml.training.nonfinite import NonFiniteLoss, NonFiniteWatch
+
+    nan, ok = torch.tensor(float("nan")), torch.tensor(1.0)
+    watch = NonFiniteWatch(check_every=8)
+    for step in range(8):  # the regularizer goes NaN at step 3, am_softmax at step 6
+        terms = {"regularizer": nan if step >= 2 else ok, "am_softmax": nan if step >= 5 else ok}
+        terms["loss"] = terms["regularizer"] + terms["am_softmax"]
+        watch.observe(step, terms)
+        assert watch.due(step) == (step == 7)
+    with pytest.raises(NonFiniteLoss, match=r"^training stopped: the 'regularizer' term became "
+                       r"NaN or infinite at epoch 1, step 3; no epoch finished"):
+        watch.check(epoch=1)
+
+
 # ----------------------------------------------------------------------------- one line
 
 
