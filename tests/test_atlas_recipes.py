@@ -322,6 +322,20 @@ def test_augmentation_options_and_errors():
     assert torch.allclose(view1, batch, atol=1e-6)
 
 
+@pytest.mark.parametrize("strength", [0.5, 1.0])
+def test_colour_jitter_spans_the_documented_ranges(strength):
+    """Brightness, contrast and saturation 0.8 s, hue 0.2 s (the docstring; Atlas Sec. A.1),
+    applied with probability jitter_p; grey images get no saturation or hue. A hue of 0.1 s
+    had passed every test."""
+    jitter = SimCLRAugment(jitter_strength=strength, jitter_p=0.7).pipeline(3, 8, 8)[1]
+    assert type(jitter).__name__ == "ColorJitter" and jitter.p == 0.7
+    ranges = (jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue)
+    assert ranges == pytest.approx((0.8 * strength,) * 3 + (0.2 * strength,), abs=1e-12)
+    grey = SimCLRAugment(jitter_strength=strength).pipeline(1, 8, 8)[1]
+    assert (grey.brightness, grey.contrast, grey.saturation, grey.hue) == pytest.approx(
+        (0.8 * strength, 0.8 * strength, 0.0, 0.0), abs=1e-12)
+
+
 def test_augmentation_docstring_example():
     assert doctest.testmod(augment_module, raise_on_error=False).failed == 0
 
