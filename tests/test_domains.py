@@ -103,6 +103,15 @@ def test_conversion_of_grey_strokes_is_in_range_and_dtype_agnostic():
     assert mnist_to_optdigits(np.zeros((1, 28, 28), dtype=np.uint8)).tolist() == [[0.0] * 64]
 
 
+def test_a_pixel_exactly_at_the_threshold_is_on():
+    """The docstring's binarisation, on where intensity >= threshold; '>' (every pixel of an
+    image at the threshold off) had passed every test, whose pixels were all away from it."""
+    at = torch.full((1, 28, 28), BINARIZE_THRESHOLD)
+    assert mnist_to_optdigits(at).tolist() == [[16.0] * 64]
+    below = torch.nextafter(at, torch.zeros(()))
+    assert mnist_to_optdigits(below).tolist() == [[0.0] * 64]
+
+
 def test_conversion_rejects_bad_inputs():
     with pytest.raises(KdmlError, match="\\[0, 1\\]"):
         mnist_to_optdigits(torch.full((1, 28, 28), 200.0))
@@ -185,6 +194,17 @@ def test_npz_loader_splits_the_domains(tmp_path, domain_style):
     assert torch.equal(pair.source.x, torch.from_numpy(arrays["X"][:4]))
     assert torch.equal(pair.target.x, torch.from_numpy(arrays["X"][4:]))
     assert pair.source.y.tolist() == [0, 1, 2, 0]
+    assert pair.target.y.tolist() == [-1, -1, 2]
+
+
+def test_npz_loader_reads_padded_domain_strings(tmp_path):
+    """Fixed-width or padded strings, as CSV or pandas exports write them ('source ',
+    ' target'): refusing them as unknown domain values had passed every test."""
+    arrays = good_arrays()
+    arrays["domain"] = np.array(["source ", " source", "source  ", "SOURCE", " target", "target ",
+                                 "\tTarget"])
+    pair = load_feature_domains(write_npz(tmp_path / "padded.npz", **arrays))
+    assert torch.equal(pair.source.x, torch.from_numpy(arrays["X"][:4]))
     assert pair.target.y.tolist() == [-1, -1, 2]
 
 
