@@ -10,6 +10,8 @@ import pytest
 
 from kdml import viz
 from kdml.errors import KdmlError
+from kdml.viz_charts import plot_charts
+from kdml.viz_retrieval import plot_embedding_map, plot_retrieval_grid
 
 
 @pytest.mark.parametrize(("prefix", "title"), [("test", "Test retrieval"),
@@ -200,3 +202,47 @@ def test_a_run_stopped_between_redraws_draws_the_epochs_it_finished(tmp_path, mo
     monkeypatch.setattr(recorder, "save_checkpoint", save_then_stop)
     assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(tmp_path / "run")]) == 130
     assert drawn == [[1, 2]]
+
+
+def _blank(position: int) -> np.ndarray:
+    return np.zeros((1, 4, 4))
+
+
+@pytest.mark.parametrize(("draw", "message"), [
+    # NaN coordinates had drawn an empty picture; the others had stopped in IndexError,
+    # ValueError or matplotlib's TypeError
+    (lambda path: plot_embedding_map(
+        np.full((4, 2), np.nan), np.arange(4), path, "t-SNE", "map"),
+     "coordinates contains NaN or infinite values"),
+    (lambda path: plot_embedding_map(
+        np.zeros((4, 3)), np.arange(4), path, "t-SNE", "map"),
+     r"coordinates must be \[N, 2\], got \(4, 3\)"),
+    (lambda path: plot_embedding_map(
+        np.zeros((4, 2)), np.arange(3), path, "t-SNE", "map"),
+     r"labels must have shape \(4,\)"),
+    (lambda path: plot_retrieval_grid(
+        np.array([0, 1]), np.array([[1, 2], [0, 2]]), np.array([[True]]), _blank, path),
+     r"hits must have the neighbours' shape \(2, 2\), got \(1, 1\)"),
+    (lambda path: plot_retrieval_grid(
+        np.array([0, 1, 2]), np.array([[1, 2], [0, 2]]), np.ones((2, 2), bool), _blank, path),
+     r"neighbours must be \[Q, K\] integer positions with Q = 3, got shape \(2, 2\)"),
+    (lambda path: plot_retrieval_grid(
+        np.zeros(0, int), np.zeros((0, 2), int), np.zeros((0, 2), bool), _blank, path),
+     r"queries must be a non-empty \[Q\] array"),
+    (lambda path: plot_retrieval_grid(
+        np.array([0]), np.array([[1]]), np.array([[True]]), lambda i: np.zeros((2, 4, 4)), path),
+     r"cannot draw a sample of shape \(2, 4, 4\) as an image"),
+    (lambda path: plot_charts(
+        np.zeros((4, 2)), np.zeros(4, int), np.arange(4), path, images=np.zeros((4, 4, 5, 5))),
+     r"images must be .* 1 or 3 channels, got shape \(4, 4, 5, 5\)"),
+    (lambda path: plot_charts(
+        np.zeros((4, 2)), np.zeros(4, int), np.arange(4), path, images=np.zeros((4, 1, 5, 5)),
+        max_thumbnails=-1), "max_thumbnails must be an integer >= 0, got -1"),
+    (lambda path: plot_charts(
+        np.zeros((4, 2)), np.zeros(4, int), np.arange(4), path, images=np.zeros((4, 1, 5, 5)),
+        thumbnail_zoom=float("nan")), "thumbnail_zoom must be a finite number > 0, got nan"),
+])
+def test_the_plotting_functions_refuse_bad_arrays_in_one_line(tmp_path, draw, message):
+    with pytest.raises(KdmlError, match=f"^{message}") as info:
+        draw(tmp_path / "plot.png")
+    assert "\n" not in str(info.value) and not (tmp_path / "plot.png").exists()

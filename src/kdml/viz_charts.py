@@ -8,6 +8,7 @@ change).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,10 @@ def _as_picture(images: Any, num_points: int) -> np.ndarray:
         array = array.transpose(0, 2, 3, 1)
     if array.ndim == 4 and array.shape[-1] == 1:
         array = array[..., 0]
-    if len(array) != num_points or array.ndim not in (3, 4):
+    # [N, H, W] grayscale or [N, H, W, 3]: 2 or 4 channels had been drawn as RGB(A) tiles, or
+    # stopped in matplotlib with a traceback
+    if len(array) != num_points or not (array.ndim == 3 or (array.ndim == 4
+                                                            and array.shape[-1] == 3)):
         raise KdmlError(
             f"images must be [N, C, H, W] or [N, H, W] with N = {num_points} and 1 or 3 "
             f"channels, got shape {tuple(np.shape(images))}"
@@ -134,6 +138,12 @@ def chart_figure(
         )
     charts = as_label_vector(chart_index, "chart_index", len(coords))
     label_vector = as_label_vector(labels, "labels", len(coords))
+    if isinstance(max_thumbnails, bool) or not isinstance(max_thumbnails, numbers.Integral) or (
+            max_thumbnails < 0):  # a negative one had sliced off all but |m| thumbnails
+        raise KdmlError(f"max_thumbnails must be an integer >= 0, got {max_thumbnails!r}")
+    if not (isinstance(thumbnail_zoom, numbers.Real) and math.isfinite(thumbnail_zoom)
+            and thumbnail_zoom > 0):
+        raise KdmlError(f"thumbnail_zoom must be a finite number > 0, got {thumbnail_zoom!r}")
     thumbnails = None if images is None else _as_images(images, len(coords))
     # phi in [0, 1]^2; scipy's sigmoid: exp(-c) overflowed (a warning) for c below -709
     points = expit(coords.astype(np.float64))

@@ -16,6 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kdml.errors import KdmlError
+from kdml.evaluation.knn import as_float32_matrix
+from kdml.evaluation.labels import as_label_vector
 from kdml.figure_file import missing_glyphs_named, write_png
 
 HIT, MISS = "#1a9850", "#d73027"
@@ -29,8 +31,9 @@ def _picture(image: Any) -> tuple[np.ndarray, str | None]:
         array = array.transpose(1, 2, 0)
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[..., 0]
-    if array.ndim not in (2, 3):
-        raise KdmlError(f"cannot draw a sample of shape {tuple(np.shape(image))} as an image")
+    if not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] == 3)):
+        raise KdmlError(f"cannot draw a sample of shape {tuple(np.shape(image))} as an image "
+                        "([C, H, W] or [H, W, C] with 1 or 3 channels, or [H, W])")
     return np.clip(array, 0.0, 1.0), "gray" if array.ndim == 2 else None
 
 
@@ -53,10 +56,29 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
         gallery: ``(image, titles)`` of the neighbours where they are positions of another
             set than the queries (a gallery); by default the queries' own.
     """
+    queries, neighbours, hits = _grid_arrays(queries, neighbours, hits)
     with missing_glyphs_named(path):  # the captions may hold class or file names
         figure = _retrieval_grid_figure(queries, neighbours, hits, (image, titles),
                                         gallery or (image, titles))
         return write_png(figure, path)
+
+
+def _grid_arrays(queries: Any, neighbours: Any, hits: Any
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The grid's arrays, checked: ``[Q]`` and ``[Q, K]`` integer positions, ``[Q, K]`` hits
+    (a mismatch had stopped in an IndexError, an empty grid in Pillow's ValueError)."""
+    queries, neighbours, hits = np.asarray(queries), np.asarray(neighbours), np.asarray(hits)
+    if queries.ndim != 1 or not len(queries) or queries.dtype.kind not in "iu":
+        raise KdmlError(f"queries must be a non-empty [Q] array of integer positions, got "
+                        f"shape {queries.shape} of {queries.dtype}")
+    if neighbours.ndim != 2 or len(neighbours) != len(queries) or (
+            neighbours.dtype.kind not in "iu"):
+        raise KdmlError(f"neighbours must be [Q, K] integer positions with Q = {len(queries)}, "
+                        f"got shape {neighbours.shape} of {neighbours.dtype}")
+    if hits.shape != neighbours.shape:
+        raise KdmlError(f"hits must have the neighbours' shape {neighbours.shape}, got "
+                        f"{hits.shape}")
+    return queries, neighbours, hits.astype(bool)
 
 
 def _retrieval_grid_figure(queries: np.ndarray, neighbours: np.ndarray, hits: np.ndarray,
@@ -127,6 +149,11 @@ def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
     """Scatter of 2-D ``coordinates`` ``[N, 2]``, coloured by class (``labels`` ``[N]``); the
     legend, drawn for up to 20 classes, names them by ``class_names`` (label -> name) or by
     their numbers."""
+    coordinates, _ = as_float32_matrix(coordinates, "coordinates")  # NaN: a blank picture
+    if coordinates.shape[1] != 2:
+        raise KdmlError(f"coordinates must be [N, 2], got {coordinates.shape}; map them to 2-D "
+                        "first (embedding_map)")
+    labels = as_label_vector(labels, "labels", len(coordinates))
     with missing_glyphs_named(path):  # the legend may hold class names
         figure = _embedding_map_figure(coordinates, labels, method, title, class_names)
         return write_png(figure, path)
