@@ -358,6 +358,22 @@ def test_piecewise_linear_accuracy_of_codes_at_one_point_is_the_majority_of_thei
     assert got["accuracy"] == 0.5 and got["charts"][0]["classifier"] == "logistic"
 
 
+def test_piecewise_linear_accuracy_of_saturated_codes_warns_of_nothing():
+    """A pre-sigmoid code below -709 (an MTriplet code, unclamped) had made NumPy warn of an
+    overflow in exp on every scoring; the accuracy was right."""
+    rng = np.random.default_rng(0)
+    codes = rng.normal(size=(40, 2))
+    codes[0, 0] = -800.0
+    labels, charts = (codes[:, 1] > 0).astype(int), np.zeros(40, int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = piecewise_linear_accuracy(codes, charts, labels, codes, charts, labels)
+    with np.errstate(over="ignore"):
+        squashed = 1.0 / (1.0 + np.exp(-codes))  # the literal sigmoid, its overflow silenced
+    assert got == piecewise_linear_accuracy(squashed, charts, labels, squashed, charts, labels,
+                                            sigmoid=False)
+
+
 def codes_ulps_apart(ulps):
     """Labels 0, 0, 0, 1, 1 and 2-d float32 codes: 0.3 for label 0, ``ulps`` float32 ulps
     above it for label 1."""

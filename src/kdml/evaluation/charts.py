@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.special import expit
 
 from kdml.checks import is_finite_number
 from kdml.errors import KdmlError
@@ -410,9 +411,8 @@ def piecewise_linear_accuracy(
     test_charts = as_label_vector(test_index, "test_index", len(test_x))
     test_y = as_label_vector(test_labels, "test_labels", len(test_x))
     train_features, test_features = train_x.astype(np.float64), test_x.astype(np.float64)
-    if sigmoid:
-        train_features = 1.0 / (1.0 + np.exp(-train_features))
-        test_features = 1.0 / (1.0 + np.exp(-test_features))
+    if sigmoid:  # scipy's: 1 / (1 + exp(-x)) warned of an overflow for x below -709
+        train_features, test_features = expit(train_features), expit(test_features)
     values, counts = np.unique(train_y, return_counts=True)
     majority_label = values[np.argmax(counts)]
 

@@ -7,7 +7,8 @@ classifiers fitted on labelled splits and scored on the rest:
   sets apart; with its per-set errors :math:`e_s` (seen samples called unseen) and :math:`e_u`,
   its error is the *balanced* one, :math:`\bar e(h) = (e_s + e_u) / 2`, which does not move
   with the ratio of the set sizes (the pooled error of two identical sets of 300 and 300
-  points is about 0.49, of 450 and 150 points about 0.63). The better of h and its complement
+  points is about 0.5, of 450 and 150 points about 0.37, which would read as d_H = 0.63 for
+  sets no classifier can tell apart). The better of h and its complement
   is kept, :math:`\bar e^* = \min(\bar e, 1 - \bar e)`. Two forms are reported:
 
   - ``h_divergence``, the paper's Eq. 2, :math:`d_H = 1 - \bar e^*`, in [0.5, 1];
