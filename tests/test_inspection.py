@@ -1337,3 +1337,19 @@ def test_search_refuses_a_data_root_its_run_does_not_read_and_a_missing_device(
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
                 tmp_path / "q.npz", "--device", bad) == 2
     assert capsys.readouterr().err.startswith(f"kdml: error: --device {bad} but ")
+
+
+def test_analyze_refuses_overlapping_classes_before_embedding(tmp_path, capsys, monkeypatch):
+    """A seen-holdout run's test classes are its training classes: the analysis had embedded
+    both parts (minutes on a large dataset) before refusing them."""
+    from kdml.inspection import analysis
+
+    run = tmp_path / "seen"
+    assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", run, *TINY,
+                "data.split=seen-holdout") == 0
+    embedded = []
+    monkeypatch.setattr(analysis, "embed_dataset", lambda *args: embedded.append(args))
+    capsys.readouterr()
+    assert kdml("analyze", "generalization", run) == 2
+    assert capsys.readouterr().err.startswith("kdml: error: seen and unseen classes overlap; ")
+    assert not embedded and not (run / "generalization.json").exists()

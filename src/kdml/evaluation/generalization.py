@@ -126,10 +126,7 @@ def generalization_terms(
     if repeats < 2:
         raise KdmlError(f"repeats must be at least 2 (a 95% interval needs two random splits), "
                         f"got {repeats}")
-    if np.intersect1d(seen_labels, unseen_labels).size:
-        raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes "
-                        "(a class-disjoint split; a domain pair's target shares the source's "
-                        "classes)")
+    check_disjoint_classes(seen_labels, unseen_labels)
     check_scored_counts(len(seen), len(unseen), labelled_fraction)
     rng = np.random.default_rng(seed)
     h_divergence, h_divergence_bd, lam, err_seen, err_unseen, unfitted = [], [], [], [], [], []
@@ -169,6 +166,15 @@ def _cut(count: int, fraction: float) -> int:
     """How many of ``count`` samples are fitted: ``fraction`` of them, at least 1, and at
     least 1 left to score."""
     return min(max(int(round(fraction * count)), 1), count - 1)
+
+
+def check_disjoint_classes(seen_labels: np.ndarray, unseen_labels: np.ndarray) -> None:
+    """Refuse seen and unseen sets that share a class (labels of any kind: integers,
+    strings)."""
+    if np.intersect1d(seen_labels, unseen_labels).size:
+        raise KdmlError("seen and unseen classes overlap; the analysis needs disjoint classes "
+                        "(a class-disjoint split; a domain pair's target shares the source's "
+                        "classes)")
 
 
 def check_scored_counts(seen_count: int, unseen_count: int, fraction: float,
