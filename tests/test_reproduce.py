@@ -1573,8 +1573,10 @@ def test_a_report_keeps_the_sections_another_reproduce_wrote_while_this_one_trai
 
 def test_a_rewrite_removes_only_the_plots_kdml_drew(tmp_path):
     """Every unlinked .png in the plot folder had been deleted: a user's own image there was
-    lost without a word. A plot from before kdml marked its own (matplotlib's mark alone) is
-    replaced where a report draws it again, but not deleted."""
+    lost without a word, and so was a plot kdml drew elsewhere (a run's retrieval grid) that
+    the user copied there; only those the report linked before go. A plot from before kdml
+    marked its own (matplotlib's mark alone) is replaced where a report draws it again, but
+    not deleted."""
     import matplotlib.pyplot as plt
     from PIL import Image, PngImagePlugin
 
@@ -1587,14 +1589,17 @@ def test_a_rewrite_removes_only_the_plots_kdml_drew(tmp_path):
     figure = plt.figure()
     write_png(figure, plots / "stale.png")
     write_png(figure, plots / "linked.png")
+    write_png(figure, plots / "copied-retrieval.png")
     plt.close(figure)
     Image.new("RGB", (4, 4)).save(plots / "mine.png")
     older = PngImagePlugin.PngInfo()
     older.add_text("Software", "Matplotlib version3.8.0, https://matplotlib.org/")
     Image.new("RGB", (4, 4)).save(plots / "older.png", pnginfo=older)
-    _remove_unlinked_plots(plots, "![linked](report-plots/linked.png)\n")
+    before = "".join(f"![{name}](report-plots/{name}.png)\n"
+                     for name in ("stale", "linked", "mine", "older"))
+    _remove_unlinked_plots(plots, "![linked](report-plots/linked.png)\n", before)
     assert sorted(path.name for path in plots.glob("*.png")) == [
-        "linked.png", "mine.png", "older.png"]
+        "copied-retrieval.png", "linked.png", "mine.png", "older.png"]
 
 
 @pytest.mark.parametrize("name", ["report.txt", "report", "report.MD"])

@@ -202,21 +202,26 @@ def write_report(results: Sequence[ExperimentResult], report: Path, context: Rep
     lines += _not_run_section(not_run, {result.experiment.dataset for result in results},
                               context, sibling_reports(report))
     text = "\n".join(lines) + "\n"
+    previous = report.read_text(errors="replace") if report.is_file() else ""
     path = write_through_new_file(report, lambda partial: partial.write_text(text))
-    _remove_unlinked_plots(plots, text)
+    _remove_unlinked_plots(plots, text, previous)
     return path
 
 
-def _remove_unlinked_plots(plots: Path, text: str) -> None:
-    """Remove the PNGs in the report's plot folder (kdml's own: it carries the marker) that
-    the report no longer links: a section not drawn this time (its charts not drawn, or not run
-    here) leaves no plot of an earlier report behind as if it were this one's. Only plots
-    carrying kdml's mark: an image the user put there is kept."""
+def _remove_unlinked_plots(plots: Path, text: str, previous: str) -> None:
+    """Remove the PNGs of the report's plot folder (kdml's own: it carries the marker) that
+    the report's ``previous`` text linked and its new ``text`` does not: a section not drawn
+    this time (its charts not drawn, or not run here) leaves no plot of an earlier report
+    behind as if it were this one's. Only plots the report itself drew, which carry kdml's
+    mark: an image the user put there is kept, also one kdml drew elsewhere (a run's
+    retrieval grid) that the user copied there, which every unlinked plot with kdml's mark
+    had been."""
     if not (plots / PLOTS_MARKER).is_file():
         return
-    for path in plots.glob("*.png"):
-        if (f"]({plots.name}/{path.name})" not in text and path.is_file()
-                and not path.is_symlink() and drawn_by_kdml(path, marked=True)):
+    linked = re.compile(rf"\]\({re.escape(plots.name)}/([^)/]+\.png)\)")
+    for name in set(linked.findall(previous)) - set(linked.findall(text)):
+        path = plots / name
+        if path.is_file() and not path.is_symlink() and drawn_by_kdml(path, marked=True):
             path.unlink()
 
 
