@@ -935,6 +935,20 @@ def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, caps
     for query in ("other.npz", "mine.npz"):
         assert kdml("search", other, "--index", tmp_path / "index", "--query",
                     tmp_path / query, "-k", "2") == 0
+    # embeddings of the run's best.pt searched without --best: said so (they had been called
+    # another checkpoint's, to be embedded again with --dataset)
+    from kdml.evaluation.index import checkpoint_fingerprint
+
+    state = torch.load(other / "checkpoints" / "last.pt", weights_only=False)
+    torch.save({**state, "epoch": 0}, other / "checkpoints" / "best.pt")
+    np.savez(tmp_path / "best.npz", embeddings=embeddings, checkpoint_sha256=np.array(
+        checkpoint_fingerprint(other / "checkpoints" / "best.pt")))
+    capsys.readouterr()
+    assert kdml("search", other, "--index", tmp_path / "index", "--query",
+                tmp_path / "best.npz") == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: query {tmp_path / 'best.npz'} holds embeddings of best.pt of this run, "
+        "not of last.pt: search with --best, or embed the queries without --best\n")
 
 
 def test_an_atlas_run_searches_in_shops_gallery_too(tmp_path, monkeypatch):
