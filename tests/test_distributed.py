@@ -414,6 +414,34 @@ def test_one_process_per_machine_may_name_its_gpu(monkeypatch):
         check_distributed(config, World(rank=1, size=4), torch.device("cpu"))
 
 
+def test_a_recipe_fitted_in_closed_form_takes_any_batch_size_over_the_processes(tmp_path):
+    """PCA draws no batches, and its default data.batch_size=80 had been refused over 3
+    processes ("must split evenly"); each recipe's draws_batches says what its method does."""
+    from kdml.data import prepare
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+    from kdml.training.recipes import RECIPES, get_recipe
+    from kdml.training.trainer import build_method
+
+    config = config_of("pca", [])
+    check_distributed(config, World(rank=0, size=3), torch.device("cpu"), draws_batches=False)
+    with pytest.raises(KdmlError, match="must split evenly over the 3 processes"):
+        check_distributed(config, World(rank=0, size=3), torch.device("cpu"))
+    splits = {}
+    pair = f"data.dataset=npz:{write_domains(tmp_path / 'domains.npz')}"
+    for name in RECIPES:
+        recipe = get_recipe(name)
+        data = pair if "->" in config_of(name, []).data.dataset else "data.dataset=digits"
+        config = config_of(name, ["model.embedding_size=8", data])
+        if config.model.backbone.startswith(("torchvision:", "timm:")):  # not importable here
+            config = config_of(name, ["model.embedding_size=8", data, "model.backbone=cnn",
+                                      "model.small_input=false"])
+        if config.data.dataset not in splits:
+            splits[config.data.dataset] = prepare.prepare_data(config.data)
+        method = build_method(config, splits[config.data.dataset], echo=lambda line: None)
+        assert recipe.draws_batches == (not method.needs_fit), name
+
+
 @pytest.mark.parametrize("batch_size, size", [(2, 2), (3, 3), (6, 6)])
 def test_a_global_batch_of_one_sample_per_process_is_refused(batch_size, size):
     """A single process needs a batch of 2; under torchrun one sample per process had passed

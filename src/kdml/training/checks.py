@@ -46,8 +46,10 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
                         "without charts (e.g. triplet) on the pair, with domain.beta")
 
 
-def check_distributed(config: RunConfig, world: World, device: torch.device) -> None:
-    """Refuse, before anything runs, settings that cannot work over several processes."""
+def check_distributed(config: RunConfig, world: World, device: torch.device,
+                      draws_batches: bool = True) -> None:
+    """Refuse, before anything runs, settings that cannot work over several processes
+    (``draws_batches``: the recipe trains on batches, whose size must then split over them)."""
     if config.model.sync_bn and device.type != "cuda":
         raise KdmlError("model.sync_bn needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
                         "drop it on CPUs")
@@ -64,6 +66,11 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
                         "this machine on one GPU; under torchrun give train.device=cuda (or "
                         "auto), and each process takes its own (LOCAL_RANK); pick the GPUs with "
                         "CUDA_VISIBLE_DEVICES")
+    if config.data.on_bad_image == "skip":
+        raise KdmlError("data.on_bad_image=skip would leave the processes' batches unequal; "
+                        "use error under torchrun")
+    if not draws_batches:  # PCA, fitted on the whole split: data.batch_size sizes nothing
+        return
     if config.data.batch_size % world.size:
         raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
                         f"split evenly over the {world.size} processes")
@@ -73,9 +80,6 @@ def check_distributed(config: RunConfig, world: World, device: torch.device) -> 
         raise KdmlError(f"data.batch_size={config.data.batch_size} gives each of the "
                         f"{world.size} processes one sample; each needs at least 2, as a single "
                         f"process does: set data.batch_size to {2 * world.size} or more")
-    if config.data.on_bad_image == "skip":
-        raise KdmlError("data.on_bad_image=skip would leave the processes' batches unequal; "
-                        "use error under torchrun")
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False,

@@ -348,7 +348,7 @@ def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
     the data (and its test part), the method on the device, its input pipeline and its
     optimiser and schedule."""
     device = resolve_device(distributed.device_for(config.train.device))
-    check_distributed(config, world, device)
+    check_distributed(config, world, device, get_recipe(config.recipe).draws_batches)
     splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
     if not config.eval.ks:
         config.eval.ks = list(splits.eval_ks)

@@ -27,3 +27,6 @@ class Recipe:
     # whether its paper starts an ImageNet backbone from ImageNet weights (model.weights); the
     # SimCLR recipes train theirs from scratch
     pretrained: bool = True
+    # whether it trains on batches (data.batch_size); a method fitted in closed form on the
+    # whole split (PCA: Method.needs_fit) draws none
+    draws_batches: bool = True

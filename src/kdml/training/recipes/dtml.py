@@ -421,5 +421,5 @@ RECIPES = (
     Recipe("ddml-logistic", "DDML (CVPR 2014): pairwise generalized logistic loss, source only",
            DDMLLogisticParams, _build_ddml_logistic, DTML_DEFAULTS, DTML_SIZES),
     Recipe("pca", "Euclidean baseline: PCA fitted on the source, no training", PCAParams,
-           _build_pca, DTML_DEFAULTS, "method.pca_dim"),
+           _build_pca, DTML_DEFAULTS, "method.pca_dim", draws_batches=False),
 )
