@@ -8,6 +8,8 @@ samples, class centre + noise), evaluated side by side by:
 * ``faiss``       bare faiss IndexFlatIP add + search of the top 101, one call
 * ``torch_topk``  chunked torch matmul + topk of the top 101: the alternative k-NN backend
 * ``nmi``         kdml's k-means NMI alone (11,316 clusters: slow)
+* ``seeding``     its k-means++ seeding alone, of ``--seeding-centres`` centres (default
+                  all: slow; a few hundred time its cost per centre)
 * ``pml``         pytorch-metric-learning AccuracyCalculator(k="max_bin_count")
 
 Each stage runs in a fresh spawned process that loads the embeddings from disk, then
@@ -45,7 +47,7 @@ from machine import machine_description  # sibling module: scripts run as benchm
 from measure import busy_cpu_seconds, cpu_seconds, proc_status_kib, reset_peak_rss
 
 from kdml.evaluation import knn_search, retrieval_metrics
-from kdml.evaluation.clustering import clustering_nmi
+from kdml.evaluation.clustering import clustering_nmi, kmeans_plus_plus
 
 RETRIEVAL_KS = (1, 10, 100)
 FAST_STAGES = ("faiss", "kdml", "knn_search", "torch_topk")  # repeated; nmi and pml run once
@@ -67,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--torch-chunk-size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each fast stage")
     parser.add_argument("--nmi-niter", type=int, default=20, help="k-means iterations")
+    parser.add_argument("--seeding-centres", type=int, default=0,
+                        help="centres the seeding stage draws (0: one per class)")
     parser.add_argument("--skip-nmi", action="store_true")
     parser.add_argument("--skip-pml", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
@@ -74,8 +78,9 @@ def parse_args() -> argparse.Namespace:
         "--stages",
         nargs="+",
         choices=list(STAGES),
-        default=list(STAGES),
-        help="stages to run (default: all); faiss always runs, as the reference time",
+        default=[name for name in STAGES if name != "seeding"],
+        help="stages to run (default: all but seeding, which the nmi stage includes); faiss "
+        "always runs, as the reference time",
     )
     return parser.parse_args()
 
@@ -164,6 +169,14 @@ def stage_nmi(x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> dict[st
     return {"nmi": clustering_nmi(x, y, metric="cosine", niter=args.nmi_niter)}
 
 
+def stage_seeding(x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+    """The k-means++ seeding of the NMI stage's k-means, on the same centred rows."""
+    centres = args.seeding_centres or len(np.unique(y))
+    centred = (x - x.mean(axis=0, dtype=np.float64)).astype(np.float32)
+    kmeans_plus_plus(centred, centres, np.random.default_rng(args.seed))
+    return {"centres": centres}
+
+
 def stage_pml(x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
@@ -181,6 +194,7 @@ STAGES: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
     "faiss": (f"bare faiss IndexFlatIP add + search, k={TOP_K}", stage_faiss),
     "torch_topk": (f"torch matmul + topk, k={TOP_K}, chunks", stage_torch_topk),
     "nmi": ("kdml k-means NMI alone", stage_nmi),
+    "seeding": ("kdml k-means++ seeding alone", stage_seeding),
     "pml": ('PML AccuracyCalculator(k="max_bin_count")', stage_pml),
 }
 
@@ -259,7 +273,7 @@ def main() -> None:
     # Fast stages run in rounds, faiss next to kdml and the order reversed every other
     # round, so that drifting machine load hits them alike; slow stages run once.
     fast = [name for name in FAST_STAGES if name in chosen]
-    slow = [name for name in ("nmi", "pml") if name in chosen]
+    slow = [name for name in ("nmi", "seeding", "pml") if name in chosen]
     rounds = [fast if r % 2 == 0 else fast[::-1] for r in range(args.repeats)]
 
     embeddings, labels, class_sizes = make_embeddings(args)

@@ -146,3 +146,20 @@ def test_clustering_nmi_refuses_a_count_of_iterations_that_is_not_one_or_more(ni
     x = np.random.default_rng(0).standard_normal((20, 3)).astype(np.float32)
     with pytest.raises(KdmlError, match=f"niter must be a positive integer, got {niter}"):
         clustering_nmi(x, np.arange(20) % 2, niter=niter)
+
+
+def test_k_means_plus_plus_distances_are_those_of_the_whole_array_at_once():
+    """The seeding's squared distances, taken in blocks of rows to stay in the CPU's cache,
+    are bit for bit those of the whole (N, D) array at once, across block edges, and the float64
+    literal's to float32 rounding."""
+    from kdml.evaluation.clustering import SQUARED_DISTANCE_ROWS, _squared_distances
+
+    rng = np.random.default_rng(0)
+    vectors = (rng.standard_normal((2 * SQUARED_DISTANCE_ROWS + 5, 9)) * 30).astype(np.float32)
+    for centre in (vectors[0], vectors[-1], np.zeros(9, dtype=np.float32)):
+        got = _squared_distances(vectors, centre)
+        assert np.array_equal(got, ((vectors - centre) ** 2).sum(axis=1, dtype=np.float64))
+        literal = [sum((float(a) - float(b)) ** 2 for a, b in zip(row, centre, strict=True))
+                   for row in vectors[::97]]
+        assert np.allclose(got[::97], literal, rtol=1e-6, atol=1e-3)
+
