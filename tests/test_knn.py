@@ -202,25 +202,35 @@ def test_values_near_the_dtype_s_limit_are_searched_without_a_shift(dtype, large
     assert torch.isfinite(on_torch).all()
 
 
-def test_the_torch_search_multiplies_in_full_float32_and_restores_the_setting(monkeypatch):
-    """Under TF32 (``set_float32_matmul_precision("high")``, common on GPUs) the products
-    would carry errors far beyond the tie tolerance; the search asks for "highest" around its
-    matmul and gives the caller's setting back."""
+@pytest.mark.parametrize("caller", ["none", "bf16"])
+def test_the_torch_search_multiplies_in_full_float32_and_restores_the_setting(caller):
+    """Under TF32 or bf16 products (common on GPUs) the scores would carry errors far beyond
+    the tie tolerance: the search sets its device's backend to "ieee" around its matmul and
+    gives the caller's setting back. Through torch's global set_float32_matmul_precision it
+    had raised where the caller used the per-backend API (PyTorch's advice), and left "none"
+    as "ieee"."""
+    from torch.overrides import TorchFunctionMode
+
     from kdml.evaluation import knn
 
-    calls = []
-    original = torch.set_float32_matmul_precision
-    monkeypatch.setattr(torch, "set_float32_matmul_precision",
-                        lambda value: (calls.append(value), original(value)))
-    before = torch.get_float32_matmul_precision()
-    original("high")
+    backend = torch.backends.mkldnn.matmul  # the CPU's
+    seen = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in ("matmul", "__matmul__"):
+                seen.append(backend.fp32_precision)
+            return func(*args, **(kwargs or {}))
+
+    before = backend.fp32_precision
+    backend.fp32_precision = caller
     try:
         queries = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
-        knn._torch_search(queries, queries, 2, "euclidean")
-        assert calls == ["highest", "high"]
-        assert torch.get_float32_matmul_precision() == "high"
+        with Spy():
+            knn._torch_search(queries, queries, 2, "euclidean")
+        assert seen == ["ieee"] and backend.fp32_precision == caller
     finally:
-        original(before)
+        backend.fp32_precision = before
 
 
 def test_queries_and_reference_of_two_float_dtypes_are_searched_as_one():

@@ -381,14 +381,20 @@ def _torch_search(queries: torch.Tensor, reference: torch.Tensor, k: int,
                   metric: str) -> tuple[np.ndarray, np.ndarray]:
     """faiss's results with torch: inner products (descending) or squared L2 distances
     (ascending, as ``|q|^2 + |r|^2 - 2 q.r``), float32, top ``k`` of each row. In full float32
-    whatever ``torch.set_float32_matmul_precision`` says: TF32's 10-bit products would put
-    errors far beyond the tie tolerance, which the float64 re-scoring could not repair."""
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+    whatever the caller's matmul precision says: TF32's (or bf16's) products would put errors
+    far beyond the tie tolerance, which the float64 re-scoring could not repair."""
+    # The device's own backend setting, set and put back: torch's global
+    # set_float32_matmul_precision had raised where the caller used the per-backend API
+    # (torch.backends.cuda.matmul.fp32_precision = "tf32", PyTorch's advice), and had left
+    # both backends at "ieee" after it, where "none" lets torch.backends.fp32_precision rule.
+    backends: Any = torch.backends  # the stubs lack mkldnn.matmul
+    backend = (backends.cuda if queries.device.type == "cuda" else backends.mkldnn).matmul
+    previous = backend.fp32_precision
+    backend.fp32_precision = "ieee"
     try:
         products = queries @ reference.T
     finally:
-        torch.set_float32_matmul_precision(previous)
+        backend.fp32_precision = previous
     if metric == "cosine":
         scores, indices = products.topk(k, dim=1)
     else:
