@@ -296,6 +296,18 @@ def test_active_share_counts_each_samples_on_units_weighted_by_membership(head_i
     assert torch.equal(projection, heads(coords, q)) and torch.equal(same_share, share)
 
 
+def test_active_share_of_bfloat16_memberships_is_taken_in_float32():
+    """Under bf16 autocast the memberships are bfloat16: the share had been averaged in
+    bfloat16 too (0.49806 for 0.49906), though only logged."""
+    from kdml.models.atlas_heads import _active_share_of
+
+    preactivations = torch.randn(256, 1, 512, generator=torch.Generator().manual_seed(0))
+    ones = torch.ones(256, 1)
+    share = _active_share_of(preactivations, ones.bfloat16())
+    assert share.dtype == torch.float32
+    assert share.item() == _active_share_of(preactivations, ones).item()
+
+
 def test_a_head_whose_units_are_all_off_gives_chance_nt_xent():
     """The failure the active share shows: no bias, sigmoid coordinates >= 0 and negative
     weights switch every unit off, every projection is 0 and NT-Xent is ln(2B - 1)."""

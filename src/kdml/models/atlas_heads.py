@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from kdml.atlas import ChartOutputs
 from kdml.checks import check_float_inputs, check_tensor_inputs, is_positive_int
 from kdml.errors import KdmlError
+from kdml.precision import upcast
 
 __all__ = ["PROJECTION_INPUTS", "AtlasHead", "ProjectionHeads"]
 
@@ -194,6 +195,7 @@ class ProjectionHeads(nn.Module):
 
 def _active_share_of(preactivations: Tensor, q: Tensor) -> Tensor:
     """:meth:`ProjectionHeads.active_share` from the heads' pre-activations [B, n, h]."""
-    with torch.no_grad():
+    with torch.no_grad():  # at least float32: a bf16 q under autocast had rounded the share
+        q = upcast(q)
         active = (preactivations > 0).to(q.dtype).mean(dim=2)
         return (q * active).sum(dim=1).mean()

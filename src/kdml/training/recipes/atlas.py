@@ -58,7 +58,7 @@ from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHead
 from kdml.models.backbones import feature_size_of, pooled_features
 from kdml.models.heads import EmbeddingHead
 from kdml.models.method import Method, StepOutput, detached
-from kdml.precision import full_precision
+from kdml.precision import full_precision, upcast
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
 from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
@@ -332,7 +332,7 @@ class MTripletMethod(_AtlasMethod):
         chart = self.chart_loss(q)
         loss = triplet + self.lambda1 * mmd + self.lambda2 * chart
         terms = detached(loss=loss, triplet=triplet, mmd=mmd, chart=chart,
-                         q_max=q.max(dim=1).values.mean(), **stats)
+                         q_max=upcast(q.max(dim=1).values).mean(), **stats)
         return StepOutput(loss, terms, atlas_embedding(outputs))
 
 
@@ -463,7 +463,7 @@ class MSimCLRMethod(_AtlasMethod):
         chart = self.chart_loss(q)
         loss = nt_xent + self.lambda1 * mmd + self.lambda2 * chart
         terms = detached(loss=loss, nt_xent=nt_xent, mmd=mmd, chart=chart,
-                         q_max=q.max(dim=1).values.mean(),
+                         q_max=upcast(q.max(dim=1).values).mean(),
                          head_active=head_active)
         return StepOutput(loss, terms, None)  # the views are not the batch: no embeddings
 
