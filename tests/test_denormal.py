@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
 
 from kdml import cli
-from kdml.training.denormal import SUBNORMAL, flushes_denormals, flushing_denormals
+from kdml.training.denormal import (
+    SUBNORMAL,
+    flushes_denormals,
+    flushing_denormals,
+)
+
+PARTIAL = "train.flush_denormal=true reaches this process's main thread only"
 
 
 @pytest.fixture(autouse=True)
@@ -36,14 +45,50 @@ def test_the_block_flushes_and_the_mode_before_comes_back(before):
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush subnormal floats (no SSE3 / FZ)")
     torch.set_flush_denormal(before)
-    with flushing_denormals(True, echo=pytest.fail):
+    said = []  # the pytest process's worker threads may predate the mode: said so, if so
+    with flushing_denormals(True, echo=said.append):
         assert flushes_denormals()
+    assert all(line.startswith(PARTIAL) for line in said)
     assert flushes_denormals() == before
     with pytest.raises(RuntimeError, match="inside"), flushing_denormals(True):
         raise RuntimeError("inside")
     assert flushes_denormals() == before  # restored after an error too
     with flushing_denormals(False, echo=pytest.fail):
         assert flushes_denormals() == before  # off: the mode is left alone
+
+
+WORKERS_FIRST = """
+import torch
+from kdml.training.denormal import SUBNORMAL, flushing_denormals, unflushed_share
+torch.set_num_threads(2)
+torch.full((1 << 21,), SUBNORMAL) * 1.0  # torch's workers start, not flushing
+if not torch.set_flush_denormal(True):
+    print("cannot flush")
+else:
+    torch.set_flush_denormal(False)
+    with flushing_denormals(True):
+        print(f"share {unflushed_share():.2f}")
+"""
+
+
+def test_worker_threads_started_before_the_mode_are_said_to_keep_subnormals():
+    """torch.set_flush_denormal sets the calling thread's mode: worker threads already running
+    (a grid's later cells, a library caller) kept subnormal floats in their share of every
+    parallel computation, without a word, while the docs said "per process". In a process of
+    its own (workers never started before the mode: their mode is not resettable after)."""
+    result = subprocess.run([sys.executable, "-c", WORKERS_FIRST], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr
+    if result.stdout == "cannot flush\n":
+        pytest.skip("this CPU cannot flush subnormal floats (no SSE3 / FZ)")
+    *said, share = result.stdout.splitlines()
+    if share == "share 0.00":  # an OpenMP that hands the mode on to its workers: all flushed
+        assert said == []
+        return
+    assert share == "share 0.50"  # the main thread's half of the product flushed, not the rest
+    assert said == [f"{PARTIAL}: torch's worker threads, started before it, keep subnormal "
+                    "floats (a share 0.50 of a parallel product's); train the run in a process "
+                    "of its own (kdml train) for all of them"]
 
 
 def test_a_cpu_that_cannot_flush_says_so_and_runs_the_block(monkeypatch):
