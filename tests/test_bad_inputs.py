@@ -327,6 +327,24 @@ def test_a_watch_read_every_few_steps_names_the_first_non_finite_step_and_its_te
         watch.check(epoch=1)
 
 
+def test_a_float16_overflow_is_named_as_such(tmp_path, capsys):
+    """Features of size 1e5, beyond float16's 65504, overflow at the first step under fp16,
+    before any update: the error had told to lower the learning rates, which cannot help."""
+    rng = np.random.default_rng(0)
+    features = (rng.standard_normal((400, 16)) * 1e5).astype(np.float32)
+    np.savez(tmp_path / "big.npz", X=features, y=np.tile(np.arange(10), 40),
+             domain=np.repeat(["source", "target"], 200))
+    assert cli.main(["train", "dtml", "--dataset", f"npz:{tmp_path / 'big.npz'}", "--out",
+                     str(tmp_path / "run"), "--no-progress", "train.epochs=1",
+                     "train.steps_per_epoch=2", "train.precision=fp16", "train.device=cpu",
+                     "data.batch_size=100", "data.samples_per_class=10"]) == 2
+    err = capsys.readouterr().err
+    assert "became NaN or infinite at epoch 1, step 1" in err and err.endswith(
+        "Under train.precision=fp16 a value beyond float16's range (65504) overflows too: train "
+        "with train.precision=bf16 or fp32, or lower the learning rates or the regularizer "
+        "weight and train again\n")
+
+
 # ----------------------------------------------------------------------------- one line
 
 

@@ -23,10 +23,12 @@ class NonFiniteWatch:
 
     Args:
         check_every: steps between reads (1 on the CPU, where a read costs nothing).
+        precision: ``train.precision``; under ``fp16`` the advice names float16's range.
     """
 
-    def __init__(self, check_every: int) -> None:
+    def __init__(self, check_every: int, precision: str = "fp32") -> None:
         self.check_every = check_every
+        self.precision = precision
         self.names: list[str] = []
         self.first_step: Tensor | None = None  # -1 until a step goes non-finite
         self.first_bad: Tensor | None = None  # [T] bool: which terms were non-finite then
@@ -55,8 +57,9 @@ class NonFiniteWatch:
         bad = [name for name, is_bad in zip(self.names, self.first_bad.tolist(), strict=True)
                if is_bad]
         culprit = next((name for name in bad if name != "loss"), bad[0])
+        advice = FLOAT16_ADVICE if self.precision == "fp16" else ADVICE
         raise NonFiniteLoss(f"training stopped: the {culprit!r} term became NaN or infinite at "
-                            f"epoch {epoch}, step {step + 1}; {kept_checkpoint(epoch)}. {ADVICE}")
+                            f"epoch {epoch}, step {step + 1}; {kept_checkpoint(epoch)}. {advice}")
 
     @staticmethod
     def check_weights(state: Iterable[Tensor], epoch: int, steps: int) -> None:
@@ -72,6 +75,11 @@ class NonFiniteWatch:
 
 
 ADVICE = "Lower the learning rates or the regularizer weight and train again"
+# float16 ends at 65504: inputs or activations beyond it overflow from the first step, before
+# any update a lower learning rate could change (features of size 1e5 had been told to)
+FLOAT16_ADVICE = ("Under train.precision=fp16 a value beyond float16's range (65504) overflows "
+                  "too: train with train.precision=bf16 or fp32, or lower the learning rates "
+                  "or the regularizer weight and train again")
 
 
 def kept_checkpoint(epoch: int) -> str:

@@ -665,7 +665,8 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     if config.model.freeze_bn:
         freeze_batchnorm(method)
     sums: dict[str, torch.Tensor] = {}
-    watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY)
+    watch = NonFiniteWatch(1 if device.type == "cpu" else NONFINITE_CHECK_EVERY,
+                           config.train.precision)
     steps = 0
     bar = tqdm(session.batches.epoch(epoch), total=len(session.batches), desc=f"epoch {epoch}",
                leave=False, disable=bar_disabled(progress, session.world.is_main))
