@@ -52,6 +52,7 @@ def main() -> None:
                             overrides=[f"data.dataset={args.dataset}", "train.device=cpu",
                                        *args.overrides])
     splits = prepare_data(config.data)
+    torch.manual_seed(0)  # the embedding model's initial weights, the same at every rerun
     method = build_method(config, splits, pretrained=False).eval()
     pipeline = build_pipeline(config, splits.train, method)
     device = torch.device("cpu")
@@ -70,8 +71,10 @@ def main() -> None:
             torch.manual_seed(0)
             backbone = build_backbone(config.model.backbone,
                                       model_input_shape(config, splits.train))
+            # the overrides reach the timed step's model too (it had the recipe's defaults)
             step = training_step(args.recipe, backbone, images, labels,
-                                 len(splits.train_classes), precision=precision)
+                                 len(splits.train_classes), overrides=args.overrides,
+                                 precision=precision)
             step()  # Adam's state is made here
             start = time.perf_counter()
             for _ in range(args.steps):

@@ -343,6 +343,7 @@ def memory_epoch(folder: str, count: int, workers: int, args: argparse.Namespace
 
     torch.set_num_threads(available_cores())
     dataset = first_images(Path(folder), count).resized(args.resize)
+    torch.manual_seed(args.seed)  # the model's initial weights, the same at every rerun
     model = SmallCNN(3, args.crop).eval()
     pipeline = InputPipeline(crop_size=args.crop)
     sampler = ShuffledBatches(len(dataset), args.batch_size, args.seed)

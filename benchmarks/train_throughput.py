@@ -71,6 +71,7 @@ def recipe_step(name: str, args: argparse.Namespace, device: torch.device,
     labels = torch.arange(args.batch, device=device) % args.classes
     if args.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
+    torch.manual_seed(0)  # the initial weights, the same at every rerun
     return training_step(name, build_backbone(args.backbone, (3, args.size, args.size)), images,
                          labels, args.classes, [f"model.embedding_size={args.embedding}"],
                          precision, args.channels_last, args.compile)

@@ -8,6 +8,7 @@ the probe of neurve's codes, against a package with neurve's module and class na
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -187,6 +188,11 @@ def test_the_split_hands_neurve_uint8_images_and_the_dataset_s_labels(script):
     assert sorted(set(labels.tolist())) == sorted(set(parts["test"][1].tolist()))
     first = script.LabelledImages(images, labels)[0]
     assert first[0].mode == "L" and np.array_equal(np.asarray(first[0]), images[0, 0].numpy())
+    # where the dataset's classes are not 0..C-1 (here mnist5k's renumbered by 10), neurve
+    # gets them, not kdml's remapping (on mnist5k's classes the two are the same)
+    renamed = dataclasses.replace(splits, train_classes=[c + 10 for c in splits.train_classes])
+    _, renamed_labels = script.split_images(renamed)["train"]
+    assert np.array_equal(renamed_labels, labels + 10)
 
 
 def test_the_probe_reads_the_argmax_chart_s_coordinates(script):
