@@ -458,7 +458,10 @@ def test_resume_with_a_checkpoint_of_another_recipe_or_shape(tmp_path, capsys, f
                      "model.embedding_size=16"]) == 0
     (other / "checkpoints" / "last.pt").write_bytes(
         (finished_run / "checkpoints" / "last.pt").read_bytes())
-    assert "does not match" in refused(tmp_path, capsys, "train", "--resume", other)
+    # its config records the model it fits: the setting that differs is named
+    err = refused(tmp_path, capsys, "train", "--resume", other)
+    assert "does not fit the run's config" in err and "model.embedding_size 8 -> 16" in err
+    assert err.endswith("or the checkpoint belongs to another run")
     triplet = tmp_path / "triplet"
     assert cli.main(["train", "triplet", "--dataset", "digits", "--out", str(triplet),
                      *TINY]) == 0

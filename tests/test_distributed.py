@@ -501,8 +501,8 @@ def test_a_machine_with_fewer_gpus_than_processes_is_named_by_the_processes_with
     assert cli.main(["train", "jrd", "--dataset", "digits", "--no-progress"]) == 2
     assert capsys.readouterr().err == (
         "kdml: error: rank 1: torchrun started 2 processes on this machine, which has 1 "
-        "visible GPU, and each process trains on its own GPU: give torchrun --nproc_per_node "
-        "1 (or train.device=cpu)\n")
+        "visible GPU, and each process trains on its own GPU: start at most 1 per machine "
+        "(torchrun's nproc_per_node), or give train.device=cpu\n")
 
 
 def test_sharded_kernels_are_refused_for_a_recipe_without_jrs():

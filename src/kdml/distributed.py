@@ -98,8 +98,9 @@ def device_for(name: str) -> str:
             gpus = f"{count} visible GPU{'' if count == 1 else 's'}"
             local = processes_on_this_machine(int(os.environ.get("WORLD_SIZE", "1")))
             raise LocalError(f"torchrun started {local} processes on this machine, which has "
-                             f"{gpus}, and each process trains on its own GPU: give torchrun "
-                             f"--nproc_per_node {count} (or train.device=cpu)")
+                             f"{gpus}, and each process trains on its own GPU: start at most "
+                             f"{count} per machine (torchrun's nproc_per_node), or give "
+                             "train.device=cpu")
         return f"cuda:{local_rank}"
     return name
 
