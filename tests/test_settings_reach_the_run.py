@@ -218,3 +218,35 @@ def test_a_class_of_exactly_m_samples_gives_all_of_them_without_repeats():
         sampler.set_epoch(epoch)
         for batch in sampler:
             assert len(set(batch)) == 8
+
+
+def test_freeze_bn_keeps_the_batchnorm_statistics_through_training():
+    """model.freeze_bn (the JRD recipes) reaches training: its BatchNorm running statistics stay
+    at their start while the weights train. Skipping the freeze had passed every test."""
+    from kdml.training.trainer import Session, train_one_epoch
+    config = config_of("amsoftmax", "model.freeze_bn=true", "data.batch_size=20",
+                       "train.steps_per_epoch=2", "data.num_workers=0")
+    session = Session.build(config, echo=lambda line: None)
+    before = {k: v.clone() for k, v in session.method.state_dict().items()}
+    train_one_epoch(session, 1, progress=False)
+    state = session.method.state_dict()
+    statistics = [k for k in state if k.endswith(("running_mean", "running_var",
+                                                  "num_batches_tracked"))]
+    assert statistics
+    assert all(torch.equal(state[k], before[k]) for k in statistics)
+    assert any(not torch.equal(state[k], before[k]) for k in state if k.endswith(".weight"))
+
+
+def test_sgd_takes_plain_gradient_steps():
+    """optim.name=sgd is "plain gradient steps, as in DTML": no momentum. Two steps of gradient 1
+    at lr 0.1 move a weight by 0.2 (with momentum 0.9, 0.29); that had passed every test."""
+    from kdml.training.build import build_optimizer
+    config = config_of("amsoftmax", "optim.name=sgd", "optim.lr=0.1")
+    optimizer, _ = build_optimizer(method_of(config), config)
+    weight = optimizer.param_groups[0]["params"][0]
+    start = weight.detach().clone()
+    for _ in range(2):
+        optimizer.zero_grad()
+        weight.grad = torch.ones_like(weight)
+        optimizer.step()
+    assert torch.allclose(start - weight.detach(), torch.full_like(start, 0.2))
