@@ -560,6 +560,11 @@ def test_a_batch_of_unreadable_images_alone_is_skipped_whole(tmp_path):
     loader = batch_loader(dataset, [[2], [0, 1], [2, 2]], num_workers=0)
     kept = list(readable_batches(loader, dataset, "skip"))
     assert [batch.indices.tolist() for batch in kept] == [[0, 1]]
+    # training's batches need 2 samples (BatchNorm): one left with a single readable image
+    # goes too (it had reached an MLP's BatchNorm, which stopped with torch's traceback)
+    loader = batch_loader(dataset, [[0, 2], [0, 1], [1, 2, 2]], num_workers=0)
+    kept = list(readable_batches(loader, dataset, "skip", min_size=2))
+    assert [batch.indices.tolist() for batch in kept] == [[0, 1]]
 
 
 def test_automatic_workers_are_one_per_core_at_most_eight(monkeypatch):
@@ -571,6 +576,28 @@ def test_automatic_workers_are_one_per_core_at_most_eight(monkeypatch):
     assert resolve_num_workers(12, files) == 12  # a count that is set is taken as it is
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert resolve_num_workers(-1, files) == 3
+
+
+def test_training_skips_a_batch_left_with_one_readable_image(tmp_path):
+    """data.on_bad_image=skip with batches of 2: a batch of one readable and one unreadable
+    image had reached the MLP's BatchNorm with a single sample, which stopped the run with
+    torch's "Expected more than 1 value per channel" traceback."""
+    from kdml import cli
+
+    rng = np.random.default_rng(0)
+    for label in range(4):
+        folder = tmp_path / "photos" / f"class{label}"
+        folder.mkdir(parents=True)
+        for index in range(4):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(
+                folder / f"ok{index}.png")
+            (folder / f"bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    assert cli.main(["train", "amsoftmax", "--dataset", f"folder:{tmp_path / 'photos'}",
+                     "--out", str(tmp_path / "run"), "--no-progress", "train.device=cpu",
+                     "model.embedding_size=8", "eval.nmi=false", "data.batch_size=2",
+                     "data.on_bad_image=skip", "data.resize=16",
+                     "data.image_size=16", "model.backbone=mlp", "train.epochs=1",
+                     "data.num_workers=0", "eval.ks=[1]"]) == 0
 
 
 def test_a_skipped_image_is_logged_once_for_all_epochs(tmp_path, caplog):

@@ -121,11 +121,13 @@ def first_line(text: str) -> str:
 
 
 def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image: str,
-                     logged: set[str] | None = None) -> Iterator[Batch]:
+                     logged: set[str] | None = None, min_size: int = 1) -> Iterator[Batch]:
     """``batches`` with undecodable images handled as ``data.on_bad_image`` says.
 
     ``"error"`` stops with a one-line error naming the file; ``"skip"`` drops those samples
-    from their batch and drops batches left empty, logging each file once: once in
+    from their batch and drops batches left with fewer than ``min_size`` samples (2 for
+    training, whose BatchNorm layers cannot normalise one sample: a batch of 2 with one
+    unreadable image had stopped with torch's traceback), logging each file once: once in
     ``batches``, or once for all the calls that share ``logged`` (a training run's epochs,
     which draw a file again and again).
     """
@@ -149,7 +151,7 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image
                     logged.add(source)
                     logger.warning("skipping unreadable image %s", source)
             batch = Batch(*(field[~batch.unreadable] for field in batch))
-            if not len(batch.labels):
+            if len(batch.labels) < min_size:
                 continue
         yield batch
 

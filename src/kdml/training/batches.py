@@ -94,7 +94,7 @@ class TrainingBatches:
     def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
         self.sampler.set_epoch(epoch)
         source = readable_batches(self.loader, self.dataset, self.on_bad_image,
-                                  self.skipped_logged)
+                                  self.skipped_logged, min_size=2)
         if self.target_loader is None or self.target_sampler is None:
             pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
         else:
