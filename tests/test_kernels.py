@@ -217,6 +217,19 @@ def test_laplace_matches_loops(x, y):
     torch.testing.assert_close(LaplaceKernel(bandwidth=1.3)(x, y), expected_fixed)
 
 
+def test_laplace_cross_batch_floor_is_the_l1_one_over_the_concatenation():
+    """Two batches of nearly equal points far from the origin: k(x, y)'s bandwidth is floored at
+    resolution_floor([x; y], power=1), as k([x; y])'s is, so they agree and stay near 1. The
+    squared-distance floor (power=2) there gave about 0.4 and had passed every test."""
+    generator = torch.Generator().manual_seed(0)
+    base = torch.full((4, 8), 1000.0, dtype=torch.float64)
+    x = base + 1e-9 * torch.randn(4, 8, dtype=torch.float64, generator=generator)
+    y = base + 1e-9 * torch.randn(4, 8, dtype=torch.float64, generator=generator)
+    cross = LaplaceKernel()(x, y)
+    torch.testing.assert_close(cross, LaplaceKernel()(torch.cat([x, y]))[:4, 4:])
+    assert cross.min() > 0.99
+
+
 @pytest.mark.parametrize(("degree", "bias"), [(2, 1.0), (5, 1.0), (3, 0.0)])
 def test_polynomial_matches_loops(x, y, degree, bias):
     expected = loop_matrix(x.tolist(), y.tolist(), lambda a, b: (dot(a, b) + bias) ** degree)
