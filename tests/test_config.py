@@ -303,3 +303,28 @@ def test_a_config_write_cut_short_leaves_no_truncated_config_yaml(tmp_path, monk
         save_config(config, tmp_path / "config.yaml")
     assert error.value.filename == str(tmp_path / "config.yaml")  # one line from the CLI
     assert list(tmp_path.iterdir()) == []  # neither a truncated file nor a partial one
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("optim.lr_decay=1.5", "optim.lr_decay must be in (0, 1]"),  # m07: rates that grow
+    ("optim.lr_milestones=[2,2]", "optim.lr_milestones must be increasing"),  # m08: /100 at 2
+    ("optim.head_lr=1e35", "must be at most 1e+30"),  # m09: a collapsed run
+    ("train.seed=18446744073709551616", "train.seed must be from 0 to 2**63 - 1"),  # m14
+    ("optim.lr=true", "optim.lr=True has the wrong type; expected float"),  # m05: lr 1.0
+    ("train.epochs=true", "train.epochs=True has the wrong type; expected int"),  # m13
+    ("data.batch_size=1", "data.batch_size must be at least 2"),  # m01
+])
+def test_values_each_refusal_of_the_config_reaches(override, message):
+    """Values no test had given, so that removing their refusal (a mutation audit) passed every
+    test: each is refused in one line naming its setting."""
+    with pytest.raises(KdmlError) as error:
+        resolve(override)
+    text = str(error.value)
+    assert "\n" not in text and override.split("=")[0] in text and message in text
+
+
+@pytest.mark.parametrize("quoted", ["'photos\"", "\"photos'"])
+def test_unmatched_quotes_in_an_override_are_kept_as_written(quoted):
+    """Only a matched pair of quotes is YAML's string: data.root='photos" keeps its text (it had
+    become photos, with no test to tell)."""
+    assert resolve(f"data.root={quoted}").data.root == quoted
