@@ -1236,3 +1236,78 @@ def test_an_unknown_key_in_a_run_s_config_yaml_names_the_file(tmp_path, tiny_ove
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith(
         f"kdml: error: {config}: unknown config key 'train.foo' for recipe 'amsoftmax'")
+
+
+@pytest.fixture(scope="module")
+def stopped_on_an_unscored_epoch(tmp_path_factory):
+    """A run that train.tolerance stops after epoch 2, an epoch train.eval_every=5 does not
+    score; epoch 1 is not scored either."""
+    out = tmp_path_factory.mktemp("unscored") / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "data.batch_size=20", "train.steps_per_epoch=2", "train.epochs=5",
+                     "train.eval_every=5", "train.tolerance=1e9"]) == 0
+    return out
+
+
+def test_the_epoch_a_tolerance_stop_ends_on_is_scored(stopped_on_an_unscored_epoch):
+    """The epoch training ends with is scored, also when train.tolerance ends it on an epoch
+    eval_every skips; a run that then ended with `final: {}` had passed every test."""
+    metrics = json.loads((stopped_on_an_unscored_epoch / "metrics.json").read_text())
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
+    assert "recall@1" in metrics["final"]
+    assert "test/recall@1" in metrics["epochs"][1]
+
+
+def test_metrics_csv_has_the_score_columns_when_epoch_1_is_not_scored(
+        stopped_on_an_unscored_epoch):
+    """metrics.csv's columns are every row's keys, not epoch 1's: taking them from the first
+    row (unscored with eval_every>1) had dropped every score column and passed every test."""
+    metrics = json.loads((stopped_on_an_unscored_epoch / "metrics.json").read_text())
+    lines = (stopped_on_an_unscored_epoch / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert set(header) == {key for row in metrics["epochs"] for key in row}
+    assert "test/recall@1" in header
+    scored = dict(zip(header, lines[2].split(","), strict=True))
+    assert float(scored["test/recall@1"]) == pytest.approx(
+        metrics["epochs"][1]["test/recall@1"], abs=1e-4)
+
+
+def test_the_epoch_loss_is_the_mean_over_the_steps_that_ran(tmp_path):
+    """With data.on_bad_image=skip, batches of only unreadable files are left out: the epoch's
+    train/loss (which train.tolerance reads) is the mean over the steps that ran. Dividing by
+    the number of batches drawn made it silently smaller and had passed every test."""
+    from PIL import Image
+
+    from kdml.config import resolve_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.trainer import Session, train_one_epoch
+
+    generator = torch.Generator().manual_seed(0)
+    for label in range(4):
+        folder = tmp_path / "photos" / f"class{label}"
+        folder.mkdir(parents=True)
+        for index in range(4):
+            pixels = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=generator)
+            Image.fromarray(pixels.numpy()).save(folder / f"ok{index}.png")
+            (folder / f"bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    spec = get_recipe("amsoftmax")
+    config = resolve_config(spec.name, spec.params, spec.defaults, overrides=[
+        f"data.dataset=folder:{tmp_path / 'photos'}", "train.device=cpu",
+        "model.embedding_size=8", "eval.nmi=false", "data.batch_size=2",
+        "data.split=seen-holdout", "data.on_bad_image=skip", "data.resize=16",
+        "data.image_size=16", "model.backbone=identity", "data.num_workers=0", "eval.ks=[1]"])
+    session = Session.build(config, echo=lambda line: None)
+    losses = []
+    session.model.register_forward_hook(
+        lambda module, inputs, output: losses.append(float(output.terms["loss"])))
+    means = train_one_epoch(session, 1, progress=False)
+    assert 0 < len(losses) < len(session.batches)  # some batches were left out
+    assert means["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+
+
+def test_a_change_of_exactly_the_tolerance_does_not_stop_a_run():
+    """DTML's rule stops when |J_k - J_(k-1)| < tolerance, strictly: a change of exactly the
+    tolerance trains on (stopping on it, with <=, had passed every test)."""
+    from kdml.training.trainer import _converged
+    assert not _converged([{"train/loss": 1.0}], {"train/loss": 1.5}, 0.5)
+    assert _converged([{"train/loss": 1.0}], {"train/loss": 1.25}, 0.5)
