@@ -1334,8 +1334,7 @@ def test_unlabelled_target_samples_are_no_class_to_the_analysis_or_the_map(tmp_p
         "unlabelled", "5", "6", "7", "8", "9"]
 
 
-def test_search_refuses_a_data_root_its_run_does_not_read_and_a_missing_device(
-        runs, tmp_path, capsys):
+def test_search_refuses_a_data_root_its_run_does_not_read(runs, tmp_path, capsys):
     """A query of embeddings needs no data, so --data-root had been ignored without a word on
     a digits run, where eval, embed and analyze refuse it."""
     assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
@@ -1346,11 +1345,6 @@ def test_search_refuses_a_data_root_its_run_does_not_read_and_a_missing_device(
     err = capsys.readouterr().err
     assert err.startswith(f"kdml: error: --data-root {tmp_path / 'nowhere'} (data.root) is read "
                           "only by the on-disk formats") and "digits does not use it" in err
-    # --device is refused as every other command refuses it, not only where a model runs
-    bad = "cuda:99" if torch.cuda.is_available() else "cuda"
-    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
-                tmp_path / "q.npz", "--device", bad) == 2
-    assert capsys.readouterr().err.startswith(f"kdml: error: --device {bad} but ")
 
 
 def test_analyze_refuses_overlapping_classes_before_embedding(tmp_path, capsys, monkeypatch):

@@ -208,16 +208,12 @@ def _index(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     from kdml.data.registry import check_root_is_read, relocated
     from kdml.inspection.search import results_as_json, run_without_data, score_name, search
-    from kdml.training.build import resolve_device
     from kdml.training.loading import load_model
 
     def model() -> RunModel:  # images and 'inputs' only: embeddings need no model
         return load_model(args.run_dir, best=args.best, data_root=args.data_root,
                           progress=_progress(args), device=args.device)
 
-    if args.device is not None:  # as for --data-root: refused at once, also where only a
-        # query of embeddings (no model) would have shown it unused
-        resolve_device(args.device, "--device")
     run = run_without_data(args.run_dir, args.best)
     if args.data_root is not None:  # read for image queries only: refused at once where its
         # data reads no root, as eval refuses it, not ignored for a query of embeddings
