@@ -311,3 +311,47 @@ def test_the_grid_marker_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "write_text", real)
     write_marker(tmp_path / "grid", cells, grid)
     assert [path.name for path in (tmp_path / "grid").iterdir()] == [MARKER]
+
+
+@pytest.mark.parametrize(("override", "grid_key"), [("epochs=5", "train.epochs"),
+                                                    ("train.epochs=5", "epochs")])
+def test_an_override_of_a_grid_key_is_refused_dotted_or_as_a_leaf(tmp_path, capsys, override,
+                                                                  grid_key):
+    """epochs=5 beside a grid over train.epochs (or the reverse) would be ignored, the cells'
+    values winning; matching only the same spelling had passed every test."""
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump({"recipe": "amsoftmax", "data": {"dataset": "digits"},
+                                    "grid": {grid_key: [1, 2]}}))
+    assert cli.main(["config", "--config", str(file), override]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"kdml: error: the override {override} sets {grid_key}, over which the config's grid "
+        "runs")
+
+
+def test_a_grid_where_only_some_cells_keep_their_best_compares_last_epochs(tmp_path, capsys,
+                                                                         monkeypatch):
+    """In a grid over train.keep_best, the keep_best=false cell keeps its last epoch: the table
+    compares every cell's last epoch (reporting its best, as when all keep theirs, had passed
+    every test)."""
+    def train(config, run_dir, resume=False, progress=None, **_):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        final = {"recall@1": 0.8, "map@r": 0.1}
+        RunFolder(run_dir).write_metrics([
+            {"epoch": 1, "val/recall@1": 0.9, "val/map@r": 0.2},
+            {"epoch": 2, **{f"val/{key}": value for key, value in final.items()}}],
+            final, "validation")
+        return final
+
+    monkeypatch.setattr(trainer, "train", train)
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump({
+        "recipe": "amsoftmax", "grid": {"train.keep_best": [True, False]},
+        "data": {"dataset": "digits", "batch_size": 12, "validation": 0.4},
+        "train": {"epochs": 2, "steps_per_epoch": 1, "device": "cpu"}, "eval": {"nmi": False}}))
+    assert cli.main(["train", "--config", str(file), "--out", str(tmp_path / "grid"),
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "(train.keep_best)" not in out
+    rows = [line.split() for line in out.splitlines() if line.lstrip().startswith("keep_best=")]
+    assert [row[:2] for row in rows] == [["keep_best=True", "0.8000"],
+                                         ["keep_best=False", "0.8000"]]
