@@ -12,6 +12,7 @@ import torch
 from fixtures_array_sets import make_image_folder
 
 from kdml import cli
+from kdml.config import resolve_config
 from kdml.data.dataset import ArrayDataset
 from kdml.data.sample_spec import FIELD, SampleSpec, holds_pixels
 from kdml.errors import KdmlError
@@ -184,3 +185,43 @@ def test_a_checkpoint_that_does_not_fit_the_record_is_refused(tmp_path):
                        r"and .*data.json \(7 training classes\): .* in the checkpoint and .* in "
                        r"the model; restore the run's files from a copy"):
         load_model(run)
+
+
+def test_a_test_part_plot_of_a_validated_run_does_not_overwrite_its_validation_plot():
+    """plots/NAME-test.png for the test part of a run that validated, apart from the validation
+    part's plots/NAME.png (dropping the suffix, so the two overwrote each other, had passed
+    every test)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from kdml.training.run_folder import RunFolder
+
+    run = RunFolder(Path("run"))
+    config = SimpleNamespace(data=SimpleNamespace(validation=0.2))
+    paths = [TrainedRun.plot_path(SimpleNamespace(run=run, checkpoint=run.checkpoint,
+                                                  config=config,
+                                                  splits=SimpleNamespace(validation=part)),
+                                  "embedding")
+             for part in (["validation samples"], None)]
+    assert paths == [run.plots / "embedding.png", run.plots / "embedding-test.png"]
+
+
+def test_a_stray_data_root_of_an_older_run_is_dropped_not_refused(tmp_path):
+    """A run saved by a kdml from before data.root was refused for a dataset that does not read
+    it (digits) is still read, its root dropped; refusing it (blaming a --data-root the user
+    never gave) had passed every test."""
+    from kdml.config import save_config
+    from kdml.training.loading import run_config
+    from kdml.training.recipes import get_recipe
+    from kdml.training.run_folder import RunFolder
+
+    spec = get_recipe("amsoftmax")
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir()
+    save_config(resolve_config(spec.name, spec.params, spec.defaults,
+                               overrides=["data.dataset=digits"]), run.config)
+    text = run.config.read_text()
+    assert "\n  root: ''\n" in text
+    run.config.write_text(text.replace("\n  root: ''\n", f"\n  root: {tmp_path}\n"))
+    config = run_config(run)
+    assert (config.data.dataset, config.data.root) == ("digits", "")
