@@ -226,3 +226,47 @@ def test_weights_keep_a_small_input_stem_that_the_files_stem_does_not_fit(tmp_pa
     assert torch.equal(small.layer1.weight, imagenet.layer1.weight)
     assert lines == [f"loaded 2 tensors from {tmp_path / 'imagenet.pth'}; kept the "
                      "model.small_input stem as built (conv1.weight)"]
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "bninception"])
+def test_small_input_is_refused_on_a_backbone_without_a_stem(name):
+    """model.small_input swaps a timm or torchvision ResNet's stem: on kdml's own backbones it
+    is refused in one line (ignoring it silently had passed every test)."""
+    with pytest.raises(KdmlError, match=rf"backbone '{name}' has none to swap$"):
+        build_backbone(name, (3, 32, 32), small_input=True)
+
+
+def test_bninception_takes_grayscale_input_as_three_channels():
+    """A 1-channel dataset with bninception is fed as three equal channels (build.py); refusing
+    it as "takes RGB images" had passed every test."""
+    from types import SimpleNamespace
+
+    from kdml.config import resolve_config
+    from kdml.training.build import model_input_shape
+    from kdml.training.recipes import get_recipe
+
+    spec = get_recipe("amsoftmax")
+    config = resolve_config(spec.name, spec.params, spec.defaults,
+                            overrides=["model.backbone=bninception"])
+    shape = model_input_shape(config, SimpleNamespace(sample_shape=(1, 32, 32),
+                                                      is_file_backed=False))
+    assert shape == (3, 32, 32)
+
+
+@pytest.mark.parametrize(("side", "poolings"), [(8, 1), (28, 2), (64, 3)])
+def test_small_cnn_pools_as_its_docstring_says(side, poolings):
+    """SmallCNN halves while the map stays >= 4x4: 8x8 -> 1 pooling, 28x28 -> 2, 64x64 -> 3
+    (halving one time fewer, which changes the default MNIST network, had passed every test)."""
+    from kdml.models.backbones import SmallCNN
+    net = SmallCNN(1, side)
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in net.modules()) == poolings
+
+
+def test_conv1d_net_pools_between_its_blocks_only():
+    """Conv1dNet (MNIST-1D, length 40) pools between its blocks, not after the last: 2 poolings,
+    a length of 10 before the global pooling (pooling after every block had passed every
+    test)."""
+    from kdml.models.backbones import Conv1dNet
+    net = Conv1dNet()
+    assert sum(isinstance(m, torch.nn.MaxPool1d) for m in net.modules()) == 2
+    assert net.layers[:-2](torch.zeros(2, 1, 40)).shape[-1] == 10
