@@ -179,8 +179,14 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
     monkeypatch.setattr(analysis, "embed_dataset", embed)
     monkeypatch.setattr(analysis, "dataset_labels", lambda splits, found: found)
     monkeypatch.setattr(analysis, "generalization_terms", terms)
+    class Part(str):  # a part named as raw's keys, with its labels for the overlap check
+        labels: torch.Tensor
+
+    train, test = Part("train"), Part("test")
+    train.labels, test.labels = torch.tensor(labels["train"]), torch.tensor(labels["test"])
     trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path), epoch=1, embedder=None,
-                              splits=SimpleNamespace(train="train", test="test", validation=False),
+                              splits=SimpleNamespace(train=train, test=test, validation=False,
+                                                     train_classes=[0, 1, 2, 3]),
                               method=SimpleNamespace(has_charts=has_charts),
                               config=SimpleNamespace(eval=SimpleNamespace(metric=metric)))
     analysis.analyze_generalization(trained, analysis.GeneralizationSettings(repeats=2))

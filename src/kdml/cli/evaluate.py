@@ -88,13 +88,7 @@ def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
 
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from kdml.evaluation.generalization import (
-        check_disjoint_classes,
-        check_scored_counts,
-        distance_note,
-    )
+    from kdml.evaluation.generalization import check_scored_counts, distance_note
     from kdml.inspection.analysis import GeneralizationSettings, analyze_generalization
     from kdml.training.loading import load_run
 
@@ -104,8 +98,6 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     # before minutes of embedding (checked again on the embedded sets)
     check_scored_counts(len(trained.splits.train), len(trained.splits.test),
                         args.labelled_fraction, "--labelled-fraction")
-    check_disjoint_classes(np.asarray(trained.splits.train_classes),
-                           np.asarray(trained.splits.test.labels))
     if trained.splits.validation:
         print(f"kdml: note: this run validated (data.validation): its unseen classes here are "
               f"the validation part ({len(trained.splits.test):,} samples of the classes held "

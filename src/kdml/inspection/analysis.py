@@ -9,10 +9,12 @@ import dataclasses
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from kdml.evaluation.collapse import collapse_warning
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import dataset_labels, embed_dataset
-from kdml.evaluation.generalization import generalization_terms
+from kdml.evaluation.generalization import check_disjoint_classes, generalization_terms
 from kdml.evaluation.knn import l2_normalize
 from kdml.file_write import check_writable_folder
 from kdml.training.loading import TrainedRun
@@ -43,6 +45,8 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     # unlike eval's metrics, these are shown only once written
     check_writable_folder(path.parent, "make the run folder writable")
     splits = trained.splits
+    # before minutes of embedding: a seen-holdout run's or a domain pair's classes are shared
+    check_disjoint_classes(np.asarray(splits.train_classes), splits.test.labels.numpy())
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     unseen = embed_dataset(trained.method, splits.test, trained.embedder)
     # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
