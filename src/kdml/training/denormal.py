@@ -59,11 +59,11 @@ def flushing_denormals(enabled: bool, echo: Callable[[str], None] = print) -> It
     if not torch.set_flush_denormal(True):
         echo("train.flush_denormal=true: this CPU cannot flush subnormal floats to zero; "
              "training with them")
-    elif unflushed_share() > 0:
+    elif (unflushed := unflushed_share()) > 0:
         echo(f"train.flush_denormal=true reaches this process's main thread only: torch's "
              f"worker threads, started before it, keep subnormal floats (a share "
-             f"{unflushed_share():.2f} of a parallel product's); train the run in a process "
-             "of its own (kdml train) for all of them")
+             f"{unflushed:.2f} of a parallel product's); train the run in a process of its own "
+             "(kdml train) for all of them")
     try:
         yield
     finally:
