@@ -94,7 +94,7 @@ def evaluate_untrained(recipe_name: str, overrides: list[str]) -> dict[str, floa
 def evaluate_failing_on_rank_0(recipe_name: str, overrides: list[str], out_dir: str) -> str:
     """``evaluate_method`` when scoring (rank 0's part) raises: each rank writes to
     ``out_dir`` which error it got."""
-    from kdml.errors import KdmlError, QuietExit
+    from kdml.errors import KdmlError
     from kdml.evaluation import evaluator
 
     session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
@@ -103,8 +103,16 @@ def evaluate_failing_on_rank_0(recipe_name: str, overrides: list[str], out_dir: 
         raise KdmlError("scoring failed")
 
     evaluator._score = failing
+    return _outcome_on_this_rank(lambda: evaluate_method(
+        session.method, session.splits, session.config.eval, session.embedder), out_dir)
+
+
+def _outcome_on_this_rank(call: Any, out_dir: str) -> str:
+    """Run ``call`` and write to ``out_dir`` which error this rank got ("no error" if none)."""
+    from kdml.errors import KdmlError, QuietExit
+
     try:
-        evaluate_method(session.method, session.splits, session.config.eval, session.embedder)
+        call()
         outcome = "no error"
     except QuietExit as error:  # before KdmlError, its base
         outcome = f"QuietExit: {error}"
@@ -119,7 +127,7 @@ def evaluate_failing_on_rank_0(recipe_name: str, overrides: list[str], out_dir: 
 def build_failing_on_rank_1(recipe_name: str, overrides: list[str], out_dir: str) -> str:
     """``Session.build`` where rank 1 alone cannot read its data (a machine without the data
     folder): each rank writes to ``out_dir`` which error it got."""
-    from kdml.errors import KdmlError, QuietExit
+    from kdml.errors import KdmlError
     from kdml.training import trainer
 
     if dist.get_rank() == 1:
@@ -127,17 +135,9 @@ def build_failing_on_rank_1(recipe_name: str, overrides: list[str], out_dir: str
             raise KdmlError("folder:imgs: no such folder")
 
         trainer.prepare_data_and_test_part = no_data
-    try:
-        Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
-        outcome = "no error"
-    except QuietExit as error:  # before KdmlError, its base
-        outcome = f"QuietExit: {error}"
-    except KdmlError as error:
-        outcome = f"KdmlError: {error}"
-    except RuntimeError as error:  # a collective that lost its peer or timed out
-        outcome = f"RuntimeError: {str(error).splitlines()[0]}"
-    Path(out_dir, f"rank-{dist.get_rank()}.txt").write_text(outcome)
-    return outcome
+    return _outcome_on_this_rank(
+        lambda: Session.build(config_of(recipe_name, overrides), echo=lambda line: None),
+        out_dir)
 
 
 def write_domains(path: Path, seed: int = 0) -> Path:
