@@ -16,7 +16,6 @@ import torch
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.sample_spec import SampleSpec
 from kdml.errors import KdmlError, why_missing
-from kdml.evaluation.index import checkpoint_fingerprint
 from kdml.precision import autocast
 from kdml.training.loading import RunModel
 
@@ -78,10 +77,9 @@ def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarr
     # an .npz of `kdml embed` names its model; a user's own names none
     made_by = str(arrays.get("checkpoint_sha256", ""))
     if made_by and made_by != run.fingerprint:
-        best = run.checkpoint == run.run.best_checkpoint
-        other = run.run.checkpoint if best else run.run.best_checkpoint
-        # hashed only here: the run's other checkpoint (kdml embed --best, searched without)
-        if other.is_file() and checkpoint_fingerprint(other) == made_by:
+        best = run.reads_best
+        other = run.other_checkpoint_of(made_by)  # kdml embed --best, searched without
+        if other is not None:
             raise KdmlError(f"query {query} holds embeddings of {other.name} of this run, not "
                             f"of {run.checkpoint.name}: search {'without' if best else 'with'} "
                             f"--best, or embed the queries {'with' if best else 'without'} "

@@ -35,6 +35,18 @@ class RunWithoutData:
         checked against it, and a checkpoint may be hundreds of megabytes."""
         return checkpoint_fingerprint(self.checkpoint)
 
+    @property
+    def reads_best(self) -> bool:
+        """Whether the command reads ``best.pt`` (``--best``) rather than ``last.pt``."""
+        return self.checkpoint == self.run.best_checkpoint
+
+    def other_checkpoint_of(self, sha256: str) -> Path | None:
+        """The run's other checkpoint (``last.pt`` where this reads ``best.pt``, and back)
+        where its SHA-256 is ``sha256``: what an index or embeddings made without (or with)
+        ``--best`` hold. Hashed only when asked: a checkpoint may be hundreds of megabytes."""
+        other = self.run.checkpoint if self.reads_best else self.run.best_checkpoint
+        return other if other.is_file() and checkpoint_fingerprint(other) == sha256 else None
+
 
 def run_without_data(run_dir: Path, best: bool = False) -> RunWithoutData:
     """The run at ``run_dir`` and its checkpoint (``best``: ``best.pt``), refused as
@@ -81,14 +93,14 @@ def score_name(metric: str) -> str:
 def _another_checkpoint(info: IndexInfo, run: RunWithoutData, folder: Path) -> str:
     """Why an index of another checkpoint is refused: of this run (built before it trained on,
     or from best.pt rather than last.pt) or of another one."""
-    best = " --best" if run.checkpoint == run.run.best_checkpoint else ""
+    best = " --best" if run.reads_best else ""
     rebuild = f"'kdml index {run.run.root}{best} --out DIR'"
     built_from = Path(info.run)
     if not (built_from.is_dir() and built_from.samefile(run.run.root)):
         return (f"index {folder} was built from another checkpoint ({info.run}); build it from "
                 f"this run with {rebuild}")
-    other = (run.run.checkpoint if best else run.run.best_checkpoint)
-    if other.is_file() and checkpoint_fingerprint(other) == info.checkpoint_sha256:
+    other = run.other_checkpoint_of(info.checkpoint_sha256)
+    if other is not None:
         flag = "without --best" if best else "with --best"
         return (f"index {folder} holds {other.name} of this run, not {run.checkpoint.name}: "
                 f"search it {flag}, or build one of {run.checkpoint.name} with {rebuild}")
