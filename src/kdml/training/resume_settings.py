@@ -58,6 +58,13 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
     return changes
 
 
+def first_of(changed: list[str]) -> str:
+    """The first of the ``changed`` settings, and how many more (``"optim.lr 0.001 -> 0.1 (and
+    1 more)"``), for a one-line refusal."""
+    more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    return f"{changed[0]}{more}"
+
+
 def _path_named(dataset: Any) -> bool:
     """Whether ``dataset`` names its files by path (``folder:DIR``, ...)."""
     return isinstance(dataset, str) and dataset.startswith(tuple(PATH_FORMATS))

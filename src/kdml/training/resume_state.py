@@ -11,7 +11,7 @@ from kdml.config import RunConfig
 from kdml.data.splits import DataSplits
 from kdml.errors import KdmlError
 from kdml.training.checkpoint import load_checkpoint
-from kdml.training.resume_settings import RESUMABLE, changed_settings
+from kdml.training.resume_settings import RESUMABLE, changed_settings, first_of
 from kdml.training.run_folder import RunFolder
 
 # The config sections whose settings cannot size the model or name another run's checkpoint:
@@ -54,8 +54,7 @@ def refuse_edited_settings(changed: list[str], run: RunFolder) -> None:
     """Refuse, in one line naming the first, settings edited since the checkpoint that
     ``--resume`` cannot take (:func:`~kdml.training.resume_settings.changed_settings`)."""
     if changed:
-        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise KdmlError(f"{run.config} was edited since its checkpoint: {changed[0]}{more}; "
+        raise KdmlError(f"{run.config} was edited since its checkpoint: {first_of(changed)}; "
                         "--resume continues the run as it trained, and takes a change of "
                         f"{', '.join(sorted(RESUMABLE))} or a path-named data.dataset "
                         "only: put the setting back, or train a new run with it")

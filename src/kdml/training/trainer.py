@@ -66,7 +66,7 @@ from kdml.training.loading import RESUME_DATA_REMEDY, check_data_path, check_run
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
 from kdml.training.recorder import Recorder
-from kdml.training.resume_settings import changed_settings
+from kdml.training.resume_settings import changed_settings, first_of
 from kdml.training.resume_state import recorded_unreadable, refuse_edited_settings, resumed_state
 from kdml.training.run_folder import (
     NOTHING_LEFT,
@@ -215,9 +215,8 @@ class Session:
             # another run's checkpoint: name the setting where the checkpoint records it
             changed = changed_settings(state.get("config") or {}, self.config)
             if changed:
-                more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
                 raise KdmlError(f"checkpoint {path} does not fit the run's config, which "
-                                f"differs from the one it was trained with: {changed[0]}{more}; "
+                                f"differs from the one it was trained with: {first_of(changed)}; "
                                 "put the setting back in config.yaml, or the checkpoint belongs "
                                 "to another run") from None
             raise KdmlError(f"checkpoint {path} does not match the run's config (another model "
