@@ -103,17 +103,21 @@ def _squared_distances(vectors: np.ndarray, centre: np.ndarray) -> np.ndarray:
     return distances
 
 
+def centred_float32(vectors: np.ndarray) -> np.ndarray:
+    """The rows less their mean, as float32: subtracted in float64 element by element and
+    rounded into float32, with no ``(N, D)`` float64 copy (250 MB at SOP's size)."""
+    centred = np.empty_like(vectors, dtype=np.float32)
+    np.subtract(vectors, vectors.mean(axis=0, dtype=np.float64), out=centred, casting="unsafe")
+    return centred
+
+
 def kmeans_assign(vectors: np.ndarray, num_clusters: int, niter: int = 20,
                   seed: int = 0) -> np.ndarray:
     """Seeded faiss k-means (k-means++ seeding) cluster of each row, computed in
     :func:`canonical_order`, on the rows less their mean: k-means does not depend on a shift,
     but faiss's float32 distances (``|x|^2 - 2 x.c + |c|^2``) lose the spread's digits when
     the rows sit far from the origin, as one chart's codes do (chart_clustering_nmi)."""
-    centred = np.empty_like(vectors, dtype=np.float32)
-    # subtracted in float64 element by element, rounded into float32: no (N, D) float64 copy
-    # (250 MB at SOP's size)
-    np.subtract(vectors, vectors.mean(axis=0, dtype=np.float64), out=centred, casting="unsafe")
-    vectors = centred
+    vectors = centred_float32(vectors)
     order = canonical_order(vectors, seed)
     kmeans = faiss.Kmeans(
         vectors.shape[1],
