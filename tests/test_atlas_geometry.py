@@ -32,8 +32,13 @@ def literal_d0(a, b, d0: str) -> float:
     return squared
 
 
+CODE_SMALL = 1e-12  # neurve's SMALL (distance.py)
+
+
 def literal_manifold_distance(q1, c1, q2, c2, variant="paper", d0=None) -> list[list[float]]:
-    """Eq. 7: sum_i q_i(x) q_i(y) d0 / sum_i q_i(x) q_i(y), inf (paper) or 1 (code) if 0."""
+    """Eq. 7: sum_i q_i(x) q_i(y) d0 / sum_i q_i(x) q_i(y), inf if the denominator is 0
+    (paper); neurve's pdist_mfld (code): divided by the denominator + 1e-12, and 1 where the
+    denominator is at most 1e-12."""
     d0 = d0 or ("euclidean" if variant == "paper" else "mean_squared")
     rows = []
     for qx, cx in zip(q1, c1, strict=True):
@@ -44,8 +49,11 @@ def literal_manifold_distance(q1, c1, q2, c2, variant="paper", d0=None) -> list[
                 weight = qx[i] * qy[i]
                 numerator += weight * literal_d0(cx[i], cy[i], d0)
                 denominator += weight
-            if denominator == 0:
-                row.append(math.inf if variant == "paper" else 1.0)
+            if variant == "code":
+                row.append(1.0 if denominator <= CODE_SMALL
+                           else numerator / (denominator + CODE_SMALL))
+            elif denominator == 0:
+                row.append(math.inf)
             else:
                 row.append(numerator / denominator)
         rows.append(row)
@@ -142,6 +150,32 @@ def test_log_memberships_give_the_same_distance():
     # logits work too: a per-row shift of log q cancels
     shifted = manifold_distance(torch.log(q1) + 3.0, c1, torch.log(q2) - 1.5, c2, q_is_log=True)
     assert torch.allclose(shifted[finite], from_q[finite], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_code_variant_follows_pdist_mfld_near_its_threshold(dtype):
+    # logit gaps 20, 28, 30, 200 (two charts, opposite favourites): shared membership about
+    # 4e-9, 1.4e-12 (above 1e-12), 1.9e-13 (below: 1) and 0 in float32 (underflow: 1)
+    gaps = torch.tensor([20.0, 28.0, 30.0, 200.0], dtype=dtype)
+    logits1 = torch.stack([torch.zeros_like(gaps), -gaps], dim=1)
+    logits2 = torch.stack([-gaps, torch.zeros_like(gaps)], dim=1)
+    c1 = random_coords(4, 2, 3, 30).to(dtype)
+    c2 = random_coords(4, 2, 3, 31).to(dtype)
+    exact = literal_manifold_distance(torch.softmax(logits1.double(), 1).tolist(),
+                                      c1.double().tolist(),
+                                      torch.softmax(logits2.double(), 1).tolist(),
+                                      c2.double().tolist(), "code")
+    diagonal = [exact[i][i] for i in range(4)]
+    assert diagonal[2] == diagonal[3] == 1.0 and diagonal[0] != 1.0 and diagonal[1] != 1.0
+    from_log_q = manifold_distance(torch.log_softmax(logits1, 1), c1,
+                                   torch.log_softmax(logits2, 1), c2, variant="code",
+                                   q_is_log=True)
+    rtol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(from_log_q.double(), torch.tensor(exact, dtype=torch.float64),
+                               rtol=rtol, atol=0.0)
+    from_q = manifold_distance(torch.softmax(logits1, 1), c1, torch.softmax(logits2, 1), c2,
+                               variant="code")
+    torch.testing.assert_close(from_q, from_log_q, rtol=rtol, atol=0.0)
 
 
 def test_log_memberships_survive_float32_underflow():

@@ -16,6 +16,7 @@ needed (projection heads, linear probes, plots).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -37,6 +38,9 @@ __all__ = [
 
 D0_CHOICES = ("euclidean", "squared", "mean_squared")
 DISTANCE_VARIANTS = ("paper", "code")
+# log of neurve's SMALL = 1e-12 (distance.py), the "code" variant's threshold on the shared
+# membership sum_i q_i(x) q_i(y)
+CODE_LOG_SMALL = math.log(1e-12)
 
 
 class ChartOutputs(NamedTuple):
@@ -167,9 +171,11 @@ def manifold_distance(
       :math:`d_0 = \|\sigma^{-1}(x) - \sigma^{-1}(y)\|`, the Euclidean distance of the
       pre-sigmoid coordinates used by MTriplet (Sec. 3.2), and :math:`+\infty` when the charts
       share no mass.
-    - ``"code"``: the authors' public code, with ``d0="mean_squared"`` by default (the squared
-      distance averaged over the :math:`d` coordinates) and 1 instead of :math:`\infty` for
-      points that share no chart.
+    - ``"code"``: the authors' public code (neurve's ``pdist_mfld``), with
+      ``d0="mean_squared"`` by default (the squared distance averaged over the :math:`d`
+      coordinates), the denominator :math:`\sum_i q_i(x) q_i(y) + 10^{-12}`, and 1 instead of
+      :math:`\infty` wherever that shared membership is at most :math:`10^{-12}` (points
+      confidently in different charts), as the code does.
 
     ``d0`` (``"euclidean"``, ``"squared"``, ``"mean_squared"``; see :func:`chart_distances`)
     overrides the variant's choice.
@@ -191,8 +197,9 @@ def manifold_distance(
         d0: chart metric, or ``None`` for the variant's default.
         variant: ``"paper"`` or ``"code"``.
         q_is_log: ``q1`` and ``q2`` hold log-probabilities (e.g. ``ChartOutputs.log_q``;
-            ``-inf`` for an exact 0). Any per-row constant shift gives the same result, so
-            membership logits work too.
+            ``-inf`` for an exact 0). For the ``"paper"`` variant any per-row constant shift
+            gives the same result, so membership logits work too; the ``"code"`` variant's
+            :math:`10^{-12}` reads the membership itself and needs log-probabilities.
 
     Shape: output :math:`(N_1, N_2)`; memory :math:`O(N_1 N_2 n d)` (use
     :func:`kdml.evaluation.charts.chart_retrieval_metrics` for large retrieval sets).
@@ -234,5 +241,11 @@ def manifold_distance(
     log_weights = torch.where(shares_a_chart[..., None], log_weights, 0.0)
     weights = torch.softmax(log_weights, dim=-1)
     distance = (weights * per_chart).sum(dim=-1)
-    no_shared_chart = torch.inf if variant == "paper" else 1.0
-    return torch.where(shares_a_chart, distance, no_shared_chart)
+    if variant == "paper":
+        return torch.where(shares_a_chart, distance, torch.inf)
+    # pdist_mfld divides by (shared + 1e-12) and gives 1 where shared <= 1e-12: in log space,
+    # shared / (shared + 1e-12) = sigmoid(log shared - log 1e-12), with no small product that
+    # could underflow to 0 (the masked rows' log-mass is finite, so no NaN gradient either)
+    log_shared = torch.logsumexp(log_weights, dim=-1) - CODE_LOG_SMALL
+    shares_a_chart = shares_a_chart & (log_shared > 0)
+    return torch.where(shares_a_chart, distance * torch.sigmoid(log_shared), 1.0)
