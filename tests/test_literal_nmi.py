@@ -163,3 +163,47 @@ def test_k_means_plus_plus_distances_are_those_of_the_whole_array_at_once():
                    for row in vectors[::97]]
         assert np.allclose(got[::97], literal, rtol=1e-6, atol=1e-3)
 
+
+
+def _literal_seeding(vectors: np.ndarray, num_clusters: int, seed: int) -> np.ndarray:
+    """k-means++ measuring every row's squared distance to each new centre exactly (the float32
+    differences and squares summed in float64, as kdml's exact route), drawing as kdml does."""
+    rng = np.random.default_rng(seed)
+    centres = [int(rng.integers(len(vectors)))]
+    nearest = ((vectors - vectors[centres[0]]) ** 2).sum(axis=1, dtype=np.float64)
+    for _ in range(1, num_clusters):
+        if nearest.sum() <= 0:
+            centres.append(centres[-1])
+            continue
+        drawn = rng.random() * nearest.sum()
+        chosen = min(int(np.searchsorted(np.cumsum(nearest), drawn)), len(vectors) - 1)
+        centres.append(chosen)
+        nearest = np.minimum(nearest, ((vectors - vectors[chosen]) ** 2).sum(axis=1,
+                                                                           dtype=np.float64))
+    return vectors[centres]
+
+
+@pytest.mark.parametrize(("case", "dim"), [("blobs", 64), ("blobs", 512), ("far", 16),
+                                           ("duplicates", 8), ("huge", 4)])
+def test_k_means_plus_plus_draws_the_centres_of_measuring_every_row_exactly(case, dim):
+    """The seeding estimates each pass's distances with one float32 matrix-vector product and
+    measures exactly only the rows its error bound cannot rule out: the centres must be those
+    of measuring every row, also where the estimate is poor (rows far from the origin: most
+    rows measured), where rows repeat (zero distances, ties) and where the float32 product
+    overflows."""
+    from kdml.evaluation.clustering import kmeans_plus_plus
+
+    rng = np.random.default_rng(dim)
+    labels = rng.integers(0, 40, 1500)
+    vectors = rng.standard_normal((40, dim))[labels] + 0.3 * rng.standard_normal((1500, dim))
+    if case == "far":
+        vectors = vectors + 3e3  # |x|^2 - 2 x.c + |c|^2 cancels nearly all its digits
+    elif case == "duplicates":
+        vectors = np.round(vectors)[rng.integers(0, 300, 1500)]
+    elif case == "huge":
+        vectors = vectors * 1e17 + 1e19  # float32 products overflow, differences do not
+    vectors = vectors.astype(np.float32)
+    for seed in (0, 1):
+        expected = _literal_seeding(vectors, 60, seed)
+        got = kmeans_plus_plus(vectors, 60, np.random.default_rng(seed))
+        assert got.dtype == np.float32 and np.array_equal(got, expected)

@@ -58,20 +58,25 @@ def canonical_order(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
 
 def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
                      rng: np.random.Generator) -> np.ndarray:
-    """k-means++ seeding (Arthur & Vassilvitskii, 2007): each next centre drawn with
+    r"""k-means++ seeding (Arthur & Vassilvitskii, 2007): each next centre drawn with
     probability proportional to the squared distance to the nearest centre so far.
 
     Written here because faiss seeds k-means with random points, which on well-separated
     classes often puts two centres in one class and none in another (a local optimum the
     iterations do not leave); scikit-learn's k-means++ is too slow at SOP's 11,316 clusters.
-    Costs :math:`O(N K D)`, one pass over the points per centre: at SOP's size (60,502 x 512,
-    11,316 clusters) 35 to 49 ms a centre on a shared 2-core CPU, some 7 to 9 minutes in all
-    (docs/benchmarks.md), more than the k-means iterations. (Pruning by the triangle
-    inequality, tried, skipped almost nothing there: in 512 dimensions the distances are too
-    alike.)"""
+    Costs :math:`O(N K D)`, one pass over the points per centre. Each pass is a float32
+    matrix-vector product (BLAS, every core) giving :math:`|x|^2 - 2 x \cdot c + |c|^2` with a
+    bound on its rounding error; only the rows that bound cannot rule out as closer to the new
+    centre are measured exactly (:func:`_squared_distances`), so the nearest distances, and
+    the centres drawn from them, are bit for bit those of measuring every row exactly.
+    (Pruning by the triangle inequality, tried, skipped almost nothing: in 512 dimensions the
+    distances are too alike.)"""
     first = int(rng.integers(len(vectors)))
     centres = [first]
     nearest = _squared_distances(vectors, vectors[first])
+    norms_squared = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
+    norms = np.sqrt(norms_squared)
+    products = np.empty(len(vectors), dtype=np.float32)
     for _ in range(1, num_clusters):
         total = nearest.sum()
         if total <= 0:  # every point is a centre already: repeat one
@@ -80,8 +85,33 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
         chosen = int(np.searchsorted(np.cumsum(nearest), rng.random() * total))
         chosen = min(chosen, len(vectors) - 1)
         centres.append(chosen)
-        np.minimum(nearest, _squared_distances(vectors, vectors[chosen]), out=nearest)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is measured exactly
+            np.dot(vectors, vectors[chosen], out=products)
+            estimate = norms_squared - 2.0 * products + norms_squared[chosen]
+        error = _estimate_error_bound(norms, norms[chosen], vectors.shape[1])
+        # rows whose estimate, less its error, is not above their nearest distance (NaN or an
+        # overflowed product included): only these can come closer to the new centre
+        maybe_closer = np.flatnonzero(~(estimate - error >= nearest))
+        if len(maybe_closer):
+            exact = _squared_distances(vectors[maybe_closer], vectors[chosen])
+            nearest[maybe_closer] = np.minimum(nearest[maybe_closer], exact)
     return np.ascontiguousarray(vectors[centres], dtype=np.float32)
+
+
+FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def _estimate_error_bound(norms: np.ndarray, centre_norm: float, dim: int) -> np.ndarray:
+    r"""How far :math:`|x|^2 - 2 x \cdot c + |c|^2`, its product summed in float32 in any
+    order, and :func:`_squared_distances`' float32 differences and squares can each be from
+    :math:`|x - c|^2`: :math:`2 \gamma_D |x| |c|` for the product (Higham, Accuracy and
+    Stability of Numerical Algorithms, Eq. 3.5, with Cauchy-Schwarz; :math:`\gamma_D = D u /
+    (1 - D u)`) and :math:`3u` of the squared distance, at most :math:`(|x| + |c|)^2`, for the
+    exact route (its float64 sum and the norms' float64 arithmetic add far less than the one
+    more :math:`u` allowed)."""
+    gamma = dim * FLOAT32_UNIT_ROUNDOFF / (1.0 - dim * FLOAT32_UNIT_ROUNDOFF)
+    return (2.0 * gamma * centre_norm) * norms + 4.0 * FLOAT32_UNIT_ROUNDOFF * (
+        norms + centre_norm) ** 2
 
 
 SQUARED_DISTANCE_ROWS = 1024  # rows per block: the block's differences stay in the CPU's cache
