@@ -183,27 +183,28 @@ def _literal_seeding(vectors: np.ndarray, num_clusters: int, seed: int) -> np.nd
     return vectors[centres]
 
 
-@pytest.mark.parametrize(("case", "dim"), [("blobs", 64), ("blobs", 512), ("far", 16),
-                                           ("duplicates", 8), ("huge", 4)])
-def test_k_means_plus_plus_draws_the_centres_of_measuring_every_row_exactly(case, dim):
+@pytest.mark.parametrize(("case", "dim", "dtype"), [
+    ("blobs", 64, np.float32), ("blobs", 512, np.float32), ("far", 16, np.float32),
+    ("duplicates", 8, np.float32), ("huge", 4, np.float32), ("far", 16, np.float64)])
+def test_k_means_plus_plus_draws_the_centres_of_measuring_every_row_exactly(case, dim, dtype):
     """The seeding estimates each pass's distances with one float32 matrix-vector product and
     measures exactly only the rows its error bound cannot rule out: the centres must be those
     of measuring every row, also where the estimate is poor (rows far from the origin: most
-    rows measured), where rows repeat (zero distances, ties) and where the float32 product
-    overflows."""
+    rows measured), where rows repeat (zero distances, ties), where the float32 product
+    overflows, and in float64."""
     from kdml.evaluation.clustering import kmeans_plus_plus
 
     rng = np.random.default_rng(dim)
     labels = rng.integers(0, 40, 1500)
     vectors = rng.standard_normal((40, dim))[labels] + 0.3 * rng.standard_normal((1500, dim))
-    if case == "far":
-        vectors = vectors + 3e3  # |x|^2 - 2 x.c + |c|^2 cancels nearly all its digits
+    if case == "far":  # |x|^2 - 2 x.c + |c|^2 cancels nearly all its digits
+        vectors = vectors + (3e3 if dtype == np.float32 else 1e11)
     elif case == "duplicates":
         vectors = np.round(vectors)[rng.integers(0, 300, 1500)]
     elif case == "huge":
         vectors = vectors * 1e17 + 1e19  # float32 products overflow, differences do not
-    vectors = vectors.astype(np.float32)
+    vectors = vectors.astype(dtype)
     for seed in (0, 1):
         expected = _literal_seeding(vectors, 60, seed)
         got = kmeans_plus_plus(vectors, 60, np.random.default_rng(seed))
-        assert got.dtype == np.float32 and np.array_equal(got, expected)
+        assert got.dtype == np.float32 and np.array_equal(got, expected.astype(np.float32))

@@ -64,11 +64,12 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
     Written here because faiss seeds k-means with random points, which on well-separated
     classes often puts two centres in one class and none in another (a local optimum the
     iterations do not leave); scikit-learn's k-means++ is too slow at SOP's 11,316 clusters.
-    Costs :math:`O(N K D)`, one pass over the points per centre. Each pass is a float32
-    matrix-vector product (BLAS, every core) giving :math:`|x|^2 - 2 x \cdot c + |c|^2` with a
-    bound on its rounding error; only the rows that bound cannot rule out as closer to the new
-    centre are measured exactly (:func:`_squared_distances`), so the nearest distances, and
-    the centres drawn from them, are bit for bit those of measuring every row exactly.
+    Costs :math:`O(N K D)`, one pass over the points per centre. Each pass is one
+    matrix-vector product in the vectors' float type (BLAS, every core) giving
+    :math:`|x|^2 - 2 x \cdot c + |c|^2` with a bound on its rounding error; only the rows that
+    bound cannot rule out as closer to the new centre are measured exactly
+    (:func:`_squared_distances`), so the nearest distances, and the centres drawn from them,
+    are bit for bit those of measuring every row exactly.
     (Pruning by the triangle inequality, tried, skipped almost nothing: in 512 dimensions the
     distances are too alike.)"""
     first = int(rng.integers(len(vectors)))
@@ -76,7 +77,8 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
     nearest = _squared_distances(vectors, vectors[first])
     norms_squared = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
     norms = np.sqrt(norms_squared)
-    products = np.empty(len(vectors), dtype=np.float32)
+    products = np.empty(len(vectors), dtype=vectors.dtype)
+    unit_roundoff = float(np.finfo(vectors.dtype).eps) / 2  # 2**-24 for float32
     for _ in range(1, num_clusters):
         total = nearest.sum()
         if total <= 0:  # every point is a centre already: repeat one
@@ -88,7 +90,7 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is measured exactly
             np.dot(vectors, vectors[chosen], out=products)
             estimate = norms_squared - 2.0 * products + norms_squared[chosen]
-        error = _estimate_error_bound(norms, norms[chosen], vectors.shape[1])
+        error = _estimate_error_bound(norms, norms[chosen], vectors.shape[1], unit_roundoff)
         # rows whose estimate, less its error, is not above their nearest distance (NaN or an
         # overflowed product included): only these can come closer to the new centre
         maybe_closer = np.flatnonzero(~(estimate - error >= nearest))
@@ -98,19 +100,20 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
     return np.ascontiguousarray(vectors[centres], dtype=np.float32)
 
 
-FLOAT32_UNIT_ROUNDOFF = 2.0**-24
-
-
-def _estimate_error_bound(norms: np.ndarray, centre_norm: float, dim: int) -> np.ndarray:
-    r"""How far :math:`|x|^2 - 2 x \cdot c + |c|^2`, its product summed in float32 in any
-    order, and :func:`_squared_distances`' float32 differences and squares can each be from
+def _estimate_error_bound(norms: np.ndarray, centre_norm: float, dim: int,
+                          unit_roundoff: float) -> np.ndarray:
+    r"""How far :math:`|x|^2 - 2 x \cdot c + |c|^2`, its product summed in the vectors' float
+    type (unit roundoff :math:`u`) in any order, and :func:`_squared_distances`' differences
+    and squares in that type can each be from
     :math:`|x - c|^2`: :math:`2 \gamma_D |x| |c|` for the product (Higham, Accuracy and
     Stability of Numerical Algorithms, Eq. 3.5, with Cauchy-Schwarz; :math:`\gamma_D = D u /
     (1 - D u)`) and :math:`3u` of the squared distance, at most :math:`(|x| + |c|)^2`, for the
-    exact route (its float64 sum and the norms' float64 arithmetic add far less than the one
-    more :math:`u` allowed)."""
-    gamma = dim * FLOAT32_UNIT_ROUNDOFF / (1.0 - dim * FLOAT32_UNIT_ROUNDOFF)
-    return (2.0 * gamma * centre_norm) * norms + 4.0 * FLOAT32_UNIT_ROUNDOFF * (
+    exact route; one more :math:`u`, and :math:`2 \gamma_D` of float64 for the sums both
+    routes take in float64 (the norms, the exact route's sum)."""
+    gamma = dim * unit_roundoff / (1.0 - dim * unit_roundoff)
+    float64_unit = 2.0**-53
+    gamma64 = dim * float64_unit / (1.0 - dim * float64_unit)
+    return (2.0 * gamma * centre_norm) * norms + (4.0 * unit_roundoff + 2.0 * gamma64) * (
         norms + centre_norm) ** 2
 
 
