@@ -225,3 +225,38 @@ def test_a_stray_data_root_of_an_older_run_is_dropped_not_refused(tmp_path):
     run.config.write_text(text.replace("\n  root: ''\n", f"\n  root: {tmp_path}\n"))
     config = run_config(run)
     assert (config.data.dataset, config.data.root) == ("digits", "")
+
+
+def test_a_checkpoint_of_another_recipe_or_config_is_refused_not_scored(tmp_path, capsys):
+    """Another run's checkpoint copied into a run folder (or config.yaml edited since) loaded
+    wherever the shapes fit, and kdml eval scored it under the folder's recipe and settings
+    without a word, where --resume refused the same folder. An edit of the eval section, which
+    only says how to score, is taken."""
+    jrd = train(tmp_path, "jrd", "jrd", "digits")
+    mrd = train(tmp_path, "mrd", "mrd", "digits")
+    swapped = tmp_path / "swapped"
+    shutil.copytree(jrd, swapped)
+    shutil.copy(mrd / "checkpoints" / "last.pt", swapped / "checkpoints" / "last.pt")
+    for load in (load_model, load_run):
+        with pytest.raises(KdmlError, match=r"^checkpoint .*last.pt is a 'mrd' run but "
+                           r".*config.yaml says 'jrd'; it belongs to another run: put the run's "
+                           r"own checkpoint back, or train this config again$"):
+            load(swapped)
+    capsys.readouterr()
+    assert kdml("eval", swapped, "--no-progress") != 0
+    assert "is a 'mrd' run but" in capsys.readouterr().err
+    assert not (swapped / "eval.json").exists()
+
+    edited = tmp_path / "edited"
+    shutil.copytree(jrd, edited)
+    config = edited / "config.yaml"
+    config.write_text(config.read_text().replace("  seed: 0\n", "  seed: 1\n"))
+    for load in (load_model, load_run):
+        with pytest.raises(KdmlError, match=r"config.yaml differs from the config checkpoint "
+                           r".*last.pt was trained with: train.seed 0 -> 1; put the setting "
+                           r"back in config.yaml, or the checkpoint belongs to another run$"):
+            load(edited)
+    config.write_text(config.read_text().replace("  seed: 1\n", "  seed: 0\n")
+                      .replace("  - 1\n  - 2\n  - 4\n  - 8\n", "  - 1\n  - 2\n"))
+    assert list(load_model(edited).config.eval.ks) == [1, 2]
+    assert kdml("eval", edited, "--no-progress") == 0

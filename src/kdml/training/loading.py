@@ -27,6 +27,7 @@ from kdml.training.build import (
 )
 from kdml.training.checkpoint import load_checkpoint
 from kdml.training.recipes import get_recipe
+from kdml.training.resume_settings import changed_settings, first_of
 from kdml.training.run_folder import RunFolder
 
 
@@ -137,6 +138,7 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
     check_run_data(run, recorded, config, splits, test_splits, data_remedy)
     if not test_part:
         test_splits = splits
+    check_checkpoint_config(state, config, checkpoint, run)
     method = build_method(config, splits, pretrained=False)  # the checkpoint has the weights
     _load_weights(method, state, checkpoint,
                   f"the run's config and its data as they are now ({len(splits.train_classes)} "
@@ -167,6 +169,7 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
     target = run_device(device, config.train.device)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
+    check_checkpoint_config(state, config, checkpoint, run)
     method = build_method_for(config, samples, samples.train_classes, pretrained=False)
     _load_weights(method, state, checkpoint,
                   f"{run.config} and {run.data_fingerprint} ({samples.train_classes} training "
@@ -215,6 +218,26 @@ def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunC
     raise KdmlError(f"the data {where} is not what {run.root} trained on: "
                     f"{difference}; {remedy}{trained_at}, or delete {run.data_fingerprint} "
                     "to use this data anyway")
+
+
+def check_checkpoint_config(state: dict[str, Any], config: RunConfig, checkpoint: Path,
+                            run: RunFolder) -> None:
+    """Refuse, in one line, a checkpoint trained with another recipe or other settings than
+    the run folder's ``config.yaml`` (another run's, copied in; or the file edited since): its
+    weights would load wherever the shapes fit and be scored under the folder's config. The
+    settings ``--resume`` may change (:data:`~kdml.training.resume_settings.RESUMABLE`: paths,
+    device, epochs, ...) and the ``eval`` section, which only says how to score, may differ."""
+    trained = state.get("config") or {}
+    if trained.get("recipe", config.recipe) != config.recipe:
+        raise KdmlError(f"checkpoint {checkpoint} is a {trained['recipe']!r} run but "
+                        f"{run.config} says {config.recipe!r}; it belongs to another run: put "
+                        "the run's own checkpoint back, or train this config again")
+    changed = [change for change in changed_settings(trained, config)
+               if not change.startswith("eval.")]
+    if changed:
+        raise KdmlError(f"{run.config} differs from the config checkpoint {checkpoint} was "
+                        f"trained with: {first_of(changed)}; put the setting back in "
+                        "config.yaml, or the checkpoint belongs to another run")
 
 
 def _load_weights(method: Method, state: dict[str, Any], checkpoint: Path, built_from: str,
