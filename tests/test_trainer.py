@@ -661,6 +661,42 @@ def test_metrics_files_are_left_alone_where_metrics_json_is_someone_else_s(tmp_p
     assert (tmp_path / "metrics.json").read_text() == '{"mine": true}'
 
 
+@pytest.mark.parametrize("text", ["my own notes\n", "run,score\n1,0.5\n"])
+def test_a_metrics_csv_kdml_did_not_write_is_not_replaced(tmp_path, text):
+    """metrics.csv had been replaced whatever it held, where metrics.json is refused."""
+    from kdml.training.run_folder import RunFolder
+
+    (tmp_path / "metrics.csv").write_text(text)
+    with pytest.raises(KdmlError, match=r"metrics\.csv is in the way and kdml did not write"):
+        RunFolder(tmp_path).write_metrics([{"epoch": 1, "train/loss": 0.25}], None)
+    assert (tmp_path / "metrics.csv").read_text() == text
+    assert not (tmp_path / "metrics.json").exists()
+    (tmp_path / "metrics.csv").write_text("")  # empty: nothing to lose
+    RunFolder(tmp_path).write_metrics([], None)  # no epoch: an empty header row
+    RunFolder(tmp_path).write_metrics([{"epoch": 1, "train/loss": 0.25}], None)
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == "epoch,train/loss"
+
+
+@pytest.mark.parametrize("name", ["metrics.json", "metrics.csv"])
+def test_resume_refuses_someone_else_s_metrics_file_before_training(tmp_path, tiny_overrides,
+                                                                   capsys, name):
+    """The refusal had come after a whole epoch was trained and checkpointed (hours on a real
+    run): --resume checks before its first epoch."""
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
+                     "--no-progress", *tiny_overrides]) == 0
+    config = run / "config.yaml"
+    assert "  epochs: 2\n" in config.read_text()
+    config.write_text(config.read_text().replace("  epochs: 2\n", "  epochs: 3\n"))
+    (run / name).write_text('{"mine": true}')
+    checkpoint = (run / "checkpoints" / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) != 0
+    assert f"{name} is in the way and kdml did not write it" in capsys.readouterr().err
+    assert (run / "checkpoints" / "last.pt").read_bytes() == checkpoint
+    assert "epoch 3" not in (run / "train.log").read_text()
+
+
 def test_an_embedding_size_that_sizes_nothing_is_named(tmp_path, tiny_overrides, capsys):
     """Atlas and DTML size their embeddings with their own settings: a model.embedding_size
     given to them (tiny_overrides give 8) had been saved and left unused, silently."""

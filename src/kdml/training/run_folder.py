@@ -194,9 +194,18 @@ class RunFolder:
             with partial.open("w", newline="") as handle:
                 csv.writer(handle).writerows(lines)
 
-        # the JSON first: its check refuses someone else's file before either is replaced
-        write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json)
+        # both checked before either is replaced
+        self.check_metrics_replaceable()
+        write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json,
+                   METRICS_FIELDS)
         write_through_new_file(self.metrics_csv, write_csv)
+
+    def check_metrics_replaceable(self) -> None:
+        """Refuse a metrics.json or metrics.csv kdml did not write (a user's notes under the
+        name): :meth:`write_metrics` would replace it. ``--resume`` checks before its first
+        epoch, which had trained (hours on a real run) before the refusal."""
+        check_json_replaceable(self.metrics_json, METRICS_FIELDS)
+        check_csv_replaceable(self.metrics_csv)
 
 
 def _example_cell(root: Path) -> str:
@@ -382,6 +391,9 @@ def hold_folder(lock_file: Path, busy: str, wait: bool = False) -> Iterator[None
         yield
 
 
+METRICS_FIELDS = ("epochs", "final", "scored")  # metrics.json's
+
+
 def make_folder(root: Path) -> None:
     """``mkdir -p`` with a one-line error."""
     try:
@@ -399,6 +411,27 @@ def written_by_kdml(path: Path, fields: Iterable[str]) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(existing, dict) and not existing.keys().isdisjoint(fields)
+
+
+def check_csv_replaceable(path: Path) -> None:
+    """Refuse a metrics CSV path where a folder, a link, or a file kdml did not write is in
+    the way: kdml's first row is its header, starting with ``epoch`` (empty before any
+    epoch)."""
+    if path.is_dir():
+        raise KdmlError(f"{path} is a folder, where kdml writes a file; move it away")
+    if path.is_symlink() or (path.exists() and not _kdml_metrics_csv(path)):
+        raise KdmlError(f"{path} is in the way and kdml did not write it; move it away (kdml "
+                        "never replaces a file it did not write)")
+
+
+def _kdml_metrics_csv(path: Path) -> bool:
+    """Whether ``path``'s first line is the header kdml writes (or the file is empty)."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.readline(4096)
+    except OSError:
+        return False
+    return not header.strip() or header.split(b",")[0].strip() == b"epoch"
 
 
 def check_json_replaceable(path: Path, fields: Iterable[str]) -> None:

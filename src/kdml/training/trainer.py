@@ -325,6 +325,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             # read once, here, so that a refused edit of config.yaml is refused before the
             # data is read (minutes on SOP) and before a resumed old run gets its data.json
             state = distributed.from_main(lambda: resumed_state(run, config))
+            distributed.from_main(run.check_metrics_replaceable)  # written after each epoch
             check_data_path(run, config.data.dataset, data_remedy)
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
             # checks all before a new folder; a run resumed from a checkpoint keeps its settings
