@@ -259,6 +259,16 @@ def test_marginal_fisher_rejects_bad_arguments(kwargs):
         MarginalFisherLoss(**kwargs)
 
 
+def test_alpha_zero_is_accepted_and_leaves_only_the_compactness():
+    """alpha >= 0 is the documented range: alpha = 0 (no separability term) is allowed and the
+    loss is S_c alone."""
+    points = random_points(len(LABELS), 3)
+    loss = MarginalFisherLoss(k1=1, k2=2, alpha=0)
+    ref_c, ref_b = ref_fisher_terms(points.tolist(), LABELS, 1, 2)
+    assert ref_b > 0
+    assert loss(points, torch.tensor(LABELS)).item() == pytest.approx(ref_c, rel=1e-12)
+
+
 # ----------------------------------------------------------------- domain MMD
 
 
@@ -349,6 +359,25 @@ def test_objective_matches_hand_computation(omega, tau):
         assert terms["hinge@1"].item() == pytest.approx(max(hidden - tau, 0.0), abs=1e-12)
     else:
         assert "j@1" not in terms
+
+
+def test_objective_defaults_are_the_paper_s_settings():
+    """DTMLObjective() is the paper's DTML (NOTES.md): alpha 0.1, beta 10, gamma 0.1, k1 5,
+    k2 10; three classes of 6 give every sample 5 same-class and 12 other-class samples."""
+    objective = DTMLObjective()
+    assert (objective.fisher.alpha, objective.beta, objective.gamma) == (0.1, 10.0, 0.1)
+    assert (objective.fisher.k1, objective.fisher.k2) == (5, 10)
+    labels = [0, 1, 2] * 6
+    network = make_network()
+    source_x, target_x = random_points(18, 4, seed=16), random_points(6, 4, seed=17) + 0.4
+    source_layers, target_layers = network(source_x), network(target_x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no neighbour count is clamped
+        total, _ = objective(source_layers, torch.tensor(labels), target_layers, network)
+    top = ref_layer_criterion(source_layers[1].tolist(), labels, target_layers[1].tolist(),
+                              0.1, 10.0, 5, 10)
+    penalty = sum(ref_layer_penalty(layer) for layer in network.linear_layers())
+    assert total.item() == pytest.approx(top + 0.1 * penalty, rel=1e-12)
 
 
 def test_each_layer_penalty_counts_once_in_its_hinge_or_in_the_top_term():

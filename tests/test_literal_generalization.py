@@ -193,3 +193,14 @@ def test_vote_ties_between_classes_go_to_the_smallest_label(monkeypatch):
             # the vote rule of the loops is scikit-learn's, the peer kdml uses
             assert literal_knn_predict(fit_x.tolist(), fit_y.tolist(), x.tolist(), 2) == predicted
     assert ties > 0
+
+
+def test_the_default_is_ten_random_splits(monkeypatch):
+    """repeats defaults to 10, as documented and as the CLI's --repeats: without it, every
+    estimate (and its 95% interval) is over ten splits, each a seen and an unseen partition."""
+    seen, seen_y, unseen, unseen_y = random_sets(12, 12, 2, seed=1, shift=0.5)
+    draws = recorded_splits(monkeypatch)
+    terms = generalization_terms(seen, seen_y, unseen, unseen_y)
+    assert len(draws) == 2 * 10
+    for name, estimate in terms.items():
+        assert len(estimate.values) == 10, name

@@ -338,3 +338,30 @@ def test_camera_cmc_averages_both_fixed_directions_literally(monkeypatch, seed):
     for r in (1, 3):
         expected = sum(c[min(r, len(usable)) - 1] for c in curves) / len(curves)
         assert result[f"cmc@{r}"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("with_cameras", [False, True])
+def test_every_image_of_an_identity_is_drawn_as_gallery_and_probe(monkeypatch, with_cameras):
+    """The split draws an identity's gallery and probe images at random among its images (per
+    camera with cameras): over 30 splits each of the three candidates is drawn in each role.
+    A gallery of always the first image would score one fixed split, not the protocol's
+    random ones."""
+    if with_cameras:  # three images per identity in each of cameras 1 and 5
+        identities, cameras = np.repeat(np.arange(4), 6), np.tile([1, 1, 1, 5, 5, 5], 4)
+    else:  # three images per identity
+        identities, cameras = np.repeat(np.arange(8), 3), None
+    points = integer_points(len(identities), 2, seed=0)
+    draws = recorded_splits(monkeypatch)
+    single_shot_cmc(points, identities, cameras=cameras, num_splits=30, ranks=(1,), seed=0)
+    gallery_seen: dict[tuple[int, int], set[int]] = {}
+    probe_seen: dict[tuple[int, int], set[int]] = {}
+    for gallery, probe, _ in draws:
+        for seen, images in ((gallery_seen, gallery), (probe_seen, probe)):
+            for image in images.tolist():
+                camera = 0 if cameras is None else int(cameras[image])
+                seen.setdefault((int(identities[image]), camera), set()).add(image)
+    for seen in (gallery_seen, probe_seen):
+        candidates = {key: {i for i in range(len(identities)) if identities[i] == key[0] and (
+            cameras is None or cameras[i] == key[1])} for key in seen}
+        assert len(seen) == 8  # every identity (and camera) in the role
+        assert seen == candidates

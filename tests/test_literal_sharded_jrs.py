@@ -335,3 +335,21 @@ def test_a_batch_collapsed_to_rounding_gets_the_floor_of_its_own_kernel(kernel):
     y = torch.arange(4).repeat_interleave(2)
     expected = JointRepresentationSimilarity([kernel()])([x], y)
     assert sharded_jrs([kernel()], [x], y).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("num_kernels", [2, 4])
+def test_even_adaptive_mixtures_get_the_literal_jrs_and_gradient(monkeypatch, num_kernels):
+    """An even K has bandwidths tau 2^(i - K//2) that are not symmetric about tau (K = 2: 0.5 tau
+    and tau): a sharded kernel dividing tau by each scale instead matched only odd K."""
+    label_list = [3, 3, 8, 1, 8, 8, 3, 1]
+    layers = random_layers(len(label_list), (3,), seed=11)
+    results = sharded_over_ranks(monkeypatch, [GaussianMixtureKernel(num_kernels)], layers,
+                                 torch.tensor(label_list), size=2)
+    points = [layers[0].tolist()]
+    builders = [gaussian_builder(num_kernels)]
+    expected = literal_jrs(points, label_list, [builders[0](points[0])])
+    expected_grad = literal_gradient(points, label_list, builders)
+    for rank, (value, grads) in enumerate(results):
+        assert value == pytest.approx(expected, rel=1e-12), rank
+        literal = torch.tensor(expected_grad[0][rank * 4 : (rank + 1) * 4], dtype=torch.float64)
+        assert torch.allclose(grads[0] / 2, literal, rtol=1e-6, atol=1e-9), rank

@@ -139,6 +139,30 @@ def test_descent_pulls_far_positives_together_and_pushes_near_negatives_apart():
             assert change * sign > 0, (labels.tolist(), gap)
 
 
+def test_defaults_are_ddml_s_threshold_3_and_sharpness_2():
+    """DDML's tau = 3 and beta = 2 when not given, in the function and the module. Pairs of
+    [0], [1], [3] with labels 0, 0, 1: d2 = 1 (same), 9 and 4 (other), z = -1, -5, 0."""
+    x, labels = torch.tensor([[0.0], [1.0], [3.0]], dtype=torch.float64), torch.tensor([0, 0, 1])
+    expected = (math.log1p(math.exp(-2.0)) + math.log1p(math.exp(-10.0)) + math.log(2.0)) / 6
+    assert pairwise_logistic_loss(x, labels).item() == pytest.approx(expected, rel=1e-12)
+    module = PairwiseLogisticLoss()
+    assert (module.threshold, module.sharpness) == (3.0, 2.0)
+    assert module(x, labels).item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("threshold", [0.0, -2.5])
+def test_a_threshold_of_zero_or_below_is_accepted(threshold):
+    """Any finite tau is a setting (only the sharpness must be > 0): tau = 0 and tau < 0 are
+    taken, not refused, and give the literal sum."""
+    embeddings, labels = random_batch(0, 6, 3, 2)
+    _, mean = literal_ddml_loss(embeddings, labels, threshold, 2.0)
+    # softplus is linear above beta*z = 20: at most log1p(e^-20) ~ 2e-9 off per pair
+    assert pairwise_logistic_loss(embeddings, labels, threshold).item() == pytest.approx(
+        mean, rel=1e-9, abs=1e-8)
+    assert PairwiseLogisticLoss(threshold)(embeddings, labels).item() == pytest.approx(
+        mean, rel=1e-9, abs=1e-8)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"sharpness": 0.0}, "sharpness"),
     ({"sharpness": -1.0}, "sharpness"),

@@ -203,6 +203,15 @@ def test_ties_count_against_the_probe():
     assert ranks.tolist() == [2]
 
 
+@pytest.mark.parametrize("gallery_ids", [[0, 1, 2, 2], [0, 1, 3, 4]], ids=["twice", "absent"])
+def test_a_probe_identity_not_exactly_once_in_the_gallery_is_a_one_line_error(gallery_ids):
+    """Single shot: a probe identity twice in the gallery (or absent) has no one true match; a
+    clear error, not a NumPy shape error from the true distances."""
+    with pytest.raises(KdmlError, match="^every probe identity must appear exactly once in the "
+                                        "gallery$"):
+        match_ranks(np.zeros((3, 2)), [0, 1, 2], np.ones((4, 2)), gallery_ids)
+
+
 def test_single_shot_cmc_hand_case_with_ties_singletons_and_clamped_ranks():
     # identities 0 and 1 sit on the same point (a tie), identity 2 far away, identity 3 has a
     # single image (no probe/gallery pair: left out). Every split gives ranks [2, 2, 1].
@@ -267,6 +276,14 @@ def test_source_nn_accuracy_matches_a_brute_force_vote():
             correct += predicted == y
         got = source_nn_accuracy(source, source_y, target, target_y, k=k)
         assert got == pytest.approx(correct / 12)
+
+
+def test_negative_source_labels_are_refused():
+    """-1 marks an unknown target label; the source domain is labelled, so a -1 there is a
+    mistake to name, not a class to vote for."""
+    with pytest.raises(KdmlError, match=r"^source_labels must all be >= 0 \(the source domain "
+                                        r"is labelled\)$"):
+        source_nn_accuracy(np.array([[0.0], [10.0]]), [0, -1], np.array([[1.0], [9.0]]), [0, 1])
 
 
 def test_target_metrics_take_any_magnitude_and_origin():

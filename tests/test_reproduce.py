@@ -58,6 +58,18 @@ def test_parts_are_disjoint_cover_every_class_and_are_balanced():
     assert [p.tolist() for p in parts] != [p.tolist() for p in stratified_parts(labels, 10, 4)]
 
 
+def test_parts_are_sorted_index_arrays():
+    """stratified_parts promises each part's indices in ascending order (a part read in sample
+    order, whatever the seeded dealing order was): 3 parts of 2 classes of 6."""
+    labels = np.array([0, 1] * 6)
+    parts = stratified_parts(labels, 3, seed=1)
+    assert len(parts) == 3
+    for part in parts:
+        indices = part.tolist()
+        assert all(a < b for a, b in zip(indices, indices[1:], strict=False)), indices
+        assert sorted(labels[part].tolist()) == [0, 0, 1, 1]
+
+
 def test_parts_refuse_classes_too_small_for_every_part():
     labels = np.array([0] * 30 + [1] * 19)
     with pytest.raises(KdmlError, match="fewer than 20 samples.*use fewer parts"):

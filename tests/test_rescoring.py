@@ -244,3 +244,33 @@ def test_chart_retrieval_and_source_nn_accuracy_rank_in_float64_too():
     nearest = literal_keys(target, source, "euclidean").argmin(1)
     expected_accuracy = float((labels[::2][nearest] == labels[1::2]).mean())
     assert accuracy == pytest.approx(expected_accuracy, abs=1e-12)
+
+
+def test_key_tolerance_is_the_documented_rounding_bound():
+    """Literal values of the docstring's bounds, a = (D + 2) 2^-52: Euclidean a k, cosine
+    a (k + 2 sqrt(k) + a); too tight a bound splits exact ties, too loose one ties neighbours."""
+    ulp = 2.0**-52
+    euclidean = key_tolerance(np.array([1.0, 2.5, 0.0]), 4, "euclidean")  # a = 6 ulp
+    assert euclidean.tolist() == [6 * ulp, 15 * ulp, 0.0]
+    assert key_tolerance(np.array([3.0]), 126, "euclidean").tolist() == [3 * 2.0**-45]
+    # D = 2: a = 2^-50; key 0 (a duplicate) keeps only a^2; key 4: a (4 + 4 + a)
+    cosine = key_tolerance(np.array([0.0, 4.0]), 2, "cosine")
+    assert cosine.tolist() == [2.0**-100, 2.0**-50 * (8 + 2.0**-50)]
+    # D = 6: a = 2^-49; key 1/4: a (1/4 + 1 + a)
+    assert key_tolerance(np.array([0.25]), 6, "cosine").tolist() == [
+        2.0**-49 * (1.25 + 2.0**-49)]
+
+
+def test_ties_are_anchored_at_their_first_key_not_chained():
+    """Keys 1 + 4j ulps (j = 0..4) against a tolerance of about 6 ulps: each step is within it,
+    but a tie spans at most 6 ulps from its first key, so the ties are {0, 1}, {2, 3}, {4}.
+    Chaining step by step would tie all five, however far the chain runs."""
+    ulp = 2.0**-52
+    keys = 1.0 + ulp * np.array([0.0, 4.0, 8.0, 12.0, 16.0])
+    indices = np.array([[3, 0, 4, 1, 2]])  # reference rows, given out of key order
+    table = keys[None, :]
+    continues = np.array([[False, True, True, True, True]])  # one float32 group
+    got_indices, got_continues = rescore_ties(np.array([0]), indices, continues,
+                                              GivenKeys(table, "euclidean", 4))
+    assert got_indices.tolist() == [[0, 1, 2, 3, 4]]
+    assert got_continues.tolist() == [[False, True, False, True, False]]

@@ -489,3 +489,39 @@ def test_python_lists_are_taken_as_a_reference_with_the_queries_labels():
                                      reference_coords=gallery, reference_chart_index=[0] * 4,
                                      reference_labels=labels)
     assert charts["recall@1"] == 1.0
+
+
+def test_queries_of_the_largest_class_absent_from_the_reference_are_left_out():
+    """The largest label among the queries has no reference sample: its queries are lone and
+    left out of the averages (the per-class count had been one class short, an IndexError)."""
+    queries = np.array([[0.0], [0.2], [10.0], [10.2], [20.0], [20.5]])
+    reference = np.array([[0.1], [5.0], [10.1], [30.0]])
+    # class 0 queries: 0.1 and 5.0 first, both relevant; class 1: 10.1 (hit), then 5.0 (miss)
+    got = retrieval_metrics(queries, [0, 0, 1, 1, 2, 2], ks=(1,), metric="euclidean",
+                            reference=reference, reference_labels=[0, 0, 1, 1], nmi=False)
+    assert got == pytest.approx({"recall@1": 1.0, "map@r": 0.75, "r_precision": 0.75},
+                                abs=1e-15)
+
+
+@pytest.mark.parametrize("chunk_size", [2, 4096])
+def test_a_chunk_of_only_lone_queries_is_skipped(chunk_size):
+    """chunk_size=2 makes the first chunk the two lone queries (R = 0 for both): it is skipped,
+    not a crash, and the other queries score as in one chunk."""
+    embeddings = np.array([[0.4], [100.0], [0.0], [1.0], [10.0], [11.0]])
+    # 0 and 1 find the lone 0.4 first (misses), 10 and 11 each other (hits)
+    got = retrieval_metrics(embeddings, [5, 6, 0, 0, 1, 1], ks=(1, 2), metric="euclidean",
+                            nmi=False, chunk_size=chunk_size)
+    assert got == pytest.approx({"recall@1": 0.5, "recall@2": 1.0, "map@r": 0.5,
+                                 "r_precision": 0.5}, abs=1e-15)
+
+
+def test_k_of_every_other_sample_is_accepted_in_leave_one_out():
+    """K = N - 1 is the whole reference of a leave-one-out query: allowed, and its Recall@K is
+    1 for every query that has a relevant sample; K = N is refused."""
+    embeddings = np.array([[0.0], [1.0], [2.5], [7.0]])
+    # neighbours: 0 -> 1 (hit); 1 -> 0 (hit); 2.5 -> 1, 0, 7 (miss at 1); 7 -> 2.5 (hit)
+    got = retrieval_metrics(embeddings, [0, 0, 1, 1], ks=(1, 3), metric="euclidean", nmi=False)
+    assert got == pytest.approx({"recall@1": 0.75, "recall@3": 1.0, "map@r": 0.75,
+                                 "r_precision": 0.75}, abs=1e-15)
+    with pytest.raises(KdmlError, match="^K=4 in ks is larger than the 3 available references$"):
+        retrieval_metrics(embeddings, [0, 0, 1, 1], ks=(4,), metric="euclidean", nmi=False)
