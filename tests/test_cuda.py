@@ -155,3 +155,17 @@ def test_an_atlas_run_s_charts_are_drawn_and_embedded_from_the_gpu(tmp_path):
     codes = np.load(tmp_path / "codes.npz")
     assert codes["chart_coords"].shape == (len(codes["labels"]), 2)
     assert set(np.unique(codes["chart_index"])) <= {0, 1, 2}
+
+
+def test_the_prior_is_drawn_on_its_generator_s_device_and_moved_to_the_batch_s():
+    """A CPU generator (kdml's per-step streams are CPU generators) draws the prior on the CPU
+    whatever device the coordinates are on: the same draw as on a CPU run, moved to the GPU.
+    Drawing it on the coordinates' device raises, or, with a CUDA generator there, draws
+    other numbers than the CPU run."""
+    from kdml.regularizers.manifold import ManifoldMMD
+
+    mmd = ManifoldMMD(dim=3, n_charts=2)
+    like = torch.zeros(4, 2, 3, device="cuda")
+    on_gpu = mmd.sample_prior(5, like, generator=torch.Generator().manual_seed(7))
+    on_cpu = mmd.sample_prior(5, like.cpu(), generator=torch.Generator().manual_seed(7))
+    assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), on_cpu)
