@@ -436,9 +436,17 @@ def test_runner_and_report_end_to_end(tmp_path):
     assert len(parts.values["recall@1"]) == 2 and len(parts.part_ci95["recall@1"]) == 2
     stored = json.loads((parts.run_dirs[0] / "parts.json").read_text())
     assert stored["metrics"]["recall@1"]["mean"] == parts.values["recall@1"][0]
+    # computed at Table 2's K whatever the experiment reads, for a later Table 2 sharing it
+    assert {"recall@1", "recall@2", "recall@4", "recall@8"} <= set(stored["metrics"])
     # the generalization cell is the parts experiment's "alpha = 1" run, trained once
     general = by_key["tiny-generalization"].cells["alpha = 1"]
     assert general.run_dirs == parts.run_dirs
+    # Table 3's Recall@1 (with 95% intervals) is Table 2's parts protocol, not the whole set's
+    assert general.values["recall@1"] == parts.values["recall@1"]
+    assert general.part_ci95["recall@1"] == parts.part_ci95["recall@1"]
+    whole = [json.loads((run / "metrics.json").read_text())["final"]["recall@1"]
+             for run in general.run_dirs]
+    assert whole != general.values["recall@1"]
     assert general.values["bound"][0] == pytest.approx(
         general.values["lambda"][0] + general.values["h_divergence"][0])
     assert by_key["tiny-charts"].cells["MTriplet"].charts.is_file()
@@ -658,7 +666,8 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     errors = _errors_after(run_dir / "parts.json", '{"metrics": {"recall@1": {"mean": "x"}}}',
                            runs)
     assert errors["tiny-parts"].startswith(f"{run_dir / 'parts.json'} is not as kdml wrote it")
-    assert "delete it" in errors["tiny-parts"] and not errors["tiny-generalization"]
+    assert "delete it" in errors["tiny-parts"]
+    assert errors["tiny-generalization"] == errors["tiny-parts"]  # Table 3 reads it too
     # a Recall@K the table reads, or the count of parts, gone: the cell had taken the whole
     # test set's value for it, mixing the protocols
     parts = json.loads((run_dir / "parts.json").read_text())
@@ -668,6 +677,8 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
         assert errors["tiny-parts"] == (f"{run_dir / 'parts.json'} is not as kdml wrote it "
                                         f"({detail}); delete it and run the same command again "
                                         "to recompute it")
+        # Table 3 reads Recall@1 alone: a file without Recall@2 is still good for it
+        assert bool(errors["tiny-generalization"]) == (detail == "not 10 parts")
     errors = _errors_after(run_dir / "reproduce.json", "{", runs)
     assert errors["tiny-parts"] == errors["tiny-generalization"] == (
         f"{run_dir / 'reproduce.json'} is not as kdml wrote it (no wall_s); delete it and run "
@@ -699,11 +710,21 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     errors = _errors_after(run_dir / "generalization.json", json.dumps(earlier), runs)
     assert not errors["tiny-generalization"]
     metrics = json.loads((run_dir / "metrics.json").read_text())
+    kept = json.dumps(metrics)
     metrics["final"]["recall@1"] = "0.5"
-    errors = _errors_after(run_dir / "metrics.json", json.dumps(metrics), runs)
-    assert errors["tiny-generalization"] == (f"{run_dir / 'metrics.json'}: recall@1 is '0.5', "
-                                             "not a number; delete the run folder to train it "
-                                             "again")
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    # both tiny tables take Recall@1 from parts.json; a table of the whole test set, sharing
+    # the run, reads metrics.json's
+    whole_set = dataclasses.replace(_tiny_experiments()[0], key="tiny-test", protocol="test")
+    try:
+        results = reproduce([*_tiny_experiments()[:2], whole_set], 1, runs, "cpu",
+                            progress=False, echo=lambda line: None)
+    finally:
+        (run_dir / "metrics.json").write_text(kept)
+    errors = {result.experiment.key: result.error for result in results}
+    assert not errors["tiny-parts"] and not errors["tiny-generalization"]
+    assert errors["tiny-test"] == (f"{run_dir / 'metrics.json'}: recall@1 is '0.5', not a "
+                                   "number; delete the run folder to train it again")
     assert all("\n" not in error for error in errors.values())
 
 

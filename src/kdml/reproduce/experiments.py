@@ -18,8 +18,10 @@ from kdml.evaluation.estimate import Estimate
 
 # How the cells of an experiment are scored beyond their run's own test metrics.
 PROTOCOLS = ("test", "parts", "generalization")
-# ``parts``: Recall@K within 10 disjoint parts of the test set (Chu et al. 2020, Table 2).
+# ``parts``: Recall@K within 10 disjoint parts of the test set (Chu et al. 2020, Table 2);
+# ``generalization``: the same Recall@K (Table 3's, with 95% intervals) and lambda, d_H.
 NUM_PARTS = 10
+PARTS_KS = (1, 2, 4, 8)  # Table 2's Recall@K
 
 
 @dataclass(frozen=True)

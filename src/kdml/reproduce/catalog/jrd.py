@@ -186,11 +186,10 @@ def _jrd_generalization(dataset: str, common: tuple[str, ...]) -> Experiment:
         f"jrd-generalization-{dataset}", "jrd", "Chu et al. 2020, Table 3",
         "The generalization terms of JRD and JMMD: lambda, the H-divergence (Eq. 2) and their "
         "sum, the data terms of the bound", dataset, cells, metrics,
-        "CUB-200-2011, its Recall@1 a mean over 10 test parts (Table 2's protocol)", claims,
+        "CUB-200-2011, Recall@1 over 10 test parts (Table 2's protocol)", claims,
         protocol="generalization", common=common,
-        note="kdml's Recall@1 here is the whole test set's; the paper's is a mean over Table "
-             "2's 10 test parts (its 95% intervals come from the parts, Sec. 5.3, and its JRD "
-             "0.506 is Table 2's 50.7, not Table 1's whole-set 67.9), so the two columns are "
-             "not on one protocol; the claims compare kdml's cells only. lambda and d_H: 1-NN "
-             "classifiers over 10 random half-labelled splits (kdml analyze generalization); "
-             "d_H is the paper's Eq. 2 with the balanced error, so chance is 0.5.")
+        note="Recall@1 is Table 2's mean over 10 test parts, as the paper's: its 95% "
+             "intervals come from the parts (Sec. 5.3), and its JRD 0.506 is Table 2's 50.7, "
+             "not Table 1's whole-set 67.9. lambda and d_H: 1-NN classifiers over 10 random "
+             "half-labelled splits (kdml analyze generalization); d_H is the paper's Eq. 2 with "
+             "the balanced error, so chance is 0.5.")
