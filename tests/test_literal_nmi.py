@@ -165,7 +165,7 @@ def test_k_means_plus_plus_distances_are_those_of_the_whole_array_at_once():
 
 
 
-def _literal_seeding(vectors: np.ndarray, num_clusters: int, seed: int) -> np.ndarray:
+def _literal_seeding(vectors: np.ndarray, num_clusters: int, seed: int) -> list[int]:
     """k-means++ measuring every row's squared distance to each new centre exactly (the float32
     differences and squares summed in float64, as kdml's exact route), drawing as kdml does."""
     rng = np.random.default_rng(seed)
@@ -180,19 +180,21 @@ def _literal_seeding(vectors: np.ndarray, num_clusters: int, seed: int) -> np.nd
         centres.append(chosen)
         nearest = np.minimum(nearest, ((vectors - vectors[chosen]) ** 2).sum(axis=1,
                                                                            dtype=np.float64))
-    return vectors[centres]
+    return centres
 
 
 @pytest.mark.parametrize(("case", "dim", "dtype"), [
     ("blobs", 64, np.float32), ("blobs", 512, np.float32), ("far", 16, np.float32),
-    ("duplicates", 8, np.float32), ("huge", 4, np.float32), ("far", 16, np.float64)])
+    ("duplicates", 8, np.float32), ("huge", 4, np.float32), ("tiny", 64, np.float32),
+    ("far", 16, np.float64), ("tiny", 64, np.float64)])
 def test_k_means_plus_plus_draws_the_centres_of_measuring_every_row_exactly(case, dim, dtype):
     """The seeding estimates each pass's distances with one float32 matrix-vector product and
     measures exactly only the rows its error bound cannot rule out: the centres must be those
     of measuring every row, also where the estimate is poor (rows far from the origin: most
     rows measured), where rows repeat (zero distances, ties), where the float32 product
-    overflows, and in float64."""
-    from kdml.evaluation.clustering import kmeans_plus_plus
+    overflows or underflows (products below the smallest normal number, off by up to half a
+    subnormal whatever their size), and in float64."""
+    from kdml.evaluation.clustering import kmeans_plus_plus, kmeans_plus_plus_rows
 
     rng = np.random.default_rng(dim)
     labels = rng.integers(0, 40, 1500)
@@ -203,8 +205,12 @@ def test_k_means_plus_plus_draws_the_centres_of_measuring_every_row_exactly(case
         vectors = np.round(vectors)[rng.integers(0, 300, 1500)]
     elif case == "huge":
         vectors = vectors * 1e17 + 1e19  # float32 products overflow, differences do not
+    elif case == "tiny":  # products and squares subnormal
+        vectors = vectors * (1e-22 if dtype == np.float32 else 1e-162)
     vectors = vectors.astype(dtype)
     for seed in (0, 1):
         expected = _literal_seeding(vectors, 60, seed)
+        assert kmeans_plus_plus_rows(vectors, 60, np.random.default_rng(seed)) == expected
         got = kmeans_plus_plus(vectors, 60, np.random.default_rng(seed))
-        assert got.dtype == np.float32 and np.array_equal(got, expected.astype(np.float32))
+        assert got.dtype == np.float32
+        assert np.array_equal(got, vectors[expected].astype(np.float32))

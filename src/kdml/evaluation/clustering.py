@@ -72,13 +72,22 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
     are bit for bit those of measuring every row exactly.
     (Pruning by the triangle inequality, tried, skipped almost nothing: in 512 dimensions the
     distances are too alike.)"""
+    rows = kmeans_plus_plus_rows(vectors, num_clusters, rng)
+    return np.ascontiguousarray(vectors[rows], dtype=np.float32)
+
+
+def kmeans_plus_plus_rows(vectors: np.ndarray, num_clusters: int,
+                          rng: np.random.Generator) -> list[int]:
+    """The rows :func:`kmeans_plus_plus` takes as centres, in the order drawn."""
     first = int(rng.integers(len(vectors)))
     centres = [first]
     nearest = _squared_distances(vectors, vectors[first])
     norms_squared = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
     norms = np.sqrt(norms_squared)
     products = np.empty(len(vectors), dtype=vectors.dtype)
-    unit_roundoff = float(np.finfo(vectors.dtype).eps) / 2  # 2**-24 for float32
+    float_type = np.finfo(vectors.dtype)
+    unit_roundoff = float(float_type.eps) / 2  # 2**-24 for float32
+    subnormal = float(float_type.smallest_subnormal)
     for _ in range(1, num_clusters):
         total = nearest.sum()
         if total <= 0:  # every point is a centre already: repeat one
@@ -90,31 +99,36 @@ def kmeans_plus_plus(vectors: np.ndarray, num_clusters: int,
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is measured exactly
             np.dot(vectors, vectors[chosen], out=products)
             estimate = norms_squared - 2.0 * products + norms_squared[chosen]
-        error = _estimate_error_bound(norms, norms[chosen], vectors.shape[1], unit_roundoff)
+        error = _estimate_error_bound(norms, norms[chosen], vectors.shape[1], unit_roundoff,
+                                      subnormal)
         # rows whose estimate, less its error, is not above their nearest distance (NaN or an
         # overflowed product included): only these can come closer to the new centre
         maybe_closer = np.flatnonzero(~(estimate - error >= nearest))
         if len(maybe_closer):
             exact = _squared_distances(vectors[maybe_closer], vectors[chosen])
             nearest[maybe_closer] = np.minimum(nearest[maybe_closer], exact)
-    return np.ascontiguousarray(vectors[centres], dtype=np.float32)
+    return centres
 
 
 def _estimate_error_bound(norms: np.ndarray, centre_norm: float, dim: int,
-                          unit_roundoff: float) -> np.ndarray:
+                          unit_roundoff: float, subnormal: float) -> np.ndarray:
     r"""How far :math:`|x|^2 - 2 x \cdot c + |c|^2`, its product summed in the vectors' float
     type (unit roundoff :math:`u`) in any order, and :func:`_squared_distances`' differences
     and squares in that type can each be from
     :math:`|x - c|^2`: :math:`2 \gamma_D |x| |c|` for the product (Higham, Accuracy and
     Stability of Numerical Algorithms, Eq. 3.5, with Cauchy-Schwarz; :math:`\gamma_D = D u /
     (1 - D u)`) and :math:`3u` of the squared distance, at most :math:`(|x| + |c|)^2`, for the
-    exact route; one more :math:`u`, and :math:`2 \gamma_D` of float64 for the sums both
-    routes take in float64 (the norms, the exact route's sum)."""
+    exact route; :math:`3u` more for the estimate's own sums, and :math:`2 \gamma_D` of
+    float64 for the sums both routes take in float64 (the norms, the exact route's sum). A
+    product or square below the smallest normal number is off by up to half the smallest
+    subnormal :math:`\eta` whatever its size, which no relative bound covers: :math:`(2D + 4)
+    \eta` more (an underflow in each of the D products, squares and float64 norms)."""
     gamma = dim * unit_roundoff / (1.0 - dim * unit_roundoff)
     float64_unit = 2.0**-53
     gamma64 = dim * float64_unit / (1.0 - dim * float64_unit)
-    return (2.0 * gamma * centre_norm) * norms + (4.0 * unit_roundoff + 2.0 * gamma64) * (
-        norms + centre_norm) ** 2
+    return ((2.0 * gamma * centre_norm) * norms
+            + (6.0 * unit_roundoff + 2.0 * gamma64) * (norms + centre_norm) ** 2
+            + (2 * dim + 4) * subnormal)
 
 
 SQUARED_DISTANCE_ROWS = 1024  # rows per block: the block's differences stay in the CPU's cache
