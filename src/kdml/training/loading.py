@@ -220,6 +220,17 @@ def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunC
                     "to use this data anyway")
 
 
+def check_checkpoint_recipe(state: dict[str, Any], recipe: str, checkpoint: Path,
+                            config_name: str) -> None:
+    """Refuse, in one line, a checkpoint trained with another recipe than ``recipe``, which
+    ``config_name`` (the run folder's config) names: another run's checkpoint."""
+    trained = (state.get("config") or {}).get("recipe", recipe)
+    if trained != recipe:
+        raise KdmlError(f"checkpoint {checkpoint} is a {trained!r} run but {config_name} says "
+                        f"{recipe!r}; it belongs to another run: put the run's own checkpoint "
+                        "back, or train this config again")
+
+
 def check_checkpoint_config(state: dict[str, Any], config: RunConfig, checkpoint: Path,
                             run: RunFolder) -> None:
     """Refuse, in one line, a checkpoint trained with another recipe or other settings than
@@ -227,11 +238,8 @@ def check_checkpoint_config(state: dict[str, Any], config: RunConfig, checkpoint
     weights would load wherever the shapes fit and be scored under the folder's config. The
     settings ``--resume`` may change (:data:`~kdml.training.resume_settings.RESUMABLE`: paths,
     device, epochs, ...) and the ``eval`` section, which only says how to score, may differ."""
+    check_checkpoint_recipe(state, config.recipe, checkpoint, str(run.config))
     trained = state.get("config") or {}
-    if trained.get("recipe", config.recipe) != config.recipe:
-        raise KdmlError(f"checkpoint {checkpoint} is a {trained['recipe']!r} run but "
-                        f"{run.config} says {config.recipe!r}; it belongs to another run: put "
-                        "the run's own checkpoint back, or train this config again")
     changed = [change for change in changed_settings(trained, config)
                if not change.startswith("eval.")]
     if changed:

@@ -62,7 +62,13 @@ from kdml.training.checks import (
 )
 from kdml.training.denormal import flushing_denormals
 from kdml.training.determinism import deterministic_mode
-from kdml.training.loading import RESUME_DATA_REMEDY, check_data_path, check_run_data, data_record
+from kdml.training.loading import (
+    RESUME_DATA_REMEDY,
+    check_checkpoint_recipe,
+    check_data_path,
+    check_run_data,
+    data_record,
+)
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
 from kdml.training.recorder import Recorder
@@ -198,10 +204,7 @@ class Session:
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint; one line when it is another recipe's or another shape's."""
-        saved_recipe = (state.get("config") or {}).get("recipe")
-        if saved_recipe not in (None, self.config.recipe):
-            raise KdmlError(f"checkpoint {path} is a {saved_recipe!r} run but the run folder's "
-                            f"config is {self.config.recipe!r}; it belongs to another run")
+        check_checkpoint_recipe(state, self.config.recipe, path, "the run folder's config")
         try:
             self.method.load_state_dict(state["method"])
             if not self.method.needs_fit:
