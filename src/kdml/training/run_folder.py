@@ -10,7 +10,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -194,8 +194,8 @@ class RunFolder:
             with partial.open("w", newline="") as handle:
                 csv.writer(handle).writerows(lines)
 
-        # both checked before either is replaced
-        self.check_metrics_replaceable()
+        # both checked before either is replaced (write_json checks the JSON)
+        check_csv_replaceable(self.metrics_csv)
         write_json({"epochs": history, "final": final, "scored": scored}, self.metrics_json,
                    METRICS_FIELDS)
         write_through_new_file(self.metrics_csv, write_csv)
@@ -417,11 +417,7 @@ def check_csv_replaceable(path: Path) -> None:
     """Refuse a metrics CSV path where a folder, a link, or a file kdml did not write is in
     the way: kdml's first row is its header, starting with ``epoch`` (empty before any
     epoch)."""
-    if path.is_dir():
-        raise KdmlError(f"{path} is a folder, where kdml writes a file; move it away")
-    if path.is_symlink() or (path.exists() and not _kdml_metrics_csv(path)):
-        raise KdmlError(f"{path} is in the way and kdml did not write it; move it away (kdml "
-                        "never replaces a file it did not write)")
+    _check_replaceable(path, _kdml_metrics_csv)
 
 
 def _kdml_metrics_csv(path: Path) -> bool:
@@ -437,9 +433,15 @@ def _kdml_metrics_csv(path: Path) -> bool:
 def check_json_replaceable(path: Path, fields: Iterable[str]) -> None:
     """Refuse a JSON result path where a folder, a link, or a file kdml did not write (see
     :func:`written_by_kdml`) is in the way; commands check before their work."""
+    _check_replaceable(path, lambda existing: written_by_kdml(existing, fields))
+
+
+def _check_replaceable(path: Path, written_by_kdml_here: Callable[[Path], bool]) -> None:
+    """Refuse ``path`` where a folder, a link, or a file kdml did not write (as
+    ``written_by_kdml_here`` tells) is in the way."""
     if path.is_dir():  # the rename would fail at the end
         raise KdmlError(f"{path} is a folder, where kdml writes a file; move it away")
-    if path.is_symlink() or (path.exists() and not written_by_kdml(path, fields)):
+    if path.is_symlink() or (path.exists() and not written_by_kdml_here(path)):
         raise KdmlError(f"{path} is in the way and kdml did not write it; move it away (kdml "
                         "never replaces a file it did not write)")
 
