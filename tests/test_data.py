@@ -571,11 +571,28 @@ def test_automatic_workers_are_one_per_core_at_most_eight(monkeypatch):
     """data.num_workers=-1 as the module doc says: a cap of 8 (whose loss had passed every
     test) keeps a 32-core node from starting 32 decoding processes."""
     files = ImageFiles("toy", "toy", ["/nonexistent/a.png"], torch.tensor([0]), resize=8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # not under torchrun
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     assert resolve_num_workers(-1, files) == 8
     assert resolve_num_workers(12, files) == 12  # a count that is set is taken as it is
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert resolve_num_workers(-1, files) == 3
+
+
+def test_automatic_workers_share_the_cores_among_torchruns_processes(monkeypatch):
+    """Under torchrun every process starts its own loader: on a 16-core machine with 8
+    processes, 8 workers each had been 64 decoders on 16 cores; each now takes its share of
+    the cores (LOCAL_WORLD_SIZE), at least one, still at most 8."""
+    files = ImageFiles("toy", "toy", ["/nonexistent/a.png"], torch.tensor([0]), resize=8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert resolve_num_workers(-1, files) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert resolve_num_workers(-1, files) == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")  # more processes than cores: one each
+    assert resolve_num_workers(-1, files) == 1
+    assert resolve_num_workers(5, files) == 5  # a count that is set is each process's own
+    assert resolve_num_workers(-1, vectors(torch.tensor([0, 1]))) == 0  # in memory: none
 
 
 def test_training_skips_a_batch_left_with_one_readable_image(tmp_path):

@@ -44,7 +44,9 @@ class DataConfig:
     batch_size: int = 64  # 0 = the whole training set in one batch
     samples_per_class: int = 0  # m of the class-balanced sampler; 0 = plain shuffled batches
     pca_dim: int = 0  # domain pairs: PCA fitted on the source only (0 = none)
-    num_workers: int = -1  # loader processes; -1 = one per core (at most 8) for image files
+    # loader processes; -1 = one per core (at most 8) for image files, under torchrun each
+    # process's share of its machine's cores
+    num_workers: int = -1
     resize: int = 256  # image files: short side after decoding (then a centred square)
     image_size: int = 224  # image files: side of the training and test crops
     on_bad_image: str = "error"  # an undecodable image file: error (stop) | skip (leave out)

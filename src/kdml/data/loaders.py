@@ -4,7 +4,9 @@ Datasets return whole :class:`~kdml.data.dataset.Batch` es from ``__getitems__``
 loaders use batch samplers (:mod:`kdml.data.samplers`) and no per-sample collation. Workers are
 worth their start-up only for file-backed datasets: ``data.num_workers = -1`` (the default)
 gives one per core, at most 8, for those and none for in-memory arrays, whose batches are a
-single gather.
+single gather. Under torchrun the cores are shared among the processes on the machine
+(``LOCAL_WORLD_SIZE``), each taking its share, at least one: every process starts its own
+loader, and 8 workers each for 8 processes on a 16-core machine would be 64 decoders.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.utils.data import BatchSampler, DataLoader, Sampler, SequentialSample
 
 from kdml.data.dataset import Batch, DmlDataset, collate_batch
 from kdml.data.images import DECODE_ERRORS
+from kdml.distributed import processes_on_this_machine
 from kdml.errors import KdmlError, LocalError
 
 MAX_AUTO_WORKERS = 8
@@ -41,7 +44,10 @@ def resolve_num_workers(setting: int, dataset: DmlDataset) -> int:
     """``data.num_workers``: a count, or -1 for the default described in the module doc."""
     if setting >= 0:
         return setting
-    return min(available_cores(), MAX_AUTO_WORKERS) if dataset.is_file_backed else 0
+    if not dataset.is_file_backed:
+        return 0
+    share = available_cores() // processes_on_this_machine(1)
+    return max(1, min(share, MAX_AUTO_WORKERS))
 
 
 def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_workers: int,
