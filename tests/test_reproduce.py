@@ -1712,3 +1712,261 @@ def test_an_image_where_a_plot_goes_is_refused_before_anything_trains(tmp_path, 
     assert err.startswith(f"kdml: error: {plots / 'tiny-j.png'} is in the way and kdml did not "
                           "draw it") and err.count("\n") == 1, err
     assert trained == [] and not runs.exists()
+
+def _by_hand(experiment: Experiment, values: dict[str, dict[str, list[float]]],
+             **per_cell: dict[str, object]) -> ExperimentResult:
+    """An ExperimentResult built without training: ``values[label][metric]`` per seed, and
+    CellResult fields by cell label (``collapsed={"flat": {1: 0.9}}``)."""
+    cells = {}
+    for cell in experiment.cells:
+        count = len(next(iter(values[cell.label].values())))
+        cells[cell.label] = CellResult(
+            values=values[cell.label], wall_s=[60.0] * count,
+            run_dirs=[Path(f"/runs/{cell.label}/seed-{seed}") for seed in range(count)],
+            **{name: by_label[cell.label] for name, by_label in per_cell.items()
+               if cell.label in by_label})
+    configs = tuple(cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells)
+    return ExperimentResult(experiment, cells, configs)
+
+
+def _literal(values: list[float]) -> tuple[float, float]:
+    """Mean and 95% Student-t half-width, in plain float64 loops."""
+    kept = [value for value in values if not math.isnan(value)]
+    mean = sum(kept) / len(kept)
+    spread = math.sqrt(sum((value - mean) ** 2 for value in kept) / (len(kept) - 1))
+    return mean, float(stats.t.ppf(0.975, len(kept) - 1)) * spread / math.sqrt(len(kept))
+
+
+def test_a_report_s_numbers_are_the_literal_mean_interval_and_paired_margin(tmp_path):
+    cells = (Cell("A", "jrd", ()), Cell("B", "jrd", ("method.alpha=0",)),
+             Cell("C", "jrd", ("method.alpha=2",)))
+    values = {"A": {"recall@1": [0.80, 0.82, 0.81, 0.85], "bound": [1.10, 1.05, 1.12, 1.08]},
+              "B": {"recall@1": [0.70, 0.71, 0.74, 0.72], "bound": [1.20, 1.21, 1.15, 1.19]},
+              "C": {"recall@1": [0.75, math.nan, 0.78, 0.76],
+                    "bound": [1.30, math.nan, 1.25, 1.28]}}
+    claims = (Claim("A beats B", "A", "B", "recall@1"),
+              Claim("A's bound is below C's", "A", "C", "bound", lower_is_better=True))
+    experiment = Experiment("hand", "jrd", "T", "t", "digits", cells, ("recall@1", "bound"),
+                            "CUB", claims, common=TINY)
+    result = _by_hand(experiment, values, diverged={"C": {1: "boom"}})
+    context = ReportContext("kdml reproduce jrd", "a test machine", "torch", 0.1, 4, False)
+    text = write_report([result], tmp_path / "report.md", context).read_text()
+    for label in "AB":
+        row = " | ".join("{:.3f} +- {:.3f}".format(*_literal(values[label][metric]))
+                         for metric in ("recall@1", "bound"))
+        assert f"| {label} | {row} |" in text
+    margin = "{:+.3f} +- {:.3f}".format(*_literal(
+        [b - w for b, w in zip(values["A"]["recall@1"], values["B"]["recall@1"], strict=True)]))
+    assert f"- A beats B (R@1): holds: A is higher by {margin}, 4 seeds." in text
+    lower = "{:+.3f} +- {:.3f}".format(*_literal(
+        [c - a for a, c in zip(values["A"]["bound"], values["C"]["bound"], strict=True)
+         if not math.isnan(c)]))
+    assert (f"- A's bound is below C's (lambda + d_H): holds: A is lower by {lower}, 3 seeds; "
+            "1 seed left out, where C diverged.") in text
+
+
+def test_verdict_shows_a_half_width_that_rounds_to_zero_and_judges_a_small_spread():
+    claim = Claim("A beats B", "A", "B", "recall@1")
+    # a spread of 2e-4 is a spread (not SAME), and its half-width 0.00025 is not "+- 0.000"
+    assert verdict(claim, [0.5120, 0.5121, 0.5122], [0.5] * 3) == \
+        "holds: A is higher by +0.0121 +- 0.0002, 3 seeds"
+    # a mean of -1e-7 printed at 6 decimals is still not "-0.000000"
+    line = verdict(claim, [-0.0010004, 0.001, 0.0], [0.0] * 3)
+    assert "-0.0" not in line and line.startswith("not shown: A minus B is +0.000000 +- ")
+
+
+def test_the_header_names_the_seeds_the_means_are_over():
+    from kdml.reproduce.report import _header
+
+    context = ReportContext("kdml reproduce jrd", "a test machine", "torch", 0.1, 3, False)
+    assert ("Values are means over 3 seeds (0 to 2) +- the half-width of their 95% confidence "
+            "interval (Student t).") in " ".join(_header(context))
+
+
+def test_a_claim_counts_the_seeds_its_cell_collapsed_on(tmp_path):
+    cells = (Cell("steady", "jrd", ()), Cell("flat", "jrd", ("method.alpha=0.5",)))
+    claim = Claim("steady beats flat", "steady", "flat", "recall@1")
+    experiment = Experiment("tiny-collapse", "jrd", "Figure 5", "regularizers", "digits", cells,
+                            ("recall@1",), "CUB", (claim,), common=TINY)
+    result = _by_hand(experiment, {"steady": {"recall@1": [0.5, 0.6, 0.55]},
+                                   "flat": {"recall@1": [0.2, 0.3, 0.25]}},
+                      collapsed={"flat": {1: 0.9}})
+    context = ReportContext("kdml reproduce jrd", "a test machine", "torch", 0.1, 3, False)
+    text = write_report([result], tmp_path / "report.md", context).read_text()
+    assert "| flat (seed 1 collapsed) |" in text
+    line = next(line for line in text.splitlines() if line.startswith("- steady beats"))
+    assert line.endswith("; flat collapsed on 1 of 3 seeds.")
+
+
+def test_a_sweep_plot_draws_the_table_s_first_metric(tmp_path, monkeypatch):
+    from kdml.reproduce import report as report_module
+
+    drawn = []
+    monkeypatch.setattr(report_module, "plot_sweep",
+                        lambda experiment, values, metric, path: drawn.append((metric, values))
+                        or path)
+    cells = (Cell("a", "jrd", (), x=0.0), Cell("b", "jrd", ("method.alpha=0",), x=1.0))
+    experiment = Experiment("sweep", "jrd", "Figure 4", "t", "digits", cells,
+                            ("recall@1", "map@r"), "CUB", common=TINY, sweep="alpha")
+    result = _by_hand(experiment, {"a": {"recall@1": [0.5, 0.6], "map@r": [0.1, 0.2]},
+                                   "b": {"recall@1": [0.7, 0.8], "map@r": [0.3, 0.4]}})
+    context = ReportContext("kdml reproduce jrd", "a test machine", "torch", 0.1, 2, False)
+    write_report([result], tmp_path / "report.md", context)
+    assert drawn == [("recall@1", {"a": [0.5, 0.6], "b": [0.7, 0.8]})]
+
+
+def test_a_paper_column_keeps_up_to_six_decimals():
+    from kdml.reproduce.report import _decimals
+
+    assert [_decimals(value) for value in (0.5, 0.0765, 0.12345, 0.123456, 0.1234567)] == \
+        [3, 4, 5, 6, 6]
+
+
+def test_training_minutes_leave_out_a_run_without_its_time():
+    from kdml.reproduce.report import training_minutes
+
+    assert training_minutes({Path("a"): (120.0, ""), Path("b"): (math.nan, "")}) == 2.0
+
+
+def test_a_section_written_at_another_setting_is_refused(tmp_path, monkeypatch, capsys):
+    """A --quick section is not silently re-read at the full setting (the tiny catalog's
+    runs are the same in both, so only the section's own command tells them apart)."""
+    _two_tiny_tables(monkeypatch)
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
+              "--device", "cpu"]
+    assert cli.main(["reproduce", "jrd", "--quick", "--only", "tiny-a", *common]) == 0
+    kept = report.read_text()
+    capsys.readouterr()
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-b", *common]) == 2
+    assert "would drop: tiny-a (written at --seeds 1 --quick); give" in capsys.readouterr().err
+    assert report.read_text() == kept
+
+
+def test_a_section_whose_runs_are_partly_finished_is_refused(tmp_path, monkeypatch, capsys):
+    _two_tiny_tables(monkeypatch)
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    common = ["--seeds", "2", "--runs", str(runs), "--out", str(report), "--no-progress",
+              "--device", "cpu"]
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-a", *common]) == 0
+    (timing,) = runs.glob("*/seed-1/reproduce.json")  # tiny-a's second seed: interrupted
+    timing.unlink()
+    capsys.readouterr()
+    trained = _count_training(monkeypatch)
+    assert cli.main(["reproduce", "jrd", "--only", "tiny-b", *common]) == 2
+    assert ("would drop: tiny-a (its runs at --seeds 2 on cpu are not all finished in "
+            in capsys.readouterr().err)
+    assert trained == []
+
+
+def test_an_experiment_that_cannot_be_configured_has_no_finished_runs(tmp_path):
+    from kdml.reproduce.runner import all_finished
+
+    bad = Experiment("tiny-bad", "jrd", "T", "t", "digits",
+                     (Cell("x", "jrd", ("method.no_such_setting=1",)),), ("recall@1",),
+                     common=TINY)
+    assert all_finished(bad, 1, tmp_path, "cpu") is False
+
+
+def test_the_training_time_leaves_out_the_stopped_line_and_a_clock_set_back(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("2026-01-01 10:00:00,000 start epoch 1 of 3\n"
+                   "2026-01-01 10:01:00,000 epoch 1: train/loss=1\n"
+                   "2026-01-01 10:30:00,000 stopped: interrupted\n"  # the cut-short epoch 2
+                   "2026-01-01 11:00:00,000 start epoch 2 of 3\n"
+                   "2026-01-01 11:00:30,000 epoch 2: train/loss=1\n")
+    assert logged_seconds(log) == 90.0
+    # local time set back an hour (DST) within a session: that session counts 0, not minus
+    log.write_text("2026-10-25 02:59:00,000 start epoch 1 of 2\n"
+                   "2026-10-25 02:01:00,000 epoch 1: train/loss=1\n"
+                   "2026-10-25 02:05:00,000 start epoch 2 of 2\n"
+                   "2026-10-25 02:06:00,000 epoch 2: train/loss=1\n")
+    assert logged_seconds(log) == 60.0
+
+
+def test_the_chart_plot_is_the_first_finished_seed_s_and_none_of_diverged_ones(tmp_path,
+                                                                              monkeypatch):
+    from kdml.reproduce import runner
+    from kdml.training.nonfinite import NonFiniteLoss
+
+    charts = _tiny_experiments()[2]
+    runs = tmp_path / "runs"
+    (result,) = reproduce([charts], 2, runs, "cpu", progress=False, echo=lambda line: None)
+    cell = result.cells["MTriplet"]
+    assert cell.charts == cell.run_dirs[0] / CHARTS_RECORD and cell.charts_seed == 0
+    assert not (cell.run_dirs[1] / CHARTS_RECORD).exists()  # drawn once, not per seed
+    # every seed diverged: said so, not that a checkpoint is missing
+    real_train = runner.train
+
+    def diverges(config, run_dir, **kwargs):
+        if config.method.n_charts == 3:
+            run_dir.mkdir(parents=True)
+            raise NonFiniteLoss("training stopped: the loss became NaN")
+        return real_train(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(runner, "train", diverges)
+    wild = dataclasses.replace(charts, key="tiny-wild", cells=(
+        Cell("MTriplet", "mtriplet", ("method.n_charts=3",), plot_charts=True),))
+    (result,) = reproduce([wild], 2, runs, "cpu", progress=False, echo=lambda line: None)
+    assert result.cells["MTriplet"].charts is None
+    assert result.cells["MTriplet"].charts_missing == ""
+    context = ReportContext("kdml reproduce atlas", "a test machine", "torch", 0.1, 2, True)
+    assert ("Charts of MTriplet (Sec. A.2) are not drawn here: every seed's run diverged"
+            in write_report([result], tmp_path / "report.md", context).read_text())
+
+
+def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_shown(tmp_path):
+    charts = _tiny_experiments()[2]
+    runs = tmp_path / "runs"
+    first = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
+    (run_dir,) = first[0].cells["MTriplet"].run_dirs
+    for checkpoint in run_dir.rglob("*.pt"):
+        checkpoint.unlink()
+    (run_dir / CHARTS_RECORD).write_bytes(b"\x89PNG not kdml's")
+    cell = reproduce([charts], 1, runs, "cpu", progress=False,
+                     echo=lambda line: None)[0].cells["MTriplet"]
+    assert cell.charts is None and "no checkpoint to draw its charts" in cell.charts_missing
+
+
+def test_a_protocol_file_s_boolean_is_not_a_number(tmp_path):
+    runs = tmp_path / "runs"
+    first = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
+                      echo=lambda line: None)
+    run_dir = first[0].cells["alpha = 1"].run_dirs[0]
+    parts = json.loads((run_dir / "parts.json").read_text())
+    broken = {**parts, "metrics": {**parts["metrics"], "recall@1": {"mean": True, "ci95": 0.1}}}
+    errors = _errors_after(run_dir / "parts.json", json.dumps(broken), runs)
+    assert errors["tiny-parts"] == (f"{run_dir / 'parts.json'} is not as kdml wrote it (a "
+                                    "metric without a numeric mean and ci95); delete it and run "
+                                    "the same command again to recompute it")
+
+
+def test_a_sweep_plot_joins_the_shared_start_to_every_line_at_the_seeds_mean(tmp_path,
+                                                                             monkeypatch):
+    from kdml.reproduce import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    cells = (Cell("b", "jrd", x=2.0, series="s"), Cell("base", "jrd", x=0.0),
+             Cell("a", "jrd", x=0.5, series="s"), Cell("c", "jrd", x=8.0, series="t"),
+             Cell("gone", "jrd", x=4.0, series="t"))
+    experiment = Experiment("sweep", "jrd", "Figure", "t", "digits", cells, ("recall@1",),
+                            sweep="alpha")
+    plots.plot_sweep(experiment, {"base": [0.4, 0.5], "a": [0.5, 0.7], "b": [0.6, 0.8],
+                                  "c": [0.7, 0.9], "gone": [math.nan, math.nan]},
+                     "recall@1", tmp_path / "sweep.png")
+    axis = drawn[0].axes[0]
+    lines = [(list(container.lines[0].get_xdata()), list(container.lines[0].get_ydata()))
+             for container in axis.containers]
+    assert lines == [([0.0, 0.5, 2.0], pytest.approx([0.45, 0.6, 0.7])),
+                     ([0.0, 8.0], pytest.approx([0.45, 0.8]))]
+    assert list(axis.get_xticks()) == [0.0, 0.5, 2.0, 8.0]  # none at 4: every seed diverged
+    assert (axis.get_xlabel(), axis.get_ylabel()) == ("alpha", "recall@1")
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == ["s", "t"]
+
+
+def test_a_paper_row_of_another_length_is_refused():
+    from kdml.reproduce.catalog.common import paper_values
+
+    with pytest.raises(ValueError):
+        paper_values(("recall@1", "recall@2"), (0.5,))
