@@ -596,6 +596,24 @@ def test_an_index_out_that_is_a_file_is_called_a_file(tmp_path):
     assert afile.read_text() == "mine"
 
 
+def test_an_index_out_that_is_the_current_folder_is_refused(runs, tmp_path, capsys,
+                                                            monkeypatch):
+    """An empty current folder as --out had failed at the final rename, with "...partial-XXXX
+    -> .: Device or resource busy"."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (".", "./", "../here"):
+        capsys.readouterr()
+        assert kdml("index", runs / "plain", "--out", out) == 2
+        assert capsys.readouterr().err == (
+            f"kdml: error: --out {Path(out)} is the folder you are in; an index goes into a "
+            "folder of its own: give one such as --out index\n")
+    assert list(tmp_path.iterdir()) == [here] and not any(here.iterdir())
+    assert kdml("index", runs / "plain", "--out", "index") == 0  # a folder inside it is fine
+    assert (here / "index" / "index.json").is_file()
+
+
 @pytest.mark.parametrize("name", ["plain", "atlas"])
 def test_raw_query_inputs_are_embedded_in_batches_as_one_batch_would_be(runs, tmp_path, name):
     """An .npz of raw inputs (it may hold a whole test split) is embedded batch by batch,
@@ -1159,6 +1177,26 @@ def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_
     assert capsys.readouterr().err == (
         f"kdml: error: {tmp_path / 'index'} holds a damaged index ({words}); build it again "
         "with 'kdml index'\n")
+
+
+@pytest.mark.parametrize("count", [float, str, lambda n: -1, lambda n: True],
+                         ids=["float", "text", "negative", "bool"])
+def test_an_index_json_count_that_is_not_a_whole_number_is_refused(runs, tmp_path, capsys,
+                                                                    count):
+    """A hand-edited count of 896.0 passed the length checks and crashed numpy with a raw
+    TypeError once -k reached it."""
+    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    meta = tmp_path / "index" / "index.json"
+    info = json.loads(meta.read_text())
+    edited = count(info["count"])
+    meta.write_text(json.dumps({**info, "count": edited}))
+    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz", "-k", 1000) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: {tmp_path / 'index'} holds a damaged index (index.json's count is "
+        f"{edited!r}, not a whole number); build it again with 'kdml index'\n")
 
 
 def test_queries_are_searched_without_the_run_s_data(tmp_path, capsys):

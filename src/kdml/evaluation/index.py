@@ -99,13 +99,18 @@ def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
 
 
 def check_index_folder(folder: Path) -> None:
-    """Refuse an ``--out`` that is a file, a link or a folder with anything in it."""
+    """Refuse an ``--out`` that is a file, a link, a folder with anything in it or the folder
+    the command runs in."""
     check_not_a_link(folder)
     if folder.exists() and not folder.is_dir():  # "not an empty folder" misled: it is a file
         raise KdmlError(f"--out {folder} is a file; an index goes into a new folder: choose "
                         "another --out")
     if folder.exists() and any(folder.iterdir()):
         raise KdmlError(f"--out {folder} is not an empty folder; an index goes into a new one")
+    if folder.exists() and folder.resolve() == Path.cwd().resolve():  # the build renames its
+        # finished folder onto --out: onto '.' that failed with "Device or resource busy"
+        raise KdmlError(f"--out {folder} is the folder you are in; an index goes into a folder "
+                        "of its own: give one such as --out index")
 
 
 def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], info: IndexInfo,
@@ -175,6 +180,9 @@ def load_index(folder: Path) -> LoadedIndex:
     except (OSError, ValueError, TypeError, RuntimeError, zipfile.BadZipFile) as error:
         raise KdmlError(f"{folder} holds a damaged index ({type(error).__name__}); build it "
                         "again with 'kdml index'") from None
+    if not _is_whole_number(info.count):  # 896.0 passed the length checks, then crashed np.full
+        raise KdmlError(f"{folder} holds a damaged index (index.json's count is "
+                        f"{info.count!r}, not a whole number); build it again with 'kdml index'")
     wanted = ["labels", "sources", *(["chart"] if info.charts is not None else [])]
     short = [key for key in wanted
              if key not in items or items[key].ndim != 1 or len(items[key]) != info.count]
@@ -208,7 +216,7 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
         return f"index.json's kind is {info.kind!r}, not one of {', '.join(INDEX_KINDS)}"
     if not is_finite_number(info.scale, above=0):
         return f"index.json's scale is {info.scale!r}, not a positive number"
-    if not (isinstance(info.dim, int) and not isinstance(info.dim, bool)):
+    if not _is_whole_number(info.dim):
         return f"index.json's dim is {info.dim!r}, not a whole number"
     for index in indexes.values():
         if index.d != info.dim:
@@ -220,6 +228,11 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
                                         and all(map(is_finite_number, info.centre))):
         return f"index.json's centre is not a list of {info.dim} finite numbers"
     return None
+
+
+def _is_whole_number(value: object) -> bool:
+    """Whether a value read from JSON is a whole number that is not negative (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def search_index(loaded: LoadedIndex, queries: Any, k: int,
