@@ -518,7 +518,8 @@ def test_the_retrieval_grid_s_seed_draws_its_queries(runs, tmp_path, monkeypatch
     shutil.copytree(runs / "plain", run)
     drawn = []
     monkeypatch.setattr(plots, "plot_retrieval_grid",
-                        lambda queries, *args, **kwargs: drawn.append(queries.tolist()))
+                        lambda queries, neighbours, hits, image, path, *args, **kwargs:
+                        drawn.append(queries.tolist()) or path)
     for seed in (0, 0, 1):
         assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "2", "--seed", seed) == 0
     assert drawn[0] == drawn[1] != drawn[2]
