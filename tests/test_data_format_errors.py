@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from fixtures_array_sets import make_csv_list, make_image_folder
 from fixtures_photo_sets import make_cub, make_inshop
 
@@ -126,6 +127,29 @@ def test_cub_path_with_a_nul_byte_in_its_folder(tmp_path):
     images.write_text(images.read_text().replace("002.", "0\0" "02.", 1))
     with pytest.raises(KdmlError, match="holds a NUL byte"):
         load_cub(root)
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("data", "dataset", "folder:/tmp/a\0b"), ("data", "dataset", "csv:list\0.csv"),
+    ("data", "root", "/tmp/\0"), ("model", "weights", "/tmp/w\0.pth")])
+def test_a_setting_that_names_a_path_with_a_nul_byte_is_refused(tmp_path, capsys, section, key,
+                                                                value):
+    """A YAML "\\0" escape (a command line cannot carry one) had stopped kdml train with a
+    traceback (ValueError: embedded null byte), and open_dataset with a bare ValueError."""
+    config = tmp_path / "nul.yaml"
+    config.write_text(yaml.safe_dump({section: {key: value}}))
+    assert cli.main(["train", "amsoftmax", "--config", str(config), "--out",
+                     str(tmp_path / "run"), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"kdml: error: {section}.{key}={value!r} holds a NUL "
+                                       "byte, which no file name can: remove it\n")
+    assert not (tmp_path / "run").exists()
+    if section == "data":
+        name, root = (value, "") if key == "dataset" else ("cub", value)
+        what = "the dataset" if key == "dataset" else "data.root"
+        with pytest.raises(KdmlError) as refused:
+            open_dataset(name, root)
+        assert str(refused.value) == (f"{what} {value!r} holds a NUL byte, which no file name "
+                                      "can: remove it")
 
 
 def test_cub_image_id_listed_twice(tmp_path):

@@ -742,3 +742,131 @@ def test_idx_reads_a_decompressed_file_whose_gz_agrees(tmp_path):
     dotted(folder)
     one_line_error(lambda: load_mnist(folder), "t10k-labels.idx1-ubyte and "
                    "t10k-labels.idx1-ubyte.gz both exist but hold different data")
+
+
+def test_csv_negative_integer_labels_sort_as_numbers(tmp_path):
+    """-1 is an integer label too: the labels sort in numeric order, -10 < -1 < 2 < 10, not as
+    text ("-1" < "-10" < "10" < "2")."""
+    csv_file = write_csv(tmp_path, "path,label,split\n"
+                                   "photos/c00/000.jpg,-1,train\n"
+                                   "photos/c00/001.png,10,train\n"
+                                   "photos/c01/000.jpg,-10,test\n"
+                                   "photos/c01/001.png,2,test\n")
+    parts = load_csv(csv_file)
+    assert parts.dataset.labels.tolist() == [1, 3, 0, 2]
+    assert parts.dataset.class_names == {0: "-10", 1: "-1", 2: "2", 3: "10"}
+
+
+def test_folder_reads_a_class_s_sub_folders_in_sorted_order(tmp_path):
+    """As os.walk (the docstring's order): a folder's own images, then its sub-folders one by
+    one in sorted order, each with all its own sub-folders."""
+    folder = make_image_folder(tmp_path, classes=2, per_class=1, size=20)
+    image = (folder / "c00" / "000.jpg").read_bytes()
+    for relative in ("c00/a/1.jpg", "c00/a/z/2.jpg", "c00/b/3.jpg", "c00/c/4.jpg"):
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_bytes(image)
+    paths = load_folder(folder).dataset.paths
+    assert [str(Path(path).relative_to(folder)) for path in paths] == [
+        "c00/000.jpg", "c00/a/1.jpg", "c00/a/z/2.jpg", "c00/b/3.jpg", "c00/c/4.jpg",
+        "c01/000.jpg"]
+
+
+def test_folder_one_level_too_high_with_two_classes(tmp_path):
+    """Two classes are enough to show the folder is one level too high (DIR/images/c00, c01):
+    it is refused, not read as one class."""
+    images = make_image_folder(tmp_path / "photos", classes=2, per_class=1)
+    one_line_error(lambda: load_folder(tmp_path / "photos"), "folder:photos: it holds one "
+                   "folder, images/, whose 2 sub-folders (c00, c01) look like the classes: "
+                   f"give {images} as the folder")
+
+
+def test_folder_refuses_a_link_to_an_image_of_a_linked_class_folder(tmp_path):
+    """A class folder that is a link holds its images under their real paths: a link in
+    another class to one of them is the same image twice."""
+    folder = make_image_folder(tmp_path, classes=3, per_class=2)
+    linked = tmp_path / "elsewhere"
+    (folder / "c01").rename(linked)
+    (folder / "c01").symlink_to(linked, target_is_directory=True)
+    (folder / "c00" / "twin.jpg").symlink_to(linked / "000.jpg")
+    one_line_error(lambda: load_folder(folder), "c01/000.jpg and c00/twin.jpg are the same "
+                   "image through a link", "remove the link")
+
+
+def test_csv_skips_rows_of_spaces(tmp_path):
+    """A row whose fields are all blank (spaces a spreadsheet left) is skipped, as an empty
+    line is, not read as an image with an empty path."""
+    csv_file = write_csv(tmp_path, "path,label,split\n"
+                                   "photos/c00/000.jpg,a,train\n"
+                                   " , , \n"
+                                   "photos/c01/000.jpg,b,test\n")
+    assert load_csv(csv_file).dataset.labels.tolist() == [0, 1]
+
+
+def test_cifar_refuses_a_negative_label(tmp_path):
+    """A label -1 (an 'unlabelled' marker some tools write) is no CIFAR-10 class."""
+    folder = make_cifar10(tmp_path, per_batch=4, test=4)
+    rows = np.zeros((4, 3072), dtype=np.uint8)
+    write_cifar_file(folder / "data_batch_3", rows, np.array([0, -1, 2, 3]), b"labels")
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3",
+                   "labels must lie in 0..9, got -1..3")
+
+
+def test_cifar_refuses_labels_that_are_not_a_flat_list(tmp_path):
+    """Labels as a column ([[0], [1], ...], the right count) are not a list of labels."""
+    folder = make_cifar10(tmp_path, per_batch=4, test=4)
+    rows = np.zeros((4, 3072), dtype=np.uint8)
+    write_cifar_file(folder / "data_batch_3", rows, np.zeros(4), b"labels",
+                     extra={b"labels": [[0], [1], [2], [3]]})
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3 holds 4 images but labels of "
+                   "shape (4, 1), not a list of 4")
+
+
+def test_mnist_refuses_the_label_10(tmp_path):
+    """10 is the first label beyond the ten classes 0..9."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
+    labels = folder / "t10k-labels-idx1-ubyte"
+    raw = bytearray(labels.read_bytes())
+    raw[8 + 3] = 10
+    labels.write_bytes(bytes(raw))
+    one_line_error(lambda: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte: label number 4 is "
+                   "10, but labels must lie in 0..9")
+
+
+def test_idx_train_and_t10k_images_of_other_sizes(tmp_path):
+    """t10k images of another size (another dataset's file) are named, not a raw NumPy
+    error from joining the two parts."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
+    (folder / "t10k-images-idx3-ubyte").write_bytes(idx_bytes(np.zeros((10, 20, 20),
+                                                                       dtype=np.uint8)))
+    one_line_error(lambda: load_mnist(folder), "train images are (28, 28) but t10k images are "
+                   "(20, 20)")
+
+
+def test_fashion_mnist_class_names_are_the_dataset_s_own(tmp_path):
+    """Written out, not compared with FASHION_MNIST_CLASSES itself: the README's order
+    (github.com/zalandoresearch/fashion-mnist), label 1 Trouser, label 2 Pullover."""
+    folder = make_idx(tmp_path, train=20, test=10, name="fashion")
+    assert load_fashion_mnist(folder).dataset.class_names == {
+        0: "T-shirt/top", 1: "Trouser", 2: "Pullover", 3: "Dress", 4: "Coat", 5: "Sandal",
+        6: "Shirt", 7: "Sneaker", 8: "Bag", 9: "Ankle boot"}
+
+
+def test_folder_does_not_count_a_class_s_sub_folders_as_left_out(tmp_path, caplog):
+    """A sub-folder of a class is read, not also reported as a file left out."""
+    folder = make_image_folder(tmp_path, classes=2, per_class=2)
+    (folder / "c01" / "nested").mkdir()
+    (folder / "c01" / "nested" / "deep.png").write_bytes((folder / "c01" / "001.png")
+                                                         .read_bytes())
+    with caplog.at_level(logging.WARNING, logger="kdml.data"):
+        assert len(load_folder(folder).dataset) == 5
+    assert not caplog.records
+
+
+def test_cifar_class_names_pickled_as_text(tmp_path):
+    """A batches.meta pickled by Python 3 (a copy saved again) holds its names as str, not
+    bytes: they are read as they are."""
+    folder = make_cifar10(tmp_path, per_batch=2, test=2)
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+             "truck"]
+    write_cifar_meta(folder / "batches.meta", {b"label_names": names})
+    assert load_cifar10(folder).dataset.class_names == dict(enumerate(names))

@@ -247,6 +247,10 @@ def check_root_is_read(name: str, root: str) -> None:
 def open_dataset(name: str, root: str = "") -> DatasetParts:
     """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``, which only
     the on-disk formats read (:func:`check_root_is_read`)."""
+    for key, value in (("the dataset", name), ("data.root", str(root))):  # root: a Path too
+        if "\0" in value:  # os calls would stop with a bare ValueError
+            raise KdmlError(f"{key} {value!r} holds a NUL byte, which no file name can: "
+                            "remove it")
     check_root_is_read(name, root)
     if name in DATASETS:
         entry = DATASETS[name]

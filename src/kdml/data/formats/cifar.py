@@ -118,8 +118,10 @@ def read_batch(layout: Layout, relative: str, label_key: bytes,
     if labels.dtype.kind not in "iu":  # floats, strings, or ints beyond 64 bits (object)
         raise layout.error(f"{relative}: {label_key!r} is not a list of integer labels "
                            f"(0..{classes - 1})")
-    if labels.shape != (data.shape[0],):
-        raise layout.error(f"{relative} holds {data.shape[0]} images but {labels.size} labels")
+    if labels.shape != (data.shape[0],):  # a column of the right count had read "4 but 4"
+        what = (f"{labels.size} labels" if labels.ndim == 1 else
+                f"labels of shape {labels.shape}, not a list of {data.shape[0]}")
+        raise layout.error(f"{relative} holds {data.shape[0]} images but {what}")
     if labels.size and not 0 <= labels.min() <= labels.max() < classes:
         raise layout.error(f"{relative}: labels must lie in 0..{classes - 1}, got "
                            f"{labels.min()}..{labels.max()}")
