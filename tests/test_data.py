@@ -842,3 +842,38 @@ def test_a_method_fitted_in_closed_form_is_not_refused_for_batches_it_does_not_d
     with pytest.raises(KdmlError, match=r"^data\.batch_size=126 is more than the training "
                                         r"split's 80 samples"):
         TrainingBatches(config, splits, False, torch.device("cpu"), World(rank=0, size=3))
+
+
+def test_prepare_data_decodes_image_files_at_data_resize(tmp_path):
+    """data.resize reaches an image dataset: its samples decode to squares of that side, not
+    of the 256 default."""
+    from kdml.config import DataConfig
+    from kdml.data.prepare import prepare_data
+
+    folder = make_image_folder(tmp_path, classes=4, per_class=2)
+    splits = prepare_data(DataConfig(dataset=f"folder:{folder}", resize=24))
+    assert splits.train.load(0).shape == splits.test.load(0).shape == (3, 24, 24)
+
+
+def test_a_validated_run_s_test_part_is_the_test_classes(tmp_path):
+    """With data.validation, the split trained on scores held-out training classes, and the
+    test part (the final score) is still the test classes, without validation."""
+    from kdml.config import DataConfig
+    from kdml.data.prepare import prepare_data_and_test_part
+
+    folder = make_image_folder(tmp_path, classes=8, per_class=2)  # c04..c07 test
+    trained, final = prepare_data_and_test_part(DataConfig(dataset=f"folder:{folder}",
+                                                           validation=0.5))
+    assert trained.validation and not final.validation
+    assert set(final.test.labels.tolist()) == {4, 5, 6, 7}
+    assert not set(trained.test.labels.tolist()) & {4, 5, 6, 7}
+
+
+def test_pca_dim_is_refused_for_a_single_dataset():
+    """data.pca_dim reduces a domain pair's features; on a single dataset it would be ignored
+    without a word."""
+    from kdml.config import DataConfig
+    from kdml.data.prepare import prepare_data
+
+    with pytest.raises(KdmlError, match=r"data\.pca_dim applies to domain pairs"):
+        prepare_data(DataConfig(dataset="digits", pca_dim=4))

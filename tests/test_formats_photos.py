@@ -16,7 +16,7 @@ from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop, w
 
 from kdml.data.formats.cars import load_cars196
 from kdml.data.formats.common import DatasetParts
-from kdml.data.formats.cub import load_cub
+from kdml.data.formats.cub import folder_class_name, load_cub
 from kdml.data.formats.inshop import load_inshop
 from kdml.data.formats.sop import load_sop
 from kdml.data.images import ImageFiles
@@ -567,3 +567,99 @@ def test_the_data_root_variable_reads_an_incomplete_dataset_folder_there(tmp_pat
     with pytest.raises(KdmlError, match="cub: missing images.txt") as info:
         open_dataset("cub")
     assert str(tmp_path / "cub" / "CUB_200_2011") in str(info.value)
+
+
+def test_cub_orders_the_images_by_image_id_whatever_the_lines_order(tmp_path):
+    """images.txt and image_class_labels.txt listed in another order (a re-saved or merged
+    copy) give the same dataset: the samples in image-id order, each with its own label."""
+    expected = load_cub(make_cub(tmp_path)).dataset
+    for file in ("images.txt", "image_class_labels.txt"):
+        lines = (tmp_path / file).read_text().splitlines()
+        (tmp_path / file).write_text("\n".join(reversed(lines)) + "\n")
+    dataset = load_cub(tmp_path).dataset
+    assert dataset.paths.tolist() == expected.paths.tolist()
+    assert torch.equal(dataset.labels, expected.labels)
+
+
+def test_cub_class_names_drop_only_a_numeric_prefix():
+    """Only CUB's own 'NNN.' prefix is dropped from a folder's name; a folder named otherwise
+    (a dot in the name itself) keeps all of it."""
+    assert folder_class_name("001.Black_footed_Albatross") == "Black footed Albatross"
+    assert folder_class_name("St.Kilda_Wren") == "St.Kilda Wren"
+    assert folder_class_name("Wren") == "Wren"
+
+
+def test_sop_skips_blank_lines_inside_a_list(tmp_path):
+    """A blank (or whitespace-only) line inside a list is skipped, not the end of it: the
+    images after it are read too."""
+    expected = load_sop(make_sop(tmp_path)).dataset
+    lines = (tmp_path / "Ebay_test.txt").read_text().splitlines()
+    (tmp_path / "Ebay_test.txt").write_text("\n".join([*lines[:2], "", "  ", *lines[2:]]) + "\n")
+    dataset = load_sop(tmp_path).dataset
+    assert dataset.paths.tolist() == expected.paths.tolist()
+    assert torch.equal(dataset.labels, expected.labels)
+
+
+def test_cars196_reads_annotations_saved_as_a_column(tmp_path):
+    """An N x 1 'annotations' struct array (the file saved again with the array transposed)
+    is read as the 1 x N original is: every annotation, in order."""
+    expected = load_cars196(make_cars196(tmp_path)).dataset
+    rewrite_annotations(tmp_path, lambda annotations: annotations.T)
+    dataset = load_cars196(tmp_path).dataset
+    assert dataset.paths.tolist() == expected.paths.tolist()
+    assert torch.equal(dataset.labels, expected.labels)
+
+
+def with_two_values(annotations: np.ndarray, field: str) -> np.ndarray:
+    """Annotation 3 holds two values in ``field`` (two paths, or two class ids)."""
+    record = annotations[0, 2]
+    record[field] = (np.array(["car_ims/000003.jpg", "car_ims/000003.jpg"])
+                     if field == "relative_im_path" else np.array([[1, 2]], dtype=np.uint8))
+    return annotations
+
+
+@pytest.mark.parametrize("field", ["relative_im_path", "class"])
+def test_cars196_refuses_an_annotation_with_two_paths_or_class_ids(tmp_path, field):
+    """Which of two paths or class ids is meant cannot be told: the first is not taken."""
+    make_cars196(tmp_path)
+    rewrite_annotations(tmp_path, lambda annotations: with_two_values(annotations, field))
+    one_line_error(load_cars196, tmp_path,
+                   "cars_annos.mat: annotation 3 has no single path and class id")
+
+
+def test_inshop_reads_the_root_s_list_before_the_eval_folders(tmp_path):
+    """With both, the root's list_eval_partition.txt is read (as the docstring orders them),
+    not Eval/'s."""
+    make_inshop(tmp_path, items=6, per_item=3)
+    (tmp_path / "Eval").mkdir()
+    (tmp_path / "Eval" / "list_eval_partition.txt").write_text(
+        "1\nimage_name item_id evaluation_status\nimg/MEN/Denim/id_00000004/01_1_front.jpg "
+        "id_00000004 train\n")
+    assert len(load_inshop(tmp_path).dataset) == 18
+
+
+def test_inshop_reads_img_even_beside_the_archive_s_img_img(tmp_path):
+    """img/ in place is read, even with the archive's Img/img/ also left beside it: the
+    'move Img/img/' advice is only for a copy without img/."""
+    make_inshop(tmp_path, items=6, per_item=3)
+    (tmp_path / "Img" / "img").mkdir(parents=True)
+    assert len(load_inshop(tmp_path).dataset) == 18
+
+
+def test_a_data_root_reads_the_folder_that_holds_the_dataset_before_a_deeper_empty_one(
+        tmp_path):
+    """--data-root DIR with the dataset in DIR/CUB_200_2011/ and an unrelated DIR/cub/ (say,
+    an empty download folder): the folder with the files is read, not the more specific one."""
+    make_cub(tmp_path / "CUB_200_2011")
+    (tmp_path / "cub").mkdir()
+    assert find_root(FORMATS["cub"], str(tmp_path)) == tmp_path / "CUB_200_2011"
+    assert len(open_dataset("cub", root=str(tmp_path)).dataset) == 12
+
+
+def test_cars196_is_found_by_cars_annos_mat_beside_an_empty_cars196_folder(tmp_path):
+    """--data-root DIR holding cars_annos.mat and car_ims/, and an empty DIR/cars196/: DIR is
+    where the marker file is, so DIR is read."""
+    make_cars196(tmp_path)
+    (tmp_path / "cars196").mkdir()
+    assert find_root(FORMATS["cars196"], str(tmp_path)) == tmp_path
+    assert len(open_dataset("cars196", root=str(tmp_path)).dataset) == 12
