@@ -173,7 +173,7 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
     given = []
 
     def terms(seen, seen_labels, unseen, unseen_labels, **settings):
-        given.append((seen, unseen))
+        given.append((seen, unseen, settings))
         return {"h_divergence": Estimate.of([0.5, 0.5])}
 
     monkeypatch.setattr(analysis, "embed_dataset", embed)
@@ -189,8 +189,11 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
                                                      train_classes=[0, 1, 2, 3]),
                               method=SimpleNamespace(has_charts=has_charts),
                               config=SimpleNamespace(eval=SimpleNamespace(metric=metric)))
-    analysis.analyze_generalization(trained, analysis.GeneralizationSettings(repeats=2))
-    (seen, unseen), = given
+    analysis.analyze_generalization(trained, analysis.GeneralizationSettings(0.6, 2, 3, 7))
+    (seen, unseen, settings), = given
+    assert settings == {"labelled_fraction": 0.6, "repeats": 2, "neighbors": 3, "seed": 7}
+    written = json.loads((tmp_path / "generalization.json").read_text())
+    assert written["settings"] == {**settings, "epoch": 1}
     for found, part in ((seen, "train"), (unseen, "test")):
         expected = raw[part] / np.linalg.norm(raw[part], axis=1, keepdims=True) \
             if distance == "cosine" else raw[part]

@@ -75,6 +75,7 @@ def test_embed_writes_embeddings_labels_and_sources(runs, tmp_path, capsys):
 def test_index_and_search_find_the_nearest_test_samples(runs, tmp_path, capsys, kind):
     index = tmp_path / "index"
     assert kdml("index", runs / "plain", "--out", index, "--kind", kind) == 0
+    assert json.loads((index / "index.json").read_text())["kind"] == kind
     assert kdml("embed", runs / "plain", "--out", tmp_path / "test.npz") == 0
     embeddings = np.load(tmp_path / "test.npz")["embeddings"]
     np.savez(tmp_path / "query.npz", embeddings=embeddings[:32])
@@ -346,6 +347,8 @@ def test_eval_ks_of_a_run_that_kept_its_best_epoch(tmp_path, capsys):
     assert kdml("eval", run, "--best", "--ks", "2") == 0, capsys.readouterr().err
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()
             if line.startswith("  recall@")] == ["recall@2"]
+    written = json.loads((run / "eval.json").read_text())
+    assert (written["checkpoint"], written["scored"]) == ("best", "validation")
 
 
 def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
@@ -395,7 +398,10 @@ def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "atlas-index", "--query",
                 tmp_path / "query.npz") == 2
-    assert "another checkpoint" in capsys.readouterr().err
+    assert capsys.readouterr().err == (  # another run's, not "another checkpoint of this run"
+        f"kdml: error: index {tmp_path / 'atlas-index'} was built from another checkpoint "
+        f"({(runs / 'atlas').resolve()}); build it from this run with 'kdml index "
+        f"{runs / 'plain'} --out DIR'\n")
     assert kdml("index", runs / "plain", "--out", tmp_path / "plain-index") == 0
     np.savez(tmp_path / "wide.npz", embeddings=np.zeros((1, 5), dtype=np.float32))
     capsys.readouterr()
@@ -509,6 +515,104 @@ def test_an_atlas_retrieval_grid_shows_the_neighbours_its_metrics_rank(runs, tmp
     assert (empty > 0) == small
 
 
+def test_a_retrieval_grid_draws_the_images_its_rows_embed_around_skipped_files(tmp_path,
+                                                                              monkeypatch):
+    """With data.on_bad_image=skip an unreadable test image has no row: the grid's queries and
+    neighbours are the dataset positions of the readable images the rows embed (kdml embed's
+    positions), each hit a neighbour of the query's class, never a skipped file."""
+    from kdml.inspection import plots
+
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    for name in ("c02", "c03"):  # the test classes: two unreadable files each
+        for index in range(2):
+            (folder / name / f"a_bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32", "eval.ks=[1]",
+                "data.on_bad_image=skip", "data.num_workers=0") == 0
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0
+    embedded = np.load(tmp_path / "test.npz")
+    readable = embedded["positions"].tolist()
+    assert len(readable) == 8 and readable != list(range(8))
+    # each row's source is the file its position names, never a skipped one
+    assert not any("a_bad" in source for source in embedded["sources"].tolist())
+    label_of = dict(zip(readable, embedded["labels"].tolist(), strict=True))
+    drawn = {}
+
+    def grid(queries, neighbours, hits, image, path, titles, gallery=None):
+        drawn.update(queries=queries.tolist(), neighbours=neighbours.tolist(),
+                     hits=hits.tolist())
+        return path
+
+    monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
+    assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "7") == 0
+    assert sorted(drawn["queries"]) == readable
+    for query, row, marks in zip(drawn["queries"], drawn["neighbours"], drawn["hits"],
+                                 strict=True):
+        assert sorted([query, *row]) == readable  # the 7 others, each once
+        assert marks == [label_of[position] == label_of[query] for position in row]
+
+
+def test_an_atlas_grid_never_shows_a_query_as_its_own_neighbour(runs, tmp_path, monkeypatch):
+    """Test digits in pairs at the same chart codes: each query's twin (distance 0, tied with
+    the query itself) is its first neighbour, and the query is never in its own row, whichever
+    of the two the search lists first."""
+    from kdml.evaluation.evaluator import chart_codes_of
+    from kdml.inspection import plots
+
+    run = tmp_path / "atlas"
+    shutil.copytree(runs / "atlas", run)
+
+    def codes_of(*args):
+        embedded = chart_codes_of(*args)
+        coords, charts = embedded.values
+        first = torch.arange(len(charts)) // 2 * 2  # rows 2i and 2i + 1 alike
+        return embedded._replace(values=(coords[first], charts[first]))
+
+    drawn = {}
+
+    def grid(queries, neighbours, hits, image, path, titles=None, gallery=None):
+        drawn.update(queries=queries.tolist(), neighbours=neighbours.tolist())
+        return path
+
+    monkeypatch.setattr(plots, "chart_codes_of", codes_of)
+    monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
+    assert kdml("plot", "retrieval", run, "--queries", "32", "-k", "3") == 0
+    for query, row in zip(drawn["queries"], drawn["neighbours"], strict=True):
+        assert query not in row and row[0] == query ^ 1  # its twin, then two others
+
+
+def test_a_chart_plot_s_thumbnails_are_the_images_its_rows_embed_around_skipped_files(
+        tmp_path, monkeypatch):
+    """plot charts with data.on_bad_image=skip: the thumbnail of each point is the image that
+    point embeds (its dataset position, kdml embed's positions), not the image at its row."""
+    from kdml.data.transforms import to_unit_float
+    from kdml.inspection import plots
+    from kdml.training.loading import load_run
+
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    for name in ("c02", "c03"):  # the test classes: two unreadable files each
+        for index in range(2):
+            (folder / name / f"a_bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    run = tmp_path / "run"
+    assert kdml("train", "mtriplet", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "method.n_charts=2", "method.dim=2", "data.batch_size=4",
+                "data.samples_per_class=2", "data.resize=36", "data.image_size=32",
+                "eval.ks=[1]", "data.on_bad_image=skip", "data.num_workers=0") == 0
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0
+    readable = np.load(tmp_path / "test.npz")["positions"].tolist()
+    assert len(readable) == 8 and readable != list(range(8))
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_charts",
+                        lambda coords, index, labels, path, **options: drawn.update(options)
+                        or path)
+    assert kdml("plot", "charts", run) == 0
+    test = load_run(run).splits.test
+    for row, position in enumerate(readable):
+        assert torch.equal(drawn["images"](row), to_unit_float(test.load(position)))
+    assert drawn["class_names"] == {i: f"c{i:02d}" for i in range(4)}  # the legend names them
+
+
 def test_the_retrieval_grid_s_seed_draws_its_queries(runs, tmp_path, monkeypatch):
     """--seed picks which test samples the grid shows: the same seed the same queries, another
     seed others."""
@@ -524,6 +628,31 @@ def test_the_retrieval_grid_s_seed_draws_its_queries(runs, tmp_path, monkeypatch
         assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "2", "--seed", seed) == 0
     assert drawn[0] == drawn[1] != drawn[2]
     assert drawn[0] == np.random.default_rng(0).choice(896, 8, replace=False).tolist()
+
+
+def test_a_cosine_run_s_grid_ranks_its_neighbours_by_direction(runs, tmp_path, monkeypatch):
+    """Each test image among the others, in the order of the run's metric (cosine), as its
+    Recall@K ranks them: every embedding lengthened by its own factor, which cosine ignores,
+    draws the same rows."""
+    from kdml.evaluation.evaluator import embed_dataset
+    from kdml.inspection import plots
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    drawn = []
+    monkeypatch.setattr(plots, "plot_retrieval_grid",
+                        lambda queries, neighbours, *_, **__: drawn.append(neighbours.tolist()))
+
+    def lengthened(*args):
+        embedded = embed_dataset(*args)
+        factors = 2.0 ** (embedded.indices % 5).to(embedded.values.dtype)  # exact scalings
+        return embedded._replace(values=embedded.values * factors[:, None].to(
+            embedded.values.device))
+
+    assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "8") == 0
+    monkeypatch.setattr(plots, "embed_dataset", lengthened)
+    assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "8") == 0
+    assert drawn[0] == drawn[1]
 
 
 @pytest.mark.parametrize("query_gallery", [False, True])
@@ -552,6 +681,7 @@ def test_a_retrieval_grid_queries_only_samples_with_their_class_to_find(tmp_path
 
     def grid(queries, neighbours, hits, image, path, titles, gallery=None):
         drawn["classes"] = sorted(titles(int(query)) for query in queries)
+        drawn["shape"], drawn["all_found"] = neighbours.shape, bool((neighbours >= 0).all())
         return path
 
     monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
@@ -561,6 +691,13 @@ def test_a_retrieval_grid_queries_only_samples_with_their_class_to_find(tmp_path
     assert drawn["classes"] == sorted(["label_03", "label_04"] * (eligible // 2))
     assert (f"the retrieval grid shows {eligible} queries, not 12: only {eligible} test samples "
             "have another of their class to retrieve") in capsys.readouterr().err
+    # a -k beyond the searched images: each row shows all of them, never an empty place
+    assert kdml("plot", "retrieval", run, "--queries", "12", "-k", "64") == 0
+    besides = 4 if query_gallery else 8  # the gallery's images, or the test part's others
+    assert drawn["shape"] == (eligible, besides) and drawn["all_found"]
+    assert (f"the retrieval grid shows {besides} neighbours per query, not 64: "
+            + ("the gallery holds only 4 images" if query_gallery else
+               "the test part holds only 8 images besides the query")) in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["retrieval", "embedding"])
@@ -583,6 +720,29 @@ def test_a_collapsed_embedding_is_not_drawn(runs, tmp_path, capsys, monkeypatch,
         f"(exactly): {picture} would show ties and float rounding, not the model; train the run "
         "again with lower learning rates\n")
     assert not (run / "plots" / f"{command}.png").exists()
+
+
+def test_an_atlas_grid_of_points_alike_only_across_charts_is_drawn(runs, tmp_path,
+                                                                     monkeypatch):
+    """Points of different charts are infinitely far apart (chart_collapse): the same chart
+    coordinates in three charts, a third of the test digits in each, are no collapse, as the
+    run's metrics take them; the grid is drawn, not refused as "collapsed"."""
+    from kdml.evaluation.evaluator import chart_codes_of
+    from kdml.inspection import plots
+
+    run = tmp_path / "atlas"
+    shutil.copytree(runs / "atlas", run)
+
+    def codes_of(*args):
+        embedded = chart_codes_of(*args)
+        coords, charts = embedded.values
+        return embedded._replace(values=(torch.full_like(coords, 0.5),
+                                         torch.arange(len(charts)) % 3))
+
+    monkeypatch.setattr(plots, "chart_codes_of", codes_of)
+    monkeypatch.setattr(plots, "plot_retrieval_grid",
+                        lambda queries, neighbours, hits, image, path, *_, **__: path)
+    assert kdml("plot", "retrieval", run, "--queries", "4", "-k", "2") == 0
 
 
 def test_the_generalization_terms_of_a_collapsed_embedding_come_with_a_warning(
@@ -814,6 +974,8 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
         "int-inputs": (dict(inputs=np.zeros((2, 1, 8, 8), dtype=np.int64)), "plain",
                        "must be uint8 or float"),
         "no-rows": (dict(embeddings=np.float32(1.0)), "plain", "one row per query"),
+        "no-input-rows": (dict(inputs=np.zeros((0, 1, 8, 8), dtype=np.float32)), "plain",
+                          "'inputs' must hold one row per query, got shape (0, 1, 8, 8)"),
         "zero": (dict(embeddings=np.zeros((2, 8), dtype=np.float32)), "plain", "all zeros"),
         "no-charts": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords), "atlas",
                       "needs 'chart_index'"),
@@ -856,6 +1018,16 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
                 tmp_path / "labelled.npz", "-k", "2", "--json") == 0
     assert [r["query"] for r in json.loads(capsys.readouterr().out)] == [
         f"labelled.npz[{i}]" for i in range(3)]
+    # raw inputs are named by their rows too, and an .NPZ in capitals is an .npz
+    np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 1, 8, 8), dtype=np.float32))
+    with (tmp_path / "CAPS.NPZ").open("wb") as handle:
+        np.savez(handle, embeddings=vectors)
+    for query, names in (("raw.npz", ["raw.npz[0]", "raw.npz[1]"]),
+                         ("CAPS.NPZ", [f"CAPS.NPZ[{i}]" for i in range(3)])):
+        capsys.readouterr()
+        assert kdml("search", runs / "plain", "--index", tmp_path / "plain-index", "--query",
+                    tmp_path / query, "-k", "2", "--json") == 0
+        assert [r["query"] for r in json.loads(capsys.readouterr().out)] == names
 
 
 def test_cosine_queries_of_any_magnitude_find_what_unit_ones_find(runs, tmp_path, capsys):
@@ -896,9 +1068,11 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "no labels", "too few rows", "no chart",
-                                    "labels as a column", "labels as text", "chart as floats"])
+                                    "labels as a column", "labels as text", "chart as floats",
+                                    "too few class names"])
 def test_a_damaged_index_is_refused_in_one_line(runs, tmp_path, capsys, damage):
-    """The last three had stopped the search with a traceback (TypeError, ValueError)."""
+    """The last four had stopped the search with a traceback (TypeError, ValueError,
+    IndexError)."""
     run = "atlas" if "chart" in damage else "plain"
     assert kdml("index", runs / run, "--out", tmp_path / "index") == 0
     assert kdml("embed", runs / run, "--out", tmp_path / "q.npz") == 0
@@ -906,6 +1080,8 @@ def test_a_damaged_index_is_refused_in_one_line(runs, tmp_path, capsys, damage):
     arrays = dict(np.load(items))
     if damage == "truncated":
         items.write_bytes(items.read_bytes()[:100])
+    elif damage == "too few class names":  # had stopped the search with an IndexError
+        np.savez(items, **arrays, class_names=np.array(["five", "six"]))
     elif damage in ("labels as a column", "labels as text", "chart as floats"):
         key = "chart" if "chart" in damage else "labels"
         arrays[key] = {"labels as a column": arrays[key][:, None],
@@ -1005,6 +1181,19 @@ def test_a_small_ivf_index_searches_exactly_without_faiss_warnings(tmp_path, cap
     _, positions = search_index(load_index(tmp_path / "ivf"), vectors[:5], 3)
     exact = np.argsort(((vectors[:5, None] - vectors[None]) ** 2).sum(-1), axis=1)[:, :3]
     assert np.array_equal(positions, exact)
+    # above that, at least 39 points a cell: 5 cells for 200 points (not 4 sqrt(200) = 56)
+    more = np.random.default_rng(1).normal(size=(200, 4)).astype(np.float32)
+    build_index(tmp_path / "ivf-200", more, {key: np.arange(200) for key in ("labels", "positions")}
+                | {"sources": np.array([f"v[{i}]" for i in range(200)])},
+                IndexInfo("run", "x", "euclidean", 0, "ivf", 0, 1.0))
+    assert "WARNING" not in capfd.readouterr().err
+    ivf = faiss.extract_index_ivf(faiss.read_index(str(tmp_path / "ivf-200" / "index.faiss")))
+    assert (ivf.nlist, ivf.nprobe) == (5, 5)
+    with pytest.raises(KdmlError, match="-k must be at least 1, got 0"):
+        search_index(load_index(tmp_path / "ivf"), vectors[:5], 0)
+    # a query 1e12 times the indexed vectors' scale is refused, not searched in float32 ties
+    with pytest.raises(KdmlError, match="times the indexed vectors' scale, too far for a"):
+        search_index(load_index(tmp_path / "ivf"), vectors[:1] * 1e12, 3)
 
 
 @pytest.mark.parametrize("kind", ["exact", "hnsw"])
@@ -1110,11 +1299,14 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
             assert marks.tolist() == [gallery_titles(int(p)) == titles(int(query)) for p in row]
             assert gallery_image(int(row[0])).shape[-2:] == image(int(query)).shape[-2:]
         drawn["hits"] = hits.sum(axis=1).tolist()
+        drawn["rows"] = {int(query): row.tolist() for query, row in zip(queries, neighbours,
+                                                                        strict=True)}
         return path
 
     monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
     capsys.readouterr()
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
+    rows = drawn.pop("rows")
     assert drawn == {"hits": [1] * 6}
     # fewer queries and neighbours than asked for are said, not drawn without a word
     err = capsys.readouterr().err
@@ -1122,11 +1314,29 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
             "have another of their class to retrieve") in err
     assert ("kdml: warning: the retrieval grid shows 3 neighbours per query, not 5: the "
             "gallery holds only 3 images") in err
+    # each row in the order of the run's metric (cosine), as its Recall@K ranks the gallery:
+    # the same with every embedding lengthened by its own factor, which cosine ignores
+    from kdml.evaluation.evaluator import embed_dataset
+
+    def lengthened(*args):
+        embedded = embed_dataset(*args)
+        factors = 2.0 ** (embedded.indices % 5).to(embedded.values.dtype)  # exact scalings
+        return embedded._replace(values=embedded.values * factors[:, None].to(
+            embedded.values.device))
+
+    monkeypatch.setattr(plots, "embed_dataset", lengthened)
+    assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "3") == 0
+    assert drawn.pop("rows") == rows
     # kdml index builds what queries search: the gallery (3 images), unless told the part
     for split, count in ((None, 3), ("test", 6)):
         folder = tmp_path / f"index-{split}"
         assert kdml("index", run, "--out", folder, *(["--split", split] if split else [])) == 0
         assert json.loads((folder / "index.json").read_text())["count"] == count
+    # --dataset with --data-root reads that root, not the run's own data
+    other = make_inshop(tmp_path / "other", items=8, per_item=3)
+    assert kdml("embed", run, "--dataset", "inshop", "--data-root", other, "--out",
+                tmp_path / "other.npz") == 0
+    assert len(np.load(tmp_path / "other.npz")["labels"]) == 8  # its 4 test items' queries
 
 
 def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, capsys):
@@ -1163,6 +1373,19 @@ def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, caps
     assert capsys.readouterr().err == (
         f"kdml: error: query {tmp_path / 'best.npz'} holds embeddings of best.pt of this run, "
         "not of last.pt: search with --best, or embed the queries without --best\n")
+    # an index of best.pt searched without --best, and one of last.pt with it: the flag to
+    # search it with is the one it was built with
+    assert kdml("index", other, "--best", "--out", tmp_path / "best-index") == 0
+    for index, flags, advice in (("best-index", [], "holds best.pt of this run, not last.pt: "
+                                  "search it with --best, or build one of last.pt with "
+                                  f"'kdml index {other} --out DIR'"),
+                                 ("index", ["--best"], "holds last.pt of this run, not best.pt: "
+                                  "search it without --best, or build one of best.pt with "
+                                  f"'kdml index {other} --best --out DIR'")):
+        capsys.readouterr()
+        assert kdml("search", other, *flags, "--index", tmp_path / index, "--query",
+                    tmp_path / "mine.npz") == 2
+        assert capsys.readouterr().err == f"kdml: error: index {tmp_path / index} {advice}\n"
 
 
 def test_an_atlas_run_searches_in_shops_gallery_too(tmp_path, monkeypatch):
@@ -1223,6 +1446,9 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
     uint8_images = ArrayDataset("t", "t", torch.zeros(4, 1, 5, 5, dtype=torch.uint8), labels)
     with pytest.raises(KdmlError, match="range from 200 to 200"):
         _query_inputs(raw, SampleSpec.of(uint8_images, 1), tmp_path / "q.npz")
+    with pytest.raises(KdmlError, match="range from -1 to 0,"):  # below 0: [-1, 1] images
+        _query_inputs(np.linspace(-1, 0, 50, dtype=np.float32).reshape(2, 1, 5, 5),
+                      SampleSpec.of(uint8_images, 1), tmp_path / "q.npz")
     features = ArrayDataset("t", "t", torch.rand(4, 5) * 9 - 3, labels)
     assert _query_inputs(raw[:, 0, 0], SampleSpec.of(features, 1), tmp_path / "q.npz").max() == 200
     # uint8 features are features too: the pipeline, which scales uint8 to [0, 1], had made
@@ -1289,8 +1515,15 @@ def test_an_hnsw_index_finds_nearly_all_exact_neighbours(tmp_path, charts):
     SearchParameters."""
     import faiss.contrib.torch_utils  # noqa: F401
 
-    from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
+    from kdml.evaluation.index import (
+        IndexInfo,
+        build_index,
+        hnsw_candidates,
+        load_index,
+        search_index,
+    )
 
+    assert [hnsw_candidates(k) for k in (1, 32, 33, 100)] == [64, 64, 66, 200]  # max(64, 2k)
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(2000, 16)).astype(np.float32)
     queries = rng.normal(size=(100, 16)).astype(np.float32)
@@ -1358,6 +1591,7 @@ def test_an_index_of_an_earlier_checkpoint_of_the_run_says_so(runs, tmp_path, ca
     ({"centre": ["a"] * 8}, "index.json's centre is not a list of 8 finite numbers"),
     ({"centre": [None] * 8}, "index.json's centre is not a list of 8 finite numbers"),
     ({"run": 3}, "index.json's run and checkpoint_sha256 must be text"),
+    ({"checkpoint_sha256": 3}, "index.json's run and checkpoint_sha256 must be text"),
 ])
 def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_path, capsys,
                                                                      edit, words):
@@ -1528,6 +1762,34 @@ def test_a_retrieval_grid_leaves_a_neighbour_that_does_not_exist_empty(tmp_path)
                                tmp_path / "grid.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(loaded) == [0, 1, 2, 3, 4]
+
+
+def test_a_retrieval_grid_draws_and_captions_the_neighbours_from_the_gallery():
+    """With a gallery (In-Shop), the queries are loaded and captioned from the query set and
+    their neighbours, positions of the gallery, from the gallery; each neighbour is captioned
+    with its rank and framed green (a hit) or red (a miss); -1 is left empty."""
+    from matplotlib.colors import to_hex
+
+    from kdml.viz_retrieval import HIT, MISS, _retrieval_grid_figure
+
+    loaded = {"query set": [], "gallery": []}
+
+    def loader(name):
+        def image(position: int) -> torch.Tensor:
+            loaded[name].append(position)
+            return torch.full((8, 8), 0.5)
+        return image
+
+    figure = _retrieval_grid_figure(
+        np.array([0, 1]), np.array([[2, 3], [4, -1]]), np.array([[True, False], [False, False]]),
+        (loader("query set"), lambda position: f"q{position}"),
+        (loader("gallery"), lambda position: f"g{position}"))
+    assert loaded == {"query set": [0, 1], "gallery": [2, 3, 4]}
+    drawn = [axes for axes in figure.axes if axes.get_title()]
+    assert [axes.get_title() for axes in drawn] == ["query: q0", "1: g2", "2: g3", "query: q1",
+                                                    "1: g4"]
+    assert [to_hex(axes.spines["top"].get_edgecolor()) for axes in drawn] == [
+        "#000000", HIT, MISS, "#000000", MISS]
 
 
 @pytest.mark.parametrize("target_classes", [range(5, 10), range(5)], ids=["5-9", "0-4"])

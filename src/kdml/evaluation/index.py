@@ -183,11 +183,13 @@ def load_index(folder: Path) -> LoadedIndex:
     if not _is_whole_number(info.count):  # 896.0 passed the length checks, then crashed np.full
         raise KdmlError(f"{folder} holds a damaged index (index.json's count is "
                         f"{info.count!r}, not a whole number); build it again with 'kdml index'")
-    wanted = ["labels", "sources", *(["chart"] if info.charts is not None else [])]
+    # class_names only where the run's classes have names: one per item, as search reads it
+    wanted = ["labels", "sources", *(["chart"] if info.charts is not None else []),
+              *(["class_names"] if "class_names" in items else [])]
     short = [key for key in wanted
              if key not in items or items[key].ndim != 1 or len(items[key]) != info.count]
     # labels and charts are read as ints: text or floats there crashed the search
-    not_whole = [key for key in wanted if key != "sources" and key not in short
+    not_whole = [key for key in wanted if key in ("labels", "chart") and key not in short
                  and items[key].dtype.kind not in "iu"]
     stored = sum(index.ntotal for index in indexes.values())
     if short:
