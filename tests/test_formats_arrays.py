@@ -252,13 +252,15 @@ def test_mnist_and_fashion_mnist_refuse_labels_beyond_their_ten_classes(tmp_path
                    "is 11, but labels must lie in 0..9", str(folder))
     # MNIST, which names no classes, checked none: a label of 200 was refused later as
     # "train and test share 10 of the 11 test classes".
-    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
-    labels = folder / "t10k-labels-idx1-ubyte"
-    raw = bytearray(labels.read_bytes())
-    raw[8 + 3] = 200
-    labels.write_bytes(bytes(raw))
-    one_line_error(lambda: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte: label number 4 is "
-                   "200, but labels must lie in 0..9; use the dataset's own label file")
+    for label in (200, 10):  # 10: the first label beyond the ten classes
+        folder = make_idx(tmp_path / str(label), train=20, test=10, gzipped=False)
+        labels = folder / "t10k-labels-idx1-ubyte"
+        raw = bytearray(labels.read_bytes())
+        raw[8 + 3] = label
+        labels.write_bytes(bytes(raw))
+        one_line_error(lambda folder=folder: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte: "
+                       f"label number 4 is {label}, but labels must lie in 0..9; use the "
+                       "dataset's own label file")
 
 
 def test_idx_file_errors(tmp_path):
@@ -819,17 +821,6 @@ def test_cifar_refuses_labels_that_are_not_a_flat_list(tmp_path):
                      extra={b"labels": [[0], [1], [2], [3]]})
     one_line_error(lambda: load_cifar10(folder), "data_batch_3 holds 4 images but labels of "
                    "shape (4, 1), not a list of 4")
-
-
-def test_mnist_refuses_the_label_10(tmp_path):
-    """10 is the first label beyond the ten classes 0..9."""
-    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
-    labels = folder / "t10k-labels-idx1-ubyte"
-    raw = bytearray(labels.read_bytes())
-    raw[8 + 3] = 10
-    labels.write_bytes(bytes(raw))
-    one_line_error(lambda: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte: label number 4 is "
-                   "10, but labels must lie in 0..9")
 
 
 def test_idx_train_and_t10k_images_of_other_sizes(tmp_path):

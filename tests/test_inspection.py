@@ -41,6 +41,32 @@ def searched_sources(run: Path, tmp_path: Path, capsys, **arrays: np.ndarray) ->
         query.unlink()
 
 
+def refused_search(run: Path, tmp_path: Path, capsys, *options) -> str:
+    """The error of `kdml search RUN --index tmp_path/index` of one 8-d query of ones, which
+    must be refused (exit 2)."""
+    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
+    capsys.readouterr()
+    assert kdml("search", run, "--index", tmp_path / "index", "--query", tmp_path / "q.npz",
+                *options) == 2
+    return capsys.readouterr().err
+
+
+def damaged_index(tmp_path: Path, words: str) -> str:
+    """kdml's refusal of the damaged index at tmp_path/index, for the reason ``words``."""
+    return (f"kdml: error: {tmp_path / 'index'} holds a damaged index ({words}); build it again "
+            "with 'kdml index'\n")
+
+
+def folder_with_unreadable_test_images(tmp_path: Path) -> Path:
+    """A folder: dataset of 4 classes of 4 images, and in each test class (c02, c03) two
+    files that are no image (data.on_bad_image=skip leaves them out)."""
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    for name in ("c02", "c03"):
+        for index in range(2):
+            (folder / name / f"a_bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("inspect")
@@ -522,10 +548,7 @@ def test_a_retrieval_grid_draws_the_images_its_rows_embed_around_skipped_files(t
     positions), each hit a neighbour of the query's class, never a skipped file."""
     from kdml.inspection import plots
 
-    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
-    for name in ("c02", "c03"):  # the test classes: two unreadable files each
-        for index in range(2):
-            (folder / name / f"a_bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    folder = folder_with_unreadable_test_images(tmp_path)
     run = tmp_path / "run"
     assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
                 "data.batch_size=4", "data.resize=36", "data.image_size=32", "eval.ks=[1]",
@@ -590,10 +613,7 @@ def test_a_chart_plot_s_thumbnails_are_the_images_its_rows_embed_around_skipped_
     from kdml.inspection import plots
     from kdml.training.loading import load_run
 
-    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
-    for name in ("c02", "c03"):  # the test classes: two unreadable files each
-        for index in range(2):
-            (folder / name / f"a_bad{index}.jpg").write_bytes(b"not a jpeg at all")
+    folder = folder_with_unreadable_test_images(tmp_path)
     run = tmp_path / "run"
     assert kdml("train", "mtriplet", "--dataset", f"folder:{folder}", "--out", run, *TINY,
                 "method.n_charts=2", "method.dim=2", "data.batch_size=4",
@@ -1110,13 +1130,8 @@ def test_an_index_with_the_faiss_file_of_another_index_is_refused(runs, tmp_path
     stored = faiss.read_index(str(tmp_path / "train" / "index.faiss")).ntotal
     assert stored != count
     shutil.copy(tmp_path / "train" / "index.faiss", tmp_path / "index" / "index.faiss")
-    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
-    capsys.readouterr()
-    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
-                tmp_path / "q.npz") == 2
-    assert capsys.readouterr().err == (
-        f"kdml: error: {tmp_path / 'index'} holds a damaged index (its faiss files hold "
-        f"{stored} vectors, index.json says {count}); build it again with 'kdml index'\n")
+    assert refused_search(runs / "plain", tmp_path, capsys) == damaged_index(
+        tmp_path, f"its faiss files hold {stored} vectors, index.json says {count}")
 
 
 def test_unwritable_outputs_are_refused_before_anything_is_embedded(runs, tmp_path, capsys,
@@ -1600,13 +1615,7 @@ def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_
     assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
     meta = tmp_path / "index" / "index.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), **edit}))
-    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
-    capsys.readouterr()
-    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
-                tmp_path / "q.npz") == 2
-    assert capsys.readouterr().err == (
-        f"kdml: error: {tmp_path / 'index'} holds a damaged index ({words}); build it again "
-        "with 'kdml index'\n")
+    assert refused_search(runs / "plain", tmp_path, capsys) == damaged_index(tmp_path, words)
 
 
 @pytest.mark.parametrize("count", [float, str, lambda n: -1, lambda n: True],
@@ -1620,13 +1629,8 @@ def test_an_index_json_count_that_is_not_a_whole_number_is_refused(runs, tmp_pat
     info = json.loads(meta.read_text())
     edited = count(info["count"])
     meta.write_text(json.dumps({**info, "count": edited}))
-    np.savez(tmp_path / "q.npz", embeddings=np.ones((1, 8), dtype=np.float32))
-    capsys.readouterr()
-    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
-                tmp_path / "q.npz", "-k", 1000) == 2
-    assert capsys.readouterr().err == (
-        f"kdml: error: {tmp_path / 'index'} holds a damaged index (index.json's count is "
-        f"{edited!r}, not a whole number); build it again with 'kdml index'\n")
+    assert refused_search(runs / "plain", tmp_path, capsys, "-k", 1000) == damaged_index(
+        tmp_path, f"index.json's count is {edited!r}, not a whole number")
 
 
 def test_queries_are_searched_without_the_run_s_data(tmp_path, capsys):
