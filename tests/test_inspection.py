@@ -466,7 +466,7 @@ def test_the_map_of_a_cosine_run_is_of_its_directions(runs, tmp_path, monkeypatc
         return values[:, :2], "t-SNE"
 
     def scatter(coordinates, labels, path, method, title, class_names=None):
-        mapped["method"] = method
+        mapped.update(method=method, labels=labels)
         return path
 
     monkeypatch.setattr(plots, "embedding_map", map_of)
@@ -475,6 +475,14 @@ def test_the_map_of_a_cosine_run_is_of_its_directions(runs, tmp_path, monkeypatc
     norms = np.linalg.norm(mapped["values"].astype(np.float64), axis=1)
     assert len(norms) == 300 and np.allclose(norms, 1.0, atol=1e-6)
     assert mapped["method"] == "t-SNE, of the L2-normalised embeddings (cosine metric)"
+    # the 300 are a random sample of the test part (seed 0), not its first 300 rows
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0
+    embedded = np.load(tmp_path / "test.npz")
+    keep = np.random.default_rng(0).choice(896, 300, replace=False)
+    directions = embedded["embeddings"][keep].astype(np.float64)
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    assert np.allclose(mapped["values"], directions, atol=1e-5)
+    assert mapped["labels"].tolist() == embedded["labels"][keep].tolist()
 
 
 @pytest.mark.parametrize("small", [False, True], ids=["digits", "16 test images"])
