@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, check_no_nul_byte, why_missing
 from kdml.file_write import write_through_new_file
 
 
@@ -455,19 +455,13 @@ MAX_EMBEDDING_SIZE = 2**16
 MAX_BATCH = 2**31
 
 
-NUL = "\0"
-
-
 def validate(config: RunConfig) -> None:
     """Range checks that need no data; the rest is checked where the data is known."""
     device_problem = device_name_problem(config.train.device, "train.device")
-    paths = {"data.dataset": config.data.dataset, "data.root": config.data.root,
-             "model.weights": config.model.weights}
+    for key, value in (("data.dataset", config.data.dataset), ("data.root", config.data.root),
+                       ("model.weights", config.model.weights)):
+        check_no_nul_byte(value, f"{key}={value!r}")
     checks = [
-        # a YAML "\0" escape: it had reached os calls, whose ValueError was a traceback
-        *((NUL not in value, f"{key}={value!r} holds a NUL byte, which no file name can: "
-                             "remove it")
-          for key, value in paths.items()),
         (config.data.dataset.strip() != "",
          "the dataset name is empty; name a dataset, e.g. --dataset mnist5k ('kdml datasets' "
          "lists them)"),

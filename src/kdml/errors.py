@@ -54,3 +54,11 @@ def check_not_a_link(path: Path, option: str = "--out") -> None:
     if path.is_symlink():
         raise KdmlError(f"{option} {path} is a symbolic link, which kdml would replace; give "
                         "the path it points to, or another one")
+
+
+def check_no_nul_byte(value: str, named: str) -> None:
+    """Refuse a path setting (``named``, as the message names it) that holds a NUL byte, as a
+    YAML "\\0" escape can: no file name can hold one, and os calls would stop with a bare
+    ValueError."""
+    if "\0" in value:
+        raise KdmlError(f"{named} holds a NUL byte, which no file name can: remove it")

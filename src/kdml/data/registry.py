@@ -29,7 +29,7 @@ from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts
 from kdml.data.formats.idx import file_names as idx_file_names
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, check_no_nul_byte, why_missing
 
 ROOT_VARIABLE = "KDML_DATA_ROOT"
 
@@ -248,9 +248,7 @@ def open_dataset(name: str, root: str = "") -> DatasetParts:
     """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``, which only
     the on-disk formats read (:func:`check_root_is_read`)."""
     for key, value in (("the dataset", name), ("data.root", str(root))):  # root: a Path too
-        if "\0" in value:  # os calls would stop with a bare ValueError
-            raise KdmlError(f"{key} {value!r} holds a NUL byte, which no file name can: "
-                            "remove it")
+        check_no_nul_byte(value, f"{key} {value!r}")
     check_root_is_read(name, root)
     if name in DATASETS:
         entry = DATASETS[name]
