@@ -57,6 +57,17 @@ def damaged_index(tmp_path: Path, words: str) -> str:
             "with 'kdml index'\n")
 
 
+def lengthened_embeddings(*args):
+    """embed_dataset's embeddings, each lengthened by its own power of two (exact): what the
+    cosine metric ignores."""
+    from kdml.evaluation.evaluator import embed_dataset
+
+    embedded = embed_dataset(*args)
+    factors = 2.0 ** (embedded.indices % 5).to(embedded.values.dtype)
+    return embedded._replace(values=embedded.values * factors[:, None].to(
+        embedded.values.device))
+
+
 def folder_with_unreadable_test_images(tmp_path: Path) -> Path:
     """A folder: dataset of 4 classes of 4 images, and in each test class (c02, c03) two
     files that are no image (data.on_bad_image=skip leaves them out)."""
@@ -662,23 +673,16 @@ def test_a_cosine_run_s_grid_ranks_its_neighbours_by_direction(runs, tmp_path, m
     """Each test image among the others, in the order of the run's metric (cosine), as its
     Recall@K ranks them: every embedding lengthened by its own factor, which cosine ignores,
     draws the same rows."""
-    from kdml.evaluation.evaluator import embed_dataset
     from kdml.inspection import plots
 
     run = tmp_path / "plain"
     shutil.copytree(runs / "plain", run)
     drawn = []
     monkeypatch.setattr(plots, "plot_retrieval_grid",
-                        lambda queries, neighbours, *_, **__: drawn.append(neighbours.tolist()))
-
-    def lengthened(*args):
-        embedded = embed_dataset(*args)
-        factors = 2.0 ** (embedded.indices % 5).to(embedded.values.dtype)  # exact scalings
-        return embedded._replace(values=embedded.values * factors[:, None].to(
-            embedded.values.device))
-
+                        lambda queries, neighbours, hits, image, path, *_, **__:
+                        drawn.append(neighbours.tolist()) or path)
     assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "8") == 0
-    monkeypatch.setattr(plots, "embed_dataset", lengthened)
+    monkeypatch.setattr(plots, "embed_dataset", lengthened_embeddings)
     assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "8") == 0
     assert drawn[0] == drawn[1]
 
@@ -1339,15 +1343,7 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
             "gallery holds only 3 images") in err
     # each row in the order of the run's metric (cosine), as its Recall@K ranks the gallery:
     # the same with every embedding lengthened by its own factor, which cosine ignores
-    from kdml.evaluation.evaluator import embed_dataset
-
-    def lengthened(*args):
-        embedded = embed_dataset(*args)
-        factors = 2.0 ** (embedded.indices % 5).to(embedded.values.dtype)  # exact scalings
-        return embedded._replace(values=embedded.values * factors[:, None].to(
-            embedded.values.device))
-
-    monkeypatch.setattr(plots, "embed_dataset", lengthened)
+    monkeypatch.setattr(plots, "embed_dataset", lengthened_embeddings)
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "3") == 0
     assert drawn.pop("rows") == rows
     # kdml index builds what queries search: the gallery (3 images), unless told the part
