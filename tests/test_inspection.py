@@ -57,6 +57,21 @@ def damaged_index(tmp_path: Path, words: str) -> str:
             "with 'kdml index'\n")
 
 
+def drawn_grids(monkeypatch) -> list[dict[str, list]]:
+    """Stands in for the retrieval grid's drawing (nothing is written to the run's plots/):
+    each grid asked for, as its queries and neighbours (dataset positions), in order."""
+    from kdml.inspection import plots
+
+    grids: list[dict[str, list]] = []
+
+    def grid(queries, neighbours, hits, image, path, *_, **__):
+        grids.append({"queries": queries.tolist(), "neighbours": neighbours.tolist()})
+        return path
+
+    monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
+    return grids
+
+
 def lengthened_embeddings(*args):
     """embed_dataset's embeddings, each lengthened by its own power of two (exact): what the
     cosine metric ignores."""
@@ -655,16 +670,12 @@ def test_a_chart_plot_s_thumbnails_are_the_images_its_rows_embed_around_skipped_
 def test_the_retrieval_grid_s_seed_draws_its_queries(runs, tmp_path, monkeypatch):
     """--seed picks which test samples the grid shows: the same seed the same queries, another
     seed others."""
-    from kdml.inspection import plots
-
     run = tmp_path / "plain"
     shutil.copytree(runs / "plain", run)
-    drawn = []
-    monkeypatch.setattr(plots, "plot_retrieval_grid",
-                        lambda queries, neighbours, hits, image, path, *args, **kwargs:
-                        drawn.append(queries.tolist()) or path)
+    grids = drawn_grids(monkeypatch)
     for seed in (0, 0, 1):
         assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "2", "--seed", seed) == 0
+    drawn = [grid["queries"] for grid in grids]
     assert drawn[0] == drawn[1] != drawn[2]
     assert drawn[0] == np.random.default_rng(0).choice(896, 8, replace=False).tolist()
 
@@ -677,14 +688,11 @@ def test_a_cosine_run_s_grid_ranks_its_neighbours_by_direction(runs, tmp_path, m
 
     run = tmp_path / "plain"
     shutil.copytree(runs / "plain", run)
-    drawn = []
-    monkeypatch.setattr(plots, "plot_retrieval_grid",
-                        lambda queries, neighbours, hits, image, path, *_, **__:
-                        drawn.append(neighbours.tolist()) or path)
+    grids = drawn_grids(monkeypatch)
     assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "8") == 0
     monkeypatch.setattr(plots, "embed_dataset", lengthened_embeddings)
     assert kdml("plot", "retrieval", run, "--queries", "16", "-k", "8") == 0
-    assert drawn[0] == drawn[1]
+    assert grids[0]["neighbours"] == grids[1]["neighbours"]
 
 
 @pytest.mark.parametrize("query_gallery", [False, True])
