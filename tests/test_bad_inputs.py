@@ -935,3 +935,58 @@ def test_a_config_path_given_with_a_tilde_is_expanded(tmp_path, capsys, monkeypa
     capsys.readouterr()
     assert cli.main(["config", "amsoftmax", "--config=~/mine.yaml"]) == 0
     assert "epochs: 7" in capsys.readouterr().out
+
+
+def test_a_missing_dependency_is_one_line_naming_what_to_install(monkeypatch, capsys):
+    """A declared dependency missing from the environment (a partial install) stops a command
+    in one line naming the package to install, not a ModuleNotFoundError traceback; a missing
+    module that is not one of kdml's dependencies is a bug and keeps its traceback."""
+    def needs(name: str):
+        def command(args):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return command
+
+    monkeypatch.setitem(cli._COMMANDS, "recipes", needs("faiss"))
+    assert cli.main(["recipes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: the Python package faiss-cpu (import name faiss), "
+                          "which kdml recipes needs, is not installed here")
+    assert "pip install -c constraints.txt -e ." in err and err.count("\n") == 1
+    monkeypatch.setitem(cli._COMMANDS, "recipes", needs("sklearn.neighbors"))
+    assert cli.main(["recipes"]) == 2
+    assert "scikit-learn (import name sklearn)" in capsys.readouterr().err
+    monkeypatch.setitem(cli._COMMANDS, "recipes", needs("kdml_no_such_module"))
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["recipes"])
+
+
+def test_the_missing_dependency_names_cover_pyproject_dependencies():
+    """Every dependency pyproject.toml declares has its import name in cli.DEPENDENCIES, so
+    that its absence gets the one-line error (a new dependency must be added there too), and
+    each import name is one that its installed distribution provides."""
+    from importlib.metadata import packages_distributions
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib came with Python 3.11")
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ \[;]", item, maxsplit=1)[0].lower() for item in declared}
+    assert set(cli.DEPENDENCIES.values()) == names
+    provided = packages_distributions()
+    for module, package in cli.DEPENDENCIES.items():
+        assert package in {name.lower() for name in provided[module]}, module
+
+
+def test_training_without_faiss_stops_before_its_run_folder(tmp_path):
+    """The real import path: with faiss unimportable, kdml train stops in one line, exit 2,
+    and leaves no run folder behind."""
+    import subprocess
+
+    script = ("import sys; sys.modules['faiss'] = None\n"
+              "from kdml.cli import main\n"
+              f"sys.exit(main(['train', 'jrd', '--out', {str(tmp_path / 'run')!r}, "
+              "'epochs=1', '--no-progress']))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("kdml: error: the Python package faiss-cpu")
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()

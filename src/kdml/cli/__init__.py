@@ -162,6 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"process of this job stopped: its output says why ({reason[:300]})",
               file=sys.stderr)
         return 1
+    except ModuleNotFoundError as error:
+        # a declared dependency missing from this environment (a broken or partial install):
+        # say which to install; any other missing module is a bug, so keep its traceback
+        top = (error.name or "").partition(".")[0]
+        if top not in DEPENDENCIES:
+            raise
+        if _is_main_process():
+            print(f"kdml: error: the Python package {DEPENDENCIES[top]} (import name {top}), "
+                  f"which kdml {args.command} needs, is not installed here: install kdml's "
+                  "dependencies (pip install -c constraints.txt -e . in the kdml clone)",
+                  file=sys.stderr)
+        return 2
     except OSError as error:
         if error.filename is None and error.errno in UNWRITABLE_OUTPUT:
             # kdml's own files name themselves in their errors (file_write): one that names
@@ -191,6 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
             sys.modules["kdml.distributed"].teardown(sys.exc_info()[1])
 
+
+# kdml's declared dependencies (pyproject.toml's), by the name they are imported as.
+DEPENDENCIES = {"torch": "torch", "numpy": "numpy",
+                "pytorch_metric_learning": "pytorch-metric-learning", "faiss": "faiss-cpu",
+                "sklearn": "scikit-learn", "scipy": "scipy", "PIL": "pillow",
+                "safetensors": "safetensors", "kornia": "kornia", "matplotlib": "matplotlib",
+                "tqdm": "tqdm", "tensorboard": "tensorboard", "yaml": "pyyaml",
+                "mlxtend": "mlxtend", "mnist1d": "mnist1d"}
 
 # A write's errors that name no file: a full disk or quota, a pipe whose reader is gone.
 UNWRITABLE_OUTPUT = (errno.ENOSPC, errno.EDQUOT, errno.EPIPE)
