@@ -246,3 +246,18 @@ def test_the_plotting_functions_refuse_bad_arrays_in_one_line(tmp_path, draw, me
     with pytest.raises(KdmlError, match=f"^{message}") as info:
         draw(tmp_path / "plot.png")
     assert "\n" not in str(info.value) and not (tmp_path / "plot.png").exists()
+
+
+def test_a_map_of_many_classes_colours_them_by_rank_not_by_label_value():
+    """Over 20 classes the map has no legend and colours by class rank: one far-off label
+    (10,000 beside 0..19) must not squeeze the other twenty classes into one colour, as
+    colouring by the raw label values would."""
+    from kdml.viz_retrieval import _embedding_map_figure
+
+    labels = np.append(np.arange(20), 10_000).repeat(2)
+    coordinates = np.random.default_rng(0).normal(size=(len(labels), 2)).astype(np.float32)
+    figure = _embedding_map_figure(coordinates, labels, "t-SNE", "map", None)
+    figure.canvas.draw()  # the colours are mapped when drawn
+    (points,) = figure.axes[0].collections
+    colours = {tuple(np.round(colour, 6)) for colour in points.get_facecolors()}
+    assert len(colours) == 20  # tab20's twenty colours, the 21st class wrapping round
