@@ -303,6 +303,9 @@ def test_pca_is_fitted_on_the_source_only():
         got = projected.x.double()
         signs = torch.sign((got * expected).sum(dim=0))  # each axis is defined up to its sign
         assert torch.allclose(got * signs, expected, atol=1e-4)
+        # the pair keeps its PCA, which projects raw inputs (kdml search) as it did the samples
+        assert torch.equal(reduced.pca.project(original), projected.x)
+    assert (reduced.pca.feature_size, reduced.pca.dim) == (3, 2)
     # changing the target changes nothing about the source projection
     other = fit_source_pca(make_pair(source, target * 100), 2)
     assert torch.equal(other.source.x, reduced.source.x)

@@ -289,12 +289,20 @@ def test_train_split_is_embedded_with_the_datasets_labels_and_names(tmp_path, ca
         assert int(folder.split(".")[0]) == label and name == folder_class_name(folder)
 
 
-def test_a_run_with_a_source_pca_is_not_scored_on_another_dataset(tmp_path, capsys):
-    """data.pca_dim's PCA had been fitted again on the other pair's source: the model got its
-    inputs in a basis it never saw (Recall@1 0.81 -> 0.75 on the same target samples)."""
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def pca_run(tmp_path_factory) -> Path:
+    """A DDML run on mnist5k->digits reduced to 20-d by data.pca_dim, with an index."""
+    run = tmp_path_factory.mktemp("pca") / "run"
     assert kdml("train", "ddml", "--dataset", "mnist5k->digits", "--out", run, *TINY,
                 "data.pca_dim=20") == 0
+    assert kdml("index", run, "--out", run.parent / "index") == 0
+    return run
+
+
+def test_a_run_with_a_source_pca_is_not_scored_on_another_dataset(pca_run, tmp_path, capsys):
+    """data.pca_dim's PCA had been fitted again on the other pair's source: the model got its
+    inputs in a basis it never saw (Recall@1 0.81 -> 0.75 on the same target samples)."""
+    run = pca_run
     capsys.readouterr()
     for command in (["eval", run], ["embed", run, "--out", tmp_path / "e.npz"]):
         assert kdml(*command, "--dataset", "digits->mnist5k") == 2
@@ -302,6 +310,26 @@ def test_a_run_with_a_source_pca_is_not_scored_on_another_dataset(tmp_path, caps
         assert ("the run's inputs are projected by a PCA (data.pca_dim=20) fitted on the source "
                 "of mnist5k->digits, which the run does not keep") in err
     assert not (tmp_path / "e.npz").exists()
+
+
+def test_raw_queries_of_a_pca_run_go_through_its_pca(pca_run, tmp_path, capsys):
+    """A domain pair reduced by data.pca_dim takes raw 'inputs' queries as the pair's features
+    and projects them by the run's PCA (fitted again on its source): target samples find
+    themselves. They had been refused unless already in a basis the run does not keep."""
+    from kdml.data.domains import load_domain_data
+
+    target = load_domain_data("mnist5k->digits").target.x
+    shutil.copytree(pca_run.parent / "index", tmp_path / "index")
+    rows = [5, 700, 1796]
+    sources = searched_sources(pca_run, tmp_path, capsys, inputs=target[rows].numpy())
+    assert [found[0] for found in sources] == [f"digits[{row}]" for row in rows]
+    np.savez(tmp_path / "q.npz", inputs=np.zeros((1, 20), dtype=np.float32))
+    assert kdml("search", pca_run, "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: query inputs have shape (20,) per sample but the run's are its domain "
+        "pair's features, (64,) each, which kdml projects by the run's PCA (data.pca_dim=20): "
+        "give them before the PCA\n")
 
 
 def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):

@@ -61,6 +61,8 @@ class DomainPair:
     target: ArrayDataset
     name: str
     description: str
+    # The PCA both sides were projected by (fit_source_pca), which raw inputs go through too.
+    pca: SourcePCA | None = None
 
     @property
     def feature_size(self) -> int:
@@ -334,6 +336,23 @@ def _parse_domains(domains: np.ndarray, path: Path) -> np.ndarray:
 # ----------------------------------------------------------------------------- PCA
 
 
+@dataclass(frozen=True)
+class SourcePCA:
+    """A PCA fitted on a domain pair's source samples (:func:`fit_source_pca`): ``fitted`` is
+    scikit-learn's, centred on the source mean, no whitening, ``dim`` components of
+    ``feature_size`` features."""
+
+    fitted: Any  # sklearn.decomposition.PCA
+    feature_size: int
+    dim: int
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[N, D]`` (or ``[N, ...]``, flattened) -> float32 ``[N, dim]``, in float64 on
+        the way, as the training samples were projected."""
+        reduced = self.fitted.transform(x.flatten(1).double().numpy())
+        return torch.from_numpy(reduced.astype(np.float32))
+
+
 def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
     """Project both domains on the top ``dim`` principal components of the *source* samples.
 
@@ -346,7 +365,8 @@ def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
         dim: output size, between 1 and ``min(Ns, D)``.
 
     Returns:
-        A new :class:`DomainPair` (labels unchanged) named ``"<name>+pca<dim>"``.
+        A new :class:`DomainPair` (labels unchanged) named ``"<name>+pca<dim>"``, with the
+        fitted PCA as its ``pca`` (:class:`SourcePCA`).
     """
     from sklearn.decomposition import PCA
 
@@ -355,16 +375,15 @@ def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
     if not (is_positive_int(dim) and dim <= limit):
         raise KdmlError(f"PCA dim must be an integer from 1 to {limit} (min of source samples "
                         f"and features), got {dim!r}")
-    pca = PCA(n_components=dim, svd_solver="full").fit(source_x)
+    pca = SourcePCA(PCA(n_components=dim, svd_solver="full").fit(source_x), source_x.shape[1],
+                    dim)
 
     def project(dataset: ArrayDataset) -> ArrayDataset:
-        reduced = pca.transform(dataset.x.flatten(1).double().numpy())
         return ArrayDataset(dataset.name, f"{dataset.description}, PCA {dim} (source-fitted)",
-                            torch.from_numpy(reduced.astype(np.float32)), dataset.y,
-                            dataset.default_backbone)
+                            pca.project(dataset.x), dataset.y, dataset.default_backbone)
 
     return DomainPair(project(pair.source), project(pair.target), f"{pair.name}+pca{dim}",
-                      f"{pair.description}; PCA to {dim}-d fitted on the source")
+                      f"{pair.description}; PCA to {dim}-d fitted on the source", pca)
 
 
 def is_domain_dataset(name: str) -> bool:

@@ -49,7 +49,8 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
                                 f"the source's samples and features in {data.dataset}; lower "
                                 "it")
             pair = fit_source_pca(pair, data.pca_dim)
-        splits = domain_splits(pair.source, pair.target)
+        splits = dataclasses.replace(domain_splits(pair.source, pair.target),
+                                     input_pca=pair.pca)
         return splits, splits
     if data.pca_dim:
         raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")

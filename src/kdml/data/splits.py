@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.errors import KdmlError
+
+if TYPE_CHECKING:  # a type only: domains would bring the datasets' readers with it
+    from kdml.data.domains import SourcePCA
 
 SPLITS = ("standard", "class-disjoint", "seen-holdout")
 UNSEEN, SEEN, DOMAIN = "unseen", "seen", "domain"
@@ -73,6 +77,9 @@ class DataSplits:
     # evaluator records them (and a checkpoint keeps them, for a finished run resumed), and
     # :attr:`test_set` counts the samples the metrics are of.
     unreadable: dict[str, Tensor] = field(default_factory=dict)
+    # A domain pair reduced by data.pca_dim: the PCA its samples went through, as raw inputs
+    # must too (None: the samples are the inputs).
+    input_pca: SourcePCA | None = None
 
     @property
     def test_set(self) -> str:

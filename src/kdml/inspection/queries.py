@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kdml.data.domains import SourcePCA
 from kdml.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, load_image, load_image_as
 from kdml.data.sample_spec import SampleSpec
 from kdml.errors import KdmlError, why_missing
@@ -48,7 +49,7 @@ def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
         if "inputs" not in arrays:
             raise KdmlError(f"query {query} holds neither '{searched}' nor 'inputs'")
         loaded = model()
-        inputs = _query_inputs(arrays["inputs"], loaded.samples, query)
+        inputs = _query_inputs(arrays["inputs"], loaded.samples, query, loaded.input_pca)
         names = [f"{query.name}[{i}]" for i in range(len(inputs))]
     elif query.suffix.lower() in IMAGE_EXTENSIONS:
         loaded = model()
@@ -138,13 +139,25 @@ def _embedded_queries(trained: RunModel, inputs: torch.Tensor
             torch.cat(chart_chunks).numpy() if chart_chunks else None)
 
 
-def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path) -> torch.Tensor:
+def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path,
+                  pca: SourcePCA | None = None) -> torch.Tensor:
     """Raw query ``inputs`` ``[Q, *sample_shape]`` as the model takes them: uint8 images, or
-    float (in [0, 1] where the samples are images) and features cast to the samples' dtype."""
+    float (in [0, 1] where the samples are images) and features cast to the samples' dtype.
+    With a ``pca`` (a domain pair's ``data.pca_dim``), ``inputs`` are the pair's features
+    ``[Q, pca.feature_size]``, projected by it as the training samples were."""
     raw = _query_rows(raw, "inputs", query)
     if raw.dtype != np.uint8 and raw.dtype.kind != "f":
         raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
                         f"samples, got {raw.dtype}")
+    if pca is not None:
+        if raw.shape[1:] != (pca.feature_size,):
+            raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but "
+                            f"the run's are its domain pair's features, ({pca.feature_size},) "
+                            f"each, which kdml projects by the run's PCA (data.pca_dim="
+                            f"{pca.dim}): give them before the PCA")
+        if not np.isfinite(raw).all():
+            raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
+        return pca.project(torch.from_numpy(raw))
     expected = tuple(samples.sample_shape)
     if tuple(raw.shape[1:]) != expected:
         raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but the "

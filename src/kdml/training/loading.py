@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config
+from kdml.data.domains import SourcePCA
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.prepare import prepare_data_and_test_part
 from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
@@ -44,12 +45,23 @@ class RunModel:
     checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
     samples: SampleSpec
 
+    @property
+    def input_pca(self) -> SourcePCA | None:
+        """The PCA raw inputs go through before the model (a domain pair's ``data.pca_dim``;
+        :func:`load_model` loads such a run with its data, to fit it again); ``None``: the
+        model takes the inputs as they are."""
+        return None
+
 
 @dataclass
 class TrainedRun(RunModel):
     """A run's model and its data (``splits``: the test part's with ``load_run(test_part=)``)."""
 
     splits: DataSplits
+
+    @property
+    def input_pca(self) -> SourcePCA | None:
+        return self.splits.input_pca
 
     def plot_path(self, name: str) -> Path:
         """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
@@ -158,14 +170,17 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
     the run folder alone: its config, its checkpoint and what its ``data.json`` records of the
     samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
     is rebuilt from its data by :func:`load_run` (at ``data_root`` where given). ``progress``
-    is its embedder's progress bar."""
+    is its embedder's progress bar. A run whose domain pair went through a PCA
+    (``data.pca_dim``) is loaded with its data too: the PCA, which raw inputs must go through
+    (:attr:`RunModel.input_pca`), is fitted again on the run's own source, checked against
+    ``data.json`` (the run folder keeps the PCA's outputs' shape, not the PCA)."""
     run = RunFolder.existing(run_dir)
     recorded = run.recorded_data()
     samples = (None if recorded is None else
                SampleSpec.from_record(recorded, str(run.data_fingerprint)))
-    if samples is None:
-        return load_run(run_dir, data_root, best=best, progress=progress, device=device)
     config = run_config(run)
+    if samples is None or config.data.pca_dim:
+        return load_run(run_dir, data_root, best=best, progress=progress, device=device)
     target = run_device(device, config.train.device)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
