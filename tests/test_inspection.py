@@ -299,16 +299,41 @@ def pca_run(tmp_path_factory) -> Path:
     return run
 
 
-def test_a_run_with_a_source_pca_is_not_scored_on_another_dataset(pca_run, tmp_path, capsys):
+def test_another_pair_goes_through_the_pca_of_the_run(pca_run, tmp_path, capsys):
     """data.pca_dim's PCA had been fitted again on the other pair's source: the model got its
-    inputs in a basis it never saw (Recall@1 0.81 -> 0.75 on the same target samples)."""
-    run = pca_run
+    inputs in a basis it never saw (Recall@1 0.81 -> 0.75 on the same target samples), and
+    then such runs were refused another dataset. Another pair now goes through the run's own
+    PCA: digits as the source of digits->mnist5k embed exactly as the run's own target."""
+    own, other = tmp_path / "own.npz", tmp_path / "other.npz"
+    assert kdml("embed", pca_run, "--out", own) == 0
+    assert kdml("embed", pca_run, "--dataset", "digits->mnist5k", "--split", "train",
+                "--out", other) == 0
+    own_arrays, other_arrays = np.load(own), np.load(other)
+    assert list(own_arrays["sources"]) == list(other_arrays["sources"])
+    np.testing.assert_array_equal(own_arrays["embeddings"], other_arrays["embeddings"])
+    assert kdml("eval", pca_run, "--dataset", "digits->mnist5k") == 0
     capsys.readouterr()
-    for command in (["eval", run], ["embed", run, "--out", tmp_path / "e.npz"]):
-        assert kdml(*command, "--dataset", "digits->mnist5k") == 2
-        err = capsys.readouterr().err
-        assert ("the run's inputs are projected by a PCA (data.pca_dim=20) fitted on the source "
-                "of mnist5k->digits, which the run does not keep") in err
+    assert kdml("eval", pca_run, "--dataset", "fashion-mnist") == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: the run's inputs are its domain pair's features projected by a PCA "
+        "(data.pca_dim=20): --dataset must be a domain pair of those features (SOURCE->TARGET "
+        "or npz:FILE), got fashion-mnist\n")
+
+
+def test_another_pair_of_other_features_is_refused_by_the_pca_of_the_run(pca_run, tmp_path,
+                                                                        capsys):
+    """A feature file whose features are not the run's (32 against 64) is refused in one
+    line naming both sizes, before anything is embedded."""
+    features = tmp_path / "f.npz"
+    generator = np.random.default_rng(0)
+    np.savez(features, X=generator.random((40, 32)), y=np.arange(40) % 4,
+             domain=np.array(["source", "target"] * 20))
+    capsys.readouterr()
+    assert kdml("embed", pca_run, "--dataset", f"npz:{features}", "--out",
+                tmp_path / "e.npz") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: f has 32 features a sample, but the PCA (fitted on the "
+                          "trained run's source) takes 64") and err.count("\n") == 1, err
     assert not (tmp_path / "e.npz").exists()
 
 

@@ -377,13 +377,23 @@ def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
                         f"and features), got {dim!r}")
     pca = SourcePCA(PCA(n_components=dim, svd_solver="full").fit(source_x), source_x.shape[1],
                     dim)
+    return projected_pair(pair, pca, "fitted on the source")
+
+
+def projected_pair(pair: DomainPair, pca: SourcePCA, fitted_on: str) -> DomainPair:
+    """Both domains of ``pair`` projected by ``pca`` (``fitted_on``: which source, in the
+    description), which it keeps as its ``pca``; features of another size are refused."""
+    if pair.feature_size != pca.feature_size:
+        raise KdmlError(f"{pair.name} has {pair.feature_size} features a sample, but the PCA "
+                        f"({fitted_on}) takes {pca.feature_size}: give a domain pair of its "
+                        "features")
 
     def project(dataset: ArrayDataset) -> ArrayDataset:
-        return ArrayDataset(dataset.name, f"{dataset.description}, PCA {dim} (source-fitted)",
+        return ArrayDataset(dataset.name, f"{dataset.description}, PCA {pca.dim} (source-fitted)",
                             pca.project(dataset.x), dataset.y, dataset.default_backbone)
 
-    return DomainPair(project(pair.source), project(pair.target), f"{pair.name}+pca{dim}",
-                      f"{pair.description}; PCA to {dim}-d fitted on the source", pca)
+    return DomainPair(project(pair.source), project(pair.target), f"{pair.name}+pca{pca.dim}",
+                      f"{pair.description}; PCA to {pca.dim}-d {fitted_on}", pca)
 
 
 def is_domain_dataset(name: str) -> bool:

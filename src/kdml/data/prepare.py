@@ -8,21 +8,29 @@ import torch
 
 from kdml.config import DataConfig
 from kdml.data.dataset import DmlDataset
-from kdml.data.domains import fit_source_pca, is_domain_dataset, load_domain_data
+from kdml.data.domains import (
+    SourcePCA,
+    fit_source_pca,
+    is_domain_dataset,
+    load_domain_data,
+    projected_pair,
+)
 from kdml.data.images import ImageFiles
 from kdml.data.registry import check_root_is_read, open_dataset
 from kdml.data.splits import DOMAIN, DataSplits, make_splits, remapped_to_training
 from kdml.errors import KdmlError
 
 
-def prepare_data(data: DataConfig, *, new_run: bool = False) -> DataSplits:
+def prepare_data(data: DataConfig, *, new_run: bool = False,
+                 pca: SourcePCA | None = None) -> DataSplits:
     """Open ``data.dataset`` (or a domain pair) and split it as ``data.split`` asks
-    (``new_run``: see :func:`prepare_data_and_test_part`)."""
-    return prepare_data_and_test_part(data, test_part=False, new_run=new_run)[0]
+    (``new_run``, ``pca``: see :func:`prepare_data_and_test_part`)."""
+    return prepare_data_and_test_part(data, test_part=False, new_run=new_run, pca=pca)[0]
 
 
 def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
-                               new_run: bool = False) -> tuple[DataSplits, DataSplits]:
+                               new_run: bool = False, pca: SourcePCA | None = None
+                               ) -> tuple[DataSplits, DataSplits]:
     """The splits as trained and, with ``test_part``, the same dataset split without
     ``data.validation`` (the test classes a validated model is finally scored on). The
     dataset is opened once for both; without ``test_part`` or validation both are the same.
@@ -31,7 +39,11 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
     can still change, so a split setting the split does not use is refused. Otherwise (a
     trained run's data, or another dataset its model embeds) that setting is reset to its
     default (:func:`settled_split_settings`): an older kdml recorded it and ignored it, and the
-    run is done."""
+    run is done.
+
+    ``pca``: for a domain pair with ``data.pca_dim``, the PCA to project it by (a trained
+    run's, fitted on its own source: another pair embedded by its model), instead of one fitted
+    on this pair's source."""
     if is_domain_dataset(data.dataset):
         check_root_is_read(data.dataset, data.root)
         data = settled_pair_split(data, new_run)
@@ -41,7 +53,9 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
             raise KdmlError("data.validation applies to single datasets, not to domain pairs "
                             "(the target's labels are for evaluation only)")
         pair = load_domain_data(data.dataset)
-        if data.pca_dim:
+        if data.pca_dim and pca is not None:
+            pair = projected_pair(pair, pca, "fitted on the trained run's source")
+        elif data.pca_dim:
             # in the setting's name: fit_source_pca, a library function, names its argument
             limit = min(pair.source.x.flatten(1).shape)
             if data.pca_dim > limit:

@@ -13,6 +13,7 @@ import torch
 
 from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset, renamed_classes
+from kdml.data.domains import is_domain_dataset
 from kdml.data.prepare import prepare_data
 from kdml.data.splits import DataSplits
 from kdml.errors import KdmlError, check_not_a_link
@@ -89,17 +90,20 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
     """Another ``dataset`` (at ``data_root``, else where it is found) as the run's data
     settings split it (``data.split``; no validation part), with the embedder that feeds it
     to the run's model, and the run's config naming it. Its samples must have the shape the
-    run trained on."""
-    pca_dim = model.config.data.pca_dim
-    if pca_dim:  # prepare_data would fit another basis, on the other pair's source
+    run trained on. A run whose domain pair went through a PCA (``data.pca_dim``) takes
+    another pair of the same features, projected by the run's PCA (:attr:`RunModel.input_pca`),
+    never one fitted on the other pair's source: a basis the model never saw."""
+    pca_dim, pca = model.config.data.pca_dim, model.input_pca
+    if pca_dim and pca is None:  # a RunModel built by hand: load_model fits it again
         raise KdmlError(f"the run's inputs are projected by a PCA (data.pca_dim={pca_dim}) "
-                        f"fitted on the source of {model.config.data.dataset}, which the run "
-                        "does not keep: on another dataset it would be fitted on that "
-                        "dataset's source, a basis the model never saw; score the run on its "
-                        "own data, or train a run on this one")
+                        "that this loaded model lacks; load the run with load_model")
+    if pca_dim and not is_domain_dataset(dataset):
+        raise KdmlError(f"the run's inputs are its domain pair's features projected by a PCA "
+                        f"(data.pca_dim={pca_dim}): --dataset must be a domain pair of those "
+                        f"features (SOURCE->TARGET or npz:FILE), got {dataset}")
     data = dataclasses.replace(model.config.data, dataset=dataset, root=data_root or "",
                                validation=0.0)
-    splits = prepare_data(data)
+    splits = prepare_data(data, pca=pca)
     trained_shape, shape = model.samples.sample_shape, splits.train.sample_shape
     if shape != trained_shape:  # a CNN with global pooling would take any size silently
         raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "
