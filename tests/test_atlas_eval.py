@@ -8,6 +8,7 @@ of Recall@K, MAP@R and R-Precision in which neighbours at infinite distance neve
 from __future__ import annotations
 
 import doctest
+import logging
 import math
 import warnings
 
@@ -588,3 +589,101 @@ def test_chart_retrieval_warns_of_a_gallery_equal_to_the_queries():
         chart_retrieval_metrics(coords, charts, labels, ks=(1,), nmi=False,
                                 reference_coords=coords.copy(),
                                 reference_chart_index=other_charts, reference_labels=labels)
+
+
+def test_thumbnails_are_at_most_max_thumbnails_per_panel_and_drawn_in_range(caplog):
+    codes, charts = np.zeros((10, 2)), np.array([0] * 7 + [1] * 3)
+    images = np.full((10, 3, 4, 4), 2.0)  # out of [0, 1]: clipped, without matplotlib's
+    images[:, :, :2] = -1.0  # "Clipping input data to the valid range" warning
+    with caplog.at_level(logging.WARNING):
+        figure = chart_figure(codes, charts, np.arange(10) % 2, images=images, max_thumbnails=2)
+    assert [len(axes.images) for axes in figure.axes] == [2, 2]
+    assert caplog.records == []
+    drawn = [image.get_array() for axes in figure.axes for image in axes.images]
+    assert all(array.min() == 0.0 and array.max() == 1.0 for array in drawn)
+    none = chart_figure(codes, charts, np.arange(10) % 2, images=images, max_thumbnails=0)
+    assert [len(axes.images) for axes in none.axes] == [0, 0]
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"max_thumbnails": True}, "max_thumbnails must be an integer >= 0, got True"),
+    ({"thumbnail_zoom": 0.0}, "thumbnail_zoom must be a finite number > 0, got 0.0"),
+    ({"thumbnail_zoom": math.inf}, "thumbnail_zoom must be a finite number > 0, got inf"),
+])
+def test_chart_thumbnail_settings_out_of_range_are_refused(setting, message):
+    with pytest.raises(KdmlError, match=f"^{message}$"):
+        chart_figure(np.zeros((4, 2)), np.zeros(4, int), np.arange(4),
+                     images=np.zeros((4, 5, 5)), **setting)
+
+
+def test_images_of_four_channels_are_refused_for_the_charts():
+    with pytest.raises(KdmlError, match=r"1 or 3 channels, got shape \(4, 5, 5, 4\)"):
+        chart_figure(np.zeros((4, 2)), np.zeros(4, int), np.arange(4),
+                     images=np.zeros((4, 5, 5, 4)))
+
+
+def test_ten_classes_take_the_ten_colour_map_and_eleven_the_twenty():
+    codes, charts = np.zeros((11, 2)), np.zeros(11, int)
+    ten = chart_figure(codes, charts, np.arange(11) % 10)
+    eleven = chart_figure(codes, charts, np.arange(11))
+    assert ten.axes[0].collections[0].get_cmap().name == "tab10"
+    assert eleven.axes[0].collections[0].get_cmap().name == "tab20"
+
+
+def test_a_grayscale_thumbnail_is_drawn_gray_and_upright_around_its_point():
+    figure = chart_figure(np.zeros((1, 2)), np.zeros(1, int), np.zeros(1, int),
+                          images=np.zeros((1, 4, 4)))
+    (image,) = figure.axes[0].images
+    assert image.get_cmap().name == "gray"
+    left, right, bottom, top = image.get_extent()
+    assert left < 0.5 < right and bottom < 0.5 < top
+
+
+def test_each_panel_s_title_counts_its_own_points_and_its_frame_is_the_unit_square():
+    figure = chart_figure(np.zeros((5, 2)), np.array([0, 0, 0, 2, 2]), np.zeros(5, int))
+    assert [axes.get_title() for axes in figure.axes] == ["chart 0 (3 points)",
+                                                          "chart 2 (2 points)"]
+    for axes in figure.axes:
+        (frame,) = axes.patches
+        assert (frame.get_xy(), frame.get_width(), frame.get_height()) == ((0, 0), 1, 1)
+
+
+def test_the_thumbnails_drawn_are_chosen_by_the_seed():
+    codes, charts = np.random.default_rng(0).standard_normal((10, 2)), np.zeros(10, int)
+
+    def drawn(seed):
+        figure = chart_figure(codes, charts, np.arange(10) % 2, images=np.zeros((10, 4, 4)),
+                              max_thumbnails=2, seed=seed)
+        return sorted(image.get_extent() for image in figure.axes[0].images)
+
+    assert drawn(0) == drawn(0)
+    assert drawn(0) != drawn(1)
+
+
+def test_classes_of_any_label_values_get_distinct_colours():
+    """Colours go by a class's rank, not its label: labels 10, 20 and 30 are three colours."""
+    figure = chart_figure(np.zeros((3, 2)), np.zeros(3, int), np.array([10, 20, 30]))
+    figure.canvas.draw()  # the points get their colours when drawn
+    colours = figure.axes[0].collections[0].get_facecolors()
+    assert len({tuple(colour) for colour in colours}) == 3
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 4), (1, 4, 4), (4, 4)])
+def test_thumbnails_loaded_one_at_a_time_take_any_documented_shape(shape):
+    figure = chart_figure(np.zeros((2, 2)), np.zeros(2, int), np.arange(2),
+                          images=lambda index: np.full(shape, 0.5))
+    assert len(figure.axes[0].images) == 2
+
+
+def test_a_legend_taller_than_its_panels_heightens_the_figure():
+    """Class names of several lines make a legend taller than one row of panels: the figure
+    grows for it, the panel keeping its size and its place under the figure's top."""
+    names = {c: "\n".join(f"{c}abcdefg") for c in range(12)}
+    figure = chart_figure(np.zeros((12, 2)), np.zeros(12, int), np.arange(12),
+                          class_names=names)
+    renderer = figure.canvas.get_renderer()
+    width, height = figure.get_size_inches()
+    assert height > 3.2
+    assert figure.axes[0].get_legend().get_window_extent(renderer).y1 <= figure.bbox.height
+    panel = figure.axes[0].get_position()
+    assert (1 - panel.y1) * height < 0.5 and panel.height * height < 3.2

@@ -484,3 +484,19 @@ def test_output_to_a_full_disk_is_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr == ("kdml: error: the output could not be written (No space left on "
                            "device); free space where it goes, or send it elsewhere\n")
+
+
+def test_a_grid_folder_given_as_a_run_names_its_first_started_cell_in_grid_order(tmp_path,
+                                                                                  capsys):
+    """The cell named is the first of grid.yaml's order that holds a run, not the first by
+    name nor the last."""
+    from kdml.training.grid import grid_cells, write_marker
+
+    grid = tmp_path / "g2"
+    values = {"train.seed": [2, 0, 1]}  # by name: seed=0 first, seed=2 last
+    write_marker(grid, grid_cells(values), values)
+    for cell in ("seed=0", "seed=1", "seed=2"):
+        (grid / cell).mkdir()
+        (grid / cell / "config.yaml").write_text("recipe: jrd\n")
+    assert run_cli("eval", grid) == 2
+    assert f"(such as {grid}/seed=2); give one of those" in error_line(capsys)

@@ -19,6 +19,7 @@ from kdml.data.dataset import ArrayDataset
 from kdml.data.fingerprint import FORMAT_FIELD, data_fingerprint, fingerprint_difference
 from kdml.data.images import ImageFiles
 from kdml.data.splits import make_splits
+from kdml.errors import KdmlError
 from kdml.training.run_folder import RunFolder, stale_run_files
 
 TINY = ["--no-progress", "train.epochs=1", "eval.nmi=false", "train.device=cpu",
@@ -310,3 +311,26 @@ def test_the_difference_is_said_part_by_part():
     assert fingerprint_difference(recorded, fewer) == (
         "its test part had 4 samples of 2 classes then and has 3 samples of 2 classes now")
     assert fingerprint_difference({**recorded, FORMAT_FIELD: 2}, fewer) is None  # a newer kdml's
+
+
+def test_a_data_json_of_the_users_sharing_a_field_name_is_never_replaced(tmp_path):
+    """data.json counts as kdml's by its data_fingerprint field alone: a user's notes that
+    happen to hold a "folder" or "parts" key are not written over."""
+    run = RunFolder(tmp_path)
+    mine = '{"folder": "my photos", "parts": "notes"}'
+    run.data_fingerprint.write_text(mine)
+    assert run.recorded_data() is None  # the user's: no check, and ...
+    with pytest.raises(KdmlError, match=r"data\.json is in the way and kdml did not write it"):
+        run.write_data_fingerprint({FORMAT_FIELD: 1, "folder": "/data", "parts": {"train": {}}})
+    assert run.data_fingerprint.read_text() == mine  # ... never replaced
+
+
+@pytest.mark.parametrize("parts", [{"train": {"samples": 6}, "test": 6}, [{"samples": 6}]])
+def test_a_data_json_with_a_part_that_is_no_record_is_damaged(tmp_path, parts):
+    """Every part must be a record, under its part's name: else it had been read as the run's
+    data, or stopped the command with a traceback."""
+    run = RunFolder(tmp_path)
+    run.data_fingerprint.write_text(json.dumps({FORMAT_FIELD: 1, "parts": parts}))
+    with pytest.raises(KdmlError, match=r"data\.json is damaged \(kdml's record without its "
+                                        r"parts\)"):
+        run.recorded_data()

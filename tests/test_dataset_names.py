@@ -96,3 +96,13 @@ def test_folder_without_a_path_says_so_also_with_a_relative_out(tmp_path, monkey
     assert kdml("train", "jrd", "--dataset", "folder:", "--out", "runs/r", "--no-progress") == 2
     assert capsys.readouterr().err == "kdml: error: folder: needs a path: --dataset folder:DIR\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_image_folder_itself_as_the_run_folder_is_refused(tmp_path):
+    from kdml.errors import KdmlError
+    from kdml.training.run_folder import check_outside_image_folders
+
+    images = tmp_path / "photos"
+    images.mkdir()
+    with pytest.raises(KdmlError, match="would lie inside .*photos, the image folder"):
+        check_outside_image_folders(images, f"folder:{images}/")

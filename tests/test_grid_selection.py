@@ -355,3 +355,88 @@ def test_a_grid_where_only_some_cells_keep_their_best_compares_last_epochs(tmp_p
     rows = [line.split() for line in out.splitlines() if line.lstrip().startswith("keep_best=")]
     assert [row[:2] for row in rows] == [["keep_best=True", "0.8000"],
                                          ["keep_best=False", "0.8000"]]
+
+
+def test_a_cell_s_folder_name_writes_one_underscore_for_each_run_of_other_characters():
+    cells = grid_cells({"data.dataset": ["my  photos/2024", "x"]})
+    assert [cell.name for cell in cells] == ["dataset=my_photos_2024", "dataset=x"]
+
+
+@pytest.mark.parametrize(("grid", "message"), [
+    ({}, "grid must map config keys to lists of values"),
+    ({"method.dim": [2], "train.seed": []},
+     r"grid\.train\.seed must be a non-empty list of values, got \[\]$"),
+])
+def test_an_empty_grid_or_list_of_values_is_refused(grid, message):
+    """No cell (an empty list) or one cell of no settings (an empty grid) is no grid."""
+    with pytest.raises(KdmlError, match=message):
+        grid_cells(grid)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda text: text + "notes: my own\n",  # a field kdml does not write
+    lambda text: text.replace("- seed=0\n- seed=1\n", "- 0\n- 1\n"),  # cells not names
+])
+def test_a_grid_yaml_kdml_did_not_write_is_not_a_grid_s(tmp_path, edit):
+    """grid.yaml is kdml's with exactly its grid and its cells' names: a user's file of the name
+    makes its folder no grid's (refused as a non-empty folder, never continued)."""
+    from kdml.training.grid import MARKER, check_grid_folder, recorded_cells, write_marker
+
+    grid = {"train.seed": [0, 1]}
+    cells = grid_cells(grid)
+    write_marker(tmp_path, cells, grid)
+    assert recorded_cells(tmp_path) == ["seed=0", "seed=1"]
+    assert check_grid_folder(tmp_path, cells) is True
+    marker = tmp_path / MARKER
+    edited = edit(marker.read_text())
+    assert edited != marker.read_text()
+    marker.write_text(edited)
+    assert recorded_cells(tmp_path) is None
+    with pytest.raises(KdmlError, match="is not empty and holds no grid"):
+        check_grid_folder(tmp_path, cells)
+
+
+def test_a_grid_folder_continues_only_the_same_cells_in_the_same_order(tmp_path):
+    """The grid's order is its table's and breaks its ties (best_cells): the same values in
+    another order are another grid."""
+    from kdml.training.grid import check_grid_folder, write_marker
+
+    grid = {"train.seed": [0, 1]}
+    write_marker(tmp_path, grid_cells(grid), grid)
+    with pytest.raises(KdmlError, match="holds another grid's runs; choose another --out"):
+        check_grid_folder(tmp_path, grid_cells({"train.seed": [1, 0]}))
+
+
+def test_a_grid_out_that_is_a_file_is_refused(tmp_path):
+    from kdml.training.grid import check_grid_folder
+
+    (tmp_path / "out").write_text("mine")
+    with pytest.raises(KdmlError, match="is not empty and holds no grid"):
+        check_grid_folder(tmp_path / "out", grid_cells({"train.seed": [0]}))
+
+
+def test_a_score_that_is_true_or_false_is_no_score():
+    """A bool is an int in Python: true had been a score of 1, the best of every cell."""
+    assert best_cells([True, 0.5, False]) == [1]
+    assert best_cells([True]) == []
+
+
+def test_changed_setting_names_the_first_setting_by_key_and_eval_ks_when_it_was_set():
+    from kdml.training.grid import changed_setting
+
+    saved = {"eval": {"ks": [1, 2]}, "method": {"dim": 2}, "train": {"epochs": 2}}
+    assert changed_setting(saved, {**saved, "eval": {"ks": []}}) is None  # the dataset's own
+    assert (changed_setting(saved, {**saved, "eval": {"ks": [4]}})
+            == "eval.ks: [1, 2] -> [4]")
+    assert (changed_setting(saved, {**saved, "method": {"dim": 4}, "train": {"epochs": 3}})
+            == "method.dim: 2 -> 4")
+
+
+def test_a_grid_of_values_in_capitals_continues_in_its_own_folder(tmp_path):
+    from kdml.training.grid import check_grid_folder, recorded_cells, write_marker
+
+    grid = {"optim.name": ["Adam", "SGD"]}
+    cells = grid_cells(grid)
+    write_marker(tmp_path, cells, grid)
+    assert recorded_cells(tmp_path) == ["name=Adam", "name=SGD"]
+    assert check_grid_folder(tmp_path, cells) is True

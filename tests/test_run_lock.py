@@ -333,3 +333,103 @@ def test_a_checkpoint_is_readable_as_the_runs_other_files_and_written_through_a_
     (partial,) = renamed
     Path(partial).write_bytes(b"")  # as a SIGKILL mid-write leaves it
     assert checkpoint.partial_checkpoints(path.parent) == [Path(partial)]
+
+
+def test_a_run_with_a_checkpoint_but_no_log_is_named_a_run_to_resume(tmp_path):
+    """A run folder is a run by its config.yaml and a checkpoint even without train.log: the
+    refusal says to resume it, not that the folder holds other files."""
+    out = stale_run(tmp_path / "run")
+    (out / "train.log").unlink()
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "last.pt").write_bytes(b"")
+    with pytest.raises(KdmlError, match=r"already holds a run; continue it with 'kdml train "
+                                        r"--resume"):
+        check_new_run_folder(out)
+
+
+@pytest.mark.parametrize("linked", ["train.log", "config.yaml"])
+def test_a_run_without_a_checkpoint_whose_file_is_a_link_does_not_make_way(tmp_path, linked):
+    """A link in the folder is not a file kdml wrote: the run is refused, and the link stays."""
+    out = stale_run(tmp_path / "run")
+    elsewhere = tmp_path / f"kept-{linked}"
+    (out / linked).rename(elsewhere)
+    (out / linked).symlink_to(elsewhere)
+    with pytest.raises(KdmlError, match="holds a run that saved no checkpoint, beside files"):
+        check_new_run_folder(out)
+    assert start_afresh(out) is None
+    assert (out / linked).is_symlink() and elsewhere.is_file()
+
+
+def test_a_config_yaml_with_kdml_s_sections_in_another_order_is_not_kdml_s(tmp_path):
+    """kdml writes config.yaml's sections in one order: the same sections in another are a file
+    of the user's, which a new run must not remove."""
+    import yaml
+
+    out = stale_run(tmp_path / "run")
+    values = yaml.safe_load((out / "config.yaml").read_text())
+    reordered = dict(reversed(list(values.items())))
+    (out / "config.yaml").write_text(yaml.safe_dump(reordered, sort_keys=False))
+    before = snapshot(out)
+    with pytest.raises(KdmlError, match="holds a run that saved no checkpoint"):
+        check_new_run_folder(out)
+    assert start_afresh(out) is None
+    assert snapshot(out) == before
+
+
+def test_a_run_without_a_checkpoint_whose_tensorboard_is_a_file_does_not_make_way(tmp_path):
+    out = stale_run(tmp_path / "run")
+    for event in (out / "tensorboard").iterdir():
+        event.unlink()
+    (out / "tensorboard").rmdir()
+    (out / "tensorboard").write_text("my notes")
+    with pytest.raises(KdmlError, match="holds a run that saved no checkpoint"):
+        check_new_run_folder(out)
+    assert start_afresh(out) is None
+    assert (out / "tensorboard").read_text() == "my notes"
+
+
+def test_an_out_that_is_a_file_or_lies_under_one_is_refused_saying_so(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(KdmlError, match=r"is a file, not a folder; choose another --out$"):
+        check_new_run_folder(tmp_path / "afile")
+    with pytest.raises(KdmlError, match=f"^cannot make the run folder {tmp_path}/afile/run: "
+                                        f"{tmp_path}/afile is a file$"):
+        check_new_run_folder(tmp_path / "afile" / "run")
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
+    """An --out that exists is checked itself, not the folder above it (as root, every folder
+    is writable: the check is seen through os.access, as in test_out_in_an_unwritable_place)."""
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != out and real(path, mode))
+    with pytest.raises(KdmlError, match=f"^cannot make the run folder {out}: {out} is not "
+                                        "writable$"):
+        check_new_run_folder(out)
+
+
+def test_safe_name_collapses_each_run_of_other_characters_and_is_never_empty():
+    from kdml.training.run_folder import safe_name
+
+    assert safe_name("folder:/data/my  holiday   photos") == "folder-my-holiday-photos"
+    assert safe_name("???") == "data"
+    assert safe_name("..") == "data"
+
+
+def test_a_default_run_folder_left_unused_goes_and_one_in_use_keeps_its_lock(tmp_path):
+    from kdml.training.run_folder import LOCK_NAME, remove_if_unused
+
+    unused = tmp_path / "unused"
+    unused.mkdir()
+    (unused / LOCK_NAME).write_text("")  # a refused run held it: still unused
+    remove_if_unused(unused)
+    assert not unused.exists()
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / LOCK_NAME).write_text("")
+    (used / "config.yaml").write_text("recipe: jrd\n")
+    remove_if_unused(used)
+    assert sorted(path.name for path in used.iterdir()) == [LOCK_NAME, "config.yaml"]

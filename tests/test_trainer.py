@@ -1347,3 +1347,63 @@ def test_a_change_of_exactly_the_tolerance_does_not_stop_a_run():
     from kdml.training.trainer import _converged
     assert not _converged([{"train/loss": 1.0}], {"train/loss": 1.5}, 0.5)
     assert _converged([{"train/loss": 1.0}], {"train/loss": 1.25}, 0.5)
+
+
+def test_a_missing_or_nan_value_is_an_empty_cell_of_metrics_csv(tmp_path):
+    """An epoch not scored (None) or a NaN loss is an empty cell, not "nan" (metrics.json keeps
+    the row as it is)."""
+    from kdml.training.run_folder import RunFolder
+
+    RunFolder(tmp_path).write_metrics(
+        [{"epoch": 1, "train/loss": float("nan"), "test/recall@1": None},
+         {"epoch": 2, "train/loss": 0.25, "test/recall@1": 0.5}], None)
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "epoch,train/loss,test/recall@1", "1,,", "2,0.25,0.5"]
+
+
+@pytest.mark.parametrize("name", ["metrics.json", "metrics.csv"])
+def test_a_metrics_file_that_is_a_link_is_never_replaced(tmp_path, name):
+    """A link at metrics.json or metrics.csv, even to a file kdml wrote, is refused: the rename
+    into place had replaced the link with a file."""
+    from kdml.training.run_folder import RunFolder
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    RunFolder(kept).write_metrics([{"epoch": 1, "train/loss": 0.5}], None)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(kept / name)
+    with pytest.raises(KdmlError, match=f"{name} is in the way and kdml did not write it"):
+        RunFolder(run).write_metrics([{"epoch": 1, "train/loss": 0.25}], None)
+    assert (run / name).is_symlink()
+    assert "0.5" in (kept / name).read_text()
+
+
+def test_run_logging_gives_back_the_package_logger_s_level(tmp_path):
+    import logging
+
+    from kdml.training.run_folder import run_logging
+
+    package = logging.getLogger("kdml")
+    before = package.level
+    package.setLevel(logging.ERROR)
+    try:
+        with run_logging(tmp_path / "train.log") as log:
+            log.info("an epoch")
+        assert package.level == logging.ERROR
+    finally:
+        package.setLevel(before)
+    assert "an epoch" in (tmp_path / "train.log").read_text()
+
+
+def test_warnings_on_stderr_shows_kdml_s_warnings_or_drops_them(capsys):
+    import logging
+
+    from kdml.training.run_folder import warnings_on_stderr
+
+    with warnings_on_stderr():
+        logging.getLogger("kdml.data").warning("an image skipped")
+    assert capsys.readouterr().err == "kdml: warning: an image skipped\n"
+    with warnings_on_stderr(shown=False):
+        logging.getLogger("kdml.data").warning("an image skipped")
+    assert capsys.readouterr().err == ""
