@@ -433,3 +433,23 @@ def test_a_default_run_folder_left_unused_goes_and_one_in_use_keeps_its_lock(tmp
     (used / "config.yaml").write_text("recipe: jrd\n")
     remove_if_unused(used)
     assert sorted(path.name for path in used.iterdir()) == [LOCK_NAME, "config.yaml"]
+
+
+@pytest.mark.parametrize("text", ["[]", "3", "null", '"x"', '{"final": 3, "epochs": "x"}',
+                                  '{"final": [0.5], "epochs": [1, 2]}'])
+def test_a_metrics_json_that_is_no_record_is_read_as_no_metrics(tmp_path, capsys, text):
+    """JSON that is not kdml's metrics record (no object, or a final and epochs of other
+    types) is read as no metrics, as unreadable JSON is: `kdml eval` of such a run without a
+    checkpoint had stopped with an AttributeError traceback."""
+    from kdml import cli
+    from kdml.training.run_folder import RunFolder
+
+    out = stale_run(tmp_path / "run")
+    (out / "metrics.json").write_text(text)
+    run = RunFolder(out)
+    assert run.final_metrics() is None and run.history() == []
+    capsys.readouterr()
+    assert cli.main(["eval", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: no checkpoint at {out / 'checkpoints' / 'last.pt'}: "
+                          "the run has not finished an epoch") and err.count("\n") == 1

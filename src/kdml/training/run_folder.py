@@ -165,21 +165,27 @@ class RunFolder:
     def final_metrics(self) -> dict[str, float] | None:
         """The last epoch's scores of a finished run (``metrics.json``'s ``final``: of the test
         part, or of the validation part with data.validation), else ``None``."""
-        if not self.metrics_json.is_file():
-            return None
-        try:
-            return json.loads(self.metrics_json.read_text()).get("final")
-        except ValueError:
-            return None
+        final = self._metrics_record().get("final")
+        return final if isinstance(final, dict) else None
 
     def history(self) -> list[dict[str, Any]]:
         """``metrics.json``'s rows, one per epoch trained so far (none when it is missing)."""
+        epochs = self._metrics_record().get("epochs")
+        if not (isinstance(epochs, list) and all(isinstance(row, dict) for row in epochs)):
+            return []
+        return epochs
+
+    def _metrics_record(self) -> dict[str, Any]:
+        """``metrics.json`` as read, or ``{}`` where it is missing, not JSON, or JSON that is no
+        record (``[]``, a number: not kdml's, read as no metrics rather than a traceback;
+        ``kdml train --resume`` refuses to replace it)."""
         if not self.metrics_json.is_file():
-            return []
+            return {}
         try:
-            return json.loads(self.metrics_json.read_text()).get("epochs") or []
+            recorded = json.loads(self.metrics_json.read_text())
         except ValueError:
-            return []
+            return {}
+        return recorded if isinstance(recorded, dict) else {}
 
     def write_metrics(self, history: list[dict[str, Any]], final: dict[str, Any] | None,
                       scored: str = "test") -> None:
