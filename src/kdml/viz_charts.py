@@ -202,10 +202,12 @@ def _widen_for(figure: Figure, box: Bbox) -> None:
     """Widen ``figure`` (and heighten it, for a legend taller than its panels) by the width of
     the legend's ``box`` (pixels), outside the panels on their right, so it is drawn whole."""
     width, height = figure.get_size_inches()
-    wider = width + box.width / figure.dpi + 0.15
-    taller = max(height, box.height / figure.dpi + 0.3)
-    # the panels keep the sizes and places in inches that tight_layout gave them
     params = figure.subplotpars
+    wider = width + box.width / figure.dpi + 0.15
+    # the legend hangs from the first panel's top, which stays this far below the figure's
+    above = (1 - params.top) * height
+    taller = max(height, above + box.height / figure.dpi + 0.1)
+    # the panels keep the sizes and places in inches that tight_layout gave them
     figure.set_size_inches(wider, taller)
     figure.subplots_adjust(left=params.left * width / wider, right=params.right * width / wider,
                            bottom=1 - (1 - params.bottom) * height / taller,
