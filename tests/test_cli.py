@@ -500,3 +500,19 @@ def test_a_grid_folder_given_as_a_run_names_its_first_started_cell_in_grid_order
         (grid / cell / "config.yaml").write_text("recipe: jrd\n")
     assert run_cli("eval", grid) == 2
     assert f"(such as {grid}/seed=2); give one of those" in error_line(capsys)
+
+
+def test_a_grid_folder_with_no_cell_started_names_no_folder_beside_its_cells(tmp_path, capsys):
+    """A run in a folder beside the grid's cells is not one of them: the refusal of the grid
+    folder as a run names no example cell until one of its own has started."""
+    from kdml.training.grid import grid_cells, write_marker
+
+    grid = tmp_path / "g"
+    values = {"train.seed": [0, 1]}
+    write_marker(grid, grid_cells(values), values)
+    (grid / "mine").mkdir()
+    (grid / "mine" / "config.yaml").write_text("recipe: jrd\n")
+    assert run_cli("eval", grid) == 2
+    line = error_line(capsys)
+    assert "is a grid's folder (grid.yaml), not a run: each of its cells is a run folder; give" \
+        in line and "mine" not in line, line

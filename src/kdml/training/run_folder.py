@@ -219,9 +219,9 @@ def _example_cell(root: Path) -> str:
     in grid.yaml's order), or ``""`` where none does yet."""
     from kdml.training.grid import recorded_cells  # grid imports this module
 
-    cells = sorted(path.parent for path in root.glob("*/config.yaml"))
+    # only the grid's own cells: another folder beside them that holds a run is no cell
     listed = recorded_cells(root) or []
-    cells = [root / name for name in listed if (root / name / "config.yaml").is_file()] or cells
+    cells = [root / name for name in listed if (root / name / "config.yaml").is_file()]
     return f" (such as {cells[0]})" if cells else ""
 
 
