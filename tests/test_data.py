@@ -27,10 +27,12 @@ from kdml.data.loaders import (
     resolve_num_workers,
     sequential_loader,
 )
-from kdml.data.splits import SEEN, UNSEEN, DataSplits, make_splits, validation_split
+from kdml.data.samplers import RankShare, check_batching
+from kdml.data.splits import DOMAIN, SEEN, UNSEEN, DataSplits, make_splits, validation_split
 from kdml.data.transforms import InputPipeline, Normalization, centre_crop, draw_parameters
 from kdml.errors import KdmlError, LocalError
 from kdml.evaluation.retrieval import index_labels
+from kdml.seeding import BatchShare
 
 
 def reference_digits():
@@ -141,6 +143,26 @@ def test_seen_holdout_split_rounds_a_half_up_for_every_class_size():
     labels = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
     _, held = seen_holdout_split(labels, 0.5, seed=0)
     assert torch.bincount(labels[held]).tolist() == [2, 3, 4, 5, 8, 13]
+
+
+def test_seen_holdout_split_keeps_at_least_one_sample_on_each_side_of_a_small_class():
+    labels = torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    _, held = seen_holdout_split(labels, 0.1, seed=0)  # 0.2 samples of class 0: rounds to 0
+    assert torch.bincount(labels[held]).tolist() == [1, 1]
+    kept, _ = seen_holdout_split(labels, 0.9, seed=0)  # 1.8 of class 0: rounds to 2
+    assert torch.bincount(labels[kept]).tolist() == [1, 1]
+
+
+def test_seen_holdout_split_holds_out_a_random_share_drawn_from_the_seed():
+    labels = torch.zeros(20, dtype=torch.long)
+    held = {tuple(seen_holdout_split(labels, 0.2, seed=seed)[1].tolist()) for seed in range(5)}
+    assert len(held) > 1 and held != {(0, 1, 2, 3)}
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1])
+def test_seen_holdout_split_refuses_a_fraction_outside_zero_to_one(fraction):
+    with pytest.raises(KdmlError, match=r"^holdout_fraction must be in \(0, 1\)"):
+        seen_holdout_split(torch.tensor([0, 0, 1, 1]), fraction)
 
 
 def vectors(labels) -> ArrayDataset:
@@ -353,6 +375,54 @@ def test_make_splits_query_and_gallery():
                     "standard")
 
 
+def test_a_validation_part_is_not_the_datasets_own_split():
+    dataset = vectors([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5])
+    parts = {"train": torch.arange(10), "test": torch.tensor([10, 11])}
+    assert make_splits(dataset, parts, "standard").own_split
+    splits = make_splits(dataset, parts, "standard", validation=0.5)
+    assert splits.validation and not splits.own_split
+
+
+def test_only_a_domain_pairs_target_has_unlabelled_samples():
+    """-1 is a class like any other outside a domain pair; a lone unlabelled target sample is
+    not a lone query (the metrics leave it out)."""
+    dataset = vectors([0, 0, 1, 1, -1])
+    plain = DataSplits(dataset, dataset, [0, 1], kind=UNSEEN)
+    assert plain.unlabelled_note(dataset.labels) == "" and plain.lone_queries() == 1
+    domain = DataSplits(dataset, dataset, [0, 1], kind=DOMAIN, target=dataset)
+    assert domain.lone_queries() == 0
+    assert domain.test_set == ("5 samples of the target domain, whose labels training never "
+                               "sees, 4 of them labelled (1 unlabelled, which the metrics leave "
+                               "out)")
+
+
+def test_the_test_set_line_counts_the_classes_of_queries_and_gallery_together():
+    dataset = vectors([0, 0, 1, 1, 2, 2, 3])
+    parts = {"train": torch.tensor([0, 1, 2, 3]), "query": torch.tensor([4, 5]),
+             "gallery": torch.tensor([6])}
+    assert make_splits(dataset, parts, "standard").test_set.startswith(
+        "2 query and 1 gallery samples of 2 classes not seen in training; 2 queries have no "
+        "gallery sample of their class")
+
+
+def test_validation_of_an_own_split_testing_some_training_classes_holds_out_samples():
+    """Test classes that are some of the training classes are seen: validation then holds out
+    samples of every training class, not the last training classes."""
+    dataset = vectors([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 0, 0])
+    parts = {"train": torch.arange(16), "test": torch.tensor([16, 17])}
+    splits = make_splits(dataset, parts, "standard", validation=0.5)
+    assert splits.kind == SEEN and splits.test.labels.unique().tolist() == [0, 1, 2, 3]
+    assert splits.train_classes == [0, 1, 2, 3]
+
+
+def test_a_partly_trained_test_part_is_named_by_a_class_it_shares():
+    dataset = vectors([5, 5, 7, 7, 5, 7])
+    dataset = dataset.relabelled(dataset.labels, {5: "cat", 7: "dog"})
+    parts = {"train": torch.tensor([2, 3]), "test": torch.tensor([4, 5])}  # trains on dog
+    with pytest.raises(KdmlError, match=r"share 1 of the 2 test classes \(e\.g\. 'dog'\)"):
+        make_splits(dataset, parts, "standard")
+
+
 # ----------------------------------------------------------------------------- samplers
 
 
@@ -429,12 +499,82 @@ def test_class_balanced_batches_repeat_samples_of_small_classes():
     assert [i for i in batch if labels[i] == 1] == [4, 4, 4]
 
 
+def test_class_balanced_batches_draw_a_class_of_exactly_m_samples_without_replacement():
+    labels = torch.tensor([0, 0, 0, 1, 1, 1])
+    sampler = ClassBalancedBatches(labels, samples_per_class=3, batch_size=6, seed=0)
+    for epoch in range(1, 9):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            assert sorted(batch) == list(range(6))
+
+
+def test_class_balanced_batches_draw_small_classes_at_random_with_replacement():
+    """Each class has 2 samples for m = 3: the 3 draws are random, not a fixed cycle."""
+    labels = torch.tensor([0, 0, 1, 1])
+    sampler = ClassBalancedBatches(labels, samples_per_class=3, batch_size=3, seed=0)
+    drawn = set()
+    for epoch in range(1, 21):
+        sampler.set_epoch(epoch)
+        drawn.update(tuple(sorted(batch)) for batch in sampler)
+    assert len(drawn) > 2
+
+
+def test_samplers_refuse_an_empty_split_or_target_in_one_line():
+    with pytest.raises(KdmlError, match="^cannot draw batches from an empty training split$"):
+        ShuffledBatches(0, 4, seed=0)
+    with pytest.raises(KdmlError, match="^the target domain is empty$"):
+        TargetBatches(num_target=0, batch_sizes=[2], seed=0)
+
+
+def test_a_batch_larger_than_the_training_split_is_refused():
+    labels = torch.arange(8) % 2
+    check_batching(labels, 0, 8)
+    check_batching(labels, 2, 4)
+    with pytest.raises(KdmlError, match=r"^data\.batch_size=9 is larger than the training "
+                                        r"split \(8 samples\); lower it$"):
+        check_batching(labels, 0, 9)
+
+
+def test_rank_share_refuses_a_global_batch_the_processes_cannot_share():
+    shares = RankShare(ShuffledBatches(num_samples=10, batch_size=5, seed=0), rank=0, world=2)
+    with pytest.raises(KdmlError, match="does not split into 2 equal shares"):
+        list(shares)
+    halves = [RankShare(ShuffledBatches(12, 6, seed=0), rank=r, world=2) for r in (0, 1)]
+    whole = list(ShuffledBatches(12, 6, seed=0))
+    assert [a + b for a, b in zip(*halves, strict=True)] == whole
+
+
+def test_class_balanced_batches_follow_a_literal_reference():
+    """Classes drawn by randperm, then each class's samples, in index order, drawn by randperm
+    (or randint for a class smaller than m), all from the (seed, epoch) stream."""
+    from kdml.data.samplers import SOURCE_STREAM
+    from kdml.seeding import derive_seed
+
+    labels = torch.randint(0, 6, (120,), generator=torch.Generator().manual_seed(0))
+    labels[labels == 5] = torch.tensor([5, 5] + [0] * (int((labels == 5).sum()) - 2))
+    sampler = ClassBalancedBatches(labels, samples_per_class=3, batch_size=12, seed=5)
+    sampler.set_epoch(2)
+    generator = torch.Generator().manual_seed(derive_seed(5, 2, SOURCE_STREAM))
+    members = [(labels == label).nonzero().squeeze(1) for label in range(6)]  # ascending
+    expected = []
+    for _ in range(120 // 12):
+        batch = []
+        for label in torch.randperm(6, generator=generator)[:4].tolist():
+            count = len(members[label])
+            chosen = (torch.randperm(count, generator=generator)[:3] if count >= 3
+                      else torch.randint(count, (3,), generator=generator))
+            batch += members[label][chosen].tolist()
+        expected.append(batch)
+    assert list(sampler) == expected
+
+
 def test_target_batches_match_the_source_sizes():
     """Random target subsets of the source batches' sizes, not the same indices each time."""
     sampler = TargetBatches(num_target=5, batch_sizes=[3, 3, 8], seed=0)
     sampler.set_epoch(4)
     batches = list(sampler)
     assert [len(b) for b in batches] == [3, 3, 5]
+    assert len(sampler) == 3
     assert all(len(set(b)) == len(b) and max(b) < 5 for b in batches)
     sampler.set_epoch(4)
     assert list(sampler) == batches
@@ -710,6 +850,37 @@ def test_the_centre_crop_rounds_a_half_pixel_margin_as_torchvision():
     assert torch.equal(centre_crop(wide, 24), wide[..., :, 4:28])  # round(3.5) = 4
 
 
+def test_the_centre_crop_refuses_a_crop_wider_than_the_shorter_side():
+    with pytest.raises(KdmlError, match="cannot centre-crop 25x25 from 20x30 images"):
+        centre_crop(torch.zeros(1, 3, 20, 30), 25)
+    assert centre_crop(torch.zeros(1, 3, 20, 30), 20).shape == (1, 3, 20, 20)
+
+
+def test_grayscale_images_are_repeated_for_an_rgb_backbone():
+    raw = torch.randint(0, 256, (2, 1, 6, 6), dtype=torch.uint8)
+    pipeline = InputPipeline(channels=3)
+    assert pipeline.output_shape((1, 6, 6)) == (3, 6, 6)
+    for prepared in (pipeline.train(raw, torch.Generator().manual_seed(0)), pipeline.test(raw)):
+        assert torch.equal(prepared, (raw.float() / 255).expand(-1, 3, -1, -1))
+    assert InputPipeline(crop_size=4, channels=3).output_shape((1, 6, 6)) == (3, 4, 4)
+    views = InputPipeline(channels=3, method_augments=True)  # a method making its own views
+    assert torch.equal(views.train(raw, torch.Generator().manual_seed(0)),
+                       (raw.float() / 255).expand(-1, 3, -1, -1))
+    assert InputPipeline().output_shape((1, 6, 6)) == (1, 6, 6)
+
+
+def test_a_ranks_training_crops_are_its_rows_of_the_global_batchs_crops():
+    """Each image gets the augmentation it gets in one process, whatever its rank's share."""
+    pipeline = InputPipeline(crop_size=8)
+    raw = torch.randint(0, 256, (6, 3, 12, 12), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(0))
+    whole = pipeline.train(raw, torch.Generator().manual_seed(3))
+    for offset, local in ((0, 2), (2, 4), (4, 2)):
+        share = BatchShare(offset=offset, size=6)
+        rows = pipeline.train(raw[offset:offset + local], torch.Generator().manual_seed(3), share)
+        assert torch.equal(rows, whole[offset:offset + local])
+
+
 def test_normalization_follows_the_backbone_convention():
     images = torch.rand(2, 3, 4, 4, dtype=torch.float64)
     imagenet = Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -721,6 +892,23 @@ def test_normalization_follows_the_backbone_convention():
     assert torch.allclose(out[:, 0], images[:, 2] * 255 - 104)  # blue first, 0-255
     assert torch.allclose(out[:, 2], images[:, 0] * 255 - 128)
     assert torch.equal(Normalization()(images), images)
+
+
+def test_float_inputs_keep_their_dtype():
+    """A float64 dataset feeds a float64 model: only uint8 images become float32."""
+    signals = torch.rand(2, 1, 5, dtype=torch.float64)
+    pipeline = InputPipeline()
+    for prepared in (pipeline.train(signals, torch.Generator()), pipeline.test(signals)):
+        assert prepared.dtype == torch.float64 and torch.equal(prepared, signals)
+
+
+def test_normalization_of_inputs_that_are_not_image_batches():
+    """Per channel (dimension 1) whatever the number of dimensions: signals [B, C, L]."""
+    signals = torch.rand(2, 3, 5, dtype=torch.float64)
+    out = Normalization((0.1, 0.2, 0.3), (0.5, 0.25, 2.0))(signals)
+    mean = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)[:, None]
+    std = torch.tensor([0.5, 0.25, 2.0], dtype=torch.float64)[:, None]
+    assert out.shape == signals.shape and torch.allclose(out, (signals - mean) / std)
 
 
 def test_normalization_for_grayscale_backbones_averages_the_rgb_statistics():

@@ -121,6 +121,15 @@ def test_conversion_rejects_bad_inputs():
         mnist_to_optdigits(torch.zeros(3, 5))
 
 
+def test_conversion_of_no_images_and_refusal_of_colour_images_and_edge_thresholds():
+    assert mnist_to_optdigits(torch.zeros(0, 28, 28)).shape == (0, 64)
+    with pytest.raises(KdmlError, match="expected images \\[N, H, W\\]"):
+        mnist_to_optdigits(torch.zeros(2, 3, 28, 28))  # colour: not the first channel alone
+    for threshold in (0, 1):
+        with pytest.raises(KdmlError, match="threshold must be in \\(0, 1\\)"):
+            mnist_to_optdigits(torch.zeros(1, 28, 28), threshold=threshold)
+
+
 # ----------------------------------------------------------------- built-in pairs
 
 
@@ -141,6 +150,15 @@ def test_domain_pairs_load(name):
     nearest = torch.cdist(pair.target.x, pair.source.x).argmin(dim=1)
     accuracy = (pair.source.y[nearest] == pair.target.y).double().mean()
     assert accuracy > {"mnist5k->digits": 0.7, "digits->mnist5k": 0.5}[name]
+
+
+def test_converted_mnist_has_the_ink_of_optdigits():
+    """The reason for BINARIZE_THRESHOLD: about as many on-pixels per digit (~309) as
+    optdigits has (~313); 0.4 gives ~281, 0.5 ~266."""
+    pair = load_domain_pair("mnist5k->digits")
+    mnist, optdigits = ((dataset.x * 16).sum(dim=1).mean() for dataset in (pair.source,
+                                                                            pair.target))
+    assert abs(mnist - optdigits) < 0.03 * optdigits
 
 
 def test_domain_splits_describe_their_test_set_as_the_target():
@@ -215,6 +233,14 @@ def test_npz_loader_reads_unsigned_labels(tmp_path):
     assert pair.source.y.dtype == torch.int64 and pair.target.y.tolist() == [1, 1, 2]
 
 
+def test_npz_loader_reads_the_largest_int64_label_saved_unsigned(tmp_path):
+    arrays = good_arrays()
+    largest = int(np.iinfo(np.int64).max)
+    arrays["y"] = np.array([0, 1, 2, 0, 1, 1, largest], dtype=np.uint64)
+    pair = load_feature_domains(write_npz(tmp_path / "big.npz", **arrays))
+    assert pair.target.y.tolist() == [1, 1, largest]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"X": None}, "lacks the array\\(s\\) X"),
     ({"X": np.zeros((7,))}, "\\[N, D\\]"),
@@ -225,8 +251,11 @@ def test_npz_loader_reads_unsigned_labels(tmp_path):
     ({"X": np.full((7, 3), np.nan)}, "NaN"),
     ({"X": np.full((7, 3), 1e39)}, "beyond float32's range"),  # finite in float64 only
     ({"domain": np.array(["source"] * 6 + ["test"])}, "unknown domain value"),
+    ({"domain": np.array([0, 0, 0, 0, 1, 1, 2])}, "unknown domain value\\(s\\) \\['2'\\]"),
     ({"domain": np.array(["source"] * 7)}, "both domains"),
     ({"y": np.array([0, 1, 2, 0, -1, -3, 2])}, "-1 for unlabelled"),
+    ({"y": np.array([0, 1, 2, 0, -1, -2, 2])}, "-1 for unlabelled"),
+    ({"X": np.zeros((7, 0))}, "X must be a non-empty numeric"),
     # -1 saved unsigned is 2**64 - 1: the cast to int64 had wrapped it back to an unlabelled
     # source sample, trained on as class -1
     ({"y": np.array([0, 1, 2, -1, -1, -1, 2]).astype(np.uint64)}, "beyond int64's range"),
@@ -251,10 +280,18 @@ def test_npz_loader_file_errors(tmp_path):
     (tmp_path / "junk.npz").write_text("not an archive")
     with pytest.raises(KdmlError, match="not an .npz archive"):
         load_feature_domains(tmp_path / "junk.npz")
+    np.save(tmp_path / "features.npy", np.zeros((4, 3)))
+    with pytest.raises(KdmlError, match="is a single .npy array, not an .npz archive"):
+        load_feature_domains(tmp_path / "features.npy")
     arrays = good_arrays()
     arrays["domain"] = np.array(["source"] * 4 + ["target"] * 3, dtype=object)
     with pytest.raises(KdmlError, match="object arrays"):
         load_feature_domains(write_npz(tmp_path / "objects.npz", **arrays))
+    with zipfile.ZipFile(tmp_path / "header.npz", "w") as archive:  # not an object array
+        archive.writestr("X.npy", b"\x93NUMPY\x01\x00\x10\x00{garbage header}\n")
+    with pytest.raises(KdmlError, match=r"header.npz is not a readable .npz file without object "
+                                        r"arrays \(Cannot parse header"):
+        load_feature_domains(tmp_path / "header.npz")
 
 
 def test_npz_loader_never_advises_loading_unsafely(tmp_path):
@@ -274,8 +311,9 @@ def test_npz_loader_never_advises_loading_unsafely(tmp_path):
             archive.writestr(key, b"raw")
     with pytest.raises(KdmlError, match="X, y, domain not saved as numpy arrays"):
         load_feature_domains(tmp_path / "raw.npz")
-    with pytest.raises(KdmlError, match="npz: needs a path"):
-        load_domain_data("npz:")
+    for blank in ("npz:", "npz:  "):
+        with pytest.raises(KdmlError, match="npz: needs a path"):
+            load_domain_data(blank)
 
 
 # ----------------------------------------------------------------- PCA
@@ -318,6 +356,9 @@ def test_pca_dim_is_checked():
         fit_source_pca(pair, 5)
     with pytest.raises(KdmlError):
         fit_source_pca(pair, 0)
+    assert fit_source_pca(pair, 4).feature_size == 4  # min(source samples, features)
+    for side in (fit_source_pca(pair, 2).source, fit_source_pca(pair, 2).target):
+        assert side.default_backbone == pair.source.default_backbone == "mlp"
 
 
 def _refused_before_training(tmp_path, capsys, monkeypatch, *args):

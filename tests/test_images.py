@@ -66,6 +66,8 @@ def test_sixteen_bit_grey_is_scaled_not_clipped(tmp_path):
 @pytest.mark.parametrize(("pixels", "match"), [
     (np.full((8, 8), 0.5, dtype=np.float32), "32-bit float pixels"),
     (np.full((8, 8), 70_000, dtype=np.int32), "beyond 0..65535"),
+    (np.full((8, 8), 65_536, dtype=np.int32), "beyond 0..65535"),
+    (np.full((8, 8), -1, dtype=np.int32), "beyond 0..65535"),
 ])
 def test_images_without_a_standard_range_are_refused(tmp_path, pixels, match):
     from kdml.data.images import DECODE_ERRORS, load_image_as
@@ -76,6 +78,62 @@ def test_images_without_a_standard_range_are_refused(tmp_path, pixels, match):
         load_image(path, 8)
     with pytest.raises(DECODE_ERRORS, match=match):
         load_image_as(path, (1, 8, 8))
+
+
+def test_thirty_two_bit_grey_within_sixteen_bits_is_scaled(tmp_path):
+    from kdml.data.images import load_image_as
+
+    path = tmp_path / "grey32.tif"
+    Image.fromarray(np.array([[0, 257], [65_535, 32_896]], dtype=np.int32)).save(path)
+    assert Image.open(path).mode == "I"
+    assert load_image_as(path, (1, 2, 2))[0].tolist() == [[0, 1], [255, 128]]
+
+
+def test_an_image_decoded_like_wide_in_memory_samples_keeps_its_left_and_right(tmp_path):
+    from kdml.data.images import load_image_as
+
+    pixels = np.zeros((8, 16, 3), dtype=np.uint8)
+    pixels[:, 8:] = 255  # dark left half, bright right half, as wide as the samples
+    path = tmp_path / "wide.png"
+    Image.fromarray(pixels).save(path)
+    for channels in (1, 3):
+        loaded = load_image_as(path, (channels, 4, 8))
+        assert loaded.shape == (channels, 4, 8)
+        assert (loaded[..., :3] < 30).all() and (loaded[..., 5:] > 225).all()
+
+
+def test_big_endian_sixteen_bit_grey_is_scaled_not_clipped(tmp_path):
+    from kdml.data.images import load_image_as
+
+    path = tmp_path / "grey16be.tif"
+    Image.fromarray(np.array([[0, 257], [65_535, 32_896]], dtype=">u2")).save(path)
+    assert Image.open(path).mode == "I;16B"
+    assert load_image_as(path, (1, 2, 2))[0].tolist() == [[0, 1], [255, 128]]
+
+
+def test_a_decompression_bomb_is_an_unreadable_image(tmp_path, monkeypatch):
+    from kdml.data.images import ImageFiles
+
+    Image.fromarray(np.zeros((40, 40, 3), dtype=np.uint8)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 1,600 pixels: over twice the limit
+    files = ImageFiles("f", "one", np.array([str(tmp_path / "big.png")]), torch.tensor([0]),
+                       resize=8)
+    assert files.__getitems__([0]).unreadable.tolist() == [True]
+
+
+def test_image_files_take_one_label_per_path_and_name_their_subsets():
+    from kdml.data.images import ImageFiles
+    from kdml.errors import KdmlError
+
+    with pytest.raises(KdmlError, match="^photos: 2 paths but 3 labels$"):
+        ImageFiles("photos", "three", np.array(["a.png", "b.png"]), torch.tensor([0, 1, 2]))
+    files = ImageFiles("photos", "three", np.array(["a.png", "b.png", "c.png"]),
+                       torch.tensor([0, 1, 2]))
+    part = files.subset(torch.tensor([2, 0]), "photos/test")
+    assert part.name == "photos/test" and part.labels.tolist() == [2, 0]
+    assert part.paths.tolist() == ["c.png", "a.png"]
+    assert files.subset(torch.tensor([1])).name == "photos"
+    assert files.sample_shape == (3, 256, 256) and files.resized(64).sample_shape == (3, 64, 64)
 
 
 @pytest.mark.parametrize(("make", "reason"), [
