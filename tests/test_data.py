@@ -1065,3 +1065,33 @@ def test_pca_dim_is_refused_for_a_single_dataset():
 
     with pytest.raises(KdmlError, match=r"data\.pca_dim applies to domain pairs"):
         prepare_data(DataConfig(dataset="digits", pca_dim=4))
+
+
+def test_library_split_and_batch_inputs_out_of_range_are_refused_in_one_line():
+    """The library functions behind the config's checks refuse bad values themselves: NaN as
+    a validation share and a fractional sample count had raised raw ValueError and TypeError,
+    empty labels a torch.cat error, and True had been a class count of 1."""
+    labels = torch.arange(10) % 5
+    for share in (float("nan"), 0.0, 1.0):
+        for seen in (False, True):
+            with pytest.raises(KdmlError, match=r"^data\.validation must be a share in \(0, 1\)"):
+                validation_split(labels, share, seen)
+    with pytest.raises(KdmlError, match="^a seen-holdout split needs samples to hold out"):
+        seen_holdout_split(torch.tensor([], dtype=torch.long), 0.2)
+    with pytest.raises(KdmlError, match="^train_classes must be a fraction in"):
+        class_disjoint_split(labels, True)
+    for count in (2.5, -3, True):
+        with pytest.raises(KdmlError, match="^ShuffledBatches: num_samples must be a whole"):
+            ShuffledBatches(count, 0, seed=0)
+
+
+@pytest.mark.parametrize(("mean", "std", "message"), [
+    ((0.5, 0.5, 0.5), (), "one standard deviation per mean, got 3 means and 0"),
+    ((0.5,), (0.0,), r"standard deviations must be > 0, got \(0\.0,\)"),
+    ((0.5,), (float("nan"),), r"standard deviations must be > 0, got \(nan,\)"),
+])
+def test_a_normalisation_with_mismatched_or_non_positive_statistics_is_refused(mean, std,
+                                                                               message):
+    """It had raised ZeroDivisionError (for_channels) or divided by zero into inf."""
+    with pytest.raises(KdmlError, match=message):
+        Normalization(mean, std)

@@ -115,6 +115,13 @@ def test_a_pixel_exactly_at_the_threshold_is_on():
 def test_conversion_rejects_bad_inputs():
     with pytest.raises(KdmlError, match="\\[0, 1\\]"):
         mnist_to_optdigits(torch.full((1, 28, 28), 200.0))
+    # below 0 or NaN had passed as images of no ink: all-zero counts
+    with pytest.raises(KdmlError, match="these hold values from -5 to -5$"):
+        mnist_to_optdigits(torch.full((1, 28, 28), -5.0))
+    strokes = torch.zeros(1, 28, 28)
+    strokes[0, 5:20, 5:20] = float("nan")
+    with pytest.raises(KdmlError, match="these hold NaN$"):
+        mnist_to_optdigits(strokes)
     with pytest.raises(KdmlError, match="threshold"):
         mnist_to_optdigits(torch.zeros(1, 28, 28), threshold=1.5)
     with pytest.raises(KdmlError, match="images"):

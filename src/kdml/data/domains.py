@@ -79,8 +79,12 @@ def _to_unit_images(images: Any) -> torch.Tensor:
         tensor = tensor.float() / 255.0
     elif tensor.is_floating_point():
         tensor = tensor.float()
-        if tensor.numel() and float(tensor.max()) > 1.0:
-            raise KdmlError("float images must be in [0, 1] (uint8 images may be 0..255)")
+        # NaN fails both comparisons: its strokes would have counted as no ink
+        if tensor.numel() and not bool(((tensor >= 0) & (tensor <= 1)).all()):
+            found = ("NaN" if bool(tensor.isnan().any()) else
+                     f"values from {float(tensor.min()):.4g} to {float(tensor.max()):.4g}")
+            raise KdmlError(f"float images must be in [0, 1] (uint8 images may be 0..255); "
+                            f"these hold {found}")
     else:
         raise KdmlError(f"images must be uint8 or float, got {tensor.dtype}")
     if tensor.ndim == 4 and tensor.shape[1] == 1:

@@ -64,8 +64,11 @@ class ShuffledBatches(_SeededBatches):
     def __init__(self, num_samples: int, batch_size: int, seed: int,
                  stream: int = SOURCE_STREAM) -> None:
         super().__init__(seed, stream)
-        if num_samples < 1:
+        if num_samples == 0:
             raise KdmlError("cannot draw batches from an empty training split")
+        if not is_positive_int(num_samples):  # 2.5 had failed in torch.randperm, unexplained
+            raise KdmlError(f"ShuffledBatches: num_samples must be a whole number of samples, "
+                            f"got {num_samples!r}")
         if not (batch_size == 0 or is_positive_int(batch_size)):
             raise KdmlError(f"ShuffledBatches: batch_size must be a whole number of samples "
                             f"(0 for all of them), got {batch_size!r}")

@@ -208,6 +208,8 @@ def seen_holdout_split(
     """
     if not 0.0 < holdout_fraction < 1.0:
         raise KdmlError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
+    if not labels.numel():
+        raise KdmlError("a seen-holdout split needs samples to hold out; the labels are empty")
     generator = torch.Generator().manual_seed(seed)
     held_out = []
     for label in labels.unique(sorted=True):
@@ -315,6 +317,8 @@ def validation_split(labels: Tensor, share: float, seen: bool) -> tuple[Tensor, 
     of every class's samples (as ``seen-holdout``); otherwise the last ``share`` of the sorted
     classes (as ``class-disjoint``), so validation classes are unseen too.
     """
+    if not 0.0 < share < 1.0:  # NaN too, which math.floor below had raised a ValueError on
+        raise KdmlError(f"data.validation must be a share in (0, 1), got {share}")
     if seen:
         return seen_holdout_split(labels, share, seed=0)
     classes = labels.unique(sorted=True)
@@ -342,7 +346,8 @@ def _num_train_classes(num_classes: int, train_classes: float | int) -> int:
         # rounded down, as the benchmarks' first half (CUB, Cars: len // 2): an odd class goes
         # to testing (round() had sent it either way: 3 -> 2 / 1 but 5 -> 2 / 3)
         count = math.floor(train_classes * num_classes + 1e-9)
-    elif float(train_classes).is_integer() and train_classes >= 1:
+    elif (not isinstance(train_classes, bool) and float(train_classes).is_integer()
+          and train_classes >= 1):  # True is 1 to Python, no class count
         count = int(train_classes)
     else:
         raise KdmlError(

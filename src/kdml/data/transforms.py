@@ -45,6 +45,14 @@ class Normalization:
     scale: float = 1.0
     bgr: bool = False
 
+    def __post_init__(self) -> None:
+        # a mismatch had surfaced as a ZeroDivisionError (for_channels) or a broadcast error
+        if len(self.mean) != len(self.std):
+            raise KdmlError(f"a normalisation takes one standard deviation per mean, got "
+                            f"{len(self.mean)} means and {len(self.std)} standard deviations")
+        if not all(value > 0 for value in self.std):  # NaN fails it too
+            raise KdmlError(f"a normalisation's standard deviations must be > 0, got {self.std}")
+
     def for_channels(self, channels: int) -> Normalization:
         """The statistics for ``channels``-channel inputs: a backbone built for grayscale
         images (``in_chans=1``) takes the means of its RGB means and standard deviations,
