@@ -855,6 +855,66 @@ def test_a_held_out_share_too_small_to_retrieve_names_holdout_fraction(tmp_path,
                         "each class held out for testing"), err
 
 
+def _array_splits(train, test, gallery=None, **fields):
+    from kdml.data.dataset import ArrayDataset
+    from kdml.data.splits import DataSplits
+
+    def part(name, labels):
+        return ArrayDataset(name, name, torch.zeros(len(labels), 2), torch.tensor(labels))
+
+    return DataSplits(part("train", train), part("test", test), sorted(set(train)),
+                      gallery=None if gallery is None else part("gallery", gallery), **fields)
+
+
+def test_a_test_part_is_scorable_with_one_query_that_has_a_reference():
+    """A class with two test samples (or a query whose class the gallery holds) is enough to
+    score; refused only where no query has one."""
+    from kdml.errors import KdmlError
+    from kdml.training.checks import check_test_classes
+
+    check_test_classes(_array_splits([0, 0, 1, 1], [2, 2, 3, 4]))
+    check_test_classes(_array_splits([0, 0, 1, 1], [2, 3, 5], gallery=[2, 3, 4]))
+    for test, gallery in (([2, 3, 4], None), ([5, 6], [2, 3])):
+        with pytest.raises(KdmlError, match="^no test query of test has another sample"):
+            check_test_classes(_array_splits([0, 0, 1, 1], test, gallery))
+
+
+def test_kdml_eval_s_ks_are_not_held_to_the_run_s_select_metric():
+    """kdml eval --ks 1 2 of a run that kept its best epoch by recall@4 scores what it is
+    asked: the select metric is checked where training chooses by it, not where eval scores."""
+    from kdml.config import RunConfig
+    from kdml.errors import KdmlError
+    from kdml.training.checks import check_evaluation
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.train.keep_best = True
+    config.train.select_metric = "recall@4"
+    config.eval.ks = [1, 2]
+    splits = _array_splits([0, 0, 1, 1], [2, 2, 3, 3])
+    check_evaluation(config, splits, evaluating=True)
+    with pytest.raises(KdmlError, match="^train.select_metric='recall@4' is not scored"):
+        check_evaluation(config, splits)
+
+
+def test_a_single_training_class_or_a_small_validation_part_is_warned_about(caplog):
+    """A single training class, and a validation part (not a test part) of fewer than 5
+    classes, are warned about; a test part of few classes is not."""
+    import logging
+
+    from kdml.training.checks import warn_about_splits
+
+    log = logging.getLogger("kdml.test")
+    with caplog.at_level("WARNING", logger="kdml.test"):
+        warn_about_splits(_array_splits([0, 0, 1, 1], [2, 2, 3, 3]), log)
+        assert caplog.records == []
+        warn_about_splits(_array_splits([0, 0], [2, 2, 3, 3]), log)
+        warn_about_splits(_array_splits([0, 0, 1, 1], [2, 2, 3, 3], validation=True), log)
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 2
+    assert said[0].startswith("the training split of train has a single class")
+    assert said[1].startswith("the validation part holds 2 classes, too few")
+
+
 def test_a_validation_part_too_small_to_retrieve_names_data_validation(tmp_path, capsys):
     """A validation part is carved from the training part by data.validation: the refusal
     had said to raise data.holdout_fraction, which does not change it (and which kdml refuses

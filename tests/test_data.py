@@ -775,6 +775,70 @@ def test_a_skipped_image_is_logged_once_for_all_epochs(tmp_path, caplog):
         f"skipping unreadable image {broken}"]
 
 
+def test_a_set_worker_count_of_zero_is_taken_for_files_too(monkeypatch):
+    """data.num_workers=0 decodes in the main process, file-backed data included: only -1 is
+    the automatic count."""
+    files = ImageFiles("toy", "toy", ["/nonexistent/a.png"], torch.tensor([0]), resize=8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert resolve_num_workers(0, files) == 0
+    assert resolve_num_workers(-1, files) == 4
+
+
+def test_a_training_loader_keeps_its_workers_and_draws_nothing_from_torch(tmp_path):
+    """persistent keeps a training loader's workers between passes (where it has workers),
+    pin_memory reaches the embedding loader too; and a loader's pass leaves torch's global
+    generator as it was, so a run's draws do not depend on how many passes its loaders made."""
+    dataset = ArrayDataset("toy", "toy", torch.randn(6, 4), torch.arange(6) % 3)
+    assert batch_loader(dataset, [[0, 1]], num_workers=1, persistent=True).persistent_workers
+    assert not batch_loader(dataset, [[0, 1]], num_workers=0, persistent=True).persistent_workers
+    assert not batch_loader(dataset, [[0, 1]], num_workers=1).persistent_workers
+    assert sequential_loader(dataset, 2, num_workers=0, pin_memory=True).pin_memory
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    assert len(list(batch_loader(dataset, [[0, 1], [2, 3]], num_workers=0))) == 2
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_worker_still_reports_its_other_errors(monkeypatch):
+    """quiet_when_the_receiver_goes silences only a send to a main process that has gone."""
+    import sys
+
+    from kdml.data.loaders import quiet_when_the_receiver_goes
+
+    reported = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, error, trace: reported.append(kind))
+    quiet_when_the_receiver_goes(0)
+    for kind in (BrokenPipeError, ConnectionResetError, EOFError, ValueError, MemoryError):
+        sys.excepthook(kind, kind(), None)
+    assert reported == [ValueError, MemoryError]
+
+
+def test_an_unknown_bad_image_policy_and_a_many_line_reason_are_refused_in_one_line(tmp_path):
+    """data.on_bad_image other than error or skip is refused, not taken as skip; a decoder's
+    error of several lines is reported by its first; and of several unreadable files in a
+    batch the first is named."""
+    from types import SimpleNamespace
+
+    from kdml.data.loaders import decode_failure
+
+    with pytest.raises(KdmlError, match="^data.on_bad_image must be error or skip, got 'skp'$"):
+        list(readable_batches([], None, "skp"))
+
+    def load(index):
+        raise ValueError("the first line\nthe second line")
+
+    assert decode_failure(SimpleNamespace(load=load), 0) == "the first line"
+    paths = write_images(tmp_path, 1)
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / name).write_bytes(b"not a jpeg at all")
+    dataset = ImageFiles("toy", "toy", [*paths, str(tmp_path / "a.jpg"),
+                                        str(tmp_path / "b.jpg")], torch.arange(3), resize=16)
+    with pytest.raises(KdmlError, match=r"cannot decode image .*a\.jpg: "):
+        list(readable_batches(batch_loader(dataset, [[0, 1, 2]], num_workers=0), dataset,
+                              "error"))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_unreadable_images_row_is_zeros(tmp_path, workers):
     """A row whose file cannot be decoded reads as zeros, in every pass, with or without

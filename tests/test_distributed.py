@@ -531,6 +531,39 @@ def test_sharded_kernels_are_refused_for_a_recipe_without_jrs():
             check_method_on_splits(config, splits, method)
 
 
+def test_skipping_unreadable_images_is_refused_under_torchrun_alone():
+    """data.on_bad_image=skip would leave the processes' batches unequal: refused over
+    several processes, taken by one."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.data.on_bad_image = "skip"
+    config.data.batch_size = 8
+    with pytest.raises(KdmlError, match=r"^data\.on_bad_image=skip would leave the processes' "
+                                        r"batches unequal; use error under torchrun$"):
+        check_distributed(config, World(rank=0, size=2), torch.device("cpu"))
+    check_distributed(config, World(rank=0, size=1), torch.device("cpu"))
+
+
+def test_sharded_kernels_are_taken_for_jrd_wrapped_in_a_domain_term(tmp_path):
+    """jrd with domain.beta on a domain pair is a DomainAdaptedMethod around a JRD method,
+    whose JRS regularizer the sharded kernels split: taken, not refused as without JRS."""
+    from kdml.data import prepare
+    from kdml.training.checks import check_method_on_splits
+    from kdml.training.domain_adapted import DomainAdaptedMethod
+    from kdml.training.trainer import build_method
+
+    pair = f"data.dataset=npz:{write_domains(tmp_path / 'domains.npz')}"
+    config = config_of("jrd", [pair, "domain.beta=0.5", "train.sharded_kernels=true",
+                               "model.embedding_size=8"])
+    splits = prepare.prepare_data(config.data)
+    method = build_method(config, splits, echo=lambda line: None)
+    assert isinstance(method, DomainAdaptedMethod)
+    check_method_on_splits(config, splits, method)
+
+
 def test_an_error_one_rank_meets_alone_is_said_by_that_rank(monkeypatch, capsys):
     """An unreadable image in rank 1's share of a batch stopped a torchrun job with rank 0's
     "a collective operation failed ... its output says why", and rank 1's output said

@@ -421,6 +421,40 @@ def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, ca
                    "such as mnist5k->digits\n")
 
 
+def test_a_target_with_two_labelled_samples_of_class_0_is_scored():
+    """Class 0 is a label (only -1 marks the unlabelled), and two labelled targets give each
+    query one reference: neither is refused."""
+    from kdml.config import RunConfig
+    from kdml.training.checks import check_evaluation
+
+    source = ArrayDataset("src", "s", torch.rand(6, 4), torch.arange(6) % 2)
+    target = ArrayDataset("tgt", "t", torch.rand(5, 4), torch.tensor([0, 0, -1, -1, -1]))
+    splits = domain_splits(source, target)
+    assert splits.reference_size == 1
+    config = RunConfig(recipe="dtml")
+    config.eval.ks = [1]
+    check_evaluation(config, splits)
+
+
+def test_a_target_sharing_some_class_with_its_source_is_not_warned_about(caplog):
+    """The warning that source_nn_accuracy is 0 whatever the model is for a target none of
+    whose labelled samples has a source class; one such sample is enough."""
+    import logging
+
+    from kdml.training.checks import warn_about_splits
+
+    source = ArrayDataset("src", "s", torch.rand(6, 4), torch.arange(6) % 2)
+    log = logging.getLogger("kdml.test")
+    with caplog.at_level("WARNING", logger="kdml.test"):
+        warn_about_splits(domain_splits(source, ArrayDataset(
+            "tgt", "t", torch.rand(4, 4), torch.tensor([0, 5, 6, -1]))), log)
+        assert caplog.records == []
+        warn_about_splits(domain_splits(source, ArrayDataset(
+            "tgt", "t", torch.rand(4, 4), torch.tensor([5, 5, 6, -1]))), log)
+    assert [record.getMessage().split(",")[0] for record in caplog.records] == [
+        "no labelled target sample of tgt has a source class"]
+
+
 def test_evaluation_check_counts_only_the_labelled_target_as_references():
     """Unlabelled target samples (-1) had been counted as references: eval.ks=[..., 8] passed
     the check before training with 5 labelled targets, and the first scoring failed."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -260,3 +261,90 @@ def test_a_checkpoint_of_another_recipe_or_config_is_refused_not_scored(tmp_path
                       .replace("  - 1\n  - 2\n  - 4\n  - 8\n", "  - 1\n  - 2\n"))
     assert list(load_model(edited).config.eval.ks) == [1, 2]
     assert kdml("eval", edited, "--no-progress") == 0
+
+
+def test_a_run_that_never_finished_an_epoch_is_said_so_before_its_data_is_read(tmp_path):
+    """No checkpoint and no final scores: the run never finished an epoch, said by
+    chosen_checkpoint itself (kdml search reads no data, and load_run checks the data's path
+    only after the checkpoint)."""
+    from kdml.errors import UnreadableCheckpoint
+    from kdml.training.loading import chosen_checkpoint
+    from kdml.training.run_folder import RunFolder
+
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir()
+    with pytest.raises(UnreadableCheckpoint, match=r"^no checkpoint at .*last\.pt: the run has "
+                                                   r"not finished an epoch"):
+        chosen_checkpoint(run)
+
+
+def test_a_data_path_of_the_wrong_kind_is_refused_as_gone(tmp_path):
+    """A folder: dataset whose path is a file, or a csv:/npz: one whose path is a folder, is
+    refused as the run's data moved, as a path that is gone is."""
+    from kdml.training.loading import check_data_path
+    from kdml.training.run_folder import RunFolder
+
+    run = RunFolder(tmp_path / "run")
+    (tmp_path / "list.csv").write_text("path,label\n")
+    check_data_path(run, f"folder:{tmp_path}", "point --data-root")
+    check_data_path(run, f"csv:{tmp_path / 'list.csv'}", "point --data-root")
+    for dataset, kind in ((f"csv:{tmp_path}", "file"), (f"npz:{tmp_path}", "file"),
+                          (f"folder:{tmp_path / 'list.csv'}", "folder")):
+        words = f"names {dataset}, whose {kind} is not a {kind} now; point --data-root"
+        with pytest.raises(KdmlError, match=re.escape(words) + "$"):
+            check_data_path(run, dataset, "point --data-root")
+
+
+def test_a_checkpoint_that_records_no_recipe_is_taken_for_the_folder_s():
+    """A checkpoint without its config (an older kdml's) is not refused as another recipe's."""
+    from pathlib import Path
+
+    from kdml.training.loading import check_checkpoint_recipe
+
+    for state in ({}, {"config": None}, {"config": {}}, {"config": {"recipe": "jrd"}}):
+        check_checkpoint_recipe(state, "jrd", Path("last.pt"), "config.yaml")
+    with pytest.raises(KdmlError, match="is a 'mrd' run but config.yaml says 'jrd'"):
+        check_checkpoint_recipe({"config": {"recipe": "mrd"}}, "jrd", Path("last.pt"),
+                                "config.yaml")
+
+
+def test_the_first_mismatch_of_the_weights_is_named():
+    """The weight whose shape differs (not the first one that fits), else the first missing,
+    else the first extra one."""
+    from kdml.training.loading import _first_mismatch
+
+    def weights(**shapes):
+        return {key: torch.zeros(shape) for key, shape in shapes.items()}
+
+    assert _first_mismatch(weights(a=(2,), b=(3, 1)), weights(a=(2,), b=(4, 1))) == (
+        "b is (3, 1) in the checkpoint and (4, 1) in the model")
+    assert _first_mismatch(weights(a=(2,)), weights(a=(2,), c=(1,), b=(1,))) == (
+        "the checkpoint lacks b")
+    assert _first_mismatch(weights(a=(2,), d=(1,)), weights(a=(2,))) == (
+        "the checkpoint has d, which the model does not")
+    assert _first_mismatch(weights(a=(2,)), weights(a=(2,))) == "their weights differ"
+
+
+def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_asked(tmp_path):
+    """load_model loads a run without the record from its data (load_run), best.pt with best
+    as load_run loads it, not last.pt."""
+    run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4",
+                "train.keep_best=true")
+    path = run / "data.json"
+    recorded = json.loads(path.read_text())
+    path.write_text(json.dumps({key: value for key, value in recorded.items() if key != FIELD}))
+    assert load_model(run, best=True).checkpoint == run / "checkpoints" / "best.pt"
+    assert load_model(run).checkpoint == run / "checkpoints" / "last.pt"
+
+
+def test_the_model_is_put_on_the_device_its_embedder_embeds_on(tmp_path, monkeypatch):
+    """load_run and load_model move the method to the embedder's device (a GPU's; here
+    torch's meta device stands for one, so that a model left on the CPU fails on CPUs too)."""
+    import kdml.training.loading as loading
+
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    monkeypatch.setattr(loading, "run_device", lambda device, trained: torch.device("meta"))
+    for load in (load_model, load_run):
+        model = load(run)
+        assert model.embedder.device.type == "meta"
+        assert {weight.device.type for weight in model.method.parameters()} == {"meta"}
