@@ -477,13 +477,19 @@ def test_the_grid_table_keeps_its_columns_in_line(tmp_path, capsys):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
 def test_output_to_a_full_disk_is_one_line(tmp_path):
-    """print() into a full disk raised an OSError that names no file: a raw traceback."""
-    with open("/dev/full", "w") as full:
-        done = subprocess.run([sys.executable, "-m", "kdml", "config", "jrd"], stdout=full,
-                              stderr=subprocess.PIPE, text=True, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr == ("kdml: error: the output could not be written (No space left on "
-                           "device); free space where it goes, or send it elsewhere\n")
+    """print() into a full disk raised an OSError that names no file: a raw traceback. With
+    stdout buffered (no PYTHONUNBUFFERED, as for most users) the error came at Python's exit,
+    after main: "Exception ignored ... OSError" and exit status 120."""
+    for unbuffered in ("1", None):
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+        if unbuffered:
+            env["PYTHONUNBUFFERED"] = unbuffered
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "kdml", "config", "jrd"], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+        assert done.returncode == 2, (unbuffered, done.stderr)
+        assert done.stderr == ("kdml: error: the output could not be written (No space left "
+                               "on device); free space where it goes, or send it elsewhere\n")
 
 
 def test_a_grid_folder_given_as_a_run_names_its_first_started_cell_in_grid_order(tmp_path,

@@ -130,11 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _HANDLER_PID = os.getpid()
             signal.signal(signal.SIGTERM, _interrupt)
         if training:  # training shows its warnings itself
-            return _COMMANDS[args.command](args)
+            return _flushed(_COMMANDS[args.command](args))
         from kdml.training.run_folder import warnings_on_stderr
 
         with warnings_on_stderr():
-            return _COMMANDS[args.command](args)
+            return _flushed(_COMMANDS[args.command](args))
     except QuietExit:  # rank 0 reported it
         return 2
     except KdmlError as error:
@@ -214,6 +214,14 @@ DEPENDENCIES = {"torch": "torch", "numpy": "numpy",
 
 # A write's errors that name no file: a full disk or quota, a pipe whose reader is gone.
 UNWRITABLE_OUTPUT = (errno.ENOSPC, errno.EDQUOT, errno.EPIPE)
+
+
+def _flushed(code: int) -> int:
+    """``code``, once standard output is flushed: a write error of what it still buffers (a
+    full disk) is then raised here, for main's one line, not at Python's exit, which prints
+    "Exception ignored" and exits 120 (without PYTHONUNBUFFERED, stdout is buffered)."""
+    sys.stdout.flush()
+    return code
 
 
 def _silence_stdout() -> None:
