@@ -348,3 +348,20 @@ def test_the_model_is_put_on_the_device_its_embedder_embeds_on(tmp_path, monkeyp
         model = load(run)
         assert model.embedder.device.type == "meta"
         assert {weight.device.type for weight in model.method.parameters()} == {"meta"}
+
+
+@pytest.mark.parametrize(("field", "value", "kind"), [
+    ("config", "amsoftmax", "str"), ("method", [1, 2], "list"), ("history", {}, "dict"),
+    ("optimizer", 3, "int")])
+def test_a_checkpoint_with_a_field_of_another_type_is_damaged_in_one_line(tmp_path, capsys,
+                                                                          field, value, kind):
+    """The keys were checked, not their types: a 'config' that is no mapping stopped kdml eval
+    with an AttributeError traceback, a 'method' that is no state dict with a TypeError."""
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    last = run / "checkpoints" / "last.pt"
+    torch.save({**torch.load(last, weights_only=True), field: value}, last)
+    capsys.readouterr()
+    assert kdml("eval", run, "--no-progress") == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: checkpoint {last} is damaged: its {field!r} is a {kind}, not what kdml "
+        "writes; delete it and train again\n")

@@ -71,4 +71,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or not required <= state.keys():
         raise UnreadableCheckpoint(
             f"checkpoint {path} is not a kdml checkpoint (missing {sorted(required)})")
+    # the types save_checkpoint writes: others had stopped the loading code with a traceback
+    kinds = {"method": dict, "optimizer": dict | None, "history": list, "config": dict | None}
+    wrong = [key for key, kind in kinds.items() if not isinstance(state.get(key), kind)]
+    if wrong:
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} is damaged: its {wrong[0]!r} is a "
+            f"{type(state.get(wrong[0])).__name__}, not what kdml writes; delete it and train "
+            "again")
     return state
