@@ -149,26 +149,24 @@ def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path,
     if raw.dtype != np.uint8 and raw.dtype.kind != "f":
         raise KdmlError(f"query {query}: 'inputs' must be uint8 or float, like the run's "
                         f"samples, got {raw.dtype}")
+    shape = tuple(raw.shape[1:])
+    if pca is not None and shape != (pca.feature_size,):
+        raise KdmlError(f"query inputs have shape {shape} per sample but the run's are its "
+                        f"domain pair's features, ({pca.feature_size},) each, which kdml "
+                        f"projects by the run's PCA (data.pca_dim={pca.dim}): give them before "
+                        "the PCA")
+    if pca is None and shape != tuple(samples.sample_shape):
+        raise KdmlError(f"query inputs have shape {shape} per sample but the run's samples "
+                        f"are {tuple(samples.sample_shape)}")
+    if not np.isfinite(raw).all():  # uint8 inputs always pass
+        raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
     if pca is not None:
-        if raw.shape[1:] != (pca.feature_size,):
-            raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but "
-                            f"the run's are its domain pair's features, ({pca.feature_size},) "
-                            f"each, which kdml projects by the run's PCA (data.pca_dim="
-                            f"{pca.dim}): give them before the PCA")
-        if not np.isfinite(raw).all():
-            raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
         return pca.project(torch.from_numpy(raw))
-    expected = tuple(samples.sample_shape)
-    if tuple(raw.shape[1:]) != expected:
-        raise KdmlError(f"query inputs have shape {tuple(raw.shape[1:])} per sample but the "
-                        f"run's samples are {expected}")
     is_images = samples.is_file_backed or samples.holds_pixels
     if raw.dtype == np.uint8:
         # the pipeline scales uint8 to [0, 1]: right for pixels, not for features, which are
         # taken at their own scale (a feature 200 had been embedded as 0.78)
         return torch.from_numpy(raw) if is_images else torch.from_numpy(raw).to(samples.dtype)
-    if not np.isfinite(raw).all():
-        raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
     # the pipeline scales uint8 images to [0, 1] and passes floats as they are: 0-255 floats
     # would be embedded as images 255 times too bright
     if is_images:
