@@ -27,6 +27,7 @@ from machine import machine_description
 
 from kdml import distributed
 from kdml.config import resolve_config
+from kdml.launch import launched_by_torchrun
 from kdml.training.build import model_input_shape
 from kdml.training.recipes import get_recipe
 from kdml.training.trainer import Session
@@ -133,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     header = ("| processes | local batch | ms / step | steps / s | gather ms / step | "
               "gather share | peak RSS per process (MiB) |\n|---|---|---|---|---|---|---|")
-    if distributed.launched_by_torchrun():
+    if launched_by_torchrun():
         distributed.setup(use_cuda=args.device == "cuda")
         result = measure(args)
         gathered = [None] * distributed.world().size

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import os
 import re
 import traceback
 from collections.abc import Callable
@@ -28,6 +27,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from kdml.errors import KdmlError, LocalError, QuietExit
+from kdml.launch import (
+    check_rendezvous,
+    launch_rank,
+    launched_by_torchrun,
+    local_rank,
+    processes_on_this_machine,
+    world_size,
+)
 
 T = TypeVar("T")
 
@@ -52,21 +59,15 @@ class World:
 
 def world() -> World:
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size(),
-                     int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+        return World(dist.get_rank(), dist.get_world_size(), local_rank(dist.get_rank()))
     return World()
-
-
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def refusal(message: str) -> KdmlError:
     """The error that refuses a command under torchrun, before any process group exists: every
     rank meets it alike, so rank 0 (torchrun's ``RANK``) prints it and the others stop quietly
     (:class:`~kdml.errors.QuietExit`) rather than print the same line once each."""
-    rank = int(os.environ.get("RANK", "0")) if launched_by_torchrun() else 0
-    return KdmlError(message) if rank == 0 else QuietExit(message)
+    return KdmlError(message) if launch_rank() == 0 else QuietExit(message)
 
 
 def setup(use_cuda: bool) -> World:
@@ -74,8 +75,9 @@ def setup(use_cuda: bool) -> World:
     CPUs); a single process stays as it is."""
     if not launched_by_torchrun() or dist.is_initialized():
         return world()
+    check_rendezvous()
     if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local_rank())
     # The first DistributedDataParallel imports this module (through torch.distributed._shard),
     # and its functions' defaults (group=group.WORLD) would then hold the process group for
     # good: teardown could not free it, and its gloo threads, still finishing a collective's
@@ -93,22 +95,16 @@ def device_for(name: str) -> str:
     with fewer visible GPUs than torchrun's processes on it is refused by the processes left
     without one (:class:`~kdml.errors.LocalError`: rank 0 may have one)."""
     if name in ("cuda", "auto") and torch.cuda.is_available() and launched_by_torchrun():
-        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
-        if local_rank >= count:  # its cuda:N, refused later, would blame train.device
+        rank_here, count = local_rank(), torch.cuda.device_count()
+        if rank_here >= count:  # its cuda:N, refused later, would blame train.device
             gpus = f"{count} visible GPU{'' if count == 1 else 's'}"
-            local = processes_on_this_machine(int(os.environ.get("WORLD_SIZE", "1")))
+            local = processes_on_this_machine(world_size())
             raise LocalError(f"torchrun started {local} processes on this machine, which has "
                              f"{gpus}, and each process trains on its own GPU: start at most "
                              f"{count} per machine (torchrun's nproc_per_node), or give "
                              "train.device=cpu")
-        return f"cuda:{local_rank}"
+        return f"cuda:{rank_here}"
     return name
-
-
-def processes_on_this_machine(size: int) -> int:
-    """How many of the job's ``size`` processes run on this machine: torchrun's
-    ``LOCAL_WORLD_SIZE``, else all of them."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", size))
 
 
 class _GatherWithGradient(torch.autograd.Function):

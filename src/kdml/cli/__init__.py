@@ -30,6 +30,7 @@ from kdml.cli.parser import build_parser
 from kdml.cli.reproduce import _reproduce
 from kdml.cli.train import _config, _datasets, _recipes, _train
 from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
+from kdml.launch import launched_by_torchrun
 
 # The commands that read a trained run: one process each (torchrun is for training).
 READING_COMMANDS = ("eval", "analyze", "plot", "embed", "index", "search")
@@ -119,14 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     try:
         training = args.command in ("train", "reproduce")
-        if args.command in READING_COMMANDS and _launched_by_torchrun():
+        if args.command in READING_COMMANDS and launched_by_torchrun():
             # each rank would do the whole work again, on the same GPU, and write the same files
             from kdml.distributed import refusal
 
             raise refusal(f"kdml {args.command} runs in one process, on one device "
                           "(--device): run it without torchrun")
         # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
-        if argv is None and not (training and _launched_by_torchrun()):
+        if argv is None and not (training and launched_by_torchrun()):
             _HANDLER_PID = os.getpid()
             signal.signal(signal.SIGTERM, _interrupt)
         if training:  # training shows its warnings itself
@@ -248,12 +249,6 @@ def _failed_collective(error: RuntimeError) -> bool:
 # What a command stopped by a full disk keeps, said after "run the command again".
 _FULL_DISK_NOTES = {"train": " (a stopped run continues with kdml train --resume)",
                     "reproduce": " (it keeps its finished runs and continues)"}
-
-
-def _launched_by_torchrun() -> bool:
-    from kdml.distributed import launched_by_torchrun  # torch: only for training commands
-
-    return launched_by_torchrun()
 
 
 _ANALYSES = {"generalization": _analyze_generalization}

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kdml.errors import Terminated
+from kdml.errors import KdmlError, Terminated
+from kdml.launch import launch_rank
 
 if TYPE_CHECKING:
     from kdml.config import RunConfig
@@ -27,9 +27,10 @@ def _rank() -> int:
     module = sys.modules.get("kdml.distributed")  # imported only by commands that train
     if module is not None and module.world().is_distributed:
         return int(module.world().rank)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return int(os.environ.get("RANK", "0"))
-    return 0
+    try:
+        return launch_rank()
+    except KdmlError:  # torchrun's variables set wrong, by hand: the error says so, once each
+        return 0
 
 
 def _say(message: str) -> None:

@@ -23,13 +23,14 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     from kdml import distributed
     from kdml.file_write import check_writable_folder
+    from kdml.launch import launched_by_torchrun
     from kdml.reproduce.catalog import experiments
     from kdml.reproduce.report import check_outputs, check_plots, keep_reported
     from kdml.reproduce.runner import reproduce
     from kdml.training.build import resolve_device
     from kdml.training.run_folder import hold_folder
 
-    if distributed.launched_by_torchrun():
+    if launched_by_torchrun():
         raise distributed.refusal("kdml reproduce trains its runs one after another in one "
                                   "process; run it without torchrun (each run may use one GPU "
                                   "via --device)")

@@ -99,9 +99,10 @@ def _train(args: argparse.Namespace) -> int:
 def _join_processes(config: RunConfig) -> None:
     """Under torchrun: join the process group (NCCL when training on GPUs, else gloo)."""
     from kdml import distributed
+    from kdml.launch import launched_by_torchrun
     from kdml.training.build import resolve_device
 
-    if distributed.launched_by_torchrun():
+    if launched_by_torchrun():
         device = resolve_device(distributed.device_for(config.train.device))
         distributed.setup(use_cuda=device.type == "cuda")
 

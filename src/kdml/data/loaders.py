@@ -23,8 +23,8 @@ from torch.utils.data import BatchSampler, DataLoader, Sampler, SequentialSample
 
 from kdml.data.dataset import Batch, DmlDataset, collate_batch
 from kdml.data.images import DECODE_ERRORS
-from kdml.distributed import processes_on_this_machine
 from kdml.errors import KdmlError, LocalError
+from kdml.launch import processes_on_this_machine
 
 MAX_AUTO_WORKERS = 8
 BAD_IMAGE_POLICIES = ("error", "skip")

@@ -9,9 +9,10 @@ import torch
 
 from kdml.config import RunConfig
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
-from kdml.distributed import World, processes_on_this_machine
+from kdml.distributed import World
 from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import metric_names
+from kdml.launch import processes_on_this_machine
 from kdml.models.method import Method
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.recipes.jrd import JRDMethod
