@@ -392,3 +392,43 @@ def test_the_protocols_take_what_an_autocast_model_returns():
                                      num_folds=4).mean
         assert single_shot_cmc(low, ids, num_splits=3) == single_shot_cmc(low.double(), ids,
                                                                            num_splits=3)
+
+
+def test_cosine_scores_keep_a_tiny_row_beside_a_huge_one():
+    """One power of two for all rows had made a row of 1e-200 beside one of 1e200 a zero
+    vector: its pair scored 0 and its match ranked behind another entry, silently. A cosine
+    is each row's alone, so each row is scaled on its own."""
+    tiny_and_huge = np.array([[1e-200, 1e-200], [1e200, 0.0]])
+    assert pair_scores(tiny_and_huge, tiny_and_huge).tolist() == [1.0, 1.0]
+    assert pair_scores(tiny_and_huge, tiny_and_huge[::-1]).tolist() == pytest.approx(
+        [math.sqrt(0.5), math.sqrt(0.5)], rel=1e-15)
+    ranks = match_ranks(np.array([[1e-200, 1e-200]]), [0], np.array([[3e-200, 3e-200],
+                                                                     [1e200, 0.0]]), [0, 1],
+                        metric="cosine")
+    assert ranks.tolist() == [1]
+
+
+def test_pair_scores_refuse_embeddings_that_are_not_numbers():
+    """Strings had stopped pair_scores with NumPy's "could not convert string to float"."""
+    with pytest.raises(KdmlError, match=r"^pair embeddings must be numbers, got dtypes <U1 and "
+                                        r"<U1$"):
+        pair_scores([["a", "b"]], [["c", "d"]])
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "a", True])
+def test_seeded_protocols_refuse_a_seed_that_is_no_count(seed):
+    """NumPy's own ValueError or TypeError had come through single_shot_cmc and the other
+    seeded evaluations."""
+    from kdml.evaluation.clustering import clustering_nmi
+    from kdml.evaluation.generalization import generalization_terms
+    from kdml.evaluation.parts import stratified_parts
+
+    x, ids = np.eye(4), [0, 0, 1, 1]
+    message = f"^seed must be an integer of at least 0, got {seed!r}$"
+    for call in (lambda: single_shot_cmc(x, ids, seed=seed),
+                 lambda: stratified_parts(np.array([0, 0, 1, 1]), 1, seed=seed),
+                 lambda: clustering_nmi(x, ids, seed=seed),
+                 lambda: generalization_terms(x, ids, x, [2, 2, 3, 3], seed=seed)):
+        with pytest.raises(KdmlError, match=message):
+            call()
+    assert single_shot_cmc(x, ids, seed=np.int64(3)) == single_shot_cmc(x, ids, seed=3)

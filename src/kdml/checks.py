@@ -24,6 +24,13 @@ def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:
                 and value >= 1)
 
 
+def check_seed(value: object, name: str = "seed") -> None:
+    """A seed of NumPy's generators: a Python or NumPy integer of at least 0, not a bool
+    (NumPy's own error for -1 or 1.5 names neither the argument nor what it takes)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise KdmlError(f"{name} must be an integer of at least 0, got {value!r}")
+
+
 def is_finite_number(value: object, above: float | None = None,
                      at_least: float | None = None) -> bool:
     """Whether ``value`` is a finite real number (a Python or NumPy one, not a bool), greater

@@ -8,6 +8,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from kdml.checks import check_seed
 from kdml.evaluation.knn import Metric, check_metric, check_positive_int, prepare_vectors
 from kdml.evaluation.labels import as_label_vector
 
@@ -41,6 +42,7 @@ def clustering_nmi(
     """
     check_metric(metric)
     check_positive_int("niter", niter)  # 0 or -1 had given the seeding's clusters silently
+    check_seed(seed)
     vectors = prepare_vectors(embeddings, metric, "embeddings")
     return kmeans_nmi(vectors, as_label_vector(labels, "labels", len(vectors), vectors.shape[1]),
                       niter, seed)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kdml.checks import check_seed
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
@@ -121,6 +122,7 @@ def generalization_terms(
     seen_labels = _labels(seen_labels, "seen_labels", len(seen), seen.shape[1])
     unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen), unseen.shape[1])
     check_positive_int("neighbors", neighbors)
+    check_seed(seed)
     if not 0 < labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
     if repeats < 2:

@@ -189,6 +189,16 @@ def search_scale(*arrays: Vectors) -> float:
     return float(2.0 ** np.round(np.log2(largest)))
 
 
+def row_powers_of_two(x: np.ndarray) -> np.ndarray:
+    """``[N]``: per row of float ``x`` ``[N, D]``, the power of two just above its largest
+    absolute value (1 for a zero row). Dividing a row by it is exact and brings its values
+    into (-1, 1), so that a cosine, a per-row quantity, neither underflows for a row of 1e-200
+    nor overflows for one of 1e200, whatever the other rows hold (a power of two shared by all
+    rows, :func:`search_scale`, cannot keep both)."""
+    _, exponents = np.frexp(np.abs(x).max(axis=1, initial=0.0))
+    return np.ldexp(1.0, exponents)
+
+
 def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     """Scale rows to unit L2 norm; all-zero rows stay zero (similarity 0 to everything). The
     norms are summed in float64, where no float32 row's squares underflow (in float32 a row of

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kdml.checks import check_seed
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import Metric, as_float_matrix
@@ -34,6 +35,7 @@ def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[
         ``num_parts`` sorted index arrays that together cover ``range(N)`` once.
     """
     labels = np.asarray(labels)
+    check_seed(seed)
     if num_parts < 1:
         raise KdmlError(f"the number of test parts must be at least 1, got {num_parts}")
     classes, counts = np.unique(labels, return_counts=True)

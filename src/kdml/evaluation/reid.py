@@ -13,9 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from kdml.checks import is_positive_int
+from kdml.checks import check_seed, is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import as_float_matrix, host_array, l2_normalize, search_scale
+from kdml.evaluation.knn import (
+    as_float_matrix,
+    host_array,
+    l2_normalize,
+    row_powers_of_two,
+    search_scale,
+)
 
 
 def _as_array(x: Any, dtype: Any | None = None) -> np.ndarray:
@@ -37,7 +43,10 @@ def _pairwise_distances(probe: np.ndarray, gallery: np.ndarray, metric: str) -> 
 
     if metric == "euclidean":
         return cdist(probe, gallery, "euclidean")
-    return 1.0 - l2_normalize(probe, inplace=False) @ l2_normalize(gallery, inplace=False).T
+    # each row by its own power of two (exact) before normalizing: one power of two for all
+    # rows would make a row of 1e-200 beside one of 1e200 a zero vector (its squares vanish)
+    probe, gallery = (rows / row_powers_of_two(rows)[:, None] for rows in (probe, gallery))
+    return 1.0 - l2_normalize(probe, inplace=True) @ l2_normalize(gallery, inplace=True).T
 
 
 # Distances this close are equal: float64 arithmetic leaves distances that are equal in exact
@@ -78,8 +87,9 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
     is_match = probe_y[:, None] == gallery_y[None, :]
     if (is_match.sum(axis=1) != 1).any():
         raise KdmlError("every probe identity must appear exactly once in the gallery")
-    # by one power of two (exact): distances of 1e160-sized vectors overflow float64
-    units = search_scale(probe_x, gallery_x)
+    # by one power of two (exact): distances of 1e160-sized vectors overflow float64 (cosine
+    # distances scale row by row: _pairwise_distances)
+    units = search_scale(probe_x, gallery_x) if metric == "euclidean" else 1.0
     distances = _pairwise_distances(probe_x / units, gallery_x / units, metric)
     true_distance = distances[is_match][:, None]
     # per probe: one far gallery entry must not widen every probe's ties
@@ -159,6 +169,7 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
                         f"{len(np.unique(camera_array))}; pass cameras=None for other sets")
     if not is_positive_int(num_splits):
         raise KdmlError(f"num_splits must be a positive integer, got {num_splits!r}")
+    check_seed(seed)
     if (not isinstance(ranks, Sequence | np.ndarray) or np.ndim(ranks) != 1 or not len(ranks)
             or not all(is_positive_int(r) for r in ranks)):
         raise KdmlError(f"ranks must be a sequence of positive integers, e.g. (1, 5), got "

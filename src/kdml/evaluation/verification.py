@@ -15,7 +15,7 @@ import numpy as np
 
 from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
-from kdml.evaluation.knn import host_array, search_scale
+from kdml.evaluation.knn import host_array, row_powers_of_two, search_scale
 
 PairMetric = Literal["cosine", "euclidean"]
 
@@ -170,18 +170,25 @@ def pair_scores(embeddings_a: Any, embeddings_b: Any, metric: PairMetric = "cosi
     Returns:
         float64 :math:`(P,)` scores for :func:`verification_accuracy`.
     """
-    a, b = (np.asarray(host_array(x), dtype=np.float64) for x in (embeddings_a, embeddings_b))
+    a, b = host_array(embeddings_a), host_array(embeddings_b)
+    if a.dtype.kind not in "biuf" or b.dtype.kind not in "biuf":
+        raise KdmlError(f"pair embeddings must be numbers, got dtypes {a.dtype} and {b.dtype}")
+    a, b = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
     if a.ndim != 2 or a.shape != b.shape:
         raise KdmlError(f"pair embeddings must both be (P, D), got {a.shape} and {b.shape}")
     if metric not in ("cosine", "euclidean"):
         raise KdmlError(f"metric must be cosine or euclidean, got {metric!r}")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise KdmlError("pair embeddings contain NaN or infinite values")
-    # both divided by one power of two (exact; 1 at ordinary sizes), as the searches do:
-    # squares of 1e200 overflow float64
-    units = search_scale(a, b) if a.size else 1.0
-    a, b = a / units, b / units
     if metric == "euclidean":
+        # both divided by one power of two (exact; 1 at ordinary sizes), as the searches do:
+        # squares of 1e200 overflow float64
+        units = search_scale(a, b) if a.size else 1.0
+        a, b = a / units, b / units
         return -units * np.sqrt(((a - b) ** 2).sum(axis=1))
+    # a cosine is each pair's alone: each row divided by its own power of two (exact), so
+    # that a row of 1e-200 beside one of 1e200 keeps its direction (one shared power of two
+    # had made it a zero vector, scored 0)
+    a, b = a / row_powers_of_two(a)[:, None], b / row_powers_of_two(b)[:, None]
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     return (a * b).sum(axis=1) / np.where(norms > 0, norms, 1.0)
