@@ -388,6 +388,11 @@ def test_generalization_terms_refuse_one_split_and_too_many_neighbours():
         generalization_terms(seen, labels, unseen, labels + 5, repeats=2, neighbors=11)
     assert generalization_terms(seen, labels, unseen, labels + 5, repeats=2,
                                 neighbors=10)["lambda"].ci95 >= 0
+    # a fractional count or a share that is no number had reached range() or < as a TypeError
+    with pytest.raises(KdmlError, match=r"^repeats must be at least 2 .*, got 2\.5$"):
+        generalization_terms(seen, labels, unseen, labels + 5, repeats=2.5)
+    with pytest.raises(KdmlError, match=r"^labelled_fraction must be in \(0, 1\), got half$"):
+        generalization_terms(seen, labels, unseen, labels + 5, labelled_fraction="half")
 
 
 def test_methods_built_directly_check_their_settings():

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kdml.checks import check_seed
+from kdml.checks import check_seed, is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
@@ -123,9 +123,9 @@ def generalization_terms(
     unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen), unseen.shape[1])
     check_positive_int("neighbors", neighbors)
     check_seed(seed)
-    if not 0 < labelled_fraction < 1:
+    if not is_finite_number(labelled_fraction, above=0) or not labelled_fraction < 1:
         raise KdmlError(f"labelled_fraction must be in (0, 1), got {labelled_fraction}")
-    if repeats < 2:
+    if not is_positive_int(repeats) or repeats < 2:
         raise KdmlError(f"repeats must be at least 2 (a 95% interval needs two random splits), "
                         f"got {repeats}")
     check_disjoint_classes(seen_labels, unseen_labels)
