@@ -268,3 +268,14 @@ def test_numpy_float16_embeddings_are_searched_in_float32():
     assert source_nn_accuracy(source, source_labels, target, target_labels) == 1.0
     assert source_nn_accuracy(source.astype(np.float32), source_labels,
                               target.astype(np.float32), target_labels) == 1.0
+
+
+@pytest.mark.parametrize("flag", [-1, "a", None, 1.0])
+def test_exclude_self_that_is_no_bool_is_refused(flag):
+    """exclude_self=-1 had stopped the search with an IndexError, a string or None with int()'s
+    errors; NumPy's bool passes."""
+    x = np.arange(12.0).reshape(6, 2)
+    with pytest.raises(KdmlError, match=rf"^exclude_self must be True or False, got {flag!r}$"):
+        list(knn_search(x, k=1, exclude_self=flag))
+    assert [chunk.indices.tolist() for chunk in knn_search(x, k=1, exclude_self=np.True_)] == [
+        chunk.indices.tolist() for chunk in knn_search(x, k=1, exclude_self=True)]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import normalized_mutual_info_score
 
+from kdml.errors import KdmlError
 from kdml.evaluation.charts import chart_clustering_nmi
 from kdml.evaluation.clustering import clustering_nmi, nmi_score
 from kdml.evaluation.retrieval import retrieval_metrics
@@ -214,3 +215,15 @@ def test_k_means_plus_plus_draws_the_centres_of_measuring_every_row_exactly(case
         got = kmeans_plus_plus(vectors, 60, np.random.default_rng(seed))
         assert got.dtype == np.float32
         assert np.array_equal(got, vectors[expected].astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["niter", "seed"])
+def test_clustering_nmi_refuses_counts_faiss_cannot_hold(name):
+    """faiss keeps niter and the seed in C ints: 2**31 had stopped clustering_nmi with faiss's
+    OverflowError, naming neither."""
+    x, labels = np.eye(4), np.array([0, 0, 1, 1])
+    with pytest.raises(KdmlError, match=rf"^{name} must be below 2\*\*31 \(faiss's k-means "
+                                        rf"holds it in a 32-bit integer\), got 2147483648$"):
+        clustering_nmi(x, labels, **{name: 2**31})
+    assert clustering_nmi(x, labels, **{name: 2**31 - 1}) == clustering_nmi(
+        x, labels, **{name: 2**31 - 1})

@@ -9,6 +9,7 @@ import faiss
 import numpy as np
 
 from kdml.checks import check_seed
+from kdml.errors import KdmlError
 from kdml.evaluation.knn import Metric, check_metric, check_positive_int, prepare_vectors
 from kdml.evaluation.labels import as_label_vector
 
@@ -43,6 +44,11 @@ def clustering_nmi(
     check_metric(metric)
     check_positive_int("niter", niter)  # 0 or -1 had given the seeding's clusters silently
     check_seed(seed)
+    # faiss's k-means holds both in C ints (its own OverflowError names neither)
+    for name, value in (("niter", niter), ("seed", seed)):
+        if value >= 2**31:
+            raise KdmlError(f"{name} must be below 2**31 (faiss's k-means holds it in a 32-bit "
+                            f"integer), got {value}")
     vectors = prepare_vectors(embeddings, metric, "embeddings")
     return kmeans_nmi(vectors, as_label_vector(labels, "labels", len(vectors), vectors.shape[1]),
                       niter, seed)

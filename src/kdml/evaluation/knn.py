@@ -487,6 +487,8 @@ def knn_search(
     """
     check_metric(metric)
     check_positive_int("chunk_size", chunk_size)
+    if not isinstance(exclude_self, bool | np.bool_):  # -1 had raised an IndexError
+        raise KdmlError(f"exclude_self must be True or False, got {exclude_self!r}")
     if reference is None:
         query_vectors = reference_vectors = prepare_vectors(queries, metric, "queries")
     else:
