@@ -1,0 +1,297 @@
+"""kdml.distributed's helpers one at a time: their values on each of three gloo processes
+(rank order, gradient scaling, sums that leave their input alone, who agrees on what), and
+their torchrun environment handling in one process."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+from distributed_harness import run_ranks
+from torch import nn
+
+from kdml import distributed
+from kdml.errors import KdmlError, LocalError, QuietExit
+
+WORLD = 3
+
+
+def _every_rank(value):
+    """``value`` of every rank, in rank order."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _gather_task():
+    rank = dist.get_rank()
+    x = (torch.arange(4, dtype=torch.float64).reshape(2, 2) + 10 * rank).requires_grad_()
+    gathered = distributed.gather(x)
+    weights = torch.arange(gathered.numel(), dtype=torch.float64).reshape(gathered.shape) + 1
+    (gathered * weights).sum().backward()
+    plain = distributed.gather(x.detach())
+    labels = distributed.gather(torch.tensor([rank, rank], dtype=torch.long))
+    world = distributed.world()
+    return _every_rank({
+        "gathered": gathered.detach(), "grad": x.grad, "weights": weights, "plain": plain,
+        "labels": labels, "plain_requires_grad": plain.requires_grad,
+        "world": (world.rank, world.size, world.local_rank, world.is_main,
+                  world.is_distributed)})
+
+
+def test_gather_keeps_rank_order_and_scales_this_ranks_gradient_by_the_world_size(tmp_path):
+    ranks = run_ranks(WORLD, _gather_task, tmp_path=tmp_path)
+    expected = torch.cat([torch.arange(4, dtype=torch.float64).reshape(2, 2) + 10 * rank
+                          for rank in range(WORLD)])
+    for rank, got in enumerate(ranks):
+        assert torch.equal(got["gathered"], expected)
+        assert torch.equal(got["plain"], expected) and not got["plain_requires_grad"]
+        assert got["labels"].tolist() == [0, 0, 1, 1, 2, 2]
+        # d(sum w * g)/dx of this rank's rows, times the world size (DDP averages it back)
+        assert torch.equal(got["grad"], WORLD * got["weights"][2 * rank:2 * rank + 2])
+        assert got["world"] == (rank, WORLD, rank, rank == 0, True)
+
+
+def _sum_task():
+    rank = dist.get_rank()
+    local = torch.tensor([rank + 1.0, 2.0 * rank], dtype=torch.float64)
+    total = distributed.all_reduce_sum(local)
+    mean = distributed.mean_over_ranks(local)
+    return _every_rank({"local": local, "total": total, "mean": mean})
+
+
+def test_sums_and_means_over_ranks_are_new_tensors(tmp_path):
+    ranks = run_ranks(WORLD, _sum_task, tmp_path=tmp_path)
+    total = [sum(rank + 1.0 for rank in range(WORLD)), sum(2.0 * rank for rank in range(WORLD))]
+    for rank, got in enumerate(ranks):
+        assert got["local"].tolist() == [rank + 1.0, 2.0 * rank]  # left as it was
+        assert got["total"].tolist() == total
+        assert got["mean"].tolist() == [value / WORLD for value in total]
+
+
+def _broadcast_task():
+    rank = dist.get_rank()
+    value = distributed.broadcast({"from": rank})
+    module = nn.BatchNorm1d(2)
+    module.running_mean.fill_(float(rank))
+    module.num_batches_tracked.fill_(rank + 5)
+    distributed.broadcast_buffers(module)
+    calls = []
+
+    def on_main():
+        calls.append(rank)
+        return f"made by rank {rank}"
+
+    made = distributed.from_main(on_main)
+    return _every_rank({"value": value, "mean": module.running_mean.tolist(),
+                        "batches": int(module.num_batches_tracked), "made": made,
+                        "calls": calls})
+
+
+def test_rank_0s_values_and_buffers_reach_every_rank_and_from_main_runs_once(tmp_path):
+    for got in run_ranks(WORLD, _broadcast_task, tmp_path=tmp_path):
+        assert got["value"] == {"from": 0}
+        assert got["mean"] == [0.0, 0.0] and got["batches"] == 5
+        assert got["made"] == "made by rank 0"
+    assert [got["calls"] for got in run_ranks(WORLD, _broadcast_task, tmp_path=tmp_path)] == [
+        [0], [], []]
+
+
+def _agreed_task(failing):
+    rank = dist.get_rank()
+
+    def work():
+        if rank in failing:
+            raise LocalError(f"no data on rank {rank}")
+        return f"value of rank {rank}"
+
+    try:
+        outcome = ("ok", distributed.agreed(work))
+    except QuietExit as error:  # before KdmlError, its base
+        outcome = ("QuietExit", str(error))
+    except KdmlError as error:
+        outcome = ("KdmlError", str(error))
+    return _every_rank(outcome)
+
+
+@pytest.mark.parametrize(("failing", "expected"), [
+    ((), [("ok", "value of rank 0"), ("ok", "value of rank 1"), ("ok", "value of rank 2")]),
+    # rank 0 names the first failed rank; the others stop quietly
+    ((1, 2), [("KdmlError", "rank 1: no data on rank 1"), ("QuietExit", "no data on rank 1"),
+              ("QuietExit", "no data on rank 1")]),
+    ((2,), [("KdmlError", "rank 2: no data on rank 2"), ("QuietExit", "no data on rank 2"),
+            ("QuietExit", "no data on rank 2")]),
+    # rank 0's own error comes first, as it is (not prefixed)
+    ((0, 2), [("KdmlError", "no data on rank 0"), ("QuietExit", "no data on rank 0"),
+              ("QuietExit", "no data on rank 0")]),
+])
+def test_agreed_outcomes_over_three_ranks(tmp_path, failing, expected):
+    assert run_ranks(WORLD, _agreed_task, failing, tmp_path=tmp_path) == expected
+
+
+# ----------------------------------------------------------------- one process, no group
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_one_process_is_the_whole_world(no_torchrun):
+    assert distributed.world() == distributed.World(0, 1, 0)
+    assert distributed.world().is_main and not distributed.world().is_distributed
+    assert not distributed.World(rank=1, size=2).is_main
+    assert distributed.World(rank=1, size=2).is_distributed
+    assert not distributed.launched_by_torchrun()
+    assert distributed.setup(use_cuda=False) == distributed.World()
+    assert not dist.is_initialized()
+    x = torch.ones(2, requires_grad=True)
+    assert distributed.gather(x) is x and distributed.all_reduce_sum(x) is x
+    assert distributed.mean_over_ranks(x) is x and distributed.broadcast(x) is x
+    assert distributed.from_main(lambda: 7) == 7 and distributed.agreed(lambda: 8) == 8
+    with pytest.raises(LocalError, match="^alone$"):  # raised as it is, not named by rank
+        distributed.agreed(lambda: (_ for _ in ()).throw(LocalError("alone")))
+    distributed.barrier()
+    distributed.teardown()
+
+
+@pytest.mark.parametrize(("size", "launched"), [("1", False), ("2", True), ("8", True)])
+def test_torchrun_is_told_by_world_size(no_torchrun, size, launched):
+    no_torchrun.setenv("WORLD_SIZE", size)
+    assert distributed.launched_by_torchrun() is launched
+
+
+def test_refusals_before_the_group_are_said_by_torchruns_rank_0(no_torchrun):
+    assert type(distributed.refusal("x")) is KdmlError
+    no_torchrun.setenv("RANK", "1")  # without torchrun, RANK means nothing to kdml
+    assert type(distributed.refusal("x")) is KdmlError
+    no_torchrun.setenv("WORLD_SIZE", "2")
+    refused = distributed.refusal("the message")
+    assert type(refused) is QuietExit and str(refused) == "the message"
+    no_torchrun.setenv("RANK", "0")
+    assert type(distributed.refusal("x")) is KdmlError
+
+
+def test_processes_on_this_machine_default_to_all_of_them(no_torchrun):
+    assert distributed.processes_on_this_machine(4) == 4
+    no_torchrun.setenv("LOCAL_WORLD_SIZE", "2")
+    assert distributed.processes_on_this_machine(4) == 2
+
+
+@pytest.fixture
+def two_gpus(no_torchrun):
+    no_torchrun.setattr(torch.cuda, "is_available", lambda: True)
+    no_torchrun.setattr(torch.cuda, "device_count", lambda: 2)
+    return no_torchrun
+
+
+def test_cuda_and_auto_become_this_processs_own_gpu_under_torchrun(two_gpus):
+    assert [distributed.device_for(name) for name in ("cuda", "auto", "cpu", "cuda:0")] == [
+        "cuda", "auto", "cpu", "cuda:0"]  # one process: as given
+    two_gpus.setenv("WORLD_SIZE", "4")
+    assert distributed.device_for("cuda") == "cuda:0"  # LOCAL_RANK unset: 0
+    two_gpus.setenv("LOCAL_RANK", "1")
+    assert [distributed.device_for(name) for name in ("cuda", "auto", "cpu", "cuda:0")] == [
+        "cuda:1", "cuda:1", "cpu", "cuda:0"]
+
+
+def test_a_process_without_a_gpu_counts_the_whole_job_without_local_world_size(two_gpus):
+    two_gpus.setenv("WORLD_SIZE", "3")
+    two_gpus.setenv("LOCAL_RANK", "2")
+    with pytest.raises(LocalError, match=(
+            r"^torchrun started 3 processes on this machine, which has 2 visible GPUs, and each "
+            r"process trains on its own GPU: start at most 2 per machine \(torchrun's "
+            r"nproc_per_node\), or give train.device=cpu$")):
+        distributed.device_for("auto")
+    assert distributed.device_for("cpu") == "cpu"
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("message", [
+    "[pair.cc:598] Connection closed by peer [127.0.0.1]:4711",
+    "Broken pipe", "NCCL communicator was aborted on rank 1",
+    "ProcessGroupNCCL's watchdog caught collective operation timeout",
+    "the remote process exited or there was a network error",
+    "CONNECTION RESET BY PEER"])
+def test_each_lost_peer_message_is_a_failed_collective(one_process_group, message):
+    assert distributed.failed_collective(RuntimeError(message))
+
+
+def test_other_errors_are_not_a_failed_collective(one_process_group, no_torchrun):
+    assert not distributed.failed_collective(RuntimeError("Tensors must be contiguous"))
+    assert not distributed.failed_collective(ValueError("Broken pipe"))  # not a collective's
+    assert not distributed.failed_collective(BrokenPipeError("Broken pipe"))  # an OSError
+    assert distributed.failed_collective(dist.DistNetworkError("store: timed out"))
+    distributed.teardown()
+    assert not dist.is_initialized()
+    assert not distributed.failed_collective(RuntimeError("Broken pipe"))  # no group
+
+
+def test_teardown_clears_the_frames_of_an_exception_on_its_way_out(one_process_group):
+    class Held:
+        pass
+
+    def fails():
+        held = Held()  # noqa: F841 (a local the traceback's frame holds)
+        holder.append(weakref.ref(held))
+        raise RuntimeError("a bug")
+
+    holder: list[weakref.ref] = []
+    try:
+        fails()
+    except RuntimeError as error:
+        caught = error
+    gc.collect()
+    assert holder[0]() is not None  # the traceback keeps it alive
+    distributed.teardown(caught)
+    assert holder[0]() is None and not dist.is_initialized()
+    assert caught.__traceback__ is not None
+
+
+def test_setup_joins_no_second_group_where_one_exists(one_process_group, no_torchrun):
+    """A caller (a test harness, a script calling kdml.cli.main) may have joined the group
+    already: setup takes it as it is."""
+    no_torchrun.setenv("WORLD_SIZE", "2")
+    assert distributed.setup(use_cuda=False) == distributed.World(0, 1, 0)
+    assert dist.is_initialized()
+
+
+def test_teardown_frees_a_wrapper_held_in_a_reference_cycle(one_process_group):
+    """A DistributedDataParallel wrapper sits in reference cycles: clearing the frames alone
+    leaves it to a later garbage collection, after the group is destroyed."""
+    class Cyclic:
+        pass
+
+    def fails():
+        held = Cyclic()
+        held.itself = held  # a cycle: reference counting alone never frees it
+        holder.append(weakref.ref(held))
+        raise RuntimeError("a bug")
+
+    holder: list[weakref.ref] = []
+    gc.collect()
+    gc.disable()  # only teardown's own collection may free the cycle
+    try:
+        try:
+            fails()
+        except RuntimeError as error:
+            caught = error
+        distributed.teardown(caught)
+        assert holder[0]() is None
+    finally:
+        gc.enable()
