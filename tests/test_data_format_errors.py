@@ -252,3 +252,40 @@ def test_the_lenient_streams_write_a_name_as_shown_name_does():
     assert shown_name(name) == "f\\xf6x \u00e9 \\xff"
     assert "\u00e9\u20ac\U0001f600\udcf6".encode("ascii", ESCAPED_BYTES) == (
         b"\\xe9\\u20ac\\U0001f600\\xf6")
+
+
+NO_USER = "~kdml-no-such-user-3f9a"
+
+
+@pytest.mark.parametrize("args", [
+    ["--dataset", f"folder:{NO_USER}/photos"], ["--dataset", f"csv:{NO_USER}/list.csv"],
+    ["--dataset", f"npz:{NO_USER}/pair.npz"], ["--dataset", "cub", f"data.root={NO_USER}/d"],
+    ["--weights", f"{NO_USER}/w.pth"], ["--out", f"{NO_USER}/run"]], ids=lambda a: a[-1][:8])
+def test_a_path_under_the_home_of_no_user_is_refused_in_one_line(tmp_path, capsys, args):
+    """pathlib's RuntimeError ("Could not determine home directory") had stopped the command
+    with a traceback, naming neither the path nor the fix."""
+    out = [] if "--out" in args else ["--out", str(tmp_path / "run")]
+    assert cli.main(["train", "amsoftmax", *args, *out, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kdml: error: "), err
+    assert (f"{NO_USER}/" in err and f": {NO_USER} names no home folder on this machine (no "
+            "such user); write the path out in full" in err), err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(KdmlError, match=f"^{NO_USER}/x: {NO_USER} names no home folder"):
+        open_dataset(f"folder:{NO_USER}/x", "")
+
+
+def test_commands_that_read_a_run_refuse_a_path_under_the_home_of_no_user(capsys):
+    assert cli.main(["eval", f"{NO_USER}/run"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"kdml: error: argument run_dir: {NO_USER}/run: {NO_USER} names no home folder")
+
+
+def test_a_data_root_longer_than_the_file_system_takes_is_refused_in_one_line(tmp_path, capsys):
+    """--data-root's check that it is no file had raised OSError (File name too long) as a
+    traceback."""
+    long_name = str(tmp_path / ("a" * 300))
+    assert cli.main(["eval", str(tmp_path / "run"), "--data-root", long_name]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kdml: error: argument --data-root: {long_name}: File name too long")
+    assert err.count("\n") == 1

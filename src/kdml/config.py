@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from kdml.errors import KdmlError, check_no_nul_byte, why_missing
+from kdml.errors import KdmlError, check_no_nul_byte, home_expanded, why_missing
 from kdml.file_write import write_through_new_file
 
 
@@ -540,7 +540,7 @@ def with_absolute_paths(config: RunConfig) -> RunConfig:
     from kdml.data.registry import with_absolute_path
 
     def absolute(path: str) -> str:
-        return str(Path(path).expanduser().absolute()) if path.strip() else path
+        return str(home_expanded(path).absolute()) if path.strip() else path
 
     data = dataclasses.replace(config.data, dataset=with_absolute_path(config.data.dataset),
                                root=absolute(config.data.root))

@@ -42,6 +42,17 @@ def raised_over(error: BaseException, kind: type[E]) -> E | None:
     return None
 
 
+def home_expanded(path: str | Path) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded (:meth:`Path.expanduser`), refused
+    in one line where that names no home folder (an unknown user, no ``HOME``): pathlib's
+    RuntimeError ("Could not determine home directory") names neither the path nor a fix."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise KdmlError(f"{path}: {Path(path).parts[0]} names no home folder on this machine "
+                        "(no such user); write the path out in full") from None
+
+
 def why_missing(path: Path, kind: str) -> str:
     """Why ``path`` is not the ``kind`` ("file" or "folder") a message expected: "is not a
     file" where something else is there, else "does not exist"."""

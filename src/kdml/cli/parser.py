@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from kdml.errors import KdmlError, home_expanded
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line instead of usage + message
@@ -43,7 +45,10 @@ def _path(text: str) -> Path:
     """An argparse type: a path, never empty (an empty one would mean the current folder)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty one")
-    return Path(text).expanduser()
+    try:
+        return home_expanded(text)
+    except KdmlError as error:  # argparse words a ValueError as "invalid _path value"
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _device(text: str) -> str:
@@ -308,7 +313,11 @@ def _data_folder(text: str) -> Path:
     embedding file records lead to the images from any folder (train's config records it so
     too). A file is refused: for ``csv:FILE`` it is the folder the list lies in."""
     folder = _path(text).absolute()
-    if folder.is_file():
+    try:
+        is_file = folder.is_file()
+    except OSError as error:  # a name longer than the file system takes
+        raise argparse.ArgumentTypeError(f"{text}: {error.strerror or error}") from None
+    if is_file:
         raise argparse.ArgumentTypeError(f"{text} is a file; give the folder the data lies in "
                                          "(for csv:FILE, the folder of the list)")
     return folder

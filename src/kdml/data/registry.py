@@ -29,7 +29,7 @@ from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts
 from kdml.data.formats.idx import file_names as idx_file_names
-from kdml.errors import KdmlError, check_no_nul_byte, why_missing
+from kdml.errors import KdmlError, check_no_nul_byte, home_expanded, why_missing
 
 ROOT_VARIABLE = "KDML_DATA_ROOT"
 
@@ -142,10 +142,10 @@ def candidate_roots(entry: DiskFormat, configured: str = "") -> list[Path]:
 def _searched_bases(entry: DiskFormat, configured: str) -> list[list[Path]]:
     """:func:`candidate_roots`, one list per base folder."""
     if configured:
-        return [entry.folders(Path(configured).expanduser())]
+        return [entry.folders(home_expanded(configured))]
     bases = []
     if os.environ.get(ROOT_VARIABLE):
-        bases.append(entry.folders(Path(os.environ[ROOT_VARIABLE]).expanduser(), shared=True))
+        bases.append(entry.folders(home_expanded(os.environ[ROOT_VARIABLE]), shared=True))
     if entry.system_root:
         bases.append(entry.folders(Path(entry.system_root)))
     return bases
@@ -182,7 +182,7 @@ def _what_to_do(entry: DiskFormat, configured: str) -> str:
     folder (``.../CUB_200_2011``, holding ``images.txt``) where the variable names the folder
     that holds the datasets; the folders searched inside it alone would not show why."""
     value = "" if configured else os.environ.get(ROOT_VARIABLE, "")
-    base = Path(value).expanduser()
+    base = home_expanded(value)
     if value and not base.is_dir():
         return (f"${ROOT_VARIABLE}={value} {why_missing(base, 'folder')}: set it to the folder "
                 "that holds your datasets, or pass the dataset's folder with --data-root DIR")
@@ -225,7 +225,7 @@ def with_absolute_path(dataset: str) -> str:
     a relative path, read again by ``kdml eval`` in another folder, would name other files."""
     for prefix in PATH_FORMATS:
         if dataset.startswith(prefix) and dataset.removeprefix(prefix).strip():
-            return f"{prefix}{Path(dataset.removeprefix(prefix)).expanduser().absolute()}"
+            return f"{prefix}{home_expanded(dataset.removeprefix(prefix)).absolute()}"
     return dataset
 
 
@@ -265,10 +265,10 @@ def open_dataset(name: str, root: str = "") -> DatasetParts:
     if name.startswith("folder:"):
         from kdml.data.formats.folder import load_folder
 
-        return load_folder(Path(name.removeprefix("folder:")).expanduser())
+        return load_folder(home_expanded(name.removeprefix("folder:")))
     if name.startswith("csv:"):
         from kdml.data.formats.csv_list import load_csv
 
-        return load_csv(Path(name.removeprefix("csv:")).expanduser())
+        return load_csv(home_expanded(name.removeprefix("csv:")))
     raise KdmlError(f"unknown dataset {name!r}; choose one of: "
                     f"{', '.join([*DATASETS, *FORMATS])}, folder:DIR or csv:FILE")

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, home_expanded, why_missing
 
 CLASSIFIER_PREFIXES = ("last_linear.", "fc.", "classifier.", "head.", "heads.")
 WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_inception-52deb4733.pth"
@@ -83,7 +83,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def load_weights(backbone: nn.Module, path: str | Path,
                  report: Callable[[str], None] = print) -> None:
     """Load ``path`` into ``backbone`` (see the module docstring); ``report`` gets one line."""
-    path = Path(path).expanduser()
+    path = home_expanded(path)
     weights_target = getattr(backbone, "weights_target", None)
     target: nn.Module = weights_target() if callable(weights_target) else backbone
     state = read_state_dict(path)

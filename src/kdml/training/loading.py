@@ -16,7 +16,7 @@ from kdml.data.registry import PATH_FORMATS, relocated, root_is_read
 from kdml.data.sample_spec import FIELD as SAMPLES_FIELD
 from kdml.data.sample_spec import SampleSpec
 from kdml.data.splits import DataSplits
-from kdml.errors import KdmlError, UnreadableCheckpoint, why_missing
+from kdml.errors import KdmlError, UnreadableCheckpoint, home_expanded, why_missing
 from kdml.evaluation.evaluator import Embedder
 from kdml.models.method import Method
 from kdml.training.build import (
@@ -208,7 +208,7 @@ def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
     data moved, nor that --data-root follows it."""
     for prefix, kind in PATH_FORMATS.items():
         if dataset.startswith(prefix):
-            path = Path(dataset.removeprefix(prefix)).expanduser()  # as the readers take it
+            path = home_expanded(dataset.removeprefix(prefix))  # as the readers take it
             if not (path.is_dir() if kind == "folder" else path.is_file()):
                 raise KdmlError(f"{run.config} names {dataset}, whose {kind} "
                                 f"{why_missing(path, kind)} now; {remedy}")

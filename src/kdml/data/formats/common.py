@@ -20,7 +20,7 @@ from torch import Tensor
 
 from kdml.data.dataset import DmlDataset
 from kdml.data.images import missing_files
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, home_expanded
 
 DEFAULT_KS = (1, 2, 4, 8)
 # An integer as a list writes one: int() also reads 1_000, +1 and other scripts' digits (one
@@ -153,10 +153,11 @@ class Layout:
 def resolved(path: Path, dataset: str, kind: str) -> Path:
     """``path`` made absolute, links resolved, or a one-line error where it is a loop of
     links (Python before 3.13 raises RuntimeError there; 3.13 returns the link)."""
+    expanded = home_expanded(path)
     try:
-        real = Path(path).expanduser().resolve()
+        real = expanded.resolve()
     except (RuntimeError, OSError):
-        real = Path(path).expanduser().absolute()
+        real = expanded.absolute()
     if real.is_symlink():  # resolving stopped at a link: one that leads back to itself
         raise KdmlError(f"{dataset}: {real} is a symbolic link in a loop (it leads back to "
                         f"itself), so it names no {kind}; give the path of the {kind} itself")
