@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,26 @@ def start_method() -> str:
     return "forkserver" if torch.cuda.is_initialized() else "fork"
 
 
+# Every task here takes seconds; a rank that waits on a collective the others never make
+# (an object broadcast one rank skips) outlived gloo's 2-minute timeout, and would hold the
+# test (and CI) until its global limit.
+RANKS_TIMEOUT_S = 300
+
+
 def run_ranks(world: int, task, *args: Any, tmp_path: Path) -> Any:
     if world == 1:
         return task(*args)
     out = str(tmp_path / f"result-{task.__name__}-{free_port()}.pt")
-    mp.start_processes(_worker, args=(world, free_port(), out, task, args), nprocs=world,
-                       start_method=start_method())
+    ranks = mp.start_processes(_worker, args=(world, free_port(), out, task, args),
+                               nprocs=world, start_method=start_method(), join=False)
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # raises if one fails
+        if time.monotonic() >= deadline:
+            for process in ranks.processes:
+                process.kill()
+            raise AssertionError(f"{task.__name__}: the {world} ranks had not finished after "
+                                 f"{RANKS_TIMEOUT_S} s (one waits on a collective the others "
+                                 "never make?)")
     return torch.load(out, weights_only=False)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from distributed_harness import (
     build_failing_on_rank_1,
     collective_failures,
@@ -581,3 +582,23 @@ def test_an_error_one_rank_meets_alone_is_said_by_that_rank(monkeypatch, capsys)
         monkeypatch.setitem(cli._COMMANDS, "recipes", command)
         assert cli.main(["recipes"]) == 2
         assert capsys.readouterr().err == said
+
+
+def _rank_1_waits_alone():
+    if dist.get_rank() == 1:  # a broadcast rank 0 never makes
+        dist.broadcast_object_list([None], src=0)
+    else:
+        time.sleep(600)
+
+
+def test_ranks_that_wait_on_each_other_fail_the_test_in_its_limit(tmp_path, monkeypatch):
+    """A rank left waiting on a collective the others never make had outlived gloo's 2-minute
+    timeout and held the test (found by the mutation audit: a dropped broadcast)."""
+    import distributed_harness
+
+    monkeypatch.setattr(distributed_harness, "RANKS_TIMEOUT_S", 3)
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"^_rank_1_waits_alone: the 2 ranks had not "
+                                             r"finished after 3 s"):
+        run_ranks(2, _rank_1_waits_alone, tmp_path=tmp_path)
+    assert time.monotonic() - started < 60
