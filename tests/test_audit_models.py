@@ -483,3 +483,61 @@ def test_nearest_sides_are_the_next_fitting_side_below_and_above(side, nearest):
     from kdml.models.bninception import nearest_sides
 
     assert nearest_sides(side) == nearest
+
+
+# ----------------------------------------------------------------- defects the audit found
+
+
+def test_active_share_refuses_memberships_of_the_wrong_shape():
+    """A q of [B, 1] had broadcast over the charts: 0.875 for a share of about 0.29, and it
+    could leave [0, 1]; forward and project refused it already."""
+    torch.manual_seed(0)
+    heads = ProjectionHeads(dim=2, n_charts=3, out_features=4)
+    coords = torch.randn(4, 3, 2)
+    with pytest.raises(KdmlError, match=re.escape(
+            "ProjectionHeads: q must be [B, n] = (4, 3), got (4, 1)")):
+        heads.active_share(coords, torch.ones(4, 1))
+    q = torch.full((4, 3), 1.0 / 3)
+    assert heads.active_share(coords, q).item() == heads.project(coords, q)[1].item()
+
+
+@pytest.mark.parametrize(("coords", "q", "message"), [
+    (torch.zeros(4, 3, 2), torch.ones(4, 3, dtype=torch.long),
+     "ProjectionHeads expects floating point memberships q, got torch.int64"),
+    (torch.zeros(4, 3, 2, dtype=torch.long), torch.ones(4, 3),
+     "ProjectionHeads expects floating point coords, got torch.int64"),
+    ([[[0.0, 0.0]] * 3] * 4, torch.ones(4, 3),
+     "ProjectionHeads takes torch tensors (coords and memberships q), got list"),
+])
+def test_projection_heads_refuse_inputs_that_are_no_float_tensors(coords, q, message):
+    heads = ProjectionHeads(dim=2, n_charts=3, out_features=4)
+    for call in (heads, heads.project, heads.active_share):
+        with pytest.raises(KdmlError, match=f"^{re.escape(message)}"):
+            call(coords, q)
+
+
+@pytest.mark.parametrize(("features", "message"), [
+    (torch.zeros(4, 5), "expects pooled features [B, 6], got (4, 5)"),
+    (torch.zeros(6), "expects pooled features [B, 6], got (6,)"),
+    (torch.zeros(4, 6, dtype=torch.long), "expects floating point pooled features, got "
+                                          "torch.int64"),
+    ([[0.0] * 6] * 4, "takes torch tensors (pooled features), got list"),
+])
+def test_embedding_and_jrd_heads_refuse_features_they_cannot_take(features, message):
+    """torch's "mat1 and mat2 shapes cannot be multiplied" (or dtype) error had come from
+    inside the Linear layer."""
+    from kdml.models.heads import EmbeddingHead, JRDHead
+
+    for owner, head in (("EmbeddingHead", EmbeddingHead(6, 4)), ("JRDHead", JRDHead(6, 4, 3))):
+        with pytest.raises(KdmlError, match=f"^{re.escape(f'{owner} {message}')}"):
+            head(features)
+
+
+def test_a_weights_file_whose_keys_are_not_names_is_refused_in_one_line(tmp_path):
+    """{0: tensor} had stopped read_state_dict with an AttributeError (int has no
+    removeprefix)."""
+    from kdml.models.weights import read_state_dict
+
+    torch.save({0: torch.zeros(2)}, tmp_path / "numbered.pth")
+    with pytest.raises(KdmlError, match=r"holds no state dict of tensors \(its keys: 0\)$"):
+        read_state_dict(tmp_path / "numbered.pth")

@@ -143,11 +143,13 @@ class ProjectionHeads(nn.Module):
 
     def hidden_preactivations(self, coords: Tensor) -> Tensor:
         r""":math:`W^{(1)}_i \phi_i(x)` for every chart, shape :math:`(B, n, h)`."""
+        check_tensor_inputs("ProjectionHeads", [coords], "coords")
         if coords.ndim != 3 or coords.shape[1:] != (self.n_charts, self.dim):
             raise KdmlError(
                 f"ProjectionHeads expects coords [B, {self.n_charts}, {self.dim}], got "
                 f"{tuple(coords.shape)}"
             )
+        check_float_inputs("ProjectionHeads", [coords], "coords")
         inputs = torch.sigmoid(coords) if self.head_input == "sigmoid" else coords
         return torch.einsum("bnd,ndh->bnh", inputs, self.hidden_weight)
 
@@ -162,6 +164,7 @@ class ProjectionHeads(nn.Module):
         direction at most (zero when none is on), so NT-Xent, which compares directions,
         cannot tell the samples apart. :meth:`project` gives it with the projection, from the
         same pre-activations."""
+        self._check_memberships(coords, q)  # a [B, 1] q had broadcast over the charts
         return _active_share_of(self.hidden_preactivations(coords), q)
 
     def project(self, coords: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
@@ -182,6 +185,8 @@ class ProjectionHeads(nn.Module):
 
     @staticmethod
     def _check_memberships(coords: Tensor, q: Tensor) -> None:
+        check_tensor_inputs("ProjectionHeads", [coords, q], "coords and memberships q")
+        check_float_inputs("ProjectionHeads", [q], "memberships q")
         if q.shape != coords.shape[:2]:
             raise KdmlError(
                 f"ProjectionHeads: q must be [B, n] = {tuple(coords.shape[:2])}, "

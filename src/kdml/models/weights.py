@@ -68,8 +68,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor)
-                                                           for v in state.values()):
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(key, str) and isinstance(value, torch.Tensor)
+            for key, value in state.items()):  # a state dict is named tensors
         keys = f" (its keys: {_few([str(key) for key in state], 5)})" if isinstance(
             state, dict) and state else ""
         raise KdmlError(f"weights file {path} holds no state dict of tensors{keys}")
