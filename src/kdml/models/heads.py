@@ -13,11 +13,10 @@ from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
 
-def check_pooled_features(owner: str, features: object, width: int) -> None:
+def check_pooled_features(owner: str, features: torch.Tensor, width: int) -> None:
     """Refuse, in one line naming ``owner``, pooled features that are no float tensor
     ``[B, width]`` (torch's own "mat1 and mat2 shapes cannot be multiplied" otherwise)."""
     check_tensor_inputs(owner, [features], "pooled features")
-    assert isinstance(features, torch.Tensor)  # for mypy: checked just above
     if features.ndim != 2 or features.shape[1] != width:
         raise KdmlError(f"{owner} expects pooled features [B, {width}], got "
                         f"{tuple(features.shape)}")
