@@ -119,6 +119,33 @@ def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(
         assert image.text["Software"] == f"kdml {__version__}"
 
 
+def _png_header_of(width: int, height: int) -> bytes:
+    """A PNG of a header alone (no pixels): what Pillow's size guard reads."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2,
+                                                               0, 0, 0)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("side", [10_000, 20_000], ids=["warned", "refused"])
+def test_a_huge_picture_where_a_plot_goes_is_the_users(tmp_path, side, recwarn):
+    """Pillow refuses to open a PNG whose header says over 179 megapixels (its decompression
+    bomb guard) and warns above 89: the first had stopped training after its checkpoint with
+    a DecompressionBombError traceback, the second printed Pillow's warning."""
+    history = [{"epoch": 1, "train/loss": 1.0}]
+    picture = _png_header_of(side, side)
+    (tmp_path / "loss.png").write_bytes(picture)
+    with pytest.raises(KdmlError, match="loss.png is in the way and kdml did not draw it"):
+        viz.plot_training(history, tmp_path)
+    assert (tmp_path / "loss.png").read_bytes() == picture
+    assert not [warning for warning in recwarn if "pixels" in str(warning.message)]
+
+
 def test_a_copied_plot_follows_the_same_rules(tmp_path):
     from kdml.errors import KdmlError
     from kdml.figure_file import copy_png

@@ -42,9 +42,14 @@ def drawn_by_kdml(path: Path, marked: bool = False) -> bool:
     """True when ``path`` is a PNG whose "Software" text is kdml's (or matplotlib's, of plots
     drawn before kdml marked its own; not with ``marked``, for a file to delete)."""
     try:
-        with Image.open(path) as image:
-            mark = str(getattr(image, "text", {}).get("Software", ""))
-    except (OSError, UnidentifiedImageError):
+        # Pillow's guard against decompression bombs checks the header's size, which this
+        # read of the text chunks never decodes: a picture of over 89 megapixels (a warning)
+        # or 179 (an error) is the user's, never a plot of kdml's
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                mark = str(getattr(image, "text", {}).get("Software", ""))
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError):
         return False
     return image.format == "PNG" and mark.startswith(SOFTWARE_MARK if marked
                                                      else REPLACEABLE_MARKS)
