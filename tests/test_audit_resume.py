@@ -160,7 +160,13 @@ def test_a_link_where_a_partial_checkpoint_goes_is_never_written_through(tmp_pat
 
 
 @pytest.mark.parametrize(("state", "message"), [
-    ({"method": {}, "optimizer": None, "history": []}, "is not a kdml checkpoint"),
+    # only the fields it lacks are named (all four had been, whichever were there)
+    ({"method": {}, "optimizer": None, "history": []},
+     r"is not a kdml checkpoint \(missing epoch\)$"),
+    ([1, 2], r"is not a kdml checkpoint \(missing epoch, history, method, optimizer\)$"),
+    # an epoch of another type had reached the trainer's epoch + 1 (a TypeError)
+    (_state("3"), "its 'epoch' is a str, not what kdml writes"),
+    (_state(True), "its 'epoch' is a bool, not what kdml writes"),
     (_state(1, optimizer=[1]), "its 'optimizer' is a list, not what kdml writes"),
     (_state(1, history={}), "its 'history' is a dict, not what kdml writes"),
     (_state(1, method=[]), "its 'method' is a list, not what kdml writes"),

@@ -102,6 +102,13 @@ def test_a_run_without_data_json_is_not_checked(folders, tmp_path, capsys):
     ("{bad", "not readable JSON: Expecting property name enclosed in double quotes: line 1 "
              "column 2 (char 1)"),
     ('{"data_fingerprint": 1, "parts": {}}', "kdml's record without its parts"),
+    # counts the messages print as numbers: a string or null had raised ValueError or TypeError
+    ('{"data_fingerprint": 1, "parts": {"train": {"samples": "5", "classes": 2}}}',
+     "a part whose sample or class count is not a whole number"),
+    ('{"data_fingerprint": 1, "parts": {"test": {"samples": 5, "classes": null}}}',
+     "a part whose sample or class count is not a whole number"),
+    ('{"data_fingerprint": 1, "parts": {"test": {"samples": true, "classes": 3}}}',
+     "a part whose sample or class count is not a whole number"),
 ])
 def test_a_damaged_data_json_is_refused_not_taken_for_the_users(folders, tmp_path, capsys,
                                                                  text, why):

@@ -69,11 +69,14 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         ) from None
     required = {"epoch", "method", "optimizer", "history"}
     if not isinstance(state, dict) or not required <= state.keys():
+        missing = sorted(required - state.keys()) if isinstance(state, dict) else sorted(required)
         raise UnreadableCheckpoint(
-            f"checkpoint {path} is not a kdml checkpoint (missing {sorted(required)})")
+            f"checkpoint {path} is not a kdml checkpoint (missing {', '.join(missing)})")
     # the types save_checkpoint writes: others had stopped the loading code with a traceback
-    kinds = {"method": dict, "optimizer": dict | None, "history": list, "config": dict | None}
-    wrong = [key for key, kind in kinds.items() if not isinstance(state.get(key), kind)]
+    kinds = {"epoch": int, "method": dict, "optimizer": dict | None, "history": list,
+             "config": dict | None}
+    wrong = [key for key, kind in kinds.items()
+             if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
     if wrong:
         raise UnreadableCheckpoint(
             f"checkpoint {path} is damaged: its {wrong[0]!r} is a "
