@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 
 import pytest
 
+from kdml import cli
 from kdml.config import (
     check_fields,
     load_config_file,
@@ -246,3 +248,55 @@ def test_a_run_stores_its_home_relative_paths_expanded(tmp_path, monkeypatch):
     assert (config.data.root, config.model.weights) == (str(home / "data"), str(home / "w.pth"))
     assert config.data.dataset == f"csv:{home / 't.csv'}"
     assert with_absolute_paths(resolve()).data.root == ""
+
+
+# ----------------------------------------------------------------- defects the audit found
+
+
+def test_an_integer_past_floats_range_is_an_infinite_float_setting(capsys):
+    """optim.lr=1 and 400 zeros had stopped kdml with float()'s OverflowError traceback; it is
+    refused as 1e999 is."""
+    huge = "1" + "0" * 400
+    for key, sign in (("optim.lr", ""), ("method.margin", "-")):
+        assert cli.main(["config", "amsoftmax", f"{key}={sign}{huge}"]) == 2
+        assert capsys.readouterr().err == (f"kdml: error: {key} must be a finite number, "
+                                           f"got {sign}inf\n")
+
+
+@pytest.mark.parametrize(("text", "key"), [("train: &a\n  more: *a\n", "train.more"),
+                                           ("train: &a\n  x: {more: *a}\n", "train.x.more")])
+def test_a_config_file_whose_mapping_holds_itself_is_refused_in_one_line(tmp_path, capsys,
+                                                                         text, key):
+    """PyYAML builds a mapping that holds itself from an alias inside its own anchor: the
+    flattening of the file had recursed without end (RecursionError)."""
+    config_file = tmp_path / "loop.yaml"
+    config_file.write_text(text)
+    assert cli.main(["config", "amsoftmax", "--config", str(config_file)]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: {key} holds the mapping it is in (a YAML alias, *name, inside its own "
+        "anchor, &name): write its values out\n")
+
+
+def test_an_alias_of_a_mapping_used_twice_is_no_loop(tmp_path, capsys):
+    config_file = tmp_path / "twice.yaml"
+    config_file.write_text("train: &t {epochs: 2}\n")
+    assert cli.main(["config", "amsoftmax", "--config", str(config_file)]) == 0
+    assert "epochs: 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("digits", ["1" * 5000, "0" + "1" * 5000])
+def test_a_number_of_more_digits_than_python_reads_is_refused_in_one_line(tmp_path, capsys,
+                                                                          digits):
+    """Python reads at most 4,300 digits from text: PyYAML's ValueError had come through as a
+    traceback, from a config file and from an override (the octal check reads it too)."""
+    limit = f"{sys.get_int_max_str_digits():,}"
+    config_file = tmp_path / "long.yaml"
+    config_file.write_text(f"train:\n  seed: {digits}\n")
+    assert cli.main(["config", "amsoftmax", "--config", str(config_file)]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: config file {config_file}: a number of {len(digits):,} characters, more "
+        f"digits than Python reads ({limit}) (line 2)\n")
+    assert cli.main(["config", "amsoftmax", f"train.seed={digits}"]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: override 'train.seed={digits}': a number of {len(digits):,} characters, "
+        f"more digits than Python reads ({limit})\n")

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -209,8 +210,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     (90); YAML 1.2 and most other readers would say 10 and a string."""
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        _refuse_yaml11_number(node)
-        return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+        try:
+            _refuse_yaml11_number(node)
+            return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+        except ValueError:  # Python's limit on the digits of an int read from text
+            raise _UnreadableNumber(
+                None, None, f"a number of {len(node.value):,} characters, more digits than "
+                f"Python reads ({sys.get_int_max_str_digits():,})", node.start_mark) from None
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
         _refuse_yaml11_number(node)
@@ -262,6 +268,11 @@ def _refuse_yaml11_number(node: yaml.ScalarNode) -> None:
 
 class _AmbiguousNumber(yaml.constructor.ConstructorError):
     """Valid YAML 1.1, but not the number most readers would take it for."""
+
+
+class _UnreadableNumber(_AmbiguousNumber):
+    """A number Python will not read (more digits than its limit): refused, with its line, as
+    an ambiguous one is."""
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -324,13 +335,17 @@ def _yaml_value(item: str, text: str) -> Any:
         raise KdmlError(f"malformed value in override {item!r}") from None
 
 
-def _flat_items(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def _flat_items(values: dict[str, Any], prefix: str = "",
+                _within: tuple[dict[str, Any], ...] = ()) -> Iterator[tuple[str, Any]]:
     """:func:`flatten`'s pairs, each as the file gives it: ``train: {epochs: 2}`` beside
     ``train.epochs: 3`` is two pairs of one key (the dict would keep the last)."""
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            yield from _flat_items(value, name + ".")
+            if any(value is outer for outer in (*_within, values)):  # `a: &x {b: *x}`
+                raise KdmlError(f"{name} holds the mapping it is in (a YAML alias, *name, "
+                                "inside its own anchor, &name): write its values out")
+            yield from _flat_items(value, name + ".", (*_within, values))
         else:
             yield name, value
 
@@ -431,7 +446,10 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             raise KdmlError(f"{key}={value!r} has the wrong type; expected a list of {name}, "
                             f"e.g. {key}={example}") from None
     if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range: infinite, refused as 1e999 is
+            return math.inf if value > 0 else -math.inf
     if annotation is float and isinstance(value, str):
         try:  # YAML 1.1 reads "1e-3" (no dot) as a string
             return float(value)
