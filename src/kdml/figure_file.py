@@ -42,9 +42,9 @@ def drawn_by_kdml(path: Path, marked: bool = False) -> bool:
     """True when ``path`` is a PNG whose "Software" text is kdml's (or matplotlib's, of plots
     drawn before kdml marked its own; not with ``marked``, for a file to delete)."""
     try:
-        # Pillow's guard against decompression bombs checks the header's size, which this
-        # read of the text chunks never decodes: a picture of over 89 megapixels (a warning)
-        # or 179 (an error) is the user's, never a plot of kdml's
+        # Pillow's guard against decompression bombs checks the header's size, but this reads
+        # the text chunks and decodes no pixels: its warning (over 89 megapixels) is not ours
+        # to print, and a picture past its limit (179) is the user's (kdml draws none so big)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as image:
