@@ -272,8 +272,8 @@ def test_a_path_named_dataset_may_move_but_not_change_its_kind():
     assert changed_settings(trained, config) == []
     config.data.dataset = "folder:/new/place/photos"
     trained["data"]["dataset"] = "csv:photos.csv"
-    assert changed_settings(trained, config) == [
-        "data.dataset 'csv:' -> 'folder:'"]
+    assert changed_settings(trained, config) == [  # the paths as written, not 'csv:' alone
+        "data.dataset 'csv:photos.csv' -> 'folder:/new/place/photos'"]
 
 
 def test_a_hard_link_failing_for_another_reason_than_no_links_is_not_a_rename(tmp_path,

@@ -52,7 +52,11 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
                 continue
             after = now[section][key]
             if name == "data.dataset" and _path_named(before) and _path_named(after):
-                before, after = _prefix(before), _prefix(after)  # relative then, absolute now
+                # relative then, absolute now: only the kind counts (the data check sees the
+                # files); a change of kind is said with the paths the user wrote
+                if _prefix(before) != _prefix(after):
+                    changes.append(f"{name} {before!r} -> {after!r}")
+                continue
             if _plain(before) != _plain(after):
                 changes.append(f"{name} {before!r} -> {after!r}")
     return changes
