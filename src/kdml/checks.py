@@ -24,10 +24,17 @@ def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:
                 and value >= 1)
 
 
+def is_count(value: object) -> TypeGuard[int | np.integer[Any]]:
+    """Whether ``value`` is a whole number of at least 0 (a seed, or a count kdml recorded in
+    a JSON file): a Python or NumPy integer, not a bool and not a float such as ``2.0``."""
+    return bool(not isinstance(value, bool) and isinstance(value, int | np.integer)
+                and value >= 0)
+
+
 def check_seed(value: object, name: str = "seed") -> None:
     """A seed of NumPy's generators: a Python or NumPy integer of at least 0, not a bool
     (NumPy's own error for -1 or 1.5 names neither the argument nor what it takes)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+    if not is_count(value):
         raise KdmlError(f"{name} must be an integer of at least 0, got {value!r}")
 
 

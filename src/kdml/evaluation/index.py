@@ -29,7 +29,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from kdml.checks import is_finite_number
+from kdml.checks import is_count, is_finite_number
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.knn import (
     SAFE_MAGNITUDE,
@@ -180,7 +180,7 @@ def load_index(folder: Path) -> LoadedIndex:
     except (OSError, ValueError, TypeError, RuntimeError, zipfile.BadZipFile) as error:
         raise KdmlError(f"{folder} holds a damaged index ({type(error).__name__}); build it "
                         "again with 'kdml index'") from None
-    if not _is_whole_number(info.count):  # 896.0 passed the length checks, then crashed np.full
+    if not is_count(info.count):  # 896.0 passed the length checks, then crashed np.full
         raise KdmlError(f"{folder} holds a damaged index (index.json's count is "
                         f"{info.count!r}, not a whole number); build it again with 'kdml index'")
     # class_names only where the run's classes have names: one per item, as search reads it
@@ -218,7 +218,7 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
         return f"index.json's kind is {info.kind!r}, not one of {', '.join(INDEX_KINDS)}"
     if not is_finite_number(info.scale, above=0):
         return f"index.json's scale is {info.scale!r}, not a positive number"
-    if not _is_whole_number(info.dim):
+    if not is_count(info.dim):
         return f"index.json's dim is {info.dim!r}, not a whole number"
     for index in indexes.values():
         if index.d != info.dim:
@@ -230,11 +230,6 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
                                         and all(map(is_finite_number, info.centre))):
         return f"index.json's centre is not a list of {info.dim} finite numbers"
     return None
-
-
-def _is_whole_number(value: object) -> bool:
-    """Whether a value read from JSON is a whole number that is not negative (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def search_index(loaded: LoadedIndex, queries: Any, k: int,

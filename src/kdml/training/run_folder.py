@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from kdml.checks import is_count
 from kdml.config import SECTIONS
 from kdml.data.fingerprint import FORMAT, FORMAT_FIELD
 from kdml.errors import KdmlError, why_missing
@@ -157,7 +158,7 @@ class RunFolder:
                 and all(isinstance(part, dict) for part in parts.values())):
             raise damaged("kdml's record without its parts")
         if recorded.get(FORMAT_FIELD) == FORMAT and not all(
-                _is_count(part.get("samples")) and _is_count(part.get("classes"))
+                is_count(part.get("samples")) and is_count(part.get("classes"))
                 for part in parts.values()):  # the messages print them as numbers
             raise damaged("a part whose sample or class count is not a whole number")
         return recorded
@@ -582,8 +583,3 @@ def _cell(value: Any) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return value
-
-
-def _is_count(value: Any) -> bool:
-    """A whole number of at least 0, as kdml records a part's counts (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
