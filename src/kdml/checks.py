@@ -136,6 +136,17 @@ def check_float_inputs(owner: str, tensors: Sequence[Tensor], what: str = "embed
                         f"with .float()")
 
 
+def check_feature_matrix(owner: str, features: Tensor, width: int,
+                         what: str = "features") -> None:
+    """Refuse, in one line naming ``owner``, ``what`` (a layer's input) that is no float tensor
+    ``[B, width]``: torch's own "mat1 and mat2 shapes cannot be multiplied" (or a dtype or
+    attribute error) comes from inside the layer otherwise."""
+    check_tensor_inputs(owner, [features], what)
+    if features.ndim != 2 or features.shape[1] != width:
+        raise KdmlError(f"{owner} expects {what} [B, {width}], got {tuple(features.shape)}")
+    check_float_inputs(owner, [features], what)
+
+
 ASSERT_MESSAGE_LIMIT = 250  # UTF-8 bytes of a torch._assert_async message (CUDA's limit: 254)
 
 

@@ -14,7 +14,12 @@ import torch
 from torch import Tensor, nn
 
 from kdml.atlas import ChartOutputs
-from kdml.checks import check_float_inputs, check_tensor_inputs, is_positive_int
+from kdml.checks import (
+    check_feature_matrix,
+    check_float_inputs,
+    check_tensor_inputs,
+    is_positive_int,
+)
 from kdml.errors import KdmlError
 from kdml.precision import upcast
 
@@ -68,12 +73,7 @@ class AtlasHead(nn.Module):
         self.membership = nn.Linear(in_features, n_charts)
 
     def forward(self, features: Tensor) -> ChartOutputs:
-        check_tensor_inputs("AtlasHead", [features], "features")
-        width = self.coordinates.in_features
-        if features.ndim != 2 or features.shape[1] != width:
-            raise KdmlError(f"AtlasHead expects features [B, {width}], got "
-                            f"{tuple(features.shape)}")
-        check_float_inputs("AtlasHead", [features], "features")
+        check_feature_matrix("AtlasHead", features, self.coordinates.in_features)
         coords = self.coordinates(features).view(len(features), self.n_charts, self.dim)
         logits = self.membership(features)
         return ChartOutputs(coords, torch.softmax(logits, dim=1), torch.log_softmax(logits, dim=1))

@@ -8,19 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kdml.checks import check_float_inputs, check_tensor_inputs
-from kdml.errors import KdmlError
+from kdml.checks import check_feature_matrix
 from kdml.precision import full_precision
-
-
-def check_pooled_features(owner: str, features: torch.Tensor, width: int) -> None:
-    """Refuse, in one line naming ``owner``, pooled features that are no float tensor
-    ``[B, width]`` (torch's own "mat1 and mat2 shapes cannot be multiplied" otherwise)."""
-    check_tensor_inputs(owner, [features], "pooled features")
-    if features.ndim != 2 or features.shape[1] != width:
-        raise KdmlError(f"{owner} expects pooled features [B, {width}], got "
-                        f"{tuple(features.shape)}")
-    check_float_inputs(owner, [features], "pooled features")
 
 
 class EmbeddingHead(nn.Module):
@@ -36,7 +25,8 @@ class EmbeddingHead(nn.Module):
         self.linear = nn.Linear(in_features, embedding_size)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        check_pooled_features("EmbeddingHead", features, self.linear.in_features)
+        check_feature_matrix("EmbeddingHead", features, self.linear.in_features,
+                             "pooled features")
         return F.normalize(self.linear(features), dim=1)
 
 
@@ -84,7 +74,8 @@ class JRDHead(nn.Module):
         self.proxies = nn.Parameter(torch.randn(embedding_size, num_classes))
 
     def forward(self, pooled: torch.Tensor) -> JRDRepresentations:
-        check_pooled_features("JRDHead", pooled, self.embedding.linear.in_features)
+        check_feature_matrix("JRDHead", pooled, self.embedding.linear.in_features,
+                             "pooled features")
         embedding = self.embedding(pooled)
         return JRDRepresentations(pooled, embedding, _cosines(embedding, self.proxies))
 
