@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -279,3 +280,19 @@ def test_exclude_self_that_is_no_bool_is_refused(flag):
         list(knn_search(x, k=1, exclude_self=flag))
     assert [chunk.indices.tolist() for chunk in knn_search(x, k=1, exclude_self=np.True_)] == [
         chunk.indices.tolist() for chunk in knn_search(x, k=1, exclude_self=True)]
+
+
+def test_l2_normalize_keeps_float64_rows_whose_squares_leave_floats_range():
+    """A float64 row of 1e-200 had squares of 0 (a zero vector, left at zero) and one of 1e200
+    squares of inf (a row of zeros after the division); each row is scaled on its own first,
+    exactly, so ordinary rows come out bit for bit as before."""
+    from kdml.evaluation.knn import l2_normalize
+
+    rows = np.array([[1e-200, 1e-200], [1e200, 0.0], [3e-170, 4e-170], [0.0, 0.0]])
+    got = l2_normalize(rows, inplace=False)
+    assert got.ravel().tolist() == pytest.approx(
+        [math.sqrt(0.5), math.sqrt(0.5), 1.0, 0.0, 0.6, 0.8, 0.0, 0.0], rel=1e-15, abs=0.0)
+    ordinary = np.random.default_rng(0).normal(size=(50, 7))
+    norms = np.sqrt(np.einsum("ij,ij->i", ordinary, ordinary))
+    assert np.array_equal(l2_normalize(ordinary, inplace=False), ordinary / norms[:, None])
+    assert np.array_equal(l2_normalize(ordinary.copy(), inplace=True), ordinary / norms[:, None])

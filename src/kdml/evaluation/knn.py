@@ -202,11 +202,14 @@ def row_powers_of_two(x: np.ndarray) -> np.ndarray:
 def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     """Scale rows to unit L2 norm; all-zero rows stay zero (similarity 0 to everything). The
     norms are summed in float64, where no float32 row's squares underflow (in float32 a row of
-    norm below about 1e-19 had a norm of 0 and stayed a zero vector)."""
-    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
-    norms[norms == 0] = 1.0
+    norm below about 1e-19 had a norm of 0 and stayed a zero vector); a float64 row is first
+    divided by its own power of two (:func:`row_powers_of_two`, exact), as its squares would
+    underflow below about 1e-154 (a zero vector again) or overflow above 1e154."""
     out = x if inplace else np.empty_like(x)
-    np.divide(x, norms[:, None], out=out)
+    rows = np.divide(x, row_powers_of_two(x)[:, None], out=out) if x.dtype == np.float64 else x
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+    norms[norms == 0] = 1.0
+    np.divide(rows, norms[:, None], out=out)
     return out
 
 

@@ -19,7 +19,6 @@ from kdml.evaluation.knn import (
     as_float_matrix,
     host_array,
     l2_normalize,
-    row_powers_of_two,
     search_scale,
 )
 
@@ -43,10 +42,7 @@ def _pairwise_distances(probe: np.ndarray, gallery: np.ndarray, metric: str) -> 
 
     if metric == "euclidean":
         return cdist(probe, gallery, "euclidean")
-    # each row by its own power of two (exact) before normalizing: one power of two for all
-    # rows would make a row of 1e-200 beside one of 1e200 a zero vector (its squares vanish)
-    probe, gallery = (rows / row_powers_of_two(rows)[:, None] for rows in (probe, gallery))
-    return 1.0 - l2_normalize(probe, inplace=True) @ l2_normalize(gallery, inplace=True).T
+    return 1.0 - l2_normalize(probe, inplace=False) @ l2_normalize(gallery, inplace=False).T
 
 
 # Distances this close are equal: float64 arithmetic leaves distances that are equal in exact
@@ -88,7 +84,8 @@ def match_ranks(probe: Any, probe_ids: Any, gallery: Any, gallery_ids: Any,
     if (is_match.sum(axis=1) != 1).any():
         raise KdmlError("every probe identity must appear exactly once in the gallery")
     # by one power of two (exact): distances of 1e160-sized vectors overflow float64 (cosine
-    # distances scale row by row: _pairwise_distances)
+    # distances scale row by row, in l2_normalize: a shared power of two would make a row of
+    # 1e-200 beside one of 1e200 a zero vector)
     units = search_scale(probe_x, gallery_x) if metric == "euclidean" else 1.0
     distances = _pairwise_distances(probe_x / units, gallery_x / units, metric)
     true_distance = distances[is_match][:, None]
