@@ -78,5 +78,5 @@ def check_rendezvous() -> None:
                         f"{'is' if len(missing) == 1 else 'are'} not set: start the job "
                         "with torchrun, which sets them all, or unset WORLD_SIZE to train in one "
                         "process")
-    launch_rank()
+    launch_rank()  # read for their checks alone: refused here, not by torch after it joins
     local_rank()
