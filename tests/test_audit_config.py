@@ -34,8 +34,9 @@ def resolve(*overrides: str):
 
 @pytest.mark.parametrize("overrides", [
     ("data.batch_size=2",), ("data.batch_size=0",),
-    ("data.num_workers=-1",), ("data.num_workers=0",),
-    ("data.resize=8", "data.image_size=8"), ("data.resize=8", "data.image_size=1"),
+    ("data.num_workers=-1",), ("data.num_workers=0",), ("data.num_workers=256",),
+    ("data.resize=8", "data.image_size=8"), ("data.resize=8192",),
+    ("data.resize=8", "data.image_size=1"),
     ("eval.embed_batch_size=1",), ("eval.embed_batch_size=2147483648",),
     ("data.holdout_fraction=0.001",), ("data.holdout_fraction=0.999",),
     ("data.validation=0",), ("data.validation=0.999",),
@@ -54,8 +55,10 @@ def test_a_setting_at_the_edge_of_its_range_is_accepted(overrides):
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (("data.batch_size=1",), "data.batch_size must be at least 2 (or 0 for full batches)"),
-    (("data.num_workers=-2",), "data.num_workers must be >= 0 (or -1 = automatic)"),
-    (("data.resize=7", "data.image_size=7"), "data.resize must be at least 8 pixels"),
+    (("data.num_workers=-2",), "data.num_workers must be from 0 to 256 (or -1 = automatic)"),
+    (("data.num_workers=257",), "data.num_workers must be from 0 to 256 (or -1 = automatic)"),
+    (("data.resize=7", "data.image_size=7"), "data.resize must be from 8 to 8,192 pixels"),
+    (("data.resize=8193",), "data.resize must be from 8 to 8,192 pixels"),
     (("data.image_size=0",), "data.image_size must be from 1 to data.resize"),
     (("data.resize=8", "data.image_size=9"), "data.image_size must be from 1 to data.resize"),
     (("eval.embed_batch_size=0",), "eval.embed_batch_size must be from 1 to 2,147,483,648"),

@@ -1050,3 +1050,88 @@ def test_training_without_faiss_stops_before_its_run_folder(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("kdml: error: the Python package faiss-cpu")
     assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def _fails_to_allocate(error: BaseException):
+    def command(args):
+        raise error
+    return command
+
+
+def _cpu_allocation_error() -> RuntimeError:
+    """torch's own error for an allocation the CPU cannot give (8 PiB)."""
+    try:
+        torch.empty(2**50, dtype=torch.uint8)
+    except RuntimeError as error:
+        return error
+    pytest.skip("this machine allocated 1 PiB")  # an overcommitting kernel might
+
+
+@pytest.mark.parametrize(("make_error", "size"), [
+    (_cpu_allocation_error, " (tried to allocate 1,048,576.0 GiB)"),
+    (lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has "
+                                    "a total capacity of 79.10 GiB of which 1.12 GiB is free."),
+     " (tried to allocate 2.00 GiB)"),
+    (lambda: MemoryError("Unable to allocate 8.00 PiB for an array with shape (2**50,)"),
+     " (tried to allocate 8.00 PiB)"),
+    (lambda: RuntimeError("Caught RuntimeError in DataLoader worker process 0.\nOriginal "
+                          "Traceback (most recent call last):\n  ...\nRuntimeError: "
+                          "DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                          "3221225472 bytes. Error code 12"), " (tried to allocate 3.0 GiB)"),
+    (MemoryError, ""),
+])
+def test_running_out_of_memory_is_one_line_with_the_size_and_what_lowers_it(
+        monkeypatch, capsys, make_error, size):
+    """A failed allocation, torch's on the CPU or a GPU (also met in a loader worker) or
+    NumPy's, stops a command in one line giving the size and what to lower, not torch's
+    traceback with its allocator's source line or its GPU memory summary."""
+    monkeypatch.setitem(cli._COMMANDS, "recipes", _fails_to_allocate(make_error()))
+    assert cli.main(["recipes"]) == 1
+    assert capsys.readouterr().err == (f"kdml: error: out of memory{size}; free memory or use "
+                                       "a device with more, and run it again\n")
+
+
+def test_training_out_of_memory_names_the_settings_that_lower_it(monkeypatch, capsys):
+    monkeypatch.setitem(cli._COMMANDS, "train", _fails_to_allocate(_cpu_allocation_error()))
+    assert cli.main(["train", "amsoftmax"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: out of memory (tried to allocate 1,048,576.0 GiB); "
+                          "lower data.batch_size or eval.embed_batch_size (or data.resize for "
+                          "image files) and run it again (a stopped run continues with kdml "
+                          "train --resume)")
+    assert err.count("\n") == 1
+
+
+def test_other_runtime_errors_keep_their_traceback(monkeypatch):
+    """Only allocation failures become the one line: any other RuntimeError is a bug."""
+    monkeypatch.setitem(cli._COMMANDS, "recipes",
+                        _fails_to_allocate(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        cli.main(["recipes"])
+
+
+def test_a_run_out_of_memory_in_its_second_epoch_keeps_its_first_and_resumes(
+        tmp_path, capsys, monkeypatch):
+    """The one line is all the console shows; train.log keeps the traceback (where it ran out
+    matters for choosing what to lower), and --resume continues from epoch 1's checkpoint."""
+    out = tmp_path / "run"
+    real = trainer.train_one_epoch
+    epochs = []
+
+    def second_runs_out(*args, **kwargs):
+        epochs.append(1)
+        if len(epochs) == 2:
+            torch.empty(2**50, dtype=torch.uint8)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", second_runs_out)
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     *TINY[1:], "train.epochs=2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: out of memory (tried to allocate 1,048,576.0 GiB)")
+    log = (out / "train.log").read_text()
+    assert "stopped: an error" in log and "can't allocate memory" in log
+    monkeypatch.setattr(trainer, "train_one_epoch", real)
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert "recall@1" in capsys.readouterr().out
+    assert len((out / "metrics.csv").read_text().splitlines()) == 3  # header, epochs 1 and 2

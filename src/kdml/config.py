@@ -471,6 +471,11 @@ MAX_LR = 1e30
 # outputs cannot be allocated; a batch of 1e20 overflows the loaders' slicing).
 MAX_EMBEDDING_SIZE = 2**16
 MAX_BATCH = 2**31
+# Far beyond any use (DML decodes images at 256 to 1024 pixels; no machine gains from hundreds
+# of loader processes): larger values were typos that failed with a traceback, an image batch
+# of terabytes or a fork per worker until the system refused.
+MAX_IMAGE_SIDE = 2**13
+MAX_WORKERS = 256
 
 
 def validate(config: RunConfig) -> None:
@@ -487,8 +492,10 @@ def validate(config: RunConfig) -> None:
          "data.batch_size must be at least 2 (or 0 for full batches)"),
         (config.data.split in ("standard", "class-disjoint", "seen-holdout"),
          "data.split must be standard, class-disjoint or seen-holdout"),
-        (config.data.num_workers >= -1, "data.num_workers must be >= 0 (or -1 = automatic)"),
-        (config.data.resize >= 8, "data.resize must be at least 8 pixels"),
+        (-1 <= config.data.num_workers <= MAX_WORKERS,
+         f"data.num_workers must be from 0 to {MAX_WORKERS} (or -1 = automatic)"),
+        (8 <= config.data.resize <= MAX_IMAGE_SIDE,
+         f"data.resize must be from 8 to {MAX_IMAGE_SIDE:,} pixels"),
         (1 <= config.data.image_size <= config.data.resize,
          "data.image_size must be from 1 to data.resize"),
         (config.data.on_bad_image in ("error", "skip"), "data.on_bad_image must be error or skip"),

@@ -11,6 +11,7 @@ import codecs
 import errno
 import io
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -148,7 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, stopped = _stop_code(stop)
         print(f"kdml: {stopped}", file=sys.stderr)
         return code
+    except MemoryError as error:  # Python's or NumPy's
+        return _out_of_memory_stop(error, args.command)
     except RuntimeError as error:
+        if _out_of_memory(error):
+            return _out_of_memory_stop(error, args.command)
         behind = raised_over(error, KeyboardInterrupt)
         if behind is not None:  # a worker's death raised over a kill or Ctrl-C: that stop
             code, stopped = _stop_code(behind)
@@ -244,6 +249,48 @@ def _failed_collective(error: RuntimeError) -> bool:
     from kdml.distributed import failed_collective
 
     return failed_collective(error)
+
+
+def _out_of_memory(error: RuntimeError) -> bool:
+    """Whether ``error`` is torch's failed allocation: on a GPU (``OutOfMemoryError``) or on
+    the CPU (a RuntimeError saying "can't allocate memory", also when a data loader's worker
+    met it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(error, torch.OutOfMemoryError):
+        return True
+    return "can't allocate memory" in str(error)
+
+
+def _out_of_memory_stop(error: BaseException, command: str) -> int:
+    """Say in one line that ``command`` ran out of memory, how much it asked for and what
+    lowers it (each rank of a torchrun job says its own), and return the exit status."""
+    prefix = "" if _is_main_process() else f"rank {_rank()}: "
+    advice = _OUT_OF_MEMORY_ADVICE.get(command, _OUT_OF_MEMORY_ADVICE[""])
+    print(f"kdml: error: {prefix}out of memory{_allocation(error)}; {advice}", file=sys.stderr)
+    return 1
+
+
+def _allocation(error: BaseException) -> str:
+    """`` (tried to allocate 111.8 GiB)``: the size ``error`` says it failed to allocate, or
+    nothing; torch's whole message (the CPU allocator's source line, the GPU's memory
+    summary, a worker's traceback) is many lines."""
+    found = re.search(r"(?:tried to|unable to) allocate ([0-9.]+) ?([KMGTPE]iB|bytes)",
+                      str(error), re.IGNORECASE)
+    if found is None:
+        return ""
+    amount, unit = found.groups()
+    if unit.lower() == "bytes":
+        amount, unit = f"{int(amount) / 2**30:,.1f}", "GiB"
+    return f" (tried to allocate {amount} {unit})"
+
+
+# How a command stopped by a failed allocation can be run again within the memory there is.
+_OUT_OF_MEMORY_ADVICE = {
+    "train": "lower data.batch_size or eval.embed_batch_size (or data.resize for image files) "
+             "and run it again (a stopped run continues with kdml train --resume)",
+    "reproduce": "free memory or use a device with more, and run it again (it keeps its "
+                 "finished runs and continues)",
+    "": "free memory or use a device with more, and run it again"}
 
 
 # What a command stopped by a full disk keeps, said after "run the command again".
