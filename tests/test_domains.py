@@ -357,6 +357,55 @@ def test_pca_is_fitted_on_the_source_only():
     assert torch.equal(reduced.target.y, torch.full((30,), -1))
 
 
+def test_pca_projects_as_scikit_learn_and_reads_back_bit_for_bit():
+    """SourcePCA writes scikit-learn's transform out; a PCA read back from a checkpoint's
+    tensors projects exactly as the fitted one (float64 product, then float32), also for a
+    wide PCA whose product goes through BLAS."""
+    from sklearn.decomposition import PCA
+
+    from kdml.data.domains import SourcePCA
+
+    generator = torch.Generator().manual_seed(0)
+    for samples, features, dim in ((50, 3, 2), (300, 784, 50)):
+        source = torch.randn(samples, features, generator=generator) * 3 + 1
+        fitted = PCA(n_components=dim, svd_solver="full").fit(source.double().numpy())
+        pca = fit_source_pca(make_pair(source, source[:5]), dim).pca
+        inputs = torch.randn(40, features, generator=generator)
+        expected = torch.from_numpy(fitted.transform(inputs.double().numpy()).astype(np.float32))
+        assert torch.equal(pca.project(inputs), expected)
+        state = pca.to_state()
+        assert {key: (value.dtype, tuple(value.shape)) for key, value in state.items()} == {
+            "mean": (torch.float64, (features,)),
+            "components": (torch.float64, (dim, features))}
+        read_back = SourcePCA.from_state(state, "last.pt")
+        assert torch.equal(read_back.project(inputs), expected)
+        assert (read_back.feature_size, read_back.dim) == (features, dim)
+
+
+@pytest.mark.parametrize("state", [
+    None, [], {"mean": torch.zeros(3, dtype=torch.float64)},
+    {"mean": torch.zeros(3), "components": torch.zeros(2, 3)},  # float32
+    {"mean": torch.zeros(4, dtype=torch.float64),
+     "components": torch.zeros(2, 3, dtype=torch.float64)},
+    {"mean": torch.zeros(3, dtype=torch.float64),
+     "components": torch.zeros(0, 3, dtype=torch.float64)},
+    {"mean": torch.zeros(1, 3, dtype=torch.float64),
+     "components": torch.zeros(2, 3, dtype=torch.float64)},
+    {"mean": torch.tensor([0.0, float("inf"), 0.0], dtype=torch.float64),
+     "components": torch.zeros(2, 3, dtype=torch.float64)},
+    {"mean": torch.zeros(3, dtype=torch.float64), "components": np.zeros((2, 3))},
+])
+def test_a_damaged_pca_state_is_refused_in_one_line(state):
+    from kdml.data.domains import SourcePCA
+    from kdml.errors import UnreadableCheckpoint
+
+    with pytest.raises(UnreadableCheckpoint) as error:
+        SourcePCA.from_state(state, "run/checkpoints/last.pt")
+    assert str(error.value) == (
+        "checkpoint run/checkpoints/last.pt is damaged: its input PCA is not the finite float64 "
+        "mean [D] and components [dim, D] kdml writes; delete it and train again")
+
+
 def test_pca_dim_is_checked():
     pair = make_pair(torch.randn(4, 6), torch.randn(3, 6))
     with pytest.raises(KdmlError, match="from 1 to 4"):

@@ -339,7 +339,7 @@ def test_another_pair_of_other_features_is_refused_by_the_pca_of_the_run(pca_run
 
 def test_raw_queries_of_a_pca_run_go_through_its_pca(pca_run, tmp_path, capsys):
     """A domain pair reduced by data.pca_dim takes raw 'inputs' queries as the pair's features
-    and projects them by the run's PCA (fitted again on its source): target samples find
+    and projects them by the run's PCA (kept in its checkpoint): target samples find
     themselves. They had been refused unless already in a basis the run does not keep."""
     from kdml.data.domains import load_domain_data
 
@@ -355,6 +355,57 @@ def test_raw_queries_of_a_pca_run_go_through_its_pca(pca_run, tmp_path, capsys):
         "kdml: error: query inputs have shape (20,) per sample but the run's are its domain "
         "pair's features, (64,) each, which kdml projects by the run's PCA (data.pca_dim=20): "
         "give them before the PCA\n")
+
+
+def test_a_pca_run_keeps_its_pca_so_its_model_needs_no_data(tmp_path, capsys):
+    """A data.pca_dim run keeps its PCA in its checkpoints: with its npz: features moved away,
+    raw queries still go through it (they had needed the run's data, to fit it again) and
+    another pair of those features embeds as the run's own did. A checkpoint of a kdml before
+    the PCA was kept is still loaded with the run's data; a damaged one is refused in one
+    line."""
+    rng = np.random.default_rng(0)
+    truth = np.tile(np.arange(4), 30)
+    x = rng.standard_normal((120, 12))
+    x[np.arange(120), truth] += 6
+    domain = np.where(np.arange(120) < 60, "source", "target")
+    np.savez(tmp_path / "pair.npz", X=x, y=truth, domain=domain)
+    run = tmp_path / "run"
+    assert kdml("train", "ddml", "--dataset", f"npz:{tmp_path / 'pair.npz'}", "--out", run,
+                *TINY, "data.pca_dim=6", "data.batch_size=16", "eval.ks=[1]", "method.k1=3",
+                "method.k2=8") == 0
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert state["input_pca"]["components"].shape == (6, 12)
+    assert kdml("embed", run, "--out", tmp_path / "own.npz") == 0
+    assert kdml("index", run, "--out", tmp_path / "index") == 0
+    (tmp_path / "pair.npz").rename(tmp_path / "moved.npz")  # the run's data is gone
+    rows = [60, 75, 119]
+    sources = searched_sources(run, tmp_path, capsys, inputs=x[rows].astype(np.float32))
+    assert [found[0] for found in sources] == [f"pair/target[{row - 60}]" for row in rows]
+    assert kdml("embed", run, "--dataset", f"npz:{tmp_path / 'moved.npz'}", "--out",
+                tmp_path / "other.npz") == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "own.npz")["embeddings"],
+                                  np.load(tmp_path / "other.npz")["embeddings"])
+    del state["input_pca"]  # as an older kdml wrote it: the PCA is fitted again on the data
+    torch.save(state, run / "checkpoints" / "last.pt")
+    capsys.readouterr()
+    assert kdml("embed", run, "--dataset", f"npz:{tmp_path / 'moved.npz'}", "--out",
+                tmp_path / "old.npz") == 2
+    assert "pair.npz, whose file does not exist now" in capsys.readouterr().err
+    (tmp_path / "moved.npz").rename(tmp_path / "pair.npz")
+    assert kdml("embed", run, "--dataset", f"npz:{tmp_path / 'pair.npz'}", "--out",
+                tmp_path / "old.npz") == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "own.npz")["embeddings"],
+                                  np.load(tmp_path / "old.npz")["embeddings"])
+    state["input_pca"] = {"mean": torch.zeros(12, dtype=torch.float64),
+                          "components": torch.full((6, 12), float("nan"), dtype=torch.float64)}
+    torch.save(state, run / "checkpoints" / "last.pt")
+    capsys.readouterr()
+    assert kdml("embed", run, "--dataset", f"npz:{tmp_path / 'pair.npz'}", "--out",
+                tmp_path / "damaged.npz") == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: checkpoint {run / 'checkpoints' / 'last.pt'} is damaged: its input PCA "
+        "is not the finite float64 mean [D] and components [dim, D] kdml writes; delete it and "
+        "train again\n")
 
 
 def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):

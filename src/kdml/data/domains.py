@@ -34,7 +34,7 @@ from kdml.checks import is_positive_int
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.registry import PATH_FORMATS
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, UnreadableCheckpoint, why_missing
 
 # Binarisation threshold of the 32x32 bitmap, on intensities in [0, 1]. The mean amount of ink
 # is the reason for 0.35: converted MNIST then has ~309 on-pixels per digit against ~313 in
@@ -340,21 +340,54 @@ def _parse_domains(domains: np.ndarray, path: Path) -> np.ndarray:
 # ----------------------------------------------------------------------------- PCA
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity, as a fitted model is
 class SourcePCA:
-    """A PCA fitted on a domain pair's source samples (:func:`fit_source_pca`): ``fitted`` is
-    scikit-learn's, centred on the source mean, no whitening, ``dim`` components of
-    ``feature_size`` features."""
+    """A PCA fitted on a domain pair's source samples (:func:`fit_source_pca`; scikit-learn's,
+    centred on the source mean, no whitening), kept as its two arrays: ``mean`` ``[D]`` and
+    ``components`` ``[dim, D]``, float64. A run keeps them in its checkpoints
+    (:meth:`to_state`), so that its model takes raw inputs without its data."""
 
-    fitted: Any  # sklearn.decomposition.PCA
-    feature_size: int
-    dim: int
+    mean: np.ndarray
+    components: np.ndarray
+
+    @property
+    def feature_size(self) -> int:
+        return int(self.components.shape[1])
+
+    @property
+    def dim(self) -> int:
+        return int(self.components.shape[0])
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[N, D]`` (or ``[N, ...]``, flattened) -> float32 ``[N, dim]``, in float64 on
         the way, as the training samples were projected."""
-        reduced = self.fitted.transform(x.flatten(1).double().numpy())
+        # scikit-learn's PCA.transform, written out (it is this product, centred after the
+        # projection) so that a PCA read back from a checkpoint, which is no fitted scikit-learn
+        # object, projects bit for bit as the fitted one did
+        features = x.flatten(1).double().numpy()
+        reduced = features @ self.components.T - self.mean[None] @ self.components.T
         return torch.from_numpy(reduced.astype(np.float32))
+
+    def to_state(self) -> dict[str, torch.Tensor]:
+        """The arrays as tensors, for a checkpoint (:meth:`from_state` reads them back)."""
+        return {"mean": torch.from_numpy(self.mean.copy()),
+                "components": torch.from_numpy(self.components.copy())}
+
+    @classmethod
+    def from_state(cls, state: object, checkpoint: str) -> SourcePCA:
+        """The PCA :meth:`to_state` wrote; anything else (a damaged checkpoint) is refused in
+        one line naming the ``checkpoint`` it was read from."""
+        arrays = state if isinstance(state, dict) else {}
+        mean, components = arrays.get("mean"), arrays.get("components")
+        if not (isinstance(mean, torch.Tensor) and isinstance(components, torch.Tensor)
+                and mean.dtype == components.dtype == torch.float64 and mean.ndim == 1
+                and components.ndim == 2 and components.shape[1] == len(mean) > 0
+                and len(components) > 0 and bool(torch.isfinite(mean).all())
+                and bool(torch.isfinite(components).all())):
+            raise UnreadableCheckpoint(
+                f"checkpoint {checkpoint} is damaged: its input PCA is not the finite float64 "
+                "mean [D] and components [dim, D] kdml writes; delete it and train again")
+        return cls(mean.numpy(), components.numpy())
 
 
 def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
@@ -379,8 +412,9 @@ def fit_source_pca(pair: DomainPair, dim: int) -> DomainPair:
     if not (is_positive_int(dim) and dim <= limit):
         raise KdmlError(f"PCA dim must be an integer from 1 to {limit} (min of source samples "
                         f"and features), got {dim!r}")
-    pca = SourcePCA(PCA(n_components=dim, svd_solver="full").fit(source_x), source_x.shape[1],
-                    dim)
+    fitted = PCA(n_components=dim, svd_solver="full").fit(source_x)
+    # C order, as a checkpoint's tensors read back: the product's rounding follows the layout
+    pca = SourcePCA(np.ascontiguousarray(fitted.mean_), np.ascontiguousarray(fitted.components_))
     return projected_pair(pair, pca, "fitted on the source")
 
 

@@ -94,7 +94,7 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
     another pair of the same features, projected by the run's PCA (:attr:`RunModel.input_pca`),
     never one fitted on the other pair's source: a basis the model never saw."""
     pca_dim, pca = model.config.data.pca_dim, model.input_pca
-    if pca_dim and pca is None:  # a RunModel built by hand: load_model fits it again
+    if pca_dim and pca is None:  # a RunModel built by hand: load_model gives it one
         raise KdmlError(f"the run's inputs are projected by a PCA (data.pca_dim={pca_dim}) "
                         "that this loaded model lacks; load the run with load_model")
     if pca_dim and not is_domain_dataset(dataset):

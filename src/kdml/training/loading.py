@@ -4,7 +4,7 @@ that the data a command reads is the data the run trained on."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,13 @@ class RunModel:
     embedder: Embedder
     checkpoint: Path  # the file the weights came from (last.pt, or best.pt)
     samples: SampleSpec
+    pca: SourcePCA | None = field(default=None, kw_only=True)
 
     @property
     def input_pca(self) -> SourcePCA | None:
-        """The PCA raw inputs go through before the model (a domain pair's ``data.pca_dim``;
-        :func:`load_model` loads such a run with its data, to fit it again); ``None``: the
-        model takes the inputs as they are."""
-        return None
+        """The PCA raw inputs go through before the model (a domain pair's ``data.pca_dim``,
+        kept in the checkpoint); ``None``: the model takes the inputs as they are."""
+        return self.pca
 
 
 @dataclass
@@ -171,19 +171,24 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
     samples the model takes (:mod:`kdml.data.sample_spec`). A run of a kdml before that record
     is rebuilt from its data by :func:`load_run` (at ``data_root`` where given). ``progress``
     is its embedder's progress bar. A run whose domain pair went through a PCA
-    (``data.pca_dim``) is loaded with its data too: the PCA, which raw inputs must go through
-    (:attr:`RunModel.input_pca`), is fitted again on the run's own source, checked against
-    ``data.json`` (the run folder keeps the PCA's outputs' shape, not the PCA)."""
+    (``data.pca_dim``) takes it from its checkpoint (:attr:`RunModel.input_pca`, which raw
+    inputs go through); a checkpoint of a kdml before it kept the PCA is loaded with the run's
+    data, to fit it again on the run's own source."""
     run = RunFolder.existing(run_dir)
     recorded = run.recorded_data()
     samples = (None if recorded is None else
                SampleSpec.from_record(recorded, str(run.data_fingerprint)))
     config = run_config(run)
-    if samples is None or config.data.pca_dim:
+    if samples is None:
         return load_run(run_dir, data_root, best=best, progress=progress, device=device)
-    target = run_device(device, config.train.device)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
+    pca = None
+    if config.data.pca_dim:
+        if "input_pca" not in state:
+            return load_run(run_dir, data_root, best=best, progress=progress, device=device)
+        pca = stored_pca(state, checkpoint, config.data.pca_dim, samples)
+    target = run_device(device, config.train.device)
     check_checkpoint_config(state, config, checkpoint, run)
     method = build_method_for(config, samples, samples.train_classes, pretrained=False)
     _load_weights(method, state, checkpoint,
@@ -191,7 +196,20 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
                   "classes)", "restore the run's files from a copy")
     method.to(target)
     embedder = build_embedder(config, build_pipeline(config, samples, method), target, progress)
-    return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples)
+    return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples, pca=pca)
+
+
+def stored_pca(state: dict[str, Any], checkpoint: Path, pca_dim: int,
+               samples: SampleSpec) -> SourcePCA:
+    """The input PCA ``checkpoint`` keeps (its ``state``), checked against the run's
+    ``data.pca_dim`` and the samples its model takes."""
+    pca = SourcePCA.from_state(state["input_pca"], str(checkpoint))
+    if pca.dim != pca_dim or samples.sample_shape != (pca.dim,):
+        raise UnreadableCheckpoint(
+            f"checkpoint {checkpoint} is damaged: its input PCA has {pca.dim} components, but "
+            f"the run's data.pca_dim is {pca_dim} and its model takes samples of shape "
+            f"{samples.sample_shape}; delete it and train again")
+    return pca
 
 
 def data_record(splits: DataSplits, test_part: DataSplits | None) -> dict[str, Any]:

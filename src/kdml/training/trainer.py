@@ -278,7 +278,8 @@ class Session:
         is over (``checkpoints/unscored.pt``). ``unreadable`` keeps the test and gallery
         positions the last scoring left out (:attr:`DataSplits.unreadable`), so that a
         finished run resumed counts the samples its metrics are of
-        (:func:`recorded_unreadable`)."""
+        (:func:`recorded_unreadable`). ``input_pca``, for a domain pair reduced by
+        ``data.pca_dim``: the PCA its inputs go through (:meth:`SourcePCA.to_state`)."""
         state = {"epoch": epoch, "method": self.method.state_dict(),
                  "optimizer": self.optimizer.state_dict() if self.optimizer else None,
                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
@@ -287,6 +288,8 @@ class Session:
                  "stopped_early": stopped_early, "unreadable": dict(self.splits.unreadable)}
         if unscored is not None:
             state["unscored"] = unscored
+        if self.splits.input_pca is not None:  # the model's input: load_model needs no data
+            state["input_pca"] = self.splits.input_pca.to_state()
         return state
 
 
