@@ -1135,3 +1135,38 @@ def test_a_run_out_of_memory_in_its_second_epoch_keeps_its_first_and_resumes(
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert "recall@1" in capsys.readouterr().out
     assert len((out / "metrics.csv").read_text().splitlines()) == 3  # header, epochs 1 and 2
+
+
+def _killed_worker_error() -> RuntimeError:
+    """torch's own error for a loader worker killed by SIGKILL (as by the OOM killer)."""
+    import signal
+
+    from torch.utils.data import DataLoader, Dataset
+
+    class KilledOnRead(Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index: int):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        next(iter(DataLoader(KilledOnRead(), num_workers=1)))
+    except RuntimeError as error:
+        return error
+    raise AssertionError("the worker was not killed")
+
+
+@pytest.mark.parametrize(("command", "advice"), [
+    ("train", "lower data.num_workers or data.batch_size (or data.resize for image files) and "
+              "run it again (a stopped run continues with kdml train --resume)"),
+    ("recipes", "free memory or use a device with more, and run it again"),
+])
+def test_a_loader_worker_killed_by_sigkill_is_one_line_about_memory(monkeypatch, capsys,
+                                                                    command, advice):
+    """The kernel's OOM killer ending a loader worker had stopped the command with torch's
+    "exited unexpectedly" traceback; any other RuntimeError keeps its traceback (above)."""
+    monkeypatch.setitem(cli._COMMANDS, command, _fails_to_allocate(_killed_worker_error()))
+    assert cli.main([command, *(["amsoftmax"] if command == "train" else [])]) == 1
+    assert capsys.readouterr().err == ("kdml: error: a data loader worker was killed (SIGKILL), "
+                                       f"most likely by the system for lack of memory; {advice}\n")

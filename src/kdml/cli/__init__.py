@@ -159,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             code, stopped = _stop_code(behind)
             print(f"kdml: {stopped}", file=sys.stderr)
             return code
+        if _worker_killed(error):
+            prefix = "" if _is_main_process() else f"rank {_rank()}: "
+            advice = _WORKER_KILLED_ADVICE.get(args.command, _OUT_OF_MEMORY_ADVICE[""])
+            print(f"kdml: error: {prefix}a data loader worker was killed (SIGKILL), most likely "
+                  f"by the system for lack of memory; {advice}", file=sys.stderr)
+            return 1
         if not _failed_collective(error):
             raise
         # another process of the job died (killed, out of memory): its own output says why;
@@ -261,6 +267,15 @@ def _out_of_memory(error: RuntimeError) -> bool:
     return "can't allocate memory" in str(error)
 
 
+def _worker_killed(error: RuntimeError) -> bool:
+    """Whether ``error`` is torch's report of a data loader worker that died by SIGKILL
+    ("exited unexpectedly", raised over "is killed by signal: Killed"): on Linux, the kernel's
+    out-of-memory killer, which strikes where an allocation had seemed to succeed."""
+    return any(isinstance(candidate, RuntimeError)
+               and "is killed by signal: Killed" in str(candidate)
+               for candidate in (error, error.__cause__, error.__context__))
+
+
 def _out_of_memory_stop(error: BaseException, command: str) -> int:
     """Say in one line that ``command`` ran out of memory, how much it asked for and what
     lowers it (each rank of a torchrun job says its own), and return the exit status."""
@@ -291,6 +306,10 @@ _OUT_OF_MEMORY_ADVICE = {
     "reproduce": "free memory or use a device with more, and run it again (it keeps its "
                  "finished runs and continues)",
     "": "free memory or use a device with more, and run it again"}
+_WORKER_KILLED_ADVICE = {
+    "train": "lower data.num_workers or data.batch_size (or data.resize for image files) and "
+             "run it again (a stopped run continues with kdml train --resume)",
+    "reproduce": _OUT_OF_MEMORY_ADVICE["reproduce"]}
 
 
 # What a command stopped by a full disk keeps, said after "run the command again".
