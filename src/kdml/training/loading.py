@@ -181,6 +181,7 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
     config = run_config(run)
     if samples is None:
         return load_run(run_dir, data_root, best=best, progress=progress, device=device)
+    target = run_device(device, config.train.device)
     checkpoint = chosen_checkpoint(run, best)
     state = load_checkpoint(checkpoint)
     pca = None
@@ -188,7 +189,6 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
         if "input_pca" not in state:
             return load_run(run_dir, data_root, best=best, progress=progress, device=device)
         pca = stored_pca(state, checkpoint, config.data.pca_dim, samples)
-    target = run_device(device, config.train.device)
     check_checkpoint_config(state, config, checkpoint, run)
     method = build_method_for(config, samples, samples.train_classes, pretrained=False)
     _load_weights(method, state, checkpoint,
