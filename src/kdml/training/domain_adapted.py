@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from kdml.checks import as_number, is_finite_number
 from kdml.config import OptimConfig
 from kdml.distributed import gather
 from kdml.errors import KdmlError
@@ -25,7 +26,7 @@ class DomainAdaptedMethod(Method):
 
     Args:
         inner: the wrapped :class:`~kdml.models.method.Method` (returning embeddings).
-        beta: weight of the discrepancy, >= 0.
+        beta: weight of the discrepancy, a finite number >= 0 (or a 0-d tensor or array).
         mmd: e.g. :class:`~kdml.regularizers.domain.DomainMMD`.
 
     Example::
@@ -38,8 +39,9 @@ class DomainAdaptedMethod(Method):
 
     def __init__(self, inner: Method, beta: float, mmd: nn.Module) -> None:
         super().__init__()
-        if not beta >= 0:
-            raise KdmlError(f"beta must be >= 0, got {beta}")
+        beta = as_number(beta)  # type: ignore[assignment]  # a 0-d tensor or array: a float
+        if not is_finite_number(beta, at_least=0):
+            raise KdmlError(f"DomainAdaptedMethod: beta must be a finite number >= 0, got {beta!r}")
         self.inner = inner
         self.beta = float(beta)
         self.mmd = mmd
