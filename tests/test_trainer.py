@@ -120,6 +120,16 @@ def test_sgd_with_per_epoch_decay_and_step_decay(tmp_path):
     assert rates == pytest.approx([0.1, 0.05, 0.1 * 0.1 * 0.25])
 
 
+def test_the_lr_column_is_optim_lr_as_scheduled_also_without_backbone_parameters(tmp_path):
+    """The ``lr`` column is the backbone's rate, optim.lr as scheduled; it had been the first
+    optimizer group's, which is the head's (optim.head_lr) where the backbone has no
+    parameters (model.backbone=identity)."""
+    metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "optim.name=sgd",
+                    "optim.lr=0.1", "optim.head_lr=0.7", "optim.lr_decay=0.5",
+                    "model.backbone=identity", "train.epochs=2")
+    assert [row["lr"] for row in metrics["epochs"]] == [0.1, 0.1 * 0.5]
+
+
 def test_lr_milestones_follow_torchs_multistep_schedule():
     """[19, 39] is the JRD authors' schedule: rates / 10 from 0-based epochs 19 and 39."""
     from kdml.config import resolve_config

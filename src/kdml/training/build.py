@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from kdml.config import RunConfig, device_name_problem
+from kdml.config import OptimConfig, RunConfig, device_name_problem
 from kdml.data.sample_spec import Samples
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import InputPipeline, Normalization
@@ -111,14 +111,21 @@ def build_optimizer(method: Method, config: RunConfig
     else:
         optimizer = torch.optim.SGD(groups, lr=optim.lr)
 
-    def factor(epoch: int) -> float:  # epoch: 0-based, the epochs finished so far
-        if optim.lr_milestones:
-            steps = bisect.bisect_right(optim.lr_milestones, epoch)
-        else:
-            steps = epoch // optim.lr_step if optim.lr_step else 0
-        return optim.lr_gamma ** steps * optim.lr_decay ** epoch
+    def factor(epoch: int) -> float:  # a function, which LambdaLR keeps out of its state
+        return schedule_factor(optim, epoch)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def schedule_factor(optim: OptimConfig, epoch: int) -> float:
+    """The factor every learning rate is multiplied by after ``epoch`` epochs (0-based: the
+    epochs finished so far): ``lr_gamma`` per step (``lr_step`` or ``lr_milestones``) times
+    ``lr_decay`` per epoch."""
+    if optim.lr_milestones:
+        steps = bisect.bisect_right(optim.lr_milestones, epoch)
+    else:
+        steps = epoch // optim.lr_step if optim.lr_step else 0
+    return optim.lr_gamma ** steps * optim.lr_decay ** epoch
 
 
 def resolve_device(name: str, option: str | None = None) -> torch.device:

@@ -52,6 +52,7 @@ from kdml.training.build import (
     build_optimizer,
     build_pipeline,
     resolve_device,
+    schedule_factor,
 )
 from kdml.training.checkpoint import partial_checkpoints
 from kdml.training.checks import (
@@ -235,7 +236,9 @@ class Session:
             method.fit(inputs for inputs, _, _ in self.embedder.inputs(self.splits.train))
         else:
             optimizer, scheduler = self.steppers()
-            row["lr"] = optimizer.param_groups[0]["lr"]
+            # optim.lr as scheduled now, as torch computes the backbone group's rate: the
+            # first group is another (the head's) where the backbone has no parameters
+            row["lr"] = config.optim.lr * schedule_factor(config.optim, scheduler.last_epoch)
             terms = train_one_epoch(self, epoch, progress)
             row.update({f"train/{name}": value for name, value in terms.items()})
             with warnings.catch_warnings():
