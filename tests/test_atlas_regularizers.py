@@ -289,7 +289,8 @@ def test_chart_distances_refuses_coordinates_of_other_shapes_in_one_line(first, 
     """Other widths or charts raised "The size of tensor a (3) must match the size of tensor b
     (4) at non-singleton dimension 3"; [N, d] without the chart axis silently gave [N1, N2]."""
     raises_one_line(rf"^chart_distances needs c1 \[N1, n, d\] and c2 \[N2, n, d\] with the "
-                    rf"same \(n, d\), got {re.escape(str(first))} and {re.escape(str(second))}$",
+                    rf"same \(n, d\), d >= 1, got {re.escape(str(first))} and "
+                    rf"{re.escape(str(second))}$",
                     chart_distances, torch.randn(first), torch.randn(second))
 
 

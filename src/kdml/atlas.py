@@ -81,10 +81,10 @@ def compressed_code(outputs: ChartOutputs) -> tuple[Tensor, Tensor]:
     """
     coords, q = outputs.coords, outputs.q
     check_tensor_inputs("compressed_code", [coords, q], "chart coordinates and memberships")
-    if coords.ndim != 3 or q.shape != coords.shape[:2]:
+    if coords.ndim != 3 or q.shape != coords.shape[:2] or coords.shape[1] == 0:
         raise KdmlError(
-            f"compressed_code needs coords [B, n, d] and q [B, n], got {tuple(coords.shape)} and "
-            f"{tuple(q.shape)}"
+            f"compressed_code needs coords [B, n, d] and q [B, n] with n >= 1, got "
+            f"{tuple(coords.shape)} and {tuple(q.shape)}"
         )
     chart_index = q.argmax(dim=1)
     chart_coords = coords[torch.arange(len(coords), device=coords.device), chart_index]
@@ -96,10 +96,12 @@ def safe_sqrt(x: Tensor) -> Tensor:
 
     ``sqrt`` has an infinite derivative at 0, so the distance of a point to itself (the
     diagonal of a distance matrix) would put ``inf * 0 = NaN`` into the backward pass. The
-    inner ``where`` keeps the discarded branch away from 0 so that no ``inf`` is formed.
+    inner ``where`` keeps the discarded branch away from 0 so that no ``inf`` is formed. A NaN
+    stays NaN (a diverged encoder's distances must not read as 0).
     """
     positive = x > 0
-    return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))), 0.0)
+    root = torch.sqrt(torch.where(positive, x, torch.ones_like(x)))
+    return torch.where(positive, root, torch.where(torch.isnan(x), x, 0.0))
 
 
 @full_precision
@@ -123,9 +125,9 @@ def chart_distances(c1: Tensor, c2: Tensor, d0: str = "euclidean") -> Tensor:
         raise KdmlError(f"d0 must be one of {', '.join(D0_CHOICES)}, got {d0!r}")
     check_tensor_inputs("chart_distances", [c1, c2], "pre-sigmoid chart coordinates")
     check_float_inputs("chart_distances", [c1, c2], "chart coordinates")
-    if c1.ndim != 3 or c2.ndim != 3 or c1.shape[1:] != c2.shape[1:]:
+    if c1.ndim != 3 or c2.ndim != 3 or c1.shape[1:] != c2.shape[1:] or c1.shape[2] == 0:
         raise KdmlError(f"chart_distances needs c1 [N1, n, d] and c2 [N2, n, d] with the same "
-                        f"(n, d), got {tuple(c1.shape)} and {tuple(c2.shape)}")
+                        f"(n, d), d >= 1, got {tuple(c1.shape)} and {tuple(c2.shape)}")
     check_same_device("chart_distances", [c1, c2], "chart coordinates")
     squared = (c1[:, None] - c2[None, :]).pow(2).sum(dim=-1)
     if d0 == "euclidean":
@@ -137,10 +139,10 @@ def chart_distances(c1: Tensor, c2: Tensor, d0: str = "euclidean") -> Tensor:
 
 def _log_membership(q: Tensor) -> Tensor:
     """``log(q)`` with ``-inf`` (and no gradient) where ``q == 0``: the gradient of ``log`` at
-    0 is infinite and would turn the zero weight of an unshared chart into NaN."""
-    positive = q > 0
-    return torch.where(positive, torch.log(torch.where(positive, q, torch.ones_like(q))),
-                       -torch.inf)
+    0 is infinite and would turn the zero weight of an unshared chart into NaN. A NaN or
+    negative membership gives NaN, as ``log`` does (not "no share of this chart")."""
+    zero = q == 0
+    return torch.where(zero, -torch.inf, torch.log(torch.where(zero, torch.ones_like(q), q)))
 
 
 @full_precision
@@ -219,10 +221,10 @@ def manifold_distance(
         raise KdmlError(f"variant must be one of {', '.join(DISTANCE_VARIANTS)}, got {variant!r}")
     check_tensor_inputs("manifold_distance", [q1, c1, q2, c2], "memberships and coordinates")
     for name, q, c in (("first", q1, c1), ("second", q2, c2)):
-        if c.ndim != 3 or q.shape != c.shape[:2]:
+        if c.ndim != 3 or q.shape != c.shape[:2] or c.shape[1] == 0:
             raise KdmlError(
-                f"manifold_distance: the {name} set needs q [N, n] and coords [N, n, d], got "
-                f"{tuple(q.shape)} and {tuple(c.shape)}"
+                f"manifold_distance: the {name} set needs q [N, n] and coords [N, n, d] with "
+                f"n >= 1, got {tuple(q.shape)} and {tuple(c.shape)}"
             )
     if c1.shape[1:] != c2.shape[1:]:
         raise KdmlError(
@@ -235,7 +237,8 @@ def manifold_distance(
     per_chart = chart_distances(c1, c2, d0)  # [N1, N2, n]
     log_q1, log_q2 = (q1, q2) if q_is_log else (_log_membership(q1), _log_membership(q2))
     log_weights = log_q1[:, None, :] + log_q2[None, :, :]  # log q_i(x) q_i(y)
-    shares_a_chart = log_weights.amax(dim=-1) > -torch.inf
+    # "not -inf", so that a NaN (a NaN membership) goes on to a NaN distance
+    shares_a_chart = log_weights.amax(dim=-1) != -torch.inf
     # Rows without a shared chart would be softmax(-inf, ..., -inf) = NaN: give them dummy
     # weights (their value is replaced below, and `where` sends them no gradient).
     log_weights = torch.where(shares_a_chart[..., None], log_weights, 0.0)
@@ -247,5 +250,5 @@ def manifold_distance(
     # shared / (shared + 1e-12) = sigmoid(log shared - log 1e-12), with no small product that
     # could underflow to 0 (the masked rows' log-mass is finite, so no NaN gradient either)
     log_shared = torch.logsumexp(log_weights, dim=-1) - CODE_LOG_SMALL
-    shares_a_chart = shares_a_chart & (log_shared > 0)
+    shares_a_chart = shares_a_chart & ~(log_shared <= 0)  # a NaN stays NaN, as above
     return torch.where(shares_a_chart, distance * torch.sigmoid(log_shared), 1.0)

@@ -1,0 +1,103 @@
+"""Audit: where the registry looks for a dataset (``~``, an empty ``$KDML_DATA_ROOT``, the
+current folder), what the offline sets are drawn with, and a domain pair's PCA settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fixtures_array_sets import make_csv_list, make_idx, make_image_folder
+
+from kdml.config import DataConfig
+from kdml.data.prepare import prepare_data
+from kdml.data.registry import DATASETS, FORMATS, ROOT_VARIABLE, open_dataset
+from kdml.errors import KdmlError
+
+
+def test_a_home_relative_path_is_expanded_by_the_library_too(tmp_path, monkeypatch):
+    """``~`` in ``data.root``, ``folder:`` and ``csv:`` given to open_dataset directly (not
+    through the command line, which makes paths absolute first)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    make_idx(tmp_path / "data", train=20, test=10)
+    make_image_folder(tmp_path)
+    make_csv_list(tmp_path / "lists")
+    assert len(open_dataset("mnist", "~/data").dataset) == 30
+    assert len(open_dataset("folder:~/images").dataset) == 12
+    assert len(open_dataset("csv:~/lists/list.csv").dataset) == 16
+
+
+def test_an_empty_data_root_variable_is_as_if_unset(tmp_path, monkeypatch):
+    """``KDML_DATA_ROOT=`` must not make the current folder a folder of datasets."""
+    make_idx(tmp_path, train=20, test=10)  # ./mnist
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ROOT_VARIABLE, "")
+    with pytest.raises(KdmlError, match=r"mnist: no dataset found \(searched: "
+                                        r"\$KDML_DATA_ROOT is not set\); pass its folder"):
+        open_dataset("mnist")
+
+
+def test_files_in_the_current_folder_are_not_called_the_variable_s_folder(tmp_path,
+                                                                          monkeypatch):
+    """Without ``$KDML_DATA_ROOT``, MNIST's files in the current folder had the refusal speak of
+    ``$KDML_DATA_ROOT=`` (empty) as mnist's own folder."""
+    make_idx(tmp_path, train=20, test=10, name=".")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ROOT_VARIABLE, raising=False)
+    with pytest.raises(KdmlError) as info:
+        open_dataset("mnist")
+    assert str(info.value).endswith(f"pass its folder with --data-root DIR or set {ROOT_VARIABLE} "
+                                    "(see 'kdml datasets')")
+
+
+def test_in_shop_is_found_by_its_eval_folder_layout(tmp_path):
+    """The In-Shop archive keeps its partition file in Eval/."""
+    (tmp_path / "Eval").mkdir()
+    (tmp_path / "Eval" / "list_eval_partition.txt").write_text("")
+    assert FORMATS["inshop"].located(tmp_path) == tmp_path
+    assert FORMATS["inshop"].located(tmp_path / "Eval") == tmp_path / "Eval"
+
+
+def test_the_offline_sets_name_the_backbone_that_reads_their_samples():
+    """``model.backbone=auto``: the 1-D signals of MNIST-1D need conv1d, the images a CNN."""
+    assert {name: entry.default_backbone for name, entry in DATASETS.items()} == {
+        "mnist5k": "cnn", "digits": "cnn", "mnist1d": "conv1d"}
+    assert open_dataset("digits").dataset.default_backbone == "cnn"
+
+
+def _pair(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "pair.npz"
+    np.savez(path, X=rng.standard_normal((9, 3)).astype(np.float32),
+             y=np.array([0, 1, 2, 0, 1, -1, -1, 2, 0]),
+             domain=np.array(["source"] * 5 + ["target"] * 4))
+    return f"npz:{path}"
+
+
+def test_pca_dim_may_be_the_smaller_of_the_source_s_samples_and_features(tmp_path):
+    """5 source samples of 3 features: data.pca_dim=3 is allowed, 4 is refused."""
+    dataset = _pair(tmp_path)
+    splits = prepare_data(DataConfig(dataset=dataset, pca_dim=3))
+    assert splits.train.x.shape == (5, 3) and splits.input_pca is not None
+    with pytest.raises(KdmlError, match="data.pca_dim=4 exceeds 3"):
+        prepare_data(DataConfig(dataset=dataset, pca_dim=4))
+
+
+def test_a_trained_run_s_pca_is_used_only_with_data_pca_dim(tmp_path):
+    dataset = _pair(tmp_path)
+    pca = prepare_data(DataConfig(dataset=dataset, pca_dim=2)).input_pca
+    assert prepare_data(DataConfig(dataset=dataset, pca_dim=2), pca=pca).train.x.shape == (5, 2)
+    plain = prepare_data(DataConfig(dataset=dataset), pca=pca)
+    assert plain.train.x.shape == (5, 3) and plain.input_pca is None
+
+
+def test_a_domain_pair_trains_on_its_source_classes_numbered_from_0(tmp_path):
+    """The source's labels 3, 5, 7 train as 0, 1, 2; train_classes maps them back; the target
+    keeps its own labels (-1: unlabelled) for scoring."""
+    path = tmp_path / "pair.npz"
+    np.savez(path, X=np.arange(21, dtype=np.float32).reshape(7, 3),
+             y=np.array([7, 3, 5, 3, 7, -1, 5]),
+             domain=np.array(["source"] * 5 + ["target"] * 2))
+    splits = prepare_data(DataConfig(dataset=f"npz:{path}"))
+    assert splits.kind == "domain"
+    assert splits.train_classes == [3, 5, 7]
+    assert splits.train.labels.tolist() == [2, 0, 1, 0, 2]
+    assert splits.test.labels.tolist() == [-1, 5]

@@ -1,0 +1,146 @@
+"""Audit: the training plots (a refused plot, a term logged late, figures closed) and the
+pictures of an embedding (image layouts, checked positions, the gallery, the map's colours)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from kdml import viz
+from kdml.errors import KdmlError
+from kdml.viz_retrieval import (
+    _embedding_map_figure,
+    _retrieval_grid_figure,
+    embedding_map,
+    plot_embedding_map,
+    plot_retrieval_grid,
+    short_name,
+)
+
+HISTORY = [{"epoch": 1, "train/loss": 1.0, "test/recall@1": 0.5},
+           {"epoch": 2, "train/loss": 0.5, "train/mmd": 0.2, "test/recall@1": 0.7}]
+
+
+def test_a_plot_in_the_way_leaves_the_others_drawn(tmp_path):
+    """The docstring: a plot whose path holds a file kdml did not draw is skipped and the others
+    still drawn; the error names it."""
+    (tmp_path / "loss.png").write_bytes(b"mine")
+    with pytest.raises(KdmlError, match="loss.png"):
+        viz.plot_training(HISTORY, tmp_path)
+    assert (tmp_path / "loss.png").read_bytes() == b"mine"
+    assert (tmp_path / "recall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_term_first_logged_later_is_missing_not_zero_before(tmp_path, monkeypatch):
+    drawn = {}
+
+    def keep(figure, path):
+        drawn[path.name] = figure
+        return path
+
+    monkeypatch.setattr(viz, "save_figure", keep)
+    viz.plot_training(HISTORY, tmp_path)
+    lines = {line.get_label(): line for line in drawn["loss.png"].axes[0].get_lines()}
+    mmd = list(lines["mmd"].get_ydata())
+    assert math.isnan(mmd[0]) and mmd[1] == 0.2
+    assert drawn["recall.png"].axes[0].get_ylim() == (0.0, 1.0)
+    for figure in drawn.values():
+        viz.plt.close(figure)
+
+
+def test_plot_training_makes_its_folder_and_closes_its_figures(tmp_path):
+    before = viz.plt.get_fignums()
+    written = viz.plot_training(HISTORY, tmp_path / "run" / "plots")
+    assert sorted(path.name for path in written) == ["loss.png", "recall.png"]
+    assert viz.plt.get_fignums() == before
+
+
+def _figure(image, queries=(0,), neighbours=((1,),), hits=((True,),)):
+    return _retrieval_grid_figure(np.array(queries), np.array(neighbours), np.array(hits),
+                                  (image, None), (image, None))
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 5), (6, 5), (6, 5, 1)])
+def test_a_gray_sample_is_drawn_as_a_gray_picture(shape):
+    """MNIST's [1, H, W] tensors, [H, W] and [H, W, 1]: one gray [H, W] picture."""
+    figure = _figure(lambda position: torch.full(shape, 0.25))
+    for axes in figure.axes:
+        (picture,) = axes.images
+        assert picture.get_array().shape == (6, 5)
+        assert picture.get_cmap().name == "gray"
+
+
+def test_a_sample_outside_0_1_is_clipped():
+    figure = _figure(lambda position: np.full((3, 4, 4), 1.5 if position else -0.5))
+    query, neighbour = (axes.images[0].get_array() for axes in figure.axes)
+    assert query.shape == (4, 4, 3) and np.all(query == 0.0) and np.all(neighbour == 1.0)
+
+
+@pytest.mark.parametrize(("queries", "neighbours", "message"), [
+    (np.array([0.0]), np.array([[1]]), "queries must be a non-empty"),
+    (np.array([0]), np.array([[1.5]]), r"neighbours must be \[Q, K\] integer positions"),
+])
+def test_positions_that_are_not_integers_are_refused(tmp_path, queries, neighbours, message):
+    with pytest.raises(KdmlError, match=message):
+        plot_retrieval_grid(queries, neighbours, np.array([[True]]),
+                            lambda position: np.zeros((4, 4)), tmp_path / "grid.png")
+    assert not (tmp_path / "grid.png").exists()
+
+
+def test_plot_retrieval_grid_loads_the_neighbours_from_the_gallery(tmp_path):
+    loaded = {"queries": [], "gallery": []}
+
+    def loader(name):
+        def image(position):
+            loaded[name].append(position)
+            return np.zeros((4, 4))
+        return image
+
+    plot_retrieval_grid(np.array([0]), np.array([[5, 7]]), np.array([[True, False]]),
+                        loader("queries"), tmp_path / "grid.png",
+                        gallery=(loader("gallery"), None))
+    assert loaded == {"queries": [0], "gallery": [5, 7]}
+
+
+def test_short_name_cuts_only_longer_names():
+    assert short_name("abcd", 4) == "abcd"
+    assert short_name("abcde", 4) == "abc…"
+
+
+def test_the_embedding_map_of_two_dimensions_is_the_embedding_itself(monkeypatch):
+    monkeypatch.setitem(sys.modules, "umap", None)  # t-SNE, whether or not umap is installed
+    flat = np.arange(8, dtype=np.float32).reshape(4, 2)
+    coordinates, method = embedding_map(flat)
+    assert coordinates is flat and method == "the embedding itself (d = 2)"
+    few = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)  # perplexity < 10
+    coordinates, method = embedding_map(few)
+    assert coordinates.shape == (10, 2) and method == "t-SNE"
+
+
+@pytest.mark.parametrize("count", [12, 20])
+def test_up_to_20_classes_get_a_legend_and_a_colour_each(count):
+    labels = np.arange(count).repeat(2)
+    coordinates = np.random.default_rng(0).normal(size=(len(labels), 2)).astype(np.float32)
+    figure = _embedding_map_figure(coordinates, labels, "t-SNE", "map", None)
+    (axes,) = figure.axes
+    assert len(axes.get_legend().get_texts()) == count
+    colours = {tuple(np.round(points.get_facecolor()[0], 6)) for points in axes.collections}
+    assert len(colours) == count
+
+
+@pytest.mark.parametrize("draw", ["grid", "map"])
+def test_the_pictures_never_replace_a_file_kdml_did_not_draw(tmp_path, draw):
+    """Called directly (not through ``kdml plot``, which checks the path first)."""
+    path = tmp_path / "picture.png"
+    path.write_bytes(b"mine")
+    with pytest.raises(KdmlError, match="is in the way and kdml did not draw it"):
+        if draw == "grid":
+            plot_retrieval_grid(np.array([0]), np.array([[1]]), np.array([[True]]),
+                                lambda position: np.zeros((4, 4)), path)
+        else:
+            plot_embedding_map(np.zeros((3, 2)), np.arange(3), path, "t-SNE", "map")
+    assert path.read_bytes() == b"mine"
