@@ -148,3 +148,14 @@ def test_chart_distances_refuse_coordinates_of_no_dimension():
 
     with pytest.raises(KdmlError, match=r"chart_distances needs .* d >= 1"):
         chart_distances(torch.zeros(2, 1, 0), torch.zeros(3, 1, 0), "mean_squared")
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ((-1,), r"^derive_seed: the seed must be an integer of at least 0, got -1$"),
+    ((1, 2, -2), r"^derive_seed: key 2 must be an integer of at least 0, got -2$"),
+    ((1.5,), r"^derive_seed: the seed must be an integer of at least 0, got 1.5$"),
+])
+def test_derive_seed_refuses_a_negative_or_fractional_key_in_one_line(keys, message):
+    """NumPy's own ValueError ("expected non-negative integer") named neither."""
+    with pytest.raises(KdmlError, match=message):
+        derive_seed(*keys)

@@ -144,3 +144,10 @@ def test_the_pictures_never_replace_a_file_kdml_did_not_draw(tmp_path, draw):
         else:
             plot_embedding_map(np.zeros((3, 2)), np.arange(3), path, "t-SNE", "map")
     assert path.read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (0, 5), (6,)])
+def test_embedding_map_refuses_too_few_points_or_no_matrix_in_one_line(shape):
+    """t-SNE's "perplexity must be less than n_samples" or an IndexError had been raised."""
+    with pytest.raises(KdmlError, match=r"^embedding_map needs embeddings \[N, d\] with N >= 3"):
+        embedding_map(np.zeros(shape))

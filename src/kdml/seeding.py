@@ -15,6 +15,8 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import torch
 
+from kdml.checks import check_seed
+
 T = TypeVar("T")
 
 # Named streams of one step, so that e.g. changing the augmentation does not change the prior
@@ -26,8 +28,12 @@ def derive_seed(seed: int, *keys: int) -> int:
     """A 63-bit seed for the stream ``(seed, *keys)``.
 
     NumPy's ``SeedSequence`` hashes the whole tuple, so neighbouring keys (epochs 1 and 2,
-    steps 7 and 8) give unrelated streams, unlike ``seed + epoch``.
+    steps 7 and 8) give unrelated streams, unlike ``seed + epoch``. Each is an integer of at
+    least 0 (NumPy's own error for -1 names neither).
     """
+    check_seed(seed, "derive_seed: the seed")
+    for position, key in enumerate(keys, 1):
+        check_seed(key, f"derive_seed: key {position}")
     words = np.random.SeedSequence(entropy=seed, spawn_key=keys).generate_state(1, np.uint64)
     return int(words[0]) >> 1
 

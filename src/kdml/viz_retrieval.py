@@ -119,7 +119,10 @@ def _retrieval_grid_figure(queries: np.ndarray, neighbours: np.ndarray, hits: np
 
 def embedding_map(embeddings: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
     """2-D coordinates of ``embeddings`` [N, d]: UMAP when ``umap-learn`` is installed, else
-    scikit-learn's t-SNE; and the method's name."""
+    scikit-learn's t-SNE; and the method's name. At least 3 points (t-SNE's perplexity)."""
+    if embeddings.ndim != 2 or len(embeddings) < 3:
+        raise KdmlError(f"embedding_map needs embeddings [N, d] with N >= 3, got shape "
+                        f"{tuple(embeddings.shape)}")
     if embeddings.shape[1] == 2:
         return embeddings, "the embedding itself (d = 2)"
     try:
