@@ -571,3 +571,30 @@ def test_a_run_stopped_says_how_to_continue_or_that_nothing_was_written(tmp_path
     assert capsys.readouterr() == ("", (
         f"kdml: interrupted; continue with: kdml train --resume {tmp_path}\n" if started else
         "kdml: interrupted before training started; nothing was written\n"))
+
+
+def test_kdml_datasets_names_an_incomplete_copy_that_training_would_read(tmp_path, monkeypatch,
+                                                                          capsys):
+    """An incomplete copy under $KDML_DATA_ROOT is what training reads (find_root), not the
+    system folder's complete one, which the listing had named as where the dataset is found."""
+    import dataclasses
+
+    from kdml.data import registry
+
+    system = tmp_path / "system"
+    entry = dataclasses.replace(registry.FORMATS["fashion-mnist"], system_root=str(system))
+    monkeypatch.setitem(registry.FORMATS, "fashion-mnist", entry)
+    system.mkdir()
+    for marker in entry.markers:
+        (system / marker).write_text("")
+    (tmp_path / "mine" / "fashion-mnist").mkdir(parents=True)
+    monkeypatch.delenv(registry.ROOT_VARIABLE, raising=False)
+    assert cli.main(["datasets"]) == 0
+    assert f"; found in {system}\n" in capsys.readouterr().out
+    monkeypatch.setenv(registry.ROOT_VARIABLE, str(tmp_path / "mine"))
+    assert registry.find_root(entry) == tmp_path / "mine" / "fashion-mnist"
+    assert cli.main(["datasets"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.split()[0] == "fashion-mnist"]
+    assert line.endswith(f"; not complete in {tmp_path / 'mine' / 'fashion-mnist'}, which "
+                         "training reads (kdml train says what is missing)")

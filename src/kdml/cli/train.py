@@ -386,7 +386,7 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
 
 def _datasets(args: argparse.Namespace) -> int:
     from kdml.data.domains import DOMAIN_PAIRS
-    from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE, candidate_roots
+    from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE, find_root
 
     rows = [(entry.name, entry.description) for entry in DATASETS.values()]
     rows += [(entry.name, entry.description) for entry in DOMAIN_PAIRS.values()]
@@ -395,10 +395,17 @@ def _datasets(args: argparse.Namespace) -> int:
              for prefix, text in PREFIXES.items()]
     on_disk = []
     for entry in FORMATS.values():
-        roots = [folder for root in candidate_roots(entry)
-                 if (folder := entry.located(root)) is not None]
-        on_disk.append((entry.name, entry.description,
-                        f"found in {roots[0]}" if roots else "not found"))
+        # the folder training reads (find_root's choice), also where it holds an incomplete
+        # copy: a complete one elsewhere, which training passes over, would be no help
+        try:
+            root = find_root(entry)
+        except KdmlError:
+            where = "not found"
+        else:
+            where = (f"found in {root}" if entry.located(root) is not None else
+                     f"not complete in {root}, which training reads (kdml train says what is "
+                     "missing)")
+        on_disk.append((entry.name, entry.description, where))
     width = max(len(name) for name, *_ in rows + on_disk)
     print("Offline and your own data:")
     for name, description in rows:
