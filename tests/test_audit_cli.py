@@ -598,3 +598,36 @@ def test_kdml_datasets_names_an_incomplete_copy_that_training_would_read(tmp_pat
                if line.split()[0] == "fashion-mnist"]
     assert line.endswith(f"; not complete in {tmp_path / 'mine' / 'fashion-mnist'}, which "
                          "training reads (kdml train says what is missing)")
+
+
+@pytest.mark.parametrize("score", [None, "0.5", True])
+def test_a_finished_cell_whose_score_is_no_number_shows_a_dash(tmp_path, capsys, monkeypatch,
+                                                               score):
+    """A metrics.json rewritten by another tool (jq writes kdml's NaN as null) had stopped the
+    grid's table with a TypeError or ValueError traceback; NaN itself prints as nan."""
+    import json
+
+    import yaml
+
+    from kdml.training import trainer
+
+    def trained(config, run_dir, resume=False, progress=None, **_):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        final = {"recall@1": 0.5 if config.train.seed else float("nan")}
+        (run_dir / "metrics.json").write_text(json.dumps({"epochs": [], "final": final}))
+        return final
+
+    monkeypatch.setattr(trainer, "train", trained)
+    def table() -> dict[str, list[str]]:
+        return {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
+                if line.startswith("  seed=")}
+
+    args = grid_args(tmp_path)
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    assert table() == {"seed=0": ["nan"], "seed=1": ["0.5000"]}
+    first = tmp_path / "g" / "seed=0" / "metrics.json"
+    first.write_text(json.dumps({"epochs": [], "final": {"recall@1": score}}))
+    assert cli.main(args) == 0
+    assert table() == {"seed=0": ["-"], "seed=1": ["0.5000"]}

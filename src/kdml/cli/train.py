@@ -202,9 +202,11 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     _say("  " + "  ".join([f"{'cell':<{cell_width}}",
                            *(f"{name:>{width}}" for name, width in zip(names, widths,
                                                                        strict=True))]))
-    for cell, final in zip(cells, finals, strict=True):  # "-": not scored (or not collapsed)
+    # "-": not scored (or not collapsed), or no number (a metrics.json rewritten by another
+    # tool, whose null or text had stopped the table with a traceback)
+    for cell, final in zip(cells, finals, strict=True):
         _say("  " + "  ".join([f"{cell.name:<{cell_width}}",
-                              *(f"{final[name]:>{width}.4f}" if name in final
+                              *(f"{final[name]:>{width}.4f}" if _is_score(final.get(name))
                                 else f"{'-':>{width}}"
                                 for name, width in zip(names, widths, strict=True))]))
     if validation and metric not in names:  # e.g. cells finished before a check of the name
@@ -287,6 +289,12 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
             if grid_key in names:
                 raise KdmlError(f"{flag} sets {key}, over which the config's grid runs; give "
                                 f"one")
+
+
+def _is_score(value: object) -> bool:
+    """Whether ``value`` is a number the grid's table can print (NaN included: a diverged
+    cell's)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_dataset_name(dataset: str) -> None:
