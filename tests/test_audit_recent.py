@@ -54,6 +54,16 @@ def test_check_rendezvous_refuses_a_bad_rank_before_torch_joins(torchrun_env, na
         launch.check_rendezvous()
 
 
+@pytest.mark.parametrize("port", ["abc", "0", "65536", "-1"])
+def test_check_rendezvous_refuses_a_master_port_that_is_no_port(torchrun_env, port):
+    """torch had stopped with its own ValueError ("invalid literal for int()") or a port out of
+    range after the process started to join."""
+    torchrun_env.setenv("MASTER_PORT", port)
+    with pytest.raises(LocalError, match=rf"^the environment variable MASTER_PORT='{port}' is "
+                                         r"not a whole number from 1 to 65535: "):
+        launch.check_rendezvous()
+
+
 def test_check_rendezvous_passes_torchruns_own_values(torchrun_env):
     assert launch.check_rendezvous() is None
 
@@ -193,6 +203,34 @@ def test_the_allocation_size_is_read_in_torchs_other_spellings(monkeypatch, caps
     assert cli.main(["recipes"]) == 1
     assert capsys.readouterr().err.startswith(f"kdml: error: out of memory (tried to allocate "
                                               f"{size}); ")
+
+
+def _numpy_memory_error_in_a_worker() -> RuntimeError:
+    """torch's own error for NumPy's MemoryError in a loader worker (8 PiB)."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class TooLarge(Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index: int):
+            return np.empty(2**50)
+
+    try:
+        next(iter(DataLoader(TooLarge(), num_workers=1)))
+    except RuntimeError as error:
+        return error
+    pytest.skip("this machine allocated 8 PiB")  # an overcommitting kernel might
+
+
+def test_numpy_out_of_memory_in_a_loader_worker_is_the_one_line(monkeypatch, capsys):
+    """torch raises a worker's NumPy MemoryError again as a RuntimeError ("Caught MemoryError
+    in DataLoader worker process 0"), which had come through as a traceback."""
+    monkeypatch.setitem(cli._COMMANDS, "recipes", _fails(_numpy_memory_error_in_a_worker()))
+    assert cli.main(["recipes"]) == 1
+    assert capsys.readouterr().err == ("kdml: error: out of memory (tried to allocate 8.00 PiB);"
+                                       " free memory or use a device with more, and run it "
+                                       "again\n")
 
 
 def test_another_runtime_error_naming_an_allocation_keeps_its_traceback(monkeypatch):

@@ -80,3 +80,4 @@ def check_rendezvous() -> None:
                         "process")
     launch_rank()  # read for their checks alone: refused here, not by torch after it joins
     local_rank()
+    _count("MASTER_PORT", 0, 1, 65535)  # torch's own ValueError ("invalid literal") otherwise

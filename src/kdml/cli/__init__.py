@@ -260,11 +260,13 @@ def _failed_collective(error: RuntimeError) -> bool:
 def _out_of_memory(error: RuntimeError) -> bool:
     """Whether ``error`` is torch's failed allocation: on a GPU (``OutOfMemoryError``) or on
     the CPU (a RuntimeError saying "can't allocate memory", also when a data loader's worker
-    met it)."""
+    met it), or a worker's ``MemoryError`` (NumPy's), which torch raises again as a
+    RuntimeError ("Caught MemoryError in DataLoader worker process 0")."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(error, torch.OutOfMemoryError):
         return True
-    return "can't allocate memory" in str(error)
+    text = str(error)
+    return "can't allocate memory" in text or text.startswith("Caught MemoryError in ")
 
 
 def _worker_killed(error: RuntimeError) -> bool:
