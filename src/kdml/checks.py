@@ -139,8 +139,10 @@ def check_float_inputs(owner: str, tensors: Sequence[Tensor], what: str = "embed
 def check_feature_matrix(owner: str, features: Tensor, width: int,
                          what: str = "features") -> None:
     """Refuse, in one line naming ``owner``, ``what`` (a layer's input) that is no float tensor
-    ``[B, width]``: torch's own "mat1 and mat2 shapes cannot be multiplied" (or a dtype or
-    attribute error) comes from inside the layer otherwise."""
+    ``[B, width]``: torch's own "mat1 and mat2 shapes cannot be multiplied" (or an integer
+    dtype's or an attribute error) comes from inside the layer otherwise. A float of another
+    precision than the layer's weights (float64 into a float32 head) is torch's to refuse, as
+    for any ``nn.Linear``: autocast takes such inputs on purpose."""
     check_tensor_inputs(owner, [features], what)
     if features.ndim != 2 or features.shape[1] != width:
         raise KdmlError(f"{owner} expects {what} [B, {width}], got {tuple(features.shape)}")
