@@ -160,11 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"kdml: {stopped}", file=sys.stderr)
             return code
         if _worker_killed(error):
-            prefix = "" if _is_main_process() else f"rank {_rank()}: "
-            advice = _WORKER_KILLED_ADVICE.get(args.command, _OUT_OF_MEMORY_ADVICE[""])
-            print(f"kdml: error: {prefix}a data loader worker was killed (SIGKILL), most likely "
-                  f"by the system for lack of memory; {advice}", file=sys.stderr)
-            return 1
+            return _memory_stop("a data loader worker was killed (SIGKILL), most likely by the "
+                                "system for lack of memory", "lower data.num_workers or "
+                                "data.batch_size (or data.resize for image files)", args.command)
         if not _failed_collective(error):
             raise
         # another process of the job died (killed, out of memory): its own output says why;
@@ -206,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       if isinstance(error, (FileExistsError, IsADirectoryError,
                                             NotADirectoryError))
                       else "free space on its disk and run the command again"
-                      + _FULL_DISK_NOTES.get(args.command, "")
+                      + _RUN_AGAIN_NOTES.get(args.command, "")
                       if error.errno in (errno.ENOSPC, errno.EDQUOT)
                       else "fix it or choose another path")
             print(f"kdml: error: {paths}: {error.strerror or error}; {advice}", file=sys.stderr)
@@ -280,10 +278,19 @@ def _worker_killed(error: RuntimeError) -> bool:
 
 def _out_of_memory_stop(error: BaseException, command: str) -> int:
     """Say in one line that ``command`` ran out of memory, how much it asked for and what
-    lowers it (each rank of a torchrun job says its own), and return the exit status."""
+    lowers it, and return the exit status."""
+    return _memory_stop(f"out of memory{_allocation(error)}", "lower data.batch_size or "
+                        "eval.embed_batch_size (or data.resize for image files)", command)
+
+
+def _memory_stop(what: str, lower: str, command: str) -> int:
+    """Say ``what`` stopped ``command`` for lack of memory, in one line (each rank of a
+    torchrun job says its own), with the remedy: for ``kdml train`` the settings to ``lower``,
+    else to free memory; and what a stopped command keeps. Returns the exit status."""
     prefix = "" if _is_main_process() else f"rank {_rank()}: "
-    advice = _OUT_OF_MEMORY_ADVICE.get(command, _OUT_OF_MEMORY_ADVICE[""])
-    print(f"kdml: error: {prefix}out of memory{_allocation(error)}; {advice}", file=sys.stderr)
+    remedy = lower if command == "train" else "free memory or use a device with more,"
+    print(f"kdml: error: {prefix}{what}; {remedy} and run it again"
+          f"{_RUN_AGAIN_NOTES.get(command, '')}", file=sys.stderr)
     return 1
 
 
@@ -301,21 +308,8 @@ def _allocation(error: BaseException) -> str:
     return f" (tried to allocate {amount} {unit})"
 
 
-# How a command stopped by a failed allocation can be run again within the memory there is.
-_OUT_OF_MEMORY_ADVICE = {
-    "train": "lower data.batch_size or eval.embed_batch_size (or data.resize for image files) "
-             "and run it again (a stopped run continues with kdml train --resume)",
-    "reproduce": "free memory or use a device with more, and run it again (it keeps its "
-                 "finished runs and continues)",
-    "": "free memory or use a device with more, and run it again"}
-_WORKER_KILLED_ADVICE = {
-    "train": "lower data.num_workers or data.batch_size (or data.resize for image files) and "
-             "run it again (a stopped run continues with kdml train --resume)",
-    "reproduce": _OUT_OF_MEMORY_ADVICE["reproduce"]}
-
-
-# What a command stopped by a full disk keeps, said after "run the command again".
-_FULL_DISK_NOTES = {"train": " (a stopped run continues with kdml train --resume)",
+# What a stopped command keeps (a full disk, too little memory), said after "run it again".
+_RUN_AGAIN_NOTES = {"train": " (a stopped run continues with kdml train --resume)",
                     "reproduce": " (it keeps its finished runs and continues)"}
 
 
