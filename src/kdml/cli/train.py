@@ -112,7 +112,13 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     """One run per cell of the config file's grid (see kdml.training.grid)."""
     from kdml import distributed
     from kdml.config import with_absolute_paths
-    from kdml.training.grid import best_cells, changed_setting, check_grid_folder, write_marker
+    from kdml.training.grid import (
+        best_cells,
+        changed_setting,
+        check_grid_folder,
+        is_score,
+        write_marker,
+    )
     from kdml.training.loading import run_config
     from kdml.training.run_folder import (
         RUNS_FOLDER,
@@ -206,7 +212,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     # tool, whose null or text had stopped the table with a traceback)
     for cell, final in zip(cells, finals, strict=True):
         _say("  " + "  ".join([f"{cell.name:<{cell_width}}",
-                              *(f"{final[name]:>{width}.4f}" if _is_score(final.get(name))
+                              *(f"{final[name]:>{width}.4f}" if is_score(final.get(name))
                                 else f"{'-':>{width}}"
                                 for name, width in zip(names, widths, strict=True))]))
     if validation and metric not in names:  # e.g. cells finished before a check of the name
@@ -289,12 +295,6 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
             if grid_key in names:
                 raise KdmlError(f"{flag} sets {key}, over which the config's grid runs; give "
                                 f"one")
-
-
-def _is_score(value: object) -> bool:
-    """Whether ``value`` is a number the grid's table can print (NaN included: a diverged
-    cell's)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_dataset_name(dataset: str) -> None:

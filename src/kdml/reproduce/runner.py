@@ -30,6 +30,7 @@ from kdml.inspection.plots import draw_charts
 from kdml.machine import machine_description
 from kdml.reproduce.experiments import NUM_PARTS, PARTS_KS, Cell, Experiment
 from kdml.training.build import resolve_device
+from kdml.training.grid import is_score
 from kdml.training.loading import TrainedRun, load_run, run_config
 from kdml.training.nonfinite import NonFiniteLoss
 from kdml.training.recipes import get_recipe
@@ -451,8 +452,8 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
             raise not_as_written(path, f"not {NUM_PARTS} parts")
         stored = read_stored(path, "metrics")
         if not isinstance(stored, dict) or not all(
-                isinstance(estimate, dict) and _is_number(estimate.get("mean"))
-                and _is_number(estimate.get("ci95"))
+                isinstance(estimate, dict) and is_score(estimate.get("mean"))
+                and is_score(estimate.get("ci95"))
                 for estimate in stored.values()):
             raise not_as_written(path, "a metric without a numeric mean and ci95")
         # every Recall@K the table reads: a missing one had been taken from the whole test
@@ -493,14 +494,9 @@ def _generalization(run_dir: Path) -> dict[str, float]:
     lam = read_stored(path, "lambda", "mean")
     h_divergence = read_stored(path, "h_divergence", "mean")
     for name, value in (("lambda", lam), ("h_divergence", h_divergence)):
-        if not _is_number(value):
+        if not is_score(value):
             raise not_as_written(path, f"{name}/mean is not a number")
     return {"lambda": lam, "h_divergence": h_divergence, "bound": lam + h_divergence}
-
-
-def _is_number(value: object) -> bool:
-    """A number as JSON stores one (not a bool, which Python counts as an int)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def reproduce(experiments: list[Experiment], seeds: int, runs_root: Path, device: str,

@@ -191,6 +191,13 @@ def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
     write_through_new_file(root / MARKER, lambda partial: partial.write_text(text))
 
 
+def is_score(value: object) -> bool:
+    """Whether ``value`` is a number as JSON stores one, NaN included (a diverged run's): not
+    a bool, which Python counts as an int, nor the null or text another tool may have written
+    into a metrics file."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def best_cells(scores: Sequence[Any]) -> list[int]:
     """Positions of the cells with the highest score, in grid order: more than one when they tie
     (equal within :data:`SCORE_TIE`), none when no cell has a finite score (a missing or NaN
@@ -200,8 +207,7 @@ def best_cells(scores: Sequence[Any]) -> list[int]:
     [1, 2]
     """
     finite = {position: float(score) for position, score in enumerate(scores)
-              if isinstance(score, int | float) and not isinstance(score, bool)
-              and math.isfinite(score)}
+              if is_score(score) and math.isfinite(score)}
     if not finite:
         return []
     top = max(finite.values())
