@@ -445,7 +445,7 @@ def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, ca
     arrays["y"] = np.where(arrays["domain"] == "source", arrays["y"], -1)
     unlabelled = write_npz(tmp_path / "unlabelled.npz", **arrays)
     labelled_arrays = good_arrays()
-    labelled_arrays["y"] = np.array([0, 1, 2, 0, 1, -1, 2])  # 2 labelled targets: 1 reference
+    labelled_arrays["y"] = np.array([0, 1, 2, 0, 2, -1, 2])  # 2 labelled targets: 1 reference
     labelled = write_npz(tmp_path / "labelled.npz", **labelled_arrays)
     err = _refused_before_training(tmp_path, capsys, monkeypatch, "dtml", "--dataset",
                                    f"npz:{write_npz(tmp_path / 'one.npz', **good_arrays())}")

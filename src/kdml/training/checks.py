@@ -102,6 +102,7 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
             raise KdmlError(f"the target domain of {splits.test.name} has one labelled sample, "
                             "so target retrieval has no reference to rank; label two or more "
                             "of its samples (-1 marks the unlabelled ones)")
+        _check_target_classes(splits)
     else:
         check_test_classes(splits)
     ks = config.eval.ks or splits.eval_ks
@@ -145,6 +146,18 @@ def check_test_classes(splits: DataSplits) -> None:
                         f"to retrieve, so Recall@K is undefined; {how}")
 
 
+def _check_target_classes(splits: DataSplits) -> None:
+    """Refuse a domain pair's target of which no labelled sample (the only ones scored) has
+    another of its class to retrieve: it had trained its first epoch, then stopped when it was
+    scored. A single labelled class is only warned about (:func:`warn_about_splits`):
+    source_nn_accuracy still measures the transfer."""
+    labels = splits.test.labels[splits.test.labels >= 0]
+    if not (torch.unique(labels, return_counts=True)[1] > 1).any():
+        raise KdmlError(f"no labelled target sample of {splits.test.name} has another of its "
+                        "class to retrieve, so Recall@K is undefined; label at least two target "
+                        "samples of a class (-1 marks the unlabelled ones)")
+
+
 def _more_test_classes(splits: DataSplits) -> str:
     """What gives the test part (or gallery) of ``splits`` a second class."""
     if splits.own_split:  # data.train_classes is refused with a dataset's own split
@@ -166,8 +179,8 @@ MIN_VALIDATION_CLASSES = 5
 def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
     """Warn about data that trains but means little: a single training class (a single test
     class is refused, :func:`check_evaluation`), a validation part of fewer than
-    :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose target shares no class
-    with its source."""
+    :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose labelled target is of one
+    class or shares no class with its source."""
     if splits.train.num_classes == 1:
         log.warning("the training split of %s has a single class: class-based losses have "
                     "nothing to separate", splits.train.name)
@@ -180,6 +193,11 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
                     "mean much; %s", splits.test.num_classes, more)
     if splits.kind == DOMAIN:
         target = splits.test.labels[splits.test.labels >= 0]
+        if len(torch.unique(target)) == 1:  # a single class elsewhere is refused: all trivial
+            log.warning("every labelled target sample of %s has the same class, so the target "
+                        "retrieval metrics (Recall@K, MAP@R, R-Precision, NMI) are trivially 1; "
+                        "only source_nn_accuracy measures the model: label target samples of "
+                        "two classes or more", splits.test.name)
         if not torch.isin(target, torch.tensor(splits.train_classes)).any():
             log.warning("no labelled target sample of %s has a source class, so "
                         "source_nn_accuracy (the target samples whose nearest source sample has "
