@@ -1,9 +1,16 @@
 """A user's own data, as a fuzzing session found it mishandled: feature files (``npz:``) whose
-labelled target cannot be scored or is of one class."""
+labelled target cannot be scored or is of one class, and image decoding that let Pillow's own
+warnings through."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import pytest
+from PIL import Image
+
+from kdml.data.images import load_image, load_image_as
 
 
 def _features(path, target_labels):
@@ -77,3 +84,39 @@ def test_a_feature_file_without_a_scorable_target_query_is_refused_before_traini
     assert err.endswith("has another of its class to retrieve, so Recall@K is undefined; label "
                         "at least two target samples of a class (-1 marks the unlabelled "
                         "ones)\n")
+
+
+@pytest.mark.parametrize("decode", [lambda path: load_image(path, 16),
+                                    lambda path: load_image_as(path, (1, 16, 16))],
+                         ids=["image-files", "as-in-memory-samples"])
+def test_decoding_a_palette_png_with_transparency_raises_no_python_warning(tmp_path, decode):
+    """A palette PNG with a transparency table, as many tools save, made Pillow warn
+    ("Palette images with Transparency expressed in bytes should be converted to RGBA
+    images") with its own two-line Python warning, a source path and `warnings.warn(` on
+    stderr, once per image and command (training, embed, index, search). The pixels are
+    those of the RGB conversion, transparency dropped."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    path = tmp_path / "palette.png"
+    Image.fromarray(pixels).convert("P").save(path, transparency=bytes([0] * 10 + [255] * 246))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        image = decode(path)
+    assert [str(warning.message) for warning in caught] == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = np.asarray(Image.open(path).convert("RGB" if image.shape[0] == 3 else "L"))
+    assert np.array_equal(image.numpy().transpose(1, 2, 0).squeeze(-1) if image.shape[0] == 1
+                          else image.numpy().transpose(1, 2, 0), expected)
+
+
+def test_decoding_a_large_image_raises_no_python_warning(tmp_path, monkeypatch):
+    """An image between Pillow's MAX_IMAGE_PIXELS and twice it (89-179 megapixels: a
+    panorama, a scan) is decoded, but printed Pillow's DecompressionBombWarning, as a raw
+    Python warning, to stderr. Shrunk here by lowering the limit."""
+    Image.fromarray(np.zeros((12, 12, 3), np.uint8)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 144 pixels: a warning, not an error
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_image(tmp_path / "big.png", 8)
+    assert [type(warning.message).__name__ for warning in caught] == []

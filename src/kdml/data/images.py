@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,20 @@ def eight_bit(image: Image.Image) -> Image.Image:
     return Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L")
 
 
+@contextmanager
+def _without_pillow_advice() -> Iterator[None]:
+    """Silence Pillow's warnings about how an image was saved, advice to whoever saved it that
+    a kdml user cannot act on (it had printed Python's two-line warning once per image, in
+    every loader worker): ``DecompressionBombWarning``, for 89 to 179 megapixels, which are
+    decoded all the same (beyond, ``DecompressionBombError`` refuses the image), and "Palette
+    images with Transparency expressed in bytes should be converted to RGBA", which the RGB
+    conversion drops, as it drops any image's alpha."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        warnings.filterwarnings("ignore", "Palette images with Transparency", UserWarning)
+        yield
+
+
 def load_image(path: str | Path, size: int) -> Tensor:
     """Decode ``path`` to RGB, resize its short side to ``size`` and centre-crop a square.
 
@@ -75,7 +91,7 @@ def load_image(path: str | Path, size: int) -> Tensor:
     Returns:
         uint8 ``[3, size, size]``.
     """
-    with Image.open(path) as opened:
+    with _without_pillow_advice(), Image.open(path) as opened:
         opened.draft("RGB", (size, size))
         image = eight_bit(opened).convert("RGB")
         width, height = image.size
@@ -104,7 +120,7 @@ def load_image_as(path: str | Path, shape: tuple[int, ...]) -> Tensor:
         (Pillow's ``ImageOps.fit``), so the batch transform scales it to [0, 1] like the data.
     """
     channels, height, width = shape
-    with Image.open(path) as opened:
+    with _without_pillow_advice(), Image.open(path) as opened:
         image = ImageOps.fit(eight_bit(opened).convert("L" if channels == 1 else "RGB"),
                              (width, height), Image.Resampling.BILINEAR)
         pixels = np.array(image, dtype=np.uint8).reshape(height, width, channels)
