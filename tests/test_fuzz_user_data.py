@@ -1,6 +1,6 @@
 """A user's own data, as a fuzzing session found it mishandled: feature files (``npz:``) whose
-labelled target cannot be scored or is of one class, and image decoding that let Pillow's own
-warnings through."""
+labelled target cannot be scored or is of one class, image decoding that let Pillow's own
+warnings through, and a ``folder:DIR`` in the common ``train/`` + ``test/`` layout."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from kdml.data.formats.folder import load_folder
 from kdml.data.images import load_image, load_image_as
+from kdml.errors import KdmlError
 
 
 def _features(path, target_labels):
@@ -120,3 +122,36 @@ def test_decoding_a_large_image_raises_no_python_warning(tmp_path, monkeypatch):
         warnings.simplefilter("always")
         load_image(tmp_path / "big.png", 8)
     assert [type(warning.message).__name__ for warning in caught] == []
+
+
+@pytest.mark.parametrize("splits", [("test", "train"), ("test", "train", "val")])
+def test_a_folder_in_the_train_test_layout_is_refused_naming_the_layout(tmp_path, splits):
+    """DIR/train/<class>/ and DIR/test/<class>/ (Kaggle's usual layout) was read as the
+    classes "test" and "train" (and "val"): with two, training stopped with "every test sample
+    of folder:DIR/test has the same class", which does not say why; with three, or with
+    data.split=seen-holdout, it trained on them and printed metrics. kdml already refuses
+    DIR/images/<class>/ naming the folder to give; the split folders deserve the same."""
+    for split in splits:
+        for name in ("cat", "dog", "fox"):
+            folder = tmp_path / split / name
+            folder.mkdir(parents=True)
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / "0.png")
+    with pytest.raises(KdmlError) as refused:
+        load_folder(tmp_path)
+    message = str(refused.value)
+    assert f"its sub-folders {'/, '.join(splits)}/ look like a split, each holding class " \
+           "folders (cat, dog, fox), but kdml reads each sub-folder as a class: give one of " \
+           f"them (e.g. folder:{tmp_path / 'train'}), which data.split splits" in message
+    assert "\n" not in message
+
+
+def test_folders_named_like_splits_without_class_folders_are_classes(tmp_path):
+    """Images directly in train/ and test/ are two classes of those names: nothing to
+    refuse, and nor is a class named "train" beside other classes."""
+    for names in (("test", "train"), ("bus", "train")):
+        root = tmp_path / "-".join(names)
+        for name in names:
+            (root / name).mkdir(parents=True)
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / name / "0.png")
+            Image.fromarray(np.ones((8, 8, 3), np.uint8)).save(root / name / "1.png")
+        assert list(load_folder(root).dataset.class_names.values()) == list(names)

@@ -9,7 +9,9 @@ other files, and images directly in ``DIR``, are left out, with one warning that
 by extension (a ``.heic`` or ``.jfif`` photo is not dropped without a word). Unlike
 ``ImageFolder``, hidden folders and files (names starting with ``.``, such as
 ``.ipynb_checkpoints`` or macOS's ``._photo.jpg``) are ignored too, and a folder or image
-reached twice through links, or an image that is a link to no file, is refused.
+reached twice through links, or an image that is a link to no file, is refused, and so is a
+``DIR`` split into ``train/`` and ``test/`` (or ``val/``, ...) folders of class folders, which
+would be read as the classes "test" and "train".
 
 Split: none of its own; ``data.split`` decides.
 """
@@ -79,6 +81,30 @@ def class_images(folder: Path, layout: Layout, read: dict[str, str],
     return found
 
 
+# Sub-folder names that split a dataset rather than name a class (DIR/train/<class>/, as many
+# downloads come); lower-cased.
+SPLIT_FOLDERS = frozenset({"train", "training", "test", "testing", "val", "valid", "validation",
+                           "query", "gallery"})
+
+
+def _refuse_split_folders(folder: Path, classes: list[str], layout: Layout) -> None:
+    """Refuse DIR/train/<class>/ beside DIR/test/<class>/ (and val/...): read as the classes
+    "test" and "train", it had trained on them, or stopped on a test part of one class, without
+    saying why."""
+    training = [name for name in classes if name.lower() in ("train", "training")]
+    if len(classes) < 2 or not training or not {name.lower() for name in classes} <= SPLIT_FOLDERS:
+        return
+    inner = sorted(entry.name for entry in os.scandir(folder / training[0])
+                   if entry.is_dir() and not entry.name.startswith("."))
+    if inner:
+        raise layout.error(f"its sub-folders {'/, '.join(classes)}/ look like a split, each "
+                           f"holding class folders ({', '.join(inner[:3])}"
+                           f"{', ...' if len(inner) > 3 else ''}), but kdml reads each "
+                           "sub-folder as a class: give one of them (e.g. "
+                           f"folder:{folder / training[0]}), which data.split splits, or list the "
+                           "images with their split in a CSV (csv:FILE, rows path,label,split)")
+
+
 def _is_folder(entry: os.DirEntry[str]) -> bool:
     """As os.walk decides: a link that cannot be followed (a loop) is not a folder."""
     try:
@@ -120,6 +146,7 @@ def load_folder(folder: Path) -> DatasetParts:
                                f"sub-folders ({', '.join(inner[:3])}"
                                f"{', ...' if len(inner) > 3 else ''}) look like the classes: "
                                f"give {folder / classes[0]} as the folder")
+    _refuse_split_folders(folder, classes, layout)
     paths: list[str] = []
     labels: list[int] = []
     read = {os.path.realpath(folder): str(folder)}  # a link back to DIR is a loop
