@@ -456,7 +456,30 @@ def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
     # two classes, split in halves: one test class would score 1 everywhere (training refuses it)
     pair = make_image_folder(tmp_path / "pair", classes=2, per_class=6, size=32, seed=3)
     assert kdml("eval", run, "--dataset", f"folder:{pair}") == 2
-    assert "has the same class" in capsys.readouterr().err
+    err = capsys.readouterr().err  # not "data.train_classes, or more classes": eval sets none
+    assert "has the same class" in err and err.endswith(
+        "trivially 1; the run's split settings (data.split, data.train_classes) chose it: give "
+        "--dataset a dataset of more classes, each with two samples or more\n")
+
+
+def test_eval_on_a_dataset_a_runs_class_count_does_not_fit_says_what_to_give(tmp_path, capsys):
+    """A run trained with data.train_classes a count (2 of 4 classes) keeps that count on
+    another dataset: on one of 2 classes nothing is left to score, which had been refused as
+    "train_classes=2.0 leaves 2 of 2 classes for training", advice kdml eval cannot follow."""
+    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32",
+                "data.train_classes=2", "eval.ks=[1]") == 0
+    pair = make_image_folder(tmp_path / "pair", classes=2, per_class=4, size=32, seed=3)
+    capsys.readouterr()
+    for command in ("eval", "embed"):
+        extra = ["--out", tmp_path / "e.npz"] if command == "embed" else []
+        assert kdml(command, run, "--dataset", f"folder:{pair}", *extra) == 2
+        assert capsys.readouterr().err == (
+            f"kdml: error: --dataset folder:{pair} has 2 classes, but the run's "
+            "data.train_classes=2 keeps 2 of them as its training classes and scores the rest: "
+            "give a dataset of more than 2 classes\n")
 
 
 def test_eval_ks_sets_the_recall_ks_it_scores(tmp_path, capsys):

@@ -354,8 +354,16 @@ def _num_train_classes(num_classes: int, train_classes: float | int) -> int:
             f"train_classes must be a fraction in (0, 1) or a class count, got {train_classes}"
         )
     if not 1 <= count < num_classes:
-        raise KdmlError(
+        raise ClassCountError(
             f"train_classes={train_classes} leaves {count} of {num_classes} classes for training; "
-            "both sides need at least one class"
-        )
+            "both sides need at least one class", count, num_classes)
     return count
+
+
+class ClassCountError(KdmlError):
+    """``data.train_classes`` that leaves one side of a class-disjoint split empty: ``count``
+    classes for training of the dataset's ``num_classes``."""
+
+    def __init__(self, message: str, count: int, num_classes: int) -> None:
+        super().__init__(message)
+        self.count, self.num_classes = count, num_classes

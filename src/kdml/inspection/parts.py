@@ -15,7 +15,7 @@ from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.data.domains import is_domain_dataset
 from kdml.data.prepare import prepare_data
-from kdml.data.splits import DataSplits
+from kdml.data.splits import ClassCountError, DataSplits
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.evaluator import (
     Embedded,
@@ -103,7 +103,13 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
                         f"features (SOURCE->TARGET or npz:FILE), got {dataset}")
     data = dataclasses.replace(model.config.data, dataset=dataset, root=data_root or "",
                                validation=0.0)
-    splits = prepare_data(data, pca=pca)
+    try:
+        splits = prepare_data(data, pca=pca)
+    except ClassCountError as error:  # its advice, data.train_classes, is the run's: not ours
+        raise KdmlError(f"--dataset {dataset} has {error.num_classes} classes, but the run's "
+                        f"data.train_classes={data.train_classes:g} keeps {error.count} of "
+                        "them as its training classes and scores the rest: give a dataset of "
+                        f"more than {error.count} classes") from None
     trained_shape, shape = model.samples.sample_shape, splits.train.sample_shape
     if shape != trained_shape:  # a CNN with global pooling would take any size silently
         raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "

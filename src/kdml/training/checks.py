@@ -104,7 +104,7 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
                             "of its samples (-1 marks the unlabelled ones)")
         _check_target_classes(splits)
     else:
-        check_test_classes(splits)
+        check_test_classes(splits, evaluating)
     ks = config.eval.ks or splits.eval_ks
     if max(ks) > splits.reference_size:
         fitting = [str(k) for k in ks if k <= splits.reference_size] or ["1"]
@@ -119,21 +119,24 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
         check_selectable(config.train.select_metric, metric_names(config.eval, splits))
 
 
-def check_test_classes(splits: DataSplits) -> None:
+def check_test_classes(splits: DataSplits, evaluating: bool = False) -> None:
     """Refuse a test part (its gallery, where it has one) of a single class, or without a
-    query that has a sample of its class to retrieve."""
+    query that has a sample of its class to retrieve. ``evaluating``: for ``kdml eval``, which
+    cannot change the run's split settings, only the data it scores (``--dataset``)."""
     references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
                                                                              "gallery")
     if references.num_classes == 1:  # it had trained, then reported every metric as 1
         raise KdmlError(f"every {part} sample of {references.name} has the same class, so "
                         "Recall@K, MAP@R and R-Precision would be trivially 1; "
-                        f"{_more_test_classes(splits)}")
+                        f"{EVALUATED_SPLIT if evaluating else _more_test_classes(splits)}")
     if splits.gallery is not None:
         scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
     else:
         scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
     if not scorable:
-        if splits.validation:  # carved from the training part: data.holdout_fraction is not it
+        if evaluating:
+            how = EVALUATED_SPLIT
+        elif splits.validation:  # carved from the training part: data.holdout_fraction is not it
             how = ("raise data.validation, the share of each training class held out for "
                    "validation, or give each class more samples" if splits.kind == SEEN else
                    "give the validation classes at least two samples each, or train without "
@@ -156,6 +159,11 @@ def _check_target_classes(splits: DataSplits) -> None:
         raise KdmlError(f"no labelled target sample of {splits.test.name} has another of its "
                         "class to retrieve, so Recall@K is undefined; label at least two target "
                         "samples of a class (-1 marks the unlabelled ones)")
+
+
+# What kdml eval, which splits data as the run did, can do about a test part it cannot score.
+EVALUATED_SPLIT = ("the run's split settings (data.split, data.train_classes) chose it: give "
+                   "--dataset a dataset of more classes, each with two samples or more")
 
 
 def _more_test_classes(splits: DataSplits) -> str:
