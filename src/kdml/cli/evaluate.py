@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING
 from kdml.cli.output import _print_results, _progress
 from kdml.errors import KdmlError
 
+# eval.json's fields that every kdml has written (written_by_kdml: a file lacking one is a
+# user's, never replaced)
+EVAL_FIELDS = ("epoch", "metrics")
+
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
     from kdml.data.splits import DataSplits
@@ -34,10 +38,10 @@ def _eval(args: argparse.Namespace) -> int:
         check_evaluation(config, trained.splits, evaluating=True)
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
-    check_json_replaceable(trained.run.root / "eval.json", [*result, "metrics"])
+    check_json_replaceable(trained.run.root / "eval.json", EVAL_FIELDS)
     metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
                                args.best, trained.splits.validation)
-    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json")
+    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json", EVAL_FIELDS)
     return 0
 
 

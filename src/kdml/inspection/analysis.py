@@ -20,6 +20,9 @@ from kdml.file_write import check_writable_folder
 from kdml.training.loading import TrainedRun
 from kdml.training.run_folder import check_json_replaceable, write_json
 
+# generalization.json's fields that every kdml has written (written_by_kdml)
+GENERALIZATION_FIELDS = ("settings", "h_divergence", "lambda")
+
 _log = logging.getLogger(__name__)
 
 
@@ -41,7 +44,7 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     For a run that validated (``data.validation``), the unseen classes are its validation
     part, which it did not train on either (``"unseen": "validation"`` in the file)."""
     path = trained.run.root / "generalization.json"
-    check_json_replaceable(path, ["settings"])  # before minutes of embedding
+    check_json_replaceable(path, GENERALIZATION_FIELDS)  # before minutes of embedding
     # unlike eval's metrics, these are shown only once written
     check_writable_folder(path.parent, "make the run folder writable")
     splits = trained.splits
@@ -79,5 +82,5 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
                "distance": distance, "unseen": "validation" if splits.validation else "test",
                **{name: estimate.to_dict() for name, estimate in terms.items()}}
-    write_json(written, path)
+    write_json(written, path, GENERALIZATION_FIELDS)
     return terms, path

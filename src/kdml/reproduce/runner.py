@@ -215,7 +215,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     wall = earlier + time.perf_counter() - start
     machine = machine_description(resolve_device(run.config.train.device))
     write_json({"wall_s": wall, "device": run.config.train.device, "machine": machine,
-                **({"diverged": diverged} if diverged else {})}, timing)
+                **({"diverged": diverged} if diverged else {})}, timing, ("wall_s", "device"))
     return Trained(wall, diverged, reused=False, machine=machine)
 
 
@@ -470,7 +470,7 @@ def _parts(experiment: Experiment, run_dir: Path) -> dict[str, dict[str, float]]
                                      sorted({*ks, *PARTS_KS}), NUM_PARTS,
                                      as_metric(trained.config.eval.metric))
     metrics = {name: {"mean": e.mean, "ci95": e.ci95} for name, e in estimates.items()}
-    write_json({"num_parts": NUM_PARTS, "metrics": metrics}, path)
+    write_json({"num_parts": NUM_PARTS, "metrics": metrics}, path, ("num_parts", "metrics"))
     return metrics
 
 

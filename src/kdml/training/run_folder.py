@@ -402,7 +402,9 @@ def hold_folder(lock_file: Path, busy: str, wait: bool = False) -> Iterator[None
         yield
 
 
-METRICS_FIELDS = ("epochs", "final", "scored")  # metrics.json's
+# The fields of metrics.json that every kdml has written ("scored" came later): a file holding
+# them all is kdml's own (written_by_kdml)
+METRICS_FIELDS = ("epochs", "final")
 
 
 def make_folder(root: Path) -> None:
@@ -414,14 +416,16 @@ def make_folder(root: Path) -> None:
 
 
 def written_by_kdml(path: Path, fields: Iterable[str]) -> bool:
-    """Whether ``path`` is a JSON object sharing a top-level field with ``fields``, what kdml
-    writes there: its own earlier output (an older kdml's too, whose fields may differ in
-    part), not a user's notes that happen to have the name."""
+    """Whether ``path`` is a JSON object holding every top-level field of ``fields``, those
+    that kdml has always written there: its own earlier output (an older kdml's too, which
+    may lack the fields added since), not a user's notes that happen to have the name. One
+    shared field had been enough, and a user's ``{"metrics": ..., "source": ...}`` was
+    replaced by kdml eval's."""
     try:
         existing = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(existing, dict) and not existing.keys().isdisjoint(fields)
+    return isinstance(existing, dict) and set(fields) <= existing.keys()
 
 
 def check_csv_replaceable(path: Path) -> None:
@@ -457,10 +461,10 @@ def _check_replaceable(path: Path, written_by_kdml_here: Callable[[Path], bool])
                         "never replaces a file it did not write)")
 
 
-def write_json(values: dict[str, Any], path: Path, fields: Iterable[str] | None = None) -> None:
+def write_json(values: dict[str, Any], path: Path, fields: Iterable[str]) -> None:
     """Write ``values`` to ``path`` whole or not at all, never over a file kdml did not write
-    (one sharing none of ``fields``, by default ``values``' own top-level fields)."""
-    check_json_replaceable(path, values if fields is None else fields)
+    (one lacking a field of ``fields``: :func:`written_by_kdml`)."""
+    check_json_replaceable(path, fields)
     text = json.dumps(values, indent=2)
     write_through_new_file(path, lambda partial: partial.write_text(text))
 
