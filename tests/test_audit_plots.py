@@ -151,3 +151,26 @@ def test_embedding_map_refuses_too_few_points_or_no_matrix_in_one_line(shape):
     """t-SNE's "perplexity must be less than n_samples" or an IndexError had been raised."""
     with pytest.raises(KdmlError, match=r"^embedding_map needs embeddings \[N, d\] with N >= 3"):
         embedding_map(np.zeros(shape))
+
+
+@pytest.mark.parametrize("title", ["jrd on digits",
+                                   "jrd on folder:/home/someone/photos/holiday-2026/all",
+                                   "jrd on folder:/a-very-long-folder-name-without-any-spaces-at"
+                                   "-all-in-it-whatsoever"])
+def test_the_embedding_maps_title_fits_in_the_picture(title):
+    """docs/inspecting.md: the map of a run scored by the cosine is of its L2-normalised
+    embeddings, "and its title says so". On one line the title had run past both edges of the
+    600-pixel figure, cutting off those words ("n digits (t-SNE, of the L2-normalised
+    embeddings (cosine metric), 5 clas"); wrapped, all of it is in the picture."""
+    from kdml.viz_retrieval import _embedding_map_figure
+
+    coordinates = np.random.default_rng(0).normal(size=(50, 2))
+    method = "t-SNE, of the L2-normalised embeddings (cosine metric)"
+    figure = _embedding_map_figure(coordinates, np.arange(50) % 5 + 5, method, title, None)
+    figure.canvas.draw()
+    drawn = figure.axes[0].title
+    extent = drawn.get_window_extent(figure.canvas.get_renderer())
+    assert extent.x0 >= 0 and extent.x1 <= figure.bbox.width, (extent.x0, extent.x1)
+    assert extent.y1 <= figure.bbox.height
+    expected = f"{title} ({method}, 5 classes)"
+    assert "".join(drawn.get_text().split()) == "".join(expected.split())

@@ -6,6 +6,7 @@ matplotlib's object API with the Agg canvas: no display, no global backend chang
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ from kdml.evaluation.labels import as_label_vector
 from kdml.figure_file import missing_glyphs_named, write_png
 
 HIT, MISS = "#1a9850", "#d73027"
+
+# Characters of the embedding map's title to a line: its 6-inch figure fits about 60 at
+# matplotlib's default 12-point title.
+TITLE_WIDTH = 56
 
 
 def _picture(image: Any) -> tuple[np.ndarray, str | None]:
@@ -187,6 +192,9 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
         axes.scatter(coordinates[labelled, 0], coordinates[labelled, 1],
                      c=np.searchsorted(classes, labels[labelled]), s=6, cmap="tab20",
                      linewidths=0)
-    axes.set(xticks=[], yticks=[], title=f"{title} ({method}, {len(classes)} classes)")
+    # wrapped: a cosine run's method note alone nearly fills the 6-inch width, and a title
+    # on one line had run past both edges, cutting off what it says
+    axes.set(xticks=[], yticks=[],
+             title=textwrap.fill(f"{title} ({method}, {len(classes)} classes)", TITLE_WIDTH))
     figure.tight_layout()
     return figure
