@@ -49,9 +49,9 @@ def atlas_experiments(quick: bool = False) -> list[Experiment]:
              for dataset in (ATLAS_TABLE2_DATASETS[:1] if quick else ATLAS_TABLE2_DATASETS)]
     found.append(_atlas_ablation("mnist5k", quick))
     if not quick:  # --quick already runs the small CNN
-        # Fashion-MNIST's Table 2 and its head ablation at d = 2: with 60,000 training images
-        # to mnist5k's 4,000, its runs take 15 times as long (15 to 48 minutes each on one CPU
-        # core, not 1 to 2)
+        # Fashion-MNIST's Table 2 (d = 2, 4, 8) and its head ablation at d = 2: with 60,000
+        # training images to mnist5k's 4,000, its runs take 15 times as long (15 to 48 minutes
+        # each on one CPU core, not 1 to 2)
         found += [_atlas_table2_cnn("mnist5k", (2, 4, 8)), _atlas_ablation_cnn("mnist5k"),
                   _atlas_epochs_cnn("mnist5k"), _atlas_head_cnn("mnist5k"),
                   _atlas_mmd_weight_cnn("mnist5k"), _atlas_table2_cnn("fashion-mnist", (2, 4, 8)),
