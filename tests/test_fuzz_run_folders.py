@@ -4,11 +4,15 @@ session found them mishandled."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kdml.cli.evaluate import EVAL_FIELDS
 from kdml.errors import KdmlError
+from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
 from kdml.inspection.analysis import GENERALIZATION_FIELDS
 from kdml.training.run_folder import METRICS_FIELDS, write_json
 
@@ -36,3 +40,41 @@ def test_a_users_json_that_shares_a_field_with_kdmls_is_not_replaced(tmp_path, f
     path.write_text(json.dumps(older_kdml))
     write_json(ours, path, fields)
     assert json.loads(path.read_text()) == ours
+
+
+def _index(folder: Path, seed: int) -> None:
+    """An exact cosine index of 50 random 8-d vectors, 5 classes."""
+    vectors = np.random.default_rng(seed).normal(size=(50, 8)).astype(np.float32)
+    items = {"labels": (np.arange(50) + seed) % 5, "positions": np.arange(50),
+             "sources": np.array([f"test[{i}]" for i in range(50)])}
+    build_index(folder, vectors, items, IndexInfo(str(folder), "0" * 64, "cosine", 0, "exact",
+                                                  0, 1.0))
+
+
+@pytest.mark.parametrize("name", ["index.faiss", "items.npz"])
+def test_a_file_copied_from_another_index_of_the_same_size_is_refused(tmp_path, name):
+    """docs/inspecting.md: a faiss file copied from another index is refused as damaged. One
+    of the same dimension, metric and count had been searched without a word (a query's own
+    vector came back at cosine 0.19, not 1); items.npz of another index, its labels wrong."""
+    _index(tmp_path / "a", seed=0)
+    _index(tmp_path / "b", seed=1)
+    shutil.copy(tmp_path / "b" / name, tmp_path / "a" / name)
+    with pytest.raises(KdmlError) as refused:
+        load_index(tmp_path / "a")
+    assert str(refused.value) == (
+        f"{tmp_path / 'a'} holds a damaged index ({name} is not the file it was built with (its "
+        "sha256 differs from index.json's): a file copied from another index, or changed "
+        "since); build it again with 'kdml index'")
+
+
+def test_an_index_of_an_older_kdml_without_sha256_sums_is_searched(tmp_path):
+    """An index.json written before the sums has none: its files are checked as before
+    (dimension, metric, count) and searched."""
+    _index(tmp_path / "a", seed=0)
+    meta = tmp_path / "a" / "index.json"
+    recorded = json.loads(meta.read_text())
+    assert sorted(recorded.pop("files_sha256")) == ["index.faiss", "items.npz"]
+    meta.write_text(json.dumps(recorded))
+    query = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)[7:8]
+    scores, positions = search_index(load_index(tmp_path / "a"), query, 1)
+    assert positions.tolist() == [[7]] and scores[0, 0] == pytest.approx(1.0, abs=1e-6)

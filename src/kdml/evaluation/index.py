@@ -5,7 +5,8 @@ chart, since points of different charts are infinitely far apart), ``items.npz``
 dataset positions and sources of the indexed samples) and ``index.json``: the metric, the
 dimension, the kind, the vectors' rescaling factor and the fingerprint of the run's checkpoint,
 so that a query embedded by another model is refused (with the run folder, checkpoint file and
-epoch, for saying which), all checked against the faiss files when loaded.
+epoch, for saying which) and the sha256 of each of its files, all checked against the faiss
+files when loaded.
 
 Kinds: ``exact`` (brute force, the evaluation's results), ``ivf`` (an inverted file: k-means
 cells, ``4 sqrt(N)`` of them but at least 39 points each, searching 16; below 78 points, one
@@ -64,10 +65,14 @@ class IndexInfo:
     centre: list[float] | None = None
     checkpoint: str | None = None  # the checkpoint's file name (last.pt, best.pt); older: none
     epoch: int | None = None  # the epoch it holds; older indexes: none
+    # the sha256 of each faiss file and of items.npz, by name: a file copied in from another
+    # index of the same size had been searched without a word; older indexes: none
+    files_sha256: dict[str, str] | None = None
 
 
 def checkpoint_fingerprint(path: Path) -> str:
-    """sha256 of a checkpoint file: ties an index to the model that embedded it."""
+    """sha256 of a checkpoint file (or any file): ties an index to the model that embedded
+    it, and an index's files to its ``index.json``."""
     digest = hashlib.sha256()
     with path.open("rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
@@ -147,6 +152,8 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
                                   str(partial / f"chart_{chart}.faiss"))
             items = {**items, "chart": chart_index}
         np.savez(partial / "items.npz", **items)  # type: ignore[arg-type]  # numpy's stubs
+        info.files_sha256 = {path.name: checkpoint_fingerprint(path)
+                             for path in sorted(partial.iterdir())}
         (partial / "index.json").write_text(json.dumps(asdict(info), indent=2))
         os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
     except BaseException:  # Ctrl-C or a full disk: no half-built index stays behind
@@ -198,12 +205,29 @@ def load_index(folder: Path) -> LoadedIndex:
         what = f"items.npz's {not_whole[0]!r} are {items[not_whole[0]].dtype}, not integers"
     elif stored != info.count:
         what = f"its faiss files hold {stored} vectors, index.json says {info.count}"
-    else:
-        what = _info_disagreement(info, indexes)
+    else:  # a file of another index of the same size: its sums tell
+        what = (_info_disagreement(info, indexes)
+                or _changed_file(folder, info, [*names, "items.npz"]))
     if what:
         raise KdmlError(f"{folder} holds a damaged index ({what}); build it again with "
                         "'kdml index'")
     return LoadedIndex(info, items, indexes)
+
+
+def _changed_file(folder: Path, info: IndexInfo, names: list[str]) -> str | None:
+    """Which of the index's files ``names`` is not the one :func:`build_index` wrote, as the
+    sha256 sums in ``index.json`` tell (None for an index of an older kdml, without them)."""
+    recorded = info.files_sha256
+    if recorded is None:
+        return None
+    if not (isinstance(recorded, dict) and sorted(recorded) == sorted(names)
+            and all(isinstance(value, str) for value in recorded.values())):
+        return f"index.json's files_sha256 does not list its files {', '.join(names)}"
+    for name in names:
+        if checkpoint_fingerprint(folder / name) != recorded[name]:
+            return (f"{name} is not the file it was built with (its sha256 differs from "
+                    "index.json's): a file copied from another index, or changed since")
+    return None
 
 
 def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str | None:
