@@ -369,9 +369,10 @@ def test_kdml_datasets_names_the_folder_training_would_read(tmp_path, monkeypatc
     from kdml.data.registry import FORMATS, ROOT_VARIABLE, find_root
 
     monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
-    for folder in ("CUB_200_2011", "cub"):  # two copies, each with the marker file
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / "images.txt").write_text("")
+    for folder in ("CUB_200_2011", "cub"):  # two complete copies (but for the images)
+        (tmp_path / folder / "images").mkdir(parents=True)
+        for name in ("images.txt", "image_class_labels.txt"):
+            (tmp_path / folder / name).write_text("")
     read = find_root(FORMATS["cub"])
     assert cli.main(["datasets"]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines()
@@ -585,8 +586,8 @@ def test_kdml_datasets_names_an_incomplete_copy_that_training_would_read(tmp_pat
     entry = dataclasses.replace(registry.FORMATS["fashion-mnist"], system_root=str(system))
     monkeypatch.setitem(registry.FORMATS, "fashion-mnist", entry)
     system.mkdir()
-    for marker in entry.markers:
-        (system / marker).write_text("")
+    for need in entry.needs:  # a complete copy: every file, under the first of its names
+        (system / need.split("|")[0]).write_text("")
     (tmp_path / "mine" / "fashion-mnist").mkdir(parents=True)
     monkeypatch.delenv(registry.ROOT_VARIABLE, raising=False)
     assert cli.main(["datasets"]) == 0
@@ -597,7 +598,9 @@ def test_kdml_datasets_names_an_incomplete_copy_that_training_would_read(tmp_pat
     (line,) = [line for line in capsys.readouterr().out.splitlines()
                if line.split()[0] == "fashion-mnist"]
     assert line.endswith(f"; not complete in {tmp_path / 'mine' / 'fashion-mnist'}, which "
-                         "training reads (kdml train says what is missing)")
+                         "training reads (missing train-images-idx3-ubyte, "
+                         "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                         "t10k-labels-idx1-ubyte)")
 
 
 @pytest.mark.parametrize("score", [None, "0.5", True])
@@ -631,3 +634,41 @@ def test_a_finished_cell_whose_score_is_no_number_shows_a_dash(tmp_path, capsys,
     first.write_text(json.dumps({"epochs": [], "final": {"recall@1": score}}))
     assert cli.main(args) == 0
     assert table() == {"seed=0": ["-"], "seed=1": ["0.5000"]}
+
+
+@pytest.mark.parametrize(("name", "files", "missing"), [
+    ("cub", ["images.txt"], "image_class_labels.txt, images/"),
+    ("mnist", ["train-images-idx3-ubyte.gz", "train-labels.idx1-ubyte"],
+     "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte"),
+    ("inshop", ["Eval/list_eval_partition.txt", "Img/img/x.jpg"], "img/"),
+    ("cifar10", ["data_batch_1", "test_batch"], "data_batch_2, data_batch_3, data_batch_4, "
+                                                "data_batch_5"),
+])
+def test_kdml_datasets_names_what_a_copy_with_a_marker_file_lacks(tmp_path, monkeypatch, capsys,
+                                                                  name, files, missing):
+    """README: kdml datasets says a copy under $KDML_DATA_ROOT that lacks files is not
+    complete. One holding the dataset's marker file (CUB's images.txt, MNIST's train labels)
+    had been listed as "found in", and training then stopped on the files missing beside it;
+    the line names them (any of a file's names will do: MNIST's gzipped or dotted ones)."""
+    from kdml.data import registry
+
+    for file in files:
+        path = tmp_path / name / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    monkeypatch.setenv(registry.ROOT_VARIABLE, str(tmp_path))
+    assert cli.main(["datasets"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.split() and line.split()[0] == name]
+    assert line.endswith(f"; not complete in {tmp_path / name}, which training reads (missing "
+                         f"{missing})")
+
+
+def test_every_on_disk_formats_needs_hold_its_markers():
+    """kdml datasets calls a copy complete when nothing of a format's needs is missing: a
+    marker that is no need would let a folder without it pass as complete."""
+    from kdml.data import registry
+
+    for entry in registry.FORMATS.values():
+        alternatives = {name for need in entry.needs for name in need.split("|")}
+        assert set(entry.markers) <= alternatives, entry.name

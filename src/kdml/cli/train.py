@@ -410,9 +410,9 @@ def _datasets(args: argparse.Namespace) -> int:
         except KdmlError:
             where = "not found"
         else:
-            where = (f"found in {root}" if entry.located(root) is not None else
-                     f"not complete in {root}, which training reads (kdml train says what is "
-                     "missing)")
+            missing = entry.missing(root)  # its needs include its markers
+            where = (f"not complete in {root}, which training reads (missing "
+                     f"{', '.join(missing)})" if missing else f"found in {root}")
         on_disk.append((entry.name, entry.description, where))
     width = max(len(name) for name, *_ in rows + on_disk)
     print("Offline and your own data:")

@@ -70,6 +70,9 @@ class DiskFormat:
         archive_folder: the folder its archive extracts to (``CUB_200_2011``), also looked
             for inside a root (:meth:`folders`).
         system_root: a folder where an operating-system package installs the files.
+        needs: what the loader reads besides the images: each entry a file (a folder where it
+            ends in ``/``), or alternatives joined by ``|`` of which one is enough
+            (:meth:`missing`).
     """
 
     name: str
@@ -78,6 +81,7 @@ class DiskFormat:
     markers: tuple[str, ...]
     archive_folder: str = ""
     system_root: str = ""
+    needs: tuple[str, ...] = ()
 
     def load(self, root: Path) -> DatasetParts:
         module, function = self.loader.split(":")
@@ -97,34 +101,56 @@ class DiskFormat:
         """``folder`` if it holds one of the dataset's marker files, else ``None``."""
         return folder if any((folder / marker).is_file() for marker in self.markers) else None
 
+    def missing(self, folder: Path) -> list[str]:
+        """The entries of :attr:`needs` that ``folder`` lacks (a marker file alone had been
+        called "found", and training then stopped on the files missing beside it)."""
+        def there(name: str) -> bool:
+            path = folder / name
+            return path.is_dir() if name.endswith("/") else path.is_file()
+
+        return [need.split("|")[0] for need in self.needs
+                if not any(map(there, need.split("|")))]
+
 
 def _format(name: str, description: str, module: str, function: str, *markers: str,
-            archive_folder: str = "", system_root: str = "") -> DiskFormat:
+            archive_folder: str = "", system_root: str = "",
+            needs: tuple[str, ...] = ()) -> DiskFormat:
     return DiskFormat(name, description, f"kdml.data.formats.{module}:{function}", markers,
-                      archive_folder, system_root)
+                      archive_folder, system_root, needs)
+
+
+# The four IDX files of MNIST and Fashion-MNIST, each under any of its names.
+IDX_FILES = tuple("|".join(idx_file_names(name)) for name in (
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte"))
 
 
 FORMATS: dict[str, DiskFormat] = {
     entry.name: entry
     for entry in (
         _format("cub", "CUB-200-2011, 11,788 bird photos, 200 classes (100 train / 100 test)",
-                "cub", "load_cub", "images.txt", archive_folder="CUB_200_2011"),
+                "cub", "load_cub", "images.txt", archive_folder="CUB_200_2011",
+                needs=("images.txt", "image_class_labels.txt", "images/")),
         _format("cars196", "Cars196, 16,185 car photos, 196 classes (98 train / 98 test)",
-                "cars", "load_cars196", "cars_annos.mat"),
+                "cars", "load_cars196", "cars_annos.mat", needs=("cars_annos.mat", "car_ims/")),
         _format("sop", "Stanford Online Products, 120,053 photos, 22,634 classes (files' split)",
-                "sop", "load_sop", "Ebay_train.txt", archive_folder="Stanford_Online_Products"),
+                "sop", "load_sop", "Ebay_train.txt", archive_folder="Stanford_Online_Products",
+                needs=("Ebay_train.txt", "Ebay_test.txt")),
         _format("inshop", "In-Shop Clothes Retrieval, 52,712 photos; query vs gallery",
                 "inshop", "load_inshop", "list_eval_partition.txt",
-                "Eval/list_eval_partition.txt"),
+                "Eval/list_eval_partition.txt",
+                needs=("list_eval_partition.txt|Eval/list_eval_partition.txt", "img/")),
         _format("cifar10", "CIFAR-10, 60,000 3x32x32 images, 10 classes (files' split)",
-                "cifar", "load_cifar10", "data_batch_1", archive_folder="cifar-10-batches-py"),
+                "cifar", "load_cifar10", "data_batch_1", archive_folder="cifar-10-batches-py",
+                needs=(*(f"data_batch_{number}" for number in range(1, 6)), "test_batch")),
         _format("cifar100", "CIFAR-100, 60,000 3x32x32 images, 100 classes (files' split)",
-                "cifar", "load_cifar100", "train", archive_folder="cifar-100-python"),
+                "cifar", "load_cifar100", "train", archive_folder="cifar-100-python",
+                needs=("train", "test")),
         _format("mnist", "MNIST, 70,000 1x28x28 digits (IDX files, files' split)",
-                "idx", "load_mnist", *idx_file_names("train-labels-idx1-ubyte")),
+                "idx", "load_mnist", *idx_file_names("train-labels-idx1-ubyte"), needs=IDX_FILES),
         _format("fashion-mnist", "Fashion-MNIST, 70,000 1x28x28 clothing images (IDX files)",
                 "idx", "load_fashion_mnist", *idx_file_names("train-labels-idx1-ubyte"),
-                system_root="/usr/share/datasets/fashion-mnist"),
+                system_root="/usr/share/datasets/fashion-mnist", needs=IDX_FILES),
     )
 }
 
