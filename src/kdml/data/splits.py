@@ -40,6 +40,13 @@ TEST_SETS = {UNSEEN: "classes not seen in training",
              DOMAIN: "the target domain, whose labels training never sees"}
 
 
+# TEST_SETS for another dataset than the run's (kdml eval --dataset), whose classes the run may
+# have trained on: its test part is what the run's data.split makes of it, nothing more.
+OTHER_TEST_SETS = {UNSEEN: "the classes of its test part (as the run's data.split divides it)",
+                   SEEN: "its classes, held out as the run's data.split divides it",
+                   DOMAIN: TEST_SETS[DOMAIN]}
+
+
 def counted_classes(count: int, kind: str) -> str:
     """``"3,985 classes not seen in training"``: :data:`TEST_SETS`'s words with a count (of a
     query/gallery split, never a domain pair's)."""
@@ -80,6 +87,9 @@ class DataSplits:
     # A domain pair reduced by data.pca_dim: the PCA its samples went through, as raw inputs
     # must too (None: the samples are the inputs).
     input_pca: SourcePCA | None = None
+    # What the test samples are where TEST_SETS' words, which speak of training on this data,
+    # would not hold: another dataset scored by a run's model (OTHER_TEST_SETS).
+    test_words: str = ""
 
     @property
     def test_set(self) -> str:
@@ -96,9 +106,10 @@ class DataSplits:
             references = self.scored_labels("gallery", self.gallery)
             classes = torch.cat([queries, references]).unique().numel()
             line = (f"{len(queries):,} query and {len(references):,} gallery samples of "
-                    f"{counted_classes(classes, self.kind)}")
+                    + (f"{classes:,} classes, {self.test_words}" if self.test_words else
+                       counted_classes(classes, self.kind)))
         else:
-            line = f"{len(queries):,} samples of {TEST_SETS[self.kind]}"
+            line = f"{len(queries):,} samples of {self.test_words or TEST_SETS[self.kind]}"
         return (line + self.unlabelled_note(queries) + self.lone_queries_note()
                 + self.unreadable_note())
 

@@ -15,7 +15,7 @@ from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.data.domains import is_domain_dataset
 from kdml.data.prepare import prepare_data
-from kdml.data.splits import ClassCountError, DataSplits
+from kdml.data.splits import OTHER_TEST_SETS, ClassCountError, DataSplits
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.evaluator import (
     Embedded,
@@ -110,6 +110,9 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
                         f"data.train_classes={data.train_classes:g} keeps {error.count} of "
                         "them as its training classes and scores the rest: give a dataset of "
                         f"more than {error.count} classes") from None
+    # "classes not seen in training" would speak of the run's training, which may have been
+    # on these classes (a run of all MNIST scored on mnist5k)
+    splits = dataclasses.replace(splits, test_words=OTHER_TEST_SETS[splits.kind])
     trained_shape, shape = model.samples.sample_shape, splits.train.sample_shape
     if shape != trained_shape:  # a CNN with global pooling would take any size silently
         raise KdmlError(f"--dataset {dataset} has samples of shape {shape}, but the run was "
