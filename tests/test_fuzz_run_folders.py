@@ -78,3 +78,52 @@ def test_an_index_of_an_older_kdml_without_sha256_sums_is_searched(tmp_path):
     query = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)[7:8]
     scores, positions = search_index(load_index(tmp_path / "a"), query, 1)
     assert positions.tolist() == [[7]] and scores[0, 0] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_a_stop_just_after_an_epochs_checkpoint_waits_for_its_log_line(tmp_path, monkeypatch,
+                                                                       stop):
+    """A Ctrl-C or kill (SIGTERM) landing between an epoch's last.pt and its log line had left
+    the epoch in last.pt but never in train.log or TensorBoard: --resume goes on after it. The
+    stop now waits for the line, then stops the run as before (exit 130 or 143), and the
+    resumed run logs every epoch once."""
+    import signal
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kdml import cli
+    from kdml.training import recorder
+
+    original = recorder.save_checkpoint
+
+    def save_then_stop(state, path):
+        original(state, path)
+        if path.name == "last.pt" and state["epoch"] == 1:
+            signal.raise_signal(getattr(signal, stop))
+
+    monkeypatch.setattr(recorder, "save_checkpoint", save_then_stop)
+    # the handler the console command sets (cli.main with argv None): under the default one
+    # the signal would end the test process
+    previous = signal.signal(signal.SIGTERM, cli._interrupt)
+    run = tmp_path / "run"
+    try:
+        assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
+                         "--no-progress", "train.epochs=2", "train.steps_per_epoch=2",
+                         "eval.nmi=false", "model.embedding_size=8", "train.device=cpu"]) == (
+            130 if stop == "SIGINT" else 143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    log = (run / "train.log").read_text()
+    assert " epoch 1: " in log and " epoch 2" not in log
+    said = "interrupted (Ctrl-C)" if stop == "SIGINT" else "terminated (SIGTERM)"
+    assert log.endswith(f"stopped: {said}\n")
+    monkeypatch.setattr(recorder, "save_checkpoint", original)
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    log = (run / "train.log").read_text()
+    assert log.count(" epoch 1: ") == 1 and log.count(" epoch 2: ") == 1
+    steps = []
+    for events in sorted((run / "tensorboard").iterdir()):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        steps += [event.step for event in accumulator.Scalars("train/loss")]
+    assert sorted(steps) == [1, 2]

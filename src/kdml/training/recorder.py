@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kdml import distributed
@@ -126,20 +128,22 @@ class Recorder:
         ``recorded``: keys of ``row`` an earlier session logged already (an epoch trained
         then, scored now): only the others are logged, so that train.log and TensorBoard
         hold each value once. Logged after the checkpoint: a stop while it is written has the
-        epoch done again (or scored again) by --resume, and logged then, once."""
+        epoch done again (or scored again) by --resume, and logged then, once; a Ctrl-C or kill
+        (SIGTERM) after it waits for the log line (:func:`_stops_deferred`)."""
         if not self.writes or self.writer is None:
             return
         state = checkpoint()
         if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
             save_checkpoint(state, self.run.best_checkpoint)
-        save_checkpoint(state, self.run.checkpoint)
-        self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
-        new = {key: value for key, value in row.items()
-               if key != "epoch" and key not in recorded}
-        for key, value in new.items():
-            self.writer.add_scalar(key, value, row["epoch"])
-        self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
-                      _format_row(new))
+        with _stops_deferred():  # once last.pt holds the epoch, --resume never logs it again
+            save_checkpoint(state, self.run.checkpoint)
+            self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
+            new = {key: value for key, value in row.items()
+                   if key != "epoch" and key not in recorded}
+            for key, value in new.items():
+                self.writer.add_scalar(key, value, row["epoch"])
+            self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
+                          _format_row(new))
         if keep_as_best:
             self.log.info("epoch %d has the best validation score so far: kept as %s",
                           row["epoch"], self.run.best_checkpoint.name)
@@ -152,6 +156,28 @@ class Recorder:
         if self.writes:
             self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
             self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
+
+
+@contextlib.contextmanager
+def _stops_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) or kill (SIGTERM) that arrives inside the block until its end,
+    then stop as it would have: between an epoch's checkpoint and its log line it had left the
+    epoch in last.pt but never in train.log or TensorBoard (--resume goes on after it). Only in
+    the main thread, where Python runs signal handlers; SIGKILL cannot be held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, lambda number, _: held.append(number))
+                for number in stops}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():  # None: one set outside Python
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        if held:  # to the handler that was there (the CLI's, Python's Ctrl-C, or none)
+            signal.raise_signal(held[0])
 
 
 def _format_row(row: dict[str, Any]) -> str:
