@@ -127,3 +127,62 @@ def test_a_stop_just_after_an_epochs_checkpoint_waits_for_its_log_line(tmp_path,
         accumulator.Reload()
         steps += [event.step for event in accumulator.Scalars("train/loss")]
     assert sorted(steps) == [1, 2]
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted"])
+def test_a_run_folder_moved_while_training_is_not_made_again_at_its_old_path(
+        tmp_path, monkeypatch, capsys, how):
+    """The user moves (or deletes) the folder of a run that is still training: the run had
+    made a new, half one at the old path (checkpoints, metrics and plots, no config.yaml, so
+    no command opens it) and stopped with TensorBoard's thread traceback and a b'...' path.
+    It stops in one line now, writing nothing there, and the moved folder resumes."""
+    from kdml import cli
+    from kdml.training import recorder
+
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    original = recorder.Recorder.epoch
+
+    def epoch_then_move(self, row, *args, **kwargs):
+        original(self, row, *args, **kwargs)
+        if row["epoch"] == 1:
+            if how == "moved":
+                run.rename(moved)
+            else:
+                shutil.rmtree(run)
+
+    monkeypatch.setattr(recorder.Recorder, "epoch", epoch_then_move)
+    settings = ["--no-progress", "train.epochs=3", "train.steps_per_epoch=2", "eval.nmi=false",
+                "model.embedding_size=8", "train.device=cpu"]
+    capsys.readouterr()
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
+                     *settings]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: the run folder {run} was moved or deleted while the run trained, so "
+        "nothing more is written; a moved folder keeps the epochs trained before: continue "
+        "with kdml train --resume NEW_FOLDER\n")
+    assert not run.exists()
+    if how == "moved":
+        assert (moved / "train.log").read_text().endswith(
+            "was moved or deleted while the run trained, so nothing more is written; a moved "
+            "folder keeps the epochs trained before: continue with kdml train --resume "
+            "NEW_FOLDER\n")
+        monkeypatch.setattr(recorder.Recorder, "epoch", original)
+        assert cli.main(["train", "--resume", str(moved), "--no-progress"]) == 0
+        assert [line.split(",")[0] for line in
+                (moved / "metrics.csv").read_text().splitlines()[1:]] == ["1", "2", "3"]
+
+
+def test_a_file_system_error_about_a_bytes_path_names_it_as_text(monkeypatch, capsys):
+    """TensorBoard's writer raises its errors with the path as bytes: the one line had shown
+    it as b'/runs/x/tensorboard/...'."""
+    import errno
+
+    from kdml import cli
+
+    def full_disk(args):
+        raise OSError(errno.ENOSPC, "No space left on device", b"/runs/r\xc3\xa9/events")
+
+    monkeypatch.setitem(cli._COMMANDS, "recipes", full_disk)
+    assert cli.main(["recipes"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "kdml: error: /runs/ré/events: No space left on device; free space on its disk")

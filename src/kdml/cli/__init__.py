@@ -197,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the file system refused a path (a file where a folder goes, no permission, a full
         # disk): say which and why in one line, as for any other bad input
         if _is_main_process():
-            paths = " -> ".join(str(name) for name in (error.filename, error.filename2)
+            # bytes from some writers (TensorBoard's): their b'...' form is no path to read
+            paths = " -> ".join(os.fsdecode(name) if isinstance(name, bytes) else str(name)
+                                for name in (error.filename, error.filename2)
                                 if name is not None)
             advice = ("check its permissions" if isinstance(error, PermissionError)
                       else "move what is in the way or choose another path"

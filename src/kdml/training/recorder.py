@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -43,13 +44,22 @@ class Recorder:
         self.writer: SummaryWriter | None = None
         self._plotted_at = time.monotonic()
         self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
+        self._folder: tuple[int, int] | None = None  # the run folder's (device, inode)
+        self._thread_hook = threading.excepthook  # the one this session's replaces
 
     def __enter__(self) -> Recorder:
         if self.writes:
             from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
 
             self.log = self._stack.enter_context(run_logging(self.run.log))
-            self.writer = self._stack.enter_context(SummaryWriter(str(self.run.tensorboard)))
+            self._folder = _identity(self.run.root)
+            self.writer = SummaryWriter(str(self.run.tensorboard))
+            self._stack.callback(self._close_writer)
+            # TensorBoard's writer thread fails on its own when the folder goes (it reopens
+            # its file by path): a line in train.log, not a thread's traceback on stderr
+            self._thread_hook = threading.excepthook
+            self._stack.callback(setattr, threading, "excepthook", self._thread_hook)
+            threading.excepthook = self._thread_failed
         else:
             self.log.disabled = True
             self._stack.callback(setattr, self.log, "disabled", False)
@@ -58,13 +68,16 @@ class Recorder:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: object) -> None:
         with self._stack:  # train.log is still open for the plots' warning and the stop line
+            moved = self.writes and self._moved()  # then nothing is drawn where it was
             if kind is not None and self.writes:
-                self._log_stop(kind, error)
+                self._log_stop(kind, error)  # into the open train.log, wherever it went
+                if moved:
+                    return
                 try:  # the plots' own error (the same full disk) must not hide the stop's
                     self._plot()
                 except Exception as plotting:
                     self.log.warning("the training plots are not drawn: %s", plotting)
-            else:
+            elif not moved:
                 self._plot()
 
     def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
@@ -81,12 +94,41 @@ class Recorder:
         elif isinstance(error, KdmlError):
             self.log.info("%s%s", STOPPED, error)
         elif isinstance(error, OSError) and error.filename is not None:  # a full disk, say
-            self.log.info("%s%s: %s", STOPPED, error.filename, error.strerror or error)
+            self.log.info("%s%s: %s", STOPPED, os.fsdecode(error.filename)
+                          if isinstance(error.filename, bytes) else error.filename,
+                          error.strerror or error)
         elif error is not None and distributed.failed_collective(error):
             self.log.info("%sa collective operation failed, most likely because another "
                           "process of this job stopped: its output says why", STOPPED)
         else:
             self.log.info("%san error", STOPPED, exc_info=error)
+
+    def _moved(self) -> bool:
+        """Whether the run folder is no longer the one this session started writing into."""
+        return self._folder is not None and _identity(self.run.root) != self._folder
+
+    def _check_folder(self) -> None:
+        """Refuse to write on when the run folder was moved or deleted while the run trained:
+        the writes would make a new, half one at its old path (its checkpoints, metrics and
+        plots without config.yaml), which no command then opens."""
+        if self._moved():
+            raise KdmlError(f"the run folder {self.run.root} was moved or deleted while the run "
+                            "trained, so nothing more is written; a moved folder keeps the "
+                            "epochs trained before: continue with kdml train --resume "
+                            "NEW_FOLDER")
+
+    def _close_writer(self) -> None:
+        """Close TensorBoard's writer, unless the run folder went: its last flush would fail
+        (its thread is a daemon, and ends with the process)."""
+        if self.writer is not None and not self._moved():
+            self.writer.close()
+
+    def _thread_failed(self, failure: threading.ExceptHookArgs) -> None:
+        if type(failure.thread).__name__ == "_AsyncWriterThread":  # TensorBoard's writer
+            if not self._moved():  # else the run stops at its next write, saying why
+                self.log.warning("TensorBoard's event writer stopped: %s", failure.exc_value)
+        else:
+            self._thread_hook(failure)
 
     def _plot(self) -> None:
         """Draw the history not drawn yet (if any) into ``plots/``."""
@@ -107,6 +149,7 @@ class Recorder:
         take minutes, and a kill then loses none of its training."""
         if not self.writes:
             return
+        self._check_folder()
         save_checkpoint(checkpoint(), self.run.unscored_checkpoint)
         self.log.info("epoch %d trained; scoring", epoch)
 
@@ -132,6 +175,7 @@ class Recorder:
         (SIGTERM) after it waits for the log line (:func:`_stops_deferred`)."""
         if not self.writes or self.writer is None:
             return
+        self._check_folder()
         state = checkpoint()
         if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
             save_checkpoint(state, self.run.best_checkpoint)
@@ -154,8 +198,18 @@ class Recorder:
 
     def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
         if self.writes:
+            self._check_folder()
             self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
             self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
+
+
+def _identity(folder: os.PathLike[str]) -> tuple[int, int] | None:
+    """``folder``'s (device, inode), None where it is gone."""
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 @contextlib.contextmanager
