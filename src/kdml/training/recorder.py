@@ -104,8 +104,13 @@ class Recorder:
             self.log.info("%san error", STOPPED, exc_info=error)
 
     def _moved(self) -> bool:
-        """Whether the run folder is no longer the one this session started writing into."""
-        return self._folder is not None and _identity(self.run.root) != self._folder
+        """Whether the run folder is no longer the one this session started writing into:
+        gone, or another folder without the run's config.yaml (a file system whose folders'
+        inode numbers change is not taken for a move while config.yaml is there)."""
+        if self._folder is None:
+            return False
+        now = _identity(self.run.root)
+        return now is None or (now != self._folder and not self.run.config.is_file())
 
     def _check_folder(self) -> None:
         """Refuse to write on when the run folder was moved or deleted while the run trained:
