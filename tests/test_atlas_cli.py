@@ -82,7 +82,8 @@ def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys, mo
     monkeypatch.setattr(plots, "chart_codes_of", no_embedding)
     assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
     err = capsys.readouterr().err
-    assert "draws 2-D charts only (d = 2), got d = 3; train with method.dim=2" in err
+    assert err == ("kdml: error: kdml plot charts draws 2-D charts only (d = 2), but this "
+                   "run's charts are 3-D (method.dim=3); train with method.dim=2 to draw them\n")
 
 
 def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(tmp_path, capsys,

@@ -186,3 +186,14 @@ def test_a_file_system_error_about_a_bytes_path_names_it_as_text(monkeypatch, ca
     assert cli.main(["recipes"]) == 2
     assert capsys.readouterr().err.startswith(
         "kdml: error: /runs/ré/events: No space left on device; free space on its disk")
+
+
+def test_an_index_folder_that_does_not_exist_is_named_so(tmp_path):
+    """--index at a folder that does not exist had been called "not a kdml index (no
+    index.json)", as if something were there; a folder without index.json still is."""
+    with pytest.raises(KdmlError) as refused:
+        load_index(tmp_path / "nothing")
+    assert str(refused.value) == (f"no such index folder: {tmp_path / 'nothing'}; build one "
+                                  "with 'kdml index RUN_DIR --out DIR'")
+    with pytest.raises(KdmlError, match="is not a kdml index"):
+        load_index(tmp_path)

@@ -155,3 +155,26 @@ def test_folders_named_like_splits_without_class_folders_are_classes(tmp_path):
             Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / name / "0.png")
             Image.fromarray(np.ones((8, 8, 3), np.uint8)).save(root / name / "1.png")
         assert list(load_folder(root).dataset.class_names.values()) == list(names)
+
+
+def test_a_class_folder_without_images_says_what_it_holds(tmp_path):
+    """A class folder of iPhone photos (.heic) had been refused as holding no images without
+    a word of the files it does hold: the warning that counts them came after the error."""
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / name / "0.png")
+    (tmp_path / "fox").mkdir()
+    for index in range(2):
+        (tmp_path / "fox" / f"{index}.HEIC").write_bytes(b"")
+    (tmp_path / "fox" / "notes.txt").write_text("")
+    with pytest.raises(KdmlError) as refused:
+        load_folder(tmp_path)
+    assert "class folder fox/ holds no images (extensions: .jpg" in str(refused.value)
+    assert ".pgm); it holds 2 .heic, 1 .txt: convert its images to one of those; add its " \
+           "images or remove it" in str(refused.value)
+    (tmp_path / "fox" / "0.HEIC").unlink()
+    (tmp_path / "fox" / "1.HEIC").unlink()
+    (tmp_path / "fox" / "notes.txt").unlink()
+    with pytest.raises(KdmlError) as refused:
+        load_folder(tmp_path)
+    assert ".pgm); add its images or remove it (searched" in str(refused.value)

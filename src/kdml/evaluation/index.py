@@ -172,6 +172,9 @@ class LoadedIndex:
 def load_index(folder: Path) -> LoadedIndex:
     """Read an index folder written by :func:`build_index` (one-line errors)."""
     meta = folder / "index.json"
+    if not folder.exists():  # "not a kdml index" misled: there is nothing there
+        raise KdmlError(f"no such index folder: {folder}; build one with 'kdml index RUN_DIR "
+                        "--out DIR'")
     if not meta.is_file():
         raise KdmlError(f"{folder} is not a kdml index (no index.json); build one with "
                         "'kdml index RUN_DIR --out DIR'")

@@ -175,8 +175,8 @@ def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
                         "recipe (mtriplet, msimclr)")
     dim = getattr(trained.config.method, "dim", 2)
     if dim != 2:  # as plot_charts says it, before minutes of embedding
-        raise KdmlError(f"plot_charts draws 2-D charts only (d = 2), got d = {dim}; train with "
-                        "method.dim=2")
+        raise KdmlError(f"kdml plot charts draws 2-D charts only (d = 2), but this run's charts "
+                        f"are {dim}-D (method.dim={dim}); train with method.dim=2 to draw them")
     check_replaceable(trained.plot_path("charts"))  # before minutes of embedding
     test = trained.splits.test
     codes = chart_codes_of(trained.method, test, trained.embedder)

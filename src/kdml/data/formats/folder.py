@@ -153,10 +153,16 @@ def load_folder(folder: Path) -> DatasetParts:
     listed: dict[str, str] = {}
     passed_over: Counter[str] = Counter()
     for label, name in enumerate(classes):
-        images = class_images(folder / name, layout, read, listed, passed_over)
-        if not images:
+        others: Counter[str] = Counter()
+        images = class_images(folder / name, layout, read, listed, others)
+        if not images:  # its other files said: photos of a kind kdml does not read (.heic)
+            counted = [f"{count} {kind}" for kind, count in others.most_common(3)]
+            held = (f"; it holds {', '.join(counted)}{', ...' if len(others) > 3 else ''}: "
+                    "convert its images to one of those" if others else "")
             raise layout.error(f"class folder {name}/ holds no images (extensions: "
-                               f"{' '.join(IMAGE_EXTENSIONS)}); add its images or remove it")
+                               f"{' '.join(IMAGE_EXTENSIONS)}){held}; add its images or remove "
+                               "it")
+        passed_over.update(others)
         paths.extend(images)
         labels.extend([label] * len(images))
     layout.check_images(paths)  # a link that leads to no file would fail only after training
