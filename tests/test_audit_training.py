@@ -434,3 +434,17 @@ def test_the_method_has_one_proxy_per_training_class():
     method = build_method(config, splits, pretrained=False, echo=lambda line: None)
     (proxies,) = method.proxy_parameters()
     assert proxies.numel() == config.model.embedding_size * len(splits.train_classes)
+
+
+def test_a_run_stopped_by_train_tolerance_says_so_where_it_is_watched(tmp_path, capsys):
+    """A run of 5 epochs that the convergence rule (DTML's |J_k - J_(k-1)| < eps) stops after
+    2 had said why in train.log only: the console showed the final table as if it had run its
+    5. A fitted run (PCA), which has nothing to train after its fit, says nothing of it."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.epochs=5", "train.tolerance=1e9"]) == 0
+    assert ("stopped after epoch 2 of 5: the training loss changed by less than "
+            "train.tolerance=1e+09\n") in capsys.readouterr().out
+    assert cli.main(["train", "pca", "--dataset", "mnist5k->digits", "--out",
+                     str(tmp_path / "pca"), *TINY, "train.epochs=3"]) == 0
+    assert "stopped after" not in capsys.readouterr().out

@@ -93,6 +93,9 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert metrics["final"]["recall@1"] == 0.65
     assert "Validation metrics (amsoftmax, digits)" in printed
     assert "best validation recall@1: 0.7000 at epoch 2" in printed
+    # said where the run is watched, not only in train.log
+    assert ("stopped after epoch 4 of 6: 2 evaluations without a better validation recall@1 "
+            "(train.patience)\n") in printed
     best = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
     last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert best["epoch"] == 2 and last["epoch"] == 4 and last["finished"]

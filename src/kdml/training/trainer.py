@@ -524,11 +524,18 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
             if over:
                 recorder.log.info("stopping after epoch %d: converged or nothing to train",
                                   epoch)
+                if not session.method.needs_fit and epoch < config.train.epochs:
+                    # else only train.log said why a run of 100 epochs ended after 7
+                    echo(f"stopped after epoch {epoch} of {config.train.epochs}: the training "
+                         f"loss changed by less than train.tolerance={config.train.tolerance:g}")
                 break
             if out_of_patience:
                 recorder.log.info("stopping after epoch %d: %d evaluations without a better "
                                   "validation %s than epoch %d's (train.patience)", epoch,
                                   config.train.patience, metric, best_epoch(history, metric))
+                echo(f"stopped after epoch {epoch} of {config.train.epochs}: "
+                     f"{config.train.patience} evaluations without a better validation "
+                     f"{metric} (train.patience)")
                 break
         final = part_scores(history[-1], prefix)
         recorder.finish(history, final)
