@@ -197,3 +197,16 @@ def test_an_index_folder_that_does_not_exist_is_named_so(tmp_path):
                                   "with 'kdml index RUN_DIR --out DIR'")
     with pytest.raises(KdmlError, match="is not a kdml index"):
         load_index(tmp_path)
+
+
+def test_an_out_that_is_a_link_to_nothing_is_named_so(tmp_path, capsys):
+    """--out at a dangling link had been refused as "cannot make the folder X: File exists",
+    where nothing exists."""
+    from kdml import cli
+
+    (tmp_path / "runs").symlink_to(tmp_path / "gone")
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
+                     str(tmp_path / "runs"), "--no-progress", "train.epochs=1"]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: cannot make the folder {tmp_path / 'runs'}: it is a link to "
+        f"{tmp_path / 'gone'}, which does not exist; make that folder, or remove the link\n")

@@ -412,6 +412,10 @@ def make_folder(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
+        if root.is_symlink() and not root.exists():  # "File exists" misled: nothing is there
+            raise KdmlError(f"cannot make the folder {root}: it is a link to "
+                            f"{os.readlink(root)}, which does not exist; make that folder, or "
+                            "remove the link") from None
         raise KdmlError(f"cannot make the folder {root}: {error.strerror}") from None
 
 
