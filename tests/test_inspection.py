@@ -264,7 +264,9 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert kdml("search", run, "--index", tmp_path / "index", "--query",
                 tmp_path / "bad.npz") == 2
-    assert "shape (3, 20, 20) per sample" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "kdml: error: query inputs have shape (3, 20, 20) per sample but the run's samples are "
+        "(3, 36, 36): give 'inputs' as [Q, 3, 36, 36], one query as [1, 3, 36, 36]\n")
 
 
 def test_train_split_is_embedded_with_the_datasets_labels_and_names(tmp_path, capsys):

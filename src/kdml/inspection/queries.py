@@ -156,8 +156,10 @@ def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path,
                         f"projects by the run's PCA (data.pca_dim={pca.dim}): give them before "
                         "the PCA")
     if pca is None and shape != tuple(samples.sample_shape):
+        dims = ", ".join(map(str, samples.sample_shape))  # a 1-D array is read as Q scalars
         raise KdmlError(f"query inputs have shape {shape} per sample but the run's samples "
-                        f"are {tuple(samples.sample_shape)}")
+                        f"are {tuple(samples.sample_shape)}: give 'inputs' as [Q, {dims}], "
+                        f"one query as [1, {dims}]")
     if not np.isfinite(raw).all():  # uint8 inputs always pass
         raise KdmlError(f"query {query}: 'inputs' holds NaN or infinite values")
     if pca is not None:
