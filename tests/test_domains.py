@@ -282,7 +282,7 @@ def test_npz_loader_file_errors(tmp_path):
     with pytest.raises(KdmlError, match="does not exist"):
         load_feature_domains(tmp_path / "missing.npz")
     (tmp_path / "folder.npz").mkdir()
-    with pytest.raises(KdmlError, match="folder.npz is not a file"):
+    with pytest.raises(KdmlError, match="folder.npz is a folder; give the .npz file"):
         load_feature_domains(tmp_path / "folder.npz")
     (tmp_path / "junk.npz").write_text("not an archive")
     with pytest.raises(KdmlError, match="not an .npz archive"):

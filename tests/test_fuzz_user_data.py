@@ -178,3 +178,15 @@ def test_a_class_folder_without_images_says_what_it_holds(tmp_path):
     with pytest.raises(KdmlError) as refused:
         load_folder(tmp_path)
     assert ".pgm); add its images or remove it (searched" in str(refused.value)
+
+
+def test_a_feature_file_that_is_a_folder_points_to_folder(tmp_path):
+    """npz: given a folder (of images, most likely) had said only "is not a file"; folder:
+    given a .npz file already points to npz:."""
+    from kdml.data.domains import load_feature_domains
+
+    with pytest.raises(KdmlError) as refused:
+        load_feature_domains(tmp_path)
+    assert str(refused.value) == (
+        f"feature file {tmp_path} is a folder; give the .npz file (npz:FILE), or for a folder "
+        f"of images, one sub-folder per class, --dataset folder:{tmp_path}")

@@ -236,6 +236,10 @@ def load_feature_domains(path: str | Path) -> DomainPair:
         A :class:`DomainPair` named after the file's stem; samples keep their file order.
     """
     path = Path(path)
+    if path.is_dir():  # a folder of images, most likely: folder: reads those
+        raise KdmlError(f"feature file {path} is a folder; give the .npz file (npz:FILE), or "
+                        f"for a folder of images, one sub-folder per class, --dataset "
+                        f"folder:{path}")
     if not path.is_file():
         raise KdmlError(f"feature file {path} {why_missing(path, 'file')}")
     # Look at the file's kind first: np.load takes anything else for a pickle and advises
