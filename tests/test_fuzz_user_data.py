@@ -190,3 +190,21 @@ def test_a_feature_file_that_is_a_folder_points_to_folder(tmp_path):
     assert str(refused.value) == (
         f"feature file {tmp_path} is a folder; give the .npz file (npz:FILE), or for a folder "
         f"of images, one sub-folder per class, --dataset folder:{tmp_path}")
+
+
+def test_a_folder_of_two_classes_is_told_what_can_test_it(tmp_path, capsys):
+    """Split in halves, 2 classes leave 1 to test, which is refused; the advice had been
+    "data.train_classes, or more classes", and no data.train_classes leaves 2 of 2 to test."""
+    from kdml import cli
+
+    for name in ("cat", "dog"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for index in range(3):
+            Image.fromarray(np.full((8, 8, 3), index, np.uint8)).save(
+                tmp_path / "photos" / name / f"{index}.png")
+    assert cli.main(["train", "amsoftmax", "--dataset", f"folder:{tmp_path / 'photos'}",
+                     "--out", str(tmp_path / "run"), "--no-progress", "train.epochs=1"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "would be trivially 1; a class-disjoint split of 2 classes tests 1: give the dataset 3 "
+        "classes or more, or test on held-out samples of its classes with "
+        "data.split=seen-holdout\n")

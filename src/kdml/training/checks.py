@@ -175,6 +175,9 @@ def _more_test_classes(splits: DataSplits) -> str:
         return f"{rows}, or set data.split=class-disjoint"
     if splits.kind == SEEN:  # every class is tested: the dataset has one class
         return "give the dataset images of at least 2 classes"
+    if splits.train.num_classes == 1:  # 2 in all: no data.train_classes leaves 2 to test
+        return ("a class-disjoint split of 2 classes tests 1: give the dataset 3 classes or "
+                "more, or test on held-out samples of its classes with data.split=seen-holdout")
     return "give the test part at least 2 classes (data.train_classes, or more classes)"
 
 
