@@ -497,7 +497,9 @@ def test_eval_ks_sets_the_recall_ks_it_scores(tmp_path, capsys):
     small = make_image_folder(tmp_path / "small", classes=4, per_class=2, size=32, seed=5)
     capsys.readouterr()
     assert kdml("eval", run, "--dataset", f"folder:{small}") == 2  # 4 test samples: 3 refs
-    assert capsys.readouterr().err.rstrip().endswith("lower --ks, e.g. '--ks 1 2'")
+    assert capsys.readouterr().err == (
+        "kdml: error: the run's eval.ks asks for Recall@4 but a test query has only 3 "
+        "references; give --ks, e.g. '--ks 1 2'\n")
     assert kdml("eval", run, "--dataset", f"folder:{small}", "--ks", "1", "2") == 0
     printed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
                if line.startswith("  recall@")]
@@ -511,6 +513,14 @@ def test_eval_ks_sets_the_recall_ks_it_scores(tmp_path, capsys):
     assert kdml("eval", run, "--ks", "2") == 0
     assert [line.split() for line in capsys.readouterr().out.splitlines()
             if line.startswith("  recall@")] == [own[1]]
+    # config.yaml's eval section may be edited (kdml eval takes it): checked as --ks is, not
+    # left to the scorer's "K=16 in ks is larger than the 7 available references"
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("  - 4\n", "  - 16\n"))
+    assert kdml("eval", run) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: the run's eval.ks asks for Recall@16 but a test query has only 7 "
+        "references; give --ks, e.g. '--ks 1 2'\n")
     metrics = json.loads((run / "eval.json").read_text())["metrics"]
     assert [name for name in metrics if name.startswith("recall@")] == ["recall@2"]
     assert kdml("eval", run, "--ks", "2", "1", "2") == 0  # in order, each once

@@ -34,8 +34,9 @@ def _eval(args: argparse.Namespace) -> int:
     trained = load_run(args.run_dir, args.data_root, best=args.best, test_part=args.test,
                        progress=_progress(args), device=args.device)
     config = _with_ks(trained.config, args.ks)
-    if args.ks:
-        check_evaluation(config, trained.splits, evaluating=True)
+    # also without --ks: config.yaml's eval section may have been edited (eval.ks beyond the
+    # references had reached the scorer's "K=5000 in ks is larger than ...", saying no fix)
+    check_evaluation(config, trained.splits, evaluating=True, ks_given=bool(args.ks))
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
     check_json_replaceable(trained.run.root / "eval.json", EVAL_FIELDS)
@@ -61,7 +62,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
                                          None if args.data_root is None else str(args.data_root))
     other = _with_ks(other, args.ks)
     # one class would score 1 everywhere, as training refuses
-    check_evaluation(other, splits, evaluating=True)
+    check_evaluation(other, splits, evaluating=True, ks_given=bool(args.ks))
     _score_and_print(model, other, splits, embedder, args.best, validated=False)
     return 0
 

@@ -84,14 +84,15 @@ def check_distributed(config: RunConfig, world: World, device: torch.device,
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False,
-                     evaluating: bool = False) -> None:
+                     evaluating: bool = False, ks_given: bool = True) -> None:
     """Refuse a test set that cannot be scored, before anything is trained: a target domain
     without labels, a single class or no query with a relevant reference
     (:func:`check_test_classes`), then Recall@K values beyond the references, then a
     ``train.select_metric`` the run will not score (it had trained an epoch first). The data's
     own defects come first: lowering eval.ks would only have led to them. ``evaluating``:
-    for ``kdml eval``, whose Ks come from its ``--ks`` (which the refusal then names) and which
-    selects no epoch."""
+    for ``kdml eval``, whose Ks come from its ``--ks`` (which the refusal then names; without
+    it, ``ks_given`` False, from the run's eval.ks, which --ks replaces) and which selects no
+    epoch."""
     if splits.kind == DOMAIN:
         if not (splits.test.labels >= 0).any():
             raise KdmlError(f"the target domain of {splits.test.name} has no labelled sample, so "
@@ -110,9 +111,10 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
         fitting = [str(k) for k in ks if k <= splits.reference_size] or ["1"]
         setting, example = (("--ks", f"--ks {' '.join(fitting)}") if evaluating else
                             ("eval.ks", f"eval.ks=[{', '.join(fitting)}]"))
-        raise KdmlError(f"{setting} asks for Recall@{max(ks)} but a test query has only "
-                        f"{splits.reference_size} references; lower {setting}, e.g. "
-                        f"'{example}'")
+        asks, fix = ((setting, f"lower {setting}") if ks_given or not evaluating else
+                     ("the run's eval.ks", "give --ks"))
+        raise KdmlError(f"{asks} asks for Recall@{max(ks)} but a test query has only "
+                        f"{splits.reference_size} references; {fix}, e.g. '{example}'")
     if evaluating:
         return
     if config.train.keep_best or config.train.patience or (selects and splits.validation):
