@@ -152,6 +152,20 @@ def check_feature_matrix(owner: str, features: Tensor, width: int,
 ASSERT_MESSAGE_LIMIT = 250  # UTF-8 bytes of a torch._assert_async message (CUDA's limit: 254)
 
 
+def check_params(owner: str, params: object, expected: type | tuple[type, ...]) -> None:
+    """Refuse ``params`` that are no instance of the recipe's params class(es) ``expected``
+    (a dict of settings, or the class itself: ``AttributeError: 'dict' object has no
+    attribute 'validate'``), then validate them."""
+    if not isinstance(params, expected):
+        classes = expected if isinstance(expected, tuple) else (expected,)
+        got = (f"the class {params.__name__} itself" if isinstance(params, type)
+               else f"a {type(params).__name__}")
+        raise KdmlError(f"{owner}: params must be a {' or '.join(c.__name__ for c in classes)} "
+                        f"instance, got {got}; build one with its settings as keywords, e.g. "
+                        f"{classes[0].__name__}(**settings)")
+    params.validate()  # type: ignore[attr-defined]  # every recipe's params class has it
+
+
 def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str) -> None:
     """Refuse, in one line naming ``owner``, integer ``labels`` outside ``[0, num_classes)``,
     the classes ``classes`` names (e.g. "one per column of the cosines"): torch's own error is
@@ -165,6 +179,8 @@ def check_class_range(owner: str, labels: Tensor, num_classes: int, classes: str
     on the meta device, which holds no values)."""
     if labels.numel() == 0:
         return
+    if labels.dtype in (torch.uint16, torch.uint32, torch.uint64):  # torch has no min/max of
+        labels = labels.long()  # these ("min_all" not implemented): uint64 beyond int64 wraps
     advice = f"number the classes 0 to {num_classes - 1}"
     if labels.device.type == "cpu" and not torch.compiler.is_compiling():
         low, high = int(labels.min()), int(labels.max())

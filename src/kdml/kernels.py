@@ -113,14 +113,18 @@ def squared_distances(x: Tensor, y: Tensor) -> Tensor:
                        ).clamp_min(0.0)
 
 
+@full_precision
 def l1_distances(x: Tensor, y: Tensor) -> Tensor:
-    r"""Matrix of L1 distances :math:`\|x_i - y_j\|_1`, shape :math:`(M, N)`.
+    r"""Matrix of L1 distances :math:`\|x_i - y_j\|_1`, shape :math:`(M, N)`, in float32 or
+    wider, as :func:`squared_distances` (torch's cdist takes neither half precision nor two
+    dtypes: a float32 and a float64 set are computed in float64).
 
     ``torch.cdist(p=1)`` differentiates :math:`|t|` with ``sign(t)``, which is 0 at
     :math:`t = 0`, so coincident points get a zero (finite) gradient.
     """
     _check_pair("l1_distances", x, y)
-    return torch.cdist(x, y, p=1.0)
+    common = torch.promote_types(x.dtype, y.dtype)
+    return torch.cdist(x.to(common), y.to(common), p=1.0)
 
 
 def _check_pair(owner: str, x: Tensor, y: Tensor) -> None:

@@ -92,6 +92,22 @@ def host_array(x: Any) -> np.ndarray:
     return tensor.numpy()
 
 
+def equal_values(embeddings: Any, reference: Any) -> bool:
+    """Whether two validated ``(N, D)`` float matrices (tensors or NumPy arrays, any float
+    dtypes) hold the same values: compared on the device for two tensors on one device, on
+    the host otherwise. One pass over each, nothing beside the search. Lists, which the
+    search takes, are read as arrays."""
+    embeddings, reference = (matrix if isinstance(matrix, torch.Tensor) else np.asarray(matrix)
+                             for matrix in (embeddings, reference))
+    if tuple(embeddings.shape) != tuple(reference.shape):
+        return False
+    if (isinstance(embeddings, torch.Tensor) and isinstance(reference, torch.Tensor)
+            and embeddings.device == reference.device):
+        common = torch.promote_types(embeddings.dtype, reference.dtype)
+        return bool(torch.equal(embeddings.detach().to(common), reference.detach().to(common)))
+    return bool(np.array_equal(host_array(embeddings), host_array(reference)))
+
+
 def as_float_matrix(x: Any, name: str) -> np.ndarray:
     """``x`` as a validated 2-D NumPy float array, without copying where possible.
 
@@ -502,6 +518,11 @@ def knn_search(
             f"exclude_self needs the reference to be the queries, got {num_queries} "
             f"queries and {num_reference} references"
         )
+    if exclude_self and reference is not None and not equal_values(queries, reference):
+        # as many rows of other values: each query's row i, its true neighbour, was dropped
+        raise KdmlError("exclude_self needs the reference to be the queries, but it holds "
+                        "other values; leave reference out to search the queries among "
+                        "themselves, or drop exclude_self")
     ks = np.asarray(k)
     if ks.ndim > 1 or ks.size not in (1, num_queries):  # numpy's broadcast error names neither
         raise KdmlError(f"k must be one int or one per query ({num_queries},), got shape "

@@ -18,7 +18,7 @@ from kdml.evaluation.knn import (
     Vectors,
     check_metric,
     check_positive_int,
-    host_array,
+    equal_values,
     prepare_pair,
     prepare_vectors,
     resolve_backend,
@@ -246,6 +246,41 @@ def refuse_query_set_as_reference(queries: Any, reference: Any, name: str,
     if _same_memory(reference, queries):
         raise KdmlError(f"{name} is the query set itself, where each query would retrieve "
                         f"itself; leave {arguments} out to search the set leave-one-out")
+    if _shares_rows(queries, reference):  # x[:100] against x had scored Recall@1 of 1
+        raise KdmlError(f"some queries are rows of {name} (the same memory), where each would "
+                        f"retrieve itself; leave {arguments} out to search the whole set "
+                        f"leave-one-out, or give a {name} without the queries")
+
+
+def _shares_rows(queries: Any, reference: Any) -> bool:
+    """Whether a row of ``queries`` is a row of ``reference`` in memory (a slice or other
+    view of it: ``x[:100]`` or ``x[::2]`` against ``x``), for two tensors on one device or two
+    NumPy arrays of one dtype and row layout; ``x[::2]`` against ``x[1::2]`` shares none."""
+    if isinstance(queries, torch.Tensor) and isinstance(reference, torch.Tensor):
+        if (queries.device != reference.device or queries.device.type == "meta"
+                or queries.untyped_storage().data_ptr()
+                != reference.untyped_storage().data_ptr()):
+            return False
+        size = queries.element_size()
+        starts = (queries.data_ptr(), reference.data_ptr())
+        strides = tuple(tuple(step * size for step in matrix.stride())
+                        for matrix in (queries, reference))
+    elif isinstance(queries, np.ndarray) and isinstance(reference, np.ndarray):
+        if not np.may_share_memory(queries, reference):
+            return False
+        starts = (queries.__array_interface__["data"][0],
+                  reference.__array_interface__["data"][0])
+        strides = (queries.strides, reference.strides)
+    else:
+        return False
+    if (queries.ndim != 2 or reference.ndim != 2 or queries.dtype != reference.dtype
+            or queries.shape[1] != reference.shape[1] or strides[0][1] != strides[1][1]
+            or 0 in queries.shape or 0 in reference.shape or strides[1][0] == 0):
+        return False
+    # the byte offset of each query row from the reference's first row, in reference rows
+    offsets = starts[0] - starts[1] + np.arange(len(queries), dtype=np.int64) * strides[0][0]
+    rows, rest = np.divmod(offsets, strides[1][0])
+    return bool(((rest == 0) & (rows >= 0) & (rows < len(reference))).any())
 
 
 def warn_of_query_copy(what: str, arguments: str, stacklevel: int) -> None:
@@ -278,22 +313,6 @@ def _same_memory(reference: Any, embeddings: Any) -> bool:
                 and reference.__array_interface__["data"][0]
                 == embeddings.__array_interface__["data"][0])
     return False
-
-
-def equal_values(embeddings: Any, reference: Any) -> bool:
-    """Whether two validated ``(N, D)`` float matrices (tensors or NumPy arrays, any float
-    dtypes) hold the same values: compared on the device for two tensors on one device, on
-    the host otherwise. One pass over each, nothing beside the search. Lists, which the
-    search takes, are read as arrays."""
-    embeddings, reference = (matrix if isinstance(matrix, torch.Tensor) else np.asarray(matrix)
-                             for matrix in (embeddings, reference))
-    if tuple(embeddings.shape) != tuple(reference.shape):
-        return False
-    if (isinstance(embeddings, torch.Tensor) and isinstance(reference, torch.Tensor)
-            and embeddings.device == reference.device):
-        common = torch.promote_types(embeddings.dtype, reference.dtype)
-        return bool(torch.equal(embeddings.detach().to(common), reference.detach().to(common)))
-    return bool(np.array_equal(host_array(embeddings), host_array(reference)))
 
 
 def _on_host(vectors: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -86,6 +86,9 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
                         f"{tuple(cosines.shape)} and {tuple(labels.shape)}")
     if cosines.shape[0] == 0:  # the mean over no sample is NaN
         raise KdmlError("am_softmax_loss got an empty batch")
+    if cosines.shape[1] == 0:  # the range check would say "number the classes 0 to -1"
+        raise KdmlError("am_softmax_loss got cosines of no class ([M, 0]): give one column "
+                        "per class")
     check_float_inputs("am_softmax_loss", [cosines], "cosines")
     check_integer_labels("am_softmax_loss", labels)  # bool ones are the classes 0 and 1
     check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")

@@ -131,6 +131,16 @@ class ManifoldMMD(nn.Module):
                 f"ManifoldMMD: prior_sample must be [M, {self.dim}] with M >= 2, "
                 f"got {tuple(prior_sample.shape)}"
             )
+        if not prior_sample.is_floating_point():  # integers 0 and 1: the cube's corners only
+            raise KdmlError(f"ManifoldMMD: prior_sample must be a float sample of the uniform "
+                            f"prior on [0, 1]^d, got dtype {prior_sample.dtype}")
+        # its values are read where that is free (a GPU step would wait for the device): a
+        # normal sample given for the uniform one had been clamped into [eps, 1 - eps]
+        if prior_sample.device.type == "cpu" and not torch.compiler.is_compiling() and not (
+                (prior_sample >= 0) & (prior_sample <= 1)).all():
+            raise KdmlError("ManifoldMMD: prior_sample must be a sample of the uniform prior "
+                            "on [0, 1]^d (Korman, Eq. 5), but holds values outside [0, 1]; "
+                            "leave it out for kdml to draw one")
         # in float64: in float32, 1 - eps rounds to 1 for eps below 2^-24, a logit of inf
         prior = torch.logit(prior_sample.to(coords.device, torch.float64)
                             .clamp(self.eps, 1.0 - self.eps)).to(coords.dtype)

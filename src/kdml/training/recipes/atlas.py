@@ -47,7 +47,7 @@ from kdml.atlas import (
     manifold_distance,
     safe_sqrt,
 )
-from kdml.checks import is_positive_int
+from kdml.checks import check_params, is_positive_int
 from kdml.config import RunConfig, check_fields
 from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
@@ -312,7 +312,8 @@ class MTripletMethod(_AtlasMethod):
     """
 
     def __init__(self, backbone: nn.Module, params: MTripletParams) -> None:
-        params.validate()  # built from a config it is checked already; directly, here
+        # built from a config it is checked already; directly, here
+        check_params("MTripletMethod", params, MTripletParams)
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2)
         self.params = params
 
@@ -346,7 +347,7 @@ class TripletMethod(Method):
 
     def __init__(self, backbone: nn.Module,
                  params: NormalizedTripletParams | TripletParams) -> None:
-        params.validate()
+        check_params("TripletMethod", params, (NormalizedTripletParams, TripletParams))
         super().__init__()
         self.backbone = backbone
         self.head = EmbeddingHead(feature_size_of(backbone), params.dim + 1)
@@ -431,7 +432,7 @@ class MSimCLRMethod(_AtlasMethod):
     augments_inputs = True
 
     def __init__(self, backbone: nn.Module, params: MSimCLRParams) -> None:
-        params.validate()
+        check_params("MSimCLRMethod", params, MSimCLRParams)
         super().__init__(backbone, params.dim, params.n_charts, params.lambda1, params.lambda2,
                          params.feature_dim)
         self.projection = ProjectionHeads(params.dim, params.n_charts, params.proj_dim,
@@ -478,7 +479,7 @@ class SimCLRMethod(Method):
     augments_inputs = True
 
     def __init__(self, backbone: nn.Module, params: SimCLRParams) -> None:
-        params.validate()
+        check_params("SimCLRMethod", params, SimCLRParams)
         super().__init__()
         self.backbone = backbone
         self.encoder_head = nn.Linear(feature_size_of(backbone), params.dim)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from kdml.checks import check_params
 from kdml.config import OptimConfig, RunConfig, check_fields
 from kdml.distributed import gather
 from kdml.errors import KdmlError
@@ -161,7 +162,8 @@ class DTMLMethod(Method):
     backbone: DTMLNetwork
 
     def __init__(self, params: DTMLParams, input_size: int) -> None:
-        params.validate()  # built from a config it is checked already; directly, here
+        # built from a config it is checked already; directly, here
+        check_params("DTMLMethod", params, DTMLParams)
         super().__init__()
         # the network is the whole model; named `backbone` as the Method interface expects
         self.backbone = params.network(input_size)
@@ -208,7 +210,7 @@ class DDMLLogisticMethod(Method):
     backbone: DTMLNetwork
 
     def __init__(self, params: DDMLLogisticParams, input_size: int) -> None:
-        params.validate()
+        check_params("DDMLLogisticMethod", params, DDMLLogisticParams)
         super().__init__()
         self.backbone = params.network(input_size)
         self.loss = PairwiseLogisticLoss(params.threshold, params.sharpness)

@@ -35,6 +35,7 @@ from kdml.checks import (
     check_class_range,
     check_integer_labels,
     check_label_device,
+    check_params,
     check_tensors,
     is_positive_int,
 )
@@ -174,7 +175,8 @@ class JRDMethod(Method):
     def __init__(self, backbone: nn.Module, embedding_size: int, num_classes: int,
                  params: AMSoftmaxParams, regularizer: nn.Module | None = None,
                  layers: tuple[str, ...] = (), sharded: bool = False) -> None:
-        params.validate()  # built from a config it is checked already; directly, here
+        # built from a config it is checked already; directly, here
+        check_params("JRDMethod", params, AMSoftmaxParams)
         for name, value in (("embedding_size", embedding_size), ("num_classes", num_classes)):
             if not is_positive_int(value):
                 raise KdmlError(f"JRDMethod: {name} must be a positive integer, got {value!r}")
@@ -223,7 +225,7 @@ class JRDMethod(Method):
             >>> type(method.regularizer).__name__, method.layer_indices
             ('JointRepresentationSimilarity', [1, 2])
         """
-        params.validate()
+        check_params("JRDMethod.from_params", params, JRDParams)
         kernels = [params.kernel(layer) for layer in params.layers]
         return cls(backbone, embedding_size, num_classes, params,
                    REGULARIZERS[params.regularizer](kernels), tuple(params.layers),
