@@ -113,7 +113,7 @@ def test_a_bad_local_rank_is_said_by_its_own_rank(monkeypatch, capsys):
     assert cli.main(["train", "jrd", "--dataset", "digits", "--device", "cpu",
                      "--no-progress"]) == 2
     assert capsys.readouterr().err == (
-        f"kdml: error: rank 1: {refusal('LOCAL_RANK', 'x', 'of at least 0')}\n")
+        f"kdml: error: rank 1: {refusal('LOCAL_RANK', 'x', 'from 0 to 1')}\n")
 
 
 @pytest.mark.parametrize(("present", "missing"), [

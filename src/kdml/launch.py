@@ -79,5 +79,8 @@ def check_rendezvous() -> None:
                         "with torchrun, which sets them all, or unset WORLD_SIZE to train in one "
                         "process")
     launch_rank()  # read for their checks alone: refused here, not by torch after it joins
-    local_rank()
+    # a LOCAL_RANK beyond this machine's processes, or more of them than the job's, had
+    # passed, and the process waited without a word for peers that never come
+    local = _count("LOCAL_WORLD_SIZE", world_size(), 1, world_size())
+    _count("LOCAL_RANK", 0, 0, local - 1)
     _count("MASTER_PORT", 0, 1, 65535)  # torch's own ValueError ("invalid literal") otherwise

@@ -8,6 +8,7 @@ Every user error becomes one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import io
 import os
@@ -101,6 +102,25 @@ def _lenient_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``kdml`` command. Under torchrun the processes other than rank 0 print nothing to
+    standard output (its usage, help, tables, YAML); their usage errors neither, and their
+    other errors only where they are their own (:class:`LocalError`)."""
+    if not _other_rank():
+        return _main(argv)
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        return _main(argv)
+
+
+def _other_rank() -> bool:
+    """Whether torchrun started this process with a rank other than 0 (torchrun's variables
+    set wrong: no, so that the error about them is printed)."""
+    try:
+        return launched_by_torchrun() and not _is_main_process()
+    except KdmlError:
+        return False
+
+
+def _main(argv: Sequence[str] | None) -> int:
     global _HANDLER_PID
     if argv is None and hasattr(signal, "SIGPIPE"):  # `kdml search ... | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

@@ -8,12 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from kdml.cli.output import _is_main_process
 from kdml.errors import KdmlError, home_expanded
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line instead of usage + message
-        self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n")
+        # every process torchrun starts parses the same arguments: rank 0 says it, once
+        self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n"
+                  if _is_main_process() else None)
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

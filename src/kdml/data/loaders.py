@@ -24,7 +24,7 @@ from torch.utils.data import BatchSampler, DataLoader, Sampler, SequentialSample
 from kdml.data.dataset import Batch, DmlDataset, collate_batch
 from kdml.data.images import DECODE_ERRORS
 from kdml.errors import KdmlError, LocalError
-from kdml.launch import processes_on_this_machine
+from kdml.launch import launched_by_torchrun, processes_on_this_machine
 
 MAX_AUTO_WORKERS = 8
 BAD_IMAGE_POLICIES = ("error", "skip")
@@ -145,13 +145,17 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image
             indices = batch.indices[batch.unreadable].tolist()
             sources = [dataset.source_of(int(i)) for i in indices]
             if on_bad_image == "error":
+                # under torchrun skip is refused (unequal batches): not offered there
+                skip = (", or resume it in one process with data.on_bad_image=skip in its "
+                        "config.yaml (torchrun's processes cannot skip: their batches would "
+                        "be unequal)" if launched_by_torchrun() else
+                        ", or skip such files with data.on_bad_image=skip (for a trained "
+                        "run, in its config.yaml, which --resume, eval, embed and plots "
+                        "follow)")
                 raise LocalError(f"cannot decode image {sources[0]}: "
                                 f"{decode_failure(dataset, int(indices[0]))}; "
                                 "replace or remove it (a trained run takes a readable copy "
-                                "under the same name: its data.json records its files), or "
-                                "skip such files with data.on_bad_image=skip (for a trained "
-                                "run, in its config.yaml, which --resume, eval, embed and "
-                                "plots follow)")
+                                f"under the same name: its data.json records its files){skip}")
             for source in sources:
                 if source not in logged:
                     logged.add(source)

@@ -31,7 +31,10 @@ from kdml.data.registry import PATH_FORMATS
 RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
                        "eval.embed_batch_size", "data.on_bad_image", "train.compile",
                        "train.eval_every", "train.flush_denormal", "data.root",
-                       "model.weights"})
+                       "model.weights",
+                       # how several processes compute what one computes alone, so a run
+                       # resumed in one process (or on a CPU) drops them, as its refusal says
+                       "train.sharded_kernels", "model.sync_bn"})
 
 
 def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
