@@ -120,6 +120,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
         write_marker,
     )
     from kdml.training.loading import run_config
+    from kdml.training.nonfinite import NonFiniteLoss
     from kdml.training.run_folder import (
         RUNS_FOLDER,
         RunFolder,
@@ -132,11 +133,14 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
 
     cells, resolved = _grid_configs(recipe, file_values, overrides)
     configs = [with_absolute_paths(config) for config in resolved]
-    _check_dataset_name(configs[0].data.dataset)
+    datasets = list(dict.fromkeys(config.data.dataset for config in configs))
+    for dataset in datasets:  # every cell's, before any cell trains
+        _check_dataset_name(dataset)
     _join_processes(configs[0])
 
     def grid_folder() -> Path:  # rank 0 names, checks and marks it
-        check_outside_image_folders(args.out or RUNS_FOLDER, configs[0].data.dataset)
+        for dataset in datasets:  # a later cell's image folder too: its plots had become a class
+            check_outside_image_folders(args.out or RUNS_FOLDER, dataset)
         root = args.out or default_run_dir(recipe.name, configs[0].data.dataset)
         check_utf8_path(root, what="grid folder")  # its cells' TensorBoard writes need it
         if not check_grid_folder(root, cells):
@@ -161,7 +165,8 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     distributed.from_main(check_cells_settings)
 
     _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
-    finals = []
+    finals: list[dict[str, float]] = []
+    diverged: list[str] = []
     for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
         run = RunFolder(root / cell.name)
         done, started = distributed.from_main(functools.partial(cell_state, run))
@@ -173,6 +178,12 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
         try:
             finals.append(train(config, run.root, resume=started, progress=_progress(args),
                                 selects=True))  # validation chooses the best cell by it
+        except NonFiniteLoss as error:  # the grid's own value (a learning rate too high): a
+            # search result, not a cause to mend, so the other cells go on; it had stopped them
+            _say(f"[{number}/{len(cells)}] {cell.name}: diverged, so it has no scores and is "
+                 f"never best ({error})")
+            diverged.append(cell.name)
+            finals.append({})
         except KdmlError as error:
             if not finals and not run.config.is_file():  # refused before anything trained
                 raise KdmlError(f"grid cell {cell.name} failed: {error} -- nothing was "
@@ -231,6 +242,8 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                    f"{', '.join(cells[i].name for i in tied[1:])}: validation does not tell "
                    "them apart, and the first in grid order is named)" if len(tied) > 1 else "")
             _say(f"best on validation by {metric}: {cells[best].name}{tie}; {test_it}")
+    if diverged:  # run again, the command trains them again: they diverge again
+        _say(f"diverged: {', '.join(diverged)} (their rows are scores kept before, or -)")
     _say(f"grid folder: {root}")
     return 0
 
@@ -383,6 +396,14 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                               overrides, cell.values) for cell in cells]
     check_distinct_cells(cells, [config.to_dict() for config in configs])
+    metrics = list(dict.fromkeys(config.train.select_metric for config in configs))
+    if len(metrics) > 1:  # each cell's row at its own kept epoch, compared by the first's
+        raise KdmlError(f"the grid's cells have different train.select_metric "
+                        f"({', '.join(metrics)}), but one table compares its cells by one "
+                        "metric (and had shown each at the first's best epoch); give every cell "
+                        "the same train.select_metric, one grid per metric")
+    for cell, config in zip(cells, configs, strict=True):
+        _check_cell_selects(cell.name, config)
     shares = sorted({config.data.validation for config in configs})
     if len(shares) > 1:
         raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
@@ -390,6 +411,25 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
                         "or another validation part), which one table cannot compare; give "
                         "every cell the same data.validation")
     return cells, configs
+
+
+def _check_cell_selects(name: str, config: RunConfig) -> None:
+    """Refuse, before any cell trains, a cell that chooses epochs by a Recall@K or NMI it does
+    not score (its eval.ks without K, eval.nmi off): training refuses it at the cell's turn,
+    after the cells before it trained into a folder that a corrected grid may not reuse. A
+    cell scored at the dataset's own Ks is checked at its turn, once the data is read."""
+    from kdml.training.selection import check_selectable
+
+    metric = config.train.select_metric
+    chooses = config.train.keep_best or config.train.patience or config.data.validation
+    if not chooses or not config.eval.ks or not (metric.startswith("recall@") or metric == "nmi"):
+        return
+    scored = [*dict.fromkeys(f"recall@{k}" for k in config.eval.ks), "map@r", "r_precision",
+              *(["nmi"] if config.eval.nmi else [])]
+    try:
+        check_selectable(metric, scored)
+    except KdmlError as error:
+        raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
 
 
 def _datasets(args: argparse.Namespace) -> int:

@@ -185,10 +185,16 @@ def changed_setting(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
     """``grid.yaml``, whole or not at all: a file cut short by a kill would be taken for
-    another grid's (:func:`check_grid_folder`)."""
+    another grid's (:func:`check_grid_folder`). Called where there is none: one that appears
+    meanwhile, another grid's, is refused, not replaced."""
     text = yaml.safe_dump({"grid": grid, "cells": [cell.name for cell in cells]},
                           sort_keys=False)
-    write_through_new_file(root / MARKER, lambda partial: partial.write_text(text))
+    try:  # never over a marker written meanwhile: another grid started into this folder
+        write_through_new_file(root / MARKER, lambda partial: partial.write_text(text),
+                               replace=False)
+    except FileExistsError:
+        raise KdmlError(f"another grid started into {root} meanwhile (its {MARKER} appeared "
+                        "while this one checked the folder); choose another --out") from None
 
 
 def is_score(value: object) -> bool:

@@ -1,0 +1,148 @@
+"""Config grids as a user drives them, as a fuzzing session found them mishandled: every
+cell's dataset checked before the first trains, a diverging cell recorded rather than blocking
+the grid, a grid over train.select_metric refused, and the grid folder's marker never replaced
+under another grid."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from kdml import cli
+from kdml.errors import KdmlError
+from kdml.training import trainer
+from kdml.training.grid import MARKER, check_grid_folder, grid_cells, recorded_cells, write_marker
+from kdml.training.nonfinite import NonFiniteLoss
+from kdml.training.run_folder import RunFolder
+
+
+def grid_file(tmp_path, grid: dict, data: dict | None = None, **train: object) -> list[str]:
+    """`kdml train` arguments of an amsoftmax grid on digits."""
+    config = {"recipe": "amsoftmax", "grid": grid,
+              "data": {"dataset": "digits", "batch_size": 12, **(data or {})},
+              "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu", **train},
+              "eval": {"nmi": False}}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    file = tmp_path / "grid-config.yaml"
+    file.write_text(yaml.safe_dump(config))
+    return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    """Cells that 'train' at once (one validation epoch in metrics.json); the list records
+    the run folders trained."""
+    runs: list = []
+
+    def train(config, run_dir, resume=False, progress=None, **_):
+        runs.append(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        final = {"recall@1": 0.5, "map@r": 0.1}
+        RunFolder(run_dir).write_metrics([{"epoch": 1, "val/recall@1": 0.5, "val/map@r": 0.1}],
+                                         final, "validation")
+        return final
+
+    monkeypatch.setattr(trainer, "train", train)
+    return runs
+
+
+def test_a_later_cell_s_unknown_dataset_is_refused_before_anything_trains(tmp_path, capsys,
+                                                                          trained):
+    """Only the first cell's data.dataset was checked up front: cell 1 trained, then cell 2
+    stopped the grid ('unknown dataset'), and no corrected command could continue it there."""
+    assert cli.main(grid_file(tmp_path, {"data.dataset": ["digits", "bogus"]})) == 2
+    assert "unknown dataset 'bogus'" in capsys.readouterr().err
+    assert trained == []
+
+
+def test_a_grid_folder_inside_a_later_cell_s_image_folder_is_refused(tmp_path, capsys,
+                                                                    trained):
+    """check_outside_image_folders saw only the first cell's dataset: a grid over
+    data.dataset with a folder: cell wrote its run folders (and their PNG plots) inside that
+    image folder, which the next read of it took for one more class."""
+    images = tmp_path / "photos"
+    (images / "a").mkdir(parents=True)
+    arguments = grid_file(tmp_path, {"data.dataset": ["digits", f"folder:{images}"]})
+    arguments[arguments.index("--out") + 1] = str(images / "grid")
+    assert cli.main(arguments) == 2
+    assert "would lie inside" in capsys.readouterr().err
+    assert trained == []
+    assert not (images / "grid").exists()
+
+
+def test_a_later_cell_that_does_not_score_select_metric_trains_nothing(tmp_path, capsys):
+    """README: with data.validation, a train.select_metric that the cells do not score is
+    refused. The cell eval.ks=[2, 4] (no recall@1) was refused only when its turn came, after
+    the first cell had trained into the folder."""
+    arguments = grid_file(tmp_path, {"eval.ks": [[1, 2], [2, 4]]}, {"validation": 0.4})
+    assert cli.main(arguments) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: grid cell ks=_2_4_: train.select_metric='recall@1' is not scored by this "
+        "run; choose one of recall@2, recall@4, map@r, r_precision; nothing was trained\n")
+    assert not (tmp_path / "grid" / "ks=_1_2_").exists()
+
+
+def test_a_diverging_cell_does_not_stop_the_rest_of_the_grid(tmp_path, capsys, monkeypatch,
+                                                             trained):
+    """A learning rate that diverges is a result of a hyperparameter search (best_cells: a NaN
+    score is never best), yet the grid stopped at that cell; the same command retrained it,
+    diverged again, and never reached the other cells."""
+    plain = trainer.train
+
+    def train(config, run_dir, resume=False, progress=None, **kwargs):
+        if config.optim.lr > 1:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text("x: 1\n")  # started, as a real run is
+            raise NonFiniteLoss("training stopped: the 'am_softmax' term became NaN or "
+                                "infinite at epoch 1, step 2")
+        return plain(config, run_dir, resume, progress, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", train)
+    arguments = grid_file(tmp_path, {"optim.lr": [1.0e30, 0.001, 0.01]}, {"validation": 0.4})
+    assert cli.main(arguments) == 0, capsys.readouterr().err
+    assert [run.name for run in trained] == ["lr=0.001", "lr=0.01"]
+    out = capsys.readouterr().out
+    assert "best on validation by recall@1: lr=0.001" in out
+    assert "[1/3] lr=1e_30: diverged, so it has no scores and is never best (training " \
+           "stopped: the 'am_softmax' term became NaN or infinite at epoch 1, step 2)" in out
+    assert "diverged: lr=1e_30 (their rows are scores kept before, or -)" in out
+
+
+def test_a_grid_over_select_metric_shows_each_cell_s_kept_epoch(tmp_path, capsys,
+                                                                monkeypatch):
+    """With keep_best, each cell keeps its best epoch by its own train.select_metric, but the
+    table showed every cell at its best epoch by the FIRST cell's metric: the map@r cell's row
+    gave epoch 1's scores while its best.pt holds epoch 2 (a silently wrong row, and a false
+    'tie'). Either refuse a grid over train.select_metric or show each cell's kept epoch."""
+    history = [{"epoch": 1, "val/recall@1": 0.9, "val/map@r": 0.2},
+               {"epoch": 2, "val/recall@1": 0.8, "val/map@r": 0.6}]
+
+    def train(config, run_dir, resume=False, progress=None, **_):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        final = {"recall@1": 0.8, "map@r": 0.6}
+        RunFolder(run_dir).write_metrics(history, final, "validation")
+        return final
+
+    monkeypatch.setattr(trainer, "train", train)
+    arguments = grid_file(tmp_path, {"train.select_metric": ["recall@1", "map@r"]},
+                          {"validation": 0.4}, epochs=2, keep_best=True)
+    assert cli.main(arguments) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: the grid's cells have different train.select_metric (recall@1, map@r), "
+        "but one table compares its cells by one metric (and had shown each at the first's "
+        "best epoch); give every cell the same train.select_metric, one grid per metric\n")
+
+
+def test_a_grid_marker_written_meanwhile_by_another_grid_is_not_replaced(tmp_path):
+    """Two different grids started into one new folder both find no grid.yaml, then each writes
+    its own, the later replacing the earlier (write_through_new_file replaces by default): both
+    train into the folder, and the first grid's next run is refused as 'another grid's'."""
+    root = tmp_path / "grid"
+    first, second = grid_cells({"optim.lr": [0.1, 0.2]}), grid_cells({"optim.lr": [0.3]})
+    assert check_grid_folder(root, first) is False
+    assert check_grid_folder(root, second) is False
+    write_marker(root, second, {"optim.lr": [0.3]})
+    with pytest.raises(KdmlError, match=f"another grid started into {root} meanwhile"):
+        write_marker(root, first, {"optim.lr": [0.1, 0.2]})
+    assert recorded_cells(root) == ["lr=0.3"]
+    assert (root / MARKER).is_file()
