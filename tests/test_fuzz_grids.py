@@ -6,7 +6,7 @@ under another grid."""
 from __future__ import annotations
 
 import pytest
-import yaml
+from fixtures_grids import grid_file
 
 from kdml import cli
 from kdml.errors import KdmlError
@@ -14,18 +14,6 @@ from kdml.training import trainer
 from kdml.training.grid import MARKER, check_grid_folder, grid_cells, recorded_cells, write_marker
 from kdml.training.nonfinite import NonFiniteLoss
 from kdml.training.run_folder import RunFolder
-
-
-def grid_file(tmp_path, grid: dict, data: dict | None = None, **train: object) -> list[str]:
-    """`kdml train` arguments of an amsoftmax grid on digits."""
-    config = {"recipe": "amsoftmax", "grid": grid,
-              "data": {"dataset": "digits", "batch_size": 12, **(data or {})},
-              "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu", **train},
-              "eval": {"nmi": False}}
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    file = tmp_path / "grid-config.yaml"
-    file.write_text(yaml.safe_dump(config))
-    return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
 
 
 @pytest.fixture

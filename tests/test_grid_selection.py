@@ -7,6 +7,7 @@ import math
 
 import pytest
 import yaml
+from fixtures_grids import grid_file
 from fixtures_photo_sets import make_cub
 
 from kdml import cli
@@ -21,14 +22,7 @@ SIZES = [2, 8, 16]
 
 def grid_of(tmp_path, data: dict, sizes: list[int] | None = None, **train: object) -> list[str]:
     """`kdml train` arguments of a grid over model.embedding_size on digits."""
-    config = {"recipe": "amsoftmax", "grid": {"model.embedding_size": sizes or SIZES},
-              "data": {"dataset": "digits", "batch_size": 12, **data},
-              "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu", **train},
-              "eval": {"nmi": False}}
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    file = tmp_path / "grid.yaml"
-    file.write_text(yaml.safe_dump(config))
-    return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
+    return grid_file(tmp_path, {"model.embedding_size": sizes or SIZES}, data, **train)
 
 
 def finished(run_dir, final: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,18 @@
+"""A config file of a grid of tiny amsoftmax runs on digits, as the grid tests train it."""
+
+from __future__ import annotations
+
+import yaml
+
+
+def grid_file(tmp_path, grid: dict, data: dict | None = None, **train: object) -> list[str]:
+    """`kdml train` arguments of an amsoftmax grid on digits (batches of 12, one step of one
+    epoch, no NMI), into ``tmp_path / "grid"``; ``data`` and ``train`` add to its sections."""
+    config = {"recipe": "amsoftmax", "grid": grid,
+              "data": {"dataset": "digits", "batch_size": 12, **(data or {})},
+              "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu", **train},
+              "eval": {"nmi": False}}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    file = tmp_path / "grid.yaml"
+    file.write_text(yaml.safe_dump(config))
+    return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
