@@ -405,8 +405,21 @@ def test_a_grid_out_that_is_a_file_is_refused(tmp_path):
     from kdml.training.grid import check_grid_folder
 
     (tmp_path / "out").write_text("mine")
-    with pytest.raises(KdmlError, match="is not empty and holds no grid"):
+    with pytest.raises(KdmlError) as refused:  # "is not empty and holds no grid" misled
         check_grid_folder(tmp_path / "out", grid_cells({"train.seed": [0]}))
+    assert str(refused.value) == (f"--out {tmp_path / 'out'} is a file; a grid goes into a new "
+                                  "or empty folder: choose another --out")
+    assert (tmp_path / "out").read_text() == "mine"
+
+
+def test_a_grid_over_the_recipe_is_refused_saying_why(tmp_path, capsys):
+    """grid: {recipe: [jrd, mrd]} had been refused as "unknown config key 'recipe' ...; did
+    you mean 'resize'?"."""
+    arguments = grid_file(tmp_path, {"recipe": ["amsoftmax", "jrd"]})
+    assert cli.main(arguments) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: a grid cannot vary the recipe: its cells share one recipe's settings and "
+        "one table; run one grid per recipe\n")
 
 
 def test_a_score_that_is_true_or_false_is_no_score():

@@ -389,6 +389,10 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     from kdml.config import RunConfig, resolve_config, resolve_key
     from kdml.training.grid import check_distinct_cells, check_distinct_keys, grid_cells
 
+    if isinstance(file_values["grid"], dict) and "recipe" in file_values["grid"]:
+        # "unknown config key 'recipe'; did you mean 'resize'?" had said nothing of why
+        raise KdmlError("a grid cannot vary the recipe: its cells share one recipe's settings "
+                        "and one table; run one grid per recipe")
     cells = grid_cells(file_values["grid"])
     blank = RunConfig(recipe=recipe.name, method=recipe.params())  # the keys a cell may set
     check_distinct_keys([str(key) for key in file_values["grid"]],

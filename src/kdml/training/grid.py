@@ -164,7 +164,10 @@ def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
         if earlier != [cell.name for cell in cells]:
             raise KdmlError(f"{root} holds another grid's runs; choose another --out")
         return True
-    if root.exists() and (not root.is_dir() or holds_files(root)):
+    if root.exists() and not root.is_dir():  # "not empty" misled: it is a file
+        raise KdmlError(f"--out {root} is a file; a grid goes into a new or empty folder: "
+                        "choose another --out")
+    if root.exists() and holds_files(root):
         raise KdmlError(f"--out {root} is not empty and holds no grid; a grid goes into a new "
                         "or empty folder: choose another --out")
     return False
