@@ -70,30 +70,35 @@ def test_a_later_cell_that_does_not_score_select_metric_trains_nothing(tmp_path,
     assert not (tmp_path / "grid" / "ks=_1_2_").exists()
 
 
+@pytest.mark.parametrize("keep_best", [False, True])
 def test_a_diverging_cell_does_not_stop_the_rest_of_the_grid(tmp_path, capsys, monkeypatch,
-                                                             trained):
+                                                             trained, keep_best):
     """A learning rate that diverges is a result of a hyperparameter search (best_cells: a NaN
     score is never best), yet the grid stopped at that cell; the same command retrained it,
-    diverged again, and never reached the other cells."""
+    diverged again, and never reached the other cells. With keep_best, the epochs it scored
+    before diverging (here a high one) do not make it the best cell either."""
     plain = trainer.train
 
     def train(config, run_dir, resume=False, progress=None, **kwargs):
         if config.optim.lr > 1:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text("x: 1\n")  # started, as a real run is
+            RunFolder(run_dir).write_metrics([{"epoch": 1, "val/recall@1": 0.99}], None,
+                                             "validation")
             raise NonFiniteLoss("training stopped: the 'am_softmax' term became NaN or "
                                 "infinite at epoch 1, step 2")
         return plain(config, run_dir, resume, progress, **kwargs)
 
     monkeypatch.setattr(trainer, "train", train)
-    arguments = grid_file(tmp_path, {"optim.lr": [1.0e30, 0.001, 0.01]}, {"validation": 0.4})
+    arguments = grid_file(tmp_path, {"optim.lr": [1.0e30, 0.001, 0.01]}, {"validation": 0.4},
+                          keep_best=keep_best)
     assert cli.main(arguments) == 0, capsys.readouterr().err
     assert [run.name for run in trained] == ["lr=0.001", "lr=0.01"]
     out = capsys.readouterr().out
     assert "best on validation by recall@1: lr=0.001" in out
     assert "[1/3] lr=1e_30: diverged, so it has no scores and is never best (training " \
            "stopped: the 'am_softmax' term became NaN or infinite at epoch 1, step 2)" in out
-    assert "diverged: lr=1e_30 (their rows are scores kept before, or -)" in out
+    assert "diverged, without scores: lr=1e_30\n" in out
 
 
 def test_a_grid_over_select_metric_shows_each_cell_s_kept_epoch(tmp_path, capsys,

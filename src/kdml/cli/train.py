@@ -205,7 +205,8 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
               "not used)" if validation else "Test metrics per cell")
     if all(config.train.keep_best for config in configs):  # each cell's kept model is its
         # best epoch: compare those (keep_best needs data.validation: the history is validation)
-        finals = [best_scores(as_validation_history(RunFolder(root / cell.name).history()),
+        finals = [final if cell.name in diverged else  # its epochs before: no result
+                  best_scores(as_validation_history(RunFolder(root / cell.name).history()),
                               metric) or final for cell, final in zip(cells, finals, strict=True)]
         scored += f", at each cell's best epoch by {metric} (train.keep_best)"
     # every cell's metrics, in order of first appearance: a grid over eval.nmi or eval.ks
@@ -243,7 +244,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                    "them apart, and the first in grid order is named)" if len(tied) > 1 else "")
             _say(f"best on validation by {metric}: {cells[best].name}{tie}; {test_it}")
     if diverged:  # run again, the command trains them again: they diverge again
-        _say(f"diverged: {', '.join(diverged)} (their rows are scores kept before, or -)")
+        _say(f"diverged, without scores: {', '.join(diverged)}")
     _say(f"grid folder: {root}")
     return 0
 
