@@ -128,3 +128,41 @@ def test_an_unreadable_image_under_torchrun_is_not_told_to_skip_as_torchrun_refu
     assert str(refused.value).endswith(
         "or resume it in one process with data.on_bad_image=skip in its config.yaml (torchrun's "
         "processes cannot skip: their batches would be unequal)")
+
+
+def test_a_process_waiting_for_its_peers_says_so(monkeypatch, capsys):
+    """WORLD_SIZE, RANK and MASTER_* set by hand, with no other process started: the process
+    had waited for gloo's 30 minutes without a word. After distributed.JOIN_NOTICE_S it says
+    what it waits for (shortened here, the join faked); a join in time says nothing."""
+    import time
+
+    from kdml import distributed
+
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29511"), ("LOCAL_RANK", "1"),
+                        ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    import threading
+
+    said = threading.Event()
+    notice = distributed._say_still_waiting
+
+    def say_then_mark() -> None:
+        notice()
+        said.set()
+
+    monkeypatch.setattr(distributed, "JOIN_NOTICE_S", 0.05)
+    monkeypatch.setattr(distributed, "_say_still_waiting", say_then_mark)
+    # a join that takes until the notice is out (at most 30 s on a very loaded machine)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda *args, **kwargs: said.wait(30))
+    distributed.setup(use_cuda=False)
+    assert capsys.readouterr().err == (
+        "kdml: rank 1 has waited 0.05 s at 127.0.0.1:29511 for the job's 2 processes "
+        "(WORLD_SIZE) to join; it waits up to 30 minutes: start the others (torchrun starts "
+        "them all), or stop this one and unset WORLD_SIZE to train in one process\n")
+    monkeypatch.setattr(distributed, "JOIN_NOTICE_S", 0.2)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *args, **kwargs: None)
+    distributed.setup(use_cuda=False)
+    time.sleep(0.5)  # past the notice's time: cancelled by the join, it never comes
+    assert capsys.readouterr().err == ""

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import re
+import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,8 +89,29 @@ def setup(use_cuda: bool) -> World:
     # exists, the defaults are None.
     importlib.import_module("torch.distributed.nn.functional")
 
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
+    # torchrun's processes meet at once; one started by hand, or a machine whose processes
+    # are late, had waited up to the 30 minutes without a word
+    waiting = threading.Timer(JOIN_NOTICE_S, _say_still_waiting)
+    waiting.daemon = True
+    waiting.start()
+    try:
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
+    finally:
+        waiting.cancel()
     return world()
+
+
+# Seconds of waiting for the job's other processes before saying so.
+JOIN_NOTICE_S = 60.0
+
+
+def _say_still_waiting() -> None:
+    """One line on stderr: what this process waits for, and what it takes to start it."""
+    address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    print(f"kdml: rank {launch_rank()} has waited {JOIN_NOTICE_S:g} s at {address} for the "
+          f"job's {world_size()} processes (WORLD_SIZE) to join; it waits up to 30 minutes: "
+          "start the others (torchrun starts them all), or stop this one and unset WORLD_SIZE "
+          "to train in one process", file=sys.stderr, flush=True)
 
 
 def device_for(name: str) -> str:
