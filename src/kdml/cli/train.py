@@ -423,16 +423,15 @@ def _check_cell_selects(name: str, config: RunConfig) -> None:
     not score (its eval.ks without K, eval.nmi off): training refuses it at the cell's turn,
     after the cells before it trained into a folder that a corrected grid may not reuse. A
     cell scored at the dataset's own Ks is checked at its turn, once the data is read."""
+    from kdml.evaluation.evaluator import scored_metric_names
     from kdml.training.selection import check_selectable
 
     metric = config.train.select_metric
     chooses = config.train.keep_best or config.train.patience or config.data.validation
     if not chooses or not config.eval.ks or not (metric.startswith("recall@") or metric == "nmi"):
         return
-    scored = [*dict.fromkeys(f"recall@{k}" for k in config.eval.ks), "map@r", "r_precision",
-              *(["nmi"] if config.eval.nmi else [])]
     try:
-        check_selectable(metric, scored)
+        check_selectable(metric, scored_metric_names(config.eval.ks, config.eval.nmi))
     except KdmlError as error:
         raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
 

@@ -17,7 +17,7 @@ embeddings are kept. What is scored depends on the split and the method:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -294,13 +294,18 @@ def metric_names(config: EvalConfig, splits: DataSplits) -> list[str]:
     """The names of the metrics :func:`evaluate_method` returns for ``splits``, known before
     anything is embedded (``train.select_metric`` is checked against them before training),
     in its order. Keep in step with :func:`_score`."""
-    ks = tuple(config.ks) or splits.eval_ks
+    return scored_metric_names(tuple(config.ks) or splits.eval_ks, config.nmi, splits.kind)
+
+
+def scored_metric_names(ks: Sequence[int], nmi: bool, kind: str | None = None) -> list[str]:
+    """:func:`metric_names` from the Recall@K values ``ks``, ``nmi`` and the split's
+    ``kind`` (None: not known yet, so without the metric a split kind adds)."""
     names = [*dict.fromkeys(f"recall@{k}" for k in ks), "map@r", "r_precision"]
-    if config.nmi:
+    if nmi:
         names.append("nmi")
-    if splits.kind == DOMAIN:
+    if kind == DOMAIN:
         names.append("source_nn_accuracy")
-    elif splits.kind == SEEN:
+    elif kind == SEEN:
         names.append("linear_accuracy")
     return names
 
