@@ -94,15 +94,24 @@ def _refuse_split_folders(folder: Path, classes: list[str], layout: Layout) -> N
     training = [name for name in classes if name.lower() in ("train", "training")]
     if len(classes) < 2 or not training or not {name.lower() for name in classes} <= SPLIT_FOLDERS:
         return
-    inner = sorted(entry.name for entry in os.scandir(folder / training[0])
-                   if entry.is_dir() and not entry.name.startswith("."))
+    inner = _sub_folders(folder / training[0])
     if inner:
         raise layout.error(f"its sub-folders {'/, '.join(classes)}/ look like a split, each "
-                           f"holding class folders ({', '.join(inner[:3])}"
-                           f"{', ...' if len(inner) > 3 else ''}), but kdml reads each "
+                           f"holding class folders ({_first_names(inner)}), but kdml reads each "
                            "sub-folder as a class: give one of them (e.g. "
                            f"folder:{folder / training[0]}), which data.split splits, or list the "
                            "images with their split in a CSV (csv:FILE, rows path,label,split)")
+
+
+def _sub_folders(folder: Path) -> list[str]:
+    """The names of ``folder``'s sub-folders, sorted, hidden ones left out."""
+    return sorted(entry.name for entry in os.scandir(folder)
+                  if entry.is_dir() and not entry.name.startswith("."))
+
+
+def _first_names(names: list[str]) -> str:
+    """``"a, b, c, ..."``: the first three of ``names``, for a one-line error."""
+    return f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
 
 
 def _is_folder(entry: os.DirEntry[str]) -> bool:
@@ -139,12 +148,10 @@ def load_folder(folder: Path) -> DatasetParts:
                                "into one sub-folder per class")
         raise layout.error("no class sub-folders")
     if len(classes) == 1:  # one level too high: DIR/images/<class>/ is a common layout
-        inner = sorted(entry.name for entry in os.scandir(folder / classes[0])
-                       if entry.is_dir() and not entry.name.startswith("."))
+        inner = _sub_folders(folder / classes[0])
         if len(inner) > 1:
             raise layout.error(f"it holds one folder, {classes[0]}/, whose {len(inner)} "
-                               f"sub-folders ({', '.join(inner[:3])}"
-                               f"{', ...' if len(inner) > 3 else ''}) look like the classes: "
+                               f"sub-folders ({_first_names(inner)}) look like the classes: "
                                f"give {folder / classes[0]} as the folder")
     _refuse_split_folders(folder, classes, layout)
     paths: list[str] = []
@@ -156,9 +163,9 @@ def load_folder(folder: Path) -> DatasetParts:
         others: Counter[str] = Counter()
         images = class_images(folder / name, layout, read, listed, others)
         if not images:  # its other files said: photos of a kind kdml does not read (.heic)
-            counted = [f"{count} {kind}" for kind, count in others.most_common(3)]
-            held = (f"; it holds {', '.join(counted)}{', ...' if len(others) > 3 else ''}: "
-                    "convert its images to one of those" if others else "")
+            counted = [f"{count} {kind}" for kind, count in others.most_common()]
+            held = (f"; it holds {_first_names(counted)}: convert its images to one of those"
+                    if others else "")
             raise layout.error(f"class folder {name}/ holds no images (extensions: "
                                f"{' '.join(IMAGE_EXTENSIONS)}){held}; add its images or remove "
                                "it")
