@@ -57,3 +57,24 @@ def modes_while_training(monkeypatch):
         return seen
 
     return watch
+
+
+@pytest.fixture
+def stop_in_epoch(monkeypatch):
+    """``stop(epoch, error=None)``: training raises ``error`` (a Ctrl-C when None) as it starts
+    epoch ``epoch``; the epochs before it train as usual. Returns ``undo()``, which puts the real
+    epoch back (for a resume in the same test)."""
+    from kdml.training import trainer
+
+    real = trainer.train_one_epoch
+
+    def stop(epoch: int, error: BaseException | None = None):
+        def stopped(session, at, progress):
+            if at == epoch:
+                raise KeyboardInterrupt if error is None else error
+            return real(session, at, progress)
+
+        monkeypatch.setattr(trainer, "train_one_epoch", stopped)
+        return lambda: monkeypatch.setattr(trainer, "train_one_epoch", real)
+
+    return stop

@@ -211,19 +211,10 @@ def test_an_unscored_epoch_beyond_epochs_lowered_since_is_scored(tmp_path, monke
     assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 2
 
 
-def test_metrics_json_holds_each_finished_epoch_before_the_run_ends(tmp_path, monkeypatch):
+def test_metrics_json_holds_each_finished_epoch_before_the_run_ends(tmp_path, stop_in_epoch):
     """A run stopped in epoch 2 has epoch 1's row in metrics.json (written every epoch, not
     only at the end; writing it only at the end had passed every test)."""
-    from kdml.training import trainer
-
-    real = trainer.train_one_epoch
-
-    def stopped_in_epoch_2(session, epoch, progress):
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return real(session, epoch, progress)
-
-    monkeypatch.setattr(trainer, "train_one_epoch", stopped_in_epoch_2)
+    stop_in_epoch(2)
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      *TINY]) == 130

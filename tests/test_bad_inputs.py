@@ -211,18 +211,13 @@ def test_safe_name_examples_of_its_docstring():
     assert safe_name("npz:/x/y/f.npz") == "npz-f"
 
 
-def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, monkeypatch):
+def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, stop_in_epoch):
     out = tmp_path / "run"
-    real = trainer.train_one_epoch
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
+    undo = stop_in_epoch(1)
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      *TINY]) == 130
     assert f"kdml train --resume {out}" in capsys.readouterr().err
-    monkeypatch.setattr(trainer, "train_one_epoch", real)
+    undo()
     # (the same new command would start it afresh: it saved no checkpoint; test_run_lock.py)
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert "recall@1" in capsys.readouterr().out

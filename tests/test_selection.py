@@ -208,17 +208,10 @@ def test_a_grid_keeping_best_epochs_compares_them_not_the_last(tmp_path, capsys,
 
 
 def test_a_validation_run_from_before_the_val_keys_resumes_with_its_earlier_choice(
-        tmp_path, tiny_overrides, capsys, monkeypatch):
+        tmp_path, tiny_overrides, capsys, monkeypatch, stop_in_epoch):
     # runs trained before scores were keyed val/ recorded validation scores as test/
     scripted_scores(monkeypatch, [0.9, 0.5, 0.6])
-    real = trainer.train_one_epoch
-
-    def stops_in_epoch_3(session, epoch, progress):
-        if epoch == 3:
-            raise trainer.KdmlError("stopped")
-        return real(session, epoch, progress)
-
-    monkeypatch.setattr(trainer, "train_one_epoch", stops_in_epoch_3)
+    undo = stop_in_epoch(3, trainer.KdmlError("stopped"))
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "data.batch_size=12",
@@ -228,7 +221,7 @@ def test_a_validation_run_from_before_the_val_keys_resumes_with_its_earlier_choi
     state["history"] = [{key.replace("val/", "test/"): value for key, value in row.items()}
                         for row in state["history"]]
     torch.save(state, last)
-    monkeypatch.setattr(trainer, "train_one_epoch", real)
+    undo()
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert "best validation recall@1: 0.9000 at epoch 1" in capsys.readouterr().out

@@ -1010,20 +1010,11 @@ def test_train_log_says_why_a_session_stopped(tmp_path, monkeypatch, raised, cod
 
 
 def test_a_run_resumed_with_nothing_left_to_train_scores_its_unscored_last_epoch(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, stop_in_epoch, capsys):
     """Stopped after epoch 2 of 4 (scored every 4th), then resumed with train.epochs lowered
     to 2: the run ended with an empty metrics table and "final": {}, as its epoch 2 was
     never scored. It is scored now, as a run's last epoch always is."""
-    from kdml.training import trainer
-
-    real_train = trainer.train_one_epoch
-
-    def stop_at_3(session, epoch, progress):
-        if epoch == 3:
-            raise KeyboardInterrupt
-        return real_train(session, epoch, progress)
-
-    monkeypatch.setattr(trainer, "train_one_epoch", stop_at_3)
+    stop_in_epoch(3)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                      "--no-progress", "train.epochs=4", "train.eval_every=4",
