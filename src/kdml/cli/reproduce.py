@@ -25,7 +25,12 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml.file_write import check_writable_folder
     from kdml.launch import launched_by_torchrun
     from kdml.reproduce.catalog import experiments
-    from kdml.reproduce.report import check_outputs, check_plots, keep_reported
+    from kdml.reproduce.report import (
+        check_outputs,
+        check_plots,
+        check_quotable,
+        keep_reported,
+    )
     from kdml.reproduce.runner import reproduce
     from kdml.training.build import resolve_device
     from kdml.training.run_folder import hold_folder
@@ -66,6 +71,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     # its runs instead of replacing the committed docs/reproduction.md.
     report = args.out or (runs / "reproduction.md" if args.quick else DEFAULT_REPORT)
     # first: with --quick the report goes into the runs folder, whose fault is --runs'
+    check_quotable(runs, "--runs")
     check_writable_folder(runs, "choose another --runs")
     check_outputs(report)
     device = resolve_device(args.device, "--device")

@@ -67,6 +67,7 @@ def check_outputs(report: Path) -> None:
     """
     if report.suffix != ".md":  # the plot folder is named by the stem: y.md and y.txt shared it
         raise KdmlError(f"--out {report}: a report is Markdown; give a path ending in .md")
+    check_quotable(report, "--out")
     check_writable_folder(report.parent)
     check_not_a_link(report)
     if report.exists():
@@ -81,6 +82,16 @@ def check_outputs(report: Path) -> None:
                                                   and not (plots / PLOTS_MARKER).is_file())):
         raise KdmlError(f"{plots} holds files kdml reproduce did not write; move it or choose "
                         "another --out")
+
+
+def check_quotable(path: Path, option: str) -> None:
+    """Refuse an ``--out`` or ``--runs`` that a section's command cannot name: the command is
+    in a Markdown code span, which a backtick in the path ends, so the section was not read
+    back and the next rewrite of the report dropped it (a line break ends the line it is
+    read from)."""
+    if "`" in str(path) or "\n" in str(path):
+        raise KdmlError(f"{option} {str(path)!r} holds a backtick or a line break, which would "
+                        "cut the report's commands short; choose a path without one")
 
 
 def _sweep_plot(plots: Path, experiment: Experiment) -> Path:
@@ -166,7 +177,10 @@ def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], r
             written = " ".join([*([f"--seeds {section.seeds}"] if section.seeds is not None
                                   else []), *(["--quick"] if section.quick else [])])
             lost.append(f"{section.key} (written at {written or 'the full setting'})")
-        elif section.key in by_key and all_finished(by_key[section.key], seeds, runs, device):
+        elif section.key not in by_key:  # no setting can read it: say so, not "not finished"
+            lost.append(f"{section.key} (an experiment this kdml does not have: renamed or "
+                        "removed since it was written)")
+        elif all_finished(by_key[section.key], seeds, runs, device):
             kept.add(section.key)
         else:
             lost.append(f"{section.key} (its runs at --seeds {seeds}{' --quick' * quick} on "
@@ -218,7 +232,7 @@ def _remove_unlinked_plots(plots: Path, text: str, previous: str) -> None:
     had been."""
     if not (plots / PLOTS_MARKER).is_file():
         return
-    linked = re.compile(rf"\]\({re.escape(plots.name)}/([^)/]+\.png)\)")
+    linked = re.compile(rf"\]\(<?{re.escape(plots.name)}/([^/]+?\.png)>?\)")
     for name in set(linked.findall(previous)) - set(linked.findall(text)):
         path = plots / name
         if path.is_file() and not path.is_symlink() and drawn_by_kdml(path, marked=True):
@@ -464,7 +478,10 @@ def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[st
 
 
 def _relative(path: Path, start: Path) -> str:
-    return Path(os.path.relpath(path, start)).as_posix()
+    """``path`` from ``start``, as a Markdown link's destination: in angle brackets where it
+    holds a space or a bracket, which CommonMark does not take in a bare destination."""
+    relative = Path(os.path.relpath(path, start)).as_posix()
+    return f"<{relative}>" if any(char in relative for char in " ()") else relative
 
 
 def _part_table(result: ExperimentResult) -> list[str]:

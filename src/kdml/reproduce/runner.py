@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kdml.config import RunConfig, resolve_config
+from kdml.config import RunConfig, flatten, resolve_config
 from kdml.data.registry import ROOT_VARIABLE, root_is_read
 from kdml.errors import KdmlError, UnreadableCheckpoint
 from kdml.evaluation.evaluator import COLLAPSED, embed_dataset
@@ -196,6 +196,7 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
     if finished_earlier(run.run_dir):
+        check_holds_planned(run)
         wall = read_stored(timing, "wall_s")
         if not isinstance(wall, (int, float)):
             raise not_as_written(timing, f"wall_s is {wall!r}")
@@ -217,6 +218,28 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     write_json({"wall_s": wall, "device": run.config.train.device, "machine": machine,
                 **({"diverged": diverged} if diverged else {})}, timing, ("wall_s", "device"))
     return Trained(wall, diverged, reused=False, machine=machine)
+
+
+def check_holds_planned(run: PlannedRun) -> None:
+    """Refuse a finished run whose ``config.yaml`` is not the run planned in its folder: the
+    folder is found by its name alone, and a run copied in under another's name (records are
+    copied between runs folders) would give its numbers to a cell it did not train. A run that
+    diverged before its folder held a config has nothing to compare."""
+    folder = RunFolder(run.run_dir)
+    if not folder.config.is_file():
+        return
+    stored = flatten(run_config(folder).to_dict())
+    planned = flatten(run.config.to_dict())
+    if not planned["eval.ks"]:  # the dataset's own Ks, which the trainer writes out
+        del stored["eval.ks"], planned["eval.ks"]
+    differing = sorted(key for key in stored.keys() | planned.keys()
+                       if stored.get(key) != planned.get(key))
+    if differing:
+        key = differing[0]
+        raise KdmlError(f"{run.run_dir} holds another run than the one planned there ({key} is "
+                        f"{stored.get(key)!r} in its config.yaml, not {planned.get(key)!r}); "
+                        "move it away, or delete it, and run the same command again to train "
+                        "the planned run")
 
 
 def claim_file(run_dir: Path) -> Path:
