@@ -116,7 +116,8 @@ def chart_retrieval_metrics(
         chart_index: :math:`(N,)` integer chart of each point.
         labels: :math:`(N,)` integer class labels.
         ks: the K of Recall@K, each at most :math:`N - 1` (the reference's size with one).
-        nmi: also compute :func:`chart_clustering_nmi` (of the queries).
+        nmi: also compute :func:`chart_clustering_nmi` (of the queries, and of the reference
+            with them where one is given, as ``retrieval_metrics`` does).
         chunk_size: queries per k-NN search.
         reference_coords, reference_chart_index, reference_labels: a separate reference
             set :math:`(G, d)`, :math:`(G,)`, :math:`(G,)`, given together, or none. The
@@ -212,7 +213,14 @@ def chart_retrieval_metrics(
 
     results = scores.averages(num_relevant[order] > 0)
     if nmi:
-        results["nmi"] = chart_clustering_nmi(vectors, charts, label_vector)
+        if same_set:
+            results["nmi"] = chart_clustering_nmi(vectors, charts, label_vector)
+        else:
+            assert reference_label_vector is not None
+            results["nmi"] = chart_clustering_nmi(
+                np.concatenate([vectors, reference_vectors]),
+                np.concatenate([charts, reference_charts]),
+                np.concatenate([label_vector, reference_label_vector]))
     return results
 
 

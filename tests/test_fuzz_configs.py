@@ -1,0 +1,48 @@
+"""Shipped configs, on-disk formats and the config grammar, as a fuzzing session found them
+mishandled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+
+def test_nmi_of_one_query_per_class_against_a_gallery_is_not_trivially_one():
+    """With a query/gallery split (In-Shop, a CSV's is_query/is_gallery flags) NMI clusters
+    the queries alone into as many clusters as they have classes: with one query per class
+    (a common protocol) every query is its own cluster and NMI is exactly 1 whatever the
+    embedding, beside a Recall@1 of 0 (an In-Shop fixture scored recall@1 0.0, nmi 1.0)."""
+    from kdml.evaluation.clustering import clustering_nmi
+    from kdml.evaluation.retrieval import retrieval_metrics
+
+    rng = np.random.default_rng(0)
+    queries = torch.from_numpy(rng.standard_normal((6, 8)).astype(np.float32))
+    gallery = torch.from_numpy(rng.standard_normal((18, 8)).astype(np.float32))
+    query_labels = torch.arange(6)
+    gallery_labels = torch.arange(18) % 6
+    results = retrieval_metrics(queries, query_labels, ks=(1,), reference=gallery,
+                                reference_labels=gallery_labels, nmi=True)
+    # random embeddings: a clustering of them says nothing of the classes
+    assert results.get("nmi", 0.0) < 0.99, results
+    # the queries and the gallery are clustered together
+    assert results["nmi"] == clustering_nmi(torch.cat([queries, gallery]),
+                                            torch.cat([query_labels, gallery_labels]))
+
+
+def test_chart_nmi_against_a_gallery_clusters_the_queries_and_the_gallery():
+    """The Atlas metrics' NMI had the same fault: one query per class, each its own cluster."""
+    from kdml.evaluation.charts import chart_clustering_nmi, chart_retrieval_metrics
+
+    rng = np.random.default_rng(1)
+    queries, gallery = rng.standard_normal((6, 2)), rng.standard_normal((18, 2))
+    query_charts, gallery_charts = np.arange(6) % 2, np.arange(18) % 2
+    query_labels, gallery_labels = np.arange(6), np.arange(18) % 6
+    results = chart_retrieval_metrics(queries, query_charts, query_labels, ks=(1,),
+                                      reference_coords=gallery,
+                                      reference_chart_index=gallery_charts,
+                                      reference_labels=gallery_labels)
+    assert results["nmi"] < 0.99
+    assert results["nmi"] == pytest.approx(chart_clustering_nmi(
+        np.concatenate([queries, gallery]), np.concatenate([query_charts, gallery_charts]),
+        np.concatenate([query_labels, gallery_labels])))
