@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from kdml.errors import KdmlError
+
 
 def test_nmi_of_one_query_per_class_against_a_gallery_is_not_trivially_one():
     """With a query/gallery split (In-Shop, a CSV's is_query/is_gallery flags) NMI clusters
@@ -46,3 +48,41 @@ def test_chart_nmi_against_a_gallery_clusters_the_queries_and_the_gallery():
     assert results["nmi"] == pytest.approx(chart_clustering_nmi(
         np.concatenate([queries, gallery]), np.concatenate([query_charts, gallery_charts]),
         np.concatenate([query_labels, gallery_labels])))
+
+
+def test_a_weights_file_holding_nan_is_refused_naming_the_file(tmp_path):
+    """A damaged local weights file whose tensors hold NaN loaded without a word ("loaded 483
+    tensors"); the first step then stopped with "the 'am_softmax' term became NaN ... Lower
+    the learning rates or the regularizer weight", which sends the user to tune a run whose
+    fault is the file."""
+    from kdml.models.weights import load_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    state = model.state_dict()
+    state["0.weight"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "weights.pth")
+    with pytest.raises(KdmlError, match=r"(?i)nan|finite") as refused:
+        load_weights(torch.nn.Sequential(torch.nn.Linear(3, 2)), tmp_path / "weights.pth",
+                     report=lambda line: None)
+    assert "weights.pth" in str(refused.value)
+
+
+def test_a_weights_file_with_an_infinite_parameter_is_refused_but_a_minus_inf_mask_loads(
+        tmp_path):
+    from kdml.models.weights import load_weights
+
+    def model():
+        module = torch.nn.Sequential(torch.nn.Linear(3, 2))
+        module.register_buffer("mask", torch.zeros(2))
+        return module
+
+    state = model().state_dict()
+    state["mask"][0] = float("-inf")
+    torch.save(state, tmp_path / "masked.pth")
+    loaded = model()
+    load_weights(loaded, tmp_path / "masked.pth", report=lambda line: None)
+    assert loaded.mask[0] == float("-inf")
+    state["0.bias"][1] = float("inf")
+    torch.save(state, tmp_path / "broken.pth")
+    with pytest.raises(KdmlError, match=r"broken\.pth: 0\.bias holds NaN or infinite values"):
+        load_weights(model(), tmp_path / "broken.pth", report=lambda line: None)

@@ -126,6 +126,7 @@ def load_weights(backbone: nn.Module, path: str | Path,
         raise KdmlError(f"weights file {path} {lacks}{' and ' if lacks and extra else ''}"
                         f"{extra}: it is for another model than the backbone; pass the file "
                         "of this very model")
+    _check_finite(state, {name for name, _ in target.named_parameters()}, path)
     target.load_state_dict(state, strict=False)
     notes = [f"loaded {len(set(state) & set(own))} tensors from {path}"]
     if kept:
@@ -135,6 +136,18 @@ def load_weights(backbone: nn.Module, path: str | Path,
     if adapted:
         notes.append(f"summed RGB channels for 1-channel input ({_few(adapted)})")
     report("; ".join(notes))
+
+
+def _check_finite(state: dict[str, torch.Tensor], parameters: set[str], path: Path) -> None:
+    """Refuse a file whose weights hold NaN, or a parameter infinity (a buffer may hold -inf
+    as a mask): loaded, it stopped the first step with advice to lower the learning rates."""
+    for key, value in state.items():
+        if not value.is_floating_point():
+            continue
+        if value.isnan().any() or (key in parameters and not value.isfinite().all()):
+            raise KdmlError(f"weights file {path}: {key} holds NaN or infinite values; the file "
+                            "is damaged (or was saved from a run that diverged): pass a good "
+                            "copy")
 
 
 def _is_rgb_to_gray_conv(saved: torch.Tensor, own: torch.Tensor) -> bool:
