@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from kdml.errors import KdmlError
 
@@ -86,3 +87,31 @@ def test_a_weights_file_with_an_infinite_parameter_is_refused_but_a_minus_inf_ma
     torch.save(state, tmp_path / "broken.pth")
     with pytest.raises(KdmlError, match=r"broken\.pth: 0\.bias holds NaN or infinite values"):
         load_weights(model(), tmp_path / "broken.pth", report=lambda line: None)
+
+
+def _photo(path, value):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((8, 8, 3), value, np.uint8)).save(path)
+
+
+@pytest.mark.parametrize(("header", "fourth"), [
+    ("path,label,split,Label", lambda number, name: str(number % 4)),
+    ("path,label,split,split", lambda number, name: "test"),
+    ("Path,label,split,path", lambda number, name: name),
+])
+def test_a_csv_header_naming_one_column_twice_is_refused(tmp_path, header, fourth):
+    """Column names are read without regard to case, so ``label`` and ``Label`` (or a
+    column written twice) name one column: kdml silently read the first and ignored the
+    other, training on labels or a split the user may not have meant."""
+    from kdml.data.formats.csv_list import load_csv
+
+    rows = []
+    for number in range(8):
+        name = f"imgs/{number}.png"
+        _photo(tmp_path / name, 30 * number)
+        split = "train" if number % 4 < 2 else "test"
+        rows.append(f"{name},{number % 4},{split},{fourth(number, name)}")
+    (tmp_path / "list.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    with pytest.raises(KdmlError, match=r"line 1: the header names the '(label|split|path)' "
+                                        r"column 2 times \(\w+, \w+: names are read"):
+        load_csv(tmp_path / "list.csv")

@@ -61,6 +61,12 @@ def read_table(layout: Layout, csv_file: Path) -> tuple[list[str], list[tuple[in
         if column not in header:
             raise layout.error(f"line {table[0][0]}: the header has no {column!r} column "
                                f"(found {header})")
+    for column in (*REQUIRED, *FLAGS):  # which one was meant is not for kdml to guess
+        if header.count(column) > 1:
+            spelled = [name.strip() for name in table[0][1] if name.strip().lower() == column]
+            raise layout.error(f"line {table[0][0]}: the header names the {column!r} column "
+                               f"{len(spelled)} times ({', '.join(spelled)}: names are read "
+                               "without regard to case); keep one")
     if sum(flag in header for flag in FLAGS) == 1:
         raise layout.error(f"line {table[0][0]}: is_query and is_gallery come together")
     for line, row in table[1:]:
