@@ -3,6 +3,8 @@ mishandled."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -115,3 +117,34 @@ def test_a_csv_header_naming_one_column_twice_is_refused(tmp_path, header, fourt
     with pytest.raises(KdmlError, match=r"line 1: the header names the '(label|split|path)' "
                                         r"column 2 times \(\w+, \w+: names are read"):
         load_csv(tmp_path / "list.csv")
+
+
+def _small_classes(path):
+    """A feature file of 4 classes with 5 source samples each: fewer than DTML's k1 = 5
+    same-class neighbours (a sample's own class holds 4 others)."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(40) % 4
+    features = rng.standard_normal((40, 6)).astype(np.float32)
+    domain = np.array(["source"] * 20 + ["target"] * 20)
+    np.savez(path, X=features, y=labels, domain=domain)
+    return path
+
+
+def test_a_dtml_run_with_small_classes_warns_in_kdml_words_and_logs_it(tmp_path, capsys):
+    from kdml import cli
+
+    features = _small_classes(tmp_path / "features.npz")
+    out = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["train", "dtml", "--dataset", f"npz:{features}", "epochs=1",
+                         "data.batch_size=0", "eval.nmi=false",
+                         "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    escaped = [str(w.message) for w in caught if "MarginalFisherLoss" in str(w.message)]
+    # the user is told, in kdml's one-line form, not by Python's warning machinery
+    assert not escaped, f"a raw Python warning escaped the CLI: {escaped[0][:80]}"
+    assert "UserWarning" not in err and "marginal_fisher.py" not in err
+    assert "k1" in err
+    # and train.log, which README says keeps each session's warnings, records it
+    assert "k1" in (out / "train.log").read_text()

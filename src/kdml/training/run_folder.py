@@ -10,6 +10,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -550,6 +551,30 @@ def warning_handler() -> logging.Handler:
     return to_screen
 
 
+PACKAGE_FOLDER = str(Path(__file__).resolve().parent.parent)
+
+
+@contextmanager
+def kdml_warnings_logged() -> Iterator[None]:
+    """Python warnings that kdml's own code raises (its modules warn a library user, e.g.
+    ``MarginalFisherLoss`` of batches with too few neighbours) go to the ``kdml`` logger while
+    a command runs: ``kdml: warning: ...`` on stderr and, while a run trains, in its
+    ``train.log``, not Python's two lines naming kdml's source file. Others' warnings are
+    shown as Python shows them."""
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+            if str(Path(filename).resolve()).startswith(PACKAGE_FOLDER + os.sep):
+                logging.getLogger("kdml.warnings").warning("%s", message)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
 @contextmanager
 def warnings_on_stderr(shown: bool = True) -> Iterator[None]:
     """Show kdml's warnings (a skipped image while embedding) as ``kdml: warning: ...`` for a
@@ -560,7 +585,8 @@ def warnings_on_stderr(shown: bool = True) -> Iterator[None]:
     to_screen = warning_handler() if shown else logging.NullHandler()
     package.addHandler(to_screen)
     try:
-        yield
+        with kdml_warnings_logged():
+            yield
     finally:
         package.removeHandler(to_screen)
 
@@ -579,7 +605,8 @@ def run_logging(path: Path) -> Iterator[logging.Logger]:
     package.addHandler(to_file)
     package.addHandler(to_screen)
     try:
-        yield logging.getLogger("kdml.train")
+        with kdml_warnings_logged():
+            yield logging.getLogger("kdml.train")
     finally:
         package.removeHandler(to_file)
         package.removeHandler(to_screen)
