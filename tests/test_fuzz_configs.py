@@ -148,3 +148,14 @@ def test_a_dtml_run_with_small_classes_warns_in_kdml_words_and_logs_it(tmp_path,
     assert "k1" in err
     # and train.log, which README says keeps each session's warnings, records it
     assert "k1" in (out / "train.log").read_text()
+
+
+@pytest.mark.parametrize("overrides", [["epochs=3", "train.epochs=4"],
+                                       ["train.epochs=3", "train.epochs=4"]])
+def test_a_later_override_of_one_setting_wins_as_the_readme_says(capsys, overrides):
+    """Two overrides of one setting: the later wins (README: a script adds one change to a
+    list of overrides; the tests' own tiny settings rely on it), under either spelling."""
+    from kdml import cli
+
+    assert cli.main(["config", "jrd", *overrides]) == 0
+    assert "\n  epochs: 4\n" in capsys.readouterr().out
