@@ -91,7 +91,8 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
     run = SimpleNamespace(
         method=SimpleNamespace(has_charts=has_charts),
         config=SimpleNamespace(eval=SimpleNamespace(metric=metric)),
-        splits=SimpleNamespace(train=range(sizes[0]), test=range(sizes[1]), validation=False))
+        splits=SimpleNamespace(train=range(sizes[0]), test=range(sizes[1]), validation=False,
+                               gallery=None))
     estimate = Estimate.of([0.5, 0.5])
 
     def analyze(trained, settings):
@@ -186,7 +187,7 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
     train.labels, test.labels = torch.tensor(labels["train"]), torch.tensor(labels["test"])
     trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path), epoch=1, embedder=None,
                               splits=SimpleNamespace(train=train, test=test, validation=False,
-                                                     train_classes=[0, 1, 2, 3]),
+                                                     train_classes=[0, 1, 2, 3], gallery=None),
                               method=SimpleNamespace(has_charts=has_charts),
                               config=SimpleNamespace(eval=SimpleNamespace(metric=metric)))
     analysis.analyze_generalization(trained, analysis.GeneralizationSettings(0.6, 2, 3, 7))
