@@ -44,7 +44,8 @@ TEST_SETS = {UNSEEN: "classes not seen in training",
 # have trained on: its test part is what the run's data.split makes of it, nothing more.
 OTHER_TEST_SETS = {UNSEEN: "the classes of its test part (as the run's data.split divides it)",
                    SEEN: "its classes, held out as the run's data.split divides it",
-                   DOMAIN: TEST_SETS[DOMAIN]}
+                   # another pair's target may be the run's own labelled source
+                   DOMAIN: "the pair's target domain"}
 
 
 def counted_classes(count: int, kind: str) -> str:
