@@ -640,9 +640,10 @@ def test_a_grayscale_thumbnail_is_drawn_gray_and_upright_around_its_point():
 
 
 def test_each_panel_s_title_counts_its_own_points_and_its_frame_is_the_unit_square():
-    figure = chart_figure(np.zeros((5, 2)), np.array([0, 0, 0, 2, 2]), np.zeros(5, int))
+    figure = chart_figure(np.zeros((6, 2)), np.array([0, 0, 0, 2, 2, 3]), np.zeros(6, int))
     assert [axes.get_title() for axes in figure.axes] == ["chart 0 (3 points)",
-                                                          "chart 2 (2 points)"]
+                                                          "chart 2 (2 points)",
+                                                          "chart 3 (1 point)"]
     for axes in figure.axes:
         (frame,) = axes.patches
         assert (frame.get_xy(), frame.get_width(), frame.get_height()) == ((0, 0), 1, 1)

@@ -178,7 +178,8 @@ def chart_figure(
                             interpolation="nearest", zorder=3)
         axes.add_patch(Rectangle((0, 0), 1, 1, fill=False, edgecolor="0.6", linewidth=0.8))
         axes.set(xlim=(-BORDER, 1 + BORDER), ylim=(-BORDER, 1 + BORDER), xticks=[],
-                 yticks=[], aspect="equal", title=f"chart {chart} ({len(members)} points)")
+                 yticks=[], aspect="equal", title=f"chart {chart} ({len(members)} "
+                 f"point{'s' * (len(members) != 1)})")
         if position == min(columns, len(shown)) - 1 and len(classes) <= LEGEND_MAX_CLASSES:
             # beside the first row's last panel, left out of the layout (which shrank the
             # panels to fit a long one, or gave up): the figure is widened for it below
