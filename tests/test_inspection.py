@@ -453,8 +453,14 @@ def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
     assert scores(printed)[0].split() == ["recall@1", f"{hits / len(labels):.4f}"]
 
     capsys.readouterr()
-    assert kdml("eval", run, "--dataset", f"folder:{second}", "--test") == 2
-    assert capsys.readouterr().err.endswith("drop --test\n")
+    for command in ("eval", "embed", "index"):  # embed and index had taken it silently
+        out = {"eval": [], "embed": ["--out", tmp_path / "e-test.npz"],
+               "index": ["--out", tmp_path / "index-test"]}[command]
+        assert kdml(command, run, "--dataset", f"folder:{second}", "--test", *out) == 2
+        assert capsys.readouterr().err.endswith("own parts are read anyway: drop --test\n")
+    assert kdml("index", run, "--dataset", "digits", "--split", "train", "--test",
+                "--out", tmp_path / "i") == 2
+    assert capsys.readouterr().err.endswith("own parts are read anyway: drop --test\n")
     assert kdml("eval", run, "--dataset", "digits") == 2
     assert "give a dataset shaped like the run's" in capsys.readouterr().err
     # two classes, split in halves: one test class would score 1 everywhere (training refuses it)
@@ -1633,8 +1639,9 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
                                                                   monkeypatch):
     """A run with data.validation calls its validation part "test": embed, index and the plots
     say so on stderr, and --test reaches the test part that `kdml eval --test` scores. Another
-    dataset (--dataset), which the run never saw, gives its own test part either way; --split
-    train with --test is refused (it would count the validation classes as trained on)."""
+    dataset (--dataset), which the run never saw, gives its own test part (with --test too it
+    is refused, as by eval); --split train with --test is refused (it would count the
+    validation classes as trained on)."""
     from kdml.inspection import plots
 
     run = tmp_path / "run"
@@ -1643,6 +1650,8 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
     parts = {}
     for name, test in (("validation", []), ("test", ["--test"])):
         for other in ([], ["--dataset", "digits"]):
+            if test and other:
+                continue
             out = tmp_path / f"{name}{len(other)}.npz"
             capsys.readouterr()
             assert kdml("embed", run, "--out", out, *test, *other) == 0
@@ -1650,7 +1659,9 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
             assert noted == (not test and not other)
             parts[name, len(other)] = sorted(set(np.load(out)["labels"].tolist()))
     assert parts == {("validation", 0): [3, 4], ("validation", 2): [5, 6, 7, 8, 9],
-                     ("test", 0): [5, 6, 7, 8, 9], ("test", 2): [5, 6, 7, 8, 9]}
+                     ("test", 0): [5, 6, 7, 8, 9]}
+    assert kdml("embed", run, "--test", "--dataset", "digits", "--out", tmp_path / "o.npz") == 2
+    assert "with --dataset that dataset's own parts are read" in capsys.readouterr().err
     assert kdml("embed", run, "--split", "train", "--test", "--out", tmp_path / "t.npz") == 2
     assert "with --split train it would add the validation classes" in capsys.readouterr().err
     assert kdml("index", run, "--test", "--out", tmp_path / "index") == 0

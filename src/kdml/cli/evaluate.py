@@ -53,9 +53,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     from kdml.training.checks import check_evaluation
     from kdml.training.loading import load_model
 
-    if args.test:  # another dataset has no validation part to stand in for its test part
-        raise KdmlError("--test picks a validated run's own test part; with --dataset the "
-                        "test part of that dataset is scored anyway: drop --test")
+    _refuse_test_with_dataset(args)
     # without the run's data where it can
     model = load_model(args.run_dir, best=args.best, progress=_progress(args), device=args.device)
     other, splits, embedder = other_data(model, args.dataset,
@@ -135,6 +133,14 @@ def _plot_charts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_test_with_dataset(args: argparse.Namespace) -> None:
+    """Refuse ``--test`` with ``--dataset``: another dataset has no validation part standing
+    in for its test part (``embed`` and ``index`` had taken it without a word)."""
+    if args.test and args.dataset is not None:
+        raise KdmlError("--test picks a validated run's own test part; with --dataset that "
+                        "dataset's own parts are read anyway: drop --test")
+
+
 def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
     """The run of ``args.run_dir`` and the ``--split`` part of its data (``--test``: of its
     test part), or of ``--dataset`` (then ``--data-root`` is that dataset's root, not the
@@ -143,6 +149,7 @@ def _run_and_part(args: argparse.Namespace) -> tuple[RunModel, Part]:
     from kdml.inspection.parts import dataset_part, run_part
     from kdml.training.loading import load_model, load_run
 
+    _refuse_test_with_dataset(args)
     if args.test and args.split == "train":  # the test part's load counts validation as trained
         raise KdmlError("--test picks the test part; with --split train it would add the "
                         "validation classes, which the run did not train on: drop --test")
