@@ -200,3 +200,18 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
             if distance == "cosine" else raw[part]
         np.testing.assert_allclose(found, expected, rtol=1e-6)
     assert json.loads((tmp_path / "generalization.json").read_text())["distance"] == distance
+
+
+def test_the_command_refuses_too_many_neighbors_before_embedding(monkeypatch, tmp_path, capsys):
+    """--neighbors beyond the fitted samples had been refused only after both sets were
+    embedded (minutes on SOP)."""
+    command = fake_run(monkeypatch, tmp_path, False, "euclidean")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the embedding started before the refusal")
+
+    monkeypatch.setattr(analysis, "analyze_generalization", no_work)
+    assert cli.main([*command, "--neighbors", "100000"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kdml: error: --neighbors (100000) is more than the 1,150 samples the classifiers are "
+        "fitted on; use fewer")

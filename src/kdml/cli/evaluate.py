@@ -98,9 +98,12 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
     trained = load_run(args.run_dir, args.data_root, progress=_progress(args), device=args.device)
-    # before minutes of embedding (checked again on the embedded sets)
-    check_scored_counts(len(trained.splits.train), len(trained.splits.test),
-                        args.labelled_fraction, "--labelled-fraction")
+    # before minutes of embedding (checked again on the embedded sets); with a gallery, the
+    # unseen samples are the queries and the gallery
+    gallery = trained.splits.gallery
+    check_scored_counts(len(trained.splits.train),
+                        len(trained.splits.test) + (len(gallery) if gallery is not None else 0),
+                        args.labelled_fraction, "--labelled-fraction", args.neighbors)
     if trained.splits.validation:
         print(f"kdml: note: this run validated (data.validation): its unseen classes here are "
               f"the validation part ({len(trained.splits.test):,} samples of the classes held "

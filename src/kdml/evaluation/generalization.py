@@ -129,16 +129,13 @@ def generalization_terms(
         raise KdmlError(f"repeats must be at least 2 (a 95% interval needs two random splits), "
                         f"got {repeats}")
     check_disjoint_classes(seen_labels, unseen_labels)
-    check_scored_counts(len(seen), len(unseen), labelled_fraction)
+    check_scored_counts(len(seen), len(unseen), labelled_fraction, neighbors=neighbors)
     rng = np.random.default_rng(seed)
     h_divergence, h_divergence_bd, lam, err_seen, err_unseen, unfitted = [], [], [], [], [], []
     for _ in range(repeats):
         s_fit, s_score = _split(len(seen), labelled_fraction, rng)
         u_fit, u_score = _split(len(unseen), labelled_fraction, rng)
         fit_x = np.concatenate([seen[s_fit], unseen[u_fit]])
-        if neighbors > len(fit_x):
-            raise KdmlError(f"neighbors ({neighbors}) is more than the {len(fit_x)} samples the "
-                            "classifiers are fitted on; use fewer")
         # Eq. 2: discriminate seen (0) from unseen (1) samples; balanced error, better of h
         # and its complement.
         domain_fit = np.r_[np.zeros(len(s_fit)), np.ones(len(u_fit))]
@@ -180,11 +177,13 @@ def check_disjoint_classes(seen_labels: np.ndarray, unseen_labels: np.ndarray) -
 
 
 def check_scored_counts(seen_count: int, unseen_count: int, fraction: float,
-                        option: str = "labelled_fraction") -> None:
+                        option: str = "labelled_fraction", neighbors: int = 1) -> None:
     """Refuse sets or a ``fraction`` that leave a set fewer than :data:`MIN_SCORED` samples to
-    score, naming the set, its fitted and scored counts and the fraction to use instead
-    (:func:`generalization_terms` checks this; a caller may check first, before embedding).
-    ``option`` names the fraction in the message (the command line's ``--labelled-fraction``)."""
+    score, naming the set, its fitted and scored counts and the fraction to use instead, and
+    ``neighbors`` beyond the samples the classifiers are fitted on (:func:`generalization_terms`
+    checks this; a caller may check first, before embedding). ``option`` names the fraction in
+    the message (the command line's ``--labelled-fraction``, whose ``--neighbors`` is named
+    alike)."""
     sets = {"seen": seen_count, "unseen": unseen_count}
     for name, count in sets.items():
         if count < MIN_SCORED + 1:
@@ -199,6 +198,11 @@ def check_scored_counts(seen_count: int, unseen_count: int, fraction: float,
         raise KdmlError(f"{option} {fraction} leaves the {name} set {fitted} fitted "
                         f"and {count - fitted} scored of its {count} samples; each set needs at "
                         f"least {MIN_SCORED} scored: use a {option} of at most {largest}")
+    fitted_total = _cut(seen_count, fraction) + _cut(unseen_count, fraction)
+    if neighbors > fitted_total:
+        named = "--neighbors" if option.startswith("--") else "neighbors"
+        raise KdmlError(f"{named} ({neighbors}) is more than the {fitted_total:,} samples the "
+                        "classifiers are fitted on; use fewer")
 
 
 def _split(count: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
