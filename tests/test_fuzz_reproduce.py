@@ -122,3 +122,15 @@ def test_a_runs_folder_with_a_backtick_is_refused_before_anything_trains(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"kdml: error: --runs {str(runs)!r} holds a backtick")
     assert err.count("\n") == 1 and not runs.exists()
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_atlas_table2_names_the_one_dataset_whose_paper_numbers_it_shows(quick):
+    """Its paper column had said "MNIST (60,000) or Fashion-MNIST" beside MNIST's numbers."""
+    table2 = [e for e in experiments("atlas", quick=quick)
+              if e.key.startswith("atlas-table2-") and "-cnn-" not in e.key]
+    assert table2
+    for experiment in table2:
+        named = {"mnist5k": "MNIST (60,000)", "fashion-mnist": "Fashion-MNIST (60,000)"}
+        assert experiment.paper_data == (f"{named[experiment.dataset]}, ResNet-18, 100 epochs, "
+                                         "3 runs")

@@ -97,7 +97,7 @@ def _atlas_table2(dataset: str, quick: bool) -> Experiment:
         f"atlas-table2-{dataset}", "atlas", "Korman, Table 2 and Sec. A.2 (chart plots)",
         "MSimCLR against SimCLR: piecewise-linear accuracy on held-out samples of the seen "
         "classes", dataset, cells, ("linear_accuracy",),
-        "MNIST (60,000) or Fashion-MNIST, ResNet-18, 100 epochs, 3 runs", claims,
+        f"{_TABLE2_DATA[dataset]}, ResNet-18, 100 epochs, 3 runs", claims,
         common=common, sweep="d",
         note=("Quick setting: the small CNN, not ResNet-18, and a few steps: far weaker than "
               "the paper by design." if quick else
