@@ -87,8 +87,9 @@ def test_a_section_of_an_experiment_kdml_no_longer_has_is_not_called_unfinished(
     with pytest.raises(KdmlError) as refused:
         keep_reported(chosen, catalog, report, 3, True, tmp_path / "runs", "cpu")
     message = str(refused.value)
-    assert "jrd-renamed-mnist5k" in message
-    assert "not all finished" not in message
+    assert "jrd-renamed-mnist5k (an experiment this kdml does not have" in message
+    assert "not all finished" not in message and "--seeds, --runs" not in message
+    assert message.endswith(f"; choose another --out, or delete {report} first")
 
 
 def test_a_report_name_with_a_space_links_its_plots_in_angle_brackets(tmp_path):

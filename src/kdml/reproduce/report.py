@@ -169,6 +169,7 @@ def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], r
     keys = {experiment.key for experiment in chosen}
     by_key = {experiment.key: experiment for experiment in catalog}
     lost = []
+    unknown = 0  # sections of experiments kdml does not have: no setting reads them
     kept = set()
     for section in reported_sections(report):
         if section.key in keys:
@@ -180,6 +181,7 @@ def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], r
         elif section.key not in by_key:  # no setting can read it: say so, not "not finished"
             lost.append(f"{section.key} (an experiment this kdml does not have: renamed or "
                         "removed since it was written)")
+            unknown += 1
         elif all_finished(by_key[section.key], seeds, runs, device):
             kept.add(section.key)
         else:
@@ -189,10 +191,12 @@ def keep_reported(chosen: Sequence[Experiment], catalog: Sequence[Experiment], r
         # each with its own reason: a section of other --seeds had been said to have runs
         # not finished, which they all were
         named = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        settings = ("" if unknown == len(lost) else
+                    "give the --seeds, --runs and --device they were written with, ")
         raise KdmlError(
             f"{report} holds {len(lost)} section{'s' * (len(lost) != 1)} that this report "
-            f"would drop: {named}; give the --seeds, --runs and --device they were written "
-            f"with, another --out, or delete {report} first")
+            f"would drop: {named}; {settings}{'choose ' * (not settings)}another --out, or "
+            f"delete {report} first")
     return [experiment for experiment in catalog
             if experiment.key in keys or experiment.key in kept]
 
@@ -479,7 +483,8 @@ def _figures(result: ExperimentResult, plots: Path, report_dir: Path) -> list[st
 
 def _relative(path: Path, start: Path) -> str:
     """``path`` from ``start``, as a Markdown link's destination: in angle brackets where it
-    holds a space or a bracket, which CommonMark does not take in a bare destination."""
+    holds a space, which ends a bare CommonMark destination (or a parenthesis, which a bare one
+    takes only balanced)."""
     relative = Path(os.path.relpath(path, start)).as_posix()
     return f"<{relative}>" if any(char in relative for char in " ()") else relative
 
