@@ -327,11 +327,23 @@ class PCAMethod(Method):
 # network is sized by the backbone's feature_size (the identity backbone: the input size).
 
 
+def _check_identity_backbone(config: RunConfig) -> None:
+    """Refuse another backbone: the network is the whole model, fed the flattened inputs (any
+    other backbone was built for its feature size and dropped, and the first step failed as
+    'DTMLNetwork expects 128 input features, got 64', after the run folder was made)."""
+    if config.model.backbone != "identity":
+        raise KdmlError(f"{config.recipe}'s network is the whole model, fed the flattened "
+                        f"inputs: model.backbone must be identity, got "
+                        f"{config.model.backbone!r}; drop the setting")
+
+
 def _build_dtml(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    _check_identity_backbone(config)
     return DTMLMethod(config.method, feature_size_of(backbone))
 
 
 def _build_ddml_logistic(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    _check_identity_backbone(config)
     return DDMLLogisticMethod(config.method, feature_size_of(backbone))
 
 
@@ -392,6 +404,7 @@ def check_pca_buffers(input_size: int, dim: int, memory: int | None = None) -> N
 
 
 def _build_pca(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
+    _check_identity_backbone(config)
     input_size = feature_size_of(backbone)
     if config.method.pca_dim > input_size:
         raise KdmlError(f"method.pca_dim={config.method.pca_dim} exceeds the input size "

@@ -1,0 +1,43 @@
+"""Training settings against what README.md's configuration table and docs/recipes.md promise,
+as a fuzzing session of the settings found them: a setting refused only after the run folder
+was made, in words that do not name it; settings that a recipe or another setting makes
+inert, taken without a word (where kdml refuses or warns about others of the kind:
+data.pca_dim, data.train_classes, model.small_input, train.sharded_kernels, model.pooling,
+model.embedding_size)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdml import cli
+from kdml.config import resolve_config
+from kdml.training.recipes import get_recipe
+
+TINY = ["train.epochs=1", "train.steps_per_epoch=1", "eval.nmi=false", "--no-progress",
+        "train.device=cpu"]
+
+
+def config_of(recipe, *overrides):
+    spec = get_recipe(recipe)
+    return resolve_config(spec.name, spec.params, spec.defaults, None,
+                          ["train.device=cpu", "eval.nmi=false", "data.dataset=digits",
+                           "data.num_workers=0", *overrides])
+
+
+@pytest.mark.parametrize(("recipe", "backbone"), [("ddml-logistic", "cnn"),
+                                                  ("ddml-logistic", "auto"),
+                                                  ("pca", "mlp")])
+def test_a_dtml_family_or_pca_run_with_another_backbone_is_refused_naming_the_setting(
+        tmp_path, capsys, recipe, backbone):
+    """These recipes' network is the whole model (docs/recipes.md: the identity backbone):
+    _build_dtml/_build_pca build the backbone, keep only its feature size and drop it, so any
+    other model.backbone (README lists auto, cnn, mlp, ...) fed raw inputs to a network sized
+    for the backbone's features. It was found only at the first step, after the run folder was
+    made, as 'DTMLNetwork expects 128 input features, got 64', naming no setting."""
+    out = tmp_path / "run"
+    status = cli.main(["train", recipe, "--dataset", "digits", "--out", str(out),
+                       f"model.backbone={backbone}", "data.batch_size=40", *TINY])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "model.backbone" in err, err
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
