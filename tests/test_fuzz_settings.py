@@ -11,6 +11,7 @@ import pytest
 
 from kdml import cli
 from kdml.config import resolve_config
+from kdml.errors import KdmlError
 from kdml.training.recipes import get_recipe
 
 TINY = ["train.epochs=1", "train.steps_per_epoch=1", "eval.nmi=false", "--no-progress",
@@ -41,3 +42,22 @@ def test_a_dtml_family_or_pca_run_with_another_backbone_is_refused_naming_the_se
     assert status == 2
     assert "model.backbone" in err, err
     assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.parametrize(("recipe", "batch", "m"), [
+    ("triplet", 5, 1),  # one sample per class: no positive pair
+    ("mtriplet", 5, 1),
+    ("mtriplet", 4, 4),  # one class per batch: no negative
+    ("jrd", 4, 4),  # one class per batch: JRS has no different-class pair
+])
+def test_class_balanced_batches_that_zero_the_metric_term_are_refused(recipe, batch, m):
+    """data.samples_per_class=1 gives batches of distinct classes, and data.batch_size equal
+    to it batches of one class: a batch-all triplet loss then has no (anchor, positive) or no
+    negative in any batch, and JRS (over different-class pairs) nothing to compare, so the
+    term is exactly 0 at every step (train/triplet and train/active_triplets 0.0,
+    train/regularizer 0.0) and the run trains without its metric loss, without a word."""
+    config = config_of(recipe, f"data.samples_per_class={m}", f"data.batch_size={batch}")
+    from kdml.training.trainer import Session
+    with pytest.raises(KdmlError, match=r"(samples_per_class=1 puts 1 sample of each class|"
+                                        r"puts one class in each batch).* would be 0 at every"):
+        Session.build(config, echo=lambda line: None)

@@ -71,6 +71,13 @@ class Method(nn.Module):
     # and they apply ``backbone.normalization`` after augmenting.
     augments_inputs: bool = False
 
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        """What a batch must hold for the method's metric term not to be exactly 0: at least
+        this many samples of a class, and this many classes, and the term, in words (for the
+        refusal of class-balanced batches that hold less). (1, 1): every batch trains it."""
+        return 1, 1, ""
+
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 target_inputs: torch.Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:

@@ -47,6 +47,27 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
                         "without charts (e.g. triplet) on the pair, with domain.beta")
 
 
+def check_batch_needs(config: RunConfig, method: Method) -> None:
+    """Refuse class-balanced batches (``data.samples_per_class`` m > 0) that hold too few
+    samples of a class, or too few classes, for the method's metric term
+    (:attr:`~kdml.models.method.Method.batch_needs`): it was exactly 0 at every step (m = 1
+    for a triplet loss, one class a batch for JRS), and the run trained without it, silently.
+    Plain shuffled batches (m = 0) and the whole split as one batch are drawn, not checked."""
+    m, batch_size = config.data.samples_per_class, config.data.batch_size
+    if not m or not batch_size:
+        return
+    per_class, classes, term = method.batch_needs
+    if m < per_class:
+        raise KdmlError(f"data.samples_per_class={m} puts {m} sample of each class in a batch, "
+                        f"where {config.recipe}'s {term} needs {per_class}: its term would be "
+                        f"0 at every step; set data.samples_per_class to {per_class} or more")
+    if batch_size // m < classes:
+        raise KdmlError(f"data.batch_size={batch_size} with data.samples_per_class={m} puts one "
+                        f"class in each batch, where {config.recipe}'s {term} needs {classes}: "
+                        f"its term would be 0 at every step; set data.batch_size to "
+                        f"{classes * m} or more")
+
+
 def check_distributed(config: RunConfig, world: World, device: torch.device,
                       draws_batches: bool = True) -> None:
     """Refuse, before anything runs, settings that cannot work over several processes

@@ -58,6 +58,10 @@ class DomainAdaptedMethod(Method):
     def augments_inputs(self) -> bool:  # type: ignore[override]
         return self.inner.augments_inputs
 
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        return self.inner.batch_needs
+
     def chart_codes(self, inputs: Tensor) -> tuple[Tensor, Tensor]:
         return self.inner.chart_codes(inputs)
 

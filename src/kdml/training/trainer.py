@@ -56,6 +56,7 @@ from kdml.training.build import (
 )
 from kdml.training.checkpoint import partial_checkpoints
 from kdml.training.checks import (
+    check_batch_needs,
     check_distributed,
     check_evaluation,
     check_method_on_splits,
@@ -369,6 +370,7 @@ def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
     if not method.needs_fit:  # PCA's fit reads the whole split, in no batches of classes
         check_batching(splits.train.labels, config.data.samples_per_class,
                        config.data.batch_size)
+        check_batch_needs(config, method)
     if config.model.sync_bn:
         method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
     method = method.to(device)

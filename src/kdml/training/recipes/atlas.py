@@ -311,6 +311,11 @@ class MTripletMethod(_AtlasMethod):
     values as from ``q``, but it stays finite and NaN-free when float32 memberships underflow.
     """
 
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        # batch-all triplets: an anchor, a positive of its class and a negative of another
+        return 2, 2, "triplet loss (an anchor, a positive of its class, a negative of another)"
+
     def __init__(self, backbone: nn.Module, params: MTripletParams) -> None:
         # built from a config it is checked already; directly, here
         check_params("MTripletMethod", params, MTripletParams)
@@ -344,6 +349,11 @@ class TripletMethod(Method):
     :func:`batch_all_triplet_loss` as MTriplet, so by default only the geometry differs;
     ``squared_distance=true`` (the paper configs', as the authors' code) puts the loss on
     squared distances instead."""
+
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        # batch-all triplets: an anchor, a positive of its class and a negative of another
+        return 2, 2, "triplet loss (an anchor, a positive of its class, a negative of another)"
 
     def __init__(self, backbone: nn.Module,
                  params: NormalizedTripletParams | TripletParams) -> None:

@@ -211,6 +211,15 @@ class JRDMethod(Method):
             raise KdmlError("train.sharded_kernels applies to the JRS regularizer only")
         self.sharded = sharded
 
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        if self.regularizer is None or self.alpha == 0:
+            return 1, 1, ""
+        if isinstance(self.regularizer, IntraClassPenalty):  # pairs within each class
+            return 2, 1, "intra-class penalty (pairs of samples of one class)"
+        # JRS, JMMD and JIntra average over pairs of different classes
+        return 1, 2, f"{type(self.regularizer).__name__} (pairs of different classes)"
+
     @classmethod
     def from_params(cls, backbone: nn.Module, embedding_size: int, num_classes: int,
                     params: JRDParams, sharded: bool = False) -> JRDMethod:
