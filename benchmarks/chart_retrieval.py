@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
+from measure import positive_count
 
 SOP_KS = (1, 10, 100)
 CUB_KS = (1, 2, 4, 8)
@@ -57,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--home-chart-probability", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="fresh runs of the chart stages")
+    parser.add_argument("--repeats", type=positive_count, default=3,
+                        help="fresh runs of the chart stages")
     parser.add_argument("--skip-dense", action="store_true")
     # internal: run one stage in this process and print its measurements as JSON
     parser.add_argument("--stage", choices=("baseline", "chart", "dense"), help=argparse.SUPPRESS)

@@ -25,6 +25,7 @@ import time
 
 import torch
 from machine import machine_description
+from measure import positive_count
 from recipe_step import training_step
 
 from kdml.config import resolve_config
@@ -41,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="jrd")
     parser.add_argument("--dataset", default="mnist5k")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive_count, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. model.backbone=bninception")

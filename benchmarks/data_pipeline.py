@@ -70,7 +70,7 @@ import numpy as np
 import PIL
 import torch
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
-from measure import busy_cpu_seconds, cpu_seconds, proc_status_kib, reset_peak_rss
+from measure import busy_cpu_seconds, cpu_seconds, positive_count, proc_status_kib, reset_peak_rss
 from PIL import Image, features
 
 from kdml.data.images import ImageFiles, load_image
@@ -104,7 +104,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--crop", type=int, default=224)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the main process in the timed passes")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=positive_count, default=3,
                         help="rounds of every timed pass (interleaved); the best is reported")
     parser.add_argument("--memory-sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--memory-runs", nargs="+", default=["0", "2", "2+mmap"],

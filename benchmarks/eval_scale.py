@@ -44,7 +44,7 @@ import faiss
 import numpy as np
 import torch
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
-from measure import busy_cpu_seconds, cpu_seconds, proc_status_kib, reset_peak_rss
+from measure import busy_cpu_seconds, cpu_seconds, positive_count, proc_status_kib, reset_peak_rss
 
 from kdml.evaluation import knn_search, retrieval_metrics
 from kdml.evaluation.clustering import (
@@ -72,7 +72,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chunk-size", type=int, default=None, help="kdml chunk size")
     parser.add_argument("--torch-chunk-size", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each fast stage")
+    parser.add_argument("--repeats", type=positive_count, default=3, help="runs of each fast stage")
     parser.add_argument("--nmi-niter", type=int, default=20, help="k-means iterations")
     parser.add_argument("--seeding-centres", type=int, default=0,
                         help="centres the seeding stage draws (0: one per class)")

@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 from machine import machine_description
+from measure import positive_count
 
 import kdml.evaluation.retrieval as retrieval
 from kdml.evaluation import retrieval_metrics
@@ -55,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--points", type=int, default=60502)
     parser.add_argument("--classes", type=int, default=11316)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=positive_count, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dim", type=int, default=512,
                         help="embedding size (SOP's 512: ties, and so re-scoring, grow with it)")

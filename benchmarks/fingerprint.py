@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from machine import machine_description
+from measure import positive_count
 
 from kdml.data.dataset import ArrayDataset, DmlDataset
 from kdml.data.fingerprint import data_fingerprint
@@ -62,7 +63,7 @@ def timed(function: Callable[[], object], repeats: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_count, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     generator = np.random.default_rng(0)

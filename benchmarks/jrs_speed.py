@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from measure import positive_count
 from recipe_step import training_step
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -330,7 +331,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--clock", choices=list(CLOCKS), default="wall", help="wall time or process CPU time"
     )
-    parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
+    parser.add_argument("--rounds", type=positive_count, default=10,
+                        help="interleaved timing rounds")
     parser.add_argument(
         "--min-run-time", type=float, default=0.3, help="seconds per case and round"
     )

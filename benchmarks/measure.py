@@ -6,6 +6,7 @@ benchmarks need.
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 
@@ -41,3 +42,16 @@ def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
     """CPU time of this process, or of its children that have been waited for."""
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
+
+
+def positive_count(text: str) -> int:
+    """An argparse type for a count of timed runs (``--repeats``, ``--rounds``): a whole
+    number of at least 1. Zero had left nothing to time, and min() or median() of no timings
+    ended the script in a traceback (or a table of inf and nan), after its other stages."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

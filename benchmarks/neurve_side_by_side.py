@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import statistics
 import sys
 import tempfile
@@ -48,10 +47,13 @@ from kdml.config import RunConfig, resolve_config
 from kdml.data.prepare import prepare_data
 from kdml.data.splits import DataSplits
 from kdml.data.transforms import to_unit_float
+from kdml.errors import KdmlError
 from kdml.evaluation.charts import piecewise_linear_accuracy
+from kdml.file_write import check_writable_folder
 from kdml.reproduce.catalog.atlas import simclr_split
 from kdml.training.build import resolve_device
 from kdml.training.recipes import get_recipe
+from kdml.training.run_folder import check_json_replaceable, write_json
 from kdml.training.trainer import train
 
 
@@ -200,8 +202,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+OUT_FIELDS = ("args", "rows")  # what --out holds: a file without them is not this script's
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if args.out is not None:  # before any training: it had been written over after a seed
+        try:
+            check_writable_folder(args.out.parent)
+            check_json_replaceable(args.out, OUT_FIELDS)
+        except KdmlError as error:
+            sys.exit(f"neurve_side_by_side.py: error: --out: {error}")
     neurve = import_neurve(args.neurve)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -247,8 +258,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 def write_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "rows": rows}, indent=2))
+    """The seeds so far, written whole or not at all (a kill while writing keeps the last)."""
+    write_json({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, args.out,
+               OUT_FIELDS)
 
 
 if __name__ == "__main__":

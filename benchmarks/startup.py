@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 from machine import machine_description
-from measure import busy_cpu_seconds, cpu_seconds
+from measure import busy_cpu_seconds, cpu_seconds, positive_count
 from PIL import Image
 
 IMPORTS = "import kdml.training.trainer, kdml.evaluation.evaluator"
@@ -63,7 +63,7 @@ def timed(command: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_count, default=5)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kdml-startup-"))
     try:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from machine import machine_description
+from measure import positive_count
 from recipe_step import BARE_BACKBONE, training_step
 
 from kdml.evaluation import retrieval_metrics
@@ -192,8 +193,8 @@ def main() -> None:
                         choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=20, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=5,
+    parser.add_argument("--repeats", type=positive_count, default=20, help="timed steps per round")
+    parser.add_argument("--rounds", type=positive_count, default=5,
                         help="train section: interleaved rounds of the three steps")
     parser.add_argument("--eval-points", type=int, default=60502)
     # sizes of 2-12 drawn for this many classes, cut at --eval-points: 8,665 classes at the

@@ -1,0 +1,88 @@
+"""benchmarks/: what the scripts measure, and how they take bad options (workflow fuzzing).
+
+A benchmark script's option that leaves it nothing to measure (no repeats) is refused in one
+line, as kdml's own commands refuse bad input, not answered with a traceback or a table of
+NaNs; what a script reports for an option it offers is measured, not a silent zero; and a
+script never writes over a file it did not create.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def benchmarks(monkeypatch):
+    """Import a benchmark script by name, with benchmarks/ on the path as when it runs."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+
+    def load(name: str):
+        return importlib.import_module(name)
+
+    return load
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("eval_scale", ["--repeats", "0", "--num-samples", "300", "--num-classes", "50",
+                    "--stages", "faiss", "--skip-nmi", "--skip-pml"]),
+    ("eval_scoring", ["--points", "300", "--classes", "60", "--repeats", "0"]),
+    ("eval_few_classes", ["--sizes", "3000", "--ks", "256", "--repeats", "0", "--points", "0"]),
+    ("startup", ["--repeats", "0"]),
+])
+def test_zero_repeats_are_refused_in_one_line(benchmarks, monkeypatch, script, argv):
+    """Today: ValueError / StatisticsError tracebacks (min() or median() of no timings), for
+    eval_scale only after its single-run stages (NMI, PML: minutes at SOP scale) have run."""
+    module = benchmarks(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code not in (0, None)
+
+
+def test_cpu_autocast_with_zero_repeats_prints_no_nan_table(benchmarks, monkeypatch, capsys):
+    """Today: exit status 0 and a table of 'inf' seconds and 'nan' ratios for every precision."""
+    module = benchmarks("cpu_autocast")
+    monkeypatch.setattr(sys, "argv", ["cpu_autocast.py", "--dataset", "digits", "--repeats", "0",
+                                      "--steps", "1"])
+    with pytest.raises(SystemExit):
+        module.main()
+    assert "nan" not in capsys.readouterr().out
+
+
+def test_distributed_scaling_times_the_gathers_of_an_atlas_recipe(benchmarks):
+    """--recipe is offered for any recipe, but only jrd's module-level ``gather`` is wrapped
+    (distributed_scaling.py, ``jrd_recipe.gather = timed_gather``): MTriplet, which gathers its
+    coordinates, memberships and labels every step (recipes/atlas.py), reports a gather time of
+    exactly 0.0 ms and a '0.0%' share."""
+    module = benchmarks("distributed_scaling")
+    args = argparse.Namespace(recipe="mtriplet", backbone="cnn", device="cpu", batch=20,
+                              dataset="digits", size=8, classes=5, steps=1, warmup=0, threads=1)
+    assert module.measure(args)["gather"] > 0.0
+
+
+def test_neurve_side_by_side_leaves_an_existing_file_at_out_alone(benchmarks, monkeypatch,
+                                                                   tmp_path):
+    """--out is written with ``Path.write_text`` after the first seed has trained, over whatever
+    file is there; a file the script did not write is refused up front instead."""
+    module = benchmarks("neurve_side_by_side")
+    mine = tmp_path / "results.json"
+    mine.write_text("my own notes\n")
+    trained = []
+    monkeypatch.setattr(module, "import_neurve", lambda path: object())
+    monkeypatch.setattr(module, "train_neurve", lambda *a, **k: trained.append("neurve"))
+    monkeypatch.setattr(module, "neurve_probe", lambda *a, **k: 0.5)
+    monkeypatch.setattr(module, "train", lambda *a, **k: {"linear_accuracy": 0.5})
+    with pytest.raises(SystemExit):
+        module.main(["--neurve", str(tmp_path), "--charts", "0", "--epochs", "1",
+                     "--workers", "0", "--device", "cpu", "--train-limit", "8",
+                     "--out", str(mine), "--set", "model.backbone=cnn",
+                     "model.small_input=false", "eval.nmi=false"])
+    assert mine.read_text() == "my own notes\n"
+    assert trained == []  # refused before any training
