@@ -36,7 +36,9 @@ class ObjectiveOutput(NamedTuple):
 
 
 def _check_number(name: str, value: object, nonnegative: bool) -> float:
-    """``value`` as a float if it is a finite real number (and >= 0 if ``nonnegative``)."""
+    """``value`` as a float if it is a finite real number, a 0-d tensor or array too (and >= 0
+    if ``nonnegative``)."""
+    value = as_number(value)  # a 0-d tensor had been refused as "not a finite number"
     if not is_finite_number(value, at_least=0 if nonnegative else None):
         bound = " >= 0" if nonnegative else ""
         raise KdmlError(f"DTMLObjective: {name} must be a finite number{bound}, got {value!r}")

@@ -9,11 +9,18 @@ the embeddings.
 from __future__ import annotations
 
 import warnings
+from typing import SupportsFloat, cast
 
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import check_float_inputs, check_labels, is_finite_number, is_positive_int
+from kdml.checks import (
+    as_number,
+    check_float_inputs,
+    check_labels,
+    is_finite_number,
+    is_positive_int,
+)
 from kdml.errors import KdmlError
 from kdml.kernels import squared_distances
 from kdml.losses.pml_call import check_pml_call
@@ -107,9 +114,10 @@ class MarginalFisherLoss(nn.Module):
         super().__init__()
         self.k1 = _check_k("k1", k1)
         self.k2 = _check_k("k2", k2)
-        if not is_finite_number(alpha, at_least=0):
+        given = as_number(alpha)  # a 0-d tensor or array: its float
+        if not is_finite_number(given, at_least=0):
             raise KdmlError(f"alpha must be a finite number >= 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = float(cast(SupportsFloat, given))  # a real number: checked above
         self._checked = False
 
     def graphs(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

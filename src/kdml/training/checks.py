@@ -33,6 +33,10 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
         raise KdmlError(f"train.sharded_kernels splits JRS's kernel rows, and {config.recipe} "
                         "has no JRS regularizer: drop it (it applies where "
                         "method.regularizer=jrs, as in jrd)")
+    if isinstance(method, DomainAdaptedMethod) and method.inner.needs_fit:
+        # it had been refused as having "no closed-form fit", which the wrapper hid
+        raise KdmlError(f"{config.recipe} is fitted in closed form and trains nothing, so "
+                        "domain.beta (a training term) does not apply to it; drop it")
     if config.domain.beta > 0 and isinstance(method, DomainAdaptedMethod) and (
             method.inner.uses_target):
         raise KdmlError(f"{config.recipe} has its own domain term between source and "

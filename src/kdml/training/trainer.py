@@ -625,6 +625,27 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
             "one process would train; model.sync_bn=true (GPUs) or model.freeze_bn=true "
             "make them see the whole batch", config.data.batch_size // session.world.size,
             config.data.batch_size)
+    small = _classes_smaller_than(session.splits.train.labels, config.data.samples_per_class)
+    if small and config.data.batch_size and not session.method.needs_fit:
+        # the sampler fills them with replacement (as PML's MPerClassSampler): a sample's
+        # copies are its nearest same-class neighbours, at distance 0 (DTML's k1 graph, a
+        # triplet's positive), and nothing had said so
+        label, count = small[0]
+        log.warning("%d training class%s fewer samples than data.samples_per_class=%d (class "
+                    "%s has %d): %s batches repeat samples, and a sample's copies are its "
+                    "nearest same-class neighbours at distance 0; lower "
+                    "data.samples_per_class", len(small),
+                    "es have" if len(small) > 1 else " has", config.data.samples_per_class,
+                    label, count, "their" if len(small) > 1 else "its")
+
+
+def _classes_smaller_than(labels: torch.Tensor, size: int) -> list[tuple[int, int]]:
+    """The (label, count) of the classes of ``labels`` with fewer than ``size`` samples."""
+    if size <= 1:
+        return []
+    classes, counts = labels.unique(return_counts=True)
+    return [(int(label), int(count)) for label, count in zip(classes.tolist(), counts.tolist(),
+                                                             strict=True) if count < size]
 
 
 def _silent(message: str) -> None:

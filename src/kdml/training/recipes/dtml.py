@@ -18,6 +18,7 @@ other recipe's method.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from kdml.seeding import StepRandom
 from kdml.training.recipes.base import Recipe
 
 MMD_KERNELS = ("linear", "gaussian")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -339,7 +342,14 @@ def _check_identity_backbone(config: RunConfig) -> None:
 
 def _build_dtml(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
     _check_identity_backbone(config)
-    return DTMLMethod(config.method, feature_size_of(backbone))
+    params, input_size = config.method, feature_size_of(backbone)
+    if params.omega > 0 and len(params.network_sizes(input_size)) < 3:
+        # dstml's defining term has no layer to weigh: the run trains dtml, bit for bit
+        _log.warning("method.omega=%g weighs the hidden layers' criteria, and "
+                     "method.layer_sizes=%s leaves the network no hidden layer: %s trains as "
+                     "dtml; give two layer sizes or more", params.omega, params.layer_sizes,
+                     config.recipe)
+    return DTMLMethod(params, input_size)
 
 
 def _build_ddml_logistic(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
