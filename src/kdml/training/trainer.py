@@ -27,7 +27,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from kdml import distributed
-from kdml.config import ModelConfig, RunConfig, save_config, validate, with_absolute_paths
+from kdml.config import (
+    ModelConfig,
+    RunConfig,
+    resolve_config,
+    save_config,
+    validate,
+    with_absolute_paths,
+)
 from kdml.data.fingerprint import FORMAT as FINGERPRINT_FORMAT
 from kdml.data.fingerprint import FORMAT_FIELD
 from kdml.data.loaders import to_device
@@ -625,6 +632,8 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
             "one process would train; model.sync_bn=true (GPUs) or model.freeze_bn=true "
             "make them see the whole batch", config.data.batch_size // session.world.size,
             config.data.batch_size)
+    for setting, why in _unread_settings(session):
+        log.warning("%s is not read by this run: %s", setting, why)
     small = _classes_smaller_than(session.splits.train.labels, config.data.samples_per_class)
     if small and config.data.batch_size and not session.method.needs_fit:
         # the sampler fills them with replacement (as PML's MPerClassSampler): a sample's
@@ -637,6 +646,30 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
                     "data.samples_per_class", len(small),
                     "es have" if len(small) > 1 else " has", config.data.samples_per_class,
                     label, count, "their" if len(small) > 1 else "its")
+
+
+def _unread_settings(session: Session) -> list[tuple[str, str]]:
+    """The settings given other values than the recipe's defaults that this run never reads
+    (``optim.proxy_lr`` of a recipe without class proxies, ...), each with why: a grid over one
+    had trained the same run in every cell, without a word."""
+    config = session.config
+    recipe = get_recipe(config.recipe)
+    default = resolve_config(recipe.name, recipe.params, recipe.defaults)
+
+    def changed(section: str, key: str) -> bool:
+        return getattr(getattr(config, section), key) != getattr(getattr(default, section), key)
+
+    unread = []
+    if changed("optim", "proxy_lr") and not session.method.proxy_parameters():
+        unread.append(("optim.proxy_lr", f"{config.recipe} has no class proxies"))
+    if changed("optim", "adam_eps") and config.optim.name != "adam":
+        unread.append(("optim.adam_eps", f"it is Adam's, and optim.name={config.optim.name}"))
+    if changed("domain", "kernel") and config.domain.beta == 0:
+        unread.append(("domain.kernel", "domain.beta=0 adds no domain term"))
+    if (getattr(config.method, "decay_proxies", False) and config.optim.weight_decay == 0
+            and changed("method", "decay_proxies")):
+        unread.append(("method.decay_proxies", "optim.weight_decay=0 decays nothing"))
+    return unread
 
 
 def _classes_smaller_than(labels: torch.Tensor, size: int) -> list[tuple[int, int]]:
