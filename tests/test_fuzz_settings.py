@@ -67,6 +67,7 @@ def test_class_balanced_batches_that_zero_the_metric_term_are_refused(recipe, ba
     ("triplet", "optim.proxy_lr=0.5"),  # triplet has no proxies
     ("mtriplet", "optim.proxy_lr=0.5"),
     ("jrd", "optim.adam_eps=0.5"),  # with optim.name=rmsprop below: RMSprop keeps 1e-8
+    ("ddml-logistic", "optim.head_lr=0.5"),  # the DTML network is its "backbone": optim.lr
     ("jrd", "domain.kernel=gaussian"),  # domain.beta is 0: no domain term
     ("jrd", "method.decay_proxies=true"),  # optim.weight_decay is 0: nothing to apply
 ])
@@ -75,7 +76,9 @@ def test_a_setting_the_recipe_never_reads_is_warned_of(tmp_path, capsys, recipe,
     """As data.pca_dim and model.small_input are refused and model.pooling and
     model.embedding_size warned about where they size nothing, a setting that the recipe's
     optimiser or loss never reads must not be taken silently."""
-    extra = {"jrd-optim.adam_eps=0.5": ["optim.name=rmsprop"]}.get(f"{recipe}-{setting}", [])
+    extra = {"jrd-optim.adam_eps=0.5": ["optim.name=rmsprop"],
+             "ddml-logistic-optim.head_lr=0.5": ["data.batch_size=40"]}.get(
+                 f"{recipe}-{setting}", [])
     out = tmp_path / "run"
     status = cli.main(["train", recipe, "--dataset", "digits", "--out", str(out), setting,
                        *extra, *TINY])
@@ -90,5 +93,6 @@ def test_a_setting_the_recipe_never_reads_is_warned_of(tmp_path, capsys, recipe,
 def test_a_setting_the_run_reads_is_not_called_unread(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out),
-                     "optim.proxy_lr=0.5", "optim.adam_eps=1e-6", *TINY]) == 0
+                     "optim.proxy_lr=0.5", "optim.adam_eps=1e-6", "optim.head_lr=0.5",
+                     *TINY]) == 0
     assert "is not read by this run" not in capsys.readouterr().err

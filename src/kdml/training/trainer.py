@@ -659,9 +659,16 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
     def changed(section: str, key: str) -> bool:
         return getattr(getattr(config, section), key) != getattr(getattr(default, section), key)
 
+    method = session.method
     unread = []
-    if changed("optim", "proxy_lr") and not session.method.proxy_parameters():
+    if changed("optim", "proxy_lr") and not method.proxy_parameters():
         unread.append(("optim.proxy_lr", f"{config.recipe} has no class proxies"))
+    if changed("optim", "head_lr"):
+        # Method.param_groups: the head is what is neither the backbone nor a proxy
+        others = {id(p) for p in (*method.backbone.parameters(), *method.proxy_parameters())}
+        if all(id(p) in others for p in method.parameters()):
+            unread.append(("optim.head_lr", f"{config.recipe}'s model has no layers beyond "
+                                            "its backbone (optim.lr trains them all)"))
     if changed("optim", "adam_eps") and config.optim.name != "adam":
         unread.append(("optim.adam_eps", f"it is Adam's, and optim.name={config.optim.name}"))
     if changed("domain", "kernel") and config.domain.beta == 0:
