@@ -433,7 +433,8 @@ def test_analyze_prints_its_terms_and_notes_unfitted_classes_only_where_there_ar
     from kdml.evaluation.estimate import Estimate
 
     trained = SimpleNamespace(splits=SimpleNamespace(train=[0] * 100, test=[0] * 1200,
-                                                     validation=validation, gallery=None),
+                                                     validation=validation,
+                                                     test_parts=[[0] * 1200]),
                               method=SimpleNamespace(has_charts=False))
     terms = {name: Estimate(value, 0.01, (value,)) for name, value in (
         ("h_divergence", 0.61234), ("h_divergence_bd", 0.2), ("lambda", 0.3),

@@ -92,7 +92,7 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
         method=SimpleNamespace(has_charts=has_charts),
         config=SimpleNamespace(eval=SimpleNamespace(metric=metric)),
         splits=SimpleNamespace(train=range(sizes[0]), test=range(sizes[1]), validation=False,
-                               gallery=None))
+                               test_parts=[range(sizes[1])]))
     estimate = Estimate.of([0.5, 0.5])
 
     def analyze(trained, settings):
@@ -187,7 +187,7 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
     train.labels, test.labels = torch.tensor(labels["train"]), torch.tensor(labels["test"])
     trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path), epoch=1, embedder=None,
                               splits=SimpleNamespace(train=train, test=test, validation=False,
-                                                     train_classes=[0, 1, 2, 3], gallery=None),
+                                                     train_classes=[0, 1, 2, 3], test_parts=[test]),
                               method=SimpleNamespace(has_charts=has_charts),
                               config=SimpleNamespace(eval=SimpleNamespace(metric=metric)))
     analysis.analyze_generalization(trained, analysis.GeneralizationSettings(0.6, 2, 3, 7))

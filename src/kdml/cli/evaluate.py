@@ -100,9 +100,8 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
     trained = load_run(args.run_dir, args.data_root, progress=_progress(args), device=args.device)
     # before minutes of embedding (checked again on the embedded sets); with a gallery, the
     # unseen samples are the queries and the gallery
-    gallery = trained.splits.gallery
     check_scored_counts(len(trained.splits.train),
-                        len(trained.splits.test) + (len(gallery) if gallery is not None else 0),
+                        sum(len(part) for part in trained.splits.test_parts),
                         args.labelled_fraction, "--labelled-fraction", args.neighbors)
     if trained.splits.validation:
         print(f"kdml: note: this run validated (data.validation): its unseen classes here are "

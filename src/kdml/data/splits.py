@@ -93,6 +93,12 @@ class DataSplits:
     test_words: str = ""
 
     @property
+    def test_parts(self) -> list[DmlDataset]:
+        """The test part and, with one, the gallery: the unseen classes' samples, all of them
+        (the queries alone had stood for them in ``kdml analyze generalization``)."""
+        return [self.test] if self.gallery is None else [self.test, self.gallery]
+
+    @property
     def test_set(self) -> str:
         """One line on the test samples, e.g. ``"1,000 samples of classes not seen in
         training"``, or with a gallery ``"14,218 query and 12,612 gallery samples of 3,985

@@ -212,15 +212,13 @@ def chart_retrieval_metrics(
             scores.add(start + rows, is_hit, num_relevant[queries], continues)
 
     results = scores.averages(num_relevant[order] > 0)
-    if nmi:
-        if same_set:
-            results["nmi"] = chart_clustering_nmi(vectors, charts, label_vector)
-        else:
-            assert reference_label_vector is not None
-            results["nmi"] = chart_clustering_nmi(
-                np.concatenate([vectors, reference_vectors]),
-                np.concatenate([charts, reference_charts]),
-                np.concatenate([label_vector, reference_label_vector]))
+    if nmi and reference_label_vector is None:
+        results["nmi"] = chart_clustering_nmi(vectors, charts, label_vector)
+    elif nmi:  # the queries and the reference together, as retrieval_metrics
+        results["nmi"] = chart_clustering_nmi(
+            np.concatenate([vectors, reference_vectors]),
+            np.concatenate([charts, reference_charts]),
+            np.concatenate([label_vector, reference_label_vector]))
     return results
 
 

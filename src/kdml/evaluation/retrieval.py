@@ -235,14 +235,12 @@ def retrieval_metrics(
         scores.add(rows, relevance(rows, ranked.indices), num_relevant[rows], ranked.continues)
 
     results = scores.averages(is_counted)
-    if nmi:
-        if same_set:
-            results["nmi"] = kmeans_nmi(_on_host(query_vectors), query_labels)
-        else:
-            assert reference_label_vector is not None
-            results["nmi"] = kmeans_nmi(
-                np.concatenate([_on_host(query_vectors), _on_host(reference_vectors)]),
-                np.concatenate([query_labels, reference_label_vector]))
+    if nmi and reference_label_vector is None:
+        results["nmi"] = kmeans_nmi(_on_host(query_vectors), query_labels)
+    elif nmi:  # the queries and the reference (a gallery) together
+        results["nmi"] = kmeans_nmi(
+            np.concatenate([_on_host(query_vectors), _on_host(reference_vectors)]),
+            np.concatenate([query_labels, reference_label_vector]))
     return results
 
 

@@ -51,12 +51,13 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     check_writable_folder(path.parent, "make the run folder writable")
     splits = trained.splits
     # before minutes of embedding: a seen-holdout run's or a domain pair's classes are shared
-    check_disjoint_classes(np.asarray(splits.train_classes), splits.test.labels.numpy())
+    check_disjoint_classes(np.asarray(splits.train_classes),
+                           torch.cat([part.labels for part in splits.test_parts]).numpy())
     seen = embed_dataset(trained.method, splits.train, trained.embedder)
     # With a gallery (In-Shop, a CSV's flags) the unseen classes' samples are the queries and
     # the gallery: the queries alone had been scored, silently (In-Shop's 14,218 of 26,830).
     unseen_parts = [embed_dataset(trained.method, part, trained.embedder)
-                    for part in (splits.test, splits.gallery) if part is not None]
+                    for part in splits.test_parts]
     unseen_embeddings = torch.cat([part.tensor() for part in unseen_parts])
     # The classifiers rank by Euclidean distance: on unit rows that is the cosine ranking the
     # run is evaluated with (Atlas runs' manifold distance has no such form: distance_note)
