@@ -50,12 +50,14 @@ CUB_KS = (1, 2, 4, 8)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-samples", type=int, default=60502, help="SOP test size")
-    parser.add_argument("--num-classes", type=int, default=11316, help="SOP test classes")
-    parser.add_argument("--dense-samples", type=int, default=5924, help="CUB test size")
-    parser.add_argument("--dense-classes", type=int, default=100, help="CUB test classes")
-    parser.add_argument("--n-charts", type=int, default=32)
-    parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--num-samples", type=positive_count, default=60502, help="SOP test size")
+    parser.add_argument("--num-classes", type=positive_count, default=11316,
+                        help="SOP test classes")
+    parser.add_argument("--dense-samples", type=positive_count, default=5924, help="CUB test size")
+    parser.add_argument("--dense-classes", type=positive_count, default=100,
+                        help="CUB test classes")
+    parser.add_argument("--n-charts", type=positive_count, default=32)
+    parser.add_argument("--dim", type=positive_count, default=8)
     parser.add_argument("--home-chart-probability", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=positive_count, default=3,

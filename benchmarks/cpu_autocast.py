@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="jrd")
     parser.add_argument("--dataset", default="mnist5k")
     parser.add_argument("--repeats", type=positive_count, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=positive_count, default=5)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. model.backbone=bninception")
     args = parser.parse_args()

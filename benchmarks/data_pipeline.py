@@ -70,7 +70,14 @@ import numpy as np
 import PIL
 import torch
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
-from measure import busy_cpu_seconds, cpu_seconds, positive_count, proc_status_kib, reset_peak_rss
+from measure import (
+    busy_cpu_seconds,
+    cpu_seconds,
+    non_negative_count,
+    positive_count,
+    proc_status_kib,
+    reset_peak_rss,
+)
 from PIL import Image, features
 
 from kdml.data.images import ImageFiles, load_image
@@ -94,19 +101,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(),
                                                         "kdml-data-pipeline-jpegs"),
                         help="folder of the generated JPEGs (reused between runs)")
-    parser.add_argument("--classes", type=int, default=50, help="class sub-folders")
+    parser.add_argument("--classes", type=positive_count, default=50, help="class sub-folders")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--images", type=int, default=1536,
+    parser.add_argument("--images", type=positive_count, default=1536,
                         help="images of the throughput and baseline passes")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--resize", type=int, default=256)
-    parser.add_argument("--crop", type=int, default=224)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--workers", type=non_negative_count, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--batch-size", type=positive_count, default=64)
+    parser.add_argument("--resize", type=positive_count, default=256)
+    parser.add_argument("--crop", type=positive_count, default=224)
+    parser.add_argument("--threads", type=positive_count, default=1,
                         help="torch threads of the main process in the timed passes")
     parser.add_argument("--repeats", type=positive_count, default=3,
                         help="rounds of every timed pass (interleaved); the best is reported")
-    parser.add_argument("--memory-sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--memory-sizes", type=positive_count, nargs="+", default=[512, 1024,
+                        2048, 4096])
     parser.add_argument("--memory-runs", nargs="+", default=["0", "2", "2+mmap"],
                         help="loader workers of the memory passes; '+mmap' runs that pass with "
                         f"{MMAP_VARIABLE}={MMAP_THRESHOLD} (glibc's allocator then returns "

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from machine import machine_description
+from measure import non_negative_count, positive_count
 
 from kdml import distributed
 from kdml.config import resolve_config
@@ -132,14 +133,16 @@ def main() -> None:
     parser.add_argument("--recipe", default="jrd")
     parser.add_argument("--backbone", default="cnn")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch", type=int, default=100, help="the global batch")
+    parser.add_argument("--batch", type=positive_count, default=100, help="the global batch")
     parser.add_argument("--dataset", default="mnist5k",
                         help="whose labels and input shape to use (folder:DIR for photos)")
-    parser.add_argument("--size", type=int, default=224, help="crop side for image files")
-    parser.add_argument("--classes", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--size", type=positive_count, default=224,
+                        help="crop side for image files")
+    parser.add_argument("--classes", type=positive_count, default=5)
+    parser.add_argument("--steps", type=positive_count, default=20)
+    parser.add_argument("--warmup", type=non_negative_count, default=3)
+    parser.add_argument("--threads", type=positive_count, default=1,
+                        help="torch threads per process")
     args = parser.parse_args()
     header = ("| processes | local batch | ms / step | steps / s | gather ms / step | "
               "gather share | peak RSS per process (MiB) |\n|---|---|---|---|---|---|---|")

@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 from machine import machine_description
+from measure import positive_count
 
 import kdml.evaluation.retrieval as retrieval
 from kdml.evaluation import retrieval_metrics
@@ -39,9 +40,9 @@ CASES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--points", type=int, default=10000)
-    parser.add_argument("--classes", type=int, default=5)
-    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--points", type=positive_count, default=10000)
+    parser.add_argument("--classes", type=positive_count, default=5)
+    parser.add_argument("--dim", type=positive_count, default=64)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                         help="the embeddings timed")
     parser.add_argument("--without-rescoring", action="store_true",

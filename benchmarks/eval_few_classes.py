@@ -21,7 +21,7 @@ import faiss
 import numpy as np
 import torch
 from machine import machine_description
-from measure import positive_count
+from measure import non_negative_count, positive_count
 
 import kdml.evaluation.knn as knn
 import kdml.evaluation.retrieval as retrieval
@@ -36,12 +36,14 @@ def timed(function) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="*", default=[10000, 35000, 60000],
+    parser.add_argument("--sizes", type=positive_count, nargs="*", default=[10000, 35000, 60000],
                         help="part 1; none skips it")
-    parser.add_argument("--ks", type=int, nargs="+", default=[256, 1024, 2048, 4096, 7001])
+    parser.add_argument("--ks", type=positive_count, nargs="+", default=[256, 1024, 2048, 4096,
+                        7001])
     parser.add_argument("--repeats", type=positive_count, default=2)
-    parser.add_argument("--points", type=int, default=35000, help="part 2; 0 skips it")
-    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--points", type=non_negative_count, default=35000,
+                        help="part 2; 0 skips it")
+    parser.add_argument("--dim", type=positive_count, default=64)
     parser.add_argument("--without-rescoring", action="store_true",
                         help="switch off the float64 re-scoring of float32 ties (its cost)")
     args = parser.parse_args()

@@ -44,7 +44,14 @@ import faiss
 import numpy as np
 import torch
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
-from measure import busy_cpu_seconds, cpu_seconds, positive_count, proc_status_kib, reset_peak_rss
+from measure import (
+    busy_cpu_seconds,
+    cpu_seconds,
+    non_negative_count,
+    positive_count,
+    proc_status_kib,
+    reset_peak_rss,
+)
 
 from kdml.evaluation import knn_search, retrieval_metrics
 from kdml.evaluation.clustering import (
@@ -61,20 +68,20 @@ TOP_K = max(RETRIEVAL_KS) + 1  # what a leave-one-out Recall@100 must search for
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-samples", type=int, default=60502)
-    parser.add_argument("--dim", type=int, default=512)
-    parser.add_argument("--num-classes", type=int, default=11316)
-    parser.add_argument("--min-class-size", type=int, default=2)
-    parser.add_argument("--max-class-size", type=int, default=12)
+    parser.add_argument("--num-samples", type=positive_count, default=60502)
+    parser.add_argument("--dim", type=positive_count, default=512)
+    parser.add_argument("--num-classes", type=positive_count, default=11316)
+    parser.add_argument("--min-class-size", type=positive_count, default=2)
+    parser.add_argument("--max-class-size", type=positive_count, default=12)
     parser.add_argument(
         "--noise", type=float, default=2.25, help="noise norm relative to the class centre"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--chunk-size", type=int, default=None, help="kdml chunk size")
-    parser.add_argument("--torch-chunk-size", type=int, default=1024)
+    parser.add_argument("--chunk-size", type=positive_count, default=None, help="kdml chunk size")
+    parser.add_argument("--torch-chunk-size", type=positive_count, default=1024)
     parser.add_argument("--repeats", type=positive_count, default=3, help="runs of each fast stage")
-    parser.add_argument("--nmi-niter", type=int, default=20, help="k-means iterations")
-    parser.add_argument("--seeding-centres", type=int, default=0,
+    parser.add_argument("--nmi-niter", type=positive_count, default=20, help="k-means iterations")
+    parser.add_argument("--seeding-centres", type=non_negative_count, default=0,
                         help="centres the seeding stage draws (0: one per class)")
     parser.add_argument("--skip-nmi", action="store_true")
     parser.add_argument("--skip-pml", action="store_true")

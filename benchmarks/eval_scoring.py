@@ -54,11 +54,11 @@ def precomputed_search(num_points: int, seed: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--points", type=int, default=60502)
-    parser.add_argument("--classes", type=int, default=11316)
+    parser.add_argument("--points", type=positive_count, default=60502)
+    parser.add_argument("--classes", type=positive_count, default=11316)
     parser.add_argument("--repeats", type=positive_count, default=7)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dim", type=int, default=512,
+    parser.add_argument("--dim", type=positive_count, default=512,
                         help="embedding size (SOP's 512: ties, and so re-scoring, grow with it)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)

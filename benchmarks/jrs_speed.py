@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from measure import positive_count
+from measure import non_negative_count, positive_count
 from recipe_step import training_step
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -327,7 +327,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=positive_count, default=torch.get_num_threads())
     parser.add_argument(
         "--clock", choices=list(CLOCKS), default="wall", help="wall time or process CPU time"
     )
@@ -336,18 +336,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--min-run-time", type=float, default=0.3, help="seconds per case and round"
     )
-    parser.add_argument("--warmup", type=int, default=10, help="untimed runs per case")
+    parser.add_argument("--warmup", type=non_negative_count, default=10,
+                        help="untimed runs per case")
     parser.add_argument("--seed", type=int, default=0)
 
     jrs = parser.add_argument_group("regularizer section (JRD paper scale)")
-    jrs.add_argument("--classes-per-batch", type=int, default=10)
-    jrs.add_argument("--samples-per-class", type=int, default=10)
-    jrs.add_argument("--pool-dim", type=int, default=1024)
-    jrs.add_argument("--embedding-dim", type=int, default=512)
-    jrs.add_argument("--num-classes", type=int, default=100, help="class-level dimension C")
+    jrs.add_argument("--classes-per-batch", type=positive_count, default=10)
+    jrs.add_argument("--samples-per-class", type=positive_count, default=10)
+    jrs.add_argument("--pool-dim", type=positive_count, default=1024)
+    jrs.add_argument("--embedding-dim", type=positive_count, default=512)
+    jrs.add_argument("--num-classes", type=positive_count, default=100,
+                     help="class-level dimension C")
     step = parser.add_argument_group("train_step section (jrd vs amsoftmax)")
-    step.add_argument("--step-batch", type=int, default=64, help="the trainer's default batch")
-    step.add_argument("--step-classes", type=int, default=5, help="mnist5k's training classes")
+    step.add_argument("--step-batch", type=positive_count, default=64,
+                      help="the trainer's default batch")
+    step.add_argument("--step-classes", type=positive_count, default=5,
+                      help="mnist5k's training classes")
     return parser.parse_args(argv)
 
 

@@ -44,14 +44,26 @@ def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def positive_count(text: str) -> int:
-    """An argparse type for a count of timed runs (``--repeats``, ``--rounds``): a whole
-    number of at least 1. Zero had left nothing to time, and min() or median() of no timings
-    ended the script in a traceback (or a table of inf and nan), after its other stages."""
+def _whole_number_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def positive_count(text: str) -> int:
+    """An argparse type for a count or size of at least 1: timed runs (``--repeats``,
+    ``--rounds``), samples, classes, dimensions, batch and image sizes, threads. Zero repeats
+    had left nothing to time (min() or median() of no timings ended the script in a traceback,
+    or a table of inf and nan, after its other stages), and a zero or negative size failed
+    deep inside torch, numpy or faiss."""
+    return _whole_number_at_least(text, 1)
+
+
+def non_negative_count(text: str) -> int:
+    """An argparse type for a count where 0 means none or off (``--warmup``, loader
+    ``--workers``, a section's ``--points`` that 0 skips), but a negative one means nothing."""
+    return _whole_number_at_least(text, 0)

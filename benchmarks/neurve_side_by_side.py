@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from machine import machine_description
+from measure import non_negative_count, positive_count
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -184,14 +185,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a checkout of github.com/ekorman/neurve")
     parser.add_argument("--dataset", default="mnist5k", help="mnist5k, mnist or fashion-mnist")
     parser.add_argument("--data-root", default="", help="folder of an on-disk dataset")
-    parser.add_argument("--dim", type=int, default=2)
-    parser.add_argument("--charts", type=int, default=16, help="0: the SimCLR baseline")
-    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--dim", type=positive_count, default=2)
+    parser.add_argument("--charts", type=non_negative_count, default=16,
+                        help="0: the SimCLR baseline")
+    parser.add_argument("--epochs", type=positive_count, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--tau", type=float, default=1.0)
     parser.add_argument("--backbone", default="resnet18", help="a torchvision ResNet")
-    parser.add_argument("--workers", type=int, default=4, help="neurve's loader workers")
-    parser.add_argument("--train-limit", type=int, default=0, metavar="N",
+    parser.add_argument("--workers", type=non_negative_count, default=4,
+                        help="neurve's loader workers")
+    parser.add_argument("--train-limit", type=non_negative_count, default=0, metavar="N",
                         help="neurve trains on the first N training images only (with --set "
                         "train.steps_per_epoch=S for kdml): a quick check that the script "
                         "runs with the real package, not a setting for numbers")

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from machine import machine_description
+from measure import positive_count
 from torch.nn import functional
 
 from kdml.evaluation.charts import piecewise_linear_accuracy
@@ -112,7 +113,7 @@ def probe_accuracies(run_dir: Path, epochs: int, seed: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--epochs", type=int, default=100,
+    parser.add_argument("--epochs", type=positive_count, default=100,
                         help="the authors' probe's epochs (their script: pre-training's, 100)")
     parser.add_argument("--seed", type=int, default=0, help="the authors' probe's generator")
     args = parser.parse_args(argv)

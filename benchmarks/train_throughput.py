@@ -37,7 +37,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from machine import machine_description
-from measure import positive_count
+from measure import non_negative_count, positive_count
 from recipe_step import BARE_BACKBONE, training_step
 
 from kdml.evaluation import retrieval_metrics
@@ -185,26 +185,26 @@ def main() -> None:
     parser.add_argument("--sections", nargs="+", default=["train", "eval"],
                         choices=("train", "eval", "profile"))
     parser.add_argument("--backbone", default="bninception")
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--embedding", type=int, default=512)
-    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--size", type=positive_count, default=224)
+    parser.add_argument("--batch", type=positive_count, default=100)
+    parser.add_argument("--embedding", type=positive_count, default=512)
+    parser.add_argument("--classes", type=positive_count, default=100)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"],
                         choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=non_negative_count, default=5)
     parser.add_argument("--repeats", type=positive_count, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=positive_count, default=5,
                         help="train section: interleaved rounds of the three steps")
-    parser.add_argument("--eval-points", type=int, default=60502)
+    parser.add_argument("--eval-points", type=positive_count, default=60502)
     # sizes of 2-12 drawn for this many classes, cut at --eval-points: 8,665 classes at the
     # defaults (uniform sizes, not SOP's mostly small ones)
-    parser.add_argument("--eval-classes", type=int, default=11316)
-    parser.add_argument("--eval-dim", type=int, default=512)
+    parser.add_argument("--eval-classes", type=positive_count, default=11316)
+    parser.add_argument("--eval-dim", type=positive_count, default=512)
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each step's forward (its backward follows); the "
                              "compilation happens in the warm-up steps")
-    parser.add_argument("--profile-rows", type=int, default=15,
+    parser.add_argument("--profile-rows", type=non_negative_count, default=15,
                         help="profile section: operators listed per recipe")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     args = parser.parse_args()

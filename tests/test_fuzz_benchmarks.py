@@ -1,9 +1,9 @@
 """benchmarks/: what the scripts measure, and how they take bad options (workflow fuzzing).
 
-A benchmark script's option that leaves it nothing to measure (no repeats) is refused in one
-line, as kdml's own commands refuse bad input, not answered with a traceback or a table of
-NaNs; what a script reports for an option it offers is measured, not a silent zero; and a
-script never writes over a file it did not create.
+A benchmark script's option that leaves it nothing to measure (no repeats, a size of 0, a
+negative count) is refused in one line, as kdml's own commands refuse bad input, not answered
+with a traceback or a table of NaNs; what a script reports for an option it offers is
+measured, not a silent zero; and a script never writes over a file it did not create.
 """
 
 from __future__ import annotations
@@ -86,3 +86,36 @@ def test_neurve_side_by_side_leaves_an_existing_file_at_out_alone(benchmarks, mo
                      "model.small_input=false", "eval.nmi=false"])
     assert mine.read_text() == "my own notes\n"
     assert trained == []  # refused before any training
+
+
+@pytest.mark.parametrize("script, argv, option", [
+    ("eval_scoring", ["--points", "0"], "--points"),
+    ("eval_scale", ["--num-samples", "-5"], "--num-samples"),
+    ("eval_collapsed", ["--dim", "0"], "--dim"),
+    ("eval_few_classes", ["--ks", "256", "0"], "--ks"),
+    ("chart_retrieval", ["--n-charts", "0"], "--n-charts"),
+    ("distributed_scaling", ["--warmup", "-1"], "--warmup"),
+    ("train_throughput", ["--batch", "0"], "--batch"),
+    ("data_pipeline", ["--workers", "-2"], "--workers"),
+    ("jrs_speed", ["--samples-per-class", "0"], "--samples-per-class"),
+    ("neurve_side_by_side", ["--epochs", "0"], "--epochs"),
+])
+def test_a_size_that_leaves_nothing_to_measure_is_refused_in_one_line(
+        benchmarks, monkeypatch, capsys, script, argv, option):
+    """Today: a traceback from deep in torch, numpy or faiss (a zero batch, dimension or
+    sample count), or a negative warm-up or worker count, after the script's set-up."""
+    module = benchmarks(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {option}" in error and "must be at least" in error
+
+
+def test_zero_where_a_benchmark_documents_it_as_off_is_taken(benchmarks):
+    """0 warm-up runs and no loader workers are legal choices, not sizes."""
+    jrs_speed = benchmarks("jrs_speed")
+    assert jrs_speed.parse_args(["--warmup", "0"]).warmup == 0
+    side_by_side = benchmarks("neurve_side_by_side")
+    assert side_by_side.parse_args(["--charts", "0", "--workers", "0"]).charts == 0
