@@ -70,6 +70,7 @@ def test_class_balanced_batches_that_zero_the_metric_term_are_refused(recipe, ba
     ("ddml-logistic", "optim.head_lr=0.5"),  # the DTML network is its "backbone": optim.lr
     ("jrd", "domain.kernel=gaussian"),  # domain.beta is 0: no domain term
     ("jrd", "method.decay_proxies=true"),  # optim.weight_decay is 0: nothing to apply
+    ("mrd", "method.pool_kernel=laplace"),  # MRD regularizes the embedding alone
 ])
 def test_a_setting_the_recipe_never_reads_is_warned_of(tmp_path, capsys, recipe,
                                                         setting):
@@ -96,3 +97,41 @@ def test_a_setting_the_run_reads_is_not_called_unread(tmp_path, capsys):
                      "optim.proxy_lr=0.5", "optim.adam_eps=1e-6", "optim.head_lr=0.5",
                      *TINY]) == 0
     assert "is not read by this run" not in capsys.readouterr().err
+
+
+def unread_method_settings(recipe, *overrides):
+    config = config_of(recipe, *overrides)
+    default = config_of(recipe)
+    return [setting for setting, _ in config.method.unread_settings(default.method)]
+
+
+@pytest.mark.parametrize(("recipe", "overrides", "unread"), [
+    # a layer's kernel that method.layers leaves out
+    ("mrd", ["method.pool_kernel=laplace", "method.cls_num_kernels=3"],
+     ["method.pool_kernel", "method.cls_num_kernels"]),
+    ("jrd-c", ["method.cls_kernel=polynomial", "method.emb_kernel=laplace"],
+     ["method.cls_kernel"]),
+    # a count of bandwidths of a kernel with none; a multiplier with no Gaussian mixture
+    ("jrd", ["method.emb_kernel=laplace", "method.emb_num_kernels=5"],
+     ["method.emb_num_kernels"]),
+    ("jrd", ["method.pool_num_kernels=1", "method.emb_num_kernels=1", "method.kernel_multiplier=3"],
+     ["method.kernel_multiplier"]),
+    ("jrd", ["method.kernel_multiplier=3"], []),
+    ("jrd", ["method.polynomial_degree=3"], ["method.polynomial_degree"]),
+    ("jrd", ["method.polynomial_degree=3", "method.cls_kernel=polynomial"], []),
+    # no regularizer at all
+    ("jrd", ["method.alpha=0", "method.emb_kernel=laplace", "method.layers=[emb]"],
+     ["method.emb_kernel"]),
+    # DTML: the MMD's kernel without a domain term or with the linear MMD; tau without omega
+    ("ddml", ["method.mmd_kernel=gaussian"], ["method.mmd_kernel"]),
+    ("dtml", ["method.mmd_num_kernels=5"], ["method.mmd_num_kernels"]),
+    ("dtml", ["method.mmd_kernel=gaussian", "method.mmd_num_kernels=5"], []),
+    ("dtml", ["method.tau=0.5"], ["method.tau"]),
+    ("dstml", ["method.tau=0.5"], []),
+])
+def test_a_method_setting_the_objective_never_reads_is_named(recipe, overrides, unread):
+    """configs/ and grids vary kernels per layer; MRD (emb alone) and JRD-C (no cls) built
+    only their layers' kernels, so a pool or cls kernel given to them, a bandwidth count of a
+    one-bandwidth kernel, DTML's tau without omega or its Gaussian MMD settings with beta 0
+    trained the same run as the defaults, without a word."""
+    assert unread_method_settings(recipe, *overrides) == unread

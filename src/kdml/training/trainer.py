@@ -676,6 +676,9 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
     if (getattr(config.method, "decay_proxies", False) and config.optim.weight_decay == 0
             and changed("method", "decay_proxies")):
         unread.append(("method.decay_proxies", "optim.weight_decay=0 decays nothing"))
+    method_unread = getattr(config.method, "unread_settings", None)
+    if method_unread is not None:
+        unread += method_unread(default.method)
     return unread
 
 

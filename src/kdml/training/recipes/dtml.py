@@ -100,6 +100,25 @@ class DTMLParams(NetworkParams):
         if self.mmd_num_kernels < 1:
             raise KdmlError("method.mmd_num_kernels must be at least 1")
 
+    def unread_settings(self, default: DTMLParams) -> list[tuple[str, str]]:
+        """The settings given other values than ``default``'s that this objective never
+        reads, each with why (for the trainer's warning): the MMD's kernel settings without
+        a domain term, its count of kernels with the linear MMD, and the hinge's threshold
+        without the hinge."""
+        def changed(name: str) -> bool:
+            return bool(getattr(self, name) != getattr(default, name))
+
+        unread = []
+        if self.beta == 0:
+            unread += [(f"method.{name}", "method.beta=0 adds no domain term")
+                       for name in ("mmd_kernel", "mmd_num_kernels") if changed(name)]
+        elif changed("mmd_num_kernels") and self.mmd_kernel != "gaussian":
+            unread.append(("method.mmd_num_kernels", f"method.mmd_kernel={self.mmd_kernel} is "
+                           "one kernel (mmd_kernel=gaussian mixes several)"))
+        if changed("tau") and self.omega == 0:
+            unread.append(("method.tau", "method.omega=0 adds no hinge on the hidden layers"))
+        return unread
+
     def domain_mmd(self) -> DomainMMD:
         if self.mmd_kernel == "gaussian":
             return DomainMMD(GaussianMixtureKernel(num_kernels=self.mmd_num_kernels))

@@ -131,6 +131,41 @@ class JRDParams(AMSoftmaxParams):
             raise KdmlError(f"method.polynomial_degree must be at least 1, got "
                             f"{self.polynomial_degree}")
 
+    def unread_settings(self, default: JRDParams) -> list[tuple[str, str]]:
+        """The kernel settings given other values than ``default``'s that this regularizer
+        never reads, each with why (for the trainer's warning): those of a layer that
+        ``layers`` leaves out (MRD's pool and cls), a count of bandwidths of a kernel that
+        has one, a multiplier without two Gaussian bandwidths, a degree without a polynomial
+        kernel, and all of them with ``alpha`` 0."""
+        def changed(name: str) -> bool:
+            return bool(getattr(self, name) != getattr(default, name))
+
+        kernel_settings = [f"{layer}_{what}" for layer in LAYERS
+                           for what in ("kernel", "num_kernels")]
+        kernel_settings += ["kernel_multiplier", "polynomial_degree"]
+        if self.alpha == 0:
+            return [(f"method.{name}", "method.alpha=0 adds no regularizer")
+                    for name in kernel_settings if changed(name)]
+        unread = []
+        for layer in LAYERS:
+            if layer not in self.layers:
+                unread += [(f"method.{layer}_{what}", f"method.layers={self.layers} leaves "
+                            f"out {layer}") for what in ("kernel", "num_kernels")
+                           if changed(f"{layer}_{what}")]
+            elif (changed(f"{layer}_num_kernels")
+                  and getattr(self, f"{layer}_kernel") != "gaussian"):
+                unread.append((f"method.{layer}_num_kernels", f"the {layer} kernel, "
+                               f"{getattr(self, f'{layer}_kernel')}, has no bandwidths to mix"))
+        kernels = {layer: getattr(self, f"{layer}_kernel") for layer in self.layers}
+        if changed("kernel_multiplier") and not any(
+                kernel == "gaussian" and getattr(self, f"{layer}_num_kernels") > 1
+                for layer, kernel in kernels.items()):
+            unread.append(("method.kernel_multiplier", "no layer has a mixture of Gaussians "
+                           "(a *_num_kernels above 1) whose bandwidths it spaces"))
+        if changed("polynomial_degree") and "polynomial" not in kernels.values():
+            unread.append(("method.polynomial_degree", "no layer's kernel is polynomial"))
+        return unread
+
     def kernel(self, layer: str) -> Kernel:
         name = getattr(self, f"{layer}_kernel")
         if name == "gaussian":
