@@ -535,16 +535,16 @@ def test_atlas_methods_built_directly_check_their_settings():
     )
 
     backbone = SmallCNN(1, 16)
-    with pytest.raises(KdmlError, match=r"^method.tau must be > 0, got 0.0$"):
+    with pytest.raises(KdmlError, match=r"^method.tau must be at least 1.2e-38 \(.*\), got 0.0$"):
         SimCLRMethod(backbone, SimCLRParams(tau=0.0))
-    with pytest.raises(KdmlError, match=r"^method.tau must be > 0, got -1.0$"):
+    with pytest.raises(KdmlError, match=r"^method.tau must be at least 1.2e-38 \(.*\), got -1.0$"):
         MSimCLRMethod(backbone, MSimCLRParams(tau=-1.0))
     with pytest.raises(KdmlError, match=r"margin"):
         TripletMethod(backbone, TripletParams(margin=-1))
     with pytest.raises(KdmlError, match=r"lambda1"):
         MTripletMethod(backbone, MTripletParams(lambda1=-1))
     with pytest.raises(KdmlError, match=r"^nt_xent_loss needs a temperature that is a finite "
-                                        r"number > 0, got 0$"):
+                                        r"number > 0, at least 1.2e-38 .*, got 0$"):
         nt_xent_loss(torch.randn(4, 3), 0)
     views = torch.randn(4, 3)  # a learned temperature (a tensor) is taken as it is
     assert torch.equal(nt_xent_loss(views, torch.tensor(0.5)), nt_xent_loss(views, 0.5))

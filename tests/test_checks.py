@@ -51,7 +51,7 @@ def test_a_bool_is_no_setting_and_a_numpy_float_is_one(setting):
                                                               torch.tensor([0, 1]), value, 0.1),
             "laplace bandwidth": LaplaceKernel,
             "ddml sharpness": lambda value: PairwiseLogisticLoss(sharpness=value)}[setting]
-    with pytest.raises(KdmlError, match="finite number > 0, got True"):
+    with pytest.raises(KdmlError, match=r"finite number > 0(, at least [^,]*)?, got True"):
         call(True)
     call(np.float32(0.5))
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from kdml.checks import is_finite_number
+from kdml.checks import is_finite_number, is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.clustering import kmeans_assign, nmi_score
 from kdml.evaluation.knn import (
@@ -229,7 +229,9 @@ def allocate_clusters(chart_sizes: Sequence[int], num_clusters: int) -> np.ndarr
     :math:`\lfloor K m_c / N \rfloor` clusters, at least 1 and at most :math:`m_c`, and the
     clusters still missing to reach :math:`K` go one by one to the charts with the largest
     fractional part :math:`K m_c / N - \lfloor K m_c / N \rfloor` that still have room. The
-    total is :math:`\max(K, \text{number of charts})` (capped at :math:`N`).
+    total is :math:`\max(K, \text{number of charts})` (capped at :math:`N`): where raising
+    small charts to 1 overshoots it, the charts given most beyond their share
+    :math:`K m_c / N` give one back each, in turn, down to 1.
 
     Example:
         >>> allocate_clusters([10, 5, 5], 4).tolist()
@@ -241,6 +243,14 @@ def allocate_clusters(chart_sizes: Sequence[int], num_clusters: int) -> np.ndarr
     shares = num_clusters * sizes / sizes.sum()
     allocation = np.clip(np.floor(shares).astype(np.int64), 1, sizes)
     remainders = shares - np.floor(shares)
+    total = min(max(num_clusters, len(sizes)), int(sizes.sum()))
+    # A chart smaller than its share of one cluster still gets one (a cluster never spans two
+    # charts): the extra ones come back from the charts most over their share, or the NMI
+    # was scored with more clusters than labels (9 for 5 classes and 7 charts), which
+    # raises it
+    while int(allocation.sum()) > total:
+        excess = np.where(allocation > 1, allocation - shares, -np.inf)
+        allocation[int(np.argmax(excess))] -= 1
     while (missing := num_clusters - int(allocation.sum())) > 0:
         has_room = np.flatnonzero(allocation < sizes)
         if len(has_room) == 0:
@@ -355,7 +365,8 @@ def piecewise_linear_accuracy(
 
     Every test point is classified by the classifier of its argmax chart, fitted on the
     training points assigned to that chart: a scikit-learn ``LogisticRegression(C=C,
-    max_iter=max_iter)`` (lbfgs, multinomial) on :math:`\phi = \sigma(\text{code})` in
+    max_iter=max_iter)`` (lbfgs; the multinomial loss, the binomial one for a chart of two
+    labels) on :math:`\phi = \sigma(\text{code})` in
     :math:`[0, 1]^d`, the chart coordinates of Eq. 3 (the authors' probe also sees sigmoid
     coordinates). Pass ``sigmoid=False`` to fit on the codes as given, e.g. the
     :math:`\mathbb{R}^d` embeddings of a Euclidean baseline with every ``index`` 0 (one chart:
@@ -407,6 +418,9 @@ def piecewise_linear_accuracy(
     if not is_finite_number(C, above=0):
         raise KdmlError(f"C (the inverse L2 strength of the logistic regressions) must be a "
                         f"finite number > 0, got {C!r}")
+    if not is_positive_int(max_iter):  # scikit-learn's own error was a traceback
+        raise KdmlError(f"max_iter (the lbfgs iterations of the logistic regressions) must be "
+                        f"a positive integer, got {max_iter!r}")
     train_x, _ = as_float32_matrix(train_codes, "train_codes")
     test_x, _ = as_float32_matrix(test_codes, "test_codes")
     if train_x.shape[1] != test_x.shape[1]:

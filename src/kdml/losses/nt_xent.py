@@ -26,6 +26,11 @@ from kdml.checks import check_float_inputs, is_finite_number
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
+# The smallest temperature taken: float32's smallest normal number (1.2e-38). Below it the
+# float32 logits cosine / tau overflow, or tau is a subnormal that flushing makes 0, and the
+# loss is inf or NaN; no NT-Xent temperature in use comes near it.
+MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
+
 
 @full_precision
 def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
@@ -67,8 +72,10 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
     check_float_inputs("nt_xent_loss", [projections], "projections")
     # A number is checked (0 gives NaN, a negative one rewards the wrong pairs); a tensor, e.g.
     # a learned temperature, is not: reading its value would be a host sync every step.
-    if not isinstance(temperature, Tensor) and not is_finite_number(temperature, above=0):
-        raise KdmlError(f"nt_xent_loss needs a temperature that is a finite number > 0, got "
+    if not isinstance(temperature, Tensor) and not (
+            is_finite_number(temperature, above=0) and temperature >= MIN_TEMPERATURE):
+        raise KdmlError(f"nt_xent_loss needs a temperature that is a finite number > 0, at "
+                        f"least {MIN_TEMPERATURE:.1e} (float32's smallest normal), got "
                         f"{temperature!r}")
     unit = F.normalize(projections, dim=1)
     logits = (unit @ unit.T) / temperature

@@ -165,6 +165,10 @@ class ManifoldMMD(nn.Module):
                      generator: torch.Generator | None = None) -> Tensor:
         """``num_points`` uniform points in :math:`[0, 1]^d` with the dtype/device of ``like``,
         drawn from ``generator`` (default: the module's)."""
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise KdmlError(f"ManifoldMMD: the generator of a call must be a torch.Generator "
+                            f"(e.g. torch.Generator().manual_seed(0)) or None, got "
+                            f"{generator!r}")
         generator = generator if generator is not None else self.generator
         device = generator.device if generator is not None else like.device
         sample = torch.rand(num_points, self.dim, generator=generator, device=device,

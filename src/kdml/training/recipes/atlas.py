@@ -53,7 +53,7 @@ from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
 from kdml.distributed import gather, mean_over_ranks
 from kdml.errors import KdmlError
-from kdml.losses.nt_xent import nt_xent_loss
+from kdml.losses.nt_xent import MIN_TEMPERATURE, nt_xent_loss
 from kdml.models.atlas_heads import PROJECTION_INPUTS, AtlasHead, ProjectionHeads
 from kdml.models.backbones import feature_size_of, pooled_features
 from kdml.models.heads import EmbeddingHead
@@ -93,7 +93,7 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
     A batch without any triplet gives a zero loss that is still part of the graph.
 
     Args:
-        distances: :math:`(B, B)` distances, :math:`+\infty` allowed.
+        distances: :math:`(B, B)` distances, :math:`+\infty` allowed (NaN gives a NaN loss).
         labels: :math:`(B,)` integer labels.
         margin: :math:`m`. Default: 0.2.
         reduction: ``"all"`` or ``"nonzero"``.
@@ -105,13 +105,22 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
     if reduction not in TRIPLET_REDUCTIONS:
         raise KdmlError(f"reduction must be one of {', '.join(TRIPLET_REDUCTIONS)}, "
                         f"got {reduction!r}")
+    if (not isinstance(labels, Tensor) or labels.ndim != 1 or labels.is_floating_point()
+            or labels.is_complex()):
+        shown = (f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
+                 if isinstance(labels, Tensor) else type(labels).__name__)
+        # a [B, 1] column broadcast into a [B, B, B] "same class" mask: another number
+        raise KdmlError(f"batch_all_triplet_loss needs labels as a [B] integer tensor, got "
+                        f"{shown}")
     if distances.ndim != 2 or distances.shape != (len(labels), len(labels)):
         raise KdmlError(f"distances must be [B, B] for B = {len(labels)} labels, got "
                         f"{tuple(distances.shape)}")
     same = labels[:, None] == labels[None, :]
     itself = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
-    finite_positive = torch.isfinite(distances) & same & ~itself  # [a, p]
-    infinite_positive = ~torch.isfinite(distances) & same & ~itself
+    # +inf alone is "no shared chart": a NaN (a diverged encoder's) stays in the loss and
+    # makes it NaN, for the trainer's check to stop on, instead of a finite 0
+    finite_positive = ~torch.isinf(distances) & same & ~itself  # [a, p]
+    infinite_positive = torch.isinf(distances) & same & ~itself
     positive_distance = torch.where(finite_positive, distances, 0.0)
     # D_an = +inf gives -inf here and relu(-inf) = 0, with a zero gradient.
     violation = torch.relu(positive_distance[:, :, None] - distances[:, None, :] + margin)
@@ -216,8 +225,9 @@ class SimCLRParams:
         _check_positive_int(self, "proj_dim")
         _check_int_or_zero(self, "proj_hidden", "dim")
         _check_int_or_zero(self, "crop_size", "the input size")
-        if not (math.isfinite(self.tau) and self.tau > 0):
-            raise KdmlError(f"method.tau must be > 0, got {self.tau}")
+        if not (math.isfinite(self.tau) and self.tau >= MIN_TEMPERATURE):
+            raise KdmlError(f"method.tau must be at least {MIN_TEMPERATURE:.1e} (the NT-Xent "
+                            f"logits are cosines / tau in float32), got {self.tau}")
         if not 0 < self.crop_scale_min <= 1:
             raise KdmlError(f"method.crop_scale_min must be in (0, 1], got {self.crop_scale_min}")
 
