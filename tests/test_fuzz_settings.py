@@ -121,7 +121,7 @@ def unread_method_settings(recipe, *overrides):
     ("jrd", ["method.polynomial_degree=3", "method.cls_kernel=polynomial"], []),
     # no regularizer at all
     ("jrd", ["method.alpha=0", "method.emb_kernel=laplace", "method.layers=[emb]"],
-     ["method.emb_kernel"]),
+     ["method.layers", "method.emb_kernel"]),
     # DTML: the MMD's kernel without a domain term or with the linear MMD; tau without omega
     ("ddml", ["method.mmd_kernel=gaussian"], ["method.mmd_kernel"]),
     ("dtml", ["method.mmd_num_kernels=5"], ["method.mmd_num_kernels"]),

@@ -208,6 +208,7 @@ def resolution_floor(points: Tensor, power: int) -> Tensor:
 
 def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
     name = type(kernel).__name__
+    check_tensor_inputs(name, [x, y], "inputs")
     if x.ndim != 2 or y.ndim != 2:
         raise KdmlError(
             f"{name} expects 2-D inputs [M, D] and [N, D], "

@@ -66,7 +66,20 @@ def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndar
         hint = transposed_hint(len(array), expected_length, width) if array.ndim == 1 else ""
         raise KdmlError(f"{name} must have shape ({expected_length},) to match the embeddings, "
                         f"got {tuple(array.shape)}{hint}")
+    if array.dtype.kind == "f":  # 2.0 is class 2; 0.5 is no class (scikit-learn: a traceback)
+        if not np.all(np.isfinite(array) & (array == np.round(array))):
+            raise KdmlError(f"{name} must be class labels (integers or names), got the "
+                            f"non-integer value {array[array != np.round(array)][0]!r}")
+        array = array.astype(np.int64)
+    elif array.dtype.kind not in "iubUSO":
+        raise KdmlError(f"{name} must be class labels (integers or names), got dtype "
+                        f"{array.dtype}")
     return array
+
+
+def _label_kind(labels: np.ndarray) -> str:
+    """``"integers"`` or ``"names"`` (strings, bytes or objects) for :func:`_labels`'s arrays."""
+    return "integers" if labels.dtype.kind in "iub" else "names"
 
 
 def distance_note(has_charts: bool) -> str | None:
@@ -128,6 +141,11 @@ def generalization_terms(
     if not is_positive_int(repeats) or repeats < 2:
         raise KdmlError(f"repeats must be at least 2 (a 95% interval needs two random splits), "
                         f"got {repeats}")
+    if _label_kind(seen_labels) != _label_kind(unseen_labels):
+        # np.concatenate turns integers into strings: the joint classifier's predictions then
+        # never equal an integer seen label, and err_seen read 1.0
+        raise KdmlError(f"seen_labels are {_label_kind(seen_labels)} and unseen_labels "
+                        f"{_label_kind(unseen_labels)}; give both as integers or both as names")
     check_disjoint_classes(seen_labels, unseen_labels)
     check_scored_counts(len(seen), len(unseen), labelled_fraction, neighbors=neighbors)
     rng = np.random.default_rng(seed)

@@ -17,7 +17,7 @@ in :func:`kdml.distributed.gather`, for DistributedDataParallel's average.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ from kdml.kernels import (
     squared_distances,
 )
 from kdml.precision import full_precision
-from kdml.regularizers.jrs import check_batch
+from kdml.regularizers.jrs import check_batch, check_kernel
 
 
 def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -> Tensor:
@@ -68,6 +68,12 @@ def sharded_jrs(kernels: Sequence[Kernel], local_representations: Sequence[Tenso
     Returns:
         The global JRS value on every rank, with this rank's share of the gradient.
     """
+    if isinstance(kernels, type | str) or not isinstance(kernels, Iterable) or (
+            isinstance(kernels, torch.nn.Module) and not isinstance(kernels, torch.nn.ModuleList)):
+        raise KdmlError("sharded JRS takes a sequence of kernels, one per representation, e.g. "
+                        "[GaussianMixtureKernel()]")
+    for kernel in kernels:  # as JointRepresentationSimilarity's: a name or a class is none
+        check_kernel("sharded JRS", kernel)
     check_batch("sharded JRS", local_representations, local_labels)
     if len(kernels) != len(local_representations):
         raise KdmlError(f"sharded JRS got {len(local_representations)} representations for "

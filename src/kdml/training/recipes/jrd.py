@@ -130,13 +130,23 @@ class JRDParams(AMSoftmaxParams):
         if self.polynomial_degree < 1:
             raise KdmlError(f"method.polynomial_degree must be at least 1, got "
                             f"{self.polynomial_degree}")
+        for layer in self.layers:  # what the kernels refuse (bandwidths beyond float32's range)
+            if getattr(self, f"{layer}_kernel") != "gaussian":
+                continue
+            try:
+                self.kernel(layer)
+            except KdmlError as err:
+                raise KdmlError(f"method.{layer}_num_kernels="
+                                f"{getattr(self, f'{layer}_num_kernels')} with "
+                                f"method.kernel_multiplier={self.kernel_multiplier}: {err}"
+                                ) from None
 
     def unread_settings(self, default: JRDParams) -> list[tuple[str, str]]:
         """The kernel settings given other values than ``default``'s that this regularizer
         never reads, each with why (for the trainer's warning): those of a layer that
         ``layers`` leaves out (MRD's pool and cls), a count of bandwidths of a kernel that
         has one, a multiplier without two Gaussian bandwidths, a degree without a polynomial
-        kernel, and all of them with ``alpha`` 0."""
+        kernel, and all of them, the regularizer and its layers too, with ``alpha`` 0."""
         def changed(name: str) -> bool:
             return bool(getattr(self, name) != getattr(default, name))
 
@@ -145,7 +155,7 @@ class JRDParams(AMSoftmaxParams):
         kernel_settings += ["kernel_multiplier", "polynomial_degree"]
         if self.alpha == 0:
             return [(f"method.{name}", "method.alpha=0 adds no regularizer")
-                    for name in kernel_settings if changed(name)]
+                    for name in ["regularizer", "layers", *kernel_settings] if changed(name)]
         unread = []
         for layer in LAYERS:
             if layer not in self.layers:
@@ -198,7 +208,8 @@ class JRDMethod(Method):
         embedding_size: d.
         num_classes: C, the number of training classes.
         params: AM-Softmax scale and margin, the proxies' initialisation and weight decay
-            (``proxy_init``, ``decay_proxies``), and alpha when there is a regularizer.
+            (``proxy_init``, ``decay_proxies``), and alpha when there is a regularizer (0:
+            AM-Softmax alone, the regularizer not computed).
         regularizer: called as ``regularizer(representations, labels)``, or ``None``.
         layers: which of ``pool``, ``emb``, ``cls`` the regularizer sees, in order.
         sharded: under torchrun, compute JRS from this rank's kernel rows
@@ -283,7 +294,9 @@ class JRDMethod(Method):
         all_labels = gather(labels)
         all_cosines = gather(representations.class_level)
         am_softmax = am_softmax_loss(all_cosines, all_labels, self.scale, self.margin)
-        if self.regularizer is None:
+        if self.regularizer is None or self.alpha == 0:
+            # alpha = 0 is AM-Softmax alone: the regularizer is not computed, as 0 * an
+            # overflowing kernel's inf was NaN (the loss's and every gradient's)
             return StepOutput(am_softmax, detached(loss=am_softmax), representations.embedding)
         chosen = [representations[index] for index in self.layer_indices]
         if self.sharded:
