@@ -1145,10 +1145,21 @@ def _killed_worker_error() -> RuntimeError:
         def __getitem__(self, index: int):
             os.kill(os.getpid(), signal.SIGKILL)
 
+    from torch.utils.data._utils import signal_handling
+
+    # torch installs its SIGCHLD handler (which adds "is killed by signal: Killed") once per
+    # process; a test before this one that stopped a command by SIGTERM (cli._interrupt) put
+    # a handler of its own over it, and the error then read "exited unexpectedly" alone
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(signal_handling, "_SIGCHLD_handler_set", False)
+    previous = signal.getsignal(signal.SIGCHLD)
     try:
         next(iter(DataLoader(KilledOnRead(), num_workers=1)))
     except RuntimeError as error:
         return error
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+        monkeypatch.undo()
     raise AssertionError("the worker was not killed")
 
 
