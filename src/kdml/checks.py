@@ -102,6 +102,39 @@ def check_integer_labels(owner: str, labels: Tensor) -> None:
         raise KdmlError(f"{owner}: labels must be integers, got dtype {labels.dtype}")
 
 
+def check_label_vector(owner: str, labels: object) -> None:
+    """Refuse, in one line naming ``owner``, labels that are not a ``[N]`` integer tensor: a
+    list or NumPy array (Python's AttributeError on ``.unique``), float labels, or 2-D ones
+    (which gave 2-D index tensors)."""
+    if not isinstance(labels, Tensor):
+        raise KdmlError(f"{owner} takes the labels as a [N] integer torch tensor, got "
+                        f"{type(labels).__name__}; convert with torch.as_tensor")
+    check_integer_labels(owner, labels)
+    if labels.ndim != 1:
+        raise KdmlError(f"{owner}: labels must be [N], one per sample, got shape "
+                        f"{tuple(labels.shape)}")
+
+
+def whole_number_labels(owner: str, labels: object) -> Tensor:
+    """``labels`` as a long tensor: integers, or floats that are whole numbers (a table's
+    float column of 0.0, 1.0, ...). A fractional or non-finite float is refused in one line
+    naming ``owner``: ``.long()`` had cut 0.7, 1.2 and 1.9 to 0, 1, 1 (two labels one class)."""
+    try:
+        tensor = torch.as_tensor(labels)
+    except (TypeError, ValueError, RuntimeError):
+        raise KdmlError(f"{owner}: labels must be integer class labels, got "
+                        f"{type(labels).__name__}") from None
+    if tensor.is_complex():
+        raise KdmlError(f"{owner}: labels must be integers, got dtype {tensor.dtype}")
+    if tensor.is_floating_point():
+        whole = torch.isfinite(tensor) & (tensor == tensor.round())
+        if not bool(whole.all()):
+            value = tensor[~whole].flatten()[0].item()
+            raise KdmlError(f"{owner}: labels must be whole numbers (class indices), got "
+                            f"{value!r}; map the classes to integers first")
+    return tensor.long()
+
+
 def check_label_device(owner: str, labels: Tensor, tensors: Sequence[Tensor],
                        what: str = "embeddings", like: str = "embeddings") -> None:
     """Refuse, in one line naming ``owner`` and both devices, labels on another device than

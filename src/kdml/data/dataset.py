@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from kdml.checks import whole_number_labels
 from kdml.errors import KdmlError
 
 
@@ -154,12 +155,12 @@ class ArrayDataset(DmlDataset):
     class_names: dict[int, str] | None = None
 
     def __post_init__(self) -> None:
+        self.labels = whole_number_labels(self.name, self.labels)
         if self.x.shape[0] != self.labels.shape[0]:
             raise KdmlError(f"{self.name}: {self.x.shape[0]} samples but "
                             f"{self.labels.shape[0]} labels")
         if self.x.dtype != torch.uint8:
             self.x = self.x.float()
-        self.labels = self.labels.long()
 
     @property
     def y(self) -> Tensor:

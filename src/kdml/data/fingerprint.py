@@ -116,7 +116,9 @@ def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None
     else:  # every dataset kdml makes is one of the two
         raise TypeError(f"no fingerprint for a {type(dataset).__name__}")
     digest.update(b"\0labels\0" + dataset.labels.numpy().astype("<i8").tobytes())
-    names = sorted((dataset.class_names or {}).items())
+    # NFC, as the paths above: a class folder's name spelled decomposed (macOS) is the same
+    names = sorted((label, unicodedata.normalize("NFC", name) if isinstance(name, str) else name)
+                   for label, name in (dataset.class_names or {}).items())
     # surrogateescape: a name holding bytes that are not UTF-8, as Python reads a file name;
     # a UTF-8 name encodes as before, so existing runs' data.json still match
     names_json = json.dumps(names, ensure_ascii=False).encode("utf-8", "surrogateescape")

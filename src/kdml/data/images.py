@@ -30,6 +30,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
+from kdml.checks import whole_number_labels
 from kdml.data.dataset import Batch, DmlDataset
 from kdml.errors import KdmlError
 
@@ -67,15 +68,17 @@ def eight_bit(image: Image.Image) -> Image.Image:
 
 @contextmanager
 def _without_pillow_advice() -> Iterator[None]:
-    """Silence Pillow's warnings about how an image was saved, advice to whoever saved it that
-    a kdml user cannot act on (it had printed Python's two-line warning once per image, in
-    every loader worker): ``DecompressionBombWarning``, for 89 to 179 megapixels, which are
-    decoded all the same (beyond, ``DecompressionBombError`` refuses the image), and "Palette
-    images with Transparency expressed in bytes should be converted to RGBA", which the RGB
-    conversion drops, as it drops any image's alpha."""
+    """Silence Pillow's warnings about how a readable image was saved, advice to whoever saved
+    it that a kdml user cannot act on (it had printed Python's two-line warning once per image,
+    in every loader worker, one glued to the end of a run's last line): among them
+    ``DecompressionBombWarning``, for 89 to 179 megapixels, which are decoded all the same
+    (beyond, ``DecompressionBombError`` refuses the image), "Palette images with Transparency
+    expressed in bytes should be converted to RGBA", which the RGB conversion drops, as it
+    drops any image's alpha, and a TIFF's or EXIF's damaged metadata ("Tag data larger than
+    file", "Corrupt EXIF data"), which Pillow skips. An image whose pixels do not decode is
+    an error, not a warning, and is still reported."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        warnings.filterwarnings("ignore", "Palette images with Transparency", UserWarning)
+        warnings.filterwarnings("ignore", module=r"PIL(\.|$)")
         yield
 
 
@@ -152,7 +155,7 @@ class ImageFiles(DmlDataset):
 
     def __post_init__(self) -> None:
         self.paths = np.asarray(self.paths, dtype=str)
-        self.labels = torch.as_tensor(self.labels, dtype=torch.long)
+        self.labels = whole_number_labels(self.name, self.labels)
         if self.paths.shape != (len(self.labels),):
             raise KdmlError(f"{self.name}: {len(self.paths)} paths but {len(self.labels)} labels")
 

@@ -59,13 +59,22 @@ def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_wo
     """
     # The loader's own generator only seeds the workers, which draw nothing; giving it one
     # keeps it from drawing that seed from torch's global generator.
-    return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+    return _Loader(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
                       # __getitems__ hands it a Batch; torch's stubs expect a list of samples
                       collate_fn=collate_batch,  # type: ignore[arg-type]
                       pin_memory=pin_memory,
                       persistent_workers=persistent and num_workers > 0,
                       worker_init_fn=quiet_when_the_receiver_goes,
                       generator=torch.Generator().manual_seed(0))
+
+
+class _Loader(DataLoader):
+    """torch's DataLoader without its check of the worker count against the cores: a count
+    the user set (data.num_workers, up to 256) is the user's to choose, and torch's advice
+    came as Python's two-line warning naming torch's source, twice a loader."""
+
+    def check_worker_number_rationality(self) -> None:
+        pass
 
 
 # What a worker's send to the main process raises when the main process has gone or stopped.

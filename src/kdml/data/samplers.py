@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from kdml.checks import is_positive_int
+from kdml.checks import check_label_vector, is_positive_int
 from kdml.errors import KdmlError
 from kdml.seeding import derive_seed
 
@@ -102,6 +102,7 @@ class ClassBalancedBatches(_SeededBatches):
     def __init__(self, labels: torch.Tensor, samples_per_class: int, batch_size: int,
                  seed: int, stream: int = SOURCE_STREAM) -> None:
         super().__init__(seed, stream)
+        check_label_vector("ClassBalancedBatches", labels)
         for name, value in (("samples_per_class", samples_per_class),
                             ("batch_size", batch_size)):
             if not is_positive_int(value):

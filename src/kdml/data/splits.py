@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from kdml.checks import check_label_vector
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.errors import KdmlError
 
@@ -208,6 +209,7 @@ def class_disjoint_split(
     Returns:
         ``(train_indices, test_indices)``, each a sorted long tensor.
     """
+    check_label_vector("class_disjoint_split", labels)
     classes = labels.unique(sorted=True)
     num_train = _num_train_classes(classes.numel(), train_classes)
     is_train = torch.isin(labels, classes[:num_train])
@@ -224,6 +226,7 @@ def seen_holdout_split(
     Returns:
         ``(kept_indices, held_out_indices)``, each sorted.
     """
+    check_label_vector("seen_holdout_split", labels)
     if not 0.0 < holdout_fraction < 1.0:
         raise KdmlError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
     if not labels.numel():

@@ -222,9 +222,10 @@ def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
         total = len(datasets[role] or ())
         if (scored := len(outputs.labels)) < total:
             skipped = True
-            logger.warning("%d of the %d %s samples were skipped as unreadable images "
+            logger.warning("%d of the %d %s samples %s skipped as unreadable images "
                            "(data.on_bad_image=skip): the metrics use the other %d",
-                           total - scored, total, role, scored)
+                           total - scored, total, role,
+                           "was" if total - scored == 1 else "were", scored)
     if skipped and splits.kind != DOMAIN:
         _check_scorable(embedded)
 

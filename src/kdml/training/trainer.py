@@ -650,8 +650,9 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
 
 def _unread_settings(session: Session) -> list[tuple[str, str]]:
     """The settings given other values than the recipe's defaults that this run never reads
-    (``optim.proxy_lr`` of a recipe without class proxies, ...), each with why: a grid over one
-    had trained the same run in every cell, without a word."""
+    (``optim.proxy_lr`` of a recipe without class proxies, the crop of in-memory images,
+    class-balanced batches of a full-batch run, ...), each with why: a grid over one had
+    trained the same run in every cell, without a word."""
     config = session.config
     recipe = get_recipe(config.recipe)
     default = resolve_config(recipe.name, recipe.params, recipe.defaults)
@@ -676,6 +677,17 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
     if (getattr(config.method, "decay_proxies", False) and config.optim.weight_decay == 0
             and changed("method", "decay_proxies")):
         unread.append(("method.decay_proxies", "optim.weight_decay=0 decays nothing"))
+    if not session.splits.train.is_file_backed:  # build_pipeline crops image files alone
+        unread += [(f"data.{key}", f"{config.data.dataset}'s samples are arrays in memory, "
+                    "which are neither resized nor cropped (image files are)")
+                   for key in ("resize", "image_size") if changed("data", key)]
+    if changed("data", "samples_per_class") and config.data.samples_per_class > 0:
+        if method.needs_fit:
+            unread.append(("data.samples_per_class", f"{config.recipe} is fitted in closed "
+                           "form on the whole training split, in no batches"))
+        elif config.data.batch_size == 0:
+            unread.append(("data.samples_per_class", "data.batch_size=0 trains on the whole "
+                           "training split as one batch"))
     method_unread = getattr(config.method, "unread_settings", None)
     if method_unread is not None:
         unread += method_unread(default.method)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def class_images(folder: Path, layout: Layout, read: dict[str, str],
         try:
             with os.scandir(parent) as scanned:
                 entries = sorted((entry for entry in scanned if not entry.name.startswith(".")),
-                                 key=lambda entry: entry.name)
+                                 key=lambda entry: name_order(entry.name))
         except OSError as error:  # os.walk would skip the folder, and its images, silently
             raise layout.error(f"{relative(parent, layout)}/ cannot be read ({error.strerror}); "
                                "make it readable or move it out") from None
@@ -105,8 +106,17 @@ def _refuse_split_folders(folder: Path, classes: list[str], layout: Layout) -> N
 
 def _sub_folders(folder: Path) -> list[str]:
     """The names of ``folder``'s sub-folders, sorted, hidden ones left out."""
-    return sorted(entry.name for entry in os.scandir(folder)
-                  if entry.is_dir() and not entry.name.startswith("."))
+    return sorted((entry.name for entry in os.scandir(folder)
+                   if entry.is_dir() and not entry.name.startswith(".")), key=name_order)
+
+
+def name_order(name: str) -> tuple[str, str]:
+    """The sort key of a file or folder name: its NFC form first. macOS (HFS+) stores names
+    decomposed (e + U+0301 for é), which sorts before "f" where the composed U+00E9 sorts
+    after "z": sorted as spelled, a copy unpacked on a Mac had other classes on each side of
+    the class-disjoint cut, and data.json's NFC-normalised paths in another order. The name
+    as spelled breaks ties (two names of one NFC form, both on a Linux disk)."""
+    return unicodedata.normalize("NFC", name), name
 
 
 def _first_names(names: list[str]) -> str:
@@ -136,8 +146,8 @@ def load_folder(folder: Path) -> DatasetParts:
         raise layout.error("no such folder")
     with os.scandir(folder) as scanned:
         entries = list(scanned)  # read once: the classes, and the images beside them
-    classes = sorted(entry.name for entry in entries
-                     if entry.is_dir() and not entry.name.startswith("."))
+    classes = sorted((entry.name for entry in entries
+                      if entry.is_dir() and not entry.name.startswith(".")), key=name_order)
     top = sum(entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
               for entry in entries)  # images beside the class folders, which no class holds
     if not classes:
