@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from kdml.evaluation.knn import unit_rows
+
 # Points this close to the centre, as a share of its size, lie at one point: 8 to 17 float32
 # units in the last place. kdml's collapsed JIntra runs (alpha = 2, seeds 0 to 4) lie within
 # 2.2e-7 of it, or (seeds 3 and 4) 99.7% and 100% exactly at it; at alpha = 1, no point of
@@ -67,8 +69,8 @@ def collapse(embeddings: Tensor, metric: str = "euclidean") -> Collapse:
     vectors = embeddings.detach()
     if vectors.dtype != torch.float64:
         vectors = vectors.float()  # half-precision outputs are compared as float32
-    if metric == "cosine":
-        vectors = torch.nn.functional.normalize(vectors, dim=1)
+    if metric == "cosine":  # F.normalize left rows of norm below 1e-12 unnormalised
+        vectors = unit_rows(vectors).to(vectors.dtype)
     # the median is an input value, so the centre of points that are more than half alike is
     # exactly their point; float64 so that its size and the distances are not rounded again
     centre = vectors.median(dim=0).values.double()

@@ -215,6 +215,20 @@ def row_powers_of_two(x: np.ndarray) -> np.ndarray:
     return np.ldexp(1.0, exponents)
 
 
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[N, D]`` float64: each row of ``x`` at unit L2 norm, all-zero rows left at zero; as
+    :func:`l2_normalize`, each row first divided by its own power of two (exact), so that its
+    squares neither underflow nor overflow whatever the other rows hold. (F.normalize's floor
+    of 1e-12 on the norm leaves smaller rows short of unit length.)"""
+    largest = x.abs().amax(dim=1, keepdim=True).double()
+    _, exponents = torch.frexp(largest)
+    # divided by 2^e (a subnormal for a subnormal row), not multiplied by 2^-e, which
+    # overflows there
+    rows = x.double() / torch.ldexp(torch.ones_like(largest), exponents)
+    norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+    return rows / torch.where(norms > 0, norms, 1.0)
+
+
 def l2_normalize(x: np.ndarray, inplace: bool) -> np.ndarray:
     """Scale rows to unit L2 norm; all-zero rows stay zero (similarity 0 to everything). The
     norms are summed in float64, where no float32 row's squares underflow (in float32 a row of
@@ -277,18 +291,22 @@ def to_search_vectors(array: np.ndarray, scale: float, metric: str) -> np.ndarra
 @overload
 def to_search_vectors(array: torch.Tensor, scale: float, metric: str) -> torch.Tensor: ...
 def to_search_vectors(array: Vectors, scale: float, metric: str) -> Vectors:
-    """``array / scale`` as C-contiguous float32, L2-normalized when ``metric="cosine"``.
+    """``array / scale`` as C-contiguous float32, or for ``metric="cosine"`` the L2-normalized
+    rows, each brought to unit norm on its own (``scale`` unused: one power of two shared by
+    all rows had made a row of 1e-200 beside one of 1e200 a zero vector).
 
     Copies at most once: a float32 input that needs no change is returned as it is.
     """
+    if metric == "cosine":
+        scale = 1.0
     if isinstance(array, torch.Tensor):
         vectors = array / scale if scale != 1.0 else array
         if metric == "cosine":
-            # as l2_normalize: in float64, before float32 rounds a tiny row to zero, and
-            # all-zero rows left at zero (F.normalize's floor of 1e-12 on the norm left
-            # smaller rows short of unit length)
-            norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True, dtype=torch.float64)
-            vectors = vectors.double() / torch.where(norms > 0, norms, 1.0)
+            # as l2_normalize: each row divided by its own power of two (exact), then in
+            # float64, before float32 rounds a tiny row to zero, and all-zero rows left at
+            # zero (F.normalize's floor of 1e-12 on the norm left smaller rows short of unit
+            # length)
+            vectors = unit_rows(vectors)
         return vectors.float().contiguous()
     owned = False
     if scale != 1.0:
@@ -319,7 +337,8 @@ def prepare_vectors(x: Any, metric: str, name: str, backend: str = "faiss") -> V
     matrix: Vectors = as_float_tensor(x, name) if backend == "torch" else as_float_matrix(
         x, name)
     matrix = shifted(matrix, search_centre(matrix, metric))
-    return to_search_vectors(matrix, search_scale(matrix), metric)
+    return to_search_vectors(matrix, search_scale(matrix) if metric == "euclidean" else 1.0,
+                             metric)
 
 
 @overload
@@ -348,7 +367,7 @@ def prepare_pair(queries: Any, reference: Any, metric: str, names: tuple[str, st
     centre = search_centre(reference_matrix, metric, query_matrix)
     query_matrix, reference_matrix = shifted(query_matrix, centre), shifted(reference_matrix,
                                                                              centre)
-    scale = search_scale(query_matrix, reference_matrix)
+    scale = search_scale(query_matrix, reference_matrix) if metric == "euclidean" else 1.0
     return (to_search_vectors(query_matrix, scale, metric),
             to_search_vectors(reference_matrix, scale, metric))
 

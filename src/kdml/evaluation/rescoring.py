@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kdml.evaluation.knn import host_array, search_scale
+from kdml.evaluation.knn import host_array, row_powers_of_two, search_scale
 from kdml.evaluation.ties import tied_positions
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -60,9 +60,11 @@ class ExactScores:
             against themselves.
         metric: ``"cosine"`` or ``"euclidean"``.
 
-    Both sides are divided by one power of two (:func:`~kdml.evaluation.knn.search_scale`,
-    exact), so that the largest values neither overflow nor underflow when squared; rows far
-    smaller than the largest may still underflow there.
+    For the Euclidean metric both sides are divided by one power of two
+    (:func:`~kdml.evaluation.knn.search_scale`, exact), so that the largest values neither
+    overflow nor underflow when squared (rows far smaller than the largest may still underflow
+    there); for the cosine each row by its own (:func:`~kdml.evaluation.knn.row_powers_of_two`),
+    before it is normalised.
     """
 
     def __init__(self, queries: Any, reference: Any | None, metric: str) -> None:
@@ -132,9 +134,12 @@ class ExactScores:
     def _converted(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``rows`` in float64 divided by the scale, L2-normalised for cosine, and ``[n]``
         bool: the row is zero (cosine only; all False otherwise)."""
-        rows = rows.astype(np.float64) / self._scale
         if self.metric != "cosine":
-            return rows, np.zeros(len(rows), dtype=bool)
+            return rows.astype(np.float64) / self._scale, np.zeros(len(rows), dtype=bool)
+        # each row by its own power of two (exact), not the shared scale: a row of 1e-200
+        # beside one of 1e200 had underflowed to a zero vector
+        rows = rows.astype(np.float64)
+        rows = rows / row_powers_of_two(rows)[:, None]
         norms = np.sqrt(np.einsum("pd,pd->p", rows, rows))[:, None]
         normalised = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
         return normalised, norms[:, 0] == 0
