@@ -406,6 +406,10 @@ class LaplaceKernel(Kernel):
 
     Inputs: ``x`` :math:`(M, D)`, optional ``y`` :math:`(N, D)`.
     Shape: output :math:`(M, N)`, values in :math:`(0, 1]`.
+
+    Unlike the Gaussian's, its gradient has no gradient of its own (the L1 distances are
+    ``torch.cdist``'s, whose backward torch does not differentiate): a gradient penalty
+    through it raises torch's NotImplementedError.
     """
 
     def __init__(self, bandwidth: float | None = None) -> None:
