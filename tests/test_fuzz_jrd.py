@@ -19,6 +19,8 @@ from kdml.kernels import (
     LaplaceKernel,
     MomentGeneratingKernel,
     PolynomialKernel,
+    adaptive_bandwidth,
+    resolution_floor,
 )
 from kdml.losses.am_softmax import am_softmax_loss
 from kdml.models.backbones import pooled_features
@@ -139,3 +141,18 @@ def test_with_alpha_zero_the_regularizer_and_its_layers_are_named_unread(recipe,
     config = resolve_config(spec.name, spec.params, spec.defaults, None,
                             ["method.alpha=0", override])
     assert key in [setting for setting, _ in config.method.unread_settings(default.method)]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: adaptive_bandwidth(torch.ones(3, 3), -1.0), "floor must be a finite number > 0"),
+    (lambda: adaptive_bandwidth(torch.ones(3, 3), float("nan")), "floor must be a finite"),
+    (lambda: resolution_floor(torch.ones(3, 2), 3), "power is 1 .* or 2"),
+    (lambda: resolution_floor(torch.ones(3), 2), r"takes \[M, D\] points"),
+    (lambda: resolution_floor(np.ones((3, 2)), 2), "torch tensors"),
+])
+def test_the_public_bandwidth_helpers_refuse_what_they_cannot_use(call, message):
+    """adaptive_bandwidth's floor of -1 returned tau = 0 (kernels of 0 / 0) and NaN a NaN;
+    resolution_floor read power 3 as 1 and failed with IndexError or TypeError on 1-D points
+    or a NumPy array."""
+    with pytest.raises(KdmlError, match=message):
+        call()

@@ -167,6 +167,11 @@ def adaptive_bandwidth(dists: Tensor, floor: Tensor | float | None = None) -> Te
             f"adaptive_bandwidth needs a square [M, M] matrix, got {tuple(dists.shape)}"
         )
     check_float_inputs("adaptive_bandwidth", [dists], "distances")
+    # a number is checked (-1 gave tau 0 and kernels of 0/0); a tensor, the kernels' own
+    # resolution_floor, is not: reading it would be a host sync every step
+    if floor is not None and not isinstance(floor, Tensor) and not is_finite_number(
+            floor, above=0):
+        raise KdmlError(f"adaptive_bandwidth's floor must be a finite number > 0, got {floor!r}")
     m = dists.shape[0]
     num_off_diagonal = max(m * m - m, 1)  # a single point has no pair: tau = 0 -> floor
     tau = dists.detach().sum() / num_off_diagonal
@@ -197,6 +202,14 @@ def resolution_floor(points: Tensor, power: int) -> Tensor:
     only on their spread: float32 points 1000 from the origin get it for a spread below about
     0.35. Detached; a 0-dim tensor with the dtype and device of ``points``.
     """
+    check_tensor_inputs("resolution_floor", [points], "points")
+    if points.ndim != 2:
+        raise KdmlError(f"resolution_floor takes [M, D] points, got shape "
+                        f"{tuple(points.shape)}")
+    check_float_inputs("resolution_floor", [points], "points")
+    if power not in (1, 2):
+        raise KdmlError(f"resolution_floor's power is 1 (L1 distances) or 2 (squared "
+                        f"Euclidean ones), got {power!r}")
     detached = points.detach()
     eps, smallest = torch.finfo(points.dtype).eps, smallest_bandwidth(points.dtype)
     if not len(points):
