@@ -6,6 +6,7 @@ float64 loops.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
@@ -178,7 +179,9 @@ def test_a_backbone_layer_named_like_a_classifier_loads_from_the_file(tmp_path):
     net, lines = _TinyNet(), []
     load_weights(net, tmp_path / "tiny.pth", report=lines.append)
     assert torch.equal(net.fc.weight, state["fc.weight"])
-    assert lines == [f"loaded {len(state)} tensors from {tmp_path / 'tiny.pth'}"]
+    digest = hashlib.sha256((tmp_path / "tiny.pth").read_bytes()).hexdigest()
+    assert lines == [f"loaded {len(state)} tensors from {tmp_path / 'tiny.pth'} (SHA-256 "
+                     f"{digest})"]
 
 
 @pytest.mark.parametrize("prefix", ["last_linear", "fc", "classifier", "head", "heads"])

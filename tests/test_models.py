@@ -1,3 +1,4 @@
+import hashlib
 import re
 
 import pytest
@@ -224,8 +225,9 @@ def test_weights_keep_a_small_input_stem_that_the_files_stem_does_not_fit(tmp_pa
     load_weights(small, tmp_path / "imagenet.pth", report=lines.append)
     assert torch.equal(small.conv1.weight, stem)
     assert torch.equal(small.layer1.weight, imagenet.layer1.weight)
-    assert lines == [f"loaded 2 tensors from {tmp_path / 'imagenet.pth'}; kept the "
-                     "model.small_input stem as built (conv1.weight)"]
+    digest = hashlib.sha256((tmp_path / "imagenet.pth").read_bytes()).hexdigest()
+    assert lines == [f"loaded 2 tensors from {tmp_path / 'imagenet.pth'} (SHA-256 {digest}); "
+                     "kept the model.small_input stem as built (conv1.weight)"]
 
 
 @pytest.mark.parametrize("name", ["cnn", "mlp", "bninception"])

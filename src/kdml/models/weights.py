@@ -20,6 +20,7 @@ the library's own network, so their checkpoints load as they are):
 
 from __future__ import annotations
 
+import hashlib
 import re
 import warnings
 from collections.abc import Callable
@@ -37,7 +38,9 @@ WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_incep
                 "torchvision models the checkpoint files their model pages list; then pass the "
                 "file's path")
 # the class torch.load(weights_only=True) refused to unpickle, as its message names it
-UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# (torch words it two ways: "Unsupported global: GLOBAL X", "unsupported GLOBAL X whose
+# module Y is blocked")
+UNSAFE_GLOBAL = re.compile(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -61,13 +64,21 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 f"weights file {path} holds a Python object besides tensors "
                 f"({refused.group(1)}), which kdml does not unpickle, as unpickling can run "
                 "code; where you trust the file, save its weights alone, e.g. torch.save("
-                "checkpoint['state_dict'], 'weights.pth'), and pass that file") from None
+                "checkpoint['state_dict'], 'weights.pth') (of a whole pickled model, "
+                "model.state_dict()), and pass that file") from None
         raise KdmlError(f"weights file {path} is not a readable state dict "
                         f"({type(error).__name__}); expected a .pth or .safetensors file") from None
     # training checkpoints nest the weights (model_state_dict: PyTorch's tutorial's layout)
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
+    if _is_kdml_checkpoint(state):  # fine-tuning from a kdml run: its backbone's weights
+        state = {key.removeprefix("backbone."): value for key, value in state["method"].items()
+                 if key.startswith("backbone.")}
+        if not state:
+            raise KdmlError(f"weights file {path} is a kdml run's checkpoint whose model has "
+                            "no backbone weights (an identity backbone): there is nothing to "
+                            "load")
     if not isinstance(state, dict) or not state or not all(
             isinstance(key, str) and isinstance(value, torch.Tensor)
             for key, value in state.items()):  # a state dict is named tensors
@@ -78,7 +89,34 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if empty:  # saved from a model on the meta device: shapes without values
         raise KdmlError(f"weights file {path} holds tensors without values ({empty[0]}, on "
                         "torch's meta device); save the weights of a model that holds them")
-    return {key.removeprefix("module."): value for key, value in state.items()}
+    sparse = [key for key, value in state.items() if value.layout != torch.strided]
+    if sparse:  # the checks below (isnan) and load_state_dict raise torch's long errors
+        raise KdmlError(f"weights file {path} holds a sparse tensor ({sparse[0]}); save the "
+                        "weights dense (tensor.to_dense()) and pass that file")
+    unprefixed = {key.removeprefix("module."): value for key, value in state.items()}
+    if len(unprefixed) != len(state):  # both "module.X" and "X": one would silently win
+        twice = sorted({key.removeprefix("module.") for key in state if key.startswith(
+            "module.")} & {key for key in state if not key.startswith("module.")})
+        raise KdmlError(f"weights file {path} holds two copies of {twice[0]} (with and without "
+                        "DataParallel's 'module.' prefix); save one model's weights and pass "
+                        "that file")
+    return unprefixed
+
+
+def _sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _is_kdml_checkpoint(state: object) -> bool:
+    """Whether ``state`` is a kdml run's checkpoint (``checkpoints/last.pt``): the model's
+    tensors under ``method``, beside the epoch and the optimiser's state."""
+    return (isinstance(state, dict) and isinstance(state.get("method"), dict)
+            and "epoch" in state and "optimizer" in state)
 
 
 def load_weights(backbone: nn.Module, path: str | Path,
@@ -90,6 +128,9 @@ def load_weights(backbone: nn.Module, path: str | Path,
     state = read_state_dict(path)
     file_keys = list(state)  # named in the refusal below: the classifier's are dropped next
     own = target.state_dict()
+    if not own:  # the identity backbone (pca, the DTML family): any file would be refused
+        raise KdmlError(f"the backbone ({type(target).__name__}) has no weights to load, so "
+                        f"model.weights ({path}) has nothing to set; drop it")
     ignored = sorted(key for key in state if key not in own and key.startswith(
         CLASSIFIER_PREFIXES))
     state = {key: value for key, value in state.items() if key not in ignored}
@@ -126,9 +167,12 @@ def load_weights(backbone: nn.Module, path: str | Path,
         raise KdmlError(f"weights file {path} {lacks}{' and ' if lacks and extra else ''}"
                         f"{extra}: it is for another model than the backbone; pass the file "
                         "of this very model")
-    _check_finite(state, {name for name, _ in target.named_parameters()}, path)
+    _check_finite(state, own, {name for name, _ in target.named_parameters()}, path)
     target.load_state_dict(state, strict=False)
-    notes = [f"loaded {len(set(state) & set(own))} tensors from {path}"]
+    # the file by content too, as data.json records the data: a file replaced at the same
+    # path (a corrected copy, a re-download) is then told apart in train.log
+    notes = [f"loaded {len(set(state) & set(own))} tensors from {path} (SHA-256 "
+             f"{_sha256(path)})"]
     if kept:
         notes.append(f"kept the model.small_input stem as built ({_few(kept)})")
     if ignored:
@@ -138,16 +182,28 @@ def load_weights(backbone: nn.Module, path: str | Path,
     report("; ".join(notes))
 
 
-def _check_finite(state: dict[str, torch.Tensor], parameters: set[str], path: Path) -> None:
-    """Refuse a file whose weights hold NaN, or a parameter infinity (a buffer may hold -inf
-    as a mask): loaded, it stopped the first step with advice to lower the learning rates."""
+def _check_finite(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
+                  parameters: set[str], path: Path) -> None:
+    """Refuse a file whose weights hold NaN, a parameter or BatchNorm statistic infinity (a
+    buffer may hold -inf as a mask), a negative BatchNorm variance, or values of another kind
+    than the model's tensor (integers, booleans or complex numbers for float weights; the
+    complex ones had lost their imaginary part with torch's raw warning): loaded, a damaged
+    one stopped the first step with advice to lower the learning rates."""
+    damaged = ("the file is damaged (or was saved from a run that diverged): pass a good copy")
     for key, value in state.items():
+        if key in own and own[key].is_floating_point() and not value.is_floating_point():
+            raise KdmlError(f"weights file {path}: {key} holds {value.dtype} values where the "
+                            f"backbone's tensor is {own[key].dtype}; it is for another model, "
+                            "or was saved wrongly")
         if not value.is_floating_point():
             continue
-        if value.isnan().any() or (key in parameters and not value.isfinite().all()):
-            raise KdmlError(f"weights file {path}: {key} holds NaN or infinite values; the file "
-                            "is damaged (or was saved from a run that diverged): pass a good "
-                            "copy")
+        statistic = key.endswith((".running_mean", ".running_var"))
+        if value.isnan().any() or ((key in parameters or statistic)
+                                   and not value.isfinite().all()):
+            raise KdmlError(f"weights file {path}: {key} holds NaN or infinite values; {damaged}")
+        if key.endswith(".running_var") and (value < 0).any():
+            raise KdmlError(f"weights file {path}: {key}, a BatchNorm variance, holds negative "
+                            f"values; {damaged}")
 
 
 def _is_rgb_to_gray_conv(saved: torch.Tensor, own: torch.Tensor) -> bool:

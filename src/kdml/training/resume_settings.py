@@ -18,7 +18,8 @@ change, since they change where or how fast the same run trains, or how long:
   its runs with today's values);
 - the paths, ``data.root``, a path-named ``data.dataset`` (``folder:``, ``csv:``, ``npz:``)
   and ``model.weights``: the data moved (``data.json`` still checks it is the run's), and the
-  checkpoint holds the weights.
+  checkpoint holds the weights. For the SimCLR recipes only from one file to another: given
+  or not, ``model.weights`` decides their inputs' normalisation.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from kdml.config import RunConfig
 from kdml.data.registry import PATH_FORMATS
+from kdml.errors import KdmlError
 
 RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
                        "eval.embed_batch_size", "data.on_bad_image", "train.compile",
@@ -62,7 +64,26 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
                 continue
             if _plain(before) != _plain(after):
                 changes.append(f"{name} {before!r} -> {after!r}")
+    weights = (trained.get("model") or {}).get("weights") if isinstance(
+        trained.get("model"), dict) else None
+    if (weights is not None and bool(weights) != bool(config.model.weights)
+            and _inputs_follow_weights(config.recipe)):
+        changes.append(f"model.weights {weights!r} -> {config.model.weights!r} (with weights "
+                       f"{config.recipe} feeds its backbone the backbone's own normalisation, "
+                       "without them the [0, 1] images)")
     return changes
+
+
+def _inputs_follow_weights(recipe: str) -> bool:
+    """Whether ``recipe``'s input normalisation depends on ``model.weights`` being given
+    (:attr:`~kdml.training.recipes.base.Recipe.inputs_follow_weights`); imported here, as the
+    recipes import the trainer's modules."""
+    from kdml.training.recipes import get_recipe
+
+    try:
+        return get_recipe(recipe).inputs_follow_weights
+    except KdmlError:  # a recipe kdml no longer has: the recipe check says so
+        return False
 
 
 def first_of(changed: list[str]) -> str:

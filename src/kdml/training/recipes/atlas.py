@@ -590,9 +590,10 @@ RECIPES = (
            "loss", MSimCLRParams, _build_msimclr,
            {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},
             "model": dict(SIMCLR_MODEL), "optim": dict(SIMCLR_OPTIM),
-            "train": dict(SIMCLR_TRAIN)}, "method.dim", pretrained=False),
+            "train": dict(SIMCLR_TRAIN)}, "method.dim", pretrained=False,
+           inputs_follow_weights=True),
     Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
            {"data": dict(SIMCLR_DATA), "model": dict(SIMCLR_MODEL),
             "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}, "method.dim",
-           pretrained=False),
+           pretrained=False, inputs_follow_weights=True),
 )

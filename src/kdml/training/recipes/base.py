@@ -30,3 +30,7 @@ class Recipe:
     # whether it trains on batches (data.batch_size); a method fitted in closed form on the
     # whole split (PCA: Method.needs_fit) draws none
     draws_batches: bool = True
+    # whether model.weights being given or not decides the backbone's input normalisation (the
+    # SimCLR recipes: the [0, 1] images from scratch, the backbone's own with weights), so
+    # that a resumed or scored run may move its weights file but not drop or add one
+    inputs_follow_weights: bool = False
