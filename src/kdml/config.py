@@ -510,6 +510,12 @@ def validate(config: RunConfig) -> None:
          "optim.name must be adam, sgd or rmsprop"),
         (config.optim.adam_eps > 0, "optim.adam_eps must be positive"),
         (config.optim.weight_decay >= 0, "optim.weight_decay must be >= 0 (0 = none)"),
+        # torch's optimisers take both as float32 numbers: beyond its range weight decay was a
+        # traceback ("value cannot be converted to type float without overflow") and Adam's
+        # epsilon infinity, every update 0, a run that trained nothing without a word
+        (max(config.optim.adam_eps, config.optim.weight_decay) <= MAX_LR,
+         f"optim.adam_eps and optim.weight_decay must be at most {MAX_LR:g} (the optimiser "
+         "computes in float32, which overflows at 3.4e+38)"),
         (config.train.steps_per_epoch >= 0,
          "train.steps_per_epoch must be >= 0 (0 = the whole training split)"),
         (0 < config.optim.lr_decay <= 1, "optim.lr_decay must be in (0, 1]"),

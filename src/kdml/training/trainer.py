@@ -539,12 +539,13 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                          f"loss changed by less than train.tolerance={config.train.tolerance:g}")
                 break
             if out_of_patience:
-                recorder.log.info("stopping after epoch %d: %d evaluations without a better "
-                                  "validation %s than epoch %d's (train.patience)", epoch,
-                                  config.train.patience, metric, best_epoch(history, metric))
-                echo(f"stopped after epoch {epoch} of {config.train.epochs}: "
-                     f"{config.train.patience} evaluations without a better validation "
-                     f"{metric} (train.patience)")
+                evaluations = ("1 evaluation" if config.train.patience == 1
+                               else f"{config.train.patience} evaluations")
+                recorder.log.info("stopping after epoch %d: %s without a better validation %s "
+                                  "than epoch %d's (train.patience)", epoch, evaluations,
+                                  metric, best_epoch(history, metric))
+                echo(f"stopped after epoch {epoch} of {config.train.epochs}: {evaluations} "
+                     f"without a better validation {metric} (train.patience)")
                 break
         final = part_scores(history[-1], prefix)
         recorder.finish(history, final)
@@ -670,6 +671,9 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
         if all(id(p) in others for p in method.parameters()):
             unread.append(("optim.head_lr", f"{config.recipe}'s model has no layers beyond "
                                             "its backbone (optim.lr trains them all)"))
+    if changed("optim", "lr_gamma") and not (config.optim.lr_step or config.optim.lr_milestones):
+        unread.append(("optim.lr_gamma", "neither optim.lr_step nor optim.lr_milestones is "
+                       "set, so the rates are never multiplied by it"))
     if changed("optim", "adam_eps") and config.optim.name != "adam":
         unread.append(("optim.adam_eps", f"it is Adam's, and optim.name={config.optim.name}"))
     if changed("domain", "kernel") and config.domain.beta == 0:
