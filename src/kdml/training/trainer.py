@@ -512,7 +512,13 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                                     if k == f"{prefix}/recall@1" or k == "train/loss"})
                 if config.train.keep_best or config.train.patience:
                     check_scored(row, metric)
-                out_of_patience = patience_exhausted(history, metric, config.train.patience)
+                # patience counts the evaluations of the train.eval_every grid alone: the
+                # last planned epoch's score off it (a shorter run's) had counted, so a run
+                # extended with --resume stopped where one of that length goes on
+                every = config.train.eval_every
+                out_of_patience = epoch % every == 0 and patience_exhausted(
+                    [past for past in history if past["epoch"] % every == 0], metric,
+                    config.train.patience)
                 finished = over or out_of_patience or epoch >= config.train.epochs
                 recorder.epoch(row, history,
                                functools.partial(session.checkpoint, epoch, history, finished,
