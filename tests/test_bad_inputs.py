@@ -655,14 +655,26 @@ def test_a_kill_stops_the_inspection_commands_as_ctrl_c_does(monkeypatch, capsys
     130."""
     import signal
 
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGPIPE)}
+    handlers = {number: signal.getsignal(number)
+                for number in (signal.SIGTERM, signal.SIGPIPE, signal.SIGINT)}
+    seen = []
+
+    def killed_while_running(args):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        # checked first: under the default handler the signal would end the test process
+        assert seen[0] is cli._interrupt
+        signal.raise_signal(signal.SIGTERM)
+
     try:
         monkeypatch.setattr(sys, "argv", ["kdml", "recipes"])
-        assert cli.main() == 0
-        # checked first: under the default handler the signal would end the test process
-        assert signal.getsignal(signal.SIGTERM) is cli._interrupt
-        with pytest.raises(cli.Terminated):
-            signal.raise_signal(signal.SIGTERM)
+        with monkeypatch.context() as patched:
+            patched.setitem(cli._COMMANDS, "recipes", killed_while_running)
+            assert cli.main() == 143
+        assert seen == [cli._interrupt]
+        # the command done, a kill ends the process by the signal (one that arrived while
+        # the interpreter exited had raised Terminated in an atexit callback: a traceback)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
@@ -681,11 +693,11 @@ def test_a_kill_that_reaches_a_forked_loader_worker_early_ends_it_quietly(monkey
     import os
     import signal
 
-    handler = signal.getsignal(signal.SIGTERM)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         monkeypatch.setattr(sys, "argv", ["kdml", "recipes"])
         assert cli.main() == 0
-        assert signal.getsignal(signal.SIGTERM) is cli._interrupt
+        signal.signal(signal.SIGTERM, cli._interrupt)  # as during a command (main put it back)
         child = os.fork()
         if child == 0:  # the worker: dies by the signal, or says how it went on
             try:
@@ -698,7 +710,8 @@ def test_a_kill_that_reaches_a_forked_loader_worker_early_ends_it_quietly(monkey
         with pytest.raises(cli.Terminated):  # the process that installed it: as before
             signal.raise_signal(signal.SIGTERM)
     finally:
-        signal.signal(signal.SIGTERM, handler)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
 
 
 def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):

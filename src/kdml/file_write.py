@@ -21,24 +21,42 @@ def write_through_new_file(path: Path, write: Callable[[Path], object],
     path.parent.mkdir(parents=True, exist_ok=True)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
     partial = path.with_name(f".{path.stem}.{token}{path.suffix.lower()}")
+    # The hidden file is made inside the try that removes it: a Ctrl-C or SIGTERM right after
+    # its creation had left it behind, empty. Only something already at its name (which the
+    # pid and random token make all but impossible) is not kdml's, and is never removed.
     try:
-        # O_EXCL: a file or link already there is an error, never written through. Not
-        # mkstemp, whose 0600 would make the file unreadable to others (0666, less the umask).
-        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    except OSError as error:  # no permission, a full disk: name the file asked for
-        raise _about(error, path, partial) from None
-    try:
+        _create(partial)
         write(partial)
         if replace:
             partial.replace(path)
         else:
             _place_new(partial, path)
+    except _Taken as taken:
+        raise _about(taken.error, path, partial) from None
     except BaseException as error:  # Ctrl-C or a full disk: nothing half-written stays behind
         partial.unlink(missing_ok=True)
-        if isinstance(error, OSError):
+        if isinstance(error, OSError):  # no permission, a full disk: name the file asked for
             raise _about(error, path, partial) from None
         raise
     return path
+
+
+class _Taken(Exception):
+    """Something is already at the hidden name (a file or a link): not kdml's to remove."""
+
+    def __init__(self, error: FileExistsError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _create(partial: Path) -> None:
+    """Create the empty hidden file. O_EXCL: a file or link already there is an error, never
+    written through. Not mkstemp, whose 0600 would make the file unreadable to others (0666,
+    less the umask)."""
+    try:
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except FileExistsError as error:
+        raise _Taken(error) from None
 
 
 APPEARED = "a file appeared there while kdml wrote its own, and is kept"

@@ -105,10 +105,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``kdml`` command. Under torchrun the processes other than rank 0 print nothing to
     standard output (its usage, help, tables, YAML); their usage errors neither, and their
     other errors only where they are their own (:class:`LocalError`)."""
-    if not _other_rank():
-        return _main(argv)
-    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        return _main(argv)
+    try:
+        if not _other_rank():
+            return _main(argv)
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            return _main(argv)
+    finally:
+        if argv is None:  # the console command, done: what it wrote is in place
+            _default_stops()
+
+
+def _default_stops() -> None:
+    """SIGTERM and SIGINT back to ending the process by the signal: one that arrived while
+    the interpreter exited, after the command's work, had raised Terminated or
+    KeyboardInterrupt in an atexit callback of torch's (a Python traceback, exit status 0)."""
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(stop, signal.SIG_DFL)
 
 
 def _other_rank() -> bool:

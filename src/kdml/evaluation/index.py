@@ -20,8 +20,8 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import shutil
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -136,11 +136,15 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
     vectors = to_search_vectors(array, info.scale, info.metric)
     info.dim, info.count = int(vectors.shape[1]), len(vectors)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(partial, 0o777 & ~umask)  # mkdtemp's 0700 would make the index private
+    partial = folder.parent / f".{folder.name}.partial-{os.getpid()}.{secrets.token_hex(4)}"
+    in_the_way = KdmlError(f"{partial} is in the way of the index being built; move it away")
     try:
+        # made inside the try that removes it (a stop right after mkdtemp and before it had
+        # left it behind); 0777 less the umask, where mkdtemp's 0700 made the index private
+        try:
+            partial.mkdir(mode=0o777)
+        except FileExistsError:  # something at the hidden name: not kdml's to remove
+            raise in_the_way from None
         if chart_index is None:
             faiss.write_index(_faiss_index(vectors, info.kind, info.metric),
                               str(partial / "index.faiss"))
@@ -156,8 +160,9 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
                              for path in sorted(partial.iterdir())}
         (partial / "index.json").write_text(json.dumps(asdict(info), indent=2))
         os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
-    except BaseException:  # Ctrl-C or a full disk: no half-built index stays behind
-        shutil.rmtree(partial, ignore_errors=True)
+    except BaseException as error:  # Ctrl-C or a full disk: no half-built index stays behind
+        if error is not in_the_way:
+            shutil.rmtree(partial, ignore_errors=True)
         raise
     return info
 

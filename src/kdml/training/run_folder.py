@@ -231,10 +231,24 @@ def _example_cell(root: Path) -> str:
     return f" (such as {cells[0]})" if cells else ""
 
 
+# The hidden partial of a new run's config.yaml or data.json (file_write's ".NAME.PID.TOKEN.EXT"):
+# what a kill while the run wrote them leaves
+_FIRST_PARTIAL = re.compile(r"\.(config\.\d+\.[0-9a-f]{8}\.yaml|data\.\d+\.[0-9a-f]{8}\.json)")
+
+
+def first_partials(folder: Path) -> list[Path]:
+    """The hidden partials of ``folder``'s config.yaml and data.json (:data:`_FIRST_PARTIAL`,
+    plain files): kdml's own, which a new run there replaces."""
+    return [path for path in folder.iterdir() if _FIRST_PARTIAL.fullmatch(path.name)
+            and path.is_file() and not path.is_symlink()]
+
+
 def holds_files(folder: Path) -> bool:
-    """Whether ``folder`` holds anything but a run's lock file (alone, it is what a run that
-    stopped before writing its config leaves: such a folder still takes a new run or grid)."""
-    return any(path.name != LOCK_NAME for path in folder.iterdir())
+    """Whether ``folder`` holds anything but a run's lock file and the hidden partials of its
+    first files (alone, they are what a run that stopped, or was killed, before its config was
+    written leaves: such a folder still takes a new run or grid; ``ls`` shows it empty)."""
+    partials = set(first_partials(folder))
+    return any(path.name != LOCK_NAME and path not in partials for path in folder.iterdir())
 
 
 def check_utf8_path(root: Path, resume: bool = False, what: str = "run folder") -> None:
@@ -264,7 +278,10 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
     run = RunFolder(root)
     trained = run.resumable
-    holds_a_run = run.config.is_file() and (run.log.is_file() or trained)
+    # a config.yaml alone may be the user's; beside kdml's lock (a kill between it and the
+    # log's first line, ~0.1 s) it counts as a run's, which stale_run_files then checks
+    holds_a_run = run.config.is_file() and (run.log.is_file() or trained
+                                            or run.lock_file.is_file())
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
         if not (trained or run.best_checkpoint.is_file()):
@@ -325,8 +342,9 @@ def stale_run_files(root: Path) -> list[Path] | None:
     config.yaml, data.json and train.log count as kdml's only in kdml's own form)."""
     run = RunFolder(root)
     checkpoints = run.checkpoint.parent
-    allowed = _run_entries(run)
     try:
+        first = first_partials(root)
+        allowed = _run_entries(run) | set(first)
         entries = list(root.iterdir())
         events = list(run.tensorboard.iterdir()) if run.tensorboard.is_dir() else []
         # a first checkpoint killed while being written leaves only its partial file
@@ -334,8 +352,13 @@ def stale_run_files(root: Path) -> list[Path] | None:
         if checkpoints.exists() and (checkpoints.is_symlink() or not checkpoints.is_dir()
                                      or len(list(checkpoints.iterdir())) != len(partial)):
             return None
-        with run.log.open(encoding="utf-8", errors="replace") as log:
-            first_line = log.readline()
+        # killed before the log's first line (~0.1 s after config.yaml): kdml's lock beside
+        # the config in kdml's form says kdml made them
+        logged = run.log.exists() or not run.lock_file.is_file()
+        first_line = ""
+        if logged:
+            with run.log.open(encoding="utf-8", errors="replace") as log:
+                first_line = log.readline()
         values = yaml.safe_load(run.config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
@@ -343,13 +366,13 @@ def stale_run_files(root: Path) -> list[Path] | None:
             or any(not path.name.startswith(_TENSORBOARD_EVENTS) or path.is_symlink()
                    or not path.is_file() for path in events)
             or (run.tensorboard.exists() and not run.tensorboard.is_dir())
-            or not run.config.is_file() or not _LOG_START.match(first_line)
+            or not run.config.is_file() or (logged and not _LOG_START.match(first_line))
             or not isinstance(values, dict) or list(values) != ["recipe", *SECTIONS]
             or (run.data_fingerprint.exists()
                 and not written_by_kdml(run.data_fingerprint, (FORMAT_FIELD,)))):
         return None
     fingerprint = [run.data_fingerprint] if run.data_fingerprint.exists() else []
-    return [*events, *partial, *fingerprint, run.log, run.config]
+    return [*events, *partial, *first, *fingerprint, run.log, run.config]
 
 
 def start_afresh(root: Path) -> str | None:
@@ -358,7 +381,9 @@ def start_afresh(root: Path) -> str | None:
     Returns the line that says so, or ``None`` (and removes nothing) where there is no such
     run. Call it holding the folder, after :func:`check_new_run_folder`."""
     stale = stale_run_files(root)
-    if stale is None:
+    if stale is None:  # a folder a new run may take holds at most kdml's first partials
+        for path in first_partials(root) if root.is_dir() else []:
+            path.unlink(missing_ok=True)
         return None
     for path in stale:
         path.unlink(missing_ok=True)
