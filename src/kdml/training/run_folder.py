@@ -275,11 +275,11 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     refusal: a new run starts afresh over its files (:func:`start_afresh`), unless another
     process is training it (checked by taking its lock for a moment, unless this process
     ``held`` the folder already)."""
-    # a config.yaml alone may be the user's own file: a run also has its log or checkpoints
     run = RunFolder(root)
     trained = run.resumable
-    # a config.yaml alone may be the user's; beside kdml's lock (a kill between it and the
-    # log's first line, ~0.1 s) it counts as a run's, which stale_run_files then checks
+    # a config.yaml alone may be the user's own file: a run also has its log or checkpoints,
+    # or kdml's lock (a kill between the config and the log's first line, ~0.1 s), and
+    # stale_run_files then checks the config's form
     holds_a_run = run.config.is_file() and (run.log.is_file() or trained
                                             or run.lock_file.is_file())
     stale = holds_a_run and stale_run_files(root) is not None
@@ -378,8 +378,9 @@ def stale_run_files(root: Path) -> list[Path] | None:
 def start_afresh(root: Path) -> str | None:
     """Remove the files of a run in ``root`` that saved no checkpoint (:func:`stale_run_files`;
     never its lock file, which the caller holds), so that a new run starts afresh there.
-    Returns the line that says so, or ``None`` (and removes nothing) where there is no such
-    run. Call it holding the folder, after :func:`check_new_run_folder`."""
+    Returns the line that says so, or ``None`` where there is no such run (and removes only
+    the hidden partials of a config.yaml or data.json whose writing was killed,
+    :func:`first_partials`). Call it holding the folder, after :func:`check_new_run_folder`."""
     stale = stale_run_files(root)
     if stale is None:  # a folder a new run may take holds at most kdml's first partials
         for path in first_partials(root) if root.is_dir() else []:
