@@ -234,7 +234,8 @@ def test_weights_keep_a_small_input_stem_that_the_files_stem_does_not_fit(tmp_pa
 def test_small_input_is_refused_on_a_backbone_without_a_stem(name):
     """model.small_input swaps a timm or torchvision ResNet's stem: on kdml's own backbones it
     is refused in one line (ignoring it silently had passed every test)."""
-    with pytest.raises(KdmlError, match=rf"backbone '{name}' has none to swap$"):
+    with pytest.raises(KdmlError, match=rf"backbone '{name}' has none to swap: set "
+                                        r"model.small_input=false "):
         build_backbone(name, (3, 32, 32), small_input=True)
 
 

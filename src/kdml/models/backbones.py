@@ -164,7 +164,8 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
         name = default
     if small_input and not name.startswith(("timm:", "torchvision:")):
         raise KdmlError(f"model.small_input swaps the stem of timm and torchvision ResNets; "
-                        f"backbone {name!r} has none to swap")
+                        f"backbone {name!r} has none to swap: set model.small_input=false "
+                        "with it (the SimCLR recipes set it true)")
     if name == "cnn":
         if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
             raise KdmlError(f"backbone 'cnn' needs square images [C, H, W], got {input_shape}")
