@@ -156,3 +156,15 @@ def test_the_public_bandwidth_helpers_refuse_what_they_cannot_use(call, message)
     or a NumPy array."""
     with pytest.raises(KdmlError, match=message):
         call()
+
+
+@pytest.mark.parametrize("bad", [0.5, float("inf"), float("nan")])
+def test_generalization_names_the_label_that_is_no_class(bad):
+    """An infinite label is no fraction, and picking the fractional ones had found none to
+    name (an IndexError instead of the one-line refusal)."""
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.normal(size=(20, 3)), rng.normal(size=(20, 3))
+    labels = np.repeat(np.arange(4), 5).astype(float)
+    labels[3] = bad
+    with pytest.raises(KdmlError, match="non-integer value"):
+        generalization_terms(seen, labels, unseen, labels + 10, repeats=2)

@@ -67,9 +67,10 @@ def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndar
         raise KdmlError(f"{name} must have shape ({expected_length},) to match the embeddings, "
                         f"got {tuple(array.shape)}{hint}")
     if array.dtype.kind == "f":  # 2.0 is class 2; 0.5 is no class (scikit-learn: a traceback)
-        if not np.all(np.isfinite(array) & (array == np.round(array))):
+        whole = np.isfinite(array) & (array == np.round(array))
+        if not whole.all():
             raise KdmlError(f"{name} must be class labels (integers or names), got the "
-                            f"non-integer value {array[array != np.round(array)][0]!r}")
+                            f"non-integer value {array[~whole][0]!r}")
         array = array.astype(np.int64)
     elif array.dtype.kind not in "iubUSO":
         raise KdmlError(f"{name} must be class labels (integers or names), got dtype "
