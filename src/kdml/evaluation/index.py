@@ -16,7 +16,6 @@ list of ``max(64, 2k)``), the usual faiss choices for galleries of millions; bot
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -41,6 +40,7 @@ from kdml.evaluation.knn import (
     shifted,
     to_search_vectors,
 )
+from kdml.file_digest import file_sha256
 
 INDEX_KINDS = ("exact", "ivf", "hnsw")
 INDEX_METRICS = ("cosine", "euclidean")
@@ -73,11 +73,7 @@ class IndexInfo:
 def checkpoint_fingerprint(path: Path) -> str:
     """sha256 of a checkpoint file (or any file): ties an index to the model that embedded
     it, and an index's files to its ``index.json``."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
@@ -139,8 +135,8 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
     partial = folder.parent / f".{folder.name}.partial-{os.getpid()}.{secrets.token_hex(4)}"
     in_the_way = KdmlError(f"{partial} is in the way of the index being built; move it away")
     try:
-        # made inside the try that removes it (a stop right after mkdtemp and before it had
-        # left it behind); 0777 less the umask, where mkdtemp's 0700 made the index private
+        # made inside the try that removes it (made by mkdtemp before it, a stop in between
+        # had left it behind); 0777 less the umask, where mkdtemp's 0700 made it private
         try:
             partial.mkdir(mode=0o777)
         except FileExistsError:  # something at the hidden name: not kdml's to remove

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kdml.evaluation.knn import host_array, row_powers_of_two, search_scale
+from kdml.evaluation.knn import host_array, l2_normalize, search_scale
 from kdml.evaluation.ties import tied_positions
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -136,13 +136,11 @@ class ExactScores:
         bool: the row is zero (cosine only; all False otherwise)."""
         if self.metric != "cosine":
             return rows.astype(np.float64) / self._scale, np.zeros(len(rows), dtype=bool)
-        # each row by its own power of two (exact), not the shared scale: a row of 1e-200
-        # beside one of 1e200 had underflowed to a zero vector
-        rows = rows.astype(np.float64)
-        rows = rows / row_powers_of_two(rows)[:, None]
-        norms = np.sqrt(np.einsum("pd,pd->p", rows, rows))[:, None]
-        normalised = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
-        return normalised, norms[:, 0] == 0
+        # l2_normalize divides each row by its own power of two (exact), not the shared
+        # scale: a row of 1e-200 beside one of 1e200 had underflowed to a zero vector; zero
+        # rows stay zero, and a normalised row is all zeros only if it was
+        normalised = l2_normalize(rows.astype(np.float64), inplace=True)
+        return normalised, np.logical_not(normalised.any(axis=1))
 
 
 def _slots(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,6 @@ the library's own network, so their checkpoints load as they are):
 
 from __future__ import annotations
 
-import hashlib
 import re
 import warnings
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from kdml.errors import KdmlError, home_expanded, why_missing
+from kdml.file_digest import file_sha256
 
 CLASSIFIER_PREFIXES = ("last_linear.", "fc.", "classifier.", "head.", "heads.")
 WHERE_TO_GET = ("kdml never downloads weights: for BN-Inception use the bn_inception-52deb4733.pth"
@@ -103,15 +103,6 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return unprefixed
 
 
-def _sha256(path: Path) -> str:
-    """The SHA-256 of the file at ``path``, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _is_kdml_checkpoint(state: object) -> bool:
     """Whether ``state`` is a kdml run's checkpoint (``checkpoints/last.pt``): the model's
     tensors under ``method``, beside the epoch and the optimiser's state."""
@@ -172,7 +163,7 @@ def load_weights(backbone: nn.Module, path: str | Path,
     # the file by content too, as data.json records the data: a file replaced at the same
     # path (a corrected copy, a re-download) is then told apart in train.log
     notes = [f"loaded {len(set(state) & set(own))} tensors from {path} (SHA-256 "
-             f"{_sha256(path)})"]
+             f"{file_sha256(path)})"]
     if kept:
         notes.append(f"kept the model.small_input stem as built ({_few(kept)})")
     if ignored:
