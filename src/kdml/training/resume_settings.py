@@ -64,8 +64,8 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
                 continue
             if _plain(before) != _plain(after):
                 changes.append(f"{name} {before!r} -> {after!r}")
-    weights = (trained.get("model") or {}).get("weights") if isinstance(
-        trained.get("model"), dict) else None
+    model = trained.get("model")
+    weights = model.get("weights") if isinstance(model, dict) else None
     if (weights is not None and bool(weights) != bool(config.model.weights)
             and _inputs_follow_weights(config.recipe)):
         changes.append(f"model.weights {weights!r} -> {config.model.weights!r} (with weights "
