@@ -728,6 +728,42 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     assert all("\n" not in error for error in errors.values())
 
 
+def test_a_score_that_is_a_bool_or_not_finite_in_a_run_that_did_not_diverge_is_refused(
+        tmp_path):
+    """A hand-broken score of a finished run: `true` had read as 1.0, and NaN (or infinity)
+    had left the seed out of its row without a word while each claim on the row said the run
+    diverged; reproduce.json says it did not."""
+    whole_set = dataclasses.replace(_tiny_experiments()[0], key="tiny-test", protocol="test")
+    runs = tmp_path / "runs"
+    first = reproduce([whole_set], 2, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    assert not first.error
+    run_dir = first.cells["alpha = 1"].run_dirs[1]
+    kept = (run_dir / "metrics.json").read_text()
+    for broken, error in ((True, f"{run_dir / 'metrics.json'}: recall@1 is True, not a number"),
+                          (float("nan"), f"{run_dir}: recall@1 is nan, but the run did not "
+                                         "diverge"),
+                          (float("inf"), f"{run_dir}: recall@1 is inf, but the run did not "
+                                         "diverge")):
+        metrics = json.loads(kept)
+        metrics["final"]["recall@1"] = broken
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        try:
+            again = reproduce([whole_set], 2, runs, "cpu", progress=False,
+                              echo=lambda line: None)[0]
+        finally:
+            (run_dir / "metrics.json").write_text(kept)
+        assert again.error.startswith(error) and "delete the run folder" in again.error
+    # the parts protocol's file too: a NaN mean there is as broken
+    first = reproduce(_tiny_experiments()[:1], 1, runs, "cpu", progress=False,
+                      echo=lambda line: None)[0]
+    run_dir = first.cells["alpha = 1"].run_dirs[0]
+    parts = json.loads((run_dir / "parts.json").read_text())
+    parts["metrics"]["recall@2"]["mean"] = float("nan")
+    errors = _errors_after(run_dir / "parts.json", json.dumps(parts), runs)
+    assert errors["tiny-parts"].startswith(f"{run_dir}: recall@2 is nan, but the run did not")
+    assert not errors["tiny-generalization"]  # it reads Recall@1 alone
+
+
 def test_a_one_seed_report_claims_no_interval_and_tests_no_claim(tmp_path):
     """One seed (a long CPU run) gives values without +- and says so: no '1 seeds (0 to 0)
     +- ...' header, no '+- is over seeds', and every claim 'not testable'."""
@@ -1037,6 +1073,38 @@ def test_a_setting_added_later_keeps_the_folders_of_the_runs_it_describes(tmp_pa
     assert folder_before_the_setting(joint, "joint_views", tmp_path, monkeypatch) == now[True]
 
 
+def test_a_run_trained_before_a_setting_existed_is_reused_in_the_folder_it_keeps(tmp_path):
+    """A run trained before method.joint_views existed (both views as one batch) keeps its
+    folder for the cell that sets joint_views=true, as ADDED_LATER says; but its config.yaml,
+    without the setting, was read as today's default (false), and the run was refused as
+    "another run than the one planned there"."""
+    cell = Cell("both views as one batch", "simclr", ("method.dim=2", "method.joint_views=true"))
+    experiment = Experiment("tiny-joint-views", "atlas", "Appendix A.1", "joint views", "digits",
+                            (cell,), ("linear_accuracy",),
+                            common=("train.epochs=1", "train.steps_per_epoch=2",
+                                    "eval.nmi=false", "data.batch_size=32",
+                                    "model.backbone=cnn", "model.small_input=false",
+                                    "method.crop_size=0"))
+    runs = tmp_path / "runs"
+    first = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    assert not first.error
+    config = first.cells[cell.label].run_dirs[0] / "config.yaml"
+    # as the code before the setting wrote it: no joint_views line
+    before = re.sub(r"\n +joint_views: true", "", config.read_text())
+    assert before != config.read_text()
+    config.write_text(before)
+    echoed: list[str] = []
+    again = reproduce([experiment], 1, runs, "cpu", progress=False, echo=echoed.append)[0]
+    assert not again.error
+    assert any(line.startswith("  reused: finished earlier") for line in echoed)
+    assert again.cells[cell.label].values == first.cells[cell.label].values
+    # one written since, that says false, is another run all the same
+    config.write_text(before.replace("\nmethod:\n", "\nmethod:\n  joint_views: false\n"))
+    assert "joint_views: false" in config.read_text()
+    refused = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    assert "(method.joint_views is False in its config.yaml, not True)" in refused.error
+
+
 def folder_before_the_setting(config: RunConfig, setting: str, tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> Path:
     """The run folder of ``config`` under the code before ``method.<setting>`` existed:
@@ -1110,6 +1178,28 @@ def test_reproduction_runs_score_once_and_keep_the_folders_of_runs_that_scored_e
     every_epoch = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                         eval_every=1))
     assert run_folder_of(config, Path("runs")) == run_folder_of(every_epoch, Path("runs"))
+
+
+def test_a_finished_run_that_scored_every_epoch_is_reused(tmp_path):
+    """docs/reproducing.md: "runs that scored every epoch keep their folders and are reused".
+    They kept their folders, but the check that a folder holds the planned run compared
+    train.eval_every too and refused each of them as another run."""
+    experiment = dataclasses.replace(_tiny_experiments()[0], key="tiny-test", protocol="test",
+                                     common=(*TINY, "train.epochs=2"))
+    runs = tmp_path / "runs"
+    for planned in plan([experiment], 1, runs, "cpu").values():
+        for run in planned:  # trained as an earlier kdml did: scored after every epoch
+            every_epoch = dataclasses.replace(
+                run.config, train=dataclasses.replace(run.config.train, eval_every=1))
+            assert run.config.train.eval_every == 2
+            train_planned(PlannedRun(every_epoch, run.run_dir), progress=False)
+    echoed: list[str] = []
+    result = reproduce([experiment], 1, runs, "cpu", progress=False, echo=echoed.append)[0]
+    assert not result.error
+    assert sum(line.startswith("  reused: finished earlier") for line in echoed) == 2
+    for cell in result.cells.values():
+        final = RunFolder(cell.run_dirs[0]).final_metrics()
+        assert final is not None and cell.values["recall@1"] == [final["recall@1"]]
 
 
 def test_scoring_less_often_trains_the_same_model(tmp_path, tiny_overrides):

@@ -75,7 +75,8 @@ class Experiment:
         claims: the claims tested.
         protocol: one of :data:`PROTOCOLS`.
         common: overrides of every cell.
-        sweep: x-axis label when the cells form a sweep (a PNG plot per metric).
+        sweep: x-axis label when the cells form a sweep (a PNG plot of its first metric
+            only: R@1 of a Recall@K table).
         note: what the reader should know (a departure, why a number cannot match).
     """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kdml.config import RunConfig, flatten, resolve_config
+from kdml.config import RunConfig, flatten, load_config_file, resolve_config
 from kdml.data.registry import ROOT_VARIABLE, root_is_read
 from kdml.errors import KdmlError, UnreadableCheckpoint
 from kdml.evaluation.evaluator import COLLAPSED, embed_dataset
@@ -224,14 +225,28 @@ def check_holds_planned(run: PlannedRun) -> None:
     """Refuse a finished run whose ``config.yaml`` is not the run planned in its folder: the
     folder is found by its name alone, and a run copied in under another's name (records are
     copied between runs folders) would give its numbers to a cell it did not train. A run that
-    diverged before its folder held a config has nothing to compare."""
+    diverged before its folder held a config has nothing to compare. Settings its folder's name
+    leaves out (:data:`EXECUTION_ONLY`, :data:`RECORDED_ONLY`) are not compared: a run that
+    scored every epoch is reused, as its folder is; one of :data:`ADDED_LATER` that a run's
+    config.yaml lacks (trained before it existed) is the value that run computed with."""
     folder = RunFolder(run.run_dir)
     if not folder.config.is_file():
         return
     stored = flatten(run_config(folder).to_dict())
     planned = flatten(run.config.to_dict())
+    # a setting added later is not in the config.yaml of a run trained before it existed,
+    # which read it as the value that computes what that run computed, not as today's default
+    written = load_config_file(folder.config)
+    for (section, key), earlier in ADDED_LATER.items():
+        if f"{section}.{key}" in stored and key not in (written.get(section) or {}):
+            stored[f"{section}.{key}"] = earlier  # (of some recipes only, as in the hash)
     if not planned["eval.ks"]:  # the dataset's own Ks, which the trainer writes out
         del stored["eval.ks"], planned["eval.ks"]
+    # what the folder's name leaves out as not changing the run's model or last scores (how
+    # often it scored, how it executed): a run that scored every epoch is the planned run
+    for section, key in (*EXECUTION_ONLY, *RECORDED_ONLY):
+        stored.pop(f"{section}.{key}", None)
+        planned.pop(f"{section}.{key}", None)
     differing = sorted(key for key in stored.keys() | planned.keys()
                        if stored.get(key) != planned.get(key))
     if differing:
@@ -413,10 +428,7 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
                 if name not in metrics:
                     raise KdmlError(f"{run.run_dir} has no {name!r}; the recipe "
                                     f"{cell.recipe} does not report it")
-                if not isinstance(metrics[name], (int, float)):
-                    raise KdmlError(f"{run.run_dir / 'metrics.json'}: {name} is "
-                                    f"{metrics[name]!r}, not a number; delete the run folder "
-                                    "to train it again")
+                _check_score(run.run_dir, name, metrics[name], seed in result.diverged)
                 result.values.setdefault(name, []).append(float(metrics[name]))
             result.wall_s.append(done.wall_s if done is not None else float("nan"))
             result.machines.append(done.machine if done is not None else "")
@@ -432,6 +444,19 @@ def collect(experiment: Experiment, planned: dict[tuple[str, str], list[PlannedR
         cells[cell.label] = result
     configs = tuple(planned[experiment.key, cell.label][0].config for cell in experiment.cells)
     return ExperimentResult(experiment, cells, configs)
+
+
+def _check_score(run_dir: Path, name: str, value: object, diverged: bool) -> None:
+    """Refuse a score that is not a number (a bool, which Python counts as an int, had read as
+    1 or 0), or that is NaN or infinite in a run that did not diverge: the row had left its seed
+    out without a word, and its claims had said the run diverged."""
+    if not is_score(value):
+        raise KdmlError(f"{run_dir / 'metrics.json'}: {name} is {value!r}, not a number; "
+                        "delete the run folder to train it again")
+    if not diverged and not math.isfinite(float(value)):  # type: ignore[arg-type]
+        raise KdmlError(f"{run_dir}: {name} is {value!r}, but the run did not diverge (its "
+                        "reproduce.json says none): its records were edited or damaged; delete "
+                        "the run folder to train it again")
 
 
 def _chart_plot(run_dir: Path, result: CellResult) -> Path | None:
