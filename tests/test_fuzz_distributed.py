@@ -166,3 +166,37 @@ def test_a_process_waiting_for_its_peers_says_so(monkeypatch, capsys):
     distributed.setup(use_cuda=False)
     time.sleep(0.5)  # past the notice's time: cancelled by the join, it never comes
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    ("local", "kdml: error: rank 1: grid cell alpha=0.1 failed: cannot decode image "
+              "a/b.png: truncated -- "),
+    ("every rank", ""),  # rank 0 says those
+])
+def test_an_error_one_rank_meets_alone_in_a_grid_cell_is_said_by_that_rank(
+        tmp_path, monkeypatch, capsys, error, said):
+    """A grid under torchrun, an unreadable image in rank 1's share of a cell's batch: the
+    grid made the rank's LocalError a plain KdmlError ("grid cell ... failed: ..."), which a
+    rank other than 0 does not print, and rank 0 saw only "a collective operation failed ...
+    its output says why": no process said why. (The process group is left out: rank 1's
+    printing is what is faked.)"""
+    from kdml.cli import output
+    from kdml.errors import KdmlError, LocalError
+    from kdml.training import trainer
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("recipe: jrd\ndata:\n  dataset: digits\ngrid:\n  method.alpha: [0.1, 1.0]\n")
+
+    def failing_cell(*args, **kwargs):
+        if error == "local":
+            raise LocalError("cannot decode image a/b.png: truncated")
+        raise KdmlError("every rank meets this")
+
+    monkeypatch.setattr(trainer, "train", failing_cell)
+    monkeypatch.setattr(cli, "_is_main_process", lambda: False)  # as rank 1 of 2
+    monkeypatch.setattr(output, "_rank", lambda: 1)
+    monkeypatch.setattr(cli, "_rank", lambda: 1)
+    assert cli.main(["train", "--config", str(grid), "--no-progress",
+                     "--out", str(tmp_path / "grid")]) == 2
+    printed = capsys.readouterr().err
+    assert printed.startswith(said) if said else printed == ""

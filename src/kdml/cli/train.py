@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress, _say, _stop_code
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, LocalError, QuietExit
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -185,14 +185,18 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
             diverged.append(cell.name)
             finals.append({})
         except KdmlError as error:
+            # of the kind it was: a LocalError (an unreadable image in this rank's share) is
+            # said by the rank that met it, where rank 0 sees only a failed collective; made
+            # a plain KdmlError, no process of a torchrun grid said it
+            kind = type(error) if isinstance(error, LocalError | QuietExit) else KdmlError
             if not finals and not run.config.is_file():  # refused before anything trained
-                raise KdmlError(f"grid cell {cell.name} failed: {error} -- nothing was "
-                                f"trained; the same command, corrected, goes on in "
-                                f"{root}") from None
-            raise KdmlError(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
-                            f"before it are kept in {root}: the same command continues there "
-                            "once the cause is fixed outside the grid (a changed grid or "
-                            "setting needs another --out)") from None
+                raise kind(f"grid cell {cell.name} failed: {error} -- nothing was "
+                           f"trained; the same command, corrected, goes on in "
+                           f"{root}") from None
+            raise kind(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
+                       f"before it are kept in {root}: the same command continues there "
+                       "once the cause is fixed outside the grid (a changed grid or "
+                       "setting needs another --out)") from None
         except KeyboardInterrupt as stop:
             code, stopped = _stop_code(stop)
             if distributed.world().is_main:
