@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -470,6 +471,72 @@ def test_a_global_batch_of_one_sample_per_process_is_refused(batch_size, size):
     check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
     config.data.batch_size = 0  # the whole split: checked against its size where it is known
     check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("batch_size", "size", "fitting"), [(40, 3, 2), (2, 2, 1), (6, 4, 3),
+                                                           (6, 6, 3)])
+def test_a_resumed_batch_the_processes_cannot_share_is_mended_by_their_number(
+        batch_size, size, fitting):
+    """A run resumed under a torchrun whose processes cannot share its global batch had been
+    told to set data.batch_size, an edit --resume then refuses ("put the setting back"): it
+    keeps the batch it trained with, so the refusal names a number of processes that works.
+    A new run is still told to change data.batch_size."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.data.batch_size = batch_size
+    with pytest.raises(KdmlError) as refused:
+        check_distributed(config, World(rank=0, size=size), torch.device("cpu"), resumed=True)
+    said = str(refused.value)
+    assert "set data.batch_size" not in said
+    assert said.endswith(f"a resumed run keeps the global batch it trained with, so resume it "
+                         f"in a number of processes that splits {batch_size} samples into "
+                         f"equal shares of 2 or more, such as {fitting} (torchrun's "
+                         "--nproc_per_node times --nnodes)"), said
+    check_distributed(config, World(rank=0, size=fitting), torch.device("cpu"), resumed=True)
+    with pytest.raises(KdmlError, match="data.batch_size"):  # a new run may change it
+        check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+
+
+def test_a_resumed_whole_split_batch_the_processes_cannot_share_is_mended_by_their_number():
+    """data.batch_size=0 (the whole training split, 901 digits) over 2 processes: a new run is
+    told to set data.batch_size, a resumed one (which keeps it) to resume in 1 process."""
+    from kdml.data import prepare
+    from kdml.distributed import World
+    from kdml.training.batches import TrainingBatches
+
+    config = config_of("jrd", ["data.dataset=digits", "data.batch_size=0"])
+    splits = prepare.prepare_data(config.data)
+    world = World(rank=0, size=2)
+    with pytest.raises(KdmlError, match=r"set data\.batch_size to a multiple of 2$"):
+        TrainingBatches(config, splits, False, torch.device("cpu"), world)
+    with pytest.raises(KdmlError, match=r"\(901 samples\) one global batch, which does not "
+                                        r"split evenly over the 2 processes; a resumed run keeps "
+                                        r"the global batch .* splits 901 samples .* such as 1 "):
+        TrainingBatches(config, splits, False, torch.device("cpu"), world, resumed=True)
+
+
+def test_a_torchrun_run_resumed_in_processes_that_cannot_share_its_batch(torchrun_run,
+                                                                        tmp_path):
+    """The 2-process run of a global batch of 40, resumed in 3 processes: refused in one line
+    that names a number of processes to resume it in, not an edit of data.batch_size."""
+    folder, _ = torchrun_run
+    run = tmp_path / "run"
+    shutil.copytree(folder / "run", run)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [*TORCHRUN, "train", "--resume", str(run), "--no-progress"]
+    command[command.index("--nproc_per_node=2")] = "--nproc_per_node=3"
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kdml: error")]
+    assert errors == ["kdml: error: data.batch_size=40 is the global batch and must split "
+                      "evenly over the 3 processes; a resumed run keeps the global batch it "
+                      "trained with, so resume it in a number of processes that splits 40 "
+                      "samples into equal shares of 2 or more, such as 2 (torchrun's "
+                      "--nproc_per_node times --nnodes)"], result.stderr[-2000:]
 
 
 def test_data_only_one_rank_cannot_read_is_named_by_rank_0(tmp_path):

@@ -22,16 +22,20 @@ from kdml.data.samplers import (
 from kdml.data.splits import DataSplits
 from kdml.distributed import World
 from kdml.errors import KdmlError
+from kdml.training.checks import resumed_batch_remedy
 
 
 class TrainingBatches:
     """The training split's batches, epoch by epoch, with a target batch for each when the
     method uses a target domain. Sampling is seeded from (seed, epoch) and decoding happens in
     the loader's workers. ``drawn=False`` (a method fitted in closed form, which reads every
-    training sample once instead) draws plain batches, whatever ``data.samples_per_class``."""
+    training sample once instead) draws plain batches, whatever ``data.samples_per_class``.
+    ``resumed``: a run resumed from a checkpoint, whose data.batch_size --resume keeps, so a
+    batch the processes cannot share is mended by their number instead."""
 
     def __init__(self, config: RunConfig, splits: DataSplits, uses_target: bool,
-                 device: torch.device, world: World | None = None, drawn: bool = True) -> None:
+                 device: torch.device, world: World | None = None, drawn: bool = True,
+                 resumed: bool = False) -> None:
         data, seed, world = config.data, config.train.seed, world or World()
         train = splits.train
         global_batches: ShuffledBatches | ClassBalancedBatches
@@ -44,11 +48,13 @@ class TrainingBatches:
         # the whole split as one batch (data.batch_size 0, or beyond the split's size); a
         # method fitted in closed form reads the split otherwise, in no such batches
         if drawn and world.is_distributed and self.batch_size % world.size:
-            if data.batch_size == 0:
-                raise KdmlError(f"data.batch_size=0 makes the whole training split "
-                                f"({self.batch_size:,} samples) one global batch, which does "
-                                f"not split evenly over the {world.size} processes; set "
-                                f"data.batch_size to a multiple of {world.size}")
+            if data.batch_size == 0 or resumed:  # a resumed run keeps its data.batch_size
+                remedy = (resumed_batch_remedy(self.batch_size, world.size) if resumed else
+                          f"set data.batch_size to a multiple of {world.size}")
+                raise KdmlError(f"data.batch_size={data.batch_size} makes the whole training "
+                                f"split ({self.batch_size:,} samples) one global batch, which "
+                                f"does not split evenly over the {world.size} processes; "
+                                f"{remedy}")
             raise KdmlError(f"data.batch_size={data.batch_size} is more than the training "
                             f"split's {self.batch_size:,} samples, so every step takes all of "
                             f"them, and they do not split evenly over the {world.size} "
@@ -73,12 +79,13 @@ class TrainingBatches:
             num_target = len(splits.target)
             if world.is_distributed and min(num_target, self.batch_size) % world.size:
                 # a target smaller than the global batch is taken whole at every step
+                remedy = (resumed_batch_remedy(num_target, world.size, self.batch_size)
+                          if resumed else f"lower data.batch_size to a multiple of "
+                          f"{world.size} of at most {num_target:,}")
                 raise KdmlError(f"the target domain of {splits.target.name} has {num_target:,} "
                                 f"samples, fewer than the global batch of {self.batch_size}, "
                                 "so every step takes all of them, and they do not split "
-                                f"evenly over the {world.size} processes; lower "
-                                f"data.batch_size to a multiple of {world.size} of at most "
-                                f"{num_target:,}")
+                                f"evenly over the {world.size} processes; {remedy}")
             target_sampler: EpochBatches = TargetBatches(
                 num_target, [self.batch_size] * len(self.sampler), seed)
             if world.is_distributed:

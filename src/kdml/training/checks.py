@@ -73,9 +73,12 @@ def check_batch_needs(config: RunConfig, method: Method) -> None:
 
 
 def check_distributed(config: RunConfig, world: World, device: torch.device,
-                      draws_batches: bool = True) -> None:
+                      draws_batches: bool = True, resumed: bool = False) -> None:
     """Refuse, before anything runs, settings that cannot work over several processes
-    (``draws_batches``: the recipe trains on batches, whose size must then split over them)."""
+    (``draws_batches``: the recipe trains on batches, whose size must then split over them).
+    ``resumed``: a run resumed from a checkpoint, which keeps its ``data.batch_size``
+    (``--resume`` refuses an edit of it), so a batch that does not split is mended by the
+    number of processes instead (:func:`resumed_batch_remedy`)."""
     if config.model.sync_bn and device.type != "cuda":
         raise KdmlError("model.sync_bn needs GPUs (torch's SyncBatchNorm runs on CUDA only); "
                         "drop it on CPUs")
@@ -97,15 +100,33 @@ def check_distributed(config: RunConfig, world: World, device: torch.device,
                         "use error under torchrun")
     if not draws_batches:  # PCA, fitted on the whole split: data.batch_size sizes nothing
         return
-    if config.data.batch_size % world.size:
-        raise KdmlError(f"data.batch_size={config.data.batch_size} is the global batch and must "
-                        f"split evenly over the {world.size} processes")
-    if 0 < config.data.batch_size < 2 * world.size:
+    batch_size = config.data.batch_size
+    if batch_size % world.size:
+        remedy = f"; {resumed_batch_remedy(batch_size, world.size)}" if resumed else ""
+        raise KdmlError(f"data.batch_size={batch_size} is the global batch and must split "
+                        f"evenly over the {world.size} processes{remedy}")
+    if 0 < batch_size < 2 * world.size:
         # as one process needs 2: BatchNorm cannot normalise one sample of features (torch's
         # "Expected more than 1 value per channel" had stopped every process with a traceback)
-        raise KdmlError(f"data.batch_size={config.data.batch_size} gives each of the "
-                        f"{world.size} processes one sample; each needs at least 2, as a single "
-                        f"process does: set data.batch_size to {2 * world.size} or more")
+        remedy = (resumed_batch_remedy(batch_size, world.size) if resumed else
+                  f"set data.batch_size to {2 * world.size} or more")
+        raise KdmlError(f"data.batch_size={batch_size} gives each of the {world.size} "
+                        "processes one sample; each needs at least 2, as a single process "
+                        f"does: {remedy}")
+
+
+def resumed_batch_remedy(batch_size: int, size: int, *others: int) -> str:
+    """What mends a resumed run's global batch of ``batch_size`` samples that ``size``
+    processes cannot share: not data.batch_size, which ``--resume`` keeps (a refusal that
+    advised a new one was followed by --resume's refusal of the edit), but fewer processes,
+    the most that split it, and the ``others`` (the source batch beside a target one), into
+    equal shares of 2 samples or more."""
+    fitting = max((count for count in range(1, size + 1)
+                   if all(batch % count == 0 and batch // count >= 2
+                          for batch in (batch_size, *others))), default=1)
+    return (f"a resumed run keeps the global batch it trained with, so resume it in a number "
+            f"of processes that splits {batch_size:,} samples into equal shares of 2 or more, "
+            f"such as {fitting} (torchrun's --nproc_per_node times --nnodes)")
 
 
 def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = False,

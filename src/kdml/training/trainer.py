@@ -174,7 +174,7 @@ class Session:
         return cls(config, device, splits, method, pipeline,
                    build_embedder(config, pipeline, device), optimizer, scheduler,
                    TrainingBatches(config, splits, method.uses_target, device, world,
-                                   drawn=not method.needs_fit),
+                                   drawn=not method.needs_fit, resumed=not new_run),
                    gradient_scaler(device, config.train.precision), model, world, test_part,
                    "; ".join(reports) or None)
 
@@ -365,7 +365,8 @@ def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
     the data (and its test part), the method on the device, its input pipeline and its
     optimiser and schedule."""
     device = resolve_device(distributed.device_for(config.train.device))
-    check_distributed(config, world, device, get_recipe(config.recipe).draws_batches)
+    check_distributed(config, world, device, get_recipe(config.recipe).draws_batches,
+                      resumed=not new_run)
     splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
     if not config.eval.ks:
         config.eval.ks = list(splits.eval_ks)
