@@ -28,6 +28,7 @@ from kdml.data import (
 )
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.registry import open_dataset
+from kdml.data.samplers import check_batching
 from kdml.data.splits import make_splits
 from kdml.errors import KdmlError
 
@@ -199,3 +200,16 @@ def test_pillows_advice_on_a_readable_images_metadata_is_not_printed(tmp_path):
         pixels = load_image(path, 8)
     assert pixels.shape == (3, 8, 8)
     assert not [str(w.message) for w in caught], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize(("batch_size", "samples_per_class", "says"), [
+    (10, 3, r"^data\.batch_size=10 must be a multiple of data\.samples_per_class=3; set one"),
+    (12, 2, r"^data\.batch_size=12 with data\.samples_per_class=2 needs 6 classes but the "
+            r"training split has 4; lower data\.batch_size or raise data\.samples_per_class$"),
+])
+def test_batch_settings_the_split_cannot_fill_are_named_as_config_keys(
+        batch_size: int, samples_per_class: int, says: str) -> None:
+    """As the check beside them ("data.batch_size=... is larger than the training split"):
+    the keys a user sets, with their section (the bare names had been left for guessing)."""
+    with pytest.raises(KdmlError, match=says):
+        check_batching(torch.arange(40) % 4, samples_per_class, batch_size)

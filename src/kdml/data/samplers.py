@@ -168,14 +168,13 @@ def check_batching(labels: torch.Tensor, samples_per_class: int, batch_size: int
         return
     num_classes = int(labels.unique().numel())
     if batch_size % samples_per_class:
-        raise KdmlError(
-            f"batch_size={batch_size} must be a multiple of samples_per_class={samples_per_class}"
-        )
+        raise KdmlError(f"data.batch_size={batch_size} must be a multiple of "
+                        f"data.samples_per_class={samples_per_class}; set one of them so")
     if batch_size // samples_per_class > num_classes:
         raise KdmlError(
-            f"batch_size={batch_size} with samples_per_class={samples_per_class} needs "
-            f"{batch_size // samples_per_class} classes but the training split has {num_classes}; "
-            "lower batch_size or raise samples_per_class"
+            f"data.batch_size={batch_size} with data.samples_per_class={samples_per_class} "
+            f"needs {batch_size // samples_per_class} classes but the training split has "
+            f"{num_classes}; lower data.batch_size or raise data.samples_per_class"
         )
 
 
