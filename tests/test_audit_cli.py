@@ -263,8 +263,27 @@ def test_a_grid_cell_failing_after_others_trained_says_they_are_kept(tmp_path, c
     monkeypatch.setattr(trainer, "train", train)
     assert cli.main(grid_args(tmp_path)) == 2
     assert capsys.readouterr().err.startswith(
-        f"kdml: error: grid cell seed=1 failed: a bad cell -- the 1 cells before it are kept "
+        f"kdml: error: grid cell seed=1 failed: a bad cell -- the cell before it is kept "
         f"in {tmp_path / 'g'}: the same command continues there")
+
+
+def test_the_first_grid_cell_failing_after_it_trained_says_its_own_work_is_kept(
+        tmp_path, capsys, monkeypatch):
+    """It had said "the 0 cells before it are kept": what the first cell trained is."""
+    from kdml.errors import KdmlError
+    from kdml.training import trainer
+    from kdml.training.run_folder import RunFolder
+
+    def train(config, run_dir, resume=False, progress=None, **_):
+        RunFolder(run_dir).config.parent.mkdir(parents=True)
+        RunFolder(run_dir).config.write_text("recipe: amsoftmax\n")  # it had begun
+        raise KdmlError("a bad epoch")
+
+    monkeypatch.setattr(trainer, "train", train)
+    assert cli.main(grid_args(tmp_path)) == 2
+    assert capsys.readouterr().err.startswith(
+        f"kdml: error: grid cell seed=0 failed: a bad epoch -- what it trained is kept in "
+        f"{tmp_path / 'g'}: the same command continues there")
 
 
 # ----------------------------------------------------------------------------- torchrun ranks

@@ -193,8 +193,10 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                 raise kind(f"grid cell {cell.name} failed: {error} -- nothing was "
                            f"trained; the same command, corrected, goes on in "
                            f"{root}") from None
-            raise kind(f"grid cell {cell.name} failed: {error} -- the {number - 1} cells "
-                       f"before it are kept in {root}: the same command continues there "
+            kept = ("what it trained is kept" if number == 1 else "the cell before it is kept"
+                    if number == 2 else f"the {number - 1} cells before it are kept")
+            raise kind(f"grid cell {cell.name} failed: {error} -- {kept} in {root}: the "
+                       "same command continues there "
                        "once the cause is fixed outside the grid (a changed grid or "
                        "setting needs another --out)") from None
         except KeyboardInterrupt as stop:
