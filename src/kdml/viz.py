@@ -51,7 +51,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.plot(epochs, [row.get(key, math.nan) for row in history], marker="o",
                     label=key[6:])
         ax.set(xlabel="epoch", ylabel=label, title=title)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not 1.5
+        _whole_epochs(ax, epochs)
         ax.legend()
         save(fig, name)
     prefix = VALIDATION if any(k.startswith(f"{VALIDATION}/") for k in keys) else TEST
@@ -65,12 +65,24 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.plot(*zip(*points, strict=True), marker="o", label=key.split("/", 1)[1])
         ax.set(xlabel="epoch", ylabel=f"{part} metric", title=f"{part.capitalize()} retrieval",
                ylim=(0, 1))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _whole_epochs(ax, [row["epoch"] for row in history
+                           if any(key in row for key in metric_keys)])
         ax.legend()
         save(fig, "recall.png")
     if refused:
         raise KdmlError("; ".join(refused))
     return written
+
+
+def _whole_epochs(ax: plt.Axes, epochs: list[int]) -> None:
+    """Tick ``ax``'s x axis at whole epochs only (not 1.5). A lone epoch (a one-epoch run, or
+    the scores of a run scored once) is ticked itself: matplotlib pads a single point by 5%
+    (0.945 to 1.055), a range without a whole number, where the integer locator had fallen
+    back to ticks such as 0.960 and 1.005."""
+    if len(set(epochs)) == 1:
+        ax.set_xticks(epochs[:1])
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
