@@ -122,3 +122,11 @@ def test_plot_charts_of_a_validated_run_draws_its_test_part_with_test(tmp_path, 
     assert drawn == [{3, 4}, {5, 6, 7, 8, 9}]
     # the two parts' plots apart: --test had silently replaced the validation part's
     assert paths == ["charts.png", "charts-test.png"]
+
+
+def test_plot_charts_help_says_thumbnails_are_counted_per_chart(capsys):
+    """--thumbnails said "images drawn as thumbnails (default 100)", a total, while
+    chart_figure draws up to that many in each chart's panel: 16 charts, up to 1,600."""
+    assert cli.main(["plot", "charts", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "images drawn as thumbnails in each chart's panel, at most" in help_text

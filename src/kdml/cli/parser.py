@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         "one panel per chart, coloured by class, with image thumbnails (Korman, Sec. A.2).")
     _add_plotted_run(charts)
     charts.add_argument("--thumbnails", type=_integer(0), default=100,
-                        help="images drawn as thumbnails (0 = points only; default 100)")
+                        help="images drawn as thumbnails in each chart's panel, at most "
+                        "(0 = points only; default 100)")
 
     embed = commands.add_parser(
         "embed", help="write a run's embeddings of a split to an .npz",

@@ -169,7 +169,7 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     """``plots/charts.png`` (``charts-best.png`` with the best checkpoint): the test samples in
     each chart of an Atlas run, by class (named in the legend), with up to ``thumbnails``
-    images drawn (Korman, Sec. A.2)."""
+    images drawn in each chart's panel (Korman, Sec. A.2)."""
     if not trained.method.has_charts:
         raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
                         "recipe (mtriplet, msimclr)")
