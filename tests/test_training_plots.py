@@ -288,3 +288,72 @@ def test_a_map_of_many_classes_colours_them_by_rank_not_by_label_value():
     (points,) = figure.axes[0].collections
     colours = {tuple(np.round(colour, 6)) for colour in points.get_facecolors()}
     assert len(colours) == 20  # tab20's twenty colours, the 21st class wrapping round
+
+
+@pytest.mark.parametrize("history", [
+    [{"epoch": 1, "train/loss": 1.0, "test/recall@1": 0.5}],  # a one-epoch run (pca, --quick)
+    [{"epoch": 1, "train/loss": 1.0}, {"epoch": 2, "train/loss": 0.5},
+     {"epoch": 3, "train/loss": 0.4, "test/recall@1": 0.5}],  # scored once (eval_every)
+])
+def test_a_single_epoch_is_drawn_on_whole_epoch_ticks(history, tmp_path, monkeypatch):
+    """A plot of one epoch (a one-epoch run's, or the scores of a run scored once) had its
+    axis ticked 0.945, 0.960, ..., 1.050: matplotlib pads a lone point by 5%, and no whole
+    epoch fell in that range."""
+    drawn = _drawn(history, tmp_path, monkeypatch)
+    assert sorted(drawn) == ["loss.png", "recall.png"]
+    for figure in drawn.values():
+        (axes,) = figure.axes
+        low, high = axes.get_xlim()
+        ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
+        assert ticks and np.array_equal(ticks, np.round(ticks)), ticks
+        for line in axes.get_lines():
+            assert all(tick in ticks for tick in line.get_xdata())
+        viz.plt.close(figure)
+
+
+def test_a_finished_run_resumed_draws_the_plots_a_kill_left_undrawn(tmp_path, monkeypatch):
+    """A run killed (SIGKILL: the out-of-memory killer, a preempted job) after its last
+    epoch's metrics but before its plots were drawn (at most every PLOT_EVERY_S, and at the
+    end) had no plots of its last epochs, or none at all, for good: --resume found every
+    epoch trained, wrote metrics.json's final scores and drew nothing."""
+    from kdml import cli
+    from kdml.training import recorder
+
+    monkeypatch.setattr(recorder, "PLOT_EVERY_S", 3600.0)
+    monkeypatch.setattr(recorder, "plot_training", lambda history, folder: [])  # killed first
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(run)]) == 0
+    assert not (run / "plots").exists()
+    monkeypatch.setattr(recorder, "plot_training", viz.plot_training)
+    drawn = _drawn_epochs(monkeypatch)
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert drawn == [[1, 2, 3]]
+    assert sorted(path.name for path in (run / "plots").iterdir()) == ["loss.png", "recall.png"]
+
+
+def test_a_stop_while_the_last_epochs_metrics_are_written_is_drawn_by_resume(tmp_path,
+                                                                            monkeypatch):
+    """Ctrl-C (or a kill, SIGTERM) after the last epoch's checkpoint, while its metrics were
+    written: the session's end drew epochs 1 and 2, and --resume, finding every epoch trained,
+    wrote epoch 3 into metrics.json but left the plots without it."""
+    from kdml import cli
+    from kdml.training import recorder, run_folder
+
+    monkeypatch.setattr(recorder, "PLOT_EVERY_S", 3600.0)
+    drawn = _drawn_epochs(monkeypatch)
+    real = run_folder.RunFolder.write_metrics
+    stopped: list[int] = []
+
+    def stop_once(self, history, final, scored="test"):
+        if len(history) == 3 and final is None and not stopped:
+            stopped.append(3)
+            raise KeyboardInterrupt
+        return real(self, history, final, scored)
+
+    monkeypatch.setattr(run_folder.RunFolder, "write_metrics", stop_once)
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(run)]) == 130
+    assert drawn == [[1, 2]]
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert drawn == [[1, 2], [1, 2, 3]]
+    assert [row["epoch"] for row in run_folder.RunFolder(run).history()] == [1, 2, 3]

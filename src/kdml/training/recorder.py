@@ -44,6 +44,7 @@ class Recorder:
         self.writer: SummaryWriter | None = None
         self._plotted_at = time.monotonic()
         self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
+        self._drew = False  # whether this session drew the plots
         self._folder: tuple[int, int] | None = None  # the run folder's (device, inode)
         self._thread_hook = threading.excepthook  # the one this session's replaces
 
@@ -147,7 +148,7 @@ class Recorder:
             self.log.warning("a training plot is not drawn (the others are): %s", error)
         except OSError as error:
             self.log.warning("the training plots are not drawn: %s", error)
-        self._unplotted, self._plotted_at = None, time.monotonic()
+        self._unplotted, self._plotted_at, self._drew = None, time.monotonic(), True
 
     def trained(self, epoch: int, checkpoint: Callable[[], dict[str, Any]]) -> None:
         """Keep an epoch trained but not yet scored (``checkpoints/unscored.pt``): scoring can
@@ -202,10 +203,17 @@ class Recorder:
             self._plot()
 
     def finish(self, history: list[dict[str, Any]], final: dict[str, float]) -> None:
+        """Record the run's ``final`` scores. Where this session recorded no epoch (a
+        finished run resumed), its end draws the plots of the whole ``history``: a kill that
+        no process can catch (SIGKILL) after the last epoch's metrics, before the plots were
+        drawn, or a Ctrl-C or SIGTERM while those metrics were written, had left them without
+        the last epoch, or missing, for good."""
         if self.writes:
             self._check_folder()
             self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
             self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
+            if self._unplotted is None and not self._drew:
+                self._unplotted = list(history)
 
 
 def _identity(folder: os.PathLike[str]) -> tuple[int, int] | None:
