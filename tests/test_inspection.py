@@ -546,7 +546,7 @@ def test_eval_ks_of_a_run_that_kept_its_best_epoch(tmp_path, capsys):
     assert kdml("eval", run, "--best", "--ks", "2") == 0, capsys.readouterr().err
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()
             if line.startswith("  recall@")] == ["recall@2"]
-    written = json.loads((run / "eval.json").read_text())
+    written = json.loads((run / "eval-best.json").read_text())
     assert (written["checkpoint"], written["scored"]) == ("best", "validation")
 
 

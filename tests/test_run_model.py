@@ -199,11 +199,12 @@ def test_a_test_part_plot_of_a_validated_run_does_not_overwrite_its_validation_p
 
     run = RunFolder(Path("run"))
     config = SimpleNamespace(data=SimpleNamespace(validation=0.2))
-    paths = [TrainedRun.plot_path(SimpleNamespace(run=run, checkpoint=run.checkpoint,
-                                                  config=config,
-                                                  splits=SimpleNamespace(validation=part)),
-                                  "embedding")
-             for part in (["validation samples"], None)]
+    paths = []
+    for part in (["validation samples"], None):
+        trained = SimpleNamespace(run=run, checkpoint=run.checkpoint, config=config,
+                                  splits=SimpleNamespace(validation=part))
+        trained.variant = TrainedRun.variant.fget(trained)  # what eval.json's name takes too
+        paths.append(TrainedRun.plot_path(trained, "embedding"))
     assert paths == [run.plots / "embedding.png", run.plots / "embedding-test.png"]
 
 

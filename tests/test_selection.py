@@ -113,7 +113,7 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     printed = capsys.readouterr().out
     assert "best checkpoint: epoch 2" in printed and "364 validation samples" in printed
     assert "Validation metrics" in printed
-    assert json.loads((out / "eval.json").read_text())["scored"] == "validation"
+    assert json.loads((out / "eval-best.json").read_text())["scored"] == "validation"
     opened = []
     monkeypatch.setattr(prepare, "open_dataset",
                         lambda *args: opened.append(args) or open_dataset(*args))
@@ -122,9 +122,17 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     printed = capsys.readouterr().out
     assert "test set: 896 samples of classes not seen in training" in printed
     assert "Test metrics" in printed
-    evaluated = json.loads((out / "eval.json").read_text())
+    evaluated = json.loads((out / "eval-best-test.json").read_text())
     assert evaluated["scored"] == "test" and evaluated["checkpoint"] == "best"
     assert evaluated["epoch"] == 2 and 0 <= evaluated["metrics"]["recall@1"] <= 1
+    # beside the validation part's, and the last checkpoint's beside both (--best and --test
+    # had replaced one eval.json)
+    assert json.loads((out / "eval-best.json").read_text())["scored"] == "validation"
+    assert cli.main(["eval", str(out)]) == 0
+    evaluated = json.loads((out / "eval.json").read_text())
+    assert evaluated["checkpoint"] == "last" and evaluated["epoch"] == 4
+    assert sorted(path.name for path in out.glob("eval*.json")) == [
+        "eval-best-test.json", "eval-best.json", "eval.json"]
     # the chosen model's index answers only queries embedded by that same model
     index = tmp_path / "best-index"
     assert cli.main(["index", str(out), "--best", "--out", str(index)]) == 0

@@ -39,10 +39,13 @@ def _eval(args: argparse.Namespace) -> int:
     check_evaluation(config, trained.splits, evaluating=True, ks_given=bool(args.ks))
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
-    check_json_replaceable(trained.run.root / "eval.json", EVAL_FIELDS)
+    # eval-best.json, eval-test.json, ... as the plots are named: --best had replaced the last
+    # checkpoint's eval.json, --test the validation part's
+    path = trained.run.root / f"eval{trained.variant}.json"
+    check_json_replaceable(path, EVAL_FIELDS)
     metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
                                args.best, trained.splits.validation)
-    write_json({**result, "metrics": metrics}, trained.run.root / "eval.json", EVAL_FIELDS)
+    write_json({**result, "metrics": metrics}, path, EVAL_FIELDS)
     return 0
 
 

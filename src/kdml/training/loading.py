@@ -63,13 +63,20 @@ class TrainedRun(RunModel):
     def input_pca(self) -> SourcePCA | None:
         return self.splits.input_pca
 
-    def plot_path(self, name: str) -> Path:
-        """Where a plot of this model goes: ``plots/NAME.png``, or ``plots/NAME-best.png`` for
-        the kept best epoch, so the two never overwrite each other; and ``-test`` after either
-        for the test part of a run that validated (its plots are of the validation part)."""
+    @property
+    def variant(self) -> str:
+        """What this model and part add to the names of the files made of them: ``-best`` for
+        the kept best epoch, then ``-test`` for the test part of a run that validated (whose
+        files are of the validation part); empty for the last checkpoint on the run's own part.
+        So no command's file of one replaces that of another."""
         best = "-best" if self.checkpoint == self.run.best_checkpoint else ""
         test = "-test" if self.config.data.validation > 0 and not self.splits.validation else ""
-        return self.run.plots / f"{name}{best}{test}.png"
+        return f"{best}{test}"
+
+    def plot_path(self, name: str) -> Path:
+        """Where a plot of this model goes: ``plots/NAME.png``, ``plots/NAME-best.png`` and so
+        on (:attr:`variant`)."""
+        return self.run.plots / f"{name}{self.variant}.png"
 
 
 def run_config(run: RunFolder) -> RunConfig:
