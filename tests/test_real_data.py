@@ -104,7 +104,7 @@ def test_eval_finds_a_moved_dataset_with_data_root(tmp_path, capsys):
     final = json.loads((out / "metrics.json").read_text())["final"]
     moved = shutil.move(root, tmp_path / "elsewhere")
     assert train("eval", out) == 2
-    assert "is not a folder" in error_line(capsys)
+    assert f"data root {root} does not exist" in error_line(capsys)
     assert train("eval", out, "--data-root", moved) == 0
     assert json.loads((out / "eval.json").read_text())["metrics"] == pytest.approx(final)
 

@@ -17,6 +17,7 @@ from kdml.errors import KdmlError, LocalError, QuietExit
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
+    from kdml.data.registry import DiskFormat
     from kdml.training.grid import Cell
     from kdml.training.recipes import Recipe
 
@@ -444,7 +445,7 @@ def _check_cell_selects(name: str, config: RunConfig) -> None:
 
 def _datasets(args: argparse.Namespace) -> int:
     from kdml.data.domains import DOMAIN_PAIRS
-    from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE, find_root
+    from kdml.data.registry import DATASETS, FORMATS, PREFIXES, ROOT_VARIABLE
 
     rows = [(entry.name, entry.description) for entry in DATASETS.values()]
     rows += [(entry.name, entry.description) for entry in DOMAIN_PAIRS.values()]
@@ -455,24 +456,43 @@ def _datasets(args: argparse.Namespace) -> int:
     for entry in FORMATS.values():
         # the folder training reads (find_root's choice), also where it holds an incomplete
         # copy: a complete one elsewhere, which training passes over, would be no help
-        try:
-            root = find_root(entry)
-        except KdmlError:
-            where = "not found"
-        else:
-            missing = entry.missing(root)  # its needs include its markers
-            where = (f"not complete in {root}, which training reads (missing "
-                     f"{', '.join(missing)})" if missing else f"found in {root}")
-        on_disk.append((entry.name, entry.description, where))
+        on_disk.append((entry.name, entry.description, *_where_found(entry)))
     width = max(len(name) for name, *_ in rows + on_disk)
     print("Offline and your own data:")
     for name, description in rows:
         print(f"  {name:<{width}}  {description}")
     print(f"On-disk datasets (--data-root DIR, or ${ROOT_VARIABLE}/<name> or the archive's "
           "folder):")
-    for name, description, where in on_disk:
-        print(f"  {name:<{width}}  {description}; {where}")
+    whys = [why for *_, why in on_disk if why]
+    shared = [why for why in dict.fromkeys(whys) if whys.count(why) > 1]  # a variable that
+    # does not exist: said once, below, not on every line
+    for name, description, where, why in on_disk:
+        said = f" ({why})" if why and why not in shared else ""
+        print(f"  {name:<{width}}  {description}; {where}{said}")
+    for why in shared:
+        print(f"Not found because {why}")
     return 0
+
+
+def _where_found(entry: DiskFormat) -> tuple[str, str]:
+    """Where ``kdml datasets`` says an on-disk dataset is: the folder training reads (find_root's
+    choice), also where it holds an incomplete copy (a complete one elsewhere, which training
+    passes over, would be no help); "not found", with what is wrong with ``$KDML_DATA_ROOT``
+    where that is why (second, "" otherwise); or a folder that cannot be read (no permission),
+    which had stopped the whole listing with the first dataset whose folders it searched."""
+    from kdml.data.registry import find_root, root_variable_problem
+
+    try:
+        root = find_root(entry)
+        missing = entry.missing(root)  # its needs include its markers
+    except KdmlError:
+        return "not found", root_variable_problem(entry)
+    except OSError as error:
+        named = f"{error.filename}: " if error.filename else ""
+        hint = "; check its permissions" if isinstance(error, PermissionError) else ""
+        return f"cannot be read ({named}{error.strerror or error}){hint}", ""
+    return (f"not complete in {root}, which training reads (missing {', '.join(missing)})"
+            if missing else f"found in {root}"), ""
 
 
 def _recipes(args: argparse.Namespace) -> int:

@@ -187,8 +187,9 @@ def find_root(entry: DiskFormat, configured: str = "") -> Path:
     ``$KDML_DATA_ROOT`` is reported, not passed over for the system folder's copy."""
     bases = _searched_bases(entry, configured)
     if configured and not bases[0][0].is_dir():
-        raise KdmlError(f"{entry.name}: data root {bases[0][0]} is not a folder; pass the "
-                        "folder that holds the extracted dataset to --data-root")
+        raise KdmlError(f"{entry.name}: data root {bases[0][0]} "
+                        f"{why_missing(bases[0][0], 'folder')}; pass the folder that holds the "
+                        "extracted dataset to --data-root")
     roots = [root for group in bases for root in group]
     for group in bases:
         found = next((root for root in group if entry.located(root) is not None), None)
@@ -203,11 +204,20 @@ def find_root(entry: DiskFormat, configured: str = "") -> Path:
 
 
 def _what_to_do(entry: DiskFormat, configured: str) -> str:
-    """The end of :func:`find_root`'s refusal. Where ``$KDML_DATA_ROOT`` is what was searched
-    and is itself wrong, it says how: a folder that does not exist, or the dataset's own
-    folder (``.../CUB_200_2011``, holding ``images.txt``) where the variable names the folder
-    that holds the datasets; the folders searched inside it alone would not show why."""
-    value = "" if configured else os.environ.get(ROOT_VARIABLE, "")
+    """The end of :func:`find_root`'s refusal: what is wrong with ``$KDML_DATA_ROOT`` where it
+    is what was searched and is itself wrong (:func:`root_variable_problem`), else where to
+    put the dataset."""
+    problem = "" if configured else root_variable_problem(entry)
+    return problem or (f"pass its folder with --data-root DIR or set {ROOT_VARIABLE} (see "
+                       "'kdml datasets')")
+
+
+def root_variable_problem(entry: DiskFormat) -> str:
+    """What is wrong with ``$KDML_DATA_ROOT`` for ``entry``, or "" where it is unset or fine:
+    a folder that does not exist, or the dataset's own folder (``.../CUB_200_2011``, holding
+    ``images.txt``) where the variable names the folder that holds the datasets; the folders
+    searched inside it alone would not show why. ``kdml datasets`` says it too."""
+    value = os.environ.get(ROOT_VARIABLE, "")
     base = home_expanded(value)
     if value and not base.is_dir():
         return (f"${ROOT_VARIABLE}={value} {why_missing(base, 'folder')}: set it to the folder "
@@ -220,8 +230,7 @@ def _what_to_do(entry: DiskFormat, configured: str) -> str:
         return (f"${ROOT_VARIABLE}={value} is {entry.name}'s own folder, but the variable names "
                 f"the folder that holds the datasets, each in a folder of its own: {move}, or "
                 f"pass this one with --data-root {value}")
-    return (f"pass its folder with --data-root DIR or set {ROOT_VARIABLE} (see 'kdml "
-            "datasets')")
+    return ""
 
 
 def is_known_dataset(name: str) -> bool:

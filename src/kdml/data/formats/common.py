@@ -142,12 +142,29 @@ class Layout:
         self.check_path(first, where)
         link = (f", a link to {os.readlink(first)} that leads to no file"
                 if os.path.islink(first) else "")
+        unreadable = unreadable_folder(os.path.dirname(first))
+        if unreadable:  # there, perhaps, but not to be listed: "missing" would mislead
+            raise self.error(f"{where}cannot read the folder of {first} ({unreadable}); make "
+                             f"it readable ({len(missing)} of {len(paths)} listed images could "
+                             "not be found)")
         if os.path.isdir(first):  # there, but a folder: "missing" would send the user looking
             raise self.error(f"{where}{first} is a folder, not an image file; list its images "
                              f"one per line ({len(missing)} of {len(paths)} listed images are "
                              "not files)")
         raise self.error(f"{where}missing image {first}{link} ({len(missing)} of {len(paths)} "
                          "listed images are missing)")
+
+
+def unreadable_folder(folder: str) -> str:
+    """Why ``folder`` cannot be listed where the system refuses it (no permission on it or on
+    a folder above it: "Permission denied"), else "" (it lists, or it does not exist)."""
+    try:
+        with os.scandir(folder or "."):
+            return ""
+    except PermissionError as error:
+        return error.strerror or "Permission denied"
+    except (OSError, ValueError):  # missing, not a folder, a NUL byte: said otherwise
+        return ""
 
 
 def resolved(path: Path, dataset: str, kind: str) -> Path:

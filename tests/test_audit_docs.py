@@ -1,0 +1,137 @@
+"""What the documentation promises, command by command (README.md, docs/datasets.md,
+docs/inspecting.md, docs/recipes.md, docs/reproducing.md), where a check found the code or the
+text saying otherwise: ``kdml datasets`` on broken roots, the readers on unreadable folders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fixtures_photo_sets import make_cub
+
+from kdml import cli
+from kdml.data.formats.cub import load_cub
+from kdml.data.registry import ROOT_VARIABLE
+from kdml.errors import KdmlError
+
+
+def listed(out: str, name: str) -> str:
+    """The line of ``kdml datasets``'s output for the dataset ``name``."""
+    (line,) = [line for line in out.splitlines() if line.split() and line.split()[0] == name]
+    return line
+
+
+def refuse_under(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """Make the system refuse, as for a folder without read and search permission (which a
+    test run as root cannot make), every look inside ``locked``: its listing and the status
+    of what it holds."""
+    scandir, stat = os.scandir, Path.stat
+
+    def inside(path: object) -> bool:
+        return str(path).startswith(f"{locked}{os.sep}") or str(path) == str(locked)
+
+    def refused_scandir(path: object = ".") -> object:
+        if inside(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)  # type: ignore[call-overload]
+
+    def refused_stat(self: Path, *, follow_symlinks: bool = True) -> os.stat_result:
+        if str(self).startswith(f"{locked}{os.sep}"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return stat(self, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(os, "scandir", refused_scandir)
+    monkeypatch.setattr(Path, "stat", refused_stat)
+
+
+def test_kdml_datasets_lists_every_dataset_when_one_folder_cannot_be_read(tmp_path, monkeypatch,
+                                                                          capsys):
+    """README: kdml datasets shows the folder training reads for each dataset. A dataset's
+    folder under $KDML_DATA_ROOT without read permission (copied by another user) had stopped
+    the whole listing with one error line about it: no dataset was listed at all. Its line
+    now says it cannot be read, and the others are listed as before."""
+    (tmp_path / "CUB_200_2011").mkdir()
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
+    refuse_under(monkeypatch, tmp_path / "CUB_200_2011")
+    assert cli.main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert listed(out, "cub").endswith(
+        f"; cannot be read ({tmp_path / 'CUB_200_2011' / 'images.txt'}: Permission denied); "
+        "check its permissions")
+    assert listed(out, "cars196").endswith("; not found")
+    assert listed(out, "sop").endswith("; not found")
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "own folder"])
+def test_kdml_datasets_says_what_is_wrong_with_the_data_root_variable(tmp_path, monkeypatch,
+                                                                      capsys, kind):
+    """A $KDML_DATA_ROOT that does not exist, is a file, or is one dataset's own folder had
+    every on-disk dataset listed as "not found", where training says what is wrong with the
+    variable: kdml datasets, the command for finding out, now says it too."""
+    root = tmp_path / "data"
+    if kind == "file":
+        root.write_text("")
+    elif kind == "own folder":
+        root = make_cub(tmp_path / "CUB_200_2011", classes=2, per_class=2)
+    monkeypatch.setenv(ROOT_VARIABLE, str(root))
+    assert cli.main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    line = listed(out, "cub")
+    why = {"missing": "does not exist", "file": "is not a folder",
+           "own folder": f"is cub's own folder, but the variable names the folder that holds "
+                         f"the datasets, each in a folder of its own: set it to {tmp_path}"}[kind]
+    if kind == "own folder":  # cub's alone
+        assert f"; not found (${ROOT_VARIABLE}={root} {why}" in line
+        assert listed(out, "cars196").endswith("; not found")
+    else:  # every dataset's: said once, below them
+        assert line.endswith("; not found") and listed(out, "cars196").endswith("; not found")
+        assert out.count(f"${ROOT_VARIABLE}={root} {why}") == 1
+        assert out.splitlines()[-1].startswith(
+            f"Not found because ${ROOT_VARIABLE}={root} {why}: set it to the folder")
+    with pytest.raises(KdmlError, match=f"\\${ROOT_VARIABLE}=.* {why}"):
+        from kdml.data.registry import FORMATS, find_root
+
+        find_root(FORMATS["cub"])  # training's refusal, unchanged
+
+
+def test_an_image_folder_that_cannot_be_read_is_not_called_missing(tmp_path, monkeypatch):
+    """docs/datasets.md: a listed image that does not exist stops the command with one line
+    naming it. Images in a folder without read permission had been called "missing image"
+    (60 of 60 listed images are missing), sending the user to look for files that are there;
+    the line now says the folder cannot be read."""
+    root = make_cub(tmp_path / "CUB_200_2011", classes=2, per_class=2)
+    refuse_under(monkeypatch, root / "images")
+    with pytest.raises(KdmlError) as caught:
+        load_cub(root)
+    message = str(caught.value)
+    assert "\n" not in message and "missing image" not in message
+    assert "cannot read the folder of " in message and "(Permission denied); make it readable" \
+        in message
+
+
+@pytest.mark.parametrize(("kind", "why"), [("missing", "does not exist"),
+                                           ("file", "is not a folder")])
+def test_a_data_root_that_does_not_exist_is_not_called_no_folder(tmp_path, kind, why):
+    """README: kdml eval RUN --data-root NEW reads a run's moved data. A run whose data folder
+    was moved away, or a --data-root mistyped, had been told "data root DIR is not a folder",
+    as for a file given there, which sends the user looking at the wrong thing."""
+    from kdml.data.registry import FORMATS, find_root
+
+    root = tmp_path / "CUB_200_2011"
+    if kind == "file":
+        root.write_text("")
+    with pytest.raises(KdmlError, match=f"^cub: data root {root} {why}; pass the folder"):
+        find_root(FORMATS["cub"], str(root))
+
+
+def test_the_readme_layout_names_every_module_and_package_of_kdml():
+    """README's Layout lists src/kdml's modules and packages, each with what it holds; the
+    file hasher, kdml.file_digest, was added without a line there."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    package = Path(__file__).parent.parent / "src" / "kdml"
+    names = {path.name for path in package.glob("*.py") if path.name != "__init__.py"}
+    names |= {f"{path.name}/" for path in package.iterdir()
+              if path.is_dir() and (path / "__init__.py").is_file()}
+    assert sorted(name for name in names if name not in layout) == []
