@@ -230,8 +230,9 @@ def test_tie_flags_skip_exact_tolerances_only_where_no_gap_could_be_a_tie(metric
         rows = np.arange(chunk.start, chunk.stop)
         exact = continues_group(chunk.scores, tie_tolerance(
             search.query_norms[rows], search.reference_norms[chunk.indices], metric, 6))
-        np.testing.assert_array_equal(search._continues(rows, chunk.scores, chunk.indices),
-                                      exact)
+        # needed at the last column: no neighbour after it, so none is cut as out of reach
+        np.testing.assert_array_equal(
+            search._continues(rows, chunk.scores, chunk.indices, needed[rows] + 1), exact)
         flagged += exact.sum()
     assert flagged > 0  # the data has ties, so the check compared both paths
 
@@ -265,6 +266,60 @@ def test_a_group_of_every_neighbour_is_widened_straight_to_the_whole_set(monkeyp
     labels[2] = 1
     retrieval_metrics(embeddings, labels, ks=(1, 4), nmi=False, chunk_size=1)
     assert widths == [(100, 101)]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_a_chain_of_float32_ties_beyond_reach_of_the_ranks_scored_is_not_searched(
+        metric, monkeypatch):
+    """Dense embeddings (a model early in training): 600 points spread over a tiny patch, so
+    every gap between consecutive neighbours is under the float32 tie tolerance and the chain
+    of ties runs through every reference. Only neighbours within reach of rank max(K, R) in
+    exact arithmetic are searched again: the chain had been followed to all 599 others for
+    every query (and re-scored in float64 whole). The scores are those of the exact float64
+    ranking of every reference, from a literal loop."""
+    rng = np.random.default_rng(0)
+    centre = rng.standard_normal(8)
+    centre /= np.linalg.norm(centre)
+    points = centre + 2e-3 * rng.standard_normal((600, 8))
+    labels = rng.integers(0, 3, size=600)  # R of about 200
+    ks = (1, 4)
+    rows = []
+    for i in range(len(points)):
+        keys = []
+        for j in range(len(points)):
+            if j == i:
+                continue
+            if metric == "cosine":
+                a = points[i] / np.sqrt(sum(v * v for v in points[i]))
+                b = points[j] / np.sqrt(sum(v * v for v in points[j]))
+            else:
+                a, b = points[i], points[j]
+            keys.append((sum((x - y) ** 2 for x, y in zip(a, b, strict=True)), j))
+        keys.sort()
+        hits = [labels[j] == labels[i] for _, j in keys]
+        rows.append((hits, [False] * len(hits), sum(hits)))
+    is_hit = np.array([hits for hits, _, _ in rows])
+    no_ties = np.array([flags for _, flags, _ in rows])
+    num_relevant = np.array([count for _, _, count in rows])
+    recall, average_precision, r_precision = expected_scores(is_hit, no_ties, ks, num_relevant)
+    expected = {f"recall@{k}": recall[n].mean() for n, k in enumerate(ks)}
+    expected |= {"map@r": average_precision.mean(), "r_precision": r_precision.mean()}
+
+    widths: list[int] = []
+    real = retrieval.search_rows
+
+    def counted(queries, rows, reference, k, *rest):
+        widths.append(k)
+        return real(queries, rows, reference, k, *rest)
+
+    monkeypatch.setattr(retrieval, "search_rows", counted)
+    prepared = retrieval.prepare_vectors(points.astype(np.float32), metric, "embeddings",
+                                         "faiss")
+    gaps = np.abs(np.diff(np.sort(prepared @ prepared[0])))  # the chain: gaps under 1e-6
+    assert np.median(gaps) < 1e-6
+    scores = retrieval_metrics(points, labels, ks, metric, nmi=False)
+    assert scores == pytest.approx(expected, abs=1e-12)
+    assert max(widths, default=0) < 599, widths  # no query followed the chain to the end
 
 
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])

@@ -341,9 +341,11 @@ class RankedSearch:
     For each query it retrieves one neighbour more than the ranks scored, so it can see
     whether the tie group holding the last scored rank goes on; when it does (and more
     references exist), that query is searched again with twice as many neighbours, until the
-    group ends or every reference is retrieved, and with every reference at once when all its
-    neighbours are tied. A collapsed embedding of N points therefore costs one N x N search
-    after the first; without ties nothing is searched twice.
+    group ends, its end is out of reach of the last rank scored (no neighbour beyond can rank
+    there in exact arithmetic), or every reference is retrieved; with every reference at once
+    when all its neighbours are tied within reach of the first. A collapsed embedding of N
+    points therefore costs one N x N search after the first; without ties nothing is
+    searched twice.
     """
 
     # Widened searches run in batches of at most this many (query, neighbour) results.
@@ -367,8 +369,21 @@ class RankedSearch:
         self.query_norms = self.reference_norms if exclude_self else _norms(query_vectors)
         self.largest_reference_norm = np.full((1, 1), self.reference_norms.max(initial=0.0))
 
-    def _continues(self, rows: np.ndarray, scores: np.ndarray,
-                   indices: np.ndarray) -> np.ndarray:
+    def _continues(self, rows: np.ndarray, scores: np.ndarray, indices: np.ndarray,
+                   needed: np.ndarray) -> np.ndarray:
+        """``[n, w]`` float32 tie flags (:func:`~kdml.evaluation.ties.continues_group`), none
+        among the neighbours out of reach of rank ``needed``.
+
+        A neighbour ranked after ``needed`` whose float32 score is more than twice the tie
+        tolerance (at the largest reference norm) from the score at rank ``needed`` is out of
+        reach: each float32 score is within half a tolerance of its exact one, so in exact
+        arithmetic it, and every neighbour not retrieved, ranks after the ``needed`` nearest
+        retrieved ones. Its ties decide no score, and are cut: the group holding rank
+        ``needed`` ends before it. On dense embeddings (a model early in training, where every
+        gap is under the tolerance) the chain of float32 ties had run to the last reference:
+        every query had been searched again, wider and wider, up to all of them, and each
+        chain re-scored in float64 whole.
+        """
         # Most queries have no tie at all. Their gaps exceed even the tolerance with every
         # neighbour at the largest reference norm, an upper bound of the exact one, which
         # gathers [n, w] norms: only queries with a gap under the bound need it. Same result.
@@ -380,7 +395,16 @@ class RankedSearch:
         if maybe.any():
             tolerance = tie_tolerance(query_norms[maybe], self.reference_norms[indices[maybe]],
                                       self.metric, self.dim)
-            continues[maybe] = continues_from_gaps(gaps[maybe], tolerance)
+            tied = continues_from_gaps(gaps[maybe], tolerance)
+            # only the columns after the first rank scored are compared; in float32 (its
+            # rounding of a difference is nothing beside the factor 2 of the reach)
+            first, after = int(needed[maybe].min()), needed[maybe]
+            these = scores[maybe, first:]
+            at_needed = np.take_along_axis(scores[maybe], (after - 1)[:, None], axis=1)
+            out_of_reach = np.abs(these - at_needed) > (2 * bound[maybe]).astype(these.dtype)
+            out_of_reach &= np.arange(first, scores.shape[1]) >= after[:, None]  # after it
+            tied[:, first:] &= ~out_of_reach
+            continues[maybe] = tied
         return continues
 
     def ranked(self, needed: np.ndarray) -> Iterator[tuple[np.ndarray, Ranked]]:
@@ -393,7 +417,7 @@ class RankedSearch:
         for chunk in search_prepared(self.queries, self.reference, searched, self.metric,
                                      self.exclude_self, self.chunk_size):
             rows = np.arange(chunk.start, chunk.stop)
-            continues = self._continues(rows, chunk.scores, chunk.indices)
+            continues = self._continues(rows, chunk.scores, chunk.indices, needed[rows])
             incomplete = np.zeros(len(rows), dtype=bool)
             if continues.any() and chunk.indices.shape[1] < self.available:
                 incomplete = self._incomplete(rows, chunk.indices, continues, needed[rows])
@@ -401,7 +425,8 @@ class RankedSearch:
             if done.any():
                 yield rows[done], self._ranked(rows[done], chunk.indices[done], continues[done])
             if incomplete.any():
-                self._queue(pending, rows[incomplete], continues[incomplete])
+                self._queue(pending, rows[incomplete], chunk.scores[incomplete],
+                            continues[incomplete])
         yield from self._widen(pending, needed)
 
     def _incomplete(self, rows: np.ndarray, indices: np.ndarray, continues: np.ndarray,
@@ -425,12 +450,18 @@ class RankedSearch:
         return Ranked(indices, continues)
 
     def _queue(self, pending: dict[int, list[np.ndarray]], rows: np.ndarray,
-               continues: np.ndarray) -> None:
+               scores: np.ndarray, continues: np.ndarray) -> None:
         """Queue rows whose last group is incomplete at twice their width; at every
-        reference when all their neighbours are tied with the first, which is a collapsed
-        embedding's case: doubling would search it log2(N / w) times before the end."""
+        reference when all their neighbours are tied with the first and within reach of it
+        (twice the tie tolerance, as :meth:`_continues` reaches), which is a collapsed
+        embedding's case: doubling would search it log2(N / w) times before the end. A dense
+        embedding's chain of ties, whose ends are farther apart, doubles: its end is soon out
+        of reach of the ranks scored."""
         width = continues.shape[1]
-        everything_tied = continues[:, 1:].all(axis=1)
+        bound = tie_tolerance(self.query_norms[rows], self.largest_reference_norm, self.metric,
+                              self.dim)[:, 0]
+        spread = np.abs(scores[:, -1] - scores[:, 0].astype(np.float64))
+        everything_tied = continues[:, 1:].all(axis=1) & (spread <= 2 * bound)
         for next_width, these in ((self.available, everything_tied),
                                   (min(2 * width, self.available), ~everything_tied)):
             if these.any():
@@ -447,14 +478,14 @@ class RankedSearch:
                 part = rows[start:start + batch]
                 scores, indices = search_rows(self.queries, part, self.reference, width,
                                               self.metric, self.exclude_self)
-                continues = self._continues(part, scores, indices)
+                continues = self._continues(part, scores, indices, needed[part])
                 done = np.ones(len(part), dtype=bool)
                 if width < self.available:
                     done = ~self._incomplete(part, indices, continues, needed[part])
                 if done.any():
                     yield part[done], self._ranked(part[done], indices[done], continues[done])
                 if not done.all():
-                    self._queue(pending, part[~done], continues[~done])
+                    self._queue(pending, part[~done], scores[~done], continues[~done])
 
 
 def _norms(vectors: np.ndarray | torch.Tensor) -> np.ndarray:
