@@ -59,8 +59,11 @@ def test_a_setting_at_the_edge_of_its_range_is_accepted(overrides):
     (("data.num_workers=257",), "data.num_workers must be from 0 to 256 (or -1 = automatic)"),
     (("data.resize=7", "data.image_size=7"), "data.resize must be from 8 to 8,192 pixels"),
     (("data.resize=8193",), "data.resize must be from 8 to 8,192 pixels"),
-    (("data.image_size=0",), "data.image_size must be from 1 to data.resize"),
-    (("data.resize=8", "data.image_size=9"), "data.image_size must be from 1 to data.resize"),
+    (("data.image_size=0",), "data.image_size must be from 1 to data.resize (the short side "
+                             "images are resized to before the crop), here 256; it is 0"),
+    (("data.resize=8", "data.image_size=9"),
+     "data.image_size must be from 1 to data.resize (the short side images are resized to before "
+     "the crop), here 8; it is 9"),
     (("eval.embed_batch_size=0",), "eval.embed_batch_size must be from 1 to 2,147,483,648"),
     (("eval.embed_batch_size=2147483649",),
      "eval.embed_batch_size must be from 1 to 2,147,483,648"),

@@ -497,7 +497,8 @@ def validate(config: RunConfig) -> None:
         (8 <= config.data.resize <= MAX_IMAGE_SIDE,
          f"data.resize must be from 8 to {MAX_IMAGE_SIDE:,} pixels"),
         (1 <= config.data.image_size <= config.data.resize,
-         "data.image_size must be from 1 to data.resize"),
+         f"data.image_size must be from 1 to data.resize (the short side images are resized to "
+         f"before the crop), here {config.data.resize}; it is {config.data.image_size}"),
         (config.data.on_bad_image in ("error", "skip"), "data.on_bad_image must be error or skip"),
         (1 <= config.eval.embed_batch_size <= MAX_BATCH,
          f"eval.embed_batch_size must be from 1 to {MAX_BATCH:,}"),
