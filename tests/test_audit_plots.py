@@ -174,3 +174,13 @@ def test_the_embedding_maps_title_fits_in_the_picture(title):
     assert extent.y1 <= figure.bbox.height
     expected = f"{title} ({method}, 5 classes)"
     assert "".join(drawn.get_text().split()) == "".join(expected.split())
+
+
+@pytest.mark.parametrize(("count", "said"), [(1, "1 class"), (2, "2 classes")])
+def test_the_embedding_maps_title_counts_one_class_in_the_singular(count, said):
+    """A map of one class's samples had been titled "(PCA, 1 classes)"."""
+    from kdml.viz_retrieval import _embedding_map_figure
+
+    coordinates = np.random.default_rng(0).normal(size=(12, 2))
+    figure = _embedding_map_figure(coordinates, np.arange(12) % count, "PCA", "map", None)
+    assert figure.axes[0].get_title() == f"map (PCA, {said})"

@@ -194,7 +194,8 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
                      linewidths=0)
     # wrapped: a cosine run's method note alone nearly fills the 6-inch width, and a title
     # on one line had run past both edges, cutting off what it says
-    axes.set(xticks=[], yticks=[],
-             title=textwrap.fill(f"{title} ({method}, {len(classes)} classes)", TITLE_WIDTH))
+    counted = f"{len(classes):,} class{'' if len(classes) == 1 else 'es'}"
+    axes.set(xticks=[], yticks=[], title=textwrap.fill(f"{title} ({method}, {counted})",
+                                                       TITLE_WIDTH))
     figure.tight_layout()
     return figure
