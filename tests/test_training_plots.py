@@ -357,3 +357,26 @@ def test_a_stop_while_the_last_epochs_metrics_are_written_is_drawn_by_resume(tmp
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert drawn == [[1, 2], [1, 2, 3]]
     assert [row["epoch"] for row in run_folder.RunFolder(run).history()] == [1, 2, 3]
+
+
+def test_a_finished_run_resumed_adds_no_empty_tensorboard_file(tmp_path):
+    """TensorBoard's events file is opened at the first epoch a session records: each --resume
+    of a finished run had left one more file holding no scalar. What is in the way of the
+    events folder is still said before anything trains."""
+    from kdml import cli
+
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(run)]) == 0
+    events = sorted((run / "tensorboard").iterdir())
+    assert len(events) == 1
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert sorted((run / "tensorboard").iterdir()) == events
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("epochs: 3", "epochs: 4"))
+    for path in events:
+        path.unlink()
+    (run / "tensorboard").rmdir()
+    (run / "tensorboard").write_text("a file of the user's")
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert "start epoch 4" not in (run / "train.log").read_text()
+    assert not (run / "checkpoints" / "unscored.pt").exists()

@@ -50,11 +50,15 @@ class Recorder:
 
     def __enter__(self) -> Recorder:
         if self.writes:
-            from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
-
             self.log = self._stack.enter_context(run_logging(self.run.log))
             self._folder = _identity(self.run.root)
-            self.writer = SummaryWriter(str(self.run.tensorboard))
+            # the events file waits for the first epoch recorded (:meth:`_events`), but what
+            # is in the way of its folder is said before training, as it was
+            try:
+                self.run.tensorboard.mkdir(exist_ok=True)
+            except BaseException:
+                self._stack.close()  # train.log's handler: no __exit__ follows a failed enter
+                raise
             self._stack.callback(self._close_writer)
             # TensorBoard's writer thread fails on its own when the folder goes (it reopens
             # its file by path): a line in train.log, not a thread's traceback on stderr
@@ -123,6 +127,15 @@ class Recorder:
                             "epochs trained before: continue with kdml train --resume "
                             "NEW_FOLDER")
 
+    def _events(self) -> SummaryWriter:
+        """TensorBoard's writer, opened at the first epoch recorded: a session that records
+        none (a finished run resumed) had left an empty events file at each --resume."""
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
+
+            self.writer = SummaryWriter(str(self.run.tensorboard))
+        return self.writer
+
     def _close_writer(self) -> None:
         """Close TensorBoard's writer, unless the run folder went: its last flush would fail
         (its thread is a daemon, and ends with the process)."""
@@ -179,9 +192,10 @@ class Recorder:
         hold each value once. Logged after the checkpoint: a stop while it is written has the
         epoch done again (or scored again) by --resume, and logged then, once; a Ctrl-C or kill
         (SIGTERM) after it waits for the log line (:func:`_stops_deferred`)."""
-        if not self.writes or self.writer is None:
+        if not self.writes:
             return
         self._check_folder()
+        writer = self._events()
         state = checkpoint()
         if keep_as_best:  # before last.pt: a crash between the two then redoes this epoch
             save_checkpoint(state, self.run.best_checkpoint)
@@ -191,7 +205,7 @@ class Recorder:
             new = {key: value for key, value in row.items()
                    if key != "epoch" and key not in recorded}
             for key, value in new.items():
-                self.writer.add_scalar(key, value, row["epoch"])
+                writer.add_scalar(key, value, row["epoch"])
             self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
                           _format_row(new))
         if keep_as_best:
