@@ -335,6 +335,11 @@ class Ranked(NamedTuple):
     continues: np.ndarray
 
 
+# How many tie tolerances past the last rank scored a neighbour may still rank there in exact
+# arithmetic: each float32 score is within half a tolerance of its exact one (RankedSearch)
+REACH = 2.0
+
+
 class RankedSearch:
     """Exact k-NN in query chunks that also returns tie groups, complete where they matter.
 
@@ -369,6 +374,12 @@ class RankedSearch:
         self.query_norms = self.reference_norms if exclude_self else _norms(query_vectors)
         self.largest_reference_norm = np.full((1, 1), self.reference_norms.max(initial=0.0))
 
+    def _largest_tolerance(self, rows: np.ndarray) -> np.ndarray:
+        """``[n, 1]`` the tie tolerance of each query with a neighbour at the largest reference
+        norm: an upper bound of its tolerances with every neighbour."""
+        return tie_tolerance(self.query_norms[rows], self.largest_reference_norm, self.metric,
+                             self.dim)
+
     def _continues(self, rows: np.ndarray, scores: np.ndarray, indices: np.ndarray,
                    needed: np.ndarray) -> np.ndarray:
         """``[n, w]`` float32 tie flags (:func:`~kdml.evaluation.ties.continues_group`), none
@@ -387,21 +398,22 @@ class RankedSearch:
         # Most queries have no tie at all. Their gaps exceed even the tolerance with every
         # neighbour at the largest reference norm, an upper bound of the exact one, which
         # gathers [n, w] norms: only queries with a gap under the bound need it. Same result.
-        query_norms = self.query_norms[rows]
-        bound = tie_tolerance(query_norms, self.largest_reference_norm, self.metric, self.dim)
+        bound = self._largest_tolerance(rows)
         gaps = score_gaps(scores)
         maybe = (gaps <= bound).any(axis=1)
         continues = np.zeros(scores.shape, dtype=bool)
         if maybe.any():
-            tolerance = tie_tolerance(query_norms[maybe], self.reference_norms[indices[maybe]],
-                                      self.metric, self.dim)
+            tolerance = tie_tolerance(self.query_norms[rows[maybe]],
+                                      self.reference_norms[indices[maybe]], self.metric,
+                                      self.dim)
             tied = continues_from_gaps(gaps[maybe], tolerance)
             # only the columns after the first rank scored are compared; in float32 (its
             # rounding of a difference is nothing beside the factor 2 of the reach)
-            first, after = int(needed[maybe].min()), needed[maybe]
-            these = scores[maybe, first:]
-            at_needed = np.take_along_axis(scores[maybe], (after - 1)[:, None], axis=1)
-            out_of_reach = np.abs(these - at_needed) > (2 * bound[maybe]).astype(these.dtype)
+            tied_scores, after = scores[maybe], needed[maybe]
+            first = int(after.min())
+            at_needed = np.take_along_axis(tied_scores, (after - 1)[:, None], axis=1)
+            out_of_reach = (np.abs(tied_scores[:, first:] - at_needed)
+                            > (REACH * bound[maybe]).astype(tied_scores.dtype))
             out_of_reach &= np.arange(first, scores.shape[1]) >= after[:, None]  # after it
             tied[:, first:] &= ~out_of_reach
             continues[maybe] = tied
@@ -458,10 +470,9 @@ class RankedSearch:
         embedding's chain of ties, whose ends are farther apart, doubles: its end is soon out
         of reach of the ranks scored."""
         width = continues.shape[1]
-        bound = tie_tolerance(self.query_norms[rows], self.largest_reference_norm, self.metric,
-                              self.dim)[:, 0]
         spread = np.abs(scores[:, -1] - scores[:, 0].astype(np.float64))
-        everything_tied = continues[:, 1:].all(axis=1) & (spread <= 2 * bound)
+        everything_tied = (continues[:, 1:].all(axis=1)
+                           & (spread <= REACH * self._largest_tolerance(rows)[:, 0]))
         for next_width, these in ((self.available, everything_tied),
                                   (min(2 * width, self.available), ~everything_tied)):
             if these.any():
