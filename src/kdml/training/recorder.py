@@ -44,7 +44,6 @@ class Recorder:
         self.writer: SummaryWriter | None = None
         self._plotted_at = time.monotonic()
         self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
-        self._drew = False  # whether this session drew the plots
         self._folder: tuple[int, int] | None = None  # the run folder's (device, inode)
         self._thread_hook = threading.excepthook  # the one this session's replaces
 
@@ -161,7 +160,7 @@ class Recorder:
             self.log.warning("a training plot is not drawn (the others are): %s", error)
         except OSError as error:
             self.log.warning("the training plots are not drawn: %s", error)
-        self._unplotted, self._plotted_at, self._drew = None, time.monotonic(), True
+        self._unplotted, self._plotted_at = None, time.monotonic()
 
     def trained(self, epoch: int, checkpoint: Callable[[], dict[str, Any]]) -> None:
         """Keep an epoch trained but not yet scored (``checkpoints/unscored.pt``): scoring can
@@ -226,7 +225,7 @@ class Recorder:
             self._check_folder()
             self.run.write_metrics(history, final, SCORED_PARTS[self.scored])
             self.log.info("final %s metrics: %s", SCORED_PARTS[self.scored], final)
-            if self._unplotted is None and not self._drew:
+            if self.writer is None:  # opened by the first epoch recorded: none was
                 self._unplotted = list(history)
 
 
