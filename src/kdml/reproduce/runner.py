@@ -453,7 +453,7 @@ def _check_score(run_dir: Path, name: str, value: object, diverged: bool) -> Non
     if not is_score(value):
         raise KdmlError(f"{run_dir / 'metrics.json'}: {name} is {value!r}, not a number; "
                         "delete the run folder to train it again")
-    if not diverged and not math.isfinite(float(value)):  # type: ignore[arg-type]
+    if not diverged and not math.isfinite(value):
         raise KdmlError(f"{run_dir}: {name} is {value!r}, but the run did not diverge (its "
                         "reproduce.json says none): its records were edited or damaged; delete "
                         "the run folder to train it again")

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -200,7 +200,7 @@ def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
                         "while this one checked the folder); choose another --out") from None
 
 
-def is_score(value: object) -> bool:
+def is_score(value: object) -> TypeGuard[int | float]:
     """Whether ``value`` is a number as JSON stores one, NaN included (a diverged run's): not
     a bool, which Python counts as an int, nor the null or text another tool may have written
     into a metrics file."""
