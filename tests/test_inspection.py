@@ -1668,7 +1668,8 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
     assert json.loads((tmp_path / "index" / "index.json").read_text())["count"] == 896
     mapped = []
     monkeypatch.setattr(plots, "plot_embedding_map",
-                        lambda coordinates, labels, path, *_: mapped.append(set(labels)) or path)
+                        lambda coordinates, labels, path, method, title, *_:
+                        mapped.append((set(labels), title)) or path)
     monkeypatch.setattr(plots, "plot_retrieval_grid",
                         lambda queries, neighbours, hits, image, path, *_, **__: path)
     for test in ([], ["--test"]):
@@ -1677,7 +1678,9 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
         assert ("validation part" in capsys.readouterr().err) == (not test)
         assert kdml("plot", "retrieval", run, *test) == 0
         assert ("validation part" in capsys.readouterr().err) == (not test)
-    assert mapped == [{3, 4}, {5, 6, 7, 8, 9}]
+    # the picture says which part it shows, as stderr did
+    assert mapped == [({3, 4}, "amsoftmax on digits, validation part"),
+                      ({5, 6, 7, 8, 9}, "amsoftmax on digits")]
     # analyze generalization took the validation part as its unseen classes without a word
     capsys.readouterr()
     assert kdml("analyze", "generalization", run, "--repeats", "2") == 0

@@ -141,7 +141,8 @@ def _chart_neighbours(queries: Embedded, chosen: np.ndarray, reference: Embedded
 
 def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
     """``plots/embedding.png`` (``embedding-best.png`` with the best checkpoint): the test
-    embeddings in 2-D (UMAP, else t-SNE), by class."""
+    embeddings in 2-D (UMAP, else t-SNE), by class; a validated run's validation part, which
+    the title names, as its other commands take it (:func:`run_part`)."""
     check_replaceable(trained.plot_path("embedding"))  # before minutes of embedding
     part = run_part(trained)
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
@@ -161,8 +162,11 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
                                         else values, seed)
     if cosine:
         method += ", of the L2-normalised embeddings (cosine metric)"
+    # a validated run's "test" is its validation part (kdml plot says it on stderr; the
+    # picture, looked at later, says it too)
+    shown = ", validation part" if part.is_validation else ""
     return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
-                              f"{trained.config.recipe} on {trained.config.data.dataset}",
+                              f"{trained.config.recipe} on {trained.config.data.dataset}{shown}",
                               part.dataset.class_names)
 
 
