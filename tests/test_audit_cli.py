@@ -663,13 +663,17 @@ def test_a_finished_cell_whose_score_is_no_number_shows_a_dash(tmp_path, capsys,
     ("inshop", ["Eval/list_eval_partition.txt", "Img/img/x.jpg"], "img/"),
     ("cifar10", ["data_batch_1", "test_batch"], "data_batch_2, data_batch_3, data_batch_4, "
                                                 "data_batch_5"),
+    # there as the other kind: had been called missing as if nothing were there
+    ("cub", ["images.txt", "image_class_labels.txt/x", "images"],
+     "image_class_labels.txt (is not a file), images/ (is not a folder)"),
 ])
 def test_kdml_datasets_names_what_a_copy_with_a_marker_file_lacks(tmp_path, monkeypatch, capsys,
                                                                   name, files, missing):
     """README: kdml datasets says a copy under $KDML_DATA_ROOT that lacks files is not
     complete. One holding the dataset's marker file (CUB's images.txt, MNIST's train labels)
     had been listed as "found in", and training then stopped on the files missing beside it;
-    the line names them (any of a file's names will do: MNIST's gzipped or dotted ones)."""
+    the line names them (any of a file's names will do: MNIST's gzipped or dotted ones), and
+    says which of them are there as the other kind (a folder where a file is needed)."""
     from kdml.data import registry
 
     for file in files:

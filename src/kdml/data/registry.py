@@ -103,12 +103,19 @@ class DiskFormat:
 
     def missing(self, folder: Path) -> list[str]:
         """The entries of :attr:`needs` that ``folder`` lacks (a marker file alone had been
-        called "found", and training then stopped on the files missing beside it)."""
+        called "found", and training then stopped on the files missing beside it), each by
+        its first name; one whose first name is there as the other kind (a folder where a file
+        is needed) says so, as training's error would."""
         def there(name: str) -> bool:
             path = folder / name
             return path.is_dir() if name.endswith("/") else path.is_file()
 
-        return [need.split("|")[0] for need in self.needs
+        def named(name: str) -> str:
+            kind = "folder" if name.endswith("/") else "file"
+            return (f"{name} ({why_missing(folder / name, kind)})"
+                    if (folder / name).exists() else name)
+
+        return [named(need.split("|")[0]) for need in self.needs
                 if not any(map(there, need.split("|")))]
 
 
