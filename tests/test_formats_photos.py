@@ -17,6 +17,7 @@ from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop, w
 from kdml.data.formats.cars import load_cars196
 from kdml.data.formats.common import DatasetParts
 from kdml.data.formats.cub import folder_class_name, load_cub
+from kdml.data.formats.idx import load_mnist
 from kdml.data.formats.inshop import load_inshop
 from kdml.data.formats.sop import load_sop
 from kdml.data.images import ImageFiles
@@ -663,3 +664,28 @@ def test_cars196_is_found_by_cars_annos_mat_beside_an_empty_cars196_folder(tmp_p
     (tmp_path / "cars196").mkdir()
     assert find_root(FORMATS["cars196"], str(tmp_path)) == tmp_path
     assert len(open_dataset("cars196", root=str(tmp_path)).dataset) == 12
+
+
+def as_a_folder(path: Path) -> None:
+    """Replace the file ``path`` by a folder of that name."""
+    path.unlink()
+    path.mkdir()
+
+
+@pytest.mark.parametrize(("make", "load", "needed", "match"), [
+    (make_cub, load_cub, "images.txt", r"cub: images\.txt is not a file \(searched"),
+    (make_cars196, load_cars196, "cars_annos.mat",
+     r"cars196: cars_annos\.mat is not a file: put Cars196's cars_annos\.mat beside car_ims/"),
+    (make_inshop, load_inshop, "list_eval_partition.txt",
+     r"inshop: list_eval_partition\.txt is not a file \(searched"),
+    (lambda root: make_idx(root, train=20, test=10, gzipped=False, name="."), load_mnist,
+     "train-images-idx3-ubyte", r"mnist: train-images-idx3-ubyte is not a file \(searched for "
+                                r"train-images-idx3-ubyte, train-images-idx3-ubyte\.gz"),
+], ids=["cub", "cars196", "inshop", "idx"])
+def test_a_needed_file_that_is_a_folder_is_called_so_not_missing(tmp_path, make, load, needed,
+                                                                  match):
+    """A folder where a needed file belongs had been reported as the file "missing", which
+    sends the user looking for a file that seems to be there."""
+    make(tmp_path)
+    as_a_folder(tmp_path / needed)
+    one_line_error(load, tmp_path, match)

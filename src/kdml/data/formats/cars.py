@@ -50,8 +50,8 @@ def annotations_file(layout: Layout) -> Path:
                            f"kdml does not read; get the same page's car_ims.tgz and {FILE}, "
                            "the Cars196 release of deep metric learning")
     if (layout.root / "car_ims").is_dir():
-        raise layout.error(f"missing {FILE}: put Cars196's {FILE} beside car_ims/")
-    raise layout.error(f"missing {FILE}: pass the folder that holds {FILE} and car_ims/")
+        raise layout.error(f"{layout.lacks(FILE)}: put Cars196's {FILE} beside car_ims/")
+    raise layout.error(f"{layout.lacks(FILE)}: pass the folder that holds {FILE} and car_ims/")
 
 
 def read_annotations(layout: Layout) -> dict:

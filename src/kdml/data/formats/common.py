@@ -77,8 +77,15 @@ class Layout:
         """``root / relative``, which must be an existing file."""
         path = self.root / relative
         if not path.is_file():
-            raise self.error(f"missing {relative}")
+            raise self.error(self.lacks(relative))
         return path
+
+    def lacks(self, *names: str) -> str:
+        """What to say of a needed file none of whose ``names`` is a file in the root: "X is
+        not a file" for the first that is there as something else (a folder), which "missing"
+        had called absent, else "missing X" of the first name."""
+        there = next((name for name in names if (self.root / name).exists()), None)
+        return f"{there} is not a file" if there is not None else f"missing {names[0]}"
 
     def read_rows(self, relative: str, columns: int, header_lines: int = 0,
                   example: str = "") -> list[tuple[int, list[str]]]:

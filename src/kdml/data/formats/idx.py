@@ -56,7 +56,7 @@ def find_file(layout: Layout, name: str) -> Path:
     for candidate in names:
         if (layout.root / candidate).is_file():
             return layout.root / candidate
-    raise layout.error(f"missing {name} (searched for {', '.join(names)})")
+    raise layout.error(f"{layout.lacks(*names)} (searched for {', '.join(names)})")
 
 
 def gzip_trailer(path: Path) -> tuple[int, int] | None:

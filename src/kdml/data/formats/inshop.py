@@ -37,10 +37,11 @@ STATUSES = ("train", "query", "gallery")
 def load_inshop(root: Path) -> DatasetParts:
     """Read In-Shop Clothes Retrieval from its folder ``root``."""
     layout = Layout("inshop", root, EXPECTED)
-    relative = next((name for name in ("list_eval_partition.txt", "Eval/list_eval_partition.txt")
-                     if (root / name).is_file()), None)
+    names = ("list_eval_partition.txt", "Eval/list_eval_partition.txt")
+    relative = next((name for name in names if (root / name).is_file()), None)
     if relative is None:
-        raise layout.error("missing list_eval_partition.txt (or Eval/list_eval_partition.txt)")
+        said = layout.lacks(*names)
+        raise layout.error(f"{said} (or {names[1]})" if said.startswith("missing") else said)
     rows = layout.read_rows(relative, 3, header_lines=2, example=EXAMPLE)
     count, header = layout.header(relative, 2)
     if layout.integer(count, relative, 1) != len(rows):
