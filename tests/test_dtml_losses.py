@@ -9,6 +9,7 @@ and evaluate every distance with plain Python arithmetic; they share no code wit
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
+from kdml.data.samplers import check_batching
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel, PolynomialKernel
 from kdml.losses.dtml_objective import DTMLObjective
@@ -223,21 +225,38 @@ K2_ADVICE = ("For k2: more classes per batch, batches of at least {} at the same
     # a DTML run's class-balanced batch, 3 classes of 4: 8 others for k2=10 had been told
     # "e.g. data.samples_per_class >= 6", which adds no sample of another class
     (3, 10, "only 8 other-class neighbours for k2=10; they use all they have. "
-            + K2_ADVICE.format(14) + " Checked on the first batch."),
+            + K2_ADVICE.format(16) + " Checked on the first batch."),
     (5, 8, "only 3 same-class neighbours for k1=5; they use all they have. "
            + K1_ADVICE.format(6, 6) + " Checked on the first batch."),
     (5, 10, "only 3 same-class neighbours for k1=5 and 8 other-class neighbours for k2=10; "
-            "they use all they have. " + K1_ADVICE.format(6, 6) + " " + K2_ADVICE.format(14)
+            "they use all they have. " + K1_ADVICE.format(6, 6) + " " + K2_ADVICE.format(16)
             + " Checked on the first batch."),
 ])
 def test_the_warning_gives_each_short_graph_its_own_remedy(k1, k2, message):
     """More samples per class fill the same-class graph (k1); only more classes per batch
-    fill the other-class one (k2): a batch of 4 + k2 at 4 per class."""
+    fill the other-class one (k2): a batch of 4 classes at 4 per class (16: 12 others)."""
     labels = torch.arange(3).repeat_interleave(4)
     with pytest.warns(UserWarning) as warned:
         MarginalFisherLoss(k1=k1, k2=k2).terms(random_points(12, 2, seed=1), labels)
     assert [str(warning.message) for warning in warned] == [
         "MarginalFisherLoss: a batch has samples with " + message]
+
+
+@pytest.mark.parametrize(("per_class", "num_classes", "k2"), [
+    (8, 2, 10), (4, 3, 10), (5, 2, 10), (8, 1, 3), (3, 2, 4)])
+def test_the_k2_advice_is_a_batch_size_kdml_takes_and_that_fills_k2(per_class, num_classes,
+                                                                      k2):
+    """The advised batch, at the same samples per class, is a multiple of them (kdml refuses
+    another: `kdml train dtml data.batch_size=16 data.samples_per_class=8` had advised 18,
+    which `data.batch_size=18` then refused) and gives every sample k2 of other classes."""
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    with pytest.warns(UserWarning) as warned:
+        MarginalFisherLoss(k1=1, k2=k2).terms(random_points(len(labels), 2), labels)
+    advised = int(re.search(r"batches of at least (\d+) at the same samples per class",
+                            str(warned[0].message)).group(1))
+    check_batching(torch.arange(100).repeat_interleave(per_class), per_class, advised)
+    assert advised - per_class >= k2  # the others of a sample, at per_class a class
+    assert advised - 2 * per_class < k2  # one class fewer would not do
 
 
 def test_batch_without_pairs_gives_zero_attached_to_the_graph():

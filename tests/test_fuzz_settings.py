@@ -7,6 +7,7 @@ model.embedding_size)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kdml import cli
@@ -61,6 +62,45 @@ def test_class_balanced_batches_that_zero_the_metric_term_are_refused(recipe, ba
     with pytest.raises(KdmlError, match=r"(samples_per_class=1 puts 1 sample of each class|"
                                         r"puts one class in each batch).* would be 0 at every"):
         Session.build(config, echo=lambda line: None)
+
+
+def _feature_pair(path):
+    """A small npz domain pair: 3 source classes of 10, a target of 12 (4 unlabelled)."""
+    features = np.random.default_rng(0).normal(size=(42, 5)).astype(np.float32)
+    labels = np.concatenate([np.repeat(np.arange(3), 10), np.tile(np.arange(4) - 1, 3)])
+    np.savez(path, X=features, y=labels, domain=np.array([0] * 30 + [1] * 12))
+    return f"data.dataset=npz:{path}"
+
+
+@pytest.mark.parametrize(("recipe", "batch", "m", "term"), [
+    ("dtml", 3, 1, "S_c"),  # one sample per class: no same-class pair, S_c is 0
+    ("dstml", 3, 1, "S_c"),
+    ("ddml", 4, 4, "S_b"),  # one class per batch: no different-class pair, S_b is 0
+    ("dtml", 4, 4, "S_b"),
+])
+def test_class_balanced_batches_that_zero_a_marginal_fisher_term_are_refused(
+        tmp_path, recipe, batch, m, term):
+    """As for the triplet and JRS recipes above: `kdml train dtml data.batch_size=10
+    data.samples_per_class=1` trained with train/s_c = 0 at every step (the compactness of
+    Eq. 4, DTML's main term, gone), and data.batch_size=8 data.samples_per_class=8 with
+    train/s_b = 0 (Eq. 5, so the objective only shrinks the embedding), under a warning that
+    said the samples "use all they have"."""
+    config = config_of(recipe, _feature_pair(tmp_path / "pair.npz"),
+                       f"data.samples_per_class={m}", f"data.batch_size={batch}")
+    from kdml.training.trainer import Session
+    with pytest.raises(KdmlError, match=rf"(samples_per_class=1 puts 1 sample of each class|"
+                                        rf"puts one class in each batch).*{term}.* would be 0 at "
+                                        "every"):
+        Session.build(config, echo=lambda line: None)
+
+
+def test_one_class_batches_are_taken_for_the_compactness_alone(tmp_path):
+    """method.alpha=0 drops S_b (the compactness-only ablation): one class a batch is then
+    no loss of a term, and is taken."""
+    config = config_of("dtml", _feature_pair(tmp_path / "pair.npz"), "method.alpha=0",
+                       "data.samples_per_class=4", "data.batch_size=4")
+    from kdml.training.trainer import Session
+    assert Session.build(config, echo=lambda line: None).method.batch_needs[1] == 1
 
 
 @pytest.mark.parametrize(("recipe", "setting"), [

@@ -176,8 +176,7 @@ class MarginalFisherLoss(nn.Module):
                           f"of each class (data.samples_per_class >= {self.k1 + 1}), or a "
                           "smaller k1.")
         if fewest_other < self.k2:
-            # the sample with the fewest is in the largest class, of len - fewest_other
-            needed = len(num_other) - fewest_other + self.k2
+            needed = _batch_for_k2(len(num_other) - fewest_other, self.k2)
             short.append(f"{fewest_other} other-class neighbours for k2={self.k2}")
             advice.append(f"For k2: more classes per batch, batches of at least {needed} at the "
                           "same samples per class (a larger data.batch_size, "
@@ -191,6 +190,15 @@ class MarginalFisherLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"k1={self.k1}, k2={self.k2}, alpha={self.alpha}"
+
+
+def _batch_for_k2(largest: int, k2: int) -> int:
+    """The smallest batch of whole classes of ``largest`` samples each (the batch's largest
+    class, where the sample with the fewest other-class neighbours is) that gives every sample
+    ``k2`` of another class: ``largest`` times one class more than ``k2 / largest`` rounded up.
+    A multiple of the samples per class, as ``data.batch_size`` must be (``largest + k2``,
+    e.g. 14 at 4 per class, was refused when set)."""
+    return largest * (1 + -(-k2 // largest))
 
 
 def _graph_mean(graph: Tensor, sq_dists: Tensor) -> Tensor:

@@ -192,6 +192,15 @@ class DTMLMethod(Method):
         self.objective = DTMLObjective(params.alpha, params.beta, params.gamma, params.k1,
                                        params.k2, params.domain_mmd(), params.omega, params.tau)
 
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        # S_c sums over pairs of one class, S_b (weighed by alpha) over pairs of different
+        # classes: one sample a class, or one class a batch, leaves one of them 0 at every step
+        if self.objective.fisher.alpha == 0:
+            return 2, 1, "marginal Fisher compactness S_c (pairs of one class)"
+        return 2, 2, ("marginal Fisher criterion (S_c: pairs of one class, S_b: pairs of "
+                      "different classes)")
+
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         source_layers = self.backbone(inputs)
