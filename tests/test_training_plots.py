@@ -67,6 +67,21 @@ def test_a_run_stopped_after_an_unscored_epoch_still_draws_its_scores(tmp_path, 
         viz.plt.close(figure)
 
 
+def test_a_domain_pairs_source_nn_accuracy_is_drawn_with_its_retrieval(tmp_path, monkeypatch):
+    """A DTML run's recall.png had left out source_nn_accuracy, the score its paper and
+    `kdml reproduce dtml`'s claims judge the transfer by; other test scores stay out."""
+    history = [{"epoch": epoch, "train/loss": 1.0, "test/recall@1": 0.5, "test/map@r": 0.1,
+                "test/source_nn_accuracy": epoch / 4, "test/r_precision": 0.2}
+               for epoch in (1, 2)]
+    drawn = _drawn(history, tmp_path, monkeypatch)
+    (axes,) = drawn["recall.png"].axes
+    assert [line.get_label() for line in axes.get_lines()] == ["recall@1", "map@r",
+                                                               "source_nn_accuracy"]
+    assert list(axes.get_lines()[2].get_ydata()) == [0.25, 0.5]
+    for figure in drawn.values():
+        viz.plt.close(figure)
+
+
 def test_logged_terms_that_are_not_losses_are_drawn_apart(tmp_path, monkeypatch):
     """Atlas's q_max, active_triplets and infinite_positives (a count of hundreds) had been
     drawn as loss terms, on the loss axis."""
