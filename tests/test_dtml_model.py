@@ -391,3 +391,7 @@ def test_dtml_methods_built_directly_check_their_settings():
         DTMLMethod(DTMLParams(mmd_kernel="rbf"), 6)
     with pytest.raises(KdmlError, match=r"^method.sharpness \(DDML's beta\) must be > 0"):
         DDMLLogisticMethod(DDMLLogisticParams(sharpness=0.0), 6)
+    # beyond float32's normal range the loss was inf or NaN; refused naming the setting
+    with pytest.raises(KdmlError, match=r"^method.sharpness \(DDML's beta\) must be in "
+                                        r"\[1\.18e-38, 8\.51e\+37\] .*, got 1e\+39$"):
+        DDMLLogisticMethod(DDMLLogisticParams(sharpness=1e39), 6)

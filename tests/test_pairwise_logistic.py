@@ -101,6 +101,26 @@ def test_large_values_stay_finite_without_overflow():
     assert math.isfinite(loss.item()) and loss.item() > 1e4
 
 
+def test_a_sharp_loss_is_the_hinge_without_overflow():
+    """softplus(beta * z) / beta overflowed float32 in beta * z: beta = 1e37 gave an inf loss
+    for a positive pair at d^2 = 100 (z = 98), beta = 1e39 a NaN loss and NaN gradients. The
+    loss is now the hinge it tends to, and a beta outside float32's normal range is refused
+    in one line, as the kernels' settings are."""
+    embeddings = torch.tensor([[0.0], [10.0], [1.0], [1.5]])
+    labels = torch.tensor([0, 0, 1, 1])
+    hinge = pairwise_logistic_loss(embeddings.double(), labels, sharpness=1e6)
+    for dtype in (torch.float32, torch.float64):
+        points = embeddings.to(dtype).clone().requires_grad_()
+        loss = pairwise_logistic_loss(points, labels, sharpness=1e37)
+        loss.backward()
+        assert loss.item() == pytest.approx(hinge.item(), rel=1e-6)
+        assert torch.isfinite(points.grad).all()
+    for sharpness in (1e39, 1e-39):
+        with pytest.raises(KdmlError, match=r"^sharpness \(DDML's beta\) .* is outside "
+                                            r"\[1\.18e-38, 8\.51e\+37\]"):
+            PairwiseLogisticLoss(sharpness=sharpness)
+
+
 def test_fewer_than_two_samples_give_zero_attached_to_the_graph():
     single = torch.randn(1, 3, requires_grad=True)
     loss = pairwise_logistic_loss(single, torch.tensor([0]))

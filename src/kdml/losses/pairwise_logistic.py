@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from kdml.checks import check_labels, is_finite_number
 from kdml.errors import KdmlError
-from kdml.kernels import squared_distances
+from kdml.kernels import FLOAT32_SETTING_RANGE, squared_distances
 from kdml.losses.pml_call import check_pml_call
 from kdml.precision import full_precision
 
@@ -33,6 +33,13 @@ REDUCTIONS = ("mean", "sum")
 def _check_sharpness(sharpness: float) -> float:
     if not is_finite_number(sharpness, above=0):
         raise KdmlError(f"sharpness (DDML's beta) must be a finite number > 0, got {sharpness!r}")
+    # as the kernels' settings: the loss computes in float32 or wider, where a beta outside
+    # this range, or its reciprocal, is 0 or inf (beta = 1e39 gave a NaN loss and gradient)
+    low, high = FLOAT32_SETTING_RANGE
+    if not low <= float(sharpness) <= high:
+        raise KdmlError(f"sharpness (DDML's beta) {sharpness!r} is outside [{low:.3g}, "
+                        f"{high:.3g}], where it and its reciprocal are normal float32 numbers "
+                        "(the loss computes in float32 or wider)")
     return float(sharpness)
 
 
@@ -69,7 +76,10 @@ def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: float 
         d^2_{ij} = \|x_i - x_j\|_2^2,
 
     with :math:`l_{ij} = +1` when :math:`x_i, x_j` share a class and :math:`-1` otherwise.
-    :math:`g` is computed as ``softplus(beta * z) / beta``, which never overflows.
+    :math:`g` is computed as ``softplus(z, beta=beta)``, which is linear where
+    :math:`\beta z > 20` and so never overflows (``softplus(beta * z) / beta`` was ``inf``
+    once :math:`\beta z` left the float32 range, e.g. :math:`\beta = 10^{37}`,
+    :math:`z = 98`). :math:`\beta` lies in :data:`~kdml.kernels.FLOAT32_SETTING_RANGE`.
 
     **Pairs.** The paper's :math:`\frac{1}{2} \sum_{i,j}` runs over ordered pairs; the
     :math:`\frac{1}{2}` undoes the double count, and the :math:`i = j` terms are the constant
@@ -110,7 +120,7 @@ def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: float 
     sq_dists = squared_distances(embeddings, embeddings)[rows, cols]
     same = labels[rows] == labels[cols]
     signs = torch.where(same, 1.0, -1.0).to(sq_dists.dtype)
-    losses = F.softplus(sharpness * (1.0 - signs * (threshold - sq_dists))) / sharpness
+    losses = F.softplus(1.0 - signs * (threshold - sq_dists), beta=sharpness)
     if reduction == "sum":
         return losses.sum()
     return losses.sum() / max(len(losses), 1)

@@ -30,7 +30,7 @@ from kdml.checks import check_params
 from kdml.config import OptimConfig, RunConfig, check_fields
 from kdml.distributed import gather
 from kdml.errors import KdmlError
-from kdml.kernels import GaussianMixtureKernel
+from kdml.kernels import FLOAT32_SETTING_RANGE, GaussianMixtureKernel
 from kdml.losses.dtml_objective import DTMLObjective
 from kdml.losses.pairwise_logistic import PairwiseLogisticLoss
 from kdml.models.backbones import feature_size_of
@@ -150,6 +150,11 @@ class DDMLLogisticParams(NetworkParams):
         super().validate()  # types, NaN and infinity first (check_fields): the threshold too
         if not self.sharpness > 0:
             raise KdmlError(f"method.sharpness (DDML's beta) must be > 0, got {self.sharpness}")
+        low, high = FLOAT32_SETTING_RANGE  # as the loss checks it, named as the setting here
+        if not low <= self.sharpness <= high:
+            raise KdmlError(f"method.sharpness (DDML's beta) must be in [{low:.3g}, {high:.3g}] "
+                            f"(it and its reciprocal normal float32 numbers), got "
+                            f"{self.sharpness}")
         if not self.weight_decay >= 0:
             raise KdmlError(f"method.weight_decay (DDML's lambda) must be >= 0, got "
                             f"{self.weight_decay}")
