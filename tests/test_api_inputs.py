@@ -5,22 +5,29 @@ a perfect Recall@1 on random data)."""
 from __future__ import annotations
 
 import re
+import types
 
 import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.distances import CosineSimilarity, LpDistance, SNRDistance
+from torch import nn
 
 from kdml.errors import KdmlError
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.kernels import (
     GaussianMixtureKernel,
+    InverseMultiquadricKernel,
+    LaplaceKernel,
     PolynomialKernel,
     adaptive_bandwidth,
     l1_distances,
     squared_distances,
 )
+from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.dtml_objective import DTMLObjective
+from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.losses.nt_xent import nt_xent_loss
 from kdml.models.atlas_heads import AtlasHead
 from kdml.models.dtml import DTMLNetwork
 from kdml.regularizers import (
@@ -29,6 +36,7 @@ from kdml.regularizers import (
     JointRepresentationSimilarity,
     ManifoldMMD,
 )
+from kdml.training.domain_adapted import DomainAdaptedMethod
 
 
 @pytest.mark.parametrize("mmd", [GaussianMixtureKernel(1), "gaussian"])
@@ -150,3 +158,53 @@ def test_an_empty_set_of_points_leaves_the_other_s_gradient_finite():
         assert value.shape == (4, 0)
         (value.sum() + x.pow(2).sum()).backward()
         assert torch.equal(x.grad, 2 * x.detach())
+
+
+def accepted_types(function: object, parameter: str) -> tuple[type, ...]:
+    """The classes a parameter's annotation names (a union's members, generics unsubscripted),
+    as a user's type checker reads them now that the package is typed (py.typed)."""
+    import typing
+
+    hint = typing.get_type_hints(function)[parameter]
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    return tuple(typing.get_origin(member) or member for member in members)
+
+
+@pytest.mark.parametrize(("function", "parameter", "value"), [
+    (am_softmax_loss, "scale", nn.Parameter(torch.tensor(20.0))),  # "e.g. learned"
+    (am_softmax_loss, "margin", torch.tensor(0.1)),
+    (nt_xent_loss, "temperature", nn.Parameter(torch.tensor(0.5))),
+    (PolynomialKernel.__init__, "bias", torch.tensor(1.0)),  # "or a 0-d tensor or array"
+    (PolynomialKernel.__init__, "degree", np.int64(2)),
+    (ManifoldMMD.__init__, "eps", np.array(1e-3)),
+    (ManifoldMMD.__init__, "dim", np.int64(4)),
+    (GaussianMixtureKernel.__init__, "bandwidth", torch.tensor(2.0)),
+    (GaussianMixtureKernel.__init__, "multiplier", np.float32(2.0)),
+    (GaussianMixtureKernel.__init__, "num_kernels", np.int64(3)),
+    (LaplaceKernel.__init__, "bandwidth", np.float32(1.0)),
+    (InverseMultiquadricKernel.__init__, "scale", torch.tensor(0.5)),
+    (MarginalFisherLoss.__init__, "alpha", torch.tensor(0.1)),
+    (MarginalFisherLoss.__init__, "k1", np.int64(2)),
+    (DTMLObjective.__init__, "gamma", np.array(0.1)),
+    (DomainAdaptedMethod.__init__, "beta", torch.tensor(1.0)),  # "(or a 0-d tensor or array)"
+    (DomainMMD.__init__, "kernel", CosineSimilarity()),  # taken, as a test above shows
+    (IntraClassPenalty.__init__, "kernels", CosineSimilarity()),
+], ids=lambda value: getattr(value, "__qualname__", None) if callable(value) else None)
+def test_the_signatures_name_the_values_the_calls_take(function, parameter, value):
+    """With the package typed, the annotations are what a user's mypy holds calls to: they had
+    said ``float`` (or ``int``) where the docstrings and checks take a learned tensor, a 0-d
+    tensor or array, or a NumPy number, so documented calls were reported as type errors
+    ('Argument 3 to "am_softmax_loss" has incompatible type "Parameter"; expected
+    "float"')."""
+    assert isinstance(value, accepted_types(function, parameter))
+
+
+def test_the_regularizers_are_typed_to_take_a_user_s_own_kernel_module():
+    """check_kernel takes any module called as kernel(x) and kernel(x, y), not only kdml's
+    Kernel subclasses; the annotations said Sequence[Kernel]."""
+    import typing
+
+    hint = typing.get_type_hints(JointRepresentationSimilarity.__init__)["kernels"]
+    assert typing.get_origin(hint) is typing.get_origin(typing.Sequence[int])
+    (member,) = typing.get_args(hint)
+    assert nn.Module in typing.get_args(member)

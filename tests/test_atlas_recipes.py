@@ -26,8 +26,10 @@ from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
 from kdml.training.recipes.atlas import (
     RECIPES,
     MSimCLRParams,
+    MTripletMethod,
     MTripletParams,
     SimCLRParams,
+    TripletMethod,
     TripletParams,
     atlas_embedding,
     batch_all_triplet_loss,
@@ -582,3 +584,23 @@ def test_simclr_augment_grayscale_and_jitter_settings_shape_its_views():
     assert torch.allclose(unjittered, colour, atol=1e-6)
     jittered = view(jitter_p=1.0, jitter_strength=0.5, grayscale_p=0.0)
     assert not torch.allclose(jittered, colour, atol=1e-3)
+
+
+@pytest.mark.parametrize("recipe", ["mtriplet", "triplet"])
+def test_triplet_methods_refuse_labels_they_cannot_take_in_one_line(recipe):
+    """Called from a PML loop, labels left on another device failed inside the triplet loss
+    with torch's "Tensor on device meta is not on the expected device cpu!" (the meta device
+    stands in for a GPU), where JRDMethod refuses them in one line."""
+    backbone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8))
+    backbone.feature_size = 8
+    method = (MTripletMethod(backbone, MTripletParams(n_charts=2)) if recipe == "mtriplet"
+              else TripletMethod(backbone, TripletParams()))
+    owner = type(method).__name__
+    inputs, labels = torch.randn(6, 16), torch.tensor([0, 0, 1, 1, 2, 2])
+    with pytest.raises(KdmlError, match=rf"^{owner}: the labels are on meta but the inputs on "
+                                        r"cpu; move the labels with labels\.to\(inputs\.device\)$"):
+        method(inputs, labels.to("meta"))
+    with pytest.raises(KdmlError, match=rf"^{owner}: labels must be integers, got dtype "
+                                        r"torch\.float32$"):
+        method(inputs, labels.float())
+    assert torch.isfinite(method(inputs, labels.int()).loss)

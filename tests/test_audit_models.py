@@ -536,6 +536,29 @@ def test_embedding_and_jrd_heads_refuse_features_they_cannot_take(features, mess
             head(features)
 
 
+@pytest.mark.parametrize(("sizes", "named"), [
+    ((128, 64, 0), "num_classes must be a positive integer, got 0"),  # built silently
+    ((128, -1, 10), "embedding_size must be a positive integer, got -1"),  # torch's RuntimeError
+    ((128.0, 64, 10), "in_features must be a positive integer, got 128.0"),  # torch's TypeError
+    ((True, 64, 10), "in_features must be a positive integer, got True"),  # Linear(True, ...)
+])
+def test_embedding_and_jrd_heads_refuse_sizes_that_are_no_positive_integers(sizes, named):
+    """AtlasHead refused such sizes in one line; the JRD and embedding heads left them to
+    nn.Linear and torch.randn ("Trying to create tensor with negative dimension -1", "empty():
+    argument 'size' failed to unpack"), or built a head of no class."""
+    import numpy as np
+
+    from kdml.models.heads import EmbeddingHead, JRDHead
+
+    with pytest.raises(KdmlError, match=f"^JRDHead: {re.escape(named)}$"):
+        JRDHead(*sizes)
+    if "num_classes" not in named:
+        with pytest.raises(KdmlError, match=f"^EmbeddingHead: {re.escape(named)}$"):
+            EmbeddingHead(*sizes[:2])
+    head = JRDHead(np.int64(6), 4, 3)  # a NumPy integer is a size, as for AtlasHead
+    assert head.proxies.shape == (4, 3) and head.embedding.linear.in_features == 6
+
+
 def test_a_weights_file_whose_keys_are_not_names_is_refused_in_one_line(tmp_path):
     """{0: tensor} had stopped read_state_dict with an AttributeError (int has no
     removeprefix)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from kdml.kernels import (
     PolynomialKernel,
     adaptive_bandwidth,
     build_kernel,
+    l1_distances,
     resolution_floor,
     smallest_bandwidth,
     squared_distances,
@@ -517,3 +519,52 @@ def test_a_float32_and_a_float64_input_are_taken_in_float64(kernel):
     mixed = kernel(x.float(), y)
     assert mixed.dtype == torch.float64
     assert torch.allclose(mixed, kernel(x.float().double(), y), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), GaussianMixtureKernel(bandwidth=1.0),
+                                    LaplaceKernel(), LaplaceKernel(1.0), PolynomialKernel(),
+                                    MomentGeneratingKernel(), InverseMultiquadricKernel(0.5)],
+                         ids=repr)
+def test_a_kernel_of_two_sets_on_two_devices_is_refused_in_one_line(kernel):
+    """A kernel of a CPU set and a set on another device raised torch's "Tensor on device cpu
+    is not on the expected device meta!" from inside the maths (the Gaussian and inverse
+    multiquadric kernels), or returned a matrix on the other device (the fixed Laplace, the
+    polynomial and the MGF kernels on the meta device), where DomainMMD and JRS refuse two
+    devices in one line."""
+    on_cpu, elsewhere = torch.randn(4, 3), torch.randn(5, 3, device="meta")
+    name = type(kernel).__name__
+    with pytest.raises(KdmlError, match=rf"^{name}: the inputs are on different devices "
+                                        r"\(cpu, meta\); put them on one device$"):
+        kernel(on_cpu, elsewhere)
+    assert kernel(on_cpu.to("meta"), elsewhere).device.type == "meta"  # one device: taken
+
+
+@pytest.mark.parametrize("distances", [squared_distances, l1_distances])
+def test_distances_of_two_sets_on_two_devices_are_refused_in_one_line(distances):
+    on_cpu, elsewhere = torch.randn(4, 3), torch.randn(5, 3, device="meta")
+    with pytest.raises(KdmlError, match=rf"^{distances.__name__}: the points are on different "
+                                        r"devices \(meta, cpu\); put them on one device$"):
+        distances(elsewhere, on_cpu)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_the_laplace_kernel_under_torch_func_is_as_the_readme_says():
+    """README ("Using the library") had said that the Laplace kernel works under torch.func's
+    grad, vmap, jacrev and jvp; under jvp it raises torch's NotImplementedError (cdist has no
+    forward-mode derivative). The others give autograd's numbers."""
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    kernel = LaplaceKernel()
+
+    def total(points: torch.Tensor) -> torch.Tensor:
+        return kernel(points).sum()
+
+    leaf = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(total(leaf), leaf)
+    torch.testing.assert_close(torch.func.grad(total)(x), expected)
+    torch.testing.assert_close(torch.func.jacrev(total)(x), expected)
+    torch.testing.assert_close(torch.func.vmap(total)(torch.stack([x, 2 * x])),
+                               torch.stack([total(x), total(2 * x)]))
+    with pytest.raises(NotImplementedError, match="forward AD with _cdist_forward"):
+        torch.func.jvp(total, (x,), (torch.ones_like(x),))
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "the Laplace kernel under all but `jvp`" in readme

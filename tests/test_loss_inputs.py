@@ -246,6 +246,37 @@ def test_nt_xent_refuses_a_temperature_on_another_device():
     torch.testing.assert_close(nt_xent_loss(views, torch.tensor(0.5)), nt_xent_loss(views, 0.5))
 
 
+@pytest.mark.parametrize("name", ["scale", "margin"])
+def test_am_softmax_refuses_a_learned_setting_on_another_device(name):
+    """A learned scale or margin left on another device failed deep in the loss ("Tensor on
+    device meta is not on the expected device cpu!"), where nt_xent_loss refuses such a
+    temperature in one line; the meta device stands in for a GPU. A 0-dim CPU tensor, which
+    torch takes with any device's tensors, is still taken."""
+    cosines, labels = torch.tensor([[0.5, 0.3], [0.1, 0.4]]), torch.tensor([0, 1])
+    settings = {"scale": 20.0, "margin": 0.1}
+    elsewhere = {**settings, name: torch.tensor([settings[name]], device="meta")}
+    raises_one_line(rf"^am_softmax_loss got a {name} on meta and cosines on cpu; move the "
+                    rf"{name} to cpu$", am_softmax_loss, cosines, labels, **elsewhere)
+    zero_dim = {**settings, name: torch.tensor(settings[name])}
+    torch.testing.assert_close(am_softmax_loss(cosines, labels, **zero_dim),
+                               am_softmax_loss(cosines, labels, **settings))
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (1, 1, 1)])
+def test_a_one_element_setting_of_any_shape_is_its_number(shape):
+    """The checks take a learned scale, margin or temperature of one element; one of shape
+    [1, 1, 1] had made the logits 3-D, and cross_entropy failed with "Expected input
+    batch_size (1) to match target batch_size (2)"."""
+    cosines, labels = torch.tensor([[0.5, 0.3], [0.1, 0.4]]), torch.tensor([0, 1])
+    expected = am_softmax_loss(cosines, labels, 20.0, 0.1)
+    torch.testing.assert_close(
+        am_softmax_loss(cosines, labels, torch.full(shape, 20.0), torch.full(shape, 0.1)),
+        expected)
+    views = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(nt_xent_loss(views, torch.full(shape, 0.5)),
+                               nt_xent_loss(views, 0.5))
+
+
 def test_nt_xent_refuses_an_empty_batch():
     """A (0, D) batch has an even length and gave a NaN loss without a word."""
     raises_one_line(r"^nt_xent_loss needs \[2N, D\] projections \(two views per image, N >= "

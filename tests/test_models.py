@@ -141,6 +141,38 @@ def test_a_backbone_whose_output_is_not_its_feature_size_is_refused(recipe, back
         method.embed(inputs)
 
 
+class _TwoOutputs(torch.nn.Module):
+    """A user's backbone that returns its pooled features with something else, as
+    torchvision's Inception does in training mode (and timm's features_only models a list)."""
+
+    feature_size = 3
+
+    def __init__(self, wrap: type) -> None:
+        super().__init__()
+        self.linear, self.wrap = torch.nn.Linear(4, 3), wrap
+
+    def forward(self, inputs):
+        features = self.linear(inputs)
+        return {"pooled": features} if self.wrap is dict else self.wrap([features, features])
+
+
+@pytest.mark.parametrize("wrap", [tuple, list, dict])
+def test_a_backbone_that_returns_no_tensor_is_refused_in_one_line(wrap):
+    """README: a backbone "whose output is not [batch, feature_size], is refused in one line";
+    a tuple, a list or a dict of outputs failed with "AttributeError: 'tuple' object has no
+    attribute 'ndim'" in training and in embedding."""
+    from kdml.training.recipes.jrd import AMSoftmaxParams, JRDMethod
+
+    method = JRDMethod(_TwoOutputs(wrap), 8, 2, AMSoftmaxParams())
+    message = (rf"^backbone _TwoOutputs returned a {wrap.__name__}, not a tensor; it must "
+               r"return pooled \[batch, feature_size\] features \(wrap it in a module that "
+               r"returns them\)$")
+    with pytest.raises(KdmlError, match=message):
+        method.embed(torch.ones(2, 4))
+    with pytest.raises(KdmlError, match=message):
+        method(torch.ones(2, 4), torch.tensor([0, 1]))
+
+
 class _StandInTimm(torch.nn.Module):
     """The parts of a timm model that TimmBackbone uses: a ConvNeXt-like head whose norm comes
     after the pooling, and a channels-last (Swin-like) variant. The vision extra does not

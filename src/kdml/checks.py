@@ -8,13 +8,19 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any, TypeGuard
+from typing import Any, TypeAlias, TypeGuard
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from kdml.errors import KdmlError
+
+#: A setting given as a number (a scale, a bandwidth, a weight): a Python or NumPy number, or a
+#: 0-d tensor or array holding one, which :func:`as_number` reads once, where it is given.
+Number: TypeAlias = float | np.floating[Any] | np.integer[Any] | Tensor | np.ndarray
+#: A count given as a number (:func:`is_positive_int`): a Python or NumPy integer.
+Count: TypeAlias = int | np.integer[Any]
 
 
 def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:

@@ -29,8 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from kdml.checks import (
+    Count,
+    Number,
     as_number,
     check_float_inputs,
+    check_same_device,
     check_tensor_inputs,
     is_finite_number,
     is_positive_int,
@@ -128,13 +131,15 @@ def l1_distances(x: Tensor, y: Tensor) -> Tensor:
 
 
 def _check_pair(owner: str, x: Tensor, y: Tensor) -> None:
-    """Two float sets of points :math:`(M, D)` and :math:`(N, D)`: torch's own errors (an
-    index out of range, "cdist only supports floating-point dtypes") come from deep inside."""
+    """Two float sets of points :math:`(M, D)` and :math:`(N, D)` on one device: torch's own
+    errors (an index out of range, "cdist only supports floating-point dtypes", "Tensor on
+    device cpu is not on the expected device meta!") come from deep inside."""
     check_tensor_inputs(owner, [x, y], "points")
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise KdmlError(f"{owner} expects 2-D points [M, D] and [N, D], got "
                         f"{tuple(x.shape)} and {tuple(y.shape)}")
     check_float_inputs(owner, [x, y], "points")
+    check_same_device(owner, [x, y], "points")
 
 
 def adaptive_bandwidth(dists: Tensor, floor: Tensor | float | None = None) -> Tensor:
@@ -232,9 +237,12 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
             f"{name}: x and y must have the same feature size, got {x.shape[1]} and {y.shape[1]}"
         )
     check_float_inputs(name, [x, y], "inputs")
+    # devices only (no host sync): torch's own error comes from deep inside the maths, and the
+    # Laplace, polynomial and MGF kernels of a meta and a CPU set had returned a meta matrix
+    check_same_device(name, [x, y], "inputs")
 
 
-def _check_positive(name: str, value: float) -> float:
+def _check_positive(name: str, value: Number) -> float:
     value = as_number(value)  # type: ignore[assignment]
     if not is_finite_number(value, above=0):
         raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
@@ -249,7 +257,7 @@ def _check_positive(name: str, value: float) -> float:
 FLOAT32_SETTING_RANGE = (torch.finfo(torch.float32).tiny, 1.0 / torch.finfo(torch.float32).tiny)
 
 
-def _check_setting(name: str, value: float) -> float:
+def _check_setting(name: str, value: Number) -> float:
     """:func:`_check_positive`, within :data:`FLOAT32_SETTING_RANGE`."""
     number = _check_positive(name, value)
     low, high = FLOAT32_SETTING_RANGE
@@ -338,7 +346,7 @@ class GaussianMixtureKernel(Kernel):
     """
 
     def __init__(
-        self, num_kernels: int = 3, multiplier: float = 2.0, bandwidth: float | None = None
+        self, num_kernels: Count = 3, multiplier: Number = 2.0, bandwidth: Number | None = None
     ) -> None:
         super().__init__()
         if not is_positive_int(num_kernels):
@@ -425,7 +433,7 @@ class LaplaceKernel(Kernel):
     through it raises torch's NotImplementedError.
     """
 
-    def __init__(self, bandwidth: float | None = None) -> None:
+    def __init__(self, bandwidth: Number | None = None) -> None:
         super().__init__()
         self.bandwidth = None if bandwidth is None else _check_setting("bandwidth", bandwidth)
 
@@ -458,7 +466,7 @@ class PolynomialKernel(Kernel):
     Inputs: ``x`` :math:`(M, D)`, optional ``y`` :math:`(N, D)`. Shape: output :math:`(M, N)`.
     """
 
-    def __init__(self, degree: int = 2, bias: float = 1.0) -> None:
+    def __init__(self, degree: Count = 2, bias: Number = 1.0) -> None:
         super().__init__()
         if not is_positive_int(degree):
             raise KdmlError(f"degree must be an integer >= 1, got {degree!r}")
@@ -505,7 +513,7 @@ class InverseMultiquadricKernel(Kernel):
     Shape: output :math:`(M, N)`, values in :math:`(0, 1]`.
     """
 
-    def __init__(self, scale: float) -> None:
+    def __init__(self, scale: Number) -> None:
         super().__init__()
         self.scale = _check_setting("scale", scale)
 

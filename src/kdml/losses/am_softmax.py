@@ -18,6 +18,8 @@ cosines the JRD head already computes, so it also skips a second normalisation a
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -32,14 +34,25 @@ from kdml.checks import (
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
+#: A scale or margin: a number, or a tensor of one element (e.g. a learned one).
+Setting: TypeAlias = float | Tensor
 
-def _check_setting(name: str, value: float, low: float, strict: bool) -> None:
+
+def _check_setting(name: str, value: Setting, low: float, strict: bool, cosines: Tensor) -> None:
     """Refuse a ``scale`` or ``margin`` that is not a finite number above ``low`` (at least
-    ``low`` unless ``strict``); a tensor, e.g. a learned scale, is not read (a host sync)."""
+    ``low`` unless ``strict``); a tensor, e.g. a learned scale, is not read (a host sync), but
+    must hold one number on the ``cosines``' device (or be a 0-dim CPU tensor, which torch
+    takes with any device's)."""
     if isinstance(value, Tensor):
         if value.numel() != 1:  # one of shape [C] had silently weighted each class
             raise KdmlError(f"am_softmax_loss needs a {name} that is one number (a tensor of "
                             f"one element, if learned), got shape {tuple(value.shape)}")
+        if value.device != cosines.device and not (value.device.type == "cpu"
+                                                   and value.ndim == 0):
+            # torch's "Tensor on device meta is not on the expected device cpu!" came from
+            # deep inside the loss, as nt_xent_loss's temperature had
+            raise KdmlError(f"am_softmax_loss got a {name} on {value.device} and cosines on "
+                            f"{cosines.device}; move the {name} to {cosines.device}")
         return
     if not (is_finite_number(value, above=low) if strict
             else is_finite_number(value, at_least=low)):
@@ -48,7 +61,7 @@ def _check_setting(name: str, value: float, low: float, strict: bool) -> None:
 
 
 @full_precision
-def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float) -> Tensor:
+def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: Setting, margin: Setting) -> Tensor:
     r"""Mean AM-Softmax loss of Eq. 12 from the cosines to the class proxies.
 
     Computed in float32 or wider whatever the input dtype, with no host-device
@@ -92,10 +105,14 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: float, margin: float
     check_float_inputs("am_softmax_loss", [cosines], "cosines")
     check_integer_labels("am_softmax_loss", labels)  # bool ones are the classes 0 and 1
     check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")
-    _check_setting("scale", scale, 0.0, strict=True)
-    _check_setting("margin", margin, 0.0, strict=False)
+    _check_setting("scale", scale, 0.0, strict=True, cosines=cosines)
+    _check_setting("margin", margin, 0.0, strict=False, cosines=cosines)
     check_class_range("am_softmax_loss", labels, cosines.shape[1],
                       "one per column of the cosines")
     labels = labels.long()  # one_hot and cross_entropy take int64 only
+    # a one-element tensor as the number it holds: one of shape [1, 1, 1] had made the logits
+    # 3-D, and cross_entropy then read the batch as one sample ("Expected input batch_size")
+    scale, margin = (value.reshape(()) if isinstance(value, Tensor) else value
+                     for value in (scale, margin))
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol, SupportsFloat, cast
 import torch
 from torch import Tensor, nn
 
-from kdml.checks import as_number, is_finite_number
+from kdml.checks import Count, Number, as_number, is_finite_number
 from kdml.errors import KdmlError
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.precision import full_precision
@@ -45,7 +45,7 @@ def _check_number(name: str, value: object, nonnegative: bool) -> float:
     return float(cast(SupportsFloat, value))  # a real number: checked above
 
 
-def _check_per_layer(name: str, value: float | Sequence[float],
+def _check_per_layer(name: str, value: Number | Sequence[Number],
                      nonnegative: bool) -> float | tuple[float, ...]:
     """One number for all hidden layers, or a sequence of one per hidden layer, checked."""
     value = as_number(value)  # type: ignore[assignment]  # a 0-d tensor or array: a float
@@ -136,10 +136,10 @@ class DTMLObjective(nn.Module):
         ['d_ts', 'hinge@1', 'j@1', 'j_top', 's_b', 's_c', 'weight_penalty']
     """
 
-    def __init__(self, alpha: float = 0.1, beta: float = 10.0, gamma: float = 0.1,
-                 k1: int = 5, k2: int = 10, mmd: DomainMMD | None = None,
-                 hidden_weight: float | Sequence[float] = 0.0,
-                 hidden_threshold: float | Sequence[float] = 0.0) -> None:
+    def __init__(self, alpha: Number = 0.1, beta: Number = 10.0, gamma: Number = 0.1,
+                 k1: Count = 5, k2: Count = 10, mmd: DomainMMD | None = None,
+                 hidden_weight: Number | Sequence[Number] = 0.0,
+                 hidden_threshold: Number | Sequence[Number] = 0.0) -> None:
         super().__init__()
         self.beta = _check_number("beta", beta, nonnegative=True)
         self.gamma = _check_number("gamma", gamma, nonnegative=True)

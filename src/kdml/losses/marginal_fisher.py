@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from kdml.checks import (
+    Count,
+    Number,
     as_number,
     check_float_inputs,
     check_labels,
@@ -27,7 +29,7 @@ from kdml.losses.pml_call import check_pml_call
 from kdml.precision import full_precision
 
 
-def _check_k(name: str, value: int) -> int:
+def _check_k(name: str, value: Count) -> int:
     if not is_positive_int(value):
         raise KdmlError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
@@ -110,7 +112,7 @@ class MarginalFisherLoss(nn.Module):
         tensor(1.6750)
     """
 
-    def __init__(self, k1: int = 5, k2: int = 10, alpha: float = 0.1) -> None:
+    def __init__(self, k1: Count = 5, k2: Count = 10, alpha: Number = 0.1) -> None:
         super().__init__()
         self.k1 = _check_k("k1", k1)
         self.k2 = _check_k("k2", k2)

@@ -33,7 +33,7 @@ MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
 
 
 @full_precision
-def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
+def nt_xent_loss(projections: Tensor, temperature: float | Tensor) -> Tensor:
     r"""Mean NT-Xent loss of two views per image, computed in float32 or wider whatever the
     input dtype, with no host-device synchronisation.
 
@@ -42,7 +42,8 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
             tensor, ``torch.cat([view1, view2])`` (not necessarily normalised: the similarity
             is the cosine).
         temperature: :math:`\tau` (the Atlas paper: 1 for MNIST and Fashion-MNIST, 0.5 for
-            CIFAR-10).
+            CIFAR-10): a number > 0, or a tensor of one element (e.g. a learned one), which
+            is not read (a host sync).
 
     Returns:
         A scalar tensor.
@@ -77,6 +78,8 @@ def nt_xent_loss(projections: Tensor, temperature: float) -> Tensor:
         raise KdmlError(f"nt_xent_loss needs a temperature that is a finite number > 0, at "
                         f"least {MIN_TEMPERATURE:.1e} (float32's smallest normal), got "
                         f"{temperature!r}")
+    if isinstance(temperature, Tensor):  # one number: a [1, 1, 1] one made the logits 3-D
+        temperature = temperature.reshape(())
     unit = F.normalize(projections, dim=1)
     logits = (unit @ unit.T) / temperature
     itself = torch.eye(len(unit), dtype=torch.bool, device=unit.device)

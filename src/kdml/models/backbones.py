@@ -134,10 +134,17 @@ def pooled_features(backbone: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
     A user's backbone whose ``feature_size`` is not the width it returns (or which returns
     unpooled [B, C, H, W] maps) would otherwise fail inside the head's matmul with torch's
-    "mat1 and mat2 shapes cannot be multiplied". The check reads shapes only: no host sync.
+    "mat1 and mat2 shapes cannot be multiplied", and one that returns a tuple, a list or a
+    dict of outputs with "'tuple' object has no attribute 'ndim'". The check reads types and
+    shapes only: no host sync.
     """
     features = backbone(inputs)
     size = backbone.feature_size
+    if not isinstance(features, torch.Tensor):  # a tuple, a list or a dict of outputs
+        raise KdmlError(f"backbone {type(backbone).__name__} returned a "
+                        f"{type(features).__name__}, not a tensor; it must return pooled "
+                        f"[batch, feature_size] features (wrap it in a module that returns "
+                        f"them)")
     if features.ndim != 2 or features.shape[1] != size:
         raise KdmlError(f"backbone {type(backbone).__name__} returned features of shape "
                         f"{list(features.shape)}, but its feature_size is {size}; it must "

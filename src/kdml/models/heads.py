@@ -8,8 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kdml.checks import check_feature_matrix
+from kdml.checks import Count, check_feature_matrix, is_positive_int
+from kdml.errors import KdmlError
 from kdml.precision import full_precision
+
+
+def _check_sizes(owner: str, **sizes: Count) -> None:
+    """Refuse, in one line naming ``owner``, sizes that are no integer >= 1: torch's own
+    "Trying to create tensor with negative dimension" or "empty(): argument 'size' failed to
+    unpack" comes from inside nn.Linear, and 0 or True built a head silently."""
+    for name, value in sizes.items():
+        if not is_positive_int(value):
+            raise KdmlError(f"{owner}: {name} must be a positive integer, got {value!r}")
 
 
 class EmbeddingHead(nn.Module):
@@ -20,9 +30,10 @@ class EmbeddingHead(nn.Module):
         - Output: [B, embedding_size], unit norm.
     """
 
-    def __init__(self, in_features: int, embedding_size: int) -> None:
+    def __init__(self, in_features: Count, embedding_size: Count) -> None:
         super().__init__()
-        self.linear = nn.Linear(in_features, embedding_size)
+        _check_sizes("EmbeddingHead", in_features=in_features, embedding_size=embedding_size)
+        self.linear = nn.Linear(int(in_features), int(embedding_size))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         check_feature_matrix("EmbeddingHead", features, self.linear.in_features,
@@ -66,12 +77,14 @@ class JRDHead(nn.Module):
         torch.Size([4, 10])
     """
 
-    def __init__(self, in_features: int, embedding_size: int, num_classes: int) -> None:
+    def __init__(self, in_features: Count, embedding_size: Count, num_classes: Count) -> None:
         super().__init__()
+        _check_sizes("JRDHead", in_features=in_features, embedding_size=embedding_size,
+                     num_classes=num_classes)
         self.embedding = EmbeddingHead(in_features, embedding_size)
         # N(0, 1), as PML's CosFaceLoss initialises its W (method.proxy_init=kaiming: the
         # authors' initialisation).
-        self.proxies = nn.Parameter(torch.randn(embedding_size, num_classes))
+        self.proxies = nn.Parameter(torch.randn(int(embedding_size), int(num_classes)))
 
     def forward(self, pooled: torch.Tensor) -> JRDRepresentations:
         check_feature_matrix("JRDHead", pooled, self.embedding.linear.in_features,

@@ -40,8 +40,10 @@ class DomainMMD(nn.Module):
     sample is undefined, and silently returning 0 would hide a data-loading bug.
 
     Args:
-        kernel: a :class:`~kdml.kernels.Kernel`, or ``None`` for Eq. 6 (anything else,
-            such as a kernel's name, is refused when built). Default: ``None``.
+        kernel: a :class:`~kdml.kernels.Kernel` (or another module called as
+            ``kernel(x, y)``, such as PML's ``CosineSimilarity``), or ``None`` for Eq. 6
+            (anything else, such as a kernel's name, is refused when built). Default:
+            ``None``.
 
     Inputs: ``source`` :math:`(N_s, D)`, ``target`` :math:`(N_t, D)`.
     Shape: output is a scalar.
@@ -53,7 +55,7 @@ class DomainMMD(nn.Module):
         tensor(9.)
     """
 
-    def __init__(self, kernel: Kernel | None = None) -> None:
+    def __init__(self, kernel: Kernel | nn.Module | None = None) -> None:
         super().__init__()
         # refused here, as JRS refuses one, not by "'str' object is not callable" at a batch
         self.kernel = None if kernel is None else check_kernel("DomainMMD", kernel)

@@ -163,7 +163,7 @@ def _mean_over_class_pairs(total: Tensor, classes: Tensor) -> Tensor:
 class _JointKernelRegularizer(nn.Module):
     """Holds one kernel per representation and computes the joint (product) kernel matrix."""
 
-    def __init__(self, kernels: Sequence[Kernel]) -> None:
+    def __init__(self, kernels: Sequence[Kernel | nn.Module]) -> None:
         super().__init__()
         # a kernel, or its class (GaussianMixtureKernel without the brackets), had failed in
         # list() with "'type' object is not iterable"
@@ -218,7 +218,8 @@ class JointRepresentationSimilarity(_JointKernelRegularizer):
     Args:
         kernels: one kernel per representation, e.g. ``[GaussianMixtureKernel(3),
             GaussianMixtureKernel(3), GaussianMixtureKernel(1)]`` for JRD's [pooling,
-            embedding, class level].
+            embedding, class level]: kdml's kernels, or other modules called as
+            ``kernel(x, y)`` (:func:`check_kernel`).
 
     Inputs:
         - representations: sequence of :math:`L` tensors, the :math:`l`-th of shape
@@ -413,7 +414,8 @@ class IntraClassPenalty(nn.Module):
         True
     """
 
-    def __init__(self, kernels: Kernel | Sequence[Kernel] | None = None) -> None:
+    def __init__(self, kernels: Kernel | nn.Module | Sequence[Kernel | nn.Module] | None = None
+                 ) -> None:
         super().__init__()
         if kernels is None:
             kernel: nn.Module = GaussianMixtureKernel(num_kernels=1, bandwidth=2.0)

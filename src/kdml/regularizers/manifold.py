@@ -17,6 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from kdml.checks import (
+    Count,
+    Number,
     as_number,
     check_float_inputs,
     check_same_device,
@@ -100,8 +102,8 @@ class ManifoldMMD(nn.Module):
         >>> loss.backward()
     """
 
-    def __init__(self, dim: int, n_charts: int, generator: torch.Generator | None = None,
-                 eps: float = 1e-6) -> None:
+    def __init__(self, dim: Count, n_charts: Count, generator: torch.Generator | None = None,
+                 eps: Number = 1e-6) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("n_charts", n_charts)):
             if not is_positive_int(value):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from kdml.checks import as_number, is_finite_number
+from kdml.checks import Number, as_number, is_finite_number
 from kdml.config import OptimConfig
 from kdml.distributed import gather
 from kdml.errors import KdmlError
@@ -37,7 +37,7 @@ class DomainAdaptedMethod(Method):
 
     uses_target = True
 
-    def __init__(self, inner: Method, beta: float, mmd: nn.Module) -> None:
+    def __init__(self, inner: Method, beta: Number, mmd: nn.Module) -> None:
         super().__init__()
         beta = as_number(beta)  # type: ignore[assignment]  # a 0-d tensor or array: a float
         if not is_finite_number(beta, at_least=0):

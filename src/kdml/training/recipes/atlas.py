@@ -47,7 +47,7 @@ from kdml.atlas import (
     manifold_distance,
     safe_sqrt,
 )
-from kdml.checks import check_params, is_positive_int
+from kdml.checks import check_labels, check_params, is_positive_int
 from kdml.config import RunConfig, check_fields
 from kdml.data.augment import SimCLRAugment
 from kdml.data.transforms import Normalization
@@ -135,6 +135,15 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
     stats = {"active_triplets": num_active / num_counted.clamp(min=1),
              "infinite_positives": num_infinite.to(distances.dtype)}
     return loss, stats
+
+
+def check_triplet_labels(owner: str, inputs: Tensor, labels: Tensor) -> None:
+    """Refuse, in one line naming the method ``owner``, labels that are no integer torch
+    tensor on the inputs' device: used outside the trainer (a PML loop whose labels stayed on
+    the CPU), those on another device failed inside :func:`batch_all_triplet_loss` with
+    torch's "Tensor on device meta is not on the expected device cpu!", where JRDMethod and
+    the DTML methods refuse them in one line. Types, dtypes and devices: no host sync."""
+    check_labels(owner, labels, [inputs], "inputs", "inputs")
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -334,6 +343,7 @@ class MTripletMethod(_AtlasMethod):
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
+        check_triplet_labels("MTripletMethod", inputs, labels)
         outputs = self.charts(inputs)
         # the global batch under torchrun (kdml.distributed.gather); the local one otherwise
         coords, q = gather(outputs.coords), gather(outputs.q)
@@ -377,6 +387,7 @@ class TripletMethod(Method):
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
+        check_triplet_labels("TripletMethod", inputs, labels)
         embeddings = self.embed(inputs)
         distances = _triplet_distances(gather(embeddings), self.squared)
         loss, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
