@@ -568,3 +568,26 @@ def test_the_laplace_kernel_under_torch_func_is_as_the_readme_says():
         torch.func.jvp(total, (x,), (torch.ones_like(x),))
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert "the Laplace kernel under all but `jvp`" in readme
+
+
+def test_a_saved_gaussian_mixture_kernel_holds_no_tensor_of_the_device_it_ran_on():
+    """Its coefficient cache keeps the devices it was made on, which .to() does not move: a
+    model trained on a GPU, moved to the CPU and saved whole (torch.save(model)) had held CUDA
+    tensors, which torch.load on a CPU-only machine refuses. The meta device stands in for the
+    GPU. Pickled and copied without it, the kernel makes it again and gives the same matrix."""
+    import copy
+    import io
+
+    kernel = kernels_module.GaussianMixtureKernel()
+    kernel(torch.randn(4, 3, device="meta"))
+    x = torch.randn(5, 3)
+    expected = kernel(x)
+    assert kernel._neg_inverse_scales  # meta and cpu
+    buffer = io.BytesIO()
+    torch.save(torch.nn.Sequential(kernel).to("cpu"), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)[0]
+    for copied in (loaded, copy.deepcopy(kernel)):
+        assert copied._neg_inverse_scales == {}
+        assert torch.equal(copied(x), expected)
+    assert kernel._neg_inverse_scales  # the original keeps its own

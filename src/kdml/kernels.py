@@ -403,6 +403,15 @@ class GaussianMixtureKernel(Kernel):
             self._neg_inverse_scales[key] = self._new_coefficients(like)
         return self._neg_inverse_scales[key]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled (torch.save of a whole model, deepcopy) without the cache: it keeps the
+        # devices it was made on, which .to() does not move, so a model trained on a GPU and
+        # moved to the CPU had been saved holding CUDA tensors that a CPU-only machine cannot
+        # load; it is made again on first use
+        state = dict(super().__getstate__())
+        state["_neg_inverse_scales"] = {}
+        return state
+
     def _new_coefficients(self, like: Tensor) -> Tensor:
         """-tau / sigma_i^2 for i = 0..K-1, made in float64, on ``like``'s device and dtype."""
         values = torch.tensor([-1.0 / scale for scale in self.scales], dtype=torch.float64)
