@@ -522,3 +522,20 @@ def test_a_grid_folder_with_no_cell_started_names_no_folder_beside_its_cells(tmp
     line = error_line(capsys)
     assert "is a grid's folder (grid.yaml), not a run: each of its cells is a run folder; give" \
         in line and "mine" not in line, line
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_run_without_standard_output_or_error_trains_and_exits_0(closed, tmp_path,
+                                                                   tiny_overrides, monkeypatch):
+    """A process started with its standard output or error closed (``>&-``, ``2>&-``, a job
+    runner's closed descriptors, ``pythonw``) has ``sys.stdout`` or ``sys.stderr`` None, into
+    which ``print`` writes nothing. Without stdout, a finished run had ended in an
+    AttributeError's traceback and exit status 1 (the flush after the command); without
+    stderr, tqdm, which found no ``isatty`` to ask, drew its bar into None and stopped the run
+    before its first step."""
+    monkeypatch.setattr(sys, closed, None)
+    out = tmp_path / "run"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out,
+                   *tiny_overrides, "train.epochs=1", "train.steps_per_epoch=2") == 0
+    assert read_metrics(out)["final"]
+    assert run_cli("recipes") == 0

@@ -345,3 +345,23 @@ def test_torch_says_whether_this_cpu_has_kernels_for_a_precision():
 
     assert cpu_has_kernels_for("bf16") in (True, False)  # the probe is still in torch
     assert cpu_has_kernels_for("fp16") in (True, False)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_closed_form_fit_on_a_cpu_says_its_precision_is_not_read(tmp_path, monkeypatch,
+                                                                   precision):
+    """pca with train.precision=bf16 on a CPU had been told that its "training steps took 3
+    to 12 times float32's time" and that "train.precision=fp32 is faster here": it has no
+    training steps (its fit takes no autocast) and a CPU scores in float32, so the setting
+    changes nothing there. It is warned of as a setting the run does not read."""
+    from kdml.training import trainer
+
+    monkeypatch.setattr(trainer, "cpu_has_kernels_for", lambda precision: False)
+    out = tmp_path / "run"
+    assert cli.main(["train", "pca", "--dataset", "mnist5k->digits", "--out", str(out),
+                     "--no-progress", f"train.precision={precision}", "train.device=cpu",
+                     "eval.nmi=false"]) == 0
+    log = (out / "train.log").read_text()
+    assert "kernels" not in log and "faster" not in log, log
+    assert ("train.precision is not read by this run: pca is fitted in closed form, in no "
+            "training steps, and on a CPU its scoring runs in float32") in log

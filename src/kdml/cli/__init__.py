@@ -264,8 +264,12 @@ UNWRITABLE_OUTPUT = (errno.ENOSPC, errno.EDQUOT, errno.EPIPE)
 def _flushed(code: int) -> int:
     """``code``, once standard output is flushed: a write error of what it still buffers (a
     full disk) is then raised here, for main's one line, not at Python's exit, which prints
-    "Exception ignored" and exits 120 (without PYTHONUNBUFFERED, stdout is buffered)."""
-    sys.stdout.flush()
+    "Exception ignored" and exits 120 (without PYTHONUNBUFFERED, stdout is buffered). A
+    process without standard output (closed, ``>&-``, or ``pythonw``'s: ``sys.stdout`` is
+    None, into which ``print`` writes nothing) has nothing to flush: its flush had ended a
+    finished run with an AttributeError's traceback and exit status 1."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
     return code
 
 

@@ -25,6 +25,7 @@ from kdml.config import SECTIONS
 from kdml.data.fingerprint import FORMAT, FORMAT_FIELD
 from kdml.errors import KdmlError, why_missing
 from kdml.file_write import write_through_new_file
+from kdml.progress import BarsClearedHandler
 from kdml.training.checkpoint import partial_checkpoints
 
 LOCK_NAME = ".training.lock"
@@ -570,8 +571,9 @@ def remove_if_unused(root: Path) -> None:
 
 
 def warning_handler() -> logging.Handler:
-    """kdml's warnings on stderr, in the form of its errors: ``kdml: warning: ...``."""
-    to_screen = logging.StreamHandler(sys.stderr)
+    """kdml's warnings on stderr, in the form of its errors: ``kdml: warning: ...``, each on
+    a line of its own above the progress bars drawn there (:class:`BarsClearedHandler`)."""
+    to_screen = BarsClearedHandler(sys.stderr)
     to_screen.setLevel(logging.WARNING)
     to_screen.setFormatter(logging.Formatter("kdml: warning: %(message)s"))
     return to_screen

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -488,11 +488,14 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
             recorder.log.info("model.weights: %s", session.weights_report)
         warn_about_splits(session.splits, recorder.log)
         _warn_about_settings(session, recorder.log)
-        epochs = tqdm(range(start_epoch, end_epoch + 1), desc="epochs",
-                      initial=start_epoch - 1, total=end_epoch,
+        # counted by hand, once each epoch is recorded: a bar iterated over the epochs counts
+        # one only when the next begins, so a run stopped early (train.tolerance,
+        # train.patience, a closed-form fit) had ended its bar an epoch short ("1/3" after
+        # two epochs)
+        epochs = tqdm(desc="epochs", initial=start_epoch - 1, total=end_epoch,
                       disable=bar_disabled(progress, main))
         metric = config.train.select_metric
-        for epoch in epochs:
+        for epoch in _counted(range(start_epoch, end_epoch + 1), epochs):
             try:
                 # trained in the session before, stopped while scored (the session's start
                 # line says so: SCORED_FIRST)
@@ -510,7 +513,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                     session.score(epoch, row, progress)
                 history.append(row)
                 epochs.set_postfix({k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items()
-                                    if k == f"{prefix}/recall@1" or k == "train/loss"})
+                                    if k == f"{prefix}/recall@1" or k == "train/loss"},
+                                   refresh=False)
                 if config.train.keep_best or config.train.patience:
                     check_scored(row, metric)
                 # patience counts the evaluations of the train.eval_every grid alone: the
@@ -526,6 +530,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                                                  stopped_early=over or out_of_patience),
                                keep_as_best=(config.train.keep_best
                                              and best_epoch(history, metric) == epoch))
+                epochs.update()
             except KdmlError as error:  # not a kill: an error kdml reports
                 # the trained epoch goes where scoring it again would repeat the error (a
                 # diverged model: the message names the checkpoint kept), or where it would be
@@ -537,6 +542,8 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
                 if isinstance(error, NonFiniteLoss) or not run.checkpoint.exists():
                     recorder.drop_unscored()
                 raise
+            if over or out_of_patience:  # its last line, before the lines that say why
+                epochs.close()
             if over:
                 recorder.log.info("stopping after epoch %d: converged or nothing to train",
                                   epoch)
@@ -624,7 +631,7 @@ def _warn_about_settings(session: Session, log: logging.Logger) -> None:
                     "maps of bninception, timm and torchvision backbones only",
                     config.model.pooling, unpooled)
     precision = config.train.precision
-    if (session.device.type == "cpu" and precision != "fp32"
+    if (session.device.type == "cpu" and precision != "fp32" and not session.method.needs_fit
             and cpu_has_kernels_for(precision) is False):
         # a GPU config trained on a laptop: several times slower, and nothing said it
         log.warning(
@@ -683,6 +690,10 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
                        "set, so the rates are never multiplied by it"))
     if changed("optim", "adam_eps") and config.optim.name != "adam":
         unread.append(("optim.adam_eps", f"it is Adam's, and optim.name={config.optim.name}"))
+    if changed("train", "precision") and method.needs_fit and session.device.type == "cpu":
+        # its fit takes no autocast, and a CPU scores in float32 (embedding_precision)
+        unread.append(("train.precision", f"{config.recipe} is fitted in closed form, in no "
+                       "training steps, and on a CPU its scoring runs in float32"))
     if changed("domain", "kernel") and config.domain.beta == 0:
         unread.append(("domain.kernel", "domain.beta=0 adds no domain term"))
     if (getattr(config.method, "decay_proxies", False) and config.optim.weight_decay == 0
@@ -806,6 +817,15 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
         raise KdmlError(f"epoch {epoch} had no training batch (every image unreadable?)")
     means = (torch.stack(list(sums.values())) / steps).tolist()
     return dict(zip(sums, means, strict=True))
+
+
+def _counted(epochs: range, bar: tqdm) -> Iterator[int]:
+    """``epochs``, closing ``bar`` (the epochs' progress bar, which the loop counts) when the
+    loop over them ends, however it ends."""
+    try:
+        yield from epochs
+    finally:
+        bar.close()
 
 
 def _converged(history: list[dict[str, Any]], row: dict[str, Any], tolerance: float) -> bool:
