@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from fixtures_array_sets import make_image_folder
+from fixtures_array_sets import make_idx, make_image_folder
 
 from kdml import cli
 from kdml.data.dataset import ArrayDataset
@@ -81,6 +81,27 @@ def test_eval_on_other_data_of_as_many_classes_is_refused(folders, capsys, other
     assert f"the data read from {read} is not what {folders['run']} trained on: " in err
     assert f"point --data-root at the data the run trained on (it read {trained}), or " in err
     assert not (folders["run"] / "eval.json").exists()
+
+
+def test_other_idx_files_found_under_the_data_root_variable_are_refused_naming_both_folders(
+        tmp_path, monkeypatch, capsys):
+    """A run trained on MNIST's IDX files found through ``$KDML_DATA_ROOT``, scored with the
+    variable pointing at another copy of other labels: the refusal names the folder read now
+    and the one the run read, as for image files. An array read from files had recorded no
+    folder, so the line said only "the data of mnist" and "point --data-root at the data the
+    run trained on", without saying where that was."""
+    trained_root, other_root = tmp_path / "data", tmp_path / "other"
+    trained = make_idx(trained_root, train=20, test=10, classes=4)
+    other = make_idx(other_root, train=20, test=10, classes=4, seed=1)
+    monkeypatch.setenv("KDML_DATA_ROOT", str(trained_root))
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "mnist", "--out", str(run),
+                     *TINY]) == 0
+    assert json.loads((run / "data.json").read_text())["folder"] == str(trained)
+    monkeypatch.setenv("KDML_DATA_ROOT", str(other_root))
+    err = refused(capsys, "eval", run)
+    assert f"the data read from {other} is not what {run} trained on: " in err
+    assert f"point --data-root at the data the run trained on (it read {trained}), or " in err
 
 
 def test_a_moved_copy_of_the_data_is_evaluated(folders, tmp_path, capsys):

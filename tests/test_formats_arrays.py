@@ -318,6 +318,26 @@ def test_idx_files_with_a_dot_before_idx_are_found(tmp_path, monkeypatch, gzippe
     assert torch.equal(found.x, expected.x) and torch.equal(found.labels, expected.labels)
 
 
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_idx_files_under_both_spellings_must_hold_the_same_data(tmp_path, gzipped):
+    """A Kaggle copy (``t10k-labels.idx1-ubyte``) unpacked beside the original files: the
+    dashed name was read and the dotted one passed over without a word, whatever it held.
+    The same data is read as before; other data is refused, as a ``.gz`` twin's is."""
+    folder = make_idx(tmp_path, train=20, test=10, name="fashion-mnist")
+    other = make_idx(tmp_path / "other", train=20, test=10, gzipped=gzipped, seed=1)
+    same = make_idx(tmp_path / "same", train=20, test=10, gzipped=gzipped,
+                    name="fashion-mnist")
+    suffix = ".gz" if gzipped else ""
+    labels = f"t10k-labels.idx1-ubyte{suffix}"
+    (folder / labels).write_bytes((same / f"t10k-labels-idx1-ubyte{suffix}").read_bytes())
+    expected = load_fashion_mnist(same).dataset
+    assert torch.equal(load_fashion_mnist(folder).dataset.labels, expected.labels)
+    (folder / labels).write_bytes((other / f"t10k-labels-idx1-ubyte{suffix}").read_bytes())
+    one_line_error(lambda: load_fashion_mnist(folder), "t10k-labels-idx1-ubyte.gz and "
+                   f"{labels} both exist but hold different data; remove the one that is not "
+                   "wanted")
+
+
 def test_an_incomplete_copy_under_the_data_root_variable_is_reported_not_passed_over(
         tmp_path, monkeypatch):
     """``$KDML_DATA_ROOT/fashion-mnist`` without its train labels: the reader names what is

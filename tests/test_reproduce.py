@@ -1294,7 +1294,9 @@ def test_a_run_whose_data_changed_is_refused_with_what_reproduce_can_do(tmp_path
     (run_dir / "metrics.json").unlink()  # interrupted after its checkpoint: resumed
     (run_dir / "reproduce.json").unlink()
     for error in (reused, refusal()):
-        assert error.startswith(f"the data of mnist is not what {run_dir} trained on: ")
+        # the folder it read, as for image files (an IDX dataset's had gone unnamed)
+        assert error.startswith(f"the data read from {tmp_path / 'data' / 'mnist'} is not "
+                                f"what {run_dir} trained on: ")
         assert (f"; delete {run_dir} to train the run again on this data, or put back the data "
                 "it trained on where kdml reproduce reads it ($KDML_DATA_ROOT, else the "
                 "dataset's system folder), or delete ") in error

@@ -145,6 +145,9 @@ class ArrayDataset(DmlDataset):
         labels: integer labels ``[N]``.
         default_backbone: the backbone ``"auto"`` resolves to for this data.
         class_names: label -> class name, where the data names its classes.
+        folder: the folder whose files the array was read from (MNIST's IDX files, CIFAR's
+            pickles), absolute, for messages (``data.json`` names it); None for data made in
+            memory (the offline sets, generated or converted data).
     """
 
     name: str
@@ -153,6 +156,7 @@ class ArrayDataset(DmlDataset):
     labels: Tensor
     default_backbone: str = "mlp"
     class_names: dict[int, str] | None = None
+    folder: str | None = None
 
     def __post_init__(self) -> None:
         self.labels = whole_number_labels(self.name, self.labels)

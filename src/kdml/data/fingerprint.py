@@ -41,8 +41,9 @@ def data_fingerprint(splits: DataSplits, test_part: DataSplits | None = None) ->
     Returns:
         ``{"data_fingerprint": 1, "folder": F, "parts": {NAME: {"samples": N, "classes": C,
         "kind": "files" or "array", "sha256": HEX}}}``, NAME among :data:`PARTS`. ``F`` is the
-        deepest folder holding every file (``None`` for arrays), to say where the data was
-        read from; it is not compared (a moved copy still matches).
+        deepest folder holding every file (for an array read from files, as MNIST's IDX files,
+        their folder; ``None`` for data made in memory), to say where the data was read from;
+        it is not compared (a moved copy still matches).
     """
     parts: dict[str, DmlDataset | None] = {"train": splits.train, "target": splits.target}
     if splits.validation:  # its test part, when given, is the one it is finally scored on
@@ -93,7 +94,8 @@ def _counts(part: dict[str, Any]) -> str:
 
 def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None]:
     """One part's entry (its counts and the SHA-256 of its samples, labels, class names and
-    ``extra``), and the deepest folder holding its files (``None`` for an array)."""
+    ``extra``), and the deepest folder holding its files (for an array, the folder it was read
+    from: ``None`` for data made in memory)."""
     digest = hashlib.sha256()
     folder: str | None = None
     if isinstance(dataset, ImageFiles):
@@ -110,6 +112,7 @@ def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None
         digest.update(relative.encode("utf-8", "surrogateescape"))
     elif isinstance(dataset, ArrayDataset):
         kind = "array"
+        folder = dataset.folder  # the files it was read from; None for data made in memory
         array = np.ascontiguousarray(dataset.x.numpy())  # the samples' memory: no copy
         digest.update(f"{array.dtype.str} {array.shape}\0".encode())
         digest.update(_stable_bytes(array))

@@ -138,7 +138,7 @@ def load_batches(layout: Layout, train: list[str], test: list[str], label_key: b
     num_train = sum(len(labels) for _, labels in batches[: len(train)])
     dataset = ArrayDataset(layout.dataset, description, torch.from_numpy(x),
                            torch.from_numpy(labels), default_backbone="cnn",
-                           class_names=class_names)
+                           class_names=class_names, folder=str(layout.root.absolute()))
     return DatasetParts(dataset, {"train": torch.arange(num_train),
                                   "test": torch.arange(num_train, len(labels))})
 

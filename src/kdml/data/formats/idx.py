@@ -7,7 +7,7 @@ The four files, each as distributed (``.gz``) or decompressed::
     t10k-images-idx3-ubyte    10,000 images     t10k-labels-idx1-ubyte    10,000 labels
 
 each also found with a dot before the ``idx`` part (``train-images.idx3-ubyte``), as some
-copies (Kaggle's) name them.
+copies (Kaggle's) name them; where both names exist, they must hold the same data.
 
 An IDX file is a big-endian header, the magic number ``0x00000803`` (uint8, 3 dimensions:
 images) or ``0x00000801`` (uint8, 1 dimension: labels) then one uint32 per dimension, followed
@@ -88,16 +88,38 @@ def check_gzip_twin(layout: Layout, path: Path, raw: bytes) -> None:
                            "remove the one that is not wanted")
 
 
-def read_idx(layout: Layout, name: str, magic: int) -> np.ndarray:
-    """The uint8 array of the IDX file ``name`` (``magic`` says how many dimensions); a
-    decompressed file is read in preference to its ``.gz``, which must hold the same bytes."""
-    path = find_file(layout, name)
+def read_bytes(layout: Layout, path: Path) -> bytes:
+    """The IDX bytes of ``path``, decompressed where it ends in ``.gz``."""
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as error:
         raise layout.error(f"{path.name} is not a readable gzip file: {error}") from None
+
+
+def check_other_spelling(layout: Layout, name: str, path: Path, raw: bytes) -> None:
+    """Refuse when ``path`` (read as ``raw``) has a copy under the other spelling of its name
+    (``train-images.idx3-ubyte`` beside ``train-images-idx3-ubyte``, as a Kaggle copy
+    unpacked into the folder leaves) that holds other bytes: only the first name was read,
+    so the other copy's labels or images were passed over without a word. Read only where
+    both spellings exist."""
+    dotted = name.replace("-idx", ".idx")
+    spellings = (name, f"{name}.gz") if path.name.startswith(dotted) else (dotted,
+                                                                          f"{dotted}.gz")
+    for other in (layout.root / spelling for spelling in spellings):
+        if other.is_file() and read_bytes(layout, other) != raw:
+            raise layout.error(f"{path.name} and {other.name} both exist but hold different "
+                               "data; remove the one that is not wanted")
+
+
+def read_idx(layout: Layout, name: str, magic: int) -> np.ndarray:
+    """The uint8 array of the IDX file ``name`` (``magic`` says how many dimensions); a
+    decompressed file is read in preference to its ``.gz``, which must hold the same bytes,
+    as must a copy under the other spelling (a dot before ``idx``)."""
+    path = find_file(layout, name)
+    raw = read_bytes(layout, path)
     if path.suffix != ".gz":
         check_gzip_twin(layout, path, raw)
+    check_other_spelling(layout, name, path, raw)
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     if len(raw) < header:
@@ -142,7 +164,8 @@ def load_idx(root: Path, name: str, description: str,
     x = np.concatenate([train_images, test_images])[:, None]  # a fresh, writable copy
     labels = np.concatenate([train_labels, test_labels]).astype(np.int64)
     dataset = ArrayDataset(name, description, torch.from_numpy(x), torch.from_numpy(labels),
-                           default_backbone="cnn", class_names=class_names)
+                           default_backbone="cnn", class_names=class_names,
+                           folder=str(root.absolute()))
     return DatasetParts(dataset, {"train": torch.arange(len(train_labels)),
                                   "test": torch.arange(len(train_labels), len(labels))})
 
