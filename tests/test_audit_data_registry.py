@@ -101,3 +101,11 @@ def test_a_domain_pair_trains_on_its_source_classes_numbered_from_0(tmp_path):
     assert splits.train_classes == [3, 5, 7]
     assert splits.train.labels.tolist() == [2, 0, 1, 0, 2]
     assert splits.test.labels.tolist() == [-1, 5]
+
+
+def test_open_dataset_names_the_dataset_an_unknown_name_nearly_spells():
+    """As the CLI does: the library's refusal of a name spelt nearly right says which was
+    meant before listing every dataset."""
+    with pytest.raises(KdmlError, match=r"^unknown dataset 'Cars196' \(did you mean "
+                                        r"'cars196'\?\); choose one of: mnist5k, "):
+        open_dataset("Cars196")

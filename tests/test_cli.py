@@ -244,6 +244,13 @@ def error_line(capsys) -> str:
     (["train", "nope", "--dataset", "digits"], "unknown recipe 'nope'; choose one of: "),
     (["train", "amsoftmax", "--dataset", "imagenet"],
      "unknown dataset 'imagenet'; choose one of: mnist5k"),
+    # a name spelt nearly right: the one meant first, as for config keys, then the list
+    (["train", "jdr", "--dataset", "digits"], "unknown recipe 'jdr' (did you mean 'jrd'?); "
+                                              "choose one of: jrd, mrd"),
+    (["train", "jrd", "--dataset", "fashion_mnist"],
+     "unknown dataset 'fashion_mnist' (did you mean 'fashion-mnist'?); choose one of: "),
+    (["train", "jrd", "--dataset", "CUB"], "unknown dataset 'CUB' (did you mean 'cub'?)"),
+    (["config", "msimclr2"], "unknown recipe 'msimclr2' (did you mean 'msimclr'?)"),
     (["train", "amsoftmax", "--dataset", "digits", "epochs"], "malformed override 'epochs'"),
     (["train", "amsoftmax", "--dataset", "digits", "train.epoch=2"], "did you mean 'train.epochs'"),
     (["train", "amsoftmax", "--dataset", "digits", "batch_size=2000"], "larger than the training"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -73,3 +75,13 @@ def check_no_nul_byte(value: str, named: str) -> None:
     ValueError."""
     if "\0" in value:
         raise KdmlError(f"{named} holds a NUL byte, which no file name can: remove it")
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the choice nearest ``name`` in spelling, case aside
+    (``jdr`` for ``jrd``, ``CUB`` for ``cub``, ``fashion_mnist`` for ``fashion-mnist``), or
+    "" where none is near: a refusal of an unknown name then says which was meant before
+    listing every choice."""
+    by_lower = {choice.lower(): choice for choice in choices}
+    near = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[near[0]]!r}?)" if near else ""

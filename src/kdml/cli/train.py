@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress, _say, _stop_code
-from kdml.errors import KdmlError, LocalError, QuietExit
+from kdml.errors import KdmlError, LocalError, QuietExit, did_you_mean
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -326,9 +326,10 @@ def _check_dataset_name(dataset: str) -> None:
         # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
         hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
                 if dataset.endswith("-") else "")
-        raise KdmlError(f"unknown dataset {dataset!r}; choose one of: "
-                        f"{', '.join([*DATASETS, *FORMATS, *DOMAIN_PAIRS])}, folder:DIR, "
-                        f"csv:FILE or npz:PATH{hint}")
+        names = [*DATASETS, *FORMATS, *DOMAIN_PAIRS]
+        near = "" if hint else did_you_mean(dataset, names)
+        raise KdmlError(f"unknown dataset {dataset!r}{near}; choose one of: "
+                        f"{', '.join(names)}, folder:DIR, csv:FILE or npz:PATH{hint}")
 
 
 def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,

@@ -29,7 +29,13 @@ from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.formats.common import DatasetParts
 from kdml.data.formats.idx import file_names as idx_file_names
-from kdml.errors import KdmlError, check_no_nul_byte, home_expanded, why_missing
+from kdml.errors import (
+    KdmlError,
+    check_no_nul_byte,
+    did_you_mean,
+    home_expanded,
+    why_missing,
+)
 
 ROOT_VARIABLE = "KDML_DATA_ROOT"
 
@@ -312,5 +318,6 @@ def open_dataset(name: str, root: str = "") -> DatasetParts:
         from kdml.data.formats.csv_list import load_csv
 
         return load_csv(home_expanded(name.removeprefix("csv:")))
-    raise KdmlError(f"unknown dataset {name!r}; choose one of: "
-                    f"{', '.join([*DATASETS, *FORMATS])}, folder:DIR or csv:FILE")
+    raise KdmlError(f"unknown dataset {name!r}{did_you_mean(name, [*DATASETS, *FORMATS])}; "
+                    f"choose one of: {', '.join([*DATASETS, *FORMATS])}, folder:DIR or "
+                    "csv:FILE")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, did_you_mean
 from kdml.training.recipes import atlas, dtml, jrd
 from kdml.training.recipes.base import Recipe
 
@@ -13,7 +13,8 @@ RECIPES: dict[str, Recipe] = {
 
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise KdmlError(f"unknown recipe {name!r}; choose one of: {', '.join(RECIPES)}")
+        raise KdmlError(f"unknown recipe {name!r}{did_you_mean(name, RECIPES)}; choose one "
+                        f"of: {', '.join(RECIPES)}")
     return RECIPES[name]
 
 
