@@ -259,8 +259,14 @@ def error_line(capsys) -> str:
     (["eval", "/nonexistent/run"], "does not exist"),
     (["train", "--resume", "/nonexistent/run"], "does not exist"),
     (["frobnicate"], "invalid choice"),
+    # --ks takes every value after it: a run folder there is one more K (tmp_path exists)
+    (["eval", "--ks", "1", "2", "TMP"], "expected an integer, got 'TMP', a path read as one "
+                                        "more K; put the run folder before --ks"),
+    (["eval", "RUN", "--ks", "1", "x"], "expected an integer, got 'x' (see"),
 ])
 def test_bad_input_is_one_line(args, expected, capsys, tmp_path):
+    args = [str(tmp_path) if arg == "TMP" else arg for arg in args]
+    expected = expected.replace("TMP", str(tmp_path))
     if args[0] == "train" and "--resume" not in args:
         args = [*args, "--out", str(tmp_path / "run"), "--no-progress"]
     assert run_cli(*args) == 2

@@ -33,6 +33,18 @@ def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _k_value(text: str) -> int:
+    """An argparse type for ``--ks K [K ...]``: :func:`_integer` from 1, and where the value is
+    a path, what happened: ``kdml eval --ks 1 2 RUN`` reads RUN as one more K."""
+    try:
+        return _integer(1)(text)
+    except argparse.ArgumentTypeError as error:
+        if not Path(text).exists():
+            raise
+        raise argparse.ArgumentTypeError(f"{error}, a path read as one more K; put the run "
+                                         "folder before --ks") from None
+
+
 def _fraction(text: str) -> float:
     """An argparse type: a number strictly between 0 and 1."""
     try:
@@ -113,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "its data.json records what the model takes; --data-root is "
                                "then that dataset's folder); prints the scores and writes no "
                                "eval.json")
-    evaluate.add_argument("--ks", type=_integer(1), nargs="+", metavar="K",
+    evaluate.add_argument("--ks", type=_k_value, nargs="+", metavar="K",
                           help="the Recall@K values to score (default: the run's eval.ks)")
     _add_data_root(evaluate)
     _add_device(evaluate)
