@@ -128,3 +128,19 @@ def test_a_warning_logged_while_a_bar_is_drawn_gets_a_line_of_its_own_above_it(m
     shown = [line for line in _screen(screen.getvalue()) if line]
     assert shown[0] == "kdml: warning: skipping unreadable image bad.png", shown
     assert len(shown) == 2 and shown[1].startswith("epoch 1:  50%") and "2/4" in shown[1], shown
+
+
+@pytest.mark.parametrize(("term", "progress", "disabled"), [
+    ("dumb", None, True), ("dumb", True, False), ("dumb", False, True),
+    ("xterm-256color", None, None), (None, None, None)])
+def test_a_dumb_terminal_gets_no_bars_unless_asked(term, progress, disabled, monkeypatch):
+    """TERM=dumb (Emacs' shell and compile buffers) cannot move its cursor: the nested bars'
+    cursor-up codes showed as "^[[A" on every redraw. Elsewhere tqdm's own rule (None: a
+    terminal only) stands; True still draws them."""
+    from kdml.progress import bar_disabled
+
+    if term is None:
+        monkeypatch.delenv("TERM", raising=False)
+    else:
+        monkeypatch.setenv("TERM", term)
+    assert bar_disabled(progress) is disabled

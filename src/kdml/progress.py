@@ -18,8 +18,13 @@ def bar_disabled(progress: bool | None, main: bool = True) -> bool | None:
     False on rank 0, drawing bars into redirected output.) Nor does a process without a
     standard error (closed, ``2>&-``, or ``pythonw``'s: Python's ``sys.stderr`` is None),
     where tqdm, finding no ``isatty`` to ask, had drawn into None and stopped the command
-    with an AttributeError."""
+    with an AttributeError. Nor, unless asked (``progress`` True), on a ``TERM=dumb``
+    terminal."""
     if not main or sys.stderr is None:
+        return True
+    if progress is None and os.environ.get("TERM") == "dumb":
+        # a terminal that cannot move its cursor (Emacs' shell and compile buffers): the
+        # nested bars' cursor-up codes showed as "^[[A" on every redraw
         return True
     return None if progress is None else not progress
 
