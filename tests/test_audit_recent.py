@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdml import cli, launch
+from kdml import cli, kernels, launch
 from kdml.checks import (
     as_number,
     assert_message,
@@ -24,6 +24,8 @@ from kdml.checks import (
 from kdml.data.domains import SourcePCA
 from kdml.data.sample_spec import SampleSpec
 from kdml.errors import KdmlError, LocalError, UnreadableCheckpoint, why_missing
+from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.regularizers.manifold import ManifoldMMD
 from kdml.training.loading import stored_pca
 
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -128,10 +130,29 @@ def test_an_empty_batch_of_labels_is_in_range():
 
 def test_as_number_reads_a_0d_array_or_tensor_as_a_float():
     for value in (np.array(2.5), torch.tensor(2.5)):
-        number = as_number(value)
+        number = as_number(value, "x")
         assert type(number) is float and number == 2.5
     row = np.array([2.5])
-    assert as_number(row) is row
+    assert as_number(row, "x") is row
+
+
+@pytest.mark.parametrize("make", [
+    lambda: kernels.GaussianMixtureKernel(bandwidth=torch.nn.Parameter(torch.tensor(2.0))),
+    lambda: kernels.LaplaceKernel(bandwidth=torch.nn.Parameter(torch.tensor(2.0))),
+    lambda: kernels.PolynomialKernel(bias=torch.tensor(1.0, requires_grad=True)),
+    lambda: MarginalFisherLoss(alpha=torch.nn.Parameter(torch.tensor(0.1))),
+    lambda: ManifoldMMD(2, 3, eps=torch.nn.Parameter(torch.tensor(1e-3))),
+], ids=["gaussian-bandwidth", "laplace-bandwidth", "polynomial-bias", "fisher-alpha",
+        "manifold-eps"])
+def test_a_setting_read_once_refuses_a_tensor_to_be_learned(make):
+    """A setting kdml reads once, as a number (as_number), had taken an nn.Parameter with
+    only torch's warning ("Converting a tensor with requires_grad=True to a scalar"): the
+    user's optimiser then trained nothing there. Detached, the same tensor is taken."""
+    with pytest.raises(KdmlError, match=r"is a tensor that requires grad, but kdml reads it "
+                                        r"once, as a number, so it would not be learned"):
+        make()
+    assert kernels.LaplaceKernel(bandwidth=torch.nn.Parameter(torch.tensor(2.0)).detach()
+                                 ).bandwidth == 2.0
 
 
 def test_label_device_with_no_tensors_checks_nothing():

@@ -56,9 +56,15 @@ def is_finite_number(value: object, above: float | None = None,
             and (at_least is None or number >= at_least))
 
 
-def as_number(value: object) -> object:
+def as_number(value: object, name: str) -> object:
     """A 0-d tensor or array as its Python float (read once, where a setting is given); any
-    other value unchanged, for the caller's check to refuse or take."""
+    other value unchanged, for the caller's check to refuse or take. A tensor that requires
+    grad (an ``nn.Parameter``) is refused in one line naming the setting ``name``: read once,
+    it would never be learned, which torch said only in a warning."""
+    if isinstance(value, Tensor) and value.requires_grad:
+        raise KdmlError(f"{name} is a tensor that requires grad, but kdml reads it once, as a "
+                        "number, so it would not be learned; pass a number (or the tensor "
+                        "detached)")
     if isinstance(value, Tensor | np.ndarray) and value.ndim == 0:
         return float(value)
     return value

@@ -243,7 +243,7 @@ def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:
 
 
 def _check_positive(name: str, value: Number) -> float:
-    value = as_number(value)  # type: ignore[assignment]
+    value = as_number(value, name)  # type: ignore[assignment]
     if not is_finite_number(value, above=0):
         raise KdmlError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
@@ -479,7 +479,7 @@ class PolynomialKernel(Kernel):
         super().__init__()
         if not is_positive_int(degree):
             raise KdmlError(f"degree must be an integer >= 1, got {degree!r}")
-        bias = as_number(bias)  # type: ignore[assignment]
+        bias = as_number(bias, "bias")  # type: ignore[assignment]
         # a negative offset is not a positive-definite kernel; an infinite one gives inf
         if not is_finite_number(bias, at_least=0):
             raise KdmlError(f"bias must be a finite number >= 0, got {bias!r}")

@@ -38,7 +38,8 @@ class ObjectiveOutput(NamedTuple):
 def _check_number(name: str, value: object, nonnegative: bool) -> float:
     """``value`` as a float if it is a finite real number, a 0-d tensor or array too (and >= 0
     if ``nonnegative``)."""
-    value = as_number(value)  # a 0-d tensor had been refused as "not a finite number"
+    # a 0-d tensor had been refused as "not a finite number"
+    value = as_number(value, f"DTMLObjective: {name}")
     if not is_finite_number(value, at_least=0 if nonnegative else None):
         bound = " >= 0" if nonnegative else ""
         raise KdmlError(f"DTMLObjective: {name} must be a finite number{bound}, got {value!r}")
@@ -48,7 +49,8 @@ def _check_number(name: str, value: object, nonnegative: bool) -> float:
 def _check_per_layer(name: str, value: Number | Sequence[Number],
                      nonnegative: bool) -> float | tuple[float, ...]:
     """One number for all hidden layers, or a sequence of one per hidden layer, checked."""
-    value = as_number(value)  # type: ignore[assignment]  # a 0-d tensor or array: a float
+    # a 0-d tensor or array: a float
+    value = as_number(value, f"DTMLObjective: {name}")  # type: ignore[assignment]
     if isinstance(value, Iterable) and not isinstance(value, str | numbers.Real):
         return tuple(_check_number(name, v, nonnegative) for v in value)
     return _check_number(name, value, nonnegative)  # a number, or refused as not one

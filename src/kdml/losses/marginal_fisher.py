@@ -116,7 +116,7 @@ class MarginalFisherLoss(nn.Module):
         super().__init__()
         self.k1 = _check_k("k1", k1)
         self.k2 = _check_k("k2", k2)
-        given = as_number(alpha)  # a 0-d tensor or array: its float
+        given = as_number(alpha, "alpha")  # a 0-d tensor or array: its float
         if not is_finite_number(given, at_least=0):
             raise KdmlError(f"alpha must be a finite number >= 0, got {alpha!r}")
         self.alpha = float(cast(SupportsFloat, given))  # a real number: checked above
