@@ -168,3 +168,19 @@ def test_generalization_names_the_label_that_is_no_class(bad):
     labels[3] = bad
     with pytest.raises(KdmlError, match="non-integer value"):
         generalization_terms(seen, labels, unseen, labels + 10, repeats=2)
+
+
+@pytest.mark.parametrize("seen_labels", [
+    np.array([0] * 10 + ["a"] * 10, dtype=object),  # names beside numbers
+    np.array(["a"] * 10 + [float("nan")] * 10, dtype=object),  # a missing name read as NaN
+    np.array(["a"] * 10 + [None] * 10, dtype=object),
+], ids=["int and str", "str and nan", "str and None"])
+def test_generalization_with_labels_that_cannot_be_ordered_is_a_one_line_error(seen_labels):
+    """Object labels mixing kinds reached NumPy's sort (in scikit-learn's fit and in the
+    class-overlap check): "TypeError: '<' not supported between instances of 'str' and
+    'int'" came out raw."""
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.normal(size=(20, 3)), rng.normal(size=(20, 3))
+    with pytest.raises(KdmlError, match="cannot be ordered"):
+        generalization_terms(seen, seen_labels, unseen, np.array(["b"] * 20, dtype=object),
+                             repeats=2)

@@ -204,3 +204,42 @@ def test_the_default_is_ten_random_splits(monkeypatch):
     assert len(draws) == 2 * 10
     for name, estimate in terms.items():
         assert len(estimate.values) == 10, name
+
+
+@pytest.mark.parametrize("as_tensor", ["labels", "everything"])
+def test_nn_error_of_tensors_is_that_of_the_arrays(as_tensor):
+    """nn_error compared NumPy predictions with the given labels: with a tensor of labels the
+    comparison was one bool, and a perfect classifier's error read 1.0 instead of 0.0."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    train_x, test_x = rng.normal(size=(12, 3)), rng.normal(size=(7, 3))
+    train_y, test_y = np.arange(12) % 3, rng.integers(0, 3, size=7)
+    expected = [
+        literal_knn_predict(train_x.tolist(), train_y.tolist(), x, 1) != y
+        for x, y in zip(test_x.tolist(), test_y.tolist(), strict=True)
+    ]
+    args = [train_x, train_y, test_x, test_y]
+    if as_tensor == "labels":
+        args[1], args[3] = torch.tensor(train_y), torch.tensor(test_y)
+    else:
+        args = [torch.tensor(arg) for arg in args]
+    assert generalization.nn_error(*args) == pytest.approx(sum(expected) / 7, abs=1e-12)
+    assert generalization.nn_error(train_x, train_y, train_x, torch.tensor(train_y)) == 0.0
+
+
+@pytest.mark.parametrize("case", ["dimensions", "neighbors", "label count"])
+def test_nn_error_refuses_what_scikit_learn_would_in_one_line(case):
+    from kdml.errors import KdmlError
+
+    x, y = np.eye(4), np.arange(4)
+    args: dict[str, object] = {"train_x": x, "train_y": y, "test_x": x, "test_y": y}
+    if case == "dimensions":
+        args["test_x"] = np.eye(3)
+        args["test_y"] = y[:3]
+    elif case == "neighbors":
+        args["neighbors"] = 5
+    else:
+        args["train_y"] = y[:3]
+    with pytest.raises(KdmlError):
+        generalization.nn_error(**args)  # type: ignore[arg-type]

@@ -353,3 +353,17 @@ def test_even_adaptive_mixtures_get_the_literal_jrs_and_gradient(monkeypatch, nu
         assert value == pytest.approx(expected, rel=1e-12), rank
         literal = torch.tensor(expected_grad[0][rank * 4 : (rank + 1) * 4], dtype=torch.float64)
         assert torch.allclose(grads[0] / 2, literal, rtol=1e-6, atol=1e-9), rank
+
+
+def test_kernels_given_as_a_generator_are_taken_as_jrs_takes_them():
+    """Any iterable of kernels, as JointRepresentationSimilarity takes: a generator had been used
+    up by the kernel check and then failed len() with a raw TypeError."""
+    from kdml.regularizers import JointRepresentationSimilarity
+
+    layers = random_layers(8, (3, 2), seed=7)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 0, 1])
+    expected = JointRepresentationSimilarity(
+        [GaussianMixtureKernel(3), LaplaceKernel()])(layers, labels)
+    value = sharded_jrs((kernel for kernel in [GaussianMixtureKernel(3), LaplaceKernel()]),
+                        layers, labels)
+    assert value.item() == pytest.approx(expected.item(), rel=1e-12)

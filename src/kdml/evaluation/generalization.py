@@ -98,9 +98,24 @@ def distance_note(has_charts: bool) -> str | None:
 
 def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
              neighbors: int = 1) -> float:
-    """Test error of a k-nearest-neighbour classifier (Euclidean) fitted on the train part."""
+    """Test error of a k-nearest-neighbour classifier (Euclidean) fitted on the train part.
+
+    Takes arrays or tensors, as :func:`generalization_terms` does: labels come to NumPy first
+    (a NumPy prediction compared with a tensor of labels is one bool, which had read a
+    perfect classifier's error as 1.0), and what scikit-learn would refuse with a traceback
+    (feature sizes that differ, more neighbours than fitted samples) is refused in one line."""
     from sklearn.neighbors import KNeighborsClassifier  # here: see clustering.nmi_score
 
+    train_x, test_x = as_float_matrix(train_x, "train_x"), as_float_matrix(test_x, "test_x")
+    if train_x.shape[1] != test_x.shape[1]:
+        raise KdmlError(f"train_x and test_x must have one feature size, got "
+                        f"{train_x.shape[1]} and {test_x.shape[1]} columns")
+    train_y = _labels(train_y, "train_y", len(train_x), train_x.shape[1])
+    test_y = _labels(test_y, "test_y", len(test_x), test_x.shape[1])
+    check_positive_int("neighbors", neighbors)
+    if neighbors > len(train_x):
+        raise KdmlError(f"neighbors ({neighbors}) is more than the {len(train_x):,} fitted "
+                        "samples; use fewer")
     classifier = KNeighborsClassifier(n_neighbors=neighbors).fit(train_x, train_y)
     return float(np.mean(classifier.predict(test_x) != test_y))
 
@@ -147,6 +162,7 @@ def generalization_terms(
         # never equal an integer seen label, and err_seen read 1.0
         raise KdmlError(f"seen_labels are {_label_kind(seen_labels)} and unseen_labels "
                         f"{_label_kind(unseen_labels)}; give both as integers or both as names")
+    check_orderable_labels(seen_labels, unseen_labels)
     check_disjoint_classes(seen_labels, unseen_labels)
     check_scored_counts(len(seen), len(unseen), labelled_fraction, neighbors=neighbors)
     rng = np.random.default_rng(seed)
@@ -184,6 +200,22 @@ def _cut(count: int, fraction: float) -> int:
     """How many of ``count`` samples are fitted: ``fraction`` of them, at least 1, and at
     least 1 left to score."""
     return min(max(int(round(fraction * count)), 1), count - 1)
+
+
+def check_orderable_labels(seen_labels: np.ndarray, unseen_labels: np.ndarray) -> None:
+    """Refuse labels of object dtype that cannot be sorted together (the classifiers and the
+    class-overlap check sort them): names beside numbers, or a missing name read as NaN or
+    None, had failed inside NumPy with "'<' not supported between instances of ..."."""
+    joint = np.concatenate([seen_labels, unseen_labels])
+    if joint.dtype.kind != "O":
+        return
+    try:
+        np.unique(joint)
+    except TypeError:
+        kinds = ", ".join(sorted({type(value).__name__ for value in joint}))
+        raise KdmlError(f"the seen and unseen labels mix values that cannot be ordered together "
+                        f"({kinds}): give every label as a name (str) or every label as an "
+                        "integer (a missing name read as NaN or None is one of these)") from None
 
 
 def check_disjoint_classes(seen_labels: np.ndarray, unseen_labels: np.ndarray) -> None:

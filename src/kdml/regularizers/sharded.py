@@ -72,6 +72,9 @@ def sharded_jrs(kernels: Sequence[Kernel], local_representations: Sequence[Tenso
             isinstance(kernels, torch.nn.Module) and not isinstance(kernels, torch.nn.ModuleList)):
         raise KdmlError("sharded JRS takes a sequence of kernels, one per representation, e.g. "
                         "[GaussianMixtureKernel()]")
+    # a list, as JointRepresentationSimilarity makes one: a generator had been used up by the
+    # check below and then failed len() ("object of type 'generator' has no len()")
+    kernels = list(kernels)
     for kernel in kernels:  # as JointRepresentationSimilarity's: a name or a class is none
         check_kernel("sharded JRS", kernel)
     check_batch("sharded JRS", local_representations, local_labels)
