@@ -13,7 +13,9 @@ classifiers fitted on labelled splits and scored on the rest:
 
   - ``h_divergence``, the paper's Eq. 2, :math:`d_H = 1 - \bar e^*`, in [0.5, 1];
   - ``h_divergence_bd``, Ben-David et al.'s (2010) :math:`1 - (e_s + e_u)` with the better of h
-    and its complement, i.e. :math:`1 - 2 \bar e^*`, in [0, 1].
+    and its complement, i.e. :math:`1 - 2 \bar e^*`, in [0, 1]: half of their
+    :math:`d_H = 2 (1 - 2 \bar e^*)` (the proxy A-distance), in [0, 2], which published
+    numbers may quote.
 
   Chance (sets the classifier cannot tell apart) gives :math:`\bar e^* \approx 0.5`:
   :math:`d_H \approx 0.5` and the Ben-David form :math:`\approx 0`; perfectly separated sets
