@@ -731,6 +731,24 @@ def test_a_full_disk_names_the_file_asked_for_and_leaves_no_partial(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_read_only_file_system_names_the_file_asked_for(tmp_path, monkeypatch):
+    """A read-only file system refuses the hidden file's creation, and then its removal too
+    (EROFS, even of no file): that second error had replaced the first, so kdml eval on a run
+    folder on a read-only disk said ".eval.1681.730b21ca.json: Read-only file system"."""
+    import kdml.file_write
+    from kdml.file_write import write_through_new_file
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(kdml.file_write.os, "open", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(OSError) as caught:
+        write_through_new_file(tmp_path / "eval.json", lambda partial: partial.write_text("{}"))
+    assert caught.value.errno == errno.EROFS
+    assert caught.value.filename == str(tmp_path / "eval.json")
+
+
 @pytest.mark.parametrize("hard_links", [True, False])
 def test_a_new_file_never_replaces_one_that_appears_while_it_is_written(tmp_path, monkeypatch,
                                                                        hard_links):
@@ -757,6 +775,65 @@ def test_a_new_file_never_replaces_one_that_appears_while_it_is_written(tmp_path
     target.unlink()
     write_through_new_file(target, lambda partial: partial.write_text("kdml's"), replace=False)
     assert target.read_text() == "kdml's" and list(tmp_path.iterdir()) == [target]
+
+
+def _train_log_on_a_full_disk(monkeypatch) -> None:
+    """Open every train.log on /dev/full, whose writes fail with ENOSPC: a full disk met by
+    the append that needs a new block."""
+    import logging
+
+    real_open = logging.FileHandler._open
+
+    def full(handler):
+        if Path(handler.baseFilename).name != "train.log":
+            return real_open(handler)
+        return open("/dev/full", "a", encoding=handler.encoding)  # noqa: SIM115
+
+    monkeypatch.setattr(logging.FileHandler, "_open", full)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_train_log_on_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path, capsys,
+                                                                       monkeypatch):
+    """A full disk refusing train.log's lines had printed logging's "--- Logging error ---"
+    and a traceback for each line, and the handler's close raised the ENOSPC again (naming no
+    file) at the end of a finished run: exit 2, "the output could not be written"."""
+    _train_log_on_a_full_disk(monkeypatch)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "--no-progress", "train.steps_per_epoch=1"]) == 0
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+    assert err.count("kdml: warning: ") == 1
+    assert (f"kdml: warning: {out / 'train.log'} cannot be written (No space left on device)"
+            in err)
+    assert json.loads((out / "metrics.json").read_text())["final"] is not None
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_names_the_file_that_stopped_the_run_not_train_log(tmp_path, capsys,
+                                                                       monkeypatch):
+    """The same full disk stopping the run at metrics.json: train.log's close had raised its
+    own ENOSPC over it, and the CLI said "the output could not be written" with no file."""
+    from kdml.training import run_folder
+
+    _train_log_on_a_full_disk(monkeypatch)
+    real_write = run_folder.write_through_new_file
+
+    def full_disk(path, write, replace=True):
+        if path.name == "metrics.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, write, replace)
+
+    monkeypatch.setattr(run_folder, "write_through_new_file", full_disk)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "--no-progress", "train.steps_per_epoch=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"kdml: error: {out / 'metrics.json'}: No space left on device; free space on its "
+        "disk and run the command again (a stopped run continues with kdml train --resume)")
 
 
 def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_and_resumes(tmp_path, capsys,
@@ -1060,6 +1137,28 @@ def test_training_without_faiss_stops_before_its_run_folder(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("kdml: error: the Python package faiss-cpu")
     assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_an_index_that_outgrows_the_disk_is_one_line_and_leaves_nothing(tmp_path):
+    """faiss's own file writer raised a full disk (here a file size limit, RLIMIT_FSIZE:
+    EFBIG, as ENOSPC) as "RuntimeError: Error in void faiss::write_index(...): write error in
+    .../index.faiss", a traceback and exit 1; it is one line naming --out, exit 2."""
+    import subprocess
+
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "--no-progress", "train.steps_per_epoch=1"]) == 0
+    index = tmp_path / "index"
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
+              "from kdml.cli import main\n"
+              f"sys.exit(main(['index', {str(run)!r}, '--out', {str(index)!r}, "
+              "'--no-progress']))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"kdml: error: {index}: File too large; fix it or choose another path\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]  # no partial folder
 
 
 def _fails_to_allocate(error: BaseException):

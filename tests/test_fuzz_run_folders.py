@@ -4,6 +4,7 @@ session found them mishandled."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -210,3 +211,31 @@ def test_an_out_that_is_a_link_to_nothing_is_named_so(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"kdml: error: cannot make the folder {tmp_path / 'runs'}: it is a link to "
         f"{tmp_path / 'gone'}, which does not exist; make that folder, or remove the link\n")
+
+
+def _longest_name(folder: Path) -> int:
+    return os.pathconf(folder, "PC_NAME_MAX")
+
+
+def test_a_file_whose_name_fits_is_written_though_its_hidden_partial_s_would_not(tmp_path):
+    """write_through_new_file's hidden partial adds ".PID.TOKEN" to the name: an --out whose
+    name the file system takes (245 of its 255 bytes) had been refused as "File name too
+    long", by the unlink of a partial that was never made."""
+    from kdml.file_write import write_through_new_file
+
+    path = tmp_path / ("x" * (_longest_name(tmp_path) - 10) + ".npz")
+    assert write_through_new_file(path, lambda partial: partial.write_bytes(b"ok")) == path
+    assert path.read_bytes() == b"ok" and list(tmp_path.iterdir()) == [path]
+    too_long = tmp_path / ("y" * _longest_name(tmp_path) + ".npz")
+    with pytest.raises(OSError) as refused:  # a name too long for the disk is still refused
+        write_through_new_file(too_long, lambda partial: partial.write_bytes(b"ok"))
+    assert refused.value.filename == str(too_long)
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_an_index_folder_whose_name_fits_is_built(tmp_path):
+    """The same for build_index's hidden folder (".partial-PID.TOKEN" added to the name)."""
+    folder = tmp_path / ("i" * (_longest_name(tmp_path) - 10))
+    _index(folder, seed=0)
+    assert load_index(folder).info.count == 50
+    assert list(tmp_path.iterdir()) == [folder]

@@ -1164,6 +1164,41 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
     assert err.rstrip().endswith(f"kdml: interrupted; continue with: kdml train --resume {run}")
 
 
+@pytest.mark.parametrize("fails_at", ["first", "later"])
+def test_tensorboard_on_a_full_disk_names_its_folder(tmp_path, monkeypatch, capsys, fails_at):
+    """TensorBoard's writer thread meets a full disk with an OSError that names no file, which
+    its next write raises in the run's thread: the CLI took it for its printed output's
+    ("the output could not be written"), and train.log's stop line held its traceback."""
+    import errno
+
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    writes: list[bytes] = []
+
+    def full_disk_at(name: str):
+        real = getattr(gfile.LocalFileSystem, name)
+
+        def full_disk(self, filename, file_content, binary_mode=False):
+            writes.append(file_content)
+            if fails_at == "first" or len(writes) > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(self, filename, file_content, binary_mode)
+        return full_disk
+
+    for name in ("write", "append"):  # the events file's first write, and those after it
+        monkeypatch.setattr(gfile.LocalFileSystem, name, full_disk_at(name))
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "train.steps_per_epoch=1", "train.epochs=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"kdml: error: {run / 'tensorboard'}: No space left on device; free space on its disk "
+        "and run the command again (a stopped run continues with kdml train --resume)")
+    log = (run / "train.log").read_text()
+    assert f"stopped: {run / 'tensorboard'}: No space left on device" in log
+    assert "Traceback" not in log
+
+
 def test_plots_that_cannot_be_written_do_not_stop_training(tmp_path, monkeypatch, capsys):
     """plots/ not writable (an OSError, not kdml's own refusal of a picture it did not draw)
     had stopped the run with its checkpoints and metrics still writable."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -20,7 +21,8 @@ def write_through_new_file(path: Path, write: Callable[[Path], object],
     file that appears there meanwhile is kept (a ``FileExistsError``), never renamed over."""
     path.parent.mkdir(parents=True, exist_ok=True)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
-    partial = path.with_name(f".{path.stem}.{token}{path.suffix.lower()}")
+    partial = path.with_name(hidden_name(path.stem, f".{token}{path.suffix.lower()}",
+                                         path.parent))
     # The hidden file is made inside the try that removes it: a Ctrl-C or SIGTERM right after
     # its creation had left it behind, empty. Only something already at its name (which the
     # pid and random token make all but impossible) is not kdml's, and is never removed.
@@ -34,11 +36,34 @@ def write_through_new_file(path: Path, write: Callable[[Path], object],
     except _Taken as taken:
         raise _about(taken.error, path, partial) from None
     except BaseException as error:  # Ctrl-C or a full disk: nothing half-written stays behind
-        partial.unlink(missing_ok=True)
+        # a read-only file system refuses the removal too (EROFS, even of no file): that had
+        # replaced the error, naming the hidden file instead of the one asked for
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
         if isinstance(error, OSError):  # no permission, a full disk: name the file asked for
             raise _about(error, path, partial) from None
         raise
     return path
+
+
+# The longest file name where the file system does not say its own (os.pathconf).
+NAME_MAX = 255
+
+
+def hidden_name(stem: str, tail: str, folder: Path) -> str:
+    """The hidden name ``.STEM`` + ``tail`` (a unique token, the suffix) of a file or folder
+    that kdml writes in ``folder`` before renaming it into place, ``stem`` shortened where
+    the whole would be longer (in bytes) than ``folder``'s file system takes: the token
+    added to a name that fits had made it too long ("File name too long" for a name the
+    file system takes)."""
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such folder (yet), or no such setting
+        longest = NAME_MAX
+    room = (longest if longest > 0 else NAME_MAX) - 1 - len(os.fsencode(tail))
+    while stem and len(os.fsencode(stem)) > room:
+        stem = stem[:-1]
+    return f".{stem}{tail}"
 
 
 class _Taken(Exception):

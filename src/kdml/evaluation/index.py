@@ -41,6 +41,7 @@ from kdml.evaluation.knn import (
     to_search_vectors,
 )
 from kdml.file_digest import file_sha256
+from kdml.file_write import hidden_name
 
 INDEX_KINDS = ("exact", "ivf", "hnsw")
 INDEX_METRICS = ("cosine", "euclidean")
@@ -132,7 +133,8 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
     vectors = to_search_vectors(array, info.scale, info.metric)
     info.dim, info.count = int(vectors.shape[1]), len(vectors)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = folder.parent / f".{folder.name}.partial-{os.getpid()}.{secrets.token_hex(4)}"
+    partial = folder.parent / hidden_name(
+        folder.name, f".partial-{os.getpid()}.{secrets.token_hex(4)}", folder.parent)
     in_the_way = KdmlError(f"{partial} is in the way of the index being built; move it away")
     try:
         # made inside the try that removes it (made by mkdtemp before it, a stop in between
@@ -142,14 +144,14 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
         except FileExistsError:  # something at the hidden name: not kdml's to remove
             raise in_the_way from None
         if chart_index is None:
-            faiss.write_index(_faiss_index(vectors, info.kind, info.metric),
-                              str(partial / "index.faiss"))
+            _write_faiss(_faiss_index(vectors, info.kind, info.metric),
+                         partial / "index.faiss")
         else:
             info.charts = sorted(int(chart) for chart in np.unique(chart_index))
             for chart in info.charts:
                 members = np.flatnonzero(chart_index == chart)
-                faiss.write_index(_faiss_index(vectors[members], info.kind, info.metric),
-                                  str(partial / f"chart_{chart}.faiss"))
+                _write_faiss(_faiss_index(vectors[members], info.kind, info.metric),
+                             partial / f"chart_{chart}.faiss")
             items = {**items, "chart": chart_index}
         np.savez(partial / "items.npz", **items)  # type: ignore[arg-type]  # numpy's stubs
         info.files_sha256 = {path.name: checkpoint_fingerprint(path)
@@ -159,8 +161,29 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
     except BaseException as error:  # Ctrl-C or a full disk: no half-built index stays behind
         if error is not in_the_way:
             shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, OSError):  # a full disk: name the folder asked for
+            raise _about(error, folder, partial) from None
         raise
     return info
+
+
+def _write_faiss(index: faiss.Index, path: Path) -> None:
+    """Write ``index`` to ``path`` through a Python file: faiss's own file writer raises a full
+    disk as a RuntimeError ("write error in ... (No space left on device)"), which stopped
+    ``kdml index`` with a traceback; Python's write raises it as the OSError it is."""
+    with path.open("wb") as handle:
+        writer = faiss.PyCallbackIOWriter(handle.write)  # type: ignore[attr-defined]
+        faiss.write_index(index, writer)
+
+
+def _about(error: OSError, folder: Path, partial: Path) -> OSError:
+    """``error`` about the index folder asked for (``folder``, or its file), where it names
+    the hidden folder being built or no file at all (a full disk's write names none)."""
+    name = os.fsdecode(error.filename) if error.filename is not None else None
+    if name is not None and name != str(partial) and not name.startswith(f"{partial}{os.sep}"):
+        return error
+    named = folder / Path(name).relative_to(partial) if name is not None else folder
+    return OSError(error.errno, error.strerror or str(error), str(named))
 
 
 @dataclass

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kdml import distributed
@@ -132,14 +133,21 @@ class Recorder:
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
 
-            self.writer = SummaryWriter(str(self.run.tensorboard))
+            with _named(self.run.tensorboard):  # its first flush, which can fail
+                self.writer = SummaryWriter(str(self.run.tensorboard))
         return self.writer
 
     def _close_writer(self) -> None:
         """Close TensorBoard's writer, unless the run folder went: its last flush would fail
-        (its thread is a daemon, and ends with the process)."""
+        (its thread is a daemon, and ends with the process). Its last events that the disk
+        refuses (full) are a warning, as the plots' are: the run's checkpoint and metrics are
+        written, and an error here would replace the one that stopped the run."""
         if self.writer is not None and not self._moved():
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as error:
+                self.log.warning("TensorBoard's last events are not written to %s: %s",
+                                 self.run.tensorboard, error.strerror or error)
 
     def _thread_failed(self, failure: threading.ExceptHookArgs) -> None:
         if type(failure.thread).__name__ == "_AsyncWriterThread":  # TensorBoard's writer
@@ -203,8 +211,9 @@ class Recorder:
             self.run.unscored_checkpoint.unlink(missing_ok=True)  # last.pt holds the epoch now
             new = {key: value for key, value in row.items()
                    if key != "epoch" and key not in recorded}
-            for key, value in new.items():
-                writer.add_scalar(key, value, row["epoch"])
+            with _named(self.run.tensorboard):
+                for key, value in new.items():
+                    writer.add_scalar(key, value, row["epoch"])
             self.log.info("epoch %d%s: %s", row["epoch"], " scored" if recorded else "",
                           _format_row(new))
         if keep_as_best:
@@ -236,6 +245,20 @@ def _identity(folder: os.PathLike[str]) -> tuple[int, int] | None:
     except OSError:
         return None
     return status.st_dev, status.st_ino
+
+
+@contextlib.contextmanager
+def _named(folder: Path) -> Iterator[None]:
+    """Raise an OSError that names no file as one about ``folder``: TensorBoard's writer
+    thread meets a full disk with such an error, which its next write raises again; the CLI
+    took it for its printed output's ("the output could not be written"), and train.log's
+    stop line held its traceback."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(folder)) from None
 
 
 @contextlib.contextmanager

@@ -625,7 +625,7 @@ def run_logging(path: Path) -> Iterator[logging.Logger]:
     loaders' warnings such as a skipped image) are appended to the run's ``train.log``, and
     warnings are also shown on stderr. Yields the trainer's logger."""
     package = logging.getLogger("kdml")
-    to_file = logging.FileHandler(path)
+    to_file = RunLogHandler(path)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     to_screen = warning_handler()
     level = package.level
@@ -637,9 +637,43 @@ def run_logging(path: Path) -> Iterator[logging.Logger]:
             yield logging.getLogger("kdml.train")
     finally:
         package.removeHandler(to_file)
+        to_file.close()  # its warning of lines not written still goes to the screen
         package.removeHandler(to_screen)
         package.setLevel(level)
-        to_file.close()
+
+
+class RunLogHandler(logging.FileHandler):
+    """``train.log``'s handler. A line the file system refuses (a full disk: the append that
+    needs a new block) is said once, as a warning on stderr, and the run goes on: Python's
+    handler had printed "--- Logging error ---" and a traceback for each line, and its close,
+    flushing the same lines, had raised its ENOSPC (which names no file) over the error that
+    stopped the run, which the CLI then reported as "the output could not be written". The
+    unwritten lines stay buffered: a later flush writes them if space is freed meanwhile."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.refused = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            self._refused(error)
+        else:  # not the file system's: a bug, shown as Python shows it
+            super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as error:
+            self._refused(error)
+
+    def _refused(self, error: OSError) -> None:
+        if self.refused:
+            return
+        self.refused = True  # set first: the warning below comes back here through the logger
+        logging.getLogger("kdml.train").warning(
+            "%s cannot be written (%s): the run's log may miss lines from here on",
+            self.baseFilename, error.strerror or error)
 
 
 def _cell(value: Any) -> Any:
