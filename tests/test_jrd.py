@@ -340,7 +340,7 @@ def test_generalization_terms_take_tensors_and_refuse_bad_inputs():
         (lambda: generalization_terms(seen, labels, np.full((40, 2), np.nan), labels + 2),
          r"^unseen contains NaN or infinite values$"),
         (lambda: generalization_terms(seen, labels, unseen[:, :1], labels + 2),
-         r"^seen and unseen embeddings must have one dimension, got 2 and 1$"),
+         r"^seen and unseen must have one feature size, got 2 and 1 columns$"),
         (lambda: generalization_terms(seen, labels, unseen, labels + 2, neighbors=0),
          r"^neighbors must be a positive integer, got 0$")]:
         with pytest.raises(KdmlError, match=message):

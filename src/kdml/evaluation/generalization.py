@@ -108,18 +108,27 @@ def nn_error(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_
     (feature sizes that differ, more neighbours than fitted samples) is refused in one line."""
     from sklearn.neighbors import KNeighborsClassifier  # here: see clustering.nmi_score
 
-    train_x, test_x = as_float_matrix(train_x, "train_x"), as_float_matrix(test_x, "test_x")
-    if train_x.shape[1] != test_x.shape[1]:
-        raise KdmlError(f"train_x and test_x must have one feature size, got "
-                        f"{train_x.shape[1]} and {test_x.shape[1]} columns")
-    train_y = _labels(train_y, "train_y", len(train_x), train_x.shape[1])
-    test_y = _labels(test_y, "test_y", len(test_x), test_x.shape[1])
+    train_x, train_y, test_x, test_y = _two_sets(train_x, train_y, test_x, test_y,
+                                                 ("train_x", "train_y", "test_x", "test_y"))
     check_positive_int("neighbors", neighbors)
     if neighbors > len(train_x):
         raise KdmlError(f"neighbors ({neighbors}) is more than the {len(train_x):,} fitted "
                         "samples; use fewer")
     classifier = KNeighborsClassifier(n_neighbors=neighbors).fit(train_x, train_y)
     return float(np.mean(classifier.predict(test_x) != test_y))
+
+
+def _two_sets(first: Any, first_labels: Any, second: Any, second_labels: Any,
+              names: tuple[str, str, str, str]) -> tuple[np.ndarray, ...]:
+    """Two labelled sets as float matrices of one feature size and NumPy labels (an array
+    compared with a tensor is one bool, which would count every prediction wrong), each
+    refused in one line by its ``names`` (first, its labels, second, its labels)."""
+    first, second = as_float_matrix(first, names[0]), as_float_matrix(second, names[2])
+    if first.shape[1] != second.shape[1]:
+        raise KdmlError(f"{names[0]} and {names[2]} must have one feature size, got "
+                        f"{first.shape[1]} and {second.shape[1]} columns")
+    return (first, _labels(first_labels, names[1], len(first), first.shape[1]),
+            second, _labels(second_labels, names[3], len(second), second.shape[1]))
 
 
 def generalization_terms(
@@ -144,14 +153,9 @@ def generalization_terms(
     """
     from sklearn.neighbors import KNeighborsClassifier  # here: see clustering.nmi_score
 
-    seen, unseen = as_float_matrix(seen, "seen"), as_float_matrix(unseen, "unseen")
-    if seen.shape[1] != unseen.shape[1]:
-        raise KdmlError(f"seen and unseen embeddings must have one dimension, got "
-                        f"{seen.shape[1]} and {unseen.shape[1]}")
-    # NumPy labels whatever came in: an array compared with a tensor is one bool, which would
-    # count every prediction wrong
-    seen_labels = _labels(seen_labels, "seen_labels", len(seen), seen.shape[1])
-    unseen_labels = _labels(unseen_labels, "unseen_labels", len(unseen), unseen.shape[1])
+    seen, seen_labels, unseen, unseen_labels = _two_sets(
+        seen, seen_labels, unseen, unseen_labels,
+        ("seen", "seen_labels", "unseen", "unseen_labels"))
     check_positive_int("neighbors", neighbors)
     check_seed(seed)
     if not is_finite_number(labelled_fraction, above=0) or not labelled_fraction < 1:
