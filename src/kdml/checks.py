@@ -107,6 +107,18 @@ def check_same_device(owner: str, tensors: Sequence[Tensor], what: str) -> None:
                         f"({', '.join(map(str, devices))}); put them on one device")
 
 
+def check_setting_device(owner: str, name: str, value: Tensor, inputs: Tensor,
+                         inputs_name: str) -> None:
+    """Refuse, in one line naming ``owner``, a one-number tensor setting ``name`` (a learned
+    scale, a temperature) on another device than ``inputs`` (called ``inputs_name``): torch's
+    "Tensor on device meta is not on the expected device cpu!" came from deep inside the loss.
+    A 0-dim CPU tensor is taken: torch combines one with any device's. Devices only, no host
+    sync."""
+    if value.device != inputs.device and not (value.device.type == "cpu" and value.ndim == 0):
+        raise KdmlError(f"{owner} got a {name} on {value.device} and {inputs_name} on "
+                        f"{inputs.device}; move the {name} to {inputs.device}")
+
+
 def check_integer_labels(owner: str, labels: Tensor) -> None:
     """Refuse, in one line naming ``owner``, float or complex labels (class labels are
     integers; a float label such as 0.5 would silently make a class of its own)."""

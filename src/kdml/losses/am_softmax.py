@@ -28,6 +28,7 @@ from kdml.checks import (
     check_float_inputs,
     check_integer_labels,
     check_label_device,
+    check_setting_device,
     check_tensors,
     is_finite_number,
 )
@@ -47,12 +48,7 @@ def _check_setting(name: str, value: Setting, low: float, strict: bool, cosines:
         if value.numel() != 1:  # one of shape [C] had silently weighted each class
             raise KdmlError(f"am_softmax_loss needs a {name} that is one number (a tensor of "
                             f"one element, if learned), got shape {tuple(value.shape)}")
-        if value.device != cosines.device and not (value.device.type == "cpu"
-                                                   and value.ndim == 0):
-            # torch's "Tensor on device meta is not on the expected device cpu!" came from
-            # deep inside the loss, as nt_xent_loss's temperature had
-            raise KdmlError(f"am_softmax_loss got a {name} on {value.device} and cosines on "
-                            f"{cosines.device}; move the {name} to {cosines.device}")
+        check_setting_device("am_softmax_loss", name, value, cosines, "cosines")
         return
     if not (is_finite_number(value, above=low) if strict
             else is_finite_number(value, at_least=low)):

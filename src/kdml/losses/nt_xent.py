@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdml.checks import check_float_inputs, is_finite_number
+from kdml.checks import check_float_inputs, check_setting_device, is_finite_number
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -61,12 +61,9 @@ def nt_xent_loss(projections: Tensor, temperature: float | Tensor) -> Tensor:
     if isinstance(temperature, Tensor) and temperature.numel() != 1:
         raise KdmlError(f"nt_xent_loss takes {stack}, and a temperature; got a temperature "
                         f"tensor of shape {tuple(temperature.shape)}")
-    if (isinstance(temperature, Tensor) and temperature.device != projections.device
-            and not (temperature.device.type == "cpu" and temperature.ndim == 0)):
-        # torch takes a 0-dim CPU tensor with any device's; others fail deep in the division
-        raise KdmlError(f"nt_xent_loss got a temperature on {temperature.device} and projections "
-                        f"on {projections.device}; move the temperature to "
-                        f"{projections.device}")
+    if isinstance(temperature, Tensor):
+        check_setting_device("nt_xent_loss", "temperature", temperature, projections,
+                             "projections")
     if projections.ndim != 2 or len(projections) % 2 or not len(projections):
         raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image, N >= "
                         f"1), got {tuple(projections.shape)}")

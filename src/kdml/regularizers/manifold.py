@@ -108,7 +108,8 @@ class ManifoldMMD(nn.Module):
         for name, value in (("dim", dim), ("n_charts", n_charts)):
             if not is_positive_int(value):
                 raise KdmlError(f"ManifoldMMD: {name} must be a positive integer, got {value!r}")
-        eps = as_number(eps, "ManifoldMMD: eps")  # type: ignore[assignment]  # a 0-d tensor or array: a float
+        # a 0-d tensor or array: a float
+        eps = as_number(eps, "ManifoldMMD: eps")  # type: ignore[assignment]
         if not is_finite_number(eps, above=0) or not eps < 0.5:
             raise KdmlError(f"ManifoldMMD: eps must be a number in (0, 0.5), got {eps!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
