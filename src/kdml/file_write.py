@@ -34,14 +34,14 @@ def write_through_new_file(path: Path, write: Callable[[Path], object],
         else:
             _place_new(partial, path)
     except _Taken as taken:
-        raise _about(taken.error, path, partial) from None
+        raise error_about(taken.error, path, partial) from None
     except BaseException as error:  # Ctrl-C or a full disk: nothing half-written stays behind
         # a read-only file system refuses the removal too (EROFS, even of no file): that had
         # replaced the error, naming the hidden file instead of the one asked for
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
         if isinstance(error, OSError):  # no permission, a full disk: name the file asked for
-            raise _about(error, path, partial) from None
+            raise error_about(error, path, partial) from None
         raise
     return path
 
@@ -104,13 +104,21 @@ def _place_new(partial: Path, path: Path) -> None:
     partial.unlink()
 
 
-def _about(error: OSError, path: Path, partial: Path) -> OSError:
-    """``error`` about ``path``, the file asked for, where it names the hidden partial or no
-    file at all (a full disk's ENOSPC from a write names none); the partial's own (random)
-    name already taken stays about the partial."""
-    if error.filename not in (None, str(partial), partial) or isinstance(error, FileExistsError):
+def error_about(error: OSError, path: Path, partial: Path) -> OSError:
+    """``error`` about ``path``, the file or folder asked for, where it names the hidden
+    ``partial`` being written, a file inside it (an index folder's), or no file at all (a full
+    disk's ENOSPC from a write names none); the partial's own (random) name already taken
+    stays about the partial."""
+    if isinstance(error, FileExistsError):
         return error
-    return OSError(error.errno, error.strerror or str(error), str(path))
+    name = None if error.filename is None else os.fsdecode(error.filename)
+    if name is None or name == str(partial):
+        named = path
+    elif name.startswith(f"{partial}{os.sep}"):
+        named = path / Path(name).relative_to(partial)
+    else:
+        return error
+    return OSError(error.errno, error.strerror or str(error), str(named))
 
 
 def check_writable_folder(folder: Path, advice: str = "choose another --out") -> None:

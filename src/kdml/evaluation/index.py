@@ -41,7 +41,7 @@ from kdml.evaluation.knn import (
     to_search_vectors,
 )
 from kdml.file_digest import file_sha256
-from kdml.file_write import hidden_name
+from kdml.file_write import error_about, hidden_name
 
 INDEX_KINDS = ("exact", "ivf", "hnsw")
 INDEX_METRICS = ("cosine", "euclidean")
@@ -162,7 +162,7 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
         if error is not in_the_way:
             shutil.rmtree(partial, ignore_errors=True)
         if isinstance(error, OSError):  # a full disk: name the folder asked for
-            raise _about(error, folder, partial) from None
+            raise error_about(error, folder, partial) from None
         raise
     return info
 
@@ -174,16 +174,6 @@ def _write_faiss(index: faiss.Index, path: Path) -> None:
     with path.open("wb") as handle:
         writer = faiss.PyCallbackIOWriter(handle.write)  # type: ignore[attr-defined]
         faiss.write_index(index, writer)
-
-
-def _about(error: OSError, folder: Path, partial: Path) -> OSError:
-    """``error`` about the index folder asked for (``folder``, or its file), where it names
-    the hidden folder being built or no file at all (a full disk's write names none)."""
-    name = os.fsdecode(error.filename) if error.filename is not None else None
-    if name is not None and name != str(partial) and not name.startswith(f"{partial}{os.sep}"):
-        return error
-    named = folder / Path(name).relative_to(partial) if name is not None else folder
-    return OSError(error.errno, error.strerror or str(error), str(named))
 
 
 @dataclass
