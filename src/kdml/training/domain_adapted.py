@@ -39,7 +39,8 @@ class DomainAdaptedMethod(Method):
 
     def __init__(self, inner: Method, beta: Number, mmd: nn.Module) -> None:
         super().__init__()
-        beta = as_number(beta, "DomainAdaptedMethod: beta")  # type: ignore[assignment]  # a 0-d tensor or array: a float
+        # a 0-d tensor or array: a float
+        beta = as_number(beta, "DomainAdaptedMethod: beta")  # type: ignore[assignment]
         if not is_finite_number(beta, at_least=0):
             raise KdmlError(f"DomainAdaptedMethod: beta must be a finite number >= 0, got {beta!r}")
         self.inner = inner

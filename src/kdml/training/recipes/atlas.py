@@ -137,15 +137,6 @@ def batch_all_triplet_loss(distances: Tensor, labels: Tensor, margin: float = 0.
     return loss, stats
 
 
-def check_triplet_labels(owner: str, inputs: Tensor, labels: Tensor) -> None:
-    """Refuse, in one line naming the method ``owner``, labels that are no integer torch
-    tensor on the inputs' device: used outside the trainer (a PML loop whose labels stayed on
-    the CPU), those on another device failed inside :func:`batch_all_triplet_loss` with
-    torch's "Tensor on device meta is not on the expected device cpu!", where JRDMethod and
-    the DTML methods refuse them in one line. Types, dtypes and devices: no host sync."""
-    check_labels(owner, labels, [inputs], "inputs", "inputs")
-
-
 # ----------------------------------------------------------------------------- parameters
 
 
@@ -343,7 +334,9 @@ class MTripletMethod(_AtlasMethod):
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
-        check_triplet_labels("MTripletMethod", inputs, labels)
+        # from a PML loop, labels left on another device had failed inside the triplet loss
+        # with torch's words (types, dtypes and devices: no host sync)
+        check_labels("MTripletMethod", labels, [inputs], "inputs", "inputs")
         outputs = self.charts(inputs)
         # the global batch under torchrun (kdml.distributed.gather); the local one otherwise
         coords, q = gather(outputs.coords), gather(outputs.q)
@@ -387,7 +380,7 @@ class TripletMethod(Method):
 
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
-        check_triplet_labels("TripletMethod", inputs, labels)
+        check_labels("TripletMethod", labels, [inputs], "inputs", "inputs")  # as MTriplet
         embeddings = self.embed(inputs)
         distances = _triplet_distances(gather(embeddings), self.squared)
         loss, stats = batch_all_triplet_loss(distances, gather(labels), self.params.margin,
