@@ -223,6 +223,9 @@ def test_chart_membership_loss_extremes():
     assert loss(torch.full((4, n), 1 / n)).item() == pytest.approx(0.0, abs=1e-7)  # uniform
     with pytest.raises(KdmlError):
         loss(torch.ones(0, 3))
+    # one-hot memberships as bool or int (ManifoldMMD takes them) are the float one-hot's value
+    assert loss(torch.eye(n, dtype=torch.bool)).item() == pytest.approx(-(1 - 1 / n))
+    assert loss(torch.eye(n, dtype=torch.long)).item() == pytest.approx(-(1 - 1 / n))
 
 
 # ----------------------------------------------------------------- gradients

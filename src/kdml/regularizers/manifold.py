@@ -219,7 +219,8 @@ class ChartMembershipLoss(nn.Module):
     each :math:`q(x)` concentrated on few charts (an efficient atlas); its minimum
     :math:`-(1 - 1/n)` is reached by one-hot memberships. With :math:`n = 1` it is 0.
 
-    Inputs: ``q`` :math:`(N, n)` memberships, :math:`N \ge 1`.
+    Inputs: ``q`` :math:`(N, n)` memberships, :math:`N \ge 1` (bool or integer one-hot
+    memberships are taken as floats).
 
     Shape: output is a scalar.
 
@@ -235,4 +236,6 @@ class ChartMembershipLoss(nn.Module):
         if q.ndim != 2 or q.shape[0] == 0 or q.shape[1] == 0:
             raise KdmlError(f"ChartMembershipLoss expects q [N, n] with N, n >= 1, "
                             f"got {tuple(q.shape)}")
+        if not q.is_floating_point():  # one-hot memberships as bool or int, as ManifoldMMD takes
+            q = q.float()
         return -(q - 1.0 / q.shape[1]).pow(2).sum(dim=1).mean()
