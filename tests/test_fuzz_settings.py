@@ -77,14 +77,17 @@ def _feature_pair(path):
     ("dstml", 3, 1, "S_c"),
     ("ddml", 4, 4, "S_b"),  # one class per batch: no different-class pair, S_b is 0
     ("dtml", 4, 4, "S_b"),
+    ("ddml-logistic", 3, 1, "similar pairs"),  # no pair of one class: it only pushes apart
+    ("ddml-logistic", 4, 4, "dissimilar pairs"),  # no pair of different classes
 ])
-def test_class_balanced_batches_that_zero_a_marginal_fisher_term_are_refused(
+def test_class_balanced_batches_that_zero_a_dtml_family_term_are_refused(
         tmp_path, recipe, batch, m, term):
     """As for the triplet and JRS recipes above: `kdml train dtml data.batch_size=10
     data.samples_per_class=1` trained with train/s_c = 0 at every step (the compactness of
     Eq. 4, DTML's main term, gone), and data.batch_size=8 data.samples_per_class=8 with
     train/s_b = 0 (Eq. 5, so the objective only shrinks the embedding), under a warning that
-    said the samples "use all they have"."""
+    said the samples "use all they have". DDML's pairwise logistic loss, likewise, kept only
+    its dissimilar pairs (pushing apart) or its similar ones (pulling together)."""
     config = config_of(recipe, _feature_pair(tmp_path / "pair.npz"),
                        f"data.samples_per_class={m}", f"data.batch_size={batch}")
     from kdml.training.trainer import Session

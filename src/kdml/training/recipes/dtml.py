@@ -252,6 +252,13 @@ class DDMLLogisticMethod(Method):
         self.loss = PairwiseLogisticLoss(params.threshold, params.sharpness)
         self.weight_decay = float(params.weight_decay)
 
+    @property
+    def batch_needs(self) -> tuple[int, int, str]:
+        # similar pairs (l = 1) pull together, dissimilar ones (l = -1) push apart: one sample
+        # a class, or one class a batch, leaves the loss one kind of pair at every step
+        return 2, 2, ("pairwise logistic loss (similar pairs: of one class, dissimilar pairs: "
+                      "of different classes)")
+
     def forward(self, inputs: Tensor, labels: Tensor, target_inputs: Tensor | None = None, *,
                 rng: StepRandom | None = None) -> StepOutput:
         embeddings = self.embed(inputs)
