@@ -6,7 +6,7 @@ import torch
 
 from kdml.errors import KdmlError
 from kdml.models import EmbeddingHead, build_backbone, freeze_batchnorm
-from kdml.models.backbones import feature_size_of
+from kdml.models.backbones import MLP, Conv1dNet, SmallCNN, feature_size_of
 from kdml.models.vision import _small_stem
 
 
@@ -305,3 +305,19 @@ def test_conv1d_net_pools_between_its_blocks_only():
     net = Conv1dNet()
     assert sum(isinstance(m, torch.nn.MaxPool1d) for m in net.modules()) == 2
     assert net.layers[:-2](torch.zeros(2, 1, 40)).shape[-1] == 10
+
+
+@pytest.mark.parametrize(("backbone", "args", "message"), [
+    (MLP, (0,), r"MLP: in_features must be a positive integer, got 0"),
+    (MLP, (5, (0,)), r"MLP: hidden must .* positive integers, got \(0,\)"),  # empty layers
+    (MLP, (5, (-3,)), r"MLP: hidden must"),  # torch's "negative dimension"
+    (Conv1dNet, ((),), r"Conv1dNet: widths must be a non-empty"),  # an IndexError
+    (SmallCNN, (1, 28, (8, 2.0)), r"SmallCNN: widths must"),  # "type must be tuple of ints"
+    (SmallCNN, (1, 8.5), r"SmallCNN takes images of side 8 or more, got side 8\.5"),
+])
+def test_backbone_sizes_are_checked_in_one_line(backbone, args, message):
+    """A library user's backbone sizes: a width of 0 built a network of empty layers (only
+    torch's "zero-element tensors" warning); a negative, float or missing one failed inside
+    torch."""
+    with pytest.raises(KdmlError, match=message):
+        backbone(*args)

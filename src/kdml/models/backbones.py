@@ -11,6 +11,18 @@ from kdml.checks import is_positive_int
 from kdml.errors import KdmlError
 
 
+def _check_widths(owner: str, name: str, widths: object) -> tuple[int, ...]:
+    """``widths`` (a backbone's layer widths) as a tuple of ints, refused in one line unless
+    it is a non-empty sequence of positive integers: torch's own errors ("negative dimension",
+    an IndexError, a float's "type must be tuple of ints") come from inside the layers, and a
+    width of 0 built a network of empty layers with only a warning."""
+    values = tuple(widths) if isinstance(widths, list | tuple) else ()
+    if not values or not all(is_positive_int(width) for width in values):
+        raise KdmlError(f"{owner}: {name} must be a non-empty tuple of positive integers, got "
+                        f"{widths!r}")
+    return tuple(int(width) for width in values)
+
+
 class SmallCNN(nn.Module):
     """A compact CNN for 1- or 3-channel images of side 8 and up, trained from scratch.
 
@@ -35,8 +47,9 @@ class SmallCNN(nn.Module):
         super().__init__()
         if in_channels not in (1, 3):
             raise KdmlError(f"SmallCNN takes 1- or 3-channel images, got {in_channels} channels")
-        if image_size < 8:
-            raise KdmlError(f"SmallCNN takes images of side 8 or more, got side {image_size}")
+        if not is_positive_int(image_size) or image_size < 8:
+            raise KdmlError(f"SmallCNN takes images of side 8 or more, got side {image_size!r}")
+        widths = _check_widths("SmallCNN", "widths", widths)
         layers: list[nn.Module] = []
         channels = in_channels
         while image_size > 64:
@@ -69,6 +82,9 @@ class MLP(nn.Module):
 
     def __init__(self, in_features: int, hidden: tuple[int, ...] = (256, 256)) -> None:
         super().__init__()
+        if not is_positive_int(in_features):
+            raise KdmlError(f"MLP: in_features must be a positive integer, got {in_features!r}")
+        hidden = _check_widths("MLP", "hidden", hidden)
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for size in hidden:
@@ -91,6 +107,7 @@ class Conv1dNet(nn.Module):
 
     def __init__(self, widths: tuple[int, ...] = (32, 64, 128)) -> None:
         super().__init__()
+        widths = _check_widths("Conv1dNet", "widths", widths)
         layers: list[nn.Module] = []
         channels = 1
         for index, width in enumerate(widths):
