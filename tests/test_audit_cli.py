@@ -496,6 +496,30 @@ def test_the_search_table_pads_short_and_full_width_class_names_and_rounds_to_4_
         "     2      2.0000       2  ＡＢ   img2.jpg"]
 
 
+def test_the_search_table_keeps_4_significant_digits_of_small_distances(monkeypatch, capsys):
+    """An Atlas run's chart coordinates may spread over 1e-3 (near its initialisation): a
+    distance of 2.7e-4 printed as 0.0003, beside another of 2.6e-4, and one of 4e-5 as 0.0000,
+    the query's own distance. Distances below 0.1 keep 4 significant digits (below 1e-5 in
+    scientific notation, within the column); similarities and larger distances keep 4 places."""
+    from kdml.inspection import search
+
+    def neighbours(scores: tuple[float, ...]) -> list[dict[str, object]]:
+        return [{"rank": rank, "score": score, "label": 0, "source": f"img{rank}.jpg"}
+                for rank, score in enumerate(scores, 1)]
+
+    monkeypatch.setattr(search, "run_without_data", lambda *args: None)
+    monkeypatch.setattr(search, "search", lambda *args: [
+        {"query": "q.npz[0]", "metric": "euclidean",
+         "neighbours": neighbours((0.0, 4e-5, 2.651690e-4, 2.705350e-4, 0.0123456, 3e-7))},
+        {"query": "q.npz[1]", "metric": "cosine", "neighbours": neighbours((0.99999, 4e-5))}])
+    assert cli.main(["search", "run", "--index", "index", "--query", "q.npz", "-k", "6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines[2:8]] == [
+        "0.0000", "0.00004000", "0.0002652", "0.0002705", "0.01235", "3.000e-07"]
+    assert [line.split()[1] for line in lines[10:]] == ["1.0000", "0.0000"]
+    assert all(line.index("  0  ") == lines[2].index("  0  ") for line in lines[2:8])
+
+
 @pytest.mark.parametrize("grid", [False, True])
 def test_an_out_inside_the_image_folder_is_refused_for_a_run_and_a_grid(tmp_path, capsys,
                                                                        trained_configs, grid):

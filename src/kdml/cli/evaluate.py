@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import unicodedata
 from typing import TYPE_CHECKING
@@ -248,9 +249,24 @@ def _search(args: argparse.Namespace) -> int:
         score = score_name(result["metric"])  # cosine similarity or Euclidean distance
         print(f"  {'rank':>4}  {score:>10}  {'label':>6}  {named('class')}source")
         for item in result["neighbours"]:
-            print(f"  {item['rank']:>4}  {item['score']:>10.4f}  {item['label']:>6}  "
+            shown = (score_text(item["score"]) if result["metric"] != "cosine"
+                     else f"{item['score']:.4f}")
+            print(f"  {item['rank']:>4}  {shown:>10}  {item['label']:>6}  "
                   f"{named(item.get('class_name', ''))}{item['source']}")
     return 0
+
+
+def score_text(distance: float) -> str:
+    """A search table's Euclidean distance, to 4 places as similarities are, but to at least 4
+    significant digits: distances are in the embeddings' own units, and an Atlas run's chart
+    coordinates may spread over 1e-3 (a network near its initialisation), where 4 places
+    printed a neighbour at 0.0000 or two at distances that differ as the same 0.0003.
+    Below 1e-5, scientific notation keeps the column 10 wide."""
+    if distance == 0 or not math.isfinite(distance) or abs(distance) >= 0.1:
+        return f"{distance:.4f}"
+    if abs(distance) < 1e-5:
+        return f"{distance:.3e}"
+    return f"{distance:.{3 - math.floor(math.log10(abs(distance)))}f}"
 
 
 def _columns(text: str) -> int:
