@@ -12,6 +12,7 @@ import torch
 
 from kdml import viz
 from kdml.errors import KdmlError
+from kdml.viz_charts import chart_figure
 from kdml.viz_retrieval import (
     _embedding_map_figure,
     _retrieval_grid_figure,
@@ -78,6 +79,29 @@ def test_a_sample_outside_0_1_is_clipped():
     figure = _figure(lambda position: np.full((3, 4, 4), 1.5 if position else -0.5))
     query, neighbour = (axes.images[0].get_array() for axes in figure.axes)
     assert query.shape == (4, 4, 3) and np.all(query == 0.0) and np.all(neighbour == 1.0)
+
+
+def test_uint8_and_0_255_samples_are_drawn_in_their_range_not_white():
+    """A user's npz of 0-255 images (kdml trains on such data as it comes) and uint8 arrays
+    were clipped to [0, 1]: every non-black pixel drawn white. uint8 is read as 0-255, other
+    floats beyond [0, 1] are scaled by their own range; a resize's overshoot is clipped."""
+    ramp = np.arange(16, dtype=np.float32).reshape(1, 4, 4) * 17  # 0 to 255
+    cases = {0: ramp, 1: ramp.astype(np.uint8), 2: ramp / 255 * 1.0005}
+    figure = _figure(lambda position: cases[position], queries=(0, 2), neighbours=((1,), (1,)),
+                     hits=((True,), (True,)))
+    expected = (ramp[0] / 255).astype(np.float32)
+    for axes in figure.axes:
+        np.testing.assert_allclose(axes.images[0].get_array(), expected, atol=1e-3)
+
+
+def test_chart_thumbnails_are_drawn_in_their_range_not_white():
+    ramp = np.arange(16, dtype=np.float32).reshape(1, 4, 4) * 17
+    codes, charts, labels = np.zeros((2, 2)), np.zeros(2, dtype=int), np.arange(2)
+    for images in (np.stack([ramp, ramp]), torch.from_numpy(np.stack([ramp, ramp])).byte(),
+                   lambda index: ramp):
+        figure = chart_figure(codes, charts, labels, images=images)
+        for picture in figure.axes[0].images:
+            np.testing.assert_allclose(picture.get_array(), ramp[0] / 255, atol=1e-6)
 
 
 @pytest.mark.parametrize(("queries", "neighbours", "message"), [

@@ -28,7 +28,7 @@ from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.labels import as_label_vector
 from kdml.figure_file import missing_glyphs_named, write_png
-from kdml.viz_retrieval import short_name
+from kdml.viz_retrieval import pixel_array, short_name, unit_pixels
 
 __all__ = ["chart_figure", "plot_charts"]
 
@@ -38,17 +38,17 @@ BORDER = 0.06  # margin around [0, 1]^2, so that thumbnails of border points sho
 
 
 def _as_images(images: Any, num_points: int) -> Callable[[int], np.ndarray]:
-    """Image ``i`` as a float array [H, W] (grayscale) or [H, W, 3] in [0, 1], from an array
-    of all images or from a function that loads one (only the drawn ones are loaded)."""
+    """Image ``i`` as a float array [H, W] (grayscale) or [H, W, 3] in [0, 1]
+    (:func:`~kdml.viz_retrieval.unit_pixels`), from an array of all images or from a function
+    that loads one (only the drawn ones are loaded)."""
     if callable(images):
-        return lambda index: _as_picture(images(index)[None], 1)[0]
+        return lambda index: unit_pixels(_as_picture(images(index)[None], 1)[0])
     array = _as_picture(images, num_points)
-    return lambda index: array[index]
+    return lambda index: unit_pixels(array[index])
 
 
 def _as_picture(images: Any, num_points: int) -> np.ndarray:
-    array = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images,
-                       dtype=np.float32)
+    array = pixel_array(images)
     if array.ndim == 4 and array.shape[1] in (1, 3):  # [N, C, H, W] -> [N, H, W, C]
         array = array.transpose(0, 2, 3, 1)
     if array.ndim == 4 and array.shape[-1] == 1:
@@ -61,7 +61,7 @@ def _as_picture(images: Any, num_points: int) -> np.ndarray:
             f"images must be [N, C, H, W] or [N, H, W] with N = {num_points} and 1 or 3 "
             f"channels, got shape {tuple(np.shape(images))}"
         )
-    return np.clip(array, 0.0, 1.0)
+    return array
 
 
 def plot_charts(
@@ -87,7 +87,8 @@ def plot_charts(
         chart_index: :math:`(N,)` integer charts.
         labels: :math:`(N,)` integer labels (colours).
         path: the PNG to write (parent folders are created).
-        images: optional :math:`(N, C, H, W)` or :math:`(N, H, W)` images in :math:`[0, 1]`,
+        images: optional :math:`(N, C, H, W)` or :math:`(N, H, W)` images in :math:`[0, 1]`
+            (uint8 images in 0-255; other floats are drawn scaled to their own range),
             or a function ``index -> image`` (:math:`(C, H, W)` or :math:`(H, W)`) that loads
             only the images drawn.
         max_thumbnails: thumbnails per panel at most.

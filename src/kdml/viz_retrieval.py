@@ -13,6 +13,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -28,10 +29,39 @@ HIT, MISS = "#1a9850", "#d73027"
 TITLE_WIDTH = 56
 
 
+# Floats this far outside [0, 1] are rounding (a resize's overshoot), drawn clipped.
+PIXEL_ROUNDING = 1e-3
+
+
+def pixel_array(images: Any) -> np.ndarray:
+    """Images (a NumPy array or a torch tensor, of any dtype) as a NumPy array: uint8 kept as
+    uint8 (0-255), anything else as float32."""
+    if hasattr(images, "detach"):  # a tensor: torch's half and bfloat16 have no NumPy dtype
+        images = images.detach().cpu()
+        images = images if images.dtype == torch.uint8 else images.float()
+    array = np.asarray(images)
+    return array if array.dtype == np.uint8 else array.astype(np.float32)
+
+
+def unit_pixels(image: np.ndarray) -> np.ndarray:
+    """One image's pixels in [0, 1], for imshow's fixed range (vmin 0, vmax 1): uint8 divided
+    by 255, floats in [0, 1] as they are, and other floats (0-255 values, or normalised
+    inputs, in a user's npz, which kdml trains on as they come) scaled by their own minimum
+    and maximum, as imshow scales a grayscale image by default. Clipping them to [0, 1] had
+    drawn 0-255 images white, without a word. A flat image is clipped."""
+    if image.dtype == np.uint8:
+        return image.astype(np.float32) / 255.0
+    finite = image[np.isfinite(image)]
+    low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    if (low >= -PIXEL_ROUNDING and high <= 1.0 + PIXEL_ROUNDING) or high == low:
+        return np.clip(image, 0.0, 1.0)  # a flat image has no range of its own: clipped
+    return ((image - low) / (high - low)).astype(np.float32)
+
+
 def _picture(image: Any) -> tuple[np.ndarray, str | None]:
-    """[C, H, W] or [H, W] in [0, 1] -> an array imshow takes, and its colour map."""
-    array = np.asarray(image.detach().cpu() if hasattr(image, "detach") else image,
-                       dtype=np.float32)
+    """[C, H, W] or [H, W] (:func:`unit_pixels`) -> an array imshow takes, and its colour
+    map."""
+    array = pixel_array(image)
     if array.ndim == 3 and array.shape[0] in (1, 3):
         array = array.transpose(1, 2, 0)
     if array.ndim == 3 and array.shape[2] == 1:
@@ -39,7 +69,7 @@ def _picture(image: Any) -> tuple[np.ndarray, str | None]:
     if not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] == 3)):
         raise KdmlError(f"cannot draw a sample of shape {tuple(np.shape(image))} as an image "
                         "([C, H, W] or [H, W, C] with 1 or 3 channels, or [H, W])")
-    return np.clip(array, 0.0, 1.0), "gray" if array.ndim == 2 else None
+    return unit_pixels(array), "gray" if array.ndim == 2 else None
 
 
 def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.ndarray,
@@ -55,7 +85,7 @@ def plot_retrieval_grid(queries: np.ndarray, neighbours: np.ndarray, hits: np.nd
         neighbours: ``[Q, K]`` dataset positions of their nearest neighbours, nearest first;
             -1 where a query has fewer (an Atlas chart of fewer images), drawn empty.
         hits: ``[Q, K]`` bool, the neighbour has the query's class.
-        image: position -> image ``[C, H, W]`` or ``[H, W]`` in [0, 1].
+        image: position -> image ``[C, H, W]`` or ``[H, W]`` in [0, 1] (:func:`unit_pixels`).
         path: the PNG to write.
         titles: position -> a short caption (e.g. the class).
         gallery: ``(image, titles)`` of the neighbours where they are positions of another
