@@ -1182,6 +1182,10 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
         "both-atlas": (dict(chart_coords=coords, chart_index=charts[:3],
                             inputs=np.zeros((3, 1, 8, 8), dtype=np.float32)),
                        "atlas", "holds both 'chart_coords' and 'inputs'"),
+        # an Atlas run cannot search embeddings: not "either could be meant"
+        "embeddings-inputs-atlas": (dict(embeddings=codes["embeddings"][:3],
+                                         inputs=np.zeros((3, 1, 8, 8), dtype=np.float32)),
+                                    "atlas", "an Atlas run searches chart coordinates"),
         "no-coords": (dict(embeddings=codes["embeddings"][:3]), "atlas",
                       "needs 'chart_coords' for this Atlas run"),
         "nothing": (dict(labels=np.arange(3)), "atlas",

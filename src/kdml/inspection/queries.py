@@ -41,6 +41,12 @@ def query_vectors(run: RunWithoutData, query: Path, atlas: bool,
         # Atlas runs search chart coordinates; kdml embed writes them beside the embeddings
         searched = "chart_coords" if atlas else "embeddings"
         vector_keys = [key for key in dict.fromkeys((searched, "embeddings")) if key in arrays]
+        if vector_keys == ["embeddings"] and atlas and "inputs" in arrays:
+            # not "either could be meant": the embeddings cannot be searched by this run
+            raise KdmlError(f"query {query} holds 'embeddings' and 'inputs', but an Atlas run "
+                            "searches chart coordinates ('chart_coords' and 'chart_index', "
+                            "which kdml embed writes beside the embeddings), not embeddings: "
+                            "drop 'embeddings' to search with 'inputs'")
         if vector_keys and "inputs" in arrays:  # either could be meant
             raise KdmlError(f"query {query} holds both '{vector_keys[0]}' and 'inputs'; save "
                             "only the one to search with")
