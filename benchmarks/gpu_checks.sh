@@ -23,7 +23,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?"name a part: tests, throughput, torchrun or neurve"}
 logs=${OUT:-gpu-checks}
-mkdir -p "$logs"
+# each part's own copies of what it prints (machine, tests, throughput, torchrun and neurve
+# logs); gpu_session.sh, which keeps each part's whole output in $OUT/PART.out, sends them
+# elsewhere, since the device tool returns at most 8 files from $OUT. The neurve part's JSON
+# results always go to $logs.
+copies=${COPIES:-$logs}
+mkdir -p "$logs" "$copies"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 quick=()
@@ -35,14 +40,14 @@ if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
     || echo "nvidia-smi: none"
   "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "available", torch.cuda.is_available())'
-} | tee "$logs/$part-machine.txt"
+} | tee "$copies/$part-machine.txt"
 
 case "$part" in
   tests)
     # The suite as `make test` runs it, minus ruff and mypy (lint and types do not depend on
     # the machine); over several processes where pytest-xdist is installed and PYTEST_ADDOPTS
     # asks for them (gpu_session.sh does), else in one.
-    "$python" -m pytest -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$logs/tests.txt"
+    "$python" -m pytest -q -rs -p no:cacheprovider --durations=10 2>&1 | tee "$copies/tests.txt"
     ;;
   throughput)
     # Exact evaluation does not depend on the backbone: it runs once. The profile says where
@@ -54,14 +59,14 @@ case "$part" in
           && ! "$python" -c 'import timm' 2>/dev/null; then
         echo "skipped $backbone: timm is not importable here" \
           "(pip install -c constraints.txt -e '.[vision]')" \
-          | tee "$logs/throughput-${backbone/:/-}.txt"
+          | tee "$copies/throughput-${backbone/:/-}.txt"
         continue
       fi
       sections=(train profile)
       if [[ $backbone == bninception ]]; then sections=(train eval profile); fi
       "$python" benchmarks/train_throughput.py --backbone "$backbone" --channels-last \
         --precisions bf16 fp32 --sections "${sections[@]}" "${quick[@]}" 2>&1 \
-        | tee "$logs/throughput-${backbone/:/-}.txt"
+        | tee "$copies/throughput-${backbone/:/-}.txt"
     done
     ;;
   torchrun)
@@ -72,14 +77,14 @@ case "$part" in
     if (( gpus >= 2 )); then
       "$python" -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
         benchmarks/distributed_scaling.py --device cuda --batch $((100 * gpus)) 2>&1 \
-        | tee "$logs/torchrun.txt"
+        | tee "$copies/torchrun.txt"
     else
       echo "$gpus GPU(s): NCCL scaling needs 2 or more; one torchrun process trains instead" \
-        | tee "$logs/torchrun.txt"
+        | tee "$copies/torchrun.txt"
       run_dir=$(mktemp -d)/run
       "$python" -m torch.distributed.run --standalone --nproc_per_node=1 -m kdml train jrd \
         --dataset mnist5k --no-progress --out "$run_dir" train.epochs=1 2>&1 \
-        | tee -a "$logs/torchrun.txt"
+        | tee -a "$copies/torchrun.txt"
     fi
     ;;
   neurve)
@@ -90,7 +95,7 @@ case "$part" in
       "$python" benchmarks/neurve_side_by_side.py --neurve "${NEURVE:-.neurve}" \
         --dataset "${DATASET:-mnist5k}" --dim 2 --charts "$charts" --epochs "${EPOCHS:-100}" \
         --seeds ${SEEDS:-0} --out "$logs/neurve-charts$charts.json" 2>&1 \
-        | tee -a "$logs/neurve.txt"
+        | tee -a "$copies/neurve.txt"
     done
     ;;
   *)

@@ -19,19 +19,31 @@ checks=${GPU_CHECKS:-benchmarks/gpu_checks.sh}  # a stand-in, in its test
 out=${OUT:-gpu-checks}
 logs=$out  # not a scratch folder copied at the end: a call stopped from outside lost them all
 mkdir -p "$logs"
+# The device tool returns at most 8 files from $OUT: session.txt, a PART.out per part and
+# neurve's two JSON files are 7. gpu_checks.sh's own copies of each part's output (PART.out
+# holds all of it) go to a scratch folder instead; they had made 16 files, half of them lost.
+copies=$(mktemp -d)
+trap 'rm -rf "$copies"' EXIT
 start=$(date +%s)
 deadline=$((start + ${BUDGET:-500}))
 seconds_left() { echo $((deadline - $(date +%s))); }
 note() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$logs/session.txt"; }
 # at most `cap` seconds, and never past the deadline
 part() {
-  local cap=$1 name=$2 left
+  local cap=$1 name=$2 left limit status
   left=$(seconds_left)
   if ((left < 10)); then note "$name: not run, the budget is spent"; return; fi
+  limit=$((left < cap ? left : cap))
   # -k: a part that ignores the TERM (a stuck CUDA call) is killed 20 s later, not orphaned
-  OUT=$logs PYTHON=$python timeout -k 20 $((left < cap ? left : cap)) \
+  OUT=$logs COPIES=$copies PYTHON=$python timeout -k 20 "$limit" \
     bash "$checks" "$name" > "$logs/$name.out" 2>&1
-  note "$name: exit status $?"
+  status=$?
+  # timeout's statuses: a part stopped at its limit, not one that failed
+  if ((status == 124 || status == 137)); then
+    note "$name: exit status $status, stopped at its limit of $limit s"
+  else
+    note "$name: exit status $status"
+  fi
 }
 
 wheels=${WHEELS:-.whl}  # WHEELS=none: install nothing (a dry run where the wheels do not fit)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,3 +120,60 @@ def test_zero_where_a_benchmark_documents_it_as_off_is_taken(benchmarks):
     assert jrs_speed.parse_args(["--warmup", "0"]).warmup == 0
     side_by_side = benchmarks("neurve_side_by_side")
     assert side_by_side.parse_args(["--charts", "0", "--workers", "0"]).charts == 0
+
+
+def test_the_profile_counts_only_the_steps_own_host_syncs(benchmarks, monkeypatch, capsys):
+    """A CUDA profile (faked: this machine has no GPU) records the benchmark's own
+    ``torch.cuda.synchronize`` after the steps and the one the profiler makes on exit, both
+    ``cudaDeviceSynchronize``: they had been reported as the steps' (1 per step over 2 steps),
+    and each copy counted twice (the runtime's ``cudaMemcpyAsync`` and the device's
+    ``Memcpy``)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    module = benchmarks("train_throughput")
+
+    def event(name, start, end, device_type=DeviceType.CPU):
+        return SimpleNamespace(name=name, key=name, device_type=device_type,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event("train_throughput.steps", 30, 115, DeviceType.CUDA),  # its GPU annotation
+              event("train_throughput.steps", 0, 100),
+              *(event("cudaStreamSynchronize", t, t + 1) for t in (10, 60)),
+              *(event("cudaMemcpyAsync", t, t + 1) for t in (20, 70)),
+              *(event("Memcpy DtoH (Device -> Pageable)", t, t + 2, DeviceType.CUDA)
+                for t in (21, 71)),
+              event("cudaDeviceSynchronize", 101, 110),   # the script's synchronize
+              event("cudaDeviceSynchronize", 111, 120)]   # the profiler's, on exit
+
+    class Averages(list):
+        def table(self, **kwargs):
+            return ""
+
+    class FakeProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+
+        def key_averages(self):
+            names = sorted({e.name for e in events})
+            return Averages(SimpleNamespace(key=name, count=sum(e.name == name for e in events))
+                            for name in names)
+
+    monkeypatch.setattr("torch.profiler.profile", FakeProfile)
+    args = argparse.Namespace(backbone="cnn", size=8, batch=4, embedding=4, classes=2,
+                              channels_last=False, compile=False, precisions=["fp32"],
+                              repeats=8, warmup=0, profile_rows=1)
+    module.profile_section(args, torch.device("cpu"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "per step" in line]
+    assert lines == 2 * ["host-device synchronisations and copies per step (CUDA runtime "
+                         "calls): cudaMemcpyAsync 1, cudaStreamSynchronize 1"]

@@ -8,6 +8,7 @@ deadline, and the logs gathered into $OUT.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -64,6 +65,8 @@ def test_the_session_runs_every_part_and_stops_neurve_at_the_deadline(tmp_path):
         assert "neurve" in (out / f"{part}.out").read_text()
     session = (out / "session.txt").read_text()
     assert "neurve: exit status 124" in session  # timeout's status: stopped at the deadline
+    # said as such, not left to read as a failure
+    assert re.search(r"neurve: exit status 124, stopped at its limit of \d+ s", session)
     assert "tests: exit status 0" in session and "torchrun: exit status 0" in session
     assert seconds < 30
 
@@ -95,3 +98,47 @@ def test_without_neurve_source_the_session_says_so_and_runs_the_rest(tmp_path):
     assert f"neurve: not run, no source in {tmp_path / 'missing'}" in session
     assert "throughput: exit status 0" in session and "tests: exit status 0" in session
     assert not (out / "neurve.out").exists()
+
+
+# Stands in for the GPU image's python3 under the real gpu_checks.sh: prints what it was asked
+# and writes neurve_side_by_side.py's --out; xdist and timm are "not installed".
+FAKE_PYTHON = """#!/usr/bin/env bash
+case "$*" in "-c import xdist"|"-c import timm") exit 1 ;; esac
+echo "python $*"
+while (($#)); do
+  if [[ $1 == --out && $# -gt 1 ]]; then echo '{"args": {}, "rows": []}' > "$2"; fi
+  shift
+done
+"""
+
+# the device tool's limit on the files it returns from $OUT (/work/.library/device/README.md)
+FILES_RETURNED = 8
+
+
+def test_the_real_checks_leave_no_more_files_in_out_than_the_device_tool_returns(tmp_path):
+    """gpu_checks.sh's parts had also teed their output into files of their own in $OUT (the
+    machine's lines per part, tests.txt, a throughput file per backbone, torchrun.txt,
+    neurve.txt): 16 files in all, of which the device tool returns 8, so half of the one GPU
+    call's logs would not have come back."""
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    (tmp_path / "neurve").mkdir()
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "BUDGET": "60",
+           "WHEELS": "none", "NEURVE": str(tmp_path / "neurve"), "TMPDIR": str(scratch)}
+    for variable in ("QUICK", "GPU_CHECKS", "COPIES"):  # a dry run's, or the session's own
+        env.pop(variable, None)
+    subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], env=env, check=True,
+                   capture_output=True, timeout=60)
+    files = sorted(path.name for path in out.iterdir())
+    assert files == ["neurve-charts0.json", "neurve-charts16.json", "neurve.out", "session.txt",
+                     "tests.out", "throughput.out", "torchrun.out"]
+    assert len(files) <= FILES_RETURNED
+    assert not list(scratch.rglob("*.txt"))  # the parts' copies went to a folder since removed
+    # every part's whole output is in its PART.out
+    assert "train_throughput.py --backbone timm:resnet50" in (out / "throughput.out").read_text()
+    assert "-m pytest" in (out / "tests.out").read_text()
+    assert "-m torch.distributed.run" in (out / "torchrun.out").read_text()
+    assert (out / "neurve.out").read_text().count("neurve_side_by_side.py") == 2
