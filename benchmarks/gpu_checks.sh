@@ -73,7 +73,8 @@ case "$part" in
     # One process per GPU under torchrun (NCCL): the step and the share of the batch gathers.
     # NCCL takes one GPU per process, and torchrun with one process is a plain run (kdml joins
     # no group), so a 1-GPU machine measures no scaling: it trains one short run instead.
-    gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+    # the GPUs torch sees (nvidia-smi -L ignores CUDA_VISIBLE_DEVICES: more ranks than GPUs)
+    gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
     if (( gpus >= 2 )); then
       "$python" -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
         benchmarks/distributed_scaling.py --device cuda --batch $((100 * gpus)) 2>&1 \
