@@ -25,7 +25,7 @@ def test_nmi_of_one_query_per_class_against_a_gallery_is_not_trivially_one():
     queries = torch.from_numpy(rng.standard_normal((6, 8)).astype(np.float32))
     gallery = torch.from_numpy(rng.standard_normal((18, 8)).astype(np.float32))
     query_labels = torch.arange(6)
-    gallery_labels = torch.arange(18) % 6
+    gallery_labels = torch.arange(18) // 3  # not arange(24) % 6 joined: a swap would show
     results = retrieval_metrics(queries, query_labels, ks=(1,), reference=gallery,
                                 reference_labels=gallery_labels, nmi=True)
     # random embeddings: a clustering of them says nothing of the classes
@@ -41,8 +41,10 @@ def test_chart_nmi_against_a_gallery_clusters_the_queries_and_the_gallery():
 
     rng = np.random.default_rng(1)
     queries, gallery = rng.standard_normal((6, 2)), rng.standard_normal((18, 2))
-    query_charts, gallery_charts = np.arange(6) % 2, np.arange(18) % 2
-    query_labels, gallery_labels = np.arange(6), np.arange(18) % 6
+    # joined, neither is periodic (as arange(24) % 2 was): queries and gallery swapped, or
+    # the gallery's charts given the queries', would score another NMI
+    query_charts, gallery_charts = np.arange(6) % 2, np.arange(18) // 9
+    query_labels, gallery_labels = np.arange(6), np.arange(18) // 3
     results = chart_retrieval_metrics(queries, query_charts, query_labels, ks=(1,),
                                       reference_coords=gallery,
                                       reference_chart_index=gallery_charts,

@@ -23,11 +23,12 @@ def _far_pair_among_tied_strangers(size: int) -> tuple[np.ndarray, np.ndarray]:
     return embeddings, labels
 
 
-@pytest.mark.parametrize(("size", "k"), [(7, 4), (6, 4), (3, 1), (4, 2)])
+@pytest.mark.parametrize(("size", "k"), [(7, 4), (6, 4), (3, 1), (4, 2), (259, 257)])
 def test_recall_at_k_of_a_tie_group_without_hits_is_exactly_zero(size, k):
     """Every order of the tied strangers puts no relevant neighbour in the first K: Recall@K is
     0, not the rounding of 1 - C(g, K) / C(g, K) through gammaln (-4.4e-16 for g = 7, K = 4:
-    a negative recall, printed as -0.0000)."""
+    a negative recall, printed as -0.0000). Beyond EXACT_TAKEN draws (K = 257) the log-gamma
+    ratio, 1 + 5.5e-14 for g = 259, is clipped to 1."""
     embeddings, labels = _far_pair_among_tied_strangers(size)
     results = retrieval_metrics(embeddings, labels, ks=(k,), metric="euclidean", nmi=False)
     assert results[f"recall@{k}"] == 0.0

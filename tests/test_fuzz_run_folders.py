@@ -173,6 +173,84 @@ def test_a_run_folder_moved_while_training_is_not_made_again_at_its_old_path(
                 (moved / "metrics.csv").read_text().splitlines()[1:]] == ["1", "2", "3"]
 
 
+def test_a_link_already_at_the_hidden_name_is_never_written_through(tmp_path, monkeypatch):
+    """The hidden file is created exclusively: a link someone left at its name (pid and token
+    alike) is refused as taken, and the file it points to is not written."""
+    from kdml import file_write
+
+    monkeypatch.setattr(file_write.secrets, "token_hex", lambda size: "feed")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / f".config.{os.getpid()}.feed.yaml").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        file_write.write_through_new_file(tmp_path / "config.yaml",
+                                          lambda partial: partial.write_text("new"))
+    assert victim.read_text() == "keep"
+    assert not (tmp_path / "config.yaml").exists()
+    assert (tmp_path / f".config.{os.getpid()}.feed.yaml").is_symlink()  # not kdml's to remove
+
+
+def _small_index_args():
+    from kdml.evaluation.index import IndexInfo
+
+    vectors = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    items = {"labels": np.arange(6), "positions": np.arange(6),
+             "sources": np.array([f"v[{i}]" for i in range(6)])}
+    return vectors, items, IndexInfo("run", "x", "euclidean", 0, "exact", 0, 1.0)
+
+
+def test_a_folder_already_at_the_index_s_hidden_name_is_refused_and_kept(tmp_path,
+                                                                         monkeypatch):
+    """Something at the hidden build folder's name (pid and token alike) is not kdml's: the
+    build is refused in one line and the folder and its file are left as they were."""
+    from kdml.evaluation import index
+
+    monkeypatch.setattr(index.secrets, "token_hex", lambda size: "feed")
+    theirs = tmp_path / f".index.partial-{os.getpid()}.feed"
+    theirs.mkdir()
+    (theirs / "mine.txt").write_text("keep")
+    with pytest.raises(KdmlError, match="in the way"):
+        index.build_index(tmp_path / "index", *_small_index_args())
+    assert (theirs / "mine.txt").read_text() == "keep"
+
+
+def test_a_full_disk_while_an_index_is_built_names_the_folder_asked_for(tmp_path, monkeypatch):
+    """A full disk while items.npz is written into the hidden build folder is an OSError about
+    INDEX/items.npz (the CLI's one line), and no hidden folder stays behind."""
+    import errno
+
+    from kdml.evaluation import index
+
+    def full_disk(path, **arrays):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(index.np, "savez", full_disk)
+    with pytest.raises(OSError) as raised:
+        index.build_index(tmp_path / "index", *_small_index_args())
+    assert raised.value.filename == str(tmp_path / "index" / "items.npz")
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_an_error_about_a_file_inside_a_hidden_partial_folder_names_the_folder_asked_for():
+    """An index is built in a hidden folder beside the one asked for: a full disk while its
+    items.npz was written names that file in the folder asked for, not in the hidden one, whose
+    random name the user never made; an error about another file, or the hidden name already
+    taken, is left as it is."""
+    import errno
+
+    from kdml.file_write import error_about
+
+    folder, partial = Path("/runs/r/index"), Path("/runs/r/.index.partial-7.ab12")
+    inside = OSError(errno.ENOSPC, "No space left on device", str(partial / "items.npz"))
+    mapped = error_about(inside, folder, partial)
+    assert (mapped.errno, mapped.filename) == (errno.ENOSPC, str(folder / "items.npz"))
+    other = OSError(errno.EACCES, "Permission denied", "/runs/r/other")
+    assert error_about(other, folder, partial) is other
+    # something already at the hidden name: about the hidden name, not the folder asked for
+    taken = FileExistsError(errno.EEXIST, "File exists", str(partial))
+    assert error_about(taken, folder, partial) is taken
+
+
 def test_a_file_system_error_about_a_bytes_path_names_it_as_text(monkeypatch, capsys):
     """TensorBoard's writer raises its errors with the path as bytes: the one line had shown
     it as b'/runs/x/tensorboard/...'."""

@@ -50,6 +50,7 @@ def test_a_dtml_family_or_pca_run_with_another_backbone_is_refused_naming_the_se
     ("mtriplet", 5, 1),
     ("mtriplet", 4, 4),  # one class per batch: no negative
     ("jrd", 4, 4),  # one class per batch: JRS has no different-class pair
+    ("intra", 5, 1),  # one sample per class: the intra-class penalty has no pair
 ])
 def test_class_balanced_batches_that_zero_the_metric_term_are_refused(recipe, batch, m):
     """data.samples_per_class=1 gives batches of distinct classes, and data.batch_size equal
@@ -104,6 +105,23 @@ def test_one_class_batches_are_taken_for_the_compactness_alone(tmp_path):
                        "data.samples_per_class=4", "data.batch_size=4")
     from kdml.training.trainer import Session
     assert Session.build(config, echo=lambda line: None).method.batch_needs[1] == 1
+
+
+def test_one_class_batches_are_taken_without_a_regularizer():
+    """method.alpha=0 is AM-Softmax alone (the regularizer is not computed): JRS's need of
+    two classes a batch is then no need, and one class a batch is taken."""
+    config = config_of("jrd", "method.alpha=0", "data.samples_per_class=4",
+                       "data.batch_size=4")
+    from kdml.training.trainer import Session
+    assert Session.build(config, echo=lambda line: None).method.batch_needs == (1, 1, "")
+
+
+def test_the_whole_split_as_one_batch_is_not_checked_as_class_balanced():
+    """data.batch_size=0 is the whole split as one batch, which holds every class whatever
+    data.samples_per_class: it is not refused as "one class in each batch" (0 // m = 0)."""
+    config = config_of("jrd", "data.samples_per_class=4", "data.batch_size=0")
+    from kdml.training.trainer import Session
+    Session.build(config, echo=lambda line: None)
 
 
 @pytest.mark.parametrize(("recipe", "setting"), [

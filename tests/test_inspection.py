@@ -1461,6 +1461,22 @@ def test_an_index_of_an_older_kdml_without_a_centre_is_searched_unshifted(tmp_pa
     assert np.allclose(distances, np.sqrt(np.sort(exact, axis=1)[:, :3]), rtol=1e-4)
 
 
+def test_a_cosine_index_normalises_each_row_on_its_own(tmp_path):
+    """A cosine index's rows are brought to unit norm each on its own: the embeddings' shared
+    scale (2^100 for rows of 1e30) had rounded a row of 1e-30 to a float32 zero vector, found
+    by no query, where its direction is exactly the query's."""
+    from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
+
+    vectors = np.array([[1e30, 0.0], [0.0, 1e30], [1e-30, 1e-30]], dtype=np.float32)
+    items = {"labels": np.arange(3), "positions": np.arange(3),
+             "sources": np.array([f"v[{i}]" for i in range(3)])}
+    build_index(tmp_path / "index", vectors, items,
+                IndexInfo("run", "x", "cosine", 0, "exact", 0, 1.0))
+    scores, positions = search_index(load_index(tmp_path / "index"), np.ones((1, 2)), 1)
+    assert positions.tolist() == [[2]]
+    assert scores[0, 0] == pytest.approx(1.0)
+
+
 def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(tmp_path,
                                                                               monkeypatch,
                                                                               capsys):

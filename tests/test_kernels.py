@@ -591,3 +591,16 @@ def test_a_saved_gaussian_mixture_kernel_holds_no_tensor_of_the_device_it_ran_on
         assert copied._neg_inverse_scales == {}
         assert torch.equal(copied(x), expected)
     assert kernel._neg_inverse_scales  # the original keeps its own
+
+
+@pytest.mark.parametrize(("floor", "power"), [(-1.0, 2), (None, 3)])
+def test_a_bad_floor_or_power_is_refused_in_one_line(floor, power):
+    """adaptive_bandwidth's floor of -1 gave tau 0 and kernels of 0/0; resolution_floor has
+    L1 (power 1) and squared Euclidean (power 2) floors only."""
+    from kdml.kernels import adaptive_bandwidth, resolution_floor
+
+    with pytest.raises(KdmlError, match="floor must be|power is 1"):
+        if floor is not None:
+            adaptive_bandwidth(torch.ones(3, 3), floor=floor)
+        else:
+            resolution_floor(torch.ones(3, 2), power)

@@ -497,3 +497,13 @@ for package, names in ((losses, ["PairwiseLogisticLoss", "pairwise_logistic_loss
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_temperature_below_float32_s_smallest_normal_is_refused():
+    """1e-39 is > 0 but a subnormal in float32: cosine / tau overflowed and the loss was inf
+    or NaN; the floor is float32's smallest normal (nt_xent.MIN_TEMPERATURE)."""
+    from kdml.errors import KdmlError
+    from kdml.losses.nt_xent import nt_xent_loss
+
+    with pytest.raises(KdmlError, match="smallest normal"):
+        nt_xent_loss(torch.randn(4, 3), 1e-39)

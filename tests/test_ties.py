@@ -161,12 +161,13 @@ def test_metrics_are_invariant_to_a_positive_scaling(metric, factor):
 
 @pytest.mark.parametrize("backend", ["faiss", "torch"])
 @pytest.mark.parametrize(("dtype", "factor"), [(np.float32, 1e-14), (np.float32, 1e-25),
-                                               (np.float64, 1e-50)])
+                                               (np.float64, 1e-50), (np.float64, 1e-170)])
 def test_the_cosine_ignores_the_norm_of_one_tiny_row(backend, dtype, factor):
     """A row scaled down among unit ones has the same cosines. Its float32 squared norm had
     underflowed to 0 (faiss: a zero vector, similarity 0 to all), F.normalize's floor of 1e-12
     had left it short of unit length (torch), and a float64 row of 1e-50 became zeros in
-    float32 before it was normalised (both)."""
+    float32 before it was normalised (both); a float64 row of 1e-170, whose squares underflow
+    even in float64, is brought near 1 by a power of two first."""
     import torch
 
     embeddings = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]], dtype=dtype)
@@ -397,3 +398,21 @@ def test_search_with_its_shortcuts_scores_as_the_exact_full_ranking(separate, se
         scores = retrieval_metrics(queries, query_labels, ks, "euclidean", nmi=False,
                                    chunk_size=chunk_size, **given)
         assert scores == pytest.approx(expected, abs=1e-12)
+
+
+def test_ties_out_of_reach_of_the_last_rank_scored_are_cut_row_by_row():
+    """A chain of float32 ties (each gap 0.9 of the tolerance) is cut where a neighbour after
+    rank ``needed`` lies more than REACH (2) tolerances from the score at that rank, each row
+    from its own rank ``needed``: columns nearer than that stay tied."""
+    rng = np.random.default_rng(0)
+    vectors = retrieval.prepare_vectors(rng.standard_normal((8, 4)).astype(np.float32),
+                                        "cosine", "embeddings", "faiss")
+    search = retrieval.RankedSearch(vectors[:2], vectors[2:], "cosine", False, 8)
+    bound = float(search._largest_tolerance(np.arange(2)).max())
+    scores = np.tile((0.5 - 0.9 * bound * np.arange(6)).astype(np.float32), (2, 1))
+    indices = np.tile(np.arange(6), (2, 1))
+    continues = search._continues(np.arange(2), scores, indices, np.array([1, 4]))
+    # row 0 from rank 1 (0.5): ranks 2 and 3 within 1.8 tolerances, rank 4 on beyond 2.7
+    # row 1 from rank 4: every later one within 1.8 tolerances
+    np.testing.assert_array_equal(continues, [[False, True, True, False, False, False],
+                                              [False, True, True, True, True, True]])
