@@ -233,8 +233,7 @@ def seen_holdout_split(
         raise KdmlError("a seen-holdout split needs samples to hold out; the labels are empty")
     generator = torch.Generator().manual_seed(seed)
     held_out = []
-    for label in labels.unique(sorted=True):
-        members = (labels == label).nonzero().squeeze(1)
+    for members in class_members(labels):
         members = members[torch.randperm(members.numel(), generator=generator)]
         # half up, as validation_split's classes (round() is half-to-even: at 0.5, classes
         # of 5 and 7 samples held out 2 and 4)
@@ -245,6 +244,16 @@ def seen_holdout_split(
     is_held = torch.zeros_like(labels, dtype=torch.bool)
     is_held[held_out_idx] = True
     return (~is_held).nonzero().squeeze(1), held_out_idx
+
+
+def class_members(labels: Tensor) -> list[Tensor]:
+    """Each class's sample positions (ascending), one tensor per class in sorted label order.
+
+    One stable sort of the labels: a scan of every label per class (``labels == label``) costs
+    N x C, some 90 s for a seen-holdout split of Stanford Online Products' 22,634 classes."""
+    order = torch.argsort(labels, stable=True)
+    counts = torch.unique_consecutive(labels[order], return_counts=True)[1]
+    return list(torch.split(order, counts.tolist()))
 
 
 def _filling_remedy(split: str, own_parts: bool, part: str) -> str:
