@@ -12,6 +12,11 @@ def grid_file(tmp_path, grid: dict, data: dict | None = None, **train: object) -
               "data": {"dataset": "digits", "batch_size": 12, **(data or {})},
               "train": {"epochs": 1, "steps_per_epoch": 1, "device": "cpu", **train},
               "eval": {"nmi": False}}
+    for key in grid:  # the grid's values alone: a fixed value beside them is refused
+        section, _, leaf = str(key).rpartition(".")
+        for name in [section] if section else ["data", "train", "eval"]:
+            if isinstance(config.get(name), dict):
+                config[name].pop(leaf, None)
     tmp_path.mkdir(parents=True, exist_ok=True)
     file = tmp_path / "grid.yaml"
     file.write_text(yaml.safe_dump(config))

@@ -231,6 +231,16 @@ def test_a_tuple_for_a_list_setting_is_taken_as_its_list():
     assert (config.eval.ks, config.optim.lr_milestones) == ([1, 5], [2, 4])
 
 
+@pytest.mark.parametrize("argv", [["eval.ks=[1,", "2]"], ["method.layers=[pool,", "emb]"]])
+def test_a_list_split_by_the_shell_is_said_to_need_quotes(capsys, argv):
+    """`kdml train jrd eval.ks=[1, 2]` reaches kdml as two arguments; the refusal named only the
+    first half as malformed, not why."""
+    assert cli.main(["config", "jrd", *argv]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: malformed value in override {argv[0]!r}; the shell splits an unquoted "
+        "value at its spaces: quote the whole override, e.g. 'eval.ks=[1, 2]'\n")
+
+
 def test_a_plus_signed_octal_is_refused_as_octal():
     with pytest.raises(KdmlError, match=r"^override 'train\.seed=\+010': '\+010' is read by YAML "
                                         r"1\.1 as octal \(8\): write 10 or 8"):
@@ -306,3 +316,18 @@ def test_a_number_of_more_digits_than_python_reads_is_refused_in_one_line(tmp_pa
     assert capsys.readouterr().err == (
         f"kdml: error: override 'train.seed={digits}': a number of {len(digits):,} characters, "
         f"more digits than Python reads ({limit})\n")
+
+
+@pytest.mark.parametrize("text", ["0x_", "-0b__"])
+def test_a_yaml_int_without_digits_is_not_said_to_have_too_many(tmp_path, capsys, text):
+    """YAML 1.1 reads 0x_ as a hex int, whose digits Python then found none of: the refusal
+    said "a number of 3 characters, more digits than Python reads (4,300)"."""
+    config_file = tmp_path / "hex.yaml"
+    config_file.write_text(f"train:\n  seed: {text}\n")
+    problem = (f"{text!r} is read by YAML 1.1 as a number without digits: write a number, or "
+               "quote it as text")
+    assert cli.main(["config", "amsoftmax", "--config", str(config_file)]) == 2
+    assert capsys.readouterr().err == (
+        f"kdml: error: config file {config_file}: {problem} (line 2)\n")
+    assert cli.main(["config", "amsoftmax", f"train.seed={text}"]) == 2
+    assert capsys.readouterr().err == f"kdml: error: override 'train.seed={text}': {problem}\n"

@@ -568,15 +568,19 @@ def test_config_without_a_recipe_asks_for_the_recipe_only(tmp_path, capsys):
         in err
 
 
-@pytest.mark.parametrize("damage", ["cut short", "emptied"])
+@pytest.mark.parametrize("damage", ["cut short", "emptied", "cut after method:"])
 def test_a_damaged_run_config_is_refused_not_completed_with_defaults(tmp_path, capsys,
                                                                      finished_run, damage):
     """A config.yaml cut before its last sections would load with their defaults (here:
-    eval.nmi back to true); an empty one used to read as the recipe 'None'."""
+    eval.nmi back to true); an empty one used to read as the recipe 'None'. One cut just after
+    its last section's name (`method:`, null) was refused as an override: "'method' is a
+    section, not a setting; set one of its keys, e.g. method.scale=VALUE"."""
     config = finished_run / "config.yaml"
     text = config.read_text()
-    config.write_text(text[:text.index("\neval:")] + "\n" if damage == "cut short" else "")
-    missing = "eval" if damage == "cut short" else "recipe"
+    config.write_text(text[:text.index("\neval:")] + "\n" if damage == "cut short" else
+                      text[:text.index("\nmethod:") + len("\nmethod:")] + "\n"
+                      if damage == "cut after method:" else "")
+    missing = {"cut short": "eval", "emptied": "recipe"}.get(damage, "method")
     for command in (["eval", finished_run], ["train", "--resume", finished_run]):
         err = refused(tmp_path, capsys, *command)
         assert err == (f"kdml: error: {config} has no '{missing}': it is not the whole config "
@@ -1290,3 +1294,15 @@ def test_a_loader_worker_killed_by_sigkill_is_one_line_about_memory(monkeypatch,
     assert cli.main([command, *(["amsoftmax"] if command == "train" else [])]) == 1
     assert capsys.readouterr().err == ("kdml: error: a data loader worker was killed (SIGKILL), "
                                        f"most likely by the system for lack of memory; {advice}\n")
+
+
+@pytest.mark.parametrize("name", ["phötos", "a\\b", "#2 'x'"])
+def test_a_flag_s_path_reaches_the_config_as_written(tmp_path, capsys, name):
+    """--dataset, --data-root, --weights and --device were passed on as JSON strings, which a
+    text setting no longer reads as YAML: folder:phötos searched ph\\u00f6tos, and a backslash
+    came through doubled."""
+    folder = tmp_path / name
+    folder.mkdir()
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"folder:{folder}",
+                  "--out", tmp_path / "run", *TINY)
+    assert f"no class sub-folders (searched {folder};" in err

@@ -34,6 +34,35 @@ def test_unknown_key_suggests_nearest():
         resolve("margn=0.1")
 
 
+@pytest.mark.parametrize("item, message", [
+    ("recipe=mrd", "recipe is not a setting: name the recipe as the command's first argument"),
+    ("paper=x", "paper is not a setting but a config file's description"),
+    ("grid={alpha: [1, 2]}", "grid is not a setting but a config file's grid of settings"),
+])
+def test_a_config_file_s_own_line_as_an_override_says_what_it_is(item, message):
+    """recipe=mrd had been "unknown config key 'recipe' for recipe 'amsoftmax'; did you mean
+    'resize'?", and paper=x "... lists every key": neither said why, nor where a recipe goes."""
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}"):
+        resolve(item)
+
+
+@pytest.mark.parametrize("item, nearest", [("TRAIN.EPOCHS=3", "train.epochs"),
+                                            ("EPOCHS=3", "epochs"), ("Optim.LR=1", "optim.lr")])
+def test_a_key_in_other_case_is_suggested_in_kdml_s(item, nearest):
+    """difflib's ratio is case-sensitive: TRAIN.EPOCHS had no suggestion at all."""
+    with pytest.raises(KdmlError, match=f"did you mean '{re.escape(nearest)}'\\?$"):
+        resolve(item)
+
+
+def test_an_empty_section_of_a_file_is_named_as_such():
+    """`train:` with its keys commented out is null in YAML: the refusal had said "'train' is a
+    section, not a setting; set one of its keys, e.g. train.epochs=VALUE", an override's
+    wording for a line that set nothing."""
+    with pytest.raises(KdmlError, match=r"^the config file's train: is empty; give it settings, "
+                                        r"e.g. train: \{epochs: ...\}, or drop the line$"):
+        resolve(file_values={"train": None})
+
+
 @pytest.mark.parametrize("item", ["epochs", "=3", "bad key=1"])
 def test_malformed_override(item):
     with pytest.raises(KdmlError, match="malformed override"):
@@ -219,6 +248,11 @@ def test_kdml_config_names_a_file_s_grid_and_prints_its_first_cell(tmp_path, cap
     ("grid: {method.alpha: [0, -1]}", [], "method.alpha"),  # a bad value in the second cell
     ("grid: {method.alpha: [0, 1]}", ["alpha=2"], "the override alpha=2 sets method.alpha"),
     ("grid: {train.seed: [0, 0]}", [], "grid.train.seed lists 0 twice"),
+    # the file's own value of a grid key had been dropped without a word, in every cell
+    ("method: {alpha: 0.5}\ngrid: {method.alpha: [0.1, 1]}", [],
+     "the config file sets method.alpha: 0.5 and its grid runs over method.alpha"),
+    ("epochs: 3\ngrid: {train.epochs: [1, 2]}", [],
+     "the config file sets epochs: 3 and its grid runs over train.epochs"),
     # kdml config had printed it
     ("grid: {data.validation: [0, 0.2]}", [], "the grid's cells have different data.validation"),
 ])
@@ -231,6 +265,29 @@ def test_kdml_config_refuses_a_grid_as_kdml_train_does(tmp_path, capsys, text, o
     assert cli.main(["train", "--config", str(tmp_path / "grid.yaml"), *overrides,
                      "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == err
+
+
+@pytest.mark.parametrize("command", ["config", "train"])
+def test_a_second_config_file_is_refused_not_read_instead_of_the_first(tmp_path, capsys,
+                                                                        command):
+    """argparse keeps the last --config: the first file's train.epochs: 7 had been dropped
+    without a word (a 10-epoch run, or kdml config printing 10)."""
+    from kdml import cli
+
+    (tmp_path / "a.yaml").write_text("recipe: jrd\ntrain: {epochs: 7}\n")
+    (tmp_path / "b.yaml").write_text("recipe: jrd\ntrain: {seed: 9}\n")
+    code = cli.main([command, "--config", str(tmp_path / "a.yaml"),
+                     f"--config={tmp_path / 'b.yaml'}", "--out", str(tmp_path / "run"),
+                     "--dataset", "digits", "epochs=1", "train.steps_per_epoch=1"]  # if run
+                    if command == "train" else
+                    [command, "--config", str(tmp_path / "a.yaml"), "--config",
+                     str(tmp_path / "b.yaml")])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err == (f"kdml: error: --config is given twice ({tmp_path / 'a.yaml'} and "
+                   f"{tmp_path / 'b.yaml'}); kdml reads one config file: put the settings in "
+                   f"one, or give the other's as key=value (see 'kdml {command} --help')\n")
+    assert not (tmp_path / "run").exists()
 
 
 def test_invalid_yaml_is_named_by_its_problem_and_line(tmp_path):

@@ -132,6 +132,7 @@ def test_the_whole_split_as_one_batch_is_not_checked_as_class_balanced():
     ("jrd", "domain.kernel=gaussian"),  # domain.beta is 0: no domain term
     ("jrd", "method.decay_proxies=true"),  # optim.weight_decay is 0: nothing to apply
     ("mrd", "method.pool_kernel=laplace"),  # MRD regularizes the embedding alone
+    ("jrd", "train.select_metric=recall@2"),  # no data.validation: no epoch or cell chosen
 ])
 def test_a_setting_the_recipe_never_reads_is_warned_of(tmp_path, capsys, recipe,
                                                         setting):

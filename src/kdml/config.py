@@ -167,6 +167,15 @@ SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
 # Top-level keys of a config file that are not settings: the recipe's name, a description of
 # the paper table it mirrors, and a grid of settings to run one by one.
 FILE_ONLY_KEYS = ("recipe", "paper", "grid")
+# why each is refused as a key=value override (or inside a section, or as a grid key)
+FILE_ONLY_KEY_PROBLEMS = {
+    "recipe": "recipe is not a setting: name the recipe as the command's first argument "
+              "('kdml train RECIPE ...') or in a --config file's recipe: line",
+    "paper": "paper is not a setting but a config file's description of the paper table it "
+             "mirrors; it has no effect on a run",
+    "grid": "grid is not a setting but a config file's grid of settings, e.g. grid: "
+            "{method.alpha: [0.5, 1.0]}; an override sets one value",
+}
 
 
 def resolve_config(
@@ -187,6 +196,9 @@ def resolve_config(
             if key.split(".")[0] in FILE_ONLY_KEYS:  # grid.alpha: at the top level
                 raise KdmlError(f"{key} is not a setting; a config file's {key.split('.')[0]} "
                                 f"is one mapping, e.g. grid: {{method.alpha: [0.5, 1.0]}}")
+            if key in SECTIONS and value is None:  # `train:` with its keys commented out
+                raise KdmlError(f"the config file's {key}: is empty; give it settings, e.g. "
+                                f"{key}: {{{_first_leaf(config, key)}: ...}}, or drop the line")
             full_key = resolve_key(config, key)
             if full_key in given:  # YAML's own check sees only one mapping's keys
                 raise KdmlError(f"the config file sets {full_key} twice, as {given[full_key]} "
@@ -202,6 +214,12 @@ def resolve_config(
     return config
 
 
+def _first_leaf(config: RunConfig, section: str) -> str:
+    """The name of ``section``'s first setting (``epochs`` of ``train``), for an example."""
+    fields = dataclasses.fields(getattr(config, section))
+    return fields[0].name if fields else "KEY"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping: YAML forbids it, but
     PyYAML keeps the last value, so ``epochs: 1`` then ``epochs: 2`` would train 2 epochs
@@ -214,6 +232,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             _refuse_yaml11_number(node)
             return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
         except ValueError:  # Python's limit on the digits of an int read from text
+            if len(node.value) <= sys.get_int_max_str_digits():  # 0x_: YAML's int, no digits
+                raise _UnreadableNumber(
+                    None, None, f"{node.value!r} is read by YAML 1.1 as a number without "
+                    "digits: write a number, or quote it as text", node.start_mark) from None
             raise _UnreadableNumber(
                 None, None, f"a number of {len(node.value):,} characters, more digits than "
                 f"Python reads ({sys.get_int_max_str_digits():,})", node.start_mark) from None
@@ -332,7 +354,10 @@ def _yaml_value(item: str, text: str) -> Any:
     except _AmbiguousNumber as error:
         raise KdmlError(f"override {item!r}: {error.problem}") from None
     except yaml.YAMLError:
-        raise KdmlError(f"malformed value in override {item!r}") from None
+        # `eval.ks=[1, 2]` unquoted reaches kdml as `eval.ks=[1,` and `2]`
+        hint = ("; the shell splits an unquoted value at its spaces: quote the whole override, "
+                "e.g. 'eval.ks=[1, 2]'" if text.rstrip().endswith(",") else "")
+        raise KdmlError(f"malformed value in override {item!r}{hint}") from None
 
 
 def _flat_items(values: dict[str, Any], prefix: str = "",
@@ -376,11 +401,15 @@ def resolve_key(config: RunConfig, key: str) -> str:
         example = next((k for k in keys if k.startswith(f"{key}.")), f"{key}.KEY")
         raise KdmlError(f"{key!r} is a section, not a setting; set one of its keys, e.g. "
                         f"{example}=VALUE ('kdml config {config.recipe}' lists them)")
+    if key in FILE_ONLY_KEYS:  # "did you mean 'resize'?" for recipe=mrd had said nothing of why
+        raise KdmlError(FILE_ONLY_KEY_PROBLEMS[key])
     leaves = [k.split(".", 1)[1] for k in keys]
     # a setting under the wrong section (train.lr) means that setting (optim.lr), before
     # any spelling that merely looks alike (train.tolerance)
     moved = [k for k in keys if "." in key and k.split(".", 1)[1] == key.split(".", 1)[1]]
-    guesses = moved or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6)
+    # and a key in other case (TRAIN.EPOCHS: difflib's ratio is case-sensitive, so it found none)
+    folded = [k for k in keys + leaves if k.casefold() == key.casefold()][:1]
+    guesses = moved or folded or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6)
     hint = (f"; did you mean {' or '.join(map(repr, guesses))}?" if guesses
             else f"; 'kdml config {config.recipe}' lists every key")
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")

@@ -77,6 +77,20 @@ def _device(text: str) -> str:
     return text
 
 
+class _OneFile(argparse.Action):
+    """``--config FILE``, refused when given twice: argparse keeps the last, and the first
+    file's settings were dropped without a word (kdml reads one config file, it merges none)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        given = getattr(namespace, self.dest, None)
+        if given is not None:
+            parser.error(f"{option_string} is given twice ({given} and {values}); kdml reads "
+                         "one config file: put the settings in one, or give the other's as "
+                         "key=value")
+        setattr(namespace, self.dest, values)
+
+
 MAX_SEED = 2**63 - 1  # seeds feed NumPy's SeedSequence and torch generators
 DEFAULT_REPORT = Path("docs/reproduction.md")  # kdml reproduce --out
 MAX_SEEDS = 1000  # kdml reproduce --seeds
@@ -98,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(SOURCE->TARGET, npz:PATH); see 'kdml datasets'")
     train.add_argument("--data-root", metavar="DIR", type=_path,
                        help="folder of an on-disk dataset (data.root)")
-    train.add_argument("--config", type=_path, help="YAML file with config values")
+    train.add_argument("--config", type=_path, help="YAML file with config values",
+                       action=_OneFile)
     train.add_argument("--weights", metavar="FILE", type=_path,
                        help="pretrained backbone weights, a local .pth or .safetensors file "
                        "(model.weights)")
@@ -272,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="recipe name (see 'kdml recipes'); optional with a --config file "
                         "that names one")
     config.add_argument("overrides", nargs="*", metavar="key=value", default=[])
-    config.add_argument("--config", type=_path, help="YAML file with config values")
+    config.add_argument("--config", type=_path, help="YAML file with config values",
+                        action=_OneFile)
     return parser
 
 

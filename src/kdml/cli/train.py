@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,18 +54,20 @@ def _train(args: argparse.Namespace) -> int:
     grid = file_values.get("grid")
     _check_flags_agree_with_overrides(
         args, overrides, [str(key) for key in grid] if isinstance(grid, dict) else [])
-    # Quoted (a JSON string is a YAML string): unquoted, an override's value is read as YAML,
-    # which makes `folder:` a mapping and a path named `yes` or `1e5` a bool or a number.
+    # One pair of quotes around the flag's text: a text setting's override takes its value as
+    # written less one enclosing pair (config.override_value), so the value comes through
+    # whole, a `#`, quotes, backslashes and non-ASCII letters too (json.dumps had written
+    # folder:phötos as folder:ph\u00f6tos and C:\data as C:\\data, read back as written).
     if args.dataset is not None:
-        overrides.append(f"data.dataset={json.dumps(str(args.dataset))}")
+        overrides.append(f"data.dataset={_quoted(str(args.dataset))}")
     if args.data_root:
-        overrides.append(f"data.root={json.dumps(str(args.data_root))}")
+        overrides.append(f"data.root={_quoted(str(args.data_root))}")
     if args.weights:
-        overrides.append(f"model.weights={json.dumps(str(args.weights))}")
+        overrides.append(f"model.weights={_quoted(str(args.weights))}")
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
     if args.device is not None:
-        overrides.append(f"train.device={json.dumps(args.device)}")
+        overrides.append(f"train.device={_quoted(args.device)}")
     if "grid" in file_values:
         return _train_grid(recipe, file_values, overrides, args)
     config = with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
@@ -95,6 +96,12 @@ def _train(args: argparse.Namespace) -> int:
             if runs_made and not run_dir.exists():  # nor the runs/ folder made for it
                 with contextlib.suppress(OSError):
                     run_dir.parent.rmdir()
+
+
+def _quoted(text: str) -> str:
+    """``text`` as the value of a text setting's override: in one pair of quotes, which
+    :func:`~kdml.config.override_value` takes off again, leaving ``text`` as it is."""
+    return f'"{text}"'
 
 
 def _join_processes(config: RunConfig) -> None:
@@ -394,9 +401,15 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     """The config file's grid cells and each one's config (the file's values, ``overrides``,
     then the cell's), refusing a malformed grid, two keys of one setting (``dim`` and
     ``method.dim``), two cells of one folder name, a bad value in any cell, two cells of
-    one config, and cells scored on different parts (data.validation)."""
-    from kdml.config import RunConfig, resolve_config, resolve_key
-    from kdml.training.grid import check_distinct_cells, check_distinct_keys, grid_cells
+    one config, a setting the file gives a value and its grid too, and cells scored on
+    different parts (data.validation)."""
+    from kdml.config import FILE_ONLY_KEYS, RunConfig, flatten, resolve_config, resolve_key
+    from kdml.training.grid import (
+        check_distinct_cells,
+        check_distinct_keys,
+        check_grid_keys_unset,
+        grid_cells,
+    )
 
     if isinstance(file_values["grid"], dict) and "recipe" in file_values["grid"]:
         # "unknown config key 'recipe'; did you mean 'resize'?" had said nothing of why
@@ -404,8 +417,11 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
                         "and one table; run one grid per recipe")
     cells = grid_cells(file_values["grid"])
     blank = RunConfig(recipe=recipe.name, method=recipe.params())  # the keys a cell may set
-    check_distinct_keys([str(key) for key in file_values["grid"]],
-                        functools.partial(resolve_key, blank))
+    full_key = functools.partial(resolve_key, blank)
+    check_distinct_keys([str(key) for key in file_values["grid"]], full_key)
+    check_grid_keys_unset([str(key) for key in file_values["grid"]],
+                          flatten({name: value for name, value in file_values.items()
+                                   if name not in FILE_ONLY_KEYS}), full_key)
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                               overrides, cell.values) for cell in cells]
     check_distinct_cells(cells, [config.to_dict() for config in configs])

@@ -112,6 +112,21 @@ def check_distinct_keys(keys: Sequence[str], full_key: Callable[[str], str]) -> 
         seen[full] = key
 
 
+def check_grid_keys_unset(grid_keys: Sequence[str], file_settings: dict[str, Any],
+                          full_key: Callable[[str], str]) -> None:
+    """Refuse a grid key whose setting the config file also gives a value outside the grid
+    (``method: {alpha: 0.5}`` beside ``grid: {method.alpha: [0.1, 1]}``; ``file_settings``
+    are the file's settings, flattened): the cells' values would win and the file's one be
+    dropped without a word, as an override of a grid key would (which is refused too)."""
+    set_by_file = {full_key(key): key for key in file_settings}
+    for key in grid_keys:
+        given = set_by_file.get(full_key(key))
+        if given is not None:
+            raise KdmlError(f"the config file sets {given}: {file_settings[given]!r} and its "
+                            f"grid runs over {key}, so the cells' values would win; drop one "
+                            "of them (a value that every cell shares is one outside the grid)")
+
+
 def repeated_position(values: list[Any]) -> int | None:
     """The position of the first value of ``values`` equal to an earlier one, as the resolved
     config compares them (``1`` and ``1.0`` are one learning rate, ``[1, 2]`` and ``[1.0, 2]``

@@ -84,7 +84,9 @@ def run_config(run: RunFolder) -> RunConfig:
     without its recipe or one of its sections (cut short, emptied, or the user's own) is
     refused, where reading it as a config file would fill the gaps with defaults, silently."""
     file_values = load_config_file(run.config)
-    missing = [key for key in ("recipe", *SECTIONS) if key not in file_values]
+    # kdml writes every section as a mapping ({} where empty): a null one (`method:` at the
+    # file's end) is a file cut short there, not a section to fill with defaults
+    missing = [key for key in ("recipe", *SECTIONS) if file_values.get(key) is None]
     if missing:
         raise KdmlError(f"{run.config} has no {missing[0]!r}: it is not the whole config kdml "
                         "wrote for this run (cut short, emptied or replaced); restore it, or "

@@ -694,6 +694,10 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
         # its fit takes no autocast, and a CPU scores in float32 (embedding_precision)
         unread.append(("train.precision", f"{config.recipe} is fitted in closed form, in no "
                        "training steps, and on a CPU its scoring runs in float32"))
+    if changed("train", "select_metric") and config.data.validation == 0:
+        # train.keep_best and train.patience are refused without data.validation
+        unread.append(("train.select_metric", "it compares validation scores (train.keep_best, "
+                       "train.patience, a grid's best cell), and data.validation is 0"))
     if changed("domain", "kernel") and config.domain.beta == 0:
         unread.append(("domain.kernel", "domain.beta=0 adds no domain term"))
     if (getattr(config.method, "decay_proxies", False) and config.optim.weight_decay == 0
