@@ -300,20 +300,17 @@ def test_invalid_yaml_is_named_by_its_problem_and_line(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.seed=010", "'010' is read by YAML 1.1 as octal (8): write 10 or 8, or quote it "
-                       "as text"),
-    ("train.seed=-0_10", "'-0_10' is read by YAML 1.1 as octal (-8): write -10 or -8, or "
-                         "quote it as text"),
-    ("eval.ks=[1, 010]", "'010' is read by YAML 1.1 as octal (8): write 10 or 8, or quote "
-                         "it as text"),
-    ("train.epochs=1:30", "'1:30' is read by YAML 1.1 as base 60 (90): write 90, "
-                          "or quote it as text"),
-    ("optim.lr=0:0.5", "'0:0.5' is read by YAML 1.1 as base 60 (0.5): write 0.5, "
-                       "or quote it as text"),
+    ("train.seed=010", "'010' is read by YAML 1.1 as octal (8): write 10 or 8"),
+    ("train.seed=-0_10", "'-0_10' is read by YAML 1.1 as octal (-8): write -10 or -8"),
+    ("eval.ks=[1, 010]", "'010' is read by YAML 1.1 as octal (8): write 10 or 8"),
+    ("train.epochs=1:30", "'1:30' is read by YAML 1.1 as base 60 (90): write 90"),
+    ("optim.lr=0:0.5", "'0:0.5' is read by YAML 1.1 as base 60 (0.5): write 0.5"),
 ])
 def test_a_number_yaml_1_1_reads_otherwise_than_it_looks_is_refused(override, message):
     """PyYAML follows YAML 1.1: seed=010 had trained with seed 8 and epochs=1:30 for 90
-    epochs, without a word."""
+    epochs, without a word. An override read as YAML sets no text (a text setting's takes
+    its text as written), so it is not told to quote the value "as text": quoted, it was then
+    refused as the wrong type."""
     with pytest.raises(KdmlError, match=f"^override {re.escape(repr(override))}: "
                                         f"{re.escape(message)}$"):
         resolve(override)

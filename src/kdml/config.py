@@ -235,7 +235,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if len(node.value) <= sys.get_int_max_str_digits():  # 0x_: YAML's int, no digits
                 raise _UnreadableNumber(
                     None, None, f"{node.value!r} is read by YAML 1.1 as a number without "
-                    "digits: write a number, or quote it as text", node.start_mark) from None
+                    f"digits: write a number{QUOTE_AS_TEXT}", node.start_mark) from None
             raise _UnreadableNumber(
                 None, None, f"a number of {len(node.value):,} characters, more digits than "
                 f"Python reads ({sys.get_int_max_str_digits():,})", node.start_mark) from None
@@ -268,6 +268,10 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float",
                                  _UniqueKeyLoader.construct_yaml_float)
 
 
+# The end of an ambiguous number's advice in a config file, where a text setting may hold it.
+QUOTE_AS_TEXT = ", or quote it as text"
+
+
 def _refuse_yaml11_number(node: yaml.ScalarNode) -> None:
     text = node.value.replace("_", "")
     digits = text.lstrip("+-")
@@ -278,12 +282,11 @@ def _refuse_yaml11_number(node: yaml.ScalarNode) -> None:
     if octal:
         value: Any = numbers.construct_yaml_int(node)  # type: ignore[no-untyped-call]
         sign = "-" if text.startswith("-") else ""
-        problem = (f"octal ({value}): write {sign}{digits.lstrip('0')} or {value}, or quote it as "
-                   "text")
+        problem = f"octal ({value}): write {sign}{digits.lstrip('0')} or {value}{QUOTE_AS_TEXT}"
     else:
         read = numbers.construct_yaml_float if "." in text else numbers.construct_yaml_int
         value = read(node)  # type: ignore[no-untyped-call]
-        problem = f"base 60 ({value}): write {value}, or quote it as text"
+        problem = f"base 60 ({value}): write {value}{QUOTE_AS_TEXT}"
     raise _AmbiguousNumber(
         None, None, f"{node.value!r} is read by YAML 1.1 as {problem}", node.start_mark)
 
@@ -352,7 +355,10 @@ def _yaml_value(item: str, text: str) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader) if text.strip() else ""
     except _AmbiguousNumber as error:
-        raise KdmlError(f"override {item!r}: {error.problem}") from None
+        # an override read as YAML sets no text (a text setting's takes its text as written:
+        # override_value), so quoting it would only be refused as the wrong type
+        problem = (error.problem or "").removesuffix(QUOTE_AS_TEXT)
+        raise KdmlError(f"override {item!r}: {problem}") from None
     except yaml.YAMLError:
         # `eval.ks=[1, 2]` unquoted reaches kdml as `eval.ks=[1,` and `2]`
         hint = ("; the shell splits an unquoted value at its spaces: quote the whole override, "
