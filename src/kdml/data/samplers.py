@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Sampler
 
 from kdml.checks import check_label_vector, is_positive_int
+from kdml.data.splits import class_members
 from kdml.errors import KdmlError
 from kdml.seeding import derive_seed
 
@@ -110,9 +111,7 @@ class ClassBalancedBatches(_SeededBatches):
                                 f"got {value!r}")
         check_batching(labels, samples_per_class, batch_size)
         self.samples_per_class, self.batch_size = samples_per_class, batch_size
-        order = torch.argsort(labels, stable=True)
-        _, counts = torch.unique_consecutive(labels[order], return_counts=True)
-        self.members = list(torch.split(order, counts.tolist()))
+        self.members = class_members(labels)
         self.num_batches = len(labels) // batch_size
 
     def __len__(self) -> int:
