@@ -1127,17 +1127,22 @@ def test_the_missing_dependency_names_cover_pyproject_dependencies():
         assert package in {name.lower() for name in provided[module]}, module
 
 
+def _main_in_a_new_python(setup: str, argv: list[str]):
+    """``kdml.cli.main(argv)`` in a Python of its own, after the statement ``setup`` (a module
+    made unimportable, a resource limit): neither may reach this test process."""
+    import subprocess
+
+    script = f"import sys\n{setup}\nfrom kdml.cli import main\nsys.exit(main({argv!r}))"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+
+
 def test_training_without_faiss_stops_before_its_run_folder(tmp_path):
     """The real import path: with faiss unimportable, kdml train stops in one line, exit 2,
     and leaves no run folder behind."""
-    import subprocess
-
-    script = ("import sys; sys.modules['faiss'] = None\n"
-              "from kdml.cli import main\n"
-              f"sys.exit(main(['train', 'jrd', '--out', {str(tmp_path / 'run')!r}, "
-              "'epochs=1', '--no-progress']))")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
+    done = _main_in_a_new_python("sys.modules['faiss'] = None",
+                                 ["train", "jrd", "--out", str(tmp_path / "run"), "epochs=1",
+                                  "--no-progress"])
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("kdml: error: the Python package faiss-cpu")
     assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
@@ -1147,19 +1152,13 @@ def test_an_index_that_outgrows_the_disk_is_one_line_and_leaves_nothing(tmp_path
     """faiss's own file writer raised a full disk (here a file size limit, RLIMIT_FSIZE:
     EFBIG, as ENOSPC) as "RuntimeError: Error in void faiss::write_index(...): write error in
     .../index.faiss", a traceback and exit 1; it is one line naming --out, exit 2."""
-    import subprocess
-
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                      "--no-progress", "train.steps_per_epoch=1"]) == 0
     index = tmp_path / "index"
-    script = ("import resource, sys\n"
-              "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
-              "from kdml.cli import main\n"
-              f"sys.exit(main(['index', {str(run)!r}, '--out', {str(index)!r}, "
-              "'--no-progress']))")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
+    done = _main_in_a_new_python(
+        "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))",
+        ["index", str(run), "--out", str(index), "--no-progress"])
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"kdml: error: {index}: File too large; fix it or choose another path\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]  # no partial folder
