@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from reference_impls import nn_vote_accuracy
 
 from kdml.errors import KdmlError
 from kdml.evaluation.reid import cmc_curve, match_ranks, single_shot_cmc
@@ -256,6 +257,19 @@ def test_single_shot_cmc_errors():
         single_shot_cmc(np.zeros((4, 2)), [0, 0, 1, 1], ranks=(0,))
 
 
+def test_single_shot_cmc_refuses_a_gallery_of_one_and_nan_identities():
+    """One usable identity is a gallery of one, whose probe ranks its match first whatever the
+    embedding: CMC 1 at every rank had been returned. A NaN identity equals no identity, not
+    even its own, so its images had been left out silently (the gallery shrank)."""
+    far_apart = np.array([[0.0], [100.0], [5.0], [5.0], [7.0]])
+    with pytest.raises(KdmlError, match=r"^only one identity has two images, a gallery of one"):
+        single_shot_cmc(far_apart, [0, 0, 1, 2, 3])
+    with pytest.raises(KdmlError, match=r"^only one identity has an image in each camera"):
+        single_shot_cmc(far_apart[:4], [0, 0, 1, 1], cameras=[0, 1, 0, 0])
+    with pytest.raises(KdmlError, match=r"^identities contain NaN or infinite values$"):
+        single_shot_cmc(far_apart[:4], np.array([0.0, 0.0, np.nan, np.nan]))
+
+
 # ----------------------------------------------------------------- transfer accuracy
 
 
@@ -276,6 +290,22 @@ def test_source_nn_accuracy_matches_a_brute_force_vote():
             correct += predicted == y
         got = source_nn_accuracy(source, source_y, target, target_y, k=k)
         assert got == pytest.approx(correct / 12)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_source_nn_vote_takes_exactly_tied_sources_in_index_order(metric):
+    """As documented (and as the brute-force vote's stable sort): equal source rows labelled
+    0, 1, 1, 0 vote 0 at k = 2, the label of the first. faiss had returned the inner-product
+    search's ties last index first, so the cosine vote had said 1."""
+    source, labels = np.ones((4, 3)), [0, 1, 1, 0]
+    assert source_nn_accuracy(source, labels, np.ones((1, 3)), [0], k=2, metric=metric) == 1.0
+    rng = np.random.default_rng(5)
+    source = np.repeat(rng.standard_normal((4, 3)), 5, axis=0)  # 4 points, 5 copies each
+    source_y, target = rng.integers(0, 3, 20), rng.standard_normal((15, 3))
+    target_y = rng.integers(0, 3, 15)
+    for k in (2, 4, 7):
+        assert source_nn_accuracy(source, source_y, target, target_y, k=k, metric=metric) \
+            == pytest.approx(nn_vote_accuracy(source, source_y, target, target_y, k, metric))
 
 
 def test_negative_source_labels_are_refused():

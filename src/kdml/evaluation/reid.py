@@ -134,7 +134,9 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
 
     averaged over the splits (and the two directions). Identities with a single image (with
     ``cameras``: without an image in each camera) cannot form a probe/gallery pair and are left
-    out. A requested rank larger than the gallery is clamped to :math:`G`, where the CMC is 1.
+    out; at least two identities must remain (a gallery of one, where the CMC is 1 at every
+    rank, is refused), and NaN identities are refused. A requested rank larger than the
+    gallery is clamped to :math:`G`, where the CMC is 1.
 
     Args:
         embeddings: :math:`(N, D)` test embeddings.
@@ -158,6 +160,9 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
     if ids.shape != (len(x),):
         raise KdmlError(f"embeddings must be (N, D) with (N,) identities, got {x.shape} and "
                         f"{ids.shape}")
+    if ids.dtype.kind == "f" and not np.isfinite(ids).all():
+        # a NaN equals no identity, not even its own: its images had been left out silently
+        raise KdmlError("identities contain NaN or infinite values")
     camera_array = None if cameras is None else _as_array(cameras)
     if camera_array is not None and camera_array.shape != ids.shape:
         raise KdmlError(f"cameras must have shape {ids.shape}, got {camera_array.shape}")
@@ -187,9 +192,12 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
         directions.append(([b for _, b in pairs], [a for a, _ in pairs]))  # probe A, gallery B
         directions.append(([a for a, _ in pairs], [b for _, b in pairs]))  # the reverse
     gallery_size = len(directions[0][0])
+    need = "an image in each camera" if camera_array is not None else "two images"
     if not gallery_size:
-        need = "an image in each camera" if camera_array is not None else "two images"
         raise KdmlError(f"no identity has {need}; single-shot CMC needs probe/gallery pairs")
+    if gallery_size == 1:  # its one probe ranks its match first: 1 at every rank, whatever x
+        raise KdmlError(f"only one identity has {need}, a gallery of one, where the CMC is 1 at "
+                        "every rank; single-shot CMC needs at least two probe/gallery pairs")
 
     rng = np.random.default_rng(seed)
     curves = []

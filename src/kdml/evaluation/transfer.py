@@ -19,8 +19,8 @@ from kdml.evaluation.knn import (
     as_float_matrix,
     check_metric,
     host_array,
-    knn_search,
     prepare_pair,
+    search_rows,
 )
 from kdml.evaluation.labels import as_label_vector
 from kdml.evaluation.rescoring import ExactScores
@@ -87,8 +87,7 @@ def source_nn_accuracy(source: Any, source_labels: Any, target: Any, target_labe
         exact = ExactScores(host_array(target)[scored], source, metric)
         return _nearest_neighbour_accuracy(target_vectors[scored], target_y[scored],
                                            source_vectors, source_y, exact)
-    chunks = knn_search(target_vectors[scored], source_vectors, int(k), metric)
-    neighbour_labels = source_y[np.concatenate([chunk.indices for chunk in chunks])]
+    neighbour_labels = source_y[voters(target_vectors[scored], source_vectors, int(k), metric)]
     predictions = _majority_vote(neighbour_labels)
     return float((predictions == target_y[scored]).mean())
 
@@ -105,6 +104,61 @@ def _nearest_neighbour_accuracy(targets: np.ndarray, target_y: np.ndarray,
         hits = source_y[ranked.indices] == target_y[rows, None]
         correct[rows] = (hits & first_group).sum(axis=1) / first_group.sum(axis=1)
     return float(correct.mean())
+
+
+# Widened searches of voters(): at most this many (query, neighbour) results at once.
+VOTER_BUDGET = 2**24
+
+
+def voters(targets: np.ndarray, sources: np.ndarray, k: int, metric: str) -> np.ndarray:
+    """``(n, k)`` indices of each target's ``k`` nearest sources (prepared vectors), nearest
+    first, equal float32 scores in index order.
+
+    A target whose ``k``-th score ties the next one is searched again, twice as wide, until the
+    tie group ends or every source is retrieved, so that the group is whole before its first
+    members by index are taken: faiss's heap keeps an arbitrary part of a group that crosses
+    rank ``k`` and returns the inner-product search's ties last index first (4 equal source
+    rows labelled 0, 1, 1, 0 had voted 1 at ``k = 2`` under the cosine metric, 0 under the
+    Euclidean one)."""
+    chosen = np.empty((len(targets), k), dtype=np.int64)
+    pending = {min(k + 1, len(sources)): np.arange(len(targets))}
+    while pending:
+        width = min(pending)
+        rows_to_search = pending.pop(width)
+        batch = max(1, VOTER_BUDGET // width)
+        for start in range(0, len(rows_to_search), batch):
+            rows = rows_to_search[start:start + batch]
+            scores, indices = search_rows(targets, rows, sources, width, metric, False)
+            whole = (scores[:, -1] != scores[:, k - 1]) | (width == len(sources))
+            nearness = -scores[whole] if metric == "cosine" else scores[whole]
+            chosen[rows[whole]] = _first_by_index(nearness, indices[whole], k)
+            # every retrieved source tied (a collapsed embedding): all of them at once, where
+            # doubling would search them log2(N / width) times
+            all_tied = ~whole & (scores[:, 0] == scores[:, -1])
+            for next_width, these in ((len(sources), all_tied),
+                                      (min(2 * width, len(sources)), ~whole & ~all_tied)):
+                if these.any():
+                    pending[next_width] = np.concatenate(
+                        [pending.get(next_width, np.empty(0, dtype=np.int64)), rows[these]])
+    return chosen
+
+
+def _first_by_index(nearness: np.ndarray, indices: np.ndarray, k: int) -> np.ndarray:
+    """``(n, k)``: of neighbours ranked by ``nearness`` (ascending, ``(n, w)``, ``w >= k``,
+    holding the whole tie group at rank ``k``), the ``k`` nearest, equal nearness in index
+    order. The group at rank ``k`` gives its lowest indices (a partition: a collapsed
+    embedding's group is every source); those before it, fewer than ``k``, are sorted."""
+    at_k = nearness[:, k - 1:k]
+    group = nearness == at_k
+    missing = np.iinfo(np.int64).max
+    lowest = np.sort(np.partition(np.where(group, indices, missing), k - 1, axis=1)[:, :k],
+                     axis=1)
+    # candidates: the first k (the group's among them set aside) and the group's k lowest
+    candidates = np.concatenate([indices[:, :k], lowest], axis=1)
+    keys = np.concatenate([np.where(group[:, :k], np.inf, nearness[:, :k]),
+                           np.where(lowest == missing, np.inf, at_k)], axis=1)
+    order = np.lexsort((candidates, keys), axis=-1)[:, :k]
+    return np.take_along_axis(candidates, order, axis=1)
 
 
 def _majority_vote(neighbour_labels: np.ndarray) -> np.ndarray:
