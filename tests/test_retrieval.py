@@ -289,6 +289,22 @@ def test_chunk_size_does_not_change_results(same_set_data):
     assert small == large
 
 
+@pytest.mark.parametrize(("metric", "seed"), [("euclidean", 0), ("cosine", 6)])
+def test_chunk_size_does_not_change_results_in_the_last_digit(metric, seed):
+    """Bit-identical, as documented, where classes are large enough for np.sum's pairwise
+    blocks: a query's MAP@R and R-Precision terms are as wide as the largest R scored with it,
+    and np.sum over them had moved the last digit with the chunk size (these two sets: the
+    expectations of their many exact ties)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 5, 400)
+    labels[:3] = [7, 8, 9]  # lone queries too
+    rng.standard_normal((400, 4))  # (the draws that found them)
+    embeddings = rng.integers(0, 3, (400, 2)).astype(float)  # many exact ties
+    small, large = (retrieval_metrics(embeddings, labels, ks=(1, 5), metric=metric, nmi=False,
+                                      chunk_size=chunk_size) for chunk_size in (7, 4096))
+    assert small == large
+
+
 @pytest.mark.parametrize("chunk_size", [0, -3, 2.5, True, "64"])
 def test_bad_chunk_size_is_a_one_line_error(same_set_data, chunk_size):
     embeddings, labels = same_set_data

@@ -32,6 +32,7 @@ from kdml.evaluation.ties import (
     expected_scores,
     group_reaches_last_column,
     last_group_settled,
+    row_totals,
     score_gaps,
     tie_tolerance,
 )
@@ -551,7 +552,7 @@ class _RetrievalScores:
         precision_at_i = hits_so_far / np.arange(1, width + 1)
         r = np.maximum(num_relevant, 1)  # lone rows score 0 and are masked out later
         self.r_precision[rows] = hits_so_far[:, -1] / r
-        self.average_precision[rows] = (precision_at_i * relevant).sum(axis=1) / r
+        self.average_precision[rows] = row_totals(precision_at_i * relevant) / r
 
     def averages(self, is_counted: np.ndarray) -> dict[str, float]:
         results = {

@@ -131,6 +131,17 @@ def last_group_settled(is_hit: np.ndarray, continues: np.ndarray,
     return (found_before >= num_relevant) | ((num_relevant <= starts) & (found_before > 0))
 
 
+def row_totals(terms: np.ndarray) -> np.ndarray:
+    """``[n]`` float64 sums of the rows of ``terms`` ``[n, w]`` (overwritten), added left to
+    right: the same value whatever zero columns follow. A query's row is as wide as the
+    largest R among the queries scored with it, and ``np.sum``'s pairwise blocks, which
+    depend on the width, had moved its MAP@R or R-Precision in the last digit with the
+    ``chunk_size`` (or a tie's re-search), which the scores are documented not to depend on."""
+    if not terms.shape[1]:
+        return np.zeros(len(terms))
+    return np.cumsum(terms, axis=1, out=terms)[:, -1]
+
+
 def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ...],
                     num_relevant: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Expected Recall@K (``[len(ks), n]``), average precision at R and R-Precision (``[n]``)
@@ -162,7 +173,7 @@ def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ..
 
     rows, columns, opens = tied_positions(continues)
     if not len(rows):
-        return recall, ap_terms.sum(axis=1) / r, rp_terms.sum(axis=1) / r
+        return recall, row_totals(ap_terms) / r, row_totals(rp_terms) / r
     group = np.cumsum(opens) - 1  # group number of each tied position
     start = columns[opens][group]  # a
     size = np.bincount(group).astype(np.float64)[group]  # g
@@ -182,7 +193,7 @@ def expected_scores(is_hit: np.ndarray, continues: np.ndarray, ks: tuple[int, ..
         recall[position, rows[at_k]] = np.where(
             before[at_k] > 0, 1.0,
             1.0 - _choose_ratio(size[at_k] - group_hits[at_k], size[at_k], taken))
-    return recall, ap_terms.sum(axis=1) / r, rp_terms.sum(axis=1) / r
+    return recall, row_totals(ap_terms) / r, row_totals(rp_terms) / r
 
 
 def _group_starts(continues: np.ndarray) -> np.ndarray:
