@@ -25,7 +25,7 @@ from fixtures_array_sets import (
 
 from kdml.data import ArrayDataset, ImageFiles, open_dataset
 from kdml.data.formats.cifar import load_cifar10, load_cifar100
-from kdml.data.formats.common import DEFAULT_KS
+from kdml.data.formats.common import DEFAULT_KS, real_path
 from kdml.data.formats.csv_list import load_csv
 from kdml.data.formats.folder import load_folder
 from kdml.data.formats.idx import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
@@ -881,3 +881,95 @@ def test_cifar_class_names_pickled_as_text(tmp_path):
              "truck"]
     write_cifar_meta(folder / "batches.meta", {b"label_names": names})
     assert load_cifar10(folder).dataset.class_names == dict(enumerate(names))
+
+
+def csv_rows(*rows: str) -> str:
+    return "path,label,split\n" + "".join(f"{row}\n" for row in rows)
+
+
+def test_csv_finds_one_image_under_two_names_through_a_linked_folder(tmp_path):
+    """A folder reached through a link (and a file link made through it) names the images of
+    its target: one image listed under both names is refused, as a linked file is."""
+    csv_file = write_csv(tmp_path, csv_rows("photos/c00/000.jpg,a,train",
+                                            "photos/c01/000.jpg,b,test",
+                                            "photos/alias/000.jpg,a,test"))
+    (tmp_path / "photos" / "alias").symlink_to("c00", target_is_directory=True)
+    one_line_error(lambda: load_csv(csv_file), "lines 2 and 4 list photos/c00/000.jpg and "
+                   "photos/alias/000.jpg, one image through a link, twice")
+    (tmp_path / "photos" / "c01" / "twin.jpg").symlink_to("../alias/000.jpg")  # link to a link
+    csv_file.write_text(csv_rows("photos/c01/000.jpg,b,test", "photos/c00/000.jpg,a,train",
+                                 "photos/c01/twin.jpg,b,test"))
+    one_line_error(lambda: load_csv(csv_file), "lines 3 and 4 list photos/c00/000.jpg and "
+                   "photos/c01/twin.jpg, one image through a link,", "with labels 'a' and 'b'")
+    csv_file.write_text(csv_rows("photos/alias/000.jpg,a,train", "photos/c01/000.jpg,b,test",
+                                 "photos/alias/001.png,a,train"))
+    assert [Path(path).relative_to(tmp_path).as_posix() for path in
+            load_csv(csv_file).dataset.paths] == [  # read under the names the rows give
+        "photos/alias/000.jpg", "photos/c01/000.jpg", "photos/alias/001.png"]
+
+
+def test_csv_rows_with_dot_dot_name_the_file_the_system_opens(tmp_path):
+    """``..`` in a row is read as the system reads it, after the link before it: through a
+    linked folder it leaves the link's target, not the folder the link is in. A hard link,
+    like a copy, is a second image (as for folder:DIR)."""
+    csv_file = write_csv(tmp_path, csv_rows("photos/c01/../c00/000.jpg,a,train",
+                                            "photos/c01/000.jpg,b,test",
+                                            "photos/c00/000.jpg,a,train"))
+    one_line_error(lambda: load_csv(csv_file), "lines 2 and 4 list the image "
+                   "photos/c00/000.jpg twice")
+    pool = tmp_path / "pool" / "deep"
+    for folder in ("c00", "c01"):
+        (pool / folder).mkdir(parents=True)
+    (pool / "c01" / "000.jpg").write_bytes((tmp_path / "photos" / "c00" / "000.jpg").read_bytes())
+    (tmp_path / "photos" / "alias").symlink_to(pool / "c00", target_is_directory=True)
+    # photos/alias/.. is pool/deep, so the row names pool/deep/c01/000.jpg ...
+    csv_file.write_text(csv_rows("photos/alias/../c01/000.jpg,a,train", "photos/c01/000.jpg,b,test",
+                                 "pool/deep/c01/000.jpg,a,test"))
+    one_line_error(lambda: load_csv(csv_file), "lines 2 and 4 list photos/alias/../c01/000.jpg "
+                   "and pool/deep/c01/000.jpg, one image through a link, twice")
+    # ... not photos/c01/000.jpg, which its spelling suggests
+    csv_file.write_text(csv_rows("photos/alias/../c01/000.jpg,a,train", "photos/c01/000.jpg,b,test",
+                                 "photos/c01/001.png,b,test"))
+    parts = load_csv(csv_file)
+    assert len(parts.dataset) == 3 and parts.dataset.load(0).shape == (3, 256, 256)
+    (tmp_path / "photos" / "c01" / "hard.jpg").hardlink_to(tmp_path / "photos" / "c01" / "000.jpg")
+    csv_file.write_text(csv_rows("photos/c00/000.jpg,a,train", "photos/c01/000.jpg,b,test",
+                                 "photos/c01/hard.jpg,b,test"))
+    assert len(load_csv(csv_file).dataset) == 3
+    # a missing image listed twice (through ..) is said to be listed twice, before it is missing
+    csv_file.write_text(csv_rows("photos/c00/000.jpg,a,train", "photos/c09/../c09/x.jpg,b,test",
+                                 "photos/c09/x.jpg,b,test"))
+    one_line_error(lambda: load_csv(csv_file), "lines 3 and 4 list the image photos/c09/x.jpg "
+                   "twice")
+
+
+def test_real_path_is_realpath_at_one_call_per_folder(tmp_path):
+    """The CSV reader's per-folder real paths are os.path.realpath's, file by file: plain
+    files, links to files and folders (relative, absolute, chained, dangling, in a loop),
+    ``..`` after a link, missing files and folders, a folder named like an image."""
+    photos = tmp_path / "photos"
+    (photos / "a").mkdir(parents=True)
+    (photos / "a" / "x.jpg").write_bytes(b"x")
+    (photos / "a" / "dir.jpg").mkdir()
+    (photos / "a" / "link.jpg").symlink_to("x.jpg")
+    (photos / "a" / "chain.jpg").symlink_to("link.jpg")
+    (photos / "a" / "gone.jpg").symlink_to("nothere.jpg")
+    (photos / "a" / "self.jpg").symlink_to("self.jpg")
+    (photos / "b").symlink_to("a", target_is_directory=True)
+    (photos / "c").symlink_to(photos / "b", target_is_directory=True)
+    (photos / "loop").symlink_to("loop")
+    (tmp_path / "pool" / "deep" / "d").mkdir(parents=True)
+    (tmp_path / "pool" / "deep" / "e.jpg").write_bytes(b"e")
+    (photos / "d").symlink_to(tmp_path / "pool" / "deep" / "d", target_is_directory=True)
+    names = ("x.jpg", "dir.jpg", "link.jpg", "chain.jpg", "gone.jpg", "self.jpg", "none.jpg",
+             "..", ".")
+    paths = [str(photos / folder / name) for folder in ("a", "b", "c", "d", "loop", "none")
+             for name in names]
+    paths += [str(photos / "d" / ".." / "e.jpg"), str(photos / "c" / ".." / "a" / "x.jpg"),
+              str(photos / "none" / ".." / "a" / "link.jpg")]
+    folders: dict[str, tuple[str, frozenset[str]]] = {}
+    assert [real_path(path, folders) for path in paths] == [os.path.realpath(path)
+                                                            for path in paths]
+    # one realpath and one listing per folder (a path ending in .. takes realpath itself)
+    assert set(folders) == {os.path.dirname(path) for path in paths
+                            if os.path.basename(path) != ".."}

@@ -689,3 +689,39 @@ def test_a_needed_file_that_is_a_folder_is_called_so_not_missing(tmp_path, make,
     make(tmp_path)
     as_a_folder(tmp_path / needed)
     one_line_error(load, tmp_path, match)
+
+
+def listed_path(root: Path, relative: str, number: int, column: int, under: str = "") -> Path:
+    """The image that line ``number`` (1-based) of the list ``relative`` names in ``column``."""
+    line = (root / relative).read_text().splitlines()[number - 1]
+    return root / under / line.split()[column]
+
+
+def reversed_lines(path: Path) -> None:
+    """Write the lines of ``path`` in reverse order (CUB's images.txt listed last id first)."""
+    path.write_text("\n".join(reversed(path.read_text().splitlines())) + "\n")
+
+
+@pytest.mark.parametrize(("make", "load", "break_it", "match"), [
+    # listed last id first: the line of image id 2, not its place in id order (2)
+    (make_cub, load_cub, lambda root: (reversed_lines(root / "images.txt"),
+                                       listed_path(root, "images.txt", 11, 1, "images").unlink()),
+     r"cub: images\.txt line 11: missing image \S*/images/001\.\S+_2\.jpg \(1 of 12"),
+    (make_sop, load_sop, lambda root: listed_path(root, "Ebay_test.txt", 3, 3).unlink(),
+     r"sop: Ebay_test\.txt line 3: missing image \S+\.JPG \(1 of 8"),
+    (make_sop, load_sop, lambda root: as_a_folder(listed_path(root, "Ebay_train.txt", 2, 3)),
+     r"sop: Ebay_train\.txt line 2: \S+\.JPG is a folder, not an image file"),
+    (lambda root: make_inshop(root, eval_folder=True), load_inshop,
+     lambda root: listed_path(root, "Eval/list_eval_partition.txt", 7, 0).unlink(),
+     r"inshop: Eval/list_eval_partition\.txt line 7: missing image \S+\.jpg \(1 of 18"),
+    (make_cars196, load_cars196, lambda root: (root / "car_ims" / "000005.jpg").unlink(),
+     r"cars196: cars_annos\.mat annotation 5: missing image \S*car_ims/000005\.jpg \(1 of 12"),
+], ids=["cub", "sop", "sop-folder", "inshop", "cars196"])
+def test_a_listed_image_that_is_not_a_file_is_named_with_its_line(tmp_path, make, load,
+                                                                   break_it, match):
+    """A missing image (or a folder in its place) is reported on its line of the list file that
+    names it, as a CSV list's is: in a list of 120,053 lines the path alone leaves the user
+    searching for which line to correct or remove."""
+    make(tmp_path)
+    break_it(tmp_path)
+    one_line_error(load, tmp_path, match)

@@ -106,7 +106,8 @@ def load_cars196(root: Path) -> DatasetParts:
         raise layout.error(f"{FILE}: annotations {first} and {second} both name the image "
                            f"{os.path.relpath(twin, root)}{how}; give each image one "
                            "annotation")
-    layout.check_images(paths)
+    layout.check_images(paths, lines=[(FILE, number) for number in range(1, len(paths) + 1)],
+                        unit="annotation")
     label_tensor = torch.tensor(labels)
     class_names = read_class_names(contents, layout)
     unnamed = sorted(set(labels) - set(class_names)) if class_names is not None else []

@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from kdml.data.formats.common import INTEGER, DatasetParts, Layout, indices_where, resolved
+from kdml.data.formats.common import (
+    INTEGER,
+    DatasetParts,
+    Layout,
+    indices_where,
+    real_path,
+    resolved,
+)
 from kdml.data.images import ImageFiles
 
 EXPECTED = "a header 'path,label,split[,is_query,is_gallery]' then one row per image"
@@ -109,6 +116,8 @@ def load_csv(csv_file: Path) -> DatasetParts:
     paths, names, is_train, is_query, is_gallery = [], [], [], [], []
     # image, links resolved -> the line, label and path of its first row
     first_listed: dict[str, tuple[int, str, str]] = {}
+    folders: dict[str, tuple[str, frozenset[str]]] = {}  # real_path's per folder
+    parent = csv_file.parent
     for line, row in rows:
         path, name, split = (row[column[key]].strip() for key in REQUIRED)
         if not path or not name:
@@ -118,18 +127,18 @@ def load_csv(csv_file: Path) -> DatasetParts:
         layout.check_path(path, f"line {line}: ")
         # An image listed twice is its twin's perfect match (Recall@1 of 1), or has two labels;
         # so is one listed under two names, through a link.
-        image = os.path.realpath(csv_file.parent / path)
+        listed = str(parent / path)
+        image = real_path(listed, folders)
         if image in first_listed:
             first, label, first_path = first_listed[image]
             how = f"with labels {label!r} and {name!r}" if label != name else "twice"
-            linked = (os.path.normpath(csv_file.parent / first_path)
-                      != os.path.normpath(csv_file.parent / path))
+            linked = os.path.normpath(parent / first_path) != os.path.normpath(listed)
             what = (f"{first_path} and {path}, one image through a link," if linked
                     else f"the image {path}")
             raise layout.error(f"lines {first} and {line} list {what} {how}; list each image "
                                f"once, under its one label")
         first_listed[image] = (line, name, path)
-        paths.append(str(csv_file.parent / path))
+        paths.append(listed)
         names.append(name)
         is_train.append(split.lower() == "train")
         if "is_query" in column and is_train[-1]:  # a train row's flags are not read

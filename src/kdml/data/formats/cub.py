@@ -42,6 +42,7 @@ def load_cub(root: Path) -> DatasetParts:
         example="1 001.Black_footed_Albatross/Black_Footed_Albatross_0046_18.jpg")
     classes = layout.read_rows("image_class_labels.txt", 2, example="1 1")
     path_of = {layout.integer(f[0], "images.txt", n): f[1] for n, f in images}
+    line_of = {int(f[0]): n for n, f in images}  # each image id's line of images.txt
     class_of = {layout.integer(f[0], "image_class_labels.txt", n):
                 layout.integer(f[1], "image_class_labels.txt", n) for n, f in classes}
     if len(path_of) != len(images):  # the last line's image would win
@@ -67,7 +68,7 @@ def load_cub(root: Path) -> DatasetParts:
                            "images.txt")
     ids = sorted(path_of)
     paths = [str(root / "images" / path_of[image_id]) for image_id in ids]
-    layout.check_images(paths)
+    layout.check_images(paths, lines=[("images.txt", line_of[image_id]) for image_id in ids])
     labels = torch.tensor([class_of[image_id] for image_id in ids])
     class_names: dict[int, str] = {}
     for image_id in ids:  # each class's folder, e.g. 001.Black_footed_Albatross

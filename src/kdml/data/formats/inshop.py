@@ -63,7 +63,7 @@ def load_inshop(root: Path) -> DatasetParts:
         raise repeated_image(layout, relative, rows, repeat)
     paths = [str(root / path) for _, (path, _, _) in rows]
     check_image_folder(layout, relative, rows[0][1][0])
-    layout.check_images(paths)
+    layout.check_images(paths, lines=[(relative, number) for number, _ in rows])
     number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
     labels = torch.tensor([number_of[item] for _, (_, item, _) in rows])
     statuses = [status for _, (_, _, status) in rows]

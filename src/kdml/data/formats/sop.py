@@ -57,7 +57,7 @@ def load_sop(root: Path) -> DatasetParts:
         classes = class_at[file, line], class_at[other_file, other_line]
         how = f" with class ids {classes[0]} and {classes[1]}" if classes[0] != classes[1] else ""
         raise layout.error(f"{where} list the image {path} twice{how}; list each image once")
-    layout.check_images(paths)
+    layout.check_images(paths, lines=[where for _, where in listed])
     dataset = ImageFiles("sop", "Stanford Online Products, 22,634 products; files' split",
                          np.asarray(paths), torch.tensor(labels), default_backbone="cnn")
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 100, 1000))
