@@ -757,6 +757,28 @@ def test_a_retrieval_grid_draws_the_images_its_rows_embed_around_skipped_files(t
         assert marks == [label_of[position] == label_of[query] for position in row]
 
 
+def test_eval_json_records_the_unreadable_images_its_scoring_left_out(tmp_path):
+    """kdml eval with data.on_bad_image=skip: eval.json's metrics are of the readable test
+    images, and it says how many of the listed ones were left out and which (the warning on
+    stderr was all there was: the run folder did not keep it)."""
+    folder = folder_with_unreadable_test_images(tmp_path)
+    run = tmp_path / "run"
+    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
+                "data.batch_size=4", "data.resize=36", "data.image_size=32", "eval.ks=[1]",
+                "data.on_bad_image=skip", "data.num_workers=0") == 0
+    assert kdml("eval", run) == 0
+    record = json.loads((run / "eval.json").read_text())
+    assert record["unreadable"] == {"test": {"listed": 12, "left_out": [
+        str(folder / name / f"a_bad{index}.jpg") for name in ("c02", "c03") for index in (0, 1)]}}
+    (folder / "c02" / "a_bad0.jpg").unlink()
+    (folder / "c02" / "a_bad1.jpg").unlink()
+    (folder / "c03" / "a_bad0.jpg").unlink()
+    (folder / "c03" / "a_bad1.jpg").unlink()
+    (run / "data.json").unlink()  # other files now: scored on purpose
+    assert kdml("eval", run) == 0
+    assert "unreadable" not in json.loads((run / "eval.json").read_text())
+
+
 def test_an_atlas_grid_never_shows_a_query_as_its_own_neighbour(runs, tmp_path, monkeypatch):
     """Test digits in pairs at the same chart codes: each query's twin (distance 0, tied with
     the query itself) is its first neighbour, and the query is never in its own row, whichever

@@ -46,8 +46,22 @@ def _eval(args: argparse.Namespace) -> int:
     check_json_replaceable(path, EVAL_FIELDS)
     metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
                                args.best, trained.splits.validation)
-    write_json({**result, "metrics": metrics}, path, EVAL_FIELDS)
+    write_json({**result, "metrics": metrics, **_unreadable_record(trained.splits)}, path,
+               EVAL_FIELDS)
     return 0
+
+
+def _unreadable_record(splits: DataSplits) -> dict[str, dict[str, dict[str, object]]]:
+    """eval.json's record of the test (and gallery) images ``data.on_bad_image=skip`` left out
+    of this scoring, each part's count listed and files left out: its metrics are of the
+    others, which the printed warning alone did not keep. ``{}`` where none was."""
+    record: dict[str, dict[str, object]] = {}
+    for part, positions in splits.unreadable.items():
+        dataset = splits.test if part == "test" else splits.gallery
+        if dataset is not None and len(positions):
+            record[part] = {"listed": len(dataset),
+                            "left_out": [dataset.source_of(int(i)) for i in positions]}
+    return {"unreadable": record} if record else {}
 
 
 def _eval_other_dataset(args: argparse.Namespace) -> int:
