@@ -95,7 +95,9 @@ def test_a_text_setting_takes_an_override_as_written(item, key, expected):
 
 @pytest.mark.parametrize("file_values, spellings", [
     ({"train": {"epochs": 2}, "epochs": 3}, "as train.epochs and as epochs"),
-    ({"train": {"epochs": 2}, "train.epochs": 3}, "as train.epochs and as train.epochs"),
+    # the same key twice: said as written ("as train.epochs and as train.epochs" said neither)
+    ({"train": {"epochs": 2}, "train.epochs": 3}, "as train: {epochs: ...} and as train.epochs"),
+    ({"train.epochs": 3, "train": {"epochs": 2}}, "as train.epochs and as train: {epochs: ...}"),
     ({"dataset": "digits", "data": {"dataset": "mnist5k"}}, "as dataset and as data.dataset"),
 ])
 def test_a_config_file_that_sets_a_setting_twice_is_refused(file_values, spellings):
@@ -130,7 +132,8 @@ def test_a_grid_value_reaches_a_text_setting_as_the_file_gives_it():
     settings = [cell.values for cell in cells]
     assert settings[3] == {"data.root": "x", "model.weights": "w.pth"}
     assert resolve(settings=None).data.root == ""
-    with pytest.raises(KdmlError, match=r"^data.root=2024 has the wrong type; expected str$"):
+    with pytest.raises(KdmlError, match=r"^data.root=2024 has the wrong type; expected str: "
+                                        r"YAML reads 2024 as a number; put it in quotes"):
         resolve_config("amsoftmax", AMSoftmaxParams, None, None, None, settings[0])
     config = resolve_config("amsoftmax", AMSoftmaxParams, None, None, None, settings[3])
     assert (config.data.root, config.model.weights) == ("x", "w.pth")

@@ -19,7 +19,7 @@ import torch
 from scipy import stats
 
 from kdml import cli
-from kdml.config import RunConfig
+from kdml.config import CONFIG_FORMAT, FORMAT_KEY, RunConfig
 from kdml.data.registry import DATASETS
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
@@ -1089,8 +1089,10 @@ def test_a_run_trained_before_a_setting_existed_is_reused_in_the_folder_it_keeps
     first = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
     assert not first.error
     config = first.cells[cell.label].run_dirs[0] / "config.yaml"
-    # as the code before the setting wrote it: no joint_views line
-    before = re.sub(r"\n +joint_views: true", "", config.read_text())
+    # as the code before the setting wrote it: no joint_views line (nor the format line,
+    # which a setting added since raises: config.ADDED_IN_FORMAT)
+    before = re.sub(r"\n +joint_views: true", "",
+                    config.read_text().removeprefix(f"{FORMAT_KEY}: {CONFIG_FORMAT}\n"))
     assert before != config.read_text()
     config.write_text(before)
     echoed: list[str] = []

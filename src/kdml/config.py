@@ -17,6 +17,7 @@ import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,21 @@ def device_name_problem(name: str, what: str = "the device") -> str | None:
 
 
 SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
+# The first line of the config.yaml kdml writes into a run folder, ``config_format: N``: a file
+# with it holds every setting of its run (format 1: every setting of kdml then), so a setting
+# it lacks was deleted, and is refused rather than read as a default (the built-in one, not
+# the recipe's). A run folder from before the line reads as it always did: each setting added
+# to kdml since it was written takes its built-in default.
+FORMAT_KEY = "config_format"
+CONFIG_FORMAT = 1
+# A setting added to kdml after format N raises CONFIG_FORMAT to N + 1 and is named here with
+# that format and the value that computes what the runs before it computed, which a run
+# folder of an earlier format (that lacks it) reads: {"section.key": (N + 1, value)}.
+ADDED_IN_FORMAT: dict[str, tuple[int, Any]] = {}
 # Top-level keys of a config file that are not settings: the recipe's name, a description of
-# the paper table it mirrors, and a grid of settings to run one by one.
-FILE_ONLY_KEYS = ("recipe", "paper", "grid")
+# the paper table it mirrors, a grid of settings to run one by one, and a run folder's
+# config.yaml format (taken, and ignored, in a --config file: a run's config.yaml reused).
+FILE_ONLY_KEYS = ("recipe", "paper", "grid", FORMAT_KEY)
 # why each is refused as a key=value override (or inside a section, or as a grid key)
 FILE_ONLY_KEY_PROBLEMS = {
     "recipe": "recipe is not a setting: name the recipe as the command's first argument "
@@ -175,6 +188,8 @@ FILE_ONLY_KEY_PROBLEMS = {
              "mirrors; it has no effect on a run",
     "grid": "grid is not a setting but a config file's grid of settings, e.g. grid: "
             "{method.alpha: [0.5, 1.0]}; an override sets one value",
+    FORMAT_KEY: f"{FORMAT_KEY} is not a setting but the format of the config.yaml kdml writes "
+                "into a run folder; it has no effect on a run",
 }
 
 
@@ -190,9 +205,9 @@ def resolve_config(
     ``settings`` (values as a config file gives them: a grid cell's)."""
     config = RunConfig(recipe=recipe, method=method_params())
     for source in (recipe_defaults or {}, file_values or {}):
-        given: dict[str, str] = {}  # each setting's key as the file writes it
-        for key, value in _flat_items({name: value for name, value in source.items()
-                                       if name not in FILE_ONLY_KEYS}):
+        given: dict[str, tuple[str, str]] = {}  # each setting's key, as written
+        written = {name: value for name, value in source.items() if name not in FILE_ONLY_KEYS}
+        for top, key, value in _flat_items_under(written):
             if key.split(".")[0] in FILE_ONLY_KEYS:  # grid.alpha: at the top level
                 raise KdmlError(f"{key} is not a setting; a config file's {key.split('.')[0]} "
                                 f"is one mapping, e.g. grid: {{method.alpha: [0.5, 1.0]}}")
@@ -200,10 +215,14 @@ def resolve_config(
                 raise KdmlError(f"the config file's {key}: is empty; give it settings, e.g. "
                                 f"{key}: {{{_first_leaf(config, key)}: ...}}, or drop the line")
             full_key = resolve_key(config, key)
+            # train: {epochs: 2} and train.epochs: 3 are both train.epochs: said apart
+            spelled = key if key == top else f"{top}: {{{key.removeprefix(top + '.')}: ...}}"
             if full_key in given:  # YAML's own check sees only one mapping's keys
-                raise KdmlError(f"the config file sets {full_key} twice, as {given[full_key]} "
-                                f"and as {key}; keep one")
-            given[full_key] = key
+                first, first_spelled = given[full_key]
+                both = (first_spelled, spelled) if first == key else (first, key)
+                raise KdmlError(f"the config file sets {full_key} twice, as {both[0]} and as "
+                                f"{both[1]}; keep one")
+            given[full_key] = (key, spelled)
             set_key(config, key, value)
     for item in overrides or []:
         key, text = override_parts(item)
@@ -381,6 +400,13 @@ def _flat_items(values: dict[str, Any], prefix: str = "",
             yield name, value
 
 
+def _flat_items_under(values: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """:func:`_flat_items` of ``values``, each with the top-level key it is under."""
+    for top, value in values.items():
+        for key, item in _flat_items({top: value}):
+            yield top, key, item
+
+
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"train": {"epochs": 2}}`` -> ``{"train.epochs": 2}``."""
     return dict(_flat_items(values, prefix))
@@ -427,9 +453,50 @@ def set_key(config: RunConfig, key: str, value: Any) -> None:
     section_name, leaf = full_key.split(".", 1)
     section = getattr(config, section_name)
     field_type = _field_types(type(section))[leaf]
-    value = coerce(value, field_type, full_key)
-    check_finite(value, full_key)
-    setattr(section, leaf, value)
+    try:
+        checked = coerce(value, field_type, full_key)
+    except KdmlError as error:
+        raise KdmlError(f"{error}{what_to_write(value, field_type)}") from None
+    check_finite(checked, full_key)
+    setattr(section, leaf, checked)
+
+
+def what_to_write(value: Any, annotation: Any) -> str:
+    """The end of the refusal of a config file's or an override's ``value`` of the wrong type
+    for a setting (``annotation``): what to write instead, where a YAML reading explains it
+    (``root: 2024`` is a number, ``nmi: 1`` no boolean, ``epochs: '10'`` text); "" otherwise.
+    A text setting's override takes its text as written, so only a file's value is quoted."""
+    if annotation is str and (value is None or isinstance(value, int | float | date)):
+        if value is None:
+            return ": YAML reads an empty value (or null, ~) as none; write '' for no text"
+        if isinstance(value, bool):
+            return (": YAML reads yes, no, on, off, true and false as booleans; put the text "
+                    "in quotes, e.g. 'no'")
+        kind = "a date" if isinstance(value, date) else "a number"
+        return f": YAML reads {value} as {kind}; put it in quotes, e.g. '{value}', for text"
+    if annotation is bool and not isinstance(value, bool):
+        return ": write true or false"
+    if annotation is int and not isinstance(value, bool):
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            return f": write {int(value)}, without quotes"
+        if isinstance(value, str) and _whole_number(value) is not None:  # 1e3: text to YAML 1.1
+            return f": write {_whole_number(value)}"
+        if isinstance(value, float) and value.is_integer():
+            return f": write {int(value)}, a whole number"
+        if isinstance(value, float):
+            return ": write a whole number"
+    if annotation is float and isinstance(value, bool):
+        return ": write a number, e.g. 0.5"
+    return ""
+
+
+def _whole_number(text: str) -> int | None:
+    """The whole number ``text`` writes as a float (``1e3``: 1000), else None."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def check_finite(value: Any, key: str) -> None:
@@ -621,7 +688,54 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def save_config(config: RunConfig, path: Path) -> None:
-    """Write ``config`` as YAML, through a new file: a write cut short (a full disk) leaves no
+    """Write ``config`` as a run folder's YAML, every setting after its format's line
+    (:data:`FORMAT_KEY`), through a new file: a write cut short (a full disk) leaves no
     truncated config.yaml, which --resume would complete with defaults."""
-    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    text = yaml.safe_dump({FORMAT_KEY: CONFIG_FORMAT, **config.to_dict()}, sort_keys=False)
     write_through_new_file(path, lambda new: new.write_text(text))
+
+
+def config_format(values: dict[str, Any], source: str) -> int:
+    """The format of a run folder's config.yaml (``values``, read from ``source``): its
+    :data:`FORMAT_KEY` line's, or 0 for a file written before kdml wrote that line."""
+    if FORMAT_KEY not in values:
+        return 0
+    version = values[FORMAT_KEY]
+    if (isinstance(version, int) and not isinstance(version, bool)
+            and version > CONFIG_FORMAT):
+        raise KdmlError(f"{source} was written by a newer kdml ({FORMAT_KEY}: {version}; this "
+                        f"one reads up to {CONFIG_FORMAT}): upgrade kdml to read the run")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise KdmlError(f"{source}: {FORMAT_KEY} is {version!r}, but kdml writes "
+                        f"{FORMAT_KEY}: {CONFIG_FORMAT}; put that line back as it was")
+    return version
+
+
+def written_keys(config: RunConfig, values: dict[str, Any]) -> set[str]:
+    """The settings a config file's ``values`` give, each as its full key (``epochs`` at the
+    top level, ``train: {epochs: 2}`` and ``train.epochs: 2`` are all ``train.epochs``)."""
+    settings = {name: value for name, value in values.items() if name not in FILE_ONLY_KEYS}
+    return {resolve_key(config, key) for key, _ in _flat_items(settings)}
+
+
+def deleted_settings(config: RunConfig, values: dict[str, Any], version: int) -> list[str]:
+    """The settings that a run folder's config.yaml of format ``version`` (``values``; 0: one
+    written before the format line) lacks although kdml wrote them there: none for format 0,
+    whose missing settings were added to kdml since; for a later format every setting of
+    ``config`` but those added after ``version`` (:data:`ADDED_IN_FORMAT`)."""
+    if version == 0:
+        return []
+    given = written_keys(config, values)
+    return [key for key in all_keys(config) if key not in given
+            and ADDED_IN_FORMAT.get(key, (0, None))[0] <= version]
+
+
+def settings_added_since(config: RunConfig, values: dict[str, Any],
+                         version: int) -> dict[str, Any]:
+    """The settings added to kdml after format ``version`` (:data:`ADDED_IN_FORMAT`) that a
+    run folder's config.yaml (``values``) lacks, each with the value its run computed with."""
+    if version == 0:
+        return {}
+    given = written_keys(config, values)
+    return {key: value for key, (added, value) in ADDED_IN_FORMAT.items()
+            if added > version and key in all_keys(config) and key not in given}

@@ -8,7 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdml.config import SECTIONS, RunConfig, load_config_file, resolve_config
+import yaml
+
+from kdml.config import (
+    SECTIONS,
+    RunConfig,
+    config_format,
+    deleted_settings,
+    load_config_file,
+    resolve_config,
+    set_key,
+    settings_added_since,
+)
 from kdml.data.domains import SourcePCA
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
 from kdml.data.prepare import prepare_data_and_test_part
@@ -27,7 +38,7 @@ from kdml.training.build import (
     run_device,
 )
 from kdml.training.checkpoint import load_checkpoint
-from kdml.training.recipes import get_recipe
+from kdml.training.recipes import Recipe, get_recipe
 from kdml.training.resume_settings import changed_settings, first_of
 from kdml.training.run_folder import RunFolder
 
@@ -82,7 +93,10 @@ class TrainedRun(RunModel):
 def run_config(run: RunFolder) -> RunConfig:
     """The configuration in a run folder's ``config.yaml``, which kdml wrote whole: a file
     without its recipe or one of its sections (cut short, emptied, or the user's own) is
-    refused, where reading it as a config file would fill the gaps with defaults, silently."""
+    refused, where reading it as a config file would fill the gaps with defaults, silently; so
+    is one of a :data:`~kdml.config.FORMAT_KEY` line that lacks a setting (a line deleted),
+    whose built-in default may not be the recipe's. A file from before that line reads as it
+    always did: the settings added to kdml since take their built-in defaults."""
     file_values = load_config_file(run.config)
     # kdml writes every section as a mapping ({} where empty): a null one (`method:` at the
     # file's end) is a file cut short there, not a section to fill with defaults
@@ -91,16 +105,36 @@ def run_config(run: RunFolder) -> RunConfig:
         raise KdmlError(f"{run.config} has no {missing[0]!r}: it is not the whole config kdml "
                         "wrote for this run (cut short, emptied or replaced); restore it, or "
                         "train the run again into a new folder")
+    version = config_format(file_values, str(run.config))
     recipe = get_recipe(str(file_values["recipe"]))
     try:
         config = resolve_config(recipe.name, recipe.params, file_values=file_values)
+        deleted = deleted_settings(config, file_values, version)
+        for key, value in settings_added_since(config, file_values, version).items():
+            set_key(config, key, value)
     except KdmlError as error:  # an edit of the file: say which file (not a command's input)
         raise KdmlError(f"{run.config}: {error}") from None
+    if deleted:
+        raise KdmlError(deleted_setting_problem(run, recipe, deleted))
     if config.data.root and not root_is_read(config.data.dataset):
         # Saved before kdml refused a root the dataset does not read: it was ignored in
         # training, so it is dropped here rather than refused for a run already trained.
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, root=""))
     return config
+
+
+def deleted_setting_problem(run: RunFolder, recipe: Recipe, deleted: list[str]) -> str:
+    """The refusal of a run folder's config.yaml that lacks the ``deleted`` settings, which
+    kdml wrote there: the first, with the line to put back (the recipe's default, since the
+    run may have trained with another value), and how many more."""
+    key = deleted[0]
+    section, leaf = key.split(".", 1)
+    defaults = resolve_config(recipe.name, recipe.params, recipe.defaults)
+    line = yaml.safe_dump({leaf: getattr(getattr(defaults, section), leaf)},
+                          default_flow_style=True, width=10**6).strip()[1:-1]
+    return (f"{run.config} has no {first_of(deleted)}, which kdml wrote there (a line "
+            f"deleted?): put the line back under {section}: with the value the run trained with "
+            f"({recipe.name}'s default is '{line}'); a deleted setting is not read as a default")
 
 
 def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:

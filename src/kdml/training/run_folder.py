@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from kdml.checks import is_count
-from kdml.config import SECTIONS
+from kdml.config import FORMAT_KEY, SECTIONS
 from kdml.data.fingerprint import FORMAT, FORMAT_FIELD
 from kdml.errors import KdmlError, why_missing
 from kdml.file_write import write_through_new_file
@@ -368,7 +368,8 @@ def stale_run_files(root: Path) -> list[Path] | None:
                    or not path.is_file() for path in events)
             or (run.tensorboard.exists() and not run.tensorboard.is_dir())
             or not run.config.is_file() or (logged and not _LOG_START.match(first_line))
-            or not isinstance(values, dict) or list(values) != ["recipe", *SECTIONS]
+            or not isinstance(values, dict)
+            or list(values) not in (["recipe", *SECTIONS], [FORMAT_KEY, "recipe", *SECTIONS])
             or (run.data_fingerprint.exists()
                 and not written_by_kdml(run.data_fingerprint, (FORMAT_FIELD,)))):
         return None
