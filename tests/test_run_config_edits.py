@@ -96,6 +96,20 @@ def test_a_run_s_config_yaml_from_before_the_format_line_reads_as_it_always_did(
     assert (read.train.epochs, read.train.flush_denormal, read.method.proj_hidden) == (10, False, 0)
 
 
+@pytest.mark.parametrize("recipe", ["msimclr", "simclr"])
+def test_a_config_yaml_from_before_joint_views_reads_the_views_forwarded_as_one_batch(
+        tmp_path, recipe):
+    """The SimCLR recipes forwarded both views as one batch before method.joint_views existed
+    (today's default keeps them apart): a config.yaml from then, without the format line and
+    the setting, reads true, or --resume would go on with the other forward pass."""
+    run = saved_run(tmp_path / "run", recipe)
+    path = run / "config.yaml"
+    path.write_text(path.read_text().removeprefix(f"{FORMAT_KEY}: {CONFIG_FORMAT}\n"))
+    assert run_config(RunFolder(run)).method.joint_views is False  # as written
+    without_line(path, "  joint_views: false")
+    assert run_config(RunFolder(run)).method.joint_views is True
+
+
 def test_a_setting_added_after_a_run_s_format_reads_as_the_runs_before_it_computed(
         tmp_path, monkeypatch):
     """A setting added to kdml later raises the format: a run folder of the format before it

@@ -168,10 +168,20 @@ SECTIONS = ("data", "model", "optim", "train", "eval", "domain", "method")
 # The first line of the config.yaml kdml writes into a run folder, ``config_format: N``: a file
 # with it holds every setting of its run (format 1: every setting of kdml then), so a setting
 # it lacks was deleted, and is refused rather than read as a default (the built-in one, not
-# the recipe's). A run folder from before the line reads as it always did: each setting added
-# to kdml since it was written takes its built-in default.
+# the recipe's). A run folder from before the line reads each setting added to kdml since it
+# was written as the value its run computed with (ADDED_BEFORE_FORMAT).
 FORMAT_KEY = "config_format"
 CONFIG_FORMAT = 1
+# Settings added to kdml before its config.yaml had a format line, each with the value that
+# computes what the runs before it computed, which a config.yaml without the line that lacks
+# it reads (where its recipe has it). All but one are their built-in defaults.
+ADDED_BEFORE_FORMAT: dict[str, Any] = {
+    "data.validation": 0.0, "train.keep_best": False, "train.patience": 0,
+    "train.select_metric": "recall@1", "train.flush_denormal": False, "optim.lr_milestones": [],
+    # the SimCLR recipes forwarded both views as one batch before (today's default: apart)
+    "method.joint_views": True,
+    # the SimCLR recipes' heads were as wide as d (0) before it could be set
+    "method.proj_hidden": 0}
 # A setting added to kdml after format N raises CONFIG_FORMAT to N + 1 and is named here with
 # that format and the value that computes what the runs before it computed, which a run
 # folder of an earlier format (that lacks it) reads: {"section.key": (N + 1, value)}.
@@ -732,10 +742,13 @@ def deleted_settings(config: RunConfig, values: dict[str, Any], version: int) ->
 
 def settings_added_since(config: RunConfig, values: dict[str, Any],
                          version: int) -> dict[str, Any]:
-    """The settings added to kdml after format ``version`` (:data:`ADDED_IN_FORMAT`) that a
-    run folder's config.yaml (``values``) lacks, each with the value its run computed with."""
+    """The settings added to kdml after format ``version`` (:data:`ADDED_IN_FORMAT`; with 0,
+    a file from before the format line, also :data:`ADDED_BEFORE_FORMAT`) that a run folder's
+    config.yaml (``values``) lacks, each with the value its run computed with."""
+    added = {key: value for key, (format_added, value) in ADDED_IN_FORMAT.items()
+             if format_added > version}
     if version == 0:
-        return {}
+        added = {**ADDED_BEFORE_FORMAT, **added}
     given = written_keys(config, values)
-    return {key: value for key, (added, value) in ADDED_IN_FORMAT.items()
-            if added > version and key in all_keys(config) and key not in given}
+    return {key: value for key, value in added.items()
+            if key in all_keys(config) and key not in given}

@@ -19,7 +19,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kdml.config import RunConfig, flatten, load_config_file, resolve_config
+from kdml.config import (
+    ADDED_BEFORE_FORMAT,
+    ADDED_IN_FORMAT,
+    RunConfig,
+    flatten,
+    resolve_config,
+)
 from kdml.data.registry import ROOT_VARIABLE, root_is_read
 from kdml.errors import KdmlError, UnreadableCheckpoint
 from kdml.evaluation.evaluator import COLLAPSED, embed_dataset
@@ -113,14 +119,9 @@ def cell_config(experiment: Experiment, cell: Cell, seed: int, device: str) -> R
 EXECUTION_ONLY = (("train", "compile"),)
 # Settings added after runs existed, with the value that computes what those runs computed:
 # left out of the hash at that value (another value is another run, in another folder).
-ADDED_LATER = {("data", "validation"): 0.0, ("train", "keep_best"): False,
-               ("train", "patience"): 0, ("train", "select_metric"): "recall@1",
-               ("train", "flush_denormal"): False,
-               ("optim", "lr_milestones"): [],
-               # the SimCLR recipes forwarded both views as one batch before
-               ("method", "joint_views"): True,
-               # the SimCLR recipes' heads were as wide as d (0) before it could be set
-               ("method", "proj_hidden"): 0}
+ADDED_LATER = {tuple(key.split(".", 1)): value for key, value in
+               {**ADDED_BEFORE_FORMAT,
+                **{key: value for key, (_, value) in ADDED_IN_FORMAT.items()}}.items()}
 
 
 # Settings that change only what a run records along the way, not its model or its last
@@ -228,18 +229,15 @@ def check_holds_planned(run: PlannedRun) -> None:
     diverged before its folder held a config has nothing to compare. Settings its folder's name
     leaves out (:data:`EXECUTION_ONLY`, :data:`RECORDED_ONLY`) are not compared: a run that
     scored every epoch is reused, as its folder is; one of :data:`ADDED_LATER` that a run's
-    config.yaml lacks (trained before it existed) is the value that run computed with."""
+    config.yaml lacks (trained before it existed) is the value that run computed with, as
+    :func:`~kdml.training.loading.run_config` reads it."""
     folder = RunFolder(run.run_dir)
     if not folder.config.is_file():
         return
+    # run_config reads a setting added later, which the config.yaml of a run trained before it
+    # existed lacks, as the value that computes what that run computed, not as today's default
     stored = flatten(run_config(folder).to_dict())
     planned = flatten(run.config.to_dict())
-    # a setting added later is not in the config.yaml of a run trained before it existed,
-    # which read it as the value that computes what that run computed, not as today's default
-    written = load_config_file(folder.config)
-    for (section, key), earlier in ADDED_LATER.items():
-        if f"{section}.{key}" in stored and key not in (written.get(section) or {}):
-            stored[f"{section}.{key}"] = earlier  # (of some recipes only, as in the hash)
     if not planned["eval.ks"]:  # the dataset's own Ks, which the trainer writes out
         del stored["eval.ks"], planned["eval.ks"]
     # what the folder's name leaves out as not changing the run's model or last scores (how
