@@ -169,6 +169,19 @@ def _randomised_state(net: torch.nn.Module, seed: int = 0) -> dict[str, torch.Te
             else value.clone() for key, value in net.state_dict().items()}
 
 
+
+def test_every_tensor_of_a_matching_file_reaches_the_backbone(tmp_path):
+    """A file of exactly the backbone's tensors sets each one (weights, biases, BatchNorm
+    statistics) to the file's values, and the note counts them all."""
+    from kdml.models.weights import load_weights
+
+    state = _randomised_state(_TinyNet(), seed=3)
+    torch.save(state, tmp_path / "all.pth")
+    net, lines = _TinyNet(), []
+    load_weights(net, tmp_path / "all.pth", report=lines.append)
+    assert all(torch.equal(net.state_dict()[key], value) for key, value in state.items())
+    assert lines[0].startswith(f"loaded {len(state)} tensors from ")
+
 def test_a_backbone_layer_named_like_a_classifier_loads_from_the_file(tmp_path):
     """Classifier keys are ignored only where the backbone lacks them: a backbone whose own
     layer is called ``fc`` gets it from the file (not refused as missing)."""

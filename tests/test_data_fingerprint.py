@@ -278,6 +278,17 @@ def test_files_are_known_by_their_path_below_the_data_folder():
     assert fingerprint_difference(here, moved) is None
 
 
+
+def test_files_listed_out_of_path_order_are_known_below_the_folder_of_them_all():
+    """A list need not be in the paths' order (a CSV list, In-Shop's parts): the folder cut off
+    holds every file of the part, not only the first and last listed (both in c1/ here), so a
+    moved copy still matches."""
+    labels = [1, 0, 0, 1, 3, 2, 2, 3]
+    here = data_fingerprint(make_splits(files("/data/sets/photos", labels), {}, "class-disjoint"))
+    moved = data_fingerprint(make_splits(files("/mnt/photos", labels), {}, "class-disjoint"))
+    assert here["parts"] == moved["parts"]
+    assert (here["folder"], moved["folder"]) == ("/data/sets/photos", "/mnt/photos")
+
 def test_the_same_files_on_windows_or_macos_hash_the_same(monkeypatch):
     """A run trained on Linux and scored on Windows (paths joined with a backslash) or on
     macOS (file names in decomposed Unicode) reads the same files: the same digest."""
@@ -326,12 +337,51 @@ def test_computed_features_are_known_despite_last_bit_differences():
     assert parts(arrays(changed, LABELS))["train"] != parts(arrays(x, LABELS))["train"]
 
 
+
+def test_float32_features_a_few_last_bits_apart_hash_the_same():
+    """Float32 features (computed, or float64 rounded) a few units in the last place apart, as
+    another BLAS gives them, are the same data: the digest drops the last 8 mantissa bits."""
+    x = torch.rand(8, 3, generator=torch.Generator().manual_seed(0)) + 0.5
+    bits = (x.numpy().view(np.uint32) & np.uint32(0xFFFFFF00)) | np.uint32(0x80)
+    centred = torch.from_numpy(bits.view(np.float32).copy())
+    nudged = torch.from_numpy((bits + np.uint32(3)).view(np.float32).copy())
+    assert not torch.equal(centred, nudged)
+    assert parts(arrays(nudged, LABELS)) == parts(arrays(centred, LABELS))
+
 def test_a_validated_run_records_its_validation_and_test_parts():
     recorded = parts(files("/d", [label for label in range(10) for _ in range(2)]),
                      validation=0.4)
     assert {name: (part["samples"], part["classes"]) for name, part in recorded.items()} == {
         "train": (6, 3), "validation": (4, 2), "test": (10, 5)}
 
+
+
+def test_a_query_gallery_split_records_its_gallery_part():
+    """In-Shop's and a CSV list's query/gallery split: the gallery is a part of its own, so a
+    gallery image changed is other data."""
+    own = {"train": torch.tensor([0, 1, 2, 3]), "query": torch.tensor([4, 6]),
+           "gallery": torch.tensor([5, 7])}
+    recorded = data_fingerprint(make_splits(files("/d", LABELS), own, "standard"))
+    assert {name: (part["samples"], part["classes"])
+            for name, part in recorded["parts"].items()} == {
+        "train": (4, 2), "test": (2, 2), "gallery": (2, 2)}
+    other = files("/d", LABELS)
+    other.paths[7] = "/d/c3/other.jpg"
+    changed = data_fingerprint(make_splits(other, own, "standard"))
+    assert fingerprint_difference(recorded, changed) == (
+        "its gallery part has the same 2 samples of 2 classes but its files or labels differ")
+
+
+def test_a_domain_pair_records_its_target_part():
+    """A domain pair's target (the samples its method sees unlabelled) is a part of its own,
+    as every run of a pair has recorded it: leaving it out would call their data changed."""
+    from kdml.data.prepare import domain_splits
+
+    source = arrays(torch.arange(16, dtype=torch.uint8).reshape(8, 2), LABELS)
+    target = arrays(torch.arange(12, dtype=torch.uint8).reshape(6, 2), [0, 0, 1, 1, 2, 2])
+    recorded = data_fingerprint(domain_splits(source, target))["parts"]
+    assert {name: (part["samples"], part["classes"]) for name, part in recorded.items()} == {
+        "train": (8, 4), "test": (6, 3), "target": (6, 3)}
 
 def test_the_difference_is_said_part_by_part():
     recorded = data_fingerprint(make_splits(files("/d", LABELS), {}, "class-disjoint"))

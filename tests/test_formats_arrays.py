@@ -22,6 +22,7 @@ from fixtures_array_sets import (
     write_cifar_file,
     write_cifar_meta,
 )
+from PIL import Image
 
 from kdml.data import ArrayDataset, ImageFiles, open_dataset
 from kdml.data.formats.cifar import load_cifar10, load_cifar100
@@ -193,6 +194,9 @@ def test_cifar_file_errors(tmp_path):
     one_line_error(lambda: load_cifar10(folder), "data_batch_3", "0..9")
     write_cifar_file(folder / "data_batch_3", rows[:, :3000], np.zeros(4), b"labels")
     one_line_error(lambda: load_cifar10(folder), "data_batch_3", "[n, 3072]")
+    # pixels of another type (floats in [0, 1], int64) are not the bytes the batches scale
+    write_cifar_file(folder / "data_batch_3", rows.astype(np.float32), np.zeros(4), b"labels")
+    one_line_error(lambda: load_cifar10(folder), "data_batch_3", "must be a uint8 array")
     write_cifar_file(folder / "data_batch_3", rows, np.zeros(4), b"fine_labels")
     one_line_error(lambda: load_cifar10(folder), "data_batch_3", "b'labels'")
     # a label 1.7 had been read as class 1 without a word, and 2**70 ended in a traceback
@@ -588,6 +592,9 @@ def test_csv_labels_absolute_paths_and_leniency(tmp_path):
     ("path,label,split,is_query,is_gallery\nphotos/c00/000.jpg,a,test,yes,0\n",
      ["line 2", "is_query", "'yes'"]),
     ("path,label,split,is_query\nphotos/c00/000.jpg,a,test,1\n", ["line 1", "is_gallery"]),
+    # which of two label columns was meant is not for kdml to guess (the first had been read)
+    ("path,label,split,Label\nphotos/c00/000.jpg,a,train,b\n",
+     ["line 1", "names the 'label' column 2 times (label, Label", "keep one"]),
     ("path,label,split\nphotos/c00/000.jpg,a,train\nphotos/c00/gone.jpg,a,test\n",
      ["line 3", "missing image", "gone.jpg", "1 of 2"]),
     # a folder is there: "missing image" had sent the user looking for it
@@ -973,3 +980,15 @@ def test_real_path_is_realpath_at_one_call_per_folder(tmp_path):
     # one realpath and one listing per folder (a path ending in .. takes realpath itself)
     assert set(folders) == {os.path.dirname(path) for path in paths
                             if os.path.basename(path) != ".."}
+
+
+def test_folder_sorts_classes_by_their_composed_names_and_names_each_its_own(tmp_path):
+    """A class folder named on macOS (HFS+: "café" stored decomposed, e + U+0301) sorts as the
+    composed name, after "cafz", as on any other copy; each label keeps its own folder's name."""
+    for name in ("cafe\u0301", "cafz"):
+        (tmp_path / name).mkdir()
+        Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(tmp_path / name / "a.png")
+    dataset = load_folder(tmp_path).dataset
+    assert [Path(path).parent.name for path in dataset.paths] == ["cafz", "cafe\u0301"]
+    assert dataset.labels.tolist() == [0, 1]
+    assert dataset.class_names == {0: "cafz", 1: "cafe\u0301"}

@@ -103,6 +103,24 @@ def test_cub_odd_class_count_trains_on_the_smaller_half(tmp_path):
     assert labels_of(parts, "train") == {1, 2} and labels_of(parts, "test") == {3, 4, 5}
 
 
+
+def test_cub_parts_index_their_samples_in_ascending_order(tmp_path):
+    """Each part lists its samples in the dataset's order (image id), ascending: a part read
+    backwards would hold the same samples in another order, which the fingerprint, the
+    embeddings' rows and the class-balanced batches all follow."""
+    parts = load_cub(make_cub(tmp_path, classes=4, per_class=3))
+    assert parts.parts["train"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert parts.parts["test"].tolist() == [6, 7, 8, 9, 10, 11]
+    assert parts.parts["train"].dtype == torch.int64
+
+
+def test_dataset_parts_refuse_a_part_name_no_split_reads(tmp_path):
+    """A format's parts are train/test or train/query/gallery: a misspelt name ("val") would be
+    a part the split never reads, its samples silently left out."""
+    dataset = load_cub(make_cub(tmp_path, classes=2, per_class=1)).dataset
+    with pytest.raises(ValueError, match=r"unknown part names \['val'\]"):
+        DatasetParts(dataset, {"train": torch.tensor([0]), "val": torch.tensor([1])})
+
 @pytest.mark.parametrize(("break_it", "match"), [
     (lambda root: (root / "images.txt").unlink(), "missing images.txt"),
     (lambda root: (root / "image_class_labels.txt").unlink(), "missing image_class_labels.txt"),
@@ -155,6 +173,12 @@ def test_cars196_labels_are_class_ids_and_split_ignores_test_flag(tmp_path):
     check_images(parts, tmp_path)
 
 
+
+def test_cars196_odd_class_count_trains_on_the_smaller_half(tmp_path):
+    """As CUB: the first half of the class ids, rounded down, train (98 of Cars196's 196)."""
+    parts = load_cars196(make_cars196(tmp_path, classes=5, per_class=1))
+    assert labels_of(parts, "train") == {1, 2} and labels_of(parts, "test") == {3, 4, 5}
+
 def test_cars196_class_names_are_optional_but_must_be_strings(tmp_path):
     make_cars196(tmp_path)
     path = tmp_path / "cars_annos.mat"
@@ -187,7 +211,7 @@ def without_field(annotations: np.ndarray, field: str) -> np.ndarray:
     return smaller
 
 
-def with_class(annotations: np.ndarray, class_id: float) -> np.ndarray:
+def with_class(annotations: np.ndarray, class_id: float | str) -> np.ndarray:
     annotations[0, 1]["class"] = np.array([[class_id]])
     return annotations
 
@@ -248,6 +272,7 @@ def test_cars196_says_what_to_do_without_a_readable_cars_annos_mat(tmp_path, bre
      "cars_annos.mat: 'annotations' has no field 'relative_im_path'"),
     (lambda root: rewrite_annotations(root, without_path),
      "cars_annos.mat: annotation 3 has no single path and class id"),
+    (lambda root: rewrite_annotations(root, lambda a: a[:, :0]), "cars_annos.mat lists nothing"),
     (lambda root: (root / "car_ims" / "000005.jpg").unlink(),
      r"missing image \S*car_ims/000005\.jpg \(1 of 12"),
     # int() of NaN raised a raw ValueError; 2.7 became class 2.
@@ -255,6 +280,9 @@ def test_cars196_says_what_to_do_without_a_readable_cars_annos_mat(tmp_path, bre
      "cars_annos.mat: annotation 2 has class id nan, not a whole number"),
     (lambda root: rewrite_annotations(root, lambda a: with_class(a, 2.7)),
      "cars_annos.mat: annotation 2 has class id 2.7, not a whole number"),
+    # a class id saved as text: int("3") had read it as class 3, int("x") raised raw
+    (lambda root: rewrite_annotations(root, lambda a: with_class(a, "3")),
+     "cars_annos.mat: annotation 2 has no single path and class id"),
     # beyond int64, torch.tensor(labels) had stopped with a raw ValueError
     (lambda root: rewrite_annotations(root, lambda a: with_class(a, 1e20)),
      "cars_annos.mat: annotation 2 has class id 100000000000000000000, beyond a 64-bit label"),

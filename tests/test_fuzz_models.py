@@ -47,6 +47,9 @@ def test_a_kdml_runs_checkpoint_as_weights_loads_its_backbone(tmp_path):
     backbone = build_backbone("cnn", (1, 8, 8))
     method = {f"backbone.{key}": value for key, value in backbone.state_dict().items()}
     method["head.weight"] = torch.ones(3, 3)  # the rest of the model: not the backbone's
+    # nor are keys no classifier prefix covers: kept, they were "tensors it does not have"
+    method["embedding.weight"] = torch.ones(8, 3)
+    method["loss.proxies"] = torch.ones(4, 8)
     path = tmp_path / "last.pt"
     torch.save({"epoch": 1, "method": method, "optimizer": {}, "config": {"recipe": "jrd"}}, path)
     fresh = build_backbone("cnn", (1, 8, 8))
@@ -160,3 +163,29 @@ def test_weights_of_another_kind_than_the_model_s_are_refused(tmp_path, dtype):
     torch.save(state, path)
     with pytest.raises(KdmlError, match=f"{key} holds torch.{str(dtype).split('.')[1]} values"):
         load_weights(build_backbone("cnn", (1, 8, 8)), path, report=lambda line: None)
+
+
+class _MaskedNet(torch.nn.Module):
+    """A parameter beside a buffer that is neither a parameter nor a BatchNorm statistic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.register_buffer("mask", torch.zeros(2))
+
+
+@pytest.mark.parametrize(("value", "refused"), [(float("nan"), True), (float("-inf"), False)])
+def test_a_buffer_may_hold_infinity_as_a_mask_but_never_nan(tmp_path, value, refused):
+    """NaN is damage wherever it is; infinity only in a parameter or a BatchNorm statistic (a
+    buffer may hold -inf as a mask)."""
+    state = _MaskedNet().state_dict()
+    state["mask"] = torch.tensor([0.0, value])
+    torch.save(state, tmp_path / "masked.pth")
+    model = _MaskedNet()
+    if refused:
+        with pytest.raises(KdmlError, match=r"mask holds NaN or infinite values; the file is "
+                                            r"damaged"):
+            load_weights(model, tmp_path / "masked.pth", report=lambda line: None)
+    else:
+        load_weights(model, tmp_path / "masked.pth", report=lambda line: None)
+        assert model.mask.tolist() == [0.0, float("-inf")]

@@ -124,7 +124,8 @@ def test_decoding_a_large_image_raises_no_python_warning(tmp_path, monkeypatch):
     assert [type(warning.message).__name__ for warning in caught] == []
 
 
-@pytest.mark.parametrize("splits", [("test", "train"), ("test", "train", "val")])
+# capitalised as some downloads come (Train/, Test/): the names are compared lower-cased
+@pytest.mark.parametrize("splits", [("test", "train"), ("test", "train", "val"), ("Test", "Train")])
 def test_a_folder_in_the_train_test_layout_is_refused_naming_the_layout(tmp_path, splits):
     """DIR/train/<class>/ and DIR/test/<class>/ (Kaggle's usual layout) was read as the
     classes "test" and "train" (and "val"): with two, training stopped with "every test sample
@@ -141,7 +142,7 @@ def test_a_folder_in_the_train_test_layout_is_refused_naming_the_layout(tmp_path
     message = str(refused.value)
     assert f"its sub-folders {'/, '.join(splits)}/ look like a split, each holding class " \
            "folders (cat, dog, fox), but kdml reads each sub-folder as a class: give one of " \
-           f"them (e.g. folder:{tmp_path / 'train'}), which data.split splits" in message
+           f"them (e.g. folder:{tmp_path / splits[1]}), which data.split splits" in message
     assert "\n" not in message
 
 

@@ -161,3 +161,37 @@ def test_training_and_embedding_report_why_an_image_does_not_decode(tmp_path, ma
         list(readable_batches(sequential_loader(files, 2, num_workers=0), files, "error"))
     assert "\n" not in str(error.value) and "data.on_bad_image=skip" in str(error.value)
     assert len(list(readable_batches(sequential_loader(files, 2, 0), files, "skip"))) == 1
+
+
+def test_a_batch_of_image_files_holds_the_requested_samples_in_order(tmp_path):
+    """``__getitems__`` yields each requested index's image, label and index in the order asked,
+    flagging only the rows whose file does not decode (the others keep their pixels)."""
+    from kdml.data.images import ImageFiles
+
+    paths = []
+    for value in (50, 100, 200):
+        paths.append(str(tmp_path / f"{value}.png"))
+        Image.fromarray(np.full((8, 8, 3), value, dtype=np.uint8)).save(paths[-1])
+    paths.append(str(tmp_path / "missing.png"))
+    files = ImageFiles("f", "four", np.array(paths), torch.tensor([5, 6, 7, 8]), resize=8)
+    batch = files.__getitems__([2, 3, 0])
+    assert batch.labels.tolist() == [7, 8, 5] and batch.indices.tolist() == [2, 3, 0]
+    assert batch.unreadable.tolist() == [False, True, False]
+    assert batch.inputs[:, 0, 0, 0].tolist() == [200, 0, 50]
+    assert batch.inputs.shape == (3, 3, 8, 8) and batch.inputs.dtype == torch.uint8
+
+
+def test_missing_files_follow_links_and_keep_the_listed_order(tmp_path):
+    """A link to an image is a file (as the decoder opens it); a link to nothing, a folder or
+    an absent path is not; the missing are returned in the order listed (the error names the
+    first)."""
+    from kdml.data.images import missing_files
+
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(tmp_path / "real.png")
+    (tmp_path / "linked.png").symlink_to(tmp_path / "real.png")
+    (tmp_path / "dangling.png").symlink_to(tmp_path / "nothing.png")
+    (tmp_path / "folder.png").mkdir()
+    paths = [str(tmp_path / name) for name in
+             ("z.png", "linked.png", "folder.png", "real.png", "dangling.png", "a.png")]
+    assert missing_files(paths) == [paths[0], paths[2], paths[4], paths[5]]
+    assert missing_files(np.array([paths[1], paths[3]])) == []
