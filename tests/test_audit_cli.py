@@ -116,6 +116,29 @@ def test_an_os_error_of_a_path_advises_by_its_kind(monkeypatch, capsys, error, a
     assert capsys.readouterr().err == f"kdml: error: /x/y: {error.strerror}; {advice}\n"
 
 
+@pytest.mark.parametrize(("argv", "kept"), [
+    (["train", "jrd"], " (a stopped run continues with kdml train --resume)"),
+    (["reproduce", "jrd"], " (it keeps its finished runs and continues)"),
+    (["recipes"], ""),
+])
+def test_a_full_disk_says_what_a_stopped_command_keeps(monkeypatch, capsys, argv, kept):
+    """A full disk under kdml train or reproduce says how the same work continues; a command
+    that keeps nothing says nothing more."""
+    error = OSError(errno.ENOSPC, "No space left on device", "/x/y")
+    monkeypatch.setitem(cli._COMMANDS, argv[0], command_raising(error))
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == (f"kdml: error: /x/y: {error.strerror}; free space on "
+                                       f"its disk and run the command again{kept}\n")
+
+
+def test_a_quiet_exit_is_a_failure_that_prints_nothing(monkeypatch, capsys):
+    """QuietExit: another process (rank 0) reported the failure; this one exits 2, as any
+    refusal does, without a word of its own."""
+    monkeypatch.setitem(cli._COMMANDS, "recipes", command_raising(cli.QuietExit("said")))
+    assert cli.main(["recipes"]) == 2
+    assert capsys.readouterr() == ("", "")
+
+
 # ----------------------------------------------------------------------------- streams
 
 

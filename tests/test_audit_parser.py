@@ -145,4 +145,8 @@ def test_options_repeat_and_accumulate_where_documented():
     args = parsed("reproduce", "jrd", "--only", "a-*", "--only", "b")
     assert args.only == ["a-*", "b"]
     assert parsed("eval", "RUN", "--ks", "1", "5", "10").ks == [1, 5, 10]
+    # a repeated --ks adds its values: the last alone had been scored (Recall@1 dropped)
+    assert parsed("eval", "RUN", "--ks", "1", "--dataset", "d", "--ks", "5", "10").ks == [
+        1, 5, 10]
+    assert parsed("eval", "RUN").ks is None  # the run's eval.ks
     assert isinstance(parsed("eval", "RUN").run_dir, Path)

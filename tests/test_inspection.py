@@ -1183,6 +1183,8 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
         "int-inputs": (dict(inputs=np.zeros((2, 1, 8, 8), dtype=np.int64)), "plain",
                        "must be uint8 or float"),
         "no-rows": (dict(embeddings=np.float32(1.0)), "plain", "one row per query"),
+        "nan-inputs": (dict(inputs=np.full((2, 1, 8, 8), np.nan, dtype=np.float32)), "plain",
+                       "'inputs' holds NaN or infinite values"),
         "no-input-rows": (dict(inputs=np.zeros((0, 1, 8, 8), dtype=np.float32)), "plain",
                           "'inputs' must hold one row per query, got shape (0, 1, 8, 8)"),
         "zero": (dict(embeddings=np.zeros((2, 8), dtype=np.float32)), "plain", "all zeros"),
@@ -2074,3 +2076,107 @@ def test_analyze_refuses_overlapping_classes_before_embedding(tmp_path, capsys, 
     assert kdml("analyze", "generalization", run) == 2
     assert capsys.readouterr().err.startswith("kdml: error: seen and unseen classes overlap; ")
     assert not embedded and not (run / "generalization.json").exists()
+
+
+def test_an_atlas_search_lists_only_the_items_of_the_query_s_chart(runs, tmp_path, capsys):
+    """A chart holds fewer items than -k: the search's empty places (-1) are left out, never
+    listed as the index's last item at a NaN score (which --json writes as NaN, no JSON)."""
+    assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
+    assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
+    codes = np.load(tmp_path / "codes.npz")
+    np.savez(tmp_path / "q.npz", chart_coords=codes["chart_coords"][:6],
+             chart_index=codes["chart_index"][:6])
+    capsys.readouterr()
+    assert kdml("search", runs / "atlas", "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz", "-k", "896", "--json") == 0
+    results = json.loads(capsys.readouterr().out)
+    members = np.bincount(codes["chart_index"], minlength=3)
+    assert members.max() < 896  # every chart holds fewer than -k
+    for chart, result in zip(codes["chart_index"][:6], results, strict=True):
+        assert len(result["neighbours"]) == members[chart]
+        assert all(math.isfinite(item["score"]) for item in result["neighbours"])
+
+
+def test_embed_refuses_an_out_that_is_no_new_npz_before_embedding(runs, tmp_path, capsys,
+                                                                   monkeypatch):
+    """--out must name a new .npz: another suffix, or a file that exists (the user's), is
+    refused in one line before the run is embedded, and the file is left as it was."""
+    from kdml.inspection import parts
+
+    def unembedded(*args, **kwargs):
+        raise AssertionError("embedded before --out was checked")
+
+    monkeypatch.setattr(parts, "embed_dataset", unembedded)
+    taken = tmp_path / "taken.npz"
+    taken.write_bytes(b"the user's")
+    for out, words in ((tmp_path / "e.txt", f"--out {tmp_path / 'e.txt'} must end in .npz"),
+                       (taken, f"{taken} exists; kdml does not overwrite files: choose "
+                               "another --out")):
+        capsys.readouterr()
+        assert kdml("embed", runs / "plain", "--out", out) == 2
+        assert capsys.readouterr().err == f"kdml: error: {words}\n"
+    assert taken.read_bytes() == b"the user's" and not (tmp_path / "e.txt").exists()
+
+
+def test_search_with_best_embeds_raw_queries_with_best_pt(runs, tmp_path, capsys, monkeypatch):
+    """`kdml search --best` of raw 'inputs' embeds them with the model of best.pt, whose
+    index it searches (last.pt's model had embedded them, without a word)."""
+    from kdml.training import loading
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    torch.save({**state, "epoch": 0}, run / "checkpoints" / "best.pt")
+    assert kdml("index", run, "--best", "--out", tmp_path / "index") == 0
+    np.savez(tmp_path / "raw.npz", inputs=np.zeros((2, 1, 8, 8), dtype=np.float32))
+    loaded = []
+    load_model = loading.load_model
+
+    def recorded(*args, **kwargs):
+        model = load_model(*args, **kwargs)
+        loaded.append((model.checkpoint.name, model.epoch))
+        return model
+
+    monkeypatch.setattr(loading, "load_model", recorded)
+    assert kdml("search", run, "--best", "--index", tmp_path / "index", "--query",
+                tmp_path / "raw.npz", "-k", "2") == 0
+    assert loaded == [("best.pt", 0)]
+
+
+def test_analyze_estimates_with_the_settings_it_is_given_and_records(runs, tmp_path, capsys,
+                                                                     monkeypatch):
+    """--labelled-fraction, --repeats, --neighbors and --seed all reach the estimate, and
+    generalization.json records the settings it was made with."""
+    from kdml.inspection import analysis
+
+    asked = []
+    terms = analysis.generalization_terms
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs)
+        return terms(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "generalization_terms", recorded)
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    assert kdml("analyze", "generalization", run, "--labelled-fraction", "0.4", "--repeats",
+                "3", "--neighbors", "2", "--seed", "7") == 0
+    settings = {"labelled_fraction": 0.4, "repeats": 3, "neighbors": 2, "seed": 7}
+    assert asked == [settings]
+    written = json.loads((run / "generalization.json").read_text())["settings"]
+    assert written == {**settings, "epoch": 1}
+
+
+def test_an_atlas_run_is_indexed_by_the_euclidean_distance_of_its_charts_whatever_its_metric(
+        runs, tmp_path, capsys):
+    """An Atlas run's index holds chart coordinates, ranked by their Euclidean distance as its
+    metrics rank them, also where its config says eval.metric: cosine."""
+    run = tmp_path / "atlas"
+    shutil.copytree(runs / "atlas", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["eval"]["metric"] = "cosine"
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    capsys.readouterr()
+    assert kdml("index", run, "--out", tmp_path / "index") == 0
+    assert capsys.readouterr().out.startswith("exact euclidean index of 896 2-d vectors, ")
+    assert json.loads((tmp_path / "index" / "index.json").read_text())["metric"] == "euclidean"

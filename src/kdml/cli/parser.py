@@ -140,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "its data.json records what the model takes; --data-root is "
                                "then that dataset's folder); prints the scores and writes no "
                                "eval.json")
-    evaluate.add_argument("--ks", type=_k_value, nargs="+", metavar="K",
-                          help="the Recall@K values to score (default: the run's eval.ks)")
+    # extend: `--ks 1 --ks 5` scores both (argparse's default kept the last, dropping Recall@1)
+    evaluate.add_argument("--ks", type=_k_value, nargs="+", action="extend", metavar="K",
+                          help="the Recall@K values to score (default: the run's eval.ks; "
+                          "repeatable, the values add up)")
     _add_data_root(evaluate)
     _add_device(evaluate)
     _add_no_progress(evaluate)
