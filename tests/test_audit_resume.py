@@ -256,6 +256,25 @@ def test_changed_settings_names_the_recipe_and_skips_what_one_side_lacks():
     assert first_of(changed[:1]) == "recipe 'triplet' -> 'amsoftmax'"
 
 
+def test_a_simclr_run_may_move_its_weights_file_but_not_drop_or_add_one():
+    """model.weights is resumable (the checkpoint holds the weights), but for the SimCLR
+    recipes given or not decides the inputs' normalisation: only that change is named."""
+    from kdml.config import RunConfig
+    from kdml.training.resume_settings import changed_settings
+
+    for recipe, named in (("simclr", True), ("msimclr", True), ("amsoftmax", False)):
+        config = RunConfig(recipe=recipe)
+        trained = config.to_dict()
+        trained["model"]["weights"] = "/old/place/resnet.pth"
+        config.model.weights = "/new/place/resnet.pth"
+        assert changed_settings(trained, config) == []
+        config.model.weights = ""
+        changed = changed_settings(trained, config)
+        assert bool(changed) == named, recipe
+        assert all(line.startswith("model.weights '/old/place/resnet.pth' -> ''")
+                   for line in changed)
+
+
 def test_a_path_named_dataset_may_move_but_not_change_its_kind():
     from kdml.training.resume_settings import changed_settings
 
@@ -556,6 +575,44 @@ def test_a_watch_of_the_loss_alone_names_the_loss():
     with pytest.raises(NonFiniteLoss, match=r"the 'loss' term became NaN or infinite at epoch 1, "
                        r"step 2; no epoch finished"):
         watch.check(epoch=1)
+
+
+def test_the_steps_after_the_watch_s_last_read_are_checked_at_the_epoch_s_end(
+        tmp_path, capsys, monkeypatch):
+    """On a GPU the watch is read every 50 steps: the epoch's steps after its last read are read
+    once more before the checkpoint. A term beside the loss (finite weights) that went
+    infinite there would otherwise end the run with it in metrics.json."""
+    import torch
+
+    from kdml import cli
+    from kdml.training import trainer
+    from kdml.training.nonfinite import NonFiniteWatch
+
+    class ReadRarely(NonFiniteWatch):  # as on a GPU, with fewer steps than its reads' interval
+        def __init__(self, check_every: int, precision: str = "fp32") -> None:
+            super().__init__(1000, precision)
+
+    real_build = trainer.build_method
+
+    def with_an_infinite_term(*args, **kwargs):
+        method = real_build(*args, **kwargs)
+
+        def infinite_aux(module, inputs, output):
+            if module.training:
+                output.terms["aux"] = torch.tensor(float("inf"))
+
+        method.register_forward_hook(infinite_aux)
+        return method
+
+    monkeypatch.setattr(trainer, "NonFiniteWatch", ReadRarely)
+    monkeypatch.setattr(trainer, "build_method", with_an_infinite_term)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", "train.epochs=1", "train.steps_per_epoch=2",
+                     "data.batch_size=20", "model.embedding_size=8", "eval.nmi=false",
+                     "train.device=cpu"]) == 2
+    assert "the 'aux' term became NaN or infinite at epoch 1, step 1" in capsys.readouterr().err
+    assert not (out / "checkpoints" / "last.pt").exists()
 
 
 # --- the data fingerprint ---------------------------------------------------------------------

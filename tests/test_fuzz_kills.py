@@ -98,6 +98,7 @@ def test_a_run_killed_while_its_config_was_written_makes_way_for_the_same_comman
     command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out), "--no-progress",
                *tiny_overrides, "train.epochs=1"]
     assert cli.main(command) == 0, capsys.readouterr().err
+    assert not (out / ".config.10806.fd201ee2.yaml").exists()  # kdml's: gone, not left hidden
 
 
 def test_a_kill_as_the_command_exits_prints_no_traceback(tmp_path):

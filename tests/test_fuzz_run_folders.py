@@ -130,7 +130,9 @@ def test_a_stop_just_after_an_epochs_checkpoint_waits_for_its_log_line(tmp_path,
     assert sorted(steps) == [1, 2]
 
 
-@pytest.mark.parametrize("how", ["moved", "deleted"])
+# "unscored": moved before an epoch that is not scored (train.eval_every=3), whose checkpoint
+# is the first write after the move (a scored epoch's unscored.pt comes before it)
+@pytest.mark.parametrize("how", ["moved", "deleted", "moved unscored"])
 def test_a_run_folder_moved_while_training_is_not_made_again_at_its_old_path(
         tmp_path, monkeypatch, capsys, how):
     """The user moves (or deletes) the folder of a run that is still training: the run had
@@ -146,14 +148,15 @@ def test_a_run_folder_moved_while_training_is_not_made_again_at_its_old_path(
     def epoch_then_move(self, row, *args, **kwargs):
         original(self, row, *args, **kwargs)
         if row["epoch"] == 1:
-            if how == "moved":
+            if how.startswith("moved"):
                 run.rename(moved)
             else:
                 shutil.rmtree(run)
 
     monkeypatch.setattr(recorder.Recorder, "epoch", epoch_then_move)
     settings = ["--no-progress", "train.epochs=3", "train.steps_per_epoch=2", "eval.nmi=false",
-                "model.embedding_size=8", "train.device=cpu"]
+                "model.embedding_size=8", "train.device=cpu",
+                f"train.eval_every={3 if how == 'moved unscored' else 1}"]
     capsys.readouterr()
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
                      *settings]) == 2
@@ -162,7 +165,7 @@ def test_a_run_folder_moved_while_training_is_not_made_again_at_its_old_path(
         "nothing more is written; a moved folder keeps the epochs trained before: continue "
         "with kdml train --resume NEW_FOLDER\n")
     assert not run.exists()
-    if how == "moved":
+    if how.startswith("moved"):
         assert (moved / "train.log").read_text().endswith(
             "was moved or deleted while the run trained, so nothing more is written; a moved "
             "folder keeps the epochs trained before: continue with kdml train --resume "

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from kdml import cli
 from kdml.atlas import manifold_distance
@@ -246,6 +247,26 @@ def test_an_fp16_epoch_of_skipped_steps_does_not_warn_about_the_schedule(tmp_pat
                          "train.epochs=1", "data.batch_size=896", "eval.nmi=false",
                          "train.device=cpu"]) == 0
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+
+
+def test_a_resumed_fp16_run_goes_on_with_its_checkpoint_s_loss_scale(tmp_path):
+    """--resume restores the float16 loss scaler with the model and the optimizer: a fresh
+    scaler (scale 65536) would skip steps again to find a scale the run had found already."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", "train.precision=fp16", "train.epochs=1",
+                     "train.steps_per_epoch=2", "data.batch_size=20", "eval.nmi=false",
+                     "model.embedding_size=8", "train.device=cpu"]) == 0
+    last = out / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=True)
+    state["scaler"]["scale"] = 8.0  # as if the run had backed off to it
+    torch.save(state, last)
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["train"]["epochs"] = 2
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["epoch"] == 2 and resumed["scaler"]["scale"] <= 8.0  # grows after 2000
 
 
 @pytest.mark.parametrize(("precision", "device", "expected"), [

@@ -254,6 +254,9 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
             "(data.on_bad_image=skip): the metrics use the other 7") in log
     assert train("eval", skipped) == 0
     assert printed_test_set_lines(capsys) == [listed, scored]
+    # the finished run resumed scores nothing, and counts the 7 from its checkpoint's record
+    assert train("train", "--resume", skipped, "--no-progress") == 0
+    assert printed_test_set_lines(capsys) == [listed, scored]
     # the commands that do not train warn in the same form, once per skipped image
     capsys.readouterr()
     assert train("embed", skipped, "--out", tmp_path / "emb.npz") == 0

@@ -167,7 +167,8 @@ def test_a_first_checkpoint_killed_while_written_makes_way_too(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [
-    "checkpoints/last.pt", "checkpoints/best.pt", "metrics.json", "plots/loss.png",
+    "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/unscored.pt", "metrics.json",
+    "plots/loss.png",
     "notes.txt", "tensorboard/notes.txt", "config.yaml", "train.log",
     "checkpoints/.last.pt.notmine.tmp", "checkpoints/.last.pt.0q9ai83d.tmp.bak",
 ])

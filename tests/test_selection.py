@@ -274,3 +274,21 @@ def test_the_metric_names_known_before_training_are_those_scored(recipe, overrid
     method = trainer.build_method(config, splits, echo=lambda line: None)
     scored = evaluate_method(method, splits, config.eval)
     assert metric_names(config.eval, splits) == list(scored)
+
+
+def test_an_unscored_last_epoch_scored_by_resume_is_kept_as_best_when_it_is(
+        tmp_path, tiny_overrides, monkeypatch, stop_in_epoch):
+    """train.eval_every left epoch 3 unscored, then train.epochs was lowered to 3: --resume
+    scores it, and where it beats the epochs scored before, best.pt holds it."""
+    scripted_scores(monkeypatch, [0.5, 0.9])  # epoch 2's, then epoch 3's once resumed
+    stop_in_epoch(4)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
+                     "--no-progress", *tiny_overrides, "data.batch_size=12",
+                     "data.validation=0.4", "train.epochs=4", "train.eval_every=2",
+                     "train.keep_best=true", "train.steps_per_epoch=1"]) == 130
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["train"]["epochs"] = 3
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert torch.load(out / "checkpoints" / "best.pt", weights_only=True)["epoch"] == 3

@@ -862,6 +862,49 @@ def test_a_kill_while_the_unscored_epoch_is_written_leaves_a_partial_file_that_g
     assert partial_checkpoints(tmp_path) == [tmp_path / ".unscored.pt.0q9ai83d.tmp"]
 
 
+def test_a_resumed_run_removes_the_partial_checkpoint_a_kill_left(tmp_path, trained_run):
+    """A SIGKILL while last.pt was written leaves save_checkpoint's hidden partial (no except
+    clause runs): the run's next session removes it, and only kdml's own."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(trained_run, out)
+    partial = out / "checkpoints" / ".last.pt.0q9ai83d.tmp"
+    partial.write_bytes(b"half")
+    mine = out / "checkpoints" / ".last.pt.notmine.tmp"
+    mine.write_bytes(b"the user's")
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert not partial.exists() and mine.read_bytes() == b"the user's"
+
+
+def test_a_run_that_converged_on_an_epoch_killed_while_scored_stops_there_on_resume(
+        tmp_path, monkeypatch):
+    """unscored.pt keeps whether training ended with its epoch (train.tolerance met there):
+    --resume scores it and stops, as the uninterrupted run did, not training on."""
+    from kdml.training import trainer
+
+    real_score = trainer.score_method
+    calls = []
+
+    def killed_scoring_epoch_2(*args, **kwargs):
+        calls.append(len(calls) + 1)
+        if len(calls) == 2:  # what a kill leaves: no except clause of kdml's runs
+            raise KeyboardInterrupt
+        return real_score(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "score_method", killed_scoring_epoch_2)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.epochs=4", "train.tolerance=1e9"]) == 130
+    assert torch.load(out / "checkpoints" / "unscored.pt", weights_only=True)["unscored"]["over"]
+    monkeypatch.setattr(trainer, "score_method", real_score)
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
+    assert "recall@1" in metrics["final"]
+    assert "stopping after epoch 2: converged" in (out / "train.log").read_text()
+
+
 def test_an_error_that_mending_ends_keeps_the_trained_epoch_for_resume(tmp_path, monkeypatch,
                                                                       capsys):
     """An unreadable test image (a one-off read failure, or a file to replace) while epoch 2
@@ -1075,6 +1118,35 @@ def test_a_stop_while_a_checkpoint_is_written_leaves_each_epoch_logged_once(tmp_
     events.Reload()
     assert [event.step for event in events.Scalars("train/loss")] == [1, 2, 3]
     assert [event.step for event in events.Scalars("test/recall@1")] == [1, 2, 3]
+
+
+def test_a_ctrl_c_between_an_epoch_s_checkpoint_and_its_log_line_waits_for_the_line():
+    """A signal (a real one, not raised by a patched writer) inside the block that writes
+    last.pt and logs the epoch stops the run only at the block's end, with the handler that
+    was there (Python's Ctrl-C here); outside it, the handler is that one again."""
+    import signal
+
+    from kdml.training.recorder import _stops_deferred
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt), _stops_deferred():
+        signal.raise_signal(signal.SIGINT)
+        done.append("the log line")
+    assert done == ["the log line"] and signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupted_run_s_metrics_hold_the_epochs_it_finished(tmp_path, stop_in_epoch):
+    """metrics.csv and metrics.json are written after each epoch, not only when the run ends:
+    a run stopped in epoch 2 keeps epoch 1's row (and no final scores)."""
+    stop_in_epoch(2)
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.epochs=3"]) == 130
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [row["epoch"] for row in metrics["epochs"]] == [1] and metrics["final"] is None
+    assert [line.split(",")[0] for line in
+            (out / "metrics.csv").read_text().splitlines()] == ["epoch", "1"]
 
 
 def test_a_worker_death_pending_with_the_sigterm_prints_nothing():
@@ -1383,6 +1455,16 @@ def test_a_change_of_exactly_the_tolerance_does_not_stop_a_run():
     from kdml.training.trainer import _converged
     assert not _converged([{"train/loss": 1.0}], {"train/loss": 1.5}, 0.5)
     assert _converged([{"train/loss": 1.0}], {"train/loss": 1.25}, 0.5)
+
+
+def test_convergence_compares_an_epoch_with_the_one_before_it_not_the_first():
+    """J_(k-1) is the previous epoch's loss: against the first epoch's, a run whose loss
+    settled after falling a long way would train on forever (and one that came back near its
+    first loss would stop)."""
+    from kdml.training.trainer import _converged
+    assert _converged([{"train/loss": 5.0}, {"train/loss": 1.0}], {"train/loss": 1.05}, 0.1)
+    assert not _converged([{"train/loss": 1.0}, {"train/loss": 5.0}], {"train/loss": 1.05},
+                          0.1)
 
 
 def test_a_missing_or_nan_value_is_an_empty_cell_of_metrics_csv(tmp_path):
