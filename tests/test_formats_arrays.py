@@ -140,6 +140,10 @@ def test_cifar_without_metadata_has_no_names_and_a_broken_one_is_an_error(tmp_pa
                    "b'label_names' lists 10 class names")
     (folder / "batches.meta").write_bytes(b"not a pickle")
     one_line_error(lambda: load_cifar10(folder), "batches.meta is not a readable CIFAR pickle")
+    # a folder in its place is no absent file: the names had gone without a word
+    (folder / "batches.meta").unlink()
+    (folder / "batches.meta").mkdir()
+    one_line_error(lambda: load_cifar10(folder), "batches.meta is not a file")
 
 
 def test_cifar_through_the_registry(tmp_path):

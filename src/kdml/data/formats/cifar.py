@@ -18,6 +18,7 @@ builds NumPy arrays and nothing else, so a file planted in the data folder canno
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 from pathlib import Path
 
@@ -85,8 +86,9 @@ def read_class_names(layout: Layout, relative: str, key: bytes,
                      classes: int) -> dict[int, str] | None:
     """Label -> class name from the metadata pickle ``relative`` (``batches.meta`` or ``meta``:
     a dict whose ``key`` holds the ``classes`` names in label order); None if the file is
-    absent, since the images and labels do not need it."""
-    if not (layout.root / relative).is_file():
+    absent (not a folder or a broken link in its place), since the images and labels do not
+    need it."""
+    if not os.path.lexists(layout.root / relative):
         return None
     meta = read_pickle(layout, relative)
     names = meta.get(key) if isinstance(meta, dict) else None
