@@ -125,9 +125,10 @@ def single_shot_cmc(embeddings: Any, identities: Any, cameras: Any | None = None
     Without ``cameras``, every split draws for each identity one gallery image and one
     different probe image. With ``cameras`` (exactly two, as VIPeR's A and B), the roles are
     fixed, as in the VIPeR protocol: the probes come from camera A and the gallery from camera
-    B, then the reverse, and the two CMCs are averaged; each split draws one image per identity
-    and camera. Each probe ranks the :math:`G` gallery images (:func:`match_ranks`, ties
-    counted against it), and
+    B, then the reverse, and the two CMCs are averaged; each direction of a split draws its own
+    image per identity and camera (VIPeR has one, so both directions use the same pair). Each
+    probe ranks the :math:`G` gallery images (:func:`match_ranks`, ties counted against it),
+    and
 
     .. math::
         \mathrm{CMC}(r) = \frac{1}{G}\sum_{p=1}^{G} [\mathrm{rank}_p \le r],
