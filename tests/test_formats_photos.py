@@ -3,6 +3,7 @@ fixtures: what they read, and the one-line errors for broken folders."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +13,18 @@ import pytest
 import scipy.io
 import torch
 from fixtures_array_sets import make_cifar10, make_cifar100, make_idx
-from fixtures_photo_sets import make_cars196, make_cub, make_inshop, make_sop, write_matlab_v73
+from fixtures_photo_sets import (
+    make_cars196,
+    make_cub,
+    make_inshop,
+    make_sop,
+    write_matlab_v73,
+    write_photo,
+)
 
 from kdml.data.formats.cars import load_cars196
 from kdml.data.formats.common import DatasetParts
+from kdml.data.formats.csv_list import load_csv
 from kdml.data.formats.cub import folder_class_name, load_cub
 from kdml.data.formats.idx import load_mnist
 from kdml.data.formats.inshop import load_inshop
@@ -753,3 +762,47 @@ def test_a_listed_image_that_is_not_a_file_is_named_with_its_line(tmp_path, make
     make(tmp_path)
     break_it(tmp_path)
     one_line_error(load, tmp_path, match)
+
+
+def _write_csv_list(root: Path) -> Path:
+    """A CSV list of 4 photos (lines 2-5), two classes, two train and two test."""
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for index in range(4):
+        write_photo(root / f"p{index}.jpg", rng.uniform(30, 225, 3), rng, (20, 20))
+        rows.append(f"p{index}.jpg,{index % 2},{'train' if index < 2 else 'test'}")
+    (root / "list.csv").write_text("path,label,split\n" + "\n".join(rows) + "\n")
+    return root / "list.csv"
+
+
+@pytest.mark.parametrize(("make", "load", "position", "place"), [
+    (lambda root: make_cub(root), load_cub, 4, "images.txt line 5"),
+    (lambda root: make_sop(root), load_sop, 5, "Ebay_test.txt line 3"),
+    (lambda root: make_inshop(root), load_inshop, 4, "list_eval_partition.txt line 7"),
+    (lambda root: make_cars196(root), load_cars196, 4, "cars_annos.mat annotation 5"),
+    (_write_csv_list, load_csv, 2, "list.csv line 4"),
+])
+def test_an_image_that_does_not_decode_is_named_with_its_place_in_the_list(
+        tmp_path, caplog, make, load, position, place):
+    """A listed image that is there but does not decode (here a 0-byte file) had been named by
+    its path alone, while a missing one names its list file and line: the row to fix in a list
+    of 120,053. The error (data.on_bad_image=error) and the skip warning now name both, also
+    for a part of the dataset (the loader's subsets keep each image's place)."""
+    from kdml.data.loaders import readable_batches, sequential_loader
+
+    parts = load(make(tmp_path / "set"))
+    dataset = parts.dataset.resized(8)
+    assert isinstance(dataset, ImageFiles)
+    Path(dataset.paths[position]).write_bytes(b"")
+    part = dataset.subset(torch.tensor([position, 0]))  # the bad image first, in a part
+    for files in (dataset, part):
+        with pytest.raises(KdmlError, match=re.escape(
+                f"cannot decode image {dataset.paths[position]} ({place}): ")) as error:
+            list(readable_batches(sequential_loader(files, 4, 0), files, "error"))
+        assert "\n" not in str(error.value)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kdml"):
+        list(readable_batches(sequential_loader(part, 4, 0), part, "skip"))
+    assert [record.getMessage() for record in caplog.records] == [
+        f"skipping unreadable image {dataset.paths[position]} ({place})"]

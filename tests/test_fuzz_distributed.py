@@ -119,6 +119,9 @@ def test_an_unreadable_image_under_torchrun_is_not_told_to_skip_as_torchrun_refu
         def source_of(self, index):
             return "photos/cat/0.png"
 
+        def place_of(self, index):  # a folder's image: listed in no file
+            return ""
+
     batch = loaders.Batch(torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor([0, 1]),
                           torch.tensor([True, False]))
     monkeypatch.setattr(loaders, "decode_failure", lambda dataset, index: "truncated")

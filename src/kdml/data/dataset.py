@@ -75,6 +75,11 @@ class DmlDataset(Dataset):
         """Where sample ``index`` comes from, for messages (a file path or a row number)."""
         return f"{self.name}[{index}]"
 
+    def place_of(self, index: int) -> str:
+        """Where sample ``index`` is listed, for messages (``"images.txt line 5"``); ``""``
+        where no list file names it."""
+        return ""
+
     @property
     def sample_shape(self) -> tuple[int, ...]:
         """Shape of one sample as the loader yields it, e.g. (1, 28, 28), (3, 256, 256)."""

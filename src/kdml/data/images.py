@@ -130,6 +130,34 @@ def load_image_as(path: str | Path, shape: tuple[int, ...]) -> Tensor:
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
+@dataclass(frozen=True)
+class ListedAt:
+    """Where each image of an :class:`ImageFiles` is listed, for its unreadable-image error and
+    warning: the list file and the line (Cars196: annotation) number, as a missing listed image
+    is reported (:func:`kdml.data.formats.common.place`), so that the row to fix is found in a
+    list of 120,053. Two small arrays, not a string per image.
+
+    Args:
+        files: the list files' names, e.g. ``("Ebay_train.txt", "Ebay_test.txt")``.
+        file_of: ``[N]`` each image's list file, an index into ``files``.
+        numbers: ``[N]`` each image's 1-based line (or annotation) number in its file.
+        unit: what is counted: ``"line"`` or ``"annotation"``.
+    """
+
+    files: tuple[str, ...]
+    file_of: np.ndarray
+    numbers: np.ndarray
+    unit: str = "line"
+
+    def of(self, index: int) -> str:
+        """Image ``index``'s place, e.g. ``"images.txt line 5"``."""
+        return f"{self.files[int(self.file_of[index])]} {self.unit} {int(self.numbers[index])}"
+
+    def subset(self, indices: np.ndarray) -> ListedAt:
+        return dataclasses.replace(self, file_of=self.file_of[indices],
+                                   numbers=self.numbers[indices])
+
+
 @dataclass
 class ImageFiles(DmlDataset):
     """Image files and their labels.
@@ -143,6 +171,8 @@ class ImageFiles(DmlDataset):
         resize: side of the square uint8 images the loader yields (``data.resize``).
         default_backbone: the backbone ``"auto"`` resolves to.
         class_names: label -> class name, where the files name their classes.
+        listed_at: where each file is listed (a list file and its line), for messages;
+            ``None`` where the images are found in folders, not listed.
     """
 
     name: str
@@ -152,18 +182,25 @@ class ImageFiles(DmlDataset):
     resize: int = DEFAULT_RESIZE
     default_backbone: str = "cnn"
     class_names: dict[int, str] | None = None
+    listed_at: ListedAt | None = None
 
     def __post_init__(self) -> None:
         self.paths = np.asarray(self.paths, dtype=str)
         self.labels = whole_number_labels(self.name, self.labels)
         if self.paths.shape != (len(self.labels),):
             raise KdmlError(f"{self.name}: {len(self.paths)} paths but {len(self.labels)} labels")
+        if self.listed_at is not None and self.listed_at.numbers.shape != self.paths.shape:
+            raise KdmlError(f"{self.name}: {len(self.paths)} paths but "
+                            f"{len(self.listed_at.numbers)} list places")
 
     def load(self, index: int) -> Tensor:
         return load_image(self.paths[index], self.resize)
 
     def source_of(self, index: int) -> str:
         return str(self.paths[index])
+
+    def place_of(self, index: int) -> str:
+        return self.listed_at.of(index) if self.listed_at is not None else ""
 
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         index_tensor = torch.as_tensor(indices, dtype=torch.long)
@@ -186,8 +223,10 @@ class ImageFiles(DmlDataset):
 
     def subset(self, indices: Tensor, name: str | None = None) -> ImageFiles:
         index_array = np.asarray(indices, dtype=np.int64)
+        listed_at = self.listed_at.subset(index_array) if self.listed_at is not None else None
         return dataclasses.replace(self, name=name or self.name, paths=self.paths[index_array],
-                                   labels=self.labels[torch.as_tensor(index_array)])
+                                   labels=self.labels[torch.as_tensor(index_array)],
+                                   listed_at=listed_at)
 
     def resized(self, resize: int) -> ImageFiles:
         return dataclasses.replace(self, resize=resize)

@@ -135,6 +135,13 @@ def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
+def listed_source(dataset: DmlDataset, index: int) -> str:
+    """Sample ``index``'s file, with its place in its list file where one lists it
+    (``".../Black_Footed_Albatross_0046_18.jpg (images.txt line 5)"``): the row to fix."""
+    place = dataset.place_of(index)
+    return f"{dataset.source_of(index)} ({place})" if place else dataset.source_of(index)
+
+
 def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image: str,
                      logged: set[str] | None = None, min_size: int = 1) -> Iterator[Batch]:
     """``batches`` with undecodable images handled as ``data.on_bad_image`` says.
@@ -152,7 +159,7 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image
     for batch in batches:
         if batch.unreadable.any():
             indices = batch.indices[batch.unreadable].tolist()
-            sources = [dataset.source_of(int(i)) for i in indices]
+            sources = [listed_source(dataset, int(i)) for i in indices]
             if on_bad_image == "error":
                 # under torchrun skip is refused (unequal batches): not offered there
                 skip = (", or resume it in one process with data.on_bad_image=skip in its "

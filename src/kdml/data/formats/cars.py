@@ -26,7 +26,14 @@ import numpy as np
 import scipy.io
 import torch
 
-from kdml.data.formats.common import INT64, DatasetParts, Layout, indices_where, repeated_path
+from kdml.data.formats.common import (
+    INT64,
+    DatasetParts,
+    Layout,
+    indices_where,
+    listed_at,
+    repeated_path,
+)
 from kdml.data.images import ImageFiles
 
 EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
@@ -106,8 +113,8 @@ def load_cars196(root: Path) -> DatasetParts:
         raise layout.error(f"{FILE}: annotations {first} and {second} both name the image "
                            f"{os.path.relpath(twin, root)}{how}; give each image one "
                            "annotation")
-    layout.check_images(paths, lines=[(FILE, number) for number in range(1, len(paths) + 1)],
-                        unit="annotation")
+    lines = [(FILE, number) for number in range(1, len(paths) + 1)]
+    layout.check_images(paths, lines=lines, unit="annotation")
     label_tensor = torch.tensor(labels)
     class_names = read_class_names(contents, layout)
     unnamed = sorted(set(labels) - set(class_names)) if class_names is not None else []
@@ -118,7 +125,7 @@ def load_cars196(root: Path) -> DatasetParts:
     is_train = torch.isin(label_tensor, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cars196", "Cars196 car photos, 196 classes; classes 1-98 train",
                          np.asarray(paths), label_tensor, default_backbone="cnn",
-                         class_names=class_names)
+                         class_names=class_names, listed_at=listed_at(lines, "annotation"))
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)}, eval_ks=(1, 2, 4, 8))
 

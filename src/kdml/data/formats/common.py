@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from kdml.data.dataset import DmlDataset
-from kdml.data.images import missing_files
+from kdml.data.images import ListedAt, missing_files
 from kdml.errors import KdmlError, home_expanded
 
 DEFAULT_KS = (1, 2, 4, 8)
@@ -178,6 +179,21 @@ def place(line: Place, unit: str = "line") -> str:
         file, number = line
         return f"{file} {unit} {number}"
     return f"{unit} {line}"
+
+
+def listed_at(lines: Sequence[Place], unit: str = "line", file: str = "") -> ListedAt:
+    """Each image's place in its list (a line number of the one list ``file``, or a list file
+    and its line, as :meth:`Layout.check_images` takes them), kept for the error or warning of
+    an image that is there but does not decode, which only the loader finds.
+
+    >>> listed_at([("Ebay_train.txt", 2), ("Ebay_test.txt", 2)]).of(1)
+    'Ebay_test.txt line 2'
+    """
+    named = [line if isinstance(line, tuple) else (file, line) for line in lines]
+    files = tuple(dict.fromkeys(name for name, _ in named))
+    index = {name: position for position, name in enumerate(files)}
+    return ListedAt(files, np.array([index[name] for name, _ in named], dtype=np.int32),
+                    np.array([number for _, number in named], dtype=np.int64), unit)
 
 
 def real_path(path: str, folders: dict[str, tuple[str, frozenset[str]]]) -> str:

@@ -35,6 +35,7 @@ from kdml.data.formats.common import (
     DatasetParts,
     Layout,
     indices_where,
+    listed_at,
     real_path,
     resolved,
 )
@@ -158,7 +159,8 @@ def load_csv(csv_file: Path) -> DatasetParts:
                 raise layout.error(f"line {line}: {path} has is_query=0 and is_gallery=0, so it "
                                    "would be left out of the test; mark it a query (is_query=1), "
                                    "a gallery image (is_gallery=1) or a train row (split=train)")
-    layout.check_images(paths, lines=[line for line, _ in rows])
+    lines = [line for line, _ in rows]
+    layout.check_images(paths, lines=lines)
     train = torch.tensor(is_train)
     if is_query:
         parts = {"train": indices_where(train),
@@ -168,5 +170,6 @@ def load_csv(csv_file: Path) -> DatasetParts:
         parts = {"train": indices_where(train), "test": indices_where(~train)}
     labels, class_names = label_ids(names)
     dataset = ImageFiles(layout.dataset, f"images listed in {csv_file}", np.asarray(paths),
-                         torch.tensor(labels), class_names=class_names)
+                         torch.tensor(labels), class_names=class_names,
+                         listed_at=listed_at(lines, file=csv_file.name))
     return DatasetParts(dataset, parts)

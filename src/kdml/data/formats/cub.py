@@ -26,6 +26,7 @@ from kdml.data.formats.common import (
     Layout,
     first_repeat,
     indices_where,
+    listed_at,
     repeated_path,
 )
 from kdml.data.images import ImageFiles
@@ -68,7 +69,8 @@ def load_cub(root: Path) -> DatasetParts:
                            "images.txt")
     ids = sorted(path_of)
     paths = [str(root / "images" / path_of[image_id]) for image_id in ids]
-    layout.check_images(paths, lines=[("images.txt", line_of[image_id]) for image_id in ids])
+    lines = [("images.txt", line_of[image_id]) for image_id in ids]
+    layout.check_images(paths, lines=lines)
     labels = torch.tensor([class_of[image_id] for image_id in ids])
     class_names: dict[int, str] = {}
     for image_id in ids:  # each class's folder, e.g. 001.Black_footed_Albatross
@@ -78,7 +80,7 @@ def load_cub(root: Path) -> DatasetParts:
     is_train = torch.isin(labels, class_ids[: len(class_ids) // 2])
     dataset = ImageFiles("cub", "CUB-200-2011 birds, 200 classes; classes 1-100 train",
                          np.asarray(paths), labels, default_backbone="cnn",
-                         class_names=class_names)
+                         class_names=class_names, listed_at=listed_at(lines))
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)})
 

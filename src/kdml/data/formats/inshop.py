@@ -23,7 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, indices_where, repeated_path
+from kdml.data.formats.common import (
+    DatasetParts,
+    Layout,
+    indices_where,
+    listed_at,
+    repeated_path,
+)
 from kdml.data.images import ImageFiles
 from kdml.errors import KdmlError
 
@@ -63,13 +69,15 @@ def load_inshop(root: Path) -> DatasetParts:
         raise repeated_image(layout, relative, rows, repeat)
     paths = [str(root / path) for _, (path, _, _) in rows]
     check_image_folder(layout, relative, rows[0][1][0])
-    layout.check_images(paths, lines=[(relative, number) for number, _ in rows])
+    lines = [(relative, number) for number, _ in rows]
+    layout.check_images(paths, lines=lines)
     number_of = {item: label for label, item in enumerate(sorted({f[1] for _, f in rows}))}
     labels = torch.tensor([number_of[item] for _, (_, item, _) in rows])
     statuses = [status for _, (_, _, status) in rows]
     parts = {part: indices_where([status == part for status in statuses]) for part in STATUSES}
     dataset = ImageFiles("inshop", "In-Shop Clothes Retrieval, 7,982 items; query vs gallery",
-                         np.asarray(paths), labels, default_backbone="cnn")
+                         np.asarray(paths), labels, default_backbone="cnn",
+                         listed_at=listed_at(lines))
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 20, 30, 40, 50))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, repeated_path
+from kdml.data.formats.common import DatasetParts, Layout, listed_at, repeated_path
 from kdml.data.images import ImageFiles
 
 EXPECTED = ("Stanford Online Products' extracted layout: Ebay_train.txt, Ebay_test.txt and "
@@ -57,7 +57,9 @@ def load_sop(root: Path) -> DatasetParts:
         classes = class_at[file, line], class_at[other_file, other_line]
         how = f" with class ids {classes[0]} and {classes[1]}" if classes[0] != classes[1] else ""
         raise layout.error(f"{where} list the image {path} twice{how}; list each image once")
-    layout.check_images(paths, lines=[where for _, where in listed])
+    lines = [where for _, where in listed]
+    layout.check_images(paths, lines=lines)
     dataset = ImageFiles("sop", "Stanford Online Products, 22,634 products; files' split",
-                         np.asarray(paths), torch.tensor(labels), default_backbone="cnn")
+                         np.asarray(paths), torch.tensor(labels), default_backbone="cnn",
+                         listed_at=listed_at(lines))
     return DatasetParts(dataset, parts, eval_ks=(1, 10, 100, 1000))
