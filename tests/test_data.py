@@ -1,5 +1,6 @@
 """The data path: datasets, splits, seeded samplers, loaders and the batch transforms."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -771,6 +772,17 @@ def test_training_skips_a_batch_left_with_one_readable_image(tmp_path):
                      "data.on_bad_image=skip", "data.resize=16",
                      "data.image_size=16", "model.backbone=mlp", "train.epochs=1",
                      "data.num_workers=0", "eval.ks=[1]"]) == 0
+    # metrics.json keeps how many samples the epoch trained and was scored without (train.log
+    # alone had said it): the 8 unreadable test images of the 16 data.json lists, and the
+    # training samples left out, the 8 unreadable ones drawn and each readable one that a
+    # batch left alone
+    (row,) = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"]
+    assert row["unreadable/test"] == 8
+    assert json.loads((tmp_path / "run" / "data.json").read_text())["parts"]["test"][
+        "samples"] == 16
+    assert 8 <= row["unreadable/train"] <= 16 and row["unreadable/train"] % 2 == 0
+    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0].endswith(
+        "unreadable/test")
 
 
 def test_a_skipped_image_is_logged_once_for_all_epochs(tmp_path, caplog):

@@ -4,7 +4,7 @@ loader's workers, shared over torchrun's processes."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
@@ -65,6 +65,9 @@ class TrainingBatches:
                                       if world.is_distributed else global_batches)
         self.dataset, self.on_bad_image = train, data.on_bad_image
         self.skipped_logged: set[str] = set()  # unreadable files said once for all epochs
+        # samples drawn and trained on in the epoch so far: their difference is what
+        # data.on_bad_image=skip left out (unreadable images, and a batch left with one)
+        self.drawn = self.trained = 0
         self.max_steps = config.train.steps_per_epoch
         pin = device.type == "cuda"
         self.loader = batch_loader(train, self.sampler, resolve_num_workers(data.num_workers,
@@ -95,13 +98,32 @@ class TrainingBatches:
                 splits.target, target_sampler,
                 resolve_num_workers(data.num_workers, splits.target), pin_memory=pin)
 
+    @property
+    def left_out(self) -> int:
+        """The training samples of the epoch so far that data.on_bad_image=skip left out: the
+        unreadable images drawn (an image drawn twice counts twice) and the readable one of a
+        batch left with a single sample. A batch that skips images trains on fewer."""
+        return self.drawn - self.trained
+
+    def _drawn(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        for batch in batches:  # counted on the host: the loader's tensors, no device sync
+            self.drawn += len(batch.labels)
+            yield batch
+
+    def _trained(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        for batch in batches:
+            self.trained += len(batch.labels)
+            yield batch
+
     def __len__(self) -> int:
         return min(len(self.sampler), self.max_steps or len(self.sampler))
 
     def epoch(self, epoch: int) -> Iterator[tuple[Batch, Batch | None]]:
         self.sampler.set_epoch(epoch)
-        source = readable_batches(self.loader, self.dataset, self.on_bad_image,
-                                  self.skipped_logged, min_size=2)
+        self.drawn = self.trained = 0
+        source = self._trained(readable_batches(self._drawn(self.loader), self.dataset,
+                                                self.on_bad_image, self.skipped_logged,
+                                                min_size=2))
         if self.target_loader is None or self.target_sampler is None:
             pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
         else:

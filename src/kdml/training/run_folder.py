@@ -42,7 +42,8 @@ class RunFolder:
                            digests, :mod:`kdml.data.fingerprint`), checked by every reader,
                            and what the model takes (:mod:`kdml.data.sample_spec`)
         metrics.csv        one row per epoch: train/<loss term>, then test/<metric> (or
-                           val/<metric> when data.validation is scored instead)
+                           val/<metric> when data.validation is scored instead), and
+                           unreadable/<part> where data.on_bad_image=skip left samples out
         metrics.json       {"epochs": [...], "final": {...}, "scored": "test" or "validation"}
         train.log          the log of every session of this run
         checkpoints/last.pt

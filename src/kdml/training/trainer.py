@@ -249,6 +249,8 @@ class Session:
             row["lr"] = config.optim.lr * schedule_factor(config.optim, scheduler.last_epoch)
             terms = train_one_epoch(self, epoch, progress)
             row.update({f"train/{name}": value for name, value in terms.items()})
+            if self.batches.left_out:  # data.on_bad_image=skip: the epoch trained on fewer
+                row[f"{UNREADABLE}/train"] = self.batches.left_out
             with warnings.catch_warnings():
                 # fp16's gradient scaler skips the optimizer's steps whose gradients overflow
                 # (its first few, while it finds its scale): an epoch of only those makes torch
@@ -277,6 +279,7 @@ class Session:
                                 f"{kept_checkpoint(epoch)}. {ADVICE}") from None
         prefix = scored_prefix(self.splits)
         row.update({f"{prefix}/{name}": value for name, value in metrics.items()})
+        row.update(unreadable_counts(self.splits, prefix))
 
     def checkpoint(self, epoch: int, history: list[dict[str, Any]], finished: bool,
                    unscored: dict[str, Any] | None = None,
@@ -821,6 +824,21 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
         raise KdmlError(f"epoch {epoch} had no training batch (every image unreadable?)")
     means = (torch.stack(list(sums.values())) / steps).tolist()
     return dict(zip(sums, means, strict=True))
+
+
+# metrics.csv's and metrics.json's columns of the samples data.on_bad_image=skip left out of an
+# epoch: unreadable/train (trained on), unreadable/test or unreadable/validation, and
+# unreadable/gallery (scored); present only where some were
+UNREADABLE = "unreadable"
+
+
+def unreadable_counts(splits: DataSplits, prefix: str) -> dict[str, int]:
+    """The counts of the test (``prefix``: or validation) and gallery images the scoring just
+    done left out as unreadable (:attr:`DataSplits.unreadable`), for the epoch's row: its
+    scores are of the others, which train.log's warning alone had said. data.json's
+    ``parts`` gives each part's samples listed."""
+    return {f"{UNREADABLE}/{prefix if part == 'test' else part}": len(positions)
+            for part, positions in splits.unreadable.items() if len(positions)}
 
 
 def _counted(epochs: range, bar: tqdm) -> Iterator[int]:
