@@ -61,6 +61,8 @@ def test_verification_matches_hand_computation_and_brute_force():
     assert result.mean == pytest.approx(mean)
     assert result.std == pytest.approx(std)
     assert result.standard_error == pytest.approx(std / math.sqrt(3))
+    # a Python float as the other fields are (it was an np.float64: repr np.float64(...))
+    assert type(result.standard_error) is float
     assert result.fold_ids == (0, 1, 2)
 
 

@@ -8,6 +8,7 @@ reports the mean accuracy over folds with its spread.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -150,7 +151,7 @@ def verification_accuracy(scores: Any, same: Any, folds: Any | None = None, num_
         thresholds.append(-threshold if scores_are_distances else threshold)
     accuracy_array = np.array(accuracies)
     std = float(accuracy_array.std(ddof=1)) if len(accuracies) > 1 else 0.0
-    return VerificationResult(float(accuracy_array.mean()), std, std / np.sqrt(len(accuracies)),
+    return VerificationResult(float(accuracy_array.mean()), std, std / math.sqrt(len(accuracies)),
                               tuple(accuracies), tuple(thresholds),
                               tuple(int(f) for f in fold_ids))
 
