@@ -78,3 +78,27 @@ def stop_in_epoch(monkeypatch):
         return lambda: monkeypatch.setattr(trainer, "train_one_epoch", real)
 
     return stop
+
+
+@pytest.fixture
+def kill_in_scoring(monkeypatch):
+    """``kill(scoring)``: the ``scoring``-th scoring of the run (1-based) raises a Ctrl-C, what
+    a kill leaves (no except clause of kdml's runs), after its epoch trained; the others score
+    as usual. Returns ``undo()``, which puts the real scoring back (for a resume)."""
+    from kdml.training import trainer
+
+    real = trainer.score_method
+
+    def kill(scoring: int):
+        calls = []
+
+        def killed(*args, **kwargs):
+            calls.append(len(calls) + 1)
+            if len(calls) == scoring:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(trainer, "score_method", killed)
+        return lambda: monkeypatch.setattr(trainer, "score_method", real)
+
+    return kill

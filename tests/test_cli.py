@@ -129,14 +129,13 @@ def same(a, b) -> bool:
     return a == b
 
 
-def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, tiny_overrides,
-                                                                   monkeypatch, capsys):
+def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(
+        tmp_path, tiny_overrides, monkeypatch, capsys, kill_in_scoring):
     """Scoring can take many minutes (SOP: 60k test images embedded and searched); a kill then
     keeps the trained epoch (checkpoints/unscored.pt), and --resume scores it without training
     it again, ending where the uninterrupted run ends."""
     overrides = [*tiny_overrides, "train.epochs=3", "optim.lr_step=2", "train.steps_per_epoch=4"]
-    real_save, real_train, real_evaluate = (recorder.save_checkpoint, trainer.train_one_epoch,
-                                            trainer.score_method)
+    real_save, real_train = recorder.save_checkpoint, trainer.train_one_epoch
     saved: dict[tuple[str, int], dict] = {}
 
     def kept_save(state, path):
@@ -157,20 +156,14 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
         assert same(before[key], after[key]), key
     monkeypatch.setattr(recorder, "save_checkpoint", real_save)
 
-    trained, scored = [], []
+    trained = []
 
     def counted_train(session, epoch, progress):
         trained.append(epoch)
         return real_train(session, epoch, progress)
 
-    def killed_scoring_epoch_2(*args, **kwargs):
-        scored.append(len(scored) + 1)
-        if len(scored) == 2:  # what a kill leaves: no except clause of kdml's runs
-            raise KeyboardInterrupt
-        return real_evaluate(*args, **kwargs)
-
     monkeypatch.setattr(trainer, "train_one_epoch", counted_train)
-    monkeypatch.setattr(trainer, "score_method", killed_scoring_epoch_2)
+    undo = kill_in_scoring(2)
     part = tmp_path / "part"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", part, "--no-progress",
                    *overrides) == 130
@@ -181,7 +174,7 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(tmp_path, ti
     assert [row["epoch"] for row in read_metrics(part)["epochs"]] == [1]  # no half epoch
     assert "epoch 2 trained; scoring" in (part / "train.log").read_text()
     # kdml eval scores last.pt, the epoch metrics.json ends with
-    monkeypatch.setattr(trainer, "score_method", real_evaluate)
+    undo()
     assert run_cli("eval", part) == 0
     assert json.loads((part / "eval.json").read_text())["epoch"] == 1
     # a new run into the folder is refused: it holds a trained epoch

@@ -878,26 +878,15 @@ def test_a_resumed_run_removes_the_partial_checkpoint_a_kill_left(tmp_path, trai
 
 
 def test_a_run_that_converged_on_an_epoch_killed_while_scored_stops_there_on_resume(
-        tmp_path, monkeypatch):
+        tmp_path, kill_in_scoring):
     """unscored.pt keeps whether training ended with its epoch (train.tolerance met there):
     --resume scores it and stops, as the uninterrupted run did, not training on."""
-    from kdml.training import trainer
-
-    real_score = trainer.score_method
-    calls = []
-
-    def killed_scoring_epoch_2(*args, **kwargs):
-        calls.append(len(calls) + 1)
-        if len(calls) == 2:  # what a kill leaves: no except clause of kdml's runs
-            raise KeyboardInterrupt
-        return real_score(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "score_method", killed_scoring_epoch_2)
+    undo = kill_in_scoring(2)
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
                      "train.epochs=4", "train.tolerance=1e9"]) == 130
     assert torch.load(out / "checkpoints" / "unscored.pt", weights_only=True)["unscored"]["over"]
-    monkeypatch.setattr(trainer, "score_method", real_score)
+    undo()
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
