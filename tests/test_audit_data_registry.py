@@ -9,7 +9,7 @@ from fixtures_array_sets import make_csv_list, make_idx, make_image_folder
 
 from kdml.config import DataConfig
 from kdml.data.prepare import prepare_data
-from kdml.data.registry import DATASETS, FORMATS, ROOT_VARIABLE, open_dataset
+from kdml.data.registry import DATASETS, FORMATS, ROOT_VARIABLE, find_root, open_dataset
 from kdml.errors import KdmlError
 
 
@@ -54,6 +54,16 @@ def test_in_shop_is_found_by_its_eval_folder_layout(tmp_path):
     (tmp_path / "Eval" / "list_eval_partition.txt").write_text("")
     assert FORMATS["inshop"].located(tmp_path) == tmp_path
     assert FORMATS["inshop"].located(tmp_path / "Eval") == tmp_path / "Eval"
+
+
+def test_a_marker_that_is_a_folder_does_not_locate_the_dataset(tmp_path):
+    """A folder named images.txt in the data root is not CUB's list: the copy in its archive
+    folder is read (the reader refuses such a marker alone: test_formats_photos)."""
+    (tmp_path / "images.txt").mkdir()
+    assert FORMATS["cub"].located(tmp_path) is None
+    (tmp_path / "CUB_200_2011").mkdir()
+    (tmp_path / "CUB_200_2011" / "images.txt").write_text("")
+    assert find_root(FORMATS["cub"], str(tmp_path)) == tmp_path / "CUB_200_2011"
 
 
 def test_the_offline_sets_name_the_backbone_that_reads_their_samples():

@@ -447,3 +447,18 @@ def test_a_grid_of_values_in_capitals_continues_in_its_own_folder(tmp_path):
     write_marker(tmp_path, cells, grid)
     assert recorded_cells(tmp_path) == ["name=Adam", "name=SGD"]
     assert check_grid_folder(tmp_path, cells) is True
+
+
+def test_the_command_line_s_settings_reach_every_cell(tmp_path, monkeypatch):
+    """``--seed`` and ``key=value`` after a grid's config file set each cell's config, as
+    they set a single run's."""
+    seen = []
+
+    def train(config, run_dir, resume=False, progress=None, **_):
+        seen.append((config.train.seed, config.optim.lr))
+        return finished(run_dir, {"recall@1": 0.5})
+
+    monkeypatch.setattr(trainer, "train", train)
+    assert cli.main([*grid_of(tmp_path, {"validation": 0.4}, [2, 8]), "--seed", "7",
+                     "optim.lr=0.125"]) == 0
+    assert seen == [(7, 0.125), (7, 0.125)]

@@ -643,6 +643,32 @@ def test_a_report_is_kept_when_none_of_its_experiments_ran(quick_dtml, tmp_path,
     assert report.read_text() == written
 
 
+def test_a_report_written_with_an_experiment_that_could_not_run_exits_1(tmp_path, monkeypatch,
+                                                                          capsys):
+    """The report is written (the experiment is said not to have run), but the command fails:
+    a script running it must not take the missing numbers for a success. Run again with none
+    of its experiments running, the report is left as it was, and says why."""
+    from kdml.reproduce import runner
+
+    def unavailable(experiments, *args, **kwargs):
+        return [runner.ExperimentResult(experiment, {}, (), "no such data here")
+                for experiment in experiments]
+
+    monkeypatch.setattr(runner, "reproduce", unavailable)
+    report = tmp_path / "reproduction.md"
+    assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
+                     "dtml-mnist5k-*", "--out", str(report), "--runs", str(tmp_path / "runs"),
+                     "--device", "cpu"]) == 1
+    assert "could not run: no such data here" in capsys.readouterr().err
+    written = report.read_text()
+    assert cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only", "dtml-*",
+                     "--out", str(report), "--runs", str(tmp_path / "runs"),
+                     "--device", "cpu"]) == 1
+    assert (f"{report} is left as it was: none of its experiments ran"
+            in capsys.readouterr().err)
+    assert report.read_text() == written
+
+
 def _errors_after(breaking: Path, text: str, runs: Path) -> dict[str, str]:
     """Each tiny JRD experiment's error once ``breaking`` (a file kdml wrote) holds ``text``."""
     kept = breaking.read_text()
@@ -975,6 +1001,23 @@ def test_device_auto_names_run_folders_by_the_device_it_resolves_to(tmp_path, mo
     assert cli.main(["reproduce", "dtml", "--quick", "--device", "auto", "--out",
                      str(tmp_path / "r.md"), "--runs", str(tmp_path / "runs")]) == 130
     assert seen == ["cpu"]
+
+
+@pytest.mark.parametrize(("quick", "seeds"), [([], 5), (["--quick"], 3)])
+def test_the_default_seeds_are_5_and_3_with_quick(tmp_path, monkeypatch, quick, seeds):
+    """As ``--seeds``'s help says: without it a cell trains seeds 0..4, with --quick 0..2."""
+    from kdml.reproduce import runner
+
+    seen = []
+
+    def record(chosen, seeds, runs, device, progress):
+        seen.append(seeds)
+        raise KeyboardInterrupt  # stop before training anything
+
+    monkeypatch.setattr(runner, "reproduce", record)
+    assert cli.main(["reproduce", "dtml", *quick, "--device", "cpu", "--out",
+                     str(tmp_path / "r.md"), "--runs", str(tmp_path / "runs")]) == 130
+    assert seen == [seeds]
 
 
 @pytest.mark.parametrize("checkpoint", [True, False])
