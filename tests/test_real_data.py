@@ -446,3 +446,20 @@ def test_a_relative_data_root_gives_sources_that_lead_to_the_images(tmp_path, mo
     # a file (a CSV list, say) is not the folder the data lies in: it had been searched under
     assert train("eval", out, "--data-root", root / "images.txt") == 2
     assert "images.txt is a file; give the folder the data lies in" in error_line(capsys)
+
+
+@pytest.mark.parametrize(("validation", "said"), [(False, "test"), (True, "validation")])
+def test_the_skip_warning_names_the_part_scored(caplog, validation, said):
+    """A data.validation run scores its validation part in the test part's place: the warning
+    of the images left out names that part (it had said "test samples")."""
+    from types import SimpleNamespace
+
+    from kdml.evaluation import evaluator
+
+    splits = SimpleNamespace(test=list(range(8)), gallery=None, train=None, kind="unseen",
+                             validation=validation)
+    scored = {"test": SimpleNamespace(labels=torch.tensor([0, 0, 1, 1, 2, 2, 3]))}
+    with caplog.at_level("WARNING"):
+        evaluator._warn_of_skipped(scored, splits)
+    assert (f"1 of the 8 {said} samples was skipped as unreadable images "
+            "(data.on_bad_image=skip): the metrics use the other 7") in caplog.text

@@ -222,9 +222,11 @@ def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
         total = len(datasets[role] or ())
         if (scored := len(outputs.labels)) < total:
             skipped = True
+            # a data.validation run scores its validation part in the test part's place
+            said = "validation" if role == "test" and splits.validation else role
             logger.warning("%d of the %d %s samples %s skipped as unreadable images "
                            "(data.on_bad_image=skip): the metrics use the other %d",
-                           total - scored, total, role,
+                           total - scored, total, said,
                            "was" if total - scored == 1 else "were", scored)
     if skipped and splits.kind != DOMAIN:
         _check_scorable(embedded)
