@@ -728,27 +728,18 @@ def written_keys(config: RunConfig, values: dict[str, Any]) -> set[str]:
     return {resolve_key(config, key) for key, _ in _flat_items(settings)}
 
 
-def deleted_settings(config: RunConfig, values: dict[str, Any], version: int) -> list[str]:
-    """The settings that a run folder's config.yaml of format ``version`` (``values``; 0: one
-    written before the format line) lacks although kdml wrote them there: none for format 0,
-    whose missing settings were added to kdml since; for a later format every setting of
-    ``config`` but those added after ``version`` (:data:`ADDED_IN_FORMAT`)."""
-    if version == 0:
-        return []
-    given = written_keys(config, values)
-    return [key for key in all_keys(config) if key not in given
-            and ADDED_IN_FORMAT.get(key, (0, None))[0] <= version]
-
-
-def settings_added_since(config: RunConfig, values: dict[str, Any],
-                         version: int) -> dict[str, Any]:
-    """The settings added to kdml after format ``version`` (:data:`ADDED_IN_FORMAT`; with 0,
-    a file from before the format line, also :data:`ADDED_BEFORE_FORMAT`) that a run folder's
-    config.yaml (``values``) lacks, each with the value its run computed with."""
+def missing_settings(config: RunConfig, values: dict[str, Any],
+                     version: int) -> tuple[list[str], dict[str, Any]]:
+    """The settings of ``config`` that a run folder's config.yaml of format ``version``
+    (``values``; 0: one written before the format line) lacks, in two kinds: those kdml wrote
+    there, so deleted (none for format 0), and those added to kdml after ``version``
+    (:data:`ADDED_IN_FORMAT`; for format 0 also :data:`ADDED_BEFORE_FORMAT`), each with the
+    value its run computed with."""
     added = {key: value for key, (format_added, value) in ADDED_IN_FORMAT.items()
              if format_added > version}
     if version == 0:
         added = {**ADDED_BEFORE_FORMAT, **added}
     given = written_keys(config, values)
-    return {key: value for key, value in added.items()
-            if key in all_keys(config) and key not in given}
+    lacking = [key for key in all_keys(config) if key not in given]
+    deleted = [] if version == 0 else [key for key in lacking if key not in added]
+    return deleted, {key: added[key] for key in lacking if key in added}

@@ -14,11 +14,10 @@ from kdml.config import (
     SECTIONS,
     RunConfig,
     config_format,
-    deleted_settings,
     load_config_file,
+    missing_settings,
     resolve_config,
     set_key,
-    settings_added_since,
 )
 from kdml.data.domains import SourcePCA
 from kdml.data.fingerprint import data_fingerprint, fingerprint_difference
@@ -95,8 +94,9 @@ def run_config(run: RunFolder) -> RunConfig:
     without its recipe or one of its sections (cut short, emptied, or the user's own) is
     refused, where reading it as a config file would fill the gaps with defaults, silently; so
     is one of a :data:`~kdml.config.FORMAT_KEY` line that lacks a setting (a line deleted),
-    whose built-in default may not be the recipe's. A file from before that line reads as it
-    always did: the settings added to kdml since take their built-in defaults."""
+    whose built-in default may not be the recipe's. A file from before that line, or of an
+    earlier format, reads each setting added to kdml since as the value its run computed with
+    (:data:`~kdml.config.ADDED_BEFORE_FORMAT`, :data:`~kdml.config.ADDED_IN_FORMAT`)."""
     file_values = load_config_file(run.config)
     # kdml writes every section as a mapping ({} where empty): a null one (`method:` at the
     # file's end) is a file cut short there, not a section to fill with defaults
@@ -109,8 +109,8 @@ def run_config(run: RunFolder) -> RunConfig:
     recipe = get_recipe(str(file_values["recipe"]))
     try:
         config = resolve_config(recipe.name, recipe.params, file_values=file_values)
-        deleted = deleted_settings(config, file_values, version)
-        for key, value in settings_added_since(config, file_values, version).items():
+        deleted, added_since = missing_settings(config, file_values, version)
+        for key, value in added_since.items():
             set_key(config, key, value)
     except KdmlError as error:  # an edit of the file: say which file (not a command's input)
         raise KdmlError(f"{run.config}: {error}") from None
