@@ -216,8 +216,7 @@ def resolve_config(
     config = RunConfig(recipe=recipe, method=method_params())
     for source in (recipe_defaults or {}, file_values or {}):
         given: dict[str, tuple[str, str]] = {}  # each setting's key, as written
-        written = {name: value for name, value in source.items() if name not in FILE_ONLY_KEYS}
-        for top, key, value in _flat_items_under(written):
+        for top, key, value in _flat_items_under(file_settings(source)):
             if key.split(".")[0] in FILE_ONLY_KEYS:  # grid.alpha: at the top level
                 raise KdmlError(f"{key} is not a setting; a config file's {key.split('.')[0]} "
                                 f"is one mapping, e.g. grid: {{method.alpha: [0.5, 1.0]}}")
@@ -408,6 +407,12 @@ def _flat_items(values: dict[str, Any], prefix: str = "",
             yield from _flat_items(value, name + ".", (*_within, values))
         else:
             yield name, value
+
+
+def file_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """A config file's ``values`` without its :data:`FILE_ONLY_KEYS` (recipe, paper, grid, the
+    format line): its settings, nested as written."""
+    return {name: value for name, value in values.items() if name not in FILE_ONLY_KEYS}
 
 
 def _flat_items_under(values: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
@@ -724,8 +729,7 @@ def config_format(values: dict[str, Any], source: str) -> int:
 def written_keys(config: RunConfig, values: dict[str, Any]) -> set[str]:
     """The settings a config file's ``values`` give, each as its full key (``epochs`` at the
     top level, ``train: {epochs: 2}`` and ``train.epochs: 2`` are all ``train.epochs``)."""
-    settings = {name: value for name, value in values.items() if name not in FILE_ONLY_KEYS}
-    return {resolve_key(config, key) for key, _ in _flat_items(settings)}
+    return {resolve_key(config, key) for key, _ in _flat_items(file_settings(values))}
 
 
 def missing_settings(config: RunConfig, values: dict[str, Any],

@@ -403,7 +403,7 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     ``method.dim``), two cells of one folder name, a bad value in any cell, two cells of
     one config, a setting the file gives a value and its grid too, and cells scored on
     different parts (data.validation)."""
-    from kdml.config import FILE_ONLY_KEYS, RunConfig, flatten, resolve_config, resolve_key
+    from kdml.config import RunConfig, file_settings, flatten, resolve_config, resolve_key
     from kdml.training.grid import (
         check_distinct_cells,
         check_distinct_keys,
@@ -420,8 +420,7 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
     full_key = functools.partial(resolve_key, blank)
     check_distinct_keys([str(key) for key in file_values["grid"]], full_key)
     check_grid_keys_unset([str(key) for key in file_values["grid"]],
-                          flatten({name: value for name, value in file_values.items()
-                                   if name not in FILE_ONLY_KEYS}), full_key)
+                          flatten(file_settings(file_values)), full_key)
     configs = [resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                               overrides, cell.values) for cell in cells]
     check_distinct_cells(cells, [config.to_dict() for config in configs])
