@@ -494,8 +494,8 @@ def what_to_write(value: Any, annotation: Any) -> str:
     if annotation is int and not isinstance(value, bool):
         if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
             return f": write {int(value)}, without quotes"
-        if isinstance(value, str) and _whole_number(value) is not None:  # 1e3: text to YAML 1.1
-            return f": write {_whole_number(value)}"
+        if isinstance(value, str) and (whole := _whole_number(value)) is not None:  # 1e3
+            return f": write {whole}"  # (text to YAML 1.1)
         if isinstance(value, float) and value.is_integer():
             return f": write {int(value)}, a whole number"
         if isinstance(value, float):
