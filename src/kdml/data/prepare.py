@@ -47,8 +47,9 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
     if is_domain_dataset(data.dataset):
         check_root_is_read(data.dataset, data.root)
         data = settled_pair_split(data, new_run)
-        settled_split_settings(data, None, f"{data.dataset} is a domain pair, trained on its "
-                               "source and scored on its target", new_run, pair=True)
+        data = settled_split_settings(data, None, f"{data.dataset} is a domain pair, trained "
+                                      "on its source and scored on its target", new_run,
+                                      pair=True)
         if data.validation:
             raise KdmlError("data.validation applies to single datasets, not to domain pairs "
                             "(the target's labels are for evaluation only)")
