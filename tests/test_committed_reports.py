@@ -88,3 +88,67 @@ def test_a_committed_report_is_what_its_committed_records_give(command, tmp_path
     committed = compared_lines((ROOT / report).read_text())
     assert written == committed
     assert chart_plots(tmp_path / "report.md") == chart_plots(ROOT / report)
+
+
+def committed_claims() -> list[tuple[str, str]]:
+    """Each claim line of the committed reports (those ``results/README.md``'s commands write),
+    with its verdict: ``holds``, ``does not hold`` or ``not shown``."""
+    reports = sorted({shlex.split(command)[shlex.split(command).index("--out") + 1]
+                      for command in COMMANDS})
+    return [(match.group(1), line) for report in reports
+            for line in (ROOT / report).read_text().splitlines()
+            if (match := re.match(r"- .* \([^()]*\): (holds|does not hold|not shown): ", line))]
+
+
+def test_findings_gives_each_claim_that_does_not_hold_with_its_numbers():
+    """docs/findings.md tells what each report found. Its summary of docs/reproduction.md said
+    "the rest are within the seeds' spread" after Table 3's "JRD has the smaller lambda + d_H"
+    on mnist5k had become "does not hold" (2026-12-05, when JMMD's runs were trained again),
+    and its DTML section gave no numbers for the claims that do not hold."""
+    findings = " ".join((ROOT / "docs" / "findings.md").read_text().split())
+    differences = [(re.search(r" by (\d+\.\d+ \+- \d+\.\d+)", line), line)
+                   for verdict, line in committed_claims() if verdict == "does not hold"]
+    assert differences and all(found for found, _ in differences)
+    assert [line for found, line in differences if found.group(1) not in findings] == []
+
+
+def test_the_readme_s_table_of_verdicts_is_the_committed_reports():
+    """README's table of every paper claim's verdict per dataset: each verdict it gives with
+    its numbers is a claim line of a committed report, with that verdict and those numbers."""
+    readme = (ROOT / "README.md").read_text()
+    rows = [row for block in readme.split("\n\n")
+            if block.startswith(("| Paper claim |", "| DTML (Hu, Lu and Tan) claim |"))
+            for row in block.splitlines()[2:]]
+    claims, checked = committed_claims(), 0
+    for row in rows:
+        for cell in row.split("|")[2:-1]:
+            for number in re.finditer(r"[+-]?(\d+\.\d+) \+- (\d+\.\d+)", cell):
+                said = re.findall(r"does not hold|not shown|hold", cell[:number.start()])[-1]
+                verdict = "holds" if said == "hold" else said
+                pair = f"{number.group(1)} +- {number.group(2)}"
+                assert any(pair in line for found, line in claims if found == verdict), (
+                    f"README: {row.split('|')[1].strip()}: {verdict} {pair}: no such claim")
+                checked += 1
+    assert checked >= 20
+
+
+def test_a_committed_report_shows_each_experiment_as_the_catalog_describes_it():
+    """A section's title, paper column and note (what kdml reproduce writes beside the tables,
+    which the comparison above leaves out) are the catalog's: a note added to an experiment
+    reaches its committed reports, not only the reports written after."""
+    from kdml.reproduce.catalog import experiments
+
+    shown = 0
+    for report in sorted((ROOT / "docs").glob("reproduction*.md")):
+        text = report.read_text()
+        for experiment in experiments("all"):
+            heading = f"\n### {experiment.mirrors}: {experiment.dataset}\n"
+            if heading not in text:
+                continue
+            section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+            assert experiment.title in section, (report.name, experiment.key)
+            assert f"Paper column: {experiment.paper_data}." in section, (report.name,
+                                                                          experiment.key)
+            assert experiment.note in section, (report.name, experiment.key)
+            shown += 1
+    assert shown >= 20

@@ -427,7 +427,9 @@ class LaplaceKernel(Kernel):
 
     :math:`\sigma` is ``bandwidth`` if given; otherwise self-adaptive: the mean L1 distance over
     the off-diagonal pairs of the batch (of ``[x; y]`` for two different batches), detached and
-    floored at :func:`resolution_floor` of the points (``power=1``).
+    floored at :func:`resolution_floor` of the points (``power=1``). Table 4 gives no
+    :math:`\sigma`; the self-adaptive one is kdml's reading of Sec. 5.1's rule for the
+    Gaussians (the average of the distances in the exponent), with L1 distances.
 
     Args:
         bandwidth: fixed :math:`\sigma` in :data:`FLOAT32_SETTING_RANGE` (the kernel

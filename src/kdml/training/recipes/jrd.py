@@ -188,7 +188,9 @@ class JRDParams(AMSoftmaxParams):
 
 @dataclass
 class IntraParams(AMSoftmaxParams):
-    alpha: float = 1.0  # weight of the explicit intra-class penalty of Eq. 4
+    # weight of the explicit intra-class penalty of Eq. 4; Fig. 2 sweeps it and names no one
+    # value, so kdml takes JRS's (Table 4: 1), comparing the two regularizers at one weight
+    alpha: float = 1.0
 
     def validate(self) -> None:
         super().validate()
