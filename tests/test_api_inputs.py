@@ -28,6 +28,7 @@ from kdml.losses.am_softmax import am_softmax_loss
 from kdml.losses.dtml_objective import DTMLObjective
 from kdml.losses.marginal_fisher import MarginalFisherLoss
 from kdml.losses.nt_xent import nt_xent_loss
+from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
 from kdml.models.atlas_heads import AtlasHead
 from kdml.models.dtml import DTMLNetwork
 from kdml.regularizers import (
@@ -174,6 +175,14 @@ def accepted_types(function: object, parameter: str) -> tuple[type, ...]:
     (am_softmax_loss, "scale", nn.Parameter(torch.tensor(20.0))),  # "e.g. learned"
     (am_softmax_loss, "margin", torch.tensor(0.1)),
     (nt_xent_loss, "temperature", nn.Parameter(torch.tensor(0.5))),
+    # NumPy numbers, which the checks take (numbers.Real) but mypy does not take for a float
+    (am_softmax_loss, "scale", np.float32(20.0)),
+    (am_softmax_loss, "margin", np.float64(0.1)),
+    (nt_xent_loss, "temperature", np.float32(0.5)),
+    (pairwise_logistic_loss, "threshold", np.float32(3.0)),
+    (pairwise_logistic_loss, "sharpness", np.int64(2)),
+    (PairwiseLogisticLoss.__init__, "threshold", np.float32(3.0)),
+    (PairwiseLogisticLoss.__init__, "sharpness", np.float32(2.0)),
     (PolynomialKernel.__init__, "bias", torch.tensor(1.0)),  # "or a 0-d tensor or array"
     (PolynomialKernel.__init__, "degree", np.int64(2)),
     (ManifoldMMD.__init__, "eps", np.array(1e-3)),

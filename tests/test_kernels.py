@@ -103,6 +103,22 @@ def test_the_resolution_floor_is_the_points_own_rounding():
     assert resolution_floor(torch.zeros(0, 2), 1).item() == pytest.approx(smallest, rel=1e-6)
 
 
+def test_half_precision_bandwidths_and_floors_do_not_overflow_in_their_sums():
+    """adaptive_bandwidth and resolution_floor summed float16 inputs in float16: 100 points'
+    squared distances, of mean 16, summed past 65504 and gave tau = inf (kernels of 1), and
+    points of 300 squared to inf and gave a floor of inf where it is 176. Both sum in float32
+    now and return the inputs' dtype."""
+    points = torch.randn(100, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sq_dists = squared_distances(points, points)
+    tau = adaptive_bandwidth(sq_dists.half())
+    assert tau.dtype == torch.float16
+    assert tau.item() == pytest.approx(adaptive_bandwidth(sq_dists).item(), rel=1e-3)
+    large = torch.full((4, 2), 300.0, dtype=torch.float64)
+    floor = resolution_floor(large.half(), 2)
+    assert floor.dtype == torch.float16
+    assert floor.item() == pytest.approx(torch.finfo(torch.float16).eps * 180000, rel=1e-3)
+
+
 @pytest.mark.parametrize("kernel", [GaussianMixtureKernel(), LaplaceKernel()], ids=str)
 @pytest.mark.parametrize("scale", [1e-5, 2e-4, 1.0, 1e3])
 def test_self_adaptive_kernels_of_small_float32_embeddings_are_those_of_unit_ones(kernel,
@@ -263,6 +279,20 @@ def test_squared_distances_are_accurate_far_from_the_origin():
     expected = loop_matrix(points, points, sq_dist)
     got = squared_distances(x64.float(), x64.float()).double()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(("x_rows", "y_rows"), [(3, 0), (0, 4), (3, 4)])
+def test_squared_distances_of_a_float32_and_a_float64_set_are_float64(x_rows, y_rows):
+    """The centre is the mean of the sets that have points: a float32 set beside an empty
+    float64 one was left in float32 and addmm raised "mat1 and mat2 must have the same
+    dtype" (the empty set first, or two non-empty sets, were promoted)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(x_rows, 2, generator=gen)
+    y = torch.randn(y_rows, 2, generator=gen, dtype=torch.float64)
+    got = squared_distances(x, y)
+    assert got.dtype == torch.float64 and got.shape == (x_rows, y_rows)
+    torch.testing.assert_close(got, loop_matrix(x.tolist(), y.tolist(), sq_dist).reshape(
+        x_rows, y_rows))
 
 
 def test_a_points_squared_distance_to_itself_is_zero_whatever_the_matmul_rounds(monkeypatch):

@@ -357,6 +357,40 @@ def test_a_module_that_is_not_a_kernel_is_refused_at_construction(regularizer, m
                     rf"kdml\.kernels\), got {type(module).__name__}$", regularizer, [module])
 
 
+@pytest.mark.parametrize("regularizer", [DomainMMD, IntraClassPenalty,
+                                         lambda kernel: JointRepresentationSimilarity([kernel])],
+                         ids=["DomainMMD", "IntraClassPenalty", "JRS"])
+@pytest.mark.parametrize("module", [nn.ModuleDict({"k": GaussianMixtureKernel()}), nn.Module()],
+                         ids=["ModuleDict", "Module"])
+def test_a_module_with_no_forward_of_its_own_is_refused_at_construction(regularizer, module):
+    """A container's forward is nn.Module's unimplemented forward(*input), which takes any
+    call: check_kernel let it through and the first batch raised torch's NotImplementedError
+    ("Module [ModuleDict] is missing the required "forward" function")."""
+    raises_one_line(rf": kernels must be kernel modules called as kernel\(x, y\) \(see "
+                    rf"kdml\.kernels\), got {type(module).__name__}$", regularizer, module)
+
+
+def test_a_compiled_kernel_is_still_a_kernel():
+    """torch.compile's wrapper has no forward of its class, only of the instance: the check
+    for containers must read the instance's, or it refuses a compiled kernel."""
+    kernel = torch.compile(GaussianMixtureKernel())
+    assert JointRepresentationSimilarity([kernel]).kernels[0] is kernel
+
+
+@pytest.mark.parametrize("regularizer", [JointRepresentationSimilarity, JointMMD, JointIntra,
+                                         IntraClassPenalty],
+                         ids=["JRS", "JMMD", "JIntra", "IntraClassPenalty"])
+def test_an_nn_module_list_of_kernels_is_a_sequence_of_kernels(regularizer):
+    """JRS and its baselines refused an nn.ModuleList of kernels (another regularizer's
+    .kernels), which sharded_jrs takes, as "takes a sequence of kernels"; IntraClassPenalty
+    took the list itself for the kernel and failed at the first batch with torch's
+    NotImplementedError."""
+    embeddings, labels = batch()
+    kernel = GaussianMixtureKernel(1, bandwidth=2.0)
+    from_list = regularizer(nn.ModuleList([kernel]))([embeddings], labels)
+    assert torch.equal(from_list, regularizer([kernel])([embeddings], labels))
+
+
 class NotAKernel(nn.Module):
     """Called like a kernel, returns its input: told apart only by its output's shape."""
 

@@ -1,6 +1,7 @@
 import hashlib
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,6 +63,17 @@ def test_auto_uses_dataset_default():
 def test_bad_backbones(name, shape, message):
     with pytest.raises(KdmlError, match=re.escape(message)):
         build_backbone(name, shape)
+
+
+@pytest.mark.parametrize("channels", [3.0, 1.0, True])
+def test_small_cnn_refuses_channels_that_are_no_integer(channels):
+    """3.0 and True compare equal to 3 and 1, so the (1, 3) check let them through: 3.0 then
+    failed inside nn.Conv2d with torch's "argument 'size' failed to unpack", and True built
+    a 1-channel network. The image side was already refused as a float."""
+    with pytest.raises(KdmlError, match=re.escape(f"got {channels!r} channels")):
+        SmallCNN(in_channels=channels)
+    assert SmallCNN(in_channels=np.int64(3), image_size=8, widths=(4,))(
+        torch.rand(2, 3, 8, 8)).shape == (2, 4)
 
 
 def test_timm_without_extra_says_which_extra():

@@ -21,6 +21,9 @@ from kdml.errors import KdmlError
 Number: TypeAlias = float | np.floating[Any] | np.integer[Any] | Tensor | np.ndarray
 #: A count given as a number (:func:`is_positive_int`): a Python or NumPy integer.
 Count: TypeAlias = int | np.integer[Any]
+#: A setting checked with :func:`is_finite_number` as it is given: a Python or NumPy real
+#: number (``np.float32(0.5)``, which a type checker does not take for a ``float``).
+Real: TypeAlias = float | np.floating[Any] | np.integer[Any]
 
 
 def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:

@@ -101,11 +101,17 @@ def squared_distances(x: Tensor, y: Tensor) -> Tensor:
     translation invariant, so value and gradient are unchanged, but the cancellation error of
     the expansion for features far from the origin (e.g. un-normalised pooled features) mostly
     disappears. The result is clamped at 0; there is no square root, so the gradient at
-    coincident points is finite (zero).
+    coincident points is finite (zero). A float32 and a float64 set are computed in float64, as
+    :func:`l1_distances`.
     """
     _check_pair("squared_distances", x, y)
     if y is x:
         return _SelfSquaredDistances.apply(x - x.detach().mean(dim=0))
+    # in the wider dtype: the centre is the mean of the sets that have points, so a float32
+    # set beside an empty float64 one left the two in their own dtypes, which addmm refused
+    # ("mat1 and mat2 must have the same dtype")
+    common = torch.promote_types(x.dtype, y.dtype)
+    x, y = x.to(common), y.to(common)
     # the mean of the sets that have points: an empty one's mean is NaN, which made the
     # gradient of an empty [M, 0] result NaN
     means = [points.detach().mean(dim=0) for points in (x, y) if len(points)]
@@ -179,10 +185,19 @@ def adaptive_bandwidth(dists: Tensor, floor: Tensor | float | None = None) -> Te
         raise KdmlError(f"adaptive_bandwidth's floor must be a finite number > 0, got {floor!r}")
     m = dists.shape[0]
     num_off_diagonal = max(m * m - m, 1)  # a single point has no pair: tau = 0 -> floor
-    tau = dists.detach().sum() / num_off_diagonal
+    # summed in float32 or wider: a float16 sum overflows to inf (65504) where the mean does
+    # not, e.g. 100 points whose mean squared distance is 69 gave tau = inf
+    tau = (dists.detach().sum(dtype=_summing_dtype(dists.dtype)) / num_off_diagonal
+           ).to(dists.dtype)
     if floor is None:
         return tau.clamp_min(smallest_bandwidth(dists.dtype))
     return torch.maximum(tau, torch.as_tensor(floor, dtype=tau.dtype, device=tau.device))
+
+
+def _summing_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to sum a ``dtype`` tensor in: float32 or wider, as a float16 sum overflows
+    (beyond 65504) where the mean it is divided into does not."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def smallest_bandwidth(dtype: torch.dtype) -> float:
@@ -215,13 +230,17 @@ def resolution_floor(points: Tensor, power: int) -> Tensor:
     if power not in (1, 2):
         raise KdmlError(f"resolution_floor's power is 1 (L1 distances) or 2 (squared "
                         f"Euclidean ones), got {power!r}")
-    detached = points.detach()
+    # in float32 or wider, back in the points' dtype: float16's squares and sums overflow
+    # (points of 300 gave inf where the floor is 176)
+    detached = points.detach().to(_summing_dtype(points.dtype))
     eps, smallest = torch.finfo(points.dtype).eps, smallest_bandwidth(points.dtype)
     if not len(points):
         return torch.tensor(smallest, dtype=points.dtype, device=points.device)
     if power == 2:
-        return (eps * detached.pow(2).sum(dim=1).mean()).clamp_min(smallest)
-    return (math.sqrt(eps) * detached.abs().sum(dim=1).mean()).clamp_min(smallest)
+        floor = eps * detached.pow(2).sum(dim=1).mean()
+    else:
+        floor = math.sqrt(eps) * detached.abs().sum(dim=1).mean()
+    return floor.clamp_min(smallest).to(points.dtype)
 
 
 def _check_inputs(kernel: Kernel, x: Tensor, y: Tensor) -> None:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdml.checks import (
+    Real,
     check_class_range,
     check_float_inputs,
     check_integer_labels,
@@ -35,8 +36,8 @@ from kdml.checks import (
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
-#: A scale or margin: a number, or a tensor of one element (e.g. a learned one).
-Setting: TypeAlias = float | Tensor
+#: A scale or margin: a number (Python or NumPy), or a tensor of one element (e.g. a learned one).
+Setting: TypeAlias = Real | Tensor
 
 
 def _check_setting(name: str, value: Setting, low: float, strict: bool, cosines: Tensor) -> None:
@@ -107,8 +108,9 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: Setting, margin: Set
                       "one per column of the cosines")
     labels = labels.long()  # one_hot and cross_entropy take int64 only
     # a one-element tensor as the number it holds: one of shape [1, 1, 1] had made the logits
-    # 3-D, and cross_entropy then read the batch as one sample ("Expected input batch_size")
-    scale, margin = (value.reshape(()) if isinstance(value, Tensor) else value
+    # 3-D, and cross_entropy then read the batch as one sample ("Expected input batch_size");
+    # a NumPy number as the Python float it was checked as
+    scale, margin = (value.reshape(()) if isinstance(value, Tensor) else float(value)
                      for value in (scale, margin))
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdml.checks import check_float_inputs, check_setting_device, is_finite_number
+from kdml.checks import Real, check_float_inputs, check_setting_device, is_finite_number
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -33,7 +33,7 @@ MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
 
 
 @full_precision
-def nt_xent_loss(projections: Tensor, temperature: float | Tensor) -> Tensor:
+def nt_xent_loss(projections: Tensor, temperature: Real | Tensor) -> Tensor:
     r"""Mean NT-Xent loss of two views per image, computed in float32 or wider whatever the
     input dtype, with no host-device synchronisation.
 
@@ -75,8 +75,9 @@ def nt_xent_loss(projections: Tensor, temperature: float | Tensor) -> Tensor:
         raise KdmlError(f"nt_xent_loss needs a temperature that is a finite number > 0, at "
                         f"least {MIN_TEMPERATURE:.1e} (float32's smallest normal), got "
                         f"{temperature!r}")
-    if isinstance(temperature, Tensor):  # one number: a [1, 1, 1] one made the logits 3-D
-        temperature = temperature.reshape(())
+    # one number: a [1, 1, 1] tensor made the logits 3-D; a NumPy number as its Python float
+    temperature = (temperature.reshape(()) if isinstance(temperature, Tensor)
+                   else float(temperature))
     unit = F.normalize(projections, dim=1)
     logits = (unit @ unit.T) / temperature
     itself = torch.eye(len(unit), dtype=torch.bool, device=unit.device)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kdml.checks import check_labels, is_finite_number
+from kdml.checks import Real, check_labels, is_finite_number
 from kdml.errors import KdmlError
 from kdml.kernels import FLOAT32_SETTING_RANGE, squared_distances
 from kdml.losses.pml_call import check_pml_call
@@ -30,7 +30,7 @@ from kdml.precision import full_precision
 REDUCTIONS = ("mean", "sum")
 
 
-def _check_sharpness(sharpness: float) -> float:
+def _check_sharpness(sharpness: Real) -> float:
     if not is_finite_number(sharpness, above=0):
         raise KdmlError(f"sharpness (DDML's beta) must be a finite number > 0, got {sharpness!r}")
     # as the kernels' settings: the loss computes in float32 or wider, where a beta outside
@@ -43,7 +43,7 @@ def _check_sharpness(sharpness: float) -> float:
     return float(sharpness)
 
 
-def _check_threshold(threshold: float) -> float:
+def _check_threshold(threshold: Real) -> float:
     if not is_finite_number(threshold):
         raise KdmlError(f"threshold (DDML's tau) must be a finite number, got {threshold!r}")
     return float(threshold)
@@ -66,8 +66,8 @@ def _check_inputs(embeddings: Tensor, labels: Tensor) -> None:
 
 
 @full_precision
-def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: float = 3.0,
-                           sharpness: float = 2.0, reduction: str = "mean") -> Tensor:
+def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: Real = 3.0,
+                           sharpness: Real = 2.0, reduction: str = "mean") -> Tensor:
     r"""DDML's data term over every unordered pair :math:`i < j` of the batch.
 
     .. math::
@@ -161,7 +161,7 @@ class PairwiseLogisticLoss(nn.Module):
         tensor(0.3377)
     """
 
-    def __init__(self, threshold: float = 3.0, sharpness: float = 2.0,
+    def __init__(self, threshold: Real = 3.0, sharpness: Real = 2.0,
                  reduction: str = "mean") -> None:
         super().__init__()
         self.threshold = _check_threshold(threshold)

@@ -45,13 +45,16 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int = 1, image_size: int = 28,
                  widths: tuple[int, ...] = (32, 64, 128)) -> None:
         super().__init__()
-        if in_channels not in (1, 3):
-            raise KdmlError(f"SmallCNN takes 1- or 3-channel images, got {in_channels} channels")
+        # an integer: 3.0 and True compare equal to 3 and 1, and 3.0 then failed inside
+        # nn.Conv2d with torch's "argument 'size' failed to unpack"
+        if not is_positive_int(in_channels) or in_channels not in (1, 3):
+            raise KdmlError(f"SmallCNN takes 1- or 3-channel images, got {in_channels!r} "
+                            "channels")
         if not is_positive_int(image_size) or image_size < 8:
             raise KdmlError(f"SmallCNN takes images of side 8 or more, got side {image_size!r}")
         widths = _check_widths("SmallCNN", "widths", widths)
         layers: list[nn.Module] = []
-        channels = in_channels
+        channels = int(in_channels)
         while image_size > 64:
             layers += [nn.Conv2d(channels, widths[0], 3, stride=2, padding=1, bias=False),
                        nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True), nn.MaxPool2d(2)]

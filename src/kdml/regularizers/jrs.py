@@ -88,14 +88,19 @@ def check_kernel(owner: str, kernel: object) -> nn.Module:
     ``nn.Module`` whose ``forward`` takes ``(x)`` and ``(x, y)`` as kernels do. A module of
     one input (``nn.Identity``, ``nn.Linear``) or of two (``nn.Bilinear``) is refused here, at
     construction, rather than by a shape error at the first batch; one that passes and still
-    returns no :math:`(M, M)` matrix is refused at the call (:func:`kernel_matrix`)."""
+    returns no :math:`(M, M)` matrix is refused at the call (:func:`kernel_matrix`). A module
+    with no ``forward`` of its own (``nn.ModuleList``, ``nn.ModuleDict``), whose unimplemented
+    ``forward(*input)`` takes any call, is refused here too (it failed at the first batch)."""
     if isinstance(kernel, Kernel):
         return kernel
     if getattr(kernel, "is_inverted", None) is False:  # pytorch-metric-learning's LpDistance
         raise KdmlError(f"{owner}: {type(kernel).__name__} is a distance (larger is farther), "
                         "not a kernel (larger is more alike): a regularizer of it would pull "
                         "what it should push apart; use a kernel of kdml.kernels")
-    if isinstance(kernel, nn.Module):
+    # a container (nn.ModuleList of kernels) has nn.Module's unimplemented forward(*input);
+    # read on the instance, where torch.compile's wrapper puts its forward
+    if isinstance(kernel, nn.Module) and getattr(kernel.forward, "__func__", None) is not (
+            nn.Module.forward):
         try:
             signature = inspect.signature(kernel.forward)
             signature.bind(None)
@@ -166,8 +171,10 @@ class _JointKernelRegularizer(nn.Module):
     def __init__(self, kernels: Sequence[Kernel | nn.Module]) -> None:
         super().__init__()
         # a kernel, or its class (GaussianMixtureKernel without the brackets), had failed in
-        # list() with "'type' object is not iterable"
-        if isinstance(kernels, nn.Module | type) or not isinstance(kernels, Iterable):
+        # list() with "'type' object is not iterable"; an nn.ModuleList of kernels (another
+        # regularizer's .kernels) is a sequence of them, as sharded_jrs takes it
+        if (isinstance(kernels, type) or not isinstance(kernels, Iterable)
+                or (isinstance(kernels, nn.Module) and not isinstance(kernels, nn.ModuleList))):
             raise KdmlError(
                 f"{type(self).__name__} takes a sequence of kernels, one per representation, "
                 "e.g. [GaussianMixtureKernel()]"
@@ -419,7 +426,7 @@ class IntraClassPenalty(nn.Module):
         super().__init__()
         if kernels is None:
             kernel: nn.Module = GaussianMixtureKernel(num_kernels=1, bandwidth=2.0)
-        elif isinstance(kernels, nn.Module):
+        elif isinstance(kernels, nn.Module) and not isinstance(kernels, nn.ModuleList):
             kernel = kernels
         elif isinstance(kernels, str):
             raise KdmlError(f"IntraClassPenalty takes a kernel module, not the name {kernels!r}; "
