@@ -257,6 +257,23 @@ def test_pca_default_dim_keeps_euclidean_distances():
                           torch.cdist(target, target), atol=1e-5)
 
 
+def test_pca_default_dim_takes_a_source_of_fewer_samples_than_features():
+    """All d directions are a rotation whatever the source's size: a source of 4 samples of
+    6 features had been refused ("PCA to 6 dimensions needs at least 6 source samples"), the
+    plain Euclidean baseline of a user's small source with it."""
+    _, method = build("pca", input_size=6)
+    source, _, target = tiny_domains()
+    method.fit(source[:4])
+    assert torch.allclose(torch.cdist(method.embed(target), method.embed(target)),
+                          torch.cdist(target, target), atol=1e-5)
+    _, partial = build("pca", "method.pca_dim=5", input_size=6)
+    with pytest.raises(KdmlError, match=r"^PCA to 5 of 6 dimensions needs at least 5 source "
+                       r"samples, got 4; lower method\.pca_dim to at most 4, or set it to 0 "):
+        partial.fit(source[:4])
+    with pytest.raises(KdmlError, match="got none"):
+        method.fit(source[:0])
+
+
 @pytest.mark.parametrize("override", ["method.alpha=-1", "method.mmd_kernel=rbf",
                                       "method.activation=gelu", "method.k1=0",
                                       "method.layer_sizes=[4,0]"])

@@ -359,6 +359,40 @@ def test_raw_queries_of_a_pca_run_go_through_its_pca(pca_run, tmp_path, capsys):
         "give them before the PCA\n")
 
 
+def test_a_pca_run_s_own_pair_goes_through_the_pca_of_its_checkpoint(tmp_path):
+    """A run's own pair, its source edited since and its data.json deleted (as the refusal of
+    other data says, to use it anyway), had been projected by a PCA fitted again on the new
+    source: a basis the model never saw, which changed even the unchanged target's embeddings
+    (Recall@1 0.83 -> 0.77 on a 10-d pair), while --dataset of the same file took the run's
+    own PCA. kdml eval, embed and --resume now take the checkpoint's PCA."""
+    rng = np.random.default_rng(0)
+    truth = np.tile(np.arange(4), 30)
+    x = rng.standard_normal((120, 12))
+    x[np.arange(120), truth] += 6
+    domain = np.where(np.arange(120) < 60, "source", "target")
+    pair = tmp_path / "pair.npz"
+    np.savez(pair, X=x, y=truth, domain=domain)
+    run = tmp_path / "run"
+    assert kdml("train", "ddml", "--dataset", f"npz:{pair}", "--out", run, *TINY,
+                "data.pca_dim=6", "data.batch_size=16", "eval.ks=[1]", "method.k1=3",
+                "method.k2=8") == 0
+    trained = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["input_pca"]
+    assert kdml("embed", run, "--out", tmp_path / "before.npz") == 0
+    rotation = np.linalg.qr(rng.standard_normal((12, 12)))[0]
+    x[:60] = x[:60] @ rotation  # the source edited; the target as it was
+    np.savez(pair, X=x, y=truth, domain=domain)
+    (run / "data.json").unlink()
+    assert kdml("embed", run, "--out", tmp_path / "after.npz") == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "before.npz")["embeddings"],
+                                  np.load(tmp_path / "after.npz")["embeddings"])
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"]["epochs"] = 2
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    assert kdml("train", "--resume", run, "--no-progress") == 0
+    resumed = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["input_pca"]
+    assert all(torch.equal(resumed[key], trained[key]) for key in ("mean", "components"))
+
+
 def test_a_pca_run_keeps_its_pca_so_its_model_needs_no_data(tmp_path, capsys):
     """A data.pca_dim run keeps its PCA in its checkpoints: with its npz: features moved away,
     raw queries still go through it (they had needed the run's data, to fit it again) and

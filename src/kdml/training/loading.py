@@ -187,9 +187,11 @@ def load_run(run_dir: Path, data_root: str | None = None, best: bool = False,
         check_data_path(run, config.data.dataset, data_remedy)
     state = load_checkpoint(checkpoint)
     recorded = run.recorded_data()
-    # the test part too where it was recorded: the check compares every part training saw
-    splits, test_splits = prepare_data_and_test_part(config.data,
-                                                     test_part or recorded is not None)
+    # the test part too where it was recorded: the check compares every part training saw;
+    # a domain pair through the PCA the model was trained on, not one fitted again
+    splits, test_splits = prepare_data_and_test_part(
+        config.data, test_part or recorded is not None,
+        pca=checkpoint_pca(state, checkpoint, config.data.pca_dim))
     check_run_data(run, recorded, config, splits, test_splits, data_remedy)
     if not test_part:
         test_splits = splits
@@ -240,6 +242,19 @@ def load_model(run_dir: Path, best: bool = False, data_root: str | None = None,
     method.to(target)
     embedder = build_embedder(config, build_pipeline(config, samples, method), target, progress)
     return RunModel(run, config, method, state["epoch"], embedder, checkpoint, samples, pca=pca)
+
+
+def checkpoint_pca(state: dict[str, Any], checkpoint: Path, pca_dim: int) -> SourcePCA | None:
+    """The input PCA ``checkpoint`` keeps (its ``state``) for a run of ``data.pca_dim`` > 0,
+    to project the run's own pair by: a PCA fitted again on its source, edited since (its
+    data.json deleted to use it anyway), had given the model a basis it never saw. ``None``
+    without ``pca_dim``, for a checkpoint of a kdml before it kept the PCA (fitted again, as
+    that kdml did), and for a PCA of another size: config.yaml's data.pca_dim edited since,
+    which the checks of the run's data and settings name."""
+    if not pca_dim or "input_pca" not in state:
+        return None
+    pca = SourcePCA.from_state(state["input_pca"], str(checkpoint))
+    return pca if pca.dim == pca_dim else None
 
 
 def stored_pca(state: dict[str, Any], checkpoint: Path, pca_dim: int,

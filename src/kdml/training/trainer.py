@@ -35,6 +35,7 @@ from kdml.config import (
     validate,
     with_absolute_paths,
 )
+from kdml.data.domains import SourcePCA
 from kdml.data.fingerprint import FORMAT as FINGERPRINT_FORMAT
 from kdml.data.fingerprint import FORMAT_FIELD
 from kdml.data.loaders import to_device
@@ -76,6 +77,7 @@ from kdml.training.loading import (
     check_checkpoint_recipe,
     check_data_path,
     check_run_data,
+    checkpoint_pca,
     data_record,
 )
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
@@ -149,11 +151,13 @@ class Session:
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print,
-              selects: bool = False, new_run: bool = True) -> Session:
+              selects: bool = False, new_run: bool = True,
+              pca: SourcePCA | None = None) -> Session:
         """``new_run``: the run trains from its first epoch, so its config can still change
         and a split setting its split does not use is refused; a run resumed from a checkpoint
         keeps the settings it trained with (an older kdml's, which ignored such a setting),
-        and --resume's own check refuses an edit of them."""
+        and --resume's own check refuses an edit of them. ``pca``: a resumed run's input PCA
+        (its checkpoint's), which its domain pair goes through instead of one fitted again."""
         world = distributed.world()
         reports: list[str] = []  # printed now, logged once train.log is open
 
@@ -164,7 +168,7 @@ class Session:
         # each process reads its own copy of the data and weights, and may fail alone (a
         # machine without them): the ranks agree before DistributedDataParallel's collective
         device, splits, test_part, method, pipeline, optimizer, scheduler = distributed.agreed(
-            lambda: _build_parts(config, world, selects, new_run, report))
+            lambda: _build_parts(config, world, selects, new_run, report, pca))
         model: nn.Module = method
         if world.is_distributed and not method.needs_fit:
             model = DistributedDataParallel(
@@ -349,7 +353,10 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
             check_data_path(run, config.data.dataset, data_remedy)
         with warnings_on_stderr(shown=main):  # the data's (e.g. files a folder: left out)
             # checks all before a new folder; a run resumed from a checkpoint keeps its settings
-            session = Session.build(config, echo, selects, new_run=state is None)
+            session = Session.build(
+                config, echo, selects, new_run=state is None,
+                pca=None if state is None else checkpoint_pca(state, run.checkpoint,
+                                                              config.data.pca_dim))
         if not resume:
             session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
             distributed.from_main(hold)
@@ -361,7 +368,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
 
 
 def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
-                 report: Callable[[str], None]) -> tuple[
+                 report: Callable[[str], None], pca: SourcePCA | None = None) -> tuple[
                      torch.device, DataSplits, DataSplits, Method, InputPipeline,
                      torch.optim.Optimizer | None, Schedule | None]:
     """What :meth:`Session.build` builds in each process by itself, checked: the device,
@@ -370,7 +377,7 @@ def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
     device = resolve_device(distributed.device_for(config.train.device))
     check_distributed(config, world, device, get_recipe(config.recipe).draws_batches,
                       resumed=not new_run)
-    splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run)
+    splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run, pca=pca)
     if not config.eval.ks:
         config.eval.ks = list(splits.eval_ks)
     check_evaluation(config, splits, selects)

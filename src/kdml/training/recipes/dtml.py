@@ -315,7 +315,8 @@ class PCAMethod(Method):
         The batches are reduced to the sum and the scatter matrix in float64, so memory does
         not grow with the number of samples; the directions are the top eigenvectors of the
         covariance (the right singular vectors of the centred data), each signed so that its
-        largest-magnitude entry is positive.
+        largest-magnitude entry is positive. ``dim`` directions need ``dim`` samples, except
+        all ``d`` of them (a rotation: the plain Euclidean distance), which any number takes.
         """
         self.check_fit()  # before the d x d matrices below are allocated
         if isinstance(batches, Tensor):
@@ -331,9 +332,13 @@ class PCAMethod(Method):
             count += len(x)
             total += x.sum(dim=0)
             scatter += x.T @ x
-        if count < dim:
-            raise KdmlError(f"PCA to {dim} dimensions needs at least {dim} source samples, "
-                            f"got {count}")
+        # all d directions (dim = d, the plain Euclidean distance) are a rotation whatever
+        # the count: a source of fewer samples than features had been refused for them
+        if count == 0 or count < dim < input_size:
+            raise KdmlError(f"PCA to {dim} of {input_size} dimensions needs at least {dim} "
+                            f"source samples, got {count}; lower method.pca_dim to at most "
+                            f"{count}, or set it to 0 (all {input_size}: the plain Euclidean "
+                            "distance)" if count else "PCA needs source samples, got none")
         mean = total / count
         covariance = scatter / count - torch.outer(mean, mean)
         _, vectors = torch.linalg.eigh(covariance)  # ascending eigenvalues
