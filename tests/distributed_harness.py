@@ -155,6 +155,29 @@ def build_failing_on_rank_1(recipe_name: str, overrides: list[str], out_dir: str
         out_dir)
 
 
+def score_diverged(recipe_name: str, overrides: list[str], out_dir: str) -> str:
+    """``Session.score`` of a model whose test embeddings overflow: each rank writes to
+    ``out_dir`` the kind of error it got."""
+    session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+    session.method.embed = lambda inputs: torch.full((len(inputs), 8), float("inf"))
+    try:
+        session.score(1, {"epoch": 1})
+        outcome = "no error"
+    except Exception as error:  # noqa: BLE001 - the kind is what the test compares
+        outcome = type(error).__name__
+    Path(out_dir, f"rank-{dist.get_rank()}.txt").write_text(outcome)
+    return outcome
+
+
+def build_on_own_settings(recipe_name: str, overrides: list[str], own: list[list[str]],
+                          out_dir: str) -> str:
+    """``Session.build`` where rank K adds ``own[K]`` to ``overrides`` (machines with their
+    own copies of the data, or of a config file): each rank writes to ``out_dir`` which error
+    it got."""
+    config = config_of(recipe_name, [*overrides, *own[dist.get_rank()]])
+    return _outcome_on_this_rank(lambda: Session.build(config, echo=lambda line: None), out_dir)
+
+
 def write_domains(path: Path, seed: int = 0) -> Path:
     """A two-domain feature file: 4 source classes of 20, a shifted target of 60."""
     rng = np.random.default_rng(seed)

@@ -14,16 +14,19 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from distributed_harness import (
     build_failing_on_rank_1,
+    build_on_own_settings,
     collective_failures,
     config_of,
     evaluate_failing_on_rank_0,
     evaluate_untrained,
     run_ranks,
+    score_diverged,
     train_steps,
     write_domains,
 )
@@ -557,6 +560,71 @@ def test_data_only_one_rank_cannot_read_is_named_by_rank_0(tmp_path):
     assert (tmp_path / "rank-0.txt").read_text() == ("KdmlError: rank 1: folder:imgs: no such "
                                                       "folder")
     assert (tmp_path / "rank-1.txt").read_text().startswith("QuietExit: ")
+
+
+@pytest.mark.parametrize(("copy", "difference"), [
+    # a stale copy with more samples: the ranks' epochs had different steps, and gloo stopped
+    # them in mismatched collectives ("Received data size doesn't match expected size")
+    (dict(source=100), "rank 1's train part has 100 samples of 4 classes, rank 0's 80 "
+                       "samples of 4 classes"),
+    # as many samples, other values: it had trained and scored a mixture of both, silently
+    (dict(seed=1), "rank 1's train part has the same 80 samples of 4 classes as rank 0's, but "
+                   "its samples or labels differ"),
+])
+def test_ranks_that_read_different_data_are_refused_by_rank_0(tmp_path, copy, difference):
+    first = write_domains(tmp_path / "first.npz")
+    other = write_domains(tmp_path / "other.npz", seed=copy.get("seed", 0))
+    if "source" in copy:  # 20 source samples more, the target as it was
+        arrays = dict(np.load(other))
+        np.savez(other, **{key: np.concatenate([value[:80], value[:20], value[80:]])
+                           for key, value in arrays.items()})
+    overrides = [*COMMON, "data.batch_size=16"]
+    run_ranks(2, build_on_own_settings, "ddml-logistic", overrides,
+              [[f"data.dataset=npz:{first}"], [f"data.dataset=npz:{other}"]], str(tmp_path),
+              tmp_path=tmp_path)
+    assert (tmp_path / "rank-0.txt").read_text() == (
+        f"KdmlError: the processes read different data for npz:{first}: {difference}; every "
+        "process must read the same data (on several machines, the same copy: check data.root, "
+        "$KDML_DATA_ROOT and the dataset's files on each)")
+    assert (tmp_path / "rank-1.txt").read_text().startswith("QuietExit: ")
+
+
+def test_ranks_that_read_the_same_data_from_other_folders_agree(tmp_path):
+    """Each machine may keep its copy elsewhere: the fingerprint leaves the folder out."""
+    first = write_domains(tmp_path / "first.npz")
+    (tmp_path / "elsewhere").mkdir()
+    other = shutil.copy(first, tmp_path / "elsewhere" / "copy.npz")
+    run_ranks(2, build_on_own_settings, "ddml-logistic", [*COMMON, "data.batch_size=16"],
+              [[f"data.dataset=npz:{first}", "eval.embed_batch_size=64"],
+               [f"data.dataset=npz:{other}"]], str(tmp_path),
+              tmp_path=tmp_path)
+    assert (tmp_path / "rank-0.txt").read_text() == "no error"
+    assert (tmp_path / "rank-1.txt").read_text() == "no error"
+
+
+def test_ranks_that_train_different_settings_are_refused_by_rank_0(tmp_path):
+    """Another config file on one machine: each rank stepped its own optimiser at its own
+    rate, and the ranks' models drifted apart without a word (rank 0's was saved; every
+    rank's embedded its share of the test set)."""
+    run_ranks(2, build_on_own_settings, "amsoftmax",
+              [*COMMON, "data.dataset=digits", "data.batch_size=40"], [[], ["optim.lr=0.01"]],
+              str(tmp_path), tmp_path=tmp_path)
+    assert (tmp_path / "rank-0.txt").read_text() == (
+        "KdmlError: the processes train different settings: optim.lr is 0.05 on rank 0 and "
+        "0.01 on rank 1 (another config file or command); start every process with the same "
+        "command and config")
+    assert (tmp_path / "rank-1.txt").read_text().startswith("QuietExit: ")
+
+
+def test_a_model_that_diverged_is_a_non_finite_loss_on_every_rank(tmp_path):
+    """Rank 0 alone had found the overflowing test embeddings, and the other ranks got a
+    QuietExit: a torchrun grid's rank 0 reported the cell diverged and went on to the next,
+    whose first collective failed, since the others had stopped."""
+    run_ranks(2, score_diverged, "amsoftmax",
+              [*COMMON, "data.dataset=digits", "data.batch_size=40"], str(tmp_path),
+              tmp_path=tmp_path)
+    assert [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)] == [
+        "NonFiniteLoss", "NonFiniteLoss"]
 
 
 def test_errors_before_the_process_group_are_said_by_rank_0_alone(monkeypatch, capsys):

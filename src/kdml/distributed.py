@@ -174,6 +174,16 @@ def gather(x: Tensor) -> Tensor:
     return torch.cat(parts)
 
 
+def every_rank(value: T) -> list[T]:
+    """Every rank's ``value`` (any picklable object), in rank order; ``[value]`` in a single
+    process."""
+    if not world().is_distributed:
+        return [value]
+    values: list[T | None] = [None] * world().size
+    dist.all_gather_object(values, value)
+    return values  # type: ignore[return-value]
+
+
 def all_reduce_sum(tensor: Tensor) -> Tensor:
     """The sum of ``tensor`` over the ranks (a new tensor; ``tensor`` in a single process)."""
     if not world().is_distributed:

@@ -88,6 +88,27 @@ def fingerprint_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str
     return None
 
 
+def rank_difference(first: dict[str, Any], other: dict[str, Any], rank: int) -> str | None:
+    """How rank ``rank``'s data (``other``) differs from rank 0's (``first``), both
+    :func:`data_fingerprint` results of the same kdml, as a clause; ``None`` when they agree.
+    Paths are not compared (each machine may keep its copy elsewhere), nor ``folder``."""
+    for name in PARTS:
+        zero, current = first["parts"].get(name), other["parts"].get(name)
+        if zero == current:
+            continue
+        if current is None:
+            return f"rank {rank} has no {name} part, rank 0's has {_counts(zero)}"
+        if zero is None:
+            return f"rank {rank}'s {name} part has {_counts(current)}, rank 0 has none"
+        if (zero["samples"], zero["classes"]) != (current["samples"], current["classes"]):
+            return (f"rank {rank}'s {name} part has {_counts(current)}, rank 0's "
+                    f"{_counts(zero)}")
+        what = "files" if current["kind"] == "files" else "samples"
+        return (f"rank {rank}'s {name} part has the same {_counts(current)} as rank 0's, but "
+                f"its {what} or labels differ")
+    return None
+
+
 def _counts(part: dict[str, Any]) -> str:
     return f"{part.get('samples', 0):,} samples of {part.get('classes', 0):,} classes"
 

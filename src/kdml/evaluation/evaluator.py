@@ -166,6 +166,11 @@ def score_method(method: Method, splits: DataSplits, config: EvalConfig,
     ``splits.unreadable`` the test and gallery images ``data.on_bad_image=skip`` left out
     (only decoding finds them), so that ``splits.test_set`` then counts the samples scored."""
     embedded = _embed_for_evaluation(method, splits, embedder or Embedder())
+    # every rank, each holding the gathered embeddings: a diverged model is then a
+    # NonFiniteEmbeddings on all of them (from rank 0 the others had a QuietExit, so a torchrun
+    # grid's later ranks stopped where rank 0 went on to the next cell, and its first
+    # collective failed)
+    _check_finite(embedded)
     # rank 0 scores; an error there stops the other ranks too instead of leaving them waiting
     return distributed.from_main(lambda: _score(embedded, splits, config, method.has_charts))
 
@@ -252,7 +257,6 @@ def _check_scorable(embedded: dict[str, Embedded]) -> None:
 
 def _score(embedded: dict[str, Embedded], splits: DataSplits, config: EvalConfig,
            charts: bool) -> Scores:
-    _check_finite(embedded)
     _record_unreadable(embedded, splits)
     _warn_of_skipped(embedded, splits)
     ks = tuple(config.ks) or splits.eval_ks

@@ -4,10 +4,13 @@ method against the splits, the distributed settings, the test set's scorability.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
-from kdml.config import RunConfig
+from kdml.config import RunConfig, flatten
+from kdml.data.fingerprint import rank_difference
+from kdml.data.registry import PATH_FORMATS, ROOT_VARIABLE
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.distributed import World
 from kdml.errors import KdmlError
@@ -113,6 +116,54 @@ def check_distributed(config: RunConfig, world: World, device: torch.device,
         raise KdmlError(f"data.batch_size={batch_size} gives each of the {world.size} "
                         "processes one sample; each needs at least 2, as a single process "
                         f"does: {remedy}")
+
+
+# Settings each process may hold its own value of: where its machine keeps the data and the
+# weights (the data itself is compared), its loader processes and embedding batches.
+OWN_SETTINGS = frozenset({"data.root", "model.weights", "data.num_workers",
+                          "eval.embed_batch_size"})
+
+
+def check_same_run(configs: list[dict[str, Any]], fingerprints: list[dict[str, Any]]) -> None:
+    """Refuse ranks that train other settings or read other data (each rank's
+    ``config.to_dict()`` and :func:`~kdml.data.fingerprint.data_fingerprint`, in rank order):
+    every rank draws the same global batches by index from its own copy of the data and steps
+    its own optimiser, so a copy of other size had stopped them in mismatched collectives
+    ("Received data size doesn't match expected size", or a wait of 30 minutes), and other
+    samples, labels or settings (another config file on one machine) trained and scored a
+    mixture without a word."""
+    for rank in range(1, len(configs)):
+        setting = _differing_setting(configs[0], configs[rank])
+        if setting is not None:
+            key, first, other = setting
+            raise KdmlError(f"the processes train different settings: {key} is {first!r} on "
+                            f"rank 0 and {other!r} on rank {rank} (another config file or "
+                            "command); start every process with the same command and config")
+        difference = rank_difference(fingerprints[0], fingerprints[rank], rank)
+        if difference is not None:
+            raise KdmlError(f"the processes read different data for "
+                            f"{configs[0]['data']['dataset']}: {difference}; every process "
+                            "must read the same data (on several machines, the same copy: "
+                            f"check data.root, ${ROOT_VARIABLE} and the dataset's files on "
+                            "each)")
+
+
+def _differing_setting(first: dict[str, Any], other: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first setting (its key, ``first``'s value and ``other``'s) in which two configs'
+    ``to_dict()`` differ, leaving out :data:`OWN_SETTINGS`; a path-named dataset's path may
+    differ, not its kind."""
+    flat_first, flat_other = flatten(first), flatten(other)
+    for key in sorted(set(flat_first) | set(flat_other)):
+        values = flat_first.get(key), flat_other.get(key)
+        if key in OWN_SETTINGS or values[0] == values[1]:
+            continue
+        kinds = {value.split(":", 1)[0] for value in values if isinstance(value, str)
+                 and value.startswith(tuple(PATH_FORMATS))}
+        if key == "data.dataset" and len(kinds) == 1 and all(
+                isinstance(value, str) and ":" in value for value in values):
+            continue
+        return key, *values
+    return None
 
 
 def resumed_batch_remedy(batch_size: int, size: int, *others: int) -> str:

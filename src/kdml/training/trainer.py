@@ -37,7 +37,7 @@ from kdml.config import (
 )
 from kdml.data.domains import SourcePCA
 from kdml.data.fingerprint import FORMAT as FINGERPRINT_FORMAT
-from kdml.data.fingerprint import FORMAT_FIELD
+from kdml.data.fingerprint import FORMAT_FIELD, data_fingerprint
 from kdml.data.loaders import to_device
 from kdml.data.prepare import prepare_data_and_test_part
 from kdml.data.sample_spec import FIELD as SAMPLES_FIELD
@@ -68,6 +68,7 @@ from kdml.training.checks import (
     check_distributed,
     check_evaluation,
     check_method_on_splits,
+    check_same_run,
     warn_about_splits,
 )
 from kdml.training.denormal import flushing_denormals
@@ -169,6 +170,10 @@ class Session:
         # machine without them): the ranks agree before DistributedDataParallel's collective
         device, splits, test_part, method, pipeline, optimizer, scheduler = distributed.agreed(
             lambda: _build_parts(config, world, selects, new_run, report, pca))
+        if world.is_distributed:  # before the batches, which index every rank's own copy
+            configs, fingerprints = zip(*distributed.every_rank(
+                (config.to_dict(), data_fingerprint(splits, test_part))), strict=True)
+            distributed.from_main(lambda: check_same_run(list(configs), list(fingerprints)))
         model: nn.Module = method
         if world.is_distributed and not method.needs_fit:
             model = DistributedDataParallel(
