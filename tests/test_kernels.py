@@ -634,3 +634,21 @@ def test_a_bad_floor_or_power_is_refused_in_one_line(floor, power):
             adaptive_bandwidth(torch.ones(3, 3), floor=floor)
         else:
             resolution_floor(torch.ones(3, 2), power)
+
+
+@pytest.mark.parametrize("floor", [0.0, math.inf, math.nan])
+def test_a_floor_that_is_not_above_zero_is_refused(floor):
+    """The floor is a number > 0: 0 let a collapsed batch's tau be 0 and its kernels 0/0
+    (mutation audit: at_least=0 for above=0 passed 0)."""
+    with pytest.raises(KdmlError, match=r"^adaptive_bandwidth's floor must be a finite number "
+                                        r"> 0, got"):
+        adaptive_bandwidth(torch.zeros(3, 3), floor=floor)
+
+
+@pytest.mark.parametrize("power", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_resolution_floor_of_no_point_is_the_smallest_bandwidth(power, dtype):
+    """At least smallest_bandwidth, as the docstring says, also without points (mutation
+    audit: a floor of 0 there went unnoticed)."""
+    floor = resolution_floor(torch.empty(0, 3, dtype=dtype), power)
+    assert floor.dtype == dtype and floor.item() == smallest_bandwidth(dtype)

@@ -541,3 +541,30 @@ def test_a_temperature_below_float32_s_smallest_normal_is_refused():
 
     with pytest.raises(KdmlError, match="smallest normal"):
         nt_xent_loss(torch.randn(4, 3), 1e-39)
+
+
+@pytest.mark.parametrize("name", ["scale", "margin"])
+def test_am_softmax_refuses_an_empty_setting_tensor_in_one_line(name):
+    """A tensor setting of no element is not one number: refused, not torch's "shape '[]' is
+    invalid for input of size 0" from the reshape to a 0-dim number (mutation audit)."""
+    settings = {"scale": 20.0, "margin": 0.1, name: torch.empty(0)}
+    raises_one_line(rf"^am_softmax_loss needs a {name} that is one number .*got shape \(0,\)$",
+                    am_softmax_loss, torch.tensor([[0.5, 0.3], [0.1, 0.4]]),
+                    torch.tensor([0, 1]), **settings)
+
+
+def test_nt_xent_refuses_an_empty_temperature_tensor_in_one_line():
+    """A temperature tensor of no element is refused as one of another shape (mutation
+    audit: torch's reshape error otherwise)."""
+    raises_one_line(r"got a temperature tensor of shape \(0,\)$", nt_xent_loss,
+                    torch.randn(4, 3), torch.empty(0))
+
+
+def test_nt_xent_takes_float32_s_smallest_normal_as_its_temperature():
+    """The refusal starts below float32's smallest normal: that number itself is taken and
+    gives a finite loss (mutation audit: a doubled floor, or > for >=, refused it)."""
+    tiny = float(torch.finfo(torch.float32).tiny)
+    views = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(nt_xent_loss(views, tiny))
+    with pytest.raises(KdmlError, match="smallest normal"):
+        nt_xent_loss(views, tiny * (1 - 2 ** -52))

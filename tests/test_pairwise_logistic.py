@@ -12,6 +12,7 @@ import torch
 from kdml import cli
 from kdml.config import resolve_config
 from kdml.errors import KdmlError
+from kdml.kernels import FLOAT32_SETTING_RANGE
 from kdml.losses.pairwise_logistic import PairwiseLogisticLoss, pairwise_logistic_loss
 from kdml.models.backbones import FlattenInputs
 from kdml.models.method import StepOutput
@@ -319,3 +320,14 @@ def test_two_processes_train_as_one_on_the_concatenated_batch(tmp_path):
     single = run_ranks(1, train_steps, "ddml-logistic", overrides, tmp_path=tmp_path)
     double = run_ranks(2, train_steps, "ddml-logistic", overrides, tmp_path=tmp_path)
     assert_same_training(single, double)
+
+
+def test_the_ends_of_the_sharpness_range_are_taken():
+    """FLOAT32_SETTING_RANGE is closed: its ends are taken and give finite losses, log(2) /
+    beta at the low end and the hinge at the high one (mutation audit: < for <= refused
+    them)."""
+    low, high = FLOAT32_SETTING_RANGE
+    points, labels = torch.tensor([[0.0], [1.0]]), torch.tensor([0, 1])  # z = 1 + 3 - 1 = 3
+    assert pairwise_logistic_loss(points, labels, sharpness=low).item() == pytest.approx(
+        math.log(2.0) / low, rel=1e-6)
+    assert PairwiseLogisticLoss(sharpness=high)(points, labels).item() == pytest.approx(3.0)
