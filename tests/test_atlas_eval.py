@@ -138,6 +138,25 @@ def test_points_alone_in_their_chart_miss_everything():
     assert got["recall@1"] == 1.0 and got["map@r"] == pytest.approx(1 / 3)
 
 
+def test_chart_nmi_with_a_gallery_clusters_the_queries_and_the_gallery_together():
+    """As retrieval_metrics does (and as documented): with reference_* the NMI clusters the
+    queries and the gallery together (0.25 here), not the 12 queries alone (0.61). Coordinates
+    in eighths: the search's shift by the gallery's median is exact, so the two agree to the
+    bit."""
+    rng = np.random.default_rng(0)
+    coords, charts, labels = (rng.integers(-16, 16, size=(12, 3)) / 8.0, np.repeat([0, 1], 6),
+                              np.arange(12) % 6)
+    gallery, gallery_charts, gallery_labels = (rng.integers(-16, 16, size=(36, 3)) / 8.0,
+                                               rng.integers(0, 2, 36), np.arange(36) % 6)
+    got = chart_retrieval_metrics(coords, charts, labels, ks=(1,), reference_coords=gallery,
+                                  reference_chart_index=gallery_charts,
+                                  reference_labels=gallery_labels)["nmi"]
+    assert got == chart_clustering_nmi(np.concatenate([coords, gallery]),
+                                       np.concatenate([charts, gallery_charts]),
+                                       np.concatenate([labels, gallery_labels]))
+    assert got != chart_clustering_nmi(coords, charts, labels)
+
+
 def test_chart_retrieval_rejects_bad_inputs():
     coords, charts, labels, _ = clustered_codes(20, 3, 2, 4, seed=4)
     with pytest.raises(KdmlError, match="chart_index"):
@@ -159,6 +178,12 @@ def test_chart_retrieval_rejects_bad_inputs():
     ([3, 100], 10, [1, 9]),
     ([2, 2], 10, [2, 2]),  # capped at the chart sizes
     ([5, 5, 5], 4, [2, 1, 1]),  # equal remainders: lower chart first
+    # four charts under their share of one cluster raised to 1 overshoot 7 by 2: the charts
+    # most over their share give one back each (13 points, 2 for 2.46, before 20: 3 for 3.78)
+    ([1, 1, 1, 1, 20, 13], 7, [1, 1, 1, 1, 2, 1]),
+    ([1, 1, 1, 1, 100], 3, [1, 1, 1, 1, 1]),  # down to max(K, charts) = 5
+    # shares 1.67, 1.67, 0.67: floors (not rounded shares) first, then the largest remainders
+    ([5, 5, 2], 4, [2, 1, 1]),
 ])
 def test_allocate_clusters(sizes, num_clusters, expected):
     assert allocate_clusters(sizes, num_clusters).tolist() == expected

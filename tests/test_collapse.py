@@ -5,6 +5,7 @@ import torch
 
 from kdml.evaluation.collapse import (
     COLLAPSE_TOLERANCE,
+    Collapse,
     chart_collapse,
     collapse,
     collapse_warning,
@@ -154,3 +155,21 @@ def test_chart_collapse_needs_a_chart_per_row():
     with pytest.raises(ValueError, match=r"chart_index has shape \(3,\); chart_coords of "
                                          r"shape \(4, 2\) need one chart per row"):
         chart_collapse(torch.ones(4, 2), torch.zeros(3, dtype=torch.long))
+
+
+def test_the_cosine_collapse_normalises_rows_of_any_norm():
+    """Under the cosine metric a row of norm 2e-13 is its direction as much as a row of norm 2
+    is: four rows of one direction have collapsed (F.normalize's floor of 1e-12 on the norm
+    had left the tiny rows at a tenth of unit length, 75% at one point)."""
+    rows = torch.tensor([[1e-13, 2e-13]] * 3 + [[1.0, 2.0]])
+    assert collapse(rows, "cosine") == Collapse(share=1.0, exact=1.0, spread=0.0)
+
+
+def test_the_spread_is_the_largest_of_every_chunk():
+    """Points are measured in chunks of 4,096: the spread is the largest distance within the
+    tolerance over all of them, here in the first chunk (one float32 ulp of 1), not the last
+    chunk's (0)."""
+    rows = torch.ones(4106, 3)
+    rows[0, 0] += 1e-7  # rounds to 1 + 2^-23
+    found = collapse(rows)
+    assert found.share == 1.0 and found.spread == 2.0**-23

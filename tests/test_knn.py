@@ -296,3 +296,27 @@ def test_l2_normalize_keeps_float64_rows_whose_squares_leave_floats_range():
     norms = np.sqrt(np.einsum("ij,ij->i", ordinary, ordinary))
     assert np.array_equal(l2_normalize(ordinary, inplace=False), ordinary / norms[:, None])
     assert np.array_equal(l2_normalize(ordinary.copy(), inplace=True), ordinary / norms[:, None])
+
+
+def test_drop_self_removes_the_query_wherever_it_is_else_the_farthest_column():
+    """Each row's own index is removed where it was retrieved (duplicates can put it in any
+    column); a row that did not retrieve itself (more than k duplicates nearer or as near)
+    loses its last, farthest column, keeping the k nearest."""
+    from kdml.evaluation.knn import drop_self
+
+    scores = np.array([[0.0, 0.0, 1.0], [0.0, 0.5, 1.0], [0.0, 0.5, 1.0]], dtype=np.float32)
+    indices = np.array([[4, 7, 2], [3, 1, 5], [8, 9, 6]])
+    kept_scores, kept = drop_self(scores, indices, np.array([7, 5, 2]))
+    np.testing.assert_array_equal(kept, [[4, 2], [3, 1], [8, 9]])
+    np.testing.assert_array_equal(kept_scores, [[0.0, 1.0], [0.0, 0.5], [0.0, 0.5]])
+
+
+def test_squared_distances_of_the_full_row_search_are_never_negative():
+    """A k of 1024 or more runs through whole score rows (torch), where |q|^2 + |r|^2 - 2 q.r
+    of a duplicate rounds to as low as -12 at a norm of 4,000: clamped at 0, as faiss's own
+    search does, since a squared distance is not negative."""
+    points = np.random.default_rng(0).standard_normal((520, 16)) * 1000.0
+    points = np.concatenate([points, points])  # each point twice: a distance of 0 each
+    scores = np.concatenate([chunk.scores for chunk in knn_search(points, k=1024,
+                                                                  metric="euclidean")])
+    assert scores.min() == 0.0

@@ -27,6 +27,7 @@ import pytest
 from scipy import stats
 from sklearn.neighbors import KNeighborsClassifier
 
+from kdml.errors import KdmlError
 from kdml.evaluation import generalization
 from kdml.evaluation.generalization import generalization_terms
 
@@ -243,3 +244,59 @@ def test_nn_error_refuses_what_scikit_learn_would_in_one_line(case):
         args["train_y"] = y[:3]
     with pytest.raises(KdmlError):
         generalization.nn_error(**args)  # type: ignore[arg-type]
+
+
+def test_neighbors_may_be_every_fitted_sample_and_no_more():
+    """10 seen and 10 unseen samples at labelled_fraction 0.5 fit 5 + 5: neighbors=10 is every
+    fitted sample (scikit-learn takes it: a vote of all of them) and is taken; 11 is refused."""
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.standard_normal((10, 2)), rng.standard_normal((10, 2)) + 3.0
+    seen_labels, unseen_labels = np.arange(10) % 2, 2 + np.arange(10) % 2
+    terms = generalization_terms(seen, seen_labels, unseen, unseen_labels, repeats=2,
+                                 neighbors=10)
+    assert set(terms) >= {"h_divergence", "err_seen"}
+    with pytest.raises(KdmlError, match=r"^neighbors \(11\) is more than the 10 samples"):
+        generalization_terms(seen, seen_labels, unseen, unseen_labels, repeats=2,
+                             neighbors=11)
+
+
+def test_float_labels_must_be_whole_numbers():
+    """2.0 is class 2, as the integer; 0.5 is no class and is refused in one line (it had been
+    read as class 0)."""
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.standard_normal((10, 2)), rng.standard_normal((10, 2)) + 3.0
+    seen_labels, unseen_labels = np.arange(10) % 2, 2 + np.arange(10) % 2
+    as_floats = generalization_terms(seen, seen_labels.astype(float), unseen,
+                                     unseen_labels.astype(float), repeats=2)
+    assert as_floats == generalization_terms(seen, seen_labels, unseen, unseen_labels,
+                                             repeats=2)
+    halves = seen_labels.astype(float)
+    halves[3] = 0.5
+    with pytest.raises(KdmlError, match=r"^seen_labels must be class labels \(integers or "
+                                        r"names\), got the non-integer value 0\.5$"):
+        generalization_terms(seen, halves, unseen, unseen_labels, repeats=2)
+
+
+def test_integer_seen_labels_beside_named_unseen_ones_are_refused():
+    """np.concatenate turns the integers into strings, so the joint classifier's predictions
+    never equal an integer seen label (err_seen read 1.0): refused in one line."""
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.standard_normal((10, 2)), rng.standard_normal((10, 2)) + 3.0
+    with pytest.raises(KdmlError, match=r"^seen_labels are integers and unseen_labels names; "
+                                        r"give both as integers or both as names$"):
+        generalization_terms(seen, np.arange(10) % 2, unseen,
+                             np.array(["cat", "dog"] * 5), repeats=2)
+
+
+def test_estimate_is_the_mean_and_the_student_t_half_width_of_its_values():
+    """Estimate.of against the textbook: the sample standard deviation (n - 1), its mean's
+    standard error, and Student's t at 97.5% with n - 1 degrees of freedom (3.182 for 4)."""
+    from kdml.evaluation.estimate import Estimate
+
+    values = [1.0, 2.0, 3.0, 4.5]
+    mean = sum(values) / 4
+    deviation = math.sqrt(sum((value - mean) ** 2 for value in values) / 3)
+    estimate = Estimate.of(values)
+    assert estimate.mean == mean
+    assert estimate.ci95 == pytest.approx(3.182446305284263 * deviation / 2, rel=1e-12)
+    assert estimate.values == tuple(values)

@@ -310,6 +310,48 @@ def test_source_nn_vote_takes_exactly_tied_sources_in_index_order(metric):
             == pytest.approx(nn_vote_accuracy(source, source_y, target, target_y, k, metric))
 
 
+def test_k_of_every_source_sample_votes_with_all_of_them():
+    """k may be the number of source samples, as documented (1 to N_s): every target gets the
+    majority label of the whole source set."""
+    source, source_y = np.array([[0.0], [1.0], [2.0]]), [0, 0, 1]
+    target = np.array([[2.0], [1.9], [0.0]])
+    assert source_nn_accuracy(source, source_y, target, [0, 1, 0], k=3) == pytest.approx(2 / 3)
+    with pytest.raises(KdmlError, match=r"^k must be an integer from 1 to 3, got 4$"):
+        source_nn_accuracy(source, source_y, target, [0, 1, 0], k=4)
+
+
+def test_a_vote_among_all_tied_sources_searches_every_source_at_once(monkeypatch):
+    """Where every retrieved source is tied with the k-th (a collapsed embedding), the vote
+    searches every source next, where doubling would search them log2(N / (k + 1)) times;
+    a group that ends soon doubles."""
+    from kdml.evaluation import transfer
+
+    widths = []
+    real = transfer.search_rows
+
+    def counted(targets, rows, sources, k, *rest):
+        widths.append(k)
+        return real(targets, rows, sources, k, *rest)
+
+    monkeypatch.setattr(transfer, "search_rows", counted)
+    labels = np.arange(100) % 3
+    assert source_nn_accuracy(np.ones((100, 3)), labels, np.ones((2, 3)), [0, 1], k=2) == 0.5
+    assert widths == [3, 100]
+    widths.clear()
+    # one nearest point, then 3 copies of the next: 3 wide, then 6, where the group ends
+    source = np.concatenate([[[0.0]], np.ones((3, 1)), np.arange(2.0, 98.0)[:, None]])
+    source_nn_accuracy(source, labels, np.zeros((1, 1)), [0], k=2)
+    assert widths == [3, 6]
+
+
+def test_source_votes_a_few_float32_ulps_apart_go_by_distance_not_index():
+    """Only equal float32 scores are taken in index order: sources 1 + 4e-7, 1 and 1 + 2e-7
+    away (distinct in float32) vote by distance, so the two nearest (labels 0, 0) win, not
+    the two lowest indices (labels 1, 0: a tie the nearer label 1 would win)."""
+    source = np.array([[1.0 + 4e-7], [1.0], [1.0 + 2e-7], [10.0]])
+    assert source_nn_accuracy(source, [1, 0, 0, 1], np.zeros((1, 1)), [0], k=2) == 1.0
+
+
 def test_negative_source_labels_are_refused():
     """-1 marks an unknown target label; the source domain is labelled, so a -1 there is a
     mistake to name, not a class to vote for."""
@@ -464,3 +506,31 @@ def test_seeded_protocols_refuse_a_seed_that_is_no_count(seed):
         with pytest.raises(KdmlError, match=message):
             call()
     assert single_shot_cmc(x, ids, seed=np.int64(3)) == single_shot_cmc(x, ids, seed=3)
+
+
+def test_stratified_parts_need_two_samples_of_every_class_per_part():
+    """Every query of a part needs a relevant neighbour there: 2 parts need 4 samples of each
+    class (4 are dealt 2 and 2, each part sorted, covering every sample once); 3 are refused."""
+    from kdml.evaluation.parts import stratified_parts
+
+    parts = stratified_parts(np.array([0, 0, 0, 0, 1, 1, 1, 1, 1]), 2, seed=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(9))
+    assert [len(part) for part in parts] == [5, 4]
+    assert all((np.diff(part) > 0).all() for part in parts)
+    # the seed deals each class's samples in a random order, not every other one
+    by_seed = [stratified_parts(np.zeros(20, dtype=np.int64), 2, seed=seed)[0].tolist()
+               for seed in (0, 1)]
+    assert by_seed[0] != by_seed[1] and list(range(0, 20, 2)) not in by_seed
+    with pytest.raises(KdmlError, match=r"^1 test classes have fewer than 4 samples \(e\.g\. "
+                                        r"class 1\), too few for 2 parts"):
+        stratified_parts(np.array([0, 0, 0, 0, 1, 1, 1]), 2)
+
+
+def test_retrieval_over_one_part_is_refused():
+    """An interval over the parts needs two of them; one part is retrieval_metrics."""
+    from kdml.evaluation.parts import retrieval_over_parts
+
+    with pytest.raises(KdmlError, match=r"^num_parts must be an integer of at least 2 \(an "
+                                        r"interval over the parts needs two\), got 1; for one "
+                                        r"part use retrieval_metrics$"):
+        retrieval_over_parts(np.eye(4), [0, 0, 1, 1], ks=(1,), num_parts=1)

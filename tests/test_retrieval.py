@@ -541,3 +541,43 @@ def test_k_of_every_other_sample_is_accepted_in_leave_one_out():
                                  "r_precision": 0.75}, abs=1e-15)
     with pytest.raises(KdmlError, match="^K=4 in ks is larger than the 3 available references$"):
         retrieval_metrics(embeddings, [0, 0, 1, 1], ks=(4,), metric="euclidean", nmi=False)
+
+
+@pytest.mark.parametrize("kind", ["array", "tensor"])
+def test_the_two_adjacent_halves_of_one_array_are_searched_not_refused(kind):
+    """Queries ``x[100:]`` against a reference ``x[:100]`` share memory with it but no row:
+    the first query begins where the reference ends, so it is not a reference row. Scored as
+    the same values copied apart are."""
+    rng = np.random.default_rng(0)
+    embeddings, labels = rng.standard_normal((200, 4)), rng.integers(0, 5, 200)
+    expected = retrieval_metrics(embeddings[100:].copy(), labels[100:], ks=(1,), nmi=False,
+                                 reference=embeddings[:100].copy(),
+                                 reference_labels=labels[:100])
+    if kind == "tensor":
+        embeddings = torch.from_numpy(embeddings)
+    assert retrieval_metrics(embeddings[100:], labels[100:], ks=(1,), nmi=False,
+                             reference=embeddings[:100], reference_labels=labels[:100]) \
+        == expected
+
+
+def test_nmi_with_a_gallery_clusters_the_queries_and_the_gallery_together():
+    """As documented: with a ``reference`` the queries and the gallery are clustered together.
+    One query per class alone is one cluster each, an NMI of 1.0 whatever the embedding; the
+    random embedding here scores 0.31 together, as clustering_nmi of both sets says."""
+    rng = np.random.default_rng(0)
+    queries, query_labels = rng.standard_normal((10, 8)), np.arange(10)
+    gallery, gallery_labels = rng.standard_normal((50, 8)), np.repeat(np.arange(10), 5)
+    got = retrieval_metrics(queries, query_labels, ks=(1,), reference=gallery,
+                            reference_labels=gallery_labels)["nmi"]
+    assert got == clustering_nmi(np.concatenate([queries, gallery]),
+                                 np.concatenate([query_labels, gallery_labels]))
+    assert got < 0.5 and clustering_nmi(queries, query_labels) == 1.0
+
+
+def test_nmi_trains_on_every_point_where_the_points_do_not_divide_among_the_clusters():
+    """1,401 points in 2 clusters: faiss samples above max_points_per_centroid * k points, so
+    that must be rounded up (701), or faiss trains on 1,400 of them (NMI 0.152, not 0.150)."""
+    embeddings, labels = clustered([700, 701], dim=8, noise=2.0, seed=1)
+    every_point = literal_faiss_nmi(embeddings, labels, 2, max_points=len(embeddings))
+    assert clustering_nmi(embeddings, labels, metric="euclidean") == pytest.approx(
+        every_point, abs=1e-12)

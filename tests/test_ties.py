@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from kdml.evaluation import retrieval, retrieval_metrics
 from kdml.evaluation.charts import chart_retrieval_metrics
-from kdml.evaluation.ties import continues_group, expected_scores, tie_tolerance
+from kdml.evaluation.ties import (
+    _choose_ratio,
+    continues_group,
+    expected_scores,
+    group_reaches_last_column,
+    last_group_settled,
+    tie_tolerance,
+)
 
 
 def literal_scores(hits: list[int], groups: list[int], ks, r: int):
@@ -416,3 +424,139 @@ def test_ties_out_of_reach_of_the_last_rank_scored_are_cut_row_by_row():
     # row 1 from rank 4: every later one within 1.8 tolerances
     np.testing.assert_array_equal(continues, [[False, True, True, False, False, False],
                                               [False, True, True, True, True, True]])
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_tie_tolerance_is_the_documented_ulps_at_the_larger_neighbour_norm(metric):
+    """tie_tolerance's docstring, element by element in float64: (TIE_ULPS (4) + the search's
+    error, dim ulps for inner products and 2 (dim + 2) for squared L2) float32 ulps of
+    |q| max(|r_{j-1}|, |r_j|), or |q|^2 + max(|r_{j-1}|, |r_j|)^2; column 0 at its own norm."""
+    query_norms = np.array([1.0, 3.0])
+    neighbour_norms = np.array([[2.0, 0.5, 1.0, 4.0], [1.0, 1.0, 0.25, 0.5]])
+    dim = 7
+    eps = float(np.finfo(np.float32).eps)
+    ulps = 4.0 + (dim if metric == "cosine" else 2.0 * (dim + 2))
+    expected = np.zeros((2, 4))
+    for i in range(2):
+        for j in range(4):
+            largest = max(neighbour_norms[i, j], neighbour_norms[i, max(j - 1, 0)])
+            scale = (query_norms[i] * largest if metric == "cosine"
+                     else query_norms[i] ** 2 + largest**2)
+            expected[i, j] = ulps * eps * scale
+    np.testing.assert_allclose(tie_tolerance(query_norms, neighbour_norms, metric, dim),
+                               expected, rtol=1e-15)
+
+
+def literal_last_group_start(flags: list[bool]) -> int:
+    """The first column of the tie group holding the last column (plain loop)."""
+    start = len(flags) - 1
+    while start > 0 and flags[start]:
+        start -= 1
+    return start
+
+
+def test_last_group_settled_and_reaching_follow_their_definitions_at_the_boundaries():
+    """Both searches' shortcuts, row by row against their docstrings in plain loops: a last
+    group is settled when every relevant neighbour (R) is ranked before it, or when it starts
+    at rank R or later after a hit; the group holding rank ``needed`` reaches the last
+    column when it starts at or before it. Rows sit on each boundary (found == R, start == R,
+    start == needed - 1), where a flipped comparison changes the answer."""
+    rows = [  # hits, continues, R, needed; the last group starts at column 2 or 3
+        ([1, 1, 0, 0, 0], [False, False, False, True, True], 2, 3),  # found 2 == R
+        ([1, 0, 0, 0, 0], [False, False, False, True, True], 2, 3),  # start 2 == R, a hit
+        ([0, 0, 0, 1, 0], [False, False, False, True, True], 2, 3),  # start 2 == R, no hit
+        ([1, 0, 0, 1, 0], [False, False, False, True, True], 3, 3),  # start 2 < R
+        ([0, 0, 0, 0, 0], [False, False, False, True, True], 0, 3),  # lone: R == found == 0
+        ([1, 0, 1, 0, 0], [False, False, False, False, True], 1, 4),  # start 3 == needed - 1
+        ([1, 0, 1, 0, 0], [False, False, False, False, True], 1, 3),  # start 3 > needed - 1
+    ]
+    is_hit = np.array([hits for hits, _, _, _ in rows], dtype=bool)
+    continues = np.array([flags for _, flags, _, _ in rows])
+    num_relevant = np.array([r for _, _, r, _ in rows])
+    needed = np.array([n for _, _, _, n in rows])
+    settled, reaches = [], []
+    for hits, flags, r, wanted in rows:
+        start = literal_last_group_start(flags)
+        found = sum(hits[:start])
+        settled.append(found >= r or (start >= r and found > 0))
+        reaches.append(start <= wanted - 1)
+    assert last_group_settled(is_hit, continues, num_relevant).tolist() == settled
+    assert group_reaches_last_column(continues, needed).tolist() == reaches
+    assert settled == [True, True, False, False, True, True, True]
+    assert reaches == [True, True, True, True, True, True, False]
+
+
+def test_choose_ratio_is_the_exact_fraction_to_the_last_digits_up_to_exact_taken():
+    """C(misses, taken) / C(total, taken) against Python's exact integers: up to EXACT_TAKEN
+    draws the product of correctly rounded factors is within a few ulps (the log-gamma form,
+    beyond, is off by up to 1e-12 here), 0 where more are drawn than there are misses."""
+    cases = [(490, 499, 8), (9, 10, 1), (0, 5, 1), (40, 60, 30), (200, 250, 100), (5, 5, 5),
+             (98, 100, 2), (1000, 1200, 200), (3, 10, 4)]
+    misses, total, taken = (np.array(column) for column in zip(*cases, strict=True))
+    expected = [float(Fraction(math.comb(m, t), math.comb(n, t))) for m, n, t in cases]
+    np.testing.assert_allclose(_choose_ratio(misses, total, taken), expected, rtol=2e-15,
+                               atol=0)
+    # beyond EXACT_TAKEN, clipped: log-gamma of 1e10 is off by more than this log ratio
+    # (-3e-8), whose exponential had read 1.00003, a Recall@K below 0
+    huge = _choose_ratio(np.array([10**10 - 1]), np.array([10**10]), np.array([300]))
+    assert 0.0 <= huge[0] <= 1.0
+
+
+def test_a_first_search_of_every_reference_is_not_repeated(monkeypatch):
+    """Where the first search already retrieved every other reference (R = 4 of 5 points, all
+    equal), its tie groups are complete: nothing is searched again, even though the group of
+    every neighbour reaches the last column."""
+    calls = []
+    real = retrieval.search_rows
+    monkeypatch.setattr(retrieval, "search_rows", lambda *a, **k: calls.append(1) or real(*a,
+                                                                                         **k))
+    scores = retrieval_metrics(np.ones((5, 3)), np.zeros(5, dtype=np.int64), ks=(1,), nmi=False)
+    assert calls == []
+    assert scores == {"recall@1": 1.0, "map@r": 1.0, "r_precision": 1.0}
+
+
+def literal_cosine_scores(vectors: np.ndarray, labels: np.ndarray, ks) -> dict[str, float]:
+    """Recall@K, MAP@R and R-Precision from float64 cosine similarities in plain loops (for
+    sets without float64 ties)."""
+    unit = vectors / np.sqrt((vectors**2).sum(axis=1, keepdims=True))
+    totals = {**{f"recall@{k}": 0.0 for k in ks}, "map@r": 0.0, "r_precision": 0.0}
+    counted = 0
+    for i in range(len(vectors)):
+        similar = sorted((-float(unit[i] @ unit[j]), j) for j in range(len(vectors)) if j != i)
+        ranked = [labels[j] == labels[i] for _, j in similar]
+        r = sum(ranked)
+        if r == 0:
+            continue
+        counted += 1
+        for k in ks:
+            totals[f"recall@{k}"] += float(any(ranked[:k]))
+        found, precision_sum = 0, 0.0
+        for position in range(r):
+            if ranked[position]:
+                found += 1
+                precision_sum += found / (position + 1)
+        totals["map@r"] += precision_sum / r
+        totals["r_precision"] += found / r
+    return {name: total / counted for name, total in totals.items()}
+
+
+def test_directions_closer_than_float32_can_tell_are_ordered_in_float64_on_both_paths():
+    """Directions within 1e-4 rad of each other have cosines within float32's tie tolerance,
+    so their order comes from the float64 re-scoring: on the first search's path (20 arcs of 3
+    directions, each arc's group ending within the neighbours retrieved) and on the widened
+    one (one arc of 40, every neighbour tied: searched again at every reference). Without the
+    re-scoring either gave the tie expectation instead (Recall@1 1/3 for 2/3, 0.23 for 0.9)."""
+    rng = np.random.default_rng(0)
+    angles = np.sort(rng.uniform(0, 1e-4, 40))  # one arc
+    one_arc, one_arc_labels = np.stack([np.cos(angles), np.sin(angles)], axis=1), \
+        np.repeat(np.arange(4), 10)
+    angles = (np.repeat(np.arange(20) * (2 * np.pi / 20) + 0.1, 3)
+              + np.tile([0.0, 3e-5, 1e-4], 20))  # 20 arcs: two of a class, one of class 99
+    arcs = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    arcs_labels = np.where(np.tile([True, True, False], 20), np.repeat(np.arange(20), 3), 99)
+    for vectors, labels, recall_at_1 in ((one_arc, one_arc_labels, 0.9),
+                                         (arcs, arcs_labels, 2 / 3)):
+        expected = literal_cosine_scores(vectors, labels, (1, 4))
+        assert expected["recall@1"] == pytest.approx(recall_at_1)
+        assert retrieval_metrics(vectors, labels, (1, 4), "cosine", nmi=False) \
+            == pytest.approx(expected, abs=1e-12)

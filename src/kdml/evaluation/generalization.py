@@ -72,7 +72,7 @@ def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndar
         whole = np.isfinite(array) & (array == np.round(array))
         if not whole.all():
             raise KdmlError(f"{name} must be class labels (integers or names), got the "
-                            f"non-integer value {array[~whole][0]!r}")
+                            f"non-integer value {float(array[~whole][0])!r}")
         array = array.astype(np.int64)
     elif array.dtype.kind not in "iubUSO":
         raise KdmlError(f"{name} must be class labels (integers or names), got dtype "
