@@ -121,6 +121,23 @@ def test_a_validation_share_of_one_half_holds_out_the_odd_class(num_classes, hel
     assert sorted(kept.tolist() + held_out.tolist()) == list(range(len(labels)))
 
 
+def test_the_docs_give_cars196_s_validation_classes_as_kdml_and_the_authors_code_count_them():
+    """data.validation=0.2 holds out 20 of Cars196's 98 training classes (half up); Korman's
+    triplet.py (--val_or_test val) trains on the labels < 0.8 * 98 and so holds out 19. The
+    docs had called kdml's split the code's ("as Korman's triplet.py") and the paper's 80/20
+    without the difference."""
+    labels = torch.arange(98).repeat(2)
+    _, held_out = validation_split(labels, 0.2, seen=False)
+    authors = sum(1 for label in range(98) if not label < 0.8 * 98)
+    assert (labels[held_out].unique().numel(), authors) == (20, 19)
+    root = Path(__file__).resolve().parents[1]
+    datasets = " ".join((root / "docs" / "datasets.md").read_text().split())
+    assert "on Cars196 that code holds out 19 of the 98" in datasets
+    assert "where kdml holds out 20" in datasets
+    recipes = (root / "docs" / "recipes.md").read_text()
+    assert "Cars196: 20 of the 98, where the code's `< 0.8 * 98` holds out 19" in recipes
+
+
 @pytest.mark.parametrize("value", [0, 1.5, 5, 0.0])
 def test_class_disjoint_split_rejects_bad_counts(value):
     with pytest.raises(KdmlError):

@@ -210,6 +210,39 @@ def test_the_paper_numbers_beside_kdml_s_are_the_papers_tables():
                         "DSTML": 0.8732}
 
 
+def test_a_claim_read_off_jrd_s_figures_says_it_is_kdml_s_reading():
+    """Figures 4 and 5 give no numbers: the paper's words are "bell-shaped curves" and "only
+    JRD has a positive impact", so a claim that a cell beats another than alpha = 0 (alpha = 1
+    over alpha = 2, JRD over JMMD or JIntra) is kdml's reading of the figure and says so;
+    Figure 4's "alpha = 1 beats alpha = 2" had not, where Figure 5's claims had."""
+    figures = [e for quick in (False, True) for e in jrd_experiments(quick)
+               if e.mirrors.endswith(("Figure 4", "Figure 5"))]
+    read = [claim.text for experiment in figures for claim in experiment.claims
+            if claim.worse != "alpha = 0"]
+    assert any("bell-shaped" in name for name in read)
+    assert [name for name in read if "(kdml's reading of the figure)" not in name] == []
+
+
+def test_table3_s_note_does_not_call_its_recall_table2_s():
+    """Table 3's JRD Recall@1, 0.506 (0.013), is on Table 2's protocol, but it is not Table 2's
+    50.7 (1.1): the note had said "its JRD 0.506 is Table 2's 50.7"."""
+    (table3,) = [e for e in jrd_experiments() if e.key == "jrd-generalization-mnist5k"]
+    (jrd,) = [cell for cell in table3.cells if cell.label.startswith("JRD")]
+    assert (jrd.paper["recall@1"], JRD_TABLE2_CUB["JRD"][0]) == (0.506, 0.507)
+    assert "0.506 is Table 2's" not in table3.note
+    assert "0.506 (0.013)" in table3.note and "Table 2's 50.7 (1.1)" in table3.note
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml")))
+def test_a_config_that_repeats_its_cells_says_how(name):
+    """A header that gives the paper's "3 runs per cell" says how kdml gives them (a seed per
+    run, train.seed, one kdml train per seed): the SimCLR family's said the number only."""
+    header = "".join(line for line in (CONFIGS / name).read_text().splitlines(keepends=True)
+                     if line.startswith("#"))
+    if "runs per cell" in header:
+        assert "train.seed" in header, name
+
+
 def numbers(text: str) -> list[float]:
     """The numbers written in ``text``, in order (``1,000`` is one thousand)."""
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)

@@ -136,7 +136,8 @@ def test_retrieval_over_parts_refuses_labels_of_another_length_and_one_part():
     ([0.8, 0.82, 0.81], [0.7, 0.71, 0.72], False, "holds: A is higher by +0.100"),
     ([0.7, 0.71, 0.72], [0.8, 0.82, 0.81], False, "does not hold: A is lower by 0.100"),
     ([0.80, 0.70, 0.75], [0.75, 0.75, 0.74], False, "not shown"),
-    ([0.3, 0.31], [0.5, 0.52], True, "holds: A is lower by +0.205"),
+    # lower is better: "lower by 0.205", as README words it, not "lower by +0.205"
+    ([0.3, 0.31], [0.5, 0.52], True, "holds: A is lower by 0.205 +- "),
     ([0.9], [0.8], False, "not testable with one seed (A higher by 0.100)"),
     ([0.8], [0.9], False, "not testable with one seed (A lower by 0.100)"),
     ([0.3], [0.5], True, "not testable with one seed (A lower by 0.200)"),
@@ -1895,7 +1896,7 @@ def test_a_report_s_numbers_are_the_literal_mean_interval_and_paired_margin(tmp_
     margin = "{:+.3f} +- {:.3f}".format(*_literal(
         [b - w for b, w in zip(values["A"]["recall@1"], values["B"]["recall@1"], strict=True)]))
     assert f"- A beats B (R@1): holds: A is higher by {margin}, 4 seeds." in text
-    lower = "{:+.3f} +- {:.3f}".format(*_literal(
+    lower = "{:.3f} +- {:.3f}".format(*_literal(
         [c - a for a, c in zip(values["A"]["bound"], values["C"]["bound"], strict=True)
          if not math.isnan(c)]))
     assert (f"- A's bound is below C's (lambda + d_H): holds: A is lower by {lower}, 3 seeds; "

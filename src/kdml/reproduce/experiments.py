@@ -146,8 +146,10 @@ def verdict(claim: Claim, better: Sequence[float], worse: Sequence[float]) -> st
                 f"{abs(estimate.mean):.3f} in all {count} seeds, no spread to judge it "
                 f"by{left_out}")
     if estimate.mean - estimate.ci95 > 0:
-        return (f"holds: {claim.better} is {direction} by "
-                f"{_interval(estimate.mean, estimate.ci95, True)}, {count} seeds{left_out}")
+        # "higher by +0.031" keeps the sign of the difference it measures; "lower by +0.020"
+        # read as a difference above 0 in the metric, so lower-is-better prints the amount
+        shown = _interval(estimate.mean, estimate.ci95, not claim.lower_is_better)
+        return f"holds: {claim.better} is {direction} by {shown}, {count} seeds{left_out}"
     if estimate.mean + estimate.ci95 < 0:
         return (f"does not hold: {claim.better} is {opposite} by "
                 f"{_interval(-estimate.mean, estimate.ci95)}, {count} seeds{left_out}")

@@ -478,7 +478,7 @@ def _run_metrics(experiment: Experiment, run_dir: Path, result: CellResult) -> d
     half-widths go into ``result``)."""
     metrics = dict(RunFolder(run_dir).final_metrics() or {})
     # Table 3 gives its Recall@1 with a 95% interval, which the paper has only from Table 2's
-    # 10 parts (Sec. 5.3; its 0.506 is Table 2's 50.7, not Table 1's whole-set 67.9)
+    # 10 parts (Sec. 5.3; its 0.506 is on the protocol of Table 2's 50.7, not Table 1's 67.9)
     if experiment.protocol in ("parts", "generalization"):
         for name, estimate in _parts(experiment, run_dir).items():
             metrics[name] = estimate["mean"]
