@@ -169,6 +169,27 @@ def score_diverged(recipe_name: str, overrides: list[str], out_dir: str) -> str:
     return outcome
 
 
+def epoch_weights_with_rank_statistics(overflowed_rank: int, out_dir: str) -> str:
+    """The epoch-end weight check of a BatchNorm model whose running variance overflowed on
+    ``overflowed_rank`` only (each rank's statistics of its own share): each rank writes to
+    ``out_dir`` the kind of error it got, then its running variance."""
+    from kdml.training.nonfinite import NonFiniteLoss
+    from kdml.training.trainer import check_epoch_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    torch.nn.init.ones_(model[0].weight)  # the same parameters on every rank, as under DDP
+    if dist.get_rank() == overflowed_rank:
+        model[1].running_var.fill_(float("inf"))
+    try:
+        check_epoch_weights(model, 1, 3)
+        outcome = "no error"
+    except NonFiniteLoss as error:
+        outcome = type(error).__name__
+    Path(out_dir, f"rank-{dist.get_rank()}.txt").write_text(
+        f"{outcome} {model[1].running_var.tolist()}")
+    return outcome
+
+
 def build_on_own_settings(recipe_name: str, overrides: list[str], own: list[list[str]],
                           out_dir: str) -> str:
     """``Session.build`` where rank K adds ``own[K]`` to ``overrides`` (machines with their

@@ -13,6 +13,7 @@ import torch
 from pytorch_metric_learning.distances import CosineSimilarity, LpDistance, SNRDistance
 from torch import nn
 
+from kdml.checks import as_number
 from kdml.errors import KdmlError
 from kdml.evaluation.retrieval import retrieval_metrics
 from kdml.kernels import (
@@ -147,6 +148,35 @@ def test_dtml_objective_takes_a_0_d_tensor_or_array_as_a_number(setting, zero_d)
     assert getattr(objective, setting) == 0.5
 
 
+@pytest.mark.parametrize("zero_d", [torch.tensor(3.0), np.array(3.0), np.array(3)])
+def test_ddml_and_nt_xent_settings_take_a_0_d_tensor_or_array_as_a_number(zero_d):
+    """As MarginalFisherLoss's alpha, the kernels and DTMLObjective do (as_number); they had
+    been refused: "threshold (DDML's tau) must be a finite number, got tensor(3.)"."""
+    loss = PairwiseLogisticLoss(threshold=zero_d, sharpness=zero_d)
+    assert (loss.threshold, loss.sharpness) == (3.0, 3.0)
+    points, labels = torch.randn(5, 2), torch.tensor([0, 0, 1, 1, 2])
+    assert torch.equal(pairwise_logistic_loss(points, labels, zero_d, zero_d), loss(points, labels))
+    views = torch.randn(6, 3)
+    assert torch.equal(nt_xent_loss(views, np.array(0.5)), nt_xent_loss(views, 0.5))
+
+
+@pytest.mark.parametrize("value", [np.array(True), torch.tensor(True), np.array(1 + 1j),
+                                   torch.tensor(1 + 1j), np.array("3"),
+                                   np.array(None, dtype=object)])
+def test_a_0_d_setting_that_is_no_real_number_is_refused_in_one_line(value):
+    """A 0-d bool had become 1.0 though bools do not pass as settings, np.array("3") 3.0, and
+    a complex or object one raised float()'s TypeError: as_number leaves them to the
+    setting's own check."""
+    assert as_number(value, "alpha") is value
+    with pytest.raises(KdmlError, match="^alpha must be a finite number >= 0, got "):
+        MarginalFisherLoss(alpha=value)
+    with pytest.raises(KdmlError, match="^threshold \\(DDML's tau\\) must be a finite number"):
+        PairwiseLogisticLoss(threshold=value)
+    if isinstance(value, np.ndarray):  # a tensor temperature is not read (a host sync)
+        with pytest.raises(KdmlError, match="^nt_xent_loss needs a temperature that is a "):
+            nt_xent_loss(torch.randn(4, 2), value)
+
+
 def test_an_empty_set_of_points_leaves_the_other_s_gradient_finite():
     """The common centre was the mean of both sets: an empty one's mean is NaN, which made the
     gradient of an empty [4, 0] distance matrix (and of the kernels on it) NaN."""
@@ -183,6 +213,9 @@ def accepted_types(function: object, parameter: str) -> tuple[type, ...]:
     (pairwise_logistic_loss, "sharpness", np.int64(2)),
     (PairwiseLogisticLoss.__init__, "threshold", np.float32(3.0)),
     (PairwiseLogisticLoss.__init__, "sharpness", np.float32(2.0)),
+    (PairwiseLogisticLoss.__init__, "threshold", torch.tensor(3.0)),  # "may be 0-d tensors"
+    (pairwise_logistic_loss, "sharpness", np.array(2.0)),
+    (nt_xent_loss, "temperature", np.array(0.5)),  # "a 0-d NumPy array is read"
     (PolynomialKernel.__init__, "bias", torch.tensor(1.0)),  # "or a 0-d tensor or array"
     (PolynomialKernel.__init__, "degree", np.int64(2)),
     (ManifoldMMD.__init__, "eps", np.array(1e-3)),

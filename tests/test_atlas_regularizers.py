@@ -316,6 +316,21 @@ def test_atlas_distances_refuse_arrays_and_mixed_devices_in_one_line(call):
     assert call(*(arg.to("meta") for arg in args)).shape == expected  # one device: works
 
 
+@pytest.mark.parametrize("meta", ["coords", "q"])
+def test_compressed_code_refuses_mixed_devices_in_one_line(meta):
+    """A meta and a CPU tensor had given a code on two devices (meta coordinates and a CPU
+    chart index, or the reverse) without a word, where the other Atlas functions refuse."""
+    coords, q, _ = make_batch(4, 2, 3, seed=8)
+    outputs = ChartOutputs(coords.to("meta") if meta == "coords" else coords,
+                           q.to("meta") if meta == "q" else q)
+    devices = "meta, cpu" if meta == "coords" else "cpu, meta"
+    raises_one_line(rf"^compressed_code: the chart coordinates and memberships are on "
+                    rf"different devices \({devices}\); put them on one device$",
+                    compressed_code, outputs)
+    chart_coords, chart_index = compressed_code(ChartOutputs(coords.to("meta"), q.to("meta")))
+    assert chart_coords.shape == (4, 3) and chart_index.device.type == "meta"
+
+
 def test_integer_coordinates_and_array_inputs_of_the_chart_codes_are_refused_in_one_line():
     """Integer chart coordinates gave int64 distances silently (d0="squared"); NumPy inputs
     to compressed_code and ChartMembershipLoss raised deep inside."""

@@ -1306,3 +1306,72 @@ def test_a_flag_s_path_reaches_the_config_as_written(tmp_path, capsys, name):
     err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"folder:{folder}",
                   "--out", tmp_path / "run", *TINY)
     assert f"no class sub-folders (searched {folder};" in err
+
+
+def test_a_pca_source_too_small_for_method_pca_dim_is_refused_before_the_folder(tmp_path,
+                                                                               capsys):
+    """PCAMethod.fit's refusal (fewer source samples than method.pca_dim < d) had come after
+    the run folder was made (config.yaml, data.json, train.log, a lock): the trainer knows
+    the source's size before it, as it knows the d x d matrices' memory (check_fit)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "small.npz", X=rng.standard_normal((16, 16)).astype(np.float32),
+             y=np.array([0, 0, 0, 1, 1, 1] + [0, 1] * 5),
+             domain=np.array(["source"] * 6 + ["target"] * 10))
+    err = refused(tmp_path, capsys, "train", "pca", "--dataset", f"npz:{tmp_path}/small.npz",
+                  "--out", tmp_path / "run", "method.pca_dim=10", "train.device=cpu",
+                  "--no-progress")
+    assert err == ("kdml: error: PCA to 10 of 16 dimensions needs at least 10 source samples, "
+                   "got 6; lower method.pca_dim to at most 6, or set it to 0 (all 16: the "
+                   "plain Euclidean distance)")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("recipe", "overrides"), [
+    ("simclr", []),  # its default split, seen-holdout, had been called the user's to drop
+    ("msimclr", ["data.split=standard"]),  # then the first step: "augment images [B, C, H, W]"
+])
+def test_the_simclr_recipes_on_a_domain_pair_are_refused_as_such(tmp_path, capsys, recipe,
+                                                                  overrides):
+    """`kdml train simclr --dataset mnist5k->digits` said "data.split does not apply to a
+    domain pair ...; drop it" of a split the user never set (the recipe's default); with it
+    set to the pair's, the run failed later: a pair holds feature vectors, which the SimCLR
+    recipes cannot augment. The refusal says so, and what trains a pair."""
+    err = refused(tmp_path, capsys, "train", recipe, "--dataset", "mnist5k->digits", "--out",
+                  tmp_path / "run", "train.device=cpu", "--no-progress", *overrides)
+    assert err == (f"kdml: error: {recipe} augments images into two views, and a domain pair "
+                   "(mnist5k->digits) holds feature vectors, so it cannot train on one; train "
+                   "it on an image dataset, or train dtml or dstml on the pair (or a recipe "
+                   "without charts with domain.beta, e.g. jrd)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_simclr_recipe_on_feature_vectors_is_refused_before_the_folder(tmp_path, capsys):
+    """With an MLP backbone, SimCLR on a dataset of vectors had made the run folder and then
+    stopped at its first step ("the SimCLR recipes augment images [B, C, H, W]")."""
+    err = refused(tmp_path, capsys, "train", "simclr", "--dataset", "mnist1d", "--out",
+                  tmp_path / "run", "train.device=cpu", "--no-progress", "model.backbone=mlp",
+                  "model.small_input=false")
+    assert err == ("kdml: error: simclr augments images [C, H, W]; mnist1d/train has inputs of "
+                   "shape (40,): train it on an image dataset")
+    assert not (tmp_path / "run").exists()
+
+
+def test_simclr_views_of_another_size_than_an_mlp_takes_are_refused(tmp_path, capsys):
+    """The 32-pixel crops (method.crop_size's default) of 8x8 digits went into an MLP built
+    for 64 inputs: torch's raw "mat1 and mat2 shapes cannot be multiplied (128x1024 and
+    64x256)" at the first step, after the run folder was made."""
+    err = refused(tmp_path, capsys, "train", "msimclr", "--dataset", "digits", "--out",
+                  tmp_path / "run", "train.device=cpu", "--no-progress", "model.backbone=mlp",
+                  "model.small_input=false")
+    assert err == ("kdml: error: model.backbone=mlp takes inputs of 8x8 pixels, its dataset's, "
+                   "and method.crop_size=32 crops the views to 32x32; set method.crop_size=0 "
+                   "(views of the input's size)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_domain_pair_names_npz_files_too(tmp_path, capsys):
+    err = refused(tmp_path, capsys, "train", "dtml", "--dataset", "foo->digits", "--out",
+                  tmp_path / "run", "train.device=cpu", "--no-progress")
+    assert err == ("kdml: error: unknown domain pair 'foo->digits'; choose one of: "
+                   "mnist5k->digits, digits->mnist5k, or npz:FILE for domains of one's own (a "
+                   ".npz of both domains' features: X, y, domain)")

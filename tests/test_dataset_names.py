@@ -60,19 +60,25 @@ def test_a_csv_list_whose_path_holds_an_arrow_trains(tmp_path, capsys):
     assert 0.0 <= json.loads((out / "metrics.json").read_text())["final"]["recall@1"] <= 1.0
 
 
-@pytest.mark.parametrize(("dataset", "message"), [
-    ("folder:A->digits", "kdml: error: folder:A->digits: no such folder (searched "),
-    ("csv:A->digits.csv", "kdml: error: csv:A->digits.csv: no such file (searched "),
-])
+@pytest.mark.parametrize("dataset", ["folder:A->digits", "csv:A->digits.csv",
+                                     "folder:/no/a->folder:/no/b",
+                                     "csv:/no/a.csv->csv:/no/b.csv"])
 def test_a_missing_path_with_an_arrow_says_it_is_missing(tmp_path, capsys, monkeypatch,
-                                                         dataset, message):
-    """Read as a path now, not as an unknown domain pair: the error says the path is missing."""
+                                                         dataset):
+    """Read as a path now, not as an unknown domain pair: the error says the path is missing,
+    by the name the user wrote (folder:/a->folder:/b had been called "folder:b"), and that it
+    is no domain pair, naming those there are and npz:FILE."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
     assert kdml("train", "jrd", "--dataset", dataset, "--out", out, *TINY) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(message), err
-    assert f"{tmp_path / dataset.split(':', 1)[1]}" in err
+    kind, path = dataset.split(":", 1)
+    what = "folder" if kind == "folder" else "file"
+    assert err.count("\n") == 1 and err.startswith(
+        f"kdml: error: {kind}:{tmp_path / path}: no such {what}; "), err
+    assert err.endswith(f"; a {kind}: dataset is one path, '->' included, not a domain pair: "
+                        "kdml's pairs are mnist5k->digits, digits->mnist5k, or npz:FILE, a .npz "
+                        "of both domains' features (X, y, domain)\n"), err
     assert not out.exists()
 
 

@@ -23,6 +23,7 @@ from distributed_harness import (
     build_on_own_settings,
     collective_failures,
     config_of,
+    epoch_weights_with_rank_statistics,
     evaluate_failing_on_rank_0,
     evaluate_untrained,
     run_ranks,
@@ -399,7 +400,8 @@ def test_errors_are_reported_once(tmp_path):
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("kdml: error")]
     assert errors == ["kdml: error: data.batch_size=41 is the global batch and must split "
-                      "evenly over the 2 processes"]
+                      "evenly over the 2 processes; set data.batch_size to a multiple of 2, "
+                      "such as 40 or 42"]
 
 
 def test_one_named_gpu_for_every_process_is_refused():
@@ -460,6 +462,37 @@ def test_a_recipe_fitted_in_closed_form_takes_any_batch_size_over_the_processes(
             splits[config.data.dataset] = prepare.prepare_data(config.data)
         method = build_method(config, splits[config.data.dataset], echo=lambda line: None)
         assert recipe.draws_batches == (not method.needs_fit), name
+
+
+@pytest.mark.parametrize(("batch_size", "per_class", "size", "remedy"), [
+    (15, 0, 2, "a multiple of 2, such as 14 or 16"),
+    (15, 5, 2, "a multiple of 10 (the 2 processes and data.samples_per_class=5 both divide "
+               "it), such as 10 or 20"),
+    (5, 5, 2, "a multiple of 10 (the 2 processes and data.samples_per_class=5 both divide "
+              "it), such as 10"),
+    (3, 0, 2, "a multiple of 2 of at least 4, such as 4"),  # 2 would give 1 per process
+    (1, 0, 3, "a multiple of 3 of at least 6, such as 6"),
+    (10, 2, 4, "a multiple of 4, such as 8 or 12"),  # 4 processes split whole classes of 2
+])
+def test_a_new_run_s_batch_that_does_not_split_names_the_values_that_do(batch_size, per_class,
+                                                                      size, remedy):
+    """The refusal of a new run named no value to use (a resumed run's names a number of
+    processes): it names the nearest global batches that split, of whole classes where
+    data.samples_per_class is set, and each is taken."""
+    from kdml.config import RunConfig
+    from kdml.distributed import World
+    from kdml.training.checks import check_distributed
+
+    config = RunConfig(recipe="jrd", method=None)
+    config.data.batch_size, config.data.samples_per_class = batch_size, per_class
+    with pytest.raises(KdmlError, match=(
+            rf"^data\.batch_size={batch_size} is the global batch and must split evenly over "
+            rf"the {size} processes; set data\.batch_size to {re.escape(remedy)}$")):
+        check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
+    for value in re.findall(r"\d+", remedy.split("such as")[1]):
+        config.data.batch_size = int(value)
+        assert int(value) % (per_class or 1) == 0
+        check_distributed(config, World(rank=0, size=size), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("batch_size, size", [(2, 2), (3, 3), (6, 6)])
@@ -747,3 +780,18 @@ def test_ranks_that_wait_on_each_other_fail_the_test_in_its_limit(tmp_path, monk
                                              r"finished after 3 s"):
         run_ranks(2, _rank_1_waits_alone, tmp_path=tmp_path)
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize(("overflowed_rank", "outcome"), [
+    (1, "no error [1.0, 1.0]"),  # rank 0's statistics, which the checkpoint keeps: finite
+    (0, "NonFiniteLoss [inf, inf]"),  # the checkpoint's overflowed: every rank stops
+])
+def test_the_epoch_end_weight_check_decides_alike_on_every_rank(tmp_path, overflowed_rank,
+                                                                outcome):
+    """Each rank had checked its own state_dict, whose BatchNorm statistics are of its own
+    last share: one rank's alone overflowing raised there alone, and the others went on to
+    their next collective. The buffers checked are now rank 0's on every rank (broadcast,
+    as scoring and the next forward do), so the ranks stop together or not at all."""
+    run_ranks(2, epoch_weights_with_rank_statistics, overflowed_rank, str(tmp_path),
+              tmp_path=tmp_path)
+    assert [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)] == [outcome] * 2

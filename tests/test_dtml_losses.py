@@ -21,7 +21,7 @@ from kdml.data.samplers import check_batching
 from kdml.errors import KdmlError
 from kdml.kernels import GaussianMixtureKernel, PolynomialKernel
 from kdml.losses.dtml_objective import DTMLObjective
-from kdml.losses.marginal_fisher import MarginalFisherLoss
+from kdml.losses.marginal_fisher import MarginalFisherLoss, nearest_neighbour_graph
 from kdml.models.dtml import DTMLNetwork
 from kdml.regularizers.domain import DomainMMD
 
@@ -511,3 +511,36 @@ def test_objective_errors():
     with pytest.raises(KdmlError, match="per hidden layer"):
         DTMLObjective(k1=2, k2=4, beta=0.0, hidden_weight=[1.0, 1.0])(source, labels, None,
                                                                       network)
+
+
+def literal_graph(rows: list[list[float]], candidates: list[list[bool]], k: int) -> list[list[int]]:
+    """Per row: its candidate columns sorted by (distance, index), NaN ranked as inf; the first
+    k of them."""
+    def key(value: float, j: int) -> tuple[float, int]:
+        return (math.inf if math.isnan(value) else value, j)
+    return [[j for _, j in sorted(key(v, j) for j, v in enumerate(row) if ok[j])[:k]]
+            for row, ok in zip(rows, candidates, strict=True)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_overflowed_and_nan_distances_still_pick_only_candidates(seed):
+    """A candidate's distance of inf (float32 overflow beyond |x| ~ 1.8e19) or NaN tied with
+    the inf that masked the non-candidates, and the stable sort put a lower-index
+    non-candidate first: it was marked as a neighbour (and S_c stayed finite)."""
+    generator = torch.Generator().manual_seed(seed)
+    sq_dists = torch.rand(9, 9, generator=generator)
+    special = torch.rand(9, 9, generator=generator)
+    sq_dists[special < 0.25] = float("inf")
+    sq_dists[special > 0.85] = float("nan")
+    candidates = torch.rand(9, 9, generator=generator) < 0.5
+    for k in (1, 2, 4):
+        graph = nearest_neighbour_graph(sq_dists, candidates, k)
+        expected = literal_graph(sq_dists.tolist(), candidates.tolist(), k)
+        assert [torch.nonzero(row).flatten().tolist() for row in graph] == \
+            [sorted(picks) for picks in expected]
+
+
+def test_an_overflowed_same_class_neighbour_is_picked_not_the_sample_itself():
+    points = torch.tensor([[0.0], [1.0], [3e19], [5.0]])  # 3e19**2 overflows float32
+    graph_p, _ = MarginalFisherLoss(k1=1, k2=1).graphs(points, torch.tensor([0, 1, 0, 1]))
+    assert torch.nonzero(graph_p[0]).flatten().tolist() == [2]  # not itself (column 0)

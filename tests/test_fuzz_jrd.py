@@ -147,6 +147,9 @@ def test_with_alpha_zero_the_regularizer_and_its_layers_are_named_unread(recipe,
     (lambda: adaptive_bandwidth(torch.ones(3, 3), -1.0), "floor must be a finite number > 0"),
     (lambda: adaptive_bandwidth(torch.ones(3, 3), float("nan")), "floor must be a finite"),
     (lambda: resolution_floor(torch.ones(3, 2), 3), "power is 1 .* or 2"),
+    # True == 1 had been taken as the L1 floor; a float 2.0 as 2
+    (lambda: resolution_floor(torch.ones(3, 2), True), "power is 1 .* or 2.*, got True$"),
+    (lambda: resolution_floor(torch.ones(3, 2), 2.0), "power is 1 .* or 2.*, got 2.0$"),
     (lambda: resolution_floor(torch.ones(3), 2), r"takes \[M, D\] points"),
     (lambda: resolution_floor(np.ones((3, 2)), 2), "torch tensors"),
 ])

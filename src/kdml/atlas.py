@@ -86,6 +86,8 @@ def compressed_code(outputs: ChartOutputs) -> tuple[Tensor, Tensor]:
             f"compressed_code needs coords [B, n, d] and q [B, n] with n >= 1, got "
             f"{tuple(coords.shape)} and {tuple(q.shape)}"
         )
+    # devices only, no host sync: a meta and a CPU tensor had given a code on mixed devices
+    check_same_device("compressed_code", [coords, q], "chart coordinates and memberships")
     chart_index = q.argmax(dim=1)
     chart_coords = coords[torch.arange(len(coords), device=coords.device), chart_index]
     return chart_coords, chart_index

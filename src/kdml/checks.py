@@ -60,17 +60,28 @@ def is_finite_number(value: object, above: float | None = None,
 
 
 def as_number(value: object, name: str) -> object:
-    """A 0-d tensor or array as its Python float (read once, where a setting is given); any
-    other value unchanged, for the caller's check to refuse or take. A tensor that requires
-    grad (an ``nn.Parameter``) is refused in one line naming the setting ``name``: read once,
-    it would never be learned, which torch said only in a warning."""
+    """A 0-d tensor or array of real numbers as its Python float (read once, where a setting
+    is given); any other value unchanged, for the caller's check to refuse or take: a 0-d
+    bool (``np.array(True)``, which had become 1.0 though bools do not pass as settings),
+    complex, string or object one included (float() of them had raised a raw TypeError, or
+    read ``np.array("3")`` as 3.0). A tensor that requires grad (an ``nn.Parameter``) is
+    refused in one line naming the setting ``name``: read once, it would never be learned,
+    which torch said only in a warning."""
     if isinstance(value, Tensor) and value.requires_grad:
         raise KdmlError(f"{name} is a tensor that requires grad, but kdml reads it once, as a "
                         "number, so it would not be learned; pass a number (or the tensor "
                         "detached)")
-    if isinstance(value, Tensor | np.ndarray) and value.ndim == 0:
+    if isinstance(value, Tensor | np.ndarray) and value.ndim == 0 and _holds_reals(value):
         return float(value)
     return value
+
+
+def _holds_reals(value: Tensor | np.ndarray) -> bool:
+    """Whether the dtype of ``value`` is a real number's: integer or floating point, not bool,
+    complex, string or object."""
+    if isinstance(value, Tensor):
+        return value.dtype != torch.bool and not value.is_complex()
+    return bool(np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating))
 
 
 def check_tensors(owner: str, labels: object, tensors: Sequence[object],

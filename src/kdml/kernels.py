@@ -227,7 +227,8 @@ def resolution_floor(points: Tensor, power: int) -> Tensor:
         raise KdmlError(f"resolution_floor takes [M, D] points, got shape "
                         f"{tuple(points.shape)}")
     check_float_inputs("resolution_floor", [points], "points")
-    if power not in (1, 2):
+    # a bool is refused, not read as its int (True == 1), and a float such as 2.0
+    if not is_positive_int(power) or power not in (1, 2):
         raise KdmlError(f"resolution_floor's power is 1 (L1 distances) or 2 (squared "
                         f"Euclidean ones), got {power!r}")
     # in float32 or wider, back in the points' dtype: float16's squares and sums overflow

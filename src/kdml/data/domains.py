@@ -207,7 +207,9 @@ DOMAIN_PAIRS: dict[str, DomainPairEntry] = {
 def load_domain_pair(name: str) -> DomainPair:
     """Load a registered domain pair; an unknown name lists the valid ones."""
     if name not in DOMAIN_PAIRS:
-        raise KdmlError(f"unknown domain pair {name!r}; choose one of: {', '.join(DOMAIN_PAIRS)}")
+        raise KdmlError(f"unknown domain pair {name!r}; choose one of: {', '.join(DOMAIN_PAIRS)}, "
+                        "or npz:FILE for domains of one's own (a .npz of both domains' "
+                        "features: X, y, domain)")
     entry = DOMAIN_PAIRS[name]
     source, target = entry.loader()
     return DomainPair(source, target, entry.name, entry.description)

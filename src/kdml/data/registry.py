@@ -292,6 +292,23 @@ def check_root_is_read(name: str, root: str) -> None:
                     f"({', '.join(FORMATS)}); {name} does not use it ({why}): drop it")
 
 
+def _check_not_a_pair(name: str, prefix: str) -> None:
+    """Refuse a ``folder:`` or ``csv:`` name holding ``->`` whose path does not exist, as the
+    domain pair it was likely meant as: its path is read whole (``folder:/a->folder:/b`` is
+    the folder ``/a->folder:/b``), and the refusal had named only its last part ("folder:b:
+    no such folder"), which the user never wrote."""
+    path = home_expanded(name.removeprefix(prefix))
+    if path.exists():
+        return  # a folder or file whose name holds "->": read as it is
+    from kdml.data.domains import DOMAIN_PAIRS
+
+    what = "folder" if prefix == "folder:" else "file"
+    raise KdmlError(f"{prefix}{path.absolute()}: no such {what}; a {prefix} dataset is one "
+                    f"path, '->' included, not a domain pair: kdml's pairs are "
+                    f"{', '.join(DOMAIN_PAIRS)}, or npz:FILE, a .npz of both domains' "
+                    "features (X, y, domain)")
+
+
 def open_dataset(name: str, root: str = "") -> DatasetParts:
     """Read the dataset ``name`` (see ``kdml datasets``); ``root`` is ``data.root``, which only
     the on-disk formats read (:func:`check_root_is_read`)."""
@@ -310,6 +327,8 @@ def open_dataset(name: str, root: str = "") -> DatasetParts:
     if prefix and not name.removeprefix(prefix).strip():  # Path("") is the current folder
         what = "DIR" if prefix == "folder:" else "FILE"
         raise KdmlError(f"{prefix} needs a path: --dataset {prefix}{what}")
+    if prefix in ("folder:", "csv:") and "->" in name:
+        _check_not_a_pair(name, prefix)
     if name.startswith("folder:"):
         from kdml.data.formats.folder import load_folder
 

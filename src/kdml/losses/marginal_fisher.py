@@ -39,7 +39,9 @@ def nearest_neighbour_graph(sq_dists: Tensor, candidates: Tensor, k: int) -> Ten
     """0/1 matrix marking, in each row, the ``k`` nearest of that row's candidate columns.
 
     Rows with fewer than ``k`` candidates mark all of them. Ties are broken by column index
-    (stable sort), so the graph is deterministic.
+    (stable sort), so the graph is deterministic. A candidate whose distance overflowed to
+    ``inf`` or is NaN still ranks after every finite one and before every non-candidate (NaN
+    ranked as ``inf``), so it is marked when the row has room for it.
 
     Args:
         sq_dists: :math:`(N, N)` distances (only their order matters; not differentiated).
@@ -49,9 +51,12 @@ def nearest_neighbour_graph(sq_dists: Tensor, candidates: Tensor, k: int) -> Ten
     Returns:
         :math:`(N, N)` matrix of the dtype of ``sq_dists``.
     """
-    masked = sq_dists.detach().masked_fill(~candidates, float("inf"))
+    # non-candidates are NaN, which sorts after every number, inf included; a candidate's NaN
+    # becomes inf first: so the first min(k, #candidates) sorted columns are the candidates
+    # (an inf mask tied with an overflowed candidate, and the lower index won)
+    masked = sq_dists.detach().nan_to_num(nan=float("inf"), posinf=float("inf"))
+    masked = masked.masked_fill(~candidates, float("nan"))
     order = masked.sort(dim=1, stable=True).indices[:, :k]
-    # the first min(k, #candidates) sorted columns are candidates; the rest are the inf ones
     picked = torch.arange(order.shape[1], device=order.device) < candidates.sum(1, keepdim=True)
     graph = torch.zeros_like(sq_dists, dtype=sq_dists.dtype)
     return graph.scatter(1, order, picked.to(sq_dists.dtype))

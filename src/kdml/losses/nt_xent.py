@@ -18,11 +18,18 @@ The pairs of this layout are known in advance, so here it is one softmax cross-e
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdml.checks import Real, check_float_inputs, check_setting_device, is_finite_number
+from kdml.checks import (
+    Real,
+    as_number,
+    check_float_inputs,
+    check_setting_device,
+    is_finite_number,
+)
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -33,7 +40,7 @@ MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
 
 
 @full_precision
-def nt_xent_loss(projections: Tensor, temperature: Real | Tensor) -> Tensor:
+def nt_xent_loss(projections: Tensor, temperature: Real | Tensor | np.ndarray) -> Tensor:
     r"""Mean NT-Xent loss of two views per image, computed in float32 or wider whatever the
     input dtype, with no host-device synchronisation.
 
@@ -42,8 +49,8 @@ def nt_xent_loss(projections: Tensor, temperature: Real | Tensor) -> Tensor:
             tensor, ``torch.cat([view1, view2])`` (not necessarily normalised: the similarity
             is the cosine).
         temperature: :math:`\tau` (the Atlas paper: 1 for MNIST and Fashion-MNIST, 0.5 for
-            CIFAR-10): a number > 0, or a tensor of one element (e.g. a learned one), which
-            is not read (a host sync).
+            CIFAR-10): a number > 0 (a 0-d NumPy array is read as its number), or a tensor
+            of one element (e.g. a learned one), which is not read (a host sync).
 
     Returns:
         A scalar tensor.
@@ -68,6 +75,9 @@ def nt_xent_loss(projections: Tensor, temperature: Real | Tensor) -> Tensor:
         raise KdmlError(f"nt_xent_loss needs [2N, D] projections (two views per image, N >= "
                         f"1), got {tuple(projections.shape)}")
     check_float_inputs("nt_xent_loss", [projections], "projections")
+    # a 0-d NumPy array as its Python float (no device, so no host sync), as other settings
+    if isinstance(temperature, np.ndarray):
+        temperature = as_number(temperature, "nt_xent_loss: temperature")  # type: ignore[assignment]
     # A number is checked (0 gives NaN, a negative one rewards the wrong pairs); a tensor, e.g.
     # a learned temperature, is not: reading its value would be a host sync every step.
     if not isinstance(temperature, Tensor) and not (

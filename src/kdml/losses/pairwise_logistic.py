@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kdml.checks import Real, check_labels, is_finite_number
+from kdml.checks import Number, as_number, check_labels, is_finite_number
 from kdml.errors import KdmlError
 from kdml.kernels import FLOAT32_SETTING_RANGE, squared_distances
 from kdml.losses.pml_call import check_pml_call
@@ -30,7 +30,8 @@ from kdml.precision import full_precision
 REDUCTIONS = ("mean", "sum")
 
 
-def _check_sharpness(sharpness: Real) -> float:
+def _check_sharpness(sharpness: Number) -> float:
+    sharpness = as_number(sharpness, "sharpness")  # type: ignore[assignment]
     if not is_finite_number(sharpness, above=0):
         raise KdmlError(f"sharpness (DDML's beta) must be a finite number > 0, got {sharpness!r}")
     # as the kernels' settings: the loss computes in float32 or wider, where a beta outside
@@ -43,7 +44,8 @@ def _check_sharpness(sharpness: Real) -> float:
     return float(sharpness)
 
 
-def _check_threshold(threshold: Real) -> float:
+def _check_threshold(threshold: Number) -> float:
+    threshold = as_number(threshold, "threshold")  # type: ignore[assignment]
     if not is_finite_number(threshold):
         raise KdmlError(f"threshold (DDML's tau) must be a finite number, got {threshold!r}")
     return float(threshold)
@@ -66,8 +68,8 @@ def _check_inputs(embeddings: Tensor, labels: Tensor) -> None:
 
 
 @full_precision
-def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: Real = 3.0,
-                           sharpness: Real = 2.0, reduction: str = "mean") -> Tensor:
+def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: Number = 3.0,
+                           sharpness: Number = 2.0, reduction: str = "mean") -> Tensor:
     r"""DDML's data term over every unordered pair :math:`i < j` of the batch.
 
     .. math::
@@ -103,6 +105,10 @@ def pairwise_logistic_loss(embeddings: Tensor, labels: Tensor, threshold: Real =
         sharpness: :math:`\beta > 0` of :math:`g` (DDML's :math:`\beta`; not DTML's domain
             weight). Default: 2.
         reduction: ``"mean"`` or ``"sum"`` over the pairs. Default: ``"mean"``.
+
+    :math:`\tau` and :math:`\beta` are numbers or 0-d tensors or arrays holding one, read as
+    Python floats on every call (for a GPU tensor, a host sync: :class:`PairwiseLogisticLoss`
+    reads them once, when made).
 
     Returns: a scalar (float32 or wider, whatever the input dtype).
 
@@ -142,6 +148,8 @@ class PairwiseLogisticLoss(nn.Module):
         sharpness: :math:`\beta > 0`. Default: 2.
         reduction: ``"mean"`` or ``"sum"``. Default: ``"mean"``.
 
+    :math:`\tau` and :math:`\beta` may be 0-d tensors or arrays, read once, here, as numbers.
+
     Inputs: ``embeddings`` :math:`(N, D)` float, ``labels`` :math:`(N,)` integer tensor on
     the embeddings' device.
     Shape: output is a scalar.
@@ -161,7 +169,7 @@ class PairwiseLogisticLoss(nn.Module):
         tensor(0.3377)
     """
 
-    def __init__(self, threshold: Real = 3.0, sharpness: Real = 2.0,
+    def __init__(self, threshold: Number = 3.0, sharpness: Number = 2.0,
                  reduction: str = "mean") -> None:
         super().__init__()
         self.threshold = _check_threshold(threshold)

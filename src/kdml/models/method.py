@@ -97,8 +97,9 @@ class Method(nn.Module):
         """Closed-form fit on the training inputs, given batch by batch (``needs_fit``)."""
         raise NotImplementedError(f"{type(self).__name__} has no closed-form fit")
 
-    def check_fit(self) -> None:
-        """Refuse, in one line, a :meth:`fit` this machine cannot do: the trainer calls it
+    def check_fit(self, count: int | None = None) -> None:
+        """Refuse, in one line, a :meth:`fit` this machine cannot do, or (``count``: the
+        samples it will read, where known) these data cannot give: the trainer calls it
         before it makes a run folder (nothing to check for methods without a fit)."""
 
     def proxy_parameters(self) -> list[nn.Parameter]:

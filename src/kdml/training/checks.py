@@ -4,11 +4,13 @@ method against the splits, the distributed settings, the test set's scorability.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
 
 from kdml.config import RunConfig, flatten
+from kdml.data.domains import is_domain_dataset
 from kdml.data.fingerprint import rank_difference
 from kdml.data.registry import PATH_FORMATS, ROOT_VARIABLE
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
@@ -18,14 +20,42 @@ from kdml.evaluation.evaluator import metric_names
 from kdml.launch import processes_on_this_machine
 from kdml.models.method import Method
 from kdml.training.domain_adapted import DomainAdaptedMethod
+from kdml.training.recipes import get_recipe
 from kdml.training.recipes.jrd import JRDMethod
 from kdml.training.selection import check_selectable
+
+
+def check_recipe_data(config: RunConfig) -> None:
+    """Refuse, before the data is read, a recipe that cannot train on ``data.dataset``'s kind:
+    the SimCLR recipes on a domain pair, whose samples are feature vectors they cannot augment
+    (it had been refused as "data.split does not apply to a domain pair; drop it", of the
+    recipe's own default split, and with that dropped, at its first step)."""
+    recipe = get_recipe(config.recipe)
+    if recipe.augments_images and is_domain_dataset(config.data.dataset):
+        raise KdmlError(f"{config.recipe} augments images into two views, and a domain pair "
+                        f"({config.data.dataset}) holds feature vectors, so it cannot train on "
+                        "one; train it on an image dataset, or train dtml or dstml on the "
+                        "pair (or a recipe without charts with domain.beta, e.g. jrd)")
 
 
 def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:
     """Refuse, before anything trains, a recipe that cannot train or be scored on these
     splits: each of these had failed only when the first epoch was scored, losing it. (Not on
     loading a trained run: its config was taken when it trained.)"""
+    if method.augments_inputs and len(splits.train.sample_shape) != 3:
+        # it had been refused at the first step, after the run folder was made
+        raise KdmlError(f"{config.recipe} augments images [C, H, W]; {splits.train.name} has "
+                        f"inputs of shape {tuple(splits.train.sample_shape)}: train it on an "
+                        "image dataset")
+    crop = getattr(config.method, "crop_size", 0)
+    if (method.augments_inputs and config.model.backbone == "mlp" and crop
+            and splits.train.sample_shape[1:] != (crop, crop)):
+        # an MLP takes inputs of the size it was built for: torch's "mat1 and mat2 shapes
+        # cannot be multiplied" had stopped the first step, after the run folder was made
+        side = "x".join(map(str, splits.train.sample_shape[1:]))
+        raise KdmlError(f"model.backbone=mlp takes inputs of {side} pixels, its dataset's, "
+                        f"and method.crop_size={crop} crops the views to {crop}x{crop}; set "
+                        "method.crop_size=0 (views of the input's size)")
     if method.uses_target and splits.target is None:
         raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
                         "pair such as mnist5k->digits")
@@ -105,9 +135,10 @@ def check_distributed(config: RunConfig, world: World, device: torch.device,
         return
     batch_size = config.data.batch_size
     if batch_size % world.size:
-        remedy = f"; {resumed_batch_remedy(batch_size, world.size)}" if resumed else ""
+        remedy = (resumed_batch_remedy(batch_size, world.size) if resumed else
+                  new_batch_remedy(batch_size, world.size, config.data.samples_per_class))
         raise KdmlError(f"data.batch_size={batch_size} is the global batch and must split "
-                        f"evenly over the {world.size} processes{remedy}")
+                        f"evenly over the {world.size} processes; {remedy}")
     if 0 < batch_size < 2 * world.size:
         # as one process needs 2: BatchNorm cannot normalise one sample of features (torch's
         # "Expected more than 1 value per channel" had stopped every process with a traceback)
@@ -164,6 +195,24 @@ def _differing_setting(first: dict[str, Any], other: dict[str, Any]) -> tuple[st
             continue
         return key, *values
     return None
+
+
+def new_batch_remedy(batch_size: int, size: int, samples_per_class: int = 0) -> str:
+    """The data.batch_size values nearest ``batch_size`` that ``size`` processes split into
+    equal shares of 2 or more: the multiples of ``size`` (of the least common multiple of
+    ``size`` and ``samples_per_class``, when that is set, since a class-balanced global batch
+    is whole classes) just below and just above it, the one below only where it is large
+    enough. A new run may set any; a resumed one keeps its batch
+    (:func:`resumed_batch_remedy`)."""
+    step = math.lcm(size, samples_per_class or 1)
+    smallest = -(-2 * size // step) * step  # the first multiple with 2 samples per process
+    below, above = batch_size // step * step, max(batch_size // step * step + step, smallest)
+    values = [below, above] if below >= smallest else [above]
+    both = (f" (the {size} processes and data.samples_per_class={samples_per_class} both "
+            "divide it)" if samples_per_class and step != size else "")
+    floor = f" of at least {smallest}" if step < smallest and below < smallest else ""
+    return (f"set data.batch_size to a multiple of {step}{both}{floor}, such as "
+            f"{' or '.join(map(str, values))}")
 
 
 def resumed_batch_remedy(batch_size: int, size: int, *others: int) -> str:

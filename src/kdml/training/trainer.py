@@ -68,6 +68,7 @@ from kdml.training.checks import (
     check_distributed,
     check_evaluation,
     check_method_on_splits,
+    check_recipe_data,
     check_same_run,
     warn_about_splits,
 )
@@ -363,7 +364,8 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
                 pca=None if state is None else checkpoint_pca(state, run.checkpoint,
                                                               config.data.pca_dim))
         if not resume:
-            session.method.check_fit()  # e.g. PCA's d x d matrices: refused before the folder
+            # e.g. PCA's d x d matrices, or a source too small: refused before the folder
+            session.method.check_fit(len(session.splits.train))
             distributed.from_main(hold)
         distributed.from_main(lambda: _open_run_folder(run, session, resume, echo,
                                                        data_remedy))
@@ -382,6 +384,7 @@ def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
     device = resolve_device(distributed.device_for(config.train.device))
     check_distributed(config, world, device, get_recipe(config.recipe).draws_batches,
                       resumed=not new_run)
+    check_recipe_data(config)
     splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run, pca=pca)
     if not config.eval.ks:
         config.eval.ks = list(splits.eval_ks)
@@ -831,11 +834,24 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
             sums[name] = sums[name] + value if name in sums else value
         steps += 1
     watch.check(epoch)
-    NonFiniteWatch.check_weights(method.state_dict().values(), epoch, steps)
+    check_epoch_weights(method, epoch, steps)
     if not steps:
         raise KdmlError(f"epoch {epoch} had no training batch (every image unreadable?)")
     means = (torch.stack(list(sums.values())) / steps).tolist()
     return dict(zip(sums, means, strict=True))
+
+
+def check_epoch_weights(method: nn.Module, epoch: int, steps: int) -> None:
+    """:meth:`NonFiniteWatch.check_weights` of the weights the epoch's checkpoint keeps, with
+    every rank deciding alike: the parameters, the same on every rank under
+    DistributedDataParallel, then the buffers as rank 0 holds them (broadcast, as scoring and
+    the next step's forward do). Each rank's own BatchNorm statistics, of its last share, had
+    been checked: one rank's alone overflowing (a share's variance beyond float32) raised on
+    that rank alone, while the others went on to their next collective."""
+    NonFiniteWatch.check_weights(method.parameters(), epoch, steps)
+    distributed.broadcast_buffers(method)
+    # the state the checkpoint keeps: not a non-persistent buffer (a cached mask may hold inf)
+    NonFiniteWatch.check_weights(method.state_dict().values(), epoch, steps)
 
 
 # metrics.csv's and metrics.json's columns of the samples data.on_bad_image=skip left out of an

@@ -595,9 +595,9 @@ RECIPES = (
            {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},
             "model": dict(SIMCLR_MODEL), "optim": dict(SIMCLR_OPTIM),
             "train": dict(SIMCLR_TRAIN)}, "method.dim", pretrained=False,
-           inputs_follow_weights=True),
+           inputs_follow_weights=True, augments_images=True),
     Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
            {"data": dict(SIMCLR_DATA), "model": dict(SIMCLR_MODEL),
             "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}, "method.dim",
-           pretrained=False, inputs_follow_weights=True),
+           pretrained=False, inputs_follow_weights=True, augments_images=True),
 )

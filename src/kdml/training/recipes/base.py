@@ -34,3 +34,6 @@ class Recipe:
     # SimCLR recipes: the [0, 1] images from scratch, the backbone's own with weights), so
     # that a resumed or scored run may move its weights file but not drop or add one
     inputs_follow_weights: bool = False
+    # whether its method augments image inputs into views (the SimCLR recipes): it cannot
+    # train a domain pair, whose samples are feature vectors (built-in pairs and npz:FILE)
+    augments_images: bool = False

@@ -332,13 +332,7 @@ class PCAMethod(Method):
             count += len(x)
             total += x.sum(dim=0)
             scatter += x.T @ x
-        # all d directions (dim = d, the plain Euclidean distance) are a rotation whatever
-        # the count: a source of fewer samples than features had been refused for them
-        if count == 0 or count < dim < input_size:
-            raise KdmlError(f"PCA to {dim} of {input_size} dimensions needs at least {dim} "
-                            f"source samples, got {count}; lower method.pca_dim to at most "
-                            f"{count}, or set it to 0 (all {input_size}: the plain Euclidean "
-                            "distance)" if count else "PCA needs source samples, got none")
+        self._check_count(count)
         mean = total / count
         covariance = scatter / count - torch.outer(mean, mean)
         _, vectors = torch.linalg.eigh(covariance)  # ascending eigenvalues
@@ -348,11 +342,27 @@ class PCAMethod(Method):
         self.components.copy_(directions * signs)
         self.fitted.fill_(True)
 
-    def check_fit(self) -> None:
+    def check_fit(self, count: int | None = None) -> None:
         """Refuse, in one line, a :meth:`fit` whose d x d matrices this machine cannot hold
-        (:func:`check_pca_input_size`): :meth:`fit` calls it first, and a trainer before it
-        makes a run folder."""
+        (:func:`check_pca_input_size`), or, given the ``count`` of source samples it will
+        read, one they cannot give ``dim`` directions: :meth:`fit` calls it first, and a
+        trainer before it makes a run folder (the count had been refused only in :meth:`fit`,
+        after it)."""
         check_pca_input_size(self.components.shape[1])
+        if count is not None:
+            self._check_count(count)
+
+    def _check_count(self, count: int) -> None:
+        """Refuse a source of ``count`` samples, too few for ``dim`` of the ``d`` directions
+        (or none)."""
+        dim, input_size = self.components.shape
+        # all d directions (dim = d, the plain Euclidean distance) are a rotation whatever
+        # the count: a source of fewer samples than features had been refused for them
+        if count == 0 or count < dim < input_size:
+            raise KdmlError(f"PCA to {dim} of {input_size} dimensions needs at least {dim} "
+                            f"source samples, got {count}; lower method.pca_dim to at most "
+                            f"{count}, or set it to 0 (all {input_size}: the plain Euclidean "
+                            "distance)" if count else "PCA needs source samples, got none")
 
     def embed(self, inputs: Tensor) -> Tensor:
         if not bool(self.fitted):
