@@ -378,3 +378,16 @@ def test_manifold_mmd_s_clamp_keeps_the_logit_finite_in_float32(eps):
 def test_manifold_mmd_refuses_a_tensor_eps_out_of_range_or_not_zero_dimensional(eps):
     raises_one_line(r"^ManifoldMMD: eps must be a number in \(0, 0\.5\), got ",
                     ManifoldMMD, 3, 2, eps=eps)
+
+
+def test_a_call_s_generator_draws_the_prior_sample_over_the_module_s():
+    """forward(generator=...) draws the prior sample from the call's generator, not the
+    module's (the Atlas recipes pass a per-step generator of the run's seed): with the
+    module's taken instead, two calls of one seed gave two values (mutation audit)."""
+    coords, q, _ = make_batch(5, 3, 2, seed=4)
+    mmd = ManifoldMMD(2, 3, generator=torch.Generator().manual_seed(8))
+    value = mmd(coords, q, generator=torch.Generator().manual_seed(7)).item()
+    drawn = torch.rand(5, 2, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    assert value == pytest.approx(literal_eq5(coords.tolist(), q.tolist(), drawn.tolist()),
+                                  rel=1e-10)
+    assert mmd(coords, q, generator=torch.Generator().manual_seed(7)).item() == value

@@ -544,3 +544,38 @@ def test_an_overflowed_same_class_neighbour_is_picked_not_the_sample_itself():
     points = torch.tensor([[0.0], [1.0], [3e19], [5.0]])  # 3e19**2 overflows float32
     graph_p, _ = MarginalFisherLoss(k1=1, k2=1).graphs(points, torch.tensor([0, 1, 0, 1]))
     assert torch.nonzero(graph_p[0]).flatten().tolist() == [2]  # not itself (column 0)
+
+
+@pytest.mark.parametrize("beta", [1e-3, 0.5, 1.0])
+def test_any_beta_above_zero_needs_a_target_batch(beta):
+    """beta > 0 without a target batch is refused, as the docstring says, for a small beta
+    too (mutation audit: a check of beta > 1 passed every existing test)."""
+    network = make_network()
+    source = network(random_points(10, 4))
+    with pytest.raises(KdmlError, match=rf"^beta={beta} > 0 needs a target-domain batch"):
+        DTMLObjective(k1=2, k2=4, beta=beta)(source, torch.tensor(DSTML_LABELS), None, network)
+
+
+def test_the_terms_are_detached_and_the_total_is_not():
+    """ObjectiveOutput's terms are detached 0-dim tensors (its docstring): a log of them keeps
+    no graph alive (mutation audit: the terms as computed passed every existing test)."""
+    network = make_network()
+    objective = DTMLObjective(k1=2, k2=4, beta=1.0, hidden_weight=1.0)
+    out = objective(network(random_points(10, 4)), torch.tensor(DSTML_LABELS),
+                    network(random_points(10, 4, seed=1)), network)
+    assert out.total.requires_grad
+    assert {"s_c", "s_b", "d_ts", "j_top", "weight_penalty", "j@1", "hinge@1"} <= set(out.terms)
+    for name, value in out.terms.items():
+        assert not value.requires_grad and value.grad_fn is None and value.ndim == 0, name
+
+
+@pytest.mark.parametrize("keep", [slice(1, None), slice(None, 1)])
+def test_target_layer_outputs_of_another_count_are_refused(keep):
+    """One target output per source layer: a list missing one (here the first or the last)
+    is refused in one line, not paired by position from the end (mutation audit: without the
+    check, the top layer's criterion took whatever list[-1] was)."""
+    network = make_network()
+    source = network(random_points(10, 4))
+    target = network(random_points(10, 4, seed=1))[keep]
+    with pytest.raises(KdmlError, match=r"^2 source layer outputs but 1 target$"):
+        DTMLObjective(k1=2, k2=4, beta=1.0)(source, torch.tensor(DSTML_LABELS), target, network)

@@ -597,7 +597,7 @@ def test_the_laplace_kernel_under_torch_func_is_as_the_readme_says():
     with pytest.raises(NotImplementedError, match="forward AD with _cdist_forward"):
         torch.func.jvp(total, (x,), (torch.ones_like(x),))
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
-    assert "the Laplace kernel under all but `jvp`" in readme
+    assert "the Laplace kernel works under all but `jvp`" in readme
 
 
 def test_a_saved_gaussian_mixture_kernel_holds_no_tensor_of_the_device_it_ran_on():
@@ -652,3 +652,12 @@ def test_the_resolution_floor_of_no_point_is_the_smallest_bandwidth(power, dtype
     audit: a floor of 0 there went unnoticed)."""
     floor = resolution_floor(torch.empty(0, 3, dtype=dtype), power)
     assert floor.dtype == dtype and floor.item() == smallest_bandwidth(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_the_resolution_floor_refuses_points_that_are_not_floating_point(dtype):
+    """Integer or bool points have no epsilon: torch.finfo's raw TypeError "torch.finfo()
+    requires a floating point input type" came out without the check (mutation audit)."""
+    with pytest.raises(KdmlError, match=r"^resolution_floor expects floating point points, "
+                                        r"got torch\.(int64|bool); convert with \.float\(\)$"):
+        resolution_floor(torch.ones(3, 2, dtype=dtype), 2)
