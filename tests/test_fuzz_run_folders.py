@@ -106,6 +106,9 @@ def test_a_stop_just_after_an_epochs_checkpoint_waits_for_its_log_line(tmp_path,
     # the handler the console command sets (cli.main with argv None): under the default one
     # the signal would end the test process
     previous = signal.signal(signal.SIGTERM, cli._interrupt)
+    # Python's Ctrl-C, also where the suite was started in the background of a shell without
+    # job control, which starts it with SIGINT ignored
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     run = tmp_path / "run"
     try:
         assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
@@ -114,6 +117,7 @@ def test_a_stop_just_after_an_epochs_checkpoint_waits_for_its_log_line(tmp_path,
             130 if stop == "SIGINT" else 143)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     log = (run / "train.log").read_text()
     assert " epoch 1: " in log and " epoch 2" not in log
     said = "interrupted (Ctrl-C)" if stop == "SIGINT" else "terminated (SIGTERM)"

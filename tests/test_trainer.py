@@ -1117,12 +1117,18 @@ def test_a_ctrl_c_between_an_epoch_s_checkpoint_and_its_log_line_waits_for_the_l
 
     from kdml.training.recorder import _stops_deferred
 
-    before = signal.getsignal(signal.SIGINT)
+    # Python's Ctrl-C, also where the suite was started in the background of a shell without
+    # job control, which starts it with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     done = []
-    with pytest.raises(KeyboardInterrupt), _stops_deferred():
-        signal.raise_signal(signal.SIGINT)
-        done.append("the log line")
-    assert done == ["the log line"] and signal.getsignal(signal.SIGINT) is before
+    try:
+        with pytest.raises(KeyboardInterrupt), _stops_deferred():
+            signal.raise_signal(signal.SIGINT)
+            done.append("the log line")
+        assert done == ["the log line"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_an_interrupted_run_s_metrics_hold_the_epochs_it_finished(tmp_path, stop_in_epoch):
