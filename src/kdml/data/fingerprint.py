@@ -71,42 +71,56 @@ def fingerprint_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str
     if recorded.get(FORMAT_FIELD) != FORMAT or not isinstance(then_parts, dict) or not all(
             isinstance(part, dict) for part in then_parts.values()):
         return None
-    for name in PARTS:
-        then, current = then_parts.get(name), now_parts.get(name)
-        if then == current:
-            continue
-        if then is None or current is None:
-            had, has = ("none", _counts(current)) if then is None else (_counts(then), "none")
-            return f"its {name} part had {had} then and has {has} now"
-        if (then.get("samples"), then.get("classes")) != (current["samples"],
-                                                          current["classes"]):
-            return (f"its {name} part had {_counts(then)} then and has {_counts(current)} "
-                    "now")
-        what = "files" if current["kind"] == "files" else "samples"
-        return (f"its {name} part has the same {_counts(current)} but its {what} or labels "
-                "differ")
-    return None
+    difference = _first_differing_part(then_parts, now_parts)
+    if difference is None:
+        return None
+    name, then, current = difference
+    if then is None or current is None:
+        had, has = ("none", _counts(current)) if then is None else (_counts(then), "none")
+        return f"its {name} part had {had} then and has {has} now"
+    if not _same_counts(then, current):
+        return f"its {name} part had {_counts(then)} then and has {_counts(current)} now"
+    return (f"its {name} part has the same {_counts(current)} but its {_contents(current)} or "
+            "labels differ")
 
 
 def rank_difference(first: dict[str, Any], other: dict[str, Any], rank: int) -> str | None:
     """How rank ``rank``'s data (``other``) differs from rank 0's (``first``), both
     :func:`data_fingerprint` results of the same kdml, as a clause; ``None`` when they agree.
     Paths are not compared (each machine may keep its copy elsewhere), nor ``folder``."""
+    difference = _first_differing_part(first["parts"], other["parts"])
+    if difference is None:
+        return None
+    name, zero, current = difference
+    if current is None:
+        return f"rank {rank} has no {name} part, rank 0's has {_counts(zero)}"
+    if zero is None:
+        return f"rank {rank}'s {name} part has {_counts(current)}, rank 0 has none"
+    if not _same_counts(zero, current):
+        return f"rank {rank}'s {name} part has {_counts(current)}, rank 0's {_counts(zero)}"
+    return (f"rank {rank}'s {name} part has the same {_counts(current)} as rank 0's, but its "
+            f"{_contents(current)} or labels differ")
+
+
+def _first_differing_part(first: dict[str, Any], second: dict[str, Any]
+                          ) -> tuple[str, Any, Any] | None:
+    """The first part, in :data:`PARTS` order, whose entries differ between two fingerprints'
+    ``parts``: its name and each side's entry (``None`` where that side has no such part);
+    ``None`` when every part agrees."""
     for name in PARTS:
-        zero, current = first["parts"].get(name), other["parts"].get(name)
-        if zero == current:
-            continue
-        if current is None:
-            return f"rank {rank} has no {name} part, rank 0's has {_counts(zero)}"
-        if zero is None:
-            return f"rank {rank}'s {name} part has {_counts(current)}, rank 0 has none"
-        if (zero["samples"], zero["classes"]) != (current["samples"], current["classes"]):
-            return (f"rank {rank}'s {name} part has {_counts(current)}, rank 0's "
-                    f"{_counts(zero)}")
-        what = "files" if current["kind"] == "files" else "samples"
-        return (f"rank {rank}'s {name} part has the same {_counts(current)} as rank 0's, but "
-                f"its {what} or labels differ")
+        if first.get(name) != second.get(name):
+            return name, first.get(name), second.get(name)
     return None
+
+
+def _same_counts(first: dict[str, Any], second: dict[str, Any]) -> bool:
+    return (first.get("samples"), first.get("classes")) == (second.get("samples"),
+                                                            second.get("classes"))
+
+
+def _contents(part: dict[str, Any]) -> str:
+    """What a part's entry hashes: its image ``files``, or its in-memory ``samples``."""
+    return "files" if part["kind"] == "files" else "samples"
 
 
 def _counts(part: dict[str, Any]) -> str:
