@@ -844,11 +844,10 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
 def check_epoch_weights(method: nn.Module, epoch: int, steps: int) -> None:
     """:meth:`NonFiniteWatch.check_weights` of the weights the epoch's checkpoint keeps, with
     every rank deciding alike: the parameters, the same on every rank under
-    DistributedDataParallel, then the buffers as rank 0 holds them (broadcast, as scoring and
-    the next step's forward do). Each rank's own BatchNorm statistics, of its last share, had
-    been checked: one rank's alone overflowing (a share's variance beyond float32) raised on
-    that rank alone, while the others went on to their next collective."""
-    NonFiniteWatch.check_weights(method.parameters(), epoch, steps)
+    DistributedDataParallel, and the buffers as rank 0 holds them (broadcast first, as scoring
+    and the next step's forward do). Each rank's own BatchNorm statistics, of its last share,
+    had been checked: one rank's alone overflowing (a share's variance beyond float32) raised
+    on that rank alone, while the others went on to their next collective."""
     distributed.broadcast_buffers(method)
     # the state the checkpoint keeps: not a non-persistent buffer (a cached mask may hold inf)
     NonFiniteWatch.check_weights(method.state_dict().values(), epoch, steps)
