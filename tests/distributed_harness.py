@@ -190,6 +190,25 @@ def epoch_weights_with_rank_statistics(overflowed_rank: int, out_dir: str) -> st
     return outcome
 
 
+def loss_non_finite_on_one_rank(recipe_name: str, overrides: list[str], bad_rank: int,
+                                bad_step: int, out_dir: str) -> str:
+    """One epoch of ``train_one_epoch`` in which ``bad_rank``'s loss terms alone are NaN at
+    step ``bad_step`` (0-based), as the loss of that rank's share alone could overflow: each
+    rank writes to ``out_dir`` which error it got."""
+    from kdml.training import nonfinite
+
+    observe = nonfinite.NonFiniteWatch.observe
+
+    def observe_on_rank(watch: Any, step: int, terms: dict[str, torch.Tensor]) -> None:
+        if dist.get_rank() == bad_rank and step == bad_step:
+            terms = {name: value * float("nan") for name, value in terms.items()}
+        observe(watch, step, terms)
+
+    nonfinite.NonFiniteWatch.observe = observe_on_rank  # type: ignore[method-assign]
+    session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+    return _outcome_on_this_rank(lambda: train_one_epoch(session, 1, progress=False), out_dir)
+
+
 def build_on_own_settings(recipe_name: str, overrides: list[str], own: list[list[str]],
                           out_dir: str) -> str:
     """``Session.build`` where rank K adds ``own[K]`` to ``overrides`` (machines with their

@@ -132,6 +132,64 @@ def test_agreed_outcomes_over_three_ranks(tmp_path, failing, expected):
     assert run_ranks(WORLD, _agreed_task, failing, tmp_path=tmp_path) == expected
 
 
+def _agreed_file_error_task(failing):
+    rank = dist.get_rank()
+
+    def work():
+        if rank in failing:  # its machine's copy of a file it cannot read
+            raise PermissionError(13, "Permission denied", f"/data/rank{rank}.npz")
+        return f"value of rank {rank}"
+
+    try:
+        outcome = ("ok", distributed.agreed(work))
+    except QuietExit as error:
+        outcome = ("QuietExit", str(error))
+    except KdmlError as error:
+        outcome = ("KdmlError", str(error))
+    except OSError as error:  # rank 0's own: the CLI says it with its advice
+        outcome = ("OSError", f"{error.filename}: {error.strerror}")
+    return _every_rank(outcome)
+
+
+@pytest.mark.parametrize(("failing", "expected"), [
+    ((2,), [("KdmlError", "rank 2: /data/rank2.npz: Permission denied"),
+            ("QuietExit", "/data/rank2.npz: Permission denied"),
+            ("QuietExit", "/data/rank2.npz: Permission denied")]),
+    ((0, 1), [("OSError", "/data/rank0.npz: Permission denied"),
+              ("QuietExit", "/data/rank0.npz: Permission denied"),
+              ("QuietExit", "/data/rank0.npz: Permission denied")]),
+])
+def test_a_file_error_one_rank_meets_alone_is_agreed_on(tmp_path, failing, expected):
+    """An OSError about a file (which the CLI says in one line) raised on one rank alone while
+    it built its parts (its machine's data file unreadable) had gone past agreed(): that rank
+    stopped saying nothing (the CLI prints such errors on rank 0 only), and rank 0, waiting in
+    the all_gather, was stopped by torchrun first, so a torchrun job ended without a word."""
+    assert run_ranks(WORLD, _agreed_file_error_task, failing, tmp_path=tmp_path) == expected
+
+
+def _from_main_file_error_task():
+    def write():
+        raise OSError(28, "No space left on device", "/runs/a/config.yaml")
+
+    try:
+        outcome = ("ok", distributed.from_main(write))
+    except QuietExit as error:
+        outcome = ("QuietExit", str(error))
+    except OSError as error:
+        outcome = ("OSError", f"{error.filename}: {error.strerror}")
+    return _every_rank(outcome)
+
+
+def test_a_file_error_of_rank_0s_work_stops_the_others_quietly(tmp_path):
+    """An OSError about a file in rank 0's work for all (its run folder's config.yaml on a
+    full disk) had gone past from_main(): rank 0 said it, and every other rank, left in the
+    broadcast, added "a collective operation failed" (and torchrun named one of them, exit 1,
+    as the root cause)."""
+    said = "/runs/a/config.yaml: No space left on device"
+    assert run_ranks(WORLD, _from_main_file_error_task, tmp_path=tmp_path) == [
+        ("OSError", said), ("QuietExit", said), ("QuietExit", said)]
+
+
 # ----------------------------------------------------------------- one process, no group
 
 
@@ -295,3 +353,39 @@ def test_teardown_frees_a_wrapper_held_in_a_reference_cycle(one_process_group):
         assert holder[0]() is None
     finally:
         gc.enable()
+
+
+def test_the_data_fingerprint_build_computed_is_the_one_data_json_records(tmp_path,
+                                                                        monkeypatch):
+    """Under torchrun each rank fingerprints its data at Session.build (hashing every sample)
+    for the ranks' check, and rank 0 had fingerprinted it again for data.json (and on
+    --resume once more to check it, a third time where data.json was rewritten): a session's
+    fingerprint is now computed once and reused."""
+    import json
+
+    from distributed_harness import config_of
+
+    from kdml.training import loading, trainer
+    from kdml.training.run_folder import RunFolder
+
+    session = trainer.Session.build(config_of("amsoftmax", ["data.dataset=digits",
+                                                           "model.embedding_size=8"]),
+                                    echo=lambda line: None)
+    fingerprint = trainer.data_fingerprint
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return fingerprint(*args)
+
+    monkeypatch.setattr(trainer, "data_fingerprint", counted)
+    monkeypatch.setattr(loading, "data_fingerprint", counted)
+    session.fingerprint = fingerprint(session.splits, session.test_part)  # as build's
+    run = RunFolder(tmp_path / "run")
+    with run.held():
+        trainer._open_run_folder(run, session, False, lambda line: None, "")
+    assert calls == []
+    assert json.loads(run.data_fingerprint.read_text())["parts"] == session.fingerprint["parts"]
+    session.fingerprint = None  # a single process: computed when first needed, then kept
+    assert session.data_fingerprint() == session.data_fingerprint()
+    assert len(calls) == 1

@@ -26,6 +26,7 @@ from distributed_harness import (
     epoch_weights_with_rank_statistics,
     evaluate_failing_on_rank_0,
     evaluate_untrained,
+    loss_non_finite_on_one_rank,
     run_ranks,
     score_diverged,
     train_steps,
@@ -795,3 +796,19 @@ def test_the_epoch_end_weight_check_decides_alike_on_every_rank(tmp_path, overfl
     run_ranks(2, epoch_weights_with_rank_statistics, overflowed_rank, str(tmp_path),
               tmp_path=tmp_path)
     assert [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)] == [outcome] * 2
+
+
+def test_a_loss_non_finite_on_one_rank_stops_every_rank_at_its_step(tmp_path):
+    """The per-step non-finite check had read each rank's own flag: a NaN in one rank's loss
+    alone stopped that rank by itself, silently (only rank 0 prints an error every rank
+    meets), and rank 0, waiting in DistributedDataParallel's gradient all-reduce, reported only
+    "a collective operation failed". The ranks now agree on the earliest non-finite step at
+    each check, so every rank stops there with the same one-line NonFiniteLoss."""
+    run_ranks(2, loss_non_finite_on_one_rank, "amsoftmax",
+              [*COMMON, "data.dataset=digits", "data.batch_size=40"], 1, 1, str(tmp_path),
+              tmp_path=tmp_path)
+    said = ("KdmlError: training stopped: the 'loss' term became NaN or infinite at "
+            "epoch 1, step 2; no epoch finished, so the run folder holds no checkpoint. ")
+    outcomes = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    assert outcomes[0].startswith(said), outcomes
+    assert outcomes[1] == outcomes[0]

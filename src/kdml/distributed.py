@@ -239,8 +239,10 @@ def broadcast_buffers(module: nn.Module) -> None:
 
 def from_main(function: Callable[[], T]) -> T:
     """Run ``function`` on rank 0 only and return its result on every rank. If it raises a
-    :class:`~kdml.errors.KdmlError`, rank 0 raises it and the other ranks a
-    :class:`QuietExit`, so no rank waits forever on the others."""
+    :class:`~kdml.errors.KdmlError`, or an OSError about a file (a full disk, no permission:
+    the CLI says either in one line), rank 0 raises it and the other ranks a
+    :class:`QuietExit`, so no rank waits forever on the others, nor adds "a collective
+    operation failed" to rank 0's line."""
     if not world().is_distributed:
         return function()
     outcome: tuple[str, object] = ("ok", None)
@@ -249,18 +251,23 @@ def from_main(function: Callable[[], T]) -> T:
             outcome = ("ok", function())
         except KdmlError as error:
             outcome = ("error", error)
+        except OSError as error:
+            if error.filename is None:  # not about a path: a bug's, whose traceback is kept
+                raise
+            outcome = ("error", error)
     kind, value = broadcast(outcome)  # the other ranks' placeholder is replaced by rank 0's
-    if kind == "error" and isinstance(value, KdmlError):
+    if kind == "error" and isinstance(value, KdmlError | OSError):
         if world().is_main:
             raise value
-        raise QuietExit(str(value))
+        raise QuietExit(_said(value))
     return value  # type: ignore[return-value]
 
 
 def agreed(function: Callable[[], T]) -> T:
     """Run ``function`` on every rank, which then agree on its outcome: where it raised a
-    :class:`~kdml.errors.KdmlError` on any rank, rank 0 raises one (its own, else the first
-    failed rank's, named ``rank K: ...``) and the other ranks a :class:`QuietExit`.
+    :class:`~kdml.errors.KdmlError`, or an OSError about a file (no permission, an I/O error),
+    on any rank, rank 0 raises one (its own, else the first failed rank's, named
+    ``rank K: ...``) and the other ranks a :class:`QuietExit`.
 
     For the work each process does for itself and may fail at alone (reading its machine's
     copy of the data, its weights file): a rank that had stopped there by itself said nothing,
@@ -269,14 +276,18 @@ def agreed(function: Callable[[], T]) -> T:
     call collectives where one rank can fail before them."""
     if not world().is_distributed:
         return function()
-    error: KdmlError | None = None
+    error: KdmlError | OSError | None = None
     value: T | None = None
     try:
         value = function()
     except KdmlError as raised:
         error = raised
+    except OSError as raised:
+        if raised.filename is None:  # not about a path: a bug's, whose traceback is kept
+            raise
+        error = raised  # the CLI says a file's error in one line: so does rank 0
     messages: list[str | None] = [None] * world().size
-    dist.all_gather_object(messages, None if error is None else str(error))
+    dist.all_gather_object(messages, None if error is None else _said(error))
     failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
     if not failed:
         return value  # type: ignore[return-value]
@@ -286,6 +297,14 @@ def agreed(function: Callable[[], T]) -> T:
         raise error
     rank, message = failed[0]
     raise KdmlError(f"rank {rank}: {message}")
+
+
+def _said(error: KdmlError | OSError) -> str:
+    """``error`` in a line: an OSError as ``PATH: reason`` (its filename and strerror)."""
+    if isinstance(error, KdmlError) or error.filename is None:
+        return str(error)
+    name = error.filename
+    return f"{os.fsdecode(name) if isinstance(name, bytes) else name}: {error.strerror or error}"
 
 
 def barrier() -> None:

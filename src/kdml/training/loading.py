@@ -4,6 +4,7 @@ that the data a command reads is the data the run trained on."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,11 +271,16 @@ def stored_pca(state: dict[str, Any], checkpoint: Path, pca_dim: int,
     return pca
 
 
-def data_record(splits: DataSplits, test_part: DataSplits | None) -> dict[str, Any]:
+def data_record(splits: DataSplits, test_part: DataSplits | None,
+                fingerprint: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """A run's ``data.json``: the fingerprint of its data (:mod:`kdml.data.fingerprint`) and
     what its model takes (:mod:`kdml.data.sample_spec`), from which the run folder alone
-    rebuilds the model (:func:`load_model`)."""
-    return {**data_fingerprint(splits, test_part),
+    rebuilds the model (:func:`load_model`). ``fingerprint`` gives the fingerprint of
+    ``splits`` and ``test_part`` where it is already computed (a training session's,
+    :meth:`~kdml.training.trainer.Session.data_fingerprint`)."""
+    fingerprinted = (fingerprint() if fingerprint is not None
+                     else data_fingerprint(splits, test_part))
+    return {**fingerprinted,
             SAMPLES_FIELD: SampleSpec.of(splits.train, len(splits.train_classes)).to_record()}
 
 
@@ -291,14 +297,16 @@ def check_data_path(run: RunFolder, dataset: str, remedy: str) -> None:
 
 
 def check_run_data(run: RunFolder, recorded: dict[str, Any] | None, config: RunConfig,
-                   splits: DataSplits, test_part: DataSplits, remedy: str) -> None:
+                   splits: DataSplits, test_part: DataSplits, remedy: str,
+                   fingerprint: Callable[[], dict[str, Any]] | None = None) -> None:
     """Refuse, with one line ending in ``remedy``, data other than what the run trained on:
     ``recorded`` is its fingerprint (``data.json``; ``None`` for a run made before kdml wrote
     one, which goes unchecked), ``splits`` and ``test_part`` the data as read now (see
-    :func:`~kdml.data.prepare.prepare_data_and_test_part`)."""
+    :func:`~kdml.data.prepare.prepare_data_and_test_part`), whose fingerprint ``fingerprint``
+    gives where it is already computed (a training session's)."""
     if recorded is None:
         return
-    now = data_fingerprint(splits, test_part)
+    now = fingerprint() if fingerprint is not None else data_fingerprint(splits, test_part)
     difference = fingerprint_difference(recorded, now)
     if difference is None:
         return

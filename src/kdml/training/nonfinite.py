@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from kdml import distributed
 from kdml.errors import KdmlError
 
 
@@ -20,6 +21,10 @@ class NonFiniteWatch:
 
     The trainer calls :meth:`check` every ``check_every`` steps and at the end of each epoch,
     before the checkpoint is written, so the last checkpoint always holds finite parameters.
+    Under torchrun every rank calls it at the same steps, and the ranks agree there on the
+    earliest non-finite step of any of them (one collective, at the read's host sync): a rank
+    that had stopped alone said nothing (only rank 0 prints an error every rank meets), and
+    rank 0 reported a failed collective.
 
     Args:
         check_every: steps between reads (1 on the CPU, where a read costs nothing).
@@ -51,10 +56,14 @@ class NonFiniteWatch:
         """Raise if a step so far went non-finite (a host sync)."""
         if self.first_step is None or self.first_bad is None:
             return
-        step = int(self.first_step)
+        first_step, first_bad = self.first_step, self.first_bad
+        if distributed.world().is_distributed:
+            rows = torch.cat([first_step.view(1), first_bad.long()])
+            first_step, first_bad = earliest_non_finite(distributed.gather(rows[None]))
+        step = int(first_step)
         if step < 0:
             return
-        bad = [name for name, is_bad in zip(self.names, self.first_bad.tolist(), strict=True)
+        bad = [name for name, is_bad in zip(self.names, first_bad.tolist(), strict=True)
                if is_bad]
         culprit = next((name for name in bad if name != "loss"), bad[0])
         advice = FLOAT16_ADVICE if self.precision == "fp16" else ADVICE
@@ -72,6 +81,25 @@ class NonFiniteWatch:
             raise NonFiniteLoss(f"training stopped: the weights became NaN or infinite in the "
                                 f"update of epoch {epoch}, step {steps}; "
                                 f"{kept_checkpoint(epoch)}. {ADVICE}")
+
+
+def earliest_non_finite(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """The first non-finite step over the ranks, from each rank's ``[step, *bad]`` row of
+    ``rows`` (``[R, 1 + T]``; step -1 where none was): that step (-1 where no rank had one)
+    and which terms were non-finite then on any rank that met it. On the rows' device, no
+    host sync.
+
+    Example:
+        >>> step, bad = earliest_non_finite(torch.tensor([[-1, 0, 0], [4, 0, 1], [2, 1, 0]]))
+        >>> int(step), bad.tolist()
+        (2, [True, False])
+    """
+    steps = rows[:, 0]
+    never = torch.iinfo(steps.dtype).max
+    steps = torch.where(steps >= 0, steps, never)
+    earliest = steps.min()
+    bad = (rows[:, 1:].bool() & (steps == earliest)[:, None]).any(dim=0)
+    return torch.where(earliest == never, -1, earliest), bad
 
 
 ADVICE = "Lower the learning rates or the regularizer weight and train again"

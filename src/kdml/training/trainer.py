@@ -150,6 +150,7 @@ class Session:
     test_part: DataSplits  # the data split without data.validation (else ``splits``), which
     # the run's data.json covers too
     weights_report: str | None = None  # load_weights' line on model.weights, for train.log
+    fingerprint: dict[str, Any] | None = None  # of the data (data_fingerprint), once computed
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print,
@@ -171,9 +172,11 @@ class Session:
         # machine without them): the ranks agree before DistributedDataParallel's collective
         device, splits, test_part, method, pipeline, optimizer, scheduler = distributed.agreed(
             lambda: _build_parts(config, world, selects, new_run, report, pca))
+        fingerprint = None
         if world.is_distributed:  # before the batches, which index every rank's own copy
+            fingerprint = data_fingerprint(splits, test_part)  # rank 0's data.json's too
             configs, fingerprints = zip(*distributed.every_rank(
-                (config.to_dict(), data_fingerprint(splits, test_part))), strict=True)
+                (config.to_dict(), fingerprint)), strict=True)
             distributed.from_main(lambda: check_same_run(list(configs), list(fingerprints)))
         model: nn.Module = method
         if world.is_distributed and not method.needs_fit:
@@ -186,7 +189,15 @@ class Session:
                    TrainingBatches(config, splits, method.uses_target, device, world,
                                    drawn=not method.needs_fit, resumed=not new_run),
                    gradient_scaler(device, config.train.precision), model, world, test_part,
-                   "; ".join(reports) or None)
+                   "; ".join(reports) or None, fingerprint)
+
+    def data_fingerprint(self) -> dict[str, Any]:
+        """:func:`~kdml.data.fingerprint.data_fingerprint` of the session's data and its test
+        part, computed once (it hashes every sample): under torchrun at :meth:`build`, for the
+        ranks' check, then reused for the run's ``data.json``."""
+        if self.fingerprint is None:
+            self.fingerprint = data_fingerprint(self.splits, self.test_part)
+        return self.fingerprint
 
     def unused_embedding_size(self) -> str | None:
         """The setting that sizes this recipe's embedding, where ``model.embedding_size`` was
@@ -757,18 +768,21 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     against its data.json (refused saying ``data_remedy``)."""
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
         partial.unlink(missing_ok=True)
-    splits, test_part = session.splits, session.test_part
+    splits = session.splits
+    record = functools.partial(data_record, splits, session.test_part,
+                               fingerprint=session.data_fingerprint)
     if resume and not run.resumable and not run.history():
         # nothing trained yet (a run refused in its first epoch: an unreadable image, say):
         # it starts over on the data as it is now, mended, which data.json then records.
         # Not a trained run kept as records alone (results/): it is trained again on the
         # data its data.json names, checked below as any resumed run's
         if run.recorded_data() is not None or not run.data_fingerprint.exists():
-            run.write_data_fingerprint(data_record(splits, test_part))
+            run.write_data_fingerprint(record())
         return
     if resume:
         recorded = run.recorded_data()
-        check_run_data(run, recorded, session.config, splits, test_part, data_remedy)
+        check_run_data(run, recorded, session.config, splits, session.test_part, data_remedy,
+                       fingerprint=session.data_fingerprint)
         # A run of a kdml before data.json gets one: from now on it trains on this data,
         # and the commands that read it check against it. Not where a file of the user's is.
         # One before the record of what the model takes gets it (its data was just checked;
@@ -776,7 +790,7 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
         if (recorded is None and not run.data_fingerprint.exists()) or (
                 recorded is not None and recorded.get(FORMAT_FIELD) == FINGERPRINT_FORMAT
                 and SAMPLES_FIELD not in recorded):
-            run.write_data_fingerprint(data_record(splits, test_part))
+            run.write_data_fingerprint(record())
         return
     check_new_run_folder(run.root, held=True)  # again: another run may have started here
     afresh = start_afresh(run.root)  # a run here that saved no checkpoint: its files go
@@ -784,7 +798,7 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
         echo(afresh)
     # absolute: kdml eval and the other commands read it again from any folder
     save_config(with_absolute_paths(session.config), run.config)
-    run.write_data_fingerprint(data_record(splits, test_part))
+    run.write_data_fingerprint(record())
 
 
 def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict[str, float]:
@@ -795,8 +809,9 @@ def train_one_epoch(session: Session, epoch: int, progress: bool | None) -> dict
     configured autocast, the backward through the loss scaler (float16 only). The terms stay
     on the device until the epoch ends. Host syncs: at the end of the epoch, the terms' means,
     the loss terms' non-finite check and the weights' finiteness; within it, the periodic
-    non-finite check (every step on a CPU, where it costs nothing) and, under float16 only,
-    the loss scaler's own."""
+    non-finite check (every step on a CPU, where it costs nothing; under torchrun also a small
+    collective, at which the ranks agree on the first non-finite step) and, under float16
+    only, the loss scaler's own."""
     method, config, device = session.method, session.config, session.device
     optimizer, _ = session.steppers()
     method.train()
