@@ -1996,6 +1996,29 @@ def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, c
     assert width("Cafe\u0301") == 4 and width("a\u200db") == 2  # + a joiner
 
 
+def test_a_file_name_with_a_newline_keeps_its_search_row_on_one_line(monkeypatch, capsys):
+    """A newline in an image's name (or its class folder's, or the query's) had broken its
+    row of the search table in two, the second half ("break.jpg") standing as a row of its
+    own; a tab had pushed the column out of line. Control characters are printed escaped, as
+    Python writes them; --json keeps the names as they are."""
+    from kdml.inspection import search
+
+    neighbours = [{"rank": rank, "score": 0.5, "label": rank, "class_name": name,
+                   "source": f"photos/{source}"} for rank, (name, source) in enumerate(
+                       (("cats\nand dogs", "line\nbreak.jpg"), ("cats", "tab\there.jpg")), 1)]
+    monkeypatch.setattr(search, "run_without_data", lambda *args: None)
+    monkeypatch.setattr(search, "search", lambda *args: [
+        {"query": "q\r.jpg", "metric": "cosine", "neighbours": neighbours}])
+    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "query q\\r.jpg:"
+    assert lines[2] == "     1      0.5000       1  cats\\nand dogs  photos/line\\nbreak.jpg"
+    assert lines[3] == "     2      0.5000       2  cats            photos/tab\\there.jpg"
+    assert len(lines) == 4
+    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["neighbours"] == neighbours
+
+
 def test_a_retrieval_grid_leaves_a_neighbour_that_does_not_exist_empty(tmp_path):
     """-1: an Atlas query whose chart holds fewer images than the grid's columns."""
     from kdml.viz_retrieval import plot_retrieval_grid

@@ -7,13 +7,15 @@ import logging
 import warnings
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.text import Text
 
 from kdml.figure_file import SHOWN_MISSING, missing_glyphs_message, missing_glyphs_named, write_png
-from kdml.viz_charts import plot_charts
-from kdml.viz_retrieval import plot_embedding_map
+from kdml.viz_charts import chart_figure, plot_charts
+from kdml.viz_retrieval import plot_embedding_map, plot_retrieval_grid
 
 CJK_NAMES = {0: "衬衫", 1: "裤子", 2: "Coat"}  # DejaVu Sans, matplotlib's own, has no CJK
 
@@ -88,3 +90,29 @@ def test_the_warning_names_at_most_a_few_characters():
     assert chr(0x4E00 + SHOWN_MISSING) not in message and str(tmp) in message
     one = missing_glyphs_message(tmp, {"衬": "DejaVu Sans"})
     assert "no glyph for 1 character of its text (衬)" in one
+
+
+# folder names as a folder: or csv: dataset's classes may be: two "$" made matplotlib parse
+# the text between them as math, and "$^$" stopped the plot in a ParseSyntaxException
+DOLLAR_NAMES = {0: "tea $2 or $3", 1: "x $^$", 2: "Coat"}
+
+
+def test_class_names_with_dollar_signs_are_drawn_as_written(tmp_path):
+    """Class names (and the map's title, which holds the dataset's path) are drawn as
+    written in all three pictures, never as matplotlib's mathtext: ``kdml plot retrieval`` and
+    ``plot embedding`` of a ``folder:`` run with a class folder named ``x $^$`` had ended in a
+    ValueError traceback, and ``tea $2 or $3`` was drawn as "tea 2 or 3" in math italics."""
+    rng = np.random.default_rng(0)
+    codes, charts, labels = rng.standard_normal((30, 2)), np.arange(30) % 2, np.arange(30) % 3
+    figure = chart_figure(codes, charts, labels, class_names=DOLLAR_NAMES)
+    texts = [text for text in figure.findobj(Text) if "$" in text.get_text()]
+    assert {text.get_text() for text in texts} == {"tea $2 or $3", "x $^$"}
+    assert not any(text.get_parse_math() for text in texts)
+    plot_charts(codes, charts, labels, tmp_path / "charts.png", class_names=DOLLAR_NAMES)
+    plot_embedding_map(codes, labels, tmp_path / "map.png", "t-SNE", "folder:/data/$x$",
+                       class_names=DOLLAR_NAMES)
+    plot_retrieval_grid(np.array([0, 1]), np.array([[1, 2], [0, 2]]), np.ones((2, 2), bool),
+                        lambda _: np.zeros((4, 4)), tmp_path / "grid.png",
+                        lambda position: DOLLAR_NAMES[position])
+    assert all((tmp_path / name).is_file() for name in ("charts.png", "map.png", "grid.png"))
+    assert matplotlib.rcParams["text.parse_math"]  # only while kdml's figures are built

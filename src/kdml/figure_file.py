@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import matplotlib
 from matplotlib.figure import Figure
 from PIL import Image, UnidentifiedImageError
 
@@ -121,6 +122,17 @@ def missing_glyphs_message(path: Path, missing: dict[str, str]) -> str:
             f"character{'s' if len(missing) != 1 else ''} of its text ({shown}{more}), which "
             "show as empty boxes; install a font that has them and put it first in "
             "matplotlib's font.sans-serif (in a matplotlibrc file)")
+
+
+@contextmanager
+def literal_text() -> Iterator[None]:
+    """While a figure is built: the texts it creates are drawn as written, never parsed as
+    matplotlib's mathtext (each text keeps that setting). Its titles, captions and legends
+    hold the user's class names and dataset paths: a folder named "tea $2 or $3" had been
+    drawn as "tea 2 or 3" in math italics, and one named "x $^$" stopped the plot in a
+    ParseSyntaxException traceback."""
+    with matplotlib.rc_context({"text.parse_math": False}):
+        yield
 
 
 def copy_png(source: Path, path: Path) -> Path:

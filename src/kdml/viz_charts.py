@@ -27,7 +27,7 @@ from scipy.special import expit
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.labels import as_label_vector
-from kdml.figure_file import missing_glyphs_named, write_png
+from kdml.figure_file import literal_text, missing_glyphs_named, write_png
 from kdml.viz_retrieval import pixel_array, short_name, unit_pixels
 
 __all__ = ["chart_figure", "plot_charts"]
@@ -119,6 +119,7 @@ def plot_charts(
         return write_png(figure, Path(path))
 
 
+@literal_text()  # class names, drawn as written
 def chart_figure(
     chart_coords: Any,
     chart_index: Any,

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.labels import as_label_vector
-from kdml.figure_file import missing_glyphs_named, write_png
+from kdml.figure_file import literal_text, missing_glyphs_named, write_png
 
 HIT, MISS = "#1a9850", "#d73027"
 
@@ -116,6 +116,7 @@ def _grid_arrays(queries: Any, neighbours: Any, hits: Any
     return queries, neighbours, hits.astype(bool)
 
 
+@literal_text()  # class names and paths, drawn as written
 def _retrieval_grid_figure(queries: np.ndarray, neighbours: np.ndarray, hits: np.ndarray,
                            own: tuple[Callable[[int], Any], Callable[[int], str] | None],
                            gallery: tuple[Callable[[int], Any], Callable[[int], str] | None]
@@ -197,6 +198,7 @@ def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
         return write_png(figure, path)
 
 
+@literal_text()  # class names and paths, drawn as written
 def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: str,
                           title: str, class_names: dict[int, str] | None) -> Figure:
     """The figure of :func:`plot_embedding_map`: a domain pair's unlabelled target samples

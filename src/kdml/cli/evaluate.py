@@ -251,22 +251,22 @@ def _search(args: argparse.Namespace) -> int:
     if args.json:
         print(results_as_json(results))
         return 0
-    class_names = [item["class_name"] for result in results for item in result["neighbours"]
-                   if "class_name" in item]
+    class_names = [one_line(item["class_name"]) for result in results
+                   for item in result["neighbours"] if "class_name" in item]
     width = max([5, *map(_columns, class_names)]) if class_names else 0
 
     def named(text: str) -> str:  # a column only where the classes have names
         return f"{text}{' ' * (width - _columns(text))}  " if width else ""
 
     for result in results:
-        print(f"query {result['query']}:")
+        print(f"query {one_line(result['query'])}:")
         score = score_name(result["metric"])  # cosine similarity or Euclidean distance
         print(f"  {'rank':>4}  {score:>10}  {'label':>6}  {named('class')}source")
         for item in result["neighbours"]:
             shown = (score_text(item["score"]) if result["metric"] != "cosine"
                      else f"{item['score']:.4f}")
             print(f"  {item['rank']:>4}  {shown:>10}  {item['label']:>6}  "
-                  f"{named(item.get('class_name', ''))}{item['source']}")
+                  f"{named(one_line(item.get('class_name', '')))}{one_line(item['source'])}")
     return 0
 
 
@@ -281,6 +281,15 @@ def score_text(distance: float) -> str:
     if abs(distance) < 1e-5:
         return f"{distance:.3e}"
     return f"{distance:.{3 - math.floor(math.log10(abs(distance)))}f}"
+
+
+def one_line(text: str) -> str:
+    """``text`` for a line of the search table: its control characters (a newline or tab in
+    a file or folder name) as Python writes them, ``\\n`` and ``\\t``; a newline had broken
+    the row in two, its second half read as a row of its own."""
+    return "".join(character.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(character) == "Cc" else character
+                   for character in text)
 
 
 def _columns(text: str) -> int:
