@@ -5,6 +5,7 @@ text saying otherwise: ``kdml datasets`` on broken roots, the readers on unreada
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,64 @@ def test_the_readme_layout_names_every_module_and_package_of_kdml():
     names |= {f"{path.name}/" for path in package.iterdir()
               if path.is_dir() and (path / "__init__.py").is_file()}
     assert sorted(name for name in names if name not in layout) == []
+
+
+def documented_settings() -> tuple[dict[str, str], str]:
+    """README's configuration table, row by section (``data`` -> its keys' text), and the text
+    of README and docs/recipes.md together, where the recipes' ``method`` settings are told."""
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|", 2)[2]
+            for line in readme.splitlines() if line.startswith("| `")}
+    return rows, readme + (root / "docs" / "recipes.md").read_text(encoding="utf-8")
+
+
+def test_every_setting_of_every_recipe_is_documented():
+    """README says each section's keys and docs/recipes.md each recipe's defaults, while
+    ``kdml config RECIPE`` lists every key: DTML's method.activation, method.init,
+    method.mmd_kernel and method.mmd_num_kernels, and the SimCLR recipes' method.crop_size and
+    method.crop_scale_min, were named in neither, so a user could not learn what values they
+    take (``linear`` or ``gaussian``; ``identity`` or ``standard``; 0 = the input's size)."""
+    from kdml.config import all_keys, resolve_config
+    from kdml.training.recipes import RECIPES
+
+    rows, text = documented_settings()
+    undocumented = set()
+    for recipe in RECIPES.values():
+        config = resolve_config(recipe.name, recipe.params, recipe.defaults, None, [])
+        for key in all_keys(config):
+            section, leaf = key.split(".", 1)
+            if section == "method":  # `leaf`, `method.leaf=...`, `leaf: ...`, "leaf = 5"
+                if not re.search(rf"`(method\.)?{leaf}[`:= ]|\b{leaf} [=*] ", text):
+                    undocumented.add(key)
+            elif f"`{leaf}`" not in rows[section] and f"`{leaf}` (" not in rows[section]:
+                undocumented.add(key)
+    assert sorted(undocumented) == [], sorted(undocumented)
+
+
+def test_every_option_of_every_command_is_documented():
+    """Each ``kdml`` subcommand and option is told in README or docs/ (datasets, inspecting,
+    reproducing, recipes), not only in its --help: ``analyze generalization``'s ``--repeats``
+    and ``--neighbors``, ``plot charts``'s ``--thumbnails`` and ``kdml --version`` were not."""
+    import argparse
+
+    from kdml.cli.parser import build_parser
+
+    root = Path(__file__).parent.parent
+    text = "".join((root / name).read_text(encoding="utf-8") for name in (
+        "README.md", "docs/datasets.md", "docs/inspecting.md", "docs/reproducing.md",
+        "docs/recipes.md"))
+
+    def undocumented(parser: argparse.ArgumentParser, command: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    if f"kdml {name}" not in text and f"{command} {name}" not in text:
+                        found.append(f"{command} {name}")
+                    found += undocumented(sub, f"{command} {name}")
+            found += [f"{command} {option}" for option in action.option_strings
+                      if option not in ("-h", "--help") and option not in text]
+        return found
+
+    assert undocumented(build_parser(), "kdml") == []
