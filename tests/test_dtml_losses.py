@@ -380,6 +380,35 @@ def test_objective_matches_hand_computation(omega, tau):
         assert "j@1" not in terms
 
 
+@pytest.mark.parametrize(("beta", "kernels"), [(0.0, 0), (3.0, 0), (2.0, 3)])
+def test_dstml_hidden_criterion_has_its_own_layer_s_target_term(beta, kernels):
+    """DSTML's hidden criterion J^(1) (Eq. 13) carries beta D_ts^(1) of the hidden layer's own
+    source and target outputs, with the objective's discrepancy (Eq. 6, or the Gaussian
+    mixture), and none at beta = 0; against literal loops."""
+    network = make_network(2)
+    source_x, target_x = random_points(10, 4, seed=18), random_points(6, 4, seed=19) + 0.4
+    source_layers, target_layers = network(source_x), network(target_x)
+    alpha, gamma, k1, k2, tau = 0.3, 0.07, 2, 4, -0.2
+    mmd = DomainMMD(GaussianMixtureKernel(num_kernels=kernels)) if kernels else None
+    total, terms = DTMLObjective(alpha, beta, gamma, k1, k2, mmd, hidden_weight=0.5,
+                                 hidden_threshold=tau)(
+        source_layers, torch.tensor(DSTML_LABELS), target_layers, network)
+
+    def criterion(m: int) -> float:
+        source, target = source_layers[m].tolist(), target_layers[m].tolist()
+        s_c, s_b = ref_fisher_terms(source, DSTML_LABELS, k1, k2)
+        discrepancy = (ref_gaussian_mmd(source, target, kernels) if kernels
+                       else ref_linear_mmd(source, target))
+        return s_c - alpha * s_b + beta * discrepancy
+
+    first, second = (ref_layer_penalty(layer) for layer in network.linear_layers())
+    hidden = criterion(0) + gamma * first
+    assert hidden - tau > 0  # the hinge is active: its target term counts
+    assert terms["j@1"].item() == pytest.approx(hidden, rel=1e-12)
+    assert total.item() == pytest.approx(criterion(1) + gamma * second
+                                         + 0.5 * (hidden - tau), rel=1e-12)
+
+
 def test_objective_defaults_are_the_paper_s_settings():
     """DTMLObjective() is the paper's DTML (NOTES.md): alpha 0.1, beta 10, gamma 0.1, k1 5,
     k2 10; three classes of 6 give every sample 5 same-class and 12 other-class samples."""

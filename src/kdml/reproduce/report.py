@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdml.config import RunConfig
+from kdml.config import RunConfig, flatten, resolve_config
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import check_replaceable, copy_png, drawn_by_kdml
@@ -23,6 +23,7 @@ from kdml.file_write import check_writable_folder, write_through_new_file
 from kdml.reproduce.experiments import Claim, Experiment, finished, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult, all_finished
+from kdml.training.recipes import get_recipe
 
 MARKER = "<!-- Written by kdml reproduce; it rewrites this file on every run. -->"
 PLOTS_MARKER = ".written-by-kdml-reproduce"
@@ -341,7 +342,8 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
              f"{experiment.title}. Command: `{_command(experiment, context)}`."]
     if result.error:
         return [*lines, "", f"Not run here: {result.error}"]
-    lines += [f"Settings: {_settings(result)}. Paper column: {experiment.paper_data}.", ""]
+    lines += [f"Settings: {_settings(result)}.{_changes(result)} Paper column: "
+              f"{experiment.paper_data}.", ""]
     lines += _table(result)
     if any(result.cells[label].part_ci95 for label in result.cells):
         spread = "" if context.seeds == 1 else "; +- is over seeds"
@@ -405,6 +407,62 @@ def _settings(result: ExperimentResult) -> str:
             f"{each(lambda config: f'{config.optim.name} lr {config.optim.lr:g}')}, "
             f"split {each(lambda config: f'`{config.data.split}`')}, "
             f"{training_minutes(distinct_runs([result])):.1f} min of training")
+
+
+# Settings the Settings line gives by value (:func:`_settings`), or that name the run, not a
+# change of it: the dataset (the heading's), the seed, the device, and the scoring interval,
+# which :func:`kdml.reproduce.runner.cell_config` sets to the epochs in every run.
+_SAID_ELSEWHERE = frozenset({
+    "model.backbone", "data.batch_size", "train.epochs", "train.steps_per_epoch", "optim.name",
+    "optim.lr", "data.split", "data.dataset", "train.seed", "train.device", "train.eval_every"})
+
+
+def _changes(result: ExperimentResult) -> str:
+    """``" Changed from the recipes' defaults: `data.pca_dim=64` in every row; by row,
+    `method.alpha` to 0 or 2."``: every other setting a row changes from its recipe's default
+    (a row's own settings and the experiment's ``common`` ones), or ``""`` where none does.
+    The line had named five settings alone, and DTML's `data.pca_dim=64` on every row was in
+    no table's Settings."""
+    changed = [_changed(config) for config in result.configs]
+    every, by_row = [], []
+    for key in dict.fromkeys(key for cell in changed for key in cell):
+        values = [cell[key] for cell in changed if key in cell]
+        if len(values) == len(changed) and len(set(values)) == 1:
+            every.append(f"`{key}={values[0]}`")
+        else:
+            by_row.append(f"`{key}` to {_or(list(dict.fromkeys(values)))}")
+    said = ([f"{_and(every)} in every row"] if every else []) + (
+        [f"by row, {', '.join(by_row)}"] if by_row else [])
+    return f" Changed from the recipes' defaults: {'; '.join(said)}." if said else ""
+
+
+def _changed(config: RunConfig) -> dict[str, str]:
+    """The settings of ``config`` that differ from its recipe's defaults on its dataset, as
+    written in a config (``false``, ``0.0001``), but those :data:`_SAID_ELSEWHERE`."""
+    recipe = get_recipe(config.recipe)
+    default = flatten(resolve_config(recipe.name, recipe.params, recipe.defaults, None,
+                                     [f"data.dataset={config.data.dataset}"]).to_dict())
+    return {key: _setting_text(value) for key, value in flatten(config.to_dict()).items()
+            if key not in _SAID_ELSEWHERE and default.get(key) != value}
+
+
+def _setting_text(value: object) -> str:
+    """A setting's value as a config file writes it: ``true``, ``0.0001``, ``64``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _and(items: Sequence[str], word: str = "and") -> str:
+    """``"a"``, ``"a and b"``, ``"a, b and c"`` (or ``word`` for "and")."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
+
+
+def _or(items: Sequence[str]) -> str:
+    """``"a"``, ``"a or b"``, ``"a, b or c"``."""
+    return _and(items, "or")
 
 
 def training_minutes(runs: Mapping[Path, tuple[float, str]]) -> float:
