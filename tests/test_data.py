@@ -578,6 +578,31 @@ def test_rank_share_refuses_a_global_batch_the_processes_cannot_share():
     assert [a + b for a, b in zip(*halves, strict=True)] == whole
 
 
+def test_rank_shares_follow_the_epoch_of_the_global_batches():
+    """set_epoch reaches the global sampler: under torchrun each epoch's shares are the slices
+    of that epoch's global batches (had they stayed epoch 0's, every epoch trained on the same
+    batches)."""
+    shares = [RankShare(ShuffledBatches(12, 6, seed=3), rank=r, world=2) for r in (0, 1)]
+    reference = ShuffledBatches(12, 6, seed=3)
+    epochs = []
+    for epoch in (0, 1, 2):
+        for sampler in (*shares, reference):
+            sampler.set_epoch(epoch)
+        epochs.append(list(reference))
+        assert [a + b for a, b in zip(*shares, strict=True)] == epochs[-1]
+    assert epochs[0] != epochs[1] != epochs[2]
+
+
+def test_batches_of_one_class_more_than_the_split_holds_are_refused():
+    """batch_size / samples_per_class classes a batch, against the training split's count: one
+    more than it holds is refused, as many as it holds are drawn (each batch once per class)."""
+    labels = torch.arange(12) % 3  # 3 classes of 4
+    check_batching(labels, 2, 6)
+    with pytest.raises(KdmlError, match=r"^data\.batch_size=8 with data\.samples_per_class=2 "
+                                        r"needs 4 classes but the training split has 3;"):
+        check_batching(labels, 2, 8)
+
+
 def test_class_balanced_batches_follow_a_literal_reference():
     """Classes drawn by randperm, then each class's samples, in index order, drawn by randperm
     (or randint for a class smaller than m), all from the (seed, epoch) stream."""

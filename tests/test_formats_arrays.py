@@ -6,6 +6,7 @@ import gzip
 import logging
 import os
 import pickle
+import shutil
 import struct
 from pathlib import Path
 
@@ -439,6 +440,21 @@ def test_folder_says_which_files_it_left_out(tmp_path, caplog):
         path.unlink()
     load_folder(folder)
     assert not caplog.records  # nothing left out: nothing said
+
+
+def test_folder_passes_over_hidden_files_beside_the_class_folders_quietly(tmp_path, caplog):
+    """A hidden file named like an image beside the class folders (macOS's ``._cover.jpg``,
+    AppleDouble metadata) is ignored as in a class folder: it had been counted as an image
+    left out, in a warning, and as the image a folder without classes holds."""
+    folder = make_image_folder(tmp_path, classes=2, per_class=2)
+    (folder / "._cover.jpg").write_bytes(b"macOS metadata")
+    with caplog.at_level(logging.WARNING, logger="kdml.data"):
+        assert len(load_folder(folder).dataset) == 4
+    assert not caplog.records
+    for name in ("c00", "c01"):
+        shutil.rmtree(folder / name)
+    with pytest.raises(KdmlError, match=r"folder:images: no class sub-folders \("):
+        load_folder(folder)
 
 
 def test_folder_through_the_registry(tmp_path):
@@ -996,3 +1012,43 @@ def test_folder_sorts_classes_by_their_composed_names_and_names_each_its_own(tmp
     assert [Path(path).parent.name for path in dataset.paths] == ["cafz", "cafe\u0301"]
     assert dataset.labels.tolist() == [0, 1]
     assert dataset.class_names == {0: "cafz", 1: "cafe\u0301"}
+
+
+def test_folder_sorts_a_class_s_images_by_their_composed_names(tmp_path):
+    """A class's images (and its sub-folders) sort as their composed names too, as its classes
+    do: "cafe\u0301.png" (é stored decomposed, as on macOS) after "cafz.png", so a copy made
+    on a Mac lists the images in the order of any other copy."""
+    (tmp_path / "c0" / "sub").mkdir(parents=True)
+    (tmp_path / "c1").mkdir()
+    pixels = Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8))
+    for name in ("cafe\u0301.png", "cafz.png", "sub/x.png"):
+        pixels.save(tmp_path / "c0" / name)
+    pixels.save(tmp_path / "c1" / "a.png")
+    paths = load_folder(tmp_path).dataset.paths
+    assert [str(Path(path).relative_to(tmp_path)) for path in paths] == [
+        "c0/cafz.png", "c0/cafe\u0301.png", "c0/sub/x.png", "c1/a.png"]
+
+
+def test_folder_reads_a_class_named_train_beside_other_classes(tmp_path):
+    """A class folder named "train" beside classes of other names is a class like them, even
+    when it holds sub-folders: only sub-folders that all name split parts (train/, test/)
+    look like a split."""
+    (tmp_path / "train" / "nested").mkdir(parents=True)
+    (tmp_path / "zebra").mkdir()
+    pixels = Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8))
+    pixels.save(tmp_path / "train" / "nested" / "a.png")
+    pixels.save(tmp_path / "zebra" / "b.png")
+    dataset = load_folder(tmp_path).dataset
+    assert dataset.labels.tolist() == [0, 1]
+    assert dataset.class_names == {0: "train", 1: "zebra"}
+
+
+def test_folder_says_when_the_only_files_left_out_are_images_beside_the_classes(tmp_path,
+                                                                                caplog):
+    folder = make_image_folder(tmp_path, classes=2, per_class=2)
+    (folder / "loose.jpg").write_bytes((folder / "c00" / "000.jpg").read_bytes())
+    with caplog.at_level(logging.WARNING, logger="kdml.data"):
+        assert len(load_folder(folder).dataset) == 4
+    (record,) = caplog.records
+    assert record.getMessage() == (f"folder:images: images left out: 1 directly in {folder}, "
+                                   "in no class folder")

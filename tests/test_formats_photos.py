@@ -310,6 +310,21 @@ def test_cars196_broken_layouts(tmp_path, break_it, match):
     one_line_error(load_cars196, tmp_path, match)
 
 
+def test_cars196_an_image_named_twice_is_refused_with_both_annotations_class_ids(tmp_path):
+    """The error names the class ids of the two annotations it names, as the .mat holds them
+    (read here without kdml), not those of their neighbours (chosen of other classes)."""
+    make_cars196(tmp_path, classes=4, per_class=4)
+    annotations = scipy.io.loadmat(tmp_path / "cars_annos.mat")["annotations"][0]
+    ids = [int(np.ravel(record["class"])[0]) for record in annotations]  # ids[n - 1]: n's
+    first, second = next((a, b) for a in range(1, len(ids)) for b in range(a + 2, len(ids))
+                         if len({ids[a - 1], ids[a], ids[b - 1]}) == 3 and ids[b] != ids[b - 1])
+    path = f"car_ims/{first:06d}.jpg"
+    rewrite_annotations(tmp_path, lambda a: with_path(a, second, path))
+    one_line_error(load_cars196, tmp_path,
+                   rf"annotations {first} and {second} both name the image {re.escape(path)} "
+                   rf"with class ids {ids[first - 1]} and {ids[second - 1]};")
+
+
 # Stanford Online Products
 
 

@@ -113,6 +113,15 @@ def test_image_shaped_features_with_negative_values_are_not_pixels():
                                      labels))
 
 
+@pytest.mark.parametrize("channels", [2, 4])
+def test_uint8_samples_of_other_than_one_or_three_channels_are_not_pixels(channels):
+    """A decoded image file is grey (1 channel) or RGB (3): uint8 samples of 2 or 4 channels
+    (an alpha plane, stacked features) match no decoded query, so they are not pixels."""
+    labels = torch.arange(10) % 2
+    x = torch.zeros(10, channels, 4, 4, dtype=torch.uint8)
+    assert not holds_pixels(ArrayDataset("planes", f"{channels} uint8 planes", x, labels))
+
+
 @pytest.mark.parametrize(("field", "value", "words"), [
     ("sample_shape", [1, 0, 8], "model_input.sample_shape is [1, 0, 8], not a list of sizes"),
     ("holds_pixels", "yes", "model_input.holds_pixels is 'yes', not true or false"),

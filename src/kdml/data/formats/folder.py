@@ -148,8 +148,10 @@ def load_folder(folder: Path) -> DatasetParts:
         entries = list(scanned)  # read once: the classes, and the images beside them
     classes = sorted((entry.name for entry in entries
                       if entry.is_dir() and not entry.name.startswith(".")), key=name_order)
-    top = sum(entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
-              for entry in entries)  # images beside the class folders, which no class holds
+    # images beside the class folders, which no class holds; hidden files (macOS's
+    # ._photo.jpg) are ignored here too, as in the class folders
+    top = sum(entry.is_file() and not entry.name.startswith(".")
+              and entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in entries)
     if not classes:
         if top:  # one level too low: the images of one class, or unsorted ones
             raise layout.error(f"it holds {top} image{'' if top == 1 else 's'} but no "
