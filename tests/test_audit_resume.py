@@ -577,6 +577,17 @@ def test_a_watch_of_the_loss_alone_names_the_loss():
         watch.check(epoch=1)
 
 
+def test_the_watch_is_read_after_every_check_every_steps_not_before_the_first():
+    """NonFiniteWatch(50) (a GPU's) is due after steps 50, 100, ... (0-based 49, 99): reading
+    it at step 0 too, one host sync more an epoch, had passed every test (on a CPU it is read
+    every step)."""
+    from kdml.training.nonfinite import NonFiniteWatch
+
+    watch = NonFiniteWatch(50)
+    assert [step for step in range(120) if watch.due(step)] == [49, 99]
+    assert all(NonFiniteWatch(1).due(step) for step in range(3))
+
+
 def test_the_steps_after_the_watch_s_last_read_are_checked_at_the_epoch_s_end(
         tmp_path, capsys, monkeypatch):
     """On a GPU the watch is read every 50 steps: the epoch's steps after its last read are read

@@ -65,6 +65,24 @@ def test_each_parameter_group_keeps_its_own_rate_and_weight_decay(name):
     assert optimizer.param_groups[0]["weight_decay"] == 0.001
 
 
+@pytest.mark.parametrize(("head_lr", "rates"), [("0.02", [0.01, 0.02]), ("0", [0.01, 0.01])])
+def test_the_layers_on_top_of_the_backbone_train_at_optim_head_lr(head_lr, rates):
+    """MTriplet's chart heads are neither the backbone nor proxies: they train at
+    optim.head_lr, or optim.lr where it is 0. Training them at optim.lr whatever optim.head_lr
+    said had passed every test (the test above has no head to train: amsoftmax's backbone and
+    proxies are all it has)."""
+    from kdml.training.build import build_method, build_optimizer
+
+    config = config_of("mtriplet", "optim.lr=0.01", f"optim.head_lr={head_lr}",
+                       "method.n_charts=2", "method.dim=4")
+    method = build_method(config, prepare_data(config.data), pretrained=False,
+                          echo=lambda line: None)
+    optimizer, _ = build_optimizer(method, config)
+    assert [group["lr"] for group in optimizer.param_groups] == rates
+    head = {id(p) for p in optimizer.param_groups[1]["params"]}
+    assert head and not head & {id(p) for p in method.backbone.parameters()}
+
+
 def test_build_method_refuses_domain_beta_without_a_domain_pair():
     """build_method's own refusal (the library's callers, not only `kdml train`, whose later
     checks say it too)."""
@@ -147,6 +165,58 @@ def test_an_epoch_trains_the_method_in_training_mode_after_it_was_scored():
     assert modes == [True, True]
 
 
+def test_each_step_draws_its_augmentation_and_its_method_s_draws_from_its_own_streams():
+    """Step k of epoch e draws from (train.seed, e, k): its augmentation from the AUGMENT
+    stream, the method's own draws (prior samples, views) from the StepRandom it is handed.
+    Every step of an epoch drawing step 0's numbers, or the augmentation drawing the method's
+    stream, had passed every test (the resumed-run tests compare runs that both drew so)."""
+    from kdml.seeding import AUGMENT, METHOD, StepRandom
+    from kdml.training.trainer import train_one_epoch
+
+    session = session_of("train.steps_per_epoch=2", "train.seed=5")
+    augment_seeds: list[int] = []
+    real_train = session.pipeline.train
+
+    def train(inputs, generator, share=None):
+        augment_seeds.append(generator.initial_seed())
+        return real_train(inputs, generator, share)
+
+    session.pipeline.train = train
+    positions = []
+    session.model.register_forward_pre_hook(
+        lambda module, args, kwargs: positions.append(kwargs["rng"].keys), with_kwargs=True)
+    train_one_epoch(session, 3, progress=False)
+    assert positions == [(5, 3, 0, 0), (5, 3, 1, 0)]
+    assert augment_seeds == [StepRandom(5, 3, step).seed(AUGMENT) for step in (0, 1)]
+    assert len({StepRandom(5, 3, 0).seed(stream) for stream in (AUGMENT, METHOD)}) == 2
+
+
+def test_each_epoch_draws_its_own_batches_and_draws_them_again_alike():
+    """TrainingBatches.epoch(e) draws from (train.seed, e): another epoch, other batches; the
+    same epoch again (a resumed run), the same ones; train.steps_per_epoch of them. Every
+    epoch drawing epoch 1's batches, or train.steps_per_epoch read nowhere, had passed every
+    test."""
+    session = session_of("train.steps_per_epoch=2", "data.samples_per_class=4")
+
+    def drawn(epoch):
+        return torch.cat([torch.as_tensor(batch.inputs).flatten()
+                          for batch, _ in session.batches.epoch(epoch)])
+
+    first, second = drawn(1), drawn(2)
+    assert len(first) == len(second) and not torch.equal(first, second)
+    assert torch.equal(drawn(2), second) and torch.equal(drawn(1), first)
+    assert len(list(session.batches.epoch(1))) == 2
+
+
+def test_each_epoch_counts_the_samples_it_left_out_afresh():
+    """TrainingBatches.left_out is the epoch's own (unreadable/train of its row): counts kept
+    from the epoch before (here 5 drawn, none trained) had passed every test."""
+    session = session_of("train.steps_per_epoch=2")
+    session.batches.drawn, session.batches.trained = 5, 0
+    assert len(list(session.batches.epoch(2))) == 2
+    assert session.batches.left_out == 0 and session.batches.drawn == 40
+
+
 def test_an_epoch_without_a_batch_is_one_kdml_error(monkeypatch):
     from kdml.training.trainer import train_one_epoch
 
@@ -168,6 +238,18 @@ def test_restore_gives_back_the_loss_scalers_state(tmp_path):
     second.restore(state, tmp_path / "last.pt")
     assert second.scaler.get_scale() == 8.0
     assert second.scaler.state_dict()["_growth_tracker"] == 3
+
+
+def test_a_checkpoint_keeps_the_test_images_its_last_scoring_left_out():
+    """Session.checkpoint records DataSplits.unreadable, which a finished run resumed counts
+    its metrics' samples by (recorded_unreadable reads it back); writing none had passed every
+    test (they build the checkpoint's record by hand)."""
+    session = session_of()
+    session.splits.unreadable = {"test": torch.tensor([1, 3])}
+    state = session.checkpoint(2, [{"epoch": 1}], False)
+    assert {part: positions.tolist() for part, positions in state["unreadable"].items()} == {
+        "test": [1, 3]}
+    assert (state["epoch"], state["history"], state["finished"]) == (2, [{"epoch": 1}], False)
 
 
 # ------------------------------------------------------------------ whole runs
@@ -402,6 +484,25 @@ def test_the_target_batch_goes_through_the_test_pipeline(tmp_path):
         with_kwargs=True)
     train_one_epoch(session, 1, progress=False)
     assert len(seen) == 2 and min(seen) > 500.0
+
+
+def test_each_epoch_draws_its_own_target_batches(tmp_path):
+    """The target domain's batches are drawn from (train.seed, epoch) as the source's are:
+    every epoch drawing the same target batches had passed every test."""
+    rng = np.random.default_rng(0)
+    features = tmp_path / "features.npz"
+    np.savez(features, X=rng.standard_normal((48, 6)).astype(np.float32),
+             y=np.repeat(np.arange(8), 6) % 4,
+             domain=np.array(["source"] * 24 + ["target"] * 24))
+    session = session_of(f"data.dataset=npz:{features}", "domain.beta=1", "data.batch_size=8",
+                         "data.samples_per_class=2", "train.steps_per_epoch=2", "eval.ks=[1]")
+
+    def targets(epoch):
+        return torch.cat([torch.as_tensor(target.inputs).flatten()
+                          for _, target in session.batches.epoch(epoch)])
+
+    first, second = targets(1), targets(2)
+    assert not torch.equal(first, second) and torch.equal(targets(1), first)
 
 
 def test_the_domain_adapted_loss_term_is_the_whole_loss():

@@ -800,6 +800,26 @@ def test_keep_best_and_patience_decide_alike_after_kills_while_scoring(tmp_path,
                                                                               "last.pt"]
 
 
+def test_patience_after_a_resume_with_more_epochs_counts_the_eval_every_grid_alone(
+        tmp_path, monkeypatch):
+    """A run of 3 epochs at train.eval_every=2 scores epochs 2 and 3 (its last); raised to 6
+    epochs and resumed, train.patience=1 compares epoch 4 with epoch 2 alone, as a run of 6
+    epochs from the start does (it never scores epoch 3). Counting epoch 3's better score, off
+    the grid, had stopped the resumed run after epoch 4 and passed every test."""
+    trained = scoring_killed_at(monkeypatch, set(), [0.5, 0.8, 0.7, 0.6])
+    out = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "data.batch_size=12", "data.validation=0.4", "train.epochs=3",
+                     "train.eval_every=2", "train.patience=1", "train.steps_per_epoch=1"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["train"]["epochs"] = 6
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert trained == [1, 2, 3, 4, 5, 6]
+    epochs = json.loads((out / "metrics.json").read_text())["epochs"]
+    assert [row["epoch"] for row in epochs if "val/recall@1" in row] == [2, 3, 4, 6]
+
+
 def test_only_epochs_that_are_scored_are_kept_before_their_scoring(tmp_path, monkeypatch):
     """train.eval_every: an epoch not scored has its checkpoint at once, as before; a scored
     one is kept as trained before it is scored. A kept epoch that last.pt holds already (a
