@@ -197,3 +197,45 @@ def test_every_option_of_every_command_is_documented():
         return found
 
     assert undocumented(build_parser(), "kdml") == []
+
+
+def test_readme_names_every_command_that_reads_a_moved_run_s_data_root():
+    """README's "When a run's data moves, `kdml eval RUN --data-root NEW` (and ...)" names
+    every command that reads a trained run with ``--data-root`` (all but ``train``, whose
+    ``--data-root`` is a new run's), by its first word: ``analyze`` was left out of the list
+    though ``kdml analyze generalization`` takes it."""
+    import argparse
+
+    from kdml.cli.parser import build_parser
+
+    text = " ".join((Path(__file__).parent.parent / "README.md").read_text(
+        encoding="utf-8").split())
+    (listed_part,) = re.findall(r"`kdml eval RUN --data-root NEW` \(and ([^)]*)\)", text)
+    listed_commands = {"eval", *re.findall(r"`([a-z]+)`", listed_part)}
+
+    def taking(parser: argparse.ArgumentParser, command: tuple[str, ...]) -> set[str]:
+        found = set()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found |= taking(sub, (*command, name))
+            elif "--data-root" in action.option_strings:
+                found.add(command[0])
+        return found
+
+    assert listed_commands == taking(build_parser(), ()) - {"train"}
+
+
+def test_reproducing_md_quotes_the_measured_d64_atlas_run_times():
+    """docs/reproducing.md's time of a d = 64 Atlas run is docs/benchmarks.md's measured
+    ranges (2026-11-25's runs: on the quiet machine, and beside other work), not a rounded
+    "7 to 14" that neither range gives."""
+    root = Path(__file__).parent.parent
+
+    def flat(name: str) -> str:
+        return " ".join((root / name).read_text(encoding="utf-8").split())
+
+    (quiet, busy) = re.findall(r"a d = 64 Atlas run ([\d.]+ to [\d.]+), and ([\d.]+ to [\d.]+) "
+                               r"beside other work", flat("docs/reproducing.md"))[0]
+    assert f"{quiet} on the otherwise quiet machine, {busy} beside the test suite" in flat(
+        "docs/benchmarks.md")

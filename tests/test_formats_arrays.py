@@ -507,7 +507,6 @@ def test_folder_refuses_a_folder_read_twice_through_a_link(tmp_path):
     assert load_folder(folder).dataset.labels.tolist() == [0, 1, 2]
 
 
-
 def test_folder_refuses_an_image_listed_twice_through_a_link(tmp_path):
     """A linked image file is the same image under two names: each copy its twin's perfect
     match, or one image under two labels. Links to images outside DIR (a class folder built
@@ -1052,3 +1051,15 @@ def test_folder_says_when_the_only_files_left_out_are_images_beside_the_classes(
     (record,) = caplog.records
     assert record.getMessage() == (f"folder:images: images left out: 1 directly in {folder}, "
                                    "in no class folder")
+
+
+def test_csv_one_number_written_two_ways_is_named_as_its_first_row_writes_it(tmp_path):
+    """`07` and `7` are one class, named (captions, ``class_name``) by the spelling of its
+    first row in the file, whichever that is, as docs/datasets.md says; the docs had said
+    only that `07` is `7`, not which of the two a caption shows."""
+    csv_file = write_csv(tmp_path, "path,label,split\nphotos/c00/000.jpg,7,train\n"
+                                   "photos/c00/001.png,07,test\nphotos/c01/000.jpg,10,test\n")
+    assert load_csv(csv_file).dataset.class_names == {0: "7", 1: "10"}
+    docs = " ".join((Path(__file__).parent.parent / "docs" / "datasets.md").read_text(
+        encoding="utf-8").split())
+    assert "`07` is `7`, one class, named as its first row in the file spells it" in docs

@@ -245,7 +245,7 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
         drawn["hits"] = int(hits.sum())
         return path
 
-    def embedding_map(coordinates, labels, path, method, title, class_names):
+    def embedding_map(coordinates, labels, path, method, title, class_names, *_):
         drawn["legend"] = {int(label): class_names[int(label)] for label in set(labels)}
         return path
 
@@ -672,7 +672,7 @@ def test_the_map_of_a_cosine_run_is_of_its_directions(runs, tmp_path, monkeypatc
         mapped["values"] = values
         return values[:, :2], "t-SNE"
 
-    def scatter(coordinates, labels, path, method, title, class_names=None):
+    def scatter(coordinates, labels, path, method, title, class_names=None, *_):
         mapped.update(method=method, labels=labels)
         return path
 
@@ -692,14 +692,49 @@ def test_the_map_of_a_cosine_run_is_of_its_directions(runs, tmp_path, monkeypatc
     assert mapped["labels"].tolist() == embedded["labels"][keep].tolist()
 
 
+def test_a_map_of_a_random_sample_says_so_with_the_whole_part_s_counts(runs, tmp_path,
+                                                                       monkeypatch):
+    """--max-points below the test part's size draws a random sample: the title had said
+    neither that nor how many of how many points, and counted the drawn points' classes
+    only ("3 classes" for 3 points of a 5-class part). Without sampling it is as before."""
+    from kdml import viz_retrieval
+    from kdml.inspection import plots
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    monkeypatch.setattr(plots, "embedding_map", lambda values, seed=0: (values[:, :2], "PCA"))
+    titles = []
+    figure_of = viz_retrieval._embedding_map_figure
+
+    def figure(*args: object) -> object:
+        drawn = figure_of(*args)  # type: ignore[arg-type]
+        titles.append(" ".join(drawn.axes[0].get_title().split()))
+        return drawn
+
+    monkeypatch.setattr(viz_retrieval, "_embedding_map_figure", figure)
+    for points in ("3", "300", "896"):
+        assert kdml("plot", "embedding", run, "--max-points", points) == 0
+        (run / "plots" / "embedding.png").unlink()
+    # the digits test part: 896 images of classes 5-9
+    method = "amsoftmax on digits (PCA, of the L2-normalised embeddings (cosine metric),"
+    assert titles[1] == f"{method} a random 300 of 896 points, 5 classes)"
+    assert titles[2] == f"{method} 5 classes)"  # all of them: no sample
+    three = np.random.default_rng(0).choice(896, 3, replace=False)
+    assert kdml("embed", run, "--out", tmp_path / "test.npz") == 0
+    found = len(set(np.load(tmp_path / "test.npz")["labels"][three].tolist()))
+    assert found < 5
+    assert titles[0] == f"{method} a random 3 of 896 points, {found} of 5 classes)"
+
+
 @pytest.mark.parametrize("small", [False, True], ids=["digits", "16 test images"])
 def test_an_atlas_retrieval_grid_shows_the_neighbours_its_metrics_rank(runs, tmp_path,
-                                                                        monkeypatch, small):
+                                                                        monkeypatch, capsys,
+                                                                        small):
     """Within the query's chart, by the Euclidean distance of the chart coordinates: the grid
     had ranked the stand-in embedding (sigmoid coordinates and a one-hot chart), and drew hits
     and misses that neither the run's Recall@K nor kdml search had. With 16 test images dealt
     into 3 charts and k = 15, every chart holds fewer: the rest of each row is empty (-1), never
-    a hit."""
+    a hit, and a warning says so (the short rows had been drawn without a word)."""
     from fixtures_array_sets import make_csv_list
 
     from kdml.evaluation.evaluator import chart_codes_of
@@ -730,7 +765,9 @@ def test_an_atlas_retrieval_grid_shows_the_neighbours_its_metrics_rank(runs, tmp
 
     monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
     monkeypatch.setattr(plots, "chart_codes_of", codes_of)
+    capsys.readouterr()
     assert kdml("plot", "retrieval", run, "--queries", "16", "-k", k) == 0
+    warned = capsys.readouterr().err
     assert kdml("embed", run, "--out", tmp_path / "codes.npz") == 0
     codes = np.load(tmp_path / "codes.npz")
     coords, charts = drawn["codes"]
@@ -754,6 +791,11 @@ def test_an_atlas_retrieval_grid_shows_the_neighbours_its_metrics_rank(runs, tmp
         assert (neighbours[len(listed):] == -1).all() and not hits[len(listed):].any()
         empty += k - len(listed)
     assert (empty > 0) == small
+    # 16 dealt round-robin into 3 charts: 6, 5 and 5, so 4 or 5 others in a query's chart
+    assert ("kdml: warning: the retrieval grid shows fewer than 15 neighbours in 16 of its 16 "
+            "rows (4 at the fewest): an Atlas run's queries are searched within their chart, "
+            "and those charts hold fewer other test images" in warned) == small
+    assert "neighbours in" not in warned or small
 
 
 def test_a_retrieval_grid_draws_the_images_its_rows_embed_around_skipped_files(tmp_path,
@@ -2095,7 +2137,7 @@ def test_unlabelled_target_samples_are_no_class_to_the_analysis_or_the_map(tmp_p
     assert written["lambda"]["mean"] == 0.0  # five well-separated classes on each side
     drawn = {}
     monkeypatch.setattr(plots, "plot_embedding_map",
-                        lambda coordinates, labels, path, method, title, class_names=None:
+                        lambda coordinates, labels, path, method, title, class_names=None, *_:
                         drawn.update(labels=labels) or path)
     assert kdml("plot", "embedding", run) == 0
     figure = _embedding_map_figure(np.zeros((len(drawn["labels"]), 2)), drawn["labels"], "PCA",

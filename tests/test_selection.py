@@ -147,6 +147,11 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert "holds best.pt of this run, not last.pt: search it with --best" in \
         capsys.readouterr().err
     # the chosen model's plots go beside the last one's, never over them
+    from kdml.inspection import plots
+
+    titles, drawn = [], plots.plot_embedding_map
+    monkeypatch.setattr(plots, "plot_embedding_map",
+                        lambda *args: titles.append(args[4]) or drawn(*args))
     assert cli.main(["plot", "embedding", str(out), "--best", "--max-points", "60"]) == 0
     assert "embedding-best.png" in capsys.readouterr().out
     assert (out / "plots" / "embedding-best.png").is_file()
@@ -154,6 +159,11 @@ def test_patience_stops_and_keep_best_keeps_the_best_epoch(tmp_path, tiny_overri
     assert cli.main(["plot", "retrieval", str(out), "--best", "--queries", "2", "-k", "2"]) == 0
     assert sorted(path.name for path in (out / "plots").glob("retrieval*")) == [
         "retrieval-best.png"]
+    # and their maps' titles tell them apart, as the file names do (the titles had been the
+    # same, and a copied picture keeps only its title)
+    assert cli.main(["plot", "embedding", str(out), "--max-points", "60"]) == 0
+    assert titles == ["amsoftmax on digits, validation part, best checkpoint of epoch 2",
+                      "amsoftmax on digits, validation part"]
 
 
 def test_a_run_out_of_patience_on_its_last_epoch_trains_no_further_when_epochs_are_raised(

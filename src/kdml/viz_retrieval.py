@@ -184,23 +184,45 @@ def short_name(name: str, width: int = 16) -> str:
 
 def plot_embedding_map(coordinates: np.ndarray, labels: np.ndarray, path: Path,
                        method: str, title: str,
-                       class_names: dict[int, str] | None = None) -> Path:
+                       class_names: dict[int, str] | None = None,
+                       sample_of: tuple[int, int] | None = None) -> Path:
     """Scatter of 2-D ``coordinates`` ``[N, 2]``, coloured by class (``labels`` ``[N]``); the
     legend, drawn for up to 20 classes, names them by ``class_names`` (label -> name) or by
-    their numbers."""
+    their numbers. ``sample_of``: ``(points, classes)`` of the whole set where the points are
+    a random sample of it, which the title then says (:func:`counted_points`)."""
     coordinates, _ = as_float32_matrix(coordinates, "coordinates")  # NaN: a blank picture
     if coordinates.shape[1] != 2:
         raise KdmlError(f"coordinates must be [N, 2], got {coordinates.shape}; map them to 2-D "
                         "first (embedding_map)")
     labels = as_label_vector(labels, "labels", len(coordinates))
     with missing_glyphs_named(path):  # the legend may hold class names
-        figure = _embedding_map_figure(coordinates, labels, method, title, class_names)
+        figure = _embedding_map_figure(coordinates, labels, method, title, class_names,
+                                       sample_of)
         return write_png(figure, path)
+
+
+def counted_points(labels: np.ndarray, sample_of: tuple[int, int] | None = None) -> str:
+    """The map title's count of what it draws: its classes (``labels`` ``[N]``; -1, a domain
+    pair's unlabelled sample, is no class) and, where the points are a random sample of a set
+    of ``sample_of`` = ``(points, classes)``, how many of how many, as the classes would
+    otherwise be counted among the drawn points alone.
+
+    >>> counted_points(np.array([5, 6, 6]), (896, 5))
+    'a random 3 of 896 points, 2 of 5 classes'
+    """
+    classes = len(np.unique(labels[labels >= 0]))
+    if sample_of is None or sample_of[0] <= len(labels):
+        return f"{classes:,} class{'' if classes == 1 else 'es'}"
+    points, total = sample_of
+    of_classes = f"{classes:,} of {total:,}" if classes < total else f"{total:,}"
+    return (f"a random {len(labels):,} of {points:,} points, {of_classes} "
+            f"class{'' if total == 1 else 'es'}")
 
 
 @literal_text()  # class names and paths, drawn as written
 def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: str,
-                          title: str, class_names: dict[int, str] | None) -> Figure:
+                          title: str, class_names: dict[int, str] | None,
+                          sample_of: tuple[int, int] | None = None) -> Figure:
     """The figure of :func:`plot_embedding_map`: a domain pair's unlabelled target samples
     (label -1) are drawn grey, as no class."""
     unlabelled = labels < 0
@@ -226,7 +248,7 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
                      linewidths=0)
     # wrapped: a cosine run's method note alone nearly fills the 6-inch width, and a title
     # on one line had run past both edges, cutting off what it says
-    counted = f"{len(classes):,} class{'' if len(classes) == 1 else 'es'}"
+    counted = counted_points(labels, sample_of)
     axes.set(xticks=[], yticks=[], title=textwrap.fill(f"{title} ({method}, {counted})",
                                                        TITLE_WIDTH))
     figure.tight_layout()

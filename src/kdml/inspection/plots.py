@@ -86,6 +86,12 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     same_set = found is part
     if trained.method.has_charts:
         neighbours = _chart_neighbours(embedded, chosen, reference, k, same_set)
+        short = _short_rows(neighbours)
+        if short:  # said, as the rows and columns above are (and as kdml search notes them)
+            _log.warning("the retrieval grid shows fewer than %d neighbours in %d of its %d "
+                         "rows (%d at the fewest): an Atlas run's queries are searched within "
+                         "their chart, and those charts hold fewer %s", k, short[0], len(chosen),
+                         short[1], "other test images" if same_set else "gallery images")
     elif same_set:  # each test image against the others (its own row dropped)
         chunks = knn_search(embedded.values, k=k, metric=metric, exclude_self=True)
         neighbours = np.concatenate([chunk.indices for chunk in chunks])[chosen]
@@ -112,6 +118,14 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
         embedded.indices.numpy()[chosen], positions, hits,
         query_image, trained.plot_path("retrieval"), query_title,
         gallery=None if same_set else loader(found.dataset))
+
+
+def _short_rows(neighbours: np.ndarray) -> tuple[int, int] | None:
+    """How many rows of ``neighbours`` ``[Q, K]`` end in empty places (-1: the query's chart
+    holds fewer than K), and the fewest neighbours a row has; None where none does."""
+    found = (neighbours >= 0).sum(axis=1)
+    short = found < neighbours.shape[1]
+    return (int(short.sum()), int(found.min())) if short.any() else None
 
 
 def _chart_neighbours(queries: Embedded, chosen: np.ndarray, reference: Embedded, k: int,
@@ -142,7 +156,9 @@ def _chart_neighbours(queries: Embedded, chosen: np.ndarray, reference: Embedded
 def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -> Path:
     """``plots/embedding.png`` (``embedding-best.png`` with the best checkpoint): the test
     embeddings in 2-D (UMAP, else t-SNE), by class; a validated run's validation part, which
-    the title names, as its other commands take it (:func:`run_part`)."""
+    the title names, as its other commands take it (:func:`run_part`). Of more than
+    ``max_points``, a random ``max_points`` (``seed``), which the title says with the whole
+    part's counts of points and classes."""
     check_replaceable(trained.plot_path("embedding"))  # before minutes of embedding
     part = run_part(trained)
     embedded = embed_dataset(trained.method, part.dataset, part.embedder)
@@ -150,6 +166,8 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     refuse_collapsed(embedded, trained, "a 2-D map of them")
     values = embedded.tensor().float().cpu().numpy()
     labels = embedded.labels.numpy()
+    # the title says how many of how many points it draws, and of how many classes
+    sample_of = (len(labels), len(np.unique(labels[labels >= 0])))
     if len(values) > max_points:
         keep = np.random.default_rng(seed).choice(len(values), max_points, replace=False)
         values, labels = values[keep], labels[keep]
@@ -165,9 +183,12 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     # a validated run's "test" is its validation part (kdml plot says it on stderr; the
     # picture, looked at later, says it too)
     shown = ", validation part" if part.is_validation else ""
+    if trained.checkpoint == trained.run.best_checkpoint:  # beside the last one's map, whose
+        # title was the same: the file name alone told them apart, lost in a copied picture
+        shown += f", best checkpoint of epoch {trained.epoch}"
     return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}{shown}",
-                              part.dataset.class_names)
+                              part.dataset.class_names, sample_of)
 
 
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
