@@ -42,7 +42,8 @@ def _worker(rank: int, world: int, port: int, out: str, task, args) -> None:
         if rank == 0:
             torch.save(result, out)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # kdml's CLI frees it itself
+            dist.destroy_process_group()
 
 
 # fork starts ranks fastest, but a process that has run autograd on a GPU cannot fork children
@@ -207,6 +208,39 @@ def loss_non_finite_on_one_rank(recipe_name: str, overrides: list[str], bad_rank
     nonfinite.NonFiniteWatch.observe = observe_on_rank  # type: ignore[method-assign]
     session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
     return _outcome_on_this_rank(lambda: train_one_epoch(session, 1, progress=False), out_dir)
+
+
+def non_finite_reads(recipe_name: str, overrides: list[str], bad_step: int) -> dict[str, Any]:
+    """One epoch of ``train_one_epoch`` whose loss terms are NaN at step ``bad_step`` (0-based)
+    on every rank: after how many steps each read of the non-finite watch came, and the error
+    that stopped the epoch."""
+    from kdml.training import nonfinite
+
+    watch_class = nonfinite.NonFiniteWatch
+    observe, check = watch_class.observe, watch_class.check
+    steps, reads = [0], []
+
+    def observing(watch: Any, step: int, terms: dict[str, torch.Tensor]) -> None:
+        steps[0] += 1
+        if step == bad_step:
+            terms = {name: value * float("nan") for name, value in terms.items()}
+        observe(watch, step, terms)
+
+    def reading(watch: Any, epoch: int) -> None:
+        reads.append(steps[0])
+        check(watch, epoch)
+
+    watch_class.observe, watch_class.check = observing, reading  # type: ignore[method-assign]
+    try:  # in this process where the world is 1
+        session = Session.build(config_of(recipe_name, overrides), echo=lambda line: None)
+        try:
+            train_one_epoch(session, 1, progress=False)
+            said = "no error"
+        except nonfinite.NonFiniteLoss as error:
+            said = str(error)
+    finally:
+        watch_class.observe, watch_class.check = observe, check  # type: ignore[method-assign]
+    return {"reads": reads, "said": said}
 
 
 def build_on_own_settings(recipe_name: str, overrides: list[str], own: list[list[str]],

@@ -4,8 +4,13 @@ their torchrun environment handling in one process."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
+import json
+import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,6 +193,105 @@ def test_a_file_error_of_rank_0s_work_stops_the_others_quietly(tmp_path):
     said = "/runs/a/config.yaml: No space left on device"
     assert run_ranks(WORLD, _from_main_file_error_task, tmp_path=tmp_path) == [
         ("OSError", said), ("QuietExit", said), ("QuietExit", said)]
+
+
+# Seconds rank 0 takes to say its error in the test below (its plots, on a slow disk).
+SAYING_S = 2.0
+
+
+class _SlowStream(io.StringIO):
+    """A stderr whose writes take ``SAYING_S`` and note when each was done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done_at: list[float] = []
+
+    def write(self, text: str) -> int:
+        time.sleep(SAYING_S)
+        written = super().write(text)
+        self.done_at.append(time.time())
+        return written
+
+
+def _quiet_rank_task(taken: str, out: str):
+    """``kdml train --out TAKEN`` on every rank: rank 0 refuses the folder (from_main), the
+    others stop quietly; each rank writes what it said, its exit status and when it returned."""
+    from kdml import cli
+
+    rank = dist.get_rank()
+    stream = _SlowStream() if rank == 0 else io.StringIO()
+    with contextlib.redirect_stderr(stream):
+        code = cli.main(["train", "jrd", "--dataset", "digits", "train.device=cpu",
+                         "--no-progress", "--out", taken])
+    returned = time.time()
+    said_at = stream.done_at[-1] if rank == 0 and stream.done_at else None
+    Path(out, f"rank{rank}.json").write_text(json.dumps(
+        {"code": code, "said": stream.getvalue(), "said_at": said_at, "returned": returned}))
+
+
+def test_a_quiet_rank_waits_for_rank_0_to_say_the_error(tmp_path):
+    """A rank stopping on an error rank 0 says (QuietExit; NonFiniteLoss, which every rank
+    meets) had returned at once: torchrun, which stops a job's other processes once one has
+    stopped, then stopped rank 0 before its line where rank 0 took longer to say it (its
+    plots first) than the quiet rank took to exit. It waits for rank 0's line now."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("someone's")
+    out = tmp_path / "out"
+    out.mkdir()
+    run_ranks(2, _quiet_rank_task, str(taken), str(out), tmp_path=tmp_path)
+    main, other = (json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert main["code"] == other["code"] == 2
+    assert main["said"].startswith("kdml: error: ") and str(taken) in main["said"]
+    assert other["said"] == ""
+    assert other["returned"] >= main["said_at"]
+
+
+def _bounded_wait_task():
+    rank = dist.get_rank()
+    start = time.monotonic()
+    if rank == 1:  # rank 0 never says it is done here: the wait ends at its bound
+        distributed._wait_for_main(True, 0.5)
+    waited = time.monotonic() - start
+    dist.barrier()
+    return _every_rank(waited)
+
+
+def test_a_quiet_ranks_wait_for_rank_0_is_bounded(tmp_path):
+    """A rank 0 that never gets to say it (hung, or gone where the job's store is its own)
+    holds a quiet rank up to the bound, then lets it stop."""
+    waited = run_ranks(2, _bounded_wait_task, tmp_path=tmp_path)
+    assert waited[0] < 0.5 <= waited[1] < 5.0
+
+
+def _own_error_task(run_dir: str):
+    """Rank 1 stops on an error of its own (kdml's CLI, a LocalError); rank 0, in a collective
+    inside its Recorder, sees the collective fail: what its train.log then says."""
+    from kdml import cli
+    from kdml.training.recorder import Recorder
+    from kdml.training.run_folder import RunFolder
+
+    if dist.get_rank() == 1:
+        def unreadable(args):
+            raise LocalError("cannot decode image a/b.jpg: truncated")
+
+        cli._COMMANDS["recipes"] = unreadable
+        with contextlib.redirect_stderr(io.StringIO()):
+            return cli.main(["recipes"])
+    run = RunFolder(Path(run_dir))
+    run.root.mkdir()
+    with contextlib.suppress(RuntimeError), Recorder(run, writes=True):
+        dist.all_reduce(torch.zeros(1))  # fails once rank 1 has stopped
+    return run.log.read_text().splitlines()[-1].partition(" stopped: ")[2]
+
+
+def test_rank_0s_train_log_names_the_error_another_rank_stopped_on_alone(tmp_path):
+    """An unreadable image in rank 1's share stopped rank 1, which said so on its own output,
+    and rank 0's train.log said only "a collective operation failed ...: its output says why",
+    so the run folder kept no record of the cause (rank 1's output is on its own machine)."""
+    assert run_ranks(2, _own_error_task, str(tmp_path / "run"), tmp_path=tmp_path) == (
+        "a collective operation failed, most likely because another process of this job "
+        "stopped: rank 1: cannot decode image a/b.jpg: truncated")
 
 
 # ----------------------------------------------------------------- one process, no group

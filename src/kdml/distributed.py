@@ -13,6 +13,7 @@ has one rank, and rank 0 is the only rank.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import os
@@ -312,9 +313,74 @@ def barrier() -> None:
         dist.barrier()
 
 
-def teardown(in_flight: BaseException | None = None) -> None:
+# Seconds that a rank stopping quietly (on an error rank 0 says) waits for rank 0 to have said
+# it: rank 0 first closes the run folder's records (train.log's line, the plots).
+MAIN_SAYS_WITHIN_S = 30.0
+
+
+def _said_key() -> str:
+    """The store key rank 0 sets once it has said how the command ended: one per attempt of
+    the job (torchrun's store outlives a restart)."""
+    return f"kdml/rank-0-has-said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _wait_for_main(quiet: bool, within_s: float) -> None:
+    """Rank 0: tell the other ranks that it has said how the command ended. Another rank that
+    stops ``quiet`` ly (an error rank 0 says): wait until rank 0 has, at most ``within_s``
+    seconds, on the process group's store, so that torchrun, which stops the other processes
+    once one has failed, does not stop rank 0 before its line (it had, where rank 0's plots
+    took longer than the quiet rank's exit). Rank 0 gone (its store with it, where it held
+    it), or too slow: go on stopping."""
+    store = dist.distributed_c10d._get_default_store()
+    try:
+        if world().is_main:
+            store.set(_said_key(), "1")
+        elif quiet:
+            store.wait([_said_key()], timedelta(seconds=within_s))
+    except RuntimeError:  # torch's DistStoreError (timed out) or DistNetworkError (gone)
+        pass
+
+
+def _own_stop_key(rank: int) -> str:
+    """The store key where ``rank`` leaves the error it stopped on alone (this attempt's)."""
+    return f"kdml/rank-stopped/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+
+
+def tell_main(message: str) -> None:
+    """A rank other than 0 that stops on an error of its own (an unreadable image in its
+    share, its own out of memory) leaves ``message`` on the process group's store, before its
+    exit breaks the others' collectives: rank 0 sees only a failed collective, and records
+    the cause in train.log (:func:`stopped_ranks`). Nothing on rank 0, in one process, or
+    where the store is gone."""
+    if not (dist.is_available() and dist.is_initialized()) or world().rank == 0:
+        return
+    with contextlib.suppress(RuntimeError):  # the store is gone: its output alone says it
+        dist.distributed_c10d._get_default_store().set(_own_stop_key(world().rank), message)
+
+
+def stopped_ranks() -> list[str]:
+    """``rank K: message`` for each other rank that stopped on an error of its own
+    (:func:`tell_main`), read without waiting; none in one process or where the store is
+    gone."""
+    if not (dist.is_available() and dist.is_initialized()) or not world().is_distributed:
+        return []
+    store = dist.distributed_c10d._get_default_store()
+    said = []
+    try:
+        for rank in range(1, world().size):
+            if store.check([_own_stop_key(rank)]):
+                message = store.get(_own_stop_key(rank)).decode(errors="replace")
+                said.append(f"rank {rank}: {message}")
+    except RuntimeError:  # the store is gone (it was a rank's that stopped)
+        pass
+    return said
+
+
+def teardown(in_flight: BaseException | None = None, quiet: bool = False) -> None:
     """Free the process group, which joins its threads, once the DistributedDataParallel
-    wrappers holding it are gone (:func:`setup` says why it matters).
+    wrappers holding it are gone (:func:`setup` says why it matters). First rank 0 tells the
+    others it is done saying how the command ended, and a rank that stops ``quiet`` ly, on
+    an error rank 0 says, waits for that (:func:`_wait_for_main`).
 
     ``in_flight``: an exception on its way out (a bug's), whose traceback's frames hold the
     wrapper: their locals are cleared first (the traceback still prints). Otherwise the
@@ -322,6 +388,8 @@ def teardown(in_flight: BaseException | None = None) -> None:
     while its gloo thread still finished the last broadcast: the rank then hung (the join
     holding the GIL that thread waits for) or aborted."""
     if dist.is_available() and dist.is_initialized():
+        if world().is_distributed:
+            _wait_for_main(quiet, MAIN_SAYS_WITHIN_S)
         if in_flight is not None and in_flight.__traceback__ is not None:
             traceback.clear_frames(in_flight.__traceback__)
             gc.collect()  # a wrapper in a reference cycle

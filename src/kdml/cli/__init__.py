@@ -152,6 +152,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(exit_request.code or 0)
     if extras:
         args.overrides = [*args.overrides, *extras]
+    quiet = False  # under torchrun: this rank stops on an error that rank 0 says
     try:
         training = args.command in ("train", "reproduce")
         if args.command in READING_COMMANDS and launched_by_torchrun():
@@ -171,12 +172,16 @@ def _main(argv: Sequence[str] | None) -> int:
         with warnings_on_stderr():
             return _flushed(_COMMANDS[args.command](args))
     except QuietExit:  # rank 0 reported it
+        quiet = True
         return 2
     except KdmlError as error:
         if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
             print(f"kdml: error: {error}", file=sys.stderr)
         elif isinstance(error, LocalError):  # met by this rank alone: rank 0 cannot say it
             print(f"kdml: error: rank {_rank()}: {error}", file=sys.stderr)
+            _tell_main(str(error))  # for rank 0's train.log
+        else:
+            quiet = True
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C, or a kill (SIGTERM: Terminated)
         code, stopped = _stop_code(stop)
@@ -211,7 +216,8 @@ def _main(argv: Sequence[str] | None) -> int:
         top = (error.name or "").partition(".")[0]
         if top not in DEPENDENCIES:
             raise
-        if _is_main_process():
+        quiet = not _is_main_process()
+        if not quiet:
             print(f"kdml: error: the Python package {DEPENDENCIES[top]} (import name {top}), "
                   f"which kdml {args.command} needs, is not installed here: install kdml's "
                   "dependencies (pip install -c constraints.txt -e . in the kdml clone)",
@@ -229,7 +235,8 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         # the file system refused a path (a file where a folder goes, no permission, a full
         # disk): say which and why in one line, as for any other bad input
-        if _is_main_process():
+        quiet = not _is_main_process()
+        if not quiet:
             # bytes from some writers (TensorBoard's): their b'...' form is no path to read
             paths = " -> ".join(os.fsdecode(name) if isinstance(name, bytes) else str(name)
                                 for name in (error.filename, error.filename2)
@@ -246,7 +253,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     finally:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
-            sys.modules["kdml.distributed"].teardown(sys.exc_info()[1])
+            # a quiet rank first waits for rank 0's line: torchrun stops the job's other
+            # processes once one has stopped, and had stopped rank 0 before it said why
+            sys.modules["kdml.distributed"].teardown(sys.exc_info()[1], quiet=quiet)
 
 
 # kdml's declared dependencies (pyproject.toml's), by the name they are imported as.
@@ -294,6 +303,13 @@ def _failed_collective(error: RuntimeError) -> bool:
     return failed_collective(error)
 
 
+def _tell_main(message: str) -> None:
+    """Leave this rank's own error for rank 0 (:func:`kdml.distributed.tell_main`); nothing
+    where torch.distributed was never imported (a command that does not train)."""
+    if "kdml.distributed" in sys.modules:
+        sys.modules["kdml.distributed"].tell_main(message)
+
+
 def _out_of_memory(error: RuntimeError) -> bool:
     """Whether ``error`` is torch's failed allocation: on a GPU (``OutOfMemoryError``) or on
     the CPU (a RuntimeError saying "can't allocate memory", also when a data loader's worker
@@ -327,6 +343,8 @@ def _memory_stop(what: str, lower: str, command: str) -> int:
     torchrun job says its own), with the remedy: for ``kdml train`` the settings to ``lower``,
     else to free memory; and what a stopped command keeps. Returns the exit status."""
     prefix = "" if _is_main_process() else f"rank {_rank()}: "
+    if prefix:
+        _tell_main(what)  # for rank 0's train.log, where its collective fails
     remedy = lower if command == "train" else "free memory or use a device with more,"
     print(f"kdml: error: {prefix}{what}; {remedy} and run it again"
           f"{_RUN_AGAIN_NOTES.get(command, '')}", file=sys.stderr)

@@ -27,7 +27,8 @@ class NonFiniteWatch:
     rank 0 reported a failed collective.
 
     Args:
-        check_every: steps between reads (1 on the CPU, where a read costs nothing).
+        check_every: steps between reads (1 on the CPU in one process, where a read costs
+            nothing: :func:`kdml.training.trainer.nonfinite_check_every`).
         precision: ``train.precision``; under ``fp16`` the advice names float16's range.
     """
 

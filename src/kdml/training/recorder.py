@@ -103,8 +103,10 @@ class Recorder:
                           if isinstance(error.filename, bytes) else error.filename,
                           error.strerror or error)
         elif error is not None and distributed.failed_collective(error):
+            # the cause, where the rank that stopped left it (an error of its own)
+            causes = "; ".join(distributed.stopped_ranks()) or "its output says why"
             self.log.info("%sa collective operation failed, most likely because another "
-                          "process of this job stopped: its output says why", STOPPED)
+                          "process of this job stopped: %s", STOPPED, causes)
         else:
             self.log.info("%san error", STOPPED, exc_info=error)
 
