@@ -459,6 +459,18 @@ def test_a_fitted_run_resumes(tmp_path, capsys):
     assert json.loads((out / "metrics.json").read_text()) == before
 
 
+def domain_pair_session(tmp_path):
+    """A session of a small source/target npz (24 samples of 4 classes each), batches of 8,
+    2 steps an epoch."""
+    rng = np.random.default_rng(0)
+    features = tmp_path / "features.npz"
+    np.savez(features, X=rng.standard_normal((48, 6)).astype(np.float32),
+             y=np.repeat(np.arange(8), 6) % 4,
+             domain=np.array(["source"] * 24 + ["target"] * 24))
+    return session_of(f"data.dataset=npz:{features}", "domain.beta=1", "data.batch_size=8",
+                      "data.samples_per_class=2", "train.steps_per_epoch=2", "eval.ks=[1]")
+
+
 def test_the_target_batch_goes_through_the_test_pipeline(tmp_path):
     """The target domain's batch is embedded as the test inputs are (no augmentation, the
     test crop and normalisation): sending it through the training augmentation had passed
@@ -467,13 +479,7 @@ def test_the_target_batch_goes_through_the_test_pipeline(tmp_path):
 
     from kdml.training.trainer import train_one_epoch
 
-    rng = np.random.default_rng(0)
-    features = tmp_path / "features.npz"
-    np.savez(features, X=rng.standard_normal((48, 6)).astype(np.float32),
-             y=np.repeat(np.arange(8), 6) % 4,
-             domain=np.array(["source"] * 24 + ["target"] * 24))
-    session = session_of(f"data.dataset=npz:{features}", "domain.beta=1", "data.batch_size=8",
-                         "data.samples_per_class=2", "train.steps_per_epoch=2", "eval.ks=[1]")
+    session = domain_pair_session(tmp_path)
     real = session.pipeline
     session.pipeline = types.SimpleNamespace(
         train=lambda inputs, generator, share=None: real.train(inputs, generator, share),
@@ -489,13 +495,7 @@ def test_the_target_batch_goes_through_the_test_pipeline(tmp_path):
 def test_each_epoch_draws_its_own_target_batches(tmp_path):
     """The target domain's batches are drawn from (train.seed, epoch) as the source's are:
     every epoch drawing the same target batches had passed every test."""
-    rng = np.random.default_rng(0)
-    features = tmp_path / "features.npz"
-    np.savez(features, X=rng.standard_normal((48, 6)).astype(np.float32),
-             y=np.repeat(np.arange(8), 6) % 4,
-             domain=np.array(["source"] * 24 + ["target"] * 24))
-    session = session_of(f"data.dataset=npz:{features}", "domain.beta=1", "data.batch_size=8",
-                         "data.samples_per_class=2", "train.steps_per_epoch=2", "eval.ks=[1]")
+    session = domain_pair_session(tmp_path)
 
     def targets(epoch):
         return torch.cat([torch.as_tensor(target.inputs).flatten()

@@ -820,28 +820,22 @@ def test_a_setting_the_cells_differ_in_is_said_with_each_value(tmp_path):
     experiment = _tiny_experiments()[0]
     configs = tuple(cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells)
     configs[1].train.epochs, configs[1].optim.lr = 100, 0.5
-    cells = {cell.label: CellResult(values={"recall@1": [0.5, 0.6], "recall@2": [0.7, 0.8]},
-                                    wall_s=[60.0, 60.0],
-                                    run_dirs=[tmp_path / cell.label / "0",
-                                              tmp_path / cell.label / "1"])
-             for cell in experiment.cells}
-    context = ReportContext("kdml reproduce jrd --seeds 2", "a test machine", "torch", 1.0, 2,
-                            False)
     first = configs[0]
-    text = write_report([ExperimentResult(experiment, cells, configs)],
-                        tmp_path / "settings.md", context).read_text()
-    (line,) = [line for line in text.splitlines() if line.startswith("Settings:")]
+    line = _settings_line(experiment, tmp_path / "cells", configs)
     assert line.startswith("Settings: backbone `auto`, batch 40, 1 epoch of at most 3 steps or "
                            "100 epochs of at most 3 steps, adam lr 0.001 or adam lr 0.5, split "
                            "`standard`, 4.0 min of training.")  # each value once, cell order
-    alike = write_report([ExperimentResult(experiment, cells, (first, first))],
-                         tmp_path / "first.md", context).read_text()  # cells alike: once each
+    alike = _settings_line(experiment, tmp_path / "alike", (first, first))  # once each
     assert ", 1 epoch of at most 3 steps, adam lr 0.001, " in alike and " or " not in alike
 
 
-def _settings_line(experiment: Experiment, tmp_path: Path) -> str:
-    """The Settings line of ``experiment``'s section, its cells' runs faked (two seeds)."""
-    configs = tuple(cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells)
+def _settings_line(experiment: Experiment, tmp_path: Path,
+                   configs: tuple[RunConfig, ...] | None = None) -> str:
+    """The Settings line of ``experiment``'s section, its cells' runs faked (two seeds) with
+    ``configs`` (by default the cells' own)."""
+    if configs is None:
+        configs = tuple(cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cells = {cell.label: CellResult(values={name: [0.5, 0.6] for name in experiment.metrics},
                                     wall_s=[60.0, 60.0],
                                     run_dirs=[tmp_path / cell.label / "0",
