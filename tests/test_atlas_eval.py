@@ -422,6 +422,45 @@ def test_piecewise_linear_accuracy_reads_no_rounding_noise(ulps, expected):
     assert got["accuracy"] == expected
 
 
+def test_piecewise_linear_accuracy_takes_codes_exactly_tie_ulps_apart_as_one_point():
+    """The bound is inclusive: codes exactly TIE_ULPS float32 epsilons of their largest
+    magnitude apart (1 and 1 - 4 * 2**-23, exact in float32) are one point, and the probe
+    predicts the majority label, 0, however large C."""
+    from kdml.evaluation.ties import TIE_ULPS
+
+    labels = np.array([0, 0, 0, 1, 1])
+    apart = np.float32(1.0 - TIE_ULPS * float(np.finfo(np.float32).eps))
+    assert float(1.0 - apart) == TIE_ULPS * float(np.finfo(np.float32).eps)
+    column = np.where(labels == 0, np.float32(1.0), apart).astype(np.float32)
+    codes = np.stack([column, column], axis=1)
+    got = piecewise_linear_accuracy(codes, np.zeros(5, int), labels, codes, np.zeros(5, int),
+                                    labels, sigmoid=False, C=1e18)
+    assert got["accuracy"] == 0.6
+
+
+def test_a_chart_without_training_points_predicts_the_smallest_of_tied_majority_labels():
+    """Chart 1 has test points only: it predicts the training set's most frequent label, and
+    between equally frequent ones (two 7s, two 3s) the smallest, 3."""
+    train = np.array([[0.0], [1.0], [2.0], [3.0]])
+    train_labels = np.array([7, 3, 7, 3])
+    test = np.array([[0.5], [1.5], [2.5]])
+    got = piecewise_linear_accuracy(train, np.zeros(4, int), train_labels, test,
+                                    np.ones(3, int), np.array([3, 3, 7]))
+    assert got["charts"][1]["classifier"] == "majority"
+    assert got["num_correct"] == 2 and got["accuracy"] == 2 / 3
+
+
+def test_a_chart_given_a_cluster_per_point_puts_equal_points_apart():
+    """Chart 0's two points are equal and its share of the 3 clusters is 2 (the tied
+    remainder goes to the lower chart): each is its own cluster, as documented, where k-means
+    would put equal points in one cluster."""
+    coords = np.array([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0], [1.0, 0.0]])
+    charts, labels = np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])
+    assert allocate_clusters([2, 2], 3).tolist() == [2, 1]
+    expected = normalized_mutual_info_score(labels, [0, 1, 2, 2])
+    assert chart_clustering_nmi(coords, charts, labels) == pytest.approx(expected, abs=1e-12)
+
+
 def test_piecewise_linear_accuracy_rejects_bad_inputs():
     train_x, train_i, train_y, test_x, test_i, test_y = probe_data(1)
     with pytest.raises(KdmlError, match="dimension"):

@@ -580,3 +580,209 @@ def test_a_weights_file_whose_keys_are_not_names_is_refused_in_one_line(tmp_path
     torch.save({0: torch.zeros(2)}, tmp_path / "numbered.pth")
     with pytest.raises(KdmlError, match=r"holds no state dict of tensors \(its keys: 0\)$"):
         read_state_dict(tmp_path / "numbered.pth")
+
+
+# ----------------------------------------------------------------- mutation audit, round 86
+
+
+def test_projection_heads_hidden_width_defaults_to_the_chart_dimension():
+    """SimCLR's head and the authors' code: the hidden width is the input dimension d, not
+    the output width (hidden defaulting to out_features had passed every model test)."""
+    heads = ProjectionHeads(dim=2, n_charts=3, out_features=8)
+    assert tuple(heads.hidden_weight.shape) == (3, 2, 2)
+    assert tuple(heads.output_weight.shape) == (3, 2, 8)
+
+
+def _randomised_batchnorm_statistics(net: torch.nn.Module, seed: int) -> None:
+    """Running means, variances and affine parameters away from their 0/1 initialisation, so
+    that a dropped or misplaced BatchNorm changes the output."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in net.modules():
+            if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
+                size = layer.num_features
+                layer.running_mean.copy_(torch.randn(size, generator=generator))
+                layer.running_var.copy_(torch.rand(size, generator=generator) + 0.5)
+                layer.weight.copy_(torch.randn(size, generator=generator))
+                layer.bias.copy_(torch.randn(size, generator=generator))
+
+
+def _batchnorm(x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+    """Eval-mode BatchNorm over dim 1, written out: (x - mean) / sqrt(var + eps) * w + b."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    scale = (layer.running_var + layer.eps).sqrt().view(shape)
+    return ((x - layer.running_mean.view(shape)) / scale * layer.weight.view(shape)
+            + layer.bias.view(shape))
+
+
+def test_mlp_backbone_is_linear_batchnorm_relu_per_hidden_layer():
+    """MLP: h = ReLU(BN(W h + b)) per hidden width, flattened input (a Tanh in place of the
+    ReLU had passed every model test)."""
+    from kdml.models.backbones import MLP
+    torch.manual_seed(0)
+    net = MLP(6, (5, 4)).double().eval()
+    _randomised_batchnorm_statistics(net, 1)
+    x = torch.randn(7, 2, 3, dtype=torch.float64)
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    hidden = x.reshape(7, 6)
+    for linear, norm in zip(linears, norms, strict=True):
+        hidden = _batchnorm(hidden @ linear.weight.T + linear.bias, norm).clamp(min=0)
+    assert net.feature_size == 4
+    assert torch.allclose(net(x), hidden, atol=1e-12, rtol=0)
+
+
+def test_conv1d_net_is_conv_batchnorm_relu_blocks_then_a_global_mean():
+    """Conv1dNet, written out: conv (no bias) -> BN -> ReLU per block, a max-pool of 2 between
+    blocks, then the mean over the length (a dropped BatchNorm or a global max had passed)."""
+    import torch.nn.functional as F
+
+    from kdml.models.backbones import Conv1dNet
+    torch.manual_seed(0)
+    net = Conv1dNet((3, 4)).double().eval()
+    _randomised_batchnorm_statistics(net, 2)
+    signals = torch.randn(5, 12, dtype=torch.float64)
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv1d)]
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    x = signals[:, None]
+    for index, (conv, norm) in enumerate(zip(convs, norms, strict=True)):
+        assert conv.bias is None
+        x = _batchnorm(F.conv1d(x, conv.weight, padding=1), norm).clamp(min=0)
+        if index < len(convs) - 1:
+            x = F.max_pool1d(x, 2)
+    assert torch.allclose(net(signals), x.mean(dim=2), atol=1e-12, rtol=0)
+
+
+def test_small_cnn_is_conv_batchnorm_relu_blocks_then_a_global_mean():
+    """SmallCNN at side 8, written out: conv 3x3 (no bias) -> BN -> ReLU per block, one
+    max-pool of 2 after the first block (8 -> 4), then the mean over the map (a dropped
+    BatchNorm or a global max had passed every model test)."""
+    import torch.nn.functional as F
+
+    from kdml.models.backbones import SmallCNN
+    torch.manual_seed(0)
+    net = SmallCNN(1, 8, widths=(3, 4)).double().eval()
+    _randomised_batchnorm_statistics(net, 3)
+    images = torch.randn(2, 1, 8, 8, dtype=torch.float64)
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    x = images
+    for index, (conv, norm) in enumerate(zip(convs, norms, strict=True)):
+        assert conv.bias is None
+        x = _batchnorm(F.conv2d(x, conv.weight, padding=1), norm).clamp(min=0)
+        if index == 0:
+            x = F.max_pool2d(x, 2)
+    assert torch.allclose(net(images), x.mean(dim=(2, 3)), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(("side", "stems"), [(64, 0), (65, 1), (128, 1), (259, 1), (260, 2)])
+def test_small_cnn_stem_runs_until_the_side_is_at_most_64(side, stems):
+    """One stem stage (stride-2 conv and 2x2 max-pool) per division by 4 while the side is
+    above 64: 65-259 px take one (a threshold of 128 had passed, as 224 takes one either
+    way)."""
+    from kdml.models.backbones import SmallCNN
+
+    net = SmallCNN(3, side, widths=(4, 8))
+    strided = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d) and m.stride == (2, 2)]
+    assert len(strided) == stems
+
+
+def test_an_rgb_first_convolution_loads_into_a_gray_backbone_as_the_sum_of_its_channels(
+        tmp_path):
+    """The docstring's adaptation, by value: the 1-channel kernel is the sum of the three RGB
+    kernels (a mean, or the red channel alone, had passed every model test), and the note
+    names the tensor."""
+    from kdml.models.weights import load_weights
+
+    state = _randomised_state(_TinyNet(3), seed=4)
+    torch.save(state, tmp_path / "rgb.pth")
+    net, lines = _TinyNet(1), []
+    load_weights(net, tmp_path / "rgb.pth", report=lines.append)
+    assert torch.equal(net.conv1.weight, state["conv1.weight"].sum(dim=1, keepdim=True))
+    assert torch.equal(net.bn1.running_var, state["bn1.running_var"])
+    assert lines[0].endswith("; summed RGB channels for 1-channel input (conv1.weight)")
+
+
+def test_a_dataparallel_file_loads_without_its_module_prefix(tmp_path):
+    """Keys saved from nn.DataParallel ("module.conv1.weight") load as the backbone's own
+    (removing "module" without its dot had passed every model test)."""
+    from kdml.models.weights import load_weights
+
+    state = _randomised_state(_TinyNet(), seed=5)
+    torch.save({f"module.{key}": value for key, value in state.items()},
+               tmp_path / "parallel.pth")
+    net = _TinyNet()
+    load_weights(net, tmp_path / "parallel.pth", report=lambda line: None)
+    assert all(torch.equal(net.state_dict()[key], value) for key, value in state.items())
+
+
+def test_a_file_with_tensors_the_backbone_lacks_is_refused_naming_them(tmp_path):
+    """A file holding every backbone tensor and more (a deeper network's: ResNet-34's file in
+    a ResNet-18) is refused in one line naming the extra tensors, not loaded in part (a check
+    of missing tensors alone had passed every model test)."""
+    from kdml.models.weights import load_weights
+
+    state = dict(_randomised_state(_TinyNet()), **{"layer4.0.weight": torch.zeros(2, 2)})
+    torch.save(state, tmp_path / "deeper.pth")
+    net = _TinyNet()
+    before = {key: value.clone() for key, value in net.state_dict().items()}
+    with pytest.raises(KdmlError, match=r"holds 1 it does not have \(layer4\.0\.weight\): it is "
+                                        r"for another model than the backbone"):
+        load_weights(net, tmp_path / "deeper.pth", report=lambda line: None)
+    assert all(torch.equal(net.state_dict()[key], value) for key, value in before.items())
+
+
+def test_only_whole_classifier_module_names_are_ignored(tmp_path):
+    """A classifier prefix is a module name with its dot: a file's ``fc1.weight`` (a hidden
+    layer the backbone lacks) is for another model and refused, not dropped as a classifier
+    (prefixes without their dots had passed every model test)."""
+    from kdml.models.weights import load_weights
+
+    state = dict(_randomised_state(_TinyNet()), **{"fc1.weight": torch.zeros(2, 2)})
+    torch.save(state, tmp_path / "fc1.pth")
+    with pytest.raises(KdmlError, match=r"holds 1 it does not have \(fc1\.weight\)"):
+        load_weights(_TinyNet(), tmp_path / "fc1.pth", report=lambda line: None)
+
+
+def test_batchnorm_tensors_stored_as_rows_load_as_vectors_by_value(tmp_path):
+    """Some copies of the BN-Inception file store BatchNorm tensors as [1, C]: they load as
+    [C] with the file's values (dropping them had passed every model test)."""
+    from kdml.models.weights import load_weights
+
+    state = _randomised_state(_TinyNet(), seed=6)
+    rows = {key: value[None] if key.startswith("bn1.") and value.ndim == 1 else value
+            for key, value in state.items()}
+    torch.save(rows, tmp_path / "rows.pth")
+    net = _TinyNet()
+    load_weights(net, tmp_path / "rows.pth", report=lambda line: None)
+    for key in ("bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"):
+        assert torch.equal(net.state_dict()[key], state[key])
+
+
+@pytest.mark.parametrize("key", ["bn1.running_mean", "bn1.running_var"])
+def test_a_file_without_batchnorm_statistics_is_refused(tmp_path, key):
+    """BatchNorm running statistics are part of a pretrained backbone (model.freeze_bn keeps
+    them): a file lacking one is refused, not loaded over the 0/1 initialisation (only
+    num_batches_tracked may be absent; waiving the statistics had passed every model test)."""
+    from kdml.models.weights import load_weights
+
+    state = _randomised_state(_TinyNet())
+    del state[key]
+    torch.save(state, tmp_path / "no_stats.pth")
+    with pytest.raises(KdmlError, match=rf"lacks 1 of its tensors \({re.escape(key)}\)"):
+        load_weights(_TinyNet(), tmp_path / "no_stats.pth", report=lambda line: None)
+
+
+@pytest.mark.parametrize("key", ["conv1.weight", "fc.bias"])
+def test_a_file_whose_parameter_holds_infinity_is_refused(tmp_path, key):
+    """An infinite weight (not NaN, not a BatchNorm statistic) is a damaged file: refused in one
+    line, not loaded to stop the first step (checking buffers only had passed every model
+    test)."""
+    from kdml.models.weights import load_weights
+
+    state = _randomised_state(_TinyNet())
+    state[key].view(-1)[0] = float("inf")
+    torch.save(state, tmp_path / "inf.pth")
+    with pytest.raises(KdmlError, match=rf"{re.escape(key)} holds NaN or infinite values; the "
+                                        r"file is damaged"):
+        load_weights(_TinyNet(), tmp_path / "inf.pth", report=lambda line: None)

@@ -173,3 +173,22 @@ def test_the_spread_is_the_largest_of_every_chunk():
     rows[0, 0] += 1e-7  # rounds to 1 + 2^-23
     found = collapse(rows)
     assert found.share == 1.0 and found.spread == 2.0**-23
+
+
+def test_a_collapse_partly_exact_names_both_shares():
+    """The description names how much lies exactly at the point and how far the rest is:
+    exactly, within a spread, or a share of each (even where under half is exact)."""
+    # 60 rows exactly at one point, 140 within 1e-8 of it on both sides (so the median is
+    # the point), 50 far apart
+    point = torch.full((1, 4), 0.5, dtype=torch.float64)
+    exact = point.repeat(60, 1)
+    offsets = torch.cat([-torch.linspace(1e-8, 2e-8, 70), torch.linspace(1e-8, 2e-8, 70)])
+    rounded = point + offsets[:, None].double() * torch.tensor([1.0, 0, 0, 0]).double()
+    spread = torch.rand(50, 4, generator=torch.Generator().manual_seed(0)).double() + 2.0
+    embeddings = torch.cat([exact, rounded, spread])
+    found = collapse(embeddings)
+    assert found.share == 200 / 250 and found.exact == 60 / 250
+    warning = collapse_warning(embeddings, "euclidean")
+    assert warning is not None
+    assert (f"80.0% of them lie at one point (24.0% exactly, the rest to within "
+            f"{found.spread:.1g} of its size)") in warning

@@ -270,6 +270,9 @@ def test_float_labels_must_be_whole_numbers():
                                      unseen_labels.astype(float), repeats=2)
     assert as_floats == generalization_terms(seen, seen_labels, unseen, unseen_labels,
                                              repeats=2)
+    # whole floats are integers beside integer labels too (a torch tensor's float labels)
+    assert generalization_terms(seen, seen_labels.astype(float), unseen, unseen_labels,
+                                repeats=2) == as_floats
     halves = seen_labels.astype(float)
     halves[3] = 0.5
     with pytest.raises(KdmlError, match=r"^seen_labels must be class labels \(integers or "
@@ -300,3 +303,31 @@ def test_estimate_is_the_mean_and_the_student_t_half_width_of_its_values():
     assert estimate.mean == mean
     assert estimate.ci95 == pytest.approx(3.182446305284263 * deviation / 2, rel=1e-12)
     assert estimate.values == tuple(values)
+
+
+def test_each_repeat_draws_its_own_seen_and_unseen_split(monkeypatch):
+    """The repeats are independent random splits of both sets: no two repeats of either set
+    draw the same labelled part (a repeat that re-drew one set's split from the seed would
+    score one unseen split ten times, and the 95% interval would shrink to the seen set's)."""
+    seen, seen_y, unseen, unseen_y = random_sets(30, 30, 2, seed=2, shift=0.5)
+    draws = recorded_splits(monkeypatch)
+    generalization_terms(seen, seen_y, unseen, unseen_y, repeats=6, seed=4)
+    for first in (0, 1):  # seen, unseen
+        fitted = [tuple(sorted(fit.tolist())) for fit, _, _, _ in draws[first::2]]
+        assert len(fitted) == 6
+        assert len(set(fitted)) == 6, fitted
+
+
+def test_estimate_of_one_value_is_that_value_without_an_interval_or_a_warning():
+    """One repeat has no spread to estimate: the value itself and a ``nan`` half-width, said
+    without NumPy's "Degrees of freedom <= 0" warning (a sample std of one value)."""
+    import warnings
+
+    from kdml.evaluation.estimate import Estimate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        estimate = Estimate.of([0.625])
+    assert estimate.mean == 0.625 and math.isnan(estimate.ci95)
+    assert estimate.values == (0.625,)
+    assert Estimate.of([0.25, 0.25]).ci95 == 0.0  # two equal repeats: no spread

@@ -526,6 +526,58 @@ def test_stratified_parts_need_two_samples_of_every_class_per_part():
         stratified_parts(np.array([0, 0, 0, 0, 1, 1, 1]), 2)
 
 
+def test_retrieval_over_parts_is_the_estimate_of_each_part_s_own_retrieval():
+    """Table 2's protocol: each of the parts scored alone (leave-one-out within it) by the
+    metric given, and the mean and Student-t half-width over every part (a part left out, or
+    the cosine metric replaced by the Euclidean one, changed the numbers silently)."""
+    from kdml.evaluation.estimate import Estimate
+    from kdml.evaluation.parts import retrieval_over_parts, stratified_parts
+
+    rng = np.random.default_rng(4)
+    labels = np.repeat(np.arange(3), 12)
+    # rows of very different lengths: the cosine ranking is not the Euclidean one
+    vectors = (rng.standard_normal((36, 3)) + labels[:, None]) * rng.uniform(0.1, 10, (36, 1))
+    for metric in ("cosine", "euclidean"):
+        got = retrieval_over_parts(vectors, labels, ks=(1, 2), num_parts=3, metric=metric,
+                                   seed=5)
+        per_part = [retrieval_metrics(vectors[part], labels[part], ks=(1, 2), metric=metric,
+                                      nmi=False)
+                    for part in stratified_parts(labels, 3, seed=5)]
+        for name, estimate in got.items():
+            assert estimate == Estimate.of([scores[name] for scores in per_part]), name
+        assert len(got["recall@1"].values) == 3
+    cosine = retrieval_over_parts(vectors, labels, ks=(1,), num_parts=3, metric="cosine")
+    euclidean = retrieval_over_parts(vectors, labels, ks=(1,), num_parts=3, metric="euclidean")
+    assert cosine["map@r"].values != euclidean["map@r"].values
+
+
+def test_source_nn_accuracy_leaves_unknown_targets_out_of_the_vote_accuracy():
+    """Targets labelled -1 are not scored for any k: the accuracy is over the labelled ones
+    (as scikit-learn's k-NN classifier scores them), not their count over every target."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    rng = np.random.default_rng(6)
+    source, source_y = rng.standard_normal((25, 2)), rng.integers(0, 3, 25)
+    target, target_y = rng.standard_normal((14, 2)), rng.integers(0, 3, 14)
+    target_y[[1, 4, 9]] = -1
+    labelled = target_y >= 0
+    for k in (1, 3):
+        peer = KNeighborsClassifier(n_neighbors=k).fit(source, source_y)
+        expected = np.mean(peer.predict(target[labelled]) == target_y[labelled])
+        got = source_nn_accuracy(source, source_y, target, target_y, k=k)
+        assert got == pytest.approx(expected, abs=1e-12), k
+
+
+def test_source_nn_accuracy_counts_equally_near_sources_as_their_expectation():
+    """Two equal source rows labelled 0 and 1 are a target's nearest: at k = 1 it counts half
+    right, whichever row comes first (the first row alone counted 0 or 1 by the order)."""
+    source = np.array([[0.0, 1.0], [0.0, 1.0], [5.0, 5.0]])
+    target = np.array([[0.0, 1.2], [5.0, 5.1]])
+    for source_y in ([0, 1, 2], [1, 0, 2]):
+        got = source_nn_accuracy(source, source_y, target, [0, 2], k=1)
+        assert got == pytest.approx(0.75, abs=1e-15)
+
+
 def test_retrieval_over_one_part_is_refused():
     """An interval over the parts needs two of them; one part is retrieval_metrics."""
     from kdml.evaluation.parts import retrieval_over_parts
@@ -534,3 +586,16 @@ def test_retrieval_over_one_part_is_refused():
                                         r"interval over the parts needs two\), got 1; for one "
                                         r"part use retrieval_metrics$"):
         retrieval_over_parts(np.eye(4), [0, 0, 1, 1], ks=(1,), num_parts=1)
+
+
+def test_retrieval_over_parts_refuses_labels_of_another_length():
+    """Labels shorter or longer than the vectors are refused in one line: the parts index the
+    labels, and a longer array had been dealt into parts past the last vector (an IndexError)
+    or a shorter one had scored only its first rows."""
+    from kdml.evaluation.parts import retrieval_over_parts
+
+    vectors = np.random.default_rng(0).standard_normal((16, 3))
+    for labels in (np.repeat([0, 1], 8)[:12], np.repeat([0, 1], 10)):
+        with pytest.raises(KdmlError, match=r"^labels must have shape \(16,\) to match the "
+                                            r"embeddings, got \(\d+,\)"):
+            retrieval_over_parts(vectors, labels, ks=(1,), num_parts=2)
