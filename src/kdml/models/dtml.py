@@ -37,7 +37,8 @@ class DTMLNetwork(nn.Module):
 
     ``init="identity"`` (default, as the authors do) puts ones on the diagonal of every
     (possibly rectangular) :math:`W^{(m)}` and zeros elsewhere and in :math:`b^{(m)}`, so the
-    untrained network computes :math:`\varphi` of the first :math:`\min(p)` input coordinates;
+    untrained network applies :math:`\varphi` M times to the first :math:`\min(p)` input
+    coordinates (:math:`\tanh(\tanh(x))` for two layers);
     ``init="standard"`` keeps PyTorch's default ``nn.Linear`` initialisation.
 
     Args:
