@@ -225,7 +225,8 @@ def _config():
 @pytest.mark.parametrize("setting", ["train.epochs", "train.device", "data.num_workers",
                                      "eval.embed_batch_size", "data.on_bad_image",
                                      "train.compile", "train.eval_every",
-                                     "train.flush_denormal", "data.root", "model.weights"])
+                                     "train.flush_denormal", "data.root", "model.weights",
+                                     "train.sharded_kernels", "model.sync_bn"])
 def test_each_setting_the_docs_name_resumable_may_change(setting):
     from kdml.training.resume_settings import changed_settings
 
@@ -685,3 +686,43 @@ def test_the_folder_said_is_the_one_holding_every_part():
                                 for path in dataset.paths.tolist()])
     recorded = data_fingerprint(make_splits(dataset, {}, "class-disjoint"))
     assert recorded["folder"] == "/data/sets" and set(recorded["parts"]) == {"train", "test"}
+
+
+def test_a_setting_an_old_checkpoint_lacks_is_compared_with_the_value_it_trained_with():
+    """A checkpoint trained before kdml had ``method.joint_views`` or ``data.validation`` lacks
+    the key, but its run computed with a known value (ADDED_BEFORE_FORMAT): the line added to
+    its config.yaml (``joint_views: false``, ``validation: 0.2``) had been skipped as a
+    setting the checkpoint does not have, and --resume went on with the other computation
+    (another split) without a word."""
+    from kdml.config import RunConfig
+    from kdml.training.recipes.atlas import MSimCLRParams
+    from kdml.training.resume_settings import changed_settings
+
+    config = RunConfig(recipe="msimclr", method=MSimCLRParams())
+    trained = config.to_dict()
+    for section, key in (("method", "joint_views"), ("data", "validation"),
+                         ("train", "keep_best")):
+        del trained[section][key]  # a checkpoint from before these settings
+    config.method.joint_views = True  # what those runs computed with: not an edit
+    assert changed_settings(trained, config) == []
+    config.method.joint_views = False
+    config.data.validation = 0.2
+    assert changed_settings(trained, config) == ["data.validation 0.0 -> 0.2",
+                                                 "method.joint_views True -> False"]
+    config.data.validation = 0.0
+    config.train.flush_denormal = True  # resumable, known or not
+    del trained["train"]["flush_denormal"]
+    assert changed_settings(trained, config) == ["method.joint_views True -> False"]
+
+
+def test_a_weights_change_of_a_recipe_kdml_no_longer_has_is_left_to_the_recipe_check():
+    """Whether the inputs follow model.weights is asked of the recipe; one kdml no longer has
+    is refused by the recipe check, so its dropped weights file is no change of its own (a
+    mutation audit: answering "follows" there had passed every test)."""
+    from kdml.config import RunConfig
+    from kdml.training.resume_settings import changed_settings
+
+    config = RunConfig(recipe="a-recipe-kdml-removed")
+    trained = config.to_dict()
+    trained["model"]["weights"] = "/old/place/resnet.pth"
+    assert changed_settings(trained, config) == []

@@ -212,3 +212,53 @@ def test_the_list_and_float_settings_of_a_recipe_s_params_check_their_types():
     weights = JRDParams(alpha=np.float32(0.5))
     weights.validate()
     assert type(weights.alpha) is float and weights.alpha == 0.5
+
+
+def test_a_zero_dim_cpu_setting_goes_with_inputs_on_any_device_and_others_are_refused():
+    """torch combines a 0-dim CPU tensor with any device's, so a learned scale kept on the CPU
+    is taken beside inputs elsewhere; a 1-element CPU tensor is not (a mutation audit:
+    refusing both had passed every test)."""
+    from kdml.checks import check_setting_device
+
+    inputs = torch.zeros(4, 2, device="meta")
+    check_setting_device("Loss", "scale", torch.tensor(2.0), inputs, "embeddings")
+    with pytest.raises(KdmlError, match=r"^Loss got a scale on cpu and embeddings on meta; "
+                                        r"move the scale to meta$"):
+        check_setting_device("Loss", "scale", torch.tensor([2.0]), inputs, "embeddings")
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 0.5])
+def test_an_infinite_float_label_is_no_whole_number(bad):
+    """``inf == inf.round()``: without the finiteness check an infinite label passed as whole
+    and ``.long()`` made it -9223372036854775808, a class of its own (a mutation audit)."""
+    from kdml.checks import whole_number_labels
+
+    with pytest.raises(KdmlError, match=r"^Table: labels must be whole numbers \(class "
+                                        r"indices\), got "):
+        whole_number_labels("Table", torch.tensor([0.0, 1.0, bad]))
+    assert whole_number_labels("Table", np.array([0.0, 2.0])).tolist() == [0, 2]
+
+
+def test_labels_of_two_dimensions_are_refused_naming_their_shape():
+    """[N, 1] labels (a table's column kept 2-D) had given 2-D index tensors; they are refused
+    in one line (a mutation audit: dropping the check had passed every test here)."""
+    from kdml.checks import check_label_vector
+
+    check_label_vector("Sampler", torch.tensor([0, 1, 1]))
+    with pytest.raises(KdmlError, match=re.escape("Sampler: labels must be [N], one per sample, "
+                                                  "got shape (3, 1)")):
+        check_label_vector("Sampler", torch.tensor([[0], [1], [1]]))
+
+
+def test_check_params_validates_the_params_it_takes():
+    """check_params refuses another type and then runs the params' own checks: a negative
+    margin built by a library user is refused there (a mutation audit: skipping the
+    validation had passed every test)."""
+    from kdml.checks import check_params
+    from kdml.training.recipes.atlas import TripletParams
+
+    check_params("Triplet", TripletParams(margin=0.5), TripletParams)
+    with pytest.raises(KdmlError, match="method.margin must be >= 0"):
+        check_params("Triplet", TripletParams(margin=-1.0), TripletParams)
+    with pytest.raises(KdmlError, match="params must be a TripletParams instance, got a dict"):
+        check_params("Triplet", {"margin": 0.5}, TripletParams)

@@ -385,3 +385,51 @@ def test_unmatched_quotes_in_an_override_are_kept_as_written(quoted):
     """Only a matched pair of quotes is YAML's string: data.root='photos" keeps its text (it had
     become photos, with no test to tell)."""
     assert resolve(f"data.root={quoted}").data.root == quoted
+
+
+def test_an_override_s_value_may_hold_an_equals_sign():
+    """An override is split at its first ``=``: the rest, ``=`` included, is the value (a
+    split at the last had read ``data.root=a=b`` as the key ``data.root=a``)."""
+    assert resolve("data.root=runs/lr=0.1").data.root == "runs/lr=0.1"
+    assert resolve("eval.ks=[1, 2]", "method.margin=0.25").method.margin == 0.25
+
+
+def test_a_boolean_for_a_number_setting_says_to_write_a_number():
+    """``lr: yes`` reads as True in YAML 1.1: the refusal says what to write instead."""
+    with pytest.raises(KdmlError, match=re.escape(
+            "optim.lr=True has the wrong type; expected float: write a number, e.g. 0.5")):
+        resolve(file_values={"optim": {"lr": True}})
+
+
+def test_check_fields_stores_a_numpy_number_as_its_python_number():
+    """A library user's NumPy numbers (a loop over ``np.arange``) become the Python numbers
+    the params' docstring promises, in the params themselves (a check that only read them had
+    passed every test)."""
+    import numpy as np
+
+    from kdml.config import check_fields
+    from kdml.training.recipes.atlas import TripletParams
+
+    params = TripletParams(dim=np.int64(3), margin=np.float32(0.25))
+    check_fields(params)
+    assert (type(params.dim), type(params.margin)) == (int, float)
+    assert (params.dim, params.margin) == (3, 0.25)
+    params = TripletParams(dim=3, margin=1)  # an int for a float setting: a float
+    check_fields(params)
+    assert type(params.margin) is float
+
+
+def test_to_dict_gives_the_numpy_numbers_of_a_list_setting_as_python_ones():
+    """``eval.ks = list(np.arange(1, 3))`` set from Python: each item becomes its Python
+    number, which YAML can write (a mutation audit: leaving lists as they were passed every
+    test, and safe_dump refused the run's config.yaml)."""
+    import numpy as np
+    import yaml
+
+    config = resolve()
+    config.eval.ks = list(np.arange(1, 3))
+    config.optim.lr_milestones = (np.int64(2), 5)
+    values = config.to_dict()
+    assert values["eval"]["ks"] == [1, 2] and type(values["eval"]["ks"][0]) is int
+    assert type(values["optim"]["lr_milestones"][0]) is int
+    yaml.safe_dump(values)

@@ -233,3 +233,21 @@ def test_eval_of_a_run_whose_config_yaml_lost_a_line_is_refused(one_epoch_run, t
     assert err.startswith(f"kdml: error: {run / 'config.yaml'} has no eval.nmi, which kdml "
                           "wrote there") and "\n" not in err
     assert not (run / "eval.json").exists()
+
+
+def test_a_format_1_config_that_lacks_a_setting_added_before_the_format_line_deleted_it():
+    """ADDED_BEFORE_FORMAT fills only a file from before the format line (format 0): a
+    config.yaml of format 1 held every setting, so one of those it lacks was deleted and is
+    refused, not read as the value older runs computed with (a mutation audit: filling it for
+    format 1 too had passed every test)."""
+    from kdml.config import RunConfig, missing_settings
+    from kdml.training.recipes.atlas import MSimCLRParams
+
+    config = RunConfig(recipe="msimclr", method=MSimCLRParams())
+    values = config.to_dict()
+    del values["data"]["validation"]
+    del values["method"]["joint_views"]
+    assert missing_settings(config, values, 1) == (["data.validation", "method.joint_views"],
+                                                   {})
+    assert missing_settings(config, values, 0) == (
+        [], {"data.validation": 0.0, "method.joint_views": True})

@@ -20,13 +20,19 @@ change, since they change where or how fast the same run trains, or how long:
   and ``model.weights``: the data moved (``data.json`` still checks it is the run's), and the
   checkpoint holds the weights. For the SimCLR recipes only from one file to another: given
   or not, ``model.weights`` decides their inputs' normalisation.
+- ``train.sharded_kernels``, ``model.sync_bn``: how several processes compute what one
+  computes alone (a run resumed in one process, or on a CPU, drops them).
+
+A setting added to kdml since a checkpoint was written is missing from its config; where kdml
+knows the value such runs computed with (``kdml.config.ADDED_BEFORE_FORMAT``,
+``ADDED_IN_FORMAT``), a change from it is refused as any edit is.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kdml.config import RunConfig
+from kdml.config import ADDED_BEFORE_FORMAT, ADDED_IN_FORMAT, RunConfig
 from kdml.data.registry import PATH_FORMATS
 from kdml.errors import KdmlError
 
@@ -37,13 +43,19 @@ RESUMABLE = frozenset({"train.epochs", "train.device", "data.num_workers",
                        # how several processes compute what one computes alone, so a run
                        # resumed in one process (or on a CPU) drops them, as its refusal says
                        "train.sharded_kernels", "model.sync_bn"})
+# The value a checkpoint trained before kdml had a setting computed with, for each setting
+# added since kdml wrote checkpoints: its config lacks the key, but not the value.
+TRAINED_BEFORE_ADDED: dict[str, Any] = {
+    **ADDED_BEFORE_FORMAT, **{key: value for key, (_, value) in ADDED_IN_FORMAT.items()}}
 
 
 def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
     """The settings of ``config`` (the run's ``config.yaml`` now) that differ from those the
     checkpoint was trained with (``trained``, its ``config``), as ``"optim.lr 0.001 -> 0.1"``,
     leaving out :data:`RESUMABLE` and settings one of the two does not have (added to kdml
-    since, or removed)."""
+    since, or removed), but for a setting added since whose value the checkpoint's run
+    computed with is known (:data:`TRAINED_BEFORE_ADDED`): ``joint_views: false`` added to an
+    old run's config.yaml had resumed it with the other computation without a word."""
     now = config.to_dict()
     changes = []
     if trained.get("recipe", config.recipe) != config.recipe:
@@ -51,6 +63,7 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
     for section, values in trained.items():
         if not isinstance(values, dict) or not isinstance(now.get(section), dict):
             continue
+        values = {**_known_before(section, values, now[section]), **values}
         for key, before in values.items():
             name = f"{section}.{key}"
             if name in RESUMABLE or key not in now[section]:
@@ -72,6 +85,15 @@ def changed_settings(trained: dict[str, Any], config: RunConfig) -> list[str]:
                        f"{config.recipe} feeds its backbone the backbone's own normalisation, "
                        "without them the [0, 1] images)")
     return changes
+
+
+def _known_before(section: str, trained: dict[str, Any],
+                  now: dict[str, Any]) -> dict[str, Any]:
+    """The settings of ``section`` that a checkpoint's ``trained`` values lack, as the
+    settings ``now`` has them, each with the value it trained with where kdml knows it
+    (:data:`TRAINED_BEFORE_ADDED`: the checkpoint is older than the setting)."""
+    return {key: TRAINED_BEFORE_ADDED[f"{section}.{key}"] for key in now
+            if key not in trained and f"{section}.{key}" in TRAINED_BEFORE_ADDED}
 
 
 def _inputs_follow_weights(recipe: str) -> bool:

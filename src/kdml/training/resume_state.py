@@ -37,8 +37,8 @@ def resumed_state(run: RunFolder, config: RunConfig) -> dict[str, Any] | None:
     # have refused it as other data, and deleting data.json as told led to the restore's
     # "another run's checkpoint"
     if isinstance(trained.get("data"), dict) and "dataset" in trained["data"]:
-        refuse_edited_settings(
-            changed_settings({"data": {"dataset": trained["data"]["dataset"]}}, config), run)
+        refuse_edited_settings([change for change in changed_settings(trained, config)
+                                if change.startswith("data.dataset ")], run)
     sizing = {key: value for key, value in trained.items() if key not in UNSIZING_SECTIONS}
     if changed_settings(sizing, config):
         return state
