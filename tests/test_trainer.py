@@ -319,6 +319,30 @@ def test_resume_names_another_dataset_as_an_edit_before_reading_it(tmp_path, cap
         "'mnist5k'; --resume continues")
 
 
+@pytest.mark.parametrize(("before", "after", "change"), [
+    ("validation: 0.0", "validation: 0.4", "data.validation 0.0 -> 0.4"),
+    ("split: standard", "split: seen-holdout", "data.split 'standard' -> 'seen-holdout'")])
+def test_resume_names_an_edited_split_as_an_edit_before_reading_the_data(
+        tmp_path, capsys, monkeypatch, before, after, change):
+    """data.validation or data.split edited: refused as other data, whose remedy (delete
+    data.json) then met the edit's refusal; now the edit is named before the data is read."""
+    from kdml.training import trainer
+
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
+    assert f"  {before}\n" in config.read_text()
+    config.write_text(config.read_text().replace(f"  {before}\n", f"  {after}\n"))
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read before the edit was refused")
+
+    monkeypatch.setattr(trainer, "prepare_data_and_test_part", no_data)
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"kdml: error: {config} was edited since its checkpoint: {change}; --resume continues")
+
+
 def test_resume_of_a_config_leaving_eval_ks_to_the_data_is_not_refused(tmp_path):
     """A config whose eval.ks is empty (kdml reproduce's and a grid's, resumed) gets the
     data's Ks from Session.build: the checkpoint's, so the check before the data is read

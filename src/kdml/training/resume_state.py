@@ -17,6 +17,12 @@ from kdml.training.run_folder import RunFolder
 # The config sections whose settings cannot size the model or name another run's checkpoint:
 # an edit confined to them is refused before the data is read (resumed_state).
 UNSIZING_SECTIONS = ("optim", "train", "eval")
+# The settings that choose which samples make the run's parts: an edit of one is an edit
+# whatever the checkpoint, refused before the data is read (the data's check had refused it
+# as other data, "or delete data.json to use this data anyway", which then led to another
+# refusal)
+PART_SETTINGS = ("data.dataset", "data.split", "data.train_classes", "data.holdout_fraction",
+                 "data.validation")
 
 
 def resumed_state(run: RunFolder, config: RunConfig) -> dict[str, Any] | None:
@@ -28,17 +34,19 @@ def resumed_state(run: RunFolder, config: RunConfig) -> dict[str, Any] | None:
     so that :meth:`~kdml.training.trainer.Session.restore` names it as such, and where it
     loads, the trainer's check after it names the edit. Otherwise the edits, in
     :data:`UNSIZING_SECTIONS` only (optim.lr, say), are refused here, as is another
-    ``data.dataset`` (not a moved path) whatever else differs. ``eval.ks`` left empty is filled
+    ``data.dataset`` (not a moved path) or split (:data:`PART_SETTINGS`) whatever else
+    differs. ``eval.ks`` left empty is filled
     from the data by :meth:`~kdml.training.trainer.Session.build`, so it is compared after
     it."""
     state = _checkpoint_to_resume(run)
     trained = (state or {}).get("config") or {}
-    # another dataset is an edit whatever the checkpoint: read first, the data's check would
-    # have refused it as other data, and deleting data.json as told led to the restore's
-    # "another run's checkpoint"
+    # another dataset or split is an edit whatever the checkpoint: read first, the data's
+    # check would have refused it as other data, and deleting data.json as told led to the
+    # restore's "another run's checkpoint" (or the trainer's check of the edit)
     if isinstance(trained.get("data"), dict) and "dataset" in trained["data"]:
         refuse_edited_settings([change for change in changed_settings(trained, config)
-                                if change.startswith("data.dataset ")], run)
+                                if change.startswith(tuple(f"{name} " for name in
+                                                           PART_SETTINGS))], run)
     sizing = {key: value for key, value in trained.items() if key not in UNSIZING_SECTIONS}
     if changed_settings(sizing, config):
         return state
