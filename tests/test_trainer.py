@@ -298,34 +298,15 @@ def test_resume_refuses_an_edited_config_before_reading_the_data(tmp_path, capsy
     assert not (run / "data.json").exists()
 
 
-def test_resume_names_another_dataset_as_an_edit_before_reading_it(tmp_path, capsys,
-                                                                   monkeypatch):
-    """data.dataset edited to another dataset was refused as other data ("or delete data.json
-    to use this data anyway"), and deleting data.json led to "another run's checkpoint"."""
-    from kdml.training import trainer
-
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
-    run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
-    config.write_text(config.read_text().replace("dataset: digits", "dataset: mnist5k"))
-
-    def no_data(*args, **kwargs):
-        raise AssertionError("the data was read before the edit was refused")
-
-    monkeypatch.setattr(trainer, "prepare_data_and_test_part", no_data)
-    capsys.readouterr()
-    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
-    assert capsys.readouterr().err.startswith(
-        f"kdml: error: {config} was edited since its checkpoint: data.dataset 'digits' -> "
-        "'mnist5k'; --resume continues")
-
-
 @pytest.mark.parametrize(("before", "after", "change"), [
+    ("dataset: digits", "dataset: mnist5k", "data.dataset 'digits' -> 'mnist5k'"),
     ("validation: 0.0", "validation: 0.4", "data.validation 0.0 -> 0.4"),
     ("split: standard", "split: seen-holdout", "data.split 'standard' -> 'seen-holdout'")])
-def test_resume_names_an_edited_split_as_an_edit_before_reading_the_data(
+def test_resume_names_another_dataset_or_split_as_an_edit_before_reading_the_data(
         tmp_path, capsys, monkeypatch, before, after, change):
-    """data.validation or data.split edited: refused as other data, whose remedy (delete
-    data.json) then met the edit's refusal; now the edit is named before the data is read."""
+    """data.dataset, data.validation or data.split edited: refused as other data ("or delete
+    data.json to use this data anyway"), and deleting data.json led to "another run's
+    checkpoint" or the edit's refusal; now the edit is named before the data is read."""
     from kdml.training import trainer
 
     train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
