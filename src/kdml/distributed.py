@@ -250,10 +250,8 @@ def from_main(function: Callable[[], T]) -> T:
     if world().is_main:
         try:
             outcome = ("ok", function())
-        except KdmlError as error:
-            outcome = ("error", error)
-        except OSError as error:
-            if error.filename is None:  # not about a path: a bug's, whose traceback is kept
+        except (KdmlError, OSError) as error:
+            if not _said_in_a_line(error):
                 raise
             outcome = ("error", error)
     kind, value = broadcast(outcome)  # the other ranks' placeholder is replaced by rank 0's
@@ -281,12 +279,10 @@ def agreed(function: Callable[[], T]) -> T:
     value: T | None = None
     try:
         value = function()
-    except KdmlError as raised:
-        error = raised
-    except OSError as raised:
-        if raised.filename is None:  # not about a path: a bug's, whose traceback is kept
+    except (KdmlError, OSError) as raised:
+        if not _said_in_a_line(raised):
             raise
-        error = raised  # the CLI says a file's error in one line: so does rank 0
+        error = raised
     messages: list[str | None] = [None] * world().size
     dist.all_gather_object(messages, None if error is None else _said(error))
     failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
@@ -298,6 +294,12 @@ def agreed(function: Callable[[], T]) -> T:
         raise error
     rank, message = failed[0]
     raise KdmlError(f"rank {rank}: {message}")
+
+
+def _said_in_a_line(error: KdmlError | OSError) -> bool:
+    """Whether the CLI says ``error`` in one line: a KdmlError, or an OSError about a file (a
+    full disk, no permission); one not about a path is a bug's, whose traceback is kept."""
+    return isinstance(error, KdmlError) or error.filename is not None
 
 
 def _said(error: KdmlError | OSError) -> str:
@@ -318,10 +320,18 @@ def barrier() -> None:
 MAIN_SAYS_WITHIN_S = 30.0
 
 
-def _said_key() -> str:
-    """The store key rank 0 sets once it has said how the command ended: one per attempt of
-    the job (torchrun's store outlives a restart)."""
-    return f"kdml/rank-0-has-said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+def _store() -> dist.Store:
+    """The process group's key-value store (torchrun's rendezvous store), which torch gives
+    only through a private, long-standing accessor."""
+    return dist.distributed_c10d._get_default_store()
+
+
+def _store_key(kind: str, *parts: object) -> str:
+    """A key of this attempt of the job on :func:`_store` (torchrun's store outlives a
+    restart): ``rank-0-has-said``, set once rank 0 has said how the command ended, or
+    ``rank-stopped``/RANK, the error RANK stopped on alone."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "/".join(["kdml", kind, attempt, *map(str, parts)])
 
 
 def _wait_for_main(quiet: bool, within_s: float) -> None:
@@ -331,19 +341,14 @@ def _wait_for_main(quiet: bool, within_s: float) -> None:
     once one has failed, does not stop rank 0 before its line (it had, where rank 0's plots
     took longer than the quiet rank's exit). Rank 0 gone (its store with it, where it held
     it), or too slow: go on stopping."""
-    store = dist.distributed_c10d._get_default_store()
+    store = _store()
     try:
         if world().is_main:
-            store.set(_said_key(), "1")
+            store.set(_store_key("rank-0-has-said"), "1")
         elif quiet:
-            store.wait([_said_key()], timedelta(seconds=within_s))
+            store.wait([_store_key("rank-0-has-said")], timedelta(seconds=within_s))
     except RuntimeError:  # torch's DistStoreError (timed out) or DistNetworkError (gone)
         pass
-
-
-def _own_stop_key(rank: int) -> str:
-    """The store key where ``rank`` leaves the error it stopped on alone (this attempt's)."""
-    return f"kdml/rank-stopped/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
 
 
 def tell_main(message: str) -> None:
@@ -355,7 +360,7 @@ def tell_main(message: str) -> None:
     if not (dist.is_available() and dist.is_initialized()) or world().rank == 0:
         return
     with contextlib.suppress(RuntimeError):  # the store is gone: its output alone says it
-        dist.distributed_c10d._get_default_store().set(_own_stop_key(world().rank), message)
+        _store().set(_store_key("rank-stopped", world().rank), message)
 
 
 def stopped_ranks() -> list[str]:
@@ -364,12 +369,13 @@ def stopped_ranks() -> list[str]:
     gone."""
     if not (dist.is_available() and dist.is_initialized()) or not world().is_distributed:
         return []
-    store = dist.distributed_c10d._get_default_store()
+    store = _store()
     said = []
     try:
         for rank in range(1, world().size):
-            if store.check([_own_stop_key(rank)]):
-                message = store.get(_own_stop_key(rank)).decode(errors="replace")
+            key = _store_key("rank-stopped", rank)
+            if store.check([key]):
+                message = store.get(key).decode(errors="replace")
                 said.append(f"rank {rank}: {message}")
     except RuntimeError:  # the store is gone (it was a rank's that stopped)
         pass
