@@ -239,6 +239,47 @@ def test_an_infinite_float_label_is_no_whole_number(bad):
     assert whole_number_labels("Table", np.array([0.0, 2.0])).tolist() == [0, 2]
 
 
+@pytest.mark.parametrize(("labels", "shown"), [
+    ([1e20, 2e20], "1e+20"), ([0.0, 2.0 ** 63], "9.223372036854776e+18"),
+    (np.array([3.0, -1e19]), "-1e+19"), (torch.tensor([1e20, 2e20], dtype=torch.float64), "1e+20"),
+    (np.array([2 ** 63, 1], dtype=np.uint64), "9223372036854775808")])
+def test_labels_beyond_int64_are_refused_naming_the_first(labels, shown):
+    """Whole floats beyond int64 (and uint64 past its top) had become -2**63 in ``.long()``:
+    1e20 and 2e20 one class, silently; -2**63 itself, within the range, is kept exactly."""
+    from kdml.checks import whole_number_labels
+    from kdml.data.dataset import ArrayDataset
+
+    with pytest.raises(KdmlError, match=re.escape(
+            f"Table: labels must be class indices within int64's range (|label| < 2**63), got "
+            f"{shown}; map the classes to 0..C-1 first")):
+        whole_number_labels("Table", labels)
+    with pytest.raises(KdmlError, match=r"^toy: labels must be class indices within int64"):
+        ArrayDataset("toy", "toy", torch.zeros(2, 3), labels)
+    assert whole_number_labels("Table", [-2.0 ** 63, 2.0 ** 62]).tolist() == [-2 ** 63, 2 ** 62]
+
+
+def test_a_list_of_float_labels_keeps_float64_precision():
+    """torch.as_tensor makes a list of Python floats float32, in which 16777217.0 is
+    16777216.0: two labels had become one class."""
+    from kdml.checks import whole_number_labels
+
+    assert whole_number_labels("Table", [16777216.0, 16777217.0]).tolist() == [16777216,
+                                                                                16777217]
+
+
+def test_generalization_refuses_float_labels_beyond_int64():
+    """The cast of 1e20 and 2e20 to int64 made both -2**63, one seen class, with NumPy's
+    RuntimeWarning alone."""
+    from kdml.evaluation.generalization import generalization_terms
+
+    points = np.random.default_rng(0).normal(size=(20, 2))
+    with pytest.raises(KdmlError, match=re.escape(
+            "seen_labels must be class labels within int64's range (|label| < 2**63), got "
+            "1e+20;")):
+        generalization_terms(points, np.r_[np.full(10, 1e20), np.full(10, 2e20)], points,
+                             np.arange(20) % 2 + 5, repeats=2)
+
+
 def test_labels_of_two_dimensions_are_refused_naming_their_shape():
     """[N, 1] labels (a table's column kept 2-D) had given 2-D index tensors; they are refused
     in one line (a mutation audit: dropping the check had passed every test here)."""

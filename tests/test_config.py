@@ -54,6 +54,24 @@ def test_a_key_in_other_case_is_suggested_in_kdml_s(item, nearest):
         resolve(item)
 
 
+@pytest.mark.parametrize(("item", "hint"), [
+    ("DOMAIN.beta=1", "did you mean 'domain.beta'?"),
+    ("Method.beta=1", "did you mean 'method.beta'?"),
+    ("BETA=1", "did you mean 'domain.beta' or 'method.beta'?"),
+    ("train.LR=0.1", "did you mean 'optim.lr'?"),
+    ("DOMAIN=1", "did you mean 'domain.beta'?"),
+])
+def test_a_key_in_other_case_names_the_one_setting_it_differs_from_in_case(item, hint):
+    """dtml has domain.beta and method.beta: DOMAIN.beta had been guessed as either ("did you
+    mean 'domain.beta' or 'method.beta'?"), BETA as 'beta' (refused next as ambiguous);
+    train.LR as 'train.seed', and a section in other case (DOMAIN) had no guess."""
+    from kdml.training.recipes import get_recipe
+
+    recipe = get_recipe("dtml")
+    with pytest.raises(KdmlError, match=f"; {re.escape(hint)}$"):
+        resolve_config("dtml", recipe.params, recipe.defaults, None, [item])
+
+
 def test_an_empty_section_of_a_file_is_named_as_such():
     """`train:` with its keys commented out is null in YAML: the refusal had said "'train' is a
     section, not a setting; set one of its keys, e.g. train.epochs=VALUE", an override's

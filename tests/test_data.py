@@ -1219,6 +1219,58 @@ def test_library_split_and_batch_inputs_out_of_range_are_refused_in_one_line():
             ShuffledBatches(count, 0, seed=0)
 
 
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: TargetBatches(2.5, [2], seed=0),
+     "TargetBatches: num_target must be a whole number of samples, got 2.5"),
+    (lambda: TargetBatches(True, [2], seed=0),
+     "TargetBatches: num_target must be a whole number of samples, got True"),
+    (lambda: TargetBatches(5, [-1], seed=0),
+     "TargetBatches: batch_sizes must be a list of positive integers, got [-1]"),
+    (lambda: TargetBatches(5, [2.5], seed=0),
+     "TargetBatches: batch_sizes must be a list of positive integers, got [2.5]"),
+    (lambda: TargetBatches(5, 3, seed=0),
+     "TargetBatches: batch_sizes must be a list of positive integers, got 3"),
+    (lambda: ShuffledBatches(10, False, seed=0),
+     "ShuffledBatches: batch_size must be a whole number of samples (0 for all of them), "
+     "got False"),
+    (lambda: RankShare(ShuffledBatches(12, 6, seed=0), rank=0, world=0),
+     "RankShare: world must be a positive integer (the number of processes), got 0"),
+    (lambda: RankShare(ShuffledBatches(12, 6, seed=0), rank=2, world=2),
+     "RankShare: rank must be an integer from 0 to world - 1 = 1, got 2"),
+    (lambda: RankShare(ShuffledBatches(12, 6, seed=0), rank=-1, world=2),
+     "RankShare: rank must be an integer from 0 to world - 1 = 1, got -1"),
+    (lambda: seen_holdout_split(torch.arange(8) % 2, "0.2"),
+     "holdout_fraction must be in (0, 1), got '0.2'"),
+    (lambda: seen_holdout_split(torch.arange(8) % 2, 0.2, seed=1.5),
+     "seen_holdout_split: seed must be an integer of at least 0, got 1.5"),
+    (lambda: seen_holdout_split(torch.arange(8) % 2, 0.2, seed=-1),
+     "seen_holdout_split: seed must be an integer of at least 0, got -1"),
+    (lambda: validation_split(torch.arange(8) % 4, "0.5", False),
+     "data.validation must be a share in (0, 1), got '0.5'"),
+    (lambda: class_disjoint_split(torch.arange(8) % 4, "2"),
+     "train_classes must be a fraction in (0, 1) or a class count, got '2'"),
+])
+def test_library_samplers_and_splits_refuse_what_is_no_count_or_share_in_one_line(build,
+                                                                                  message):
+    """Python's TypeError, torch's RuntimeError or a ZeroDivisionError had been all they said,
+    and some took the value: a target batch size of -1 drew all but one sample
+    (``randperm(n)[:-1]``), a rank past the world drew empty shares, False was a batch size
+    of 0 (every sample) and a seed of -1 seeded torch."""
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}$"):
+        build()
+
+
+@pytest.mark.parametrize("fraction", [np.float32(0.7), np.float16(0.7), np.float64(0.7)])
+def test_a_numpy_fraction_of_the_classes_is_the_fraction_written(fraction):
+    """np.float32(0.5) had been refused as "a fraction in (0, 1) ... got 0.5"; taken, a float32
+    0.7 (0.69999999) must still train on 7 of 10 classes, as 0.7 does."""
+    labels = torch.arange(20) % 10
+    train, test = class_disjoint_split(labels, fraction)
+    expected = class_disjoint_split(labels, 0.7)
+    assert torch.equal(train, expected[0]) and torch.equal(test, expected[1])
+    assert labels[train].unique().tolist() == list(range(7))
+
+
 @pytest.mark.parametrize(("mean", "std", "message"), [
     ((0.5, 0.5, 0.5), (), "one standard deviation per mean, got 3 means and 0"),
     ((0.5,), (0.0,), r"standard deviations must be > 0, got \(0\.0,\)"),

@@ -85,15 +85,24 @@ def test_few_fitted_samples_are_not_refused():
 # ----------------------------------------------------------------- the command line
 
 
+class LabelledPart(list):
+    """A stand-in for a dataset: its samples and their ``labels``."""
+
+    labels: torch.Tensor
+
+
 def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
-             sizes: tuple[int, int] = (2000, 300)) -> list[str]:
+             sizes: tuple[int, int] = (2000, 300), unlabelled: int = 0) -> list[str]:
     """A loaded run of the given kind, whose analysis returns fixed terms; returns the
-    command line that analyses it."""
+    command line that analyses it. Its test part has ``sizes[1]`` labelled samples and
+    ``unlabelled`` more of label -1 (a domain pair's target)."""
+    test = LabelledPart(range(sizes[1] + unlabelled))
+    test.labels = torch.cat([torch.arange(sizes[1]) % 5 + 10, torch.full((unlabelled,), -1)])
     run = SimpleNamespace(
         method=SimpleNamespace(has_charts=has_charts),
         config=SimpleNamespace(eval=SimpleNamespace(metric=metric)),
-        splits=SimpleNamespace(train=range(sizes[0]), test=range(sizes[1]), validation=False,
-                               test_parts=[range(sizes[1])]))
+        splits=SimpleNamespace(train=range(sizes[0]), test=test, validation=False,
+                               test_parts=[test]))
     estimate = Estimate.of([0.5, 0.5])
 
     def analyze(trained, settings):
@@ -139,6 +148,28 @@ def test_the_command_refuses_the_fraction_before_embedding(monkeypatch, tmp_path
     assert err == ("kdml: error: --labelled-fraction 0.999 leaves the unseen set 299 fitted "
                    "and 1 scored of its 300 samples; each set needs at least 5 scored: use a "
                    "--labelled-fraction of at most 0.983")
+
+
+@pytest.mark.parametrize(("labelled", "fraction", "expected"), [
+    (4, "0.5", "the unseen set has 4 samples; the analysis needs at least 6 in each set "
+               "(1 fitted, 5 scored)"),
+    (10, "0.6", "--labelled-fraction 0.6 leaves the unseen set 6 fitted and 4 scored of its 10 "
+                "samples; each set needs at least 5 scored: use a --labelled-fraction of at "
+                "most 0.5")])
+def test_the_command_counts_the_labelled_unseen_samples_before_embedding(
+        monkeypatch, tmp_path, capsys, labelled, fraction, expected):
+    """A domain pair's unlabelled target samples (-1), which the analysis leaves out, had been
+    counted by the check before embedding: a few labelled among 100 unlabelled passed it, and
+    were refused only once both sets were embedded (minutes on a large target)."""
+    command = fake_run(monkeypatch, tmp_path, False, "euclidean", (2000, labelled),
+                       unlabelled=100)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the embedding started before the refusal")
+
+    monkeypatch.setattr(analysis, "analyze_generalization", no_work)
+    assert cli.main([*command, "--labelled-fraction", fraction]) == 2
+    assert capsys.readouterr().err.strip() == f"kdml: error: {expected}"
 
 
 @pytest.mark.slow

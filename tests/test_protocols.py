@@ -4,6 +4,7 @@ computations and brute-force references."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -524,6 +525,28 @@ def test_stratified_parts_need_two_samples_of_every_class_per_part():
     with pytest.raises(KdmlError, match=r"^1 test classes have fewer than 4 samples \(e\.g\. "
                                         r"class 1\), too few for 2 parts"):
         stratified_parts(np.array([0, 0, 0, 0, 1, 1, 1]), 2)
+
+
+@pytest.mark.parametrize(("labels", "num_parts", "message"), [
+    ([0, 0, 1, 1], 2.5, "the number of test parts must be an integer of at least 1, got 2.5"),
+    ([0, 0, 1, 1], True, "the number of test parts must be an integer of at least 1, got True"),
+    ([0, 0, 1, 1], "2", "the number of test parts must be an integer of at least 1, got '2'"),
+    ([0, 0, 1, 1], 0, "the number of test parts must be an integer of at least 1, got 0"),
+    ([[0, 0], [1, 1], [0, 0], [1, 1]], 1,
+     "labels must be [N], one per sample, at least one, got shape (4, 2)"),
+    ([], 1, "labels must be [N], one per sample, at least one, got shape (0,)"),
+    ([0, 0, 0, 0, np.nan, np.nan, np.nan, np.nan], 2,
+     "labels hold NaN, which is no class; give every sample a class"),
+])
+def test_stratified_parts_refuse_what_is_no_part_count_or_label_vector(labels, num_parts,
+                                                                       message):
+    """2.5 parts had raised Python's TypeError and True made one part; 2-D labels gave
+    positions past N (8 of 4 rows), empty ones NumPy's ValueError, and NaN labels (equal to
+    nothing) had been left out of every part, silently."""
+    from kdml.evaluation.parts import stratified_parts
+
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}$"):
+        stratified_parts(np.array(labels), num_parts)
 
 
 def test_retrieval_over_parts_is_the_estimate_of_each_part_s_own_retrieval():

@@ -183,6 +183,11 @@ def test_a_run_s_config_yaml_is_taken_as_a_config_file_and_its_format_is_no_sett
                               "without quotes"),
     ("train: {epochs: 20.0}", "expected int: write 20, a whole number"),
     ("train: {epochs: 1e3}", "train.epochs='1e3' has the wrong type; expected int: write 1000"),
+    # a float setting as an int one: a quoted number is text (it had been taken as 0.1)
+    ("optim: {lr: '0.1'}", "optim.lr='0.1' has the wrong type; expected float: write 0.1, "
+                           "without quotes"),
+    ('optim: {lr: "10"}', "optim.lr='10' has the wrong type; expected float: write 10, "
+                          "without quotes"),
 ])
 def test_a_config_file_value_of_the_wrong_type_says_what_to_write(tmp_path, capsys, line,
                                                                   message):
@@ -196,6 +201,31 @@ def test_a_config_file_value_of_the_wrong_type_says_what_to_write(tmp_path, caps
 def test_an_override_of_the_wrong_type_says_what_to_write(capsys):
     assert cli.main(["config", "jrd", "train.deterministic=1"]) == 2
     assert capsys.readouterr().err.strip().endswith("expected bool: write true or false")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("optim.lr='0.1'", "optim.lr='0.1' has the wrong type; expected float: write 0.1, "
+                       "without quotes"),
+    ("optim.lr=' 0.1'", "optim.lr=' 0.1' has the wrong type; expected float: write 0.1, "
+                        "without quotes"),
+    ("optim.lr='1_0'", "optim.lr='1_0' has the wrong type; expected float"),
+    ("train.epochs='3'", "train.epochs='3' has the wrong type; expected int: write 3, "
+                         "without quotes"),
+])
+def test_a_quoted_number_is_text_to_a_float_setting_as_to_an_int_one(capsys, override,
+                                                                     message):
+    """A float setting had taken any text Python reads as a float ('0.1', ' 0.1', and '1_0'
+    as 10.0) where an int one refuses '3'; YAML 1.1's own text numbers (1e-3, which it reads
+    as text however written) are still numbers, and its nan still refused by name."""
+    assert cli.main(["config", "jrd", override]) == 2
+    assert capsys.readouterr().err.strip() == f"kdml: error: {message}"
+    for written, value in (("1e-3", 0.001), ("'1e-3'", 0.001), ("1.5e3", 1500.0),
+                           ("0.1", 0.1), (".5e-2", 0.005)):
+        assert cli.main(["config", "jrd", f"optim.lr={written}"]) == 0
+        assert yaml.safe_load(capsys.readouterr().out)["optim"]["lr"] == value
+    assert cli.main(["config", "jrd", "optim.lr=nan"]) == 2
+    assert capsys.readouterr().err.strip() == ("kdml: error: optim.lr must be a finite number, "
+                                               "got nan")
 
 
 @pytest.fixture(scope="module")

@@ -158,7 +158,10 @@ def whole_number_labels(owner: str, labels: object) -> Tensor:
     float column of 0.0, 1.0, ...). A fractional or non-finite float is refused in one line
     naming ``owner``: ``.long()`` had cut 0.7, 1.2 and 1.9 to 0, 1, 1 (two labels one class)."""
     try:
-        tensor = torch.as_tensor(labels)
+        # a list through NumPy: torch makes Python floats float32, whose 16777217.0 is
+        # 16777216.0 (two labels one class); NumPy keeps them float64
+        tensor = torch.as_tensor(labels if isinstance(labels, Tensor | np.ndarray)
+                                 else np.asarray(labels))
     except (TypeError, ValueError, RuntimeError):
         raise KdmlError(f"{owner}: labels must be integer class labels, got "
                         f"{type(labels).__name__}") from None
@@ -170,7 +173,22 @@ def whole_number_labels(owner: str, labels: object) -> Tensor:
             value = tensor[~whole].flatten()[0].item()
             raise KdmlError(f"{owner}: labels must be whole numbers (class indices), got "
                             f"{value!r}; map the classes to integers first")
+        # a whole float beyond int64 (1e20, 2**63) had become -2**63 in .long(): 1e20 and 2e20
+        # one class; within it, .long() is exact
+        _refuse_beyond_int64(owner, tensor[(tensor < -2.0 ** 63) | (tensor >= 2.0 ** 63)])
+    elif tensor.dtype == torch.uint64:  # torch compares no uint64: NumPy does, and wraps none
+        values = tensor.numpy().ravel()
+        _refuse_beyond_int64(owner, values[values > np.iinfo(np.int64).max])
     return tensor.long()
+
+
+def _refuse_beyond_int64(owner: str, beyond: Tensor | np.ndarray) -> None:
+    """Refuse, naming the first, the labels ``beyond`` int64's range (none: nothing)."""
+    if len(beyond.reshape(-1)):
+        value = beyond.reshape(-1)[0].item()
+        raise KdmlError(f"{owner}: labels must be class indices within int64's range "
+                        f"(|label| < 2**63), got {value!r}; map the classes to 0..C-1 first "
+                        "(e.g. with numpy.unique(..., return_inverse=True))")
 
 
 def check_label_device(owner: str, labels: Tensor, tensors: Sequence[Tensor],

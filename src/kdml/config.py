@@ -451,15 +451,38 @@ def resolve_key(config: RunConfig, key: str) -> str:
     if key in FILE_ONLY_KEYS:  # "did you mean 'resize'?" for recipe=mrd had said nothing of why
         raise KdmlError(FILE_ONLY_KEY_PROBLEMS[key])
     leaves = [k.split(".", 1)[1] for k in keys]
-    # a setting under the wrong section (train.lr) means that setting (optim.lr), before
-    # any spelling that merely looks alike (train.tolerance)
-    moved = [k for k in keys if "." in key and k.split(".", 1)[1] == key.split(".", 1)[1]]
-    # and a key in other case (TRAIN.EPOCHS: difflib's ratio is case-sensitive, so it found none)
-    folded = [k for k in keys + leaves if k.casefold() == key.casefold()][:1]
-    guesses = moved or folded or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6)
+    guesses = (_in_other_case(keys, key) or _moved(keys, key)
+               or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6))
     hint = (f"; did you mean {' or '.join(map(repr, guesses))}?" if guesses
             else f"; 'kdml config {config.recipe}' lists every key")
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
+
+
+def _in_other_case(keys: list[str], key: str) -> list[str]:
+    """The setting ``key`` names in other case (difflib's ratio is case-sensitive, so it
+    found none for TRAIN.EPOCHS): the full key (``DOMAIN.beta``: ``domain.beta``, where the
+    leaf alone had also named dtml's ``method.beta``), the leaf as written where it is unique
+    (``EPOCHS``: ``epochs``), or each setting of an ambiguous leaf (``BETA``: ``domain.beta``
+    and ``method.beta``, not ``beta``, which is refused as ambiguous); of a section
+    (``DOMAIN``), its first setting. [] where no key differs from ``key`` in case alone."""
+    folded = key.casefold()
+    same = [k for k in keys if k.casefold() == folded]
+    if same:
+        return same
+    same_leaf = [k for k in keys if k.split(".", 1)[1].casefold() == folded]
+    if len(same_leaf) == 1:
+        return [same_leaf[0].split(".", 1)[1]]
+    return same_leaf or [k for k in keys if k.split(".", 1)[0].casefold() == folded][:1]
+
+
+def _moved(keys: list[str], key: str) -> list[str]:
+    """A setting under the wrong section (``train.lr``, also in other case: ``train.LR``)
+    means that setting (``optim.lr``), before any spelling that merely looks alike
+    (``train.tolerance``; ``train.LR`` had been guessed ``train.seed``)."""
+    if "." not in key:
+        return []
+    leaf = key.split(".", 1)[1].casefold()
+    return [k for k in keys if k.split(".", 1)[1].casefold() == leaf]
 
 
 def set_key(config: RunConfig, key: str, value: Any) -> None:
@@ -502,7 +525,24 @@ def what_to_write(value: Any, annotation: Any) -> str:
             return ": write a whole number"
     if annotation is float and isinstance(value, bool):
         return ": write a number, e.g. 0.5"
+    if annotation is float and isinstance(value, str) and _YAML12_FLOAT.fullmatch(value.strip()):
+        return f": write {value.strip()}, without quotes"
     return ""
+
+
+# YAML 1.2's float: a number to most readers, text to YAML 1.1 (PyYAML) without a dot and a
+# signed exponent (1e-3, 1.5e3)
+_YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+# what Python reads as NaN or infinity, text to YAML 1.1 (whose own are .nan and .inf)
+_NOT_FINITE = re.compile(r"[-+]?(nan|inf|infinity)", re.IGNORECASE)
+
+
+def _text_to_yaml11(text: str) -> bool:
+    """Whether ``text`` is a float that YAML 1.1 reads as text even unquoted (``1e-3``; and
+    ``nan``, which check_finite then refuses by name): a float setting takes it as its number,
+    however it was written."""
+    return bool(_YAML12_FLOAT.fullmatch(text) or _NOT_FINITE.fullmatch(text)) and isinstance(
+        yaml.load(text, Loader=_UniqueKeyLoader), str)
 
 
 def _whole_number(text: str) -> int | None:
@@ -567,11 +607,11 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             return float(value)
         except OverflowError:  # an int past float's range: infinite, refused as 1e999 is
             return math.inf if value > 0 else -math.inf
-    if annotation is float and isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
-            return float(value)
-        except ValueError:
-            pass
+    if annotation is float and isinstance(value, str) and _text_to_yaml11(value):
+        # YAML 1.1 reads 1e-3 (no dot) as text, however written; a number it reads (0.1, 10)
+        # arrives as text only quoted, which an int setting refuses too ("write 10, without
+        # quotes"), as it does text that Python alone reads (' 0.1', '1_0', 'nan')
+        return float(value)
     if annotation is Any or (isinstance(annotation, type) and isinstance(value, annotation)
                               and not (annotation is int and isinstance(value, bool))):
         return value

@@ -110,16 +110,19 @@ def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
 
 def _analyze_generalization(args: argparse.Namespace) -> int:
     from kdml.evaluation.generalization import check_scored_counts, distance_note
-    from kdml.inspection.analysis import GeneralizationSettings, analyze_generalization
+    from kdml.inspection.analysis import (
+        GeneralizationSettings,
+        analyze_generalization,
+        labelled_count,
+    )
     from kdml.training.loading import load_run
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
     trained = load_run(args.run_dir, args.data_root, progress=_progress(args), device=args.device)
     # before minutes of embedding (checked again on the embedded sets); with a gallery, the
-    # unseen samples are the queries and the gallery
-    check_scored_counts(len(trained.splits.train),
-                        sum(len(part) for part in trained.splits.test_parts),
+    # unseen samples are the queries and the gallery, of which the labelled alone are scored
+    check_scored_counts(len(trained.splits.train), labelled_count(trained.splits.test_parts),
                         args.labelled_fraction, "--labelled-fraction", args.neighbors)
     if trained.splits.validation:
         print(f"kdml: note: this run validated (data.validation): its unseen classes here are "

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from kdml.checks import check_label_vector, is_positive_int
+from kdml.checks import check_label_vector, is_count, is_positive_int
 from kdml.data.splits import class_members
 from kdml.errors import KdmlError
 from kdml.seeding import derive_seed
@@ -70,7 +70,7 @@ class ShuffledBatches(_SeededBatches):
         if not is_positive_int(num_samples):  # 2.5 had failed in torch.randperm, unexplained
             raise KdmlError(f"ShuffledBatches: num_samples must be a whole number of samples, "
                             f"got {num_samples!r}")
-        if not (batch_size == 0 or is_positive_int(batch_size)):
+        if not is_count(batch_size):  # False is 0 to Python, no batch size
             raise KdmlError(f"ShuffledBatches: batch_size must be a whole number of samples "
                             f"(0 for all of them), got {batch_size!r}")
         self.num_samples = num_samples
@@ -145,9 +145,18 @@ class TargetBatches(_SeededBatches):
 
     def __init__(self, num_target: int, batch_sizes: list[int], seed: int) -> None:
         super().__init__(seed, TARGET_STREAM)
-        if num_target < 1:
+        if is_count(num_target) and num_target == 0:
             raise KdmlError("the target domain is empty")
-        self.num_target, self.batch_sizes = num_target, batch_sizes
+        # 2.5 had failed in torch.randperm, unexplained; a batch size of -1 had drawn all but
+        # one target sample (randperm(n)[:-1])
+        if not is_positive_int(num_target):
+            raise KdmlError(f"TargetBatches: num_target must be a whole number of samples, got "
+                            f"{num_target!r}")
+        if not isinstance(batch_sizes, list | tuple) or not all(
+                is_positive_int(size) for size in batch_sizes):
+            raise KdmlError(f"TargetBatches: batch_sizes must be a list of positive integers, "
+                            f"got {batch_sizes!r}")
+        self.num_target, self.batch_sizes = num_target, list(batch_sizes)
 
     def __len__(self) -> int:
         return len(self.batch_sizes)
@@ -191,6 +200,14 @@ class RankShare(EpochBatches):
     """
 
     def __init__(self, batches: EpochBatches, rank: int, world: int) -> None:
+        # a world of 0 had raised ZeroDivisionError at the first batch, a rank outside it
+        # yielded empty shares, silently
+        if not is_positive_int(world):
+            raise KdmlError(f"RankShare: world must be a positive integer (the number of "
+                            f"processes), got {world!r}")
+        if not is_count(rank) or rank >= world:
+            raise KdmlError(f"RankShare: rank must be an integer from 0 to world - 1 = "
+                            f"{world - 1}, got {rank!r}")
         self.batches, self.rank, self.world = batches, rank, world
 
     def set_epoch(self, epoch: int) -> None:

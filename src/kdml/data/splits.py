@@ -24,10 +24,11 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from kdml.checks import check_label_vector
+from kdml.checks import check_label_vector, check_seed, is_finite_number
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.errors import KdmlError
 
@@ -228,8 +229,10 @@ def seen_holdout_split(
         ``(kept_indices, held_out_indices)``, each sorted.
     """
     check_label_vector("seen_holdout_split", labels)
-    if not 0.0 < holdout_fraction < 1.0:
-        raise KdmlError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
+    # a string had raised Python's TypeError on '<', a seed of 1.5 torch's RuntimeError
+    if not is_finite_number(holdout_fraction, above=0.0) or not holdout_fraction < 1.0:
+        raise KdmlError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
+    check_seed(seed, "seen_holdout_split: seed")
     if not labels.numel():
         raise KdmlError("a seen-holdout split needs samples to hold out; the labels are empty")
     generator = torch.Generator().manual_seed(seed)
@@ -348,8 +351,9 @@ def validation_split(labels: Tensor, share: float, seen: bool) -> tuple[Tensor, 
     of every class's samples (as ``seen-holdout``); otherwise the last ``share`` of the sorted
     classes (as ``class-disjoint``), so validation classes are unseen too.
     """
-    if not 0.0 < share < 1.0:  # NaN too, which math.floor below had raised a ValueError on
-        raise KdmlError(f"data.validation must be a share in (0, 1), got {share}")
+    # NaN too, which math.floor below had raised a ValueError on (a string a TypeError)
+    if not is_finite_number(share, above=0.0) or not share < 1.0:
+        raise KdmlError(f"data.validation must be a share in (0, 1), got {share!r}")
     if seen:
         return seen_holdout_split(labels, share, seed=0)
     classes = labels.unique(sorted=True)
@@ -373,16 +377,23 @@ def remapped_to_training(train: DmlDataset, classes: Tensor, remapped: Tensor) -
 def _num_train_classes(num_classes: int, train_classes: float | int) -> int:
     if num_classes < 2:
         raise KdmlError(f"a class-disjoint split needs at least 2 classes, got {num_classes}")
-    if isinstance(train_classes, float) and 0.0 < train_classes < 1.0:
+    # a NumPy float is a fraction too (np.float32(0.5) had been refused as "got 0.5"), a string
+    # none (Python's TypeError on '>='); True is 1 to Python, no class count
+    fraction = (is_finite_number(train_classes) and not isinstance(train_classes, int | np.integer)
+                and 0.0 < float(train_classes) < 1.0)
+    if fraction:
+        # the decimal written: float(np.float32(0.7)) is 0.69999999, 6 of 10 classes
+        share = float(str(train_classes)) if isinstance(train_classes, np.floating) else float(
+            train_classes)
         # rounded down, as the benchmarks' first half (CUB, Cars: len // 2): an odd class goes
         # to testing (round() had sent it either way: 3 -> 2 / 1 but 5 -> 2 / 3)
-        count = math.floor(train_classes * num_classes + 1e-9)
-    elif (not isinstance(train_classes, bool) and float(train_classes).is_integer()
-          and train_classes >= 1):  # True is 1 to Python, no class count
+        count = math.floor(share * num_classes + 1e-9)
+    elif (is_finite_number(train_classes, at_least=1.0)
+          and float(train_classes).is_integer()):
         count = int(train_classes)
     else:
         raise KdmlError(
-            f"train_classes must be a fraction in (0, 1) or a class count, got {train_classes}"
+            f"train_classes must be a fraction in (0, 1) or a class count, got {train_classes!r}"
         )
     if not 1 <= count < num_classes:
         raise ClassCountError(

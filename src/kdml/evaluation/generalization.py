@@ -73,6 +73,13 @@ def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndar
         if not whole.all():
             raise KdmlError(f"{name} must be class labels (integers or names), got the "
                             f"non-integer value {float(array[~whole][0])!r}")
+        # beyond int64 the cast gives -2**63 to all (1e20 and 2e20 one class, with NumPy's
+        # RuntimeWarning alone)
+        beyond = (array < -2.0 ** 63) | (array >= 2.0 ** 63)
+        if beyond.any():
+            raise KdmlError(f"{name} must be class labels within int64's range (|label| < "
+                            f"2**63), got {float(array[beyond][0])!r}; renumber the classes "
+                            "(e.g. with numpy.unique(..., return_inverse=True))")
         array = array.astype(np.int64)
     elif array.dtype.kind not in "iubUSO":
         raise KdmlError(f"{name} must be class labels (integers or names), got dtype "

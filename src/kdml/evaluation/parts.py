@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kdml.checks import check_seed
+from kdml.checks import check_seed, is_positive_int
 from kdml.errors import KdmlError
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import Metric, as_float_matrix
@@ -36,8 +36,16 @@ def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[
     """
     labels = np.asarray(labels)
     check_seed(seed)
-    if num_parts < 1:
-        raise KdmlError(f"the number of test parts must be at least 1, got {num_parts}")
+    if not is_positive_int(num_parts):  # 2.5 had raised Python's TypeError, True made 1 part
+        raise KdmlError(f"the number of test parts must be an integer of at least 1, got "
+                        f"{num_parts!r}")
+    if labels.ndim != 1 or not labels.size:
+        # 2-D labels had given positions past N, empty ones a ValueError of np.concatenate
+        raise KdmlError(f"labels must be [N], one per sample, at least one, got shape "
+                        f"{labels.shape}")
+    if labels.dtype.kind in "fc" and np.isnan(labels).any():
+        # NaN equals no label: its samples had been left out of every part, silently
+        raise KdmlError("labels hold NaN, which is no class; give every sample a class")
     classes, counts = np.unique(labels, return_counts=True)
     # Two samples per class and part, so every query of a part has a relevant neighbour.
     too_small = classes[counts < 2 * num_parts]

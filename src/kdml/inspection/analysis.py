@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from kdml.data.dataset import DmlDataset
 from kdml.evaluation.collapse import collapse_warning
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import dataset_labels, embed_dataset
@@ -36,6 +38,13 @@ class GeneralizationSettings:
     repeats: int = 10
     neighbors: int = 1
     seed: int = 0
+
+
+def labelled_count(parts: Sequence[DmlDataset]) -> int:
+    """How many samples of ``parts`` the analysis scores: the labelled ones (a domain pair's
+    unlabelled target samples, label -1, are left out), counted from the labels before any
+    embedding."""
+    return sum(int((part.labels >= 0).sum()) for part in parts)
 
 
 def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
