@@ -239,3 +239,80 @@ def test_reproducing_md_quotes_the_measured_d64_atlas_run_times():
                                r"beside other work", flat("docs/reproducing.md"))[0]
     assert f"{quiet} on the otherwise quiet machine, {busy} beside the test suite" in flat(
         "docs/benchmarks.md")
+
+
+def test_readme_names_every_setting_a_run_warns_it_never_reads():
+    """README's "A setting given another value than the recipe's default that the run never
+    reads is warned of" lists what the trainer and the recipes' ``unread_settings`` warn of:
+    ``optim.lr_gamma`` without a schedule, JRD's ``method.kernel_multiplier`` and
+    ``method.polynomial_degree`` without the kernels they shape, every JRD regularizer setting
+    at ``method.alpha=0`` and DTML's ``method.mmd_num_kernels`` with the linear MMD were warned
+    of but named nowhere, so a user could not tell a warning's rule from the documentation."""
+    import fnmatch
+    import inspect
+
+    from kdml.training import trainer
+    from kdml.training.recipes.dtml import DTMLParams
+    from kdml.training.recipes.jrd import JRDParams
+
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text(
+        encoding="utf-8").split())
+    paragraph = readme.split("that the run never reads is warned of", 1)[1].split(
+        "A run folder holds", 1)[0]
+    named = set(re.findall(r"`([a-z_.*]+)", paragraph))
+    warned = set(re.findall(r'\("((?:data|model|optim|train|eval|domain)\.[a-z_]+)"',
+                            inspect.getsource(trainer._unread_settings)))
+    assert {"optim.proxy_lr", "optim.lr_gamma", "domain.kernel"} <= warned  # the regex reads
+    warned |= {"data.resize", "data.image_size"}  # f"data.{key}" for in-memory images
+    for params, default in (
+            (JRDParams(layers=["emb"], pool_kernel="laplace", pool_num_kernels=2,
+                       cls_kernel="laplace", cls_num_kernels=2), JRDParams()),
+            (JRDParams(emb_kernel="laplace", emb_num_kernels=2), JRDParams()),
+            (JRDParams(pool_num_kernels=1, emb_num_kernels=1, kernel_multiplier=3.0,
+                       polynomial_degree=3), JRDParams()),
+            (JRDParams(alpha=0.0, regularizer="jmmd", layers=["emb"]), JRDParams()),
+            (DTMLParams(beta=0.0, mmd_kernel="gaussian", mmd_num_kernels=2), DTMLParams()),
+            (DTMLParams(mmd_num_kernels=2, tau=1.0), DTMLParams())):
+        warned |= {key for key, _ in params.unread_settings(default)}
+
+    def documented(key: str) -> bool:
+        leaf = key.split(".", 1)[1]
+        return any(key == name or leaf == name or fnmatch.fnmatch(leaf, name.split(".")[-1])
+                   and "*" in name for name in named)
+
+    assert sorted(key for key in warned if not documented(key)) == []
+
+
+def test_inspecting_md_names_the_hidden_partials_as_kdml_makes_them(tmp_path, monkeypatch):
+    """docs/inspecting.md names what a SIGKILL leaves of ``kdml embed`` and ``kdml index``
+    (``.NAME.PID.XXXX.npz``, ``.NAME.partial-PID.XXXX/``), for a user to find and delete: the
+    index's was given as ``.NAME.partial-XXXX/``, without the process id that build_index puts
+    in it."""
+    import numpy as np
+
+    from kdml.evaluation.index import IndexInfo, build_index
+    from kdml.file_write import write_through_new_file
+
+    text = " ".join((Path(__file__).parent.parent / "docs" / "inspecting.md").read_text(
+        encoding="utf-8").split())
+    (npz, folder) = re.findall(r"leaves the hidden partial \(`([^`]+)`, `([^`]+)`\)", text)[0]
+
+    def pattern(documented: str) -> str:
+        """The documented name as a regex, NAME, PID and XXXX read as what they stand for."""
+        escaped = re.escape(documented).replace("NAME", "out")
+        return escaped.replace("PID", str(os.getpid())).replace("XXXX", "[0-9a-f]+")
+
+    partials: list[str] = []
+    write_through_new_file(tmp_path / "out.npz", lambda partial: (
+        partials.append(partial.name), partial.write_bytes(b"npz")), replace=False)
+    replace = os.replace  # build_index renames its hidden folder into place
+    monkeypatch.setattr(os, "replace", lambda source, target: (
+        partials.append(Path(source).name), replace(source, target))[1])
+    vectors = np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32)
+    items = {"labels": np.arange(10) % 2, "positions": np.arange(10),
+             "sources": np.array([f"test[{i}]" for i in range(10)])}
+    build_index(tmp_path / "out", vectors, items,
+                IndexInfo(str(tmp_path), "0" * 64, "cosine", 0, "exact", 0, 1.0))
+    assert len(partials) == 2
+    assert re.fullmatch(pattern(npz), partials[0]), (npz, partials[0])
+    assert re.fullmatch(pattern(folder.rstrip("/")), partials[1]), (folder, partials[1])
