@@ -43,6 +43,32 @@ def test_a_later_cell_s_unknown_dataset_is_refused_before_anything_trains(tmp_pa
     assert trained == []
 
 
+@pytest.mark.parametrize(("grid", "said"), [
+    ({"model.backbone": ["auto", "resnet999"]},
+     "grid cell backbone=resnet999: unknown backbone 'resnet999'; choose one of: "),
+    ({"model.backbone": ["auto", "timm:"]}, "grid cell backbone=timm_: name the model, e.g. "
+                                            "timm:resnet50; nothing was trained"),
+    ({"data.pca_dim": [0, 8]}, "grid cell pca_dim=8: data.pca_dim applies to domain pairs "
+                               "(SOURCE->TARGET) only; nothing was trained"),
+    ({"model.backbone": ["mlp", "cnn"], "model.small_input": [False, True]},
+     "grid cell backbone=mlp-small_input=True: model.small_input swaps the stem of timm and "),
+    ({"data.root": ["", "/nowhere"]}, "grid cell root=_nowhere: --data-root /nowhere "
+                                      "(data.root) is read only by the on-disk formats"),
+    ({"train.device": ["cpu", "cuda:99"]}, "grid cell device=cuda_99: train.device=cuda:99 ")])
+def test_a_later_cell_s_setting_wrong_whatever_the_data_is_refused_before_anything_trains(
+        tmp_path, capsys, trained, grid, said):
+    """A backbone that does not exist (or has no stem for model.small_input), a data.pca_dim
+    on a dataset that is no domain pair, a data.root the dataset does not read or a device
+    this machine lacks was refused when its cell built its model or read its data: the cells
+    before it had trained, into a folder the corrected grid cannot continue (another grid's
+    cells)."""
+    assert cli.main(grid_file(tmp_path, grid)) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert trained == []
+    assert not (tmp_path / "grid").exists()
+
+
 def test_a_grid_folder_inside_a_later_cell_s_image_folder_is_refused(tmp_path, capsys,
                                                                     trained):
     """check_outside_image_folders saw only the first cell's dataset: a grid over

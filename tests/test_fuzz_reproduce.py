@@ -73,6 +73,39 @@ def test_a_run_folder_holding_another_configuration_s_run_is_not_read_as_this_ce
     assert again.error or again.cells["alpha = 1"].values["recall@1"] != zero.values["recall@1"]
 
 
+@pytest.mark.parametrize("edit", ["optim.lr", "copied"])
+def test_an_interrupted_run_whose_config_yaml_is_not_the_planned_run_is_not_resumed(
+        tmp_path, monkeypatch, edit):
+    """Only a finished run's config.yaml was compared with the planned run: an interrupted
+    one (no reproduce.json) resumed with the planned config, so an edit of its config.yaml
+    went unseen, its numbers were reported, and the next same command refused the finished
+    run as "another run"; a run copied in under another's name was refused in the words of
+    ``kdml train --resume`` ("was edited since its checkpoint ... put the setting back").
+    Either is refused as a finished one is, and nothing trains."""
+    from kdml.reproduce import runner
+
+    cells = (Cell("alpha = 0", "jrd", ("method.alpha=0",)),
+             Cell("alpha = 1", "jrd", ("method.alpha=1",)))
+    experiment = Experiment("tiny-alpha", "jrd", "Figure 4", "alpha", "digits", cells,
+                            ("recall@1",), common=TINY)
+    runs = tmp_path / "runs"
+    first = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    run_dir = first.cells["alpha = 1"].run_dirs[0]
+    if edit == "copied":  # alpha = 0's run where alpha = 1's goes
+        shutil.rmtree(run_dir)
+        shutil.copytree(first.cells["alpha = 0"].run_dirs[0], run_dir)
+    else:  # its config.yaml edited by hand
+        config = run_dir / "config.yaml"
+        config.write_text(config.read_text().replace("  lr: 0.001\n", "  lr: 0.005\n", 1))
+    (run_dir / runner.TIMING_FILE).unlink()  # as if stopped before its end: not finished
+    trained: list[object] = []
+    monkeypatch.setattr(runner, "train", lambda *args, **kwargs: trained.append(args))
+    again = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    assert again.error.startswith(f"{run_dir} holds another run than the one planned there ("
+                                  f"{'optim.lr' if edit == 'optim.lr' else 'method.alpha'} is ")
+    assert trained == []
+
+
 def test_a_section_of_an_experiment_kdml_no_longer_has_is_not_called_unfinished(tmp_path):
     """A report holding the section of an experiment key the catalog does not have (renamed or
     removed since) was refused as if its runs were not finished, with the advice to give

@@ -1076,11 +1076,14 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
     """Resumed from its checkpoint, a run's earlier sessions count; without one (a record
     kept without checkpoints) it trains again from epoch 1 and they were lost (they had been
     counted too)."""
+    from kdml.config import save_config
     from kdml.reproduce import runner
 
+    experiment = experiments("jrd", quick=True)[0]
+    config = cell_config(experiment, experiment.cells[0], 0, "cpu")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text("recipe: jrd\n")  # started in an earlier session
+    save_config(config, run_dir / "config.yaml")  # started in an earlier session
     (run_dir / "train.log").write_text(
         "2026-01-01 10:00:00,000 start epoch 1 of 2, device cpu\n"
         "2026-01-01 10:02:00,000 epoch 1: lr=0.001, train/loss=1.0\n")
@@ -1088,8 +1091,6 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
         (run_dir / "checkpoints").mkdir()
         (run_dir / "checkpoints" / "last.pt").write_bytes(b"epoch 1")
     monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
-    experiment = experiments("jrd", quick=True)[0]
-    config = cell_config(experiment, experiment.cells[0], 0, "cpu")
     wall, diverged, reused, machine = train_planned(PlannedRun(config, run_dir), False)
     assert not diverged and not reused
     if checkpoint:
@@ -1296,6 +1297,25 @@ def test_a_finished_run_that_scored_every_epoch_is_reused(tmp_path):
     for cell in result.cells.values():
         final = RunFolder(cell.run_dirs[0]).final_metrics()
         assert final is not None and cell.values["recall@1"] == [final["recall@1"]]
+
+
+def test_a_table_s_settings_are_the_same_whether_its_runs_trained_now_or_earlier(tmp_path):
+    """The trainer filled in the dataset's Ks (eval.ks) of the planned config it was given, so
+    a table whose runs trained in this command said `eval.ks=[1, 2, 4, 8]` as a change from
+    the recipes' defaults, the same command reusing them said nothing, and a table of which
+    one row's run trained now (the other's reused, as after an interruption) said "by row,
+    `eval.ks` to [1, 2, 4, 8]", as if the other row had other Ks."""
+    from kdml.reproduce.report import _changes
+
+    experiment = dataclasses.replace(_tiny_experiments()[0], key="tiny-test", protocol="test")
+    runs = tmp_path / "runs"
+    first = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    shutil.rmtree(first.cells["alpha = 1"].run_dirs[0])  # one row trains again, one is reused
+    mixed = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    reused = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
+    assert not (first.error or mixed.error or reused.error)
+    assert _changes(first) == _changes(mixed) == _changes(reused)
+    assert "eval.ks" not in _changes(mixed)
 
 
 def test_scoring_less_often_trains_the_same_model(tmp_path, tiny_overrides):

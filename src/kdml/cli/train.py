@@ -432,6 +432,7 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
                         "the same train.select_metric, one grid per metric")
     for cell, config in zip(cells, configs, strict=True):
         _check_cell_selects(cell.name, config)
+        _check_cell_before_data(cell.name, config)
     shares = sorted({config.data.validation for config in configs})
     if len(shares) > 1:
         raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
@@ -455,6 +456,21 @@ def _check_cell_selects(name: str, config: RunConfig) -> None:
         return
     try:
         check_selectable(metric, scored_metric_names(config.eval.ks, config.eval.nmi))
+    except KdmlError as error:
+        raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
+
+
+def _check_cell_before_data(name: str, config: RunConfig) -> None:
+    """Refuse, before any cell trains, a cell whose settings are wrong whatever the data (a
+    backbone that does not exist, a data.pca_dim of a dataset that is no domain pair, a device
+    this machine lacks): training refuses it at the cell's turn, after the cells before it
+    trained into a folder that the corrected grid may not reuse."""
+    from kdml.training.build import resolve_device
+    from kdml.training.checks import check_before_data
+
+    try:
+        check_before_data(config)
+        resolve_device(config.train.device)
     except KdmlError as error:
         raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
 

@@ -67,8 +67,7 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
         splits = dataclasses.replace(domain_splits(pair.source, pair.target),
                                      input_pca=pair.pca)
         return splits, splits
-    if data.pca_dim:
-        raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")
+    check_pca_dataset(data)
     parts = open_dataset(data.dataset, data.root)
     dataset = parts.dataset
     if data.split == "standard" and parts.parts:
@@ -93,6 +92,13 @@ def prepare_data_and_test_part(data: DataConfig, test_part: bool = True, *,
 # The split settings, each with the one split that reads it.
 CLASS_DISJOINT, SEEN_HOLDOUT = "class-disjoint", "seen-holdout"
 SPLIT_SETTINGS = {"train_classes": CLASS_DISJOINT, "holdout_fraction": SEEN_HOLDOUT}
+
+
+def check_pca_dataset(data: DataConfig) -> None:
+    """Refuse ``data.pca_dim`` on a dataset that is no domain pair: the input basis is fitted
+    on a pair's source alone."""
+    if data.pca_dim and not is_domain_dataset(data.dataset):
+        raise KdmlError("data.pca_dim applies to domain pairs (SOURCE->TARGET) only")
 
 
 def unused_split_settings(data: DataConfig, split: str | None) -> list[str]:

@@ -176,6 +176,24 @@ BACKBONES = ("auto", "cnn", "mlp", "conv1d", "identity", "bninception", "timm:NA
              "torchvision:NAME")
 
 
+def check_backbone_name(name: str, small_input: bool = False) -> None:
+    """Refuse a ``model.backbone`` that names no backbone, or ``model.small_input`` with a
+    named backbone that has no stem to swap, before any data is read: :func:`build_backbone`
+    calls it again once the data is there: in a grid, each cell's is checked before the first
+    trains. (``auto`` is the dataset's backbone, checked when it is built.)"""
+    library, colon, model = name.partition(":")
+    if small_input and name != "auto" and library not in ("timm", "torchvision"):
+        raise KdmlError(f"model.small_input swaps the stem of timm and torchvision ResNets; "
+                        f"backbone {name!r} has none to swap: set model.small_input=false "
+                        "with it (the SimCLR recipes set it true)")
+    if name in ("timm", "torchvision") or (colon and library in ("timm", "torchvision")):
+        if not model:
+            raise KdmlError(f"name the model, e.g. {library}:resnet50")
+        return
+    if name not in BACKBONES:
+        raise KdmlError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}")
+
+
 def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp",
                    pooling: str = "avg", small_input: bool = False) -> nn.Module:
     """Build a backbone for inputs of ``input_shape`` (one sample's shape, as the backbone
@@ -189,10 +207,7 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
     """
     if name == "auto":
         name = default
-    if small_input and not name.startswith(("timm:", "torchvision:")):
-        raise KdmlError(f"model.small_input swaps the stem of timm and torchvision ResNets; "
-                        f"backbone {name!r} has none to swap: set model.small_input=false "
-                        "with it (the SimCLR recipes set it true)")
+    check_backbone_name(name, small_input)
     if name == "cnn":
         if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
             raise KdmlError(f"backbone 'cnn' needs square images [C, H, W], got {input_shape}")
@@ -221,8 +236,6 @@ def build_backbone(name: str, input_shape: tuple[int, ...], default: str = "mlp"
         from kdml.models.bninception import POOLINGS
 
         library, _, model = name.partition(":")
-        if not model:
-            raise KdmlError(f"name the model, e.g. {library}:resnet50")
         if pooling not in POOLINGS:  # global_pool would read any other word as avg+max
             raise KdmlError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         if library == "timm":

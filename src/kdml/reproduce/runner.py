@@ -9,6 +9,7 @@ with the same command.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -197,8 +198,11 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     same seed diverges again the same way (delete the run folder to train it anyway)."""
     folder = RunFolder(run.run_dir)
     timing = run.run_dir / TIMING_FILE
+    # an interrupted run too: it resumes with the planned config, not its config.yaml, so an
+    # edit of that file (or another run copied in) went unseen, and the next command refused
+    # the finished run whose numbers this one had reported
+    check_holds_planned(run)
     if finished_earlier(run.run_dir):
-        check_holds_planned(run)
         wall = read_stored(timing, "wall_s")
         if not isinstance(wall, (int, float)):
             raise not_as_written(timing, f"wall_s is {wall!r}")
@@ -210,7 +214,11 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
     start = time.perf_counter()
     diverged = ""
     try:
-        train(run.config, run.run_dir, resume=folder.config.is_file(), progress=progress,
+        # a copy: the trainer fills in the dataset's Ks (eval.ks) of the config it trains,
+        # and the planned one describes the cell in the report, the same whether its run
+        # trains now or was reused (which had told a row's Ks as a change of that row alone)
+        train(copy.deepcopy(run.config), run.run_dir, resume=folder.config.is_file(),
+              progress=progress,
               echo=lambda line: None,
               data_remedy=reproduce_remedy(run.run_dir, run.config.data.dataset))
     except NonFiniteLoss as error:
@@ -223,9 +231,11 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
 
 
 def check_holds_planned(run: PlannedRun) -> None:
-    """Refuse a finished run whose ``config.yaml`` is not the run planned in its folder: the
-    folder is found by its name alone, and a run copied in under another's name (records are
-    copied between runs folders) would give its numbers to a cell it did not train. A run that
+    """Refuse a run, finished or interrupted, whose ``config.yaml`` is not the run planned in
+    its folder: the folder is found by its name alone, and a run copied in under another's name
+    (records are copied between runs folders) would give its numbers to a cell it did not
+    train; an interrupted one resumes with the planned config, which an edit of its
+    ``config.yaml`` would no longer describe. A run that
     diverged before its folder held a config has nothing to compare. Settings its folder's name
     leaves out (:data:`EXECUTION_ONLY`, :data:`RECORDED_ONLY`) are not compared: a run that
     scored every epoch is reused, as its folder is; one of :data:`ADDED_LATER` that a run's

@@ -12,12 +12,14 @@ import torch
 from kdml.config import RunConfig, flatten
 from kdml.data.domains import is_domain_dataset
 from kdml.data.fingerprint import rank_difference
-from kdml.data.registry import PATH_FORMATS, ROOT_VARIABLE
+from kdml.data.prepare import check_pca_dataset
+from kdml.data.registry import PATH_FORMATS, ROOT_VARIABLE, check_root_is_read
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.distributed import World
 from kdml.errors import KdmlError
 from kdml.evaluation.evaluator import metric_names
 from kdml.launch import processes_on_this_machine
+from kdml.models.backbones import check_backbone_name
 from kdml.models.method import Method
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.recipes import get_recipe
@@ -36,6 +38,20 @@ def check_recipe_data(config: RunConfig) -> None:
                         f"({config.data.dataset}) holds feature vectors, so it cannot train on "
                         "one; train it on an image dataset, or train dtml or dstml on the "
                         "pair (or a recipe without charts with domain.beta, e.g. jrd)")
+
+
+def check_before_data(config: RunConfig) -> None:
+    """Refuse, before the data is read, the settings that are wrong whatever the data: the
+    recipe against the dataset's kind (:func:`check_recipe_data`), a ``data.pca_dim`` on a
+    dataset that is not a domain pair, a ``data.root`` that the dataset does not read and a
+    ``model.backbone`` that names no backbone (or has no stem for ``model.small_input``). A
+    grid checks every cell so before the first trains; each had been refused at its cell's
+    turn, after the cells before it trained into a folder that the corrected grid may not
+    reuse."""
+    check_recipe_data(config)
+    check_pca_dataset(config.data)
+    check_root_is_read(config.data.dataset, config.data.root)
+    check_backbone_name(config.model.backbone, config.model.small_input)
 
 
 def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:

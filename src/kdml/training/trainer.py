@@ -65,10 +65,10 @@ from kdml.training.build import (
 from kdml.training.checkpoint import partial_checkpoints
 from kdml.training.checks import (
     check_batch_needs,
+    check_before_data,
     check_distributed,
     check_evaluation,
     check_method_on_splits,
-    check_recipe_data,
     check_same_run,
     warn_about_splits,
 )
@@ -406,7 +406,7 @@ def _build_parts(config: RunConfig, world: World, selects: bool, new_run: bool,
     device = resolve_device(distributed.device_for(config.train.device))
     check_distributed(config, world, device, get_recipe(config.recipe).draws_batches,
                       resumed=not new_run)
-    check_recipe_data(config)
+    check_before_data(config)
     splits, test_part = prepare_data_and_test_part(config.data, new_run=new_run, pca=pca)
     if not config.eval.ks:
         config.eval.ks = list(splits.eval_ks)
