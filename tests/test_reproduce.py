@@ -227,6 +227,15 @@ def test_catalog_is_consistent_and_every_cell_resolves(quick, tmp_path):
             assert all(0 <= value <= 2 for value in cell.paper.values()), cell
     planned = plan(found, 1, tmp_path, "cpu")  # every config resolves (and so validates)
     assert len(planned) == sum(len(experiment.cells) for experiment in found)
+    # each row is its own configuration: a row whose override restated a recipe default (an
+    # ablation "reverting" a setting to the value it has) would read another row's runs, and
+    # its claim would compare a configuration with itself
+    for experiment in found:
+        folders = [planned[experiment.key, cell.label][0].run_dir for cell in experiment.cells]
+        assert len(set(folders)) == len(folders), experiment.key
+        # --quick runs score no NMI, which costs more than their few steps of training
+        assert not quick or all(planned[experiment.key, cell.label][0].config.eval.nmi is False
+                                for cell in experiment.cells), experiment.key
 
 
 def test_full_catalog_covers_the_issue_s_grids():
@@ -755,6 +764,34 @@ def test_hand_broken_run_files_give_one_line_errors(tmp_path):
     assert all("\n" not in error for error in errors.values())
 
 
+def test_parts_are_computed_at_table2_s_ks_whatever_table_reads_them(tmp_path, monkeypatch):
+    """parts.json is written at Table 2's Recall@1, 2, 4, 8 whatever table computes it: Table 3
+    reads Recall@1 alone, and a Table 2 cell that shares the run reads the same file later
+    (written at Recall@1 only, it would be refused: "not as kdml wrote it (no recall@2)")."""
+    from types import SimpleNamespace
+
+    from kdml.reproduce import runner
+
+    asked: list[list[int]] = []
+
+    def parts(vectors, labels, ks, num_parts, metric):
+        asked.append(list(ks))
+        return {f"recall@{k}": SimpleNamespace(mean=k / 10, ci95=0.01) for k in ks}
+
+    trained = SimpleNamespace(method=None, splits=SimpleNamespace(test=None), embedder=None,
+                              config=SimpleNamespace(eval=SimpleNamespace(metric="cosine")))
+    monkeypatch.setattr(runner, "reload_to", lambda run_dir, purpose: trained)
+    monkeypatch.setattr(runner, "embed_dataset",
+                        lambda *args: SimpleNamespace(tensor=lambda: None, labels=None))
+    monkeypatch.setattr(runner, "retrieval_over_parts", parts)
+    table3 = _tiny_experiments()[1]
+    assert [name for name in table3.metrics if name.startswith("recall@")] == ["recall@1"]
+    runner._parts(table3, tmp_path)
+    assert asked == [[1, 2, 4, 8]]
+    assert runner._parts(_tiny_experiments()[0], tmp_path)["recall@2"]["mean"] == 0.2
+    assert len(asked) == 1  # read from the file
+
+
 def test_a_score_that_is_a_bool_or_not_finite_in_a_run_that_did_not_diverge_is_refused(
         tmp_path):
     """A hand-broken score of a finished run: `true` had read as 1.0, and NaN (or infinity)
@@ -960,6 +997,17 @@ def test_only_that_matches_nothing_lists_the_keys(capsys):
         "atlas-ablation-mnist5k, atlas-triplet-mnist5k, atlas-mmd64-mnist5k\n")
 
 
+def test_only_matches_whole_keys_not_their_prefixes(capsys):
+    """--only takes a key or a shell pattern over whole keys: a key's prefix picks nothing
+    (it had picked both datasets' Table 2 and, with atlas-table2-mnist5k, no other table)."""
+    assert cli.main(["reproduce", "jrd", "--only", "jrd-table2-mnist", "--list"]) == 2
+    assert "--only jrd-table2-mnist matches no experiment" in capsys.readouterr().err
+    assert cli.main(["reproduce", "atlas", "--only", "atlas-table2-mnist5k", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if not line.startswith(" ")]
+    assert listed == ["atlas-table2-mnist5k"]
+
+
 def test_list_prints_experiments_and_cells(capsys):
     assert cli.main(["reproduce", "dtml", "--list"]) == 0
     out = capsys.readouterr().out
@@ -1023,6 +1071,19 @@ def test_plan_hashes_the_device_auto_resolves_to(tmp_path):
     assert [run.run_dir for runs in auto.values() for run in runs] == [
         run.run_dir for runs in named.values() for run in runs]
     assert {run.config.train.device for runs in auto.values() for run in runs} == {resolved}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_the_runner_plans_and_trains_on_the_device_it_is_given(tmp_path):
+    """reproduce() plans every experiment on its ``device``: on a machine without CUDA,
+    ``cuda`` is refused in the experiment's error, with nothing trained (had it planned on
+    another device, the runs would train on the CPU, into folders named by the CPU)."""
+    experiment = dataclasses.replace(_tiny_experiments()[0], key="tiny-test", protocol="test")
+    runs = tmp_path / "runs"
+    (result,) = reproduce([experiment], 1, runs, "cuda", progress=False,
+                          echo=lambda line: None)
+    assert "cuda" in result.error.lower() and not result.cells
+    assert not runs.exists() or not any(runs.iterdir())
 
 
 def test_reproduce_refuses_torchrun(monkeypatch, capsys):
@@ -1318,6 +1379,25 @@ def test_a_table_s_settings_are_the_same_whether_its_runs_trained_now_or_earlier
     assert "eval.ks" not in _changes(mixed)
 
 
+def test_a_run_is_finished_only_with_its_reproduce_json_and_its_final_scores(tmp_path):
+    """A run is reused untrained where reproduce.json and metrics.json's final scores are both
+    there, or reproduce.json says it diverged; one whose metrics.json was lost (its log and
+    reproduce.json kept) resumes, which scores it again: reused, its table had stopped with
+    "has no 'recall@1'"."""
+    from kdml.reproduce.runner import finished_earlier
+
+    (tmp_path / "train.log").write_text("2026-01-01 10:00:00,000 start epoch 1 of 1\n")
+    assert not finished_earlier(tmp_path)
+    (tmp_path / "reproduce.json").write_text(json.dumps({"wall_s": 1.0, "device": "cpu"}))
+    assert not finished_earlier(tmp_path)  # its scores are gone
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [], "final": {}}))
+    assert finished_earlier(tmp_path)
+    (tmp_path / "metrics.json").unlink()
+    (tmp_path / "reproduce.json").write_text(json.dumps({"wall_s": 1.0, "device": "cpu",
+                                                          "diverged": "loss is nan"}))
+    assert finished_earlier(tmp_path)
+
+
 def test_scoring_less_often_trains_the_same_model(tmp_path, tiny_overrides):
     # why eval_every may leave the run folder's hash: it changes what is recorded, not the run
     finals, weights = [], []
@@ -1594,6 +1674,17 @@ def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkey
                           f"{tmp_path / 'none'})") and err.count("\n") == 1, err
     assert "another --out, or delete" in err
     assert trained == [] and not (tmp_path / "none").exists() and report.read_text() == text
+
+
+def test_a_paper_s_report_lists_no_other_paper_s_experiment_as_not_run(tmp_path, monkeypatch):
+    """The experiments a report lists as not run are its paper's: `kdml reproduce dtml` on a
+    new report names no JRD experiment (nor its command)."""
+    _two_papers(monkeypatch)
+    report = tmp_path / "report.md"
+    assert cli.main(["reproduce", "dtml", "--seeds", "1", "--runs", str(tmp_path / "runs"),
+                     "--out", str(report), "--no-progress", "--device", "cpu"]) == 0
+    assert _sections(report) == ["### LFW: digits"]
+    assert "tiny-j" not in report.read_text()
 
 
 def test_a_chart_plot_without_its_checkpoint_leaves_the_table_and_says_why(tmp_path):
