@@ -23,11 +23,13 @@ from kdml.errors import KdmlError
 from kdml.losses import nt_xent_loss
 from kdml.models.backbones import SmallCNN
 from kdml.regularizers.manifold import ChartMembershipLoss, ManifoldMMD
+from kdml.seeding import StepRandom
 from kdml.training.recipes.atlas import (
     RECIPES,
     MSimCLRParams,
     MTripletMethod,
     MTripletParams,
+    NormalizedTripletParams,
     SimCLRParams,
     TripletMethod,
     TripletParams,
@@ -185,6 +187,55 @@ def test_mtriplet_objective_is_triplet_plus_regularizers(reduction):
     assert output.loss.item() == pytest.approx(triplet + 0.7 * mmd + 0.3 * chart, rel=1e-9)
 
 
+def literal_chart_loss(q) -> float:
+    """l_J = -E_x sum_i (q_i(x) - 1/n)^2 (Sec. 3.1) with plain loops."""
+    return -sum(sum((v - 1 / len(row)) ** 2 for v in row) for row in q) / len(q)
+
+
+def _gradients(loss, method):
+    parameters = [p for p in method.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, parameters, allow_unused=True, retain_graph=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(parameters, grads,
+                                                                     strict=True)]
+
+
+def test_mtriplet_step_logs_and_differentiates_the_loss_it_is_made_of():
+    """The logged total is the optimised one, the chart term is l_J, and the gradient is
+    that of triplet + lambda1 * l_Z + lambda2 * l_J through every term (an MMD or a chart loss
+    on detached coordinates or memberships gave the same values, not the same training)."""
+    method = build("mtriplet", dim=3, n_charts=5, lambda1=0.7, lambda2=0.3).double()
+    x, labels = images().double(), torch.tensor(LABELS)
+    torch.manual_seed(3)
+    output = method(x, labels)
+    outputs = method.head(method.backbone(x))
+    torch.manual_seed(3)
+    prior = torch.rand(8, 3, dtype=torch.float64)  # the draw the forward made
+    distances = manifold_distance(outputs.q, outputs.coords, outputs.q, outputs.coords)
+    triplet, _ = batch_all_triplet_loss(distances, labels, 0.2, "all")
+    mmd = ManifoldMMD(3, 5)(outputs.coords, outputs.q, prior)
+    chart = ChartMembershipLoss()(outputs.q)
+    expected = triplet + 0.7 * mmd + 0.3 * chart
+    assert float(output.terms["chart"]) == pytest.approx(literal_chart_loss(
+        outputs.q.tolist()), rel=1e-9)
+    assert float(output.terms["loss"]) == pytest.approx(output.loss.item(), rel=1e-12)
+    assert float(output.terms["q_max"]) == pytest.approx(  # the mean top membership
+        sum(max(row) for row in outputs.q.tolist()) / 8, rel=1e-9)
+    assert output.loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    for term in (mmd, chart):  # each term moves the head on its own
+        assert any(g.abs().sum() > 0 for g in _gradients(term, method))
+    for got, want in zip(_gradients(output.loss, method), _gradients(expected, method),
+                         strict=True):
+        assert torch.allclose(got, want, rtol=1e-7, atol=1e-12)
+
+
+def test_mtriplet_defaults_are_the_paper_s():
+    """Sec. 3.2: n = 16 charts (tuned at d = 2), margin 0.2, lambda1 = 1, lambda2 = 0.1, and
+    Eq. 7's distance as printed (NOTES: the paper's formula is the default)."""
+    params = MTripletParams()
+    assert (params.dim, params.n_charts, params.margin, params.lambda1, params.lambda2,
+            params.distance) == (2, 16, 0.2, 1.0, 0.1, "paper")
+
+
 def test_mtriplet_uses_q_when_the_head_gives_no_log_memberships(monkeypatch):
     """``ChartOutputs.log_q`` is optional: a head without it trains on ``q`` itself, to the
     same loss (the log-memberships only keep underflowed charts finite)."""
@@ -226,6 +277,37 @@ def test_triplet_baseline_is_normalized_in_d_plus_one():
         literal_triplet(distances, LABELS, 0.5, "nonzero"), rel=1e-9)
 
 
+def test_triplet_baseline_takes_squared_distances_with_squared_distance():
+    """method.squared_distance=true (configs/triplet-*.yaml, as the authors' code and Schroff
+    et al.) puts the loss on ||a - b||^2; the default keeps MTriplet's d0 = ||a - b||."""
+    assert NormalizedTripletParams().squared_distance is False
+    method = build("triplet", dim=4, margin=0.5, squared_distance=True).double()
+    x = images().double()
+    output = method(x, torch.tensor(LABELS))
+    rows = method.embed(x).tolist()
+    squares = [[math.dist(a, b) ** 2 for b in rows] for a in rows]
+    expected = literal_triplet(squares, LABELS, 0.5, "all")
+    assert output.loss.item() == pytest.approx(expected, rel=1e-9)
+    roots = [[math.sqrt(v) for v in row] for row in squares]
+    assert expected != pytest.approx(literal_triplet(roots, LABELS, 0.5, "all"), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mtriplet", "msimclr"])
+def test_atlas_priors_are_drawn_from_the_step_s_generator(name):
+    """Under the trainer (rng given) the MMD's prior sample comes from the step's own stream
+    (kdml.seeding: no global RNG), so a step is the same whatever torch's global generator
+    holds; drawn from the global generator, two equal steps gave two MMDs."""
+    method = build(name, dim=2, n_charts=3).double()
+    x, labels = images().double(), torch.tensor(LABELS)
+    mmds = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        mmds.append(float(method(x, labels, rng=StepRandom(0, 1, 2)).terms["mmd"]))
+    assert mmds[0] == mmds[1]
+    other = float(method(x, labels, rng=StepRandom(0, 1, 3)).terms["mmd"])
+    assert other != mmds[0]  # and the step's stream is what decides it
+
+
 def test_msimclr_objective_is_nt_xent_plus_regularizers():
     # a clamp that bites (the authors' 10 does not on these coordinates): a recipe that
     # ignored method.coordinate_clamp passed
@@ -250,6 +332,45 @@ def test_msimclr_objective_is_nt_xent_plus_regularizers():
     chart = ChartMembershipLoss()(outputs.q).item()
     assert float(output.terms["nt_xent"]) == pytest.approx(nt_xent, rel=1e-9)
     assert output.loss.item() == pytest.approx(nt_xent + 2.0 * mmd + 0.5 * chart, rel=1e-9)
+
+
+def test_msimclr_step_logs_and_differentiates_the_loss_it_is_made_of():
+    """The logged total is the optimised one, the chart term is l_J over both views' 2B
+    memberships, and the gradient is that of NT-Xent + lambda1 * (the views' mean MMD) +
+    lambda2 * l_J through every term."""
+    method = build("msimclr", dim=2, n_charts=3, tau=0.5, lambda1=2.0, lambda2=0.5).double()
+    x = images().double()
+    torch.manual_seed(5)
+    output = method(x, torch.tensor(LABELS))
+    torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
+    view1, view2 = method.augment(x)
+    prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
+    first, second = method.charts(view1), method.charts(view2)
+    coords = torch.cat([first.coords, second.coords]).clamp(-10.0, 10.0)
+    q = torch.cat([first.q, second.q])
+    nt_xent = nt_xent_loss(method.projection(coords, q), 0.5)
+    mmd = 0.5 * (ManifoldMMD(2, 3)(coords[:8], q[:8], prior1)
+                 + ManifoldMMD(2, 3)(coords[8:], q[8:], prior2))
+    chart = ChartMembershipLoss()(q)
+    expected = nt_xent + 2.0 * mmd + 0.5 * chart
+    assert float(output.terms["chart"]) == pytest.approx(literal_chart_loss(q.tolist()),
+                                                         rel=1e-9)
+    assert float(output.terms["mmd"]) == pytest.approx(mmd.item(), rel=1e-9)
+    assert float(output.terms["loss"]) == pytest.approx(output.loss.item(), rel=1e-12)
+    assert output.loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    for got, want in zip(_gradients(output.loss, method), _gradients(expected, method),
+                         strict=True):
+        assert torch.allclose(got, want, rtol=1e-7, atol=1e-12)
+
+
+def test_msimclr_defaults_are_the_paper_s_and_the_authors():
+    """Sec. 3.1 / A.1: n = 16, lambda1 = 20, lambda2 = 0.1, tau = 1 (MNIST); Table 1's
+    projection of the sigmoid coordinates h_i(phi_i(x)); each view forwarded on its own
+    (the authors' code); SimCLR's crops down to 8% of the image."""
+    params = MSimCLRParams()
+    assert (params.n_charts, params.lambda1, params.lambda2, params.tau) == (16, 20.0, 0.1, 1.0)
+    assert (params.proj_input, params.joint_views, params.crop_scale_min) == (
+        "sigmoid", False, 0.08)
 
 
 def test_simclr_baseline_is_nt_xent_of_the_projection():
@@ -604,3 +725,22 @@ def test_triplet_methods_refuse_labels_they_cannot_take_in_one_line(recipe):
                                         r"torch\.float32$"):
         method(inputs, labels.float())
     assert torch.isfinite(method(inputs, labels.int()).loss)
+
+
+@pytest.mark.parametrize("name", ["msimclr", "simclr"])
+@pytest.mark.parametrize("weights", ["", "backbone.pth"])
+def test_simclr_recipes_drop_the_normalisation_of_a_from_scratch_backbone_only(name, weights):
+    """From scratch, the SimCLR recipes feed the augmented [0, 1] images as they are (the
+    authors' ToTensor without Normalize); a backbone with pretrained weights (model.weights)
+    keeps the normalisation its weights were trained with."""
+    from kdml.data.transforms import Normalization
+
+    recipe = next(r for r in RECIPES if r.name == name)
+    config = RunConfig(recipe=name, method=recipe.params())
+    config.model.weights = weights
+    backbone = tiny_backbone()
+    imagenet = Normalization((0.485,), (0.229,))
+    backbone.normalization = imagenet
+    method = recipe.build(config, backbone, 4)
+    expected = imagenet if weights else Normalization()
+    assert method.backbone.normalization == expected

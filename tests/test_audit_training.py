@@ -17,6 +17,7 @@ from kdml import cli
 from kdml.config import resolve_config
 from kdml.data.prepare import prepare_data
 from kdml.errors import KdmlError
+from kdml.kernels import GaussianMixtureKernel
 from kdml.models.method import Method, StepOutput
 from kdml.regularizers.domain import DomainMMD
 from kdml.training.domain_adapted import DomainAdaptedMethod
@@ -92,6 +93,26 @@ def test_build_method_refuses_domain_beta_without_a_domain_pair():
     with pytest.raises(KdmlError, match="domain.beta > 0 needs a domain pair"):
         build_method(config, prepare_data(config.data), pretrained=False,
                      echo=lambda line: None)
+
+
+@pytest.mark.parametrize(("kernel", "kind"), [("linear", type(None)),
+                                             ("gaussian", GaussianMixtureKernel)])
+def test_build_method_weighs_the_domain_term_by_domain_beta(kernel, kind):
+    """domain.beta and domain.kernel reach the DomainAdaptedMethod the build wraps the
+    recipe's method in: L = L_inner + beta * D_ts with the configured MMD (a beta of 1 whatever
+    the setting trained another objective, and the tests' domain.beta=1 could not tell)."""
+    from kdml.training.build import build_method_for
+
+    config = config_of("amsoftmax", "data.dataset=digits", "domain.beta=0.3",
+                       f"domain.kernel={kernel}")
+    train = prepare_data(config.data).train
+    method = build_method_for(config, train, 5, pretrained=False, echo=lambda line: None)
+    assert isinstance(method, DomainAdaptedMethod) and method.beta == 0.3
+    assert isinstance(method.mmd.kernel, kind)
+    source, target = train.x[:12].float(), train.x[12:21].float() + 1.0
+    output = method(source, torch.as_tensor(train.labels[:12]) % 5, target_inputs=target)
+    assert output.loss.item() == pytest.approx(
+        float(output.terms["inner_loss"]) + 0.3 * float(output.terms["d_ts"]), rel=1e-6)
 
 
 def test_build_embedder_takes_the_precision_it_is_given():

@@ -109,6 +109,73 @@ def test_jrd_objective_adds_alpha_times_jrs():
     assert output.terms["regularizer"] == pytest.approx(kernels_reg(list(reps), labels).item())
 
 
+def literal_gaussian_mixture(rows, num_kernels, multiplier=2.0):
+    """JRD's self-adaptive mixture of Gaussians (Sec. 5.1) with plain loops in float64: tau
+    the mean squared distance over the off-diagonal pairs, bandwidths tau * m^(i - K // 2)."""
+    count = len(rows)
+    d2 = [[sum((a - b) ** 2 for a, b in zip(x, y, strict=True)) for y in rows] for x in rows]
+    tau = sum(d2[i][j] for i in range(count) for j in range(count) if i != j) / (
+        count * count - count)
+    return [[sum(math.exp(-d2[i][j] / (tau * multiplier ** (k - num_kernels // 2)))
+                 for k in range(num_kernels)) / num_kernels for j in range(count)]
+            for i in range(count)]
+
+
+def literal_jrs(layers, num_kernels, labels) -> float:
+    """Eq. 10 / N_pairs (Eq. 11): the product of the layers' kernels, averaged over the ordered
+    pairs of samples of different classes."""
+    kernels = [literal_gaussian_mixture(rows, k) for rows, k in zip(layers, num_kernels,
+                                                                     strict=True)]
+    pairs = [(i, j) for i in range(len(labels)) for j in range(len(labels))
+             if labels[i] != labels[j]]
+    return sum(math.prod(kernel[i][j] for kernel in kernels) for i, j in pairs) / len(pairs)
+
+
+@pytest.mark.parametrize(("name", "layers"), [
+    ("jrd", ["pooled", "embedding", "class_level"]), ("mrd", ["embedding"]),
+    ("jrd-c", ["pooled", "embedding"]), ("jrd-pooling", ["embedding", "class_level"])])
+def test_a_jrd_step_optimises_and_logs_the_literal_objective_at_the_paper_s_settings(name,
+                                                                                     layers):
+    """The recipes at their defaults, the paper's (Sec. 5.1, Table 4: s = 20, m = 0.1,
+    alpha = 1, three Gaussians with bandwidth ratio 2 on the pooling and embedding, one on the
+    class level): the loss a step optimises and the one it logs are both Eq. 11's
+    L_AMS + alpha * L_JRS / N_pairs, here in float64 loops over the head's representations."""
+    recipe = get_recipe(name)
+    config = resolve_config(name, recipe.params, recipe.defaults, overrides=[
+        "model.embedding_size=5"])
+    torch.manual_seed(0)
+    method = recipe.build(config, MLP(6, (7,)), 4).double()
+    labels = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    inputs = torch.randn(len(labels), 6, dtype=torch.float64)
+    output = method(inputs, torch.tensor(labels))
+    reps = method.head(method.backbone(inputs))
+    am_softmax = literal_am_softmax(reps.embedding.tolist(), method.head.proxies.tolist(),
+                                    labels, 20.0, 0.1)
+    num_kernels = {"pooled": 3, "embedding": 3, "class_level": 1}
+    jrs = literal_jrs([getattr(reps, layer).tolist() for layer in layers],
+                      [num_kernels[layer] for layer in layers], labels)
+    assert float(output.terms["am_softmax"]) == pytest.approx(am_softmax, rel=1e-9)
+    assert float(output.terms["regularizer"]) == pytest.approx(jrs, rel=1e-9)
+    for total in (output.loss, output.terms["loss"]):  # optimised and logged: one value
+        assert total.item() == pytest.approx(am_softmax + 1.0 * jrs, rel=1e-9)
+    assert output.loss.requires_grad and not output.terms["loss"].requires_grad
+
+
+def test_jrd_params_default_to_the_paper_s_settings():
+    """Sec. 5.1 and Table 4: s = 20, m = 0.1, alpha = 1, Gaussian kernels, three on the pooling
+    and the embedding and one on the class level, bandwidths twice apart, degree 2 for a
+    polynomial kernel (Table 4's first); the authors' proxy initialisation and decay are the
+    configs' (configs/jrd-*.yaml), not the recipe's."""
+    params = JRDParams()
+    assert (params.scale, params.margin, params.alpha, params.regularizer, params.layers) == (
+        20.0, 0.1, 1.0, "jrs", ["pool", "emb", "cls"])
+    assert [(getattr(params, f"{layer}_kernel"), getattr(params, f"{layer}_num_kernels"))
+            for layer in ("pool", "emb", "cls")] == [("gaussian", 3), ("gaussian", 3),
+                                                     ("gaussian", 1)]
+    assert (params.kernel_multiplier, params.polynomial_degree) == (2.0, 2)
+    assert (params.proxy_init, params.decay_proxies) == ("normal", False)
+
+
 def test_jmmd_defaults_to_the_weight_of_the_paper_s_table3():
     # Chu et al. 2020, Table 3 reports JMMD at alpha = 0.1 (JRD at 1); JIntra has no value.
     alphas = {name: resolve_config(name, get_recipe(name).params,
