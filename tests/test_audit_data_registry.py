@@ -119,3 +119,13 @@ def test_open_dataset_names_the_dataset_an_unknown_name_nearly_spells():
     with pytest.raises(KdmlError, match=r"^unknown dataset 'Cars196' \(did you mean "
                                         r"'cars196'\?\); choose one of: mnist5k, "):
         open_dataset("Cars196")
+
+
+def test_files_directly_in_the_data_root_variable_are_not_searched(tmp_path, monkeypatch):
+    """$KDML_DATA_ROOT holds many datasets, each in its own folder: its own folder is not
+    searched (MNIST's and Fashion-MNIST's IDX files have the same names), --data-root's is."""
+    from kdml.data.registry import FORMATS, ROOT_VARIABLE, candidate_roots
+
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
+    assert candidate_roots(FORMATS["mnist"]) == [tmp_path / "mnist"]
+    assert candidate_roots(FORMATS["mnist"], str(tmp_path)) == [tmp_path, tmp_path / "mnist"]

@@ -99,6 +99,42 @@ def test_the_horizontal_flip_has_probability_one_half():
     assert type(flip).__name__ == "RandomHorizontalFlip" and flip.p == 0.5
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_the_views_steps_draw_from_the_documented_ranges(channels):
+    """The class docstring's steps and ranges, read from 4,000 drawn parameters (no image is
+    warped): crop areas within ``crop_scale`` at aspect ratios 3/4-4/3; brightness, contrast
+    and (3 channels) saturation factors in [1 - 0.8 s, 1 + 0.8 s] and hue in [-0.2 s, 0.2 s],
+    with probability ``jitter_p``; grayscale with probability ``grayscale_p``; no flip."""
+    from kdml.data.transforms import draw_parameters
+
+    s = 1.0
+    augment = SimCLRAugment(crop_scale=(0.3, 0.6), jitter_strength=s, jitter_p=0.4,
+                            grayscale_p=0.7)
+    pipeline = augment.pipeline(channels, 32, 32)
+    expected = ["RandomResizedCrop", "ColorJitter"] + ["RandomGrayscale"] * (channels == 3)
+    assert [type(step).__name__ for step in pipeline] == expected
+    params = draw_parameters(pipeline, torch.Size((4000, channels, 32, 32)),
+                             torch.Generator().manual_seed(0))
+    boxes = params[0].data["src"]
+    width, height = (boxes[:, 2] - boxes[:, 0] + 1).double().unbind(1)
+    area, ratio = width * height / 32 ** 2, width / height
+    assert 0.27 <= area.min() < 0.33 and 0.55 < area.max() <= 0.65  # whole pixels: +-0.03
+    assert ratio.min() >= 0.7 and ratio.max() <= 1.43  # 3/4-4/3, whole pixels
+    jitter = params[1].data
+    colour = ("brightness", "contrast") + ("saturation",) * (channels == 3)
+    for name in colour:
+        factor = jitter[f"{name}_factor"]
+        assert 1 - 0.8 * s <= factor.min() < 0.25 and 1.75 < factor.max() <= 1 + 0.8 * s
+    hue = jitter["hue_factor"]
+    if channels == 3:
+        assert -0.2 * s <= hue.min() < -0.19 and 0.19 < hue.max() <= 0.2 * s
+    else:  # one channel: no saturation or hue
+        assert torch.all(hue == 0) and torch.all(jitter["saturation_factor"] == 1)
+    assert 0.37 < jitter["batch_prob"].float().mean() < 0.43
+    if channels == 3:
+        assert 0.67 < params[2].data["batch_prob"].float().mean() < 0.73
+
+
 @pytest.mark.parametrize(("images", "words"), [
     (torch.zeros(2, 1, 8, 8, dtype=torch.uint8), "needs float images in [0, 1], got torch.uint8"),
     (torch.rand(2, 1, 8), "needs images [B, C, H, W] with 1 or 3 channels, got shape (2, 1, 8)"),

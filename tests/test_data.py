@@ -670,6 +670,24 @@ def write_images(folder, count, size=(40, 30)):
     return paths
 
 
+def test_an_in_memory_batch_holds_the_requested_rows_and_labels_in_order():
+    """``ArrayDataset.__getitems__`` gathers the rows and labels asked for, in the order asked
+    (each row's label beside it); uint8 images stay uint8 (scaled to [0, 1] on the device),
+    other samples become float32."""
+    x = torch.arange(5 * 4, dtype=torch.uint8).reshape(5, 1, 2, 2)
+    dataset = ArrayDataset("toy", "toy", x, torch.tensor([10, 11, 12, 13, 14]))
+    batch = dataset.__getitems__([3, 0, 4])
+    assert torch.equal(batch.inputs, x[[3, 0, 4]]) and batch.inputs.dtype == torch.uint8
+    assert batch.labels.tolist() == [13, 10, 14] and batch.indices.tolist() == [3, 0, 4]
+    assert not batch.unreadable.any()
+    assert ArrayDataset("f", "f", x.double(), torch.arange(5)).x.dtype == torch.float32
+    part = dataset.subset(torch.tensor([4, 1]), "toy/part")  # rows and labels stay paired
+    assert torch.equal(part.x, x[[4, 1]]) and part.labels.tolist() == [14, 11]
+    assert part.name == "toy/part" and dataset.subset(torch.tensor([0])).name == "toy"
+    assert part.num_classes == 2 and ArrayDataset("t", "t", x[:3], torch.tensor([5, 5, 7])
+                                                   ).num_classes == 2  # labels, not 0..max
+
+
 def test_image_files_decode_to_squares_of_the_resize(tmp_path):
     paths = write_images(tmp_path, 3, size=(40, 30))
     dataset = ImageFiles("toy", "toy images", paths, torch.tensor([0, 1, 1]), resize=20)
@@ -1057,6 +1075,16 @@ def test_normalization_for_grayscale_backbones_averages_the_rgb_statistics():
     assert Normalization().for_channels(1) == Normalization()
     with pytest.raises(KdmlError, match="3 channels cannot take 2-channel"):
         imagenet.for_channels(2)
+
+
+def test_a_0_255_backbone_normalised_for_grayscale_keeps_its_scale_and_takes_no_flip():
+    """BN-Inception's convention (0-255 inputs, BGR) for one channel: the mean of its means,
+    still on the 0-255 scale (an image in [0, 1] scaled by 255), and no channel flip."""
+    bn_inception = Normalization((104.0, 117.0, 128.0), (1.0, 1.0, 1.0), scale=255.0, bgr=True)
+    gray = bn_inception.for_channels(1)
+    images = torch.rand(2, 1, 3, 3, dtype=torch.float64)
+    assert gray.scale == 255.0 and not gray.bgr
+    assert torch.allclose(gray(images), images * 255 - (104.0 + 117.0 + 128.0) / 3)
 
 
 def test_pipeline_can_leave_training_batches_unnormalised():

@@ -323,6 +323,58 @@ def test_labels_samples_and_class_names_change_the_digest():
         files("/d", LABELS, names | {0: "renamed"}))["train"]
 
 
+def test_the_order_of_the_samples_is_part_of_the_digest():
+    """The module docstring's promise: splits are deterministic, so two samples of one class
+    listed the other way round (the same files and labels, in another order) are other data."""
+    paths = np.asarray([f"/d/c{label}/{number}.jpg" for number, label in enumerate(LABELS)])
+    swapped = paths.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # both of class 0
+    listed = [parts(ImageFiles("folder:x", "", order, torch.tensor(LABELS)))["train"]
+              for order in (paths, swapped)]
+    assert listed[0]["samples"] == listed[1]["samples"] and listed[0] != listed[1]
+    x = torch.rand(8, 3, generator=torch.Generator().manual_seed(0))
+    assert parts(arrays(x[[1, 0, *range(2, 8)]], LABELS))["train"] != (
+        parts(arrays(x, LABELS))["train"])
+
+
+def own_parts(labels: list[int], paths: list[str] | None = None,
+              names: dict[int, str] | None = None) -> dict:
+    """The fingerprint of files of ``labels`` split as their own list says: train, then test."""
+    dataset = files("/d", labels, names)
+    if paths is not None:
+        dataset.paths = np.asarray(paths)
+    half = len(labels) // 2
+    own = {"train": torch.arange(half), "test": torch.arange(half, len(labels))}
+    return data_fingerprint(make_splits(dataset, own, "standard"))
+
+
+def test_a_part_of_as_many_samples_in_other_classes_is_said_to_have_other_counts():
+    """The class count is compared with the sample count: a part whose samples are as many
+    but fall in fewer classes is said to have other counts, not only other labels."""
+    recorded, now = own_parts([0, 1, 2, 2, 5, 5, 6, 6]), own_parts([0, 1, 1, 1, 5, 5, 6, 6])
+    assert fingerprint_difference(recorded, now) == (
+        "its train part had 4 samples of 3 classes then and has 4 samples of 2 classes now")
+
+
+def test_file_names_that_are_not_utf8_are_told_apart():
+    """Two file names that differ only in a byte that is not UTF-8 (read by Python as lone
+    surrogates) are other files: their bytes are hashed, not a replacement character."""
+    labels = [0, 1, 2, 3]
+    first = own_parts(labels, ["/d/c0/a\udce9.jpg", "/d/c1/b.jpg", "/d/c2/c.jpg", "/d/c3/d.jpg"])
+    other = own_parts(labels, ["/d/c0/a\udce8.jpg", "/d/c1/b.jpg", "/d/c2/c.jpg", "/d/c3/d.jpg"])
+    assert first["parts"]["train"] != other["parts"]["train"]
+
+
+def test_class_names_spelled_decomposed_hash_as_composed():
+    """A class folder's name as macOS spells it (decomposed accents) names the same class."""
+    import unicodedata
+
+    composed = {0: "café", 1: "crème", 2: "x", 3: "y"}
+    decomposed = {label: unicodedata.normalize("NFD", name) for label, name in composed.items()}
+    assert decomposed != composed
+    assert own_parts([0, 1, 2, 3], names=decomposed) == own_parts([0, 1, 2, 3], names=composed)
+
+
 def test_computed_features_are_known_despite_last_bit_differences():
     """Generated and PCA-reduced features are floats that another BLAS, CPU or thread count
     computes a last bit apart: those differences (and -0.0 for 0.0) do not refuse the run's
@@ -369,6 +421,26 @@ def test_a_query_gallery_split_records_its_gallery_part():
     other.paths[7] = "/d/c3/other.jpg"
     changed = data_fingerprint(make_splits(other, own, "standard"))
     assert fingerprint_difference(recorded, changed) == (
+        "its gallery part has the same 2 samples of 2 classes but its files or labels differ")
+
+
+def test_a_validated_run_of_a_query_gallery_split_records_its_gallery_part():
+    """A validated run is finally scored on its test part's queries against its gallery: both
+    are recorded, so a gallery image changed after training is other data."""
+    labels = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    own = {"train": torch.arange(8), "query": torch.tensor([8, 10]),
+           "gallery": torch.tensor([9, 11])}
+
+    def recorded(dataset: ImageFiles) -> dict:
+        return data_fingerprint(make_splits(dataset, own, "standard", validation=0.5),
+                                make_splits(dataset, own, "standard"))
+
+    before = recorded(files("/d", labels))
+    assert {name: (part["samples"], part["classes"]) for name, part in before["parts"].items()
+            } == {"train": (4, 2), "validation": (4, 2), "test": (2, 2), "gallery": (2, 2)}
+    other = files("/d", labels)
+    other.paths[11] = "/d/c5/other.jpg"
+    assert fingerprint_difference(before, recorded(other)) == (
         "its gallery part has the same 2 samples of 2 classes but its files or labels differ")
 
 

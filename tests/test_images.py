@@ -195,3 +195,43 @@ def test_missing_files_follow_links_and_keep_the_listed_order(tmp_path):
              ("z.png", "linked.png", "folder.png", "real.png", "dangling.png", "a.png")]
     assert missing_files(paths) == [paths[0], paths[2], paths[4], paths[5]]
     assert missing_files(np.array([paths[1], paths[3]])) == []
+
+
+def test_an_image_decoded_like_in_memory_samples_is_resampled_bilinearly(tmp_path):
+    """``load_image_as`` of an image with the samples' aspect ratio is Pillow's bilinear,
+    antialiased resize of the whole image (a nearest-neighbour resize keeps one pixel in four
+    here, and differs by tens of grey levels on this noise)."""
+    from kdml.data.images import load_image_as
+
+    pixels = np.random.default_rng(0).integers(0, 256, (8, 16, 3), dtype=np.uint8)
+    path = tmp_path / "noise.png"
+    Image.fromarray(pixels).save(path)
+    expected = np.asarray(Image.fromarray(pixels).resize((8, 4), Image.Resampling.BILINEAR))
+    assert np.array_equal(load_image_as(path, (3, 4, 8)).numpy(), expected.transpose(2, 0, 1))
+    grey = np.asarray(Image.fromarray(pixels).convert("L").resize((8, 4),
+                                                                  Image.Resampling.BILINEAR))
+    assert np.array_equal(load_image_as(path, (1, 4, 8))[0].numpy(), grey)
+
+
+def test_a_link_in_a_loop_is_a_missing_file(tmp_path):
+    """A link in a loop is no file (the folder listing's ``is_file`` raises ELOOP for it): it
+    is named before training, not left to fail in the decoder."""
+    from kdml.data.images import missing_files
+
+    (tmp_path / "a.png").symlink_to(tmp_path / "b.png")
+    (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(tmp_path / "real.png")
+    paths = [str(tmp_path / name) for name in ("real.png", "a.png", "b.png")]
+    assert missing_files(paths) == paths[1:]
+
+
+def test_an_image_that_decodes_when_read_again_is_called_unreadable_without_a_reason(tmp_path):
+    """A worker flagged it but it decodes now (a failed read of the worker's): the error says
+    only that it is not a readable image file, with no reason made up."""
+    from kdml.data.images import ImageFiles
+    from kdml.data.loaders import UNREADABLE, decode_failure
+
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(tmp_path / "good.png")
+    files = ImageFiles("f", "one", np.array([str(tmp_path / "good.png")]), torch.tensor([0]),
+                       resize=4)
+    assert decode_failure(files, 0) == UNREADABLE
