@@ -7,6 +7,7 @@ import errno
 import os
 
 import pytest
+import torch
 
 from kdml import cli
 
@@ -476,7 +477,7 @@ def test_analyze_prints_its_terms_and_notes_unfitted_classes_only_where_there_ar
 
     trained = SimpleNamespace(splits=SimpleNamespace(train=[0] * 100, test=[0] * 1200,
                                                      validation=validation,
-                                                     test_parts=[[0] * 1200]),
+                                                     test_parts=[SimpleNamespace(labels=torch.zeros(1200))]),
                               method=SimpleNamespace(has_charts=False))
     terms = {name: Estimate(value, 0.01, (value,)) for name, value in (
         ("h_divergence", 0.61234), ("h_divergence_bd", 0.2), ("lambda", 0.3),
