@@ -253,7 +253,9 @@ def test_npz_loader_reads_the_largest_int64_label_saved_unsigned(tmp_path):
     ({"X": np.zeros((7,))}, "\\[N, D\\]"),
     ({"y": np.zeros(6, dtype=int)}, "y must have shape \\(7,\\)"),
     ({"domain": np.array(["source"] * 6)}, "domain must have shape"),
-    ({"y": np.array([0, -1, 2, 0, -1, -1, 2])}, "1 source samples are unlabelled"),
+    # a count of 1 in the singular (it had said "1 source samples are unlabelled")
+    ({"y": np.array([0, -1, 2, 0, -1, -1, 2])}, "1 source sample is unlabelled \\(y < 0\\)"),
+    ({"y": np.array([-1, -1, 2, 0, -1, -1, 2])}, "2 source samples are unlabelled"),
     ({"y": np.arange(7, dtype=float)}, "y must be integers .*; save it as y.astype\\(int\\)"),
     ({"X": np.full((7, 3), np.nan)}, "NaN"),
     ({"X": np.full((7, 3), 1e39)}, "beyond float32's range"),  # finite in float64 only
@@ -519,4 +521,11 @@ def test_evaluation_check_counts_only_the_labelled_target_as_references():
     config.eval.ks = [1, 2, 4, 8]
     with pytest.raises(KdmlError, match=r"asks for Recall@8 but a test query has only 4 "
                                         r"references; lower eval.ks, e.g. 'eval.ks=\[1, 2, 4\]'"):
+        check_evaluation(config, splits)
+    # two labelled targets: one reference each, in the singular (it had said "1 references")
+    two = ArrayDataset("tgt", "t", torch.rand(4, 4), torch.tensor([0, 0, -1, -1]))
+    splits = domain_splits(source, two)
+    assert splits.reference_size == 1
+    with pytest.raises(KdmlError, match=r"asks for Recall@8 but a test query has only 1 "
+                                        r"reference; lower eval.ks, e.g. 'eval.ks=\[1\]'"):
         check_evaluation(config, splits)

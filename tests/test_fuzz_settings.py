@@ -45,6 +45,21 @@ def test_a_dtml_family_or_pca_run_with_another_backbone_is_refused_naming_the_se
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
+@pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml", "ddml-logistic", "pca"])
+def test_a_dtml_family_backbone_is_refused_by_the_recipe_before_the_backbones_shape_check(
+        tmp_path, capsys, recipe):
+    """On the recipes' own domain pair (feature vectors, (64,)), model.backbone=cnn had been
+    refused by the backbone's check of the data's shape, "backbone 'cnn' needs square images
+    [C, H, W], got (64,)", before the recipe's clearer "must be identity". The recipe's check
+    now comes first, before the data is read (check_before_data)."""
+    out = tmp_path / "run"
+    assert cli.main(["train", recipe, "--out", str(out), "model.backbone=cnn", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"kdml: error: {recipe}'s network is the whole model, fed the flattened "
+                   "inputs: model.backbone must be identity, got 'cnn'; drop the setting\n")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("recipe", "batch", "m"), [
     ("triplet", 5, 1),  # one sample per class: no positive pair
     ("mtriplet", 5, 1),

@@ -1263,7 +1263,11 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
                        "'inputs' holds NaN or infinite values"),
         "no-input-rows": (dict(inputs=np.zeros((0, 1, 8, 8), dtype=np.float32)), "plain",
                           "'inputs' must hold one row per query, got shape (0, 1, 8, 8)"),
-        "zero": (dict(embeddings=np.zeros((2, 8), dtype=np.float32)), "plain", "all zeros"),
+        # named by its file, as the other errors are (it had said "query 0 is all zeros")
+        "zero": (dict(embeddings=np.zeros((2, 8), dtype=np.float32)), "plain",
+                 "zero.npz: row 0 is all zeros"),
+        "narrow": (dict(embeddings=np.ones((2, 5), dtype=np.float32)), "plain",
+                   "narrow.npz: the queries have dimension 5 but the index holds 8-d"),
         "no-charts": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords), "atlas",
                       "needs 'chart_index'"),
         "short-charts": (dict(embeddings=codes["embeddings"][:3], chart_coords=coords,
@@ -1346,6 +1350,11 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
                 tmp_path / "q.npz", "-k", "5") == 0
     assert "fewer" not in capsys.readouterr().err
+    # one query in the singular (it had said "1 of 1 queries")
+    np.savez(tmp_path / "one.npz", embeddings=np.ones((1, 8), dtype=np.float32))
+    assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
+                tmp_path / "one.npz", "-k", "1000") == 0
+    assert "note: 1 of 1 query found fewer than 1000 neighbours" in capsys.readouterr().err
     # a -k far beyond the index allocates only what the index can give, plain and Atlas
     assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
     assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0

@@ -522,7 +522,7 @@ def test_stratified_parts_need_two_samples_of_every_class_per_part():
     by_seed = [stratified_parts(np.zeros(20, dtype=np.int64), 2, seed=seed)[0].tolist()
                for seed in (0, 1)]
     assert by_seed[0] != by_seed[1] and list(range(0, 20, 2)) not in by_seed
-    with pytest.raises(KdmlError, match=r"^1 test classes have fewer than 4 samples \(e\.g\. "
+    with pytest.raises(KdmlError, match=r"^1 test class has fewer than 4 samples \(e\.g\. "
                                         r"class 1\), too few for 2 parts"):
         stratified_parts(np.array([0, 0, 0, 0, 1, 1, 1]), 2)
 

@@ -1008,6 +1008,27 @@ def test_only_matches_whole_keys_not_their_prefixes(capsys):
     assert listed == ["atlas-table2-mnist5k"]
 
 
+def test_only_names_the_paper_whose_experiment_a_key_is(capsys):
+    """An Atlas key given to kdml reproduce jrd had been answered with jrd's keys alone, as if
+    mistyped; it names the command whose catalog holds it."""
+    assert cli.main(["reproduce", "jrd", "--only", "atlas-table2-mnist5k", "--list"]) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: --only atlas-table2-mnist5k matches no experiment of jrd: "
+        "atlas-table2-mnist5k is an experiment of 'kdml reproduce atlas'\n")
+    assert cli.main(["reproduce", "dtml", "--quick", "--only", "jrd-*", "--list"]) == 2
+    assert capsys.readouterr().err == (
+        "kdml: error: --only jrd-* matches no experiment of dtml: jrd-* matches experiments "
+        "of 'kdml reproduce jrd'\n")
+    # beside a key found nowhere, the paper's keys are listed still
+    assert cli.main(["reproduce", "atlas", "--only", "dtml-mnist5k-to-digits", "--only", "zzz",
+                     "--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kdml: error: --only dtml-mnist5k-to-digits zzz matches no experiment "
+                          "of atlas; dtml-mnist5k-to-digits is an experiment of 'kdml "
+                          "reproduce dtml'; the keys are: atlas-table2-mnist5k, ")
+    assert err.count("\n") == 1
+
+
 def test_list_prints_experiments_and_cells(capsys):
     assert cli.main(["reproduce", "dtml", "--list"]) == 0
     out = capsys.readouterr().out
@@ -1151,15 +1172,50 @@ def test_a_resumed_run_counts_the_sessions_before_it(tmp_path, monkeypatch, chec
     if checkpoint:
         (run_dir / "checkpoints").mkdir()
         (run_dir / "checkpoints" / "last.pt").write_bytes(b"epoch 1")
-    monkeypatch.setattr(runner, "train", lambda *args, **kwargs: None)
+    first = 2 if checkpoint else 1  # without one, it trains again from epoch 1
+
+    def session(*args, **kwargs):  # this session's half minute, as its train.log records it
+        with (run_dir / "train.log").open("a") as log:
+            log.write(f"2026-01-02 09:00:00,000 start epoch {first} of 2, device cpu\n"
+                      "2026-01-02 09:00:30,000 epoch 2: lr=0.001, train/loss=0.5\n")
+
+    monkeypatch.setattr(runner, "train", session)
     wall, diverged, reused, machine = train_planned(PlannedRun(config, run_dir), False)
     assert not diverged and not reused
-    if checkpoint:
-        assert 120.0 <= wall < 130.0  # the earlier session's two minutes, and this one's
-    else:
-        assert wall < 10.0  # this session's instant alone
+    # the earlier session's two minutes and this one's half; without the checkpoint, this one's
+    assert wall == (150.0 if checkpoint else 30.0)
     stored = json.loads((run_dir / "reproduce.json").read_text())
     assert stored["wall_s"] == wall and stored["machine"] == machine
+
+
+@pytest.mark.parametrize("diverges", [False, True])
+def test_a_run_trained_in_one_go_counts_from_its_first_epoch_as_a_resumed_one(
+        tmp_path, monkeypatch, diverges):
+    """A run trained in one go had counted from before its data loaded (the whole train()
+    call), a resumed run's earlier sessions from their first epoch's line in train.log: every
+    session now counts from that line to its last one (for a run that diverged, its stop
+    line: the epoch that diverged is not trained again)."""
+    from kdml.reproduce import runner
+    from kdml.training.nonfinite import NonFiniteLoss
+
+    experiment = experiments("jrd", quick=True)[0]
+    config = cell_config(experiment, experiment.cells[0], 0, "cpu")
+    run_dir = tmp_path / "run"
+
+    def session(*args, **kwargs):  # the data loads, then two epochs train, as the log says
+        run_dir.mkdir()
+        lines = ["2026-01-01 10:00:00,000 start epoch 1 of 2, device cpu",
+                 "2026-01-01 10:01:00,000 epoch 1: lr=0.001, train/loss=1.0"]
+        lines += (["2026-01-01 10:01:40,000 stopped: the loss is NaN"] if diverges else
+                  ["2026-01-01 10:01:40,000 epoch 2: lr=0.001, train/loss=0.5"])
+        (run_dir / "train.log").write_text("".join(f"{line}\n" for line in lines))
+        if diverges:
+            raise NonFiniteLoss("the loss is NaN")
+
+    monkeypatch.setattr(runner, "train", session)
+    wall, diverged, reused, _ = train_planned(PlannedRun(config, run_dir), False)
+    assert wall == 100.0 and bool(diverged) == diverges and not reused
+    assert json.loads((run_dir / "reproduce.json").read_text())["wall_s"] == 100.0
 
 
 # results/NAME: the experiments its report's command (results/README.md) trains there
@@ -1934,6 +1990,23 @@ def test_a_rewrite_removes_only_the_plots_kdml_drew(tmp_path):
         "copied-retrieval.png", "linked.png", "mine.png", "older.png"]
 
 
+def test_a_file_where_the_plots_folder_goes_is_called_a_file(tmp_path):
+    """It was said to "hold files kdml reproduce did not write", of a plain file."""
+    from kdml.reproduce.report import check_outputs
+
+    plots = tmp_path / "report-plots"
+    plots.write_text("mine")
+    with pytest.raises(KdmlError, match=rf"^{re.escape(str(plots))} is a file, where the "
+                                        r"report's plots folder goes; move it or choose "
+                                        r"another --out$"):
+        check_outputs(tmp_path / "report.md")
+    plots.unlink()
+    plots.mkdir()
+    (plots / "mine.png").write_bytes(b"")
+    with pytest.raises(KdmlError, match=r"holds files kdml reproduce did not write"):
+        check_outputs(tmp_path / "report.md")
+
+
 @pytest.mark.parametrize("name", ["report.txt", "report", "report.MD"])
 def test_a_report_path_must_end_in_md(tmp_path, name):
     """Its plot folder is named by the stem: report.md and report.txt had shared
@@ -1965,6 +2038,30 @@ def test_reproduce_refuses_a_runs_file_and_a_huge_seed_count_before_anything_run
     err = capsys.readouterr().err
     assert err.startswith(f"kdml: error: {message}") and err.count("\n") == 1, err
     assert trained == [] and (tmp_path / "afile").read_text() == "mine"
+
+
+def test_reproduce_refuses_a_run_folder_or_a_grid_folder_as_its_runs(tmp_path, monkeypatch,
+                                                                     capsys):
+    """A --runs made by kdml train had its runs nested among the run's own files (and, with
+    --quick, its report written there), where kdml train and a grid refuse such a folder."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("recipe: jrd\n")
+    (run / "train.log").write_text("epoch 1\n")
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / "grid.yaml").write_text("grid: {method.alpha: [0.1]}\ncells: [alpha-0.1]\n")
+    trained = _count_training(monkeypatch)
+    for runs, message in ((run, f"--runs {run} is a run's folder (its config.yaml beside its "
+                                "log or checkpoints); kdml reproduce's runs go into a folder "
+                                "of their own: choose another --runs"),
+                          (grid, f"--runs {grid} is a grid's folder (grid.yaml)")):
+        before = sorted(path.name for path in runs.iterdir())
+        assert cli.main(["reproduce", "dtml", "--quick", "--runs", str(runs)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"kdml: error: {message}") and err.count("\n") == 1, err
+        assert sorted(path.name for path in runs.iterdir()) == before
+    assert trained == []
 
 
 def test_a_kept_section_that_cannot_be_read_again_leaves_the_report_as_it_was(

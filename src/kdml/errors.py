@@ -85,3 +85,13 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     by_lower = {choice.lower(): choice for choice in choices}
     near = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
     return f" (did you mean {by_lower[near[0]]!r}?)" if near else ""
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, plural unless the count is 1 (``plural``, else ``noun + "s"``),
+    the count with thousands separators: a message must not say "1 source samples".
+
+    >>> counted(1, "source sample"), counted(1_200, "class", "classes")
+    ('1 source sample', '1,200 classes')
+    """
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

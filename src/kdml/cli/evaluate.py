@@ -11,7 +11,7 @@ import unicodedata
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, counted
 
 # eval.json's fields that every kdml has written (written_by_kdml: a file lacking one is a
 # user's, never replaced)
@@ -215,8 +215,8 @@ def _embed(args: argparse.Namespace) -> int:
     trained, part = _run_and_part(args)
     arrays = embed_part(trained, part)
     path = write_npz(args.out, arrays)
-    print(f"{len(arrays['labels'])} embeddings of size {arrays['embeddings'].shape[1]} "
-          f"written to {path}")
+    print(f"{counted(len(arrays['labels']), 'embedding')} of size "
+          f"{arrays['embeddings'].shape[1]} written to {path}")
     return 0
 
 
@@ -248,9 +248,9 @@ def _search(args: argparse.Namespace) -> int:
     results = search(run, args.index, args.query, args.k, model)
     short = sum(len(result["neighbours"]) < args.k for result in results)
     if short:  # an exact index holds too few items (in the query's chart) or ivf/hnsw missed
-        print(f"kdml: note: {short} of {len(results)} queries found fewer than {args.k} "
-              "neighbours: the index holds fewer (in their chart), or an ivf or hnsw index "
-              "missed some", file=sys.stderr)
+        print(f"kdml: note: {short} of {counted(len(results), 'query', 'queries')} found "
+              f"fewer than {args.k} neighbour{'' if args.k == 1 else 's'}: the index holds "
+              "fewer (in their chart), or an ivf or hnsw index missed some", file=sys.stderr)
     if args.json:
         print(results_as_json(results))
         return 0

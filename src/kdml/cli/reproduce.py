@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kdml.cli.output import _progress, _stop_code
 from kdml.cli.parser import DEFAULT_REPORT
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, counted
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     import torch
@@ -24,14 +24,14 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kdml import distributed
     from kdml.file_write import check_writable_folder
     from kdml.launch import launched_by_torchrun
-    from kdml.reproduce.catalog import experiments
+    from kdml.reproduce.catalog import PAPERS, experiments
     from kdml.reproduce.report import (
         check_outputs,
         check_plots,
         check_quotable,
         keep_reported,
     )
-    from kdml.reproduce.runner import reproduce
+    from kdml.reproduce.runner import check_runs_folder, reproduce
     from kdml.training.build import resolve_device
     from kdml.training.run_folder import hold_folder
 
@@ -53,8 +53,19 @@ def _reproduce(args: argparse.Namespace) -> int:
         full = [experiment.key for experiment in experiments(args.paper)
                 if matches(experiment, unmatched)]
         quick = f" with --quick (without it: {', '.join(full)})" if args.quick and full else ""
+        # a key of another paper's catalog: where it is, rather than this paper's keys alone
+        elsewhere = {pattern: [paper for paper in PAPERS if paper != args.paper
+                               and any(matches(experiment, [pattern])
+                                       for experiment in experiments(paper))]
+                     for pattern in unmatched}
+        owned = "; ".join(f"{pattern} {_of_papers(papers, pattern)}"
+                          for pattern, papers in elsewhere.items() if papers)
+        if owned and all(elsewhere.values()) and not quick:
+            raise KdmlError(f"--only {' '.join(unmatched)} matches no experiment of "
+                            f"{args.paper}: {owned}")
         raise KdmlError(f"--only {' '.join(unmatched)} matches no experiment of "
-                        f"{args.paper}{quick}; the keys are: {keys}")
+                        f"{args.paper}{quick}; {owned + '; ' if owned else ''}the keys are: "
+                        f"{keys}")
     if args.only:
         chosen = [experiment for experiment in chosen if matches(experiment, args.only)]
     if args.list:
@@ -73,6 +84,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     # first: with --quick the report goes into the runs folder, whose fault is --runs'
     check_quotable(runs, "--runs")
     check_writable_folder(runs, "choose another --runs")
+    check_runs_folder(runs)
     check_outputs(report)
     device = resolve_device(args.device, "--device")
     # The report at --out keeps its other sections, with --only or without: they are read
@@ -103,6 +115,15 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"kdml: {stopped}; finished runs are kept, and the same command continues",
               file=sys.stderr)
         return code
+
+
+def _of_papers(papers: list[str], pattern: str) -> str:
+    """Whose experiment the ``--only`` key ``pattern`` names (or a pattern with wildcards
+    matches): ``"is an experiment of 'kdml reproduce atlas'"``."""
+    commands = " and ".join(f"'kdml reproduce {paper}'" for paper in papers)
+    if any(wildcard in pattern for wildcard in "*?["):
+        return f"matches experiments of {commands}"
+    return f"is an experiment of {commands}"
 
 
 def _default_runs(quick: bool) -> Path:
@@ -175,6 +196,6 @@ def _write_reproduction(args: argparse.Namespace, catalog: list[Experiment],
               "command writes the report once that is mended", file=sys.stderr)
         return 1
     path = write_report(results, report, context, not_run)
-    print(f"report written to {path} ({len(results) - len(failed)} of {len(results)} "
-          "experiments)")
+    print(f"report written to {path} ({len(results) - len(failed)} of "
+          f"{counted(len(results), 'experiment')})")
     return 1 if failed else 0

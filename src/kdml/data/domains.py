@@ -34,7 +34,7 @@ from kdml.checks import is_positive_int
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.registry import PATH_FORMATS
-from kdml.errors import KdmlError, UnreadableCheckpoint, why_missing
+from kdml.errors import KdmlError, UnreadableCheckpoint, counted, why_missing
 
 # Binarisation threshold of the 32x32 bitmap, on intensities in [0, 1]. The mean amount of ink
 # is the reason for 0.35: converted MNIST then has ~309 on-pixels per digit against ~313 in
@@ -302,8 +302,10 @@ def load_feature_domains(path: str | Path) -> DomainPair:
         raise KdmlError(f"{path}: needs samples of both domains, got {int(is_source.sum())} "
                         f"source and {int((~is_source).sum())} target")
     if (labels[is_source] < 0).any():
-        raise KdmlError(f"{path}: {int((labels[is_source] < 0).sum())} source samples are "
-                        "unlabelled (y < 0); every source sample needs a label")
+        unlabelled = int((labels[is_source] < 0).sum())
+        raise KdmlError(f"{path}: {counted(unlabelled, 'source sample')} "
+                        f"{'is' if unlabelled == 1 else 'are'} unlabelled (y < 0); every source "
+                        "sample needs a label")
     x = torch.from_numpy(features)
     y = torch.from_numpy(labels)
     description = f"features from {path.name}"

@@ -25,6 +25,7 @@ import numpy as np
 from kdml.data.dataset import ArrayDataset, DmlDataset
 from kdml.data.images import ImageFiles
 from kdml.data.splits import DataSplits
+from kdml.errors import counted
 
 # The top-level field that marks kdml's data.json and holds its format's version: a fingerprint
 # of another version is not compared (its digests may cover other things).
@@ -124,7 +125,8 @@ def _contents(part: dict[str, Any]) -> str:
 
 
 def _counts(part: dict[str, Any]) -> str:
-    return f"{part.get('samples', 0):,} samples of {part.get('classes', 0):,} classes"
+    return (f"{counted(part.get('samples', 0), 'sample')} of "
+            f"{counted(part.get('classes', 0), 'class', 'classes')}")
 
 
 def _part(dataset: DmlDataset, extra: bytes) -> tuple[dict[str, Any], str | None]:

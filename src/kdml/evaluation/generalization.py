@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from kdml.checks import check_seed, is_finite_number, is_positive_int
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, counted
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
 from kdml.evaluation.labels import transposed_hint
@@ -251,8 +251,9 @@ def check_scored_counts(seen_count: int, unseen_count: int, fraction: float,
     sets = {"seen": seen_count, "unseen": unseen_count}
     for name, count in sets.items():
         if count < MIN_SCORED + 1:
-            raise KdmlError(f"the {name} set has {count} samples; the analysis needs at least "
-                            f"{MIN_SCORED + 1} in each set (1 fitted, {MIN_SCORED} scored)")
+            raise KdmlError(f"the {name} set has {counted(count, 'sample')}; the analysis "
+                            f"needs at least {MIN_SCORED + 1} in each set (1 fitted, "
+                            f"{MIN_SCORED} scored)")
     name = min(sets, key=lambda key: sets[key] - _cut(sets[key], fraction))
     count = sets[name]
     fitted = _cut(count, fraction)

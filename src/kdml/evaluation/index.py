@@ -274,19 +274,22 @@ def _info_disagreement(info: IndexInfo, indexes: dict[int, faiss.Index]) -> str 
 
 
 def search_index(loaded: LoadedIndex, queries: Any, k: int,
-                 query_charts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 query_charts: np.ndarray | None = None,
+                 source: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` nearest indexed items of each query: scores ``[Q, K]`` with ``K = min(k,
     number of items)`` (cosine similarities, or Euclidean distances in the embeddings' units;
     NaN where fewer items exist) and item positions ``[Q, K]`` (-1 where none). Atlas indexes
-    search each query's own chart (``query_charts``) only."""
+    search each query's own chart (``query_charts``) only. The errors about the queries name
+    their ``source`` (the query file) where given, as ``query FILE: ...``."""
     info = loaded.info
     array = as_float_matrix(queries, "queries")
     if array.shape[1] != info.dim:
-        raise KdmlError(f"the queries have dimension {array.shape[1]} but the index holds "
-                        f"{info.dim}-d vectors; embed them with the run the index was built from")
+        raise KdmlError(_about_queries(source, f"the queries have dimension {array.shape[1]} "
+                                       f"but the index holds {info.dim}-d vectors; embed them "
+                                       "with the run the index was built from"))
     if k < 1:
         raise KdmlError(f"-k must be at least 1, got {k}")
-    vectors = _query_vectors(array, info)
+    vectors = _query_vectors(array, info, source)
     k = min(k, info.count)  # no query finds more, and a huge -k must not allocate [Q, k]
     scores = np.full((len(vectors), k), np.nan, dtype=np.float32)
     positions = np.full((len(vectors), k), -1, dtype=np.int64)
@@ -326,24 +329,32 @@ def _search(index: faiss.Index, vectors: np.ndarray, k: int) -> tuple[np.ndarray
     return index.search(vectors, k)
 
 
-def _query_vectors(array: np.ndarray, info: IndexInfo) -> np.ndarray:
+def _about_queries(source: Path | None, message: str) -> str:
+    """``message`` about the queries, prefixed by their file (``query FILE: ``) where known."""
+    return message if source is None else f"query {source}: {message}"
+
+
+def _query_vectors(array: np.ndarray, info: IndexInfo, source: Path | None = None
+                   ) -> np.ndarray:
     """Queries as the index's vectors: unit rows for cosine (normalised row by row in float64,
     so that no magnitude overflows or underflows float32), else divided by the index's scale.
-    """
+    Errors name the queries' ``source`` file where given."""
     if info.metric == "cosine":
         rows = array.astype(np.float64)
         largest = np.abs(rows).max(axis=1)
         if (largest == 0).any():
-            raise KdmlError(f"query {int(np.flatnonzero(largest == 0)[0])} is all zeros: its "
-                            "cosine similarity to anything is undefined")
+            row = int(np.flatnonzero(largest == 0)[0])
+            raise KdmlError(f"{f'query {source}: row' if source else 'query'} {row} is all "
+                            "zeros: its cosine similarity to anything is undefined")
         rows /= largest[:, None]  # then the squares of the norms neither overflow nor underflow
         return np.ascontiguousarray(l2_normalize(rows, inplace=True), dtype=np.float32)
     if info.centre is not None:
         array = shifted(array, np.asarray(info.centre))
     largest = float(np.abs(array).max()) / info.scale
     if largest > SAFE_MAGNITUDE[1]:
-        raise KdmlError(f"the queries reach {largest:.3g} times the indexed vectors' scale, "
-                        "too far for a float32 search; were they embedded by this run?")
+        raise KdmlError(_about_queries(source, f"the queries reach {largest:.3g} times the "
+                                       "indexed vectors' scale, too far for a float32 search; "
+                                       "were they embedded by this run?"))
     return to_search_vectors(array, info.scale, info.metric)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kdml.checks import check_seed, is_positive_int
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, counted
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import Metric, as_float_matrix
 from kdml.evaluation.labels import as_label_vector
@@ -51,9 +51,10 @@ def stratified_parts(labels: np.ndarray, num_parts: int, seed: int = 0) -> list[
     too_small = classes[counts < 2 * num_parts]
     if len(too_small):
         raise KdmlError(
-            f"{len(too_small)} test classes have fewer than {2 * num_parts} samples (e.g. class "
-            f"{too_small[0]}), too few for {num_parts} parts that each hold every class at least "
-            "twice; use fewer parts")
+            f"{counted(len(too_small), 'test class', 'test classes')} "
+            f"{'has' if len(too_small) == 1 else 'have'} fewer than {2 * num_parts} samples "
+            f"(e.g. class {too_small[0]}), too few for {num_parts} parts that each hold every "
+            "class at least twice; use fewer parts")
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_parts)]
     for label in classes:

@@ -66,7 +66,7 @@ def search(run: RunWithoutData, index_folder: Path, query: Path, k: int,
         raise KdmlError(_another_checkpoint(loaded.info, run, index_folder))
     # the index is of this run's checkpoint: per chart (info.charts) iff the run is an Atlas's
     vectors, charts, names = query_vectors(run, query, loaded.info.charts is not None, model)
-    scores, positions = search_index(loaded, vectors, k, charts)
+    scores, positions = search_index(loaded, vectors, k, charts, source=query)
     class_names = loaded.items.get("class_names")
     results = []
     for name, row_scores, row_positions in zip(names, scores, positions, strict=True):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdml.config import RunConfig, flatten, resolve_config
-from kdml.errors import KdmlError, check_not_a_link
+from kdml.errors import KdmlError, check_not_a_link, counted
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import check_replaceable, copy_png, drawn_by_kdml
 from kdml.file_write import check_writable_folder, write_through_new_file
@@ -79,8 +79,10 @@ def check_outputs(report: Path) -> None:
                 raise KdmlError(f"{report} was not written by kdml reproduce and would be "
                                 "replaced; choose another --out")
     plots = plots_folder(report)
-    if plots.exists() and (not plots.is_dir() or (any(plots.iterdir())
-                                                  and not (plots / PLOTS_MARKER).is_file())):
+    if plots.exists() and not plots.is_dir():  # "holds files" misled: it is one
+        raise KdmlError(f"{plots} is a file, where the report's plots folder goes; move it or "
+                        "choose another --out")
+    if plots.exists() and any(plots.iterdir()) and not (plots / PLOTS_MARKER).is_file():
         raise KdmlError(f"{plots} holds files kdml reproduce did not write; move it or choose "
                         "another --out")
 
@@ -373,7 +375,7 @@ def _collapsed_in(claim: Claim, result: ExperimentResult) -> str:
         cell = result.cells[label]
         if cell.collapsed:
             said.append(f"{label} collapsed on {len(cell.collapsed)} of "
-                        f"{len(cell.run_dirs)} seeds")
+                        f"{counted(len(cell.run_dirs), 'seed')}")
     return "".join(f"; {words}" for words in said)
 
 

@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,7 +37,7 @@ from kdml.inspection.plots import draw_charts
 from kdml.machine import machine_description
 from kdml.reproduce.experiments import NUM_PARTS, PARTS_KS, Cell, Experiment
 from kdml.training.build import resolve_device
-from kdml.training.grid import is_score
+from kdml.training.grid import MARKER, is_score, recorded_cells
 from kdml.training.loading import TrainedRun, load_run, run_config
 from kdml.training.nonfinite import NonFiniteLoss
 from kdml.training.recipes import get_recipe
@@ -49,6 +48,7 @@ from kdml.training.run_folder import (
     FolderBusy,
     RunFolder,
     hold_folder,
+    holds_run,
     safe_name,
     write_json,
 )
@@ -208,10 +208,6 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
             raise not_as_written(timing, f"wall_s is {wall!r}")
         return Trained(float(wall), _stored_divergence(timing), reused=True,
                        machine=_stored_machine(timing))
-    # sessions of an interrupted run before this one; without a checkpoint to resume from it
-    # trains again from epoch 1, and those sessions' time is lost, not part of the run's
-    earlier = logged_seconds(folder.log) if folder.resumable else 0.0
-    start = time.perf_counter()
     diverged = ""
     try:
         # a copy: the trainer fills in the dataset's Ks (eval.ks) of the config it trains,
@@ -223,7 +219,11 @@ def train_planned(run: PlannedRun, progress: bool | None) -> Trained:
               data_remedy=reproduce_remedy(run.run_dir, run.config.data.dataset))
     except NonFiniteLoss as error:
         diverged = str(error)
-    wall = earlier + time.perf_counter() - start
+    # every session counted alike, this one as the earlier ones of an interrupted run: from
+    # its first epoch's start in train.log (after its data loaded) to its last line (this one
+    # had counted from before its data loaded); a session that trains again from epoch 1 (no
+    # checkpoint to resume from) drops the time of those before it
+    wall = logged_seconds(folder.log, through_stop=bool(diverged))
     machine = machine_description(resolve_device(run.config.train.device))
     write_json({"wall_s": wall, "device": run.config.train.device, "machine": machine,
                 **({"diverged": diverged} if diverged else {})}, timing, ("wall_s", "device"))
@@ -263,6 +263,19 @@ def check_holds_planned(run: PlannedRun) -> None:
                         f"{stored.get(key)!r} in its config.yaml, not {planned.get(key)!r}); "
                         "move it away, or delete it, and run the same command again to train "
                         "the planned run")
+
+
+def check_runs_folder(runs: Path) -> None:
+    """Refuse a ``--runs`` that is a run's folder (``kdml train``'s, or one of these runs) or
+    a grid's: reproduce would nest its runs, and with ``--quick`` its report, among that run's
+    files, where ``kdml train`` refuses to start a run and a grid to start."""
+    if holds_run(runs):
+        raise KdmlError(f"--runs {runs} is a run's folder (its config.yaml beside its log or "
+                        "checkpoints); kdml reproduce's runs go into a folder of their own: "
+                        "choose another --runs")
+    if recorded_cells(runs) is not None:
+        raise KdmlError(f"--runs {runs} is a grid's folder ({MARKER}); kdml reproduce's runs "
+                        "go into a folder of their own: choose another --runs")
 
 
 def claim_file(run_dir: Path) -> Path:
@@ -366,10 +379,12 @@ def not_as_written(path: Path, detail: str) -> KdmlError:
                      "command again to recompute it")
 
 
-def logged_seconds(log: Path) -> float:
+def logged_seconds(log: Path, through_stop: bool = False) -> float:
     r"""The training time ``train.log`` records: for each session, from its ``start epoch``
     line to its last line (an epoch cut short by a kill, an error or Ctrl-C is not counted,
-    nor is the ``stopped:`` line the last two leave). 0 without a log.
+    nor is the ``stopped:`` line the last two leave). 0 without a log. ``through_stop``: the
+    last session counts to its ``stopped:`` line (a run that diverged: its last epoch is not
+    trained again).
 
     A session that starts at epoch 1 trains the run from scratch (its checkpoint was lost, as
     in a run record kept without checkpoints), so the sessions before it are not counted;
@@ -393,13 +408,15 @@ def logged_seconds(log: Path) -> float:
     total = 0.0
     started: datetime | None = None
     last: datetime | None = None
+    stopped: datetime | None = None  # the stop line that ends the log, if one does
     for line in log.read_text(errors="replace").splitlines():
         try:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
         except ValueError:  # a line of a multi-line message
             continue
         message = line[24:]
-        if message.startswith(STOPPED):  # written at the stop: the cut-short epoch is redone
+        stopped = stamp if message.startswith(STOPPED) else None
+        if stopped is not None:  # written at the stop: the cut-short epoch is redone
             continue
         # a session starts training, or (a finished run resumed) has nothing to train
         if message.startswith("start epoch") or message.endswith(NOTHING_LEFT):
@@ -409,6 +426,8 @@ def logged_seconds(log: Path) -> float:
                 total = 0.0
             started = stamp if message.startswith("start epoch") else None
         last = stamp
+    if through_stop and stopped is not None:
+        last = stopped
     if started is not None and last is not None:
         total += max((last - started).total_seconds(), 0.0)
     return total

@@ -21,7 +21,7 @@ from kdml.data.samplers import (
 )
 from kdml.data.splits import DataSplits
 from kdml.distributed import World
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, counted
 from kdml.training.checks import resumed_batch_remedy
 
 
@@ -85,10 +85,11 @@ class TrainingBatches:
                 remedy = (resumed_batch_remedy(num_target, world.size, self.batch_size)
                           if resumed else f"lower data.batch_size to a multiple of "
                           f"{world.size} of at most {num_target:,}")
-                raise KdmlError(f"the target domain of {splits.target.name} has {num_target:,} "
-                                f"samples, fewer than the global batch of {self.batch_size}, "
-                                "so every step takes all of them, and they do not split "
-                                f"evenly over the {world.size} processes; {remedy}")
+                raise KdmlError(f"the target domain of {splits.target.name} has "
+                                f"{counted(num_target, 'sample')}, fewer than the global "
+                                f"batch of {self.batch_size}, so every step takes all of them, "
+                                f"and they do not split evenly over the {world.size} "
+                                f"processes; {remedy}")
             target_sampler: EpochBatches = TargetBatches(
                 num_target, [self.batch_size] * len(self.sampler), seed)
             if world.is_distributed:

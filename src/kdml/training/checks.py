@@ -16,7 +16,7 @@ from kdml.data.prepare import check_pca_dataset
 from kdml.data.registry import PATH_FORMATS, ROOT_VARIABLE, check_root_is_read
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
 from kdml.distributed import World
-from kdml.errors import KdmlError
+from kdml.errors import KdmlError, counted
 from kdml.evaluation.evaluator import metric_names
 from kdml.launch import processes_on_this_machine
 from kdml.models.backbones import check_backbone_name
@@ -31,8 +31,14 @@ def check_recipe_data(config: RunConfig) -> None:
     """Refuse, before the data is read, a recipe that cannot train on ``data.dataset``'s kind:
     the SimCLR recipes on a domain pair, whose samples are feature vectors they cannot augment
     (it had been refused as "data.split does not apply to a domain pair; drop it", of the
-    recipe's own default split, and with that dropped, at its first step)."""
+    recipe's own default split, and with that dropped, at its first step); and a
+    ``model.backbone`` the recipe cannot take (:attr:`Recipe.check_backbone`: DTML's family
+    takes identity only; ``model.backbone=cnn`` had been refused by the backbone's check of
+    the data's shape, "backbone 'cnn' needs square images", before the recipe's clearer
+    word)."""
     recipe = get_recipe(config.recipe)
+    if recipe.check_backbone is not None:  # before build_backbone's checks of the data's shape
+        recipe.check_backbone(config)
     if recipe.augments_images and is_domain_dataset(config.data.dataset):
         raise KdmlError(f"{config.recipe} augments images into two views, and a domain pair "
                         f"({config.data.dataset}) holds feature vectors, so it cannot train on "
@@ -276,7 +282,8 @@ def check_evaluation(config: RunConfig, splits: DataSplits, selects: bool = Fals
         asks, fix = ((setting, f"lower {setting}") if ks_given or not evaluating else
                      ("the run's eval.ks", "give --ks"))
         raise KdmlError(f"{asks} asks for Recall@{max(ks)} but a test query has only "
-                        f"{splits.reference_size} references; {fix}, e.g. '{example}'")
+                        f"{counted(splits.reference_size, 'reference')}; {fix}, e.g. "
+                        f"'{example}'")
     if evaluating:
         return
     if config.train.keep_best or config.train.patience or (selects and splits.validation):

@@ -268,6 +268,17 @@ def check_utf8_path(root: Path, resume: bool = False, what: str = "run folder") 
                         f"its event files under UTF-8 paths only: {remedy}") from None
 
 
+def holds_run(root: Path) -> bool:
+    """Whether ``root`` holds a run of kdml's (started, finished, or stopped before its first
+    checkpoint): its config.yaml and its log, a checkpoint or kdml's lock."""
+    run = RunFolder(root)
+    # a config.yaml alone may be the user's own file: a run also has its log or checkpoints,
+    # or kdml's lock (a kill between the config and the log's first line, ~0.1 s), and
+    # stale_run_files then checks the config's form
+    return run.config.is_file() and (run.log.is_file() or run.resumable
+                                     or run.lock_file.is_file())
+
+
 def check_new_run_folder(root: Path, held: bool = False) -> None:
     """Refuse a folder a new run must not write into, with one line: an existing run, a
     non-empty folder that is not a run (kdml never overwrites a file it did not create), a
@@ -279,11 +290,7 @@ def check_new_run_folder(root: Path, held: bool = False) -> None:
     ``held`` the folder already)."""
     run = RunFolder(root)
     trained = run.resumable
-    # a config.yaml alone may be the user's own file: a run also has its log or checkpoints,
-    # or kdml's lock (a kill between the config and the log's first line, ~0.1 s), and
-    # stale_run_files then checks the config's form
-    holds_a_run = run.config.is_file() and (run.log.is_file() or trained
-                                            or run.lock_file.is_file())
+    holds_a_run = holds_run(root)
     stale = holds_a_run and stale_run_files(root) is not None
     if holds_a_run and not stale:
         if not (trained or run.best_checkpoint.is_file()):

@@ -37,3 +37,7 @@ class Recipe:
     # whether its method augments image inputs into views (the SimCLR recipes): it cannot
     # train a domain pair, whose samples are feature vectors (built-in pairs and npz:FILE)
     augments_images: bool = False
+    # refuses, before the data is read, a model.backbone its method cannot take (DTML's family
+    # is its own whole network, fed the flattened inputs: identity only), ahead of the
+    # backbone's own checks of the data's shape, which would say less
+    check_backbone: Callable[[RunConfig], None] | None = None

@@ -492,14 +492,18 @@ DTML_DEFAULTS = {"eval": {"metric": "euclidean"}, "model": {"backbone": "identit
 
 RECIPES = (
     Recipe("dtml", "DTML: marginal Fisher + beta * domain MMD on the top layer (Eq. 7)",
-           DTMLParams, _build_dtml, DTML_DEFAULTS, DTML_SIZES),
+           DTMLParams, _build_dtml, DTML_DEFAULTS, DTML_SIZES,
+           check_backbone=_check_identity_backbone),
     Recipe("dstml", "DSTML: DTML plus hinged criteria on the hidden layers (omega=1, tau=0)",
            DTMLParams, _build_dtml, {**DTML_DEFAULTS, "method": {"omega": 1.0, "tau": 0.0}},
-           DTML_SIZES),
+           DTML_SIZES, check_backbone=_check_identity_backbone),
     Recipe("ddml", "No-transfer baseline: DTML with beta = 0", DTMLParams, _build_dtml,
-           {**DTML_DEFAULTS, "method": {"beta": 0.0}}, DTML_SIZES),
+           {**DTML_DEFAULTS, "method": {"beta": 0.0}}, DTML_SIZES,
+           check_backbone=_check_identity_backbone),
     Recipe("ddml-logistic", "DDML (CVPR 2014): pairwise generalized logistic loss, source only",
-           DDMLLogisticParams, _build_ddml_logistic, DTML_DEFAULTS, DTML_SIZES),
+           DDMLLogisticParams, _build_ddml_logistic, DTML_DEFAULTS, DTML_SIZES,
+           check_backbone=_check_identity_backbone),
     Recipe("pca", "Euclidean baseline: PCA fitted on the source, no training", PCAParams,
-           _build_pca, DTML_DEFAULTS, "method.pca_dim", draws_batches=False),
+           _build_pca, DTML_DEFAULTS, "method.pca_dim", draws_batches=False,
+           check_backbone=_check_identity_backbone),
 )
