@@ -482,7 +482,7 @@ def test_the_difference_names_the_first_part_that_differs_and_how():
         "its test part had 4 samples of 2 classes then and has none now")
     assert fingerprint_difference(then, _fingerprint(
         train=_part(6, 3), validation=_part(2, 1), test=_part(4, 2))) == (
-        "its validation part had none then and has 2 samples of 1 classes now")
+        "its validation part had none then and has 2 samples of 1 class now")
 
 
 # --- plots: the one warning of missing glyphs -------------------------------------------------
