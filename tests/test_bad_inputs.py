@@ -191,6 +191,38 @@ def test_default_run_folders_claimed_in_the_same_second_are_each_their_own(tmp_p
         run_folder.default_run_dir("jrd", "digits", tmp_path / "afile")
 
 
+@pytest.mark.parametrize("runs", ["runs", "runs/deeper"])
+def test_a_default_run_folder_under_a_link_to_nothing_is_refused_not_sought_forever(tmp_path,
+                                                                                   runs):
+    # runs/ linked to a drive not mounted: mkdir -p says "File exists" for every name, and
+    # default_run_dir had tried -2, -3, ... forever (kdml train without --out hung); a
+    # daemon thread, so that a claim that never ends fails the test instead of hanging it
+    import threading
+
+    from kdml.errors import KdmlError
+    from kdml.training.run_folder import default_run_dir
+
+    (tmp_path / "runs").symlink_to(tmp_path / "unmounted" / "runs")
+    said: list[str] = []
+
+    def claim() -> None:
+        try:
+            default_run_dir("jrd", "digits", tmp_path / runs)
+        except KdmlError as error:
+            said.append(str(error))
+
+    thread = threading.Thread(target=claim, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "default_run_dir is still looking for a free name"
+    (message,) = said
+    here = re.escape(str(tmp_path))
+    assert re.fullmatch(f"cannot make the run folder {here}/{runs}/jrd-digits-[0-9-]+: "
+                        f"{here}/runs is a link to {here}/unmounted/runs, which does not "
+                        "exist; make that folder, or remove the link", message), message
+    assert not (tmp_path / "unmounted").exists()
+
+
 def test_a_refused_run_leaves_no_default_run_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a setting refused once the data loads, after the claim
     err = refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits",

@@ -165,3 +165,45 @@ def test_a_grid_marker_written_meanwhile_by_another_grid_is_not_replaced(tmp_pat
         write_marker(root, first, {"optim.lr": [0.1, 0.2]})
     assert recorded_cells(root) == ["lr=0.3"]
     assert (root / MARKER).is_file()
+
+
+def test_a_grid_killed_while_its_marker_was_written_makes_way_for_the_same_command(
+        tmp_path, capsys, trained):
+    """SIGKILL while write_marker wrote grid.yaml leaves its hidden partial
+    ``.grid.PID.XXXX.yaml`` alone in the folder (kdml's own, as a run's config partial is): the
+    same command had said "--out ... is not empty and holds no grid" (``ls`` shows it empty)."""
+    root = tmp_path / "grid"
+    root.mkdir()
+    (root / ".grid.10806.fd201ee2.yaml").write_text("grid:\n  optim.lr: [0.1")  # cut short
+    assert cli.main(grid_file(tmp_path, {"optim.lr": [0.1, 0.2]})) == 0, capsys.readouterr().err
+    assert recorded_cells(root) == ["lr=0.1", "lr=0.2"] and len(trained) == 2
+    assert not (root / ".grid.10806.fd201ee2.yaml").exists()  # kdml's: gone, not left hidden
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / ".grid.10806.fd201ee2.yaml.bak").write_text("mine")  # not the partial's name
+    with pytest.raises(KdmlError, match="is not empty and holds no grid"):
+        check_grid_folder(user, grid_cells({"optim.lr": [0.1]}))
+
+
+def test_a_cell_stopped_after_its_first_checkpoint_is_resumed_by_the_same_command(
+        tmp_path, capsys, monkeypatch):
+    """A grid stopped (Ctrl-C) in a cell's second epoch goes on from that cell's checkpoint
+    with the same command; started anew, the cell would be refused as a folder that "already
+    holds a run" (it saved a checkpoint), and the grid could not continue there."""
+    real = trainer.train_one_epoch
+
+    def stopped_in_epoch_2(session, epoch, progress):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return real(session, epoch, progress)
+
+    arguments = grid_file(tmp_path, {"optim.lr": [0.1, 0.2]}, epochs=2)
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer, "train_one_epoch", stopped_in_epoch_2)
+        assert cli.main(arguments) == 130
+    cell = RunFolder(tmp_path / "grid" / "lr=0.1")
+    assert cell.checkpoint.is_file() and cell.final_metrics() is None
+    capsys.readouterr()
+    assert cli.main(arguments) == 0, capsys.readouterr().err
+    assert [row["epoch"] for row in cell.history()] == [1, 2]
+    assert cell.final_metrics() is not None

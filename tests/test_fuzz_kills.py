@@ -101,6 +101,24 @@ def test_a_run_killed_while_its_config_was_written_makes_way_for_the_same_comman
     assert not (out / ".config.10806.fd201ee2.yaml").exists()  # kdml's: gone, not left hidden
 
 
+def test_a_link_named_as_a_config_partial_is_not_taken_for_kdml_s(tmp_path):
+    """Only a plain file at a partial's name is kdml's: a link there (to a file of the user's)
+    keeps the folder from a new run, and start_afresh leaves it."""
+    from kdml.errors import KdmlError
+    from kdml.training.run_folder import check_new_run_folder, first_partials, start_afresh
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (tmp_path / "notes.yaml").write_text("mine")
+    link = out / ".config.10806.fd201ee2.yaml"
+    link.symlink_to(tmp_path / "notes.yaml")
+    assert first_partials(out) == []
+    with pytest.raises(KdmlError, match="is a folder with other files in it"):
+        check_new_run_folder(out)
+    assert start_afresh(out) is None
+    assert link.is_symlink() and (tmp_path / "notes.yaml").read_text() == "mine"
+
+
 def test_a_kill_as_the_command_exits_prints_no_traceback(tmp_path):
     """kdml's SIGTERM handler stays installed after main() returns, so a SIGTERM that lands
     while the interpreter exits (after ``kdml embed`` wrote its file, say: seen 2 ms after

@@ -15,7 +15,7 @@ from kdml.cli.evaluate import EVAL_FIELDS
 from kdml.errors import KdmlError
 from kdml.evaluation.index import IndexInfo, build_index, load_index, search_index
 from kdml.inspection.analysis import GENERALIZATION_FIELDS
-from kdml.training.run_folder import METRICS_FIELDS, write_json
+from kdml.training.run_folder import METRICS_FIELDS, check_csv_replaceable, write_json
 
 
 @pytest.mark.parametrize("fields, mine, older_kdml", [
@@ -41,6 +41,25 @@ def test_a_users_json_that_shares_a_field_with_kdmls_is_not_replaced(tmp_path, f
     path.write_text(json.dumps(older_kdml))
     write_json(ours, path, fields)
     assert json.loads(path.read_text()) == ours
+
+
+@pytest.mark.parametrize("name, text", [
+    ("metrics.json", json.dumps({"epochs": [], "final": None})),
+    ("metrics.csv", "epoch,train/loss\n1,0.5\n"),
+])
+def test_a_link_where_a_result_goes_is_kept_though_it_leads_to_kdml_s_own_file(tmp_path, name,
+                                                                               text):
+    """A link at a result's name is the user's (to another run's file, say): the rename would
+    put a file in its place, so it is refused even where what it leads to is kdml's."""
+    (tmp_path / "elsewhere").write_text(text)
+    path = tmp_path / name
+    path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(KdmlError, match="is in the way and kdml did not write it"):
+        if name.endswith(".json"):
+            write_json({"epochs": [], "final": None}, path, METRICS_FIELDS)
+        else:
+            check_csv_replaceable(path)
+    assert path.is_symlink() and (tmp_path / "elsewhere").read_text() == text
 
 
 def _index(folder: Path, seed: int) -> None:

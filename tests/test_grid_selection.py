@@ -437,6 +437,9 @@ def test_changed_setting_names_the_first_setting_by_key_and_eval_ks_when_it_was_
             == "eval.ks: [1, 2] -> [4]")
     assert (changed_setting(saved, {**saved, "method": {"dim": 4}, "train": {"epochs": 3}})
             == "method.dim: 2 -> 4")
+    # a setting on one side alone is a change too, either way round
+    assert changed_setting(saved, {**saved, "method": {}}) == "method.dim: 2 -> None"
+    assert (changed_setting({**saved, "method": {}}, saved) == "method.dim: None -> 2")
 
 
 def test_a_grid_of_values_in_capitals_continues_in_its_own_folder(tmp_path):

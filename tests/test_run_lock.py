@@ -169,7 +169,7 @@ def test_a_first_checkpoint_killed_while_written_makes_way_too(tmp_path):
 @pytest.mark.parametrize("extra", [
     "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/unscored.pt", "metrics.json",
     "plots/loss.png",
-    "notes.txt", "tensorboard/notes.txt", "config.yaml", "train.log",
+    "notes.txt", "tensorboard/notes.txt", "config.yaml", "train.log", "data.json",
     "checkpoints/.last.pt.notmine.tmp", "checkpoints/.last.pt.0q9ai83d.tmp.bak",
 ])
 def test_a_run_folder_with_a_checkpoint_or_a_file_kdml_did_not_write_is_still_refused(
@@ -182,7 +182,7 @@ def test_a_run_folder_with_a_checkpoint_or_a_file_kdml_did_not_write_is_still_re
         message = r"already holds a run; continue it with 'kdml train --resume"
     else:  # it would have made way: the message had said it held a run, as if trained
         top = extra.split("/")[0]
-        ours = top in ("config.yaml", "train.log", "tensorboard", "checkpoints")
+        ours = top in ("config.yaml", "data.json", "train.log", "tensorboard", "checkpoints")
         example = "" if ours else f" (such as {top})"
         message = re.escape(f"holds a run that saved no checkpoint, beside files kdml did not "
                             f"write{example}, so a new run does not start afresh there")

@@ -335,9 +335,15 @@ def test_the_first_mismatch_of_the_weights_is_named():
     assert _first_mismatch(weights(a=(2,)), weights(a=(2,))) == "their weights differ"
 
 
-def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_asked(tmp_path):
+def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_asked(
+        tmp_path, monkeypatch):
     """load_model loads a run without the record from its data (load_run), best.pt with best
-    as load_run loads it, not last.pt."""
+    as load_run loads it, not last.pt; so too a run of data.pca_dim whose checkpoint, of a
+    kdml before it kept the PCA, has none (fitted again on the run's data)."""
+    import dataclasses
+
+    import kdml.training.loading as loading
+
     run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4",
                 "train.keep_best=true")
     path = run / "data.json"
@@ -345,6 +351,12 @@ def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_aske
     path.write_text(json.dumps({key: value for key, value in recorded.items() if key != FIELD}))
     assert load_model(run, best=True).checkpoint == run / "checkpoints" / "best.pt"
     assert load_model(run).checkpoint == run / "checkpoints" / "last.pt"
+    path.write_text(json.dumps(recorded))
+    read = loading.run_config
+    monkeypatch.setattr(loading, "run_config", lambda folder: dataclasses.replace(
+        read(folder), data=dataclasses.replace(read(folder).data, pca_dim=8)))
+    monkeypatch.setattr(loading, "load_run", lambda *args, **kwargs: kwargs.get("best", False))
+    assert load_model(run, best=True) is True and load_model(run) is False
 
 
 def test_the_model_is_put_on_the_device_its_embedder_embeds_on(tmp_path, monkeypatch):

@@ -649,6 +649,46 @@ def test_metrics_files_are_written_through_new_files_only(tmp_path):
         "metrics.csv", "metrics.csv.tmp", "metrics.json"]
 
 
+def test_metrics_csv_has_a_column_for_a_metric_first_scored_in_a_later_epoch(tmp_path):
+    """An epoch scored only every so often (train.eval_every) or one that left images out
+    adds columns after the first row: every row's keys are columns, blank where it has none."""
+    from kdml.training.run_folder import RunFolder
+
+    RunFolder(tmp_path).write_metrics(
+        [{"epoch": 1, "train/loss": 0.5},
+         {"epoch": 2, "train/loss": 0.25, "test/map@r": 0.125, "unreadable/train": 3}], None)
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "epoch,train/loss,test/map@r,unreadable/train", "1,0.5,,", "2,0.25,0.125,3"]
+
+
+def test_a_full_disk_while_metrics_csv_is_rewritten_leaves_the_old_one_whole(tmp_path,
+                                                                          monkeypatch):
+    """metrics.csv is rewritten whole each epoch: a write cut short keeps the last epoch's."""
+    import csv
+    import errno
+
+    from kdml.training.run_folder import RunFolder
+
+    folder = RunFolder(tmp_path)
+    folder.write_metrics([{"epoch": 1, "train/loss": 0.5}], None)
+    before = folder.metrics_csv.read_text()
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def writerows(self, rows):
+            self.handle.write("epo")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv, "writer", FullDisk)
+    with pytest.raises(OSError, match="No space left on device"):
+        folder.write_metrics([{"epoch": 1, "train/loss": 0.5}, {"epoch": 2, "train/loss": 0.25}],
+                             None)
+    assert folder.metrics_csv.read_text() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["metrics.csv", "metrics.json"]
+
+
 def test_a_pooling_the_backbone_does_not_use_is_named(tmp_path, tiny_overrides, capsys):
     """kdml's small backbones pool their own maps (or have none): model.pooling=max had been
     saved in config.yaml and left unused, silently."""

@@ -27,7 +27,7 @@ import yaml
 from kdml.config import flatten
 from kdml.errors import KdmlError
 from kdml.file_write import write_through_new_file
-from kdml.training.run_folder import holds_files
+from kdml.training.run_folder import first_partials, holds_files
 
 MARKER = "grid.yaml"
 # settings a run saves as resolved where the command leaves them empty (eval.ks: the dataset's)
@@ -207,6 +207,10 @@ def write_marker(root: Path, cells: list[Cell], grid: dict[str, Any]) -> None:
     meanwhile, another grid's, is refused, not replaced."""
     text = yaml.safe_dump({"grid": grid, "cells": [cell.name for cell in cells]},
                           sort_keys=False)
+    # a kill while an earlier try wrote it left its hidden partial (kdml's; check_grid_folder
+    # took the folder for empty): it goes, as a new run's first partials do
+    for partial in first_partials(root) if root.is_dir() else []:
+        partial.unlink(missing_ok=True)
     try:  # never over a marker written meanwhile: another grid started into this folder
         write_through_new_file(root / MARKER, lambda partial: partial.write_text(text),
                                replace=False)

@@ -233,14 +233,16 @@ def _example_cell(root: Path) -> str:
     return f" (such as {cells[0]})" if cells else ""
 
 
-# The hidden partial of a new run's config.yaml or data.json (file_write's ".NAME.PID.TOKEN.EXT"):
-# what a kill while the run wrote them leaves
-_FIRST_PARTIAL = re.compile(r"\.(config\.\d+\.[0-9a-f]{8}\.yaml|data\.\d+\.[0-9a-f]{8}\.json)")
+# The hidden partial of a new run's config.yaml or data.json, or of a new grid's grid.yaml
+# (file_write's ".NAME.PID.TOKEN.EXT"): what a kill while kdml wrote them leaves
+_FIRST_PARTIAL = re.compile(
+    r"\.((config|grid)\.\d+\.[0-9a-f]{8}\.yaml|data\.\d+\.[0-9a-f]{8}\.json)")
 
 
 def first_partials(folder: Path) -> list[Path]:
-    """The hidden partials of ``folder``'s config.yaml and data.json (:data:`_FIRST_PARTIAL`,
-    plain files): kdml's own, which a new run there replaces."""
+    """The hidden partials of ``folder``'s config.yaml, data.json and grid.yaml
+    (:data:`_FIRST_PARTIAL`, plain files): kdml's own, which a new run or grid there
+    replaces."""
     return [path for path in folder.iterdir() if _FIRST_PARTIAL.fullmatch(path.name)
             and path.is_file() and not path.is_symlink()]
 
@@ -449,10 +451,10 @@ def make_folder(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        if root.is_symlink() and not root.exists():  # "File exists" misled: nothing is there
-            raise KdmlError(f"cannot make the folder {root}: it is a link to "
-                            f"{os.readlink(root)}, which does not exist; make that folder, or "
-                            "remove the link") from None
+        dangling = _dangling_link(root)  # "File exists" misled: nothing is there
+        if dangling is not None:
+            raise KdmlError(f"cannot make the folder {root}: {_link_to_nothing(dangling, root)}"
+                            ) from None
         raise KdmlError(f"cannot make the folder {root}: {error.strerror}") from None
 
 
@@ -541,11 +543,28 @@ def default_run_dir(recipe: str, dataset: str, parent: Path = RUNS_FOLDER) -> Pa
             path.mkdir(parents=True)
             return path
         except FileExistsError:  # another run's (or anything else): the next name
+            dangling = _dangling_link(path)
+            if dangling is not None:  # every name fails alike: it had tried them forever
+                raise KdmlError(f"cannot make the run folder {path}: "
+                                f"{_link_to_nothing(dangling, path)}") from None
             suffix += 1
         except OSError as error:  # a parent that is a file, not writable, ...
             there = next((folder for folder in path.parents if folder.exists()), Path("."))
             why = error.strerror if there.is_dir() else f"{there} is a file"
             raise KdmlError(f"cannot make the run folder {path}: {why}") from None
+
+
+def _dangling_link(path: Path) -> Path | None:
+    """``path`` or the folder above it that is a link to nothing (``runs`` linked to a drive
+    not mounted), where ``mkdir -p`` says "File exists" of every name under it; else None."""
+    return next((folder for folder in (path, *path.parents)
+                 if folder.is_symlink() and not folder.exists()), None)
+
+
+def _link_to_nothing(link: Path, path: Path) -> str:
+    """Why ``path`` cannot be made: ``link`` (it, or a folder above it) links to nothing."""
+    return (f"{'it' if link == path else link} is a link to {os.readlink(link)}, which does "
+            "not exist; make that folder, or remove the link")
 
 
 def check_outside_image_folders(run_dir: Path, dataset: str) -> None:
