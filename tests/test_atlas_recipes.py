@@ -308,17 +308,24 @@ def test_atlas_priors_are_drawn_from_the_step_s_generator(name):
     assert other != mmds[0]  # and the step's stream is what decides it
 
 
+def _msimclr_step_replayed(method):
+    """A float64 MSimCLR step on ``images()`` and its random draws replayed: the step's
+    output, its two views and the two priors its MMD drew."""
+    x = images().double()
+    torch.manual_seed(5)
+    output = method(x, torch.tensor(LABELS))
+    torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
+    views = method.augment(x)
+    priors = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
+    return output, views, priors
+
+
 def test_msimclr_objective_is_nt_xent_plus_regularizers():
     # a clamp that bites (the authors' 10 does not on these coordinates): a recipe that
     # ignored method.coordinate_clamp passed
     method = build("msimclr", dim=2, n_charts=3, tau=0.5, lambda1=2.0, lambda2=0.5,
                    coordinate_clamp=0.05).double()
-    x = images().double()
-    torch.manual_seed(5)
-    output = method(x, torch.tensor(LABELS))
-    torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
-    view1, view2 = method.augment(x)
-    prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
+    output, (view1, view2), (prior1, prior2) = _msimclr_step_replayed(method)
     # each view on its own, as the authors' code forwards them (BatchNorm sees one view)
     first, second = method.charts(view1), method.charts(view2)
     outputs = ChartOutputs(torch.cat([first.coords, second.coords]),
@@ -339,12 +346,7 @@ def test_msimclr_step_logs_and_differentiates_the_loss_it_is_made_of():
     memberships, and the gradient is that of NT-Xent + lambda1 * (the views' mean MMD) +
     lambda2 * l_J through every term."""
     method = build("msimclr", dim=2, n_charts=3, tau=0.5, lambda1=2.0, lambda2=0.5).double()
-    x = images().double()
-    torch.manual_seed(5)
-    output = method(x, torch.tensor(LABELS))
-    torch.manual_seed(5)  # replay the forward's random draws: two views, then two priors
-    view1, view2 = method.augment(x)
-    prior1, prior2 = torch.rand(8, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64)
+    output, (view1, view2), (prior1, prior2) = _msimclr_step_replayed(method)
     first, second = method.charts(view1), method.charts(view2)
     coords = torch.cat([first.coords, second.coords]).clamp(-10.0, 10.0)
     q = torch.cat([first.q, second.q])

@@ -51,6 +51,14 @@ TINY = ("train.epochs=1", "train.steps_per_epoch=1", "eval.nmi=false", "data.bat
         "model.embedding_size=8")
 
 
+def _tiny_alpha_experiment() -> Experiment:
+    """Two tiny jrd cells on digits, alpha = 0 and alpha = 1, whose Recall@1 differ."""
+    cells = (Cell("alpha = 0", "jrd", ("method.alpha=0",)),
+             Cell("alpha = 1", "jrd", ("method.alpha=1",)))
+    return Experiment("tiny-alpha", "jrd", "Figure 4", "alpha", "digits", cells, ("recall@1",),
+                      common=TINY)
+
+
 def test_a_run_folder_holding_another_configuration_s_run_is_not_read_as_this_cell(tmp_path):
     """A finished run is reused by its folder's name alone: a folder that holds another
     configuration's run (records copied between runs folders, as results/README.md tells of,
@@ -58,10 +66,7 @@ def test_a_run_folder_holding_another_configuration_s_run_is_not_read_as_this_ce
     beside them. Its config.yaml says which run it is: kdml must notice that it is not the
     planned one (refuse it in one line, or train the planned run), never report it as the
     cell's."""
-    cells = (Cell("alpha = 0", "jrd", ("method.alpha=0",)),
-             Cell("alpha = 1", "jrd", ("method.alpha=1",)))
-    experiment = Experiment("tiny-alpha", "jrd", "Figure 4", "alpha", "digits", cells,
-                            ("recall@1",), common=TINY)
+    experiment = _tiny_alpha_experiment()
     runs = tmp_path / "runs"
     first = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
     zero, one = first.cells["alpha = 0"], first.cells["alpha = 1"]
@@ -84,10 +89,7 @@ def test_an_interrupted_run_whose_config_yaml_is_not_the_planned_run_is_not_resu
     Either is refused as a finished one is, and nothing trains."""
     from kdml.reproduce import runner
 
-    cells = (Cell("alpha = 0", "jrd", ("method.alpha=0",)),
-             Cell("alpha = 1", "jrd", ("method.alpha=1",)))
-    experiment = Experiment("tiny-alpha", "jrd", "Figure 4", "alpha", "digits", cells,
-                            ("recall@1",), common=TINY)
+    experiment = _tiny_alpha_experiment()
     runs = tmp_path / "runs"
     first = reproduce([experiment], 1, runs, "cpu", progress=False, echo=lambda line: None)[0]
     run_dir = first.cells["alpha = 1"].run_dirs[0]
