@@ -746,3 +746,13 @@ def test_simclr_recipes_drop_the_normalisation_of_a_from_scratch_backbone_only(n
     method = recipe.build(config, backbone, 4)
     expected = imagenet if weights else Normalization()
     assert method.backbone.normalization == expected
+
+
+@pytest.mark.parametrize("name", ["msimclr", "simclr"])
+@pytest.mark.parametrize("flip", [False, True])
+def test_the_simclr_recipes_augment_with_their_view_settings(name, flip):
+    """method.horizontal_flip, crop_scale_min and crop_size reach the views' augmentation (the
+    flip is off for digits by default and on where a config asks for it)."""
+    method = build(name, horizontal_flip=flip, crop_scale_min=0.3, crop_size=6)
+    assert method.augment.horizontal_flip is flip
+    assert (method.augment.crop_scale, method.augment.size) == ((0.3, 1.0), 6)

@@ -3,9 +3,11 @@ current folder), what the offline sets are drawn with, and a domain pair's PCA s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
-from fixtures_array_sets import make_csv_list, make_idx, make_image_folder
+from fixtures_array_sets import make_cifar10, make_csv_list, make_idx, make_image_folder
 
 from kdml.config import DataConfig
 from kdml.data.prepare import prepare_data
@@ -129,3 +131,82 @@ def test_files_directly_in_the_data_root_variable_are_not_searched(tmp_path, mon
     monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
     assert candidate_roots(FORMATS["mnist"]) == [tmp_path / "mnist"]
     assert candidate_roots(FORMATS["mnist"], str(tmp_path)) == [tmp_path, tmp_path / "mnist"]
+
+
+def test_a_base_s_folders_are_searched_in_the_documented_order(tmp_path, monkeypatch):
+    """The base itself (not $KDML_DATA_ROOT's), the archive's folder, ``<name>`` and the
+    archive's folder inside that; $KDML_DATA_ROOT's before the system folder. Where two of them
+    hold the dataset, the first is read."""
+    from kdml.data.registry import candidate_roots
+
+    cub = FORMATS["cub"]
+    assert candidate_roots(cub, str(tmp_path)) == [
+        tmp_path, tmp_path / "CUB_200_2011", tmp_path / "cub", tmp_path / "cub" / "CUB_200_2011"]
+    monkeypatch.setenv(ROOT_VARIABLE, str(tmp_path))
+    system = FORMATS["fashion-mnist"].system_root
+    assert candidate_roots(FORMATS["fashion-mnist"]) == [
+        tmp_path / "fashion-mnist", Path(system), Path(system) / "fashion-mnist"]
+    for folder in (tmp_path / "cub", tmp_path / "CUB_200_2011"):
+        folder.mkdir()
+        (folder / "images.txt").write_text("")
+    assert find_root(cub, str(tmp_path)) == tmp_path / "CUB_200_2011"
+    assert find_root(cub) == tmp_path / "CUB_200_2011"
+
+
+@pytest.mark.parametrize("name, absent", [
+    ("cifar10", "data_batch_5"), ("cifar10", "test_batch"),
+    ("mnist", "t10k-labels-idx1-ubyte"), ("mnist", "train-images-idx3-ubyte"),
+])
+def test_each_file_a_reader_needs_is_named_when_it_is_missing(tmp_path, name, absent):
+    """The registry names every file the reader would stop on: CIFAR-10's five train batches
+    and its test batch, and each of the four IDX files (under any of its names)."""
+    folder = (make_cifar10(tmp_path, per_batch=2, test=2) if name == "cifar10"
+              else make_idx(tmp_path, train=10, test=10))
+    assert FORMATS[name].missing(folder) == []
+    for path in folder.glob(absent + "*"):
+        path.unlink()
+    assert FORMATS[name].missing(folder) == [absent]
+
+
+def test_a_needed_folder_that_is_a_file_is_missing(tmp_path):
+    """``images/`` must be a folder: a file of that name is named, with why."""
+    for need in ("images.txt", "image_class_labels.txt"):
+        (tmp_path / need).write_text("")
+    (tmp_path / "images").write_text("")
+    (missing,) = FORMATS["cub"].missing(tmp_path)
+    assert missing.startswith("images/ (")
+    (tmp_path / "images").unlink()
+    (tmp_path / "images").mkdir()
+    (tmp_path / "image_class_labels.txt").unlink()
+    (tmp_path / "image_class_labels.txt").mkdir()
+    (missing,) = FORMATS["cub"].missing(tmp_path)
+    assert missing.startswith("image_class_labels.txt (")
+
+
+def test_without_a_marker_the_most_specific_existing_folder_is_read(tmp_path):
+    """An incomplete copy: the deepest of a base's folders that exists is returned, where the
+    reader then names what is missing there, not the base that merely holds it."""
+    (tmp_path / "cub").mkdir()
+    assert find_root(FORMATS["cub"], str(tmp_path)) == tmp_path / "cub"
+    (tmp_path / "cub" / "CUB_200_2011").mkdir()
+    assert find_root(FORMATS["cub"], str(tmp_path)) == tmp_path / "cub" / "CUB_200_2011"
+
+
+def test_a_path_named_dataset_is_stored_absolute_and_moved_with_its_root(tmp_path,
+                                                                         monkeypatch):
+    """with_absolute_path: a relative or ``~`` path made absolute, other names unchanged;
+    relocated: a moved run's ``folder:`` becomes the new root, ``csv:``/``npz:`` the file of
+    the same name in it, and a format keeps its name and takes the root."""
+    from kdml.data.registry import relocated, with_absolute_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert with_absolute_path("csv:lists/list.csv") == f"csv:{tmp_path}/lists/list.csv"
+    assert with_absolute_path("folder:~/photos") == f"folder:{tmp_path}/home/photos"
+    assert with_absolute_path("npz:f.npz") == f"npz:{tmp_path}/f.npz"
+    for name in ("cub", "mnist5k->digits", "folder: "):
+        assert with_absolute_path(name) == name
+    assert relocated("folder:/old/photos", "/new/photos") == ("folder:/new/photos", "")
+    assert relocated("csv:/old/lists/list.csv", "/new") == ("csv:/new/list.csv", "")
+    assert relocated("npz:/old/f.npz", "/new") == ("npz:/new/f.npz", "")
+    assert relocated("cub", "/new") == ("cub", "/new")

@@ -235,6 +235,12 @@ def test_steps_per_epoch_beyond_the_split_s_batches_takes_them_all():
     assert len(batches) == 3 and len(_indices(batches, 1)) == 3
 
 
+def test_steps_per_epoch_below_the_split_s_batches_stops_the_epoch_there():
+    """train.steps_per_epoch=2 of 3 batches: an epoch is 2 steps."""
+    batches = TrainingBatches(_config(4, steps=2), _splits(), False, torch.device("cpu"))
+    assert len(batches) == 2 and len(_indices(batches, 1)) == 2
+
+
 def test_the_batches_are_the_run_seed_s_and_change_with_the_epoch():
     """Every epoch drew epoch 0's batches, or another seed's, without a test failing."""
     batches = TrainingBatches(_config(4, seed=3), _splits(), False, torch.device("cpu"))

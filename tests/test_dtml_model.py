@@ -459,3 +459,12 @@ def test_dtml_methods_built_directly_check_their_settings():
     with pytest.raises(KdmlError, match=r"^method.sharpness \(DDML's beta\) must be in "
                                         r"\[1\.18e-38, 8\.51e\+37\] .*, got 1e\+39$"):
         DDMLLogisticMethod(DDMLLogisticParams(sharpness=1e39), 6)
+
+
+@pytest.mark.parametrize(("alpha", "needs"), [("0", (2, 1)), ("0.1", (2, 2))])
+def test_dtml_asks_for_the_pairs_its_criterion_sums_over(alpha, needs):
+    """S_c sums over pairs of one class: two samples of a class in every batch, even at
+    alpha = 0 (one sample a class left S_c 0 at every step); S_b (alpha > 0) also needs two
+    classes."""
+    _, method = build("dtml", f"method.alpha={alpha}", "method.k1=2", "method.k2=3")
+    assert method.batch_needs[:2] == needs

@@ -428,3 +428,167 @@ def test_the_atlas_triplet_experiments_say_their_baseline_is_not_the_authors():
              if experiment.key.startswith(("atlas-triplet-", "atlas-mmd64-"))]
     assert len(keyed) == 4
     assert all("method.squared_distance=true" in experiment.note for experiment in keyed)
+
+
+def test_the_jrd_experiments_train_each_row_with_the_paper_s_settings():
+    """What every JRD row trains, as resolved for a run (NOTES.md, Chu et al. 2020): Table 4's
+    kernels at alpha 1 (Gaussian, Laplace) and 1e-3 (polynomial, MGF) on all three layers;
+    Figure 4's six alphas; Figure 5's regularizers by their recipes; Figure 6's (K, K');
+    Table 2's variants by their recipes; Table 3's JMMD at alpha 0.1 on the parts protocol;
+    Fashion-MNIST class-disjoint; the authors' code's four settings on mnist5k alone."""
+    from kdml.reproduce.catalog.jrd import JRD_CODE_SETTINGS
+    from kdml.reproduce.runner import cell_config
+
+    kernels = {"Gaussian mixture": ("gaussian", 1.0, 2), "Laplace": ("laplace", 1.0, 2),
+               "polynomial, p = 2": ("polynomial", 1e-3, 2),
+               "polynomial, p = 5": ("polynomial", 1e-3, 5), "moment generating": ("mgf", 1e-3, 2)}
+    table2 = {"AM-Softmax": "amsoftmax", "JRD": "jrd", "MRD": "mrd", "JRD-C": "jrd-c",
+              "JRD-Pooling": "jrd-pooling"}
+    experiments = {experiment.key: experiment for experiment in jrd_experiments()}
+    assert [key for key in experiments if key.startswith("jrd-code-settings")] == [
+        "jrd-code-settings-mnist5k"]
+    for key, experiment in experiments.items():
+        configs = {cell.label: cell_config(experiment, cell, 0, "cpu") for cell in experiment.cells}
+        assert all((config.data.split == "class-disjoint")
+                   == (experiment.dataset == "fashion-mnist") for config in configs.values()), key
+        if key.startswith("jrd-kernels-"):
+            assert set(configs) == set(kernels)
+            for label, (kernel, alpha, degree) in kernels.items():
+                method = configs[label].method
+                assert (method.pool_kernel, method.emb_kernel, method.cls_kernel) == (kernel,) * 3
+                assert (method.alpha, method.polynomial_degree) == (alpha, degree), label
+        elif key.startswith("jrd-alpha-"):
+            assert [config.method.alpha for config in configs.values()] == [
+                0.0, 0.25, 0.5, 1.0, 1.5, 2.0]
+        elif key.startswith("jrd-regularizers-"):
+            for label, config in configs.items():
+                name, _, alpha = label.rpartition("alpha = ")
+                name = name.removesuffix(", ")
+                assert config.recipe == {"": "jrd", "JRD": "jrd", "JMMD": "jmmd",
+                                         "JIntra": "jintra"}[name], label
+                assert config.method.alpha == float(alpha), label
+            assert {label.rpartition(" = ")[2] for label in configs} == {
+                "0", "0.1", "0.5", "1", "2"}
+            assert len(configs) == 13
+        elif key.startswith("jrd-kernel-mixture-"):
+            grid = [(config.method.pool_num_kernels, config.method.emb_num_kernels,
+                     config.method.cls_num_kernels) for config in configs.values()]
+            assert grid == [(k, k, k_class) for k_class in (1, 3) for k in (1, 3, 5)]
+        elif key.startswith("jrd-table2-"):
+            assert {label: config.recipe for label, config in configs.items()} == table2
+            assert experiment.protocol == "parts"
+        elif key.startswith("jrd-generalization-"):
+            assert experiment.protocol == "generalization"
+            assert configs["JMMD, alpha = 0.1"].recipe == "jmmd"
+            assert configs["JMMD, alpha = 0.1"].method.alpha == 0.1
+            assert configs["JRD, alpha = 1"].method.alpha == 1.0
+        else:
+            kdml, authors = configs.values()
+            assert (authors.optim.adam_eps, authors.optim.weight_decay,
+                    authors.method.proxy_init, authors.method.decay_proxies) == (
+                0.01, 1e-4, "kaiming", True)
+            assert len(JRD_CODE_SETTINGS) == 4
+            assert (kdml.optim.adam_eps, kdml.method.decay_proxies) != (0.01, True)
+
+
+def _label_settings(label: str) -> dict[str, str]:
+    """``"MSimCLR, n = 16, d = 2, 100 epochs"`` -> {"n": "16", "d": "2", "epochs": "100"}."""
+    found = dict(re.findall(r"\b(n|d|lambda1) = ([0-9.]+)", label))
+    for pattern, key in ((r"(\d+) epochs", "epochs"), (r"hidden (\w+)", "hidden")):
+        found.update((key, value) for value in re.findall(pattern, label))
+    return found
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_atlas_row_trains_what_its_label_and_paper_number_say(quick):
+    """Each Atlas row's resolved run has the recipe, d, n, lambda1, epochs and head width its
+    label names, and beside it the paper's number of that (n, d) in Korman's Table 2 or 3
+    (NOTES.md); the splits are Table 2's (mnist5k: seen-holdout, Fashion-MNIST: its files')
+    and the triplet tables' class-disjoint; the CPU setting is the small CNN at the input's
+    size; the chart plot is of n = 16, d = 2 alone."""
+    from kdml.reproduce.catalog.atlas import atlas_experiments
+    from kdml.reproduce.catalog.common import RECALL_AT, paper_values, percent
+    from kdml.reproduce.runner import cell_config
+
+    recipes = {"SimCLR": "simclr", "MSimCLR": "msimclr", "triplet": "triplet",
+               "MTriplet": "mtriplet", "Appendix A.1": "msimclr"}
+    reverted = {"small CNN instead of ResNet-18": ("model", "backbone", "cnn"),
+                "crops at the input's size, not 32": ("method", "crop_size", 0),
+                "no clamp of the coordinates": ("method", "coordinate_clamp", 0),
+                "no 2048-d feature layer": ("method", "feature_dim", 0),
+                "no weight decay": ("optim", "weight_decay", 0),
+                "both views as one batch, not one after the other": ("method", "joint_views",
+                                                                     True)}
+    for experiment in atlas_experiments(quick):
+        if experiment.key.startswith(("atlas-head-", "atlas-epochs-", "atlas-mmd-weight-")):
+            assert {cell.label.split(", d = ")[0] for cell in experiment.cells} == {
+                "SimCLR", "MSimCLR, n = 1", "MSimCLR, n = 16"}, experiment.key
+            assert len(experiment.cells) == len({cell.label for cell in experiment.cells})
+            assert len(experiment.cells) == {"atlas-head-cnn-mnist5k": 18,
+                                             "atlas-head-cnn-fashion-mnist": 6,
+                                             "atlas-epochs-cnn-mnist5k": 6,
+                                             "atlas-mmd-weight-cnn-mnist5k": 15}[experiment.key]
+        for claim in experiment.claims:
+            for d in re.findall(r"d = (\d+)", claim.text) if "d = " in claim.better else ():
+                assert f"d = {d}" in claim.better and f"d = {d}" in claim.worse, claim
+            for n in re.findall(r"\(n = (\d+)\)", claim.text):
+                assert f"n = {n}," in claim.better, claim
+        triplet = experiment.key.startswith(("atlas-triplet-", "atlas-mmd64-"))
+        split = ("class-disjoint" if triplet else
+                 "seen-holdout" if experiment.dataset == "mnist5k" else "standard")
+        for cell in experiment.cells:
+            config = cell_config(experiment, cell, 0, "cpu")
+            where = f"{experiment.key}: {cell.label}"
+            assert config.data.split == split, where
+            name = cell.label.split(",")[0].split(" (")[0]
+            assert config.recipe == recipes.get(name, "msimclr"), where
+            settings = _label_settings(cell.label)
+            if cell.label in reverted:
+                section, key, value = reverted[cell.label]
+                assert getattr(getattr(config, section), key) == value, where
+            if "d" in settings:
+                assert config.method.dim == int(settings["d"]), where
+            if "n" in settings:
+                assert config.method.n_charts == int(settings["n"]), where
+            if "lambda1" in settings:
+                assert config.method.lambda1 == float(settings["lambda1"]), where
+            if "epochs" in settings:
+                assert config.train.epochs == int(settings["epochs"]), where
+            if "hidden" in settings:
+                assert config.method.proj_hidden == (64 if settings["hidden"] == "64" else 0), where
+            if "-cnn-" in experiment.key:
+                assert (config.model.backbone, config.model.small_input) == ("cnn", False), where
+                assert config.train.epochs == int(settings.get("epochs", 10)), where
+            assert cell.plot_charts == (
+                experiment.key.startswith(("atlas-table2-", "atlas-triplet-"))
+                and settings.get("d") == "2" and settings.get("n") == "16"), where
+            if not cell.paper or settings.get("hidden") == "64":
+                assert not cell.paper, where  # kdml's rows, not the paper's
+                assert settings.get("hidden") == "64" or experiment.key.startswith(
+                    ("atlas-ablation-", "atlas-mmd")), where
+                continue
+            n = int(settings["n"]) if "n" in settings else None
+            d = int(settings["d"])
+            expected = (paper_values(RECALL_AT, percent(*ATLAS_TABLE3_CUB[n][d])) if triplet
+                        else {"linear_accuracy": ATLAS_TABLE2[experiment.dataset][n][
+                            (2, 4, 8).index(d)]})
+            assert dict(cell.paper) == expected, where
+
+
+def test_the_dtml_experiments_run_the_lfw_table_s_rows_on_both_directions():
+    """Each row of Hu, Lu and Tan's LFW table by its recipe (NOTES.md: DDML of 2014 is the
+    pairwise logistic loss, "DTML, beta = 0" the objective without the domain term), on both
+    directions of the digits pair, and each claim the table's: DTML over beta = 0 and over
+    DDML, DSTML over DTML."""
+    from kdml.reproduce.catalog.dtml import dtml_experiments
+
+    experiments = dtml_experiments()
+    assert [experiment.dataset for experiment in experiments] == [
+        "mnist5k->digits", "digits->mnist5k"]
+    for experiment in experiments:
+        assert {cell.label: cell.recipe for cell in experiment.cells} == {
+            "PCA": "pca", "DDML (2014)": "ddml-logistic", "DTML, beta = 0": "ddml",
+            "DTML": "dtml", "DSTML": "dstml"}
+        assert {(claim.better, claim.worse) for claim in experiment.claims} == {
+            ("DTML", "DTML, beta = 0"), ("DSTML", "DTML"), ("DTML", "DDML (2014)")}
+        assert not any(claim.lower_is_better for claim in experiment.claims)

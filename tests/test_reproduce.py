@@ -148,6 +148,16 @@ def test_verdict(better, worse, lower, expected):
     assert verdict(claim, better, worse).startswith(expected)
 
 
+def test_an_experiment_s_cell_is_found_by_its_whole_label():
+    """``alpha = 1`` is not the row ``alpha = 1.5`` listed before it, and a part of a label
+    names no row."""
+    cells = (Cell("alpha = 1.5", "jrd"), Cell("alpha = 1", "jrd"))
+    experiment = Experiment("key", "jrd", "Table 1", "title", "mnist5k", cells, ("recall@1",))
+    assert experiment.cell("alpha = 1") is cells[1]
+    with pytest.raises(KeyError, match="has no cell 'alpha'"):
+        experiment.cell("alpha")
+
+
 @pytest.mark.parametrize(("better", "worse", "lower", "expected"), [
     # a difference the same in every seed has a t interval of width 0: no evidence either way
     ([0.5, 0.6, 0.52], [0.4, 0.5, 0.42], False,
@@ -638,6 +648,7 @@ def test_a_report_is_kept_when_none_of_its_experiments_ran(quick_dtml, tmp_path,
               "--no-progress", "--device", "cpu"])
     written = report.read_text()
     assert "| DTML" in written
+    assert "--only 'dtml-mnist5k-*'" in written  # its command reruns these experiments alone
 
     def unavailable(experiments, *args, **kwargs):
         return [runner.ExperimentResult(experiment, {}, (), "no such data here")
@@ -2366,3 +2377,17 @@ def test_a_paper_row_of_another_length_is_refused():
 
     with pytest.raises(ValueError):
         paper_values(("recall@1", "recall@2"), (0.5,))
+
+
+def test_a_parts_row_keeps_each_part_s_mean_as_the_score_and_its_half_width_apart(
+        tmp_path, monkeypatch):
+    """The parts table's "95% half-width" is the parts' ci95, not their mean again."""
+    from kdml.reproduce import runner
+
+    monkeypatch.setattr(runner, "_parts", lambda experiment, run_dir: {
+        "recall@1": {"mean": 0.5, "ci95": 0.02}})
+    table2 = next(experiment for experiment in experiments("jrd")
+                  if experiment.protocol == "parts")
+    result = runner.CellResult()
+    metrics = runner._run_metrics(table2, tmp_path, result)
+    assert metrics["recall@1"] == 0.5 and result.part_ci95 == {"recall@1": [0.02]}
