@@ -1154,6 +1154,11 @@ def test_generating_mnist1d_leaves_the_global_generators_as_they_were():
     (4, 3, "the target domain of t has 3 samples, fewer than the global batch of 4, so every "
            "step takes all of them, and they do not split evenly over the 2 processes; lower "
            "data.batch_size to a multiple of 2 of at most 3"),
+    # no multiple of 2 is at most 1 (it had advised one)
+    (4, 1, "the target domain of t has 1 sample, fewer than the global batch of 4, so every "
+           "step takes all of them, and they do not split evenly over the 2 processes; train "
+           "it in at most 1 process (torchrun's --nproc_per_node times --nnodes), or give the "
+           "target domain more samples"),
 ])
 def test_global_batches_that_the_processes_cannot_share_are_refused_before_training(
         batch_size, num_target, message):

@@ -85,6 +85,10 @@ class TrainingBatches:
                 remedy = (resumed_batch_remedy(num_target, world.size, self.batch_size)
                           if resumed else f"lower data.batch_size to a multiple of "
                           f"{world.size} of at most {num_target:,}")
+                if num_target < world.size:  # no such multiple: fewer processes, or more data
+                    remedy = (f"train it in at most {counted(num_target, 'process', 'processes')}"
+                              " (torchrun's --nproc_per_node times --nnodes), or give the "
+                              "target domain more samples")
                 raise KdmlError(f"the target domain of {splits.target.name} has "
                                 f"{counted(num_target, 'sample')}, fewer than the global "
                                 f"batch of {self.batch_size}, so every step takes all of them, "
