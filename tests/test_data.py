@@ -94,6 +94,17 @@ def test_class_disjoint_split_uses_first_half_of_sorted_classes():
     assert set(labels[test].tolist()) == {9}
 
 
+@pytest.mark.parametrize(("train_classes", "said"), [
+    (4, "train_classes=4 leaves 4 of 4 classes for training"),
+    (1e300, "train_classes=1e+300 asks for more than the 4 classes for training")])
+def test_a_class_count_that_leaves_no_test_class_is_refused_in_a_short_line(train_classes,
+                                                                            said):
+    """A count past the classes there are had been printed in full: 1e300's 301 digits."""
+    with pytest.raises(KdmlError, match=rf"^{re.escape(said)}; both sides need at least one "
+                                        r"class$"):
+        class_disjoint_split(torch.arange(4).repeat(2), train_classes)
+
+
 @pytest.mark.parametrize(("num_classes", "fraction"), [(c, f) for c in (3, 5, 7, 9, 11, 200)
                                                         for f in (0.5, 0.3, 0.7)]
                          + [(100, 0.57), (100, 0.29)])

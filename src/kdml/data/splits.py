@@ -396,9 +396,12 @@ def _num_train_classes(num_classes: int, train_classes: float | int) -> int:
             f"train_classes must be a fraction in (0, 1) or a class count, got {train_classes!r}"
         )
     if not 1 <= count < num_classes:
+        # a count past the classes there are (1e300) had been printed in its 301 digits
+        leaves = (f"leaves {count} of {num_classes}" if count <= num_classes
+                  else f"asks for more than the {num_classes}")
         raise ClassCountError(
-            f"train_classes={train_classes} leaves {count} of {num_classes} classes for training; "
-            "both sides need at least one class", count, num_classes)
+            f"train_classes={train_classes} {leaves} classes for training; both sides need at "
+            "least one class", count, num_classes)
     return count
 
 
