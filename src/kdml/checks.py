@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any, TypeAlias, TypeGuard
+from typing import Any, TypeAlias, TypeGuard, TypeVar
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ Count: TypeAlias = int | np.integer[Any]
 #: A setting checked with :func:`is_finite_number` as it is given: a Python or NumPy real
 #: number (``np.float32(0.5)``, which a type checker does not take for a ``float``).
 Real: TypeAlias = float | np.floating[Any] | np.integer[Any]
+
+#: A float tensor or array, returned as the same kind (:func:`beyond_int64`).
+FloatValues = TypeVar("FloatValues", Tensor, np.ndarray)
 
 
 def is_positive_int(value: object) -> TypeGuard[int | np.integer[Any]]:
@@ -175,11 +178,18 @@ def whole_number_labels(owner: str, labels: object) -> Tensor:
                             f"{value!r}; map the classes to integers first")
         # a whole float beyond int64 (1e20, 2**63) had become -2**63 in .long(): 1e20 and 2e20
         # one class; within it, .long() is exact
-        _refuse_beyond_int64(owner, tensor[(tensor < -2.0 ** 63) | (tensor >= 2.0 ** 63)])
+        _refuse_beyond_int64(owner, beyond_int64(tensor))
     elif tensor.dtype == torch.uint64:  # torch compares no uint64: NumPy does, and wraps none
         values = tensor.numpy().ravel()
         _refuse_beyond_int64(owner, values[values > np.iinfo(np.int64).max])
     return tensor.long()
+
+
+def beyond_int64(floats: FloatValues) -> FloatValues:
+    """The values of ``floats`` (a float tensor or array) that int64 cannot hold, which a cast
+    makes -2**63 alike (1e20 and 2e20 one class); within its range the cast of a whole float
+    is exact."""
+    return floats[(floats < -2.0 ** 63) | (floats >= 2.0 ** 63)]
 
 
 def _refuse_beyond_int64(owner: str, beyond: Tensor | np.ndarray) -> None:

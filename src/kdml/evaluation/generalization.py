@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kdml.checks import check_seed, is_finite_number, is_positive_int
+from kdml.checks import beyond_int64, check_seed, is_finite_number, is_positive_int
 from kdml.errors import KdmlError, counted
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.knn import as_float_matrix, check_positive_int
@@ -75,10 +75,10 @@ def _labels(labels: Any, name: str, expected_length: int, width: int) -> np.ndar
                             f"non-integer value {float(array[~whole][0])!r}")
         # beyond int64 the cast gives -2**63 to all (1e20 and 2e20 one class, with NumPy's
         # RuntimeWarning alone)
-        beyond = (array < -2.0 ** 63) | (array >= 2.0 ** 63)
-        if beyond.any():
+        beyond = beyond_int64(array)
+        if beyond.size:
             raise KdmlError(f"{name} must be class labels within int64's range (|label| < "
-                            f"2**63), got {float(array[beyond][0])!r}; renumber the classes "
+                            f"2**63), got {float(beyond[0])!r}; renumber the classes "
                             "(e.g. with numpy.unique(..., return_inverse=True))")
         array = array.astype(np.int64)
     elif array.dtype.kind not in "iubUSO":
