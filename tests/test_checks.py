@@ -280,6 +280,38 @@ def test_generalization_refuses_float_labels_beyond_int64():
                              np.arange(20) % 2 + 5, repeats=2)
 
 
+@pytest.mark.parametrize("base", [2**53, 2**63])
+def test_generalization_takes_uint64_labels_beside_int64_ones_as_integers(base):
+    """NumPy joins uint64 and int64 arrays as float64, where 2**53 and 2**53 + 1 (or 2**63 and
+    2**63 + 1) are one number: two seen classes beside disjoint int64 unseen classes had been
+    refused as "seen and unseen classes overlap". They are read as the same classes
+    renumbered, the uint64 ones on either side."""
+    from kdml.evaluation.generalization import generalization_terms, nn_error
+
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.normal(size=(40, 3)), rng.normal(size=(40, 3))
+    few, many = np.arange(40) % 2, np.arange(40) % 3 + 5  # classes 0-1 and 5-7
+    wide = few.astype(np.uint64) + np.uint64(base)
+    assert generalization_terms(seen, wide, unseen, many, repeats=3) == \
+        generalization_terms(seen, few, unseen, many, repeats=3)
+    assert generalization_terms(unseen, many, seen, wide, repeats=3) == \
+        generalization_terms(unseen, many, seen, few, repeats=3)
+    assert nn_error(seen, wide, unseen, many) == nn_error(seen, few, unseen, many) == 1.0
+
+
+def test_generalization_refuses_uint64_labels_beyond_int64_beside_negative_ones():
+    """No integer type holds 2**63 and -1 together (NumPy would join them as float64)."""
+    from kdml.evaluation.generalization import generalization_terms
+
+    points = np.random.default_rng(0).normal(size=(20, 2))
+    with pytest.raises(KdmlError, match=re.escape(
+            "seen_labels and unseen_labels mix uint64 labels beyond int64's range (up to "
+            "9223372036854775809) with negative ones (down to -2), which no integer type holds "
+            "together; renumber the classes")):
+        generalization_terms(points, np.arange(20, dtype=np.uint64) % 2 + np.uint64(2**63),
+                             points, -(np.arange(20) % 2) - 1, repeats=2)
+
+
 def test_labels_of_two_dimensions_are_refused_naming_their_shape():
     """[N, 1] labels (a table's column kept 2-D) had given 2-D index tensors; they are refused
     in one line (a mutation audit: dropping the check had passed every test here)."""

@@ -2075,6 +2075,37 @@ def test_reproduce_refuses_a_run_folder_or_a_grid_folder_as_its_runs(tmp_path, m
     assert trained == []
 
 
+def test_reproduce_refuses_a_runs_folder_inside_a_run_folder_or_a_grid_folder(
+        tmp_path, monkeypatch, capsys):
+    """--runs RUN/sub (a new folder inside kdml train's run folder, or inside a grid's) was
+    accepted: reproduce trained its runs, and with --quick wrote its report, among that run's
+    own files, where --runs RUN itself is refused."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("recipe: jrd\n")
+    (run / "train.log").write_text("epoch 1\n")
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / "grid.yaml").write_text("grid: {method.alpha: [0.1]}\ncells: [alpha-0.1]\n")
+    trained = _count_training(monkeypatch)
+    monkeypatch.chdir(run)  # a relative --runs below the working folder, itself a run's
+    for runs, above, what in ((run / "sub" / "deeper", run, "the run folder"),
+                              (Path("sub"), run, "the run folder"),
+                              (grid / "sub", grid, "the grid folder")):
+        before = sorted(path.name for path in above.iterdir())
+        assert cli.main(["reproduce", "dtml", "--quick", "--runs", str(runs)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"kdml: error: --runs {runs} is inside {what} {above}"), err
+        assert err.rstrip().endswith("choose a --runs outside it") and err.count("\n") == 1
+        assert sorted(path.name for path in above.iterdir()) == before
+    assert trained == []
+    # a folder beside the run, spelled through it with "..", is not inside it
+    from kdml.reproduce.runner import check_runs_folder
+
+    check_runs_folder(Path("..") / "beside")
+    check_runs_folder(run / ".." / "beside")
+
+
 def test_a_kept_section_that_cannot_be_read_again_leaves_the_report_as_it_was(
         tmp_path, monkeypatch, capsys):
     """`kdml reproduce dtml` reads a report's JRD section again from its runs; where that

@@ -134,8 +134,34 @@ def _two_sets(first: Any, first_labels: Any, second: Any, second_labels: Any,
     if first.shape[1] != second.shape[1]:
         raise KdmlError(f"{names[0]} and {names[2]} must have one feature size, got "
                         f"{first.shape[1]} and {second.shape[1]} columns")
-    return (first, _labels(first_labels, names[1], len(first), first.shape[1]),
-            second, _labels(second_labels, names[3], len(second), second.shape[1]))
+    first_y, second_y = _one_integer_type(
+        _labels(first_labels, names[1], len(first), first.shape[1]),
+        _labels(second_labels, names[3], len(second), second.shape[1]), names[1], names[3])
+    return first, first_y, second, second_y
+
+
+def _one_integer_type(first: np.ndarray, second: np.ndarray, first_name: str,
+                      second_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Integer labels of uint64 beside signed ones in one integer dtype: NumPy joins the two
+    as float64 (np.concatenate, np.intersect1d), where labels from 2**53 on fall together,
+    which had refused two sets of disjoint classes as overlapping. int64 where the unsigned
+    labels fit it, else uint64 where the signed ones are not negative; refused where neither
+    holds both."""
+    if first.dtype.kind not in "iub" or second.dtype.kind not in "iub" \
+            or np.result_type(first, second).kind != "f":
+        return first, second
+    unsigned, signed = (first, second) if first.dtype.kind == "u" else (second, first)
+    if not unsigned.size or int(unsigned.max()) <= np.iinfo(np.int64).max:
+        unsigned = unsigned.astype(np.int64)
+    elif not signed.size or int(signed.min()) >= 0:
+        signed = signed.astype(np.uint64)
+    else:
+        raise KdmlError(f"{first_name} and {second_name} mix uint64 labels beyond int64's "
+                        f"range (up to {int(unsigned.max())}) with negative ones (down to "
+                        f"{int(signed.min())}), which no integer type holds together; "
+                        "renumber the classes (e.g. with numpy.unique(..., "
+                        "return_inverse=True))")
+    return (unsigned, signed) if first.dtype.kind == "u" else (signed, unsigned)
 
 
 def generalization_terms(

@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -267,8 +268,9 @@ def check_holds_planned(run: PlannedRun) -> None:
 
 def check_runs_folder(runs: Path) -> None:
     """Refuse a ``--runs`` that is a run's folder (``kdml train``'s, or one of these runs) or
-    a grid's: reproduce would nest its runs, and with ``--quick`` its report, among that run's
-    files, where ``kdml train`` refuses to start a run and a grid to start."""
+    a grid's, or any folder below one (``RUN/sub``): reproduce would nest its runs, and with
+    ``--quick`` its report, among that run's files, where ``kdml train`` refuses to start a
+    run and a grid to start."""
     if holds_run(runs):
         raise KdmlError(f"--runs {runs} is a run's folder (its config.yaml beside its log or "
                         "checkpoints); kdml reproduce's runs go into a folder of their own: "
@@ -276,6 +278,16 @@ def check_runs_folder(runs: Path) -> None:
     if recorded_cells(runs) is not None:
         raise KdmlError(f"--runs {runs} is a grid's folder ({MARKER}); kdml reproduce's runs "
                         "go into a folder of their own: choose another --runs")
+    # the folders above it, spelled without ".." (RUN/../other is not inside RUN)
+    for above in Path(os.path.abspath(runs)).parents:
+        if holds_run(above):
+            raise KdmlError(f"--runs {runs} is inside the run folder {above}; kdml "
+                            "reproduce's runs go into a folder of their own: choose a --runs "
+                            "outside it")
+        if recorded_cells(above) is not None:
+            raise KdmlError(f"--runs {runs} is inside the grid folder {above} ({MARKER}); kdml "
+                            "reproduce's runs go into a folder of their own: choose a --runs "
+                            "outside it")
 
 
 def claim_file(run_dir: Path) -> Path:
