@@ -162,7 +162,7 @@ def test_an_unknown_option_among_the_overrides_is_named_as_such(capsys, command,
     monkeypatch.chdir(tmp_path)
     assert cli.main([*command, "train.epochs=2", "--bogus"]) == 2
     err = capsys.readouterr().err
-    assert err == "kdml: error: unrecognized arguments: --bogus (see 'kdml --help')\n"
+    assert err == f"kdml: error: unrecognized arguments: --bogus (see 'kdml {command[0]} --help')\n"
     assert os.listdir(tmp_path) == []
 
 

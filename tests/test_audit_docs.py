@@ -316,3 +316,43 @@ def test_inspecting_md_names_the_hidden_partials_as_kdml_makes_them(tmp_path, mo
     assert len(partials) == 2
     assert re.fullmatch(pattern(npz), partials[0]), (npz, partials[0])
     assert re.fullmatch(pattern(folder.rstrip("/")), partials[1]), (folder, partials[1])
+
+
+def test_inspecting_md_quotes_what_kdml_eval_does_with_a_user_s_eval_json(tmp_path):
+    """docs/inspecting.md had said only that a user's own eval.json is "refused, not
+    replaced": not that the refusal comes before any scoring (no metrics printed), nor the
+    line printed, nor what to do. It quotes the line the code gives."""
+    from kdml.cli.evaluate import EVAL_FIELDS
+    from kdml.training.run_folder import check_json_replaceable
+
+    (tmp_path / "eval.json").write_text('{"mine": 1}')
+    with pytest.raises(KdmlError) as caught:
+        check_json_replaceable(tmp_path / "eval.json", EVAL_FIELDS)
+    text = " ".join((Path(__file__).parent.parent / "docs" / "inspecting.md").read_text(
+        encoding="utf-8").split())
+    line = str(caught.value).replace(str(tmp_path), "RUN")
+    assert f"stops before it scores anything (no metrics printed, exit status 2) with `kdml: " \
+           f"error: {line}`. Move or rename your file and run the same command again" in text
+
+
+def test_readme_gives_the_exit_statuses_the_command_returns(tmp_path, monkeypatch, capsys):
+    """README said nothing of kdml's exit statuses (a script running kdml had to guess which
+    are refusals): it gives them, and they are the ones main returns."""
+    from kdml.cli import _memory_stop
+    from kdml.cli.output import _stop_code
+    from kdml.errors import Terminated
+
+    text = " ".join((Path(__file__).parent.parent / "README.md").read_text(
+        encoding="utf-8").split())
+    assert ("Every command exits with status 0 when it did its work; 2 when it refused (a usage "
+            "error or a bad input, said in one line on stderr that starts `kdml: error:`, with "
+            "no traceback); 1 when it ran out of memory, when another process of a torchrun "
+            "job stopped, or when `kdml reproduce` could not run one of its experiments (each "
+            "said in one line); 130 on Ctrl-C and 143 on a kill (SIGTERM).") in text
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["recipes"]) == 0
+    assert cli.main(["eval"]) == 2  # usage
+    assert cli.main(["eval", str(tmp_path / "none")]) == 2  # a refusal
+    assert capsys.readouterr().err.count("kdml: error: ") == 2
+    assert _memory_stop("out of memory", "lower data.batch_size", "train") == 1
+    assert _stop_code(KeyboardInterrupt())[0] == 130 and _stop_code(Terminated())[0] == 143

@@ -15,6 +15,14 @@ def parsed(*args: str):
     return build_parser().parse_args(list(args))
 
 
+def help_text(capsys, monkeypatch, *command: str) -> str:
+    """``kdml COMMAND --help``'s text on one line (a terminal wide enough not to wrap it)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    capsys.readouterr()
+    assert cli.main([*command, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
 def refused_line(capsys, *args: str) -> str:
     """``kdml ARGS`` refused by the parser: exit status 2 and one line on stderr."""
     capsys.readouterr()
@@ -141,6 +149,31 @@ def test_a_command_is_required_and_bad_arguments_exit_2_in_one_line(capsys):
     assert refused_line(capsys, "eval", "RUN", "--ks").count("--ks") == 1
 
 
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], "name a command: train, eval, analyze, plot, embed, index, search, reproduce, "
+         "datasets, recipes or config (see 'kdml --help')"),
+    (["plot"], "name a plot: charts, retrieval or embedding (see 'kdml plot --help')"),
+    (["analyze"], "name an analysis: generalization (see 'kdml analyze --help')")])
+def test_a_missing_command_names_the_commands_to_choose_from(capsys, args, expected):
+    """`kdml` alone had said "the following arguments are required: command" (argparse's inner
+    name of it), `kdml plot` "...: plot": not which commands there are."""
+    assert refused_line(capsys, *args) == f"kdml: error: {expected}\n"
+
+
+@pytest.mark.parametrize("args", [["datasets", "extra"], ["recipes", "--foo"],
+                                  ["config", "amsoftmax", "--dataset", "digits"],
+                                  ["eval", "RUN", "extra"], ["plot", "retrieval", "RUN", "x"],
+                                  ["analyze", "generalization", "RUN", "x"]])
+def test_an_unrecognized_argument_points_at_its_command_s_help(capsys, args):
+    """An argument no option takes was refused pointing at 'kdml --help', which lists the
+    commands alone, not the options the command takes (`kdml config jrd --dataset digits`:
+    'kdml config --help' says config takes no --dataset)."""
+    command = " ".join(arg for arg in args[:2] if arg in {
+        "datasets", "recipes", "config", "eval", "plot", "retrieval", "analyze",
+        "generalization"})
+    assert refused_line(capsys, *args).endswith(f" (see 'kdml {command} --help')\n")
+
+
 def test_options_repeat_and_accumulate_where_documented():
     args = parsed("reproduce", "jrd", "--only", "a-*", "--only", "b")
     assert args.only == ["a-*", "b"]
@@ -150,3 +183,23 @@ def test_options_repeat_and_accumulate_where_documented():
         1, 5, 10]
     assert parsed("eval", "RUN").ks is None  # the run's eval.ks
     assert isinstance(parsed("eval", "RUN").run_dir, Path)
+
+
+@pytest.mark.parametrize("plot", ["retrieval", "embedding"])
+def test_a_plot_s_help_names_the_files_best_and_test_write(capsys, monkeypatch, plot):
+    """`kdml plot retrieval --help` said it draws "into plots/retrieval.png", where --best
+    draws plots/retrieval-best.png and --test of a run that validated retrieval-test.png
+    (docs/inspecting.md), beside it."""
+    text = help_text(capsys, monkeypatch, "plot", plot)
+    assert (f"into plots/{plot}.png ({plot}-best.png with --best; {plot}-test.png with --test, "
+            "of a run that validated)") in text
+
+
+def test_kdml_eval_s_help_says_what_it_scores_and_writes(capsys, monkeypatch):
+    """`kdml eval --help` had no description: not that it writes eval.json (eval-best.json,
+    eval-test.json, as docs/inspecting.md names them), nor that a user's own file of that name
+    is refused before scoring."""
+    text = help_text(capsys, monkeypatch, "eval")
+    assert ("write them to RUN/eval.json (eval-best.json with --best; eval-test.json with "
+            "--test, of a run that validated). A file of that name kdml did not write is "
+            "refused before scoring: move it away.") in text

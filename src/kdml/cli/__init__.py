@@ -28,7 +28,7 @@ from kdml.cli.evaluate import (
     _search,
 )
 from kdml.cli.output import _is_main_process, _rank, _stop_code
-from kdml.cli.parser import build_parser
+from kdml.cli.parser import build_parser, command_parser
 from kdml.cli.reproduce import _reproduce
 from kdml.cli.train import _config, _datasets, _recipes, _train
 from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
@@ -146,8 +146,8 @@ def _main(argv: Sequence[str] | None) -> int:
         args, extras = parser.parse_known_args(argv)
         unknown = [item for item in extras
                    if item.startswith("-") or args.command not in ("train", "config")]
-        if unknown:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if unknown:  # pointing at the command's own --help, which lists its options
+            command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exit_request:
         return int(exit_request.code or 0)
     if extras:

@@ -15,8 +15,24 @@ from kdml.errors import KdmlError, home_expanded
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line instead of usage + message
         # every process torchrun starts parses the same arguments: rank 0 says it, once
+        message = _missing_choice(self, message) or message
         self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n"
                   if _is_main_process() else None)
+
+
+def _missing_choice(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """``name a command: train, eval, ... or config`` for argparse's "the following arguments
+    are required: command" (``kdml`` alone, or ``kdml plot``: "plot"), which named the
+    parser's inner name of the missing subcommand, not the ones to choose from; ``None`` for
+    any other message."""
+    for action in parser._actions:
+        if (isinstance(action, argparse._SubParsersAction)
+                and message == f"the following arguments are required: {action.dest}"):
+            *others, last = list(action.choices)
+            what = "an analysis" if action.dest == "analysis" else f"a {action.dest}"
+            return f"name {what}: {', '.join(others)} or {last}" if others else \
+                f"name {what}: {last}"
+    return None
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -96,6 +112,26 @@ DEFAULT_REPORT = Path("docs/reproduction.md")  # kdml reproduce --out
 MAX_SEEDS = 1000  # kdml reproduce --seeds
 
 
+def command_parser(parser: argparse.ArgumentParser,
+                   args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` were parsed for (``kdml plot retrieval``'s, say):
+    an error found after parsing then points at that command's ``--help``, which lists its
+    options, not at ``kdml --help``, which lists only the commands."""
+    current = parser
+    while True:
+        chosen = next((action.choices[getattr(args, action.dest)] for action in current._actions
+                       if isinstance(action, argparse._SubParsersAction)
+                       and getattr(args, action.dest, None) in action.choices), None)
+        if chosen is None:
+            return current
+        current = chosen
+
+
+# The plots' other names (TrainedRun.variant), so that no command's plot replaces another's.
+_VARIANT_NAMES = ("{name}-best.png with --best; {name}-test.png with --test, of a run that "
+                  "validated")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kdml import __version__
 
@@ -127,7 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue an interrupted run from its last checkpoint")
     _add_no_progress(train)
 
-    evaluate = commands.add_parser("eval", help="evaluate a run's last (or --best) checkpoint")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a run's last (or --best) checkpoint",
+        description="Score a run's last (or --best) checkpoint on its test part (a run that "
+        "validated: its validation part, or the test part with --test), print the metrics and "
+        "write them to RUN/eval.json (eval-best.json with --best; eval-test.json with --test, "
+        "of a run that validated). A file of that name kdml did not write is refused before "
+        "scoring: move it away.")
     evaluate.add_argument("run_dir", type=_path)
     _add_best(evaluate)
     evaluate.add_argument("--test", action="store_true",
@@ -227,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval = plots.add_parser(
         "retrieval", help="queries and their nearest images, hits and misses marked",
         description="Draw random test queries and their top-K images (the gallery's where the "
-        "metrics search one, else the other test images) into plots/retrieval.png, each result "
-        "framed green (same class) or red.")
+        "metrics search one, else the other test images) into plots/retrieval.png "
+        f"({_VARIANT_NAMES.format(name='retrieval')}), each result framed green (same class) "
+        "or red.")
     _add_plotted_run(retrieval)
     # A grid of thumbnails past 64 a side is too large to read (and to draw: 10,000 of them
     # made a 116,480-pixel-wide PNG).
@@ -241,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     embedding = plots.add_parser(
         "embedding", help="a 2-D map of the test embeddings, by class (UMAP or t-SNE)",
         description="Map the test embeddings to 2-D with UMAP when umap-learn is installed, "
-        "else t-SNE (scikit-learn), into plots/embedding.png.")
+        "else t-SNE (scikit-learn), into plots/embedding.png "
+        f"({_VARIANT_NAMES.format(name='embedding')}).")
     _add_plotted_run(embedding)
     embedding.add_argument("--max-points", type=_integer(3), default=5000,
                            help="plot a random sample of at most this many (default 5000)")
