@@ -10,6 +10,7 @@ folders or scores a table would each show up here.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -132,6 +133,44 @@ def test_the_readme_s_table_of_verdicts_is_the_committed_reports():
     assert checked >= 20
 
 
+def test_the_readme_s_table_of_verdicts_gives_every_paper_claim_that_is_decided():
+    """The other way round: each paper claim that a committed report finds holding or not
+    holding is in README's table, with its numbers. The table had no row for Atlas Table 2's
+    "16 charts beat 1 at d = 4", which holds on Fashion-MNIST (+0.090 +- 0.065). kdml's own
+    checks and ablations (``(kdml's ...)``, and the head ablation's claims "both with heads 64
+    wide") are docs/findings.md's, not the table's."""
+    readme = (ROOT / "README.md").read_text()
+    table = "\n".join(row for block in readme.split("\n\n")
+                      if block.startswith(("| Paper claim |", "| DTML (Hu, Lu and Tan) claim |"))
+                      for row in block.splitlines()[2:])
+    decided = [(re.search(r" by \+?(\d+\.\d+ \+- \d+\.\d+)", line), line)
+               for verdict, line in committed_claims()
+               if verdict != "not shown" and "(kdml's" not in line
+               and "both with heads 64 wide" not in line]
+    assert decided and all(found for found, _ in decided)
+    assert [line for found, line in decided if found.group(1) not in table] == []
+
+
+def test_benchmarks_md_quotes_the_committed_reports_training_minutes_as_they_are_now():
+    """docs/benchmarks.md gives the training minutes of the reports whose runs were trained
+    again. It kept "The 375 runs took 271.1 minutes in all, as the report says" and Figure 5's
+    634.8 after the JMMD runs at alpha = 0.1 were trained again on 2026-12-05, when the reports'
+    headers became 269.3 and 591.1 (Table 3's, 114.3, was not given at all)."""
+    benchmarks = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    quotes = {
+        "docs/reproduction.md": r"The 375 runs took (\d+\.\d) minutes in all, as the report says",
+        "docs/reproduction-fashion-mnist-generalization.md":
+            r"the report now counts (\d+\.\d) minutes for its 10 runs",
+        "docs/reproduction-fashion-mnist-regularizers.md":
+            r"the report now counts (\d+\.\d) minutes for the 65 runs",
+    }
+    for report, quote in quotes.items():
+        header = re.search(r"; (\d+\.\d) minutes of training in all", (ROOT / report).read_text())
+        said = re.search(quote, benchmarks)
+        assert header and said, report
+        assert said.group(1) == header.group(1), report
+
+
 def test_a_committed_report_shows_each_experiment_as_the_catalog_describes_it():
     """A section's title, paper column and note (what kdml reproduce writes beside the tables,
     which the comparison above leaves out) are the catalog's: a note added to an experiment
@@ -152,3 +191,68 @@ def test_a_committed_report_shows_each_experiment_as_the_catalog_describes_it():
             assert experiment.note in section, (report.name, experiment.key)
             shown += 1
     assert shown >= 20
+
+
+def test_the_docs_give_the_digits_pair_s_own_source_nn_accuracy_as_the_pca_row_records_it():
+    """The inputs' own source-NN accuracy on ``mnist5k->digits`` is the DTML report's PCA row
+    (all 64 components: a rotation, which leaves the distances as they were; `kdml train pca
+    --dataset 'mnist5k->digits' data.pca_dim=0` gives the same 0.7974). docs/findings.md called
+    that row "the inputs' own distances (0.797 ...)" and, a paragraph before, gave the inputs'
+    own as 0.798, as docs/recipes.md and docs/datasets.md did."""
+    report = (ROOT / "docs" / "reproduction-dtml.md").read_text()
+    section = report.split("LFW table: mnist5k->digits\n", 1)[1]
+    pca = re.search(r"^\| PCA \| (\d\.\d{3}) \+- ", section, re.MULTILINE)
+    quotes = {"findings.md": r"(\d\.\d{3}) for the inputs themselves",
+              "recipes.md": r"where the inputs' own is (\d\.\d{3})",
+              "datasets.md": r"`mnist5k->digits` (\d\.\d{3}), `digits->mnist5k`"}
+    assert pca
+    for doc, quote in quotes.items():
+        found = re.findall(quote, " ".join((ROOT / "docs" / doc).read_text().split()))
+        assert found == [pca.group(1)], doc
+
+
+def test_results_readme_says_from_when_a_record_names_its_machine():
+    """results/README.md says from when ``reproduce.json`` names the machine a run trained on.
+    It said "since 2026-12-04", but the 25 runs of Fashion-MNIST's CPU Table 2 at d = 8,
+    trained on 2026-12-04 before kdml kept the machine (74304595, 20:08), do not name it."""
+    from datetime import datetime
+
+    readme = " ".join((ROOT / "results" / "README.md").read_text().split())
+    said = re.search(r"for runs trained since (\d{4}-\d\d-\d\d)(?: (\d\d:\d\d) UTC)?", readme)
+    assert said
+    since = datetime.fromisoformat(f"{said.group(1)}T{said.group(2) or '00:00'}")
+    checked = 0
+    for name in tracked_files("results"):
+        if not name.endswith("/reproduce.json"):
+            continue
+        lines = (ROOT / name).with_name("train.log").read_text().splitlines()
+        last = datetime.strptime(lines[-1][:16], "%Y-%m-%d %H:%M")
+        named = "machine" in json.loads((ROOT / name).read_text())
+        assert named == (last >= since), name
+        checked += 1
+    assert checked > 500
+
+
+def test_findings_gives_n1_s_nt_xent_at_d8_as_the_records_have_it():
+    """docs/findings.md gives MSimCLR n = 1's NT-Xent at d = 8 (the CPU Table 2's narrow heads,
+    10 epochs) twice: "falls only to 5.48" and, in the head ablation, "still stays at 5.49",
+    where its records' epoch-10 values average 5.4846 (seed 0: 5.48496)."""
+    import yaml
+
+    values = []
+    for name in tracked_files("results/simclr-table2-cnn"):
+        if not name.endswith("/config.yaml"):
+            continue
+        config = yaml.safe_load((ROOT / name).read_text())
+        method = config["method"]
+        cell = (config["recipe"], method.get("dim"), method.get("n_charts"),
+                config["train"]["epochs"], method.get("proj_hidden") or None)
+        if cell == ("msimclr", 8, 1, 10, None):
+            metrics = json.loads((ROOT / name).with_name("metrics.json").read_text())
+            values.append(metrics["epochs"][-1]["train/nt_xent"])
+    assert len(values) == 5
+    findings = " ".join((ROOT / "docs" / "findings.md").read_text().split())
+    said = re.findall(r"falls only to (\d\.\d\d) at d = 8|NT-Xent still stays at (\d\.\d\d)",
+                      findings)
+    assert len(said) == 2
+    assert {a or b for a, b in said} == {f"{sum(values) / len(values):.2f}"}
