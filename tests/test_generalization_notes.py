@@ -188,7 +188,9 @@ def test_an_atlas_run_is_analysed_with_the_note(tmp_path, capsys):
 
 @pytest.mark.parametrize(("has_charts", "metric", "distance"), [
     (False, "cosine", "cosine"), (False, "euclidean", "euclidean"),
-    (True, "euclidean", "euclidean on the Atlas embedding")])
+    (True, "euclidean", "euclidean on the Atlas embedding"),
+    # an Atlas run's eval.metric is not its ranking (the manifold distance): not normalised
+    (True, "cosine", "euclidean on the Atlas embedding")])
 def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean_form(
         monkeypatch, tmp_path, has_charts, metric, distance):
     """A cosine run's embeddings (a SimCLR head's are not unit rows) had been classified by
