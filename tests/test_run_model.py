@@ -387,3 +387,33 @@ def test_a_checkpoint_with_a_field_of_another_type_is_damaged_in_one_line(tmp_pa
     assert capsys.readouterr().err == (
         f"kdml: error: checkpoint {last} is damaged: its {field!r} is a {kind}, not what kdml "
         "writes; delete it and train again\n")
+
+
+def test_a_checkpoint_lacking_a_tensor_of_the_model_is_refused_naming_it(tmp_path):
+    """A run's model loads its checkpoint strictly: one that lacks a tensor (here the class
+    proxies) is refused naming it, not loaded with the tensor left at its random
+    initialisation (a load with strict=False had passed every test)."""
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    path = run / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["method"]["head.proxies"]
+    torch.save(state, path)
+    with pytest.raises(KdmlError, match=r"does not match the model built from .*: the "
+                       r"checkpoint lacks head\.proxies; "):
+        load_model(run)
+
+
+def test_a_resumed_run_whose_checkpoint_lacks_a_tensor_is_refused(tmp_path, capsys):
+    """--resume loads the checkpoint strictly too: one without the class proxies is refused
+    in one line, not resumed with fresh random proxies (a load with strict=False had passed
+    every test)."""
+    run = train(tmp_path, "run", "amsoftmax", "digits")
+    path = run / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["method"]["head.proxies"]
+    torch.save(state, path)
+    config = run / "config.yaml"
+    assert config.read_text().count("  epochs: 1\n") == 1
+    config.write_text(config.read_text().replace("  epochs: 1\n", "  epochs: 2\n"))
+    assert kdml("train", "--resume", run, "--no-progress") != 0
+    assert "last.pt does not match the run's config" in capsys.readouterr().err

@@ -73,8 +73,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if _is_kdml_checkpoint(state):  # fine-tuning from a kdml run: its backbone's weights
-        state = {key.removeprefix("backbone."): value for key, value in state["method"].items()
-                 if key.startswith("backbone.")}
+        state = _backbone_weights(state["method"])
         if not state:
             raise KdmlError(f"weights file {path} is a kdml run's checkpoint whose model has "
                             "no backbone weights (an identity backbone): there is nothing to "
@@ -101,6 +100,16 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                         "DataParallel's 'module.' prefix); save one model's weights and pass "
                         "that file")
     return unprefixed
+
+
+def _backbone_weights(method: dict[str, Any]) -> dict[str, Any]:
+    """The backbone's tensors of a kdml run's model, without their ``backbone.`` prefix: a
+    run with ``domain.beta > 0`` wraps its recipe's model (``DomainAdaptedMethod``), whose
+    backbone is then under ``inner.backbone.``."""
+    prefix = ("inner.backbone." if any(key.startswith("inner.backbone.") for key in method)
+              else "backbone.")
+    return {key.removeprefix(prefix): value for key, value in method.items()
+            if key.startswith(prefix)}
 
 
 def _is_kdml_checkpoint(state: object) -> bool:
