@@ -318,21 +318,21 @@ def test_a_checkpoint_that_records_no_recipe_is_taken_for_the_folder_s():
                                 "config.yaml")
 
 
-def test_the_first_mismatch_of_the_weights_is_named():
+def test_thefirst_mismatch_of_the_weights_is_named():
     """The weight whose shape differs (not the first one that fits), else the first missing,
     else the first extra one."""
-    from kdml.training.loading import _first_mismatch
+    from kdml.training.loading import first_mismatch
 
     def weights(**shapes):
         return {key: torch.zeros(shape) for key, shape in shapes.items()}
 
-    assert _first_mismatch(weights(a=(2,), b=(3, 1)), weights(a=(2,), b=(4, 1))) == (
+    assert first_mismatch(weights(a=(2,), b=(3, 1)), weights(a=(2,), b=(4, 1))) == (
         "b is (3, 1) in the checkpoint and (4, 1) in the model")
-    assert _first_mismatch(weights(a=(2,)), weights(a=(2,), c=(1,), b=(1,))) == (
+    assert first_mismatch(weights(a=(2,)), weights(a=(2,), c=(1,), b=(1,))) == (
         "the checkpoint lacks b")
-    assert _first_mismatch(weights(a=(2,), d=(1,)), weights(a=(2,))) == (
+    assert first_mismatch(weights(a=(2,), d=(1,)), weights(a=(2,))) == (
         "the checkpoint has d, which the model does not")
-    assert _first_mismatch(weights(a=(2,)), weights(a=(2,))) == "their weights differ"
+    assert first_mismatch(weights(a=(2,)), weights(a=(2,))) == "their weights differ"
 
 
 def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_asked(
@@ -416,4 +416,5 @@ def test_a_resumed_run_whose_checkpoint_lacks_a_tensor_is_refused(tmp_path, caps
     assert config.read_text().count("  epochs: 1\n") == 1
     config.write_text(config.read_text().replace("  epochs: 1\n", "  epochs: 2\n"))
     assert kdml("train", "--resume", run, "--no-progress") != 0
-    assert "last.pt does not match the run's config" in capsys.readouterr().err
+    assert "last.pt does not match the run's config (another model shape or recipe: the " \
+        "checkpoint lacks head.proxies); " in capsys.readouterr().err

@@ -355,11 +355,11 @@ def _load_weights(method: Method, state: dict[str, Any], checkpoint: Path, built
         method.load_state_dict(state["method"])
     except RuntimeError:
         raise KdmlError(f"checkpoint {checkpoint} does not match the model built from "
-                        f"{built_from}: {_first_mismatch(state['method'], method.state_dict())}"
+                        f"{built_from}: {first_mismatch(state['method'], method.state_dict())}"
                         f"; {remedy}") from None
 
 
-def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
+def first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
     """The first difference between a checkpoint's weights and a model's, in words."""
     for key in (key for key in saved if key in built):  # in the checkpoint's order
         if tuple(saved[key].shape) != tuple(built[key].shape):
@@ -368,4 +368,7 @@ def _first_mismatch(saved: dict[str, Any], built: dict[str, Any]) -> str:
     missing, extra = sorted(built.keys() - saved.keys()), sorted(saved.keys() - built.keys())
     return (f"the checkpoint lacks {missing[0]}" if missing else
             f"the checkpoint has {extra[0]}, which the model does not" if extra else
-            "their weights differ")
+            SAME_TENSORS)
+
+
+SAME_TENSORS = "their weights differ"  # first_mismatch's answer where names and shapes agree

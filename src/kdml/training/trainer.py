@@ -76,11 +76,13 @@ from kdml.training.denormal import flushing_denormals
 from kdml.training.determinism import deterministic_mode
 from kdml.training.loading import (
     RESUME_DATA_REMEDY,
+    SAME_TENSORS,
     check_checkpoint_recipe,
     check_data_path,
     check_run_data,
     checkpoint_pca,
     data_record,
+    first_mismatch,
 )
 from kdml.training.nonfinite import ADVICE, NonFiniteLoss, NonFiniteWatch, kept_checkpoint
 from kdml.training.recipes import get_recipe
@@ -264,7 +266,21 @@ class Session:
                                 "put the setting back in config.yaml, or the checkpoint belongs "
                                 "to another run") from None
             raise KdmlError(f"checkpoint {path} does not match the run's config (another model "
-                            "shape or recipe); it belongs to another run") from None
+                            f"shape or recipe{self._first_mismatch(state)}); it belongs to "
+                            "another run") from None
+
+    def _first_mismatch(self, state: dict[str, Any]) -> str:
+        """``: the checkpoint lacks head.proxies`` (its model's first difference from this
+        run's, as scoring names it); empty where the models' tensors agree (the optimiser's
+        state is what differs) or the checkpoint holds no model."""
+        saved = state.get("method")
+        if not isinstance(saved, dict):
+            return ""
+        try:
+            mismatch = first_mismatch(saved, self.method.state_dict())
+        except (AttributeError, TypeError):  # a value that is not a tensor: say no more
+            return ""
+        return "" if mismatch == SAME_TENSORS else f": {mismatch}"
 
     def train_epoch(self, epoch: int, history: list[dict[str, Any]],
                     progress: bool | None) -> tuple[dict[str, Any], bool]:
