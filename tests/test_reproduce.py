@@ -2051,10 +2051,9 @@ def test_reproduce_refuses_a_runs_file_and_a_huge_seed_count_before_anything_run
     assert trained == [] and (tmp_path / "afile").read_text() == "mine"
 
 
-def test_reproduce_refuses_a_run_folder_or_a_grid_folder_as_its_runs(tmp_path, monkeypatch,
-                                                                     capsys):
-    """A --runs made by kdml train had its runs nested among the run's own files (and, with
-    --quick, its report written there), where kdml train and a grid refuse such a folder."""
+def _a_run_and_a_grid_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder as kdml train leaves a run (config.yaml, train.log, checkpoints/) and one as a
+    grid leaves (grid.yaml)."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("recipe: jrd\n")
@@ -2062,6 +2061,14 @@ def test_reproduce_refuses_a_run_folder_or_a_grid_folder_as_its_runs(tmp_path, m
     grid = tmp_path / "grid"
     grid.mkdir()
     (grid / "grid.yaml").write_text("grid: {method.alpha: [0.1]}\ncells: [alpha-0.1]\n")
+    return run, grid
+
+
+def test_reproduce_refuses_a_run_folder_or_a_grid_folder_as_its_runs(tmp_path, monkeypatch,
+                                                                     capsys):
+    """A --runs made by kdml train had its runs nested among the run's own files (and, with
+    --quick, its report written there), where kdml train and a grid refuse such a folder."""
+    run, grid = _a_run_and_a_grid_folder(tmp_path)
     trained = _count_training(monkeypatch)
     for runs, message in ((run, f"--runs {run} is a run's folder (its config.yaml beside its "
                                 "log or checkpoints); kdml reproduce's runs go into a folder "
@@ -2080,13 +2087,7 @@ def test_reproduce_refuses_a_runs_folder_inside_a_run_folder_or_a_grid_folder(
     """--runs RUN/sub (a new folder inside kdml train's run folder, or inside a grid's) was
     accepted: reproduce trained its runs, and with --quick wrote its report, among that run's
     own files, where --runs RUN itself is refused."""
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "config.yaml").write_text("recipe: jrd\n")
-    (run / "train.log").write_text("epoch 1\n")
-    grid = tmp_path / "grid"
-    grid.mkdir()
-    (grid / "grid.yaml").write_text("grid: {method.alpha: [0.1]}\ncells: [alpha-0.1]\n")
+    run, grid = _a_run_and_a_grid_folder(tmp_path)
     trained = _count_training(monkeypatch)
     monkeypatch.chdir(run)  # a relative --runs below the working folder, itself a run's
     for runs, above, what in ((run / "sub" / "deeper", run, "the run folder"),

@@ -271,23 +271,30 @@ def check_runs_folder(runs: Path) -> None:
     a grid's, or any folder below one (``RUN/sub``): reproduce would nest its runs, and with
     ``--quick`` its report, among that run's files, where ``kdml train`` refuses to start a
     run and a grid to start."""
-    if holds_run(runs):
-        raise KdmlError(f"--runs {runs} is a run's folder (its config.yaml beside its log or "
-                        "checkpoints); kdml reproduce's runs go into a folder of their own: "
-                        "choose another --runs")
-    if recorded_cells(runs) is not None:
-        raise KdmlError(f"--runs {runs} is a grid's folder ({MARKER}); kdml reproduce's runs "
-                        "go into a folder of their own: choose another --runs")
+    what = _run_or_grid(runs)
+    if what is not None:
+        raise KdmlError(f"--runs {runs} is a {what}'s folder ({_MARKS[what]}); kdml reproduce's "
+                        "runs go into a folder of their own: choose another --runs")
     # the folders above it, spelled without ".." (RUN/../other is not inside RUN)
     for above in Path(os.path.abspath(runs)).parents:
-        if holds_run(above):
-            raise KdmlError(f"--runs {runs} is inside the run folder {above}; kdml "
+        what = _run_or_grid(above)
+        if what is not None:
+            marker = f" ({MARKER})" if what == "grid" else ""
+            raise KdmlError(f"--runs {runs} is inside the {what} folder {above}{marker}; kdml "
                             "reproduce's runs go into a folder of their own: choose a --runs "
                             "outside it")
-        if recorded_cells(above) is not None:
-            raise KdmlError(f"--runs {runs} is inside the grid folder {above} ({MARKER}); kdml "
-                            "reproduce's runs go into a folder of their own: choose a --runs "
-                            "outside it")
+
+
+# What tells each kind of folder, as check_runs_folder says it.
+_MARKS = {"run": "its config.yaml beside its log or checkpoints", "grid": MARKER}
+
+
+def _run_or_grid(folder: Path) -> str | None:
+    """``"run"`` where ``folder`` is a run's (kdml train's or reproduce's), ``"grid"`` where a
+    grid's, else ``None``."""
+    if holds_run(folder):
+        return "run"
+    return "grid" if recorded_cells(folder) is not None else None
 
 
 def claim_file(run_dir: Path) -> Path:
