@@ -229,3 +229,51 @@ def test_a_cosine_run_whose_embeddings_share_one_direction_is_not_drawn():
                 refuse_collapsed(embedded, trained, "a map")
         else:
             refuse_collapsed(embedded, trained, "a map")
+
+
+def test_a_chart_trained_on_one_class_predicts_that_class_not_the_overall_majority():
+    """Chart 0's training points are all of class 7, while class 1 is the most frequent
+    of the whole training set: chart 0's test points are classified as 7 (the single-class
+    rule), and only a chart with no training points falls back on the majority 1."""
+    from kdml.evaluation.charts import piecewise_linear_accuracy
+
+    rng = np.random.default_rng(0)
+    train_charts = np.array([0] * 3 + [1] * 9)
+    train_labels = np.array([7] * 3 + [1] * 6 + [2] * 3)
+    test_charts = np.array([0, 0, 2, 2])
+    test_labels = np.array([7, 7, 1, 7])
+    result = piecewise_linear_accuracy(rng.standard_normal((12, 2)), train_charts, train_labels,
+                                       rng.standard_normal((4, 2)), test_charts, test_labels)
+    by_chart = {entry["chart"]: entry for entry in result["charts"]}
+    assert (by_chart[0]["classifier"], by_chart[0]["num_correct"]) == ("single-class", 2)
+    assert (by_chart[2]["classifier"], by_chart[2]["num_correct"]) == ("majority", 1)
+    assert (by_chart[1]["classifier"], by_chart[1]["num_test"]) == ("none", 0)
+    assert result["num_correct"] == 3 and result["accuracy"] == 3 / 4
+
+
+def test_the_analysis_counts_class_0_as_labelled_and_only_minus_1_as_unlabelled():
+    """A domain pair's unlabelled target samples are -1; class 0 is a class like any other."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kdml.inspection.analysis import labelled_count
+
+    parts = [SimpleNamespace(labels=torch.tensor([0, 0, 1, -1])),
+             SimpleNamespace(labels=torch.tensor([-1, 2, 0]))]
+    assert labelled_count(parts) == sum(int(label) >= 0 for part in parts for label in part.labels)
+    assert labelled_count(parts) == 5
+
+
+def test_an_npz_that_appears_after_the_check_is_still_not_replaced(tmp_path, monkeypatch):
+    """write_npz checks --out before the work and again as it writes: a file another process
+    puts there meanwhile is kept, not replaced."""
+    import kdml.inspection.parts as parts
+
+    path = tmp_path / "e.npz"
+    monkeypatch.setattr(parts, "check_npz_out", lambda _: None)  # the check ran before it came
+    path.write_bytes(b"the user's")
+    with pytest.raises(FileExistsError, match="a file appeared there while kdml wrote"):
+        parts.write_npz(path, {"embeddings": np.zeros((2, 3), dtype=np.float32)})
+    assert path.read_bytes() == b"the user's"
+    assert [p.name for p in tmp_path.iterdir()] == ["e.npz"]

@@ -1049,6 +1049,27 @@ def test_the_generalization_terms_of_a_collapsed_embedding_come_with_a_warning(
     assert (run / "generalization.json").is_file()
 
 
+
+def test_generalization_judges_collapse_by_the_cosine_of_a_cosine_run(runs, tmp_path, capsys,
+                                                                      monkeypatch):
+    """Rows of one direction at many lengths have collapsed for the cosine the run is scored
+    (and its 1-NN classifiers rank) by, though not as points: the analysis warns of them."""
+    from kdml.training.recipes.jrd import JRDMethod
+
+    run = tmp_path / "plain"
+    shutil.copytree(runs / "plain", run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["eval"]["metric"] == "cosine"
+    direction = torch.linspace(1.0, 2.0, 8)
+
+    def one_direction(self, inputs):
+        return torch.linspace(0.5, 4.0, len(inputs))[:, None] * direction
+
+    monkeypatch.setattr(JRDMethod, "embed", one_direction)
+    capsys.readouterr()
+    assert kdml("analyze", "generalization", run, "--repeats", "2") == 0
+    err = capsys.readouterr().err
+    assert err.count("have collapsed: 100.0% of them lie at one point") == 2, err
+
 def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys, monkeypatch):
     from PIL import Image
 
