@@ -22,7 +22,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from kdml.checks import check_float_inputs, check_same_device, check_tensor_inputs
+from kdml.checks import (
+    check_float_inputs,
+    check_real_memberships,
+    check_same_device,
+    check_tensor_inputs,
+)
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
@@ -67,7 +72,8 @@ def compressed_code(outputs: ChartOutputs) -> tuple[Tensor, Tensor]:
     Returns the *pre-sigmoid* coordinates of the most probable chart (apply ``torch.sigmoid``
     for :math:`\phi_i(x) \in [0, 1]^d`) and the chart's index.
 
-    Inputs: ``outputs`` with ``coords`` :math:`(B, n, d)` and ``q`` :math:`(B, n)`.
+    Inputs: ``outputs`` with ``coords`` :math:`(B, n, d)` and ``q`` :math:`(B, n)` (real:
+    probabilities, or a bool or integer one-hot).
 
     Shape: returns ``chart_coords`` :math:`(B, d)` and ``chart_index`` :math:`(B,)` (int64).
 
@@ -88,7 +94,10 @@ def compressed_code(outputs: ChartOutputs) -> tuple[Tensor, Tensor]:
         )
     # devices only, no host sync: a meta and a CPU tensor had given a code on mixed devices
     check_same_device("compressed_code", [coords, q], "chart coordinates and memberships")
-    chart_index = q.argmax(dim=1)
+    check_real_memberships("compressed_code", q)
+    # a bool one-hot, which ManifoldMMD and manifold_distance take, as 0 and 1: torch has no
+    # argmax of bools ("argmax(): does not support bool input")
+    chart_index = (q.to(torch.uint8) if q.dtype == torch.bool else q).argmax(dim=1)
     chart_coords = coords[torch.arange(len(coords), device=coords.device), chart_index]
     return chart_coords, chart_index
 
@@ -234,6 +243,8 @@ def manifold_distance(
             f"{tuple(c2.shape[1:])}"
         )
     check_same_device("manifold_distance", [q1, c1, q2, c2], "memberships and coordinates")
+    for q in (q1, q2):
+        check_real_memberships("manifold_distance", q)
     if d0 is None:
         d0 = "euclidean" if variant == "paper" else "mean_squared"
     per_chart = chart_distances(c1, c2, d0)  # [N1, N2, n]

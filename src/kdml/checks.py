@@ -136,6 +136,17 @@ def check_setting_device(owner: str, name: str, value: Tensor, inputs: Tensor,
                         f"{inputs.device}; move the {name} to {inputs.device}")
 
 
+def check_has_values(name: str, tensor: Tensor) -> None:
+    """Refuse, in one line naming ``name`` (e.g. ``"labels"``), a tensor on the meta device,
+    which holds shapes but no values, where the values are read (the metrics): torch's own
+    "Cannot copy out of meta tensor; no data!" or "Tensor.item() cannot be called on meta
+    tensors" came from deep inside the search. The losses take meta tensors: they only
+    compute on them."""
+    if tensor.device.type == "meta":
+        raise KdmlError(f"{name} is a tensor on the meta device, which holds no values to "
+                        "score; pass it computed on the CPU or a GPU")
+
+
 def check_integer_labels(owner: str, labels: Tensor) -> None:
     """Refuse, in one line naming ``owner``, float or complex labels (class labels are
     integers; a float label such as 0.5 would silently make a class of its own)."""
@@ -223,6 +234,17 @@ def check_labels(owner: str, labels: Tensor, tensors: Sequence[Tensor],
     check_tensors(owner, labels, tensors, what)
     check_integer_labels(owner, labels)
     check_label_device(owner, labels, tensors, what, like)
+
+
+def check_real_memberships(owner: str, q: Tensor) -> None:
+    """Refuse, in one line naming ``owner``, complex chart memberships ``q``: they are
+    probabilities (bool or integer one-hot ones are taken as 0 and 1), and a complex ``q``
+    had made ManifoldMMD's value complex, ChartMembershipLoss drop the imaginary part with
+    only torch's warning, and compressed_code and manifold_distance raise torch's own error.
+    Dtypes only."""
+    if q.is_complex():
+        raise KdmlError(f"{owner} expects real memberships q (probabilities, or a bool or "
+                        f"integer one-hot), got dtype {q.dtype}")
 
 
 def check_float_inputs(owner: str, tensors: Sequence[Tensor], what: str = "embeddings") -> None:

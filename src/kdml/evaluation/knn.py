@@ -25,7 +25,7 @@ import faiss
 import numpy as np
 import torch
 
-from kdml.checks import is_positive_int
+from kdml.checks import check_has_values, is_positive_int
 from kdml.errors import KdmlError
 
 Metric = Literal["cosine", "euclidean"]
@@ -120,6 +120,7 @@ def as_float_matrix(x: Any, name: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         if not x.is_floating_point():
             raise KdmlError(f"{name} must have a floating dtype, got {x.dtype}")
+        check_has_values(name, x)
         array = host_array(x)
     else:
         array = np.asarray(x)
@@ -171,6 +172,7 @@ def as_float_tensor(x: Any, name: str) -> torch.Tensor:
         return torch.from_numpy(as_float_matrix(x, name))
     if not x.is_floating_point():
         raise KdmlError(f"{name} must have a floating dtype, got {x.dtype}")
+    check_has_values(name, x)
     tensor = x.detach()
     if tensor.dtype not in (torch.float32, torch.float64):
         tensor = tensor.float()

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kdml.checks import check_has_values
 from kdml.errors import KdmlError
 
 
@@ -26,6 +27,7 @@ def as_label_vector(labels: Any, name: str, expected_length: int,
     if isinstance(labels, torch.Tensor):
         if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
             raise KdmlError(f"{name} must be integers, got dtype {labels.dtype}")
+        check_has_values(name, labels)
         array = labels.detach().cpu().numpy()
     else:
         array = np.asarray(labels)

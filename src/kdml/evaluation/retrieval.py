@@ -175,9 +175,9 @@ def retrieval_metrics(
 
     Raises:
         KdmlError: on mismatched shapes, non-integer labels, non-finite or empty
-            embeddings, invalid ``ks``, an unknown ``metric``, ``reference`` without
-            ``reference_labels`` (or the reverse), a ``reference`` that is the query set
-            itself, or when every query is lone.
+            embeddings, tensors on the meta device (which hold no values), invalid ``ks``, an
+            unknown ``metric``, ``reference`` without ``reference_labels`` (or the reverse), a
+            ``reference`` that is the query set itself, or when every query is lone.
 
     Warns:
         UserWarning: when ``reference`` and ``reference_labels`` equal the queries and their

@@ -9,7 +9,7 @@ from kdml.checks import check_float_inputs, check_same_device, check_tensor_inpu
 from kdml.errors import KdmlError
 from kdml.kernels import Kernel
 from kdml.precision import full_precision
-from kdml.regularizers.jrs import check_kernel
+from kdml.regularizers.jrs import check_kernel, checked_kernel_output
 
 
 class DomainMMD(nn.Module):
@@ -42,8 +42,9 @@ class DomainMMD(nn.Module):
     Args:
         kernel: a :class:`~kdml.kernels.Kernel` (or another module called as
             ``kernel(x, y)``, such as PML's ``CosineSimilarity``), or ``None`` for Eq. 6
-            (anything else, such as a kernel's name, is refused when built). Default:
-            ``None``.
+            (anything else, such as a kernel's name, is refused when built; a module whose
+            output is not the :math:`(N_s + N_t, N_s + N_t)` matrix of the joint batch, or no
+            tensor, is refused at the call). Default: ``None``.
 
     Inputs: ``source`` :math:`(N_s, D)`, ``target`` :math:`(N_t, D)`.
     Shape: output is a scalar.
@@ -74,7 +75,11 @@ class DomainMMD(nn.Module):
         if self.kernel is None:
             return (target.mean(dim=0) - source.mean(dim=0)).pow(2).sum()
         num_source = len(source)
-        joint = self.kernel(torch.cat([source, target]))
+        points = torch.cat([source, target])
+        # read as three blocks, a kernel-like module's [N, D] output had given a number
+        joint = checked_kernel_output("DomainMMD", "the kernel", self.kernel,
+                                      self.kernel(points), len(points), len(points),
+                                      "the joint [Ns + Nt, D] batch [source; target]")
         source_block = joint[:num_source, :num_source]
         target_block = joint[num_source:, num_source:]
         cross_block = joint[:num_source, num_source:]

@@ -126,14 +126,29 @@ def check_no_miner(owner: str, reason: str, indices_tuple: object, ref_emb: obje
 
 def kernel_matrix(owner: str, layer: int, kernel: nn.Module, representation: Tensor) -> Tensor:
     """The :math:`(M, M)` matrix ``kernel(representation)`` of an :math:`(M, D)`
-    representation; any other shape (a module that is not a kernel) is refused in one line.
-    Shapes only: no host sync."""
-    matrix: Tensor = kernel(representation)
-    size = representation.shape[0]
-    if matrix.shape != (size, size):
-        raise KdmlError(f"{owner}: kernel {layer} ({type(kernel).__name__}) returned shape "
-                        f"{tuple(matrix.shape)}, not the [M, M] = [{size}, {size}] kernel "
-                        "matrix of its [M, D] representation; pass kernels from kdml.kernels")
+    representation; any other shape or a value that is no tensor (a module that is not a
+    kernel) is refused in one line (:func:`checked_kernel_output`). Shapes only: no host
+    sync."""
+    return checked_kernel_output(owner, f"kernel {layer}", kernel, kernel(representation),
+                                 representation.shape[0], representation.shape[0],
+                                 "its [M, D] representation")
+
+
+def checked_kernel_output(owner: str, which: str, kernel: nn.Module, matrix: object, rows: int,
+                          columns: int, of: str) -> Tensor:
+    """``matrix``, what ``kernel`` (called ``which``, e.g. "kernel 0") returned for ``of`` (the
+    points it was given), if it is the :math:`(rows, columns)` kernel matrix; anything else is
+    refused in one line naming ``owner``. A kernel-like module of another output had given a
+    torch error (its [M, D] input), an AttributeError (PML's ``BatchedDistance``, whose
+    ``forward`` returns None) or, read as blocks of a matrix (DomainMMD, the sharded JRS), a
+    number computed from the wrong values. Shapes only: no host sync."""
+    if not isinstance(matrix, Tensor) or matrix.shape != (rows, columns):
+        got = (f"shape {tuple(matrix.shape)}" if isinstance(matrix, Tensor)
+               else f"a {type(matrix).__name__}")
+        shape = "[M, M]" if rows == columns else "[m, M]"
+        raise KdmlError(f"{owner}: {which} ({type(kernel).__name__}) returned {got}, not the "
+                        f"{shape} = [{rows}, {columns}] kernel matrix of {of}; pass kernels "
+                        "from kdml.kernels")
     return matrix
 
 

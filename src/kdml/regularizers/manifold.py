@@ -21,6 +21,7 @@ from kdml.checks import (
     Number,
     as_number,
     check_float_inputs,
+    check_real_memberships,
     check_same_device,
     check_tensor_inputs,
     is_finite_number,
@@ -89,8 +90,8 @@ class ManifoldMMD(nn.Module):
     Raises:
         KdmlError: for a batch or prior sample of fewer than 2 points (the U-statistic needs
         pairs), for shapes that do not match ``dim`` / ``n_charts``, for inputs that are not
-        torch tensors, integer coordinates and memberships on another device than the
-        coordinates.
+        torch tensors, integer coordinates, complex memberships and memberships on another
+        device than the coordinates.
 
     Example (the Sec. 3.2.2 regularizer next to a pytorch-metric-learning loss)::
 
@@ -200,6 +201,7 @@ class ManifoldMMD(nn.Module):
                 f"ManifoldMMD: q must be [N, n] = {tuple(coords.shape[:2])}, got {tuple(q.shape)}"
             )
         check_float_inputs("ManifoldMMD", [coords], "chart coordinates")
+        check_real_memberships("ManifoldMMD", q)
         check_same_device("ManifoldMMD", [coords, q], "chart coordinates and memberships")
         return coords, q
 
@@ -220,7 +222,7 @@ class ChartMembershipLoss(nn.Module):
     :math:`-(1 - 1/n)` is reached by one-hot memberships. With :math:`n = 1` it is 0.
 
     Inputs: ``q`` :math:`(N, n)` memberships, :math:`N \ge 1` (bool or integer one-hot
-    memberships are taken as floats).
+    memberships are taken as floats; complex ones are refused).
 
     Shape: output is a scalar.
 
@@ -236,6 +238,7 @@ class ChartMembershipLoss(nn.Module):
         if q.ndim != 2 or q.shape[0] == 0 or q.shape[1] == 0:
             raise KdmlError(f"ChartMembershipLoss expects q [N, n] with N, n >= 1, "
                             f"got {tuple(q.shape)}")
+        check_real_memberships("ChartMembershipLoss", q)
         if not q.is_floating_point():  # one-hot memberships as bool or int, as ManifoldMMD takes
             q = q.float()
         return -(q - 1.0 / q.shape[1]).pow(2).sum(dim=1).mean()

@@ -33,14 +33,17 @@ from kdml.kernels import (
     squared_distances,
 )
 from kdml.precision import full_precision
-from kdml.regularizers.jrs import check_batch, check_kernel
+from kdml.regularizers.jrs import check_batch, check_kernel, checked_kernel_output
 
 
 def _row_block(kernel: Kernel, rows: Tensor, columns: Tensor, num_points: int) -> Tensor:
     """Kernel rows ``[m, M]``; adaptive bandwidths from the all-reduced distance sums."""
     if not isinstance(kernel, GaussianMixtureKernel | LaplaceKernel) or (
             kernel.bandwidth is not None):
-        return kernel(rows, columns)
+        # a kernel-like module's [m, D] output had broadcast against the [m, M] class mask
+        return checked_kernel_output("sharded JRS", "a kernel", kernel, kernel(rows, columns),
+                                     len(rows), len(columns),
+                                     "this rank's [m, D] rows against the gathered [M, D] batch")
     if isinstance(kernel, GaussianMixtureKernel):
         distances = squared_distances(rows, columns)
     else:
