@@ -183,7 +183,7 @@ def test_a_sampled_map_counts_the_whole_part_s_classes_without_the_unlabelled(tm
                            is_validation=False)
     trained = SimpleNamespace(
         plot_path=lambda name: tmp_path / f"{name}.png", checkpoint=Path("last.pt"), method=None,
-        run=SimpleNamespace(best_checkpoint=Path("best.pt")), epoch=1,
+        run=SimpleNamespace(best_checkpoint=Path("best.pt"), output=lambda path: path), epoch=1,
         config=SimpleNamespace(eval=SimpleNamespace(metric="euclidean"), recipe="pca",
                                data=SimpleNamespace(dataset="npz:pair.npz")))
     drawn = {}

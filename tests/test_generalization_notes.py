@@ -219,7 +219,8 @@ def test_the_classifiers_rank_by_the_run_s_own_distance_where_it_has_a_euclidean
 
     train, test = Part("train"), Part("test")
     train.labels, test.labels = torch.tensor(labels["train"]), torch.tensor(labels["test"])
-    trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path), epoch=1, embedder=None,
+    trained = SimpleNamespace(run=SimpleNamespace(root=tmp_path, output=lambda path: path),
+                              epoch=1, embedder=None,
                               splits=SimpleNamespace(train=train, test=test, validation=False,
                                                      train_classes=[0, 1, 2, 3], test_parts=[test]),
                               method=SimpleNamespace(has_charts=has_charts),

@@ -46,8 +46,9 @@ def _eval(args: argparse.Namespace) -> int:
     check_json_replaceable(path, EVAL_FIELDS)
     metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
                                args.best, trained.splits.validation)
-    write_json({**result, "metrics": metrics, **_unreadable_record(trained.splits)}, path,
-               EVAL_FIELDS)
+    # the run folder checked again: moved or deleted while scored, it had been made again
+    write_json({**result, "metrics": metrics, **_unreadable_record(trained.splits)},
+               trained.run.output(path), EVAL_FIELDS)
     return 0
 
 

@@ -100,5 +100,6 @@ def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
     written = {"settings": {**dataclasses.asdict(settings), "epoch": trained.epoch},
                "distance": distance, "unseen": unseen_part,
                **{name: estimate.to_dict() for name, estimate in terms.items()}}
-    write_json(written, path, GENERALIZATION_FIELDS)
+    # the run folder checked again: moved or deleted while embedded, it had been made again
+    write_json(written, trained.run.output(path), GENERALIZATION_FIELDS)
     return terms, path

@@ -116,7 +116,9 @@ def plot_retrieval(trained: TrainedRun, queries: int, k: int, seed: int = 0) -> 
     positions = np.where(found_any, reference.indices.numpy()[np.maximum(neighbours, 0)], -1)
     return plot_retrieval_grid(
         embedded.indices.numpy()[chosen], positions, hits,
-        query_image, trained.plot_path("retrieval"), query_title,
+        # the run folder checked again (as below): moved or deleted meanwhile, it had been
+        # made again at its old path, holding the picture alone
+        query_image, trained.run.output(trained.plot_path("retrieval")), query_title,
         gallery=None if same_set else loader(found.dataset))
 
 
@@ -186,7 +188,8 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
     if trained.checkpoint == trained.run.best_checkpoint:  # beside the last one's map, whose
         # title was the same: the file name alone told them apart, lost in a copied picture
         shown += f", best checkpoint of epoch {trained.epoch}"
-    return plot_embedding_map(coordinates, labels, trained.plot_path("embedding"), method,
+    return plot_embedding_map(coordinates, labels,
+                              trained.run.output(trained.plot_path("embedding")), method,
                               f"{trained.config.recipe} on {trained.config.data.dataset}{shown}",
                               part.dataset.class_names, sample_of)
 
@@ -210,6 +213,7 @@ def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     def thumbnail(row: int) -> torch.Tensor:
         return to_unit_float(test.load(int(codes.indices[row])))
 
-    return plot_charts(coords, index, codes.labels, trained.plot_path("charts"),
+    return plot_charts(coords, index, codes.labels,
+                       trained.run.output(trained.plot_path("charts")),
                        images=thumbnail if test.is_image else None, max_thumbnails=thumbnails,
                        class_names=test.class_names)

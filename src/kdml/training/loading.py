@@ -40,7 +40,7 @@ from kdml.training.build import (
 from kdml.training.checkpoint import load_checkpoint
 from kdml.training.recipes import Recipe, get_recipe
 from kdml.training.resume_settings import changed_settings, first_of
-from kdml.training.run_folder import RunFolder
+from kdml.training.run_folder import RunFolder, trained_elsewhere
 
 
 @dataclass
@@ -138,13 +138,30 @@ def deleted_setting_problem(run: RunFolder, recipe: Recipe, deleted: list[str]) 
             f"({recipe.name}'s default is '{line}'); a deleted setting is not read as a default")
 
 
+# What the refusal of a missing best.pt adds where the run has its last checkpoint.
+LAST_INSTEAD = "; without --best, kdml reads its last checkpoint"
+
+
 def chosen_checkpoint(run: RunFolder, best: bool = False) -> Path:
     """The checkpoint a command reads: ``checkpoints/best.pt`` with ``best``
     (``train.keep_best``), else ``last.pt``; one line where it is not there."""
     checkpoint = run.best_checkpoint if best else run.checkpoint
-    if best and not checkpoint.is_file():
+    if best and not checkpoint.is_file() and not run_config(run).train.keep_best:
         raise KdmlError(f"{run.root} has no {checkpoint.name}: only runs trained with "
                         "train.keep_best=true keep one")
+    if not checkpoint.is_file() and trained_elsewhere(run.root):
+        # in its first epoch (or, for best.pt, before its first epoch scored on validation):
+        # the advice below, 'kdml train --resume', is refused while another process trains it
+        raise UnreadableCheckpoint(
+            f"no checkpoint at {checkpoint} yet: {run.root} is being trained by another "
+            "process, which writes it at the end of an epoch"
+            f"{' scored on validation' if best else ''}; wait for that")
+    if best and not checkpoint.is_file():
+        # "only runs trained with train.keep_best=true keep one" misled about such a run
+        raise KdmlError(f"{run.root} has no {checkpoint.name}: its train.keep_best keeps one "
+                        "from its first epoch scored on validation, which it has not reached "
+                        f"(continue it with 'kdml train --resume {run.root}'), or the file was "
+                        f"removed{LAST_INSTEAD if run.checkpoint.is_file() else ''}")
     if not checkpoint.is_file() and run.final_metrics() is not None:
         # a finished run kept as records alone (results/ in the repository): its scores are
         # there, and it has to be trained again, from the start, to have a model

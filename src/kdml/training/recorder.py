@@ -46,12 +46,14 @@ class Recorder:
         self._plotted_at = time.monotonic()
         self._unplotted: list[dict[str, Any]] | None = None  # a history not drawn yet
         self._folder: tuple[int, int] | None = None  # the run folder's (device, inode)
+        self._config: tuple[int, int] | None = None  # its config.yaml's (mtime_ns, size)
         self._thread_hook = threading.excepthook  # the one this session's replaces
 
     def __enter__(self) -> Recorder:
         if self.writes:
             self.log = self._stack.enter_context(run_logging(self.run.log))
             self._folder = _identity(self.run.root)
+            self._config = _stamp(self.run.config)
             # the events file waits for the first epoch recorded (:meth:`_events`), but what
             # is in the way of its folder is said before training, as it was
             try:
@@ -113,11 +115,15 @@ class Recorder:
     def _moved(self) -> bool:
         """Whether the run folder is no longer the one this session started writing into:
         gone, or another folder without the run's config.yaml (a file system whose folders'
-        inode numbers change is not taken for a move while config.yaml is there)."""
+        inode numbers change is not taken for a move while config.yaml is there). The
+        config.yaml of another folder is told from the run's own by its time stamp and size:
+        a new run started at the old path of a folder moved away (its own config.yaml, the
+        same text where the same command started it) had taken this session's checkpoints
+        and metrics into its folder, over its own."""
         if self._folder is None:
             return False
         now = _identity(self.run.root)
-        return now is None or (now != self._folder and not self.run.config.is_file())
+        return now is None or (now != self._folder and _stamp(self.run.config) != self._config)
 
     def _check_folder(self) -> None:
         """Refuse to write on when the run folder was moved or deleted while the run trained:
@@ -247,6 +253,15 @@ def _identity(folder: os.PathLike[str]) -> tuple[int, int] | None:
     except OSError:
         return None
     return status.st_dev, status.st_ino
+
+
+def _stamp(file: Path) -> tuple[int, int] | None:
+    """``file``'s (mtime_ns, size), None where it is gone."""
+    try:
+        status = os.stat(file)
+    except OSError:
+        return None
+    return status.st_mtime_ns, status.st_size
 
 
 @contextlib.contextmanager

@@ -113,6 +113,18 @@ class RunFolder:
         """Held (``flock``) by the process training the run; see :meth:`held`."""
         return self.root / LOCK_NAME
 
+    def output(self, path: Path) -> Path:
+        """``path``, a file in the run folder where a command that reads the run writes what
+        it made of it (eval.json, generalization.json, plots/...), once the run is checked to
+        be still there: a run folder moved or deleted while the command worked (minutes of
+        scoring) had been made again at its old path, holding that file alone, which no
+        command opens as a run (training checks before each write too: ``Recorder``)."""
+        if not self.config.is_file():
+            raise KdmlError(f"the run folder {self.root} was moved or deleted while kdml read "
+                            f"it, so its {path.relative_to(self.root)} is not written; give the "
+                            "command the folder where the run is now")
+        return path
+
     def held(self) -> contextlib.AbstractContextManager[None]:
         """Hold the run folder for this process while it trains: a second process that tries
         (another ``kdml train --resume``, a grid or reproduction reaching the same run) gets a
@@ -245,6 +257,21 @@ def first_partials(folder: Path) -> list[Path]:
     replaces."""
     return [path for path in folder.iterdir() if _FIRST_PARTIAL.fullmatch(path.name)
             and path.is_file() and not path.is_symlink()]
+
+
+# The hidden partials of a run's metrics.json and metrics.csv (file_write's
+# ".NAME.PID.TOKEN.EXT"): what a kill (SIGKILL) while a session wrote them leaves
+_METRICS_PARTIAL = re.compile(r"\.metrics\.\d+\.[0-9a-f]{8}\.(json|csv)")
+
+
+def metrics_partials(folder: Path) -> list[Path]:
+    """The hidden partials of ``folder``'s metrics.json and metrics.csv (plain files): kdml's
+    own, left by a session killed while it wrote them, which the next session of the run
+    removes (only the process holding the run writes its metrics: none is being written)."""
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir() if _METRICS_PARTIAL.fullmatch(path.name)
+                  and path.is_file() and not path.is_symlink())
 
 
 def holds_files(folder: Path) -> bool:
@@ -409,6 +436,29 @@ def start_afresh(root: Path) -> str | None:
 
 def _busy(root: Path) -> str:
     return f"{root} is being trained by another process; let it finish or stop it first"
+
+
+def trained_elsewhere(root: Path) -> bool:
+    """Whether another process trains the run in ``root`` now (holds its lock: :func:`hold_folder`),
+    for a reader's message: a run without a checkpoint yet is then in its first epoch, where
+    "train it with kdml train --resume" would be refused as busy. Probed with a shared lock
+    taken and let go at once, on the lock file only where it exists (a reader makes no file)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on Windows: no process is known to hold the folder
+        return False
+    try:
+        handle = (root / LOCK_NAME).open("rb")
+    except OSError:  # no lock file: no run was ever trained here by a kdml that holds it
+        return False
+    with handle:  # closing it lets the shared lock go
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # a file system without locks: nothing to tell
+            return False
+    return False
 
 
 class FolderBusy(KdmlError):

@@ -95,6 +95,7 @@ from kdml.training.run_folder import (
     RunFolder,
     check_new_run_folder,
     check_utf8_path,
+    metrics_partials,
     start_afresh,
     warnings_on_stderr,
 )
@@ -794,6 +795,10 @@ def _open_run_folder(run: RunFolder, session: Session, resume: bool,
     """Make a new run's folder (its config and data.json), or check a resumed run's data
     against its data.json (refused saying ``data_remedy``)."""
     for partial in partial_checkpoints(run.checkpoint.parent):  # of a session killed mid-write
+        partial.unlink(missing_ok=True)
+    # a run's folder: its metrics' hidden partials, of a session killed while it wrote them
+    # (SIGKILL: no except ran), had stayed there for good
+    for partial in metrics_partials(run.root) if resume else []:
         partial.unlink(missing_ok=True)
     splits = session.splits
     record = functools.partial(data_record, splits, session.test_part,
