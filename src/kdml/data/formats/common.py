@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Hashable, Iterable, Sequence
+import unicodedata
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -141,10 +142,11 @@ class Layout:
                              "can: the list is damaged; correct or remove that line")
 
     def check_images(self, paths: Sequence[str], lines: Sequence[Place] | None = None,
-                     unit: str = "line") -> None:
+                     unit: str = "line", why: Callable[[str], str] | None = None) -> None:
         """Every listed image must be a file (a link must lead to one); report the first that
         is not, and the count, at its place in the list where ``lines`` gives each path's (a
-        line number of the one list, or a list file and its line: :func:`place`)."""
+        line number of the one list, or a list file and its line: :func:`place`). ``why``
+        says, of a missing path, why it may be missing (``": ..."``), or ``""``."""
         missing = missing_files(paths)
         if not missing:
             return
@@ -162,8 +164,18 @@ class Layout:
             raise self.error(f"{where}{first} is a folder, not an image file; list its images "
                              f"one per line ({len(missing)} of {len(paths)} listed images are "
                              "not files)")
-        raise self.error(f"{where}missing image {first}{link} ({len(missing)} of {len(paths)} "
-                         "listed images are missing)")
+        twin = unicode_twin(first)
+        if twin is not None:  # the name as listed and as on disk print alike: say why
+            form = unicode_form(twin)
+            raise self.error(f"{where}missing image {first}: the file there is named in "
+                             f"Unicode's {form} form and the list in the {unicode_form(first)} "
+                             "one, which look alike but are two names on this file system; "
+                             f"write the list's paths in {form[-4:-1]} (Python: unicodedata."
+                             f"normalize('{form[-4:-1]}', path)) ({len(missing)} of "
+                             f"{len(paths)} listed images are missing)")
+        reason = why(first) if why is not None and not link else ""
+        raise self.error(f"{where}missing image {first}{link}{reason} ({len(missing)} of "
+                         f"{len(paths)} listed images are missing)")
 
 
 def place(line: Place, unit: str = "line") -> str:
@@ -224,6 +236,38 @@ def plain_entries(folder: str) -> frozenset[str]:
             return frozenset(entry.name for entry in entries if not entry.is_symlink())
     except (OSError, ValueError):  # missing, unreadable, a loop of links
         return frozenset()
+
+
+def unicode_twin(path: str) -> str | None:
+    """The file that ``path`` names but for the Unicode form of its names, where ``path``
+    itself is not a file: ``café`` composed (NFC, U+00E9, as most editors and Linux tools write
+    it) in a list, ``café`` decomposed (NFD, e + U+0301) on disk, as macOS writes names and
+    its zip files keep them. The two print alike, so "missing image" alone would name a file
+    the user can see; ``None`` where no such file is there."""
+    parts = Path(path).parts
+    found = parts[0]
+    for part in parts[1:]:
+        candidate = os.path.join(found, part)
+        if not os.path.lexists(candidate):
+            wanted = unicodedata.normalize("NFC", part)
+            try:
+                with os.scandir(found) as entries:
+                    candidate = next((entry.path for entry in entries
+                                      if unicodedata.normalize("NFC", entry.name) == wanted),
+                                     "")
+            except OSError:
+                return None
+            if not candidate:
+                return None
+        found = candidate
+    return found if os.path.isfile(found) else None  # ``path`` itself is not a file
+
+
+def unicode_form(path: str) -> str:
+    """``"decomposed (NFD)"`` where a name of ``path`` is written so, else ``"composed
+    (NFC)"``."""
+    return ("decomposed (NFD)" if any(not unicodedata.is_normalized("NFC", part)
+                                      for part in Path(path).parts) else "composed (NFC)")
 
 
 def unreadable_folder(folder: str) -> str:

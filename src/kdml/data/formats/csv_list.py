@@ -8,9 +8,10 @@
 string, the sorted distinct labels (integers in numeric order) becoming 0..C-1 and their text
 the classes' names; ``split`` is ``train`` or ``test``. Column names, ``split`` values and
 flag values are read without regard to case (``Path``, ``TEST``, ``True``); labels are not
-(``Cat`` and ``cat`` are two classes), and paths are as the file system spells them. Spaces
-around a name or value are ignored; the columns may come in any order and extra columns are
-ignored.
+(``Cat`` and ``cat`` are two classes; one spelled in two Unicode forms, ``café`` composed
+on one row and decomposed on another, is refused), and paths are as the file system spells
+them. Spaces around a name or value are ignored; the columns may come in any order and extra
+columns are ignored.
 
 Split: the ``split`` column's ``train`` and ``test`` rows. With ``is_query`` and ``is_gallery``
 columns (0/1 or true/false, empty meaning 0) the test rows are divided instead into a query
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,39 @@ def label_ids(names: list[str]) -> tuple[list[int], dict[int, str]]:
     return [index[key] for key in keys], spelling
 
 
+def _refuse_unicode_twins(layout: Layout, names: list[str], lines: list[int]) -> None:
+    """Refuse a label spelled in two Unicode forms (``café`` composed, NFC, on one row and
+    decomposed, NFD, e + U+0301, as macOS spells file and folder names, on another): they print
+    alike but had been two classes, so that each image of one counted as a miss for the
+    other's queries."""
+    first: dict[str, tuple[str, int]] = {}
+    for name, line in zip(names, lines, strict=True):
+        spelled, at = first.setdefault(unicodedata.normalize("NFC", name), (name, line))
+        if spelled != name:
+            raise layout.error(f"lines {at} and {line} spell the label {name!r} in two Unicode "
+                               "forms (composed, NFC, and decomposed, NFD: é as one character "
+                               "or as e + U+0301), which print alike but would be two classes; "
+                               "write it alike on every row (Python: unicodedata.normalize("
+                               "'NFC', label))")
+
+
+def _why_missing(path: str, parent: Path) -> str:
+    """Why the image a CSV row lists as ``path`` may be missing where another file is there
+    (``": ..."``), else ``""``: the two ways a list made elsewhere goes wrong, which the
+    absolute path in "missing image" does not show. A list written on Windows separates
+    folders with ``\\``, which a POSIX system reads as part of a name; a list written with
+    paths relative to the folder the user works in, not to the CSV's."""
+    if os.sep == "/" and "\\" in path and (parent / path.replace("\\", "/")).is_file():
+        return (": its path separates folders with '\\', as Windows writes paths, which this "
+                "system reads as part of a name; write the list's paths with '/'")
+    # relative to the current folder (not the CSV's, where it is missing)
+    if not os.path.isabs(path) and Path(path).is_file():
+        return (f": paths are read relative to the CSV's folder, {parent}, and {path} is a "
+                "file relative to the current folder; write them relative to the CSV's folder, "
+                "or absolute")
+    return ""
+
+
 def load_csv(csv_file: Path) -> DatasetParts:
     """Read the images listed in ``csv_file`` with their labels and split."""
     csv_file = resolved(csv_file, f"csv:{Path(csv_file).name}", "file")
@@ -160,7 +195,9 @@ def load_csv(csv_file: Path) -> DatasetParts:
                                    "would be left out of the test; mark it a query (is_query=1), "
                                    "a gallery image (is_gallery=1) or a train row (split=train)")
     lines = [line for line, _ in rows]
-    layout.check_images(paths, lines=lines)
+    written = dict(zip(paths, (row[column["path"]].strip() for _, row in rows), strict=True))
+    layout.check_images(paths, lines=lines,
+                        why=lambda path: _why_missing(written[path], parent))
     train = torch.tensor(is_train)
     if is_query:
         parts = {"train": indices_where(train),
@@ -168,6 +205,7 @@ def load_csv(csv_file: Path) -> DatasetParts:
                  "gallery": indices_where(~train & torch.tensor(is_gallery))}
     else:
         parts = {"train": indices_where(train), "test": indices_where(~train)}
+    _refuse_unicode_twins(layout, names, lines)
     labels, class_names = label_ids(names)
     dataset = ImageFiles(layout.dataset, f"images listed in {csv_file}", np.asarray(paths),
                          torch.tensor(labels), class_names=class_names,

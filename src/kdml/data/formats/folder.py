@@ -11,13 +11,15 @@ by extension (a ``.heic`` or ``.jfif`` photo is not dropped without a word). Unl
 ``.ipynb_checkpoints`` or macOS's ``._photo.jpg``) are ignored too, and a folder or image
 reached twice through links, or an image that is a link to no file, is refused, and so is a
 ``DIR`` split into ``train/`` and ``test/`` (or ``val/``, ...) folders of class folders, which
-would be read as the classes "test" and "train".
+would be read as the classes "test" and "train", and so are two class folders whose names
+differ only in their Unicode form (``café`` composed and decomposed), which print alike.
 
 Split: none of its own; ``data.split`` decides.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import unicodedata
@@ -166,6 +168,15 @@ def load_folder(folder: Path) -> DatasetParts:
                                f"sub-folders ({_first_names(inner)}) look like the classes: "
                                f"give {folder / classes[0]} as the folder")
     _refuse_split_folders(folder, classes, layout)
+    # name_order puts a name's NFC and NFD spellings side by side; on Linux they are two
+    # folders (a Mac's zip unpacked beside a copy made here), which print alike
+    for before, after in itertools.pairwise(classes):
+        if name_order(before)[0] == name_order(after)[0]:
+            raise layout.error(f"class folders {shown_name(before)}/ and {shown_name(after)}/ "
+                               "spell one name in two Unicode forms (composed, NFC, and "
+                               "decomposed, NFD, as macOS writes names: é as one character or "
+                               "as e + U+0301), which print alike but would be two classes; "
+                               "move the images of one into the other")
     paths: list[str] = []
     labels: list[int] = []
     read = {os.path.realpath(folder): str(folder)}  # a link back to DIR is a loop
