@@ -103,6 +103,8 @@ def test_a_weights_file_for_a_backbone_without_weights_says_the_backbone_takes_n
     with pytest.raises(KdmlError) as refused:
         load_weights(build_backbone("identity", (1, 8, 8)), path, report=lambda line: None)
     assert "for another model" not in str(refused.value)
+    # named as users name it (model.backbone=identity), not by kdml's class FlattenInputs
+    assert "the backbone (identity) has no weights to load" in str(refused.value)
 
 
 def test_a_sparse_tensor_in_a_weights_file_is_refused_in_one_line(tmp_path):

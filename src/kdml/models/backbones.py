@@ -133,6 +133,9 @@ class FlattenInputs(nn.Flatten):
     """No learned layers: the flattened input is the feature (for models such as DTML's
     network, which are the whole model and only need the input size)."""
 
+    # the name users give it (model.backbone): messages had named this class instead
+    backbone_name = "identity"
+
     def __init__(self, input_shape: tuple[int, ...]) -> None:
         super().__init__()
         self.feature_size = math.prod(input_shape)

@@ -129,7 +129,8 @@ def load_weights(backbone: nn.Module, path: str | Path,
     file_keys = list(state)  # named in the refusal below: the classifier's are dropped next
     own = target.state_dict()
     if not own:  # the identity backbone (pca, the DTML family): any file would be refused
-        raise KdmlError(f"the backbone ({type(target).__name__}) has no weights to load, so "
+        name = getattr(target, "backbone_name", type(target).__name__)
+        raise KdmlError(f"the backbone ({name}) has no weights to load, so "
                         f"model.weights ({path}) has nothing to set; drop it")
     ignored = sorted(key for key in state if key not in own and key.startswith(
         CLASSIFIER_PREFIXES))
