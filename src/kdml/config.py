@@ -260,7 +260,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             _refuse_yaml11_number(node)
             return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
         except ValueError:  # Python's limit on the digits of an int read from text
-            if len(node.value) <= sys.get_int_max_str_digits():  # 0x_: YAML's int, no digits
+            # 0x_: YAML's int, no digits (also with thousands of underscores, not digits)
+            if len(node.value.replace("_", "")) <= sys.get_int_max_str_digits():
                 raise _UnreadableNumber(
                     None, None, f"{node.value!r} is read by YAML 1.1 as a number without "
                     f"digits: write a number{QUOTE_AS_TEXT}", node.start_mark) from None
@@ -303,7 +304,8 @@ QUOTE_AS_TEXT = ", or quote it as text"
 def _refuse_yaml11_number(node: yaml.ScalarNode) -> None:
     text = node.value.replace("_", "")
     digits = text.lstrip("+-")
-    octal = len(digits) > 1 and digits.isdigit() and digits[0] == "0" and digits.strip("0") != ""
+    # one digit after the zeros (07) is that number read either way: only 010 and longer differ
+    octal = digits.isdigit() and digits[0] == "0" and len(digits.lstrip("0")) > 1
     if not octal and ":" not in text:
         return
     numbers = yaml.constructor.SafeConstructor()  # PyYAML's own reading, to say what it is
@@ -516,7 +518,7 @@ def what_to_write(value: Any, annotation: Any) -> str:
         return ": write true or false"
     if annotation is int and not isinstance(value, bool):
         if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-            return f": write {int(value)}, without quotes"
+            return _write_unquoted(value)
         if isinstance(value, str) and (whole := _whole_number(value)) is not None:  # 1e3
             return f": write {whole}"  # (text to YAML 1.1)
         if isinstance(value, float) and value.is_integer():
@@ -526,8 +528,20 @@ def what_to_write(value: Any, annotation: Any) -> str:
     if annotation is float and isinstance(value, bool):
         return ": write a number, e.g. 0.5"
     if annotation is float and isinstance(value, str) and _YAML12_FLOAT.fullmatch(value.strip()):
+        if re.fullmatch(r"\s*[+-]?\d+\s*", value):  # '010': 10, as an int setting says
+            return _write_unquoted(value)
         return f": write {value.strip()}, without quotes"
     return ""
+
+
+def _write_unquoted(text: str) -> str:
+    """The hint for a quoted whole number ``text`` (``'010'``: write 10, without quotes); ""
+    for one of more digits than Python reads, which no setting takes unquoted either (int()
+    had raised its ValueError as a traceback)."""
+    try:
+        return f": write {int(text)}, without quotes"
+    except ValueError:
+        return ""
 
 
 # YAML 1.2's float: a number to most readers, text to YAML 1.1 (PyYAML) without a dot and a
@@ -541,8 +555,12 @@ def _text_to_yaml11(text: str) -> bool:
     """Whether ``text`` is a float that YAML 1.1 reads as text even unquoted (``1e-3``; and
     ``nan``, which check_finite then refuses by name): a float setting takes it as its number,
     however it was written."""
-    return bool(_YAML12_FLOAT.fullmatch(text) or _NOT_FINITE.fullmatch(text)) and isinstance(
-        yaml.load(text, Loader=_UniqueKeyLoader), str)
+    if not (_YAML12_FLOAT.fullmatch(text) or _NOT_FINITE.fullmatch(text)):
+        return False
+    try:
+        return isinstance(yaml.load(text, Loader=_UniqueKeyLoader), str)
+    except _AmbiguousNumber:  # '010' (octal to YAML 1.1), 5,000 digits: refused unquoted, so
+        return False  # no text YAML 1.1 reads as a float: text here, as '10' is (a traceback)
 
 
 def _whole_number(text: str) -> int | None:
