@@ -250,7 +250,7 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     scored = ("test set: 7 samples of classes not seen in training; 1 unreadable image of the 8 "
               "listed was left out (data.on_bad_image=skip)")
     assert printed_test_set_lines(capsys) == [listed, scored]
-    assert ("1 of the 8 test samples was skipped as unreadable images "
+    assert ("1 of the 8 test samples was skipped as an unreadable image "
             "(data.on_bad_image=skip): the metrics use the other 7") in log
     assert train("eval", skipped) == 0
     assert printed_test_set_lines(capsys) == [listed, scored]
@@ -461,5 +461,5 @@ def test_the_skip_warning_names_the_part_scored(caplog, validation, said):
     scored = {"test": SimpleNamespace(labels=torch.tensor([0, 0, 1, 1, 2, 2, 3]))}
     with caplog.at_level("WARNING"):
         evaluator._warn_of_skipped(scored, splits)
-    assert (f"1 of the 8 {said} samples was skipped as unreadable images "
+    assert (f"1 of the 8 {said} samples was skipped as an unreadable image "
             "(data.on_bad_image=skip): the metrics use the other 7") in caplog.text

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 import torch
@@ -143,7 +143,8 @@ def listed_source(dataset: DmlDataset, index: int) -> str:
 
 
 def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image: str,
-                     logged: set[str] | None = None, min_size: int = 1) -> Iterator[Batch]:
+                     logged: set[str] | None = None, min_size: int = 1,
+                     on_skip: Callable[[Batch], None] | None = None) -> Iterator[Batch]:
     """``batches`` with undecodable images handled as ``data.on_bad_image`` says.
 
     ``"error"`` stops with a one-line error naming the file; ``"skip"`` drops those samples
@@ -151,7 +152,9 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image
     training, whose BatchNorm layers cannot normalise one sample: a batch of 2 with one
     unreadable image had stopped with torch's traceback), logging each file once: once in
     ``batches``, or once for all the calls that share ``logged`` (a training run's epochs,
-    which draw a file again and again).
+    which draw a file again and again). ``on_skip`` is called with each batch, as loaded, that
+    has images skipped, once their files are logged (training's check of a class left with
+    no readable image).
     """
     logged = set() if logged is None else logged
     if on_bad_image not in BAD_IMAGE_POLICIES:
@@ -176,6 +179,8 @@ def readable_batches(batches: Iterable[Batch], dataset: DmlDataset, on_bad_image
                 if source not in logged:
                     logged.add(source)
                     logger.warning("skipping unreadable image %s", source)
+            if on_skip is not None:
+                on_skip(batch)
             batch = Batch(*(field[~batch.unreadable] for field in batch))
             if len(batch.labels) < min_size:
                 continue

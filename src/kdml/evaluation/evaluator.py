@@ -227,12 +227,15 @@ def _warn_of_skipped(embedded: dict[str, Embedded], splits: DataSplits) -> None:
         total = len(datasets[role] or ())
         if (scored := len(outputs.labels)) < total:
             skipped = True
-            # a data.validation run scores its validation part in the test part's place
-            said = "validation" if role == "test" and splits.validation else role
-            logger.warning("%d of the %d %s samples %s skipped as unreadable images "
-                           "(data.on_bad_image=skip): the metrics use the other %d",
-                           total - scored, total, said,
-                           "was" if total - scored == 1 else "were", scored)
+            # a data.validation run scores its validation part in the test part's place; with
+            # a gallery the test part holds the queries, as the "test set" line calls them
+            said = role if role != "test" else ("validation" if splits.validation else
+                                                "query" if splits.gallery is not None else role)
+            one = total - scored == 1
+            logger.warning("%d of the %d %s samples %s skipped as %s (data.on_bad_image=skip): "
+                           "the metrics use the other %d", total - scored, total, said,
+                           "was" if one else "were",
+                           "an unreadable image" if one else "unreadable images", scored)
     if skipped and splits.kind != DOMAIN:
         _check_scorable(embedded)
 

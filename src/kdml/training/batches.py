@@ -4,6 +4,7 @@ loader's workers, shared over torchrun's processes."""
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -23,6 +24,8 @@ from kdml.data.splits import DataSplits
 from kdml.distributed import World
 from kdml.errors import KdmlError, counted
 from kdml.training.checks import resumed_batch_remedy
+
+logger = logging.getLogger("kdml.data")  # beside the loader's "skipping unreadable image" lines
 
 
 class TrainingBatches:
@@ -65,6 +68,11 @@ class TrainingBatches:
                                       if world.is_distributed else global_batches)
         self.dataset, self.on_bad_image = train, data.on_bad_image
         self.skipped_logged: set[str] = set()  # unreadable files said once for all epochs
+        # data.on_bad_image=skip: the training positions found unreadable so far, by class, to
+        # say once of a class all of whose images are (the test side refuses such a part;
+        # training goes on with the other classes, which only the per-file lines had shown)
+        self.unreadable_by_class: dict[int, set[int]] = {}
+        self.class_sizes: dict[int, int] | None = None
         # samples drawn and trained on in the epoch so far: their difference is what
         # data.on_bad_image=skip left out (unreadable images, and a batch left with one)
         self.drawn = self.trained = 0
@@ -115,6 +123,31 @@ class TrainingBatches:
             self.drawn += len(batch.labels)
             yield batch
 
+    def _note_unreadable(self, batch: Batch) -> None:
+        """Record the batch's unreadable training images (``batch`` as loaded, its files just
+        logged as skipped), and warn, once, of each class that they leave without a single
+        readable image: the run trains without that class."""
+        if self.class_sizes is None:
+            classes, sizes = self.dataset.labels.unique(return_counts=True)
+            self.class_sizes = dict(zip(classes.tolist(), sizes.tolist(), strict=True))
+        lost = []
+        for index, label in zip(batch.indices[batch.unreadable].tolist(),
+                                batch.labels[batch.unreadable].tolist(), strict=True):
+            found = self.unreadable_by_class.setdefault(label, set())
+            if index not in found:
+                found.add(index)
+                if len(found) == self.class_sizes[label]:
+                    lost.append(label)
+        for label in lost:
+            name = self.dataset.class_name(label)
+            gone = sum(len(found) == self.class_sizes[other]
+                       for other, found in self.unreadable_by_class.items())
+            logger.warning("every one of the %s of training class %s is unreadable "
+                           "(data.on_bad_image=skip): the run trains without it, on the "
+                           "other %s", counted(self.class_sizes[label], "image"),
+                           repr(name) if name is not None else label,
+                           counted(len(self.class_sizes) - gone, "class", "classes"))
+
     def _trained(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         for batch in batches:
             self.trained += len(batch.labels)
@@ -128,7 +161,7 @@ class TrainingBatches:
         self.drawn = self.trained = 0
         source = self._trained(readable_batches(self._drawn(self.loader), self.dataset,
                                                 self.on_bad_image, self.skipped_logged,
-                                                min_size=2))
+                                                min_size=2, on_skip=self._note_unreadable))
         if self.target_loader is None or self.target_sampler is None:
             pairs: Iterator[tuple[Batch, Batch | None]] = ((batch, None) for batch in source)
         else:

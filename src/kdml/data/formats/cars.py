@@ -38,6 +38,7 @@ from kdml.data.images import ImageFiles
 
 EXPECTED = "Cars196's extracted layout: cars_annos.mat and car_ims/<file>.jpg"
 FILE = "cars_annos.mat"
+ARCHIVE = "car_ims.tgz"  # the photos' archive, which extracts to car_ims/
 FIELDS = ("relative_im_path", "class")
 # Files of the other release of the same photos, for classification (cars_train/, cars_test/,
 # car_devkit.tgz): another split and other annotation files, which kdml does not read.
@@ -114,7 +115,8 @@ def load_cars196(root: Path) -> DatasetParts:
                            f"{os.path.relpath(twin, root)}{how}; give each image one "
                            "annotation")
     lines = [(FILE, number) for number in range(1, len(paths) + 1)]
-    layout.check_images(paths, lines=lines, unit="annotation")
+    layout.check_images(paths, lines=lines, unit="annotation",
+                        why=lambda path: _unextracted(root, path))
     label_tensor = torch.tensor(labels)
     class_names = read_class_names(contents, layout)
     unnamed = sorted(set(labels) - set(class_names)) if class_names is not None else []
@@ -128,6 +130,17 @@ def load_cars196(root: Path) -> DatasetParts:
                          class_names=class_names, listed_at=listed_at(lines, "annotation"))
     return DatasetParts(dataset, {"train": indices_where(is_train),
                                   "test": indices_where(~is_train)}, eval_ks=(1, 2, 4, 8))
+
+
+def _unextracted(root: Path, missing: str) -> str:
+    """Why the image ``missing`` may be missing, where the photos' archive lies in ``root``
+    beside ``cars_annos.mat`` (downloaded, not yet extracted, or extracted in part): what to
+    do, or ``""``."""
+    archive = root / ARCHIVE
+    if not archive.is_file() or Path(missing).parent != root / "car_ims":
+        return ""
+    state = "perhaps extracted in part" if (root / "car_ims").is_dir() else "not extracted"
+    return f": {ARCHIVE} is there, {state}; extract {ARCHIVE} in {root}"
 
 
 def read_class_names(contents: dict, layout: Layout) -> dict[int, str] | None:
