@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Callable
@@ -44,6 +45,22 @@ def write_through_new_file(path: Path, write: Callable[[Path], object],
             raise error_about(error, path, partial) from None
         raise
     return path
+
+
+def partial_names(*names: str) -> re.Pattern[str]:
+    """The hidden names :func:`write_through_new_file` gives its partials of the files
+    ``names`` (``config.yaml``: ``.config.PID.TOKEN.yaml``), to find what a kill (SIGKILL, no
+    ``except`` run) left of them."""
+    return re.compile(r"\.(?:" + "|".join(
+        rf"{re.escape(Path(name).stem)}\.\d+\.[0-9a-f]{{8}}{re.escape(Path(name).suffix.lower())}"
+        for name in names) + ")")
+
+
+def partials_in(folder: Path, names: re.Pattern[str]) -> list[Path]:
+    """The plain files (not links) in ``folder`` whose whole name ``names`` matches: kdml's own
+    partials (:func:`partial_names`, a checkpoint's), which a later session may remove."""
+    return sorted(path for path in folder.iterdir()
+                  if names.fullmatch(path.name) and path.is_file() and not path.is_symlink())
 
 
 # The longest file name where the file system does not say its own (os.pathconf).

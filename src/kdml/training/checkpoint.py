@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from kdml.errors import UnreadableCheckpoint, raised_over
+from kdml.file_write import partials_in
 
 # save_checkpoint's partial files: ".{name}.XXXXXXXX.tmp" beside a run's checkpoint
 _PARTIAL = re.compile(r"\.(last|best|unscored)\.pt\.[a-z0-9_]{8}\.tmp")
@@ -50,8 +51,7 @@ def partial_checkpoints(folder: Path) -> list[Path]:
     next session of the run may remove."""
     if not folder.is_dir():
         return []
-    return sorted(path for path in folder.iterdir()
-                  if _PARTIAL.fullmatch(path.name) and path.is_file() and not path.is_symlink())
+    return partials_in(folder, _PARTIAL)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from kdml.checks import is_count
 from kdml.config import FORMAT_KEY, SECTIONS
 from kdml.data.fingerprint import FORMAT, FORMAT_FIELD
 from kdml.errors import KdmlError, why_missing
-from kdml.file_write import write_through_new_file
+from kdml.file_write import partial_names, partials_in, write_through_new_file
 from kdml.progress import BarsClearedHandler
 from kdml.training.checkpoint import partial_checkpoints
 
@@ -247,21 +247,19 @@ def _example_cell(root: Path) -> str:
 
 # The hidden partial of a new run's config.yaml or data.json, or of a new grid's grid.yaml
 # (file_write's ".NAME.PID.TOKEN.EXT"): what a kill while kdml wrote them leaves
-_FIRST_PARTIAL = re.compile(
-    r"\.((config|grid)\.\d+\.[0-9a-f]{8}\.yaml|data\.\d+\.[0-9a-f]{8}\.json)")
+_FIRST_PARTIAL = partial_names("config.yaml", "grid.yaml", "data.json")
 
 
 def first_partials(folder: Path) -> list[Path]:
     """The hidden partials of ``folder``'s config.yaml, data.json and grid.yaml
     (:data:`_FIRST_PARTIAL`, plain files): kdml's own, which a new run or grid there
     replaces."""
-    return [path for path in folder.iterdir() if _FIRST_PARTIAL.fullmatch(path.name)
-            and path.is_file() and not path.is_symlink()]
+    return partials_in(folder, _FIRST_PARTIAL)
 
 
-# The hidden partials of a run's metrics.json and metrics.csv (file_write's
-# ".NAME.PID.TOKEN.EXT"): what a kill (SIGKILL) while a session wrote them leaves
-_METRICS_PARTIAL = re.compile(r"\.metrics\.\d+\.[0-9a-f]{8}\.(json|csv)")
+# The hidden partials of a run's metrics.json and metrics.csv: what a kill (SIGKILL) while a
+# session wrote them leaves
+_METRICS_PARTIAL = partial_names("metrics.json", "metrics.csv")
 
 
 def metrics_partials(folder: Path) -> list[Path]:
@@ -270,8 +268,7 @@ def metrics_partials(folder: Path) -> list[Path]:
     removes (only the process holding the run writes its metrics: none is being written)."""
     if not folder.is_dir():
         return []
-    return sorted(path for path in folder.iterdir() if _METRICS_PARTIAL.fullmatch(path.name)
-                  and path.is_file() and not path.is_symlink())
+    return partials_in(folder, _METRICS_PARTIAL)
 
 
 def holds_files(folder: Path) -> bool:
