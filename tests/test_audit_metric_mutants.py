@@ -121,20 +121,3 @@ def test_float64_keys_of_more_pairs_than_one_gather_block_are_each_the_literal_k
         r = r / np.linalg.norm(r, axis=1, keepdims=True)
     np.testing.assert_allclose(keys, ((q - r) ** 2).sum(axis=1), rtol=1e-12)
 
-
-# ---------------------------------------------------------------------------- labels
-
-
-@pytest.mark.parametrize("as_tensor", [False, True])
-def test_boolean_labels_are_refused_as_not_integers(as_tensor):
-    """A boolean mask passed as labels (two "classes", True and False) is a mistake, not class
-    labels: refused alike as a NumPy array and as a tensor."""
-    import torch
-
-    from kdml.errors import KdmlError
-    from kdml.evaluation.retrieval import retrieval_metrics
-
-    labels = np.arange(6) % 2 == 0
-    with pytest.raises(KdmlError, match="^labels must be integers, got dtype (torch.)?bool$"):
-        retrieval_metrics(np.eye(6), torch.from_numpy(labels) if as_tensor else labels,
-                          ks=(1,), nmi=False)

@@ -16,6 +16,7 @@ list of ``max(64, 2k)``), the usual faiss choices for galleries of millions; bot
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -157,7 +158,19 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
         info.files_sha256 = {path.name: checkpoint_fingerprint(path)
                              for path in sorted(partial.iterdir())}
         (partial / "index.json").write_text(json.dumps(asdict(info), indent=2))
-        os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
+        try:
+            os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            # checked empty before the build: filled since, by another process (two
+            # `kdml index` into one --out), whose files stay; the raw "Directory not empty"
+            # named no cause
+            what = ("another index was written there" if (folder / "index.json").exists()
+                    else "files were written into it")
+            raise KdmlError(f"--out {folder}: {what} while this one was built (another kdml "
+                            "index into the same folder?); this one was not kept: choose "
+                            "another --out") from None
     except BaseException as error:  # Ctrl-C or a full disk: no half-built index stays behind
         if error is not in_the_way:
             shutil.rmtree(partial, ignore_errors=True)

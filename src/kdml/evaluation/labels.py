@@ -23,15 +23,17 @@ def transposed_hint(length: int, expected_length: int, width: int | None) -> str
 def as_label_vector(labels: Any, name: str, expected_length: int,
                     width: int | None = None) -> np.ndarray:
     """Validate integer class labels of shape ``(expected_length,)``; return them as int64.
-    ``width``, the embeddings' dimension, lets the error spot transposed embeddings."""
+    Bool labels are the classes 0 and 1, as the losses and regularizers take them (and
+    pytorch-metric-learning's losses and AccuracyCalculator). ``width``, the embeddings'
+    dimension, lets the error spot transposed embeddings."""
     if isinstance(labels, torch.Tensor):
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        if labels.is_floating_point() or labels.is_complex():
             raise KdmlError(f"{name} must be integers, got dtype {labels.dtype}")
         check_has_values(name, labels)
         array = labels.detach().cpu().numpy()
     else:
         array = np.asarray(labels)
-        if array.dtype.kind not in "iu":
+        if array.dtype.kind not in "iub":
             raise KdmlError(f"{name} must be integers, got dtype {array.dtype}")
     if array.ndim != 1 or len(array) != expected_length:
         hint = transposed_hint(len(array), expected_length, width) if array.ndim == 1 else ""

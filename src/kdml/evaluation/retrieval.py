@@ -148,7 +148,8 @@ def retrieval_metrics(
     Args:
         embeddings: ``(N, D)`` query embeddings, numpy array or torch tensor of any
             float dtype.
-        labels: ``(N,)`` integer class labels of the queries.
+        labels: ``(N,)`` integer class labels of the queries (bools are the classes 0 and 1,
+            as the losses and pytorch-metric-learning take them).
         ks: the K values of Recall@K; each must be at most the number of references
             available to a query (``N - 1`` without ``reference``).
         metric: ``"cosine"`` (L2-normalize, rank by inner product) or ``"euclidean"``

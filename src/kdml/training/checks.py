@@ -364,8 +364,10 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
     :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose labelled target is of one
     class or shares no class with its source."""
     if splits.train.num_classes == 1:
+        # the dataset as it is named elsewhere: the part's own name, "folder:p4/train", read
+        # as a folder p4/train
         log.warning("the training split of %s has a single class: class-based losses have "
-                    "nothing to separate", splits.train.name)
+                    "nothing to separate", splits.train.name.removesuffix("/train"))
     if splits.validation and splits.test.num_classes < MIN_VALIDATION_CLASSES:
         more = ("a dataset of more classes: this validation part holds a share of every "
                 "training class's samples" if splits.kind == SEEN else

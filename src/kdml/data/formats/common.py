@@ -238,12 +238,13 @@ def plain_entries(folder: str) -> frozenset[str]:
         return frozenset()
 
 
-def unicode_twin(path: str) -> str | None:
-    """The file that ``path`` names but for the Unicode form of its names, where ``path``
-    itself is not a file: ``café`` composed (NFC, U+00E9, as most editors and Linux tools write
-    it) in a list, ``café`` decomposed (NFD, e + U+0301) on disk, as macOS writes names and
-    its zip files keep them. The two print alike, so "missing image" alone would name a file
-    the user can see; ``None`` where no such file is there."""
+def unicode_twin(path: str, kind: str = "file") -> str | None:
+    """The file (``kind="folder"``: folder) that ``path`` names but for the Unicode form of
+    its names, where ``path`` itself is not one: ``café`` composed (NFC, U+00E9, as most
+    editors and Linux tools write it) in a list or ``folder:`` name, ``café`` decomposed (NFD,
+    e + U+0301) on disk, as macOS writes names and its zip files keep them. The two print
+    alike, so "missing image" or "no such folder" alone would name what the user can see;
+    ``None`` where no such file or folder is there."""
     parts = Path(path).parts
     found = parts[0]
     for part in parts[1:]:
@@ -260,7 +261,21 @@ def unicode_twin(path: str) -> str | None:
             if not candidate:
                 return None
         found = candidate
-    return found if os.path.isfile(found) else None  # ``path`` itself is not a file
+    # ``path`` itself is not one
+    return found if (os.path.isdir if kind == "folder" else os.path.isfile)(found) else None
+
+
+def unicode_hint(path: Path, kind: str) -> str:
+    """``"; ..."``, what to write where ``path``, a ``folder:`` or ``csv:`` path that is not a
+    ``kind`` ("file" or "folder"), names one but for the Unicode form of its names; else
+    ``""``."""
+    twin = unicode_twin(str(path), kind)
+    if twin is None:
+        return ""
+    return (f"; the {kind} there is named in Unicode's {unicode_form(twin)} form and the "
+            f"path given in the {unicode_form(str(path))} one, which look alike but are two "
+            "names on this file system: type the path with the shell's Tab completion, which "
+            "copies the name as stored, or rename the " + kind)
 
 
 def unicode_form(path: str) -> str:

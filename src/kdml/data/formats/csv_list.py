@@ -4,14 +4,15 @@
     birds/0001.jpg,sparrow,train
     birds/0107.jpg,finch,test,1,0
 
-``path`` is relative to the CSV file's folder (or absolute); ``label`` is an integer or a
-string, the sorted distinct labels (integers in numeric order) becoming 0..C-1 and their text
-the classes' names; ``split`` is ``train`` or ``test``. Column names, ``split`` values and
-flag values are read without regard to case (``Path``, ``TEST``, ``True``); labels are not
-(``Cat`` and ``cat`` are two classes; one spelled in two Unicode forms, ``café`` composed
-on one row and decomposed on another, is refused), and paths are as the file system spells
-them. Spaces around a name or value are ignored; the columns may come in any order and extra
-columns are ignored.
+``path`` is relative to the CSV file's folder (or absolute, or in a home folder: ``~/a.jpg``,
+``~user/a.jpg``); ``label`` is an integer or a string, the sorted distinct labels
+(integers in numeric order, also written ``1.0`` as a float column is: ``1`` and ``1.0`` are
+one class) becoming 0..C-1 and their text the classes' names; ``split`` is ``train`` or
+``test``. Column names, ``split`` values and flag values are read without regard to case
+(``Path``, ``TEST``, ``True``); labels are not (``Cat`` and ``cat`` are two classes; one
+spelled in two Unicode forms, ``café`` composed on one row and decomposed on another, is
+refused), and paths are as the file system spells them. Spaces around a name or value are
+ignored; the columns may come in any order and extra columns are ignored.
 
 Split: the ``split`` column's ``train`` and ``test`` rows. With ``is_query`` and ``is_gallery``
 columns (0/1 or true/false, empty meaning 0) the test rows are divided instead into a query
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -33,19 +35,23 @@ import numpy as np
 import torch
 
 from kdml.data.formats.common import (
-    INTEGER,
     DatasetParts,
     Layout,
     indices_where,
     listed_at,
     real_path,
     resolved,
+    unicode_hint,
 )
 from kdml.data.images import ImageFiles
+from kdml.errors import KdmlError, home_expanded
 
 EXPECTED = "a header 'path,label,split[,is_query,is_gallery]' then one row per image"
 REQUIRED = ("path", "label", "split")
 FLAGS = ("is_query", "is_gallery")
+# a label that is a whole number: an integer, also as a float column writes it (1.0, pandas);
+# 1.5 or 1.10 stay names (a section "1.10" is not "1.1")
+WHOLE_NUMBER = re.compile(r"(-?[0-9]+)(\.0*)?")
 FLAG_VALUES = {"0": False, "1": True, "false": False, "true": True, "": False}
 
 
@@ -55,7 +61,7 @@ def read_table(layout: Layout, csv_file: Path) -> tuple[list[str], list[tuple[in
         raise layout.error(f"it is a folder, not a CSV file; for a folder of class sub-folders "
                            f"use --dataset folder:{csv_file}")
     if not csv_file.is_file():
-        raise layout.error("no such file")
+        raise layout.error(f"no such file{unicode_hint(csv_file, 'file')}")
     with csv_file.open(newline="", encoding="utf-8-sig") as stream:
         reader = csv.reader(stream, strict=True)
         try:
@@ -98,11 +104,19 @@ def flag(layout: Layout, value: str, column: str, line: int) -> bool:
 
 
 def label_ids(names: list[str]) -> tuple[list[int], dict[int, str]]:
-    """``names`` mapped to 0..C-1 in sorted order (numeric order when all are integers), and
-    each id's label as the file writes it (its first spelling, for integers such as 07)."""
+    """``names`` mapped to 0..C-1 in sorted order (numeric order when all are whole numbers),
+    and each id's label as the file writes it (its first spelling, for numbers such as 07 or
+    1.0).
+
+    Whole numbers are compared as integers also where written with a zero fraction: a table's
+    float column, which pandas writes ``1.0``, ``2.0``, ``10.0`` (an integer column holding an
+    empty cell becomes one), had sorted as text, ``10.0`` before ``2.0``, so its class-disjoint
+    split took other classes than the same labels written as integers; and ``1`` and ``1.0``
+    had been two classes."""
     keys: list[Any] = list(names)  # all ints or all strs: they sort
-    if all(INTEGER.fullmatch(name) for name in names):
-        keys = [int(name) for name in names]
+    numbers = [WHOLE_NUMBER.fullmatch(name) for name in names]
+    if all(numbers):
+        keys = [int(number.group(1)) for number in numbers if number]
     index = {key: position for position, key in enumerate(sorted(set(keys)))}
     spelling: dict[int, str] = {}
     for key, name in zip(keys, names, strict=True):
@@ -136,11 +150,26 @@ def _why_missing(path: str, parent: Path) -> str:
         return (": its path separates folders with '\\', as Windows writes paths, which this "
                 "system reads as part of a name; write the list's paths with '/'")
     # relative to the current folder (not the CSV's, where it is missing)
-    if not os.path.isabs(path) and Path(path).is_file():
+    if not os.path.isabs(path) and not path.startswith("~") and Path(path).is_file():
         return (f": paths are read relative to the CSV's folder, {parent}, and {path} is a "
                 "file relative to the current folder; write them relative to the CSV's folder, "
                 "or absolute")
     return ""
+
+
+def _home_expanded(layout: Layout, path: str, line: int) -> str:
+    """A listed ``path`` with a leading ``~`` or ``~user`` expanded, as kdml expands it in
+    every path it is given (``--dataset csv:~/list.csv``, ``data.root``): joined to the CSV's
+    folder as written, ``~/a.jpg`` had been a folder named ``~`` beside the CSV. A ``~user``
+    that names no home folder is refused in one line (a file of the CSV's folder whose name
+    starts with ``~`` is listed as ``./~name``)."""
+    if not path.startswith("~"):
+        return path
+    try:
+        return str(home_expanded(path))
+    except KdmlError as error:
+        raise layout.error(f"line {line}: {error}, or ./{path} for a file of the CSV's "
+                           "folder") from None
 
 
 def load_csv(csv_file: Path) -> DatasetParts:
@@ -150,8 +179,8 @@ def load_csv(csv_file: Path) -> DatasetParts:
     header, rows = read_table(layout, csv_file)
     column = {name: header.index(name) for name in (*REQUIRED, *FLAGS) if name in header}
     paths, names, is_train, is_query, is_gallery = [], [], [], [], []
-    # image, links resolved -> the line, label and path of its first row
-    first_listed: dict[str, tuple[int, str, str]] = {}
+    # image, links resolved -> the line, label, path and full path of its first row
+    first_listed: dict[str, tuple[int, str, str, str]] = {}
     folders: dict[str, tuple[str, frozenset[str]]] = {}  # real_path's per folder
     parent = csv_file.parent
     for line, row in rows:
@@ -163,17 +192,17 @@ def load_csv(csv_file: Path) -> DatasetParts:
         layout.check_path(path, f"line {line}: ")
         # An image listed twice is its twin's perfect match (Recall@1 of 1), or has two labels;
         # so is one listed under two names, through a link.
-        listed = str(parent / path)
+        listed = str(parent / _home_expanded(layout, path, line))
         image = real_path(listed, folders)
         if image in first_listed:
-            first, label, first_path = first_listed[image]
+            first, label, first_path, first_listed_as = first_listed[image]
             how = f"with labels {label!r} and {name!r}" if label != name else "twice"
-            linked = os.path.normpath(parent / first_path) != os.path.normpath(listed)
+            linked = os.path.normpath(first_listed_as) != os.path.normpath(listed)
             what = (f"{first_path} and {path}, one image through a link," if linked
                     else f"the image {path}")
             raise layout.error(f"lines {first} and {line} list {what} {how}; list each image "
                                f"once, under its one label")
-        first_listed[image] = (line, name, path)
+        first_listed[image] = (line, name, path, listed)
         paths.append(listed)
         names.append(name)
         is_train.append(split.lower() == "train")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kdml.data.formats.common import DatasetParts, Layout, resolved
+from kdml.data.formats.common import DatasetParts, Layout, resolved, unicode_hint
 from kdml.data.images import IMAGE_EXTENSIONS, ImageFiles
 
 EXPECTED = "one sub-folder per class holding its images, e.g. DIR/<class>/<image>.jpg"
@@ -145,7 +145,7 @@ def load_folder(folder: Path) -> DatasetParts:
     if folder.is_file():
         raise layout.error(f"it is a file, not a folder; {_file_hint(folder)}")
     if not folder.is_dir():
-        raise layout.error("no such folder")
+        raise layout.error(f"no such folder{unicode_hint(folder, 'folder')}")
     with os.scandir(folder) as scanned:
         entries = list(scanned)  # read once: the classes, and the images beside them
     classes = sorted((entry.name for entry in entries
