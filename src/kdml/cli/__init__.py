@@ -149,7 +149,10 @@ def _main(argv: Sequence[str] | None) -> int:
         if unknown:  # pointing at the command's own --help, which lists its options
             command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exit_request:
-        return int(exit_request.code or 0)
+        code = int(exit_request.code or 0)
+        if code:  # a usage error, which rank 0 alone says (parser.error)
+            _stopped_before_joining(quiet=_other_rank())
+        return code
     if extras:
         args.overrides = [*args.overrides, *extras]
     quiet = False  # under torchrun: this rank stops on an error that rank 0 says
@@ -256,6 +259,26 @@ def _main(argv: Sequence[str] | None) -> int:
             # a quiet rank first waits for rank 0's line: torchrun stops the job's other
             # processes once one has stopped, and had stopped rank 0 before it said why
             sys.modules["kdml.distributed"].teardown(sys.exc_info()[1], quiet=quiet)
+
+
+def _launched() -> bool:
+    """:func:`launched_by_torchrun`, False where torchrun's variables are set wrong (each
+    process then says so itself)."""
+    try:
+        return launched_by_torchrun()
+    except KdmlError:
+        return False
+
+
+def _stopped_before_joining(quiet: bool) -> None:
+    """Under torchrun, a command stopped before it imported kdml.distributed (a usage error):
+    rank 0, once it has said why, tells the others, and a ``quiet`` one (its error is rank
+    0's to say) waits for that, as :func:`kdml.distributed.teardown` has them do for the
+    errors met later."""
+    if _launched():
+        from kdml import distributed
+
+        distributed.teardown(quiet=quiet)
 
 
 # kdml's declared dependencies (pyproject.toml's), by the name they are imported as.

@@ -383,6 +383,12 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False,
     check_utf8_path(run.root, resume)  # before anything is read or written
     state: dict[str, Any] | None = None  # the checkpoint a resumed run continues from
     with contextlib.ExitStack() as held:  # the run folder, held while this process trains
+        if not main:
+            # kdml's warnings (MarginalFisherLoss's of a batch with too few neighbours) are
+            # rank 0's to say, in its train.log too: every rank computes the same global
+            # objective and meets the same ones, which the others had printed bare, as
+            # Python's two lines naming kdml's source file
+            held.enter_context(warnings_on_stderr(shown=False))
         # process-wide torch modes, set while this run trains and restored after
         held.enter_context(flushing_denormals(config.train.flush_denormal, echo))
         held.enter_context(deterministic_mode(config.train.deterministic))
