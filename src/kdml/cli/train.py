@@ -131,6 +131,7 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     from kdml.training.nonfinite import NonFiniteLoss
     from kdml.training.run_folder import (
         RUNS_FOLDER,
+        FolderBusy,
         RunFolder,
         check_outside_image_folders,
         check_utf8_path,
@@ -175,6 +176,9 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
     _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
     finals: list[dict[str, float]] = []
     diverged: list[str] = []
+    # the command that goes on in this folder: without --out, the same command makes another
+    # (default_run_dir's time stamp) and trains the grid there from its first cell
+    again = "the same command" if args.out else f"the same command with --out {root}"
     for number, (cell, config) in enumerate(zip(cells, configs, strict=True), start=1):
         run = RunFolder(root / cell.name)
         done, started = distributed.from_main(functools.partial(cell_state, run))
@@ -192,19 +196,25 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
                  f"never best ({error})")
             diverged.append(cell.name)
             finals.append({})
+        except FolderBusy:  # another command trains this grid (or this cell) now: nothing of
+            # this one's failed, and it had said "what it trained is kept" of another's work
+            raise KdmlError(f"grid cell {cell.name} in {root} is being trained by another "
+                            "process (this grid run twice at once?); let it finish or stop it, "
+                            f"then {again} continues the grid") from None
         except KdmlError as error:
             # of the kind it was: a LocalError (an unreadable image in this rank's share) is
             # said by the rank that met it, where rank 0 sees only a failed collective; made
             # a plain KdmlError, no process of a torchrun grid said it
             kind = type(error) if isinstance(error, LocalError | QuietExit) else KdmlError
             if not finals and not run.config.is_file():  # refused before anything trained
+                goes_on = (f"the same command, corrected, goes on in {root}" if args.out else
+                           f"the same command, corrected and given --out {root}, goes on there")
                 raise kind(f"grid cell {cell.name} failed: {error} -- nothing was "
-                           f"trained; the same command, corrected, goes on in "
-                           f"{root}") from None
+                           f"trained; {goes_on}") from None
             kept = ("what it trained is kept" if number == 1 else "the cell before it is kept"
                     if number == 2 else f"the {number - 1} cells before it are kept")
-            raise kind(f"grid cell {cell.name} failed: {error} -- {kept} in {root}: the "
-                       "same command continues there "
+            raise kind(f"grid cell {cell.name} failed: {error} -- {kept} in {root}: "
+                       f"{again} continues there "
                        "once the cause is fixed outside the grid (a changed grid or "
                        "setting needs another --out)") from None
         except KeyboardInterrupt as stop:
@@ -444,18 +454,26 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
 
 def _check_cell_selects(name: str, config: RunConfig) -> None:
     """Refuse, before any cell trains, a cell that chooses epochs by a Recall@K or NMI it does
-    not score (its eval.ks without K, eval.nmi off): training refuses it at the cell's turn,
-    after the cells before it trained into a folder that a corrected grid may not reuse. A
-    cell scored at the dataset's own Ks is checked at its turn, once the data is read."""
+    not score (its eval.ks without K, eval.nmi off, also where eval.ks is the dataset's own):
+    training refuses it at the cell's turn, after the cells before it trained into a folder
+    that a corrected grid may not reuse. A Recall@K of a cell scored at the dataset's own Ks is
+    checked at its turn, once the data is read."""
     from kdml.evaluation.evaluator import scored_metric_names
     from kdml.training.selection import check_selectable
 
     metric = config.train.select_metric
     chooses = config.train.keep_best or config.train.patience or config.data.validation
-    if not chooses or not config.eval.ks or not (metric.startswith("recall@") or metric == "nmi"):
+    if not chooses:
         return
     try:
-        check_selectable(metric, scored_metric_names(config.eval.ks, config.eval.nmi))
+        if metric == "nmi" and not config.eval.ks and not config.eval.nmi:
+            # eval.nmi alone says whether NMI is scored, whatever the dataset's own Ks: such a
+            # cell had been refused only at its turn, after the cells before it trained
+            raise KdmlError("train.select_metric='nmi' is not scored by this run, whose "
+                            "eval.nmi is false; set eval.nmi: true in every cell, or choose "
+                            "a metric it scores (a Recall@K, map@r, r_precision)")
+        if config.eval.ks and (metric.startswith("recall@") or metric == "nmi"):
+            check_selectable(metric, scored_metric_names(config.eval.ks, config.eval.nmi))
     except KdmlError as error:
         raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
 

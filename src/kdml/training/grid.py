@@ -2,10 +2,11 @@
 file runs one training per cell, each into its own sub-folder of the grid's folder.
 
 A grid's folder holds ``grid.yaml`` (the cells) and one run folder per cell, named after its
-settings (``dim=2-n_charts=4``). Running the same command again continues the grid: finished
-cells are kept, an interrupted cell resumes from its checkpoint, and the rest start. A cell
-already started with other settings (another override, an edited config file) is refused,
-not resumed or counted under the new ones.
+settings (``dim=2-n_charts=4``). Running the same command again, with the grid's folder as its
+``--out``, continues the grid (without one it makes another folder): finished cells are kept,
+an interrupted cell resumes from its checkpoint, and the rest start. A cell already started
+with other settings (another override, an edited config file) is refused, not resumed or
+counted under the new ones.
 
 With ``data.validation`` the grid's closing table names the best cell on the validation part
 (:func:`best_cells`: cells tied on the score are all named, the first in grid order taken).
