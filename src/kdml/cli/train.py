@@ -530,19 +530,27 @@ def _where_found(entry: DiskFormat) -> tuple[str, str]:
     passes over, would be no help); "not found", with what is wrong with ``$KDML_DATA_ROOT``
     where that is why (second, "" otherwise); or a folder that cannot be read (no permission),
     which had stopped the whole listing with the first dataset whose folders it searched."""
-    from kdml.data.registry import find_root, root_variable_problem
+    from kdml.data.registry import (
+        archive_not_extracted,
+        elsewhere,
+        find_root,
+        root_variable_problem,
+    )
 
     try:
         root = find_root(entry)
         missing = entry.missing(root)  # its needs include its markers
+        instead = elsewhere(entry, root)  # where they are, as training's refusal says
     except KdmlError:
-        return "not found", root_variable_problem(entry)
+        return "not found", root_variable_problem(entry) or archive_not_extracted(entry)
     except OSError as error:
         named = f"{error.filename}: " if error.filename else ""
         hint = "; check its permissions" if isinstance(error, PermissionError) else ""
         return f"cannot be read ({named}{error.strerror or error}){hint}", ""
+    if not missing:
+        return f"found in {root}", ""
     return (f"not complete in {root}, which training reads (missing {', '.join(missing)})"
-            if missing else f"found in {root}"), ""
+            + (f"; {instead}" if instead else "")), ""
 
 
 def _recipes(args: argparse.Namespace) -> int:

@@ -13,6 +13,10 @@ the dataset's archive unpacks to (``CUB_200_2011``), ``<name>`` (``cub``) and th
 folder inside that (``cub/CUB_200_2011``); before them the base itself, except
 ``$KDML_DATA_ROOT``, which holds many datasets (MNIST's and Fashion-MNIST's files have the same
 names, so files directly in it could be read as the wrong one).
+
+A chosen folder that lacks the dataset's marker files, with the dataset just inside it, in
+the folder above it or still in its archive there, is refused naming that (:func:`elsewhere`),
+rather than with the reader's "missing images.txt" of a folder the files are near.
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ class DiskFormat:
         needs: what the loader reads besides the images: each entry a file (a folder where it
             ends in ``/``), or alternatives joined by ``|`` of which one is enough
             (:meth:`missing`).
+        archive: the file downloaded for it, which extracts to ``archive_folder``
+            (``CUB_200_2011.tgz``), named where it lies unextracted (:func:`elsewhere`).
     """
 
     name: str
@@ -88,6 +94,7 @@ class DiskFormat:
     archive_folder: str = ""
     system_root: str = ""
     needs: tuple[str, ...] = ()
+    archive: str = ""
 
     def load(self, root: Path) -> DatasetParts:
         module, function = self.loader.split(":")
@@ -126,10 +133,10 @@ class DiskFormat:
 
 
 def _format(name: str, description: str, module: str, function: str, *markers: str,
-            archive_folder: str = "", system_root: str = "",
-            needs: tuple[str, ...] = ()) -> DiskFormat:
+            archive_folder: str = "", system_root: str = "", needs: tuple[str, ...] = (),
+            archive: str = "") -> DiskFormat:
     return DiskFormat(name, description, f"kdml.data.formats.{module}:{function}", markers,
-                      archive_folder, system_root, needs)
+                      archive_folder, system_root, needs, archive)
 
 
 # The four IDX files of MNIST and Fashion-MNIST, each under any of its names.
@@ -143,22 +150,25 @@ FORMATS: dict[str, DiskFormat] = {
     for entry in (
         _format("cub", "CUB-200-2011, 11,788 bird photos, 200 classes (100 train / 100 test)",
                 "cub", "load_cub", "images.txt", archive_folder="CUB_200_2011",
-                needs=("images.txt", "image_class_labels.txt", "images/")),
+                needs=("images.txt", "image_class_labels.txt", "images/"),
+                archive="CUB_200_2011.tgz"),
         _format("cars196", "Cars196, 16,185 car photos, 196 classes (98 train / 98 test)",
                 "cars", "load_cars196", "cars_annos.mat", needs=("cars_annos.mat", "car_ims/")),
         _format("sop", "Stanford Online Products, 120,053 photos, 22,634 classes (files' split)",
                 "sop", "load_sop", "Ebay_train.txt", archive_folder="Stanford_Online_Products",
-                needs=("Ebay_train.txt", "Ebay_test.txt")),
+                needs=("Ebay_train.txt", "Ebay_test.txt"),
+                archive="Stanford_Online_Products.zip"),
         _format("inshop", "In-Shop Clothes Retrieval, 52,712 photos; query vs gallery",
                 "inshop", "load_inshop", "list_eval_partition.txt",
                 "Eval/list_eval_partition.txt",
                 needs=("list_eval_partition.txt|Eval/list_eval_partition.txt", "img/")),
         _format("cifar10", "CIFAR-10, 60,000 3x32x32 images, 10 classes (files' split)",
                 "cifar", "load_cifar10", "data_batch_1", archive_folder="cifar-10-batches-py",
-                needs=(*(f"data_batch_{number}" for number in range(1, 6)), "test_batch")),
+                needs=(*(f"data_batch_{number}" for number in range(1, 6)), "test_batch"),
+                archive="cifar-10-python.tar.gz"),
         _format("cifar100", "CIFAR-100, 60,000 3x32x32 images, 100 classes (files' split)",
                 "cifar", "load_cifar100", "train", archive_folder="cifar-100-python",
-                needs=("train", "test")),
+                needs=("train", "test"), archive="cifar-100-python.tar.gz"),
         _format("mnist", "MNIST, 70,000 1x28x28 digits (IDX files, files' split)",
                 "idx", "load_mnist", *idx_file_names("train-labels-idx1-ubyte"), needs=IDX_FILES),
         _format("fashion-mnist", "Fashion-MNIST, 70,000 1x28x28 clothing images (IDX files)",
@@ -213,7 +223,14 @@ def find_root(entry: DiskFormat, configured: str = "") -> Path:
             return existing[-1]
     searched = ", ".join(str(root) for root in roots) or f"${ROOT_VARIABLE} is not set"
     raise KdmlError(f"{entry.name}: no dataset found (searched: {searched}); "
-                    f"{_what_to_do(entry, configured)}")
+                    f"{archive_not_extracted(entry, configured) or _what_to_do(entry, configured)}")
+
+
+def archive_not_extracted(entry: DiskFormat, configured: str = "") -> str:
+    """What to do where the dataset's archive lies unextracted in a base folder searched
+    (``$KDML_DATA_ROOT/CUB_200_2011.tgz``), else ""."""
+    return _unextracted(entry, list(dict.fromkeys(
+        root.parent for root in candidate_roots(entry, configured))))
 
 
 def _what_to_do(entry: DiskFormat, configured: str) -> str:
@@ -244,6 +261,53 @@ def root_variable_problem(entry: DiskFormat) -> str:
                 f"the folder that holds the datasets, each in a folder of its own: {move}, or "
                 f"pass this one with --data-root {value}")
     return ""
+
+
+def elsewhere(entry: DiskFormat, root: Path) -> str:
+    """Where the dataset is, near the folder ``root`` that :func:`find_root` chose although it
+    lacks the dataset's marker files, as what to do: its archive lying there unextracted
+    (``CUB_200_2011.tgz``, also in the folder above an archive folder extracted in part), a
+    folder just inside ``root`` that holds it (an archive extracted into a folder of its own
+    name, ``CUB_200_2011/CUB_200_2011``, or one named otherwise than kdml searches, ``Cars196``),
+    or the folder above ``root`` (``--data-root`` given the dataset's ``images/``); "" where
+    none is, and the reader then names what is missing. A folder named as another format's is
+    not offered (MNIST's and Fashion-MNIST's files have the same names)."""
+    if entry.located(root) is not None:
+        return ""
+    unextracted = _unextracted(entry, [root, root.parent])
+    if unextracted:
+        return unextracted
+    others = {name for other in FORMATS.values() if other.name != entry.name
+              for name in (other.name, other.archive_folder) if name}
+    inside = [folder for folder in _folders_in(root)
+              if folder.name not in others and entry.located(folder) is not None]
+    if inside:
+        return (f"{inside[0]} holds them, one folder further down than kdml searches: pass "
+                f"--data-root {inside[0]}")
+    above = root.parent
+    if above != root and above.name not in others and entry.located(above) is not None:
+        return f"the folder above it, {above}, holds them: pass --data-root {above}"
+    return ""
+
+
+def _unextracted(entry: DiskFormat, folders: list[Path]) -> str:
+    """What to do where the dataset's archive lies in one of ``folders`` whose archive folder
+    does not hold the dataset (not extracted, or only in part), else ""."""
+    for folder in folders if entry.archive else []:
+        if (folder / entry.archive).is_file() and entry.located(
+                folder / entry.archive_folder) is None:
+            return (f"{entry.archive} is in {folder}, not extracted (or only in part): "
+                    f"extract it there, where it unpacks to {entry.archive_folder}/")
+    return ""
+
+
+def _folders_in(folder: Path) -> list[Path]:
+    """The folders directly in ``folder``, in name order; none where it cannot be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(Path(entry.path) for entry in entries if entry.is_dir())
+    except (OSError, ValueError):  # missing, unreadable, a NUL byte: said otherwise
+        return []
 
 
 def is_known_dataset(name: str) -> bool:
@@ -322,7 +386,12 @@ def open_dataset(name: str, root: str = "") -> DatasetParts:
                                          entry.default_backbone))
     if name in FORMATS:
         entry_format = FORMATS[name]
-        return entry_format.load(find_root(entry_format, root))
+        found = find_root(entry_format, root)
+        instead = elsewhere(entry_format, found)
+        if instead:  # the reader would say only "missing images.txt" of a folder near it
+            raise KdmlError(f"{name}: {found} does not hold {entry_format.name}'s files "
+                            f"({entry_format.markers[0]}); {instead}")
+        return entry_format.load(found)
     prefix = next((prefix for prefix in PREFIXES if name.startswith(prefix)), "")
     if prefix and not name.removeprefix(prefix).strip():  # Path("") is the current folder
         what = "DIR" if prefix == "folder:" else "FILE"

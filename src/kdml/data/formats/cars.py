@@ -42,8 +42,10 @@ ARCHIVE = "car_ims.tgz"  # the photos' archive, which extracts to car_ims/
 FIELDS = ("relative_im_path", "class")
 # Files of the other release of the same photos, for classification (cars_train/, cars_test/,
 # car_devkit.tgz): another split and other annotation files, which kdml does not read.
+RELEASE_FOLDERS = ("cars_train/", "cars_test/")  # that release's photos
 DEVKIT_FILES = ("devkit/cars_meta.mat", "cars_meta.mat", "devkit/cars_train_annos.mat",
-                "cars_train_annos.mat")
+                "cars_train_annos.mat", "cars_test_annos_withlabels.mat",
+                "devkit/cars_test_annos.mat", "cars_test_annos.mat")
 
 
 def annotations_file(layout: Layout) -> Path:
@@ -52,6 +54,8 @@ def annotations_file(layout: Layout) -> Path:
     if path.is_file():
         return path
     devkit = next((name for name in DEVKIT_FILES if (layout.root / name).is_file()), None)
+    devkit = devkit or next((name for name in RELEASE_FOLDERS if (layout.root / name).is_dir()),
+                            None)  # its photos alone, without its annotation files
     if devkit is not None:
         raise layout.error(f"missing {FILE}: {devkit} is of the Stanford Cars classification "
                            "release (cars_train/, cars_test/, devkit/), whose files and split "
@@ -137,8 +141,17 @@ def _unextracted(root: Path, missing: str) -> str:
     beside ``cars_annos.mat`` (downloaded, not yet extracted, or extracted in part): what to
     do, or ``""``."""
     archive = root / ARCHIVE
-    if not archive.is_file() or Path(missing).parent != root / "car_ims":
+    if Path(missing).parent != root / "car_ims":
         return ""
+    if not archive.is_file():
+        other = [folder for folder in RELEASE_FOLDERS if (root / folder).is_dir()]
+        if (root / "car_ims").is_dir() or not other:
+            return ""
+        # A copy that holds both releases' files (some mirrors do): the same photos under
+        # other names and numbers, so car_ims/'s cannot be found among them.
+        return (f": {' and '.join(other)} {'is' if len(other) == 1 else 'are'} of the Stanford "
+                "Cars classification release, whose photos are named and numbered otherwise; "
+                f"get {ARCHIVE} and extract it in {root}")
     state = "perhaps extracted in part" if (root / "car_ims").is_dir() else "not extracted"
     return f": {ARCHIVE} is there, {state}; extract {ARCHIVE} in {root}"
 

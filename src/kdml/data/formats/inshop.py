@@ -50,11 +50,14 @@ def load_inshop(root: Path) -> DatasetParts:
         raise layout.error(f"{said} (or {names[1]})" if said.startswith("missing") else said)
     rows = layout.read_rows(relative, 3, header_lines=2, example=EXAMPLE)
     count, header = layout.header(relative, 2)
-    if layout.integer(count, relative, 1) != len(rows):
-        raise layout.error(f"{relative} line 1 says {count} images but {len(rows)} are listed")
+    stated = layout.integer(count, relative, 1)
+    # The header first: a line 2 that is not it (blank, or the first image's, where the header
+    # is missing) moves every row, and the count would be called wrong instead.
     if header.split() != HEADER.split():
         raise layout.error(f"{relative} line 2 is not the header {HEADER!r}: "
                            f"{header[:80]!r}")
+    if stated != len(rows):
+        raise layout.error(f"{relative} line 1 says {count} images but {len(rows)} are listed")
     for number, (_, _, status) in rows:
         if status not in STATUSES:
             raise layout.error(f"{relative} line {number}: unknown evaluation_status "
@@ -82,14 +85,31 @@ def load_inshop(root: Path) -> DatasetParts:
 
 
 def check_image_folder(layout: Layout, relative: str, first_path: str) -> None:
-    """Refuse the archive's own layout, ``Img/img/...`` (``Img/img.zip`` unpacked where it
-    lies), where the list names ``img/...``: every image would be reported missing."""
+    """Where the list names ``img/...`` and the root has no ``img/``, say where the images are
+    instead, as every image would be reported missing: in ``Img/img/`` (``Img/img.zip``
+    unpacked where it lies), still in ``Img/img.zip``, only in ``img_highres/`` (the
+    high-resolution copies, ``Img/img_highres.zip``), or in the folder above a root that is
+    ``Eval/`` (the list's own folder given as the root)."""
     root = layout.root
-    if (first_path.startswith("img/") and not (root / "img").exists()
-            and (root / "Img" / "img").is_dir()):
+    if not first_path.startswith("img/") or (root / "img").exists():
+        return
+    if (root / "Img" / "img").is_dir():
         raise layout.error(f"the images are in Img/img/ (Img/img.zip unpacked where it lies), "
                            f"but {relative} lists them as img/...: move {root / 'Img' / 'img'} "
                            f"to {root / 'img'}")
+    if relative == "list_eval_partition.txt" and (root.parent / first_path).is_file():
+        raise layout.error(f"{relative} is here but its images, img/, are in the folder above: "
+                           f"pass --data-root {root.parent}")
+    highres = next((folder for folder in ("img_highres", "Img/img_highres")
+                    if (root / folder).is_dir()), None)
+    zipped = (root / "Img" / "img.zip").is_file()
+    if highres is not None or zipped:
+        there = (f"only the high-resolution copies, {highres}/, are here" if highres is not None
+                 else "Img/img.zip is here, not extracted")
+        rename = (f", or rename {highres}/ to img/ to use the high-resolution copies"
+                  if highres is not None else "")
+        raise layout.error(f"{relative} lists the images as img/..., but {there}: extract "
+                           f"Img/img.zip in {root}, where it unpacks to img/{rename}")
 
 
 def repeated_image(layout: Layout, relative: str, rows: list[tuple[int, list[str]]],
