@@ -70,14 +70,21 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
                         f"inputs of shape {tuple(splits.train.sample_shape)}: train it on an "
                         "image dataset")
     crop = getattr(config.method, "crop_size", 0)
-    if (method.augments_inputs and config.model.backbone == "mlp" and crop
-            and splits.train.sample_shape[1:] != (crop, crop)):
+    if method.augments_inputs and config.model.backbone == "mlp" and crop:
         # an MLP takes inputs of the size it was built for: torch's "mat1 and mat2 shapes
-        # cannot be multiplied" had stopped the first step, after the run folder was made
-        side = "x".join(map(str, splits.train.sample_shape[1:]))
-        raise KdmlError(f"model.backbone=mlp takes inputs of {side} pixels, its dataset's, "
-                        f"and method.crop_size={crop} crops the views to {crop}x{crop}; set "
-                        "method.crop_size=0 (views of the input's size)")
+        # cannot be multiplied" had stopped the first step, after the run folder was made.
+        # Image files reach the method as their data.image_size centre crop (InputPipeline),
+        # not at their decoded data.resize side: compared with that side, a crop_size equal
+        # to image_size had been refused, and one equal to resize let through to torch's error
+        file_backed = splits.train.is_file_backed
+        sides = ((config.data.image_size,) * 2 if file_backed
+                 else tuple(splits.train.sample_shape[1:]))
+        if sides != (crop, crop):
+            side = "x".join(map(str, sides))
+            whose = "its images' data.image_size crop" if file_backed else "its dataset's"
+            raise KdmlError(f"model.backbone=mlp takes inputs of {side} pixels, {whose}, "
+                            f"and method.crop_size={crop} crops the views to {crop}x{crop}; "
+                            "set method.crop_size=0 (views of the input's size)")
     if method.uses_target and splits.target is None:
         raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
                         "pair such as mnist5k->digits")

@@ -160,6 +160,18 @@ def _check_non_negative(name: str, value: float) -> None:
         raise KdmlError(f"method.{name} must be >= 0, got {value}")
 
 
+def _one_chart_unread(params: MTripletParams | MSimCLRParams,
+                      default: MTripletParams | MSimCLRParams) -> list[tuple[str, str]]:
+    """``method.lambda2`` given another value than ``default``'s where ``n_charts`` is 1 (for
+    the trainer's warning of settings a run never reads): one chart's membership is q = 1 for
+    every input, where the chart loss and its gradient are 0, so a grid over lambda2 trained
+    the same run in every cell, without a word."""
+    if params.n_charts == 1 and params.lambda2 != default.lambda2:
+        return [("method.lambda2", "with method.n_charts=1 every point is in the one chart "
+                 "(q = 1), where the chart loss is 0")]
+    return []
+
+
 @dataclass
 class TripletParams:
     dim: int = 2  # d: the embedding is L2-normalized in R^(d+1), a d-sphere
@@ -199,6 +211,11 @@ class MTripletParams(TripletParams):
         if self.distance not in DISTANCE_VARIANTS:
             raise KdmlError(f"method.distance must be one of {', '.join(DISTANCE_VARIANTS)}, "
                             f"got {self.distance!r}")
+
+    def unread_settings(self, default: MTripletParams) -> list[tuple[str, str]]:
+        """The settings given other values than ``default``'s that this objective never
+        reads, each with why (for the trainer's warning): see :func:`_one_chart_unread`."""
+        return _one_chart_unread(self, default)
 
 
 @dataclass
@@ -255,6 +272,11 @@ class MSimCLRParams(SimCLRParams):
         if self.proj_input not in PROJECTION_INPUTS:
             raise KdmlError(f"method.proj_input must be one of {', '.join(PROJECTION_INPUTS)}, "
                             f"got {self.proj_input!r}")
+
+    def unread_settings(self, default: MSimCLRParams) -> list[tuple[str, str]]:
+        """The settings given other values than ``default``'s that this objective never
+        reads, each with why (for the trainer's warning): see :func:`_one_chart_unread`."""
+        return _one_chart_unread(self, default)
 
 
 # ----------------------------------------------------------------------------- methods
