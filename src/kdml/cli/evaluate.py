@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import sys
 import unicodedata
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from kdml.training.checks import check_evaluation
+    from kdml.training.checks import check_evaluation, warn_about_target
     from kdml.training.loading import load_run
     from kdml.training.run_folder import check_json_replaceable, write_json
 
@@ -38,6 +39,9 @@ def _eval(args: argparse.Namespace) -> int:
     # also without --ks: config.yaml's eval section may have been edited (eval.ks beyond the
     # references had reached the scorer's "K=5000 in ks is larger than ...", saying no fix)
     check_evaluation(config, trained.splits, evaluating=True, ks_given=bool(args.ks))
+    # as training warns: a labelled target of one class (or of no source class) scores the
+    # data, not the model; eval had printed its trivial 1s (or its 0) without a word
+    warn_about_target(trained.splits, logging.getLogger("kdml.eval"))
     result = {"epoch": trained.epoch, "checkpoint": "best" if args.best else "last",
               "scored": "validation" if trained.splits.validation else "test"}
     # eval-best.json, eval-test.json, ... as the plots are named: --best had replaced the last
@@ -69,7 +73,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     """``kdml eval RUN --dataset D``: the run's model scored on D's test part. Nothing is
     written: the run folder's ``eval.json`` is of the run's own data."""
     from kdml.inspection.parts import other_data
-    from kdml.training.checks import check_evaluation
+    from kdml.training.checks import check_evaluation, warn_about_target
     from kdml.training.loading import load_model
 
     _refuse_test_with_dataset(args)
@@ -80,6 +84,7 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     other = _with_ks(other, args.ks)
     # one class would score 1 everywhere, as training refuses
     check_evaluation(other, splits, evaluating=True, ks_given=bool(args.ks))
+    warn_about_target(splits, logging.getLogger("kdml.eval"))  # as in _eval
     _score_and_print(model, other, splits, embedder, args.best, validated=False)
     return 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress, _say, _stop_code
-from kdml.errors import KdmlError, LocalError, QuietExit, did_you_mean
+from kdml.errors import KdmlError, LocalError, QuietExit
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -336,17 +336,9 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
 
 
 def _check_dataset_name(dataset: str) -> None:
-    from kdml.data.domains import DOMAIN_PAIRS, is_domain_dataset
-    from kdml.data.registry import DATASETS, FORMATS, is_known_dataset
+    from kdml.data.prepare import check_dataset_name
 
-    if not is_known_dataset(dataset) and not is_domain_dataset(dataset):
-        # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
-        hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
-                if dataset.endswith("-") else "")
-        names = [*DATASETS, *FORMATS, *DOMAIN_PAIRS]
-        near = "" if hint else did_you_mean(dataset, names)
-        raise KdmlError(f"unknown dataset {dataset!r}{near}; choose one of: "
-                        f"{', '.join(names)}, folder:DIR, csv:FILE or npz:PATH{hint}")
+    check_dataset_name(dataset)
 
 
 def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,

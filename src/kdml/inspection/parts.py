@@ -14,7 +14,7 @@ import torch
 from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.data.domains import is_domain_dataset
-from kdml.data.prepare import prepare_data
+from kdml.data.prepare import check_dataset_name, prepare_data
 from kdml.data.splits import OTHER_TEST_SETS, ClassCountError, DataSplits
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.evaluator import (
@@ -93,6 +93,7 @@ def other_data(model: RunModel, dataset: str, data_root: str | None
     run trained on. A run whose domain pair went through a PCA (``data.pca_dim``) takes
     another pair of the same features, projected by the run's PCA (:attr:`RunModel.input_pca`),
     never one fitted on the other pair's source: a basis the model never saw."""
+    check_dataset_name(dataset)  # as kdml train: the pairs and npz:PATH among the choices
     pca_dim, pca = model.config.data.pca_dim, model.input_pca
     if pca_dim and pca is None:  # a RunModel built by hand: load_model gives it one
         raise KdmlError(f"the run's inputs are projected by a PCA (data.pca_dim={pca_dim}) "

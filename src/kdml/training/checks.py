@@ -369,7 +369,7 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
     """Warn about data that trains but means little: a single training class (a single test
     class is refused, :func:`check_evaluation`), a validation part of fewer than
     :data:`MIN_VALIDATION_CLASSES` classes, and a domain pair whose labelled target is of one
-    class or shares no class with its source."""
+    class or shares no class with its source (:func:`warn_about_target`)."""
     if splits.train.num_classes == 1:
         # the dataset as it is named elsewhere: the part's own name, "folder:p4/train", read
         # as a folder p4/train
@@ -382,15 +382,24 @@ def warn_about_splits(splits: DataSplits, log: logging.Logger) -> None:
         log.warning("the validation part holds %d classes, too few for what is chosen on it "
                     "(train.keep_best's epoch, train.patience's stop, a grid's best cell) to "
                     "mean much; %s", splits.test.num_classes, more)
-    if splits.kind == DOMAIN:
-        target = splits.test.labels[splits.test.labels >= 0]
-        if len(torch.unique(target)) == 1:  # a single class elsewhere is refused: all trivial
-            log.warning("every labelled target sample of %s has the same class, so the target "
-                        "retrieval metrics (Recall@K, MAP@R, R-Precision, NMI) are trivially 1; "
-                        "only source_nn_accuracy measures the model: label target samples of "
-                        "two classes or more", splits.test.name)
-        if not torch.isin(target, torch.tensor(splits.train_classes)).any():
-            log.warning("no labelled target sample of %s has a source class, so "
-                        "source_nn_accuracy (the target samples whose nearest source sample has "
-                        "their label) is 0 whatever the model; the target retrieval metrics "
-                        "still mean what they say", splits.test.name)
+    warn_about_target(splits, log)
+
+
+def warn_about_target(splits: DataSplits, log: logging.Logger) -> None:
+    """Warn about a domain pair whose labelled target is of one class (the target retrieval
+    metrics are trivially 1) or shares no class with its source (``source_nn_accuracy`` is 0
+    whatever the model); nothing for other splits. Training warns so before its first epoch,
+    ``kdml eval`` before it prints the scores: they are of the data, not of the model."""
+    if splits.kind != DOMAIN:
+        return
+    target = splits.test.labels[splits.test.labels >= 0]
+    if len(torch.unique(target)) == 1:  # a single class elsewhere is refused: all trivial
+        log.warning("every labelled target sample of %s has the same class, so the target "
+                    "retrieval metrics (Recall@K, MAP@R, R-Precision, NMI) are trivially 1; "
+                    "only source_nn_accuracy measures the model: label target samples of "
+                    "two classes or more", splits.test.name)
+    if not torch.isin(target, torch.tensor(splits.train_classes)).any():
+        log.warning("no labelled target sample of %s has a source class, so "
+                    "source_nn_accuracy (the target samples whose nearest source sample has "
+                    "their label) is 0 whatever the model; the target retrieval metrics "
+                    "still mean what they say", splits.test.name)
