@@ -101,3 +101,126 @@ def test_imagenet_weights_load_around_a_small_input_stem(name, tmp_path):
     assert torch.equal(target.network.layer4[0].conv1.weight,
                        source.network.layer4[0].conv1.weight)
     assert "kept the model.small_input stem as built (conv1.weight)" in lines[0]
+
+
+@pytest.mark.parametrize(("name", "size"), [("resnet50", 64), ("vit_tiny_patch16_224", 224)])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_timm_normalisation_is_its_pretrained_config(name, size, channels):
+    """ViT's pretrained_cfg says 0.5 for mean and std, not ImageNet's; a grayscale input takes
+    the means of the three channels' statistics."""
+    import timm
+
+    config = timm.create_model(name, pretrained=False).pretrained_cfg
+    normalization = build_backbone(f"timm:{name}", (channels, size, size)).normalization
+    mean, std = tuple(config["mean"]), tuple(config["std"])
+    if channels == 1:
+        mean, std = (sum(mean) / 3,), (sum(std) / 3,)
+    assert normalization.mean == pytest.approx(mean) and normalization.std == pytest.approx(std)
+    assert normalization.scale == 1.0 and not normalization.bgr
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_torchvision_normalisation_is_its_weights_transforms(name, channels):
+    """Every published weight of the model says its mean and std in its transforms (read
+    without downloading anything)."""
+    import torchvision
+
+    normalization = build_backbone(f"torchvision:{name}", (channels, 32, 32)).normalization
+    for weights in torchvision.models.get_model_weights(name):
+        transform = weights.transforms()
+        mean, std = tuple(transform.mean), tuple(transform.std)
+        if channels == 1:
+            mean, std = (sum(mean) / 3,), (sum(std) / 3,)
+        assert normalization.mean == pytest.approx(mean), weights
+        assert normalization.std == pytest.approx(std), weights
+
+
+def _library_model(name):
+    """The timm or torchvision model with its classifier, its BatchNorm statistics moved off
+    their initial values (a buffer left unloaded then shows), and its pre-logits features."""
+    import timm
+    import torchvision
+
+    library, model = name.split(":")
+    if library == "timm":
+        network = timm.create_model(model, pretrained=False)
+    else:
+        network = torchvision.models.get_model(model, weights=None)
+    for layer in network.modules():
+        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
+            layer.running_mean.uniform_(-0.5, 0.5)
+            layer.running_var.uniform_(0.5, 2.0)
+
+    def pre_logits(images):
+        if library == "timm":
+            return network.forward_head(network.forward_features(images), pre_logits=True)
+        return torch.flatten(network.avgpool(torch.nn.Sequential(*list(
+            network.children())[:-2])(images)), 1)
+
+    return network.eval(), pre_logits
+
+
+@pytest.mark.parametrize(("name", "size"), [("timm:resnet18", 64), ("torchvision:resnet18", 64),
+                                            ("timm:vit_tiny_patch16_224", 224)])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_a_library_state_dict_gives_the_library_models_features(name, size, channels, tmp_path):
+    """The whole file (BatchNorm statistics too) goes where the library puts it: the features
+    are the library model's pre-logits (ResNets' last map is 2x2 here, so its pooling shows);
+    on grayscale inputs, those of the image repeated over RGB (the file's first layer summed
+    over its input channels)."""
+    torch.manual_seed(0)
+    network, pre_logits = _library_model(name)
+    torch.save(network.state_dict(), tmp_path / "library.pth")
+    backbone = build_backbone(name, (channels, size, size))
+    load_weights(backbone, tmp_path / "library.pth", report=lambda line: None)
+    images = torch.randn(2, channels, size, size)
+    with torch.no_grad():
+        features = backbone.eval()(images)
+        expected = pre_logits(images.expand(-1, 3, -1, -1))
+    assert features.shape == expected.shape == (2, backbone.feature_size)
+    assert torch.allclose(features, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["timm:resnet18", "torchvision:resnet18"])
+def test_a_library_state_dict_around_a_small_input_stem_gives_its_features(name, tmp_path):
+    """Under model.small_input, every tensor but the 7x7 stem loads: the features are those of
+    the library model with kdml's 3x3 stem and no max-pool, also on 16x16 images."""
+    torch.manual_seed(0)
+    network, pre_logits = _library_model(name)
+    torch.save(network.state_dict(), tmp_path / "library.pth")
+    backbone, lines = build_backbone(name, (1, 16, 16), small_input=True), []
+    load_weights(backbone, tmp_path / "library.pth", report=lines.append)
+    stem = backbone.network.conv1
+    network.conv1 = torch.nn.Conv2d(3, stem.out_channels, 3, 1, 1, bias=False)
+    network.conv1.weight.data = stem.weight.detach().expand(-1, 3, -1, -1) / 3
+    network.maxpool = torch.nn.Identity()
+    images = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        features = backbone.eval()(images)
+        expected = pre_logits(images.expand(-1, 3, -1, -1))
+    assert features.shape == expected.shape == (2, backbone.feature_size)
+    assert torch.allclose(features, expected, atol=1e-4)
+    assert "kept the model.small_input stem as built (conv1.weight)" in lines[0]
+
+
+def test_small_input_refuses_a_model_without_a_resnet_stem():
+    from kdml.errors import KdmlError
+
+    with pytest.raises(KdmlError, match="needs a ResNet-style model .* timm:convnext_atto has"):
+        build_backbone("timm:convnext_atto", (3, 32, 32), small_input=True)
+
+
+def test_images_too_small_for_the_models_layers_are_refused_when_built():
+    """ConvNeXt's stride-2 downsampling convolutions need 32x32 images: MNIST's 28x28 had
+    stopped the first training step with torch's traceback."""
+    from kdml.errors import KdmlError
+
+    with pytest.raises(KdmlError, match=r"timm:convnext_atto cannot take 28x28 images: its "
+                                        r"layers shrink them to nothing \(Calculated padded"):
+        build_backbone("timm:convnext_atto", (1, 28, 28))
+    backbone = build_backbone("timm:convnext_atto", (1, 32, 32))  # the smallest it takes
+    # the blank image went through in eval mode, then the network was set back to training
+    assert all(module.training for module in backbone.modules())
+    with torch.no_grad():
+        assert backbone(torch.randn(2, 1, 32, 32)).shape == (2, 320)

@@ -8,6 +8,8 @@ a timm head keeps before its classifier (ConvNeXt's norm). The input channels fo
 the data (1 for MNIST), and ``model.small_input`` swaps a ResNet's stem for a 3x3 stride-1
 convolution without max-pool, as SimCLR's CIFAR ResNets (the Atlas Table 2 runs use it).
 Normalisation follows the model's own config (timm's ``pretrained_cfg``), else ImageNet's.
+A timm model refuses, when built, images of another size than its fixed one (ViT) and images
+its layers shrink to nothing (ConvNeXt below 32x32).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from kdml.data.transforms import Normalization
@@ -106,10 +109,34 @@ def timm_backbone(name: str, in_channels: int, pooling: str, small_input: bool,
                         f"{image_size[0]}x{image_size[1]}; set data.image_size="
                         f"{fixed_size[0]} (for image files) or choose a model without a fixed "
                         "input size")
+    if len(fixed_size) != 2 or image_size[0] < fixed_size[0] or image_size[1] < fixed_size[1]:
+        # below its own input size (pretrained_cfg's), strided layers may shrink a map to
+        # nothing; at that size or above, a timm model runs
+        _refuse_too_small_images(network, in_channels, image_size, f"timm:{name}")
     normalization = Normalization(tuple(config.get("mean", IMAGENET_MEAN)),
                                   tuple(config.get("std", IMAGENET_STD)))
     return TimmBackbone(network, pooling, normalization.for_channels(in_channels),
                         SMALL_STEM_KEYS if small_input else ())
+
+
+def _refuse_too_small_images(network: Any, in_channels: int, image_size: tuple[int, int],
+                             name: str) -> None:
+    """Refuse in one line images too small for the model's layers (ConvNeXt's, DenseNet's and
+    VGG's need 32x32, Inception-v3's more), found by one blank image through its features:
+    the first training step had stopped with torch's traceback."""
+    was_training = network.training
+    network.eval()  # BatchNorm's running statistics stay as they are
+    try:
+        with torch.no_grad():
+            network.forward_features(torch.zeros(1, in_channels, *image_size))
+    except (RuntimeError, AssertionError) as error:  # torch's shape checks, timm's asserts
+        raise KdmlError(f"{name} cannot take {image_size[0]}x{image_size[1]} images: its layers "
+                        f"shrink them to nothing ({_first_line(error)}); give larger images "
+                        "(data.image_size, for image files) or choose a model that takes "
+                        "them, e.g. a ResNet (timm:resnet18, with model.small_input=true for "
+                        "small images)") from None
+    finally:
+        network.train(was_training)
 
 
 def _import_vision(library: str, name: str) -> Any:
