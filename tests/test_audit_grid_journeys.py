@@ -11,6 +11,7 @@ from fixtures_grids import grid_file
 from kdml import cli
 from kdml.errors import KdmlError
 from kdml.training import trainer
+from kdml.training.grid import changed_setting
 from kdml.training.run_folder import RunFolder
 
 
@@ -134,3 +135,45 @@ def test_a_grid_without_out_names_the_out_that_continues_it(tmp_path, capsys, mo
     finished = "[1/2] seed=0: finished earlier\n" in capsys.readouterr().out
     assert finished == (failing == 1)  # its cell trained before is kept, not trained again
     assert [path.name for path in (tmp_path / "runs").iterdir()] == [root.name]
+
+
+def test_a_stopped_grid_goes_on_elsewhere_but_not_with_other_results(tmp_path, capsys,
+                                                                    monkeypatch):
+    """A grid stopped on one machine goes on on another: its cells' device, data.root, loader
+    processes, embedding batch and compile flag may differ from those they started with, as
+    `kdml train --resume` lets a run's (a cell already finished is kept, one started resumes
+    with the new values); a setting of what the cells train is still refused. They had all
+    been refused as "trained with other settings", so a grid begun on a CPU could not finish
+    on a GPU lent since. A grid of one cell says "1 run"."""
+    import yaml
+
+    calls: list = []
+
+    def train(config, run_dir, resume=False, progress=None, **_):
+        calls.append((run_dir.name, resume, config.eval.embed_batch_size))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        if run_dir.name == "seed=1" and not resume:  # stopped in its first epoch
+            raise KeyboardInterrupt
+        final = {"recall@1": 0.5}
+        RunFolder(run_dir).write_metrics([{"epoch": 1, "recall@1": 0.5}], final, "test")
+        return final
+
+    monkeypatch.setattr(trainer, "train", train)
+    args = grid_file(tmp_path, {"seed": [0, 1]})
+    assert cli.main(args) != 0
+    assert calls == [("seed=0", False, 256), ("seed=1", False, 256)]
+    capsys.readouterr()
+    elsewhere = ["data.num_workers=1", "eval.embed_batch_size=64", "train.compile=true"]
+    assert cli.main([*args, *elsewhere]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "[1/2] seed=0: finished earlier" in out
+    assert calls[2:] == [("seed=1", True, 64)]
+    assert cli.main([*args, "method.margin=0.3"]) == 2
+    assert "was trained with other settings (method.margin: " in capsys.readouterr().err
+    # the data in another folder (digits reads none, so the function itself)
+    assert changed_setting({"data": {"root": "/a", "dataset": "cub"}},
+                           {"data": {"root": "/b", "dataset": "cub"}}) is None
+    one = grid_file(tmp_path / "one", {"seed": [0]})
+    assert cli.main(one) == 0
+    assert capsys.readouterr().out.startswith("grid of 1 run of amsoftmax on digits into ")

@@ -173,7 +173,8 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
 
     distributed.from_main(check_cells_settings)
 
-    _say(f"grid of {len(cells)} runs of {recipe.name} on {configs[0].data.dataset} into {root}")
+    runs = "1 run" if len(cells) == 1 else f"{len(cells)} runs"
+    _say(f"grid of {runs} of {recipe.name} on {configs[0].data.dataset} into {root}")
     finals: list[dict[str, float]] = []
     diverged: list[str] = []
     # the command that goes on in this folder: without --out, the same command makes another
@@ -394,7 +395,8 @@ def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
     _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
                                       overrides, keys)
     cells, configs = _grid_configs(recipe, file_values, overrides)
-    return (f"# {file} holds a grid of {len(cells)} runs over {', '.join(keys)}, one per "
+    runs = "1 run" if len(cells) == 1 else f"{len(cells)} runs"
+    return (f"# {file} holds a grid of {runs} over {', '.join(keys)}, one per "
             f"cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
 
 

@@ -189,14 +189,27 @@ def check_grid_folder(root: Path, cells: list[Cell]) -> bool:
     return False
 
 
+# Settings of where and how fast a cell trains, not of what it trains: a grid stopped on one
+# machine goes on on another (a GPU lent since, its data in another folder, more loader
+# processes), as ``kdml train --resume`` lets a run (resume_settings.RESUMABLE, of which these
+# are the ones that leave the grid's results as they are: not train.epochs, say, which would
+# count a finished cell's fewer epochs as the grid's)
+WHERE_IT_TRAINS = frozenset({"train.device", "data.num_workers", "eval.embed_batch_size",
+                             "data.root", "train.compile"})
+
+
 def changed_setting(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first setting (dotted key) in which a cell's saved config differs from the one the
     command resolves, as ``key: saved -> now``, or None: a cell trained (or started) with other
-    settings must not be continued or counted as this grid's."""
+    settings must not be continued or counted as this grid's. Settings of where it trains
+    (:data:`WHERE_IT_TRAINS`) may differ: they had kept a grid stopped on a CPU from going on
+    on a GPU."""
     flat_saved, flat_now = flatten(saved), flatten(now)
     for key in sorted(set(flat_saved) | set(flat_now)):
         if key in FILLED_IN_TRAINING and flat_now.get(key) == []:
             continue  # the run saved what "the dataset's own" resolved to
+        if key in WHERE_IT_TRAINS:
+            continue
         if flat_saved.get(key) != flat_now.get(key):
             return f"{key}: {flat_saved.get(key)!r} -> {flat_now.get(key)!r}"
     return None
