@@ -91,3 +91,13 @@ def test_the_chart_loss_weight_of_one_chart_is_named_unread(recipe):
         loss.backward()
         grads.append([loss.detach(), *(p.grad.clone() for p in method.parameters())])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_one_charts_membership_loss_is_zero_not_minus_zero():
+    """With n = 1 every membership is 1, where the chart loss is exactly 0: it had been -0
+    (written `-0` and `-0.0` in train.log and metrics.csv), the negation of an exact 0."""
+    from kdml.regularizers.manifold import ChartMembershipLoss
+
+    loss = ChartMembershipLoss()(torch.ones(5, 1, requires_grad=True))
+    assert loss.item() == 0.0 and not torch.signbit(loss)
+    assert f"{loss.item()}" == "0.0"

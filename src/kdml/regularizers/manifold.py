@@ -241,4 +241,6 @@ class ChartMembershipLoss(nn.Module):
         check_real_memberships("ChartMembershipLoss", q)
         if not q.is_floating_point():  # one-hot memberships as bool or int, as ManifoldMMD takes
             q = q.float()
-        return -(q - 1.0 / q.shape[1]).pow(2).sum(dim=1).mean()
+        # 0 - x, not -x: one chart's loss (q = 1) is then 0, not the -0 train.log and
+        # metrics.csv had shown
+        return 0.0 - (q - 1.0 / q.shape[1]).pow(2).sum(dim=1).mean()
