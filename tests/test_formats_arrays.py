@@ -1062,4 +1062,5 @@ def test_csv_one_number_written_two_ways_is_named_as_its_first_row_writes_it(tmp
     assert load_csv(csv_file).dataset.class_names == {0: "7", 1: "10"}
     docs = " ".join((Path(__file__).parent.parent / "docs" / "datasets.md").read_text(
         encoding="utf-8").split())
-    assert "`07` is `7`, one class, named as its first row in the file spells it" in docs
+    assert ("`07` is `7` and `1.0`, as pandas writes one, is `1`, one class, named as its first "
+            "row in the file spells it") in docs
