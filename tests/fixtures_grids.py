@@ -21,3 +21,23 @@ def grid_file(tmp_path, grid: dict, data: dict | None = None, **train: object) -
     file = tmp_path / "grid.yaml"
     file.write_text(yaml.safe_dump(config))
     return ["train", "--config", str(file), "--out", str(tmp_path / "grid"), "--no-progress"]
+
+
+def instant_cells(monkeypatch, final: dict[str, float]) -> list:
+    """Replace training by cells that 'train' at once, each writing one validation epoch of
+    ``final``'s scores (as ``val/...``) and ``final`` as its result; the list returned records
+    the run folders trained."""
+    from kdml.training import trainer
+    from kdml.training.run_folder import RunFolder
+
+    runs: list = []
+
+    def train(config, run_dir, resume=False, progress=None, **_):
+        runs.append(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        history = [{"epoch": 1, **{f"val/{key}": value for key, value in final.items()}}]
+        RunFolder(run_dir).write_metrics(history, dict(final), "validation")
+        return dict(final)
+
+    monkeypatch.setattr(trainer, "train", train)
+    return runs

@@ -6,7 +6,7 @@ than as a failure of this one whose training "is kept", and a grid given no --ou
 from __future__ import annotations
 
 import pytest
-from fixtures_grids import grid_file
+from fixtures_grids import grid_file, instant_cells
 
 from kdml import cli
 from kdml.errors import KdmlError
@@ -19,18 +19,7 @@ from kdml.training.run_folder import RunFolder
 def trained(monkeypatch):
     """Cells that 'train' at once (one validation epoch in metrics.json, NMI included); the
     list records the run folders trained."""
-    runs: list = []
-
-    def train(config, run_dir, resume=False, progress=None, **_):
-        runs.append(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        final = {"recall@1": 0.5, "nmi": 0.25}
-        RunFolder(run_dir).write_metrics([{"epoch": 1, "val/recall@1": 0.5, "val/nmi": 0.25}],
-                                         final, "validation")
-        return final
-
-    monkeypatch.setattr(trainer, "train", train)
-    return runs
+    return instant_cells(monkeypatch, {"recall@1": 0.5, "nmi": 0.25})
 
 
 def test_a_grid_over_eval_nmi_chosen_by_nmi_trains_nothing(tmp_path, capsys):

@@ -6,7 +6,7 @@ under another grid."""
 from __future__ import annotations
 
 import pytest
-from fixtures_grids import grid_file
+from fixtures_grids import grid_file, instant_cells
 
 from kdml import cli
 from kdml.errors import KdmlError
@@ -20,18 +20,7 @@ from kdml.training.run_folder import RunFolder
 def trained(monkeypatch):
     """Cells that 'train' at once (one validation epoch in metrics.json); the list records
     the run folders trained."""
-    runs: list = []
-
-    def train(config, run_dir, resume=False, progress=None, **_):
-        runs.append(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        final = {"recall@1": 0.5, "map@r": 0.1}
-        RunFolder(run_dir).write_metrics([{"epoch": 1, "val/recall@1": 0.5, "val/map@r": 0.1}],
-                                         final, "validation")
-        return final
-
-    monkeypatch.setattr(trainer, "train", train)
-    return runs
+    return instant_cells(monkeypatch, {"recall@1": 0.5, "map@r": 0.1})
 
 
 def test_a_later_cell_s_unknown_dataset_is_refused_before_anything_trains(tmp_path, capsys,
