@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kdml import cli
+from kdml.errors import KdmlError
 
 SINGLE_CLASS = "every labelled target sample of"
 NO_SOURCE_CLASS = "has a source class"
@@ -138,3 +139,16 @@ def test_a_source_of_classes_not_numbered_from_0_is_scored_and_embedded_by_its_l
                      "--no-progress"]) == 0
     with np.load(tmp_path / "s.npz") as embedded:
         assert sorted(set(embedded["labels"].tolist())) == [3, 7, 9]
+
+
+@pytest.mark.parametrize(("written", "meant"), [
+    ("mnist5k -> digits", "mnist5k->digits"), ("mnist5k-->digits", "mnist5k->digits"),
+    ("MNIST5K->digits", "mnist5k->digits"), ("digit->mnist5k", "digits->mnist5k")])
+def test_a_pair_written_otherwise_names_the_pair_meant(written, meant):
+    """Spaces around the arrow, a longer arrow, capitals or a missing letter: the refusal
+    listed the pairs but named none as meant, as kdml's other unknown names do."""
+    from kdml.data.domains import load_domain_pair
+
+    with pytest.raises(KdmlError, match=f"^unknown domain pair '{written}' \\(did you mean "
+                                        f"'{meant}'\\?\\); choose one of: "):
+        load_domain_pair(written)

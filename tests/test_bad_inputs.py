@@ -1404,6 +1404,8 @@ def test_simclr_views_of_another_size_than_an_mlp_takes_are_refused(tmp_path, ca
 def test_an_unknown_domain_pair_names_npz_files_too(tmp_path, capsys):
     err = refused(tmp_path, capsys, "train", "dtml", "--dataset", "foo->digits", "--out",
                   tmp_path / "run", "train.device=cpu", "--no-progress")
-    assert err == ("kdml: error: unknown domain pair 'foo->digits'; choose one of: "
+    # the one pair into digits is named as meant (its "->digits" alike)
+    assert err == ("kdml: error: unknown domain pair 'foo->digits' (did you mean "
+                   "'mnist5k->digits'?); choose one of: "
                    "mnist5k->digits, digits->mnist5k, or npz:FILE for domains of one's own (a "
                    ".npz of both domains' features: X, y, domain)")

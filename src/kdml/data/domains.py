@@ -34,7 +34,7 @@ from kdml.checks import is_positive_int
 from kdml.data import offline
 from kdml.data.dataset import ArrayDataset
 from kdml.data.registry import PATH_FORMATS
-from kdml.errors import KdmlError, UnreadableCheckpoint, counted, why_missing
+from kdml.errors import KdmlError, UnreadableCheckpoint, counted, did_you_mean, why_missing
 
 # Binarisation threshold of the 32x32 bitmap, on intensities in [0, 1]. The mean amount of ink
 # is the reason for 0.35: converted MNIST then has ~309 on-pixels per digit against ~313 in
@@ -207,7 +207,10 @@ DOMAIN_PAIRS: dict[str, DomainPairEntry] = {
 def load_domain_pair(name: str) -> DomainPair:
     """Load a registered domain pair; an unknown name lists the valid ones."""
     if name not in DOMAIN_PAIRS:
-        raise KdmlError(f"unknown domain pair {name!r}; choose one of: {', '.join(DOMAIN_PAIRS)}, "
+        # spaces around the arrow, a longer arrow or capitals had named no pair to mean
+        near = did_you_mean(name, DOMAIN_PAIRS)
+        raise KdmlError(f"unknown domain pair {name!r}{near}; choose one of: "
+                        f"{', '.join(DOMAIN_PAIRS)}, "
                         "or npz:FILE for domains of one's own (a .npz of both domains' "
                         "features: X, y, domain)")
     entry = DOMAIN_PAIRS[name]
