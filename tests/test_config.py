@@ -1,7 +1,9 @@
 import re
 
 import pytest
+import yaml
 
+from kdml import config as kdml_config
 from kdml.config import load_config_file, override_parts, resolve_config
 from kdml.errors import KdmlError
 from kdml.training.recipes.jrd import AMSoftmaxParams
@@ -451,3 +453,36 @@ def test_to_dict_gives_the_numpy_numbers_of_a_list_setting_as_python_ones():
     assert values["eval"]["ks"] == [1, 2] and type(values["eval"]["ks"][0]) is int
     assert type(values["optim"]["lr_milestones"][0]) is int
     yaml.safe_dump(values)
+
+
+YAML_CASES = [
+    "train: {epochs: 3, seed: 7}\noptim:\n  lr: 1e-3\n  name: adam\n",
+    "base: &base {epochs: 2}\ntrain:\n  <<: *base\n  seed: 1\n",
+    "flags: [yes, no, on, off, true, ~, null]\nwhen: 2024-01-02\n",
+    "floats: [.inf, -.inf, .nan, 1.5e+3, 0.1, -2.]\nints: [0x1f, 1_000, -3]\n",
+    "text: 'it''s'\nescaped: \"caf\\u00e9\\t\\n\"\nfolded: >\n  a\n  b\nkept: |\n  c\n",
+    "data:\n  root: ~/photos #2\n  dataset: 'folder:é'\n",
+    "# only a comment\n",
+    "",
+]
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")
+@pytest.mark.parametrize("text", YAML_CASES)
+def test_libyaml_and_pyyaml_read_a_config_alike(text):
+    """Where PyYAML has libyaml, its parser reads config files: what it builds must be what
+    the Python loader builds (merge keys, YAML 1.1's booleans, dates, floats, escapes)."""
+    expected = yaml.load(text, Loader=kdml_config._UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    assert repr(kdml_config._load_yaml(text)) == repr(expected)  # repr: nan is nan, True is not 1
+
+
+@pytest.mark.parametrize("text", ["a: 1\n\tb: 2\n", "a: [1, 2\n", "a: 'open\n", "a: b: c\n",
+                                  "a: 1\na: 2\n", "seed: 010\n", "- a\nb: 1\n"])
+def test_yaml_libyaml_does_not_read_is_refused_in_pyyaml_s_words(text):
+    """libyaml's messages differ from PyYAML's: what it refuses is read again in Python,
+    whose error (the one kdml's messages are written and tested for) is raised."""
+    with pytest.raises(yaml.YAMLError) as python_error:
+        yaml.load(text, Loader=kdml_config._UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    with pytest.raises(yaml.YAMLError) as error:
+        kdml_config._load_yaml(text)
+    assert str(error.value) == str(python_error.value)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import sys
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -248,12 +249,13 @@ def _first_leaf(config: RunConfig, section: str) -> str:
     return fields[0].name if fields else "KEY"
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML forbids it, but
-    PyYAML keeps the last value, so ``epochs: 1`` then ``epochs: 2`` would train 2 epochs
-    without a word about the first. It also refuses the numbers that YAML 1.1 (PyYAML's)
-    reads otherwise than they look: ``seed: 010`` is octal 8 and ``epochs: 1:30`` is base 60
-    (90); YAML 1.2 and most other readers would say 10 and a string."""
+class _StrictConstruction(yaml.constructor.SafeConstructor):
+    """What kdml's YAML loaders construct otherwise than PyYAML's safe loader. A key given
+    twice in one mapping is refused: YAML forbids it, but PyYAML keeps the last value, so
+    ``epochs: 1`` then ``epochs: 2`` would train 2 epochs without a word about the first.
+    So are the numbers that YAML 1.1 (PyYAML's) reads otherwise than they look: ``seed: 010``
+    is octal 8 and ``epochs: 1:30`` is base 60 (90); YAML 1.2 and most other readers would
+    say 10 and a string."""
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:
@@ -292,9 +294,40 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float",
-                                 _UniqueKeyLoader.construct_yaml_float)
+class _UniqueKeyLoader(_StrictConstruction, yaml.SafeLoader):
+    """PyYAML's safe loader, in Python, with :class:`_StrictConstruction`: its messages are
+    the ones kdml shows for a file it cannot read."""
+
+
+# libyaml's parser (PyYAML's C one, where PyYAML was built with it) reads a run folder's
+# config.yaml about 8 times faster: a report reads hundreds of them. Only its parsing is C;
+# what it builds (_StrictConstruction, the resolver) is the same Python as _UniqueKeyLoader's.
+_C_PARSED = getattr(yaml, "__with_libyaml__", False)
+_C_PARSED_BASE: Any = yaml.CSafeLoader if _C_PARSED else yaml.SafeLoader
+
+
+class _CParsedLoader(_StrictConstruction, _C_PARSED_BASE):
+    """:class:`_UniqueKeyLoader` with libyaml's parser (PyYAML's own without libyaml)."""
+
+
+# PyYAML calls the function registered for a tag, not the method of the loader's class: both
+# loaders find these in _StrictConstruction's table (typed for a loader class's methods).
+_StrictConstruction.add_constructor(  # type: ignore[type-var]
+    "tag:yaml.org,2002:int", _StrictConstruction.construct_yaml_int)
+_StrictConstruction.add_constructor(  # type: ignore[type-var]
+    "tag:yaml.org,2002:float", _StrictConstruction.construct_yaml_float)
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` read as YAML by :class:`_UniqueKeyLoader`, parsed by libyaml where PyYAML has
+    it. Text libyaml does not read is read again in Python, whose error is raised: libyaml's
+    words for a problem differ from PyYAML's, and its line can be another."""
+    if _C_PARSED:
+        try:
+            return yaml.load(text, Loader=_CParsedLoader)  # noqa: S506 (a safe loader)
+        except yaml.YAMLError:
+            pass
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
 
 
 # The end of an ambiguous number's advice in a config file, where a text setting may hold it.
@@ -336,7 +369,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise KdmlError(f"config file {path} {why_missing(path, 'file')}")
     try:
-        values = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        values = _load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise KdmlError(f"config file {path} is not UTF-8 text; save it as a YAML file") from None
     except _AmbiguousNumber as error:
@@ -383,7 +416,7 @@ def override_value(config: RunConfig, key: str, item: str, text: str) -> Any:
 
 def _yaml_value(item: str, text: str) -> Any:
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader) if text.strip() else ""
+        return _load_yaml(text) if text.strip() else ""
     except _AmbiguousNumber as error:
         # an override read as YAML sets no text (a text setting's takes its text as written:
         # override_value), so quoting it would only be refused as the wrong type
@@ -430,10 +463,15 @@ def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def all_keys(config: RunConfig) -> list[str]:
-    keys = []
-    for section in SECTIONS:
-        keys += [f"{section}.{f.name}" for f in dataclasses.fields(getattr(config, section))]
-    return keys
+    return list(_keys_of_sections(tuple(type(getattr(config, section)) for section in SECTIONS)))
+
+
+# Cached: a report reads hundreds of run folders' configs, each resolving every key it holds
+# (the fields of the same seven dataclasses listed again for each key had been a tenth of it).
+@functools.cache
+def _keys_of_sections(section_types: tuple[type, ...]) -> tuple[str, ...]:
+    return tuple(f"{section}.{f.name}" for section, cls in zip(SECTIONS, section_types, strict=True)
+                 for f in dataclasses.fields(cls))
 
 
 def resolve_key(config: RunConfig, key: str) -> str:
@@ -558,7 +596,7 @@ def _text_to_yaml11(text: str) -> bool:
     if not (_YAML12_FLOAT.fullmatch(text) or _NOT_FINITE.fullmatch(text)):
         return False
     try:
-        return isinstance(yaml.load(text, Loader=_UniqueKeyLoader), str)
+        return isinstance(_load_yaml(text), str)
     except _AmbiguousNumber:  # '010' (octal to YAML 1.1), 5,000 digits: refused unquoted, so
         return False  # no text YAML 1.1 reads as a float: text here, as '10' is (a traceback)
 
@@ -755,9 +793,17 @@ def with_absolute_paths(config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, data=data, model=model)
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+def _field_types(cls: type) -> Mapping[str, Any]:
+    # cached: get_type_hints evaluates every string annotation again on each call (a quarter
+    # of the time of reading a run folder's config.yaml had gone to it)
+    if cls not in _FIELD_TYPES:
+        hints = typing.get_type_hints(cls)
+        _FIELD_TYPES[cls] = types.MappingProxyType(
+            {f.name: hints[f.name] for f in dataclasses.fields(cls)})
+    return _FIELD_TYPES[cls]
+
+
+_FIELD_TYPES: dict[type, Mapping[str, Any]] = {}
 
 
 def save_config(config: RunConfig, path: Path) -> None:
