@@ -292,18 +292,19 @@ def test_a_chain_of_float32_ties_beyond_reach_of_the_ranks_scored_is_not_searche
     points = centre + 2e-3 * rng.standard_normal((600, 8))
     labels = rng.integers(0, 3, size=600)  # R of about 200
     ks = (1, 4)
+    if metric == "cosine":  # each point on the unit sphere, once (was once a pair: 4x slower)
+        compared = [[float(v) / math.sqrt(sum(float(u) * float(u) for u in point))
+                     for v in point] for point in points]
+    else:
+        compared = [[float(v) for v in point] for point in points]
     rows = []
     for i in range(len(points)):
         keys = []
         for j in range(len(points)):
             if j == i:
                 continue
-            if metric == "cosine":
-                a = points[i] / np.sqrt(sum(v * v for v in points[i]))
-                b = points[j] / np.sqrt(sum(v * v for v in points[j]))
-            else:
-                a, b = points[i], points[j]
-            keys.append((sum((x - y) ** 2 for x, y in zip(a, b, strict=True)), j))
+            keys.append((sum((x - y) * (x - y) for x, y in zip(compared[i], compared[j],
+                                                                 strict=True)), j))
         keys.sort()
         hits = [labels[j] == labels[i] for _, j in keys]
         rows.append((hits, [False] * len(hits), sum(hits)))
