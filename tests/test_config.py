@@ -477,7 +477,8 @@ def test_libyaml_and_pyyaml_read_a_config_alike(text):
 
 
 @pytest.mark.parametrize("text", ["a: 1\n\tb: 2\n", "a: [1, 2\n", "a: 'open\n", "a: b: c\n",
-                                  "a: 1\na: 2\n", "seed: 010\n", "- a\nb: 1\n"])
+                                  "a: 1\na: 2\n", "seed: 010\n", "- a\nb: 1\n",
+                                  "a: \udcff\n"])  # an argument's byte that is not UTF-8
 def test_yaml_libyaml_does_not_read_is_refused_in_pyyaml_s_words(text):
     """libyaml's messages differ from PyYAML's: what it refuses is read again in Python,
     whose error (the one kdml's messages are written and tested for) is raised."""

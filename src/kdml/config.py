@@ -321,11 +321,13 @@ _StrictConstruction.add_constructor(  # type: ignore[type-var]
 def _load_yaml(text: str) -> Any:
     """``text`` read as YAML by :class:`_UniqueKeyLoader`, parsed by libyaml where PyYAML has
     it. Text libyaml does not read is read again in Python, whose error is raised: libyaml's
-    words for a problem differ from PyYAML's, and its line can be another."""
+    words for a problem differ from PyYAML's, and its line can be another; and it raises
+    UnicodeEncodeError, not YAML's error, for a lone surrogate (an argument's byte that is
+    not UTF-8)."""
     if _C_PARSED:
         try:
             return yaml.load(text, Loader=_CParsedLoader)  # noqa: S506 (a safe loader)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, UnicodeEncodeError):
             pass
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
 
