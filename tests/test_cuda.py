@@ -169,3 +169,21 @@ def test_the_prior_is_drawn_on_its_generator_s_device_and_moved_to_the_batch_s()
     on_gpu = mmd.sample_prior(5, like, generator=torch.Generator().manual_seed(7))
     on_cpu = mmd.sample_prior(5, like.cpu(), generator=torch.Generator().manual_seed(7))
     assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), on_cpu)
+
+
+def test_compiled_gpu_steps_train_as_the_eager_ones(tmp_path):
+    """train.compile=true with inductor, torch.compile's default (the CPU suite compiles the
+    step with aot_eager for its time): the first step's terms are the eager step's up to
+    fused float32 arithmetic, and the checkpoint keeps the method's parameter names."""
+    torch._dynamo.reset()
+    rows, keys = {}, {}
+    for name, extra in (("eager", []), ("compiled", ["train.compile=true"])):
+        out = tmp_path / name
+        assert cli.main(["train", "jrd", "--out", str(out), *RUN, "train.epochs=1",
+                         "train.steps_per_epoch=1", *extra]) == 0
+        rows[name] = json.loads((out / "metrics.json").read_text())["epochs"][0]
+        state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+        keys[name] = sorted(state["method"])
+    assert keys["compiled"] == keys["eager"]
+    for term in ("train/loss", "train/am_softmax", "train/regularizer"):
+        assert rows["compiled"][term] == pytest.approx(rows["eager"][term], rel=1e-4), term

@@ -392,8 +392,11 @@ def test_all_docstring_examples_run():
 
 
 def test_jrs_compiles_to_one_graph_that_is_not_recompiled():
-    """train.compile: JRS traces without a graph break and later calls reuse the graph."""
+    """train.compile: JRS traces without a graph break and later calls reuse the graph.
+    Compiled by inductor, torch.compile's default (test_trainer's whole step is not, for
+    its time)."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps them: another test's graphs counted
     jrs = JointRepresentationSimilarity([GaussianMixtureKernel(3), GaussianMixtureKernel(1)])
     compiled = torch.compile(jrs)
     generator = torch.Generator().manual_seed(0)
