@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from conftest import TINY_RUN
 
 from kdml import cli
 from kdml.training import recorder, trainer
@@ -55,7 +56,8 @@ def test_train_writes_the_run_folder(tmp_path, tiny_overrides, capsys):
 
 def test_a_seen_holdout_run_says_its_test_classes_were_seen(tmp_path, tiny_overrides, capsys):
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "data.split=seen-holdout",
-                   "--out", tmp_path / "run", "--no-progress", *tiny_overrides) == 0
+                   "--out", tmp_path / "run", "--no-progress", *tiny_overrides,
+                   "train.steps_per_epoch=2") == 0
     printed = capsys.readouterr().out
     assert "samples of the training classes, held out from training" in printed
 
@@ -64,7 +66,8 @@ def test_a_validation_run_scores_held_out_training_classes(tmp_path, tiny_overri
     """digits trains on classes 0-4; data.validation=0.4 trains on 0-2 and scores 3-4."""
     out = tmp_path / "run"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "data.validation=0.4",
-                   "--out", out, "--no-progress", *tiny_overrides, "data.batch_size=12") == 0
+                   "--out", out, "--no-progress", *tiny_overrides, "data.batch_size=12",
+                   "train.steps_per_epoch=2") == 0
     printed = capsys.readouterr().out
     assert ("test set: 364 validation samples of classes not seen in training, carved from the "
             "training part") in printed
@@ -86,16 +89,26 @@ def test_seed_makes_runs_repeatable(tmp_path, tiny_overrides):
     assert finals[0] == finals[1]
 
 
+INTERRUPTED_RUN = [*TINY_RUN, "train.epochs=3", "optim.lr_step=2"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+    """The run of INTERRUPTED_RUN trained without a stop, once for the module (read only)."""
+    full = tmp_path_factory.mktemp("uninterrupted") / "full"
+    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
+                   *INTERRUPTED_RUN) == 0
+    return full
+
+
 @pytest.mark.parametrize("crash_after", ["unscored.pt", "last.pt"])
-def test_resume_after_interruption_matches_uninterrupted(tmp_path, tiny_overrides, monkeypatch,
-                                                         crash_after):
+def test_resume_after_interruption_matches_uninterrupted(tmp_path, uninterrupted_run,
+                                                         monkeypatch, crash_after):
     """A kill after epoch 1's trained weights (unscored.pt) or its scored checkpoint (last.pt)
     was written: --resume ends bit for bit where the uninterrupted run ends (resuming from
     last.pt had been checked by no test: retraining its epoch went unseen)."""
-    overrides = [*tiny_overrides, "train.epochs=3", "optim.lr_step=2"]
-    full = tmp_path / "full"
-    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
-                   *overrides) == 0
+    overrides = INTERRUPTED_RUN
+    full = uninterrupted_run
 
     # Crash right after the first checkpoint of that name has been written.
     real_save = recorder.save_checkpoint
@@ -275,7 +288,7 @@ def test_bad_input_is_one_line(args, expected, capsys, tmp_path):
 def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out, "--no-progress",
-                   *tiny_overrides) == 0
+                   *tiny_overrides, "train.steps_per_epoch=2") == 0
     capsys.readouterr()
     checkpoint = out / "checkpoints" / "last.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
@@ -308,7 +321,7 @@ def test_a_grid_folder_given_as_a_run_names_one_of_its_cells(tmp_path, capsys):
 def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out,
-                   *tiny_overrides) == 0
+                   *tiny_overrides, "train.steps_per_epoch=2") == 0
     before = (out / "checkpoints" / "last.pt").read_bytes()
     capsys.readouterr()
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out,

@@ -115,7 +115,7 @@ def test_source_nn_accuracy_scores_source_classes_that_are_not_0_to_c():
 def test_sgd_with_per_epoch_decay_and_step_decay(tmp_path):
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "optim.name=sgd",
                     "optim.lr=0.1", "optim.lr_decay=0.5", "optim.lr_step=2",
-                    "optim.lr_gamma=0.1", "train.epochs=3")
+                    "optim.lr_gamma=0.1", "train.epochs=3", "train.steps_per_epoch=2")
     rates = [row["lr"] for row in metrics["epochs"]]
     assert rates == pytest.approx([0.1, 0.05, 0.1 * 0.1 * 0.25])
 
@@ -187,7 +187,7 @@ def test_a_config_built_in_python_is_checked_before_anything_is_written(tmp_path
 
 def test_tolerance_stops_early_and_resume_keeps_it_stopped(tmp_path):
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "train.tolerance=1e9",
-                    "train.epochs=5")
+                    "train.epochs=5", "train.steps_per_epoch=2")
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
     assert "recall@1" in metrics["final"]
     assert cli.main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
@@ -198,7 +198,7 @@ def test_tolerance_stops_early_and_resume_keeps_it_stopped(tmp_path):
 def test_a_finished_run_resumed_with_more_epochs_trains_them(tmp_path, capsys):
     """Raising train.epochs in a finished run's config.yaml trains the new epochs (as timm's
     and Lightning's resume do), instead of saying they are all trained."""
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=3")
     config = tmp_path / "run" / "config.yaml"
     settings = yaml.safe_load(config.read_text())
     settings["train"]["epochs"] = 2
@@ -214,7 +214,7 @@ def test_a_finished_run_resumed_with_more_epochs_trains_them(tmp_path, capsys):
     # depend on the length)
     direct = tmp_path / "direct"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(direct), *TINY,
-                     "train.epochs=2"]) == 0
+                     "train.epochs=2", "train.steps_per_epoch=3"]) == 0
     resumed, straight = (torch.load(folder / "checkpoints" / "last.pt", weights_only=True)
                          for folder in (tmp_path / "run", direct))
     assert all(torch.equal(resumed["method"][key], straight["method"][key])
@@ -227,7 +227,7 @@ def test_resume_refuses_a_config_edited_beyond_what_it_can_take(tmp_path, capsys
     back). Such edits are refused in one line naming the first; the settings a resumed run
     can take (train.epochs, and where and how fast it runs) still change; lowering
     train.epochs below the trained epochs says so."""
-    train(tmp_path, "jrd", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "jrd", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     trained = yaml.safe_load(config.read_text())
     edited = yaml.safe_load(config.read_text())
@@ -260,7 +260,7 @@ def test_resume_refuses_a_config_edited_beyond_what_it_can_take(tmp_path, capsys
 def test_resume_names_an_edit_that_changes_the_model_s_shape(tmp_path, capsys):
     """A new model.embedding_size cannot load the checkpoint: it had been named "another
     run's checkpoint", where the run's own config.yaml had been edited."""
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     edited = yaml.safe_load(config.read_text())
     edited["model"]["embedding_size"], edited["train"]["epochs"] = 16, 2
@@ -279,7 +279,7 @@ def test_resume_refuses_an_edited_config_before_reading_the_data(tmp_path, capsy
     (minutes on SOP), and a run of a kdml before data.json got its data.json written first."""
     from kdml.training import trainer
 
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     (run / "data.json").unlink()  # as a run made before kdml wrote one
     edited = yaml.safe_load(config.read_text())
@@ -309,7 +309,7 @@ def test_resume_names_another_dataset_or_split_as_an_edit_before_reading_the_dat
     checkpoint" or the edit's refusal; now the edit is named before the data is read."""
     from kdml.training import trainer
 
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     assert f"  {before}\n" in config.read_text()
     config.write_text(config.read_text().replace(f"  {before}\n", f"  {after}\n"))
@@ -337,7 +337,8 @@ def test_resume_of_a_config_leaving_eval_ks_to_the_data_is_not_refused(tmp_path)
     def config(epochs: int):
         return resolve_config(recipe.name, recipe.params, recipe.defaults, {}, [
             "data.dataset=digits", f"train.epochs={epochs}", "data.batch_size=40",
-            "model.embedding_size=8", "eval.nmi=false", "train.device=cpu"])
+            "model.embedding_size=8", "eval.nmi=false", "train.device=cpu",
+            "train.steps_per_epoch=2"])
 
     assert config(1).eval.ks == []
     trainer.train(config(1), tmp_path / "run", progress=False, echo=lambda line: None)
@@ -356,7 +357,7 @@ def test_train_says_where_it_trains_once_its_checks_pass(tmp_path, capsys):
     printed = capsys.readouterr()
     assert printed.err.rstrip().endswith("lower eval.ks, e.g. 'eval.ks=[1, 2]'"), printed.err
     assert "training" not in printed.out and not out.exists()
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
     lines = capsys.readouterr().out.splitlines()
     said = [line for line in lines if line.startswith("training amsoftmax on digits into ")]
     assert said == [f"training amsoftmax on digits into {out}"]
@@ -396,7 +397,7 @@ def test_a_pca_run_is_loaded_where_its_fit_would_not_fit(tmp_path, capsys, monke
 
 
 def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys):
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1")
+    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
     run = tmp_path / "run"
     (run / "plots" / "loss.png").write_text("my notes")
     config = run / "config.yaml"
@@ -416,7 +417,7 @@ def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys)
 @pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml"])
 def test_dtml_recipes_on_a_domain_pair(tmp_path, recipe):
     metrics = train(tmp_path, recipe, "--dataset", "mnist5k->digits", "method.k1=2",
-                    "method.k2=3", "data.samples_per_class=4")
+                    "method.k2=3", "data.samples_per_class=4", "train.steps_per_epoch=2")
     final = metrics["final"]
     assert 0.0 <= final["source_nn_accuracy"] <= 1.0 and "recall@1" in final
     assert "train/d_ts" in metrics["epochs"][-1]
@@ -451,7 +452,8 @@ def test_domain_mmd_composes_with_any_recipe(tmp_path):
     from kdml.training.recipes import get_recipe
 
     domain = ["domain.beta=0.5", "domain.kernel=gaussian"]
-    metrics = train(tmp_path, "jrd", "--dataset", "mnist5k->digits", *domain)
+    metrics = train(tmp_path, "jrd", "--dataset", "mnist5k->digits", *domain,
+                    "train.steps_per_epoch=2")
     assert "train/d_ts" in metrics["epochs"][-1]
     assert "source_nn_accuracy" in metrics["final"]
 
@@ -500,7 +502,8 @@ def test_training_leaves_the_global_generators_untouched(tmp_path):
 
     torch_state, numpy_state = torch.random.get_rng_state(), np.random.get_state()[1].copy()
     train(tmp_path, "mtriplet", "--dataset", "digits", "data.batch_size=20",
-          "data.samples_per_class=4", "method.n_charts=2", "data.num_workers=2")
+          "data.samples_per_class=4", "method.n_charts=2", "data.num_workers=2",
+          "train.steps_per_epoch=3")
     assert torch.equal(torch.random.get_rng_state(), torch_state)
     assert np.array_equal(np.random.get_state()[1], numpy_state)
 
@@ -508,7 +511,7 @@ def test_training_leaves_the_global_generators_untouched(tmp_path):
 def test_seen_holdout_split_of_a_dataset_with_its_own_split(tmp_path):
     """data.split=seen-holdout pools the dataset's parts and holds out samples of every class."""
     metrics = train(tmp_path, "amsoftmax", "--dataset", "digits", "data.split=seen-holdout",
-                    "data.holdout_fraction=0.3")
+                    "data.holdout_fraction=0.3", "train.steps_per_epoch=2")
     assert "linear_accuracy" in metrics["final"]
 
 
@@ -699,13 +702,15 @@ def test_a_pooling_the_backbone_does_not_use_is_named(tmp_path, tiny_overrides, 
     saved in config.yaml and left unused, silently."""
     out = tmp_path / "max"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     "--no-progress", *tiny_overrides, "model.pooling=max"]) == 0
+                     "--no-progress", *tiny_overrides, "model.pooling=max",
+                     "train.steps_per_epoch=2"]) == 0
     warned = ("model.pooling=max is not used by backbone 'cnn': it pools the feature maps of "
               "bninception, timm and torchvision backbones only")
     assert f"kdml: warning: {warned}" in capsys.readouterr().err
     assert warned in (out / "train.log").read_text()
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
-                     str(tmp_path / "avg"), "--no-progress", *tiny_overrides]) == 0
+                     str(tmp_path / "avg"), "--no-progress", *tiny_overrides,
+                     "train.steps_per_epoch=2"]) == 0
     assert "model.pooling" not in capsys.readouterr().err
 
 
@@ -744,7 +749,7 @@ def test_resume_refuses_someone_else_s_metrics_file_before_training(tmp_path, ti
     run): --resume checks before its first epoch."""
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run),
-                     "--no-progress", *tiny_overrides]) == 0
+                     "--no-progress", *tiny_overrides, "train.steps_per_epoch=2"]) == 0
     config = run / "config.yaml"
     assert "  epochs: 2\n" in config.read_text()
     config.write_text(config.read_text().replace("  epochs: 2\n", "  epochs: 3\n"))
@@ -762,12 +767,14 @@ def test_an_embedding_size_that_sizes_nothing_is_named(tmp_path, tiny_overrides,
     given to them (tiny_overrides give 8) had been saved and left unused, silently."""
     out = tmp_path / "atlas"
     assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
-                     "--no-progress", *tiny_overrides, "method.n_charts=2"]) == 0
+                     "--no-progress", *tiny_overrides, "method.n_charts=2",
+                     "train.steps_per_epoch=2"]) == 0
     warned = ("model.embedding_size=8 does not size mtriplet's embedding: method.dim does")
     assert f"kdml: warning: {warned}" in capsys.readouterr().err
     assert warned in (out / "train.log").read_text()
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
-                     str(tmp_path / "sized"), "--no-progress", *tiny_overrides]) == 0
+                     str(tmp_path / "sized"), "--no-progress", *tiny_overrides,
+                     "train.steps_per_epoch=2"]) == 0
     assert "does not size" not in capsys.readouterr().err
 
 
@@ -779,7 +786,7 @@ def test_a_trained_run_loads_whatever_the_checks_before_training_now_refuse(tmp_
     out = tmp_path / "atlas"
     assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "method.n_charts=2",
-                     "train.epochs=1"]) == 0
+                     "train.epochs=1", "train.steps_per_epoch=2"]) == 0
     config = out / "config.yaml"
     config.write_text(config.read_text().replace("metric: euclidean", "metric: cosine"))
     assert "metric: cosine" in config.read_text()
@@ -1381,7 +1388,7 @@ def test_a_run_converged_on_its_last_epoch_trains_no_further_when_epochs_are_rai
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "train.epochs=2",
-                     "train.tolerance=1e6"]) == 0
+                     "train.tolerance=1e6", "train.steps_per_epoch=2"]) == 0
     assert "stopping after epoch 2: converged" in (out / "train.log").read_text()
     config = yaml.safe_load((out / "config.yaml").read_text())
     config["train"]["epochs"] = 3
@@ -1404,7 +1411,7 @@ def test_a_resumed_run_takes_its_weights_from_its_checkpoint_not_from_model_weig
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "train.epochs=1", "--weights",
-                     str(weights)]) == 0
+                     str(weights), "train.steps_per_epoch=2"]) == 0
     assert f"from {weights}" in capsys.readouterr().out
     # the load's line is kept with the run, not only printed
     assert re.search(rf"model\.weights: loaded \d+ tensors from {re.escape(str(weights))}",
@@ -1423,7 +1430,8 @@ def test_a_finished_run_resumed_with_fewer_epochs_logs_the_epochs_it_trained(
     2."""
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     "--no-progress", *tiny_overrides, "train.epochs=2"]) == 0
+                     "--no-progress", *tiny_overrides, "train.epochs=2",
+                     "train.steps_per_epoch=2"]) == 0
     config = out / "config.yaml"
     config.write_text(config.read_text().replace("epochs: 2", "epochs: 1"))
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
@@ -1432,13 +1440,13 @@ def test_a_finished_run_resumed_with_fewer_epochs_logs_the_epochs_it_trained(
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2
 
 
-def test_an_unknown_key_in_a_run_s_config_yaml_names_the_file(tmp_path, tiny_overrides,
-                                                              capsys):
+def test_an_unknown_key_in_a_run_s_config_yaml_names_the_file(tmp_path, trained_run, capsys):
     """The refusal had read as one of a command's own inputs: "unknown config key
     'train.foo' for recipe 'amsoftmax'", with no word of which file held it."""
+    import shutil
+
     out = tmp_path / "run"
-    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     "--no-progress", *tiny_overrides, "train.epochs=1"]) == 0
+    shutil.copytree(trained_run, out)  # the tiny run trained for 1 epoch (conftest)
     config = out / "config.yaml"
     config.write_text(config.read_text().replace("train:\n", "train:\n  foo: 1\n"))
     capsys.readouterr()
