@@ -690,6 +690,28 @@ def test_a_report_written_with_an_experiment_that_could_not_run_exits_1(tmp_path
     assert report.read_text() == written
 
 
+@pytest.fixture(scope="module")
+def tiny_jrd_runs(tmp_path_factory) -> Path:
+    """The runs of ``reproduce(_tiny_experiments()[:2], 1, runs, "cpu")``, trained once for
+    the tests that break a copy of their files (``reusing`` copies them)."""
+    runs = tmp_path_factory.mktemp("tiny-jrd") / "runs"
+    results = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
+                        echo=lambda line: None)
+    assert not any(result.error for result in results)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def tiny_charts_runs(tmp_path_factory) -> Path:
+    """The runs of ``reproduce([_tiny_experiments()[2]], 1, runs, "cpu")`` (its chart plot
+    kept with the run's records), trained once for the tests that break a copy of them."""
+    runs = tmp_path_factory.mktemp("tiny-charts") / "runs"
+    (result,) = reproduce([_tiny_experiments()[2]], 1, runs, "cpu", progress=False,
+                          echo=lambda line: None)
+    assert not result.error
+    return runs
+
+
 def _errors_after(breaking: Path, text: str, runs: Path) -> dict[str, str]:
     """Each tiny JRD experiment's error once ``breaking`` (a file kdml wrote) holds ``text``."""
     kept = breaking.read_text()
@@ -702,10 +724,11 @@ def _errors_after(breaking: Path, text: str, runs: Path) -> dict[str, str]:
     return {result.experiment.key: result.error for result in results}
 
 
-def test_hand_broken_run_files_give_one_line_errors(tmp_path):
+def test_hand_broken_run_files_give_one_line_errors(tmp_path, tiny_jrd_runs):
     """A run file that kdml wrote but a hand edit broke stops its experiments with a one-line
     message naming the file, never a traceback, and the other experiments go on."""
     runs = tmp_path / "runs"
+    shutil.copytree(tiny_jrd_runs, runs)  # the same runs, trained once for the module
     first = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
                       echo=lambda line: None)
     run_dir = first[0].cells["alpha = 1"].run_dirs[0]
@@ -1849,12 +1872,14 @@ def _count_training(monkeypatch) -> list[float]:
     return trained
 
 
-def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_why(tmp_path):
+def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_why(
+        tmp_path, tiny_charts_runs):
     """A corrupt checkpoint stopped the whole table of an experiment that draws chart plots
     ("could not run: ..."), although its numbers are in the run records: only the plot needs
     the model, so the report says why it is not drawn, as for a missing checkpoint."""
     charts = _tiny_experiments()[2]
     runs = tmp_path / "runs"
+    shutil.copytree(tiny_charts_runs, runs)  # the same run, trained once for the module
     first = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
     assert not first[0].error
     (run_dir,) = first[0].cells["MTriplet"].run_dirs
@@ -1875,10 +1900,12 @@ def test_a_chart_plot_whose_checkpoint_will_not_load_leaves_the_table_and_says_w
     assert checkpoint.read_bytes() == b"not a checkpoint"  # kept as it was, for the user
 
 
-def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_replaced(tmp_path):
+def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_replaced(tmp_path,
+                                                                          tiny_charts_runs):
     """The chart plot kept with a run's records goes where nothing of the user's may be."""
     charts = _tiny_experiments()[2]
     runs = tmp_path / "runs"
+    shutil.copytree(tiny_charts_runs, runs)  # the same run, trained once for the module
     first = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
     (run_dir,) = first[0].cells["MTriplet"].run_dirs
     record = run_dir / CHARTS_RECORD
@@ -2354,9 +2381,11 @@ def test_the_chart_plot_is_the_first_finished_seed_s_and_none_of_diverged_ones(t
             in write_report([result], tmp_path / "report.md", context).read_text())
 
 
-def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_shown(tmp_path):
+def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_shown(tmp_path,
+                                                                       tiny_charts_runs):
     charts = _tiny_experiments()[2]
     runs = tmp_path / "runs"
+    shutil.copytree(tiny_charts_runs, runs)  # the same run, trained once for the module
     first = reproduce([charts], 1, runs, "cpu", progress=False, echo=lambda line: None)
     (run_dir,) = first[0].cells["MTriplet"].run_dirs
     for checkpoint in run_dir.rglob("*.pt"):
@@ -2367,8 +2396,9 @@ def test_a_file_of_the_users_where_the_chart_plot_is_kept_is_not_shown(tmp_path)
     assert cell.charts is None and "no checkpoint to draw its charts" in cell.charts_missing
 
 
-def test_a_protocol_file_s_boolean_is_not_a_number(tmp_path):
+def test_a_protocol_file_s_boolean_is_not_a_number(tmp_path, tiny_jrd_runs):
     runs = tmp_path / "runs"
+    shutil.copytree(tiny_jrd_runs, runs)  # the same runs, trained once for the module
     first = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
                       echo=lambda line: None)
     run_dir = first[0].cells["alpha = 1"].run_dirs[0]

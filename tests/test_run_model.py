@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +35,35 @@ def train(tmp_path, name, recipe, dataset, *overrides):
     return run
 
 
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory) -> Path:
+    """``train(tmp_path, "run", "amsoftmax", "digits")``, trained once for the tests that read
+    that very run (those that change it work on a copy: ``own_copy``)."""
+    return train(tmp_path_factory.mktemp("digits"), "run", "amsoftmax", "digits")
+
+
+@pytest.fixture(scope="module")
+def validated_run(tmp_path_factory) -> Path:
+    """``train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4",
+    "train.keep_best=true")``, trained once (a test that changes it works on a copy)."""
+    return train(tmp_path_factory.mktemp("validated"), "run", "amsoftmax", "digits",
+                 "data.validation=0.4", "train.keep_best=true")
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory) -> Path:
+    """A run on ``make_image_folder(tmp_path, classes=4, per_class=4, size=32)`` with
+    ``FOLDER``, trained once for the tests that only read it."""
+    root = tmp_path_factory.mktemp("files")
+    folder = make_image_folder(root, classes=4, per_class=4, size=32)
+    return train(root, "run", "amsoftmax", f"folder:{folder}", *FOLDER)
+
+
+def own_copy(run: Path, tmp_path: Path) -> Path:
+    """A copy of one of the module's runs at ``tmp_path / "run"``, for a test to change."""
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
 def embedded(model, inputs: torch.Tensor) -> torch.Tensor:
     """What ``model`` makes of ``inputs`` (chart codes for an Atlas run), as kdml embeds."""
     model.method.eval()
@@ -46,25 +76,23 @@ def embedded(model, inputs: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", ["images", "validated", "atlas", "files", "domain pair"])
-def test_the_run_folder_alone_rebuilds_the_model_its_data_builds(tmp_path, kind):
+def test_the_run_folder_alone_rebuilds_the_model_its_data_builds(tmp_path, kind, request):
     """The model, its input pipeline and what it makes of test samples are those load_run
     builds from the data: digits' float images, a validated run's (its training classes less
     the validation ones), an Atlas run's chart heads, decoded files (resize, then crop; three
     channels) and a domain pair's PCA features (domain.beta wraps the method)."""
-    if kind == "files":
-        folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
-        run = train(tmp_path, "run", "amsoftmax", f"folder:{folder}", *FOLDER)
+    if kind == "files":  # read only: the module's run of the same command
+        run = request.getfixturevalue("folder_run")
     elif kind == "atlas":
         run = train(tmp_path, "run", "mtriplet", "digits", "method.n_charts=3",
                     "data.batch_size=20", "data.samples_per_class=4")
     elif kind == "domain pair":
         run = train(tmp_path, "run", "triplet", "mnist5k->digits", "domain.beta=0.5",
                     "data.batch_size=20", "data.samples_per_class=4")
-    elif kind == "validated":  # and its best.pt is rebuilt alike
-        run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4",
-                    "train.keep_best=true")
-    else:
-        run = train(tmp_path, "run", "amsoftmax", "digits")
+    elif kind == "validated":  # and its best.pt is rebuilt alike (the module's run, read only)
+        run = request.getfixturevalue("validated_run")
+    else:  # read only: the module's run of the same command
+        run = request.getfixturevalue("digits_run")
     best = kind == "validated"
     trained, model = load_run(run, best=best), load_model(run, best=best)
     assert not isinstance(model, TrainedRun)  # no data read
@@ -86,15 +114,14 @@ def test_the_run_folder_alone_rebuilds_the_model_its_data_builds(tmp_path, kind)
         kind, 5)
 
 
-def test_the_record_says_what_the_model_takes(tmp_path):
+def test_the_record_says_what_the_model_takes(digits_run, folder_run):
     """Digits (8 x 8 float images in [0, 1], 5 training classes, class-disjoint) and a folder
     of JPEGs (decoded to three channels at data.resize) as data.json records them."""
-    run = train(tmp_path, "digits", "amsoftmax", "digits")
+    run = digits_run
     assert json.loads((run / "data.json").read_text())[FIELD] == {
         "sample_shape": [1, 8, 8], "is_file_backed": False, "holds_pixels": True,
         "float_dtype": "float32", "default_backbone": "cnn", "train_classes": 5}
-    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
-    run = train(tmp_path, "files", "amsoftmax", f"folder:{folder}", *FOLDER)
+    run = folder_run
     record = json.loads((run / "data.json").read_text())[FIELD]
     assert (record["sample_shape"], record["is_file_backed"], record["holds_pixels"]) == (
         [3, 36, 36], True, False)
@@ -130,8 +157,8 @@ def test_uint8_samples_of_other_than_one_or_three_channels_are_not_pixels(channe
     ("default_backbone", "", "model_input.default_backbone is ''"),
     (None, None, "its model_input is not kdml's record of the fields default_backbone"),
 ])
-def test_a_damaged_record_is_refused_in_one_line(tmp_path, capsys, field, value, words):
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+def test_a_damaged_record_is_refused_in_one_line(tmp_path, digits_run, capsys, field, value, words):
+    run = own_copy(digits_run, tmp_path)
     assert kdml("index", run, "--out", tmp_path / "index") == 0
     path = run / "data.json"
     recorded = json.loads(path.read_text())
@@ -171,11 +198,11 @@ def test_another_dataset_is_embedded_without_the_run_s_data(tmp_path, capsys):
     assert "whose folder does not exist now" in capsys.readouterr().err
 
 
-def test_resuming_a_run_without_the_record_adds_it(tmp_path):
+def test_resuming_a_run_without_the_record_adds_it(tmp_path, digits_run):
     """A run whose data.json predates the record gets it when it is resumed (its data checked
     against the fingerprint first; here a finished run, with nothing left to train), and is
     then rebuilt without its data."""
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+    run = own_copy(digits_run, tmp_path)
     path = run / "data.json"
     recorded = json.loads(path.read_text())
     path.write_text(json.dumps({key: value for key, value in recorded.items() if key != FIELD}))
@@ -185,8 +212,8 @@ def test_resuming_a_run_without_the_record_adds_it(tmp_path):
     assert not isinstance(load_model(run), TrainedRun)
 
 
-def test_a_checkpoint_that_does_not_fit_the_record_is_refused(tmp_path):
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+def test_a_checkpoint_that_does_not_fit_the_record_is_refused(tmp_path, digits_run):
+    run = own_copy(digits_run, tmp_path)
     path = run / "data.json"
     recorded = json.loads(path.read_text())
     recorded[FIELD]["train_classes"] = 7
@@ -336,7 +363,7 @@ def test_thefirst_mismatch_of_the_weights_is_named():
 
 
 def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_asked(
-        tmp_path, monkeypatch):
+        tmp_path, validated_run, monkeypatch):
     """load_model loads a run without the record from its data (load_run), best.pt with best
     as load_run loads it, not last.pt; so too a run of data.pca_dim whose checkpoint, of a
     kdml before it kept the PCA, has none (fitted again on the run's data)."""
@@ -344,8 +371,7 @@ def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_aske
 
     import kdml.training.loading as loading
 
-    run = train(tmp_path, "run", "amsoftmax", "digits", "data.validation=0.4",
-                "train.keep_best=true")
+    run = own_copy(validated_run, tmp_path)
     path = run / "data.json"
     recorded = json.loads(path.read_text())
     path.write_text(json.dumps({key: value for key, value in recorded.items() if key != FIELD}))
@@ -359,12 +385,12 @@ def test_a_run_without_the_record_is_loaded_from_its_data_at_the_checkpoint_aske
     assert load_model(run, best=True) is True and load_model(run) is False
 
 
-def test_the_model_is_put_on_the_device_its_embedder_embeds_on(tmp_path, monkeypatch):
+def test_the_model_is_put_on_the_device_its_embedder_embeds_on(tmp_path, digits_run, monkeypatch):
     """load_run and load_model move the method to the embedder's device (a GPU's; here
     torch's meta device stands for one, so that a model left on the CPU fails on CPUs too)."""
     import kdml.training.loading as loading
 
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+    run = own_copy(digits_run, tmp_path)
     monkeypatch.setattr(loading, "run_device", lambda device, trained: torch.device("meta"))
     for load in (load_model, load_run):
         model = load(run)
@@ -375,11 +401,11 @@ def test_the_model_is_put_on_the_device_its_embedder_embeds_on(tmp_path, monkeyp
 @pytest.mark.parametrize(("field", "value", "kind"), [
     ("config", "amsoftmax", "str"), ("method", [1, 2], "list"), ("history", {}, "dict"),
     ("optimizer", 3, "int")])
-def test_a_checkpoint_with_a_field_of_another_type_is_damaged_in_one_line(tmp_path, capsys,
-                                                                          field, value, kind):
+def test_a_checkpoint_with_a_field_of_another_type_is_damaged_in_one_line(
+        tmp_path, digits_run, capsys, field, value, kind):
     """The keys were checked, not their types: a 'config' that is no mapping stopped kdml eval
     with an AttributeError traceback, a 'method' that is no state dict with a TypeError."""
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+    run = own_copy(digits_run, tmp_path)
     last = run / "checkpoints" / "last.pt"
     torch.save({**torch.load(last, weights_only=True), field: value}, last)
     capsys.readouterr()
@@ -389,11 +415,11 @@ def test_a_checkpoint_with_a_field_of_another_type_is_damaged_in_one_line(tmp_pa
         "writes; delete it and train again\n")
 
 
-def test_a_checkpoint_lacking_a_tensor_of_the_model_is_refused_naming_it(tmp_path):
+def test_a_checkpoint_lacking_a_tensor_of_the_model_is_refused_naming_it(tmp_path, digits_run):
     """A run's model loads its checkpoint strictly: one that lacks a tensor (here the class
     proxies) is refused naming it, not loaded with the tensor left at its random
     initialisation (a load with strict=False had passed every test)."""
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+    run = own_copy(digits_run, tmp_path)
     path = run / "checkpoints" / "last.pt"
     state = torch.load(path, weights_only=True)
     del state["method"]["head.proxies"]
@@ -403,11 +429,11 @@ def test_a_checkpoint_lacking_a_tensor_of_the_model_is_refused_naming_it(tmp_pat
         load_model(run)
 
 
-def test_a_resumed_run_whose_checkpoint_lacks_a_tensor_is_refused(tmp_path, capsys):
+def test_a_resumed_run_whose_checkpoint_lacks_a_tensor_is_refused(tmp_path, digits_run, capsys):
     """--resume loads the checkpoint strictly too: one without the class proxies is refused
     in one line, not resumed with fresh random proxies (a load with strict=False had passed
     every test)."""
-    run = train(tmp_path, "run", "amsoftmax", "digits")
+    run = own_copy(digits_run, tmp_path)
     path = run / "checkpoints" / "last.pt"
     state = torch.load(path, weights_only=True)
     del state["method"]["head.proxies"]
