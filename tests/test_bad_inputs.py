@@ -492,7 +492,7 @@ def test_resume_with_a_checkpoint_of_another_recipe_or_shape(tmp_path, capsys, f
     assert err.endswith("or the checkpoint belongs to another run")
     triplet = tmp_path / "triplet"
     assert cli.main(["train", "triplet", "--dataset", "digits", "--out", str(triplet),
-                     *TINY]) == 0
+                     *TINY, "train.steps_per_epoch=1"]) == 0
     (triplet / "checkpoints" / "last.pt").write_bytes(
         (finished_run / "checkpoints" / "last.pt").read_bytes())
     assert "'amsoftmax' run" in refused(tmp_path, capsys, "train", "--resume", triplet)
@@ -1075,21 +1075,19 @@ def test_a_pca_dimension_too_large_names_data_pca_dim(tmp_path, capsys):
                    "samples and features in digits->mnist5k; lower it")
 
 
-def test_a_removed_checkpoint_is_not_said_never_to_have_been_trained(tmp_path, capsys):
+def test_a_removed_checkpoint_is_not_said_never_to_have_been_trained(capsys, finished_run):
     """A run whose last.pt was removed after epoch 1 was said to have never finished one."""
-    run = tmp_path / "run"
-    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
-                     "train.epochs=1", "train.steps_per_epoch=1"]) == 0
+    run = finished_run  # a copy of the module's one-epoch run, trained as TINY says
     (run / "checkpoints" / "last.pt").unlink()
     # finished: its scores are there (as in records kept without checkpoints, results/)
-    err = refused(tmp_path, capsys, "eval", run)
+    err = refused(run.parent, capsys, "eval", run)
     assert err == (f"kdml: error: no checkpoint at {run / 'checkpoints' / 'last.pt'}: the run "
                    "finished (its scores are in metrics.json) but its checkpoint was removed; "
                    f"'kdml train --resume {run}' trains it again from epoch 1")
     # not finished: as a run stopped in its second epoch, whose first checkpoint was removed
     metrics = json.loads((run / "metrics.json").read_text())
     (run / "metrics.json").write_text(json.dumps({**metrics, "final": None}))
-    err = refused(tmp_path, capsys, "eval", run)
+    err = refused(run.parent, capsys, "eval", run)
     assert err == (f"kdml: error: no checkpoint at {run / 'checkpoints' / 'last.pt'}: the run "
                    "has not finished an epoch (or the file was removed); train it with "
                    f"'kdml train --resume {run}'")
@@ -1181,20 +1179,20 @@ def test_training_without_faiss_stops_before_its_run_folder(tmp_path):
     assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
-def test_an_index_that_outgrows_the_disk_is_one_line_and_leaves_nothing(tmp_path):
+def test_an_index_that_outgrows_the_disk_is_one_line_and_leaves_nothing(tmp_path,
+                                                                         trained_run):
     """faiss's own file writer raised a full disk (here a file size limit, RLIMIT_FSIZE:
     EFBIG, as ENOSPC) as "RuntimeError: Error in void faiss::write_index(...): write error in
     .../index.faiss", a traceback and exit 1; it is one line naming --out, exit 2."""
-    run = tmp_path / "run"
-    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
-                     "--no-progress", "train.steps_per_epoch=1"]) == 0
+    before = snapshot(trained_run)
     index = tmp_path / "index"
     done = _main_in_a_new_python(
         "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))",
-        ["index", str(run), "--out", str(index), "--no-progress"])
+        ["index", str(trained_run), "--out", str(index), "--no-progress"])
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"kdml: error: {index}: File too large; fix it or choose another path\n"
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]  # no partial folder
+    assert list(tmp_path.iterdir()) == []  # no partial folder
+    assert snapshot(trained_run) == before  # the module's run, read only
 
 
 def _fails_to_allocate(error: BaseException):

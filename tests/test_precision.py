@@ -308,14 +308,26 @@ def _bf16_run(tmp_path, monkeypatch=None):
     return out, scoring
 
 
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory):
+    """One _bf16_run with its scoring recorded, shared by the tests that only read the run
+    (each works on a copy of it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        return _bf16_run(tmp_path_factory.mktemp("bf16"), patch)
+
+
 def test_a_bf16_run_scores_in_float32_on_the_cpu_in_training_and_in_kdml_eval(
-        tmp_path, monkeypatch):
+        tmp_path, bf16_run):
     """Training scored in bf16 autocast, 12 to 15 times slower than float32 here; so would
     kdml eval & co. (it read a GPU run on a CPU in bf16). One rule for both keeps kdml eval's
     scores training's."""
+    import shutil
+
     from kdml.training.loading import load_model, load_run
 
-    run, scoring = _bf16_run(tmp_path, monkeypatch)
+    shared, scoring = bf16_run
+    run = tmp_path / "run"
+    shutil.copytree(shared, run)  # kdml eval writes eval.json into it
     assert scoring and not any(scoring)
     assert cli.main(["eval", str(run), "--no-progress"]) == 0
     trained, evaluated = (json.loads((run / name).read_text())
@@ -325,10 +337,11 @@ def test_a_bf16_run_scores_in_float32_on_the_cpu_in_training_and_in_kdml_eval(
     assert load_model(run).embedder.precision == "fp32"
 
 
-def test_a_query_is_embedded_under_the_autocast_of_the_index_s_items(tmp_path):
+def test_a_query_is_embedded_under_the_autocast_of_the_index_s_items(tmp_path, bf16_run):
     """kdml search had embedded image and 'inputs' queries in float32 whatever the items'
     autocast: 5e-3 away from the same items of a bf16 run here."""
     import dataclasses
+    import shutil
 
     import numpy as np
 
@@ -336,7 +349,8 @@ def test_a_query_is_embedded_under_the_autocast_of_the_index_s_items(tmp_path):
     from kdml.inspection.queries import _embedded_queries
     from kdml.training.loading import load_run
 
-    run, _ = _bf16_run(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(bf16_run[0], run)
     loaded = load_run(run)
     loaded.embedder = dataclasses.replace(loaded.embedder, precision="bf16")  # a GPU's
     items = embed_part(loaded, run_part(loaded))
