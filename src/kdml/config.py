@@ -318,7 +318,8 @@ _StrictConstruction.add_constructor(  # type: ignore[type-var]
     "tag:yaml.org,2002:float", _StrictConstruction.construct_yaml_float)
 
 
-# Characters that are in none of the config.yaml files kdml writes
+# Characters around which libyaml reads some text otherwise than PyYAML (see _load_yaml);
+# none of them is in a config.yaml kdml writes, whose reading keeps libyaml's speed
 _PARSED_OTHERWISE_BY_LIBYAML = frozenset("\t\r?!%|")
 
 
