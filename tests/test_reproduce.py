@@ -693,7 +693,7 @@ def test_a_report_written_with_an_experiment_that_could_not_run_exits_1(tmp_path
 @pytest.fixture(scope="module")
 def tiny_jrd_runs(tmp_path_factory) -> Path:
     """The runs of ``reproduce(_tiny_experiments()[:2], 1, runs, "cpu")``, trained once for
-    the tests that break a copy of their files (``reusing`` copies them)."""
+    the tests that break a copy of their files (each test copies them)."""
     runs = tmp_path_factory.mktemp("tiny-jrd") / "runs"
     results = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
                         echo=lambda line: None)

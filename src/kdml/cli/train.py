@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress, _say, _stop_code
-from kdml.errors import KdmlError, LocalError, QuietExit
+from kdml.errors import KdmlError, LocalError, QuietExit, counted
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -173,8 +173,8 @@ def _train_grid(recipe: Recipe, file_values: dict, overrides: list[str],
 
     distributed.from_main(check_cells_settings)
 
-    runs = "1 run" if len(cells) == 1 else f"{len(cells)} runs"
-    _say(f"grid of {runs} of {recipe.name} on {configs[0].data.dataset} into {root}")
+    _say(f"grid of {counted(len(cells), 'run')} of {recipe.name} on {configs[0].data.dataset} "
+         f"into {root}")
     finals: list[dict[str, float]] = []
     diverged: list[str] = []
     # the command that goes on in this folder: without --out, the same command makes another
@@ -395,9 +395,8 @@ def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
     _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
                                       overrides, keys)
     cells, configs = _grid_configs(recipe, file_values, overrides)
-    runs = "1 run" if len(cells) == 1 else f"{len(cells)} runs"
-    return (f"# {file} holds a grid of {runs} over {', '.join(keys)}, one per "
-            f"cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
+    return (f"# {file} holds a grid of {counted(len(cells), 'run')} over {', '.join(keys)}, "
+            f"one per cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
 
 
 def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
