@@ -1,8 +1,10 @@
 """The data path: datasets, splits, seeded samplers, loaders and the batch transforms."""
 
 import json
+import multiprocessing
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -911,6 +913,68 @@ def test_a_worker_still_reports_its_other_errors(monkeypatch):
     for kind in (BrokenPipeError, ConnectionResetError, EOFError, ValueError, MemoryError):
         sys.excepthook(kind, kind(), None)
     assert reported == [ValueError, MemoryError]
+
+
+def _read_a_shared_event(event, reading, stopped) -> None:
+    """A stand-in for a loader worker: as torch's worker loop does once a batch, it reads the
+    shared "workers done" event, over and over, and takes ``KeyboardInterrupt`` as its end
+    (``stopped``); then it waits, for the second kill."""
+    from kdml.data.loaders import set_up_worker
+
+    set_up_worker(0)
+    reading.set()
+    try:
+        while True:
+            event.is_set()
+    except KeyboardInterrupt:
+        stopped.set()
+    while True:
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
+                    reason="forks a process, as torch's loader starts its workers on Linux")
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_stopped_loader_worker_leaves_the_shared_event_free_and_a_second_stop_ends_it(stop):
+    """A kill of the process group (SLURM, systemd; Ctrl-C in a terminal) reaches the loader's
+    workers with the main process. A worker that died of it, or raised KeyboardInterrupt,
+    while it held the lock of torch's shared "workers done" event left that lock taken, and the
+    main process, stopping too, waited forever to set the event (kdml's test of a kill hung
+    after "kdml: terminated"). A worker now stops outside that lock; a second signal ends it."""
+    import signal
+    import threading
+
+    from kdml.data.loaders import set_up_worker
+
+    dataset = ArrayDataset("toy", "toy", torch.randn(4, 2), torch.arange(4) % 2)
+    assert batch_loader(dataset, [[0, 1]], num_workers=1).worker_init_fn is set_up_worker
+    fork = multiprocessing.get_context("fork")
+    # three workers, as a leak needs the signal to land in the few instructions of a read
+    events = [(fork.Event(), fork.Event(), fork.Event()) for _ in range(3)]
+    workers = [fork.Process(target=_read_a_shared_event, args=shared, daemon=True)
+               for shared in events]
+    for worker in workers:
+        worker.start()
+    try:
+        for _, reading, _ in events:
+            assert reading.wait(60), "the worker did not start"
+        time.sleep(0.05)  # into their loops of reads
+        for worker in workers:
+            os.kill(worker.pid, getattr(signal, stop))
+        for worker, (event, _, stopped) in zip(workers, events, strict=True):
+            assert stopped.wait(60), f"the first {stop} did not stop the worker's loop"
+            setting = threading.Thread(target=event.set, daemon=True)  # as the main process
+            setting.start()
+            setting.join(30)
+            assert not setting.is_alive(), "the stopped worker left the event's lock taken"
+            os.kill(worker.pid, getattr(signal, stop))
+            worker.join(60)
+            assert worker.exitcode == -getattr(signal, stop)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
 
 
 def test_an_unknown_bad_image_policy_and_a_many_line_reason_are_refused_in_one_line(tmp_path):

@@ -12,10 +12,12 @@ loader, and 8 workers each for 8 processes on a 16-core machine would be 64 deco
 from __future__ import annotations
 
 import logging
+import multiprocessing.synchronize
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import torch
 from PIL import UnidentifiedImageError
@@ -64,7 +66,7 @@ def batch_loader(dataset: DmlDataset, batch_sampler: Iterable[list[int]], num_wo
                       collate_fn=collate_batch,  # type: ignore[arg-type]
                       pin_memory=pin_memory,
                       persistent_workers=persistent and num_workers > 0,
-                      worker_init_fn=quiet_when_the_receiver_goes,
+                      worker_init_fn=set_up_worker,
                       generator=torch.Generator().manual_seed(0))
 
 
@@ -77,12 +79,66 @@ class _Loader(DataLoader):
         pass
 
 
+def set_up_worker(worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: a kill or Ctrl-C stops it where it holds none of
+    the locks it shares with the main process (:func:`stop_outside_shared_locks`), and it does
+    not report the send a stopped main process no longer receives
+    (:func:`quiet_when_the_receiver_goes`)."""
+    stop_outside_shared_locks()
+    quiet_when_the_receiver_goes(worker_id)
+
+
+# The module of multiprocessing's locks shared between processes (Lock, Condition, Event).
+_SHARED_LOCKS_MODULE = multiprocessing.synchronize.__name__
+
+# How long a stop that arrived inside a shared lock waits before it is tried again, in seconds.
+_RETRY_S = 0.01
+
+
+def stop_outside_shared_locks() -> None:
+    """In a loader worker: the first SIGTERM or SIGINT raises ``KeyboardInterrupt``, which
+    torch's worker loop takes as its end, once the worker is out of multiprocessing's shared
+    locks; a second one ends the worker at once.
+
+    A kill of the whole process group (SLURM, systemd, ``kill -- -PGID``; Ctrl-C in a terminal)
+    reaches the workers with the main process. A worker that died of it at once while it held
+    the lock of torch's shared "workers done" event (each worker reads that event once a batch)
+    left that lock taken for good, and the main process, stopping as the kill asked, then waited
+    forever to set the event in the loader's shutdown: kdml's test of such a kill hung after
+    "kdml: terminated". Raised at once, ``KeyboardInterrupt`` leaks that lock too where it is
+    raised between the lock's acquisition and its ``with`` block (Python runs a signal's handler
+    as the call that acquired it returns); so a stop that arrives inside
+    ``multiprocessing.synchronize`` is tried again a moment later (SIGALRM).
+    """
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, _stop_once)
+
+
+def _stop_once(signum: int, frame: FrameType | None) -> None:
+    """A worker's handler of its first SIGTERM or SIGINT (:func:`stop_outside_shared_locks`)."""
+    signal.signal(signum, signal.SIG_DFL)  # the next one ends the worker at once
+    _stop_outside_shared_locks(signum, frame)
+
+
+def _stop_outside_shared_locks(signum: int, frame: FrameType | None) -> None:
+    """Raise ``KeyboardInterrupt`` unless ``frame`` is inside a shared lock's code; try again
+    in :data:`_RETRY_S` if it is."""
+    inside = frame
+    while inside is not None:
+        if inside.f_globals.get("__name__") == _SHARED_LOCKS_MODULE:
+            signal.signal(signal.SIGALRM, _stop_outside_shared_locks)
+            signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+            return
+        inside = inside.f_back
+    raise KeyboardInterrupt
+
+
 # What a worker's send to the main process raises when the main process has gone or stopped.
 LOST_RECEIVER = (BrokenPipeError, ConnectionResetError, EOFError)
 
 
 def quiet_when_the_receiver_goes(worker_id: int) -> None:
-    """A worker's ``worker_init_fn``: a send that fails because the main process stopped is
+    """In a loader worker: a send that fails because the main process stopped is
     not reported by the worker.
 
     A worker hands each batch's shared memory to the main process through a file descriptor
