@@ -10,13 +10,17 @@ generator, so ``torch.manual_seed`` makes them repeatable.
 
 from __future__ import annotations
 
-import kornia.augmentation as K
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from kdml.data.transforms import draw_parameters
 from kdml.errors import KdmlError
 from kdml.seeding import BatchShare
+
+if TYPE_CHECKING:  # imported where a pipeline is built (see kdml.data.transforms)
+    import kornia.augmentation as K
 
 __all__ = ["SimCLRAugment"]
 
@@ -86,6 +90,8 @@ class SimCLRAugment(nn.Module):
         """The kornia pipeline for images of this shape (built once, then cached)."""
         key = (channels, height, width)
         if key not in self._pipelines:
+            import kornia.augmentation as K
+
             s = self.jitter_strength
             side = (height, width) if self.size is None else (self.size, self.size)
             steps: list[K.AugmentationBase2D] = [K.RandomResizedCrop(side, scale=self.crop_scale)]

@@ -18,13 +18,17 @@ function of (seed, epoch, step) alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import kornia.augmentation as K
 import torch
 from torch import Tensor
 
 from kdml.errors import KdmlError
 from kdml.seeding import BatchShare, seed_stream, with_cpu_seed
+
+if TYPE_CHECKING:  # imported where a pipeline is built: kornia's import takes ~0.4 s, which
+    # every kdml command (and torchrun rank) that never augments files had paid at start-up
+    import kornia.augmentation as K
 
 CROP_SCALE = (0.08, 1.0)  # torchvision's RandomResizedCrop defaults
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -129,6 +133,8 @@ class InputPipeline:
         self.method_augments = method_augments
         self.augment = None
         if crop_size is not None and not method_augments:
+            import kornia.augmentation as K
+
             self.augment = K.AugmentationSequential(
                 K.RandomResizedCrop((crop_size, crop_size), scale=CROP_SCALE, ratio=CROP_RATIO),
                 K.RandomHorizontalFlip(p=0.5), data_keys=["input"])
