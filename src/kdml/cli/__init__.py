@@ -51,7 +51,8 @@ def _interrupt(signum: int, frame: object) -> None:
     and torch's SIGCHLD handler would then raise "DataLoader worker ... is killed by signal"
     over this stop: it goes back to the default first. A worker killed after its fork but
     before torch set its own handler would have raised Terminated through the code it was
-    forked from: a forked process dies by the signal instead, as torch's handler has it.
+    forked from: a forked process dies by the signal instead, as torch's handler has it (a
+    worker once set up stops as :func:`kdml.data.loaders.stop_outside_shared_locks` says).
 
     SIGCHLD gets a handler that does nothing, not ``SIG_DFL``: a worker's death that arrived
     with the SIGTERM is still pending for Python, and Python prints "Signal 17 ignored due to
