@@ -81,6 +81,40 @@ def test_offline_datasets(name, shape, count, reference):
     assert torch.equal(dataset.labels, torch.from_numpy(labels).long())
 
 
+def test_optdigits_are_scikit_learn_s_read_without_importing_it(monkeypatch):
+    """kdml reads scikit-learn's own file of UCI optdigits without importing scikit-learn
+    (2-3 s, paid by every process that trained on digits): load_digits()'s data and target,
+    also where the file is not found (then load_digits reads it); and a missing scikit-learn
+    is named, as the CLI's one line for a missing package needs."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from kdml.data import offline
+
+    data, target = load_digits(return_X_y=True)
+    for counts, labels in (offline.read_optdigits(),
+                           (offline.load_digits()[0].reshape(-1, 64) * 16,
+                            offline.load_digits()[1])):
+        np.testing.assert_array_equal(np.asarray(counts), data)
+        np.testing.assert_array_equal(np.asarray(labels), target)
+    code = ("import sys; from kdml.data.offline import read_optdigits; read_optdigits(); "
+            "print(sorted(name for name in sys.modules if name.split('.')[0] == 'sklearn'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout == "[]\n", done.stdout
+    monkeypatch.setattr(offline, "_OPTDIGITS", ("datasets", "data", "elsewhere.csv.gz"))
+    counts, labels = offline.read_optdigits()
+    np.testing.assert_array_equal(counts, data)
+    np.testing.assert_array_equal(labels, target)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError) as missing:
+        offline.read_optdigits()
+    assert missing.value.name == "sklearn"
+
+
 def test_unknown_dataset_lists_names():
     with pytest.raises(KdmlError, match="mnist5k.*cub.*folder:DIR"):
         open_dataset("imagenet")

@@ -176,12 +176,10 @@ def _mnist5k_as_optdigits() -> ArrayDataset:
 
 
 def _digits_vectors() -> ArrayDataset:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    counts, labels = offline.read_optdigits()
     return ArrayDataset("digits", "UCI optdigits (scikit-learn), 64-d in [0, 1]",
-                        torch.from_numpy(bunch.data.astype(np.float32) / FEATURE_SCALE),
-                        torch.from_numpy(bunch.target.astype(np.int64)))
+                        torch.from_numpy(counts.astype(np.float32) / FEATURE_SCALE),
+                        torch.from_numpy(labels.astype(np.int64)))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ one process (``kdml reproduce``, a grid) reads or generates each once.
 from __future__ import annotations
 
 import functools
+import gzip
+import importlib.util
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,11 +34,36 @@ def _read_mnist5k() -> tuple[np.ndarray, np.ndarray]:
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """1,797 UCI optdigits from ``sklearn.datasets.load_digits()``, 1x8x8 in [0, 1]."""
-    from sklearn.datasets import load_digits as sklearn_digits
+    pixels, labels = read_optdigits()
+    images = torch.from_numpy(pixels.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    return images, torch.from_numpy(labels.astype(np.int64))
 
-    bunch = sklearn_digits()
-    images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
-    return images, torch.from_numpy(bunch.target.astype(np.int64))
+
+# scikit-learn's copy of UCI optdigits, in its package folder: a row per digit, its 64 pixel
+# counts (0-16) and its class
+_OPTDIGITS = ("datasets", "data", "digits.csv.gz")
+
+
+def read_optdigits() -> tuple[np.ndarray, np.ndarray]:
+    """``load_digits()``'s ``data`` (1,797 x 64 counts 0-16) and ``target``.
+
+    Read from scikit-learn's own file without importing scikit-learn: ``sklearn.datasets``
+    takes 2-3 s to import, which every process that trained on digits paid before its first
+    step (a torchrun rank, a ``kdml train`` with ``eval.nmi=false``). Where that file is not
+    found (another layout of scikit-learn), scikit-learn's ``load_digits`` reads it.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:  # not installed: the CLI names the package
+        raise ModuleNotFoundError("No module named 'sklearn'", name="sklearn")
+    path = Path(spec.origin).parent.joinpath(*_OPTDIGITS)
+    if not path.is_file():
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        data, target = sklearn_digits(return_X_y=True)
+        return data, target
+    with gzip.open(path, "rt", encoding="utf-8") as text:
+        rows = np.loadtxt(text, delimiter=",")
+    return rows[:, :-1], rows[:, -1].astype(int)
 
 
 def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor]:
