@@ -172,9 +172,11 @@ def test_an_error_scoring_on_rank_0_stops_the_other_ranks(tmp_path):
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc_per_node=2", "-m", "kdml"]
+# 5 steps an epoch, of the 22 that 901 digits in batches of 40 give: what these runs check
+# (the one-process run's numbers, one run folder, a kill and its resume) needs no more
 RUN = ["train", "jrd", "--dataset", "digits", "--no-progress", "train.epochs=2",
-       "data.batch_size=40", "model.embedding_size=8", "model.freeze_bn=true",
-       "eval.nmi=false", "train.device=cpu"]
+       "train.steps_per_epoch=5", "data.batch_size=40", "model.embedding_size=8",
+       "model.freeze_bn=true", "eval.nmi=false", "train.device=cpu"]
 
 
 def torchrun(*args, cwd, script: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -274,24 +276,49 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+# ``cli.main(sys.argv[1:])``, as ``-m kdml`` calls it, whose ranks wait once epoch 2's first
+# step is taken, each saying so in a file: the kill then lands mid-epoch 2 on every try (a run
+# killed on seeing epoch 1's metrics.json had finished before its kill on a loaded machine)
+HELD_IN_EPOCH_2 = """
+import os, sys, time
+from pathlib import Path
+from kdml import cli
+from kdml.training import nonfinite, trainer
+train_one_epoch, observe = trainer.train_one_epoch, nonfinite.NonFiniteWatch.observe
+epoch_now = [0]
+def counted(session, epoch, progress):
+    epoch_now[0] = epoch
+    return train_one_epoch(session, epoch, progress)
+def held(watch, step, terms):
+    if epoch_now[0] == 2 and step == 1:  # after step 0's backward and optimizer step
+        Path(f"rank-{os.environ['RANK']}-in-epoch-2").touch()
+        time.sleep(600)  # until killed
+    observe(watch, step, terms)
+trainer.train_one_epoch, nonfinite.NonFiniteWatch.observe = counted, held
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
+    """A torchrun job of RUN killed (launcher and ranks, SIGKILL) mid-epoch 2, once epoch 1 is
+    recorded, and resumed with ``torchrun -m kdml train --resume``: the same metrics.json as
+    the module's uninterrupted run."""
     folder, _ = torchrun_run
+    script = tmp_path / "held_in_epoch_2.py"
+    script.write_text(HELD_IN_EPOCH_2)
+    out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # epoch 2 takes a second or two: on a loaded machine the poller may wake after the run
-    # ended, so a run that finished before its kill is started again (at most three times)
-    for attempt in range(3):
-        out = tmp_path / f"run-{attempt}"
-        process = subprocess.Popen([*TORCHRUN, *RUN, "--out", str(out)], cwd=tmp_path,
-                                   env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.time() + 240
-        # metrics.json: written after epoch 1's last.pt (a kill between the two, on a loaded
-        # machine, had left last.pt without it, which the test then could not read)
-        while not (out / "metrics.json").exists() and time.time() < deadline:
-            time.sleep(0.05)
-        kill_job(process)  # torchrun and both ranks, mid-epoch 2
-        if json.loads((out / "metrics.json").read_text())["final"] is None:
-            break
+    process = subprocess.Popen([*TORCHRUN[:-2], str(script), *RUN, "--out", str(out)],
+                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    held = [tmp_path / f"rank-{rank}-in-epoch-2" for rank in (0, 1)]
+    deadline = time.time() + 240
+    while (not all(path.exists() for path in held) and process.poll() is None
+           and time.time() < deadline):
+        time.sleep(0.05)
+    assert process.poll() is None, "the torchrun job ended before epoch 2's second step"
+    kill_job(process)  # torchrun and both ranks, mid-epoch 2
+    assert all(path.exists() for path in held), "the ranks did not reach epoch 2's second step"
     assert json.loads((out / "metrics.json").read_text())["final"] is None
     result = torchrun("train", "--resume", out, "--no-progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
