@@ -83,8 +83,11 @@ def test_a_validation_run_scores_held_out_training_classes(tmp_path, tiny_overri
 def test_seed_makes_runs_repeatable(tmp_path, tiny_overrides):
     finals = []
     for name in ("a", "b"):
+        # two epochs of a few steps: the seed draws the weights, each epoch's batches and its
+        # scores as in whole epochs (45 steps here), which took most of the time
         assert run_cli("train", "amsoftmax", "--dataset", "digits", "--seed", "3", "--out",
-                       tmp_path / name, "--no-progress", *tiny_overrides) == 0
+                       tmp_path / name, "--no-progress", *tiny_overrides,
+                       "train.steps_per_epoch=3") == 0
         finals.append(read_metrics(tmp_path / name))
     assert finals[0] == finals[1]
 
@@ -220,10 +223,12 @@ def test_a_kill_while_an_epoch_is_scored_loses_none_of_its_training(
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill(tmp_path, tiny_overrides):
-    """A real kill -9 in the middle of training loses nothing already written."""
-    # the kill lands after epoch 1's checkpoint, with five epochs of 10 steps still to train
-    overrides = [*tiny_overrides, "train.epochs=6", "train.steps_per_epoch=10"]
+def test_resume_after_sigkill(tmp_path, uninterrupted_run):
+    """A real kill -9 in the middle of training loses nothing already written: resumed, the
+    run ends where the same run trained without a stop ends (the module's, already trained)."""
+    # the kill lands after epoch 1's checkpoint, with two whole epochs still to train (as long
+    # after it, in the subprocess, as the five epochs of 10 steps this test had trained)
+    overrides = INTERRUPTED_RUN
     run_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "kdml", "train", "amsoftmax", "--dataset", "digits",
                "--out", str(run_dir), "--no-progress", *overrides]
@@ -236,13 +241,12 @@ def test_resume_after_sigkill(tmp_path, tiny_overrides):
     while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    # killed while it trained, not after it had finished on its own
+    assert process.wait() == -signal.SIGKILL
     assert checkpoint.exists()
+    assert not torch.load(checkpoint, weights_only=True)["finished"]
     assert run_cli("train", "--resume", run_dir, "--no-progress") == 0
-    full = tmp_path / "full"
-    assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", full, "--no-progress",
-                   *overrides) == 0
-    assert read_metrics(run_dir)["final"] == read_metrics(full)["final"]
+    assert read_metrics(run_dir)["final"] == read_metrics(uninterrupted_run)["final"]
 
 
 def error_line(capsys) -> str:

@@ -524,7 +524,7 @@ def test_runner_and_report_end_to_end(tmp_path):
     write_report(again, report, context)  # its own report: rewritten
 
 
-def test_a_collapsed_run_is_marked_in_its_cell_and_its_claims(tmp_path):
+def test_a_collapsed_run_is_marked_in_its_cell_and_its_claims(tmp_path, tiny_jrd_runs):
     """A run whose metrics.json records a collapse (``collapsed``: the share of its test
     embeddings at one point) is counted as measured, but its row names the seeds, a note gives
     each share, and each claim on its cell says so: a table of ties had read as a ranking."""
@@ -532,6 +532,7 @@ def test_a_collapsed_run_is_marked_in_its_cell_and_its_claims(tmp_path):
     claims = (Claim("steady beats flat", "steady", "flat", "recall@1"),)
     experiment = Experiment("tiny-collapse", "jrd", "Figure 5", "regularizers", "digits", cells,
                             ("recall@1",), "CUB", claims, common=TINY)
+    copy_of(tiny_jrd_runs, tmp_path / "runs")  # steady's runs (alpha 1): flat's train here
     (result,) = reproduce([experiment], 2, tmp_path / "runs", "cpu", progress=False,
                           echo=lambda line: None)
     assert result.cells["flat"].collapsed == {}
@@ -558,7 +559,8 @@ def test_a_collapsed_run_is_marked_in_its_cell_and_its_claims(tmp_path):
     assert "collapsed" not in plain
 
 
-def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, monkeypatch):
+def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, monkeypatch,
+                                                                       tiny_jrd_runs):
     """A run whose loss goes NaN is a result of its recipe: its cell keeps the other seeds,
     names the seed and why, and claims pair only the seeds both runs finished. It used to
     stop the whole experiment ('could not run'), and the report lost every table."""
@@ -574,7 +576,7 @@ def test_a_diverged_run_is_reported_in_its_cell_and_not_trained_again(tmp_path, 
     experiment = Experiment("tiny-diverged", "jrd", "Table 4", "kernels", "digits", cells,
                             ("recall@1",), "CUB", claims, common=TINY, sweep="alpha")
     real_train = runner.train
-    runs = tmp_path / "runs"
+    runs = copy_of(tiny_jrd_runs, tmp_path / "runs")  # steady's runs (alpha 1): reused
 
     def shaky_seed_1_diverges(config, run_dir, **kwargs):
         if config.method.alpha == 0.5 and config.train.seed == 1:
@@ -692,10 +694,12 @@ def test_a_report_written_with_an_experiment_that_could_not_run_exits_1(tmp_path
 
 @pytest.fixture(scope="module")
 def tiny_jrd_runs(tmp_path_factory) -> Path:
-    """The runs of ``reproduce(_tiny_experiments()[:2], 1, runs, "cpu")``, trained once for
-    the tests that break a copy of their files (each test copies them)."""
+    """The runs of ``reproduce(_tiny_experiments()[:2], 2, runs, "cpu")``: JRD on digits at
+    TINY, alpha 0 and 1 (the recipe's default), seeds 0 and 1, with their parts.json and
+    generalization.json. Trained once for the tests that read or break a copy of them (each
+    test copies them, with ``copy_of``): a test whose cells have these settings reuses them."""
     runs = tmp_path_factory.mktemp("tiny-jrd") / "runs"
-    results = reproduce(_tiny_experiments()[:2], 1, runs, "cpu", progress=False,
+    results = reproduce(_tiny_experiments()[:2], 2, runs, "cpu", progress=False,
                         echo=lambda line: None)
     assert not any(result.error for result in results)
     return runs
@@ -703,12 +707,18 @@ def tiny_jrd_runs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_charts_runs(tmp_path_factory) -> Path:
-    """The runs of ``reproduce([_tiny_experiments()[2]], 1, runs, "cpu")`` (its chart plot
-    kept with the run's records), trained once for the tests that break a copy of them."""
+    """The runs of ``reproduce([_tiny_experiments()[2]], 2, runs, "cpu")`` (its chart plot
+    kept with seed 0's records), trained once for the tests that read or break a copy."""
     runs = tmp_path_factory.mktemp("tiny-charts") / "runs"
-    (result,) = reproduce([_tiny_experiments()[2]], 1, runs, "cpu", progress=False,
+    (result,) = reproduce([_tiny_experiments()[2]], 2, runs, "cpu", progress=False,
                           echo=lambda line: None)
     assert not result.error
+    return runs
+
+
+def copy_of(trained: Path, runs: Path) -> Path:
+    """``runs`` holding a copy of the module's ``trained`` runs (beside any already there)."""
+    shutil.copytree(trained, runs, dirs_exist_ok=True)
     return runs
 
 
@@ -827,12 +837,12 @@ def test_parts_are_computed_at_table2_s_ks_whatever_table_reads_them(tmp_path, m
 
 
 def test_a_score_that_is_a_bool_or_not_finite_in_a_run_that_did_not_diverge_is_refused(
-        tmp_path):
+        tmp_path, tiny_jrd_runs):
     """A hand-broken score of a finished run: `true` had read as 1.0, and NaN (or infinity)
     had left the seed out of its row without a word while each claim on the row said the run
     diverged; reproduce.json says it did not."""
     whole_set = dataclasses.replace(_tiny_experiments()[0], key="tiny-test", protocol="test")
-    runs = tmp_path / "runs"
+    runs = copy_of(tiny_jrd_runs, tmp_path / "runs")  # its runs, the tiny parts table's: read
     first = reproduce([whole_set], 2, runs, "cpu", progress=False, echo=lambda line: None)[0]
     assert not first.error
     run_dir = first.cells["alpha = 1"].run_dirs[1]
@@ -1730,11 +1740,14 @@ def _two_papers(monkeypatch) -> dict[str, list[Experiment]]:
     return tables
 
 
-def _report_of_both_papers(tmp_path, monkeypatch) -> tuple[Path, Path, list[str]]:
+def _report_of_both_papers(tmp_path, monkeypatch,
+                           tiny_jrd_runs: Path) -> tuple[Path, Path, list[str]]:
     """The runs folder and a report of both tiny papers' sections (tiny-d by `kdml reproduce
-    dtml`, then tiny-j by an --only of jrd), and the options that wrote it."""
+    dtml`, then tiny-j by an --only of jrd), and the options that wrote it. The runs folder
+    starts as a copy of ``tiny_jrd_runs``, which holds both sections' runs (JRD at alpha 0 and
+    1): the commands read them rather than train them."""
     _two_papers(monkeypatch)
-    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    runs, report = copy_of(tiny_jrd_runs, tmp_path / "runs"), tmp_path / "report.md"
     common = ["--seeds", "1", "--runs", str(runs), "--out", str(report), "--no-progress",
               "--device", "cpu"]
     assert cli.main(["reproduce", "dtml", *common]) == 0
@@ -1742,11 +1755,12 @@ def _report_of_both_papers(tmp_path, monkeypatch) -> tuple[Path, Path, list[str]
     return runs, report, common
 
 
-def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkeypatch, capsys):
+def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkeypatch, capsys,
+                                                                 tiny_jrd_runs):
     """`kdml reproduce dtml` without --only kept only its own sections: a JRD section that an
     --only had added to the same report was dropped without a word, its plot left behind.
     It now keeps them as --only does, and refuses a report it would cut."""
-    runs, report, common = _report_of_both_papers(tmp_path, monkeypatch)
+    runs, report, common = _report_of_both_papers(tmp_path, monkeypatch, tiny_jrd_runs)
     assert _sections(report) == ["### Figure 4: digits", "### LFW: digits"]
     trained = _count_training(monkeypatch)
     assert cli.main(["reproduce", "dtml", *common]) == 0
@@ -1766,24 +1780,27 @@ def test_a_paper_without_only_keeps_the_report_s_other_sections(tmp_path, monkey
     assert trained == [] and not (tmp_path / "none").exists() and report.read_text() == text
 
 
-def test_a_paper_s_report_lists_no_other_paper_s_experiment_as_not_run(tmp_path, monkeypatch):
+def test_a_paper_s_report_lists_no_other_paper_s_experiment_as_not_run(tmp_path, monkeypatch,
+                                                                         tiny_jrd_runs):
     """The experiments a report lists as not run are its paper's: `kdml reproduce dtml` on a
     new report names no JRD experiment (nor its command)."""
     _two_papers(monkeypatch)
     report = tmp_path / "report.md"
-    assert cli.main(["reproduce", "dtml", "--seeds", "1", "--runs", str(tmp_path / "runs"),
+    runs = copy_of(tiny_jrd_runs, tmp_path / "runs")  # tiny-d's run (alpha 0): read, not trained
+    assert cli.main(["reproduce", "dtml", "--seeds", "1", "--runs", str(runs),
                      "--out", str(report), "--no-progress", "--device", "cpu"]) == 0
     assert _sections(report) == ["### LFW: digits"]
     assert "tiny-j" not in report.read_text()
 
 
-def test_a_chart_plot_without_its_checkpoint_leaves_the_table_and_says_why(tmp_path):
+def test_a_chart_plot_without_its_checkpoint_leaves_the_table_and_says_why(
+        tmp_path, tiny_charts_runs, tiny_jrd_runs):
     """Run records kept without checkpoints (as in results/) lost the whole table of an
     experiment that draws chart plots ("could not run: no checkpoint at ..."), although its
     numbers are in the records; and a protocol file missing without a checkpoint said to
     resume the run with kdml train, which has nothing left to train."""
     charts, general = _tiny_experiments()[2], _tiny_experiments()[1]
-    runs = tmp_path / "runs"
+    runs = copy_of(tiny_jrd_runs, copy_of(tiny_charts_runs, tmp_path / "runs"))  # both tables'
     first = reproduce([charts, general], 1, runs, "cpu", progress=False, echo=lambda line: None)
     assert not any(result.error for result in first)
     report = tmp_path / "report.md"
@@ -2135,13 +2152,13 @@ def test_reproduce_refuses_a_runs_folder_inside_a_run_folder_or_a_grid_folder(
 
 
 def test_a_kept_section_that_cannot_be_read_again_leaves_the_report_as_it_was(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, tiny_jrd_runs):
     """`kdml reproduce dtml` reads a report's JRD section again from its runs; where that
     failed (a protocol file gone with its checkpoint), the section had become "Not run here",
     its numbers lost, which docs/reproducing.md says is refused."""
     from kdml.reproduce import runner
 
-    runs, report, common = _report_of_both_papers(tmp_path, monkeypatch)
+    runs, report, common = _report_of_both_papers(tmp_path, monkeypatch, tiny_jrd_runs)
     written = report.read_text()
     real_reproduce = runner.reproduce
 
@@ -2350,17 +2367,18 @@ def test_the_training_time_leaves_out_the_stopped_line_and_a_clock_set_back(tmp_
     assert logged_seconds(log) == 60.0
 
 
-def test_the_chart_plot_is_the_first_finished_seed_s_and_none_of_diverged_ones(tmp_path,
-                                                                              monkeypatch):
+def test_the_chart_plot_is_the_first_finished_seed_s_and_none_of_diverged_ones(
+        tmp_path, monkeypatch, tiny_charts_runs):
     from kdml.reproduce import runner
     from kdml.training.nonfinite import NonFiniteLoss
 
     charts = _tiny_experiments()[2]
-    runs = tmp_path / "runs"
+    runs = copy_of(tiny_charts_runs, tmp_path / "runs")  # as reproduce at 2 seeds left them
     (result,) = reproduce([charts], 2, runs, "cpu", progress=False, echo=lambda line: None)
     cell = result.cells["MTriplet"]
     assert cell.charts == cell.run_dirs[0] / CHARTS_RECORD and cell.charts_seed == 0
-    assert not (cell.run_dirs[1] / CHARTS_RECORD).exists()  # drawn once, not per seed
+    # drawn once when they trained, not per seed, nor for seed 1 when they are read again
+    assert not (cell.run_dirs[1] / CHARTS_RECORD).exists()
     # every seed diverged: said so, not that a checkpoint is missing
     real_train = runner.train
 
