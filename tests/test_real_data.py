@@ -4,6 +4,8 @@ number of loader workers, and memory stays flat as the number of images grows.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -231,17 +233,34 @@ def test_broken_layouts_give_one_line_and_no_run_folder(tmp_path, capsys, name, 
     assert not out.exists()
 
 
-def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
-    folder = make_folder(tmp_path, classes=4, per_class=4, size=24)
+@pytest.fixture(scope="module")
+def skipped_run(tmp_path_factory) -> tuple[Path, Path, list[str]]:
+    """A folder of 4 classes of 4 images whose first image of c03 (a test class) is not an
+    image, and a run trained on it with data.on_bad_image=skip: (that image, the run, the
+    "test set: ..." lines its training printed). Trained once per module for the tests that
+    score, resume and embed it, each on its own copy."""
+    root = tmp_path_factory.mktemp("skipped")
+    folder = make_folder(root, classes=4, per_class=4, size=24)
     broken = sorted((folder / "c03").iterdir())[0]
     broken.write_bytes(b"\xff\xd8 this is not really a JPEG")
+    run, printed = root / "run", io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert train("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run,
+                     "data.batch_size=4", "data.on_bad_image=skip", *TINY) == 0
+    lines = [line for line in printed.getvalue().splitlines() if line.startswith("test set:")]
+    return broken, run, lines
+
+
+def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys, skipped_run):
+    broken, trained, printed = skipped_run
+    folder = broken.parent.parent
     stopped = tmp_path / "stopped"
     args = ["--dataset", f"folder:{folder}", "data.batch_size=4", *TINY]
     assert train("train", "amsoftmax", "--out", stopped, *args) == 2
     line = error_line(capsys)
     assert str(broken) in line and "data.on_bad_image=skip" in line
-    skipped = tmp_path / "skipped"
-    assert train("train", "amsoftmax", "--out", skipped, *args, "data.on_bad_image=skip") == 0
+    # the same run trained with data.on_bad_image=skip (skipped_run)
+    skipped = shutil.copytree(trained, tmp_path / "skipped")
     log = (skipped / "train.log").read_text()
     assert str(broken) in log
     # the line before scoring counts the 8 listed; once scored, it had still said 8, not the
@@ -249,7 +268,7 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     listed = "test set: 8 samples of classes not seen in training"
     scored = ("test set: 7 samples of classes not seen in training; 1 unreadable image of the 8 "
               "listed was left out (data.on_bad_image=skip)")
-    assert printed_test_set_lines(capsys) == [listed, scored]
+    assert printed == [listed, scored]
     assert ("1 of the 8 test samples was skipped as an unreadable image "
             "(data.on_bad_image=skip): the metrics use the other 7") in log
     assert train("eval", skipped) == 0
@@ -264,20 +283,19 @@ def test_unreadable_image_stops_the_run_or_is_skipped(tmp_path, capsys):
     assert warned == [f"kdml: warning: skipping unreadable image {broken}"]
 
 
-def test_finished_run_resumed_counts_the_images_its_last_scoring_left_out(tmp_path, capsys):
+def test_finished_run_resumed_counts_the_images_its_last_scoring_left_out(tmp_path, capsys,
+                                                                          skipped_run):
     """A finished run resumed with nothing to train scores nothing: it had printed only the
     listed count above the metrics of its last scoring, which had left an image out. The
     checkpoint records the positions that scoring left out; one of a kdml before it (no such
-    record) prints the listed count alone, as before."""
-    folder = make_folder(tmp_path, classes=4, per_class=4, size=24)
-    sorted((folder / "c03").iterdir())[0].write_bytes(b"\xff\xd8 this is not really a JPEG")
-    run = tmp_path / "run"
-    assert train("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run,
-                 "data.batch_size=4", "data.on_bad_image=skip", *TINY) == 0
+    record) prints the listed count alone, as before. The run: skipped_run's, an image of its
+    test part unreadable and skipped."""
+    _, trained, printed = skipped_run
+    run = shutil.copytree(trained, tmp_path / "run")
     listed = "test set: 8 samples of classes not seen in training"
     scored = ("test set: 7 samples of classes not seen in training; 1 unreadable image of the 8 "
               "listed was left out (data.on_bad_image=skip)")
-    assert printed_test_set_lines(capsys) == [listed, scored]
+    assert printed == [listed, scored]
     assert train("train", "--resume", run, "--no-progress") == 0
     assert printed_test_set_lines(capsys) == [listed, scored]
     last = run / "checkpoints" / "last.pt"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,20 @@ def train(tmp_path, *args: str) -> dict:
     out = tmp_path / "run"
     assert cli.main(["train", *args[:3], "--out", str(out), *TINY, *args[3:]]) == 0
     return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory) -> Path:
+    """A finished amsoftmax run on digits of 1 epoch of 2 steps, trained once per module for
+    the tests that edit and resume it (each on its own copy: ``copy_of``)."""
+    folder = tmp_path_factory.mktemp("two_step")
+    train(folder, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
+    return folder / "run"
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    """``tmp_path / "run"``: a copy of ``run`` that the test may change."""
+    return Path(shutil.copytree(run, tmp_path / "run"))
 
 
 def test_seen_holdout_split_adds_a_linear_probe(tmp_path):
@@ -257,10 +273,10 @@ def test_resume_refuses_a_config_edited_beyond_what_it_can_take(tmp_path, capsys
     assert f"resuming {run} after epoch 2 (train.epochs is now 1)" in capsys.readouterr().out
 
 
-def test_resume_names_an_edit_that_changes_the_model_s_shape(tmp_path, capsys):
+def test_resume_names_an_edit_that_changes_the_model_s_shape(tmp_path, capsys, two_step_run):
     """A new model.embedding_size cannot load the checkpoint: it had been named "another
     run's checkpoint", where the run's own config.yaml had been edited."""
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
+    copy_of(two_step_run, tmp_path)
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     edited = yaml.safe_load(config.read_text())
     edited["model"]["embedding_size"], edited["train"]["epochs"] = 16, 2
@@ -274,12 +290,12 @@ def test_resume_names_an_edit_that_changes_the_model_s_shape(tmp_path, capsys):
 
 
 def test_resume_refuses_an_edited_config_before_reading_the_data(tmp_path, capsys,
-                                                                 monkeypatch):
+                                                                 monkeypatch, two_step_run):
     """The edit was refused only after all the data was read and the checkpoint restored
     (minutes on SOP), and a run of a kdml before data.json got its data.json written first."""
     from kdml.training import trainer
 
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
+    copy_of(two_step_run, tmp_path)
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     (run / "data.json").unlink()  # as a run made before kdml wrote one
     edited = yaml.safe_load(config.read_text())
@@ -303,13 +319,13 @@ def test_resume_refuses_an_edited_config_before_reading_the_data(tmp_path, capsy
     ("validation: 0.0", "validation: 0.4", "data.validation 0.0 -> 0.4"),
     ("split: standard", "split: seen-holdout", "data.split 'standard' -> 'seen-holdout'")])
 def test_resume_names_another_dataset_or_split_as_an_edit_before_reading_the_data(
-        tmp_path, capsys, monkeypatch, before, after, change):
+        tmp_path, capsys, monkeypatch, two_step_run, before, after, change):
     """data.dataset, data.validation or data.split edited: refused as other data ("or delete
     data.json to use this data anyway"), and deleting data.json led to "another run's
     checkpoint" or the edit's refusal; now the edit is named before the data is read."""
     from kdml.training import trainer
 
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
+    copy_of(two_step_run, tmp_path)
     run, config = tmp_path / "run", tmp_path / "run" / "config.yaml"
     assert f"  {before}\n" in config.read_text()
     config.write_text(config.read_text().replace(f"  {before}\n", f"  {after}\n"))
@@ -396,8 +412,9 @@ def test_a_pca_run_is_loaded_where_its_fit_would_not_fit(tmp_path, capsys, monke
     assert "training" not in printed.out and not new.exists()
 
 
-def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys):
-    train(tmp_path, "amsoftmax", "--dataset", "digits", "train.epochs=1", "train.steps_per_epoch=2")
+def test_a_users_picture_in_plots_is_kept_and_training_goes_on(tmp_path, capsys,
+                                                               two_step_run):
+    copy_of(two_step_run, tmp_path)
     run = tmp_path / "run"
     (run / "plots" / "loss.png").write_text("my notes")
     config = run / "config.yaml"
@@ -522,7 +539,11 @@ def test_a_collapsed_embedding_warns_on_screen_and_in_the_log(tmp_path, capsys, 
     in a class-disjoint run, in a domain pair's and in an Atlas run's charts: warned of, and
     recorded beside the metrics (``collapsed``: the share at one point) in metrics.json, the
     printed table and ``kdml eval``'s eval.json. optim.lr=1e10 no longer serves: it makes
-    BatchNorm's running variances infinite, which stops training as diverged."""
+    BatchNorm's running variances infinite, which stops training as diverged. The domain pair
+    is a feature file's (80 source and 60 target samples): on mnist5k->digits, scoring 896
+    tied targets against 5,000 tied sources took seconds each time."""
+    from distributed_harness import write_domains
+
     from kdml.training.recipes.atlas import MTripletMethod
     from kdml.training.recipes.dtml import PCAMethod
     from kdml.training.recipes.jrd import JRDMethod
@@ -533,8 +554,10 @@ def test_a_collapsed_embedding_warns_on_screen_and_in_the_log(tmp_path, capsys, 
     else:
         method = PCAMethod if recipe == "pca" else JRDMethod
         monkeypatch.setattr(method, "embed", lambda self, inputs: torch.ones(len(inputs), 8))
-    dataset = "mnist5k->digits" if recipe == "pca" else "digits"
+    dataset = f"npz:{write_domains(tmp_path / 'domains.npz')}" if recipe == "pca" else "digits"
+    # 2 steps: the embedding is replaced above, so how far the run trains changes nothing here
     metrics = train(tmp_path, recipe, "--dataset", dataset, "train.epochs=1",
+                    "train.steps_per_epoch=2",
                     *(["data.batch_size=20", "data.samples_per_class=4"] if recipe == "mtriplet"
                       else []))
     warning = "the test embeddings have collapsed: 100.0% of them lie at one point (exactly)"
@@ -703,14 +726,14 @@ def test_a_pooling_the_backbone_does_not_use_is_named(tmp_path, tiny_overrides, 
     out = tmp_path / "max"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "model.pooling=max",
-                     "train.steps_per_epoch=2"]) == 0
+                     "train.epochs=1", "train.steps_per_epoch=2"]) == 0
     warned = ("model.pooling=max is not used by backbone 'cnn': it pools the feature maps of "
               "bninception, timm and torchvision backbones only")
     assert f"kdml: warning: {warned}" in capsys.readouterr().err
     assert warned in (out / "train.log").read_text()
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
                      str(tmp_path / "avg"), "--no-progress", *tiny_overrides,
-                     "train.steps_per_epoch=2"]) == 0
+                     "train.epochs=1", "train.steps_per_epoch=2"]) == 0
     assert "model.pooling" not in capsys.readouterr().err
 
 
@@ -768,13 +791,13 @@ def test_an_embedding_size_that_sizes_nothing_is_named(tmp_path, tiny_overrides,
     out = tmp_path / "atlas"
     assert cli.main(["train", "mtriplet", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "method.n_charts=2",
-                     "train.steps_per_epoch=2"]) == 0
+                     "train.epochs=1", "train.steps_per_epoch=2"]) == 0
     warned = ("model.embedding_size=8 does not size mtriplet's embedding: method.dim does")
     assert f"kdml: warning: {warned}" in capsys.readouterr().err
     assert warned in (out / "train.log").read_text()
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out",
                      str(tmp_path / "sized"), "--no-progress", *tiny_overrides,
-                     "train.steps_per_epoch=2"]) == 0
+                     "train.epochs=1", "train.steps_per_epoch=2"]) == 0
     assert "does not size" not in capsys.readouterr().err
 
 
@@ -961,7 +984,7 @@ def test_a_run_that_converged_on_an_epoch_killed_while_scored_stops_there_on_res
     undo = kill_in_scoring(2)
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
-                     "train.epochs=4", "train.tolerance=1e9"]) == 130
+                     "train.epochs=4", "train.tolerance=1e9", "train.steps_per_epoch=2"]) == 130
     assert torch.load(out / "checkpoints" / "unscored.pt", weights_only=True)["unscored"]["over"]
     undo()
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
