@@ -634,20 +634,14 @@ def quick_dtml(tmp_path_factory) -> Path:
     return root
 
 
-def reusing(quick_dtml: Path, runs: Path) -> Path:
-    """``runs``, a copy of the quick DTML runs: a command on it reuses them, not trains them."""
-    shutil.copytree(quick_dtml / "runs", runs)
-    return runs
-
-
 def test_a_report_is_kept_when_none_of_its_experiments_ran(quick_dtml, tmp_path, capsys,
                                                            monkeypatch):
     from kdml.reproduce import runner
 
     report = tmp_path / "reproduction.md"
+    runs = copy_of(quick_dtml / "runs", tmp_path / "runs")  # reused, not trained
     cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only", "dtml-mnist5k-*",
-              "--out", str(report), "--runs", str(reusing(quick_dtml, tmp_path / "runs")),
-              "--no-progress", "--device", "cpu"])
+              "--out", str(report), "--runs", str(runs), "--no-progress", "--device", "cpu"])
     written = report.read_text()
     assert "| DTML" in written
     assert "--only 'dtml-mnist5k-*'" in written  # its command reruns these experiments alone
@@ -1105,7 +1099,7 @@ def test_quick_dtml_from_the_command_line(quick_dtml):
 def test_a_quick_report_goes_beside_its_runs_not_into_docs(quick_dtml, tmp_path, monkeypatch,
                                                           capsys):
     """--quick without --out must not replace the committed docs/reproduction.md."""
-    reusing(quick_dtml, tmp_path / "quick-runs")
+    copy_of(quick_dtml / "runs", tmp_path / "quick-runs")  # reused, not trained
     monkeypatch.chdir(tmp_path)
     code = cli.main(["reproduce", "dtml", "--quick", "--seeds", "1", "--only",
                      "dtml-mnist5k-to-digits", "--runs", "quick-runs", "--no-progress",
