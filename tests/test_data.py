@@ -95,9 +95,8 @@ def test_optdigits_are_scikit_learn_s_read_without_importing_it(monkeypatch):
     from kdml.data import offline
 
     data, target = load_digits(return_X_y=True)
-    for counts, labels in (offline.read_optdigits(),
-                           (offline.load_digits()[0].reshape(-1, 64) * 16,
-                            offline.load_digits()[1])):
+    images, classes = offline.load_digits()
+    for counts, labels in (offline.read_optdigits(), (images.reshape(-1, 64) * 16, classes)):
         np.testing.assert_array_equal(np.asarray(counts), data)
         np.testing.assert_array_equal(np.asarray(labels), target)
     code = ("import sys; from kdml.data.offline import read_optdigits; read_optdigits(); "
