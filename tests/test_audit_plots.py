@@ -1,9 +1,10 @@
-"""Audit: the training plots (a refused plot, a term logged late, figures closed) and the
+"""Audit: the training plots (a refused plot, a term logged late, pyplot left alone) and the
 pictures of an embedding (image layouts, checked positions, the gallery, the map's colours)."""
 
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -49,15 +50,27 @@ def test_a_term_first_logged_later_is_missing_not_zero_before(tmp_path, monkeypa
     mmd = list(lines["mmd"].get_ydata())
     assert math.isnan(mmd[0]) and mmd[1] == 0.2
     assert drawn["recall.png"].axes[0].get_ylim() == (0.0, 1.0)
-    for figure in drawn.values():
-        viz.plt.close(figure)
 
 
-def test_plot_training_makes_its_folder_and_closes_its_figures(tmp_path):
-    before = viz.plt.get_fignums()
-    written = viz.plot_training(HISTORY, tmp_path / "run" / "plots")
-    assert sorted(path.name for path in written) == ["loss.png", "recall.png"]
-    assert viz.plt.get_fignums() == before
+def test_plot_training_makes_its_folder_and_leaves_pyplot_and_the_backend_alone(tmp_path):
+    """kdml's plots had been pyplot figures, after ``matplotlib.use("Agg")`` at the import of
+    kdml.viz: a notebook that imported kdml lost its backend. Nor does ``kdml train`` import
+    matplotlib before its first plot (a second of start-up)."""
+    code = f"""
+import sys
+import kdml.cli.train, kdml.training.trainer
+assert not [name for name in sys.modules if name.startswith("matplotlib")], "imported"
+import matplotlib
+matplotlib.use("svg")  # a program's own backend
+from kdml import viz
+written = viz.plot_training({HISTORY!r}, __import__("pathlib").Path({str(tmp_path)!r}) / "plots")
+print(sorted(path.name for path in written), matplotlib.get_backend(),
+      "matplotlib.pyplot" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "['loss.png', 'recall.png'] svg False\n"
 
 
 def _figure(image, queries=(0,), neighbours=((1,),), hits=((True,),)):

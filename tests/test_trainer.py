@@ -1313,7 +1313,8 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
     their error was raised in place of the stop (here a Ctrl-C)."""
     import errno
 
-    from kdml.training import recorder, trainer
+    from kdml import viz
+    from kdml.training import trainer
 
     def scoring(*args, **kwargs):
         raise KeyboardInterrupt
@@ -1322,7 +1323,7 @@ def test_the_plots_error_does_not_hide_why_a_run_stopped(tmp_path, monkeypatch, 
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "loss.png"))
 
     monkeypatch.setattr(trainer, "score_method", scoring)
-    monkeypatch.setattr(recorder, "plot_training", full_disk)
+    monkeypatch.setattr(viz, "plot_training", full_disk)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
                      "train.steps_per_epoch=2", "train.eval_every=2"]) == 130
@@ -1369,12 +1370,13 @@ def test_tensorboard_on_a_full_disk_names_its_folder(tmp_path, monkeypatch, caps
 def test_plots_that_cannot_be_written_do_not_stop_training(tmp_path, monkeypatch, capsys):
     """plots/ not writable (an OSError, not kdml's own refusal of a picture it did not draw)
     had stopped the run with its checkpoints and metrics still writable."""
+    from kdml import viz
     from kdml.training import recorder
 
     def not_writable(history, folder):
         raise PermissionError(13, "Permission denied", str(folder / "loss.png"))
 
-    monkeypatch.setattr(recorder, "plot_training", not_writable)
+    monkeypatch.setattr(viz, "plot_training", not_writable)
     monkeypatch.setattr(recorder, "PLOT_EVERY_S", 0.0)
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,

@@ -20,7 +20,7 @@ def test_training_plots_name_the_scored_part_and_count_whole_epochs(prefix, titl
                                                                     monkeypatch):
     drawn = {}
 
-    def keep(figure, path):  # instead of writing and closing it
+    def keep(figure, path):  # instead of writing it
         drawn[path.name] = figure
         return path
 
@@ -37,13 +37,12 @@ def test_training_plots_name_the_scored_part_and_count_whole_epochs(prefix, titl
     for figure in drawn.values():
         ticks = figure.axes[0].get_xticks()
         assert np.array_equal(ticks, np.round(ticks))
-        viz.plt.close(figure)
 
 
 def _drawn(history, tmp_path, monkeypatch):
     drawn = {}
 
-    def keep(figure, path):  # instead of writing and closing it
+    def keep(figure, path):  # instead of writing it
         drawn[path.name] = figure
         return path
 
@@ -63,8 +62,6 @@ def test_a_run_stopped_after_an_unscored_epoch_still_draws_its_scores(tmp_path, 
     (axes,) = drawn["recall.png"].axes
     assert axes.get_title() == "Validation retrieval"
     assert list(axes.get_lines()[0].get_xdata()) == [2]
-    for figure in drawn.values():
-        viz.plt.close(figure)
 
 
 def test_a_domain_pairs_source_nn_accuracy_is_drawn_with_its_retrieval(tmp_path, monkeypatch):
@@ -78,8 +75,6 @@ def test_a_domain_pairs_source_nn_accuracy_is_drawn_with_its_retrieval(tmp_path,
     assert [line.get_label() for line in axes.get_lines()] == ["recall@1", "map@r",
                                                                "source_nn_accuracy"]
     assert list(axes.get_lines()[2].get_ydata()) == [0.25, 0.5]
-    for figure in drawn.values():
-        viz.plt.close(figure)
 
 
 def test_logged_terms_that_are_not_losses_are_drawn_apart(tmp_path, monkeypatch):
@@ -95,8 +90,6 @@ def test_logged_terms_that_are_not_losses_are_drawn_apart(tmp_path, monkeypatch)
     assert labels == {"loss.png": ["loss", "mmd"],
                       "diagnostics.png": ["q_max", "active_triplets", "infinite_positives"]}
     assert drawn["diagnostics.png"].axes[0].get_title() == "Training diagnostics"
-    for figure in drawn.values():
-        viz.plt.close(figure)
 
 
 def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(tmp_path):
@@ -125,11 +118,9 @@ def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(
             viz.plot_training(history, tmp_path)
         assert loss.read_bytes() == picture
         assert sorted(path.name for path in tmp_path.iterdir()) == ["loss.png", "mine.png"]
-    figure = viz.plt.figure()
+    figure, _ = viz.figure_and_axes()
     figure.savefig(loss, dpi=10)  # matplotlib's own mark: a plot of kdml before it marked its own
-    viz.plt.close(figure)
-    assert write_png(viz.plt.figure(), loss) == loss
-    viz.plt.close("all")
+    assert write_png(viz.figure_and_axes()[0], loss) == loss
     with Image.open(loss) as image:
         assert image.text["Software"] == f"kdml {__version__}"
 
@@ -194,16 +185,14 @@ def test_a_plot_path_that_does_not_end_in_png_is_refused(tmp_path, name):
 
 def _drawn_epochs(monkeypatch) -> list[list[int]]:
     """The epochs of each history the trainer draws, from here on."""
-    from kdml.training import recorder
-
     drawn: list[list[int]] = []
-    real = recorder.plot_training
+    real = viz.plot_training
 
     def record(history, folder):
         drawn.append([row["epoch"] for row in history])
         return real(history, folder)
 
-    monkeypatch.setattr(recorder, "plot_training", record)
+    monkeypatch.setattr(viz, "plot_training", record)
     return drawn
 
 
@@ -323,7 +312,6 @@ def test_a_single_epoch_is_drawn_on_whole_epoch_ticks(history, tmp_path, monkeyp
         assert ticks and np.array_equal(ticks, np.round(ticks)), ticks
         for line in axes.get_lines():
             assert all(tick in ticks for tick in line.get_xdata())
-        viz.plt.close(figure)
 
 
 def test_a_finished_run_resumed_draws_the_plots_a_kill_left_undrawn(tmp_path, monkeypatch):
@@ -335,11 +323,12 @@ def test_a_finished_run_resumed_draws_the_plots_a_kill_left_undrawn(tmp_path, mo
     from kdml.training import recorder
 
     monkeypatch.setattr(recorder, "PLOT_EVERY_S", 3600.0)
-    monkeypatch.setattr(recorder, "plot_training", lambda history, folder: [])  # killed first
+    plot_training = viz.plot_training
+    monkeypatch.setattr(viz, "plot_training", lambda history, folder: [])  # killed first
     run = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(run)]) == 0
     assert not (run / "plots").exists()
-    monkeypatch.setattr(recorder, "plot_training", viz.plot_training)
+    monkeypatch.setattr(viz, "plot_training", plot_training)
     drawn = _drawn_epochs(monkeypatch)
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert drawn == [[1, 2, 3]]

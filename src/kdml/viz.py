@@ -1,4 +1,8 @@
-"""Plots written into run folders (matplotlib, Agg backend: no display needed)."""
+"""Plots written into run folders.
+
+matplotlib's object API with the Agg canvas, as the other plots of kdml: no display, no pyplot
+(whose figures live in a global registry until closed) and no change of the backend of a
+program that imports kdml (``matplotlib.use("Agg")`` here had switched a notebook's)."""
 
 from __future__ import annotations
 
@@ -6,16 +10,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from kdml.errors import KdmlError  # noqa: E402
-from kdml.figure_file import write_png  # noqa: E402
-from kdml.models.method import DIAGNOSTIC_TERMS  # noqa: E402
-from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION  # noqa: E402
+from kdml.errors import KdmlError
+from kdml.figure_file import write_png
+from kdml.models.method import DIAGNOSTIC_TERMS
+from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION
 
 
 def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
@@ -29,7 +32,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
     written: list[Path] = []
     refused: list[str] = []
 
-    def save(fig: plt.Figure, name: str) -> None:
+    def save(fig: Figure, name: str) -> None:
         try:
             written.append(save_figure(fig, folder / name))
         except KdmlError as error:
@@ -46,7 +49,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
              "value (epoch mean)", "Training diagnostics")):
         if not names:
             continue
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = figure_and_axes()
         for key in names:
             ax.plot(epochs, [row.get(key, math.nan) for row in history], marker="o",
                     label=key[6:])
@@ -62,7 +65,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
                    or k in (f"{prefix}/map@r", f"{prefix}/source_nn_accuracy")]
     if metric_keys:
         part = SCORED_PARTS[prefix]
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = figure_and_axes()
         for key in metric_keys:
             points = [(row["epoch"], row[key]) for row in history if key in row]
             ax.plot(*zip(*points, strict=True), marker="o", label=key.split("/", 1)[1])
@@ -77,7 +80,14 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
     return written
 
 
-def _whole_epochs(ax: plt.Axes, epochs: list[int]) -> None:
+def figure_and_axes(figsize: tuple[float, float] = (6, 4)) -> tuple[Figure, Axes]:
+    """A figure of ``figsize`` inches on an Agg canvas, and its one axes."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def _whole_epochs(ax: Axes, epochs: list[int]) -> None:
     """Tick ``ax``'s x axis at whole epochs only (not 1.5). A lone epoch (a one-epoch run, or
     the scores of a run scored once) is ticked itself: matplotlib pads a single point by 5%
     (0.945 to 1.055), a range without a whole number, where the integer locator had fallen
@@ -88,10 +98,7 @@ def _whole_epochs(ax: plt.Axes, epochs: list[int]) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def save_figure(fig: plt.Figure, path: Path) -> Path:
-    """Write ``fig`` to ``path`` (see :func:`~kdml.figure_file.write_png`) and close it."""
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Lay ``fig`` out and write it to ``path`` (see :func:`~kdml.figure_file.write_png`)."""
     fig.tight_layout()
-    try:
-        return write_png(fig, path)
-    finally:
-        plt.close(fig)
+    return write_png(fig, path)

@@ -1,5 +1,5 @@
 """The report's sweep plots: one metric over a swept setting, a line per series, with 95%
-confidence bars over seeds (matplotlib, Agg backend)."""
+confidence bars over seeds (matplotlib's object API, Agg canvas)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from kdml.evaluation.estimate import Estimate
 from kdml.reproduce.experiments import Experiment, finished
-from kdml.viz import plt, save_figure
+from kdml.viz import figure_and_axes, save_figure
 
 
 def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: str,
@@ -28,7 +28,7 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
             series.setdefault(cell.series, []).append(point)
         else:
             shared.append(point)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figure_and_axes()
     for name, points in series.items():
         points = sorted(points + shared, key=lambda point: point[0])
         x = [point[0] for point in points]

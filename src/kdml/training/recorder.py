@@ -19,7 +19,6 @@ from kdml.errors import KdmlError, Terminated
 from kdml.training.checkpoint import save_checkpoint
 from kdml.training.run_folder import STOPPED, RunFolder, run_logging
 from kdml.training.selection import SCORED_PARTS
-from kdml.viz import plot_training
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -168,8 +167,12 @@ class Recorder:
         """Draw the history not drawn yet (if any) into ``plots/``."""
         if self._unplotted is None:
             return
+        # imported at the first plot: matplotlib is a second of every `kdml train`'s start-up,
+        # which a failed start or torchrun's other ranks (rank 0 alone draws) never use
+        from kdml import viz
+
         try:
-            plot_training(self._unplotted, self.run.plots)
+            viz.plot_training(self._unplotted, self.run.plots)
         # a picture of the user's in plots/, or plots/ not writable, must not stop training:
         # later epochs draw the whole history again (a full disk stops it at the checkpoint)
         except KdmlError as error:  # kdml's refusal of the pictures in the way: the rest drawn
