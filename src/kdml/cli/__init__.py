@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import errno
+import gc
 import io
 import os
 import re
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if argv is None:  # the console command, done: what it wrote is in place
             _default_stops()
+            _skip_the_last_collection()
 
 
 def _default_stops() -> None:
@@ -123,6 +125,16 @@ def _default_stops() -> None:
     for stop in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(stop, signal.SIG_DFL)
+
+
+def _skip_the_last_collection() -> None:
+    """Leave the objects alive now (a million or so, most of them torch's) to the operating
+    system: the garbage collection that ends the interpreter went through them all, 0.6 s of
+    every command's exit (0.85 s against 0.22 s after ``import torch``). Exit still clears the
+    modules and runs the atexit callbacks (logging's flush, multiprocessing's stop of loader
+    workers); only garbage in reference cycles is not finalized, and the command has closed
+    what it wrote."""
+    gc.freeze()
 
 
 def _other_rank() -> bool:
