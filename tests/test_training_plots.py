@@ -92,6 +92,33 @@ def test_logged_terms_that_are_not_losses_are_drawn_apart(tmp_path, monkeypatch)
     assert drawn["diagnostics.png"].axes[0].get_title() == "Training diagnostics"
 
 
+def test_a_laid_out_plot_is_drawn_once_into_its_file(tmp_path, monkeypatch):
+    """tight_layout() leaves the figure an engine that lays nothing out, for which savefig drew
+    the whole figure once more before drawing it into the file: write_png draws it once, into
+    the same pixels."""
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from kdml.figure_file import write_png
+
+    def laid_out():
+        figure, axes = viz.figure_and_axes()
+        axes.plot([1, 2], [1.0, 0.5], marker="o", label="loss")
+        axes.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="Training loss")
+        axes.legend()
+        figure.tight_layout()
+        return figure
+
+    laid_out().savefig(tmp_path / "savefig.png", dpi=100)
+    draws = []
+    draw = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: draws.append(draw(self, renderer)))
+    write_png(laid_out(), tmp_path / "kdml.png")
+    assert len(draws) == 1
+    with Image.open(tmp_path / "savefig.png") as expected, Image.open(tmp_path / "kdml.png") as got:
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+
+
 def test_a_plot_is_marked_as_kdmls_and_never_replaces_a_picture_it_did_not_draw(tmp_path):
     from PIL import Image
 
