@@ -190,7 +190,7 @@ def torchrun(*args, cwd, script: Path | None = None, **kwargs) -> subprocess.Com
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory):
     """The 2-process run of RUN, trained once for the tests that read it. Run by
-    ``NATIVE_THREADS`` (``cli.main(sys.argv[1:])``, as ``-m kdml`` calls it, then a count of
+    ``NATIVE_THREADS`` (``cli.main()``, as ``-m kdml`` calls it, then a count of
     the threads it left), so that the test of those threads needs no torchrun job of its own:
     each starts three Pythons that import torch."""
     folder = tmp_path_factory.mktemp("torchrun")
@@ -276,7 +276,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-# ``cli.main(sys.argv[1:])``, as ``-m kdml`` calls it, whose ranks wait once epoch 2's first
+# ``cli.main()``, as ``-m kdml`` calls it, whose ranks wait once epoch 2's first
 # step is taken, each saying so in a file: the kill then lands mid-epoch 2 on every try (a run
 # killed on seeing epoch 1's metrics.json had finished before its kill on a loaded machine)
 HELD_IN_EPOCH_2 = """
@@ -295,7 +295,7 @@ def held(watch, step, terms):
         time.sleep(600)  # until killed
     observe(watch, step, terms)
 trainer.train_one_epoch, nonfinite.NonFiniteWatch.observe = counted, held
-sys.exit(cli.main(sys.argv[1:]))
+sys.exit(cli.main())
 """
 
 
@@ -337,20 +337,20 @@ def native():  # threads Python did not start (where /proc counts them)
 torch.cuda.is_available()  # a CUDA machine's driver starts its threads here, not in the run
 before = native()
 from kdml import cli
-code = cli.main(sys.argv[1:])
+code = cli.main()
 print(f"rank {os.environ['RANK']}: exit {code}, {native() - before} native threads left")
 """
 
 
 # A bug's exception on its way out of cli.main: the threads are counted while it is held, as
 # an uncaught one is held (sys.last_exc) until the interpreter shuts down.
-BUG_THREADS = NATIVE_THREADS.replace("""code = cli.main(sys.argv[1:])
+BUG_THREADS = NATIVE_THREADS.replace("""code = cli.main()
 """, """import kdml.training.trainer as trainer
 def a_bug(*args, **kwargs):
     raise ZeroDivisionError("a bug of kdml's")
 trainer.score_method = a_bug
 try:
-    code = cli.main(sys.argv[1:])
+    code = cli.main()
 except ZeroDivisionError as error:
     code = type(error).__name__
     print(f"rank {os.environ['RANK']}: exit {code}, {native() - before} native threads left")

@@ -345,7 +345,7 @@ def test_runs_are_identical_with_zero_or_two_workers(tmp_path):
 MEMORY_SCRIPT = """
 import sys
 from kdml.cli import main
-code = main(sys.argv[1:])
+code = main()  # as `kdml` runs it
 status = open("/proc/self/status").read()
 print("peak_kib", status.split("VmHWM:")[1].split()[0])
 sys.exit(code)
