@@ -179,6 +179,16 @@ RUN = ["train", "jrd", "--dataset", "digits", "--no-progress", "train.epochs=2",
        "model.freeze_bn=true", "eval.nmi=false", "train.device=cpu"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def launchers_temporary_folder(tmp_path_factory):
+    """TMPDIR for the processes these tests start: torchrun leaves a folder of its own
+    (``torchelastic_*``, empty log folders) in the temporary folder at every launch, which
+    had piled up in /tmp, 7 a suite run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmpdir")))
+        yield
+
+
 def torchrun(*args, cwd, script: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
     """``torchrun -m kdml ARGS`` in 2 processes, or ``torchrun SCRIPT ARGS``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
