@@ -78,9 +78,10 @@ def test_a_session_stopped_from_outside_keeps_the_logs_of_what_ran(tmp_path):
     checks.write_text(STAND_IN)
     (tmp_path / "seen").mkdir()
     out = tmp_path / "out"
+    # the kill skips the script's removal of its scratch folder: here, not in /tmp
     env = {**os.environ, "GPU_CHECKS": str(checks), "SEEN": str(tmp_path / "seen"),
            "OUT": str(out), "BUDGET": "60", "WHEELS": "none", "NEURVE": str(tmp_path),
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
     session = subprocess.Popen(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
