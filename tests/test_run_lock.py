@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import re
-import subprocess
-import sys
+import shutil
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +22,10 @@ from kdml.training import trainer
 from kdml.training.run_folder import RunFolder, check_new_run_folder, hold_folder, start_afresh
 
 
-def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overrides, capsys,
+def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, trained_run, capsys,
                                                             monkeypatch):
     out = tmp_path / "run"
-    args = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out), "--no-progress",
-            *tiny_overrides, "train.epochs=2"]
-    assert cli.main([*args[:-1], "train.epochs=1"]) == 0
+    shutil.copytree(trained_run, out)  # a tiny run of one epoch, which this test resumes
     capsys.readouterr()
     # another process holds it (flock: a second open file of this process counts as another)
     with RunFolder(out).held(), monkeypatch.context() as patched:
@@ -39,21 +39,30 @@ def test_a_run_being_trained_is_refused_to_a_second_process(tmp_path, tiny_overr
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
 
 
+def _hold(lock: Path, sender) -> None:
+    """The other process: holds ``lock`` (:func:`hold_folder`), says so to ``sender``, and
+    sleeps."""
+    with hold_folder(lock, "busy"):
+        sender.send("held")
+        time.sleep(60)
+
+
 @contextlib.contextmanager
-def held_by_another_process(lock: Path) -> Iterator[subprocess.Popen[str]]:
-    """Another Python process holds ``lock`` (:func:`hold_folder`) until it is killed."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import time; from pathlib import Path; "
-         "from kdml.training.run_folder import hold_folder\n"
-         f"with hold_folder(Path({str(lock)!r}), 'busy'):\n"
-         "    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
+def held_by_another_process(lock: Path) -> Iterator[multiprocessing.Process]:
+    """Another Python process holds ``lock`` (:func:`hold_folder`) until it is killed. It is
+    forked from this one, which has imported kdml already (a fresh interpreter took seconds
+    to import torch for it); nothing is held at the fork, so all it holds is its own."""
+    fork = multiprocessing.get_context("fork")
+    receiver, sender = fork.Pipe(duplex=False)
+    holder = fork.Process(target=_hold, args=(lock, sender), daemon=True)
+    holder.start()
+    sender.close()  # the holder's end: should it die first, recv() raises instead of waiting
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert receiver.poll(60) and receiver.recv() == "held"
         yield holder
     finally:
         holder.kill()
-        holder.wait()
+        holder.join()
 
 
 def test_a_killed_process_leaves_nothing_held(tmp_path):
@@ -71,7 +80,8 @@ def test_a_waiting_hold_takes_the_folder_once_the_other_process_lets_go(tmp_path
     with held_by_another_process(lock) as holder:
         threading.Timer(0.5, holder.kill).start()
         with hold_folder(lock, "busy", wait=True):
-            assert holder.wait(timeout=5) is not None  # held until it was killed
+            holder.join(timeout=5)
+            assert holder.exitcode == -signal.SIGKILL  # held until it was killed
 
 
 def test_a_folder_holding_only_a_lock_file_takes_a_new_run(tmp_path, tiny_overrides):
@@ -80,7 +90,8 @@ def test_a_folder_holding_only_a_lock_file_takes_a_new_run(tmp_path, tiny_overri
         pass
     assert [path.name for path in out.iterdir()] == [".training.lock"]
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     "--no-progress", *tiny_overrides, "train.epochs=1"]) == 0
+                     "--no-progress", *tiny_overrides, "train.epochs=1",
+                     "train.steps_per_epoch=1"]) == 0
 
 
 def test_a_file_system_without_locks_trains_unguarded_and_an_unwritable_folder_says_so(
@@ -102,8 +113,8 @@ def test_a_file_system_without_locks_trains_unguarded_and_an_unwritable_folder_s
         pass
 
 
-def test_a_new_run_never_writes_over_one_started_since_its_folder_was_checked(tmp_path,
-                                                                              tiny_overrides):
+def test_a_new_run_never_writes_over_one_started_since_its_folder_was_checked(
+        tmp_path, tiny_overrides, trained_run):
     from kdml.config import resolve_config
     from kdml.training.recipes import get_recipe
     from kdml.training.trainer import train
@@ -112,7 +123,7 @@ def test_a_new_run_never_writes_over_one_started_since_its_folder_was_checked(tm
     config = resolve_config(recipe.name, recipe.params, recipe.defaults,
                             {"data": {"dataset": "digits"}}, [*tiny_overrides, "train.epochs=1"])
     out = tmp_path / "run"
-    train(config, out, progress=False, echo=lambda line: None)
+    shutil.copytree(trained_run, out)  # the run trained there with this config meanwhile
     before = (out / "config.yaml").read_text()
     with pytest.raises(KdmlError, match="already holds a run"):
         train(config, out, progress=False, echo=lambda line: None)  # as if its check was passed
@@ -229,7 +240,7 @@ def test_the_corrected_command_trains_where_a_run_failed_before_its_first_checkp
         tmp_path, tiny_overrides, capsys, monkeypatch, failure):
     out = tmp_path / "run"
     command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-               "--no-progress", *tiny_overrides, "train.epochs=1"]
+               "--no-progress", *tiny_overrides, "train.epochs=1", "train.steps_per_epoch=1"]
     with monkeypatch.context() as patched:
         assert cli.main([*command, *fail_in_the_first_epoch(failure, patched)]) == 2
     assert not (out / "checkpoints").exists() and (out / "config.yaml").is_file()
@@ -246,11 +257,9 @@ def test_the_corrected_command_trains_where_a_run_failed_before_its_first_checkp
 
 
 def test_a_resumed_run_removes_the_partial_checkpoints_of_a_killed_session(tmp_path,
-                                                                           tiny_overrides):
+                                                                           trained_run):
     out = tmp_path / "run"
-    command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-               "--no-progress", *tiny_overrides]
-    assert cli.main([*command, "train.epochs=1"]) == 0
+    shutil.copytree(trained_run, out)  # a tiny run of one epoch
     partial = out / "checkpoints" / ".last.pt.k1ll3d_x.tmp"  # as a kill mid-write leaves it
     partial.write_bytes(b"\0" * 64)
     mine = out / "checkpoints" / "notes.tmp"
@@ -263,17 +272,22 @@ def test_starting_afresh_says_so_and_leaves_no_stale_events(tmp_path, tiny_overr
                                                             monkeypatch):
     out = tmp_path / "run"
     command = ["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-               "--no-progress", *tiny_overrides, "train.epochs=1"]
+               "--no-progress", *tiny_overrides, "train.epochs=1", "train.steps_per_epoch=1"]
     assert cli.main([*command, *fail_in_the_first_epoch("setting", monkeypatch)]) == 2
+    # the failed run's events, as a run that logged some before failing leaves them (this one
+    # failed before TensorBoard wrote any)
+    stale = out / "tensorboard" / "events.out.tfevents.1795482618.host.123.0"
+    stale.write_bytes(b"\0")
     capsys.readouterr()
     assert cli.main(command) == 0
     assert f"starting afresh: the run in {out} saved no checkpoint" in capsys.readouterr().out
-    assert len(list((out / "tensorboard").iterdir())) == 1
+    events = list((out / "tensorboard").iterdir())
+    assert len(events) == 1 and events != [stale]
     assert (out / "train.log").read_text().count("start epoch 1 of 1") == 1
 
 
 def test_a_run_folder_not_named_in_utf8_is_refused_in_one_line(tmp_path, tiny_overrides,
-                                                               capsys):
+                                                               capsys, trained_run):
     """TensorBoard encodes its paths as UTF-8: a run folder named with a Latin-1 byte (read as
     a surrogate) had stopped training with its UnicodeEncodeError traceback, the folder made.
     A new run is refused before anything is written; a run moved to such a folder, when
@@ -290,7 +304,7 @@ def test_a_run_folder_not_named_in_utf8_is_refused_in_one_line(tmp_path, tiny_ov
                    "named in UTF-8\n")
     assert not out.exists()
     trained = tmp_path / "run"
-    assert cli.main([*args, "--out", str(trained)]) == 0
+    shutil.copytree(trained_run, trained)  # a tiny run of one epoch, trained as args say
     trained.rename(out)
     config = out / "config.yaml"
     config.write_text(config.read_text().replace("epochs: 1", "epochs: 2"))
