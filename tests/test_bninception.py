@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -220,6 +222,15 @@ def test_the_smallest_side_runs_and_the_rule_is_the_networks():
         bninception.check_image_size = check
 
 
+@pytest.fixture(scope="module")
+def new_bninception() -> Callable[[], BNInception]:
+    """``new_bninception()``: a new ``BNInception()``, as a copy of one built once per module
+    (building draws its 11M weights, about three times a copy's time). Its weights are
+    another draw than every ``randomised()`` net's, so a copy equals one only once loaded."""
+    built = BNInception()
+    return lambda: copy.deepcopy(built)
+
+
 def save_published_checkpoint(path, net: BNInception) -> dict[str, torch.Tensor]:
     """A file shaped like bn_inception-52deb4733.pth: the backbone plus last_linear."""
     state = {key: value.clone() for key, value in net.state_dict().items()
@@ -230,9 +241,9 @@ def save_published_checkpoint(path, net: BNInception) -> dict[str, torch.Tensor]
     return state
 
 
-def test_a_published_checkpoint_loads_and_its_classifier_is_ignored(tmp_path):
+def test_a_published_checkpoint_loads_and_its_classifier_is_ignored(tmp_path, new_bninception):
     saved = save_published_checkpoint(tmp_path / "bn_inception.pth", randomised())
-    fresh = BNInception()
+    fresh = new_bninception()
     lines = []
     load_weights(fresh, tmp_path / "bn_inception.pth", report=lines.append)
     assert torch.equal(fresh.inception_5b_pool_proj.weight, saved["inception_5b_pool_proj.weight"])
@@ -240,7 +251,7 @@ def test_a_published_checkpoint_loads_and_its_classifier_is_ignored(tmp_path):
     assert "missing" not in lines[0] and "unexpected" not in lines[0]
 
 
-def test_weights_from_safetensors_and_nested_checkpoints(tmp_path):
+def test_weights_from_safetensors_and_nested_checkpoints(tmp_path, new_bninception):
     from safetensors.torch import save_file
 
     net = randomised()
@@ -250,38 +261,38 @@ def test_weights_from_safetensors_and_nested_checkpoints(tmp_path):
                tmp_path / "training.pth")
     save_file(state, str(tmp_path / "WEIGHTS.SAFETENSORS"))  # had been read as a pickle
     for name in ("weights.safetensors", "training.pth", "WEIGHTS.SAFETENSORS"):
-        fresh = BNInception()
+        fresh = new_bninception()
         load_weights(fresh, tmp_path / name, report=lambda line: None)
         assert torch.equal(fresh.conv1_7x7_s2.weight, net.conv1_7x7_s2.weight)
 
 
-def test_weights_errors_are_one_line(tmp_path):
+def test_weights_errors_are_one_line(tmp_path, new_bninception):
     with pytest.raises(KdmlError, match="never downloads weights.*pretrainedmodels") as error:
-        load_weights(BNInception(), tmp_path / "bn_inception-52deb4733.pth")
+        load_weights(new_bninception(), tmp_path / "bn_inception-52deb4733.pth")
     assert "\n" not in str(error.value) and "does not exist" in str(error.value)
     (tmp_path / "weights.pth").mkdir()
     with pytest.raises(KdmlError, match="weights.pth is not a file; kdml never downloads"):
-        load_weights(BNInception(), tmp_path / "weights.pth")
-    state = BNInception().state_dict()
+        load_weights(new_bninception(), tmp_path / "weights.pth")
+    state = new_bninception().state_dict()
     state["inception_4a_1x1.weight"] = torch.zeros(10, 576, 1, 1)
     torch.save(state, tmp_path / "other.pth")
     with pytest.raises(KdmlError, match="inception_4a_1x1.weight has shape"):
-        load_weights(BNInception(), tmp_path / "other.pth")
+        load_weights(new_bninception(), tmp_path / "other.pth")
     torch.save({"encoder.weight": torch.zeros(3)}, tmp_path / "unrelated.pth")
     with pytest.raises(KdmlError, match="shares no key"):
-        load_weights(BNInception(), tmp_path / "unrelated.pth")
+        load_weights(new_bninception(), tmp_path / "unrelated.pth")
     # a file of a classifier alone names its keys, though they are dropped before the check
     torch.save({"fc.weight": torch.zeros(2, 3), "fc.bias": torch.zeros(2)},
                tmp_path / "classifier.pth")
     with pytest.raises(KdmlError, match=r"its first keys: fc\.weight, fc\.bias\); it holds "
                        "only a classifier"):
-        load_weights(BNInception(), tmp_path / "classifier.pth")
+        load_weights(new_bninception(), tmp_path / "classifier.pth")
     (tmp_path / "junk.pth").write_bytes(b"junk")
     with pytest.raises(KdmlError, match="not a readable state dict"):
-        load_weights(BNInception(), tmp_path / "junk.pth")
+        load_weights(new_bninception(), tmp_path / "junk.pth")
     torch.save({}, tmp_path / "empty.pth")  # had said "(its first keys: )"
     with pytest.raises(KdmlError, match="empty.pth holds no state dict of tensors$"):
-        load_weights(BNInception(), tmp_path / "empty.pth")
+        load_weights(new_bninception(), tmp_path / "empty.pth")
     # a TorchScript archive: refused in kdml's line alone, without torch's warning before it
     with warnings.catch_warnings():  # torch.jit's own deprecation
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -290,28 +301,30 @@ def test_weights_errors_are_one_line(tmp_path):
         warnings.simplefilter("error")
         with pytest.raises(KdmlError, match="scripted.pth (holds no state dict|is not a "
                                             "readable state dict)"):
-            load_weights(BNInception(), tmp_path / "scripted.pth")
+            load_weights(new_bninception(), tmp_path / "scripted.pth")
     # a model's state dict saved on the meta device: shapes only (a traceback at loading)
     torch.save({key: torch.empty_like(value, device="meta") for key, value in state.items()},
                tmp_path / "meta.pth")
     with pytest.raises(KdmlError, match="holds tensors without values .*meta device"):
-        load_weights(BNInception(), tmp_path / "meta.pth")
+        load_weights(new_bninception(), tmp_path / "meta.pth")
 
 
-def test_batchnorm_tensors_stored_as_rows_load(tmp_path):
+def test_batchnorm_tensors_stored_as_rows_load(tmp_path, new_bninception):
     net = randomised()
     state = {key: value.reshape(1, -1) if key.endswith(("_bn.weight", "_bn.bias",
                                                         "running_mean", "running_var"))
              else value for key, value in net.state_dict().items()}
     torch.save(state, tmp_path / "rows.pth")
-    fresh = BNInception()
+    fresh = new_bninception()
     load_weights(fresh, tmp_path / "rows.pth", report=lambda line: None)
     assert torch.equal(fresh.conv2_3x3_bn.running_var, net.conv2_3x3_bn.running_var)
 
 
-def test_a_file_for_another_model_is_refused_by_its_missing_and_unexpected_keys(tmp_path):
+def test_a_file_for_another_model_is_refused_by_its_missing_and_unexpected_keys(tmp_path,
+                                                                                new_bninception):
     """A file whose every shape fits (ResNet-18's in a ResNet-34) had loaded with the rest left
     random, and only a printed note said so."""
+    # its own draw of weights, not the copies' below: a load into a copy would change it
     full = BNInception().state_dict()
     missing = dict(full)
     del missing["conv1_7x7_s2.bias"]
@@ -327,14 +340,14 @@ def test_a_file_for_another_model_is_refused_by_its_missing_and_unexpected_keys(
                        r"have \(extra_layer\.weight\)"),
     ]:
         torch.save(state, tmp_path / f"{name}.pth")
-        fresh = BNInception()
+        fresh = new_bninception()
         before = fresh.conv2_3x3.weight.clone()
         with pytest.raises(KdmlError, match=message):
             load_weights(fresh, tmp_path / f"{name}.pth", report=lambda line: None)
         assert torch.equal(fresh.conv2_3x3.weight, before)  # nothing loaded
 
 
-def test_training_checkpoint_layouts(tmp_path):
+def test_training_checkpoint_layouts(tmp_path, new_bninception):
     """PyTorch's tutorial's (and Proxy-Anchor's) model_state_dict loads; a checkpoint with a
     script's objects is refused as such, not as an unreadable file."""
     import argparse
@@ -342,7 +355,7 @@ def test_training_checkpoint_layouts(tmp_path):
     net = randomised()
     torch.save({"epoch": 5, "model_state_dict": net.state_dict(), "optimizer_state_dict": {}},
                tmp_path / "tutorial.pth")
-    fresh = BNInception()
+    fresh = new_bninception()
     load_weights(fresh, tmp_path / "tutorial.pth", report=lambda line: None)
     assert torch.equal(fresh.conv1_7x7_s2.weight, net.conv1_7x7_s2.weight)
     torch.save({"state_dict": net.state_dict(), "args": argparse.Namespace(lr=0.1)},
@@ -350,11 +363,11 @@ def test_training_checkpoint_layouts(tmp_path):
     with pytest.raises(KdmlError, match=r"timm_train\.pth\.tar holds a Python object besides "
                        r"tensors \(argparse\.Namespace\), which kdml does not unpickle.*"
                        r"torch\.save\(checkpoint\['state_dict'\], 'weights\.pth'\)"):
-        load_weights(BNInception(), tmp_path / "timm_train.pth.tar")
+        load_weights(new_bninception(), tmp_path / "timm_train.pth.tar")
     torch.save({"epoch": 5, "optimizer": {"lr": torch.zeros(1)}}, tmp_path / "no_model.pth")
     with pytest.raises(KdmlError, match=r"holds no state dict of tensors \(its keys: epoch, "
                        r"optimizer\)$"):
-        load_weights(BNInception(), tmp_path / "no_model.pth")
+        load_weights(new_bninception(), tmp_path / "no_model.pth")
 
 
 def test_an_rgb_first_convolution_loads_into_a_grayscale_backbone(tmp_path):
@@ -391,11 +404,14 @@ def test_jrd_trains_on_a_folder_with_bninception_weights(tmp_path, capsys):
     save_published_checkpoint(tmp_path / "bn_inception-52deb4733.pth", randomised())
     folder = make_image_folder(tmp_path, classes=4, per_class=4, size=48)
     out = tmp_path / "run"
+    # one step on 32 px images (31-38 is BN-Inception's smallest range of sides), loaded in
+    # this process: the checks are the weights' report and a scored run, not what it learns
     assert cli.main(["train", "jrd", "--dataset", f"folder:{folder}", "model.backbone=bninception",
                      "--weights", str(tmp_path / "bn_inception-52deb4733.pth"), "--out", str(out),
-                     "--no-progress", "data.batch_size=4", "data.resize=72", "data.image_size=64",
-                     "model.freeze_bn=true", "train.epochs=1", "eval.nmi=false",
-                     "eval.ks=[1,2]", "train.device=cpu"]) == 0
+                     "--no-progress", "data.batch_size=4", "data.resize=40", "data.image_size=32",
+                     "data.num_workers=0", "model.freeze_bn=true", "train.epochs=1",
+                     "train.steps_per_epoch=1", "eval.nmi=false", "eval.ks=[1,2]",
+                     "train.device=cpu"]) == 0
     printed = capsys.readouterr().out
     assert "ignored the classifier (last_linear" in printed  # the one-line weights report
     assert "recall@1" in printed
@@ -410,11 +426,13 @@ def test_frozen_batchnorm_without_weights_is_warned_of(tmp_path, capsys):
 
     folder = make_image_folder(tmp_path, classes=4, per_class=4, size=48)
     out = tmp_path / "run"
+    # 32 px images (BN-Inception's smallest sides) loaded in this process (no loader
+    # workers to start): the check is a warning, not the training
     assert cli.main(["train", "jrd", "--dataset", f"folder:{folder}", "model.backbone=bninception",
-                     "--out", str(out), "--no-progress", "data.batch_size=4", "data.resize=72",
-                     "data.image_size=64", "model.freeze_bn=true", "train.epochs=1",
-                     "train.steps_per_epoch=1", "eval.nmi=false", "eval.ks=[1]",
-                     "train.device=cpu"]) == 0
+                     "--out", str(out), "--no-progress", "data.batch_size=4", "data.resize=40",
+                     "data.image_size=32", "data.num_workers=0", "model.freeze_bn=true",
+                     "train.epochs=1", "train.steps_per_epoch=1", "eval.nmi=false",
+                     "eval.ks=[1]", "train.device=cpu"]) == 0
     warning = ("model.freeze_bn=true with no model.weights: the bninception backbone starts "
                "from random weights")
     assert f"kdml: warning: {warning}" in capsys.readouterr().err
@@ -437,11 +455,14 @@ def test_a_backbone_its_paper_fine_tunes_warns_without_weights(tmp_path, capsys,
 
     folder = make_image_folder(tmp_path, classes=4, per_class=4, size=48)
     out = tmp_path / "run"
+    # 32 px images (BN-Inception's smallest sides) loaded in this process (no loader
+    # workers to start): the check is a warning, not the training
     assert cli.main(["train", recipe, "--dataset", f"folder:{folder}",
                      "model.backbone=bninception", "--out", str(out), "--no-progress",
-                     "data.batch_size=4", "data.resize=72", "data.image_size=64",
-                     "model.freeze_bn=false", "train.epochs=1", "train.steps_per_epoch=1",
-                     "eval.nmi=false", "eval.ks=[1]", "train.device=cpu", *extra]) == 0
+                     "data.batch_size=4", "data.resize=40", "data.image_size=32",
+                     "data.num_workers=0", "model.freeze_bn=false", "train.epochs=1",
+                     "train.steps_per_epoch=1", "eval.nmi=false", "eval.ks=[1]",
+                     "train.device=cpu", *extra]) == 0
     warning = (f"no model.weights: the bninception backbone starts from random weights, while "
                f"{recipe}'s paper fine-tunes it from ImageNet weights")
     assert (warning in capsys.readouterr().err) == warned
