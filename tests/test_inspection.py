@@ -72,6 +72,12 @@ def drawn_grids(monkeypatch) -> list[dict[str, list]]:
     return grids
 
 
+def unmapped(values: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
+    """Stands in for the embedding map's t-SNE (a second or more a map) where a test reads
+    which points are mapped, with which labels and title, not where they land."""
+    return values[:, :2], "PCA"
+
+
 def lengthened_embeddings(*args):
     """embed_dataset's embeddings, each lengthened by its own power of two (exact): what the
     cosine metric ignores."""
@@ -102,6 +108,18 @@ def runs(tmp_path_factory):
     assert kdml("train", "mtriplet", "--dataset", "digits", "--out", root / "atlas", *TINY,
                 "train.steps_per_epoch=0", "method.n_charts=3", "data.batch_size=20",
                 "data.samples_per_class=4") == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(runs, tmp_path_factory) -> Path:
+    """What most search tests start from, made once: `kdml index` of each run (plain-index,
+    atlas-index) and `kdml embed` of its test part (plain.npz, atlas.npz). Tests copy them
+    into their own folder, where they change them and where their messages name them."""
+    root = tmp_path_factory.mktemp("built")
+    for name in ("plain", "atlas"):
+        assert kdml("index", runs / name, "--out", root / f"{name}-index") == 0
+        assert kdml("embed", runs / name, "--out", root / f"{name}.npz") == 0
     return root
 
 
@@ -148,10 +166,10 @@ def test_index_and_search_find_the_nearest_test_samples(runs, tmp_path, capsys, 
         assert overlap >= 0.9
 
 
-def test_atlas_index_searches_the_query_chart_only(runs, tmp_path, capsys):
+def test_atlas_index_searches_the_query_chart_only(runs, built, tmp_path, capsys):
     index = tmp_path / "index"
-    assert kdml("index", runs / "atlas", "--out", index) == 0
-    assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
+    shutil.copytree(built / "atlas-index", index)
+    shutil.copy(built / "atlas.npz", tmp_path / "codes.npz")
     codes = np.load(tmp_path / "codes.npz")
     charted = {"chart_coords": codes["chart_coords"][:4], "chart_index": codes["chart_index"][:4]}
     np.savez(tmp_path / "query.npz", embeddings=codes["embeddings"][:4], **charted)
@@ -171,7 +189,8 @@ def test_atlas_index_searches_the_query_chart_only(runs, tmp_path, capsys):
         assert charts == {int(codes["chart_index"][query])}
 
 
-def test_raw_queries_of_an_atlas_run_are_searched_in_their_own_charts(runs, tmp_path, capsys):
+def test_raw_queries_of_an_atlas_run_are_searched_in_their_own_charts(runs, built, tmp_path,
+                                                                     capsys):
     """An .npz of raw inputs is embedded by the run's model into chart codes and each query
     searched in its own chart, as the chart codes the model gives it directly are; and with a
     -k beyond every chart's size, each query lists its chart's other items once, ranked from
@@ -188,7 +207,7 @@ def test_raw_queries_of_an_atlas_run_are_searched_in_their_own_charts(runs, tmp_
     np.savez(tmp_path / "raw.npz", inputs=images.numpy())
     np.savez(tmp_path / "codes.npz", chart_coords=coords.numpy(),
              chart_index=charts.numpy())
-    assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "atlas-index", tmp_path / "index")
     indexed_charts = np.load(tmp_path / "index" / "items.npz")["chart"]
     found = []
     for query, k in (("raw.npz", 3), ("codes.npz", 3), ("raw.npz", 1000)):
@@ -206,12 +225,22 @@ def test_raw_queries_of_an_atlas_run_are_searched_in_their_own_charts(runs, tmp_
         assert [n["rank"] for n in result["neighbours"]] == list(range(1, len(listed) + 1))
 
 
-def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
-    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A folder: dataset of 4 classes of 4 images (c00, c01 train, c02, c03 test), and an
+    amsoftmax run trained on it (tests that change the run work on a copy)."""
+    root = tmp_path_factory.mktemp("folder")
+    folder = make_image_folder(root, classes=4, per_class=4, size=32)
+    run = root / "run"
     assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
                 "data.batch_size=4", "data.resize=36", "data.image_size=32",
                 "eval.ks=[1,2]") == 0
+    return folder, run
+
+
+def test_queries_of_raw_inputs_and_images(folder_run, tmp_path, capsys, monkeypatch):
+    folder, run = folder_run[0], tmp_path / "run"
+    shutil.copytree(folder_run[1], run)  # the plots are drawn into it
     assert kdml("index", run, "--out", tmp_path / "index") == 0
     image = sorted((folder / "c03").iterdir())[0]
     capsys.readouterr()
@@ -250,6 +279,7 @@ def test_queries_of_raw_inputs_and_images(tmp_path, capsys, monkeypatch):
         return path
 
     monkeypatch.setattr(plots, "plot_retrieval_grid", grid)
+    monkeypatch.setattr(plots, "embedding_map", unmapped)
     monkeypatch.setattr(plots, "plot_embedding_map", embedding_map)
     # every test image; 5 neighbours, of which at most 3 share the query's class
     assert kdml("plot", "retrieval", run, "--queries", "8", "-k", "5") == 0
@@ -444,15 +474,12 @@ def test_a_pca_run_keeps_its_pca_so_its_model_needs_no_data(tmp_path, capsys):
         "train again\n")
 
 
-def test_eval_scores_another_dataset_with_the_runs_model(tmp_path, capsys):
+def test_eval_scores_another_dataset_with_the_runs_model(folder_run, tmp_path, capsys):
     """``kdml eval RUN --dataset D`` scores D's test part (the run's data.split of it) and
     writes nothing: on the run's own data it prints what ``kdml eval`` prints, and on another
     folder its Recall@1 is a literal leave-one-out loop over that folder's embeddings."""
-    folder = make_image_folder(tmp_path, classes=4, per_class=4, size=32)
-    run = tmp_path / "run"
-    assert kdml("train", "amsoftmax", "--dataset", f"folder:{folder}", "--out", run, *TINY,
-                "data.batch_size=4", "data.resize=36", "data.image_size=32",
-                "eval.ks=[1,2]") == 0
+    folder, run = folder_run[0], tmp_path / "run"
+    shutil.copytree(folder_run[1], run)  # its eval.json is deleted
 
     def scores(printed: str) -> list[str]:
         return [line for line in printed.splitlines() if line.startswith("  recall@")]
@@ -584,7 +611,7 @@ def test_eval_ks_of_a_run_that_kept_its_best_epoch(tmp_path, capsys):
     assert (written["checkpoint"], written["scored"]) == ("best", "validation")
 
 
-def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
+def test_image_queries_of_an_in_memory_image_run(runs, built, tmp_path, capsys):
     """A PNG of a digits sample finds what the same sample as raw inputs finds, in grey or
     RGB; an image of another size and mode is fitted to the samples' 1x8x8 grey."""
     from PIL import Image
@@ -598,7 +625,7 @@ def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
     Image.fromarray(pixels).save(tmp_path / "grey.png")
     Image.fromarray(np.stack([pixels] * 3, -1)).save(tmp_path / "rgb.png")
     Image.new("RGB", (40, 24), (90, 30, 200)).save(tmp_path / "wide.jpg")
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     found = {}
     for name in ("raw.npz", "grey.png", "rgb.png", "wide.jpg"):
         capsys.readouterr()
@@ -612,9 +639,9 @@ def test_image_queries_of_an_in_memory_image_run(runs, tmp_path, capsys):
                            [n["score"] for n in found["raw.npz"]], atol=0.02)
 
 
-def test_an_unreadable_query_image_says_what_to_give_instead(runs, tmp_path, capsys):
+def test_an_unreadable_query_image_says_what_to_give_instead(runs, built, tmp_path, capsys):
     """An empty or cut-off image file as the query: one line naming it, why, and the remedy."""
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     (tmp_path / "empty.jpg").write_bytes(b"")
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
@@ -625,8 +652,8 @@ def test_an_unreadable_query_image_says_what_to_give_instead(runs, tmp_path, cap
     assert "give a readable image file or an .npz" in err
 
 
-def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
-    assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
+def test_mismatched_index_and_query_are_refused(runs, built, tmp_path, capsys):
+    shutil.copytree(built / "atlas-index", tmp_path / "atlas-index")
     np.savez(tmp_path / "query.npz", embeddings=np.zeros((1, 8), dtype=np.float32))
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "atlas-index", "--query",
@@ -635,7 +662,7 @@ def test_mismatched_index_and_query_are_refused(runs, tmp_path, capsys):
         f"kdml: error: index {tmp_path / 'atlas-index'} was built from another checkpoint "
         f"({(runs / 'atlas').resolve()}); build it from this run with 'kdml index "
         f"{runs / 'plain'} --out DIR'\n")
-    assert kdml("index", runs / "plain", "--out", tmp_path / "plain-index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "plain-index")
     np.savez(tmp_path / "wide.npz", embeddings=np.zeros((1, 5), dtype=np.float32))
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "plain-index", "--query",
@@ -652,7 +679,8 @@ def test_a_retrieval_grid_is_at_most_64_a_side(runs, capsys):
 
 def test_plots_of_retrieval_and_of_the_embedding(runs, capsys):
     assert kdml("plot", "retrieval", runs / "plain", "--queries", "3", "-k", "4") == 0
-    assert kdml("plot", "embedding", runs / "plain", "--max-points", "300") == 0
+    # a t-SNE map of 60 points: what is checked is that both pictures are drawn
+    assert kdml("plot", "embedding", runs / "plain", "--max-points", "60") == 0
     for name in ("retrieval.png", "embedding.png"):
         path = runs / "plain" / "plots" / name
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -1080,7 +1108,9 @@ def test_plots_never_replace_a_picture_kdml_did_not_draw(runs, tmp_path, capsys,
 
     run = tmp_path / "plain"
     shutil.copytree(runs / "plain", run)
-    # small pictures (2 query rows): what is tested is which file is replaced, not its size
+    # small pictures (2 query rows, a map without t-SNE): what is tested is which file is
+    # replaced, not what it shows
+    monkeypatch.setattr(plots, "embedding_map", unmapped)
     for command, option in (("retrieval", ["-k", "4", "--queries", "2"]),
                             ("embedding", ["--max-points", "60"])):
         mine = run / "plots" / f"{command}.png"
@@ -1271,10 +1301,10 @@ def test_another_dataset_must_be_shaped_like_the_run_s_samples(runs, tmp_path, c
     assert not (tmp_path / "other.npz").exists() and not (tmp_path / "index").exists()
 
 
-def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
-    assert kdml("index", runs / "plain", "--out", tmp_path / "plain-index") == 0
-    assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
-    assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0
+def test_malformed_query_files_get_one_line_errors(runs, built, tmp_path, capsys):
+    shutil.copytree(built / "plain-index", tmp_path / "plain-index")
+    shutil.copytree(built / "atlas-index", tmp_path / "atlas-index")
+    shutil.copy(built / "atlas.npz", tmp_path / "atlas.npz")
     codes = np.load(tmp_path / "atlas.npz")
     coords, charts = codes["chart_coords"][:3], codes["chart_index"][:3]
     vectors = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
@@ -1348,11 +1378,11 @@ def test_malformed_query_files_get_one_line_errors(runs, tmp_path, capsys):
         assert [r["query"] for r in json.loads(capsys.readouterr().out)] == names
 
 
-def test_cosine_queries_of_any_magnitude_find_what_unit_ones_find(runs, tmp_path, capsys):
+def test_cosine_queries_of_any_magnitude_find_what_unit_ones_find(runs, built, tmp_path, capsys):
     """Cosine similarity ignores length: queries scaled by 1e37 or 1e-42 (finite float32)
     rank the gallery as the unscaled ones do, instead of overflowing or underflowing."""
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
-    assert kdml("embed", runs / "plain", "--out", tmp_path / "test.npz") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
+    shutil.copy(built / "plain.npz", tmp_path / "test.npz")
     base = np.load(tmp_path / "test.npz")["embeddings"][:4].astype(np.float64)
     found = {scale: searched_sources(runs / "plain", tmp_path, capsys,
                                      embeddings=(base * scale).astype(np.float32))
@@ -1361,8 +1391,8 @@ def test_cosine_queries_of_any_magnitude_find_what_unit_ones_find(runs, tmp_path
     assert found[1e37] == found[1.0] and found[1e-42][0][0] == "digits/test[0]"
 
 
-def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+def test_a_search_that_finds_fewer_than_k_says_so(runs, built, tmp_path, capsys):
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     np.savez(tmp_path / "q.npz", embeddings=np.ones((2, 8), dtype=np.float32))
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
@@ -1379,8 +1409,8 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
                 tmp_path / "one.npz", "-k", "1000") == 0
     assert "note: 1 of 1 query found fewer than 1000 neighbours" in capsys.readouterr().err
     # a -k far beyond the index allocates only what the index can give, plain and Atlas
-    assert kdml("index", runs / "atlas", "--out", tmp_path / "atlas-index") == 0
-    assert kdml("embed", runs / "atlas", "--out", tmp_path / "atlas.npz") == 0
+    shutil.copytree(built / "atlas-index", tmp_path / "atlas-index")
+    shutil.copy(built / "atlas.npz", tmp_path / "atlas.npz")
     # 28 of its 896 test samples, spread over the split, as queries: what is tested is -k, not
     # how many queries ask it (each of 896 would print up to 896 neighbours as JSON)
     with np.load(tmp_path / "atlas.npz") as embedded:
@@ -1401,12 +1431,12 @@ def test_a_search_that_finds_fewer_than_k_says_so(runs, tmp_path, capsys):
 @pytest.mark.parametrize("damage", ["truncated", "no labels", "too few rows", "no chart",
                                     "labels as a column", "labels as text", "chart as floats",
                                     "too few class names"])
-def test_a_damaged_index_is_refused_in_one_line(runs, tmp_path, capsys, damage):
+def test_a_damaged_index_is_refused_in_one_line(runs, built, tmp_path, capsys, damage):
     """The last four had stopped the search with a traceback (TypeError, ValueError,
     IndexError)."""
     run = "atlas" if "chart" in damage else "plain"
-    assert kdml("index", runs / run, "--out", tmp_path / "index") == 0
-    assert kdml("embed", runs / run, "--out", tmp_path / "q.npz") == 0
+    shutil.copytree(built / f"{run}-index", tmp_path / "index")  # damaged below
+    shutil.copy(built / f"{run}.npz", tmp_path / "q.npz")
     items = tmp_path / "index" / "items.npz"
     arrays = dict(np.load(items))
     if damage == "truncated":
@@ -1432,10 +1462,10 @@ def test_a_damaged_index_is_refused_in_one_line(runs, tmp_path, capsys, damage):
     assert err.count("\n") == 1 and "build it again with 'kdml index'" in err
 
 
-def test_an_index_with_the_faiss_file_of_another_index_is_refused(runs, tmp_path, capsys):
+def test_an_index_with_the_faiss_file_of_another_index_is_refused(runs, built, tmp_path, capsys):
     """index.faiss copied from an index of another split: its positions would name other
     items' labels and sources (or none)."""
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     assert kdml("index", runs / "plain", "--split", "train", "--out", tmp_path / "train") == 0
     count = json.loads((tmp_path / "index" / "index.json").read_text())["count"]
     stored = faiss.read_index(str(tmp_path / "train" / "index.faiss")).ntotal
@@ -1482,8 +1512,8 @@ def test_a_command_that_fails_before_writing_leaves_no_new_folder(runs, tmp_path
     assert (tmp_path / "new" / "sub" / "e.npz").is_file()
 
 
-def test_a_query_that_is_not_an_npz_archive_says_so(runs, tmp_path, capsys):
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+def test_a_query_that_is_not_an_npz_archive_says_so(runs, built, tmp_path, capsys):
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     (tmp_path / "q.npz").write_text("not an archive")
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
@@ -1674,7 +1704,7 @@ def test_the_retrieval_plot_and_index_search_a_gallery_where_the_split_has_one(t
     assert len(np.load(tmp_path / "other.npz")["labels"]) == 8  # its 4 test items' queries
 
 
-def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, capsys):
+def test_embeddings_of_another_model_are_refused_as_queries(runs, built, tmp_path, capsys):
     """An .npz of `kdml embed` names its checkpoint; searched in another run, it had printed
     meaningless neighbours with exit 0. Its own run takes it, as does an .npz of the user's
     (which names no checkpoint)."""
@@ -1682,7 +1712,7 @@ def test_embeddings_of_another_model_are_refused_as_queries(runs, tmp_path, caps
     assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", other, *TINY,
                 "--seed", "1") == 0
     assert kdml("index", other, "--out", tmp_path / "index") == 0
-    assert kdml("embed", runs / "plain", "--out", tmp_path / "plain.npz") == 0
+    shutil.copy(built / "plain.npz", tmp_path / "plain.npz")
     capsys.readouterr()
     assert kdml("search", other, "--index", tmp_path / "index", "--query",
                 tmp_path / "plain.npz") == 2
@@ -1746,13 +1776,13 @@ def test_an_atlas_run_searches_in_shops_gallery_too(tmp_path, monkeypatch):
     assert seen == {"queries": 6, "gallery": 3}
 
 
-def test_float_inputs_of_any_precision_find_what_float32_ones_find(runs, tmp_path, capsys):
+def test_float_inputs_of_any_precision_find_what_float32_ones_find(runs, built, tmp_path, capsys):
     """numpy's default float64 (and float16) 'inputs' are cast to the samples' float32: they
     had stopped the search with torch's 'expected scalar type Double but found Float'."""
     from kdml.data.offline import load_digits
 
     images, _ = load_digits()
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     found = {dtype: searched_sources(runs / "plain", tmp_path, capsys,
                                      inputs=images[:3].numpy().astype(dtype))
              for dtype in (np.float32, np.float64, np.float16)}
@@ -1760,7 +1790,7 @@ def test_float_inputs_of_any_precision_find_what_float32_ones_find(runs, tmp_pat
     assert len(found[np.float16]) == 3
 
 
-def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
+def test_float_image_inputs_outside_0_1_are_refused(runs, built, tmp_path, capsys):
     """Images in memory (digits' floats, Fashion-MNIST's uint8) reach the model in [0, 1], so
     0-255 float pixels would be embedded as a glare; features are taken at any scale."""
     from kdml.data.dataset import ArrayDataset
@@ -1769,7 +1799,7 @@ def test_float_image_inputs_outside_0_1_are_refused(runs, tmp_path, capsys):
     from kdml.inspection.queries import _query_inputs
 
     images, _ = load_digits()
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     np.savez(tmp_path / "q.npz", inputs=images[:3].numpy() * 255)
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
@@ -1827,6 +1857,7 @@ def test_a_validated_run_is_inspected_on_its_test_part_with_test(tmp_path, capsy
     assert kdml("index", run, "--test", "--out", tmp_path / "index") == 0
     assert json.loads((tmp_path / "index" / "index.json").read_text())["count"] == 896
     mapped = []
+    monkeypatch.setattr(plots, "embedding_map", unmapped)  # which part is mapped is checked
     monkeypatch.setattr(plots, "plot_embedding_map",
                         lambda coordinates, labels, path, method, title, *_:
                         mapped.append((set(labels), title)) or path)
@@ -1885,13 +1916,13 @@ def test_an_hnsw_index_finds_nearly_all_exact_neighbours(tmp_path, charts):
         assert recall >= 0.99, (k, recall)
 
 
-def test_search_names_its_scores_similarities_or_distances(runs, tmp_path, capsys):
+def test_search_names_its_scores_similarities_or_distances(runs, built, tmp_path, capsys):
     """Cosine runs score similarities (higher is nearer), Atlas runs Euclidean distances in
     their charts (lower is nearer): the table's column and --json's metric say which."""
     for run, metric, column in (("plain", "cosine", "similarity"),
                                 ("atlas", "euclidean", "distance")):
-        assert kdml("index", runs / run, "--out", tmp_path / run) == 0
-        assert kdml("embed", runs / run, "--out", tmp_path / f"{run}.npz") == 0
+        shutil.copytree(built / f"{run}-index", tmp_path / run)
+        shutil.copy(built / f"{run}.npz", tmp_path / f"{run}.npz")
         query = ["search", runs / run, "--index", tmp_path / run, "--query",
                  tmp_path / f"{run}.npz", "-k", "2"]
         capsys.readouterr()
@@ -1936,11 +1967,11 @@ def test_an_index_of_an_earlier_checkpoint_of_the_run_says_so(runs, tmp_path, ca
     ({"run": 3}, "index.json's run and checkpoint_sha256 must be text"),
     ({"checkpoint_sha256": 3}, "index.json's run and checkpoint_sha256 must be text"),
 ])
-def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_path, capsys,
-                                                                     edit, words):
+def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, built, tmp_path,
+                                                                     capsys, edit, words):
     """A hand-edited index.json had crashed faiss (dim) or been searched as Euclidean
     (an unknown metric)."""
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")  # edited below
     meta = tmp_path / "index" / "index.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), **edit}))
     assert refused_search(runs / "plain", tmp_path, capsys) == damaged_index(tmp_path, words)
@@ -1948,11 +1979,11 @@ def test_an_index_json_that_disagrees_with_its_faiss_files_is_refused(runs, tmp_
 
 @pytest.mark.parametrize("count", [float, str, lambda n: -1, lambda n: True],
                          ids=["float", "text", "negative", "bool"])
-def test_an_index_json_count_that_is_not_a_whole_number_is_refused(runs, tmp_path, capsys,
-                                                                    count):
+def test_an_index_json_count_that_is_not_a_whole_number_is_refused(runs, built, tmp_path,
+                                                                    capsys, count):
     """A hand-edited count of 896.0 passed the length checks and crashed numpy with a raw
     TypeError once -k reached it."""
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")  # edited below
     meta = tmp_path / "index" / "index.json"
     info = json.loads(meta.read_text())
     edited = count(info["count"])
@@ -2023,14 +2054,15 @@ def test_queries_are_searched_without_the_run_s_data(tmp_path, capsys):
     assert code == 2 and "no checkpoint at" in err and err.count("\n") == 1, err
 
 
-def test_chart_codes_are_searched_without_reading_the_data(runs, tmp_path, capsys, monkeypatch):
+def test_chart_codes_are_searched_without_reading_the_data(runs, built, tmp_path, capsys,
+                                                           monkeypatch):
     """An Atlas run's chart codes are searched, and their charts checked against the run's
     n_charts, without the data; its raw 'inputs' are embedded, into the same charts and
     neighbours, by the model rebuilt from the run folder, without the data too."""
     from kdml.training import loading, trainer
 
-    assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
-    assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
+    shutil.copytree(built / "atlas-index", tmp_path / "index")
+    shutil.copy(built / "atlas.npz", tmp_path / "codes.npz")
     codes = np.load(tmp_path / "codes.npz")
     coords, charts = codes["chart_coords"][:4], codes["chart_index"][:4]
     np.savez(tmp_path / "q.npz", chart_coords=coords, chart_index=charts)
@@ -2176,6 +2208,7 @@ def test_unlabelled_target_samples_are_no_class_to_the_analysis_or_the_map(tmp_p
     written = json.loads((run / "generalization.json").read_text())
     assert written["lambda"]["mean"] == 0.0  # five well-separated classes on each side
     drawn = {}
+    monkeypatch.setattr(plots, "embedding_map", unmapped)  # the mapped labels are checked
     monkeypatch.setattr(plots, "plot_embedding_map",
                         lambda coordinates, labels, path, method, title, class_names=None, *_:
                         drawn.update(labels=labels) or path)
@@ -2188,10 +2221,10 @@ def test_unlabelled_target_samples_are_no_class_to_the_analysis_or_the_map(tmp_p
         "unlabelled", *map(str, target_classes)]
 
 
-def test_search_refuses_a_data_root_its_run_does_not_read(runs, tmp_path, capsys):
+def test_search_refuses_a_data_root_its_run_does_not_read(runs, built, tmp_path, capsys):
     """A query of embeddings needs no data, so --data-root had been ignored without a word on
     a digits run, where eval, embed and analyze refuse it."""
-    assert kdml("index", runs / "plain", "--out", tmp_path / "index") == 0
+    shutil.copytree(built / "plain-index", tmp_path / "index")
     np.savez(tmp_path / "q.npz", embeddings=np.ones((2, 8), dtype=np.float32))
     capsys.readouterr()
     assert kdml("search", runs / "plain", "--index", tmp_path / "index", "--query",
@@ -2217,11 +2250,11 @@ def test_analyze_refuses_overlapping_classes_before_embedding(tmp_path, capsys, 
     assert not embedded and not (run / "generalization.json").exists()
 
 
-def test_an_atlas_search_lists_only_the_items_of_the_query_s_chart(runs, tmp_path, capsys):
+def test_an_atlas_search_lists_only_the_items_of_the_query_s_chart(runs, built, tmp_path, capsys):
     """A chart holds fewer items than -k: the search's empty places (-1) are left out, never
     listed as the index's last item at a NaN score (which --json writes as NaN, no JSON)."""
-    assert kdml("index", runs / "atlas", "--out", tmp_path / "index") == 0
-    assert kdml("embed", runs / "atlas", "--out", tmp_path / "codes.npz") == 0
+    shutil.copytree(built / "atlas-index", tmp_path / "index")
+    shutil.copy(built / "atlas.npz", tmp_path / "codes.npz")
     codes = np.load(tmp_path / "codes.npz")
     np.savez(tmp_path / "q.npz", chart_coords=codes["chart_coords"][:6],
              chart_index=codes["chart_index"][:6])
