@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from PIL import Image, UnidentifiedImageError
@@ -75,6 +76,14 @@ def _check_not_in_the_way(path: Path) -> None:
     if path.is_symlink() or path.is_dir() or (path.exists() and not drawn_by_kdml(path)):
         raise KdmlError(f"{path} is in the way and kdml did not draw it; move it away (kdml "
                         "never replaces a file it did not write)")
+
+
+def agg_figure(width: float, height: float) -> Figure:
+    """A figure of ``width`` x ``height`` inches on matplotlib's Agg canvas: no pyplot, no
+    display, no change of the backend of a program that imports kdml."""
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def write_png(figure: Figure, path: Path, dpi: int = 100) -> Path:

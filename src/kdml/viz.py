@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from kdml.errors import KdmlError
-from kdml.figure_file import write_png
+from kdml.figure_file import agg_figure, write_png
 from kdml.models.method import DIAGNOSTIC_TERMS
 from kdml.training.selection import SCORED_PARTS, TEST, VALIDATION
 
@@ -82,8 +81,7 @@ def plot_training(history: list[dict[str, Any]], folder: Path) -> list[Path]:
 
 def figure_and_axes(figsize: tuple[float, float] = (6, 4)) -> tuple[Figure, Axes]:
     """A figure of ``figsize`` inches on an Agg canvas, and its one axes."""
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
+    fig = agg_figure(*figsize)
     return fig, fig.subplots()
 
 

@@ -14,13 +14,12 @@ from typing import Any
 import matplotlib
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kdml.errors import KdmlError
 from kdml.evaluation.knn import as_float32_matrix
 from kdml.evaluation.labels import as_label_vector
-from kdml.figure_file import literal_text, missing_glyphs_named, write_png
+from kdml.figure_file import agg_figure, literal_text, missing_glyphs_named, write_png
 
 HIT, MISS = "#1a9850", "#d73027"
 
@@ -125,8 +124,7 @@ def _retrieval_grid_figure(queries: np.ndarray, neighbours: np.ndarray, hits: np
     ``gallery`` their neighbours."""
     (image, titles), (neighbour_image, neighbour_titles) = own, gallery
     rows, columns = neighbours.shape[0], neighbours.shape[1] + 1
-    figure = Figure(figsize=(1.3 * columns, 1.45 * rows))
-    FigureCanvasAgg(figure)
+    figure = agg_figure(1.3 * columns, 1.45 * rows)
     for row, query in enumerate(queries):
         for column, position in enumerate([query, *neighbours[row]]):
             load, caption_of = (image, titles) if column == 0 else (neighbour_image,
@@ -227,8 +225,7 @@ def _embedding_map_figure(coordinates: np.ndarray, labels: np.ndarray, method: s
     (label -1) are drawn grey, as no class."""
     unlabelled = labels < 0
     classes = np.unique(labels[~unlabelled])
-    figure = Figure(figsize=(6, 6))
-    FigureCanvasAgg(figure)
+    figure = agg_figure(6, 6)
     axes = figure.add_subplot(1, 1, 1)
     if unlabelled.any():
         axes.scatter(coordinates[unlabelled, 0], coordinates[unlabelled, 1], s=6,
