@@ -730,7 +730,7 @@ def test_a_map_of_a_random_sample_says_so_with_the_whole_part_s_counts(runs, tmp
 
     run = tmp_path / "plain"
     shutil.copytree(runs / "plain", run)
-    monkeypatch.setattr(plots, "embedding_map", lambda values, seed=0: (values[:, :2], "PCA"))
+    monkeypatch.setattr(plots, "embedding_map", unmapped)
     titles = []
     figure_of = viz_retrieval._embedding_map_figure
 
