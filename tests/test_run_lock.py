@@ -133,6 +133,9 @@ def test_a_new_run_never_writes_over_one_started_since_its_folder_was_checked(
 # ------------------------------------------------------------------ a run without a checkpoint
 
 
+STALE_EVENTS = "events.out.tfevents.1795482618.host.123.0"  # a TensorBoard events file's name
+
+
 def stale_run(folder: Path) -> Path:
     """``folder`` as a run that stopped in its first epoch leaves it: config, log, events and
     lock file, no checkpoint."""
@@ -147,7 +150,7 @@ def stale_run(folder: Path) -> Path:
     (folder / "train.log").write_text("2026-01-01 10:00:00,000 start epoch 1 of 10, device "
                                       "cpu, 901 train / 896 test samples\n")
     (folder / "tensorboard").mkdir()
-    (folder / "tensorboard" / "events.out.tfevents.1795482618.host.123.0").write_bytes(b"\0")
+    (folder / "tensorboard" / STALE_EVENTS).write_bytes(b"\0")
     return folder
 
 
@@ -276,7 +279,7 @@ def test_starting_afresh_says_so_and_leaves_no_stale_events(tmp_path, tiny_overr
     assert cli.main([*command, *fail_in_the_first_epoch("setting", monkeypatch)]) == 2
     # the failed run's events, as a run that logged some before failing leaves them (this one
     # failed before TensorBoard wrote any)
-    stale = out / "tensorboard" / "events.out.tfevents.1795482618.host.123.0"
+    stale = out / "tensorboard" / STALE_EVENTS
     stale.write_bytes(b"\0")
     capsys.readouterr()
     assert cli.main(command) == 0
