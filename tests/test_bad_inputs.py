@@ -41,11 +41,22 @@ def refused(tmp_path: Path, capsys, *args: str | Path) -> str:
     return err
 
 
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory) -> Path:
+    """A finished tiny run of one step, trained once per module, for the commands that read a
+    run (tests that change it work on a copy). One step, not conftest's trained_run's whole
+    epoch: what these tests read of a run does not depend on how long it trained."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out), *TINY,
+                     "train.steps_per_epoch=1"]) == 0
+    return out
+
+
 @pytest.fixture
-def finished_run(trained_run, tmp_path_factory) -> Path:
+def finished_run(one_step_run, tmp_path_factory) -> Path:
     """A copy of one finished tiny run, for each test to break as it likes."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    shutil.copytree(trained_run, out)
+    shutil.copytree(one_step_run, out)
     return out
 
 
@@ -247,8 +258,9 @@ def test_safe_name_examples_of_its_docstring():
 def test_a_run_stopped_in_its_first_epoch_can_be_resumed(tmp_path, capsys, stop_in_epoch):
     out = tmp_path / "run"
     undo = stop_in_epoch(1)
+    # one step per epoch: the stop comes as epoch 1 starts, and the resume needs no long epoch
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     *TINY]) == 130
+                     *TINY, "train.steps_per_epoch=1"]) == 130
     assert f"kdml train --resume {out}" in capsys.readouterr().err
     undo()
     # (the same new command would start it afresh: it saved no checkpoint; test_run_lock.py)
@@ -322,14 +334,14 @@ def test_a_non_finite_loss_stops_with_its_epoch_step_and_term(tmp_path, capsys, 
     def poisoned(self, *args, **kwargs):
         output = real_forward(self, *args, **kwargs)
         steps.append(1)
-        if len(steps) == 50:  # in the second epoch (45 steps per epoch)
+        if len(steps) == 15:  # in the second epoch (train.steps_per_epoch=10)
             output.terms["regularizer"] = output.terms["regularizer"] * float("nan")
             output.loss = output.loss * float("nan")
         return output
 
     monkeypatch.setattr(JRDMethod, "forward", poisoned)
     assert cli.main(["train", "jrd", "--dataset", "digits", "--out", str(out), *TINY,
-                     "train.epochs=3"]) == 2
+                     "train.epochs=3", "train.steps_per_epoch=10"]) == 2
     err = capsys.readouterr().err.strip()
     assert "'regularizer' term became NaN or infinite at epoch 2, step 5" in err, err
     assert "the run folder keeps epoch 1's checkpoint" in err
@@ -483,8 +495,9 @@ def test_out_of_range_options(tmp_path, capsys, finished_run, args, message):
 
 def test_resume_with_a_checkpoint_of_another_recipe_or_shape(tmp_path, capsys, finished_run):
     other = tmp_path / "other"
+    # one step, as finished_run: the embedding size is the one setting that differs
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(other), *TINY,
-                     "model.embedding_size=16"]) == 0
+                     "model.embedding_size=16", "train.steps_per_epoch=1"]) == 0
     (other / "checkpoints" / "last.pt").write_bytes(
         (finished_run / "checkpoints" / "last.pt").read_bytes())
     # its config records the model it fits: the setting that differs is named
@@ -973,7 +986,9 @@ def test_a_run_evaluated_on_data_with_other_classes_says_what_changed(tmp_path, 
     assert cli.main(["train", "amsoftmax", "--dataset", "cub", "--data-root",
                      str(make_cub(tmp_path / "cub6", classes=6)), "--out", str(out),
                      *TINY, "model.backbone=cnn", "eval.ks=[1]", "data.batch_size=6",
-                     "data.samples_per_class=2", "train.steps_per_epoch=1"]) == 0
+                     "data.samples_per_class=2", "train.steps_per_epoch=1",
+                     # small images: the refusal is about the classes, not the pixels
+                     "data.resize=32", "data.image_size=24"]) == 0
     (out / "data.json").unlink()  # as a run made before kdml wrote one (else data.json says it)
     err = refused(tmp_path, capsys, "eval", out, "--data-root",
                   make_cub(tmp_path / "cub10", classes=10))
@@ -1101,7 +1116,7 @@ def test_a_pca_dimension_too_large_names_data_pca_dim(tmp_path, capsys):
 
 def test_a_removed_checkpoint_is_not_said_never_to_have_been_trained(capsys, finished_run):
     """A run whose last.pt was removed after epoch 1 was said to have never finished one."""
-    run = finished_run  # a copy of the module's one-epoch run, trained as TINY says
+    run = finished_run  # a copy of the module's one-epoch run, trained as TINY says (one step)
     (run / "checkpoints" / "last.pt").unlink()
     # finished: its scores are there (as in records kept without checkpoints, results/)
     err = refused(run.parent, capsys, "eval", run)
@@ -1204,19 +1219,19 @@ def test_training_without_faiss_stops_before_its_run_folder(tmp_path):
 
 
 def test_an_index_that_outgrows_the_disk_is_one_line_and_leaves_nothing(tmp_path,
-                                                                         trained_run):
+                                                                         one_step_run):
     """faiss's own file writer raised a full disk (here a file size limit, RLIMIT_FSIZE:
     EFBIG, as ENOSPC) as "RuntimeError: Error in void faiss::write_index(...): write error in
     .../index.faiss", a traceback and exit 1; it is one line naming --out, exit 2."""
-    before = snapshot(trained_run)
+    before = snapshot(one_step_run)
     index = tmp_path / "index"
     done = _main_in_a_new_python(
         "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))",
-        ["index", str(trained_run), "--out", str(index), "--no-progress"])
+        ["index", str(one_step_run), "--out", str(index), "--no-progress"])
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"kdml: error: {index}: File too large; fix it or choose another path\n"
     assert list(tmp_path.iterdir()) == []  # no partial folder
-    assert snapshot(trained_run) == before  # the module's run, read only
+    assert snapshot(one_step_run) == before  # the module's run, read only
 
 
 def _fails_to_allocate(error: BaseException):
@@ -1292,8 +1307,9 @@ def test_a_run_out_of_memory_in_its_second_epoch_keeps_its_first_and_resumes(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "train_one_epoch", second_runs_out)
+    # one step per epoch: what is checked is which epoch ran out, not how long it trained
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
-                     *TINY[1:], "train.epochs=2"]) == 1
+                     *TINY[1:], "train.epochs=2", "train.steps_per_epoch=1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("kdml: error: out of memory (tried to allocate 1,048,576.0 GiB)")
     log = (out / "train.log").read_text()
