@@ -501,7 +501,7 @@ def test_analyze_prints_its_terms_and_notes_unfitted_classes_only_where_there_ar
 
 
 def test_the_search_table_pads_short_and_full_width_class_names_and_rounds_to_4_places(
-        monkeypatch, capsys):
+        monkeypatch, capsys, tmp_path):
     """The class column is at least as wide as its header ("class"); a full-width letter
     (East Asian width F, as Ａ) takes two columns."""
     from kdml.inspection import search
@@ -512,7 +512,8 @@ def test_the_search_table_pads_short_and_full_width_class_names_and_rounds_to_4_
     monkeypatch.setattr(search, "run_without_data", lambda *args: None)
     monkeypatch.setattr(search, "search", lambda *args: [
         {"query": "q.jpg", "metric": "euclidean", "neighbours": neighbours}])
-    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "2"]) == 0
+    assert cli.main(["search", str(tmp_path), "--index", "index", "--query", "q.jpg",
+                     "-k", "2"]) == 0  # the run folder is there; what is read of it stubbed
     assert capsys.readouterr().out.splitlines() == [
         "query q.jpg:",
         "  rank    distance   label  class  source",
@@ -520,7 +521,8 @@ def test_the_search_table_pads_short_and_full_width_class_names_and_rounds_to_4_
         "     2      2.0000       2  ＡＢ   img2.jpg"]
 
 
-def test_the_search_table_keeps_4_significant_digits_of_small_distances(monkeypatch, capsys):
+def test_the_search_table_keeps_4_significant_digits_of_small_distances(monkeypatch, capsys,
+                                                                         tmp_path):
     """An Atlas run's chart coordinates may spread over 1e-3 (near its initialisation): a
     distance of 2.7e-4 printed as 0.0003, beside another of 2.6e-4, and one of 4e-5 as 0.0000,
     the query's own distance. Distances below 0.1 keep 4 significant digits (below 1e-5 in
@@ -536,7 +538,8 @@ def test_the_search_table_keeps_4_significant_digits_of_small_distances(monkeypa
         {"query": "q.npz[0]", "metric": "euclidean",
          "neighbours": neighbours((0.0, 4e-5, 2.651690e-4, 2.705350e-4, 0.0123456, 3e-7))},
         {"query": "q.npz[1]", "metric": "cosine", "neighbours": neighbours((0.99999, 4e-5))}])
-    assert cli.main(["search", "run", "--index", "index", "--query", "q.npz", "-k", "6"]) == 0
+    assert cli.main(["search", str(tmp_path), "--index", "index", "--query", "q.npz",
+                     "-k", "6"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines[2:8]] == [
         "0.0000", "0.00004000", "0.0002652", "0.0002705", "0.01235", "3.000e-07"]
@@ -589,7 +592,7 @@ def test_embed_says_how_many_embeddings_of_which_size_it_wrote(monkeypatch, caps
     monkeypatch.setattr(parts, "embed_part", lambda trained, part: arrays)
     monkeypatch.setattr(parts, "write_npz", lambda path, written: path)
     out = tmp_path / "e.npz"
-    assert cli.main(["embed", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert cli.main(["embed", str(tmp_path), "--out", str(out)]) == 0
     assert capsys.readouterr().out == f"5 embeddings of size 3 written to {out}\n"
 
 
@@ -608,7 +611,7 @@ def test_another_dataset_is_scored_by_the_checkpoint_asked_for(monkeypatch, caps
 
     monkeypatch.setattr(loading, "load_model", load_model)
     name, *options = command
-    args = [name, str(tmp_path / "run"), "--dataset", "digits",
+    args = [name, str(tmp_path), "--dataset", "digits",
             *(option.format(tmp=tmp_path) for option in options), *(["--best"] * best)]
     assert cli.main(args) == 2
     assert capsys.readouterr().err == f"kdml: error: loaded with best={best}\n"
@@ -622,7 +625,7 @@ def test_index_says_what_it_wrote(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli.evaluate, "_run_and_part", lambda args: (None, None))
     monkeypatch.setattr(parts, "index_part", lambda *args: info)
     out = tmp_path / "index"
-    assert cli.main(["index", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert cli.main(["index", str(tmp_path), "--out", str(out)]) == 0
     assert capsys.readouterr().out == (
         f"hnsw euclidean index of 900 16-d vectors written to {out}\n")
 

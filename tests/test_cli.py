@@ -289,6 +289,34 @@ def test_bad_input_is_one_line(args, expected, capsys, tmp_path):
     assert expected in error_line(capsys)
 
 
+# Each command that reads a run, and a resumed training, given a run folder that is not there.
+MISTYPED_RUN_COMMANDS = """
+import sys
+from kdml.cli import main
+missing = sys.argv[1]
+for argv in (["eval", missing], ["analyze", "generalization", missing],
+             ["plot", "charts", missing], ["plot", "retrieval", missing],
+             ["plot", "embedding", missing], ["embed", missing, "--out", "e.npz"],
+             ["index", missing, "--out", "index"],
+             ["search", missing, "--index", "index", "--query", "q.npz"],
+             ["train", "--resume", missing]):
+    print(main(argv), file=sys.stderr)
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_a_mistyped_run_folder_is_said_before_torch_is_imported(tmp_path):
+    """Every command that reads a run imported torch (2-3 s) before it found that its run
+    folder was not there; said now from the command line alone, in the same line."""
+    (tmp_path / "a-file").write_text("not a run")
+    for name, why in (("no-such-run", "does not exist"), ("a-file", "is not a folder")):
+        done = subprocess.run([sys.executable, "-c", MISTYPED_RUN_COMMANDS, name], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "torch imported: False\n"
+        assert done.stderr.splitlines() == 9 * [f"kdml: error: run folder {name} {why}", "2"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
 def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"
     assert run_cli("train", "amsoftmax", "--dataset", "digits", "--out", out, "--no-progress",

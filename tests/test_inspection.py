@@ -2089,7 +2089,8 @@ def test_chart_codes_are_searched_without_reading_the_data(runs, built, tmp_path
     assert code == 2 and "chart_index[1] is 5, but the run has charts 0 to 2" in err, err
 
 
-def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, capsys):
+def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, capsys,
+                                                                   tmp_path):
     """Padded by len(), a class named in Chinese (two terminal columns a character) pushed its
     row's source column out of line with the others', and so did one with an accent stored
     decomposed (macOS folder names: "e" and a combining acute, two characters, one column)."""
@@ -2101,7 +2102,8 @@ def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, c
     monkeypatch.setattr(search, "run_without_data", lambda *args: None)
     monkeypatch.setattr(search, "search", lambda *args: [
         {"query": "q.jpg", "metric": "cosine", "neighbours": neighbours}])
-    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "4"]) == 0
+    assert cli.main(["search", str(tmp_path), "--index", "index", "--query", "q.jpg",
+                     "-k", "4"]) == 0  # the run folder is there; what is read of it stubbed
     rows = [line for line in capsys.readouterr().out.splitlines() if line.endswith(".jpg")]
     width = cli.evaluate._columns
     columns = [width(row[: row.index("img")]) for row in rows]
@@ -2110,7 +2112,8 @@ def test_the_search_table_lines_up_class_names_in_wide_characters(monkeypatch, c
     assert width("Cafe\u0301") == 4 and width("a\u200db") == 2  # + a joiner
 
 
-def test_a_file_name_with_a_newline_keeps_its_search_row_on_one_line(monkeypatch, capsys):
+def test_a_file_name_with_a_newline_keeps_its_search_row_on_one_line(monkeypatch, capsys,
+                                                                      tmp_path):
     """A newline in an image's name (or its class folder's, or the query's) had broken its
     row of the search table in two, the second half ("break.jpg") standing as a row of its
     own; a tab had pushed the column out of line. Control characters are printed escaped, as
@@ -2123,13 +2126,15 @@ def test_a_file_name_with_a_newline_keeps_its_search_row_on_one_line(monkeypatch
     monkeypatch.setattr(search, "run_without_data", lambda *args: None)
     monkeypatch.setattr(search, "search", lambda *args: [
         {"query": "q\r.jpg", "metric": "cosine", "neighbours": neighbours}])
-    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "-k", "2"]) == 0
+    assert cli.main(["search", str(tmp_path), "--index", "index", "--query", "q.jpg",
+                     "-k", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "query q\\r.jpg:"
     assert lines[2] == "     1      0.5000       1  cats\\nand dogs  photos/line\\nbreak.jpg"
     assert lines[3] == "     2      0.5000       2  cats            photos/tab\\there.jpg"
     assert len(lines) == 4
-    assert cli.main(["search", "run", "--index", "index", "--query", "q.jpg", "--json"]) == 0
+    assert cli.main(["search", str(tmp_path), "--index", "index", "--query", "q.jpg",
+                     "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["neighbours"] == neighbours
 
 

@@ -61,6 +61,13 @@ def why_missing(path: Path, kind: str) -> str:
     return f"is not a {kind}" if path.exists() else "does not exist"
 
 
+def check_run_folder(path: Path) -> None:
+    """Refuse ``path`` as a run folder where no folder is there. The commands that read a run
+    check it before they import torch (2-3 s), so that a mistyped path is said at once."""
+    if not path.is_dir():
+        raise KdmlError(f"run folder {path} {why_missing(path, 'folder')}")
+
+
 def check_not_a_link(path: Path, option: str = "--out") -> None:
     """Refuse an output path that is a symbolic link (even a dangling one): kdml writes a new
     file and renames it into place, which would replace the user's link."""

@@ -32,7 +32,14 @@ from kdml.cli.output import _is_main_process, _rank, _stop_code
 from kdml.cli.parser import build_parser, command_parser
 from kdml.cli.reproduce import _reproduce
 from kdml.cli.train import _config, _datasets, _recipes, _train
-from kdml.errors import KdmlError, LocalError, QuietExit, Terminated, raised_over
+from kdml.errors import (
+    KdmlError,
+    LocalError,
+    QuietExit,
+    Terminated,
+    check_run_folder,
+    raised_over,
+)
 from kdml.launch import launched_by_torchrun
 
 # The commands that read a trained run: one process each (torchrun is for training).
@@ -177,6 +184,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
             raise refusal(f"kdml {args.command} runs in one process, on one device "
                           "(--device): run it without torchrun")
+        # a mistyped run folder is said at once: the command would import torch first
+        named_run = getattr(args, "run_dir", None) or getattr(args, "resume", None)
+        if named_run is not None:
+            check_run_folder(named_run)
         # a kill (SIGTERM) cleans up what the command was writing, as Ctrl-C
         if argv is None and not (training and launched_by_torchrun()):
             _HANDLER_PID = os.getpid()

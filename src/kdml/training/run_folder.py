@@ -23,7 +23,7 @@ import yaml
 from kdml.checks import is_count
 from kdml.config import FORMAT_KEY, SECTIONS
 from kdml.data.fingerprint import FORMAT, FORMAT_FIELD
-from kdml.errors import KdmlError, why_missing
+from kdml.errors import KdmlError, check_run_folder
 from kdml.file_write import partial_names, partials_in, write_through_new_file
 from kdml.progress import BarsClearedHandler
 from kdml.training.checkpoint import partial_checkpoints
@@ -135,8 +135,7 @@ class RunFolder:
     def existing(cls, root: str | Path) -> RunFolder:
         """An existing run folder; a clear error when it is missing or holds no config."""
         run = cls(Path(root))
-        if not run.root.is_dir():
-            raise KdmlError(f"run folder {run.root} {why_missing(run.root, 'folder')}")
+        check_run_folder(run.root)
         if not run.config.is_file():
             from kdml.training.grid import MARKER, recorded_cells  # grid imports this module
 
