@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +18,36 @@ from kdml.training.loading import load_run
 TINY = ["train.epochs=1", "model.backbone=mlp", "eval.nmi=false", "--no-progress"]
 
 
-def train(tmp_path, name: str, *overrides: str) -> dict:
-    out = tmp_path / name
-    assert cli.main(["train", name, "--dataset", "digits", "--out", str(out), *TINY,
-                     *overrides]) == 0
-    return json.loads((out / "metrics.json").read_text())
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory) -> Callable[..., Path]:
+    """The run folder of ``name`` trained with ``overrides``, trained at its first call only:
+    the tests that train the same run (the triplet run, the 3-chart run at d = 2) share it."""
+    root = tmp_path_factory.mktemp("runs")
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run(name: str, *overrides: str) -> Path:
+        key = (name, *overrides)
+        if key not in runs:
+            out = root / f"{name}-{len(runs)}"
+            assert cli.main(["train", name, "--dataset", "digits", "--out", str(out), *TINY,
+                             *overrides]) == 0
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture
+def train(trained_once, tmp_path) -> Callable[..., dict]:
+    """The metrics.json of ``name`` trained with ``overrides``, whose run folder is copied to
+    ``tmp_path / name`` for the test to read and write into (:func:`trained_once` keeps the
+    run it copies)."""
+
+    def run(name: str, *overrides: str) -> dict:
+        out = shutil.copytree(trained_once(name, *overrides), tmp_path / name)
+        return json.loads((out / "metrics.json").read_text())
+
+    return run
 
 
 # The SimCLR recipes default to the paper's ResNet-18; the small CPU network runs anywhere, and
@@ -29,18 +57,19 @@ CPU_SIMCLR = ["model.backbone=cnn", "model.small_input=false", "train.steps_per_
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "overrides", "metric"), [
-    ("mtriplet", ["method.n_charts=4"], "recall@1"),
+    # the run test_plot_charts draws (trained once for both)
+    ("mtriplet", ["method.n_charts=3", "method.dim=2"], "recall@1"),
     ("triplet", [], "recall@1"),
     ("msimclr", ["method.n_charts=4", "data.batch_size=64", *CPU_SIMCLR], "linear_accuracy"),
     ("simclr", ["data.batch_size=64", *CPU_SIMCLR], "linear_accuracy"),
 ])
-def test_atlas_recipes_end_to_end(tmp_path, name, overrides, metric):
-    final = train(tmp_path, name, *overrides)["final"]
+def test_atlas_recipes_end_to_end(train, name, overrides, metric):
+    final = train(name, *overrides)["final"]
     assert 0.0 <= final[metric] <= 1.0
 
 
-def test_plot_charts(tmp_path, capsys, monkeypatch):
-    train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2")
+def test_plot_charts(train, tmp_path, capsys, monkeypatch):
+    train("mtriplet", "method.n_charts=3", "method.dim=2")
     drawn: dict = {}
     real = plots.plot_charts
 
@@ -70,11 +99,12 @@ def test_plot_charts(tmp_path, capsys, monkeypatch):
     assert torch.equal(drawn["images"](len(test) - 1), to_unit_float(raw[-1]))
 
 
-def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys, monkeypatch):
-    train(tmp_path, "triplet")
+def test_plot_charts_refuses_runs_without_charts_or_d_not_2(train, tmp_path, capsys,
+                                                            monkeypatch):
+    train("triplet")  # end to end's triplet run
     assert cli.main(["plot", "charts", str(tmp_path / "triplet")]) == 2
     assert "has no charts" in capsys.readouterr().err
-    train(tmp_path, "mtriplet", "method.n_charts=2", "method.dim=3")
+    train("mtriplet", "method.n_charts=2", "method.dim=3")
 
     def no_embedding(*args, **kwargs):  # refused before minutes of embedding
         raise AssertionError("embedded before refusing d = 3")
@@ -86,11 +116,12 @@ def test_plot_charts_refuses_runs_without_charts_or_d_not_2(tmp_path, capsys, mo
                    "run's charts are 3-D (method.dim=3); train with method.dim=2 to draw them\n")
 
 
-def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(tmp_path, capsys,
+def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(train, tmp_path, capsys,
                                                                    monkeypatch):
     from PIL import Image
 
-    train(tmp_path, "mtriplet", "method.n_charts=2", "method.dim=2")
+    # test_plot_charts's run: any run with 2-D charts is refused alike
+    train("mtriplet", "method.n_charts=3", "method.dim=2")
     mine = tmp_path / "mtriplet" / "plots" / "charts.png"
     Image.new("RGB", (4, 4)).save(mine)
 
@@ -103,11 +134,11 @@ def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(tmp_path, cap
     assert f"{mine} is in the way and kdml did not draw it" in capsys.readouterr().err
 
 
-def test_plot_charts_of_a_validated_run_draws_its_test_part_with_test(tmp_path, capsys,
+def test_plot_charts_of_a_validated_run_draws_its_test_part_with_test(train, tmp_path, capsys,
                                                                       monkeypatch):
     """As embed, index and the other plots: a validated run's "test" is its validation part,
     said on stderr, and --test draws the test classes."""
-    train(tmp_path, "mtriplet", "method.n_charts=3", "method.dim=2", "data.validation=0.4",
+    train("mtriplet", "method.n_charts=3", "method.dim=2", "data.validation=0.4",
           "data.batch_size=12")  # 3 classes of 4 once 2 of the 5 training classes validate
     drawn: list[set[int]] = []
     paths: list[str] = []
