@@ -7,7 +7,9 @@ torch and kdml's modules before it does any work. Two figures, each the median (
 * ``imports``: ``python -c "import kdml.training.trainer, kdml.evaluation.evaluator"``, the
   modules ``kdml train`` and ``kdml eval`` load;
 * ``one step``: ``kdml train amsoftmax`` on a tiny ``folder:DIR`` dataset (4 classes of 8
-  PNG images, 32 px) for one training step and one evaluation, on the CPU with one thread.
+  PNG images, 32 px) for one training step and one evaluation, on the CPU with one thread;
+* ``mistyped run``: ``kdml eval`` of a run folder that does not exist, to its one-line error
+  (exit status 2).
 
 Each pass also reports the CPU share other processes used meanwhile ("others' load", share of
 all cores), from ``/proc/stat``.
@@ -50,12 +52,17 @@ def write_folder(root: Path, classes: int = 4, per_class: int = 8, size: int = 3
     return root
 
 
-def timed(command: list[str]) -> tuple[float, float]:
-    """Wall seconds of ``command`` and the share of all cores others used meanwhile."""
+def timed(command: list[str], status: int = 0) -> tuple[float, float]:
+    """Wall seconds of ``command``, which must exit with ``status``, and the share of all cores
+    others used meanwhile."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     busy, own = busy_cpu_seconds(), cpu_seconds(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    if done.returncode != status:
+        raise SystemExit(f"{' '.join(command)} exited with {done.returncode}, not {status}:\n"
+                         f"{done.stderr}")
     wall = time.perf_counter() - start
     others = busy_cpu_seconds() - busy - (cpu_seconds(resource.RUSAGE_CHILDREN) - own)
     return wall, max(others, 0.0) / (wall * os.cpu_count())
@@ -75,7 +82,9 @@ def main() -> None:
                          "train.steps_per_epoch=1", "data.batch_size=8",
                          "data.samples_per_class=4", "data.image_size=32",
                          "model.backbone=cnn", "eval.nmi=false", "train.device=cpu"],
+            "mistyped run": [sys.executable, "-m", "kdml", "eval", str(scratch / "no-such-run")],
         }
+        statuses = {"mistyped run": 2}
         print(f"machine: {machine_description()}\n")
         print("| command | median wall (s) | range (s) | others' load |")
         print("|---|---|---|---|")
@@ -83,8 +92,8 @@ def main() -> None:
             results = []
             for repeat in range(args.repeats):
                 out = scratch / f"run-{repeat}"
-                results.append(timed([*command, "--out", str(out)] if name != "imports"
-                                     else command))
+                results.append(timed([*command, "--out", str(out)] if name == "one step"
+                                     else command, statuses.get(name, 0)))
                 shutil.rmtree(out, ignore_errors=True)
             walls = [wall for wall, _ in results]
             load = max(share for _, share in results)
