@@ -343,3 +343,39 @@ def test_an_index_folder_whose_name_fits_is_built(tmp_path):
     _index(folder, seed=0)
     assert load_index(folder).info.count == 50
     assert list(tmp_path.iterdir()) == [folder]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda info: {"scale": info["scale"] * 3},
+    lambda info: {"centre": [value + 1.0 for value in info["centre"]]},
+], ids=["scale", "centre"])
+def test_an_index_json_whose_search_values_were_edited_is_refused(tmp_path, edit):
+    """A Euclidean index.json whose scale or centre was edited to other valid numbers (the
+    faiss files and their sums unchanged) had been searched without a word: the queries were
+    shifted and scaled otherwise than the indexed vectors, and a vector's own query no longer
+    found it first. index.json keeps the sum of the values its search uses."""
+    vectors = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    items = {"labels": np.arange(50) % 5, "positions": np.arange(50),
+             "sources": np.array([f"test[{i}]" for i in range(50)])}
+    folder = tmp_path / "index"
+    build_index(folder, vectors + 5, items, IndexInfo(str(folder), "0" * 64, "euclidean", 0,
+                                                      "exact", 0, 1.0))
+    meta = folder / "index.json"
+    info = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**info, **edit(info)}))
+    with pytest.raises(KdmlError) as refused:
+        load_index(folder)
+    assert str(refused.value) == (
+        f"{folder} holds a damaged index (index.json's metric, dim, kind, count, scale, charts "
+        "or centre differ from those it was built with); build it again with 'kdml index'")
+
+
+def test_an_index_given_as_its_index_json_is_refused_as_a_file(tmp_path):
+    """--index FOLDER/index.json (the file, not its folder) had been refused as "not a kdml
+    index (no index.json)", naming the very file it said was missing."""
+    _index(tmp_path / "a", seed=0)
+    with pytest.raises(KdmlError) as refused:
+        load_index(tmp_path / "a" / "index.json")
+    assert str(refused.value) == (
+        f"{tmp_path / 'a' / 'index.json'} is a file; an index is the folder 'kdml index' "
+        f"wrote: give {tmp_path / 'a'}")

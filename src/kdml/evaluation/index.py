@@ -8,15 +8,18 @@ so that a query embedded by another model is refused (with the run folder, check
 epoch, for saying which) and the sha256 of each of its files, all checked against the faiss
 files when loaded.
 
-Kinds: ``exact`` (brute force, the evaluation's results), ``ivf`` (an inverted file: k-means
-cells, ``4 sqrt(N)`` of them but at least 39 points each, searching 16; below 78 points, one
-cell, searched exactly) and ``hnsw`` (a graph, 32 links per node, searched with a candidate
-list of ``max(64, 2k)``), the usual faiss choices for galleries of millions; both approximate.
+Kinds: ``exact`` (brute force in float32: the evaluation's ranking, except among neighbours
+within float32 rounding of each other, which the evaluation re-scores in float64), ``ivf``
+(an inverted file: k-means cells, ``4 sqrt(N)`` of them but at least 39 points each, searching
+16; below 78 points, one cell, searched exactly) and ``hnsw`` (a graph, 32 links per node,
+searched with a candidate list of ``max(64, 2k)``), the usual faiss choices for galleries of
+millions; both approximate.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -70,12 +73,25 @@ class IndexInfo:
     # the sha256 of each faiss file and of items.npz, by name: a file copied in from another
     # index of the same size had been searched without a word; older indexes: none
     files_sha256: dict[str, str] | None = None
+    # the sha256 of the values above that the search uses (search_values_sha256): a scale or
+    # centre edited to other valid numbers had shifted the queries wrongly; older: none
+    values_sha256: str | None = None
 
 
 def checkpoint_fingerprint(path: Path) -> str:
     """sha256 of a checkpoint file (or any file): ties an index to the model that embedded
     it, and an index's files to its ``index.json``."""
     return file_sha256(path)
+
+
+SEARCH_VALUES = ("metric", "dim", "kind", "count", "scale", "charts", "centre")
+
+
+def search_values_sha256(info: IndexInfo) -> str:
+    """sha256 of the values of ``info`` that place the queries among the indexed vectors
+    (:data:`SEARCH_VALUES`), as canonical JSON: floats round-trip through it exactly."""
+    values = {name: getattr(info, name) for name in SEARCH_VALUES}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
 
 def _faiss_index(vectors: np.ndarray, kind: str, metric: str) -> faiss.Index:
@@ -157,6 +173,7 @@ def build_index(folder: Path, embeddings: Any, items: dict[str, np.ndarray], inf
         np.savez(partial / "items.npz", **items)  # type: ignore[arg-type]  # numpy's stubs
         info.files_sha256 = {path.name: checkpoint_fingerprint(path)
                              for path in sorted(partial.iterdir())}
+        info.values_sha256 = search_values_sha256(info)
         (partial / "index.json").write_text(json.dumps(asdict(info), indent=2))
         try:
             os.replace(partial, folder)  # POSIX: also replaces an empty folder the user made
@@ -202,6 +219,10 @@ def load_index(folder: Path) -> LoadedIndex:
     if not folder.exists():  # "not a kdml index" misled: there is nothing there
         raise KdmlError(f"no such index folder: {folder}; build one with 'kdml index RUN_DIR "
                         "--out DIR'")
+    if folder.is_file():  # "no index.json" misled where the file given is index.json
+        parent = (f": give {folder.parent}" if (folder.parent / "index.json").is_file()
+                  else "")
+        raise KdmlError(f"{folder} is a file; an index is the folder 'kdml index' wrote{parent}")
     if not meta.is_file():
         raise KdmlError(f"{folder} is not a kdml index (no index.json); build one with "
                         "'kdml index RUN_DIR --out DIR'")
@@ -236,12 +257,21 @@ def load_index(folder: Path) -> LoadedIndex:
     elif stored != info.count:
         what = f"its faiss files hold {stored} vectors, index.json says {info.count}"
     else:  # a file of another index of the same size: its sums tell
-        what = (_info_disagreement(info, indexes)
+        what = (_info_disagreement(info, indexes) or _changed_values(info)
                 or _changed_file(folder, info, [*names, "items.npz"]))
     if what:
         raise KdmlError(f"{folder} holds a damaged index ({what}); build it again with "
                         "'kdml index'")
     return LoadedIndex(info, items, indexes)
+
+
+def _changed_values(info: IndexInfo) -> str | None:
+    """Whether the search's values in ``index.json`` are not those :func:`build_index` wrote
+    (None for an index of an older kdml, without their sum)."""
+    if info.values_sha256 is None or info.values_sha256 == search_values_sha256(info):
+        return None
+    return (f"index.json's {', '.join(SEARCH_VALUES[:-1])} or {SEARCH_VALUES[-1]} differ from "
+            "those it was built with")
 
 
 def _changed_file(folder: Path, info: IndexInfo, names: list[str]) -> str | None:
