@@ -174,6 +174,11 @@ def test_a_run_folder_moved_while_training_is_not_made_again_at_its_old_path(
             if how.startswith("moved"):
                 run.rename(moved)
             else:
+                # TensorBoard's writer thread appends by opening its events file again, which
+                # may make it anew in the folder rmtree is emptying ("Directory not empty",
+                # seen once on a loaded machine): what it has queued is written first
+                if self.writer is not None:
+                    self.writer.flush()
                 shutil.rmtree(run)
 
     monkeypatch.setattr(recorder.Recorder, "epoch", epoch_then_move)
