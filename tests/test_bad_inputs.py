@@ -1439,6 +1439,35 @@ def test_simclr_views_of_another_size_than_an_mlp_takes_are_refused(tmp_path, ca
     assert not (tmp_path / "run").exists()
 
 
+def test_simclr_views_too_small_for_the_backbone_are_refused(tmp_path, capsys):
+    """method.crop_size=1 cropped the views of 8x8 digits to 1x1, which the small CNN's
+    max-pool shrinks to nothing: torch's traceback ("Output size is too small") at the first
+    step, exit status 1, after the run folder was made."""
+    err = refused(tmp_path, capsys, "train", "msimclr", "--dataset", "digits", "--out",
+                  tmp_path / "run", "train.device=cpu", "--no-progress", "model.backbone=cnn",
+                  "model.small_input=false", "method.crop_size=1")
+    assert err.startswith("kdml: error: method.crop_size=1 crops the views to 1x1, which "
+                          "model.backbone=cnn cannot take (")
+    assert err.endswith("); raise method.crop_size, or set it to 0 (views of the input's "
+                        "size, 8x8)")
+    assert "\n" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_one_dimensional_embedding_scored_by_cosine_is_refused(tmp_path, capsys):
+    """model.embedding_size=1 trained two epochs, then every test embedding, scaled to unit
+    length, was -1 or +1: "the test embeddings have collapsed: 100.0% of them lie at one
+    point ... Train it again with lower learning rates", a cause the setting was not."""
+    err = refused(tmp_path, capsys, "train", "jrd", "--dataset", "digits", "--out",
+                  tmp_path / "run", "train.device=cpu", "--no-progress",
+                  "model.embedding_size=1")
+    assert err == ("kdml: error: model.embedding_size=1 with eval.metric=cosine scores each "
+                   "embedding by its sign alone (scaled to unit length, a 1-D embedding is -1 "
+                   "or +1), so the test samples tie in two groups; set model.embedding_size to "
+                   "2 or more")
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_unknown_domain_pair_names_npz_files_too(tmp_path, capsys):
     err = refused(tmp_path, capsys, "train", "dtml", "--dataset", "foo->digits", "--out",
                   tmp_path / "run", "train.device=cpu", "--no-progress")

@@ -472,6 +472,19 @@ def test_what_a_domain_pair_cannot_train_is_refused_before_training(tmp_path, ca
                    "such as mnist5k->digits\n")
 
 
+@pytest.mark.parametrize("recipe", ["dtml", "dstml", "ddml"])
+def test_a_recipe_that_needs_a_target_is_refused_before_the_data_is_read(tmp_path, capsys,
+                                                                          monkeypatch, recipe):
+    """dtml on folder:DIR read the images and built its identity-initialised network over
+    their 3 x 224 x 224 flattened pixels: "out of memory (tried to allocate 84.4 GiB); lower
+    data.batch_size ...", exit status 1, before "dtml needs a target domain". The refusal
+    comes before the data is read (here a missing folder, which had been said instead)."""
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, recipe, "--dataset",
+                                   f"folder:{tmp_path / 'no-such-images'}")
+    assert err == (f"kdml: error: {recipe} needs a target domain: set data.dataset to a "
+                   "domain pair such as mnist5k->digits\n")
+
+
 def test_a_target_with_two_labelled_samples_of_class_0_is_scored():
     """Class 0 is a label (only -1 marks the unlabelled), and two labelled targets give each
     query one reference: neither is refused."""

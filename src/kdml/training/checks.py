@@ -21,6 +21,7 @@ from kdml.evaluation.evaluator import metric_names
 from kdml.launch import processes_on_this_machine
 from kdml.models.backbones import check_backbone_name
 from kdml.models.method import Method
+from kdml.training.build import model_input_shape
 from kdml.training.domain_adapted import DomainAdaptedMethod
 from kdml.training.recipes import get_recipe
 from kdml.training.recipes.jrd import JRDMethod
@@ -58,6 +59,19 @@ def check_before_data(config: RunConfig) -> None:
     check_pca_dataset(config.data)
     check_root_is_read(config.data.dataset, config.data.root)
     check_backbone_name(config.model.backbone, config.model.small_input)
+    _check_cosine_embedding_width(config)
+
+
+def _check_cosine_embedding_width(config: RunConfig) -> None:
+    """Refuse a 1-D embedding scored by cosine: scaled to unit length it is -1 or +1, so the
+    run had trained every epoch and then warned that its test embeddings collapsed, advising
+    lower learning rates, a cause the setting was not."""
+    sizes_embedding = get_recipe(config.recipe).embedding_setting == "model.embedding_size"
+    if sizes_embedding and config.model.embedding_size == 1 and config.eval.metric == "cosine":
+        raise KdmlError("model.embedding_size=1 with eval.metric=cosine scores each embedding "
+                        "by its sign alone (scaled to unit length, a 1-D embedding is -1 or "
+                        "+1), so the test samples tie in two groups; set "
+                        "model.embedding_size to 2 or more")
 
 
 def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method) -> None:
@@ -85,6 +99,8 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
             raise KdmlError(f"model.backbone=mlp takes inputs of {side} pixels, {whose}, "
                             f"and method.crop_size={crop} crops the views to {crop}x{crop}; "
                             "set method.crop_size=0 (views of the input's size)")
+    if method.augments_inputs and crop:
+        _check_views_fit_backbone(config, splits, method, crop)
     if method.uses_target and splits.target is None:
         raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
                         "pair such as mnist5k->digits")
@@ -111,6 +127,31 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
         raise KdmlError(f"{config.recipe} is scored by chart retrieval, which kdml does not do "
                         "across a domain pair; train it on one dataset, or train a recipe "
                         "without charts (e.g. triplet) on the pair, with domain.beta")
+
+
+def _check_views_fit_backbone(config: RunConfig, splits: DataSplits, method: Method,
+                              crop: int) -> None:
+    """Refuse views of ``method.crop_size`` that the backbone's layers shrink to nothing, by
+    one blank view through it: it is built for the input's size, and the small CNN's
+    max-pools (BN-Inception's, a timm model's) had failed on 1x1 views with torch's traceback
+    at the first step, after the run folder was made."""
+    inner = method.inner if isinstance(method, DomainAdaptedMethod) else method
+    backbone = inner.backbone
+    shape = model_input_shape(config, splits.train)
+    was_training = backbone.training
+    backbone.eval()  # BatchNorm's running statistics stay as they are
+    try:
+        with torch.no_grad():
+            backbone(torch.zeros(1, shape[0], crop, crop))
+    except (RuntimeError, AssertionError) as error:  # torch's shape checks, timm's asserts
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else "an error"
+        side = "x".join(map(str, shape[1:]))
+        raise KdmlError(f"method.crop_size={crop} crops the views to {crop}x{crop}, which "
+                        f"model.backbone={config.model.backbone} cannot take ({reason}); "
+                        f"raise method.crop_size, or set it to 0 (views of the input's size, "
+                        f"{side})") from None
+    finally:
+        backbone.train(was_training)
 
 
 def check_batch_needs(config: RunConfig, method: Method) -> None:
