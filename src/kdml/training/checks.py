@@ -36,7 +36,8 @@ def check_recipe_data(config: RunConfig) -> None:
     ``model.backbone`` the recipe cannot take (:attr:`Recipe.check_backbone`: DTML's family
     takes identity only; ``model.backbone=cnn`` had been refused by the backbone's check of
     the data's shape, "backbone 'cnn' needs square images", before the recipe's clearer
-    word)."""
+    word), or a dataset it cannot train (the same hook: dtml, dstml and ddml need a domain
+    pair)."""
     recipe = get_recipe(config.recipe)
     if recipe.check_backbone is not None:  # before build_backbone's checks of the data's shape
         recipe.check_backbone(config)

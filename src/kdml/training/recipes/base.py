@@ -39,5 +39,6 @@ class Recipe:
     augments_images: bool = False
     # refuses, before the data is read, a model.backbone its method cannot take (DTML's family
     # is its own whole network, fed the flattened inputs: identity only), ahead of the
-    # backbone's own checks of the data's shape, which would say less
+    # backbone's own checks of the data's shape, which would say less; and any other setting
+    # it can judge then (dtml, dstml, ddml: a dataset that is no domain pair)
     check_backbone: Callable[[RunConfig], None] | None = None
