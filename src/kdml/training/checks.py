@@ -12,6 +12,7 @@ import torch
 from kdml.config import RunConfig, flatten
 from kdml.data.domains import is_domain_dataset
 from kdml.data.fingerprint import rank_difference
+from kdml.data.loaders import first_line
 from kdml.data.prepare import check_pca_dataset
 from kdml.data.registry import PATH_FORMATS, ROOT_VARIABLE, check_root_is_read
 from kdml.data.splits import DOMAIN, SEEN, DataSplits
@@ -36,16 +37,24 @@ def check_recipe_data(config: RunConfig) -> None:
     ``model.backbone`` the recipe cannot take (:attr:`Recipe.check_backbone`: DTML's family
     takes identity only; ``model.backbone=cnn`` had been refused by the backbone's check of
     the data's shape, "backbone 'cnn' needs square images", before the recipe's clearer
-    word), or a dataset it cannot train (the same hook: dtml, dstml and ddml need a domain
-    pair)."""
+    word); and a dataset that is no domain pair for a recipe that trains on a target domain
+    (:attr:`Recipe.needs_target`: dtml on folder:DIR had built its network over the images'
+    flattened pixels, "out of memory (tried to allocate 84.4 GiB)", before it was refused)."""
     recipe = get_recipe(config.recipe)
     if recipe.check_backbone is not None:  # before build_backbone's checks of the data's shape
         recipe.check_backbone(config)
+    if recipe.needs_target and not is_domain_dataset(config.data.dataset):
+        raise _needs_target(config.recipe)
     if recipe.augments_images and is_domain_dataset(config.data.dataset):
         raise KdmlError(f"{config.recipe} augments images into two views, and a domain pair "
                         f"({config.data.dataset}) holds feature vectors, so it cannot train on "
                         "one; train it on an image dataset, or train dtml or dstml on the "
                         "pair (or a recipe without charts with domain.beta, e.g. jrd)")
+
+
+def _needs_target(recipe: str) -> KdmlError:
+    return KdmlError(f"{recipe} needs a target domain: set data.dataset to a domain pair such "
+                     "as mnist5k->digits")
 
 
 def check_before_data(config: RunConfig) -> None:
@@ -103,8 +112,7 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
     if method.augments_inputs and crop:
         _check_views_fit_backbone(config, splits, method, crop)
     if method.uses_target and splits.target is None:
-        raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
-                        "pair such as mnist5k->digits")
+        raise _needs_target(config.recipe)
     inner = method.inner if isinstance(method, DomainAdaptedMethod) else method
     if config.train.sharded_kernels and not (isinstance(inner, JRDMethod) and inner.sharded):
         # under torchrun (a single process refuses it in check_distributed): it had been
@@ -145,7 +153,7 @@ def _check_views_fit_backbone(config: RunConfig, splits: DataSplits, method: Met
         with torch.no_grad():
             backbone(torch.zeros(1, shape[0], crop, crop))
     except (RuntimeError, AssertionError) as error:  # torch's shape checks, timm's asserts
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else "an error"
+        reason = first_line(str(error)) or "an error"
         side = "x".join(map(str, shape[1:]))
         raise KdmlError(f"method.crop_size={crop} crops the views to {crop}x{crop}, which "
                         f"model.backbone={config.model.backbone} cannot take ({reason}); "

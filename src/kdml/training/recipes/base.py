@@ -37,8 +37,10 @@ class Recipe:
     # whether its method augments image inputs into views (the SimCLR recipes): it cannot
     # train a domain pair, whose samples are feature vectors (built-in pairs and npz:FILE)
     augments_images: bool = False
+    # whether its method trains on a target domain (Method.uses_target: dtml, dstml, ddml), so
+    # that a dataset that is no domain pair is refused from its name, before the data is read
+    needs_target: bool = False
     # refuses, before the data is read, a model.backbone its method cannot take (DTML's family
     # is its own whole network, fed the flattened inputs: identity only), ahead of the
-    # backbone's own checks of the data's shape, which would say less; and any other setting
-    # it can judge then (dtml, dstml, ddml: a dataset that is no domain pair)
+    # backbone's own checks of the data's shape, which would say less
     check_backbone: Callable[[RunConfig], None] | None = None

@@ -28,7 +28,6 @@ from torch import Tensor, nn
 
 from kdml.checks import check_params
 from kdml.config import OptimConfig, RunConfig, check_fields
-from kdml.data.domains import is_domain_dataset
 from kdml.distributed import gather
 from kdml.errors import KdmlError
 from kdml.kernels import FLOAT32_SETTING_RANGE, GaussianMixtureKernel
@@ -396,17 +395,6 @@ def _check_identity_backbone(config: RunConfig) -> None:
                         f"{config.model.backbone!r}; drop the setting")
 
 
-def _check_transfer_settings(config: RunConfig) -> None:
-    """:func:`_check_identity_backbone`, and refuse a dataset that is no domain pair: the
-    target is known from the name, and on folder:DIR the network had been built over the
-    images' flattened pixels first (3 x 224 x 224: "out of memory (tried to allocate 84.4
-    GiB)"), before "needs a target domain"."""
-    _check_identity_backbone(config)
-    if not is_domain_dataset(config.data.dataset):
-        raise KdmlError(f"{config.recipe} needs a target domain: set data.dataset to a domain "
-                        "pair such as mnist5k->digits")
-
-
 def _build_dtml(config: RunConfig, backbone: nn.Module, num_classes: int) -> Method:
     _check_identity_backbone(config)
     params, input_size = config.method, feature_size_of(backbone)
@@ -505,13 +493,13 @@ DTML_DEFAULTS = {"eval": {"metric": "euclidean"}, "model": {"backbone": "identit
 RECIPES = (
     Recipe("dtml", "DTML: marginal Fisher + beta * domain MMD on the top layer (Eq. 7)",
            DTMLParams, _build_dtml, DTML_DEFAULTS, DTML_SIZES,
-           check_backbone=_check_transfer_settings),
+           check_backbone=_check_identity_backbone, needs_target=True),
     Recipe("dstml", "DSTML: DTML plus hinged criteria on the hidden layers (omega=1, tau=0)",
            DTMLParams, _build_dtml, {**DTML_DEFAULTS, "method": {"omega": 1.0, "tau": 0.0}},
-           DTML_SIZES, check_backbone=_check_transfer_settings),
+           DTML_SIZES, check_backbone=_check_identity_backbone, needs_target=True),
     Recipe("ddml", "No-transfer baseline: DTML with beta = 0", DTMLParams, _build_dtml,
            {**DTML_DEFAULTS, "method": {"beta": 0.0}}, DTML_SIZES,
-           check_backbone=_check_transfer_settings),
+           check_backbone=_check_identity_backbone, needs_target=True),
     Recipe("ddml-logistic", "DDML (CVPR 2014): pairwise generalized logistic loss, source only",
            DDMLLogisticParams, _build_ddml_logistic, DTML_DEFAULTS, DTML_SIZES,
            check_backbone=_check_identity_backbone),
