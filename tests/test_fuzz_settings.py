@@ -148,6 +148,7 @@ def test_the_whole_split_as_one_batch_is_not_checked_as_class_balanced():
     ("jrd", "method.decay_proxies=true"),  # optim.weight_decay is 0: nothing to apply
     ("mrd", "method.pool_kernel=laplace"),  # MRD regularizes the embedding alone
     ("jrd", "train.select_metric=recall@2"),  # no data.validation: no epoch or cell chosen
+    ("jrd", "train.select_metric=map@r"),  # validation, but no keep_best, patience or grid
 ])
 def test_a_setting_the_recipe_never_reads_is_warned_of(tmp_path, capsys, recipe,
                                                         setting):
@@ -155,7 +156,8 @@ def test_a_setting_the_recipe_never_reads_is_warned_of(tmp_path, capsys, recipe,
     model.embedding_size warned about where they size nothing, a setting that the recipe's
     optimiser or loss never reads must not be taken silently."""
     extra = {"jrd-optim.adam_eps=0.5": ["optim.name=rmsprop"],
-             "ddml-logistic-optim.head_lr=0.5": ["data.batch_size=40"]}.get(
+             "ddml-logistic-optim.head_lr=0.5": ["data.batch_size=40"],
+             "jrd-train.select_metric=map@r": ["data.validation=0.4"]}.get(
                  f"{recipe}-{setting}", [])
     out = tmp_path / "run"
     status = cli.main(["train", recipe, "--dataset", "digits", "--out", str(out), setting,
@@ -174,6 +176,21 @@ def test_a_setting_the_run_reads_is_not_called_unread(tmp_path, capsys):
                      "optim.proxy_lr=0.5", "optim.adam_eps=1e-6", "optim.head_lr=0.5",
                      *TINY]) == 0
     assert "is not read by this run" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reader", ["train.keep_best=true", "train.patience=2", "grid"])
+def test_a_select_metric_something_compares_by_is_not_called_unread(tmp_path, capsys,
+                                                                     reader):
+    """train.select_metric with data.validation is read by train.keep_best, train.patience
+    and a grid's choice of its best cell (where a misspelt one is refused)."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("recipe: jrd\ngrid: {optim.lr: [0.001, 0.002]}\n")
+    extra = ["--config", str(grid)] if reader == "grid" else ["jrd", reader]
+    status = cli.main(["train", *extra, "--dataset", "digits", "--out", str(tmp_path / "run"),
+                       "data.validation=0.4", "train.select_metric=map@r", *TINY])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "is not read by this run" not in err
 
 
 def unread_method_settings(recipe, *overrides):

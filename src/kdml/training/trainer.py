@@ -165,6 +165,7 @@ class Session:
     # the run's data.json covers too
     weights_report: str | None = None  # load_weights' line on model.weights, for train.log
     fingerprint: dict[str, Any] | None = None  # of the data (data_fingerprint), once computed
+    selects: bool = False  # a grid's cell, whose validation score picks the grid's best cell
 
     @classmethod
     def build(cls, config: RunConfig, echo: Callable[[str], None] = print,
@@ -203,7 +204,7 @@ class Session:
                    TrainingBatches(config, splits, method.uses_target, device, world,
                                    drawn=not method.needs_fit, resumed=not new_run),
                    gradient_scaler(device, config.train.precision), model, world, test_part,
-                   "; ".join(reports) or None, fingerprint)
+                   "; ".join(reports) or None, fingerprint, selects)
 
     def data_fingerprint(self) -> dict[str, Any]:
         """:func:`~kdml.data.fingerprint.data_fingerprint` of the session's data and its test
@@ -761,6 +762,12 @@ def _unread_settings(session: Session) -> list[tuple[str, str]]:
         # train.keep_best and train.patience are refused without data.validation
         unread.append(("train.select_metric", "it compares validation scores (train.keep_best, "
                        "train.patience, a grid's best cell), and data.validation is 0"))
+    elif (changed("train", "select_metric") and not session.selects
+          and not (config.train.keep_best or config.train.patience)):
+        # nor is it checked against the scored metrics then (check_evaluation): a misspelt
+        # name had been taken without a word
+        unread.append(("train.select_metric", "it picks the epoch of train.keep_best and "
+                       "train.patience (or a grid's best cell), and neither is set"))
     if changed("domain", "kernel") and config.domain.beta == 0:
         unread.append(("domain.kernel", "domain.beta=0 adds no domain term"))
     if (getattr(config.method, "decay_proxies", False) and config.optim.weight_decay == 0
