@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from kdml.config import resolve_config
 from kdml.data.dataset import ArrayDataset
 from kdml.data.domains import (
     BINARIZE_THRESHOLD,
@@ -23,6 +24,8 @@ from kdml.data.domains import (
 )
 from kdml.data.prepare import domain_splits
 from kdml.errors import KdmlError
+from kdml.models.backbones import build_backbone
+from kdml.training.recipes import RECIPES, get_recipe
 
 # ----------------------------------------------------------------- literal conversion
 
@@ -483,6 +486,32 @@ def test_a_recipe_that_needs_a_target_is_refused_before_the_data_is_read(tmp_pat
                                    f"folder:{tmp_path / 'no-such-images'}")
     assert err == (f"kdml: error: {recipe} needs a target domain: set data.dataset to a "
                    "domain pair such as mnist5k->digits\n")
+
+
+def test_a_recipe_with_charts_is_refused_a_domain_pair_before_it_is_read(tmp_path, capsys,
+                                                                          monkeypatch):
+    """mtriplet on mnist5k->digits read the pair (8 s) before "scored by chart retrieval";
+    the refusal comes before the data is read (here a missing .npz, which had been said
+    instead). msimclr is refused as augmenting images (test_bad_inputs)."""
+    err = _refused_before_training(tmp_path, capsys, monkeypatch, "mtriplet", "--dataset",
+                                   f"npz:{tmp_path / 'no-such-pair.npz'}")
+    assert err == ("kdml: error: mtriplet is scored by chart retrieval, which kdml does not "
+                   "do across a domain pair; train it on one dataset, or train a recipe "
+                   "without charts (e.g. triplet) on the pair, with domain.beta\n")
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_recipe_s_flags_say_what_its_method_does(name):
+    """Recipe.has_charts and Recipe.needs_target refuse datasets from their names, for what the
+    built method does (Method.has_charts, Method.uses_target): each must say the same."""
+    recipe = get_recipe(name)
+    config = resolve_config(name, recipe.params, recipe.defaults,
+                            overrides=["model.embedding_size=16"])
+    features = name in ("dtml", "dstml", "ddml", "ddml-logistic", "pca")
+    backbone = build_backbone("identity", (64,)) if features else build_backbone(
+        "cnn", (3, 32, 32))
+    method = recipe.build(config, backbone, 5)
+    assert (recipe.has_charts, recipe.needs_target) == (method.has_charts, method.uses_target)
 
 
 def test_a_target_with_two_labelled_samples_of_class_0_is_scored():

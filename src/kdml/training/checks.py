@@ -39,7 +39,9 @@ def check_recipe_data(config: RunConfig) -> None:
     the data's shape, "backbone 'cnn' needs square images", before the recipe's clearer
     word); and a dataset that is no domain pair for a recipe that trains on a target domain
     (:attr:`Recipe.needs_target`: dtml on folder:DIR had built its network over the images'
-    flattened pixels, "out of memory (tried to allocate 84.4 GiB)", before it was refused)."""
+    flattened pixels, "out of memory (tried to allocate 84.4 GiB)", before it was refused); and
+    a domain pair for a recipe scored by chart retrieval (:attr:`Recipe.has_charts`: mtriplet
+    had read the pair first)."""
     recipe = get_recipe(config.recipe)
     if recipe.check_backbone is not None:  # before build_backbone's checks of the data's shape
         recipe.check_backbone(config)
@@ -50,6 +52,14 @@ def check_recipe_data(config: RunConfig) -> None:
                         f"({config.data.dataset}) holds feature vectors, so it cannot train on "
                         "one; train it on an image dataset, or train dtml or dstml on the "
                         "pair (or a recipe without charts with domain.beta, e.g. jrd)")
+    if recipe.has_charts and is_domain_dataset(config.data.dataset):
+        raise _no_charts_across_domains(config.recipe)
+
+
+def _no_charts_across_domains(recipe: str) -> KdmlError:
+    return KdmlError(f"{recipe} is scored by chart retrieval, which kdml does not do across a "
+                     "domain pair; train it on one dataset, or train a recipe without charts "
+                     "(e.g. triplet) on the pair, with domain.beta")
 
 
 def _needs_target(recipe: str) -> KdmlError:
@@ -132,10 +142,8 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
         raise KdmlError(f"{config.recipe} is scored by chart retrieval, with the manifold "
                         f"distance (Euclidean within a chart): eval.metric={config.eval.metric} "
                         "does not apply to it; drop it")
-    if splits.kind == DOMAIN and method.has_charts:
-        raise KdmlError(f"{config.recipe} is scored by chart retrieval, which kdml does not do "
-                        "across a domain pair; train it on one dataset, or train a recipe "
-                        "without charts (e.g. triplet) on the pair, with domain.beta")
+    if splits.kind == DOMAIN and method.has_charts:  # a recipe registered without has_charts
+        raise _no_charts_across_domains(config.recipe)
 
 
 def _check_views_fit_backbone(config: RunConfig, splits: DataSplits, method: Method,

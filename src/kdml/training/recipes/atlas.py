@@ -608,7 +608,8 @@ SIMCLR_TRAIN = {"epochs": 100}
 RECIPES = (
     Recipe("mtriplet", "MTriplet (Atlas): batch-all triplet on the manifold distance + MMD + "
            "chart loss", MTripletParams, _build_mtriplet,
-           {"data": dict(TRIPLET_BATCHES), "eval": {"metric": "euclidean"}}, "method.dim"),
+           {"data": dict(TRIPLET_BATCHES), "eval": {"metric": "euclidean"}}, "method.dim",
+           has_charts=True),
     Recipe("triplet", "Normalized batch-all triplet baseline in R^(d+1) (Atlas Sec. 3.2)",
            NormalizedTripletParams, _build_triplet, {"data": dict(TRIPLET_BATCHES)},
            "method.dim"),
@@ -617,7 +618,7 @@ RECIPES = (
            {"data": dict(SIMCLR_DATA), "eval": {"metric": "euclidean"},
             "model": dict(SIMCLR_MODEL), "optim": dict(SIMCLR_OPTIM),
             "train": dict(SIMCLR_TRAIN)}, "method.dim", pretrained=False,
-           inputs_follow_weights=True, augments_images=True),
+           inputs_follow_weights=True, augments_images=True, has_charts=True),
     Recipe("simclr", "SimCLR baseline in R^d (Atlas Sec. 3.1)", SimCLRParams, _build_simclr,
            {"data": dict(SIMCLR_DATA), "model": dict(SIMCLR_MODEL),
             "optim": dict(SIMCLR_OPTIM), "train": dict(SIMCLR_TRAIN)}, "method.dim",

@@ -40,6 +40,9 @@ class Recipe:
     # whether its method trains on a target domain (Method.uses_target: dtml, dstml, ddml), so
     # that a dataset that is no domain pair is refused from its name, before the data is read
     needs_target: bool = False
+    # whether its method is scored by chart retrieval (Method.has_charts: the Atlas recipes),
+    # which kdml does not do across a domain pair: such a dataset is refused from its name
+    has_charts: bool = False
     # refuses, before the data is read, a model.backbone its method cannot take (DTML's family
     # is its own whole network, fed the flattened inputs: identity only), ahead of the
     # backbone's own checks of the data's shape, which would say less
