@@ -1476,3 +1476,20 @@ def test_an_unknown_domain_pair_names_npz_files_too(tmp_path, capsys):
                    "'mnist5k->digits'?); choose one of: "
                    "mnist5k->digits, digits->mnist5k, or npz:FILE for domains of one's own (a "
                    ".npz of both domains' features: X, y, domain)")
+
+
+def test_image_files_cropped_too_small_for_the_small_cnn_name_data_image_size(tmp_path,
+                                                                              capsys):
+    """data.resize=8 data.image_size=7 on image files with the small CNN had been refused as
+    "SmallCNN takes images of side 8 or more, got side 7", naming no setting to change."""
+    from fixtures_array_sets import make_image_folder
+
+    root = make_image_folder(tmp_path, classes=4, per_class=3, size=12)
+    err = refused(tmp_path, capsys, "train", "amsoftmax", "--dataset", f"folder:{root}",
+                  "--out", tmp_path / "run", "model.backbone=cnn", "data.resize=8",
+                  "data.image_size=7", "train.epochs=1", "eval.nmi=false", "eval.ks=[1]",
+                  "--no-progress")
+    assert err == ("kdml: error: SmallCNN takes images of side 8 or more, got side 7; set "
+                   "data.image_size=8 or more (for image files), or choose another backbone, "
+                   "e.g. model.backbone=mlp")
+    assert not (tmp_path / "run").exists()

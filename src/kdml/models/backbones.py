@@ -51,7 +51,10 @@ class SmallCNN(nn.Module):
             raise KdmlError(f"SmallCNN takes 1- or 3-channel images, got {in_channels!r} "
                             "channels")
         if not is_positive_int(image_size) or image_size < 8:
-            raise KdmlError(f"SmallCNN takes images of side 8 or more, got side {image_size!r}")
+            # data.image_size, for image files: named, as BN-Inception's check_image_size does
+            raise KdmlError(f"SmallCNN takes images of side 8 or more, got side {image_size!r}; "
+                            "set data.image_size=8 or more (for image files), or choose "
+                            "another backbone, e.g. model.backbone=mlp")
         widths = _check_widths("SmallCNN", "widths", widths)
         layers: list[nn.Module] = []
         channels = int(in_channels)
