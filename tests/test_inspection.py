@@ -1462,6 +1462,30 @@ def test_a_damaged_index_is_refused_in_one_line(runs, built, tmp_path, capsys, d
     assert err.count("\n") == 1 and "build it again with 'kdml index'" in err
 
 
+@pytest.mark.parametrize(("run", "name", "damage"), [
+    ("plain", "items.npz", "missing"), ("plain", "index.faiss", "missing"),
+    ("atlas", "chart_*.faiss", "missing"), ("plain", "index.faiss", "unreadable"),
+    ("atlas", "chart_*.faiss", "unreadable"), ("plain", "items.npz", "unreadable")])
+def test_a_missing_or_unreadable_index_file_is_named(runs, built, tmp_path, capsys, run, name,
+                                                     damage):
+    """A missing items.npz had been refused as "a damaged index (FileNotFoundError)", a missing
+    or truncated faiss file as "(RuntimeError)": which file was at fault went unsaid."""
+    shutil.copytree(built / f"{run}-index", tmp_path / "index")
+    shutil.copy(built / f"{run}.npz", tmp_path / "q.npz")
+    path = sorted((tmp_path / "index").glob(name))[-1]
+    if damage == "missing":
+        path.unlink()
+        words = f"its {path.name} is missing"
+    else:
+        path.write_bytes(path.read_bytes()[:40])
+        error = "BadZipFile" if name == "items.npz" else "RuntimeError"
+        words = f"{path.name} is unreadable: {error}"
+    capsys.readouterr()
+    assert kdml("search", runs / run, "--index", tmp_path / "index", "--query",
+                tmp_path / "q.npz") == 2
+    assert capsys.readouterr().err == damaged_index(tmp_path, words)
+
+
 def test_an_index_with_the_faiss_file_of_another_index_is_refused(runs, built, tmp_path, capsys):
     """index.faiss copied from an index of another split: its positions would name other
     items' labels and sources (or none)."""

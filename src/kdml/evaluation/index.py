@@ -226,18 +226,28 @@ def load_index(folder: Path) -> LoadedIndex:
     if not meta.is_file():
         raise KdmlError(f"{folder} is not a kdml index (no index.json); build one with "
                         "'kdml index RUN_DIR --out DIR'")
+    reading = "index.json"  # the file an error names: a missing or unreadable items.npz or
+    # faiss file had been said as "(FileNotFoundError)" or "(RuntimeError)" alone
     try:
         info = IndexInfo(**json.loads(meta.read_text()))
-        with np.load(folder / "items.npz", allow_pickle=False) as archive:
-            items = {key: archive[key] for key in archive.files}
         names = ([f"chart_{chart}.faiss" for chart in info.charts] if info.charts is not None
                  else ["index.faiss"])
-        keys = info.charts if info.charts is not None else [-1]
-        indexes = {key: faiss.read_index(str(folder / name))
-                   for key, name in zip(keys, names, strict=True)}
+        missing = [name for name in ["items.npz", *names] if not (folder / name).is_file()]
+        if not missing:
+            reading = "items.npz"
+            with np.load(folder / reading, allow_pickle=False) as archive:
+                items = {key: archive[key] for key in archive.files}
+            keys = info.charts if info.charts is not None else [-1]
+            indexes = {}
+            for key, name in zip(keys, names, strict=True):
+                reading = name
+                indexes[key] = faiss.read_index(str(folder / name))
     except (OSError, ValueError, TypeError, RuntimeError, zipfile.BadZipFile) as error:
-        raise KdmlError(f"{folder} holds a damaged index ({type(error).__name__}); build it "
-                        "again with 'kdml index'") from None
+        raise KdmlError(f"{folder} holds a damaged index ({reading} is unreadable: "
+                        f"{type(error).__name__}); build it again with 'kdml index'") from None
+    if missing:
+        raise KdmlError(f"{folder} holds a damaged index (its {missing[0]} is missing); build "
+                        "it again with 'kdml index'")
     if not is_count(info.count):  # 896.0 passed the length checks, then crashed np.full
         raise KdmlError(f"{folder} holds a damaged index (index.json's count is "
                         f"{info.count!r}, not a whole number); build it again with 'kdml index'")
