@@ -2055,13 +2055,19 @@ def test_queries_are_searched_without_the_run_s_data(tmp_path, capsys):
                          ("stranger.npz", "holds embeddings of another checkpoint")):
         code, _, err = search(tmp_path / query)
         assert code == 2 and words in err and err.count("\n") == 1, err
-    # an index of another checkpoint of this run: refused with the epochs of both
+    # an index of another checkpoint of this run: refused with the epochs of both, or, where
+    # they are the same, as of another last.pt at that epoch (the two sides had read the same)
     other = tmp_path / "other-index"
     shutil.copytree(index, other)
     meta = other / "index.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "checkpoint_sha256": "0"}))
     code, _, err = search(tmp_path / "test.npz", "--index", other)
-    assert code == 2 and "another checkpoint of this run (last.pt at epoch 1; this search " \
+    assert code == 2 and err.startswith(
+        f"kdml: error: index {other} was built from another last.pt at epoch 1 of this run "
+        "than the one there now (trained again since, or replaced); build it again with "), err
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "epoch": 3}))
+    code, _, err = search(tmp_path / "test.npz", "--index", other)
+    assert code == 2 and "another checkpoint of this run (last.pt at epoch 3; this search " \
         "reads last.pt at epoch 1)" in err
     # a data.json without the record: the model is rebuilt from the data, where it was, or
     # where --data-root says it is now

@@ -107,6 +107,10 @@ def _another_checkpoint(info: IndexInfo, run: RunWithoutData, folder: Path) -> s
     then = (f"{info.checkpoint} at epoch {info.epoch}" if info.checkpoint is not None
             else "an earlier one")
     epoch = load_checkpoint(run.checkpoint)["epoch"]  # read only for this message
+    if (info.checkpoint, info.epoch) == (run.checkpoint.name, epoch):  # the two sides had
+        # read the same: "(last.pt at epoch 1; this search reads last.pt at epoch 1)"
+        return (f"index {folder} was built from another {then} of this run than the one there "
+                f"now (trained again since, or replaced); build it again with {rebuild}")
     return (f"index {folder} was built from another checkpoint of this run ({then}; this "
             f"search reads {run.checkpoint.name} at epoch {epoch}); build it again "
             f"with {rebuild}")
