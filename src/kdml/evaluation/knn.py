@@ -17,6 +17,7 @@ Embeddings that live on a GPU are searched there (``backend="auto"``): a chunked
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, NamedTuple, cast, overload
@@ -529,6 +530,7 @@ def knn_search(
     check_positive_int("chunk_size", chunk_size)
     if not isinstance(exclude_self, bool | np.bool_):  # -1 had raised an IndexError
         raise KdmlError(f"exclude_self must be True or False, got {exclude_self!r}")
+    refuse_count_as_reference(reference)
     if reference is None:
         query_vectors = reference_vectors = prepare_vectors(queries, metric, "queries")
     else:
@@ -558,6 +560,19 @@ def knn_search(
             f"got {int(ks.min())}..{int(ks.max())}"
         )
     return search_prepared(query_vectors, reference_vectors, ks, metric, exclude_self, chunk_size)
+
+
+def refuse_count_as_reference(reference: Any) -> None:
+    """Refuse a number given as ``reference``: ``knn_search(x, 5)``, the call of faiss's
+    ``index.search(x, k)``, passes the neighbour count as the reference set, which had been
+    refused as "reference must have a floating dtype, got int64" (or, for 5.0, "must be 2-D")
+    without naming ``k``."""
+    if isinstance(reference, numbers.Number | np.number):
+        # 5, not np.int64(5)
+        shown = reference.item() if isinstance(reference, np.number) else reference
+        raise KdmlError(f"knn_search: reference must be (Nr, D) embeddings, got the number "
+                        f"{shown!r}; the neighbour count is k, the third argument: "
+                        f"knn_search(queries, k={shown!r})")
 
 
 def search_prepared(

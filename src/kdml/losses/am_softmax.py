@@ -18,13 +18,15 @@ cosines the JRD head already computes, so it also skips a second normalisation a
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import SupportsFloat, TypeAlias, cast
 
+import numpy as np
 import torch.nn.functional as F
 from torch import Tensor
 
 from kdml.checks import (
     Real,
+    as_number,
     check_class_range,
     check_float_inputs,
     check_integer_labels,
@@ -36,25 +38,32 @@ from kdml.checks import (
 from kdml.errors import KdmlError
 from kdml.precision import full_precision
 
-#: A scale or margin: a number (Python or NumPy), or a tensor of one element (e.g. a learned one).
-Setting: TypeAlias = Real | Tensor
+#: A scale or margin: a number (Python or NumPy, or a 0-d NumPy array holding one), or a tensor
+#: of one element (e.g. a learned one).
+Setting: TypeAlias = Real | Tensor | np.ndarray
 
 
-def _check_setting(name: str, value: Setting, low: float, strict: bool, cosines: Tensor) -> None:
-    """Refuse a ``scale`` or ``margin`` that is not a finite number above ``low`` (at least
-    ``low`` unless ``strict``); a tensor, e.g. a learned scale, is not read (a host sync), but
-    must hold one number on the ``cosines``' device (or be a 0-dim CPU tensor, which torch
-    takes with any device's)."""
+def _check_setting(name: str, value: Setting, low: float, strict: bool,
+                   cosines: Tensor) -> float | Tensor:
+    """``value``, a ``scale`` or ``margin``, refused where it is not a finite number above
+    ``low`` (at least ``low`` unless ``strict``); a 0-d NumPy array is read as its number, as
+    nt_xent_loss and the kernels read one (it had been refused as "not a finite number > 0,
+    got array(20.)"). A tensor, e.g. a learned scale, is not read (a host sync), but must hold
+    one number on the ``cosines``' device (or be a 0-dim CPU tensor, which torch takes with
+    any device's)."""
+    if isinstance(value, np.ndarray):  # no device, so reading it is no host sync
+        value = as_number(value, f"am_softmax_loss: {name}")  # type: ignore[assignment]
     if isinstance(value, Tensor):
         if value.numel() != 1:  # one of shape [C] had silently weighted each class
             raise KdmlError(f"am_softmax_loss needs a {name} that is one number (a tensor of "
                             f"one element, if learned), got shape {tuple(value.shape)}")
         check_setting_device("am_softmax_loss", name, value, cosines, "cosines")
-        return
+        return value
     if not (is_finite_number(value, above=low) if strict
             else is_finite_number(value, at_least=low)):
         raise KdmlError(f"am_softmax_loss needs a {name} that is a finite number "
                         f"{'>' if strict else '>='} {low:g}, got {value!r}")
+    return float(cast(SupportsFloat, value))  # a real number: checked above
 
 
 @full_precision
@@ -68,8 +77,8 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: Setting, margin: Set
 
     A function of the cosines, not a pytorch-metric-learning loss of embeddings: PML's
     equivalent is ``CosFaceLoss``, which holds the proxies itself. A number ``scale`` or
-    ``margin`` is checked; a tensor one (e.g. learned) is not, as reading its value would be a
-    host sync every step.
+    ``margin`` (a 0-d NumPy array is read as its number) is checked; a tensor one (e.g.
+    learned) is not, as reading its value would be a host sync every step.
 
     Args:
         cosines: :math:`(M, C)` cosines :math:`\cos\theta_{ic}`, e.g.
@@ -102,15 +111,14 @@ def am_softmax_loss(cosines: Tensor, labels: Tensor, scale: Setting, margin: Set
     check_float_inputs("am_softmax_loss", [cosines], "cosines")
     check_integer_labels("am_softmax_loss", labels)  # bool ones are the classes 0 and 1
     check_label_device("am_softmax_loss", labels, [cosines], "cosines", "cosines")
-    _check_setting("scale", scale, 0.0, strict=True, cosines=cosines)
-    _check_setting("margin", margin, 0.0, strict=False, cosines=cosines)
+    scale = _check_setting("scale", scale, 0.0, strict=True, cosines=cosines)
+    margin = _check_setting("margin", margin, 0.0, strict=False, cosines=cosines)
     check_class_range("am_softmax_loss", labels, cosines.shape[1],
                       "one per column of the cosines")
     labels = labels.long()  # one_hot and cross_entropy take int64 only
     # a one-element tensor as the number it holds: one of shape [1, 1, 1] had made the logits
-    # 3-D, and cross_entropy then read the batch as one sample ("Expected input batch_size");
-    # a NumPy number as the Python float it was checked as
-    scale, margin = (value.reshape(()) if isinstance(value, Tensor) else float(value)
+    # 3-D, and cross_entropy then read the batch as one sample ("Expected input batch_size")
+    scale, margin = (value.reshape(()) if isinstance(value, Tensor) else value
                      for value in (scale, margin))
     target_margin = margin * F.one_hot(labels, cosines.shape[1]).to(cosines.dtype)
     return F.cross_entropy(scale * (cosines - target_margin), labels)

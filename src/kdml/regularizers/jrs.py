@@ -175,6 +175,13 @@ def _class_sums(joint: Tensor, labels: Tensor) -> _ClassSums:
                       weights.sum().round())
 
 
+def _negated(value: Tensor) -> Tensor:
+    """``-value``, written ``0 - value`` so that the exact 0 of a batch without the pairs a
+    regularizer needs is 0, not the -0.0 it had printed (``tensor(-0.)``), as
+    ChartMembershipLoss's one chart is."""
+    return 0.0 - value
+
+
 def _mean_over_class_pairs(total: Tensor, classes: Tensor) -> Tensor:
     """``total`` over the C (C - 1) ordered pairs of different classes; 0 when C < 2."""
     return total / (classes * (classes - 1)).clamp_min(1)
@@ -348,7 +355,7 @@ class JointMMD(_JointKernelRegularizer):
         sums = _class_sums(self.joint_kernel(representations, labels), labels)
         # sum over I != J of ||C_I||^2 + ||C_J||^2 - 2 <C_I, C_J>
         total = 2.0 * (sums.classes - 1) * sums.norms - 2.0 * (sums.products - sums.norms)
-        return -_mean_over_class_pairs(total, sums.classes)
+        return _negated(_mean_over_class_pairs(total, sums.classes))
 
 
 class JointIntra(_JointKernelRegularizer):
@@ -396,7 +403,8 @@ class JointIntra(_JointKernelRegularizer):
                        "classes, each over all its samples", indices_tuple, ref_emb, ref_labels)
         sums = _class_sums(self.joint_kernel(representations, labels), labels)
         # sum over I != J of ||C_I||^2 + ||C_J||^2
-        return -_mean_over_class_pairs(2.0 * (sums.classes - 1) * sums.norms, sums.classes)
+        return _negated(_mean_over_class_pairs(2.0 * (sums.classes - 1) * sums.norms,
+                                               sums.classes))
 
 
 class IntraClassPenalty(nn.Module):
@@ -475,4 +483,4 @@ class IntraClassPenalty(nn.Module):
         per_sample = torch.where(same_class, gram, 0.0).sum(dim=1)  # [M]
         # Each sample's share of its class's mean, without listing the classes (a host sync
         # on a GPU); singleton classes: 0 / 1 = 0.
-        return -(per_sample / (counts * (counts - 1)).clamp_min(1)).sum()
+        return _negated((per_sample / (counts * (counts - 1)).clamp_min(1)).sum())
