@@ -1,7 +1,7 @@
 """How long a kdml command takes to start: fresh interpreters, timed from the outside.
 
 Every ``kdml`` command, and every rank of a torchrun job, starts a Python process that imports
-torch and kdml's modules before it does any work. Two figures, each the median (and range) of
+torch and kdml's modules before it does any work. Four figures, each the median (and range) of
 ``--repeats`` fresh processes:
 
 * ``imports``: ``python -c "import kdml.training.trainer, kdml.evaluation.evaluator"``, the
@@ -9,7 +9,9 @@ torch and kdml's modules before it does any work. Two figures, each the median (
 * ``one step``: ``kdml train amsoftmax`` on a tiny ``folder:DIR`` dataset (4 classes of 8
   PNG images, 32 px) for one training step and one evaluation, on the CPU with one thread;
 * ``mistyped run``: ``kdml eval`` of a run folder that does not exist, to its one-line error
-  (exit status 2).
+  (exit status 2);
+* ``mistyped recipe``: ``kdml train jdr --dataset digits``, to its one-line error (exit
+  status 2).
 
 Each pass also reports the CPU share other processes used meanwhile ("others' load", share of
 all cores), from ``/proc/stat``.
@@ -83,8 +85,10 @@ def main() -> None:
                          "data.samples_per_class=4", "data.image_size=32",
                          "model.backbone=cnn", "eval.nmi=false", "train.device=cpu"],
             "mistyped run": [sys.executable, "-m", "kdml", "eval", str(scratch / "no-such-run")],
+            "mistyped recipe": [sys.executable, "-m", "kdml", "train", "jdr", "--dataset",
+                                "digits"],
         }
-        statuses = {"mistyped run": 2}
+        statuses = {"mistyped run": 2, "mistyped recipe": 2}
         print(f"machine: {machine_description()}\n")
         print("| command | median wall (s) | range (s) | others' load |")
         print("|---|---|---|---|")

@@ -15,7 +15,7 @@ import pytest
 from distributed_harness import config_of, run_ranks, write_domains
 
 from kdml import distributed
-from kdml.training.run_folder import PACKAGE_FOLDER
+from kdml.run_log import PACKAGE_FOLDER
 
 pytestmark = pytest.mark.slow
 

@@ -16,6 +16,7 @@ from conftest import TINY_RUN
 
 from kdml import cli
 from kdml.training import recorder, trainer
+from kdml.training.recipes import RECIPES
 
 
 def run_cli(*args: str) -> int:
@@ -316,6 +317,45 @@ def test_a_mistyped_run_folder_is_said_before_torch_is_imported(tmp_path):
         assert done.stdout == "torch imported: False\n"
         assert done.stderr.splitlines() == 9 * [f"kdml: error: run folder {name} {why}", "2"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+# A mistyped recipe, and a --config file missing, malformed or naming no known recipe.
+MISTYPED_TRAINING_COMMANDS = """
+import sys
+from kdml.cli import main
+for argv in (["train", "jdr", "--dataset", "digits"], ["config", "jdr"], ["config"],
+             ["train", "jrd", "--config", "missing.yaml"], ["train", "--config", "broken.yaml"],
+             ["config", "--config", "other.yaml"]):
+    print(main(argv), file=sys.stderr)
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_a_mistyped_recipe_or_config_file_is_said_before_torch_is_imported(tmp_path):
+    """kdml train and kdml config imported the recipes, and torch with them (3 s, 7 s on a busy
+    machine), before they found the recipe's name or the --config file wrong."""
+    (tmp_path / "broken.yaml").write_text("recipe: [jrd\n")
+    (tmp_path / "other.yaml").write_text("recipe: jdr\n")
+    done = subprocess.run([sys.executable, "-c", MISTYPED_TRAINING_COMMANDS], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "torch imported: False\n"
+    unknown = ("kdml: error: unknown recipe 'jdr' (did you mean 'jrd'?); choose one of: "
+               f"{', '.join(RECIPES)}")
+    lines = done.stderr.splitlines()
+    assert lines[0::2] == [unknown, unknown, "kdml: error: name a recipe, e.g. 'kdml config "
+                           "jrd' (or a --config file with a recipe: line)",
+                           "kdml: error: config file missing.yaml does not exist",
+                           lines[8], unknown], done.stderr
+    assert lines[8].startswith("kdml: error: config file broken.yaml is not valid YAML: ")
+    assert lines[1::2] == 6 * ["2"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.yaml", "other.yaml"]
+
+
+def test_the_recipe_names_known_without_torch_are_the_recipes():
+    from kdml.training.recipe_names import RECIPE_NAMES
+
+    assert tuple(RECIPES) == RECIPE_NAMES
+
 
 def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):
     out = tmp_path / "run"

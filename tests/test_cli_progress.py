@@ -111,7 +111,7 @@ def test_a_warning_logged_while_a_bar_is_drawn_gets_a_line_of_its_own_above_it(m
     import logging
     import sys
 
-    from kdml.training.run_folder import warning_handler
+    from kdml.run_log import warning_handler
 
     screen = io.StringIO()
     monkeypatch.setattr("sys.stderr", screen)

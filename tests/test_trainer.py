@@ -1598,7 +1598,7 @@ def test_a_metrics_file_that_is_a_link_is_never_replaced(tmp_path, name):
 def test_run_logging_gives_back_the_package_logger_s_level(tmp_path):
     import logging
 
-    from kdml.training.run_folder import run_logging
+    from kdml.run_log import run_logging
 
     package = logging.getLogger("kdml")
     before = package.level
@@ -1615,7 +1615,7 @@ def test_run_logging_gives_back_the_package_logger_s_level(tmp_path):
 def test_warnings_on_stderr_shows_kdml_s_warnings_or_drops_them(capsys):
     import logging
 
-    from kdml.training.run_folder import warnings_on_stderr
+    from kdml.run_log import warnings_on_stderr
 
     with warnings_on_stderr():
         logging.getLogger("kdml.data").warning("an image skipped")

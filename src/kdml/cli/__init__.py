@@ -194,7 +194,7 @@ def _main(argv: Sequence[str] | None) -> int:
             signal.signal(signal.SIGTERM, _interrupt)
         if training:  # training shows its warnings itself
             return _flushed(_COMMANDS[args.command](args))
-        from kdml.training.run_folder import warnings_on_stderr
+        from kdml.run_log import warnings_on_stderr
 
         with warnings_on_stderr():
             return _flushed(_COMMANDS[args.command](args))

@@ -22,13 +22,15 @@ if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up 
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        return _resume(args)
+    recipe_name, file_values, overrides = _named_recipe(args)
+    # imported once the command's own words are checked: with them torch (seconds)
     from kdml import distributed
-    from kdml.config import load_config_file, resolve_config, with_absolute_paths
-    from kdml.training.loading import run_config
+    from kdml.config import resolve_config, with_absolute_paths
     from kdml.training.recipes import get_recipe
     from kdml.training.run_folder import (
         RUNS_FOLDER,
-        RunFolder,
         check_new_run_folder,
         check_outside_image_folders,
         default_run_dir,
@@ -36,20 +38,6 @@ def _train(args: argparse.Namespace) -> int:
     )
     from kdml.training.trainer import train
 
-    if args.resume is not None:
-        if (args.recipe or args.overrides or args.dataset or args.config or args.weights
-                or args.seed is not None or args.data_root or args.out or args.device):
-            raise KdmlError("--resume takes only the run folder: the run keeps its own config "
-                            "(edit its config.yaml for what a resumed run can change, such as "
-                            "train.epochs, or data.root where its data moved)")
-        run = RunFolder.existing(args.resume)
-        config = run_config(run)
-        _join_processes(config)
-        return _run_training(lambda: train(config, run.root, resume=True,
-                                           progress=_progress(args)), config, run.root)
-
-    file_values = load_config_file(args.config) if args.config else {}
-    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     recipe = get_recipe(recipe_name)
     grid = file_values.get("grid")
     _check_flags_agree_with_overrides(
@@ -96,6 +84,37 @@ def _train(args: argparse.Namespace) -> int:
             if runs_made and not run_dir.exists():  # nor the runs/ folder made for it
                 with contextlib.suppress(OSError):
                     run_dir.parent.rmdir()
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """``kdml train --resume RUN_DIR``."""
+    from kdml.training.loading import run_config
+    from kdml.training.run_folder import RunFolder
+    from kdml.training.trainer import train
+
+    if (args.recipe or args.overrides or args.dataset or args.config or args.weights
+            or args.seed is not None or args.data_root or args.out or args.device):
+        raise KdmlError("--resume takes only the run folder: the run keeps its own config "
+                        "(edit its config.yaml for what a resumed run can change, such as "
+                        "train.epochs, or data.root where its data moved)")
+    run = RunFolder.existing(args.resume)
+    config = run_config(run)
+    _join_processes(config)
+    return _run_training(lambda: train(config, run.root, resume=True,
+                                       progress=_progress(args)), config, run.root)
+
+
+def _named_recipe(args: argparse.Namespace) -> tuple[str, dict, list[str]]:
+    """The recipe ``kdml train`` or ``kdml config`` names, the --config file's values and the
+    key=value overrides, read and checked before the recipes (and torch, seconds) are
+    imported: a missing or malformed file and a mistyped recipe are said at once."""
+    from kdml.config import load_config_file
+    from kdml.training.recipe_names import check_recipe_name
+
+    file_values = load_config_file(args.config) if args.config else {}
+    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
+    check_recipe_name(recipe_name)
+    return recipe_name, file_values, overrides
 
 
 def _quoted(text: str) -> str:
@@ -365,13 +384,12 @@ def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,
 
 
 def _config(args: argparse.Namespace) -> int:
+    recipe_name, file_values, overrides = _named_recipe(args)
     import yaml
 
-    from kdml.config import load_config_file, resolve_config
+    from kdml.config import resolve_config
     from kdml.training.recipes import get_recipe
 
-    file_values = load_config_file(args.config) if args.config else {}
-    recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     recipe = get_recipe(recipe_name)
     if "grid" in file_values:  # the file's values alone may be no run's (keep_best without
         # the data.validation its grid gives): print the first cell's, saying so

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from kdml import distributed
 from kdml.errors import KdmlError, Terminated
+from kdml.run_log import run_logging
 from kdml.training.checkpoint import save_checkpoint
-from kdml.training.run_folder import STOPPED, RunFolder, run_logging
+from kdml.training.run_folder import STOPPED, RunFolder
 from kdml.training.selection import SCORED_PARTS
 
 if TYPE_CHECKING:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import logging
 import math
 import os
 import re
-import sys
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +22,6 @@ from kdml.config import FORMAT_KEY, SECTIONS
 from kdml.data.fingerprint import FORMAT, FORMAT_FIELD
 from kdml.errors import KdmlError, check_run_folder
 from kdml.file_write import partial_names, partials_in, write_through_new_file
-from kdml.progress import BarsClearedHandler
 from kdml.training.checkpoint import partial_checkpoints
 
 LOCK_NAME = ".training.lock"
@@ -642,112 +638,6 @@ def remove_if_unused(root: Path) -> None:
         if not holds_files(root):
             (root / LOCK_NAME).unlink(missing_ok=True)
             root.rmdir()
-
-
-def warning_handler() -> logging.Handler:
-    """kdml's warnings on stderr, in the form of its errors: ``kdml: warning: ...``, each on
-    a line of its own above the progress bars drawn there (:class:`BarsClearedHandler`)."""
-    to_screen = BarsClearedHandler(sys.stderr)
-    to_screen.setLevel(logging.WARNING)
-    to_screen.setFormatter(logging.Formatter("kdml: warning: %(message)s"))
-    return to_screen
-
-
-PACKAGE_FOLDER = str(Path(__file__).resolve().parent.parent)
-
-
-@contextmanager
-def kdml_warnings_logged() -> Iterator[None]:
-    """Python warnings that kdml's own code raises (its modules warn a library user, e.g.
-    ``MarginalFisherLoss`` of batches with too few neighbours) go to the ``kdml`` logger while
-    a command runs: ``kdml: warning: ...`` on stderr and, while a run trains, in its
-    ``train.log``, not Python's two lines naming kdml's source file. Others' warnings are
-    shown as Python shows them."""
-    with warnings.catch_warnings():
-        shown = warnings.showwarning
-
-        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                 file: Any = None, line: str | None = None) -> None:
-            if str(Path(filename).resolve()).startswith(PACKAGE_FOLDER + os.sep):
-                logging.getLogger("kdml.warnings").warning("%s", message)
-            else:
-                shown(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
-
-
-@contextmanager
-def warnings_on_stderr(shown: bool = True) -> Iterator[None]:
-    """Show kdml's warnings (a skipped image while embedding) as ``kdml: warning: ...`` for a
-    command that does not train (training's :func:`run_logging` shows them itself), and while
-    a run loads its data, before its log opens. ``shown=False`` (torchrun's other ranks, which
-    load the same data) drops them instead of letting Python print them bare."""
-    package = logging.getLogger("kdml")
-    to_screen = warning_handler() if shown else logging.NullHandler()
-    package.addHandler(to_screen)
-    try:
-        with kdml_warnings_logged():
-            yield
-    finally:
-        package.removeHandler(to_screen)
-
-
-@contextmanager
-def run_logging(path: Path) -> Iterator[logging.Logger]:
-    """While a run trains, kdml's log records (``kdml.*``: the trainer's, and the data
-    loaders' warnings such as a skipped image) are appended to the run's ``train.log``, and
-    warnings are also shown on stderr. Yields the trainer's logger."""
-    package = logging.getLogger("kdml")
-    to_file = RunLogHandler(path)
-    to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    to_screen = warning_handler()
-    level = package.level
-    package.setLevel(logging.INFO)
-    package.addHandler(to_file)
-    package.addHandler(to_screen)
-    try:
-        with kdml_warnings_logged():
-            yield logging.getLogger("kdml.train")
-    finally:
-        package.removeHandler(to_file)
-        to_file.close()  # its warning of lines not written still goes to the screen
-        package.removeHandler(to_screen)
-        package.setLevel(level)
-
-
-class RunLogHandler(logging.FileHandler):
-    """``train.log``'s handler. A line the file system refuses (a full disk: the append that
-    needs a new block) is said once, as a warning on stderr, and the run goes on: Python's
-    handler had printed "--- Logging error ---" and a traceback for each line, and its close,
-    flushing the same lines, had raised its ENOSPC (which names no file) over the error that
-    stopped the run, which the CLI then reported as "the output could not be written". The
-    unwritten lines stay buffered: a later flush writes them if space is freed meanwhile."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.refused = False
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError):
-            self._refused(error)
-        else:  # not the file system's: a bug, shown as Python shows it
-            super().handleError(record)
-
-    def close(self) -> None:
-        try:
-            super().close()
-        except OSError as error:
-            self._refused(error)
-
-    def _refused(self, error: OSError) -> None:
-        if self.refused:
-            return
-        self.refused = True  # set first: the warning below comes back here through the logger
-        logging.getLogger("kdml.train").warning(
-            "%s cannot be written (%s): the run's log may miss lines from here on",
-            self.baseFilename, error.strerror or error)
 
 
 def _cell(value: Any) -> Any:

@@ -51,6 +51,7 @@ from kdml.models.backbones import freeze_batchnorm
 from kdml.models.method import Method
 from kdml.precision import autocast, cpu_has_kernels_for, gradient_scaler
 from kdml.progress import bar_disabled
+from kdml.run_log import warnings_on_stderr
 from kdml.seeding import AUGMENT, BatchShare, StepRandom
 from kdml.training.batches import TrainingBatches
 from kdml.training.build import (
@@ -97,7 +98,6 @@ from kdml.training.run_folder import (
     check_utf8_path,
     metrics_partials,
     start_afresh,
-    warnings_on_stderr,
 )
 from kdml.training.selection import (
     VALIDATION,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdml.errors import KdmlError, did_you_mean
+from kdml.training.recipe_names import unknown_recipe
 from kdml.training.recipes import atlas, dtml, jrd
 from kdml.training.recipes.base import Recipe
 
@@ -13,8 +13,7 @@ RECIPES: dict[str, Recipe] = {
 
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise KdmlError(f"unknown recipe {name!r}{did_you_mean(name, RECIPES)}; choose one "
-                        f"of: {', '.join(RECIPES)}")
+        raise unknown_recipe(name, RECIPES)
     return RECIPES[name]
 
 
