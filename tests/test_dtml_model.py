@@ -243,6 +243,26 @@ def test_pca_refuses_inputs_too_wide_before_allocating_anything():
     check_pca_input_size(10_000, memory=2**40)  # fits: no refusal
 
 
+@pytest.mark.parametrize("name", ["dtml", "dstml", "ddml", "ddml-logistic"])
+def test_a_network_too_large_for_the_machine_is_refused_before_allocating_it(name,
+                                                                             monkeypatch):
+    """ddml-logistic on 3 x 224 x 224 image files fed whole built a first layer of d x d
+    weights: "out of memory (tried to allocate 84.4 GiB); lower data.batch_size", which does not
+    size it. The default sizes [d, d, d / 2] of 150,528 features: 126.6 GiB of float32 weights,
+    more than half of a machine of 128 GiB."""
+    from kdml.training.recipes import dtml
+
+    monkeypatch.setattr(dtml, "_physical_memory", lambda: 128 * 2**30)
+    with pytest.raises(KdmlError, match=r"^a network of layer sizes \[150528, 150528, 75264\] "
+                       r"would hold 126\.6 GiB of weights, more than half the machine's memory; "
+                       r".*data\.image_size, or set method\.layer_sizes$"):
+        build(name, input_size=3 * 224 * 224)
+    params = dtml.NetworkParams(layer_sizes=[1000, 10])  # (101 * 1000 + 1001 * 10) * 4 bytes
+    with pytest.raises(KdmlError, match=r"^a network of layer sizes \[100, 1000, 10\] would hold"):
+        params.network(100, memory=2 * 4 * (101 * 1000 + 1001 * 10) - 1)
+    assert params.network(100, memory=2 * 4 * (101 * 1000 + 1001 * 10)).layers[0].in_features == 100
+
+
 def test_a_pca_too_wide_to_fit_here_is_built_and_loaded_but_not_fitted(monkeypatch):
     """A run fitted on a large machine is evaluated on a smaller one: building the method, as
     load_run does, checks only its own buffers (it had been refused as if to be fitted);

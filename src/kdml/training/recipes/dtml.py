@@ -18,6 +18,7 @@ other recipe's method.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterable
@@ -71,8 +72,22 @@ class NetworkParams:
         hidden = self.layer_sizes or [input_size, max(1, input_size // 2)]
         return [input_size, *hidden]
 
-    def network(self, input_size: int) -> DTMLNetwork:
-        return DTMLNetwork(self.network_sizes(input_size), self.activation, self.init)
+    def network(self, input_size: int, memory: int | None = None) -> DTMLNetwork:
+        """The network for inputs of ``input_size`` features, refused in one line where its
+        float32 weights alone would exceed half of ``memory`` (the machine's by default):
+        ddml-logistic on image files fed whole (3 x 224 x 224 = 150,528 features, a first
+        layer of d x d) had failed as "out of memory (tried to allocate 84.4 GiB); lower
+        data.batch_size", which does not size it."""
+        sizes = self.network_sizes(input_size)
+        needed = NETWORK_BYTES_PER_WEIGHT * sum(
+            (inputs + 1) * outputs for inputs, outputs in itertools.pairwise(sizes))
+        if _over_half(needed, memory):
+            raise KdmlError(f"a network of layer sizes {sizes} would hold "
+                            f"{needed / 2**30:,.1f} GiB of weights, more than half the "
+                            "machine's memory; DTML's networks are for feature vectors: train "
+                            "on a domain pair or npz features, give image files a much smaller "
+                            "data.resize and data.image_size, or set method.layer_sizes")
+        return DTMLNetwork(sizes, self.activation, self.init)
 
 
 @dataclass
@@ -425,6 +440,7 @@ def _build_ddml_logistic(config: RunConfig, backbone: nn.Module, num_classes: in
 PCA_MAX_INPUT = 16_384
 PCA_BYTES_PER_ENTRY = 3 * 8  # fit's scatter, covariance and eigenvectors, all float64
 PCA_BUFFER_BYTES_PER_ENTRY = 4  # the method's mean and components, float32
+NETWORK_BYTES_PER_WEIGHT = 4  # a DTML network's weights and biases, float32
 
 
 def _physical_memory() -> int | None:
