@@ -36,6 +36,27 @@ def test_unknown_key_suggests_nearest():
         resolve("margn=0.1")
 
 
+@pytest.mark.parametrize(("item", "owners"), [
+    ("method.dim=2", "mtriplet, triplet, msimclr, simclr"),  # an Atlas config's method block
+    ("dim=2", "mtriplet, triplet, msimclr, simclr"),  # had been "did you mean 'pca_dim'?"
+    ("alpha=0.5", "jrd, mrd, jrd-c, jrd-pooling, jmmd, jintra, intra, dtml, dstml, ddml"),
+])
+def test_another_recipe_s_method_setting_names_the_recipes_that_have_it(item, owners):
+    """A method setting of other recipes (a config file of another recipe, a flag copied from
+    another command) had been answered with the nearest spelling: method.dim for amsoftmax
+    "did you mean 'method.margin'?", a setting that has nothing to do with it."""
+    with pytest.raises(KdmlError) as refused:
+        resolve(item)
+    assert str(refused.value).endswith(
+        f"for recipe 'amsoftmax': it is a method setting of {owners} ('kdml config amsoftmax' "
+        "lists amsoftmax's keys)")
+
+
+def test_a_misspelt_method_setting_is_still_guessed():
+    with pytest.raises(KdmlError, match="did you mean 'method.margin'\\?$"):
+        resolve("method.margn=0.1")
+
+
 @pytest.mark.parametrize("item, message", [
     ("recipe=mrd", "recipe is not a setting: name the recipe as the command's first argument"),
     ("paper=x", "paper is not a setting but a config file's description"),
@@ -166,6 +187,19 @@ def test_wrong_type_and_range():
         resolve("epochs=0")
     with pytest.raises(KdmlError, match="margin"):
         resolve("margin=2")
+
+
+def test_a_run_folder_as_the_config_file_names_its_config_yaml(tmp_path):
+    """--resume and the commands that read a run take its folder; --config given one had said
+    only "is not a file", as it still does for a folder that holds no run."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("recipe: jrd\n")
+    with pytest.raises(KdmlError, match=f"^config file {re.escape(str(tmp_path / 'run'))} is "
+                                        "not a file; a run folder's settings are its "
+                                        f"{re.escape(str(tmp_path / 'run' / 'config.yaml'))}$"):
+        load_config_file(tmp_path / "run")
+    with pytest.raises(KdmlError, match="is not a file$"):
+        load_config_file(tmp_path)
 
 
 def test_config_file_errors(tmp_path):

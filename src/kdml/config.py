@@ -378,7 +378,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a nested dict (a key given twice is refused)."""
     path = Path(path)
     if not path.is_file():
-        raise KdmlError(f"config file {path} {why_missing(path, 'file')}")
+        # a run folder, where --resume and the commands that read a run take the folder
+        in_run = path / "config.yaml"
+        hint = f"; a run folder's settings are its {in_run}" if in_run.is_file() else ""
+        raise KdmlError(f"config file {path} {why_missing(path, 'file')}{hint}")
     try:
         values = _load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -502,11 +505,26 @@ def resolve_key(config: RunConfig, key: str) -> str:
     if key in FILE_ONLY_KEYS:  # "did you mean 'resize'?" for recipe=mrd had said nothing of why
         raise KdmlError(FILE_ONLY_KEY_PROBLEMS[key])
     leaves = [k.split(".", 1)[1] for k in keys]
-    guesses = (_in_other_case(keys, key) or _moved(keys, key)
-               or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6))
+    guesses = _in_other_case(keys, key) or _moved(keys, key)
+    owners = [] if guesses else _recipes_with_method_setting(key, config.recipe)
+    if owners:  # a config of another recipe: "did you mean 'method.margin'?" misled
+        raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}: it is a "
+                        f"method setting of {', '.join(owners)} ('kdml config "
+                        f"{config.recipe}' lists {config.recipe}'s keys)")
+    guesses = guesses or difflib.get_close_matches(key, keys + leaves, n=1, cutoff=0.6)
     hint = (f"; did you mean {' or '.join(map(repr, guesses))}?" if guesses
             else f"; 'kdml config {config.recipe}' lists every key")
     raise KdmlError(f"unknown config key {key!r} for recipe {config.recipe!r}{hint}")
+
+
+def _recipes_with_method_setting(key: str, recipe: str) -> list[str]:
+    """The recipes other than ``recipe`` whose ``method`` section has ``key`` (``method.dim``,
+    or the bare ``dim``), in ``kdml recipes``' order."""
+    from kdml.training.recipes import RECIPES  # here: the recipes import this module
+
+    leaf = key.removeprefix("method.")
+    return [name for name, other in RECIPES.items() if name != recipe
+            and leaf in (field.name for field in dataclasses.fields(other.params))]
 
 
 def _in_other_case(keys: list[str], key: str) -> list[str]:
