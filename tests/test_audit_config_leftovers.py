@@ -283,3 +283,25 @@ def test_only_a_validated_run_s_test_part_adds_test_to_its_plots_names():
                              SimpleNamespace(validation=validating))  # type: ignore[arg-type]
         assert trained.variant == variant
         assert trained.plot_path("charts") == Path(f"r/plots/charts{variant}.png")
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["dtml", "data.dataset=mnist5k"], "dtml needs a target domain: set data.dataset to a "
+                                       "domain pair such as mnist5k->digits"),
+    (["jrd", "model.backbone=bogus"], "unknown backbone 'bogus'; choose one of: "),
+    (["jrd", "data.dataset=digts"], "unknown dataset 'digts' (did you mean 'digits'?); "),
+    (["mtriplet", "data.dataset=mnist5k->digits"], "mtriplet is scored by chart retrieval"),
+])
+def test_kdml_config_refuses_what_kdml_train_refuses_whatever_the_data(capsys, overrides,
+                                                                        message):
+    """kdml config printed these (exit 0), and kdml train refused the saved file before
+    reading its data, as it refuses a grid's cells, which kdml config checks so already."""
+    assert cli.main(["config", *overrides]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"kdml: error: {message}") and err.count("\n") == 1
+
+
+def test_kdml_config_prints_a_config_for_a_device_this_machine_lacks(capsys):
+    """A config written on a laptop for a GPU machine: the device is not checked."""
+    assert cli.main(["config", "jrd", "train.device=cuda:7"]) == 0
+    assert "device: cuda:7" in capsys.readouterr().out

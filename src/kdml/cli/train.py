@@ -388,6 +388,7 @@ def _config(args: argparse.Namespace) -> int:
     import yaml
 
     from kdml.config import resolve_config
+    from kdml.training.checks import check_before_data
     from kdml.training.recipes import get_recipe
 
     recipe = get_recipe(recipe_name)
@@ -398,6 +399,12 @@ def _config(args: argparse.Namespace) -> int:
     else:
         config = resolve_config(recipe.name, recipe.params, recipe.defaults, file_values,
                                 overrides)
+        # what kdml train refuses whatever the data (dtml on no domain pair, a backbone that
+        # does not exist), as a grid's cells are: it had been printed, exit 0, and refused
+        # only once trained from; the device is not checked: a config may be for another
+        # machine
+        _check_dataset_name(config.data.dataset)
+        check_before_data(config)
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     return 0
 
