@@ -233,11 +233,16 @@ def test_a_tuple_for_a_list_setting_is_taken_as_its_list():
     assert (config.eval.ks, config.optim.lr_milestones) == ([1, 5], [2, 4])
 
 
+@pytest.mark.parametrize("command", [["config", "jrd"], ["train", "jrd", "--seed", "1"],
+                                     ["train", "--config", "GRID"], ["config", "--config", "GRID"]])
 @pytest.mark.parametrize("argv", [["eval.ks=[1,", "2]"], ["method.layers=[pool,", "emb]"]])
-def test_a_list_split_by_the_shell_is_said_to_need_quotes(capsys, argv):
+def test_a_list_split_by_the_shell_is_said_to_need_quotes(capsys, tmp_path, argv, command):
     """`kdml train jrd eval.ks=[1, 2]` reaches kdml as two arguments; the refusal named only the
-    first half as malformed, not why."""
-    assert cli.main(["config", "jrd", *argv]) == 2
+    first half as malformed, not why (kdml train, whose check of its flags against the
+    overrides came first, then said "malformed override '2]'")."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("recipe: jrd\ngrid: {optim.lr: [0.001, 0.002]}\n")
+    assert cli.main([str(grid) if part == "GRID" else part for part in command] + argv) == 2
     assert capsys.readouterr().err == (
         f"kdml: error: malformed value in override {argv[0]!r}; the shell splits an unquoted "
         "value at its spaces: quote the whole override, e.g. 'eval.ks=[1, 2]'\n")

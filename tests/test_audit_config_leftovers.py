@@ -305,3 +305,22 @@ def test_kdml_config_prints_a_config_for_a_device_this_machine_lacks(capsys):
     """A config written on a laptop for a GPU machine: the device is not checked."""
     assert cli.main(["config", "jrd", "train.device=cuda:7"]) == 0
     assert "device: cuda:7" in capsys.readouterr().out
+
+
+def test_kdml_config_takes_kdml_train_s_setting_flags(capsys, tmp_path):
+    """`kdml config jrd --dataset cub` had been refused ("unrecognized arguments: --dataset"):
+    a train command with config for train prints the config it would train, its flags'
+    settings too; a flag beside an override of its key is refused as by kdml train."""
+    weights = tmp_path / "w.pth"
+    assert cli.main(["config", "jrd", "--dataset", "cub", "--data-root", str(tmp_path),
+                     "--weights", str(weights), "--seed", "3", "--device", "cpu",
+                     "data.batch_size=64"]) == 0
+    import yaml
+
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert (config["data"]["dataset"], config["data"]["root"], config["model"]["weights"],
+            config["train"]["seed"], config["train"]["device"], config["data"]["batch_size"]) \
+        == ("cub", str(tmp_path), str(weights), 3, "cpu", 64)
+    assert cli.main(["config", "jrd", "--seed", "3", "seed=4"]) == 2
+    assert capsys.readouterr().err == ("kdml: error: --seed and the override seed=4 both set "
+                                       "train.seed; give one\n")

@@ -161,13 +161,13 @@ def test_a_missing_command_names_the_commands_to_choose_from(capsys, args, expec
 
 
 @pytest.mark.parametrize("args", [["datasets", "extra"], ["recipes", "--foo"],
-                                  ["config", "amsoftmax", "--dataset", "digits"],
+                                  ["config", "amsoftmax", "--out", "run"],
                                   ["eval", "RUN", "extra"], ["plot", "retrieval", "RUN", "x"],
                                   ["analyze", "generalization", "RUN", "x"]])
 def test_an_unrecognized_argument_points_at_its_command_s_help(capsys, args):
     """An argument no option takes was refused pointing at 'kdml --help', which lists the
-    commands alone, not the options the command takes (`kdml config jrd --dataset digits`:
-    'kdml config --help' says config takes no --dataset)."""
+    commands alone, not the options the command takes (`kdml config jrd --out run`: 'kdml
+    config --help' says config takes no --out)."""
     command = " ".join(arg for arg in args[:2] if arg in {
         "datasets", "recipes", "config", "eval", "plot", "retrieval", "analyze",
         "generalization"})

@@ -144,18 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "arguments override the config, e.g. train.epochs=5 or epochs=5.")
     train.add_argument("recipe", nargs="?", help="recipe name (see 'kdml recipes')")
     train.add_argument("overrides", nargs="*", metavar="key=value", default=[])
-    train.add_argument("--dataset", help="dataset name, folder:DIR, csv:FILE, a domain pair "
-                       "(SOURCE->TARGET, npz:PATH); see 'kdml datasets'")
-    train.add_argument("--data-root", metavar="DIR", type=_path,
-                       help="folder of an on-disk dataset (data.root)")
-    train.add_argument("--config", type=_path, help="YAML file with config values",
-                       action=_OneFile)
-    train.add_argument("--weights", metavar="FILE", type=_path,
-                       help="pretrained backbone weights, a local .pth or .safetensors file "
-                       "(model.weights)")
-    train.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
-    train.add_argument("--device", type=_device,
-                       help="cpu, cuda, cuda:N or auto (train.device; default auto)")
+    _add_setting_flags(train)
     train.add_argument("--out", type=_path,
                        help="run folder: new, empty, or one whose run stopped before its first "
                        "checkpoint (default: runs/RECIPE-DATASET-TIME)")
@@ -326,16 +315,33 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser(
         "config", help="print a recipe's configuration: every key with its value",
         description="Print the configuration RECIPE resolves to (defaults < --config < "
-        "key=value), as YAML: every key 'kdml train' accepts. Of a --config file with a "
-        "grid: the first cell's config, the grid named in a comment and checked as 'kdml "
-        "train' checks it.")
+        "key=value and the flags), as YAML: every key 'kdml train' accepts. Of a --config "
+        "file with a grid: the first cell's config, the grid named in a comment and checked "
+        "as 'kdml train' checks it.")
     config.add_argument("recipe", nargs="?",
                         help="recipe name (see 'kdml recipes'); optional with a --config file "
                         "that names one")
     config.add_argument("overrides", nargs="*", metavar="key=value", default=[])
-    config.add_argument("--config", type=_path, help="YAML file with config values",
-                        action=_OneFile)
+    _add_setting_flags(config)
     return parser
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """``kdml train``'s and ``kdml config``'s flags that give settings (--config, and those of
+    cli.train.FLAG_KEYS): a train command with ``config`` for ``train`` prints the config it
+    would train."""
+    parser.add_argument("--dataset", help="dataset name, folder:DIR, csv:FILE, a domain pair "
+                        "(SOURCE->TARGET, npz:PATH); see 'kdml datasets'")
+    parser.add_argument("--data-root", metavar="DIR", type=_path,
+                        help="folder of an on-disk dataset (data.root)")
+    parser.add_argument("--config", type=_path, help="YAML file with config values",
+                        action=_OneFile)
+    parser.add_argument("--weights", metavar="FILE", type=_path,
+                        help="pretrained backbone weights, a local .pth or .safetensors file "
+                        "(model.weights)")
+    parser.add_argument("--seed", type=_integer(0, MAX_SEED), help="random seed (train.seed)")
+    parser.add_argument("--device", type=_device,
+                        help="cpu, cuda, cuda:N or auto (train.device; default auto)")
 
 
 def _add_split_options(parser: argparse.ArgumentParser, default: str = "test",

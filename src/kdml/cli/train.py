@@ -39,23 +39,7 @@ def _train(args: argparse.Namespace) -> int:
     from kdml.training.trainer import train
 
     recipe = get_recipe(recipe_name)
-    grid = file_values.get("grid")
-    _check_flags_agree_with_overrides(
-        args, overrides, [str(key) for key in grid] if isinstance(grid, dict) else [])
-    # One pair of quotes around the flag's text: a text setting's override takes its value as
-    # written less one enclosing pair (config.override_value), so the value comes through
-    # whole, a `#`, quotes, backslashes and non-ASCII letters too (json.dumps had written
-    # folder:phötos as folder:ph\u00f6tos and C:\data as C:\\data, read back as written).
-    if args.dataset is not None:
-        overrides.append(f"data.dataset={_quoted(str(args.dataset))}")
-    if args.data_root:
-        overrides.append(f"data.root={_quoted(str(args.data_root))}")
-    if args.weights:
-        overrides.append(f"model.weights={_quoted(str(args.weights))}")
-    if args.seed is not None:
-        overrides.append(f"train.seed={args.seed}")
-    if args.device is not None:
-        overrides.append(f"train.device={_quoted(args.device)}")
+    overrides = _with_flags(args, overrides, file_values)
     if "grid" in file_values:
         return _train_grid(recipe, file_values, overrides, args)
     config = with_absolute_paths(resolve_config(recipe.name, recipe.params, recipe.defaults,
@@ -115,6 +99,32 @@ def _named_recipe(args: argparse.Namespace) -> tuple[str, dict, list[str]]:
     recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     check_recipe_name(recipe_name)
     return recipe_name, file_values, overrides
+
+
+def _with_flags(args: argparse.Namespace, overrides: list[str],
+                file_values: dict) -> list[str]:
+    """``overrides``, then the settings kdml train's and kdml config's flags give (--dataset,
+    --data-root, --weights, --seed, --device), each refused beside an override of its key or a
+    grid over it (:func:`_check_flags_agree_with_overrides`)."""
+    grid = file_values.get("grid")
+    _check_flags_agree_with_overrides(
+        args, overrides, [str(key) for key in grid] if isinstance(grid, dict) else [])
+    # One pair of quotes around the flag's text: a text setting's override takes its value as
+    # written less one enclosing pair (config.override_value), so the value comes through
+    # whole, a `#`, quotes, backslashes and non-ASCII letters too (json.dumps had written
+    # folder:phötos as folder:ph\u00f6tos and C:\data as C:\\data, read back as written).
+    flagged = list(overrides)
+    if args.dataset is not None:
+        flagged.append(f"data.dataset={_quoted(str(args.dataset))}")
+    if args.data_root:
+        flagged.append(f"data.root={_quoted(str(args.data_root))}")
+    if args.weights:
+        flagged.append(f"model.weights={_quoted(str(args.weights))}")
+    if args.seed is not None:
+        flagged.append(f"train.seed={args.seed}")
+    if args.device is not None:
+        flagged.append(f"train.device={_quoted(args.device)}")
+    return flagged
 
 
 def _quoted(text: str) -> str:
@@ -332,10 +342,8 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
     """Refuse a flag and an override of its key, or a grid over it, together (``--dataset
     digits data.dataset=cub``), and an override of a key the grid runs over: one of them
     would be ignored without a word."""
-    from kdml.config import override_parts
-
     for item in overrides:
-        key = override_parts(item)[0]
+        key = _override_key(item)
         for grid_key in grid_keys:  # either may be dotted or a bare leaf
             if key == grid_key or key.split(".")[-1] == grid_key.split(".")[-1] and (
                     "." not in key or "." not in grid_key):
@@ -347,12 +355,20 @@ def _check_flags_agree_with_overrides(args: argparse.Namespace, overrides: list[
             continue
         names = (key, key.split(".", 1)[1])
         for item in overrides:
-            if override_parts(item)[0] in names:
+            if _override_key(item) in names:
                 raise KdmlError(f"{flag} and the override {item} both set {key}; give one")
         for grid_key in grid_keys:
             if grid_key in names:
                 raise KdmlError(f"{flag} sets {key}, over which the config's grid runs; give "
                                 f"one")
+
+
+def _override_key(item: str) -> str:
+    """The key an override ``item`` sets, "" where it is malformed: resolve_config refuses it
+    then, saying why (``eval.ks=[1, 2]`` unquoted is two arguments, which the shell split:
+    ``2]`` alone had been refused first, as "malformed override '2]'")."""
+    key, sep, _ = item.partition("=")
+    return key.strip() if sep else ""
 
 
 def _check_dataset_name(dataset: str) -> None:
@@ -392,6 +408,7 @@ def _config(args: argparse.Namespace) -> int:
     from kdml.training.recipes import get_recipe
 
     recipe = get_recipe(recipe_name)
+    overrides = _with_flags(args, overrides, file_values)
     if "grid" in file_values:  # the file's values alone may be no run's (keep_best without
         # the data.validation its grid gives): print the first cell's, saying so
         note, config = _first_grid_cell(args.config, recipe, file_values, overrides)
@@ -412,13 +429,10 @@ def _config(args: argparse.Namespace) -> int:
 def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
                      overrides: list[str]) -> tuple[str, RunConfig]:
     """A YAML comment naming the --config file's grid, and its first cell's config, after
-    refusing what kdml train would refuse of the grid: an override of one of its keys, and
-    what :func:`_grid_configs` refuses."""
+    refusing what kdml train would refuse of the grid (:func:`_grid_configs`; an override of
+    one of its keys is refused before, by :func:`_with_flags`)."""
     grid = file_values["grid"]
     keys = [str(key) for key in grid] if isinstance(grid, dict) else []
-    # kdml config has none of kdml train's flags (--dataset, --seed, ...) to compare
-    _check_flags_agree_with_overrides(argparse.Namespace(**dict.fromkeys(FLAG_KEYS)),
-                                      overrides, keys)
     cells, configs = _grid_configs(recipe, file_values, overrides)
     return (f"# {file} holds a grid of {counted(len(cells), 'run')} over {', '.join(keys)}, "
             f"one per cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
