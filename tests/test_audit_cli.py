@@ -747,3 +747,27 @@ def test_every_on_disk_formats_needs_hold_its_markers():
     for entry in registry.FORMATS.values():
         alternatives = {name for need in entry.needs for name in need.split("|")}
         assert set(entry.markers) <= alternatives, entry.name
+
+
+def test_a_ctrl_c_that_fails_a_reading_command_s_import_is_a_stop(monkeypatch, capsys):
+    """A command's lazy import of a C extension that a Ctrl-C interrupts fails with an
+    ImportError over the KeyboardInterrupt (pybind11's "initialization failed"): one line and
+    130, as any Ctrl-C, not a traceback; an ImportError of its own is still a bug's traceback."""
+    from kdml import cli
+
+    def interrupted_import(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as stop:
+            raise ImportError("initialization failed") from stop
+
+    monkeypatch.setitem(cli._COMMANDS, "recipes", interrupted_import)
+    assert cli.main(["recipes"]) == 130
+    assert capsys.readouterr().err == "kdml: interrupted\n"
+
+    def broken_import(args):
+        raise ImportError("cannot import name 'x'")
+
+    monkeypatch.setitem(cli._COMMANDS, "recipes", broken_import)
+    with pytest.raises(ImportError, match="cannot import name"):
+        cli.main(["recipes"])

@@ -413,3 +413,35 @@ def test_a_finished_run_resumed_adds_no_empty_tensorboard_file(tmp_path):
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 2
     assert "start epoch 4" not in (run / "train.log").read_text()
     assert not (run / "checkpoints" / "unscored.pt").exists()
+
+
+def _import_failed_by_a_stop_directly() -> None:
+    """pybind11's way (matplotlib's extensions): "initialization failed" from the stop."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as stop:
+        raise ImportError("initialization failed") from stop
+
+
+def _import_failed_by_a_stop_underneath() -> None:
+    """numpy's way: its own ImportError over the one a stop made."""
+    try:
+        _import_failed_by_a_stop_directly()
+    except ImportError as failed:
+        raise ImportError("Importing the numpy C-extensions failed.") from failed
+
+
+@pytest.mark.parametrize("failed_import", [_import_failed_by_a_stop_directly,
+                                           _import_failed_by_a_stop_underneath])
+def test_a_ctrl_c_that_fails_an_import_is_a_stop_not_a_traceback(tmp_path, monkeypatch, capsys,
+                                                                  failed_import):
+    """Ctrl-C while the run's first plot imports matplotlib (or any lazy import of a C
+    extension) fails that import with an ImportError raised over the KeyboardInterrupt: it had
+    escaped as a traceback with exit status 1, not the one line and 130 of any Ctrl-C."""
+    from kdml import cli
+
+    monkeypatch.setattr(viz, "plot_training", lambda history, folder: failed_import())
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(run)]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"kdml: interrupted; continue with: kdml train --resume {run}")

@@ -35,12 +35,22 @@ class Terminated(KeyboardInterrupt):
 
 
 def raised_over(error: BaseException, kind: type[E]) -> E | None:
-    """``error`` if it is a ``kind``, else the ``kind`` it was raised over (its cause or
-    context), or None: torch raises its own errors over a stop or a full disk ("unexpected
-    pos" in its checkpoint writer, "DataLoader worker ... is killed" after a kill)."""
-    for candidate in (error, error.__cause__, error.__context__):
+    """``error`` if it is a ``kind``, else the ``kind`` it was raised over, however deep in
+    its causes and contexts, or None: torch raises its own errors over a stop or a full disk
+    ("unexpected pos" in its checkpoint writer, "DataLoader worker ... is killed" after a
+    kill), and a C extension whose import a stop interrupts fails with an ImportError over it
+    (pybind11's "initialization failed", matplotlib's at a run's first plot; numpy's own
+    ImportError over that one)."""
+    seen: set[int] = set()
+    waiting: list[BaseException | None] = [error]
+    while waiting:
+        candidate = waiting.pop(0)
+        if candidate is None or id(candidate) in seen:
+            continue
         if isinstance(candidate, kind):
             return candidate
+        seen.add(id(candidate))
+        waiting += [candidate.__cause__, candidate.__context__]
     return None
 
 

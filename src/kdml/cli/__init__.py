@@ -250,6 +250,14 @@ def _main(argv: Sequence[str] | None) -> int:
                   "dependencies (pip install -c constraints.txt -e . in the kdml clone)",
                   file=sys.stderr)
         return 2
+    except ImportError as error:
+        # a Ctrl-C or kill while a C extension was imported (the commands import lazily)
+        interrupted = raised_over(error, KeyboardInterrupt)
+        if interrupted is None:
+            raise
+        code, stopped = _stop_code(interrupted)
+        print(f"kdml: {stopped}", file=sys.stderr)
+        return code
     except OSError as error:
         if error.filename is None and error.errno in UNWRITABLE_OUTPUT:
             # kdml's own files name themselves in their errors (file_write): one that names

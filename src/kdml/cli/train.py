@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress, _say, _stop_code
-from kdml.errors import KdmlError, LocalError, QuietExit, counted
+from kdml.errors import KdmlError, LocalError, QuietExit, counted, raised_over
 
 if TYPE_CHECKING:  # the commands import their modules lazily, to keep start-up fast
     from kdml.config import RunConfig
@@ -383,7 +383,10 @@ def _run_training(run: Callable[[], dict[str, float]], config: RunConfig,
 
     try:
         final = run()
-    except KeyboardInterrupt as stop:
+    except (KeyboardInterrupt, ImportError) as error:
+        stop = raised_over(error, KeyboardInterrupt)  # an import a Ctrl-C failed
+        if stop is None:
+            raise
         code, stopped = _stop_code(stop)
         if not distributed.world().is_main:
             return code
