@@ -194,7 +194,7 @@ def test_a_run_refused_before_its_first_checkpoint_resumes_on_the_mended_data(
         (run / name).unlink()
     (data / "c01" / "001.png").unlink()  # the unreadable image, removed
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
-    assert "has no checkpoint yet; training it from epoch 1" in capsys.readouterr().out
+    assert "has no checkpoint to continue from; training it from epoch 1" in capsys.readouterr().out
     assert json.loads((run / "data.json").read_text())["parts"]["train"]["samples"] == 5
 
 

@@ -111,7 +111,7 @@ def test_a_run_resumed_before_its_first_checkpoint_is_refused_as_a_new_run(tmp_p
         "split is class-disjoint; drop it, or set data.split=seen-holdout\n")
     config.write_text(trained)
     assert kdml("train", "--resume", run, "--no-progress") == 0
-    assert "has no checkpoint yet; training it from epoch 1" in capsys.readouterr().out
+    assert "has no checkpoint to continue from; training it from epoch 1" in capsys.readouterr().out
 
 
 def test_an_older_pair_run_with_a_split_it_ignored_is_still_evaluated(tmp_path, capsys):

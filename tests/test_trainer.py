@@ -1209,6 +1209,24 @@ def test_a_stop_while_a_checkpoint_is_written_leaves_each_epoch_logged_once(tmp_
     assert [event.step for event in events.Scalars("test/recall@1")] == [1, 2, 3]
 
 
+def test_a_run_resumed_without_its_checkpoint_shows_each_epoch_once_in_tensorboard(tmp_path):
+    """A run whose last.pt is gone (deleted; or kept as records alone) is trained again from
+    epoch 1 by --resume: TensorBoard had shown its old events beside the new, each epoch
+    twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(run), *TINY,
+                     "--no-progress", "train.epochs=2", "train.steps_per_epoch=1"]) == 0
+    (run / "checkpoints" / "last.pt").unlink()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert len(list((run / "tensorboard").iterdir())) == 2  # the old file is kept
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/loss")] == [1, 2]
+    assert [event.step for event in events.Scalars("test/recall@1")] == [1, 2]
+
+
 def test_a_ctrl_c_between_an_epoch_s_checkpoint_and_its_log_line_waits_for_the_line():
     """A signal (a real one, not raised by a patched writer) inside the block that writes
     last.pt and logs the epoch stops the run only at the block's end, with the handler that

@@ -38,8 +38,13 @@ class Recorder:
     session ends (the metrics they draw are written every epoch). Only rank 0 writes; on the
     others every call does nothing."""
 
-    def __init__(self, run: RunFolder, writes: bool, scored: str = "test") -> None:
+    def __init__(self, run: RunFolder, writes: bool, scored: str = "test",
+                 from_scratch: bool = False) -> None:
         self.run, self.writes, self.scored = run, writes, scored  # scored: "test" or "val"
+        # a run resumed without a checkpoint trains from epoch 1 again (records alone, or a
+        # deleted last.pt): TensorBoard is told to drop the events files' earlier epochs,
+        # which it had shown beside the new ones (each epoch twice)
+        self.from_scratch = from_scratch
         self._stack = contextlib.ExitStack()
         self.log = logging.getLogger("kdml.train")
         self.writer: SummaryWriter | None = None
@@ -142,7 +147,8 @@ class Recorder:
             from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
 
             with _named(self.run.tensorboard):  # its first flush, which can fail
-                self.writer = SummaryWriter(str(self.run.tensorboard))
+                self.writer = SummaryWriter(str(self.run.tensorboard),
+                                            purge_step=1 if self.from_scratch else None)
         return self.writer
 
     def _close_writer(self) -> None:

@@ -473,7 +473,7 @@ def _start(session: Session, run: RunFolder, resume: bool, state: dict[str, Any]
     config = session.config
     if state is None:
         if resume:  # stopped before its first checkpoint: start over
-            echo(f"{run.root} has no checkpoint yet; training it from epoch 1")
+            echo(f"{run.root} has no checkpoint to continue from; training it from epoch 1")
         return _Start([], 1, False, None)
     session.restore(state, run.unscored_checkpoint if state.get("unscored") is not None
                     else run.checkpoint)
@@ -524,7 +524,7 @@ def _train_session(session: Session, run: RunFolder, resume: bool,
     end_epoch = max(config.train.epochs, start_epoch) if unscored else config.train.epochs
 
     prefix = scored_prefix(session.splits)
-    with Recorder(run, main, prefix) as recorder:
+    with Recorder(run, main, prefix, from_scratch=resume and state is None) as recorder:
         if start_epoch > end_epoch and stopped_early:
             recorder.log.info("it stopped early, after epoch %d; %s", len(history),
                               NOTHING_LEFT)
