@@ -1425,9 +1425,10 @@ def test_a_checkpoint_gives_back_the_images_its_last_scoring_left_out():
 
 
 def test_a_run_converged_on_its_last_epoch_trains_no_further_when_epochs_are_raised(
-        tmp_path, tiny_overrides):
+        tmp_path, tiny_overrides, capsys):
     """As a run out of patience (tests/test_selection.py): the convergence rule met on the last
-    planned epoch is met there by a longer run too, so raising train.epochs trains nothing."""
+    planned epoch is met there by a longer run too, so raising train.epochs trains nothing
+    (said on the screen too: it had been only in train.log)."""
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "train.epochs=2",
@@ -1436,10 +1437,13 @@ def test_a_run_converged_on_its_last_epoch_trains_no_further_when_epochs_are_rai
     config = yaml.safe_load((out / "config.yaml").read_text())
     config["train"]["epochs"] = 3
     (out / "config.yaml").write_text(yaml.safe_dump(config))
+    capsys.readouterr()
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2
     assert "it stopped early, after epoch 2; nothing left to train" in (
         out / "train.log").read_text()
+    assert (f"resuming {out} after epoch 2 of 3: it stopped early; nothing left to train\n"
+            in capsys.readouterr().out)
 
 
 def test_a_resumed_run_takes_its_weights_from_its_checkpoint_not_from_model_weights(
@@ -1468,16 +1472,19 @@ def test_a_resumed_run_takes_its_weights_from_its_checkpoint_not_from_model_weig
 
 
 def test_a_finished_run_resumed_with_fewer_epochs_logs_the_epochs_it_trained(
-        tmp_path, tiny_overrides):
+        tmp_path, tiny_overrides, capsys):
     """The log had said "all 1 epochs are trained" of a run whose checkpoint and metrics hold
-    2."""
+    2. The screen says there is nothing left to train (it had said only "resuming ...")."""
     out = tmp_path / "run"
     assert cli.main(["train", "amsoftmax", "--dataset", "digits", "--out", str(out),
                      "--no-progress", *tiny_overrides, "train.epochs=2",
                      "train.steps_per_epoch=2"]) == 0
     config = out / "config.yaml"
     config.write_text(config.read_text().replace("epochs: 2", "epochs: 1"))
+    capsys.readouterr()
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert (f"resuming {out} after epoch 2 (train.epochs is now 1): nothing left to train\n"
+            in capsys.readouterr().out)
     log = (out / "train.log").read_text()
     assert "all 2 epochs are trained (train.epochs is now 1); nothing left to train" in log
     assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 2

@@ -502,7 +502,12 @@ def _start(session: Session, run: RunFolder, resume: bool, state: dict[str, Any]
         echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}, trained but "
              "not yet scored: scoring it first")
     else:
-        echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}")
+        # a finished run resumed: said on the screen too, not only in train.log, before the
+        # final metrics it prints again
+        done = ("" if start_epoch <= config.train.epochs
+                else f": it stopped early; {NOTHING_LEFT}" if stopped_early
+                else f": {NOTHING_LEFT}")
+        echo(f"resuming {run.root} after epoch {state['epoch']}{of_epochs}{done}")
     if not stopped_early and planned < config.train.epochs:  # train.epochs was raised
         echo(f"train.epochs is {config.train.epochs}, not the {planned} it was trained "
              f"for: training epochs {state['epoch'] + 1} to {config.train.epochs}")
