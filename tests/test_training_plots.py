@@ -445,3 +445,7 @@ def test_a_ctrl_c_that_fails_an_import_is_a_stop_not_a_traceback(tmp_path, monke
     assert cli.main(["train", "amsoftmax", *TINY_PLOTTED, "--out", str(run)]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"kdml: interrupted; continue with: kdml train --resume {run}")
+    # and train.log says so in its one line (it had ended at the last epoch, or with the
+    # ImportError's traceback as "an error")
+    assert (run / "train.log").read_text().splitlines()[-1].endswith(
+        "stopped: interrupted (Ctrl-C)")

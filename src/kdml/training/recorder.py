@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kdml import distributed
-from kdml.errors import KdmlError, Terminated
+from kdml.errors import KdmlError, Terminated, raised_over
 from kdml.run_log import run_logging
 from kdml.training.checkpoint import save_checkpoint
 from kdml.training.run_folder import STOPPED, RunFolder
@@ -90,7 +90,11 @@ class Recorder:
                 except Exception as plotting:
                     self.log.warning("the training plots are not drawn: %s", plotting)
             elif not moved:
-                self._plot()
+                try:
+                    self._plot()
+                except BaseException as stopped:  # a Ctrl-C while the last plots are drawn
+                    self._log_stop(type(stopped), stopped)
+                    raise
 
     def _log_stop(self, kind: type[BaseException], error: BaseException | None) -> None:
         """Say in ``train.log`` why the session stopped before its end: the log otherwise ends
@@ -98,7 +102,11 @@ class Recorder:
         about a file (a full disk), a collective whose peer process is gone, a Ctrl-C and a
         kill (SIGTERM, :class:`Terminated`; not under torchrun, which stops its ranks with it)
         take one line; anything else its traceback (SIGKILL leaves no line). Logged as INFO:
-        the command itself prints the error."""
+        the command itself prints the error. An error raised over a Ctrl-C or kill (an import
+        it interrupted: an ImportError over it) is that stop."""
+        stop = raised_over(error, KeyboardInterrupt) if error is not None else None
+        if stop is not None:
+            kind = type(stop)
         if issubclass(kind, Terminated):
             self.log.info("%sterminated (SIGTERM)", STOPPED)
         elif issubclass(kind, KeyboardInterrupt):
