@@ -324,7 +324,8 @@ import sys
 from kdml.cli import main
 for argv in (["train", "jdr", "--dataset", "digits"], ["config", "jdr"], ["config"],
              ["train", "jrd", "--config", "missing.yaml"], ["train", "--config", "broken.yaml"],
-             ["config", "--config", "other.yaml"]):
+             ["config", "--config", "other.yaml"], ["train", "jrd", "--dataset", "digts"],
+             ["config", "jrd", "--dataset", "mnist5k-"]):
     print(main(argv), file=sys.stderr)
 print("torch imported:", "torch" in sys.modules)
 """
@@ -332,7 +333,8 @@ print("torch imported:", "torch" in sys.modules)
 
 def test_a_mistyped_recipe_or_config_file_is_said_before_torch_is_imported(tmp_path):
     """kdml train and kdml config imported the recipes, and torch with them (3 s, 7 s on a busy
-    machine), before they found the recipe's name or the --config file wrong."""
+    machine), before they found the recipe's name, the --config file or the --dataset
+    wrong."""
     (tmp_path / "broken.yaml").write_text("recipe: [jrd\n")
     (tmp_path / "other.yaml").write_text("recipe: jdr\n")
     done = subprocess.run([sys.executable, "-c", MISTYPED_TRAINING_COMMANDS], cwd=tmp_path,
@@ -342,12 +344,19 @@ def test_a_mistyped_recipe_or_config_file_is_said_before_torch_is_imported(tmp_p
     unknown = ("kdml: error: unknown recipe 'jdr' (did you mean 'jrd'?); choose one of: "
                f"{', '.join(RECIPES)}")
     lines = done.stderr.splitlines()
-    assert lines[0::2] == [unknown, unknown, "kdml: error: name a recipe, e.g. 'kdml config "
-                           "jrd' (or a --config file with a recipe: line)",
-                           "kdml: error: config file missing.yaml does not exist",
-                           lines[8], unknown], done.stderr
+    assert lines[0:12:2] == [unknown, unknown, "kdml: error: name a recipe, e.g. 'kdml "
+                             "config jrd' (or a --config file with a recipe: line)",
+                             "kdml: error: config file missing.yaml does not exist",
+                             lines[8], unknown], done.stderr
     assert lines[8].startswith("kdml: error: config file broken.yaml is not valid YAML: ")
-    assert lines[1::2] == 6 * ["2"]
+    datasets = ("mnist5k, digits, mnist1d, cub, cars196, sop, inshop, cifar10, cifar100, "
+                "mnist, fashion-mnist, mnist5k->digits, digits->mnist5k, folder:DIR, csv:FILE "
+                "or npz:PATH")
+    assert lines[12:] == [
+        f"kdml: error: unknown dataset 'digts' (did you mean 'digits'?); choose one of: "
+        f"{datasets}", "2", f"kdml: error: unknown dataset 'mnist5k-'; choose one of: "
+        f"{datasets} (quote domain pairs in the shell: --dataset 'mnist5k->digits')", "2"]
+    assert lines[1::2] == 8 * ["2"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.yaml", "other.yaml"]
 
 
@@ -355,6 +364,17 @@ def test_the_recipe_names_known_without_torch_are_the_recipes():
     from kdml.training.recipe_names import RECIPE_NAMES
 
     assert tuple(RECIPES) == RECIPE_NAMES
+
+
+def test_the_dataset_names_known_without_torch_are_the_registries():
+    from kdml import dataset_names
+    from kdml.data.domains import DOMAIN_PAIRS
+    from kdml.data.registry import DATASETS, FORMATS, PATH_FORMATS
+
+    assert tuple(DATASETS) == dataset_names.OFFLINE_NAMES
+    assert tuple(FORMATS) == dataset_names.FORMAT_NAMES
+    assert tuple(DOMAIN_PAIRS) == dataset_names.PAIR_NAMES
+    assert tuple(PATH_FORMATS) == dataset_names.PATH_PREFIXES
 
 
 def test_missing_or_corrupt_checkpoint(tmp_path, tiny_overrides, capsys):

@@ -91,13 +91,17 @@ def _resume(args: argparse.Namespace) -> int:
 def _named_recipe(args: argparse.Namespace) -> tuple[str, dict, list[str]]:
     """The recipe ``kdml train`` or ``kdml config`` names, the --config file's values and the
     key=value overrides, read and checked before the recipes (and torch, seconds) are
-    imported: a missing or malformed file and a mistyped recipe are said at once."""
+    imported: a missing or malformed file, a mistyped recipe and a mistyped --dataset are
+    said at once."""
     from kdml.config import load_config_file
+    from kdml.dataset_names import check_dataset_name
     from kdml.training.recipe_names import check_recipe_name
 
     file_values = load_config_file(args.config) if args.config else {}
     recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     check_recipe_name(recipe_name)
+    if args.dataset is not None:
+        check_dataset_name(args.dataset)
     return recipe_name, file_values, overrides
 
 
@@ -372,7 +376,7 @@ def _override_key(item: str) -> str:
 
 
 def _check_dataset_name(dataset: str) -> None:
-    from kdml.data.prepare import check_dataset_name
+    from kdml.dataset_names import check_dataset_name
 
     check_dataset_name(dataset)
 

@@ -9,7 +9,6 @@ import torch
 from kdml.config import DataConfig
 from kdml.data.dataset import DmlDataset
 from kdml.data.domains import (
-    DOMAIN_PAIRS,
     SourcePCA,
     fit_source_pca,
     is_domain_dataset,
@@ -18,29 +17,11 @@ from kdml.data.domains import (
 )
 from kdml.data.images import ImageFiles
 from kdml.data.registry import (
-    DATASETS,
-    FORMATS,
     check_root_is_read,
-    is_known_dataset,
     open_dataset,
 )
 from kdml.data.splits import DOMAIN, DataSplits, make_splits, remapped_to_training
-from kdml.errors import KdmlError, did_you_mean
-
-
-def check_dataset_name(dataset: str) -> None:
-    """Refuse, in one line, a ``--dataset`` that names no dataset, domain pair or path format,
-    listing every kind: ``kdml train``'s, and that of the commands that read a run with
-    another dataset (``eval``, ``embed``, ``index``), whose model may take a domain pair's
-    features only (the registry's own refusal lists neither the pairs nor ``npz:PATH``)."""
-    if not is_known_dataset(dataset) and not is_domain_dataset(dataset):
-        # An unquoted 'mnist5k->digits' reaches us as 'mnist5k-': the shell took '>'.
-        hint = (" (quote domain pairs in the shell: --dataset 'mnist5k->digits')"
-                if dataset.endswith("-") else "")
-        names = [*DATASETS, *FORMATS, *DOMAIN_PAIRS]
-        near = "" if hint else did_you_mean(dataset, names)
-        raise KdmlError(f"unknown dataset {dataset!r}{near}; choose one of: "
-                        f"{', '.join(names)}, folder:DIR, csv:FILE or npz:PATH{hint}")
+from kdml.errors import KdmlError
 
 
 def prepare_data(data: DataConfig, *, new_run: bool = False,

@@ -14,8 +14,9 @@ import torch
 from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.data.domains import is_domain_dataset
-from kdml.data.prepare import check_dataset_name, prepare_data
+from kdml.data.prepare import prepare_data
 from kdml.data.splits import OTHER_TEST_SETS, ClassCountError, DataSplits
+from kdml.dataset_names import check_dataset_name
 from kdml.errors import KdmlError, check_not_a_link
 from kdml.evaluation.evaluator import (
     Embedded,
