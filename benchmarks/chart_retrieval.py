@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 from machine import machine_description  # sibling module: scripts run as benchmarks/NAME.py
-from measure import positive_count
+from measure import positive_count, refuse_too_few_points
 
 SOP_KS = (1, 10, 100)
 CUB_KS = (1, 2, 4, 8)
@@ -67,7 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stage", choices=("baseline", "chart", "dense"), help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--ks", type=int, nargs="+", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.stage is None:  # a stage's process gets the sizes already checked
+        refuse_too_few_points(parser, "--num-samples", args.num_samples, max(SOP_KS) + 1,
+                              f"leave-one-out Recall@{max(SOP_KS)}")
+        refuse_too_few_points(parser, "--dense-samples", args.dense_samples, max(CUB_KS) + 1,
+                              f"leave-one-out Recall@{max(CUB_KS)}")
+    return args
 
 
 # --------------------------------------------------------------------------- data

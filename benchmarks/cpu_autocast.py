@@ -25,7 +25,7 @@ import time
 
 import torch
 from machine import machine_description
-from measure import positive_count
+from measure import one_line_kdml_errors, positive_count
 from recipe_step import training_step
 
 from kdml.config import resolve_config
@@ -38,6 +38,7 @@ from kdml.training.recipes import get_recipe
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+@one_line_kdml_errors
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="jrd")

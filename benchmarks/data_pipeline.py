@@ -74,6 +74,7 @@ from measure import (
     busy_cpu_seconds,
     cpu_seconds,
     non_negative_count,
+    others_share,
     positive_count,
     proc_status_kib,
     reset_peak_rss,
@@ -96,6 +97,13 @@ MMAP_VARIABLE, MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_", 1 << 20
 QUIET_LOAD, RETRIES = 0.10, 2  # --wait-idle: others' CPU share that counts as disturbed
 
 
+def memory_run(text: str) -> str:
+    """An argparse type for a ``--memory-runs`` entry: loader workers, 0 or more, with an
+    optional ``+mmap`` (a mistyped entry had failed in ``int()`` after the other sections)."""
+    non_negative_count(text.removesuffix("+mmap"))
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(),
@@ -115,7 +123,8 @@ def parse_args() -> argparse.Namespace:
                         help="rounds of every timed pass (interleaved); the best is reported")
     parser.add_argument("--memory-sizes", type=positive_count, nargs="+", default=[512, 1024,
                         2048, 4096])
-    parser.add_argument("--memory-runs", nargs="+", default=["0", "2", "2+mmap"],
+    parser.add_argument("--memory-runs", nargs="+", type=memory_run,
+                        default=["0", "2", "2+mmap"],
                         help="loader workers of the memory passes; '+mmap' runs that pass with "
                         f"{MMAP_VARIABLE}={MMAP_THRESHOLD} (glibc's allocator then returns "
                         "every block of 1 MiB or more to the system when it is freed)")
@@ -242,7 +251,7 @@ class Meter:
         self.children_cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - self.children_cpu
         self.cpu_seconds = self.main_cpu + self.children_cpu
         others = busy_cpu_seconds() - self.machine - self.cpu_seconds
-        self.others_load = max(0.0, others) / (elapsed * (os.cpu_count() or 1))
+        self.others_load = others_share(others, elapsed)
 
 
 def child_pids() -> list[str]:

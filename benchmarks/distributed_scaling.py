@@ -24,10 +24,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from machine import machine_description
-from measure import non_negative_count, positive_count
+from measure import non_negative_count, one_line_kdml_errors, positive_count
 
 from kdml import distributed
 from kdml.config import resolve_config
+from kdml.errors import KdmlError
 from kdml.launch import launched_by_torchrun
 from kdml.training.build import model_input_shape
 from kdml.training.recipes import get_recipe
@@ -116,6 +117,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, results)
         dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         results[rank] = measure(args)
+    except KdmlError as error:  # the parent says it in one line, not torch's quoted traceback
+        results[rank] = {"error": str(error)}
     finally:
         distributed.teardown()
 
@@ -128,6 +131,7 @@ def report(world: int, per_rank: list[dict[str, float]], args: argparse.Namespac
             f"{1000 * gather:.2f} | {100 * gather / step:.1f}% | {peak:.0f} |")
 
 
+@one_line_kdml_errors
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="jrd")
@@ -167,7 +171,11 @@ def main() -> None:
         results = mp.Manager().dict()
         mp.start_processes(_worker, args=(world, port, args, results), nprocs=world,
                            start_method="spawn")
-        print(report(world, [results[rank] for rank in range(world)], args))
+        per_rank = [results[rank] for rank in range(world)]
+        for result in per_rank:
+            if "error" in result:
+                raise KdmlError(result["error"])
+        print(report(world, per_rank, args))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 from machine import machine_description
-from measure import positive_count
+from measure import positive_count, refuse_too_few_points
 
 import kdml.evaluation.retrieval as retrieval
 from kdml.evaluation import retrieval_metrics
@@ -51,6 +51,8 @@ def main() -> None:
     if args.without_rescoring:
         retrieval.ExactScores = lambda *inputs: None  # RankedSearch then keeps float32's ties
     labels = np.repeat(np.arange(args.classes), args.points // args.classes)
+    refuse_too_few_points(parser, "--points", len(labels), 9,
+                          f"leave-one-out Recall@8 over {args.classes} equal classes")
     spread = np.random.default_rng(0).standard_normal((len(labels), args.dim))
     searches: list[tuple[int, int]] = []
     search_rows = retrieval.search_rows

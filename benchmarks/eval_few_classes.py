@@ -21,7 +21,7 @@ import faiss
 import numpy as np
 import torch
 from machine import machine_description
-from measure import non_negative_count, positive_count
+from measure import non_negative_count, positive_count, refuse_too_few_points
 
 import kdml.evaluation.knn as knn
 import kdml.evaluation.retrieval as retrieval
@@ -47,6 +47,9 @@ def main() -> None:
     parser.add_argument("--without-rescoring", action="store_true",
                         help="switch off the float64 re-scoring of float32 ties (its cost)")
     args = parser.parse_args()
+    if args.points:
+        refuse_too_few_points(parser, "--points", args.points // 5 * 5, 9,
+                              "leave-one-out Recall@8 over 5 equal classes")
     if args.without_rescoring:
         retrieval.ExactScores = lambda *inputs: None  # RankedSearch then keeps float32's ties
     print(f"{machine_description()}; torch {torch.__version__} ({torch.get_num_threads()} "

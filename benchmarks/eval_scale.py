@@ -48,8 +48,10 @@ from measure import (
     busy_cpu_seconds,
     cpu_seconds,
     non_negative_count,
+    others_share,
     positive_count,
     proc_status_kib,
+    refuse_too_few_points,
     reset_peak_rss,
 )
 
@@ -94,7 +96,10 @@ def parse_args() -> argparse.Namespace:
         help="stages to run (default: all but seeding, which the nmi stage includes); faiss "
         "always runs, as the reference time",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    refuse_too_few_points(parser, "--num-samples", args.num_samples, TOP_K,
+                          "leave-one-out Recall@100")
+    return args
 
 
 # --------------------------------------------------------------------------- data
@@ -237,7 +242,7 @@ def run_stage(name: str, data_dir: str, args: argparse.Namespace) -> dict[str, A
     return {
         "seconds": seconds,
         "cpu_seconds": stage_cpu,
-        "others_load": max(0.0, others_cpu) / (seconds * (os.cpu_count() or 1)),
+        "others_load": others_share(others_cpu, seconds),
         "peak_mib": peak_growth_kib / 1024,
         "peak_was_reset": peak_was_reset,
         "summary": summary,

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 from machine import machine_description
-from measure import positive_count
+from measure import positive_count, refuse_too_few_points
 
 import kdml.evaluation.retrieval as retrieval
 from kdml.evaluation import retrieval_metrics
@@ -63,6 +63,9 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     labels = np.repeat(np.arange(args.classes), rng.integers(2, 13, args.classes))[:args.points]
+    # --classes of 2 to 12 samples can hold fewer than --points: then they are what is short
+    short = "--points" if len(labels) == args.points else "--classes"
+    refuse_too_few_points(parser, short, len(labels), 101, "leave-one-out Recall@100")
     # The tie tolerances grow with the dimension, and with them the queries whose ties reach
     # past k (searched again, wider) and the re-scoring, which reads the vectors: 8-d vectors
     # (this script's size before --dim) took a ninth of the 512-d time on a 2-core CPU.

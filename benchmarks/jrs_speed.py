@@ -352,7 +352,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="the trainer's default batch")
     step.add_argument("--step-classes", type=positive_count, default=5,
                       help="mnist5k's training classes")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    refuse_unusable_device(parser, args.device)
+    return args
+
+
+def refuse_unusable_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """Stop in one line on a device name torch does not know, or on CUDA where there is none
+    (torch's traceback had come once the first section built its tensors)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        parser.error(f"argument --device: {device!r} is not a device (cpu or cuda)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        parser.error(f"argument --device: {device}, but no CUDA device is available here; "
+                     "use cpu")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

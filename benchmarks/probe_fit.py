@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from machine import machine_description
-from measure import positive_count
+from measure import one_line_kdml_errors, positive_count
 from torch.nn import functional
 
 from kdml.evaluation.charts import piecewise_linear_accuracy
@@ -110,6 +110,7 @@ def probe_accuracies(run_dir: Path, epochs: int, seed: int) -> dict[str, float]:
     return accuracies
 
 
+@one_line_kdml_errors
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from machine import machine_description
-from measure import busy_cpu_seconds, cpu_seconds, positive_count
+from measure import busy_cpu_seconds, cpu_seconds, others_share, positive_count
 from PIL import Image
 
 IMPORTS = "import kdml.training.trainer, kdml.evaluation.evaluator"
@@ -67,7 +67,7 @@ def timed(command: list[str], status: int = 0) -> tuple[float, float]:
                          f"{done.stderr}")
     wall = time.perf_counter() - start
     others = busy_cpu_seconds() - busy - (cpu_seconds(resource.RUSAGE_CHILDREN) - own)
-    return wall, max(others, 0.0) / (wall * os.cpu_count())
+    return wall, others_share(others, wall)
 
 
 def main() -> None:

@@ -108,8 +108,9 @@ def train_section(args: argparse.Namespace, device: torch.device) -> None:
             for _ in range(args.warmup):
                 steps[name]()
             synchronize(device)
-            peaks[name] = ((torch.cuda.max_memory_allocated(device) - before) / 2**30
-                           if device.type == "cuda" else float("nan"))
+            # a device without GPU memory has none to report: '-', not 'nan'
+            peaks[name] = (f"{(torch.cuda.max_memory_allocated(device) - before) / 2**30:.2f}"
+                           if device.type == "cuda" else "-")
         rounds: dict[str, list[float]] = {name: [] for name in STEPS}
         for index in range(args.rounds):
             for name in STEPS[index % 3:] + STEPS[:index % 3]:
@@ -123,7 +124,7 @@ def train_section(args: argparse.Namespace, device: torch.device) -> None:
                 versus = f"{100 * statistics.median(ratios):+.1f}% vs {BASELINE[name]}"
                 spread = f"{100 * min(ratios):+.1f}% to {100 * max(ratios):+.1f}%"
             print(f"| {name} | {precision} | {1000 * seconds:.1f} | "
-                  f"{args.batch / seconds:,.0f} | {peaks[name]:.2f} | {versus} | {spread} |")
+                  f"{args.batch / seconds:,.0f} | {peaks[name]} | {versus} | {spread} |")
         del steps
 
 

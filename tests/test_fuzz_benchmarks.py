@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -177,3 +178,131 @@ def test_the_profile_counts_only_the_steps_own_host_syncs(benchmarks, monkeypatc
     lines = [line for line in capsys.readouterr().out.splitlines() if "per step" in line]
     assert lines == 2 * ["host-device synchronisations and copies per step (CUDA runtime "
                          "calls): cudaMemcpyAsync 1, cudaStreamSynchronize 1"]
+
+
+@pytest.mark.parametrize("script, argv, option", [
+    ("eval_scale", ["--num-samples", "50", "--num-classes", "10", "--stages", "kdml"],
+     "--num-samples"),
+    ("eval_scoring", ["--points", "60", "--classes", "60"], "--points"),
+    ("eval_scoring", ["--points", "300", "--classes", "10"], "--classes"),
+    ("chart_retrieval", ["--num-samples", "50", "--num-classes", "10", "--skip-dense"],
+     "--num-samples"),
+    ("chart_retrieval", ["--dense-samples", "6", "--dense-classes", "2"], "--dense-samples"),
+    ("eval_collapsed", ["--points", "3"], "--points"),
+    ("eval_collapsed", ["--points", "9", "--classes", "5"], "--points"),
+    ("eval_few_classes", ["--sizes", "--points", "3"], "--points"),
+])
+def test_too_few_points_for_the_scripts_k_are_refused_in_one_line(
+        benchmarks, monkeypatch, capsys, script, argv, option):
+    """A size of at least 1 that still leaves fewer points than the k a script searches for
+    (Recall@100 at SOP scale, Recall@8 by default): today a KdmlError traceback from
+    ``retrieval_metrics`` ('K=100 in ks is larger than the 49 available references',
+    'embeddings is empty'), after the data are made (eval_scale and chart_retrieval: after
+    their baseline processes ran; eval_collapsed with --points 9 and 5 classes keeps 5)."""
+    module = benchmarks(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {option}" in error and "at least" in error, error
+
+
+
+def test_the_training_table_on_a_cpu_has_no_nan_for_gpu_memory(benchmarks, capsys):
+    """``--quick`` is a smoke test on any device (docs/benchmarks.md), but on a CPU every row's
+    'peak GPU memory (GiB)' read 'nan': a device without GPU memory has none to report."""
+    module = benchmarks("train_throughput")
+    args = argparse.Namespace(backbone="cnn", size=8, batch=4, embedding=4, classes=2,
+                              channels_last=False, compile=False, precisions=["fp32"],
+                              repeats=1, warmup=0, rounds=1)
+    module.train_section(args, torch.device("cpu"))
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")
+            and "fp32" in line]
+    assert len(rows) == 3 and not any("nan" in row for row in rows)
+    assert all(row.split(" | ")[4] == "-" for row in rows)
+
+
+@pytest.mark.parametrize("script, argv, said", [
+    ("cpu_autocast", ["--recipe", "jdr", "--dataset", "digits"], "unknown recipe 'jdr'"),
+    ("cpu_autocast", ["--dataset", "digits", "train.foo=1"], "unknown config key 'train.foo'"),
+    ("probe_fit", ["/no/such/run"], "does not exist"),
+])
+def test_a_mistyped_recipe_setting_or_run_is_said_in_one_line(
+        benchmarks, monkeypatch, capsys, script, argv, said):
+    """What kdml's own commands refuse in one line (a KdmlError) had ended these scripts in a
+    traceback of 9 to 21 lines."""
+    module = benchmarks(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"{script}.py: error: ") and said in error[0]
+
+
+def test_distributed_scaling_says_a_mistyped_dataset_in_one_line(benchmarks, monkeypatch,
+                                                                  capsys):
+    """The error is raised in the spawned ranks: the run had ended in a 45-line traceback
+    (torch.multiprocessing's, quoting each rank's). Here the ranks run in this process."""
+    module = benchmarks("distributed_scaling")
+
+    def start_here(worker, args, nprocs, start_method):
+        for rank in range(nprocs):
+            worker(rank, *args)
+
+    monkeypatch.setattr(module.mp, "start_processes", start_here)
+    monkeypatch.setattr(module.mp, "Manager", lambda: type("M", (), {"dict": dict})())
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process's
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # a rank sets RANK and the like
+    monkeypatch.setattr(sys, "argv", ["distributed_scaling.py", "--dataset", "nosuch"])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [error[0]] and "unknown dataset 'nosuch'" in error[0]
+
+
+def test_a_memory_run_that_is_no_worker_count_is_refused_in_one_line(benchmarks, monkeypatch,
+                                                                      capsys):
+    """--memory-runs x had been taken, then ended the script in a ValueError traceback
+    (int('x')) after the JPEGs were written and the other sections had run."""
+    module = benchmarks("data_pipeline")
+    monkeypatch.setattr(sys, "argv", ["data_pipeline.py", "--memory-runs", "2", "x"])
+    with pytest.raises(SystemExit) as stopped:
+        module.parse_args()
+    assert stopped.value.code == 2
+    assert "argument --memory-runs" in capsys.readouterr().err.strip().splitlines()[-1]
+    monkeypatch.setattr(sys, "argv", ["data_pipeline.py", "--memory-runs", "0", "2+mmap"])
+    assert module.parse_args().memory_runs == ["0", "2+mmap"]
+
+
+def test_others_load_is_a_share_of_the_cores_at_most_all(benchmarks, monkeypatch, tmp_path):
+    """/proc/stat counts CPU time in clock ticks (10 ms): over a stage of a few milliseconds
+    the others' CPU time, one tick or more, had been reported as 516% of both cores."""
+    import numpy as np
+
+    module = benchmarks("eval_scale")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "embeddings.npy", rng.standard_normal((120, 4), dtype=np.float32))
+    np.save(tmp_path / "labels.npy", np.repeat(np.arange(40), 3))
+    readings = iter([100.0, 100.5])  # half a second of others' CPU during a short stage
+    monkeypatch.setattr(module, "busy_cpu_seconds", lambda: next(readings))
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    args = argparse.Namespace(chunk_size=None, torch_chunk_size=64)
+    result = module.run_stage("faiss", str(tmp_path), args)
+    assert 0.0 <= result["others_load"] <= 1.0
+
+
+@pytest.mark.parametrize("device, said", [("cuda", "no CUDA device"), ("gpu", "not a device")])
+def test_jrs_speed_says_a_device_it_cannot_use_in_one_line(benchmarks, monkeypatch, capsys,
+                                                          device, said):
+    """On a machine without a GPU, --device cuda had ended in torch's 18-line traceback
+    ('Torch not compiled with CUDA enabled') once the first section built its tensors."""
+    module = benchmarks("jrs_speed")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stopped:
+        module.parse_args(["--device", device])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --device" in error and said in error
