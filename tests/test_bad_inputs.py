@@ -1037,9 +1037,30 @@ def test_a_test_part_is_scorable_with_one_query_that_has_a_reference():
 
     check_test_classes(_array_splits([0, 0, 1, 1], [2, 2, 3, 4]))
     check_test_classes(_array_splits([0, 0, 1, 1], [2, 3, 5], gallery=[2, 3, 4]))
-    for test, gallery in (([2, 3, 4], None), ([5, 6], [2, 3])):
-        with pytest.raises(KdmlError, match="^no test query of test has another sample"):
-            check_test_classes(_array_splits([0, 0, 1, 1], test, gallery))
+    with pytest.raises(KdmlError, match="^no test query of test has another sample"):
+        check_test_classes(_array_splits([0, 0, 1, 1], [2, 3, 4]))
+    with pytest.raises(KdmlError, match="^no test query of test has a sample of its class in "
+                       "the gallery"):
+        check_test_classes(_array_splits([0, 0, 1, 1], [5, 6], [2, 3]))
+
+
+@pytest.mark.parametrize("evaluating", [False, True])
+def test_queries_without_their_classes_in_the_gallery_are_told_to_mark_gallery_images(
+        evaluating):
+    """Queries of classes 5 and 6 over a gallery of 2 and 3, each class of many samples: the
+    refusal said "use a split with at least two test samples per class" (kdml eval: "give
+    --dataset a dataset of more classes, each with two samples or more"), which every class
+    already met; what the split lacks is gallery images of the queries' classes."""
+    from kdml.errors import KdmlError
+    from kdml.training.checks import check_test_classes
+
+    splits = _array_splits([0, 0, 1, 1], [5, 5, 6, 6], gallery=[2, 2, 3, 3])
+    with pytest.raises(KdmlError) as refusal:
+        check_test_classes(splits, evaluating)
+    assert str(refusal.value) == (
+        "no test query of test has a sample of its class in the gallery (gallery) to "
+        "retrieve, so Recall@K is undefined; the dataset's own split chose the queries and the "
+        "gallery: mark gallery images (is_gallery=1 in a CSV) of the queries' classes")
 
 
 def test_kdml_eval_s_ks_are_not_held_to_the_run_s_select_metric():

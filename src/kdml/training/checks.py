@@ -366,10 +366,10 @@ def check_test_classes(splits: DataSplits, evaluating: bool = False) -> None:
                         "Recall@K, MAP@R and R-Precision would be trivially 1; "
                         f"{EVALUATED_SPLIT if evaluating else _more_test_classes(splits)}")
     if splits.gallery is not None:
-        scorable = torch.isin(splits.test.labels, splits.gallery.labels).any()
-    else:
-        scorable = (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any()
-    if not scorable:
+        if not torch.isin(splits.test.labels, splits.gallery.labels).any():
+            raise KdmlError(_no_query_class_in_gallery(splits.test.name, splits.gallery.name))
+        return
+    if not (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any():
         if evaluating:
             how = EVALUATED_SPLIT
         elif splits.validation:  # carved from the training part: data.holdout_fraction is not it
@@ -383,6 +383,16 @@ def check_test_classes(splits: DataSplits, evaluating: bool = False) -> None:
             how = "use a split with at least two test samples per class"
         raise KdmlError(f"no test query of {splits.test.name} has another sample of its class "
                         f"to retrieve, so Recall@K is undefined; {how}")
+
+
+def _no_query_class_in_gallery(queries: str, gallery: str) -> str:
+    """The refusal of queries none of whose classes the gallery holds. Only a dataset's own
+    split has a gallery (a CSV's flags, In-Shop's list), so neither a split setting nor more
+    samples per class mends it: the data must mark gallery images of the queries' classes."""
+    return (f"no test query of {queries} has a sample of its class in the gallery ({gallery}) "
+            "to retrieve, so Recall@K is undefined; the dataset's own split chose the queries "
+            "and the gallery: mark gallery images (is_gallery=1 in a CSV) of the queries' "
+            "classes")
 
 
 def _check_target_classes(splits: DataSplits) -> None:
