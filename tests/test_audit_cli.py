@@ -439,7 +439,8 @@ def amsoftmax_on_digits():
 def test_eval_prints_the_test_set_again_once_scoring_found_unreadable_images(
         monkeypatch, capsys, tmp_path, skipped):
     """Only decoding finds an unreadable image: the "test set" line is said again with the
-    samples the metrics are of; the metrics printed are those returned (eval.json's)."""
+    samples the metrics are of; the metrics returned are the scorer's (eval.json's, and those
+    printed)."""
     from types import SimpleNamespace
 
     import kdml.evaluation.evaluator as evaluator
@@ -453,14 +454,11 @@ def test_eval_prints_the_test_set_again_once_scoring_found_unreadable_images(
 
     monkeypatch.setattr(evaluator, "score_method", score)
     trained = SimpleNamespace(epoch=3, method=None, run=SimpleNamespace(root=tmp_path))
-    metrics = cli.evaluate._score_and_print(trained, amsoftmax_on_digits(), splits, None,
-                                            True, False)
+    metrics = cli.evaluate._score(trained, amsoftmax_on_digits(), splits, None, True)
     assert metrics == {"recall@1": 0.123456}
     again = "test set: 9 samples (1 left out)\n" if skipped else ""
     assert capsys.readouterr().out == (
-        f"best checkpoint: epoch 3\ntest set: 10 samples\n{again}"
-        "\nTest metrics (amsoftmax, digits):\n  metric       value\n  recall@1     0.1235\n"
-        f"run folder: {tmp_path}\n")
+        f"best checkpoint: epoch 3\ntest set: 10 samples\n{again}")
 
 
 # ----------------------------------------------------------------------------- analyze

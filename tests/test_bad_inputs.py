@@ -9,7 +9,9 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -647,8 +649,8 @@ def test_a_folder_with_the_users_own_config_yaml_is_not_called_a_run(tmp_path, c
 
 def test_eval_of_a_run_folder_it_cannot_write_still_prints_its_metrics(finished_run, capsys,
                                                                      monkeypatch):
-    """An archived or read-only run: the metrics are shown before eval.json is written, and the
-    error names eval.json, not the hidden partial file it was written through."""
+    """An archived or read-only run: the metrics are shown though eval.json cannot be written,
+    and the error names eval.json, not the hidden partial file it was written through."""
     import kdml.file_write
 
     real_open = os.open
@@ -667,6 +669,20 @@ def test_eval_of_a_run_folder_it_cannot_write_still_prints_its_metrics(finished_
     assert captured.err.strip() == (f"kdml: error: {finished_run / 'eval.json'}: Permission "
                                     "denied; check its permissions")
     assert not any(path.name.startswith(".eval.") for path in finished_run.iterdir())
+
+
+def test_eval_piped_into_head_writes_eval_json_before_its_table(finished_run):
+    """`kdml eval RUN | head -2`: the process is ended by SIGPIPE at the table's first line
+    past head's, and eval.json, written after the table, had been lost with minutes of
+    scoring; it is written first now."""
+    (finished_run / "eval.json").unlink(missing_ok=True)
+    done = subprocess.run(f"{shlex.quote(sys.executable)} -m kdml eval "
+                          f"{shlex.quote(str(finished_run))} | head -2", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["last checkpoint: epoch 1",
+                                        done.stdout.splitlines()[1]], done.stderr
+    recorded = json.loads((finished_run / "eval.json").read_text())
+    assert recorded["epoch"] == 1 and "recall@1" in recorded["metrics"]
 
 
 @pytest.mark.parametrize(("command", "folder"), [(["plot", "embedding"], "plots"),

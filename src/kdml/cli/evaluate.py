@@ -48,11 +48,14 @@ def _eval(args: argparse.Namespace) -> int:
     # checkpoint's eval.json, --test the validation part's
     path = trained.run.root / f"eval{trained.variant}.json"
     check_json_replaceable(path, EVAL_FIELDS)
-    metrics = _score_and_print(trained, config, trained.splits, trained.embedder,
-                               args.best, trained.splits.validation)
-    # the run folder checked again: moved or deleted while scored, it had been made again
-    write_json({**result, "metrics": metrics, **_unreadable_record(trained.splits)},
-               trained.run.output(path), EVAL_FIELDS)
+    metrics = _score(trained, config, trained.splits, trained.embedder, args.best)
+    try:  # written before the table is printed: `kdml eval RUN | head` ends the process at
+        # the table's first line past head's (SIGPIPE), and eval.json had been lost with it
+        # the run folder checked again: moved or deleted while scored, it had been made again
+        write_json({**result, "metrics": metrics, **_unreadable_record(trained.splits)},
+                   trained.run.output(path), EVAL_FIELDS)
+    finally:  # also where eval.json cannot be written (an archived, read-only run folder)
+        _print_results(config, metrics, trained.run.root, trained.splits.validation)
     return 0
 
 
@@ -85,7 +88,8 @@ def _eval_other_dataset(args: argparse.Namespace) -> int:
     # one class would score 1 everywhere, as training refuses
     check_evaluation(other, splits, evaluating=True, ks_given=bool(args.ks))
     warn_about_target(splits, logging.getLogger("kdml.eval"))  # as in _eval
-    _score_and_print(model, other, splits, embedder, args.best, validated=False)
+    metrics = _score(model, other, splits, embedder, args.best)
+    _print_results(other, metrics, model.run.root, validated=False)
     return 0
 
 
@@ -97,10 +101,10 @@ def _with_ks(config: RunConfig, ks: list[int] | None) -> RunConfig:
                                                                 ks=sorted(set(ks))))
 
 
-def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
-                     embedder: Embedder, best: bool, validated: bool) -> dict[str, float]:
-    """``kdml eval``'s output: the checkpoint, the test set, and the metrics of ``trained``'s
-    model on ``splits`` (``config`` names the data and its eval settings)."""
+def _score(trained: RunModel, config: RunConfig, splits: DataSplits, embedder: Embedder,
+           best: bool) -> dict[str, float]:
+    """The metrics of ``trained``'s model on ``splits`` (``config`` names the data and its
+    eval settings), after ``kdml eval``'s first lines: the checkpoint and the test set."""
     from kdml.evaluation.evaluator import score_method
 
     print(f"{'best' if best else 'last'} checkpoint: epoch {trained.epoch}")
@@ -108,9 +112,6 @@ def _score_and_print(trained: RunModel, config: RunConfig, splits: DataSplits,
     metrics = score_method(trained.method, splits, config.eval, embedder).recorded()
     if splits.unreadable:  # counted again: only decoding finds the images it left out
         print(f"test set: {splits.test_set}")
-    # printed before eval.json: a run folder that cannot be written (archived, read-only)
-    # still shows them
-    _print_results(config, metrics, trained.run.root, validated)
     return metrics
 
 
