@@ -100,8 +100,8 @@ def _named_recipe(args: argparse.Namespace) -> tuple[str, dict, list[str]]:
     file_values = load_config_file(args.config) if args.config else {}
     recipe_name, overrides = _recipe_and_overrides(args, file_values.get("recipe"))
     check_recipe_name(recipe_name)
-    if args.dataset is not None:
-        check_dataset_name(args.dataset)
+    if args.dataset and args.dataset.strip() and "\0" not in args.dataset:  # else validate's
+        check_dataset_name(args.dataset)  # words: "the dataset name is empty", a NUL byte
     return recipe_name, file_values, overrides
 
 
