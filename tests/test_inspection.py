@@ -531,6 +531,14 @@ def test_eval_scores_another_dataset_with_the_runs_model(folder_run, tmp_path, c
     assert "has the same class" in err and err.endswith(
         "trivially 1; the run's split settings (data.split, data.train_classes) chose it: give "
         "--dataset a dataset of more classes, each with two samples or more\n")
+    # a dataset's own split chose its gallery: the run's split settings had been named too
+    from fixtures_array_sets import make_csv_list
+
+    own = make_csv_list(tmp_path / "own", classes=2, per_class=6, size=32, query_gallery=True)
+    assert kdml("eval", run, "--dataset", f"csv:{own}") == 2
+    assert capsys.readouterr().err.endswith(
+        "trivially 1; the dataset's own split chose it: give --dataset one whose gallery holds "
+        "at least 2 classes\n")
 
 
 def test_eval_on_a_dataset_a_runs_class_count_does_not_fit_says_what_to_give(tmp_path, capsys):

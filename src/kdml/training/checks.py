@@ -362,16 +362,17 @@ def check_test_classes(splits: DataSplits, evaluating: bool = False) -> None:
     references, part = (splits.test, "test") if splits.gallery is None else (splits.gallery,
                                                                              "gallery")
     if references.num_classes == 1:  # it had trained, then reported every metric as 1
+        how = (_evaluated_split(splits, "at least 2 classes") if evaluating
+               else _more_test_classes(splits))
         raise KdmlError(f"every {part} sample of {references.name} has the same class, so "
-                        "Recall@K, MAP@R and R-Precision would be trivially 1; "
-                        f"{EVALUATED_SPLIT if evaluating else _more_test_classes(splits)}")
+                        f"Recall@K, MAP@R and R-Precision would be trivially 1; {how}")
     if splits.gallery is not None:
         if not torch.isin(splits.test.labels, splits.gallery.labels).any():
             raise KdmlError(_no_query_class_in_gallery(splits.test.name, splits.gallery.name))
         return
     if not (torch.unique(splits.test.labels, return_counts=True)[1] > 1).any():
         if evaluating:
-            how = EVALUATED_SPLIT
+            how = _evaluated_split(splits, "two samples of a class or more")
         elif splits.validation:  # carved from the training part: data.holdout_fraction is not it
             how = ("raise data.validation, the share of each training class held out for "
                    "validation, or give each class more samples" if splits.kind == SEEN else
@@ -410,6 +411,16 @@ def _check_target_classes(splits: DataSplits) -> None:
 # What kdml eval, which splits data as the run did, can do about a test part it cannot score.
 EVALUATED_SPLIT = ("the run's split settings (data.split, data.train_classes) chose it: give "
                    "--dataset a dataset of more classes, each with two samples or more")
+
+
+def _evaluated_split(splits: DataSplits, lacking: str) -> str:
+    """What ``kdml eval`` can change of a test part it refuses, which ``lacking`` names: only
+    the data it scores. A dataset's own split (a CSV's flags, In-Shop's list) chose its part,
+    not the run's split settings, which EVALUATED_SPLIT had named for it too."""
+    if not splits.own_split:
+        return EVALUATED_SPLIT
+    part = "gallery holds" if splits.gallery is not None else "test rows hold"
+    return f"the dataset's own split chose it: give --dataset one whose {part} {lacking}"
 
 
 def _more_test_classes(splits: DataSplits) -> str:
