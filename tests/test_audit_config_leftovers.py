@@ -301,9 +301,14 @@ def test_kdml_config_refuses_what_kdml_train_refuses_whatever_the_data(capsys, o
     assert out == "" and err.startswith(f"kdml: error: {message}") and err.count("\n") == 1
 
 
-def test_kdml_config_prints_a_config_for_a_device_this_machine_lacks(capsys):
-    """A config written on a laptop for a GPU machine: the device is not checked."""
+def test_kdml_config_prints_a_config_for_a_device_this_machine_lacks(capsys, tmp_path):
+    """A config written on a laptop for a GPU machine: the device is not checked, of a single
+    config or of a grid's cells (whose check had refused it: "no CUDA device")."""
     assert cli.main(["config", "jrd", "train.device=cuda:7"]) == 0
+    assert "device: cuda:7" in capsys.readouterr().out
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("recipe: jrd\ngrid: {optim.lr: [0.001, 0.002]}\n")
+    assert cli.main(["config", "--config", str(grid), "--device", "cuda:7"]) == 0
     assert "device: cuda:7" in capsys.readouterr().out
 
 

@@ -440,18 +440,20 @@ def _first_grid_cell(file: Path, recipe: Recipe, file_values: dict,
     one of its keys is refused before, by :func:`_with_flags`)."""
     grid = file_values["grid"]
     keys = [str(key) for key in grid] if isinstance(grid, dict) else []
-    cells, configs = _grid_configs(recipe, file_values, overrides)
+    # the device unchecked, as a single config's: a config may be for another machine
+    cells, configs = _grid_configs(recipe, file_values, overrides, on_this_machine=False)
     return (f"# {file} holds a grid of {counted(len(cells), 'run')} over {', '.join(keys)}, "
             f"one per cell;\n# printed: the first cell's config, {cells[0].name}"), configs[0]
 
 
-def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
-                  ) -> tuple[list[Cell], list[RunConfig]]:
+def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str],
+                  on_this_machine: bool = True) -> tuple[list[Cell], list[RunConfig]]:
     """The config file's grid cells and each one's config (the file's values, ``overrides``,
     then the cell's), refusing a malformed grid, two keys of one setting (``dim`` and
     ``method.dim``), two cells of one folder name, a bad value in any cell, two cells of
     one config, a setting the file gives a value and its grid too, and cells scored on
-    different parts (data.validation)."""
+    different parts (data.validation); ``on_this_machine``: a device this machine lacks
+    too."""
     from kdml.config import RunConfig, file_settings, flatten, resolve_config, resolve_key
     from kdml.training.grid import (
         check_distinct_cells,
@@ -481,7 +483,7 @@ def _grid_configs(recipe: Recipe, file_values: dict, overrides: list[str]
                         "the same train.select_metric, one grid per metric")
     for cell, config in zip(cells, configs, strict=True):
         _check_cell_selects(cell.name, config)
-        _check_cell_before_data(cell.name, config)
+        _check_cell_before_data(cell.name, config, on_this_machine)
     shares = sorted({config.data.validation for config in configs})
     if len(shares) > 1:
         raise KdmlError(f"the grid's cells have different data.validation ({shares[0]:g} to "
@@ -517,17 +519,19 @@ def _check_cell_selects(name: str, config: RunConfig) -> None:
         raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
 
 
-def _check_cell_before_data(name: str, config: RunConfig) -> None:
+def _check_cell_before_data(name: str, config: RunConfig, on_this_machine: bool = True) -> None:
     """Refuse, before any cell trains, a cell whose settings are wrong whatever the data (a
     backbone that does not exist, a data.pca_dim of a dataset that is no domain pair, a device
-    this machine lacks): training refuses it at the cell's turn, after the cells before it
-    trained into a folder that the corrected grid may not reuse."""
+    this machine lacks, unless not ``on_this_machine``: kdml config's): training refuses it
+    at the cell's turn, after the cells before it trained into a folder that the corrected
+    grid may not reuse."""
     from kdml.training.build import resolve_device
     from kdml.training.checks import check_before_data
 
     try:
         check_before_data(config)
-        resolve_device(config.train.device)
+        if on_this_machine:
+            resolve_device(config.train.device)
     except KdmlError as error:
         raise KdmlError(f"grid cell {name}: {error}; nothing was trained") from None
 
