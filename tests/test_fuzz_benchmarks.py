@@ -106,13 +106,19 @@ def test_a_size_that_leaves_nothing_to_measure_is_refused_in_one_line(
         benchmarks, monkeypatch, capsys, script, argv, option):
     """Today: a traceback from deep in torch, numpy or faiss (a zero batch, dimension or
     sample count), or a negative warm-up or worker count, after the script's set-up."""
+    error = refused_line(benchmarks, monkeypatch, capsys, script, argv)
+    assert f"argument {option}" in error and "must be at least" in error
+
+
+def refused_line(benchmarks, monkeypatch, capsys, script: str, argv: list[str]) -> str:
+    """The last line a benchmark ``script``'s main says on stderr, refusing ``argv`` with
+    exit status 2."""
     module = benchmarks(script)
     monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
     with pytest.raises(SystemExit) as stopped:
         module.main()
     assert stopped.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"argument {option}" in error and "must be at least" in error
+    return capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_zero_where_a_benchmark_documents_it_as_off_is_taken(benchmarks):
@@ -199,12 +205,7 @@ def test_too_few_points_for_the_scripts_k_are_refused_in_one_line(
     ``retrieval_metrics`` ('K=100 in ks is larger than the 49 available references',
     'embeddings is empty'), after the data are made (eval_scale and chart_retrieval: after
     their baseline processes ran; eval_collapsed with --points 9 and 5 classes keeps 5)."""
-    module = benchmarks(script)
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        module.main()
-    assert stopped.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
+    error = refused_line(benchmarks, monkeypatch, capsys, script, argv)
     assert f"argument {option}" in error and "at least" in error, error
 
 
