@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
 from kdml.config import RunConfig, flatten
 from kdml.data.domains import is_domain_dataset
@@ -119,11 +120,11 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
             raise KdmlError(f"model.backbone=mlp takes inputs of {side} pixels, {whose}, "
                             f"and method.crop_size={crop} crops the views to {crop}x{crop}; "
                             "set method.crop_size=0 (views of the input's size)")
+    inner = method.inner if isinstance(method, DomainAdaptedMethod) else method
     if method.augments_inputs and crop:
-        _check_views_fit_backbone(config, splits, method, crop)
+        _check_views_fit_backbone(config, splits, inner.backbone, crop)
     if method.uses_target and splits.target is None:
         raise _needs_target(config.recipe)
-    inner = method.inner if isinstance(method, DomainAdaptedMethod) else method
     if config.train.sharded_kernels and not (isinstance(inner, JRDMethod) and inner.sharded):
         # under torchrun (a single process refuses it in check_distributed): it had been
         # taken and ignored, every kernel matrix gathered whole
@@ -146,14 +147,12 @@ def check_method_on_splits(config: RunConfig, splits: DataSplits, method: Method
         raise _no_charts_across_domains(config.recipe)
 
 
-def _check_views_fit_backbone(config: RunConfig, splits: DataSplits, method: Method,
+def _check_views_fit_backbone(config: RunConfig, splits: DataSplits, backbone: nn.Module,
                               crop: int) -> None:
     """Refuse views of ``method.crop_size`` that the backbone's layers shrink to nothing, by
     one blank view through it: it is built for the input's size, and the small CNN's
     max-pools (BN-Inception's, a timm model's) had failed on 1x1 views with torch's traceback
     at the first step, after the run folder was made."""
-    inner = method.inner if isinstance(method, DomainAdaptedMethod) else method
-    backbone = inner.backbone
     shape = model_input_shape(config, splits.train)
     was_training = backbone.training
     backbone.eval()  # BatchNorm's running statistics stay as they are
