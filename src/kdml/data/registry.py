@@ -310,10 +310,6 @@ def _folders_in(folder: Path) -> list[Path]:
         return []
 
 
-def is_known_dataset(name: str) -> bool:
-    return name in DATASETS or name in FORMATS or name.startswith(tuple(PREFIXES))
-
-
 # The datasets named by their path, and what the path names.
 PATH_FORMATS = {"folder:": "folder", "csv:": "file", "npz:": "file"}
 
