@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import copy
+import importlib.abc
+import importlib.metadata
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import TINY_RUN
 
-from kdml import cli
+from kdml import cli, entry
 from kdml.training import recorder, trainer
 from kdml.training.recipes import RECIPES
 
@@ -288,6 +291,32 @@ def test_bad_input_is_one_line(args, expected, capsys, tmp_path):
         args = [*args, "--out", str(tmp_path / "run"), "--no-progress"]
     assert run_cli(*args) == 2
     assert expected in error_line(capsys)
+
+
+class _InterruptedImport(importlib.abc.MetaPathFinder):
+    """An import of kdml.cli stopped by a Ctrl-C, as one ~0.1-0.4 s after the start would be."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "kdml.cli":
+            raise KeyboardInterrupt
+        return None
+
+
+def test_a_ctrl_c_while_the_command_line_is_imported_is_one_line(monkeypatch, capsys):
+    """The console script imports kdml.cli under a guard: a Ctrl-C there had printed Python's
+    traceback, before kdml.cli.main could say it."""
+    monkeypatch.delitem(sys.modules, "kdml.cli")
+    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport(), *sys.meta_path])
+    assert entry.main() == 130
+    assert capsys.readouterr().err == "kdml: interrupted\n"
+
+
+def test_the_console_script_and_python_m_kdml_run_the_guarded_entry():
+    """The installed ``kdml`` and ``python -m kdml`` both start at :func:`kdml.entry.main`."""
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="kdml")
+    assert script.load() is entry.main
+    main_module = (Path(entry.__file__).parent / "__main__.py").read_text()
+    assert "from kdml.entry import main\n" in main_module
 
 
 # Each command that reads a run, and a resumed training, given a run folder that is not there.

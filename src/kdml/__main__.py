@@ -2,6 +2,6 @@
 
 import sys
 
-from kdml.cli import main
+from kdml.entry import main
 
 sys.exit(main())
