@@ -338,17 +338,32 @@ def test_a_killed_torchrun_resumes_to_the_same_result(torchrun_run, tmp_path):
 
 
 NATIVE_THREADS = """
-import os, sys, threading
+import os, sys, threading, time
 import torch
 def native():  # threads Python did not start (where /proc counts them)
     if not os.path.isdir("/proc/self/task"):
         return 0
     return len(os.listdir("/proc/self/task")) - threading.active_count()
+def left():  # a thread told to stop may take a moment to go (1 seen once): wait up to 5 s
+    deadline = time.monotonic() + 5
+    while native() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"{native() - before} native threads left {named()}"
+def named():  # the names of the threads started since `before`, for a failure's message
+    python = {str(thread.native_id) for thread in threading.enumerate()}
+    names = []
+    for task in set(os.listdir("/proc/self/task")) - tasks - python:
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except OSError:  # gone meanwhile
+            pass
+    return sorted(names)
 torch.cuda.is_available()  # a CUDA machine's driver starts its threads here, not in the run
 before = native()
+tasks = set(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else set()
 from kdml import cli
 code = cli.main()
-print(f"rank {os.environ['RANK']}: exit {code}, {native() - before} native threads left")
+print(f"rank {os.environ['RANK']}: exit {code}, {left()}")
 """
 
 
@@ -363,7 +378,7 @@ try:
     code = cli.main()
 except ZeroDivisionError as error:
     code = type(error).__name__
-    print(f"rank {os.environ['RANK']}: exit {code}, {native() - before} native threads left")
+    print(f"rank {os.environ['RANK']}: exit {code}, {left()}")
     sys.exit(0)
 """)
 
@@ -390,7 +405,7 @@ def test_a_torchrun_run_leaves_no_collective_threads_behind(tmp_path, code, requ
     # the ranks share one stdout: one's line may run into the other's (seen once, 2026-12-03)
     lines = re.findall(r"rank \d: exit \w+, \d+ native threads left", result.stdout)
     assert sorted(lines) == [
-        f"rank {rank}: exit {code}, 0 native threads left" for rank in (0, 1)]
+        f"rank {rank}: exit {code}, 0 native threads left" for rank in (0, 1)], result.stdout
 
 
 def test_a_dead_peer_is_told_from_a_programming_error(tmp_path):
