@@ -75,6 +75,7 @@ from measure import (
     cpu_seconds,
     non_negative_count,
     others_share,
+    parse_with_quick,
     positive_count,
     proc_status_kib,
     reset_peak_rss,
@@ -135,12 +136,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sections", nargs="+", choices=("baseline", "throughput", "memory"),
                         default=["baseline", "throughput", "memory"])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 128 images, 1 round, memory at N = 64 and 128")
-    args = parser.parse_args()
-    if args.quick:
-        args.images, args.repeats, args.batch_size = 128, 1, 32
-        args.workers, args.memory_sizes, args.memory_runs = [0, 1], [64, 128], ["0"]
-    return args
+                        help="smoke run: 128 images, 1 round, memory at N = 64 and 128 (as "
+                        "defaults: options given too keep their values)")
+    return parse_with_quick(parser, {
+        "images": 128, "repeats": 1, "batch_size": 32, "workers": [0, 1],
+        "memory_sizes": [64, 128], "memory_runs": ["0"]})
 
 
 # --------------------------------------------------------------------------- the images

@@ -13,7 +13,7 @@ import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from kdml.errors import KdmlError
 
@@ -95,6 +95,18 @@ def refuse_too_few_points(parser: argparse.ArgumentParser, option: str, points: 
     if points < needed:
         parser.error(f"argument {option}: leaves {points} points; {why} needs at least "
                      f"{needed}")
+
+
+def parse_with_quick(parser: argparse.ArgumentParser,
+                     quick: dict[str, Any]) -> argparse.Namespace:
+    """The command line's options; with ``--quick``, ``quick``'s values (by ``dest``) stand in
+    for the defaults only, so an option given explicitly keeps its value (``--quick --batch 4``
+    is a smoke run at batch 4)."""
+    args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args()
+    return args
 
 
 def one_line_kdml_errors(main: Callable[Arguments, Result]) -> Callable[Arguments, Result]:

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from machine import machine_description
-from measure import non_negative_count, positive_count
+from measure import non_negative_count, parse_with_quick, positive_count
 from recipe_step import BARE_BACKBONE, training_step
 from torch.autograd import DeviceType
 
@@ -207,7 +207,7 @@ def profile_section(args: argparse.Namespace, device: torch.device) -> None:
         print("```")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", nargs="+", default=["train", "eval"],
                         choices=("train", "eval", "profile"))
@@ -233,12 +233,16 @@ def main() -> None:
                              "compilation happens in the warm-up steps")
     parser.add_argument("--profile-rows", type=non_negative_count, default=15,
                         help="profile section: operators listed per recipe")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
-    args = parser.parse_args()
-    if args.quick:
-        args.size, args.batch, args.embedding, args.classes = 32, 8, 16, 4
-        args.warmup, args.repeats, args.rounds = 1, 2, 2
-        args.eval_points, args.eval_classes, args.eval_dim = 2000, 400, 32
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes: a smoke test (as defaults: options given too keep "
+                        "their values)")
+    return parse_with_quick(parser, {
+        "size": 32, "batch": 8, "embedding": 16, "classes": 4, "warmup": 1, "repeats": 2,
+        "rounds": 2, "eval_points": 2000, "eval_classes": 400, "eval_dim": 32})
+
+
+def main() -> None:
+    args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
     print(f"{machine_description()}; device {device} ({name}); torch {torch.__version__}")

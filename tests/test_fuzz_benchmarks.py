@@ -307,3 +307,19 @@ def test_jrs_speed_says_a_device_it_cannot_use_in_one_line(benchmarks, monkeypat
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "argument --device" in error and said in error
+
+
+@pytest.mark.parametrize("script, given, quick", [
+    ("data_pipeline", {"--batch-size": ("batch_size", 8)}, {"images": 128, "repeats": 1}),
+    ("train_throughput", {"--batch": ("batch", 4), "--repeats": ("repeats", 3)},
+     {"size": 32, "rounds": 2}),
+])
+def test_quick_keeps_the_options_given_with_it(benchmarks, monkeypatch, script, given, quick):
+    """--quick had set its sizes over the options given beside it: ``--quick --batch 4`` ran
+    at batch 8, unsaid. Its sizes are defaults now."""
+    module = benchmarks(script)
+    argv = [text for option, (_, value) in given.items() for text in (option, str(value))]
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--quick", *argv])
+    args = vars(module.parse_args())
+    assert {dest: args[dest] for dest, _ in given.values()} == dict(given.values())
+    assert {dest: args[dest] for dest in quick} == quick
