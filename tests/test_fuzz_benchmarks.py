@@ -323,3 +323,14 @@ def test_quick_keeps_the_options_given_with_it(benchmarks, monkeypatch, script, 
     args = vars(module.parse_args())
     assert {dest: args[dest] for dest, _ in given.values()} == dict(given.values())
     assert {dest: args[dest] for dest in quick} == quick
+
+
+def test_eval_few_classes_says_which_ks_it_did_not_time(benchmarks, monkeypatch, capsys):
+    """A k not below a --sizes value had been left out of the table without a word."""
+    module = benchmarks("eval_few_classes")
+    monkeypatch.setattr(sys, "argv", ["eval_few_classes.py", "--sizes", "200", "300", "--ks",
+                                      "8", "250", "--repeats", "1", "--points", "0"])
+    module.main()
+    out = capsys.readouterr().out
+    assert out.count("| 200 | 8 |") == out.count("| 300 | 8 |") == out.count("| 300 | 250 |") == 1
+    assert out.rstrip().endswith("not timed (k not below the references): k = 250 of 200")
