@@ -2,13 +2,15 @@
 
 kdml never downloads weights. A ``.pth``/``.pt`` file (a state dict, possibly under
 ``state_dict``, ``model`` or ``model_state_dict``, keys possibly prefixed ``module.``) or a
-``.safetensors`` file is loaded into the backbone (for timm and torchvision backbones, into
-the library's own network, so their checkpoints load as they are):
+``.safetensors`` file (told apart by content, whatever the name) is loaded into the backbone
+(for timm and torchvision backbones, into the library's own network, so their checkpoints
+load as they are):
 
 - classifier keys the backbone does not have (``last_linear``, ``fc``, ``classifier``,
   ``head``) are ignored, with a note;
 - a backbone tensor the file lacks, or another tensor of the file, is refused in one line: the
-  file is for another model (a ResNet-18 file in a ResNet-34 fits every shape it has);
+  file is for another model (a ResNet-18 file in a ResNet-34 fits every shape it has); one
+  holding every backbone tensor under another prefix (``backbone.``) is refused naming it;
 - the first convolution ``model.small_input`` re-made (3x3) keeps its initialisation where the
   file's (an ImageNet 7x7) does not fit it, with a note;
 - a first convolution trained on RGB loads into a 1-channel backbone by summing its input
@@ -49,14 +51,16 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise KdmlError(f"weights file {path} {why_missing(path, 'file')}; {WHERE_TO_GET}")
     state: Any
     try:
-        if path.suffix.lower() == ".safetensors":
+        if _is_safetensors(path):  # by content: a renamed file keeps its format
             from safetensors.torch import load_file
 
             state = load_file(str(path))
         else:
-            with warnings.catch_warnings():  # torch's own words on a TorchScript archive
-                warnings.simplefilter("ignore", UserWarning)  # come before kdml's one line
-                state = torch.load(path, map_location="cpu", weights_only=True)
+            # an open file, not the path: torch reads a path named .safetensors as one
+            with warnings.catch_warnings(), path.open("rb") as file:
+                # torch's own words on a TorchScript archive come before kdml's one line
+                warnings.simplefilter("ignore", UserWarning)
+                state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # torch and safetensors raise many types for a bad file
         refused = UNSAFE_GLOBAL.search(str(error))
         if refused:  # a training checkpoint with its script's objects (timm's args)
@@ -100,6 +104,15 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                         "DataParallel's 'module.' prefix); save one model's weights and pass "
                         "that file")
     return unprefixed
+
+
+def _is_safetensors(path: Path) -> bool:
+    """Whether ``path`` holds the safetensors format (an 8-byte header length, then the JSON
+    header) rather than torch's zip or pickle: a file renamed from ``model.safetensors`` to
+    ``.pth`` (or back) is read as what it is."""
+    with path.open("rb") as file:
+        start = file.read(9)
+    return len(start) == 9 and start[8:] == b"{"
 
 
 def _backbone_weights(method: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +168,7 @@ def load_weights(backbone: nn.Module, path: str | Path,
     missing = sorted(set(own) - set(state) - _num_batches_tracked(own) - set(kept))
     unexpected = sorted(set(state) - set(own))
     if not set(state) & set(own):
+        _refuse_a_prefixed_copy(path, file_keys, own)
         what = ("holds only a classifier, which kdml never loads" if not state and file_keys
                 else "is for another model")
         raise KdmlError(f"weights file {path} shares no key with the backbone (its first keys: "
@@ -181,6 +195,26 @@ def load_weights(backbone: nn.Module, path: str | Path,
     if adapted:
         notes.append(f"summed RGB channels for 1-channel input ({_few(adapted)})")
     report("; ".join(notes))
+
+
+def _refuse_a_prefixed_copy(path: Path, file_keys: list[str],
+                            own: dict[str, torch.Tensor]) -> None:
+    """Refuse a file holding every backbone tensor under one prefix (a wrapper's
+    ``backbone.``, Lightning's ``model.``) by naming the prefix: stripping it silently could
+    load one part of a bigger model whose other parts hold the same names."""
+    needed = sorted(set(own) - _num_batches_tracked(own))
+    if not needed:
+        return
+    probe, names = needed[0], set(file_keys)
+    for key in file_keys:
+        prefix = key.removesuffix(probe)
+        if key.endswith("." + probe) and all(prefix + name in names for name in needed):
+            raise KdmlError(
+                f"weights file {path}: its keys carry the prefix '{prefix}' before the "
+                f"backbone's names ({key} for {probe}); save the tensors under that prefix "
+                f"without it, e.g. torch.save({{k.removeprefix('{prefix}'): v for k, v in "
+                f"state.items() if k.startswith('{prefix}')}}, 'weights.pth'), and pass that "
+                "file")
 
 
 def _check_finite(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
