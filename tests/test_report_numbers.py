@@ -268,12 +268,12 @@ def test_each_metric_has_a_column_heading_of_its_own() -> None:
     """Two metrics under one heading would be read as one: a column of R-Precision headed
     MAP@R. Every heading the reports may print is its metric's alone, and the one written out
     in :data:`HEADINGS` above."""
-    from kdml.reproduce.report import METRIC_NAMES, _metric_name
+    from kdml.reproduce.experiments import METRIC_NAMES, metric_name
 
     names = [*METRIC_NAMES, "recall@1", "recall@2", "recall@4", "recall@8", "recall@16"]
-    headings = [_metric_name(name) for name in names]
+    headings = [metric_name(name) for name in names]
     assert len(set(headings)) == len(headings)
-    assert {name: _metric_name(name) for name in HEADINGS} == HEADINGS
+    assert {name: metric_name(name) for name in HEADINGS} == HEADINGS
 
 
 def test_a_sweep_plot_s_bars_are_the_table_s_95_half_widths(tmp_path: Path,

@@ -1552,8 +1552,32 @@ def test_a_long_sweep_title_is_wrapped_to_fit_the_figure(tmp_path, monkeypatch):
     values = {cell.label: [0.5, 0.6] for cell in experiment.cells}
     plots.plot_sweep(long, values, "linear_accuracy", tmp_path / "long.png")
     title = drawn[0].axes[0].get_title()
-    assert title.replace("\n", " ") == f"{long.mirrors}: {long.dataset}"
+    assert title.replace("\n", " ") == f"kdml's runs as {long.mirrors}: {long.dataset}"
     assert max(len(line) for line in title.splitlines()) <= 60 < len(long.mirrors)
+
+
+@pytest.mark.parametrize("quick, span", [(False, "from 0 to 2"), (True, "from 0 to 1")])
+def test_the_alpha_sweep_s_title_names_the_alphas_it_runs(quick, span):
+    """The quick grid runs alpha = 0 and 1: its report had said alpha goes from 0 to 2."""
+    sweep = next(e for e in experiments("jrd", quick) if e.key == "jrd-alpha-mnist5k")
+    assert sweep.title.endswith(f"goes {span}")
+    assert (sweep.cells[0].x, sweep.cells[-1].x) == (0.0, 1.0 if quick else 2.0)
+
+
+def test_a_sweep_plot_says_it_is_kdml_s_runs_and_what_its_bars_are(tmp_path, monkeypatch):
+    """The PNG is also read on its own (a slide, results/): titled with the paper's figure
+    alone it read as the paper's own figure, and its bars were not said to be 95% intervals
+    over seeds."""
+    from kdml.reproduce import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    experiment = next(e for e in experiments("jrd", True) if e.key == "jrd-alpha-mnist5k")
+    values = {cell.label: [0.5, 0.6, 0.7] for cell in experiment.cells}
+    plots.plot_sweep(experiment, values, "recall@1", tmp_path / "sweep.png")
+    axis = drawn[0].axes[0]
+    assert axis.get_title() == "kdml's runs as Chu et al. 2020, Figure 4: mnist5k"
+    assert axis.get_ylabel() == "R@1 (mean +- 95% CI over 3 seeds)"
 
 
 def test_a_run_whose_data_changed_is_refused_with_what_reproduce_can_do(tmp_path, monkeypatch):
@@ -2442,7 +2466,7 @@ def test_a_sweep_plot_joins_the_shared_start_to_every_line_at_the_seeds_mean(tmp
     assert lines == [([0.0, 0.5, 2.0], pytest.approx([0.45, 0.6, 0.7])),
                      ([0.0, 8.0], pytest.approx([0.45, 0.8]))]
     assert list(axis.get_xticks()) == [0.0, 0.5, 2.0, 8.0]  # none at 4: every seed diverged
-    assert (axis.get_xlabel(), axis.get_ylabel()) == ("alpha", "recall@1")
+    assert (axis.get_xlabel(), axis.get_ylabel()) == ("alpha", "R@1 (mean +- 95% CI over 2 seeds)")
     assert [text.get_text() for text in axis.get_legend().get_texts()] == ["s", "t"]
 
 

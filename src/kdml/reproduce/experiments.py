@@ -101,6 +101,21 @@ class Experiment:
         raise KeyError(f"{self.key} has no cell {label!r}")
 
 
+# How the report's tables and plots head each metric (Recall@K as R@K).
+METRIC_NAMES = {
+    "map@r": "MAP@R", "r_precision": "R-Prec.", "nmi": "NMI", "linear_accuracy": "linear acc.",
+    "source_nn_accuracy": "source-NN acc.", "lambda": "lambda", "h_divergence": "d_H",
+    "bound": "lambda + d_H", "lfw_accuracy": "LFW acc.",
+}
+
+
+def metric_name(name: str) -> str:
+    """A metric's heading in the report and its plots: ``"R@1"``, ``"MAP@R"``."""
+    if name.startswith("recall@"):
+        return "R@" + name.split("@")[1]
+    return METRIC_NAMES.get(name, name)
+
+
 # Per-seed differences that vary by less than this are the same: scores are shares of
 # thousands of queries, so real differences are 1e-4 or more, and float rounding 1e-12 or less
 SAME = 1e-6

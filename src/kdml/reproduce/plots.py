@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kdml.errors import counted
 from kdml.evaluation.estimate import Estimate
-from kdml.reproduce.experiments import Experiment, finished
+from kdml.reproduce.experiments import Experiment, finished, metric_name
 from kdml.viz import figure_and_axes, save_figure
 
 
@@ -39,9 +40,18 @@ def plot_sweep(experiment: Experiment, values: dict[str, list[float]], metric: s
     # a tick at each swept value (d = 2, 4, 8 read off the axis, not 2.25, 2.5, ...)
     swept = sorted({point[0] for points in (*series.values(), shared) for point in points})
     ax.set_xticks(swept, [f"{x:g}" for x in swept])
-    # wrapped: a long one ran past the figure's edges and was cut off
-    title = "\n".join(textwrap.wrap(f"{experiment.mirrors}: {experiment.dataset}", 60))
-    ax.set(xlabel=experiment.sweep, ylabel=metric, title=title)
+    # kdml's runs, not the paper's figure, which its title alone had read as (the PNG is also
+    # seen without the report); wrapped: a long one ran past the figure's edges
+    title = "\n".join(textwrap.wrap(
+        f"kdml's runs as {experiment.mirrors}: {experiment.dataset}", 60))
+    ax.set(xlabel=experiment.sweep, title=title, ylabel=_value_label(metric, values))
     if len(series) > 1:
         ax.legend()
     return save_figure(fig, path)
+
+
+def _value_label(metric: str, values: dict[str, list[float]]) -> str:
+    """The y axis: the metric and what its points and bars are (one seed has no interval)."""
+    seeds = max((len(finished(scores)) for scores in values.values()), default=0)
+    spread = "mean" if seeds == 1 else "mean +- 95% CI"
+    return f"{metric_name(metric)} ({spread} over {counted(seeds, 'seed')})"

@@ -20,7 +20,7 @@ from kdml.errors import KdmlError, check_not_a_link, counted
 from kdml.evaluation.estimate import Estimate
 from kdml.figure_file import check_replaceable, copy_png, drawn_by_kdml
 from kdml.file_write import check_writable_folder, write_through_new_file
-from kdml.reproduce.experiments import Claim, Experiment, finished, verdict
+from kdml.reproduce.experiments import Claim, Experiment, finished, metric_name, verdict
 from kdml.reproduce.plots import plot_sweep
 from kdml.reproduce.runner import ExperimentResult, all_finished
 from kdml.training.recipes import get_recipe
@@ -31,11 +31,6 @@ PAPER_TITLES = {
     "jrd": "JRD (Chu et al., ICML 2020)",
     "atlas": "Atlas (Korman)",
     "dtml": "DTML (Hu, Lu and Tan, CVPR 2015)",
-}
-METRIC_NAMES = {
-    "map@r": "MAP@R", "r_precision": "R-Prec.", "nmi": "NMI", "linear_accuracy": "linear acc.",
-    "source_nn_accuracy": "source-NN acc.", "lambda": "lambda", "h_divergence": "d_H",
-    "bound": "lambda + d_H", "lfw_accuracy": "LFW acc.",
 }
 
 
@@ -359,7 +354,7 @@ def _experiment_section(result: ExperimentResult, plots: Path, report_dir: Path,
         for claim in experiment.claims:
             better = result.cells[claim.better].values[claim.metric]
             worse = result.cells[claim.worse].values[claim.metric]
-            lines.append(f"- {claim.text} ({_metric_name(claim.metric)}): "
+            lines.append(f"- {claim.text} ({metric_name(claim.metric)}): "
                          f"{verdict(claim, better, worse)}{_collapsed_in(claim, result)}.")
     if experiment.note:
         lines += ["", experiment.note]
@@ -477,8 +472,8 @@ def _table(result: ExperimentResult) -> list[str]:
     paper_keys: list[str] = []
     for cell in experiment.cells:
         paper_keys += [key for key in cell.paper if key not in paper_keys]
-    header = ["", *(_metric_name(name) for name in experiment.metrics),
-              *(f"paper {_metric_name(key)}" for key in paper_keys)]
+    header = ["", *(metric_name(name) for name in experiment.metrics),
+              *(f"paper {metric_name(key)}" for key in paper_keys)]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     # a column at the precision of its most precise number: 83.80% beside 85.58% is 0.8380
     digits = {key: max(_decimals(cell.paper[key]) for cell in experiment.cells
@@ -552,7 +547,7 @@ def _relative(path: Path, start: Path) -> str:
 def _part_table(result: ExperimentResult) -> list[str]:
     """Per row: the 95% half-width of each metric over the test parts, averaged over seeds."""
     metrics = result.experiment.metrics
-    rows = ["| parts: 95% half-width | " + " | ".join(_metric_name(name) for name in metrics)
+    rows = ["| parts: 95% half-width | " + " | ".join(metric_name(name) for name in metrics)
             + " |", "|" + "---|" * (len(metrics) + 1)]
     for label, cell in result.cells.items():
         widths = [finished(cell.part_ci95.get(name, [])) for name in metrics]
@@ -567,12 +562,6 @@ def _decimals(value: float) -> int:
     while digits < 6 and abs(round(value, digits) - value) > 1e-12:
         digits += 1
     return digits
-
-
-def _metric_name(name: str) -> str:
-    if name.startswith("recall@"):
-        return "R@" + name.split("@")[1]
-    return METRIC_NAMES.get(name, name)
 
 
 def _format_finite(values: Sequence[float]) -> str:
