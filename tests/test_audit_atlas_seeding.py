@@ -4,7 +4,9 @@ and the explicit random streams of kdml.seeding (reproducible, separate, CPU onl
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +86,26 @@ def test_with_cpu_seed_seeds_the_cpu_generator_only(monkeypatch):
     assert seeded == []
     assert torch.equal(torch.random.get_rng_state(), before)
     assert torch.equal(drawn, torch.rand(3, generator=torch.Generator().manual_seed(5)))
+
+
+def test_with_cpu_seed_takes_a_numpy_seed_as_the_same_python_seed():
+    """torch's manual_seed had refused np.int64(5) with a bare TypeError."""
+    assert torch.equal(with_cpu_seed(np.int64(5), lambda: torch.rand(3)),
+                       with_cpu_seed(5, lambda: torch.rand(3)))
+
+
+@pytest.mark.parametrize(("seed", "message"), [
+    (-1, "with_cpu_seed: the seed must be an integer of at least 0, got -1"),
+    (2**64, "with_cpu_seed: the seed must be at most 2**64 - 1 (torch's largest seed), "
+            "got 18446744073709551616"),
+])
+def test_with_cpu_seed_refuses_a_seed_torch_cannot_take_in_one_line(seed, message):
+    """-1 had seeded torch as a seed of its own (no other kdml seed is negative), 2**64 raised
+    torch's "Overflow when unpacking long long"; the global state stays as it was."""
+    before = torch.random.get_rng_state()
+    with pytest.raises(KdmlError, match=f"^{re.escape(message)}$"):
+        with_cpu_seed(seed, lambda: torch.rand(3))
+    assert torch.equal(torch.random.get_rng_state(), before)
 
 
 # ------------------------------------------------------------------ non-finite and empty inputs

@@ -1419,6 +1419,9 @@ def test_library_split_and_batch_inputs_out_of_range_are_refused_in_one_line():
      "seen_holdout_split: seed must be an integer of at least 0, got 1.5"),
     (lambda: seen_holdout_split(torch.arange(8) % 2, 0.2, seed=-1),
      "seen_holdout_split: seed must be an integer of at least 0, got -1"),
+    (lambda: seen_holdout_split(torch.arange(8) % 2, 0.2, seed=2**64),
+     "seen_holdout_split: seed must be at most 2**64 - 1 (torch's largest seed), "
+     "got 18446744073709551616"),
     (lambda: validation_split(torch.arange(8) % 4, "0.5", False),
      "data.validation must be a share in (0, 1), got '0.5'"),
     (lambda: class_disjoint_split(torch.arange(8) % 4, "2"),
@@ -1432,6 +1435,16 @@ def test_library_samplers_and_splits_refuse_what_is_no_count_or_share_in_one_lin
     of 0 (every sample) and a seed of -1 seeded torch."""
     with pytest.raises(KdmlError, match=f"^{re.escape(message)}$"):
         build()
+
+
+@pytest.mark.parametrize("seed", [np.int64(3), np.uint32(3), np.int8(3)])
+def test_a_numpy_seed_holds_out_what_the_same_python_seed_does(seed):
+    """The seed check takes NumPy integers (as the samplers do), but torch's manual_seed had
+    then refused them with a bare TypeError, "an integer is required"."""
+    labels = torch.arange(20) % 4
+    for part, same in zip(seen_holdout_split(labels, 0.3, seed=seed),
+                          seen_holdout_split(labels, 0.3, seed=3), strict=True):
+        assert torch.equal(part, same)
 
 
 @pytest.mark.parametrize("fraction", [np.float32(0.7), np.float16(0.7), np.float64(0.7)])

@@ -509,6 +509,20 @@ def test_seeded_protocols_refuse_a_seed_that_is_no_count(seed):
     assert single_shot_cmc(x, ids, seed=np.int64(3)) == single_shot_cmc(x, ids, seed=3)
 
 
+def test_a_numpy_seed_and_niter_cluster_as_the_same_python_ones():
+    """The checks take NumPy integers, but faiss's k-means had then refused them with SWIG's
+    bare TypeError ("in method 'ClusteringParameters_seed_set', argument 2 of type 'int'")."""
+    from kdml.evaluation.charts import chart_clustering_nmi
+    from kdml.evaluation.clustering import clustering_nmi
+
+    x, ids = np.random.default_rng(0).standard_normal((40, 3)), np.repeat(np.arange(4), 10)
+    charts = np.arange(40) % 2
+    assert clustering_nmi(x, ids, niter=np.int64(5), seed=np.int64(3)) == clustering_nmi(
+        x, ids, niter=5, seed=3)
+    assert chart_clustering_nmi(x, charts, ids, niter=np.int64(5), seed=np.int64(3)) == (
+        chart_clustering_nmi(x, charts, ids, niter=5, seed=3))
+
+
 def test_stratified_parts_need_two_samples_of_every_class_per_part():
     """Every query of a part needs a relevant neighbour there: 2 parts need 4 samples of each
     class (4 are dealt 2 and 2, each part sorted, covering every sample once); 3 are refused."""

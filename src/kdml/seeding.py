@@ -16,12 +16,28 @@ import numpy as np
 import torch
 
 from kdml.checks import check_seed
+from kdml.errors import KdmlError
 
 T = TypeVar("T")
+
+# The largest seed torch's manual_seed takes (NumPy's SeedSequence takes any).
+MAX_TORCH_SEED = 2**64 - 1
 
 # Named streams of one step, so that e.g. changing the augmentation does not change the prior
 # samples of the same step.
 AUGMENT, METHOD = 0, 1
+
+
+def torch_seed(seed: int, name: str = "seed") -> int:
+    """``seed`` as torch's ``manual_seed`` takes it: a Python int from 0 to 2**64 - 1.
+
+    torch refuses a NumPy integer ("an integer is required") and one past 2**64 - 1
+    ("Overflow when unpacking long long"), naming neither, and takes -1 as a seed of its own.
+    """
+    check_seed(seed, name)
+    if seed > MAX_TORCH_SEED:
+        raise KdmlError(f"{name} must be at most 2**64 - 1 (torch's largest seed), got {seed!r}")
+    return int(seed)
 
 
 def derive_seed(seed: int, *keys: int) -> int:
@@ -92,6 +108,7 @@ def with_cpu_seed(seed: int, draw: Callable[[], T]) -> T:
     parameters): the draw is then a function of ``seed`` alone and leaves no trace in the
     global state.
     """
+    seed = torch_seed(seed, "with_cpu_seed: the seed")  # before the state is forked
     with _forked_cpu_rng():
         torch.default_generator.manual_seed(seed)  # the CPU generator only, not CUDA's
         return draw()

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kdml.checks import check_label_vector, check_seed, is_finite_number
+from kdml.checks import check_label_vector, is_finite_number
 from kdml.data.dataset import DmlDataset, renamed_classes
 from kdml.errors import KdmlError
+from kdml.seeding import torch_seed
 
 if TYPE_CHECKING:  # a type only: domains would bring the datasets' readers with it
     from kdml.data.domains import SourcePCA
@@ -232,7 +233,7 @@ def seen_holdout_split(
     # a string had raised Python's TypeError on '<', a seed of 1.5 torch's RuntimeError
     if not is_finite_number(holdout_fraction, above=0.0) or not holdout_fraction < 1.0:
         raise KdmlError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
-    check_seed(seed, "seen_holdout_split: seed")
+    seed = torch_seed(seed, "seen_holdout_split: seed")
     if not labels.numel():
         raise KdmlError("a seen-holdout split needs samples to hold out; the labels are empty")
     generator = torch.Generator().manual_seed(seed)

@@ -177,8 +177,9 @@ def kmeans_assign(vectors: np.ndarray, num_clusters: int, niter: int = 20,
     kmeans = faiss.Kmeans(
         vectors.shape[1],
         num_clusters,
-        niter=niter,
-        seed=seed,
+        # Python ints: faiss's SWIG setters refuse NumPy integers, which the checks take
+        niter=int(niter),
+        seed=int(seed),
         # Train on every point (no subsampling) and skip faiss's "too few points per
         # centroid" warning, which fires for any retrieval data set.
         max_points_per_centroid=max(1, -(-len(vectors) // num_clusters)),
