@@ -116,6 +116,25 @@ def test_plot_charts_refuses_runs_without_charts_or_d_not_2(train, tmp_path, cap
                    "run's charts are 3-D (method.dim=3); train with method.dim=2 to draw them\n")
 
 
+def test_plot_charts_refuses_from_the_config_before_loading_the_run(train, tmp_path, capsys,
+                                                                    monkeypatch):
+    # a run without charts (or of d != 2) is refused from its config.yaml: it had loaded the
+    # run's data and model first (4.6 s on digits->mnist5k), and of a validated run printed
+    # its note on the validation part before the refusal
+    train("triplet")  # end to end's triplet run
+    train("mtriplet", "method.n_charts=2", "method.dim=3")
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded the run before refusing it")
+
+    monkeypatch.setattr("kdml.training.loading.load_run", no_loading)
+    assert cli.main(["plot", "charts", str(tmp_path / "triplet")]) == 2
+    assert capsys.readouterr().err == ("kdml: error: 'triplet' has no charts; plot charts "
+                                       "needs an Atlas recipe (mtriplet, msimclr)\n")
+    assert cli.main(["plot", "charts", str(tmp_path / "mtriplet")]) == 2
+    assert "draws 2-D charts only" in capsys.readouterr().err
+
+
 def test_plot_charts_refuses_a_picture_in_the_way_before_embedding(train, tmp_path, capsys,
                                                                    monkeypatch):
     from PIL import Image

@@ -156,8 +156,13 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
 
 
 def _plot_charts(args: argparse.Namespace) -> int:
-    from kdml.inspection.plots import draw_charts
+    from kdml.inspection.plots import check_chartable, draw_charts
+    from kdml.training.loading import run_config
+    from kdml.training.run_folder import RunFolder
 
+    # from the config alone: loading the data and model first took seconds to minutes (and a
+    # validated run's note on its validation part came before the refusal)
+    check_chartable(run_config(RunFolder.existing(args.run_dir)))
     path = draw_charts(_plotted_run(args), args.thumbnails)
     print(f"chart plot written to {path}")
     return 0

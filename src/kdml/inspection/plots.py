@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset
 from kdml.data.transforms import to_unit_float
 from kdml.errors import KdmlError
@@ -20,6 +21,7 @@ from kdml.evaluation.knn import as_metric, drop_self, knn_search, l2_normalize
 from kdml.figure_file import check_replaceable
 from kdml.inspection.parts import run_part, searches_gallery
 from kdml.training.loading import TrainedRun
+from kdml.training.recipes import get_recipe
 from kdml.viz_charts import plot_charts
 from kdml.viz_retrieval import embedding_map, plot_embedding_map, plot_retrieval_grid, short_name
 
@@ -194,17 +196,23 @@ def plot_embedding(trained: TrainedRun, max_points: int = 5000, seed: int = 0) -
                               part.dataset.class_names, sample_of)
 
 
+def check_chartable(config: RunConfig) -> None:
+    """Refuse a run whose charts ``kdml plot charts`` cannot draw (a recipe without charts, or
+    charts of d != 2), from its config alone: before its data and model are loaded."""
+    if not get_recipe(config.recipe).has_charts:
+        raise KdmlError(f"{config.recipe!r} has no charts; plot charts needs an Atlas "
+                        "recipe (mtriplet, msimclr)")
+    dim = getattr(config.method, "dim", 2)
+    if dim != 2:  # as plot_charts says it, before minutes of embedding
+        raise KdmlError(f"kdml plot charts draws 2-D charts only (d = 2), but this run's charts "
+                        f"are {dim}-D (method.dim={dim}); train with method.dim=2 to draw them")
+
+
 def draw_charts(trained: TrainedRun, thumbnails: int = 100) -> Path:
     """``plots/charts.png`` (``charts-best.png`` with the best checkpoint): the test samples in
     each chart of an Atlas run, by class (named in the legend), with up to ``thumbnails``
     images drawn in each chart's panel (Korman, Sec. A.2)."""
-    if not trained.method.has_charts:
-        raise KdmlError(f"{trained.config.recipe!r} has no charts; plot charts needs an Atlas "
-                        "recipe (mtriplet, msimclr)")
-    dim = getattr(trained.config.method, "dim", 2)
-    if dim != 2:  # as plot_charts says it, before minutes of embedding
-        raise KdmlError(f"kdml plot charts draws 2-D charts only (d = 2), but this run's charts "
-                        f"are {dim}-D (method.dim={dim}); train with method.dim=2 to draw them")
+    check_chartable(trained.config)
     check_replaceable(trained.plot_path("charts"))  # before minutes of embedding
     test = trained.splits.test
     codes = chart_codes_of(trained.method, test, trained.embedder)
