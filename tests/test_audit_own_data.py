@@ -147,3 +147,44 @@ def test_class_folders_named_alike_in_two_unicode_forms_are_refused(tmp_path):
     (tmp_path / "cafe\u0301" / "p.jpg").rename(tmp_path / "caf\u00e9" / "q.jpg")
     (tmp_path / "cafe\u0301").rmdir()
     assert load_folder(tmp_path).dataset.class_names == {0: "café", 1: "dog"}
+
+
+def test_a_listed_file_name_holding_a_newline_keeps_the_error_on_one_line(tmp_path, capsys):
+    """A CSV may quote a path holding a newline (a file named so on Linux); its "missing image"
+    error had printed the name's two halves on two lines, the second read as a line of its own
+    (every error is one line, as kdml search's table rows are): the newline is now written
+    ``\\n``, as the search table writes it."""
+    from kdml.cli import main
+
+    (tmp_path / "list.csv").write_text('path,label,split\n"bad\nname.jpg",0,train\n'
+                                       "b.jpg,1,test\n")
+    assert main(["train", "jrd", "--dataset", f"csv:{tmp_path / 'list.csv'}",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kdml: error: ") and len(err.splitlines()) == 1, err
+    assert f"missing image {tmp_path}/bad\\nname.jpg" in err
+
+
+def test_a_warning_naming_a_file_with_a_newline_is_one_line_on_stderr_and_in_train_log(
+        tmp_path, capsys):
+    """``data.on_bad_image=skip`` warns ``skipping unreadable image PATH`` on stderr and in
+    ``train.log``; a name holding a newline had split that warning over two lines in both.
+    (A logged traceback, as a run's stop by an error writes, keeps its lines.)"""
+    import logging
+
+    from kdml.run_log import run_logging, warnings_on_stderr
+
+    warning = "skipping unreadable image %s"
+    with warnings_on_stderr():
+        logging.getLogger("kdml.data").warning(warning, "/photos/bad\nname.jpg")
+    err = capsys.readouterr().err
+    assert err == "kdml: warning: skipping unreadable image /photos/bad\\nname.jpg\n"
+    with run_logging(tmp_path / "train.log") as log:
+        log.warning(warning, "/photos/bad\tname.jpg")
+        try:
+            raise ValueError("why")
+        except ValueError as error:
+            log.info("stopped: an error", exc_info=error)
+    logged = (tmp_path / "train.log").read_text().splitlines()
+    assert logged[0].endswith(" skipping unreadable image /photos/bad\\tname.jpg"), logged
+    assert logged[1].endswith(" stopped: an error") and logged[-1] == "ValueError: why", logged

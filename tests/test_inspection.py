@@ -1322,6 +1322,11 @@ def test_malformed_query_files_get_one_line_errors(runs, built, tmp_path, capsys
         "no-rows": (dict(embeddings=np.float32(1.0)), "plain", "one row per query"),
         "nan-inputs": (dict(inputs=np.full((2, 1, 8, 8), np.nan, dtype=np.float32)), "plain",
                        "'inputs' holds NaN or infinite values"),
+        # named by its file and row, as NaN 'inputs' are (it had said "queries contains ...")
+        "nan-embeddings": (dict(embeddings=np.array([[1.0] * 8, [np.nan] * 8],
+                                                    dtype=np.float32)), "plain",
+                           "query " + str(tmp_path / "nan-embeddings.npz") + ": 'embeddings' "
+                           "holds NaN or infinite values (row 1)"),
         "no-input-rows": (dict(inputs=np.zeros((0, 1, 8, 8), dtype=np.float32)), "plain",
                           "'inputs' must hold one row per query, got shape (0, 1, 8, 8)"),
         # named by its file, as the other errors are (it had said "query 0 is all zeros")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -52,6 +53,16 @@ def raised_over(error: BaseException, kind: type[E]) -> E | None:
         seen.add(id(candidate))
         waiting += [candidate.__cause__, candidate.__context__]
     return None
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters (a newline or tab in a file or folder name) as
+    Python writes them, ``\\n`` and ``\\t``, so that an error, a warning or a row of the
+    search table that names such a file stays one line: its second half had read as a line
+    of its own."""
+    return "".join(character.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(character) == "Cc" else character
+                   for character in text)
 
 
 def home_expanded(path: str | Path) -> Path:

@@ -14,7 +14,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kdml.errors import one_line
 from kdml.progress import BarsClearedHandler
+
+
+class OneLineFormatter(logging.Formatter):
+    """A formatter that keeps each record's message on one line (:func:`one_line`): a
+    warning naming a file with a newline in its name (``skipping unreadable image ...``) had
+    taken two lines, on stderr and in ``train.log``. A logged traceback, appended after the
+    message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
 
 
 def warning_handler() -> logging.Handler:
@@ -22,7 +33,7 @@ def warning_handler() -> logging.Handler:
     a line of its own above the progress bars drawn there (:class:`BarsClearedHandler`)."""
     to_screen = BarsClearedHandler(sys.stderr)
     to_screen.setLevel(logging.WARNING)
-    to_screen.setFormatter(logging.Formatter("kdml: warning: %(message)s"))
+    to_screen.setFormatter(OneLineFormatter("kdml: warning: %(message)s"))
     return to_screen
 
 
@@ -73,7 +84,7 @@ def run_logging(path: Path) -> Iterator[logging.Logger]:
     warnings are also shown on stderr. Yields the trainer's logger."""
     package = logging.getLogger("kdml")
     to_file = RunLogHandler(path)
-    to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    to_file.setFormatter(OneLineFormatter("%(asctime)s %(message)s"))
     to_screen = warning_handler()
     level = package.level
     package.setLevel(logging.INFO)

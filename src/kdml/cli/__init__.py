@@ -38,6 +38,7 @@ from kdml.errors import (
     QuietExit,
     Terminated,
     check_run_folder,
+    one_line,
     raised_over,
 )
 from kdml.launch import launched_by_torchrun
@@ -203,9 +204,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     except KdmlError as error:
         if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
-            print(f"kdml: error: {error}", file=sys.stderr)
+            print(f"kdml: error: {one_line(str(error))}", file=sys.stderr)
         elif isinstance(error, LocalError):  # met by this rank alone: rank 0 cannot say it
-            print(f"kdml: error: rank {_rank()}: {error}", file=sys.stderr)
+            print(f"kdml: error: rank {_rank()}: {one_line(str(error))}", file=sys.stderr)
             _tell_main(str(error))  # for rank 0's train.log
         else:
             quiet = True

@@ -12,7 +12,7 @@ import unicodedata
 from typing import TYPE_CHECKING
 
 from kdml.cli.output import _print_results, _progress
-from kdml.errors import KdmlError, counted
+from kdml.errors import KdmlError, counted, one_line
 
 # eval.json's fields that every kdml has written (written_by_kdml: a file lacking one is a
 # user's, never replaced)
@@ -296,15 +296,6 @@ def score_text(distance: float) -> str:
     if abs(distance) < 1e-5:
         return f"{distance:.3e}"
     return f"{distance:.{3 - math.floor(math.log10(abs(distance)))}f}"
-
-
-def one_line(text: str) -> str:
-    """``text`` for a line of the search table: its control characters (a newline or tab in
-    a file or folder name) as Python writes them, ``\\n`` and ``\\t``; a newline had broken
-    the row in two, its second half read as a row of its own."""
-    return "".join(character.encode("unicode_escape").decode("ascii")
-                   if unicodedata.category(character) == "Cc" else character
-                   for character in text)
 
 
 def _columns(text: str) -> int:

@@ -98,6 +98,7 @@ def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarr
     if searched not in arrays:
         raise KdmlError(f"query {query} needs '{searched}' for this Atlas run")
     vectors = _query_rows(arrays[searched], searched, query)
+    _refuse_non_finite(vectors, searched, query)
     charts = None
     if searched == "chart_coords":
         charts = _query_charts(arrays.get("chart_index"), len(vectors), query,
@@ -184,6 +185,18 @@ def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path,
                             f"{high:.4g}, but the run's images are in [0, 1]: divide 0-255 "
                             "pixels by 255, or save them as uint8")
     return torch.from_numpy(raw).to(samples.dtype)
+
+
+def _refuse_non_finite(vectors: np.ndarray, key: str, query: Path) -> None:
+    """Refuse NaN or infinite query vectors, naming the file and the first such row, as NaN
+    'inputs' are: the search's own check had said only "queries contains NaN or infinite
+    values". Arrays that are not floats are refused by the search, saying so."""
+    if vectors.dtype.kind != "f" or vectors.ndim != 2:
+        return
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+    if bad.size:
+        raise KdmlError(f"query {query}: '{key}' holds NaN or infinite values (row "
+                        f"{int(bad[0])})")
 
 
 def _query_rows(array: np.ndarray, key: str, query: Path) -> np.ndarray:
