@@ -2283,20 +2283,37 @@ def test_search_refuses_a_data_root_its_run_does_not_read(runs, built, tmp_path,
                           "only by the on-disk formats") and "digits does not use it" in err
 
 
-def test_analyze_refuses_overlapping_classes_before_embedding(tmp_path, capsys, monkeypatch):
-    """A seen-holdout run's test classes are its training classes: the analysis had embedded
-    both parts (minutes on a large dataset) before refusing them."""
-    from kdml.inspection import analysis
+@pytest.mark.parametrize("edit, said", [
+    ("split: standard", "this run's split (data.split=seen-holdout) tests on its training "
+     "classes; the analysis needs unseen classes: a run with data.split=class-disjoint"),
+    ("dataset: digits", "this run's data (digits->mnist5k) is a domain pair, whose target "
+     "shares the source's classes; the analysis needs unseen classes: a class-disjoint split "
+     "of one dataset"),
+])
+def test_analyze_refuses_overlapping_classes_before_loading_the_run(runs, tmp_path, capsys,
+                                                                    monkeypatch, edit, said):
+    """A seen-holdout run's test classes are its training classes, as a domain pair's target
+    shares its source's: the analysis had embedded both parts (minutes on a large dataset)
+    before refusing them, and then loaded the run's data and model first; refused now from
+    config.yaml, naming the split. (The plain run's config.yaml edited to each: the check
+    reads nothing else.)"""
+    from kdml.training import loading
 
-    run = tmp_path / "seen"
-    assert kdml("train", "amsoftmax", "--dataset", "digits", "--out", run, *TINY,
-                "data.split=seen-holdout") == 0
-    embedded = []
-    monkeypatch.setattr(analysis, "embed_dataset", lambda *args: embedded.append(args))
-    capsys.readouterr()
+    run = tmp_path / "run"
+    shutil.copytree(runs / "plain", run)
+    config = run / "config.yaml"
+    changed = {"split: standard": "split: seen-holdout",
+               "dataset: digits": "dataset: digits->mnist5k"}[edit]
+    assert config.read_text().count(f"  {edit}\n") == 1
+    config.write_text(config.read_text().replace(f"  {edit}\n", f"  {changed}\n"))
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded the run before refusing it")
+
+    monkeypatch.setattr(loading, "load_run", no_loading)
     assert kdml("analyze", "generalization", run) == 2
-    assert capsys.readouterr().err.startswith("kdml: error: seen and unseen classes overlap; ")
-    assert not embedded and not (run / "generalization.json").exists()
+    assert capsys.readouterr().err == f"kdml: error: {said}\n"
+    assert not (run / "generalization.json").exists()
 
 
 def test_an_atlas_search_lists_only_the_items_of_the_query_s_chart(runs, built, tmp_path, capsys):

@@ -13,7 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset
+from kdml.data.domains import is_domain_dataset
+from kdml.errors import KdmlError
 from kdml.evaluation.collapse import collapse_warning
 from kdml.evaluation.estimate import Estimate
 from kdml.evaluation.evaluator import dataset_labels, embed_dataset
@@ -45,6 +48,22 @@ def labelled_count(parts: Sequence[DmlDataset]) -> int:
     unlabelled target samples, label -1, are left out), counted from the labels before any
     embedding."""
     return sum(int((part.labels >= 0).sum()) for part in parts)
+
+
+def check_unseen_classes(config: RunConfig) -> None:
+    """Refuse, from a run's config alone (before its data and model are loaded), a run whose
+    test classes are by construction its training classes: a seen-holdout split or a
+    registered domain pair, whose target shares the source's classes. (A feature file's, or a
+    dataset's own split, is checked on its labels: :func:`analyze_generalization`.)"""
+    dataset = config.data.dataset
+    if is_domain_dataset(dataset) and not dataset.startswith("npz:"):
+        raise KdmlError(f"this run's data ({dataset}) is a domain pair, whose target shares "
+                        "the source's classes; the analysis needs unseen classes: a "
+                        "class-disjoint split of one dataset")
+    if config.data.split == "seen-holdout":
+        raise KdmlError("this run's split (data.split=seen-holdout) tests on its training "
+                        "classes; the analysis needs unseen classes: a run with "
+                        "data.split=class-disjoint")
 
 
 def analyze_generalization(trained: TrainedRun, settings: GeneralizationSettings
