@@ -141,3 +141,20 @@ def test_a_process_started_without_torchruns_store_stops_at_once(torchruns_store
     start = time.monotonic()
     assert cli.main(["eval", str(tmp_path)]) == 2
     assert time.monotonic() - start < 5.0
+
+
+def test_an_error_rank_1_alone_meets_before_joining_is_said_by_rank_1(torchruns_store,
+                                                                      monkeypatch, capsys):
+    """Rank 1's config alone misspelt a key (another config file on its machine): it stopped
+    quietly, waiting for rank 0 to say the error, which rank 0, waiting for rank 1 to join,
+    never met; torchrun then stopped rank 0, and the job ended after 30 s with no word of
+    why. Rank 1 says it itself once the wait runs out."""
+    from kdml import cli
+
+    _, as_rank = torchruns_store
+    as_rank(1)
+    monkeypatch.setattr(distributed, "MAIN_SAYS_WITHIN_S", 0.2)
+    assert cli.main(["train", "jrd", "--dataset", "digits", "train.epochz=3"]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("kdml: error: rank 1: unknown config key 'train.epochz'"), said
+    assert said.count("\n") == 1, said

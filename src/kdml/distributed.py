@@ -335,14 +335,15 @@ def _store_key(kind: str, *parts: object) -> str:
 
 
 def _wait_for_main(quiet: bool, within_s: float, store: dist.Store | None = None,
-                   main: bool | None = None) -> None:
+                   main: bool | None = None) -> bool:
     """Rank 0: tell the other ranks that it has said how the command ended. Another rank that
     stops ``quiet`` ly (an error rank 0 says): wait until rank 0 has, at most ``within_s``
     seconds, on the process group's store (or ``store``, where ``main`` says whether this
     process is rank 0), so that torchrun, which stops the other processes once one has
     failed, does not stop rank 0 before its line (it had, where rank 0's plots took longer
     than the quiet rank's exit). Rank 0 gone (its store with it, where it held it), or too
-    slow: go on stopping."""
+    slow: go on stopping. Returns False where a quiet rank's wait ran out (rank 0 had not
+    said it: the error may be this rank's alone), else True."""
     store = _store() if store is None else store
     main = world().is_main if main is None else main
     try:
@@ -351,7 +352,8 @@ def _wait_for_main(quiet: bool, within_s: float, store: dist.Store | None = None
         elif quiet:
             store.wait([_store_key("rank-0-has-said")], timedelta(seconds=within_s))
     except RuntimeError:  # torch's DistStoreError (timed out) or DistNetworkError (gone)
-        pass
+        return main or not quiet
+    return True
 
 
 def tell_main(message: str) -> None:
@@ -385,49 +387,52 @@ def stopped_ranks() -> list[str]:
     return said
 
 
-def _said_before_joining(quiet: bool) -> None:
+def _said_before_joining(quiet: bool) -> bool:
     """:func:`_wait_for_main` for a command that stops before the process group exists (a
     command refused under torchrun, a usage error or a bad setting, which every process meets
     alike), on torchrun's own store, which its processes reach at ``MASTER_ADDR:MASTER_PORT``
     (``TORCHELASTIC_USE_AGENT_STORE``): the quiet processes had exited at once, and torchrun
     then stopped a rank 0 a moment slower before its line, leaving the job's only word of why
     unsaid. Processes started otherwise (by hand, by a job script) have no store to meet at,
-    and stop at once."""
+    and stop at once. Returns :func:`_wait_for_main`'s answer (True where there was none
+    to wait for)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return
+        return True
     try:
         main = launch_rank() == 0
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     except (KdmlError, KeyError, ValueError):  # set wrong by hand: each process says so itself
-        return
+        return True
     if not (main or quiet):
-        return  # this process's own error (a LocalError) is said by itself
+        return True  # this process's own error (a LocalError) is said by itself
     try:
         store = dist.TCPStore(address, port, is_master=False, wait_for_workers=False,
                               timeout=timedelta(seconds=MAIN_SAYS_WITHIN_S))
     except RuntimeError:  # torchrun's store is gone (torchrun is stopping the job)
-        return
-    _wait_for_main(quiet, MAIN_SAYS_WITHIN_S, store, main)
+        return True
+    return _wait_for_main(quiet, MAIN_SAYS_WITHIN_S, store, main)
 
 
-def teardown(in_flight: BaseException | None = None, quiet: bool = False) -> None:
+def teardown(in_flight: BaseException | None = None, quiet: bool = False) -> bool:
     """Free the process group, which joins its threads, once the DistributedDataParallel
     wrappers holding it are gone (:func:`setup` says why it matters). First rank 0 tells the
     others it is done saying how the command ended, and a rank that stops ``quiet`` ly, on
     an error rank 0 says, waits for that (:func:`_wait_for_main`); so they do where the
-    command stopped before the group existed (:func:`_said_before_joining`).
+    command stopped before the group existed (:func:`_said_before_joining`). Returns False
+    where a quiet rank waited in vain: its error is then its own to say.
 
     ``in_flight``: an exception on its way out (a bug's), whose traceback's frames hold the
     wrapper: their locals are cleared first (the traceback still prints). Otherwise the
     wrapper's reducer, freed with the exception at exit, dropped the group's last reference
     while its gloo thread still finished the last broadcast: the rank then hung (the join
     holding the GIL that thread waits for) or aborted."""
-    if dist.is_available() and not dist.is_initialized():
-        _said_before_joining(quiet)
-    elif dist.is_available():
-        if world().is_distributed:
-            _wait_for_main(quiet, MAIN_SAYS_WITHIN_S)
-        if in_flight is not None and in_flight.__traceback__ is not None:
-            traceback.clear_frames(in_flight.__traceback__)
-            gc.collect()  # a wrapper in a reference cycle
-        dist.destroy_process_group()
+    if not dist.is_available():
+        return True
+    if not dist.is_initialized():
+        return _said_before_joining(quiet)
+    said = not world().is_distributed or _wait_for_main(quiet, MAIN_SAYS_WITHIN_S)
+    if in_flight is not None and in_flight.__traceback__ is not None:
+        traceback.clear_frames(in_flight.__traceback__)
+        gc.collect()  # a wrapper in a reference cycle
+    dist.destroy_process_group()
+    return said

@@ -177,6 +177,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if extras:
         args.overrides = [*args.overrides, *extras]
     quiet = False  # under torchrun: this rank stops on an error that rank 0 says
+    unsaid: str | None = None  # that error, which this rank says if rank 0 never does
     try:
         training = args.command in ("train", "reproduce")
         if args.command in READING_COMMANDS and launched_by_torchrun():
@@ -199,8 +200,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
         with warnings_on_stderr():
             return _flushed(_COMMANDS[args.command](args))
-    except QuietExit:  # rank 0 reported it
-        quiet = True
+    except QuietExit as stop:  # rank 0 reported it
+        quiet, unsaid = True, str(stop)
         return 2
     except KdmlError as error:
         if _is_main_process():  # under torchrun the ranks fail alike: rank 0 says it once
@@ -209,7 +210,7 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"kdml: error: rank {_rank()}: {one_line(str(error))}", file=sys.stderr)
             _tell_main(str(error))  # for rank 0's train.log
         else:
-            quiet = True
+            quiet, unsaid = True, str(error)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C, or a kill (SIGTERM: Terminated)
         code, stopped = _stop_code(stop)
@@ -291,7 +292,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if "kdml.distributed" in sys.modules:  # imported only by commands that train
             # a quiet rank first waits for rank 0's line: torchrun stops the job's other
             # processes once one has stopped, and had stopped rank 0 before it said why
-            sys.modules["kdml.distributed"].teardown(sys.exc_info()[1], quiet=quiet)
+            said = sys.modules["kdml.distributed"].teardown(sys.exc_info()[1], quiet=quiet)
+            if not said and unsaid:
+                # rank 0 never met it (rank 1's own config file misspelt a key, while rank 0
+                # waited for it to join): had torchrun ended the job without a word of why
+                print(f"kdml: error: rank {_rank()}: {one_line(unsaid)}", file=sys.stderr)
 
 
 def _launched() -> bool:
