@@ -1064,3 +1064,48 @@ def test_csv_one_number_written_two_ways_is_named_as_its_first_row_writes_it(tmp
         encoding="utf-8").split())
     assert ("`07` is `7` and `1.0`, as pandas writes one, is `1`, one class, named as its first "
             "row in the file spells it") in docs
+
+
+def test_idx_file_saved_decompressed_under_its_gz_name_is_named_so(tmp_path):
+    """A browser (Safari) decompresses a ``.gz`` download and keeps the name: the bytes are a
+    good IDX file, so "not a readable gzip file" would send the user to download it again."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=True)
+    labels = folder / "t10k-labels-idx1-ubyte.gz"
+    labels.write_bytes(gzip.decompress(labels.read_bytes()))
+    one_line_error(lambda: load_mnist(folder), "mnist: t10k-labels-idx1-ubyte.gz is not "
+                   "gzip-compressed but an IDX file already decompressed; rename it "
+                   "t10k-labels-idx1-ubyte", str(folder))
+
+
+def test_idx_file_gzipped_under_the_decompressed_name_is_named_so(tmp_path):
+    """A ``.gz`` whose name lost its suffix: its gzip magic, read as an IDX magic number
+    (0x1f8b0800), would say nothing of what to do."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=True)
+    images = folder / "train-images-idx3-ubyte.gz"
+    images.rename(folder / "train-images-idx3-ubyte")
+    message = one_line_error(lambda: load_mnist(folder), "mnist: train-images-idx3-ubyte is "
+                             "gzip-compressed, but its name does not end in .gz; rename it "
+                             "train-images-idx3-ubyte.gz", str(folder))
+    assert "magic" not in message
+
+
+def test_a_damaged_idx_gz_says_to_download_it_again(tmp_path):
+    """A truncated download is named, with what to do about it."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=True)
+    images = folder / "train-images-idx3-ubyte.gz"
+    images.write_bytes(images.read_bytes()[:-30])
+    one_line_error(lambda: load_mnist(folder), "mnist: train-images-idx3-ubyte.gz is not a "
+                   "readable gzip file: ", "is damaged or incomplete: download it again")
+
+
+def test_idx_images_and_labels_files_swapped_are_named_so(tmp_path):
+    """A magic number of the other kind of IDX file says what the file holds and what to do,
+    not only the two numbers."""
+    folder = make_idx(tmp_path, train=20, test=10, gzipped=False)
+    images, labels = folder / "train-images-idx3-ubyte", folder / "train-labels-idx1-ubyte"
+    images_bytes = images.read_bytes()
+    images.write_bytes(labels.read_bytes())
+    labels.write_bytes(images_bytes)
+    one_line_error(lambda: load_mnist(folder), "mnist: train-images-idx3-ubyte has magic number "
+                   "0x00000801, expected 0x00000803 (uint8 images, 3 dimensions): it holds "
+                   "uint8 labels, 1 dimension; give each file its own name")

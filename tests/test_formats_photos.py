@@ -198,6 +198,17 @@ def test_cars196_class_names_are_optional_but_must_be_strings(tmp_path):
     one_line_error(load_cars196, tmp_path, "'class_names' must be a cell array of strings")
 
 
+def test_cars196_class_names_saved_as_a_char_matrix_lose_its_padding(tmp_path):
+    """A list of names saved with scipy (or a MATLAB char matrix) is padded with spaces to the
+    longest name; the padding is no part of a name, which captions and search print."""
+    make_cars196(tmp_path)
+    path = tmp_path / "cars_annos.mat"
+    annotations = scipy.io.loadmat(path)["annotations"]
+    names = ["Audi A4", "BMW M3 Coupe", "Fiat 500", "Kia Rio"]
+    scipy.io.savemat(path, {"annotations": annotations, "class_names": names})
+    assert load_cars196(tmp_path).dataset.class_names == dict(enumerate(names, start=1))
+
+
 def rewrite_annotations(root: Path, change: Callable[[np.ndarray], np.ndarray]) -> None:
     path = root / "cars_annos.mat"
     contents = scipy.io.loadmat(path)

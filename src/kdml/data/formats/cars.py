@@ -165,4 +165,8 @@ def read_class_names(contents: dict, layout: Layout) -> dict[int, str] | None:
     texts = [np.asarray(cell).ravel() for cell in cells]
     if not all(text.size == 1 and isinstance(text[0], str) for text in texts):
         raise layout.error(f"{FILE}: 'class_names' must be a cell array of strings")
-    return {number: str(text[0]) for number, text in enumerate(texts, start=1)}
+    # A char matrix (a list of names saved with scipy, or MATLAB's char()) pads every row
+    # with spaces to the longest name; a cell array, as in the real file, holds each as is.
+    padded = np.asarray(names).dtype.kind == "U"
+    return {number: str(text[0]).rstrip(" ") if padded else str(text[0])
+            for number, text in enumerate(texts, start=1)}

@@ -35,6 +35,8 @@ EXPECTED = ("the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 CLASSES = 10  # both datasets' labels are 0-9
+GZIP_MAGIC = b"\x1f\x8b"
+IDX_MAGIC_START = b"\x00\x00"  # the first two bytes of every IDX file
 MEANING = {IMAGES_MAGIC: "uint8 images, 3 dimensions", LABELS_MAGIC: "uint8 labels, 1 dimension"}
 # Label -> class, from the dataset's README (github.com/zalandoresearch/fashion-mnist); MNIST's
 # classes are the digits their labels already are.
@@ -91,9 +93,31 @@ def check_gzip_twin(layout: Layout, path: Path, raw: bytes) -> None:
 def read_bytes(layout: Layout, path: Path) -> bytes:
     """The IDX bytes of ``path``, decompressed where it ends in ``.gz``."""
     try:
-        return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        data = path.read_bytes()
+    except OSError as error:
+        raise layout.error(f"cannot read {path.name}: {error}") from None
+    check_compression_matches_name(layout, path, data)
+    if path.suffix != ".gz":
+        return data
+    try:
+        return gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as error:
-        raise layout.error(f"{path.name} is not a readable gzip file: {error}") from None
+        raise layout.error(f"{path.name} is not a readable gzip file: {error}; the download "
+                           "is damaged or incomplete: download it again") from None
+
+
+def check_compression_matches_name(layout: Layout, path: Path, data: bytes) -> None:
+    """Refuse a file whose name says otherwise than its bytes whether it is gzipped: a
+    browser (Safari) decompresses a ``.gz`` download and keeps its name, and a copy can lose
+    the suffix. The data are good, so "not a readable gzip file" or a magic number read
+    from the gzip header would send the user to download them again."""
+    gzipped = data[:2] == GZIP_MAGIC
+    if path.suffix == ".gz" and not gzipped and data[:2] == IDX_MAGIC_START:
+        raise layout.error(f"{path.name} is not gzip-compressed but an IDX file already "
+                           f"decompressed; rename it {path.stem}")
+    if path.suffix != ".gz" and gzipped:
+        raise layout.error(f"{path.name} is gzip-compressed, but its name does not end in "
+                           f".gz; rename it {path.name}.gz")
 
 
 def check_other_spelling(layout: Layout, name: str, path: Path, raw: bytes) -> None:
@@ -126,8 +150,11 @@ def read_idx(layout: Layout, name: str, magic: int) -> np.ndarray:
         raise layout.error(f"{path.name} is too short for an IDX header ({len(raw)} bytes)")
     found = int.from_bytes(raw[:4], "big")
     if found != magic:
+        # the other kind's magic: the images and labels files swapped (or misnamed)
+        held = (f": it holds {MEANING[found]}; give each file its own name"
+                if found in MEANING else "")
         raise layout.error(f"{path.name} has magic number 0x{found:08x}, expected "
-                           f"0x{magic:08x} ({MEANING[magic]})")
+                           f"0x{magic:08x} ({MEANING[magic]}){held}")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     size = math.prod(dims)
     if len(raw) - header != size:
