@@ -1327,6 +1327,17 @@ def test_malformed_query_files_get_one_line_errors(runs, built, tmp_path, capsys
                                                     dtype=np.float32)), "plain",
                            "query " + str(tmp_path / "nan-embeddings.npz") + ": 'embeddings' "
                            "holds NaN or infinite values (row 1)"),
+        # named by file and key, as NaN embeddings are (it had said "queries must have a
+        # floating dtype, got int64" and "queries must be 2-D (N, D), got shape (8,)")
+        "int-embeddings": (dict(embeddings=np.ones((2, 8), dtype=np.int64)), "plain",
+                           "query " + str(tmp_path / "int-embeddings.npz") + ": 'embeddings' "
+                           "must be floats, got int64"),
+        "one-embedding": (dict(embeddings=np.ones(8, dtype=np.float32)), "plain",
+                          "query " + str(tmp_path / "one-embedding.npz") + ": 'embeddings' "
+                          "must be [Q, d], one row per query (one query as [1, d]), got "
+                          "shape (8,)"),
+        "int-coords": (dict(chart_coords=coords.astype(np.int32), chart_index=charts), "atlas",
+                       "'chart_coords' must be floats, got int32"),
         "no-input-rows": (dict(inputs=np.zeros((0, 1, 8, 8), dtype=np.float32)), "plain",
                           "'inputs' must hold one row per query, got shape (0, 1, 8, 8)"),
         # named by its file, as the other errors are (it had said "query 0 is all zeros")

@@ -98,6 +98,7 @@ def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarr
     if searched not in arrays:
         raise KdmlError(f"query {query} needs '{searched}' for this Atlas run")
     vectors = _query_rows(arrays[searched], searched, query)
+    _check_query_vectors(vectors, searched, query)
     _refuse_non_finite(vectors, searched, query)
     charts = None
     if searched == "chart_coords":
@@ -187,12 +188,21 @@ def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path,
     return torch.from_numpy(raw).to(samples.dtype)
 
 
+def _check_query_vectors(vectors: np.ndarray, key: str, query: Path) -> None:
+    """Refuse query vectors that are not floats ``[Q, d]``, naming the file and the key: the
+    search's own checks had said only "queries must have a floating dtype" or "queries must be
+    2-D (N, D)", of no file, for one embedding saved as a 1-D array."""
+    if vectors.dtype.kind != "f":
+        raise KdmlError(f"query {query}: '{key}' must be floats, got {vectors.dtype}")
+    if vectors.ndim != 2:
+        raise KdmlError(f"query {query}: '{key}' must be [Q, d], one row per query (one query "
+                        f"as [1, d]), got shape {tuple(vectors.shape)}")
+
+
 def _refuse_non_finite(vectors: np.ndarray, key: str, query: Path) -> None:
-    """Refuse NaN or infinite query vectors, naming the file and the first such row, as NaN
-    'inputs' are: the search's own check had said only "queries contains NaN or infinite
-    values". Arrays that are not floats are refused by the search, saying so."""
-    if vectors.dtype.kind != "f" or vectors.ndim != 2:
-        return
+    """Refuse NaN or infinite query vectors (floats ``[Q, d]``: :func:`_check_query_vectors`),
+    naming the file and the first such row, as NaN 'inputs' are: the search's own check had
+    said only "queries contains NaN or infinite values"."""
     bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
     if bad.size:
         raise KdmlError(f"query {query}: '{key}' holds NaN or infinite values (row "
