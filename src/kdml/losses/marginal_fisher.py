@@ -39,9 +39,9 @@ def nearest_neighbour_graph(sq_dists: Tensor, candidates: Tensor, k: int) -> Ten
     """0/1 matrix marking, in each row, the ``k`` nearest of that row's candidate columns.
 
     Rows with fewer than ``k`` candidates mark all of them. Ties are broken by column index
-    (stable sort), so the graph is deterministic. A candidate whose distance overflowed to
-    ``inf`` or is NaN still ranks after every finite one and before every non-candidate (NaN
-    ranked as ``inf``), so it is marked when the row has room for it.
+    (lower first, as a stable sort), so the graph is deterministic. A candidate whose distance
+    overflowed to ``inf`` or is NaN still ranks after every finite one and before every
+    non-candidate (NaN ranked as ``inf``), so it is marked when the row has room for it.
 
     Args:
         sq_dists: :math:`(N, N)` distances (only their order matters; not differentiated).
@@ -51,15 +51,23 @@ def nearest_neighbour_graph(sq_dists: Tensor, candidates: Tensor, k: int) -> Ten
     Returns:
         :math:`(N, N)` matrix of the dtype of ``sq_dists``.
     """
-    # non-candidates are NaN, which sorts after every number, inf included; a candidate's NaN
-    # becomes inf first: so the first min(k, #candidates) sorted columns are the candidates
-    # (an inf mask tied with an overflowed candidate, and the lower index won)
-    masked = sq_dists.detach().nan_to_num(nan=float("inf"), posinf=float("inf"))
-    masked = masked.masked_fill(~candidates, float("nan"))
-    order = masked.sort(dim=1, stable=True).indices[:, :k]
-    picked = torch.arange(order.shape[1], device=order.device) < candidates.sum(1, keepdim=True)
-    graph = torch.zeros_like(sq_dists, dtype=sq_dists.dtype)
-    return graph.scatter(1, order, picked.to(sq_dists.dtype))
+    # a candidate's NaN becomes inf; non-candidates are NaN, which compares false with every
+    # distance and which topk ranks after every number, inf included
+    masked = torch.where(candidates, sq_dists.detach().nan_to_num(
+        nan=float("inf"), posinf=float("inf")), float("nan"))
+    if masked.shape[1] == 0:
+        return torch.zeros_like(sq_dists)
+    # the k-th nearest distance by topk, not a sort of every row (a full batch of 5,000,
+    # configs/dtml-paper.yaml, spent half of each step sorting its graphs' rows); a row of
+    # fewer than k candidates has a NaN k-th, taken as inf: every candidate is at most that
+    kth = masked.topk(min(k, masked.shape[1]), dim=1, largest=False).values[:, -1:]
+    kth = kth.nan_to_num(nan=float("inf"), posinf=float("inf"))
+    nearer, tied = masked < kth, masked == kth
+    room = k - nearer.sum(1, keepdim=True, dtype=torch.int32)
+    # of the candidates at the k-th distance, the lowest columns fill the row, as the stable
+    # sort this replaces took them
+    graph = nearer | (tied & (tied.cumsum(1, dtype=torch.int32) <= room))
+    return graph.to(sq_dists.dtype)
 
 
 class MarginalFisherLoss(nn.Module):
