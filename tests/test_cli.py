@@ -638,6 +638,47 @@ def test_output_to_a_full_disk_is_one_line(tmp_path):
                                "on device); free space where it goes, or send it elsewhere\n")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("unbuffered", ["1", None])
+@pytest.mark.parametrize("asked", [["train", "--help"], ["--version"]])
+def test_help_or_version_to_a_full_disk_is_one_line(asked, unbuffered):
+    """argparse prints help and the version itself, ignoring an OSError of its write: into a
+    full disk, the help was lost with exit status 0 (stdout unbuffered), or Python's flush at
+    exit printed "Exception ignored ... OSError" and exit status 120."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "kdml", *asked], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    assert (done.returncode, done.stderr) == (
+        2, "kdml: error: the output could not be written (No space left on device); free "
+           "space where it goes, or send it elsewhere\n")
+
+
+def test_console_output_to_a_file_keeps_its_order_with_stderr(tmp_path):
+    """`kdml train ... > log 2>&1` (a batch job's log): stdout, block-buffered into a file, had
+    come out only at the end, after every warning, so "training ... into FOLDER" (and a grid's
+    "[2/6] cell" lines) showed only once the run was over, and a kill (SIGKILL) lost them."""
+    script = ("import os, sys\n"
+              "import kdml.cli as cli\n"
+              "def command(args):\n"
+              "    print('first')\n"
+              "    os.write(2, b'warning\\n')\n"
+              "    print('last')\n"
+              "    return 0\n"
+              "cli._COMMANDS['recipes'] = command\n"
+              "sys.argv = ['kdml', 'recipes']\n"
+              "sys.exit(cli.main())\n")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    log = tmp_path / "log"
+    with log.open("w") as out:
+        done = subprocess.run([sys.executable, "-c", script], stdout=out,
+                              stderr=subprocess.STDOUT, timeout=120, env=env)
+    assert done.returncode == 0
+    assert log.read_text().splitlines() == ["first", "warning", "last"]
+
+
 def test_a_grid_folder_given_as_a_run_names_its_first_started_cell_in_grid_order(tmp_path,
                                                                                   capsys):
     """The cell named is the first of grid.yaml's order that holds a run, not the first by

@@ -111,6 +111,15 @@ def _lenient_streams() -> None:
             stream.reconfigure(errors=ESCAPED_BYTES)
 
 
+def _line_buffered_stdout() -> None:
+    """Write each line of standard output as it is printed, as on a terminal, also into a file
+    or a pipe (``kdml train ... > log 2>&1``, a batch job's log), where Python buffers it in
+    blocks: "training ... into FOLDER", a grid's "[2/6] cell" lines and the results had come
+    out at the command's end, after every warning on stderr, and a kill lost them."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``kdml`` command. Under torchrun the processes other than rank 0 print nothing to
     standard output (its usage, help, tables, YAML); their usage errors neither, and their
@@ -160,6 +169,7 @@ def _main(argv: Sequence[str] | None) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if argv is None:  # the console command: this process's streams are kdml's to set
         _lenient_streams()
+        _line_buffered_stdout()
     parser = build_parser()
     # key=value overrides may follow options (`--out DIR epochs=3`), which argparse's positional
     # matching does not allow, so collect the leftovers and accept only overrides among them.
@@ -174,6 +184,10 @@ def _main(argv: Sequence[str] | None) -> int:
         if code:  # a usage error, which rank 0 alone says (parser.error)
             _stopped_before_joining(quiet=_other_rank())
         return code
+    except OSError as error:  # the help or version text, > /dev/full (_Parser._print_message)
+        if error.filename is not None or error.errno not in UNWRITABLE_OUTPUT:
+            raise
+        return _unwritten_output(error)
     if extras:
         args.overrides = [*args.overrides, *extras]
     quiet = False  # under torchrun: this rank stops on an error that rank 0 says
@@ -264,10 +278,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if error.filename is None and error.errno in UNWRITABLE_OUTPUT:
             # kdml's own files name themselves in their errors (file_write): one that names
             # none is a printed line's, > /dev/full or to a reader that is gone
-            _silence_stdout()  # Python's own flush at exit would add a traceback
-            print(f"kdml: error: the output could not be written ({error.strerror or error});"
-                  " free space where it goes, or send it elsewhere", file=sys.stderr)
-            return 2
+            return _unwritten_output(error)
         if error.filename is None:  # not about a path: a bug, so keep its traceback
             raise
         # the file system refused a path (a file where a folder goes, no permission, a full
@@ -341,6 +352,15 @@ def _flushed(code: int) -> int:
     if sys.stdout is not None:
         sys.stdout.flush()
     return code
+
+
+def _unwritten_output(error: OSError) -> int:
+    """Say in one line that standard output could not be written (a full disk, a reader that
+    is gone); the exit status."""
+    _silence_stdout()  # Python's own flush at exit would add a traceback
+    print(f"kdml: error: the output could not be written ({error.strerror or error}); free "
+          "space where it goes, or send it elsewhere", file=sys.stderr)
+    return 2
 
 
 def _silence_stdout() -> None:

@@ -4,12 +4,16 @@ that refuse a bad value in one line."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from kdml.cli.output import _is_main_process
 from kdml.errors import KdmlError, home_expanded
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,6 +22,19 @@ class _Parser(argparse.ArgumentParser):
         message = _missing_choice(self, message) or message
         self.exit(2, f"kdml: error: {message} (see '{self.prog} --help')\n"
                   if _is_main_process() else None)
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        """argparse's, except that a failed write of the help or version to standard output
+        (> /dev/full) is raised, for main's one line: argparse ignored it, so the text was lost
+        with exit status 0, or Python's flush at exit failed ("Exception ignored", 120). A
+        message to stderr (a usage error) keeps argparse's way: there is nowhere to say that
+        it failed."""
+        stdout = sys.stdout  # None where closed (>&-): argparse's way writes to stderr
+        if not message or stdout is None or file is not sys.stdout:
+            super()._print_message(message, file)
+            return
+        stdout.write(message)
+        stdout.flush()  # buffered, the write fails only here
 
 
 def _missing_choice(parser: argparse.ArgumentParser, message: str) -> str | None:
