@@ -481,6 +481,7 @@ def test_analyze_prints_its_terms_and_notes_unfitted_classes_only_where_there_ar
         ("h_divergence", 0.61234), ("h_divergence_bd", 0.2), ("lambda", 0.3),
         ("err_seen", 0.1), ("err_unseen", 0.2), ("unfitted", unfitted))}
     monkeypatch.setattr(loading, "load_run", lambda *args, **kwargs: trained)
+    monkeypatch.setattr(analysis, "check_unseen_classes", lambda run_dir: None)  # no folder
     monkeypatch.setattr(analysis, "analyze_generalization",
                         lambda run, settings: (terms, tmp_path / "generalization.json"))
     assert cli.main(["analyze", "generalization", str(tmp_path), "--no-progress"]) == 0

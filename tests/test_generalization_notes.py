@@ -113,6 +113,7 @@ def fake_run(monkeypatch, tmp_path: Path, has_charts: bool, metric: str,
 
     monkeypatch.setattr(loading, "load_run",
                         lambda run_dir, data_root=None, progress=None, device=None: run)
+    monkeypatch.setattr(analysis, "check_unseen_classes", lambda run_dir: None)  # no folder
     monkeypatch.setattr(analysis, "analyze_generalization", analyze)
     return ["analyze", "generalization", str(tmp_path), "--repeats", "2"]
 

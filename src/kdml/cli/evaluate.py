@@ -123,13 +123,12 @@ def _analyze_generalization(args: argparse.Namespace) -> int:
         check_unseen_classes,
         labelled_count,
     )
-    from kdml.training.loading import load_run, run_config
-    from kdml.training.run_folder import RunFolder
+    from kdml.training.loading import load_run
 
     settings = GeneralizationSettings(args.labelled_fraction, args.repeats, args.neighbors,
                                       args.seed)
     # from the config alone: loading the data and model first took seconds to minutes
-    check_unseen_classes(run_config(RunFolder.existing(args.run_dir)))
+    check_unseen_classes(args.run_dir)
     trained = load_run(args.run_dir, args.data_root, progress=_progress(args), device=args.device)
     # before minutes of embedding (checked again on the embedded sets); with a gallery, the
     # unseen samples are the queries and the gallery, of which the labelled alone are scored

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kdml.config import RunConfig
 from kdml.data.dataset import DmlDataset
 from kdml.data.domains import is_domain_dataset
 from kdml.errors import KdmlError
@@ -23,8 +22,8 @@ from kdml.evaluation.evaluator import dataset_labels, embed_dataset
 from kdml.evaluation.generalization import check_disjoint_classes, generalization_terms
 from kdml.evaluation.knn import l2_normalize
 from kdml.file_write import check_writable_folder
-from kdml.training.loading import TrainedRun
-from kdml.training.run_folder import check_json_replaceable, write_json
+from kdml.training.loading import TrainedRun, run_config
+from kdml.training.run_folder import RunFolder, check_json_replaceable, write_json
 
 # generalization.json's fields that every kdml has written (written_by_kdml)
 GENERALIZATION_FIELDS = ("settings", "h_divergence", "lambda")
@@ -50,17 +49,17 @@ def labelled_count(parts: Sequence[DmlDataset]) -> int:
     return sum(int((part.labels >= 0).sum()) for part in parts)
 
 
-def check_unseen_classes(config: RunConfig) -> None:
-    """Refuse, from a run's config alone (before its data and model are loaded), a run whose
-    test classes are by construction its training classes: a seen-holdout split or a
-    registered domain pair, whose target shares the source's classes. (A feature file's, or a
-    dataset's own split, is checked on its labels: :func:`analyze_generalization`.)"""
-    dataset = config.data.dataset
-    if is_domain_dataset(dataset) and not dataset.startswith("npz:"):
-        raise KdmlError(f"this run's data ({dataset}) is a domain pair, whose target shares "
-                        "the source's classes; the analysis needs unseen classes: a "
+def check_unseen_classes(run_dir: Path) -> None:
+    """Refuse, from the run's ``config.yaml`` alone (before its data and model are loaded), a
+    run whose test classes are by construction its training classes: a seen-holdout split or
+    a registered domain pair, whose target shares the source's classes. (A feature file's, or
+    a dataset's own split, is checked on its labels: :func:`analyze_generalization`.)"""
+    data = run_config(RunFolder.existing(run_dir)).data
+    if is_domain_dataset(data.dataset) and not data.dataset.startswith("npz:"):
+        raise KdmlError(f"this run's data ({data.dataset}) is a domain pair, whose target "
+                        "shares the source's classes; the analysis needs unseen classes: a "
                         "class-disjoint split of one dataset")
-    if config.data.split == "seen-holdout":
+    if data.split == "seen-holdout":
         raise KdmlError("this run's split (data.split=seen-holdout) tests on its training "
                         "classes; the analysis needs unseen classes: a run with "
                         "data.split=class-disjoint")
