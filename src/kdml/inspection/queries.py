@@ -99,7 +99,6 @@ def _stored_vectors(run: RunWithoutData, query: Path, arrays: dict[str, np.ndarr
         raise KdmlError(f"query {query} needs '{searched}' for this Atlas run")
     vectors = _query_rows(arrays[searched], searched, query)
     _check_query_vectors(vectors, searched, query)
-    _refuse_non_finite(vectors, searched, query)
     charts = None
     if searched == "chart_coords":
         charts = _query_charts(arrays.get("chart_index"), len(vectors), query,
@@ -189,20 +188,16 @@ def _query_inputs(raw: np.ndarray, samples: SampleSpec, query: Path,
 
 
 def _check_query_vectors(vectors: np.ndarray, key: str, query: Path) -> None:
-    """Refuse query vectors that are not floats ``[Q, d]``, naming the file and the key: the
-    search's own checks had said only "queries must have a floating dtype" or "queries must be
-    2-D (N, D)", of no file, for one embedding saved as a 1-D array."""
+    """Refuse query vectors that are not finite floats ``[Q, d]``, naming the file, the key
+    and the first row holding NaN or infinity, as NaN 'inputs' are: the search's own checks
+    had said only "queries must have a floating dtype", "queries must be 2-D (N, D)" (for one
+    embedding saved as a 1-D array) or "queries contains NaN or infinite values", of no
+    file."""
     if vectors.dtype.kind != "f":
         raise KdmlError(f"query {query}: '{key}' must be floats, got {vectors.dtype}")
     if vectors.ndim != 2:
         raise KdmlError(f"query {query}: '{key}' must be [Q, d], one row per query (one query "
                         f"as [1, d]), got shape {tuple(vectors.shape)}")
-
-
-def _refuse_non_finite(vectors: np.ndarray, key: str, query: Path) -> None:
-    """Refuse NaN or infinite query vectors (floats ``[Q, d]``: :func:`_check_query_vectors`),
-    naming the file and the first such row, as NaN 'inputs' are: the search's own check had
-    said only "queries contains NaN or infinite values"."""
     bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
     if bad.size:
         raise KdmlError(f"query {query}: '{key}' holds NaN or infinite values (row "
